@@ -1,0 +1,253 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from retrypolicy.v1 import types_pb2 as _types_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class SetTenantBudgetRequest(_message.Message):
+    __slots__ = ("budget",)
+    BUDGET_FIELD_NUMBER: _ClassVar[int]
+    budget: _types_pb2.TenantBudget
+    def __init__(self, budget: _Optional[_Union[_types_pb2.TenantBudget, _Mapping]] = ...) -> None: ...
+
+class SetTenantBudgetResponse(_message.Message):
+    __slots__ = ("budget",)
+    BUDGET_FIELD_NUMBER: _ClassVar[int]
+    budget: _types_pb2.TenantBudget
+    def __init__(self, budget: _Optional[_Union[_types_pb2.TenantBudget, _Mapping]] = ...) -> None: ...
+
+class GetTenantBudgetRequest(_message.Message):
+    __slots__ = ("tenant",)
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    def __init__(self, tenant: _Optional[str] = ...) -> None: ...
+
+class GetTenantBudgetResponse(_message.Message):
+    __slots__ = ("status",)
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    status: _types_pb2.TenantBudgetStatus
+    def __init__(self, status: _Optional[_Union[_types_pb2.TenantBudgetStatus, _Mapping]] = ...) -> None: ...
+
+class ListTenantBudgetsRequest(_message.Message):
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListTenantBudgetsResponse(_message.Message):
+    __slots__ = ("budgets", "next_page_token")
+    BUDGETS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    budgets: _containers.RepeatedCompositeFieldContainer[_types_pb2.TenantBudgetStatus]
+    next_page_token: str
+    def __init__(self, budgets: _Optional[_Iterable[_Union[_types_pb2.TenantBudgetStatus, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class DeleteTenantBudgetRequest(_message.Message):
+    __slots__ = ("tenant",)
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    def __init__(self, tenant: _Optional[str] = ...) -> None: ...
+
+class DeleteTenantBudgetResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SetPolicyRequest(_message.Message):
+    __slots__ = ("tenant", "target", "policy")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    target: str
+    policy: _types_pb2.Policy
+    def __init__(self, tenant: _Optional[str] = ..., target: _Optional[str] = ..., policy: _Optional[_Union[_types_pb2.Policy, _Mapping]] = ...) -> None: ...
+
+class SetPolicyResponse(_message.Message):
+    __slots__ = ("entry",)
+    ENTRY_FIELD_NUMBER: _ClassVar[int]
+    entry: _types_pb2.PolicyEntry
+    def __init__(self, entry: _Optional[_Union[_types_pb2.PolicyEntry, _Mapping]] = ...) -> None: ...
+
+class GetPolicyRequest(_message.Message):
+    __slots__ = ("tenant", "target", "effective")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    EFFECTIVE_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    target: str
+    effective: bool
+    def __init__(self, tenant: _Optional[str] = ..., target: _Optional[str] = ..., effective: _Optional[bool] = ...) -> None: ...
+
+class GetPolicyResponse(_message.Message):
+    __slots__ = ("entry",)
+    ENTRY_FIELD_NUMBER: _ClassVar[int]
+    entry: _types_pb2.PolicyEntry
+    def __init__(self, entry: _Optional[_Union[_types_pb2.PolicyEntry, _Mapping]] = ...) -> None: ...
+
+class ListPoliciesRequest(_message.Message):
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListPoliciesResponse(_message.Message):
+    __slots__ = ("entries", "next_page_token")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[_types_pb2.PolicyEntry]
+    next_page_token: str
+    def __init__(self, entries: _Optional[_Iterable[_Union[_types_pb2.PolicyEntry, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class DeletePolicyRequest(_message.Message):
+    __slots__ = ("tenant", "target")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    target: str
+    def __init__(self, tenant: _Optional[str] = ..., target: _Optional[str] = ...) -> None: ...
+
+class DeletePolicyResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListBreakersRequest(_message.Message):
+    __slots__ = ("tenant", "state", "page_size", "page_token")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    state: _types_pb2.BreakerState
+    page_size: int
+    page_token: str
+    def __init__(self, tenant: _Optional[str] = ..., state: _Optional[_Union[_types_pb2.BreakerState, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListBreakersResponse(_message.Message):
+    __slots__ = ("breakers", "next_page_token")
+    BREAKERS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    breakers: _containers.RepeatedCompositeFieldContainer[_types_pb2.Breaker]
+    next_page_token: str
+    def __init__(self, breakers: _Optional[_Iterable[_Union[_types_pb2.Breaker, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class GetBreakerRequest(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: _types_pb2.BreakerKey
+    def __init__(self, key: _Optional[_Union[_types_pb2.BreakerKey, _Mapping]] = ...) -> None: ...
+
+class GetBreakerResponse(_message.Message):
+    __slots__ = ("breaker",)
+    BREAKER_FIELD_NUMBER: _ClassVar[int]
+    breaker: _types_pb2.Breaker
+    def __init__(self, breaker: _Optional[_Union[_types_pb2.Breaker, _Mapping]] = ...) -> None: ...
+
+class ResetBreakerRequest(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: _types_pb2.BreakerKey
+    def __init__(self, key: _Optional[_Union[_types_pb2.BreakerKey, _Mapping]] = ...) -> None: ...
+
+class ResetBreakerResponse(_message.Message):
+    __slots__ = ("breaker",)
+    BREAKER_FIELD_NUMBER: _ClassVar[int]
+    breaker: _types_pb2.Breaker
+    def __init__(self, breaker: _Optional[_Union[_types_pb2.Breaker, _Mapping]] = ...) -> None: ...
+
+class ForceBreakerRequest(_message.Message):
+    __slots__ = ("key", "state")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    key: _types_pb2.BreakerKey
+    state: _types_pb2.BreakerState
+    def __init__(self, key: _Optional[_Union[_types_pb2.BreakerKey, _Mapping]] = ..., state: _Optional[_Union[_types_pb2.BreakerState, str]] = ...) -> None: ...
+
+class ForceBreakerResponse(_message.Message):
+    __slots__ = ("breaker",)
+    BREAKER_FIELD_NUMBER: _ClassVar[int]
+    breaker: _types_pb2.Breaker
+    def __init__(self, breaker: _Optional[_Union[_types_pb2.Breaker, _Mapping]] = ...) -> None: ...
+
+class OpenRunRequest(_message.Message):
+    __slots__ = ("run_id", "tenant", "retry_pool", "cutoff_time", "description")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    RETRY_POOL_FIELD_NUMBER: _ClassVar[int]
+    CUTOFF_TIME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    tenant: str
+    retry_pool: int
+    cutoff_time: _timestamp_pb2.Timestamp
+    description: str
+    def __init__(self, run_id: _Optional[str] = ..., tenant: _Optional[str] = ..., retry_pool: _Optional[int] = ..., cutoff_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., description: _Optional[str] = ...) -> None: ...
+
+class OpenRunResponse(_message.Message):
+    __slots__ = ("run",)
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    run: _types_pb2.Run
+    def __init__(self, run: _Optional[_Union[_types_pb2.Run, _Mapping]] = ...) -> None: ...
+
+class GetRunRequest(_message.Message):
+    __slots__ = ("run_id",)
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+
+class GetRunResponse(_message.Message):
+    __slots__ = ("run",)
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    run: _types_pb2.Run
+    def __init__(self, run: _Optional[_Union[_types_pb2.Run, _Mapping]] = ...) -> None: ...
+
+class ListRunsRequest(_message.Message):
+    __slots__ = ("tenant", "page_size", "page_token")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    page_size: int
+    page_token: str
+    def __init__(self, tenant: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListRunsResponse(_message.Message):
+    __slots__ = ("runs", "next_page_token")
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    runs: _containers.RepeatedCompositeFieldContainer[_types_pb2.Run]
+    next_page_token: str
+    def __init__(self, runs: _Optional[_Iterable[_Union[_types_pb2.Run, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class QueryAuditRequest(_message.Message):
+    __slots__ = ("call_id", "tenant", "start_time", "end_time", "page_size", "page_token")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    END_TIME_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    call_id: str
+    tenant: str
+    start_time: _timestamp_pb2.Timestamp
+    end_time: _timestamp_pb2.Timestamp
+    page_size: int
+    page_token: str
+    def __init__(self, call_id: _Optional[str] = ..., tenant: _Optional[str] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class QueryAuditResponse(_message.Message):
+    __slots__ = ("records", "next_page_token")
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    records: _containers.RepeatedCompositeFieldContainer[_types_pb2.AuditRecord]
+    next_page_token: str
+    def __init__(self, records: _Optional[_Iterable[_Union[_types_pb2.AuditRecord, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...

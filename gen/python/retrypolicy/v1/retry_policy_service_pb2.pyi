@@ -1,0 +1,167 @@
+import datetime
+
+from google.protobuf import duration_pb2 as _duration_pb2
+from retrypolicy.v1 import types_pb2 as _types_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ClassifyRequest(_message.Message):
+    __slots__ = ("call", "failure")
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    call: _types_pb2.CallRef
+    failure: _types_pb2.Failure
+    def __init__(self, call: _Optional[_Union[_types_pb2.CallRef, _Mapping]] = ..., failure: _Optional[_Union[_types_pb2.Failure, _Mapping]] = ...) -> None: ...
+
+class ClassifyResponse(_message.Message):
+    __slots__ = ("retryable", "category", "reason")
+    RETRYABLE_FIELD_NUMBER: _ClassVar[int]
+    CATEGORY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    retryable: bool
+    category: _types_pb2.Category
+    reason: str
+    def __init__(self, retryable: _Optional[bool] = ..., category: _Optional[_Union[_types_pb2.Category, str]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class NextDelayRequest(_message.Message):
+    __slots__ = ("call", "attempt", "failure", "pushback", "previous_delay")
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    PUSHBACK_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_DELAY_FIELD_NUMBER: _ClassVar[int]
+    call: _types_pb2.CallRef
+    attempt: int
+    failure: _types_pb2.Failure
+    pushback: _types_pb2.Pushback
+    previous_delay: _duration_pb2.Duration
+    def __init__(self, call: _Optional[_Union[_types_pb2.CallRef, _Mapping]] = ..., attempt: _Optional[int] = ..., failure: _Optional[_Union[_types_pb2.Failure, _Mapping]] = ..., pushback: _Optional[_Union[_types_pb2.Pushback, _Mapping]] = ..., previous_delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class NextDelayResponse(_message.Message):
+    __slots__ = ("decision", "delay", "stop_reason", "disposition", "category", "classification", "pushback_note", "attempt_timeout", "breaker_state", "tenant_budget_remaining", "run_budget_remaining", "checks", "detail")
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    DELAY_FIELD_NUMBER: _ClassVar[int]
+    STOP_REASON_FIELD_NUMBER: _ClassVar[int]
+    DISPOSITION_FIELD_NUMBER: _ClassVar[int]
+    CATEGORY_FIELD_NUMBER: _ClassVar[int]
+    CLASSIFICATION_FIELD_NUMBER: _ClassVar[int]
+    PUSHBACK_NOTE_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    BREAKER_STATE_FIELD_NUMBER: _ClassVar[int]
+    TENANT_BUDGET_REMAINING_FIELD_NUMBER: _ClassVar[int]
+    RUN_BUDGET_REMAINING_FIELD_NUMBER: _ClassVar[int]
+    CHECKS_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    decision: _types_pb2.Decision
+    delay: _duration_pb2.Duration
+    stop_reason: _types_pb2.StopReason
+    disposition: _types_pb2.Disposition
+    category: _types_pb2.Category
+    classification: str
+    pushback_note: str
+    attempt_timeout: _duration_pb2.Duration
+    breaker_state: _types_pb2.BreakerState
+    tenant_budget_remaining: float
+    run_budget_remaining: int
+    checks: _containers.RepeatedScalarFieldContainer[str]
+    detail: str
+    def __init__(self, decision: _Optional[_Union[_types_pb2.Decision, str]] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., stop_reason: _Optional[_Union[_types_pb2.StopReason, str]] = ..., disposition: _Optional[_Union[_types_pb2.Disposition, str]] = ..., category: _Optional[_Union[_types_pb2.Category, str]] = ..., classification: _Optional[str] = ..., pushback_note: _Optional[str] = ..., attempt_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., breaker_state: _Optional[_Union[_types_pb2.BreakerState, str]] = ..., tenant_budget_remaining: _Optional[float] = ..., run_budget_remaining: _Optional[int] = ..., checks: _Optional[_Iterable[str]] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class Outcome(_message.Message):
+    __slots__ = ("call", "attempt", "success", "failure", "latency", "permit_id", "final_disposition", "final_stop_reason", "already_recorded")
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    SUCCESS_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_FIELD_NUMBER: _ClassVar[int]
+    PERMIT_ID_FIELD_NUMBER: _ClassVar[int]
+    FINAL_DISPOSITION_FIELD_NUMBER: _ClassVar[int]
+    FINAL_STOP_REASON_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_RECORDED_FIELD_NUMBER: _ClassVar[int]
+    call: _types_pb2.CallRef
+    attempt: int
+    success: bool
+    failure: _types_pb2.Failure
+    latency: _duration_pb2.Duration
+    permit_id: str
+    final_disposition: _types_pb2.Disposition
+    final_stop_reason: _types_pb2.StopReason
+    already_recorded: bool
+    def __init__(self, call: _Optional[_Union[_types_pb2.CallRef, _Mapping]] = ..., attempt: _Optional[int] = ..., success: _Optional[bool] = ..., failure: _Optional[_Union[_types_pb2.Failure, _Mapping]] = ..., latency: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., permit_id: _Optional[str] = ..., final_disposition: _Optional[_Union[_types_pb2.Disposition, str]] = ..., final_stop_reason: _Optional[_Union[_types_pb2.StopReason, str]] = ..., already_recorded: _Optional[bool] = ...) -> None: ...
+
+class ReportOutcomeRequest(_message.Message):
+    __slots__ = ("outcomes",)
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    outcomes: _containers.RepeatedCompositeFieldContainer[Outcome]
+    def __init__(self, outcomes: _Optional[_Iterable[_Union[Outcome, _Mapping]]] = ...) -> None: ...
+
+class ReportOutcomeResponse(_message.Message):
+    __slots__ = ("accepted",)
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    accepted: int
+    def __init__(self, accepted: _Optional[int] = ...) -> None: ...
+
+class AdmitRequest(_message.Message):
+    __slots__ = ("call", "attempt")
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    call: _types_pb2.CallRef
+    attempt: int
+    def __init__(self, call: _Optional[_Union[_types_pb2.CallRef, _Mapping]] = ..., attempt: _Optional[int] = ...) -> None: ...
+
+class AdmitResponse(_message.Message):
+    __slots__ = ("admitted", "state", "permit_id", "retry_after", "reason")
+    ADMITTED_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PERMIT_ID_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    admitted: bool
+    state: _types_pb2.BreakerState
+    permit_id: str
+    retry_after: _duration_pb2.Duration
+    reason: str
+    def __init__(self, admitted: _Optional[bool] = ..., state: _Optional[_Union[_types_pb2.BreakerState, str]] = ..., permit_id: _Optional[str] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class WatchBreakersRequest(_message.Message):
+    __slots__ = ("tenant",)
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    def __init__(self, tenant: _Optional[str] = ...) -> None: ...
+
+class WatchBreakersResponse(_message.Message):
+    __slots__ = ("breaker", "snapshot")
+    BREAKER_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    breaker: _types_pb2.Breaker
+    snapshot: bool
+    def __init__(self, breaker: _Optional[_Union[_types_pb2.Breaker, _Mapping]] = ..., snapshot: _Optional[bool] = ...) -> None: ...
+
+class PlanBudgetRequest(_message.Message):
+    __slots__ = ("window", "backoff", "attempt_timeout", "ttl_margin", "max_attempts", "hops")
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    BACKOFF_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    TTL_MARGIN_FIELD_NUMBER: _ClassVar[int]
+    MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    HOPS_FIELD_NUMBER: _ClassVar[int]
+    window: _duration_pb2.Duration
+    backoff: _types_pb2.BackoffSettings
+    attempt_timeout: _duration_pb2.Duration
+    ttl_margin: _duration_pb2.Duration
+    max_attempts: int
+    hops: int
+    def __init__(self, window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., backoff: _Optional[_Union[_types_pb2.BackoffSettings, _Mapping]] = ..., attempt_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., ttl_margin: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_attempts: _Optional[int] = ..., hops: _Optional[int] = ...) -> None: ...
+
+class PlanBudgetResponse(_message.Message):
+    __slots__ = ("plan", "hops")
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    HOPS_FIELD_NUMBER: _ClassVar[int]
+    plan: _types_pb2.BudgetPlan
+    hops: _containers.RepeatedCompositeFieldContainer[_types_pb2.BudgetPlan]
+    def __init__(self, plan: _Optional[_Union[_types_pb2.BudgetPlan, _Mapping]] = ..., hops: _Optional[_Iterable[_Union[_types_pb2.BudgetPlan, _Mapping]]] = ...) -> None: ...
