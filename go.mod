@@ -8,6 +8,7 @@ require (
 )
 
 require (
+	go.etcd.io/bbolt v1.5.0 // indirect
 	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.42.0 // indirect

@@ -158,6 +158,9 @@ type NextDelayRequest struct {
 	// previous_delay is the delay handed out before this attempt (used by
 	// JITTER_DECORRELATED); zero for the first failure.
 	PreviousDelay *durationpb.Duration `protobuf:"bytes,5,opt,name=previous_delay,json=previousDelay,proto3" json:"previous_delay,omitempty"`
+	// permit_id is the HALF_OPEN probe permit the failed attempt used, if any;
+	// it releases the permit's slot.
+	PermitId      string `protobuf:"bytes,6,opt,name=permit_id,json=permitId,proto3" json:"permit_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -225,6 +228,13 @@ func (x *NextDelayRequest) GetPreviousDelay() *durationpb.Duration {
 		return x.PreviousDelay
 	}
 	return nil
+}
+
+func (x *NextDelayRequest) GetPermitId() string {
+	if x != nil {
+		return x.PermitId
+	}
+	return ""
 }
 
 // NextDelayResponse is RETRY with a delay, or STOP with a reason.
@@ -999,13 +1009,14 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\x10ClassifyResponse\x12\x1c\n" +
 	"\tretryable\x18\x01 \x01(\bR\tretryable\x124\n" +
 	"\bcategory\x18\x02 \x01(\x0e2\x18.retrypolicy.v1.CategoryR\bcategory\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x84\x02\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xa1\x02\n" +
 	"\x10NextDelayRequest\x12+\n" +
 	"\x04call\x18\x01 \x01(\v2\x17.retrypolicy.v1.CallRefR\x04call\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\rR\aattempt\x121\n" +
 	"\afailure\x18\x03 \x01(\v2\x17.retrypolicy.v1.FailureR\afailure\x124\n" +
 	"\bpushback\x18\x04 \x01(\v2\x18.retrypolicy.v1.PushbackR\bpushback\x12@\n" +
-	"\x0eprevious_delay\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\rpreviousDelay\"\x9a\x05\n" +
+	"\x0eprevious_delay\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\rpreviousDelay\x12\x1b\n" +
+	"\tpermit_id\x18\x06 \x01(\tR\bpermitId\"\x9a\x05\n" +
 	"\x11NextDelayResponse\x124\n" +
 	"\bdecision\x18\x01 \x01(\x0e2\x18.retrypolicy.v1.DecisionR\bdecision\x12/\n" +
 	"\x05delay\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x05delay\x12;\n" +

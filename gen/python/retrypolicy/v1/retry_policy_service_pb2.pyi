@@ -29,18 +29,20 @@ class ClassifyResponse(_message.Message):
     def __init__(self, retryable: _Optional[bool] = ..., category: _Optional[_Union[_types_pb2.Category, str]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class NextDelayRequest(_message.Message):
-    __slots__ = ("call", "attempt", "failure", "pushback", "previous_delay")
+    __slots__ = ("call", "attempt", "failure", "pushback", "previous_delay", "permit_id")
     CALL_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
     PUSHBACK_FIELD_NUMBER: _ClassVar[int]
     PREVIOUS_DELAY_FIELD_NUMBER: _ClassVar[int]
+    PERMIT_ID_FIELD_NUMBER: _ClassVar[int]
     call: _types_pb2.CallRef
     attempt: int
     failure: _types_pb2.Failure
     pushback: _types_pb2.Pushback
     previous_delay: _duration_pb2.Duration
-    def __init__(self, call: _Optional[_Union[_types_pb2.CallRef, _Mapping]] = ..., attempt: _Optional[int] = ..., failure: _Optional[_Union[_types_pb2.Failure, _Mapping]] = ..., pushback: _Optional[_Union[_types_pb2.Pushback, _Mapping]] = ..., previous_delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    permit_id: str
+    def __init__(self, call: _Optional[_Union[_types_pb2.CallRef, _Mapping]] = ..., attempt: _Optional[int] = ..., failure: _Optional[_Union[_types_pb2.Failure, _Mapping]] = ..., pushback: _Optional[_Union[_types_pb2.Pushback, _Mapping]] = ..., previous_delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., permit_id: _Optional[str] = ...) -> None: ...
 
 class NextDelayResponse(_message.Message):
     __slots__ = ("decision", "delay", "stop_reason", "disposition", "category", "classification", "pushback_note", "attempt_timeout", "breaker_state", "tenant_budget_remaining", "run_budget_remaining", "checks", "detail")

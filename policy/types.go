@@ -1,0 +1,215 @@
+package policy
+
+import "time"
+
+// Category is the verdict of classification on a failure.
+type Category uint8
+
+// Categories of failures.
+const (
+	CategoryUnspecified  Category = iota
+	CategoryTransient             // may succeed when tried again
+	CategoryTerminal              // cannot succeed when repeated
+	CategoryUnclassified          // outside every table; treated as terminal
+)
+
+// FailureKind says which field of a Failure is meaningful.
+type FailureKind uint8
+
+// Kinds of failures.
+const (
+	FailureUnspecified FailureKind = iota
+	FailureHTTP                    // Failure.Code is an HTTP status
+	FailureGRPC                    // Failure.Code is a gRPC code
+	FailureTransport               // Failure.Transport is set
+	FailureLocal                   // Failure.Local is set
+)
+
+// TransportKind names a failure below the application protocol.
+type TransportKind uint8
+
+// Transport failures.
+const (
+	TransportUnspecified TransportKind = iota
+	TransportTimeout
+	TransportConnectionReset
+	TransportConnectionRefused
+	TransportDNS
+	TransportTLS
+)
+
+// LocalKind names a failure inside the caller.
+type LocalKind uint8
+
+// Local failures.
+const (
+	LocalUnspecified LocalKind = iota
+	LocalParse
+	LocalValidation
+)
+
+// Failure is how one attempt failed. Exactly one of Code (for HTTP and gRPC),
+// Transport or Local is meaningful, as Kind says.
+type Failure struct {
+	Kind      FailureKind
+	Code      int
+	Transport TransportKind
+	Local     LocalKind
+}
+
+// Jitter is the randomisation applied to a nominal delay.
+type Jitter uint8
+
+// Jitter modes. JitterFull is the default.
+const (
+	JitterUnspecified Jitter = iota
+	JitterNone
+	JitterFull
+	JitterEqual
+	JitterDecorrelated
+)
+
+// RetryAfterMode says how a pushback hint combines with backoff.
+type RetryAfterMode uint8
+
+// Pushback modes. RetryAfterMax is the default.
+const (
+	RetryAfterUnspecified RetryAfterMode = iota
+	RetryAfterMax
+	RetryAfterOverride
+)
+
+// BreakerMode selects the rule that trips a breaker.
+type BreakerMode uint8
+
+// Breaker modes. BreakerConsecutive is the default.
+const (
+	BreakerModeUnspecified BreakerMode = iota
+	BreakerConsecutive
+	BreakerFailureRate
+)
+
+// BreakerScope selects the key a breaker is shared under.
+type BreakerScope uint8
+
+// Breaker scopes. ScopeTenantTarget is the default.
+const (
+	ScopeUnspecified BreakerScope = iota
+	ScopeTenantTarget
+	ScopeTarget
+)
+
+// StopReason says which rule ended a call.
+type StopReason uint8
+
+// Stop reasons; StopNone means the decision is to retry.
+const (
+	StopNone StopReason = iota
+	StopTerminal
+	StopNotIdempotent
+	StopAttemptsExhausted
+	StopDeadline
+	StopBudgetExhausted
+	StopCircuitOpen
+	StopServerPushback
+)
+
+// Disposition is the final state of a call.
+type Disposition uint8
+
+// Dispositions; DispositionNone means the call is not final.
+const (
+	DispositionNone Disposition = iota
+	DispositionSucceeded
+	DispositionFailedTerminal
+	DispositionDeadLetter
+	DispositionDeadlineCut
+	DispositionCircuitOpen
+)
+
+// Backoff shapes the delays between attempts: nominal(n) = min(Max, Base *
+// Factor^n) for retry n counted from 0.
+type Backoff struct {
+	Base   time.Duration
+	Factor float64
+	Max    time.Duration
+	Jitter Jitter
+}
+
+// Pushback says how server hints are honoured. A hint h becomes a wait in
+// [h, h+spread] with spread = max(SpreadRatio*h, MinSpread); hints longer
+// than MaxHint are capped to it.
+type Pushback struct {
+	Mode        RetryAfterMode
+	SpreadRatio float64
+	MinSpread   time.Duration
+	MaxHint     time.Duration
+}
+
+// BreakerConfig configures a circuit breaker.
+type BreakerConfig struct {
+	Mode                BreakerMode
+	Scope               BreakerScope
+	ConsecutiveFailures int
+	FailureRate         float64 // in (0, 1]
+	Window              time.Duration
+	MinCalls            int
+	Cooldown            time.Duration
+	HalfOpenProbes      int
+	ProbeTimeout        time.Duration
+}
+
+// Policy is a complete retry policy. Every number of the decision rules is a
+// field here; Default returns the documented defaults.
+type Policy struct {
+	Backoff        Backoff
+	Pushback       Pushback
+	MaxAttempts    int           // counting the first attempt
+	AttemptTimeout time.Duration // reserved before each retry; 0 reserves nothing
+	CallDeadline   time.Duration // from the origin time; 0 means none
+
+	// Classification tables. Codes in neither HTTP table are unclassified.
+	TransientHTTP []int
+	TerminalHTTP  []int
+	TransientGRPC []int
+
+	Breaker BreakerConfig
+}
+
+// Defaults of DESIGN.md.
+var (
+	DefaultTransientHTTP = []int{429, 500, 502, 503, 504}
+	DefaultTerminalHTTP  = []int{400, 401, 403, 404, 422}
+	// DefaultTransientGRPC: UNAVAILABLE, RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED, ABORTED.
+	DefaultTransientGRPC = []int{14, 8, 4, 10}
+)
+
+// Default returns the default policy. The slices are fresh copies the caller
+// may modify.
+func Default() Policy {
+	return Policy{
+		Backoff: Backoff{Base: 500 * time.Millisecond, Factor: 2, Max: 30 * time.Second, Jitter: JitterFull},
+		Pushback: Pushback{
+			Mode:        RetryAfterMax,
+			SpreadRatio: 0.1,
+			MinSpread:   250 * time.Millisecond,
+			MaxHint:     time.Hour,
+		},
+		MaxAttempts:    3,
+		AttemptTimeout: 10 * time.Second,
+		TransientHTTP:  append([]int(nil), DefaultTransientHTTP...),
+		TerminalHTTP:   append([]int(nil), DefaultTerminalHTTP...),
+		TransientGRPC:  append([]int(nil), DefaultTransientGRPC...),
+		Breaker: BreakerConfig{
+			Mode:                BreakerConsecutive,
+			Scope:               ScopeTenantTarget,
+			ConsecutiveFailures: 5,
+			FailureRate:         0.5,
+			Window:              time.Minute,
+			MinCalls:            20,
+			Cooldown:            time.Minute,
+			HalfOpenProbes:      1,
+			ProbeTimeout:        30 * time.Second,
+		},
+	}
+}
