@@ -800,9 +800,13 @@ type WatchBreakersResponse struct {
 	// breaker is the breaker's state after the change.
 	Breaker *Breaker `protobuf:"bytes,1,opt,name=breaker,proto3" json:"breaker,omitempty"`
 	// snapshot is true for the current states sent on connect.
-	Snapshot      bool `protobuf:"varint,2,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Snapshot bool `protobuf:"varint,2,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	// snapshot_complete is true on the one message that ends the initial
+	// snapshot; it carries no breaker. From then on the client's view is
+	// complete: a breaker it has not been told of is CLOSED.
+	SnapshotComplete bool `protobuf:"varint,3,opt,name=snapshot_complete,json=snapshotComplete,proto3" json:"snapshot_complete,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *WatchBreakersResponse) Reset() {
@@ -845,6 +849,13 @@ func (x *WatchBreakersResponse) GetBreaker() *Breaker {
 func (x *WatchBreakersResponse) GetSnapshot() bool {
 	if x != nil {
 		return x.Snapshot
+	}
+	return false
+}
+
+func (x *WatchBreakersResponse) GetSnapshotComplete() bool {
+	if x != nil {
+		return x.SnapshotComplete
 	}
 	return false
 }
@@ -1058,10 +1069,11 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"retryAfter\x12\x16\n" +
 	"\x06reason\x18\x05 \x01(\tR\x06reason\".\n" +
 	"\x14WatchBreakersRequest\x12\x16\n" +
-	"\x06tenant\x18\x01 \x01(\tR\x06tenant\"f\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\"\x93\x01\n" +
 	"\x15WatchBreakersResponse\x121\n" +
 	"\abreaker\x18\x01 \x01(\v2\x17.retrypolicy.v1.BreakerR\abreaker\x12\x1a\n" +
-	"\bsnapshot\x18\x02 \x01(\bR\bsnapshot\"\xcc\x02\n" +
+	"\bsnapshot\x18\x02 \x01(\bR\bsnapshot\x12+\n" +
+	"\x11snapshot_complete\x18\x03 \x01(\bR\x10snapshotComplete\"\xcc\x02\n" +
 	"\x11PlanBudgetRequest\x121\n" +
 	"\x06window\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x06window\x129\n" +
 	"\abackoff\x18\x02 \x01(\v2\x1f.retrypolicy.v1.BackoffSettingsR\abackoff\x12B\n" +

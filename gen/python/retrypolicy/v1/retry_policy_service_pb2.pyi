@@ -137,12 +137,14 @@ class WatchBreakersRequest(_message.Message):
     def __init__(self, tenant: _Optional[str] = ...) -> None: ...
 
 class WatchBreakersResponse(_message.Message):
-    __slots__ = ("breaker", "snapshot")
+    __slots__ = ("breaker", "snapshot", "snapshot_complete")
     BREAKER_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_COMPLETE_FIELD_NUMBER: _ClassVar[int]
     breaker: _types_pb2.Breaker
     snapshot: bool
-    def __init__(self, breaker: _Optional[_Union[_types_pb2.Breaker, _Mapping]] = ..., snapshot: _Optional[bool] = ...) -> None: ...
+    snapshot_complete: bool
+    def __init__(self, breaker: _Optional[_Union[_types_pb2.Breaker, _Mapping]] = ..., snapshot: _Optional[bool] = ..., snapshot_complete: _Optional[bool] = ...) -> None: ...
 
 class PlanBudgetRequest(_message.Message):
     __slots__ = ("window", "backoff", "attempt_timeout", "ttl_margin", "max_attempts", "hops")

@@ -1,0 +1,453 @@
+package policyclient_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/policyd/policyd/breakerstore"
+	policyclient "github.com/policyd/policyd/clients/go"
+	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
+	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/server"
+)
+
+// daemon is a real policyd (server and bbolt store) reached over bufconn.
+type daemon struct {
+	gs    *grpc.Server
+	store *breakerstore.Store
+	lis   *bufconn.Listener
+	conn  *grpc.ClientConn
+	admin pb.AdminServiceClient
+}
+
+func startDaemon(t testing.TB, wrap func(server.Store) server.Store) *daemon {
+	t.Helper()
+	store, err := breakerstore.Open(breakerstore.Options{Path: filepath.Join(t.TempDir(), "policyd.db"), FlushInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s server.Store = store
+	if wrap != nil {
+		s = wrap(store)
+	}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	gs, _ := server.NewGRPC(s, server.Config{Logger: quiet})
+	lis := bufconn.Listen(1 << 20)
+	go func() { _ = gs.Serve(lis) }()
+	conn, err := grpc.NewClient("passthrough:///policyd",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &daemon{gs: gs, store: store, lis: lis, conn: conn, admin: pb.NewAdminServiceClient(conn)}
+	t.Cleanup(func() {
+		conn.Close()
+		gs.Stop()
+		store.Close()
+	})
+	return d
+}
+
+// sleeps records the waits the client asked for, without waiting.
+type sleeps struct {
+	mu sync.Mutex
+	d  []time.Duration
+}
+
+func (s *sleeps) Sleep(ctx context.Context, d time.Duration) error {
+	s.mu.Lock()
+	s.d = append(s.d, d)
+	s.mu.Unlock()
+	return ctx.Err()
+}
+
+func (s *sleeps) all() []time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]time.Duration(nil), s.d...)
+}
+
+func newClient(t testing.TB, d *daemon, mod func(*policyclient.Config)) (*policyclient.Client, *sleeps) {
+	t.Helper()
+	sl := &sleeps{}
+	cfg := policyclient.Config{Tenant: "acme", Sleep: sl.Sleep, DecisionTimeout: 2 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	if mod != nil {
+		mod(&cfg)
+	}
+	c, err := policyclient.New(d.conn, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(context.Background()) })
+	if !cfg.NoWatch {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := c.Ready(ctx); err != nil {
+			t.Fatalf("Ready: %v", err)
+		}
+	}
+	return c, sl
+}
+
+// script is a fake upstream: attempt n returns errs[n-1] (nil: success).
+func script(errs ...error) (func(context.Context, policyclient.Attempt) error, *atomic.Int32) {
+	var calls atomic.Int32
+	return func(_ context.Context, a policyclient.Attempt) error {
+		calls.Add(1)
+		if a.Number-1 < len(errs) {
+			return errs[a.Number-1]
+		}
+		return nil
+	}, &calls
+}
+
+func statusErr(code codes.Code) error { return status.Error(code, "upstream said no") }
+
+func TestDoDecisionPaths(t *testing.T) {
+	d := startDaemon(t, nil)
+	s503 := policyclient.HTTPError(503, nil)
+	tests := []struct {
+		name        string
+		call        policyclient.Call
+		errs        []error
+		disposition policyclient.Disposition
+		stop        string
+		reason      string
+		attempts    int
+	}{
+		{"first try", policyclient.Call{Target: "a", Idempotent: true}, nil, policyclient.Succeeded, "", "", 1},
+		{"two 503 then success", policyclient.Call{Target: "b", Idempotent: true}, []error{s503, s503}, policyclient.Succeeded, "", "transient:503", 3},
+		{"terminal 422", policyclient.Call{Target: "c", Idempotent: true}, []error{policyclient.HTTPError(422, nil)},
+			policyclient.FailedTerminal, "TERMINAL", "terminal:422", 1},
+		{"unknown error is terminal", policyclient.Call{Target: "d", Idempotent: true}, []error{errors.New("mystery")},
+			policyclient.FailedTerminal, "TERMINAL", "unclassified:*errors.errorString", 1},
+		{"attempts exhausted", policyclient.Call{Target: "e", Idempotent: true}, []error{s503, s503, s503},
+			policyclient.DeadLetter, "ATTEMPTS_EXHAUSTED", "transient:503", 3},
+		{"non-idempotent write without key", policyclient.Call{Target: "f"}, []error{s503},
+			policyclient.DeadLetter, "NOT_IDEMPOTENT", "unsafe:not_idempotent", 1},
+		{"non-idempotent write with a submission id", policyclient.Call{Target: "g", SubmissionID: "doc-1", Payload: []byte("x")}, []error{s503},
+			policyclient.Succeeded, "", "transient:503", 2},
+		{"connection reset", policyclient.Call{Target: "h", Idempotent: true}, []error{&net.OpError{Op: "read", Err: syscall.ECONNRESET}},
+			policyclient.Succeeded, "", "transport:connection_reset", 2},
+		{"parse error", policyclient.Call{Target: "i", Idempotent: true}, []error{policyclient.ParseError(errors.New("bad json"))},
+			policyclient.FailedTerminal, "TERMINAL", "local:parse", 1},
+		{"grpc unavailable", policyclient.Call{Target: "j", Idempotent: true}, []error{statusErr(codes.Unavailable)},
+			policyclient.Succeeded, "", "transient:grpc_unavailable", 2},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c, _ := newClient(t, d, nil)
+			fn, calls := script(tc.errs...)
+			res, err := c.Do(context.Background(), tc.call, fn)
+			if err != nil {
+				t.Fatalf("Do: %v", err)
+			}
+			if res.Disposition != tc.disposition || res.StopReason != tc.stop || res.Reason != tc.reason || res.Attempts != tc.attempts {
+				t.Errorf("got %v/%q/%q after %d attempts, want %v/%q/%q after %d",
+					res.Disposition, res.StopReason, res.Reason, res.Attempts, tc.disposition, tc.stop, tc.reason, tc.attempts)
+			}
+			if int(calls.Load()) != tc.attempts {
+				t.Errorf("fn called %d times, want %d", calls.Load(), tc.attempts)
+			}
+			if res.Local {
+				t.Errorf("decided locally with policyd up")
+			}
+		})
+	}
+}
+
+func TestDoHonoursRetryAfter(t *testing.T) {
+	d := startDaemon(t, nil)
+	c, sl := newClient(t, d, nil)
+	h := http.Header{}
+	h.Set("Retry-After", "7")
+	fn, _ := script(policyclient.HTTPError(429, h))
+	res, _ := c.Do(context.Background(), policyclient.Call{Target: "geo", Idempotent: true}, fn)
+	if !res.OK() {
+		t.Fatalf("got %v, want success", res.Disposition)
+	}
+	waits := sl.all()
+	if len(waits) != 1 || waits[0] < 7*time.Second {
+		t.Errorf("waits: got %v, want one wait of at least the 7s Retry-After", waits)
+	}
+}
+
+func TestClosedBreakerCostsNoRPCAndOpenFailsFast(t *testing.T) {
+	d := startDaemon(t, nil)
+	c, _ := newClient(t, d, nil)
+	ctx := context.Background()
+	ok, _ := script()
+	for range 10 {
+		if res, _ := c.Do(ctx, policyclient.Call{Target: "geo", Idempotent: true}, ok); !res.OK() {
+			t.Fatalf("got %v, want success", res.Disposition)
+		}
+	}
+	if got := c.Stats().AdmitRPCs; got != 0 {
+		t.Errorf("Admit RPCs with the breaker CLOSED: got %d, want 0", got)
+	}
+	if _, err := d.admin.ForceBreaker(ctx, &pb.ForceBreakerRequest{Key: &pb.BreakerKey{Tenant: "acme", Target: "geo"},
+		State: pb.BreakerState_BREAKER_STATE_OPEN}); err != nil {
+		t.Fatal(err)
+	}
+	// The cache learns of the change from the stream; from then on Do
+	// refuses without calling fn or policyd.
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := policyclient.WaitBreakerState(wctx, c, "geo", pb.BreakerState_BREAKER_STATE_OPEN); err != nil {
+		t.Fatalf("the cache never saw OPEN: %v", err)
+	}
+	fn, calls := script()
+	res, _ := c.Do(ctx, policyclient.Call{Target: "geo", Idempotent: true}, fn)
+	if res.Disposition != policyclient.CircuitOpen || res.StopReason != "CIRCUIT_OPEN" || calls.Load() != 0 || res.Attempts != 0 {
+		t.Errorf("open breaker: got %v/%s with %d attempts (fn called %d times), want circuit_open without calling fn",
+			res.Disposition, res.StopReason, res.Attempts, calls.Load())
+	}
+	if got := c.Stats().AdmitRPCs; got != 0 {
+		t.Errorf("Admit RPCs while known OPEN: got %d, want 0", got)
+	}
+	if c.Stats().FastFails == 0 {
+		t.Errorf("fast fails: got 0, want the refusal counted")
+	}
+}
+
+func TestPerAttemptTimeoutReachesFn(t *testing.T) {
+	d := startDaemon(t, nil)
+	c, _ := newClient(t, d, func(cfg *policyclient.Config) { cfg.AttemptTimeout = 3 * time.Second })
+	var left time.Duration
+	_, _ = c.Do(context.Background(), policyclient.Call{Target: "geo", Idempotent: true}, func(ctx context.Context, _ policyclient.Attempt) error {
+		dl, ok := ctx.Deadline()
+		if !ok {
+			t.Errorf("fn's context has no deadline")
+		}
+		left = time.Until(dl)
+		return nil
+	})
+	if left <= 0 || left > 3*time.Second {
+		t.Errorf("fn's deadline: %v away, want within the 3s attempt timeout", left)
+	}
+}
+
+func TestIdempotencyKeyIsStableAcrossAttempts(t *testing.T) {
+	d := startDaemon(t, nil)
+	c, _ := newClient(t, d, nil)
+	var keys []string
+	_, _ = c.Do(context.Background(), policyclient.Call{Target: "geo", SubmissionID: "doc-42", Payload: []byte(`{"a":1}`)},
+		func(_ context.Context, a policyclient.Attempt) error {
+			keys = append(keys, a.IdempotencyKey)
+			if a.Number < 3 {
+				return policyclient.HTTPError(503, nil)
+			}
+			return nil
+		})
+	want := policyclient.IdempotencyKey("doc-42", []byte(`{"a":1}`))
+	if len(keys) != 3 || keys[0] != want || keys[1] != want || keys[2] != want {
+		t.Errorf("keys: got %v, want %s three times", keys, want)
+	}
+}
+
+func TestMisuse(t *testing.T) {
+	d := startDaemon(t, nil)
+	if _, err := policyclient.New(d.conn, policyclient.Config{}); err == nil {
+		t.Error("New without a tenant: got nil error")
+	}
+	if _, err := policyclient.New(d.conn, policyclient.Config{Tenant: "a", DecisionTimeout: -1}); err == nil {
+		t.Error("New with a negative timeout: got nil error")
+	}
+	c, _ := newClient(t, d, func(cfg *policyclient.Config) { cfg.NoWatch = true })
+	if _, err := c.Do(context.Background(), policyclient.Call{Target: "t"}, nil); !errors.Is(err, policyclient.ErrNilFunc) {
+		t.Errorf("nil fn: got %v, want ErrNilFunc", err)
+	}
+	if _, err := c.Do(context.Background(), policyclient.Call{}, func(context.Context, policyclient.Attempt) error { return nil }); !errors.Is(err, policyclient.ErrNoTarget) {
+		t.Errorf("no target: got %v, want ErrNoTarget", err)
+	}
+}
+
+// blockingStore never answers NextDelay or Admit until released: policyd
+// is up but too slow.
+type blockingStore struct {
+	server.Store
+	release chan struct{}
+}
+
+func (b blockingStore) Record(k policy.BreakerKey, cfg policy.BreakerConfig, r policy.Result, permit string) (policy.BreakerSnapshot, error) {
+	<-b.release
+	return b.Store.Record(k, cfg, r, permit)
+}
+
+func TestSlowPolicydFallsBackWithinTheDecisionTimeout(t *testing.T) {
+	release := make(chan struct{})
+	d := startDaemon(t, func(s server.Store) server.Store { return blockingStore{s, release} })
+	defer close(release)
+	c, _ := newClient(t, d, func(cfg *policyclient.Config) {
+		cfg.DecisionTimeout = 50 * time.Millisecond
+		cfg.NoWatch = true
+	})
+	fn, _ := script(policyclient.HTTPError(503, nil))
+	res, _ := c.Do(context.Background(), policyclient.Call{Target: "geo", Idempotent: true}, fn)
+	if !res.OK() || !res.Local {
+		t.Errorf("got %v local=%v, want success decided locally", res.Disposition, res.Local)
+	}
+	if c.Stats().LocalDecisions != 1 {
+		t.Errorf("local decisions: got %d, want 1", c.Stats().LocalDecisions)
+	}
+}
+
+// TestPolicydStoppedMidBatch stops the daemon while 32 workers are
+// retrying: every call still ends, decided locally from then on.
+func TestPolicydStoppedMidBatch(t *testing.T) {
+	d := startDaemon(t, nil)
+	c, _ := newClient(t, d, func(cfg *policyclient.Config) {
+		cfg.DecisionTimeout = 100 * time.Millisecond
+		cfg.LocalBudget = 1000
+	})
+	ctx := context.Background()
+	var done atomic.Int32
+	var wg sync.WaitGroup
+	stopped := make(chan struct{})
+	for w := range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 20 {
+				if w == 0 && i == 5 {
+					d.gs.Stop() // policyd goes away in the middle of the batch
+					close(stopped)
+				}
+				fn, _ := script(policyclient.HTTPError(503, nil))
+				res, err := c.Do(ctx, policyclient.Call{Target: fmt.Sprintf("t%d", w%4), Idempotent: true}, fn)
+				if err != nil || res.Disposition == 0 {
+					t.Errorf("Do: %v %v", res, err)
+				}
+				done.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	<-stopped
+	if done.Load() != 32*20 {
+		t.Errorf("finished calls: got %d, want %d", done.Load(), 32*20)
+	}
+	if c.Stats().LocalDecisions == 0 {
+		t.Errorf("no local decisions after policyd stopped")
+	}
+}
+
+func TestOutcomesAreNotLostOnClose(t *testing.T) {
+	d := startDaemon(t, nil)
+	ctx := context.Background()
+	if _, err := d.admin.OpenRun(ctx, &pb.OpenRunRequest{RunId: "batch", Tenant: "acme", RetryPool: 10,
+		CutoffTime: timestamppb.New(time.Now().Add(time.Hour))}); err != nil {
+		t.Fatal(err)
+	}
+	sl := &sleeps{}
+	c, err := policyclient.New(d.conn, policyclient.Config{Tenant: "acme", Sleep: sl.Sleep, NoWatch: true,
+		BatchSize: 64, FlushInterval: time.Hour}) // only size and Close flush
+	if err != nil {
+		t.Fatal(err)
+	}
+	ok, _ := script()
+	const n = 1000
+	for i := range n {
+		if _, err := c.Do(ctx, policyclient.Call{Target: "geo", Idempotent: true, RunID: "batch", CallID: fmt.Sprint(i)}, ok); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Close(ctx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	run, err := d.admin.GetRun(ctx, &pb.GetRunRequest{RunId: "batch"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := run.GetRun().GetLedger().GetSucceeded(); got != n {
+		t.Errorf("succeeded in the ledger: got %d, want %d", got, n)
+	}
+	if st := c.Stats(); st.OutcomesSent != n || st.OutcomesDropped != 0 || st.ReportBatchesSent < n/64 {
+		t.Errorf("stats: got %+v, want %d sent in batches, none dropped", st, n)
+	}
+}
+
+// TestRunPoolNeverOverspent drives 64 workers through a run whose pool is
+// smaller than the retries they want.
+func TestRunPoolNeverOverspent(t *testing.T) {
+	d := startDaemon(t, nil)
+	ctx := context.Background()
+	const pool = 50
+	if _, err := d.admin.OpenRun(ctx, &pb.OpenRunRequest{RunId: "r", Tenant: "acme", RetryPool: pool,
+		CutoffTime: timestamppb.New(time.Now().Add(time.Hour))}); err != nil {
+		t.Fatal(err)
+	}
+	// A generous tenant budget, so the run pool is what binds.
+	if _, err := d.admin.SetTenantBudget(ctx, &pb.SetTenantBudgetRequest{Budget: &pb.TenantBudget{Tenant: "acme", Capacity: 10000}}); err != nil {
+		t.Fatal(err)
+	}
+	c, _ := newClient(t, d, nil)
+	var retries atomic.Int32
+	var wg sync.WaitGroup
+	for w := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 4 {
+				res, _ := c.Do(ctx, policyclient.Call{Target: fmt.Sprintf("t%d", (w*4+i)%32), Idempotent: true, RunID: "r"},
+					func(_ context.Context, a policyclient.Attempt) error {
+						if a.Number < 3 {
+							return policyclient.HTTPError(503, nil)
+						}
+						return nil
+					})
+				retries.Add(int32(res.Attempts - 1))
+			}
+		}()
+	}
+	wg.Wait()
+	run, err := d.admin.GetRun(ctx, &pb.GetRunRequest{RunId: "r"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if spent := run.GetRun().GetRetriesSpent(); spent != pool || retries.Load() != pool {
+		t.Errorf("retries: pool %d, spent %d, made %d; want exactly the pool", pool, spent, retries.Load())
+	}
+}
+
+func TestPolicyTimeoutFromDaemon(t *testing.T) {
+	d := startDaemon(t, nil)
+	ctx := context.Background()
+	if _, err := d.admin.SetPolicy(ctx, &pb.SetPolicyRequest{Tenant: "acme", Policy: &pb.Policy{AttemptTimeout: durationpb.New(2 * time.Second)}}); err != nil {
+		t.Fatal(err)
+	}
+	c, _ := newClient(t, d, nil)
+	var second time.Duration
+	_, _ = c.Do(ctx, policyclient.Call{Target: "geo", Idempotent: true}, func(ctx context.Context, a policyclient.Attempt) error {
+		if a.Number == 1 {
+			return policyclient.HTTPError(503, nil)
+		}
+		dl, _ := ctx.Deadline()
+		second = time.Until(dl)
+		return nil
+	})
+	if second <= 0 || second > 2*time.Second {
+		t.Errorf("second attempt's timeout: %v, want policyd's 2s", second)
+	}
+}

@@ -1,0 +1,388 @@
+package policyclient
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
+)
+
+// Disposition is how a call ended, for routing: done, fix the input, park
+// on a dead-letter queue, or give up for this run.
+type Disposition int
+
+// Dispositions.
+const (
+	Succeeded      Disposition = iota + 1
+	FailedTerminal             // the upstream refused for good: fix the input
+	DeadLetter                 // retries ran out: may succeed later
+	DeadlineCut                // the deadline or the run's cut-off ended it
+	CircuitOpen                // the upstream's breaker refused it
+)
+
+var dispositionNames = map[Disposition]string{
+	Succeeded: "succeeded", FailedTerminal: "failed_terminal", DeadLetter: "dead_letter",
+	DeadlineCut: "deadline_cut", CircuitOpen: "circuit_open",
+}
+
+// String returns the disposition's name: succeeded, failed_terminal,
+// dead_letter, deadline_cut or circuit_open.
+func (d Disposition) String() string { return dispositionNames[d] }
+
+func dispositionFromPB(d pb.Disposition) Disposition {
+	switch d {
+	case pb.Disposition_DISPOSITION_SUCCEEDED:
+		return Succeeded
+	case pb.Disposition_DISPOSITION_FAILED_TERMINAL:
+		return FailedTerminal
+	case pb.Disposition_DISPOSITION_DEADLINE_CUT:
+		return DeadlineCut
+	case pb.Disposition_DISPOSITION_CIRCUIT_OPEN:
+		return CircuitOpen
+	}
+	return DeadLetter
+}
+
+func (d Disposition) pb() pb.Disposition {
+	switch d {
+	case Succeeded:
+		return pb.Disposition_DISPOSITION_SUCCEEDED
+	case FailedTerminal:
+		return pb.Disposition_DISPOSITION_FAILED_TERMINAL
+	case DeadlineCut:
+		return pb.Disposition_DISPOSITION_DEADLINE_CUT
+	case CircuitOpen:
+		return pb.Disposition_DISPOSITION_CIRCUIT_OPEN
+	}
+	return pb.Disposition_DISPOSITION_DEAD_LETTER
+}
+
+// Call describes one logical call: one unit of work and all its attempts.
+type Call struct {
+	// Target names the upstream; required.
+	Target string
+	// SubmissionID identifies the unit of work (a document id, say). With
+	// Payload it derives the idempotency key, once, before the first
+	// attempt; it is also the default call id.
+	SubmissionID string
+	Payload      []byte
+	// IdempotencyKey, when set, is used instead of the derived key.
+	IdempotencyKey string
+	// Idempotent says repeating the operation cannot duplicate an effect.
+	// A non-idempotent call is retried only with an idempotency key, which
+	// a SubmissionID provides.
+	Idempotent bool
+	// RunID names the batch run whose retry pool the call spends.
+	RunID string
+	// Deadline bounds the whole call; ctx's deadline bounds it too.
+	Deadline time.Time
+	// CallID names the call in the audit trail; default SubmissionID, or a
+	// random id.
+	CallID string
+}
+
+// Attempt tells fn which attempt it is making.
+type Attempt struct {
+	Number         int    // from 1
+	CallID         string // the same on every attempt
+	IdempotencyKey string // the same on every attempt; send it to the upstream
+}
+
+// Result is how a call ended.
+type Result struct {
+	Disposition Disposition
+	// StopReason is the rule that ended a failed call (TERMINAL,
+	// ATTEMPTS_EXHAUSTED, DEADLINE, BUDGET_EXHAUSTED, CIRCUIT_OPEN,
+	// NOT_IDEMPOTENT, SERVER_PUSHBACK); empty on success.
+	StopReason string
+	// Reason is the classification of the last failure (transient:503).
+	Reason   string
+	Attempts int
+	// Err is the last error fn returned, or the context's error.
+	Err            error
+	CallID         string
+	IdempotencyKey string
+	// Local is true when at least one decision was made without policyd.
+	Local bool
+}
+
+// OK reports whether the call succeeded.
+func (r Result) OK() bool { return r.Disposition == Succeeded }
+
+// decision is NextDelay's answer, from policyd or the local policy.
+type decision struct {
+	retry          bool
+	delay          time.Duration
+	stopReason     pb.StopReason
+	disposition    pb.Disposition
+	reason         string
+	attemptTimeout time.Duration
+	fallback       bool
+}
+
+func (d decision) stop(r pb.StopReason, disp pb.Disposition) decision {
+	d.retry, d.delay, d.stopReason, d.disposition = false, 0, r, disp
+	return d
+}
+
+// Errors for misuse.
+var (
+	ErrNoTarget   = errors.New("policyclient: Call.Target is required")
+	ErrNilFunc    = errors.New("policyclient: fn must not be nil")
+	ErrBadPayload = errors.New("policyclient: Call.SubmissionID must not contain NUL")
+)
+
+// Do runs fn until it succeeds or policyd (or, when policyd cannot answer in
+// time, the local copy of the default policy) says to stop: admit (skipped
+// while the breaker is known CLOSED; refused at once while it is known
+// OPEN), call fn with the per-attempt timeout, classify its error, ask
+// NextDelay, wait (returning early if ctx ends), repeat. Outcomes are
+// reported asynchronously. The error is non-nil only for misuse; how the
+// call ended is in the Result.
+func (c *Client) Do(ctx context.Context, call Call, fn func(ctx context.Context, a Attempt) error) (Result, error) {
+	if call.Target == "" {
+		return Result{}, ErrNoTarget
+	}
+	if fn == nil {
+		return Result{}, ErrNilFunc
+	}
+	if strings.IndexByte(call.SubmissionID, 0) >= 0 {
+		return Result{}, ErrBadPayload
+	}
+	c.stats.calls.Add(1)
+	key := call.IdempotencyKey
+	if key == "" && call.SubmissionID != "" {
+		key = IdempotencyKey(call.SubmissionID, call.Payload)
+	}
+	id := call.CallID
+	if id == "" {
+		id = call.SubmissionID
+	}
+	if id == "" {
+		id = randomID()
+	}
+	origin := c.cfg.Now()
+	deadline := call.Deadline
+	if d, ok := ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
+		deadline = d
+	}
+	ref := &pb.CallRef{
+		Tenant: c.cfg.Tenant, Target: call.Target, CallId: id, Idempotent: call.Idempotent,
+		IdempotencyKey: key, RunId: call.RunID, OriginTime: timestamppb.New(origin),
+	}
+	if !deadline.IsZero() {
+		ref.DeadlineTime = timestamppb.New(deadline)
+	}
+	l := loop{c: c, ctx: ctx, ref: ref, deadline: deadline, timeout: c.cfg.AttemptTimeout,
+		res: Result{CallID: id, IdempotencyKey: key}}
+	return l.run(fn), nil
+}
+
+// loop is the state of one Do.
+type loop struct {
+	c        *Client
+	ctx      context.Context
+	ref      *pb.CallRef
+	deadline time.Time
+	timeout  time.Duration // for the next attempt
+	prev     time.Duration // the last delay
+	res      Result
+}
+
+func (l *loop) run(fn func(context.Context, Attempt) error) Result {
+	for attempt := 1; ; attempt++ {
+		permit, ok := l.admit(attempt)
+		if !ok {
+			return l.res
+		}
+		l.res.Attempts = attempt
+		l.c.stats.attempts.Add(1)
+		actx, cancel := context.WithTimeout(l.ctx, l.timeout)
+		start := l.c.cfg.Now()
+		err := fn(actx, Attempt{Number: attempt, CallID: l.ref.CallId, IdempotencyKey: l.ref.IdempotencyKey})
+		timedOut := errors.Is(actx.Err(), context.DeadlineExceeded) && l.ctx.Err() == nil
+		cancel()
+		latency := l.c.cfg.Now().Sub(start)
+		if err == nil {
+			l.res.Disposition, l.res.Err = Succeeded, nil
+			l.report(&pb.Outcome{Attempt: uint32(attempt), Success: true, PermitId: permit,
+				Latency: durationpb.New(latency), FinalDisposition: pb.Disposition_DISPOSITION_SUCCEEDED})
+			l.c.local.budget.deposit(0.2)
+			return l.res
+		}
+		l.res.Err = err
+		if l.ctx.Err() != nil {
+			return l.end(DeadlineCut, "DEADLINE", attempt, nil)
+		}
+		f := classifyError(err, timedOut)
+		if f.unclassified {
+			// Nothing known about this error: terminal, never retried blindly.
+			l.res.Reason = f.reason
+			return l.end(FailedTerminal, "TERMINAL", attempt, nil)
+		}
+		dec := l.next(attempt, f, permit, timedOut)
+		l.res.Reason = dec.reason
+		var unrecorded *pb.Failure
+		if dec.fallback {
+			l.res.Local = true
+			unrecorded = f.pb // policyd has not seen this failure: report it
+		}
+		if !dec.retry {
+			return l.end(dispositionFromPB(dec.disposition), trimStop(dec.stopReason), attempt, unrecorded)
+		}
+		if unrecorded != nil {
+			l.report(&pb.Outcome{Attempt: uint32(attempt), Failure: unrecorded, PermitId: permit, Latency: durationpb.New(latency)})
+		}
+		if dec.attemptTimeout > 0 {
+			l.timeout = dec.attemptTimeout
+		}
+		l.prev = dec.delay
+		if err := l.c.cfg.Sleep(l.ctx, dec.delay); err != nil {
+			l.res.Err = err
+			return l.end(DeadlineCut, "DEADLINE", attempt, nil)
+		}
+	}
+}
+
+func trimStop(r pb.StopReason) string { return strings.TrimPrefix(r.String(), "STOP_REASON_") }
+
+// end finishes the call with a disposition and reports it.
+func (l *loop) end(d Disposition, stop string, attempt int, unrecorded *pb.Failure) Result {
+	l.res.Disposition, l.res.StopReason = d, stop
+	o := &pb.Outcome{Attempt: uint32(max(attempt, 1)), FinalDisposition: d.pb(),
+		FinalStopReason: pb.StopReason(pb.StopReason_value["STOP_REASON_"+stop])}
+	if unrecorded != nil {
+		o.Failure = unrecorded
+	} else {
+		o.AlreadyRecorded = true
+	}
+	l.report(o)
+	return l.res
+}
+
+func (l *loop) report(o *pb.Outcome) {
+	o.Call = l.ref
+	l.c.out.add(o)
+}
+
+// admit asks whether attempt may go ahead; it returns a probe permit when
+// one was handed out. It waits out a fleet-wide cool-down when the deadline
+// allows. ok false means the call ended (l.res is set).
+func (l *loop) admit(attempt int) (permit string, ok bool) {
+	for {
+		now := l.c.cfg.Now()
+		if b, known := l.c.breakers.lookup(l.ref.Target); known {
+			switch {
+			case b.cooldownUntil.After(now):
+				// Another worker was told to back off: wait with it.
+				if !l.waitFor(b.cooldownUntil.Sub(now), attempt) {
+					return "", false
+				}
+				continue
+			case b.state == pb.BreakerState_BREAKER_STATE_CLOSED || b.state == pb.BreakerState_BREAKER_STATE_DISABLED:
+				return "", true
+			case b.state == pb.BreakerState_BREAKER_STATE_OPEN && b.openUntil.After(now):
+				l.c.stats.fastFails.Add(1)
+				l.res.Reason = "breaker:open"
+				l.end(CircuitOpen, "CIRCUIT_OPEN", attempt-1, nil)
+				return "", false
+			}
+		}
+		if !l.c.reachable() {
+			return "", true // policyd is away: the local policy admits
+		}
+		l.c.stats.admits.Add(1)
+		ctx, cancel := context.WithTimeout(l.ctx, l.c.cfg.DecisionTimeout)
+		resp, err := l.c.workers.Admit(ctx, &pb.AdmitRequest{Call: l.ref, Attempt: uint32(attempt)})
+		cancel()
+		if err != nil {
+			if l.ctx.Err() != nil {
+				l.res.Err = l.ctx.Err()
+				l.end(DeadlineCut, "DEADLINE", attempt-1, nil)
+				return "", false
+			}
+			l.c.failed(err)
+			return "", true
+		}
+		if resp.GetAdmitted() {
+			return resp.GetPermitId(), true
+		}
+		if resp.GetReason() == "cooldown:pushback" {
+			if !l.waitFor(resp.GetRetryAfter().AsDuration(), attempt) {
+				return "", false
+			}
+			continue
+		}
+		l.res.Reason = resp.GetReason()
+		l.end(CircuitOpen, "CIRCUIT_OPEN", attempt-1, nil)
+		return "", false
+	}
+}
+
+// waitFor waits d before an attempt, unless the attempt could then not
+// finish by the deadline.
+func (l *loop) waitFor(d time.Duration, attempt int) bool {
+	if !l.deadline.IsZero() && l.c.cfg.Now().Add(d+l.timeout).After(l.deadline) {
+		l.res.Reason = "cooldown:pushback"
+		l.end(DeadlineCut, "DEADLINE", attempt-1, nil)
+		return false
+	}
+	if err := l.c.cfg.Sleep(l.ctx, d); err != nil {
+		l.res.Err = err
+		l.end(DeadlineCut, "DEADLINE", attempt-1, nil)
+		return false
+	}
+	return true
+}
+
+// next asks policyd what to do after a failed attempt, or decides locally
+// when policyd does not answer within the decision timeout.
+func (l *loop) next(attempt int, f failure, permit string, timedOut bool) decision {
+	if l.c.reachable() {
+		ctx, cancel := context.WithTimeout(l.ctx, l.c.cfg.DecisionTimeout)
+		resp, err := l.c.workers.NextDelay(ctx, &pb.NextDelayRequest{
+			Call: l.ref, Attempt: uint32(attempt), Failure: f.pb, Pushback: f.pushback,
+			PreviousDelay: durationpb.New(l.prev), PermitId: permit,
+		})
+		cancel()
+		if err == nil {
+			return decision{
+				retry: resp.GetDecision() == pb.Decision_DECISION_RETRY, delay: resp.GetDelay().AsDuration(),
+				stopReason: resp.GetStopReason(), disposition: resp.GetDisposition(),
+				reason: resp.GetClassification(), attemptTimeout: resp.GetAttemptTimeout().AsDuration(),
+			}
+		}
+		if l.ctx.Err() == nil {
+			l.c.failed(err)
+		}
+	}
+	l.c.stats.local.Add(1)
+	return l.c.local.decide(l.c.cfg.Now(), l.deadline, attempt, f, l.ref.Idempotent, l.ref.IdempotencyKey != "", timedOut)
+}
+
+// failed notes a decision RPC that did not answer. Unreachable or slow
+// policyd switches the client to local decisions for a while; any other
+// error (a bad request, say) is logged and decided locally this once.
+func (c *Client) failed(err error) {
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Canceled:
+		c.unreachable(err)
+	default:
+		c.cfg.Logger.Error("policyd refused a decision request; deciding locally", "err", err)
+	}
+}
+
+func randomID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}

@@ -1,0 +1,481 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
+)
+
+// clientFlags are the flags every command that talks to a daemon shares.
+type clientFlags struct {
+	Addr    string
+	JSON    bool
+	Timeout time.Duration
+}
+
+func (c *clientFlags) register(cmd *cobra.Command) {
+	f := cmd.PersistentFlags()
+	f.StringVar(&c.Addr, "addr", "127.0.0.1:50051", "address of the running policyd")
+	f.BoolVar(&c.JSON, "json", false, "print the answer as JSON")
+	f.DurationVar(&c.Timeout, "timeout", 5*time.Second, "how long to wait for the answer")
+}
+
+// call dials the daemon, runs fn with an AdminService client and prints
+// the answer with text, or as JSON with --json.
+func (c *clientFlags) call(cmd *cobra.Command, fn func(context.Context, pb.AdminServiceClient) (proto.Message, error), text func(io.Writer, proto.Message)) error {
+	conn, err := grpc.NewClient(c.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return fmt.Errorf("--addr: %w", err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(cmd.Context(), c.Timeout)
+	defer cancel()
+	msg, err := fn(ctx, pb.NewAdminServiceClient(conn))
+	if err != nil {
+		return err
+	}
+	out := cmd.OutOrStdout()
+	if c.JSON || text == nil {
+		b, err := protojson.MarshalOptions{Multiline: true, EmitUnpopulated: true}.Marshal(msg)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintln(out, string(b))
+		return err
+	}
+	text(out, msg)
+	return nil
+}
+
+func adminCmds() []*cobra.Command {
+	var c clientFlags
+	cmds := []*cobra.Command{tenantCmd(&c), policyCmd(&c), breakersCmd(&c), breakerCmd(&c), runCmd(&c)}
+	for _, cmd := range cmds {
+		c.register(cmd)
+	}
+	return cmds
+}
+
+func table(w io.Writer, header string, rows [][]string) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, header)
+	for _, r := range rows {
+		fmt.Fprintln(tw, strings.Join(r, "\t"))
+	}
+	tw.Flush()
+}
+
+func fnum(v float64) string { return fmt.Sprintf("%g", v) }
+
+func tsText(t *timestamppb.Timestamp) string {
+	if t == nil {
+		return "-"
+	}
+	return t.AsTime().UTC().Format(time.RFC3339)
+}
+
+func trimEnum(s, prefix string) string { return strings.TrimPrefix(s, prefix) }
+
+func tenantCmd(c *clientFlags) *cobra.Command {
+	cmd := &cobra.Command{Use: "tenant", Short: "Manage tenant retry budgets"}
+	var b pb.TenantBudget
+	set := &cobra.Command{
+		Use:   "set TENANT",
+		Short: "Create or replace a tenant's retry budget (zero values take the defaults)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			b.Tenant = args[0]
+			return c.call(cmd, func(ctx context.Context, a pb.AdminServiceClient) (proto.Message, error) {
+				return a.SetTenantBudget(ctx, &pb.SetTenantBudgetRequest{Budget: &b})
+			}, func(w io.Writer, m proto.Message) {
+				printBudgets(w, []*pb.TenantBudgetStatus{{Budget: m.(*pb.SetTenantBudgetResponse).GetBudget()}})
+			})
+		},
+	}
+	f := set.Flags()
+	f.Float64Var(&b.Capacity, "capacity", 0, "most tokens the bucket holds (default 100)")
+	f.Float64Var(&b.DepositRatio, "ratio", 0, "tokens one success deposits, 0 to 1 (default 0.2)")
+	f.Float64Var(&b.MinRetriesPerSecond, "floor", 0, "retries per second always allowed (default 5)")
+	f.Float64Var(&b.RetryCost, "retry-cost", 0, "tokens one retry costs (default 1)")
+	f.Float64Var(&b.TimeoutCost, "timeout-cost", 0, "tokens a retry after a timeout costs (default 2)")
+	f.BoolVar(&b.DryRun, "dry-run", false, "record refusals without refusing")
+
+	get := &cobra.Command{
+		Use: "get TENANT", Short: "Show a tenant's budget and counters", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return c.call(cmd, func(ctx context.Context, a pb.AdminServiceClient) (proto.Message, error) {
+				return a.GetTenantBudget(ctx, &pb.GetTenantBudgetRequest{Tenant: args[0]})
+			}, func(w io.Writer, m proto.Message) {
+				printBudgets(w, []*pb.TenantBudgetStatus{m.(*pb.GetTenantBudgetResponse).GetStatus()})
+			})
+		},
+	}
+	list := &cobra.Command{
+		Use: "list", Short: "List tenant budgets", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return c.call(cmd, func(ctx context.Context, a pb.AdminServiceClient) (proto.Message, error) {
+				return a.ListTenantBudgets(ctx, &pb.ListTenantBudgetsRequest{PageSize: 1000})
+			}, func(w io.Writer, m proto.Message) { printBudgets(w, m.(*pb.ListTenantBudgetsResponse).GetBudgets()) })
+		},
+	}
+	del := &cobra.Command{
+		Use: "delete TENANT", Short: "Delete a tenant's budget (the default applies)", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return c.call(cmd, func(ctx context.Context, a pb.AdminServiceClient) (proto.Message, error) {
+				return a.DeleteTenantBudget(ctx, &pb.DeleteTenantBudgetRequest{Tenant: args[0]})
+			}, func(w io.Writer, _ proto.Message) { fmt.Fprintf(w, "deleted budget of %s\n", args[0]) })
+		},
+	}
+	cmd.AddCommand(set, get, list, del)
+	return cmd
+}
+
+func printBudgets(w io.Writer, list []*pb.TenantBudgetStatus) {
+	rows := make([][]string, 0, len(list))
+	for _, s := range list {
+		b := s.GetBudget()
+		rows = append(rows, []string{b.GetTenant(), fnum(b.GetCapacity()), fnum(b.GetDepositRatio()),
+			fnum(b.GetMinRetriesPerSecond()), fnum(b.GetRetryCost()), fnum(b.GetTimeoutCost()),
+			fmt.Sprint(b.GetDryRun()), fmt.Sprintf("%.2f", s.GetTokens()),
+			fmt.Sprint(s.GetRetriesGranted()), fmt.Sprint(s.GetRetriesRefused())})
+	}
+	table(w, "TENANT\tCAPACITY\tRATIO\tFLOOR/S\tRETRY COST\tTIMEOUT COST\tDRY RUN\tTOKENS\tGRANTED\tREFUSED", rows)
+}
+
+func policyCmd(c *clientFlags) *cobra.Command {
+	cmd := &cobra.Command{Use: "policy", Short: "Manage retry policies per tenant and target"}
+	var tenant, target, file string
+	var effective bool
+	scope := func(cmd *cobra.Command) {
+		cmd.Flags().StringVar(&tenant, "tenant", "", "tenant scope (empty: every tenant)")
+		cmd.Flags().StringVar(&target, "target", "", "target scope (empty: every target)")
+	}
+	var (
+		maxAttempts, threshold, probes   uint32
+		base, maxDelay, attemptTO, dline time.Duration
+		cooldown                         time.Duration
+		factor                           float64
+		jitter, mode, bscope             string
+	)
+	set := &cobra.Command{
+		Use:   "set",
+		Short: "Create or replace the policy of a scope (unset flags take the defaults)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			p := &pb.Policy{}
+			if file != "" {
+				raw, err := os.ReadFile(file)
+				if err != nil {
+					return fmt.Errorf("--file: %w", err)
+				}
+				if err := protojson.Unmarshal(raw, p); err != nil {
+					return fmt.Errorf("--file: %w", err)
+				}
+			}
+			fl := cmd.Flags()
+			if p.Backoff == nil {
+				p.Backoff = &pb.BackoffSettings{}
+			}
+			if p.Breaker == nil {
+				p.Breaker = &pb.BreakerSettings{}
+			}
+			if fl.Changed("max-attempts") {
+				p.MaxAttempts = &maxAttempts
+			}
+			if fl.Changed("base") {
+				p.Backoff.BaseDelay = durationpb.New(base)
+			}
+			if fl.Changed("cap") {
+				p.Backoff.MaxDelay = durationpb.New(maxDelay)
+			}
+			if fl.Changed("factor") {
+				p.Backoff.Factor = &factor
+			}
+			if fl.Changed("jitter") {
+				v, ok := pb.Jitter_value["JITTER_"+strings.ToUpper(jitter)]
+				if !ok {
+					return fmt.Errorf("--jitter: must be none, full, equal or decorrelated, got %q", jitter)
+				}
+				p.Backoff.Jitter = pb.Jitter(v)
+			}
+			if fl.Changed("attempt-timeout") {
+				p.AttemptTimeout = durationpb.New(attemptTO)
+			}
+			if fl.Changed("deadline") {
+				p.CallDeadline = durationpb.New(dline)
+			}
+			if fl.Changed("breaker-threshold") {
+				p.Breaker.ConsecutiveFailures = &threshold
+			}
+			if fl.Changed("cooldown") {
+				p.Breaker.Cooldown = durationpb.New(cooldown)
+			}
+			if fl.Changed("probes") {
+				p.Breaker.HalfOpenProbes = &probes
+			}
+			if fl.Changed("breaker-mode") {
+				v, ok := pb.BreakerMode_value["BREAKER_MODE_"+strings.ToUpper(strings.ReplaceAll(mode, "-", "_"))]
+				if !ok {
+					return fmt.Errorf("--breaker-mode: must be consecutive or failure-rate, got %q", mode)
+				}
+				p.Breaker.Mode = pb.BreakerMode(v)
+			}
+			if fl.Changed("breaker-scope") {
+				v, ok := pb.BreakerScope_value["BREAKER_SCOPE_"+strings.ToUpper(strings.ReplaceAll(bscope, "-", "_"))]
+				if !ok {
+					return fmt.Errorf("--breaker-scope: must be tenant-target or target, got %q", bscope)
+				}
+				p.Breaker.Scope = pb.BreakerScope(v)
+			}
+			return c.call(cmd, func(ctx context.Context, a pb.AdminServiceClient) (proto.Message, error) {
+				return a.SetPolicy(ctx, &pb.SetPolicyRequest{Tenant: tenant, Target: target, Policy: p})
+			}, nil)
+		},
+	}
+	scope(set)
+	f := set.Flags()
+	f.StringVar(&file, "file", "", "read the policy from a JSON file (retrypolicy.v1.Policy); flags override it")
+	f.Uint32Var(&maxAttempts, "max-attempts", 3, "attempts, counting the first")
+	f.DurationVar(&base, "base", 500*time.Millisecond, "nominal delay before the first retry")
+	f.DurationVar(&maxDelay, "cap", 30*time.Second, "largest nominal delay")
+	f.Float64Var(&factor, "factor", 2, "delay multiplier per retry")
+	f.StringVar(&jitter, "jitter", "full", "none, full, equal or decorrelated")
+	f.DurationVar(&attemptTO, "attempt-timeout", 10*time.Second, "per-attempt timeout reserved before each retry")
+	f.DurationVar(&dline, "deadline", 0, "default call deadline from the call's origin (0: none)")
+	f.Uint32Var(&threshold, "breaker-threshold", 5, "consecutive transient failures that open the breaker")
+	f.DurationVar(&cooldown, "cooldown", time.Minute, "how long an open breaker stays open")
+	f.Uint32Var(&probes, "probes", 1, "HALF_OPEN probe permits handed out fleet-wide")
+	f.StringVar(&mode, "breaker-mode", "consecutive", "consecutive or failure-rate")
+	f.StringVar(&bscope, "breaker-scope", "tenant-target", "tenant-target or target")
+
+	get := &cobra.Command{
+		Use: "get", Short: "Show the policy of a scope (--effective: the one that applies)", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return c.call(cmd, func(ctx context.Context, a pb.AdminServiceClient) (proto.Message, error) {
+				return a.GetPolicy(ctx, &pb.GetPolicyRequest{Tenant: tenant, Target: target, Effective: effective})
+			}, nil)
+		},
+	}
+	scope(get)
+	get.Flags().BoolVar(&effective, "effective", false, "resolve precedence: the policy that applies to tenant and target")
+	list := &cobra.Command{
+		Use: "list", Short: "List stored policies", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return c.call(cmd, func(ctx context.Context, a pb.AdminServiceClient) (proto.Message, error) {
+				return a.ListPolicies(ctx, &pb.ListPoliciesRequest{PageSize: 1000})
+			}, func(w io.Writer, m proto.Message) {
+				var rows [][]string
+				for _, e := range m.(*pb.ListPoliciesResponse).GetEntries() {
+					p := e.GetPolicy()
+					rows = append(rows, []string{orAny(e.GetTenant()), orAny(e.GetTarget()), fmt.Sprint(p.GetMaxAttempts()),
+						p.GetBackoff().GetBaseDelay().AsDuration().String(), p.GetBackoff().GetMaxDelay().AsDuration().String(),
+						trimEnum(p.GetBackoff().GetJitter().String(), "JITTER_"),
+						trimEnum(p.GetBreaker().GetMode().String(), "BREAKER_MODE_"), tsText(e.GetUpdateTime())})
+				}
+				table(w, "TENANT\tTARGET\tMAX ATTEMPTS\tBASE\tCAP\tJITTER\tBREAKER\tUPDATED", rows)
+			})
+		},
+	}
+	del := &cobra.Command{
+		Use: "delete", Short: "Delete the policy of a scope", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return c.call(cmd, func(ctx context.Context, a pb.AdminServiceClient) (proto.Message, error) {
+				return a.DeletePolicy(ctx, &pb.DeletePolicyRequest{Tenant: tenant, Target: target})
+			}, func(w io.Writer, _ proto.Message) { fmt.Fprintln(w, "deleted") })
+		},
+	}
+	scope(del)
+	cmd.AddCommand(set, get, list, del)
+	return cmd
+}
+
+func orAny(s string) string {
+	if s == "" {
+		return "*"
+	}
+	return s
+}
+
+func breakersCmd(c *clientFlags) *cobra.Command {
+	var tenant, state string
+	cmd := &cobra.Command{
+		Use: "breakers", Short: "List the fleet's circuit breakers", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			st, err := parseState("--state", state, true)
+			if err != nil {
+				return err
+			}
+			return c.call(cmd, func(ctx context.Context, a pb.AdminServiceClient) (proto.Message, error) {
+				return a.ListBreakers(ctx, &pb.ListBreakersRequest{Tenant: tenant, State: st, PageSize: 1000})
+			}, func(w io.Writer, m proto.Message) { printBreakers(w, m.(*pb.ListBreakersResponse).GetBreakers()) })
+		},
+	}
+	cmd.Flags().StringVar(&tenant, "tenant", "", "only this tenant's breakers")
+	cmd.Flags().StringVar(&state, "state", "", "only breakers in this state: closed, open, half-open or disabled")
+	return cmd
+}
+
+func parseState(flag, s string, allowEmpty bool) (pb.BreakerState, error) {
+	if s == "" && allowEmpty {
+		return pb.BreakerState_BREAKER_STATE_UNSPECIFIED, nil
+	}
+	v, ok := pb.BreakerState_value["BREAKER_STATE_"+strings.ToUpper(strings.ReplaceAll(s, "-", "_"))]
+	if !ok || v == 0 {
+		return 0, fmt.Errorf("%s: must be closed, open, half-open or disabled, got %q", flag, s)
+	}
+	return pb.BreakerState(v), nil
+}
+
+func printBreakers(w io.Writer, list []*pb.Breaker) {
+	rows := make([][]string, 0, len(list))
+	for _, b := range list {
+		st := trimEnum(b.GetState().String(), "BREAKER_STATE_")
+		if b.GetForced() {
+			st += " (forced)"
+		}
+		rows = append(rows, []string{orAny(b.GetKey().GetTenant()), b.GetKey().GetTarget(), st,
+			fmt.Sprint(b.GetConsecutiveFailures()), fmt.Sprintf("%d/%d", b.GetWindowFailures(), b.GetWindowCalls()),
+			tsText(b.GetOpenUntilTime()), tsText(b.GetCooldownUntilTime()), tsText(b.GetChangeTime())})
+	}
+	table(w, "TENANT\tTARGET\tSTATE\tCONSECUTIVE\tWINDOW FAIL/CALLS\tOPEN UNTIL\tCOOL-DOWN UNTIL\tCHANGED", rows)
+}
+
+func breakerCmd(c *clientFlags) *cobra.Command {
+	cmd := &cobra.Command{Use: "breaker", Short: "Inspect, reset or force one breaker"}
+	var tenant string
+	key := func(target string) *pb.BreakerKey { return &pb.BreakerKey{Tenant: tenant, Target: target} }
+	one := func(w io.Writer, b *pb.Breaker) { printBreakers(w, []*pb.Breaker{b}) }
+	get := &cobra.Command{
+		Use: "get TARGET", Short: "Show one breaker", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return c.call(cmd, func(ctx context.Context, a pb.AdminServiceClient) (proto.Message, error) {
+				return a.GetBreaker(ctx, &pb.GetBreakerRequest{Key: key(args[0])})
+			}, func(w io.Writer, m proto.Message) { one(w, m.(*pb.GetBreakerResponse).GetBreaker()) })
+		},
+	}
+	reset := &cobra.Command{
+		Use: "reset TARGET", Short: "Close a breaker and clear its counters and pin", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return c.call(cmd, func(ctx context.Context, a pb.AdminServiceClient) (proto.Message, error) {
+				return a.ResetBreaker(ctx, &pb.ResetBreakerRequest{Key: key(args[0])})
+			}, func(w io.Writer, m proto.Message) { one(w, m.(*pb.ResetBreakerResponse).GetBreaker()) })
+		},
+	}
+	force := &cobra.Command{
+		Use: "force TARGET open|closed|disabled", Short: "Pin a breaker's state until reset", Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			st, err := parseState("state", args[1], false)
+			if err != nil {
+				return err
+			}
+			return c.call(cmd, func(ctx context.Context, a pb.AdminServiceClient) (proto.Message, error) {
+				return a.ForceBreaker(ctx, &pb.ForceBreakerRequest{Key: key(args[0]), State: st})
+			}, func(w io.Writer, m proto.Message) { one(w, m.(*pb.ForceBreakerResponse).GetBreaker()) })
+		},
+	}
+	cmd.PersistentFlags().StringVar(&tenant, "tenant", "", "the breaker's tenant (empty for a target-scoped breaker)")
+	cmd.AddCommand(get, reset, force)
+	return cmd
+}
+
+func runCmd(c *clientFlags) *cobra.Command {
+	cmd := &cobra.Command{Use: "run", Short: "Open and reconcile batch runs"}
+	var (
+		tenant, id, desc string
+		pool             uint64
+		cutoff           string
+	)
+	open := &cobra.Command{
+		Use: "open", Short: "Open a run with a retry pool and a cut-off", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			at, err := parseCutoff(cutoff, time.Now())
+			if err != nil {
+				return err
+			}
+			return c.call(cmd, func(ctx context.Context, a pb.AdminServiceClient) (proto.Message, error) {
+				return a.OpenRun(ctx, &pb.OpenRunRequest{RunId: id, Tenant: tenant, RetryPool: pool,
+					CutoffTime: timestamppb.New(at), Description: desc})
+			}, func(w io.Writer, m proto.Message) { printRun(w, m.(*pb.OpenRunResponse).GetRun()) })
+		},
+	}
+	f := open.Flags()
+	f.StringVar(&tenant, "tenant", "", "tenant owning the run (required)")
+	f.StringVar(&id, "id", "", "run id (default: chosen by policyd)")
+	f.Uint64Var(&pool, "pool", 0, "total retries the run's calls may spend (required, > 0)")
+	f.StringVar(&cutoff, "cutoff", "", "cut-off: a duration from now (8h) or an RFC 3339 time (required)")
+	f.StringVar(&desc, "description", "", "free text for operators")
+	_ = open.MarkFlagRequired("tenant")
+	_ = open.MarkFlagRequired("pool")
+	_ = open.MarkFlagRequired("cutoff")
+	get := &cobra.Command{
+		Use: "get RUN_ID", Short: "Show a run's reconciliation", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return c.call(cmd, func(ctx context.Context, a pb.AdminServiceClient) (proto.Message, error) {
+				return a.GetRun(ctx, &pb.GetRunRequest{RunId: args[0]})
+			}, func(w io.Writer, m proto.Message) { printRun(w, m.(*pb.GetRunResponse).GetRun()) })
+		},
+	}
+	var listTenant string
+	list := &cobra.Command{
+		Use: "list", Short: "List runs", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return c.call(cmd, func(ctx context.Context, a pb.AdminServiceClient) (proto.Message, error) {
+				return a.ListRuns(ctx, &pb.ListRunsRequest{Tenant: listTenant, PageSize: 1000})
+			}, func(w io.Writer, m proto.Message) {
+				var rows [][]string
+				for _, r := range m.(*pb.ListRunsResponse).GetRuns() {
+					rows = append(rows, []string{r.GetRunId(), r.GetTenant(), fmt.Sprintf("%d/%d", r.GetRetriesSpent(), r.GetRetryPool()),
+						tsText(r.GetCutoffTime()), fmt.Sprint(r.GetLedger().GetSucceeded())})
+				}
+				table(w, "RUN\tTENANT\tRETRIES SPENT/POOL\tCUT-OFF\tSUCCEEDED", rows)
+			})
+		},
+	}
+	list.Flags().StringVar(&listTenant, "tenant", "", "only this tenant's runs")
+	cmd.AddCommand(open, get, list)
+	return cmd
+}
+
+// parseCutoff reads a cut-off as a duration from now or an RFC 3339 time.
+func parseCutoff(s string, now time.Time) (time.Time, error) {
+	if d, err := time.ParseDuration(s); err == nil {
+		return now.Add(d), nil
+	}
+	t, err := time.Parse(time.RFC3339, s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("--cutoff: must be a duration (8h) or an RFC 3339 time, got %q", s)
+	}
+	return t, nil
+}
+
+func printRun(w io.Writer, r *pb.Run) {
+	l := r.GetLedger()
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "run\t%s\n", r.GetRunId())
+	fmt.Fprintf(tw, "tenant\t%s\n", r.GetTenant())
+	fmt.Fprintf(tw, "cut-off\t%s\n", tsText(r.GetCutoffTime()))
+	fmt.Fprintf(tw, "retries spent\t%d of %d\n", r.GetRetriesSpent(), r.GetRetryPool())
+	fmt.Fprintf(tw, "succeeded\t%d\n", l.GetSucceeded())
+	fmt.Fprintf(tw, "failed terminal\t%d\n", l.GetFailedTerminal())
+	fmt.Fprintf(tw, "dead letter: attempts exhausted\t%d\n", l.GetDeadLetterExhausted())
+	fmt.Fprintf(tw, "dead letter: budget\t%d\n", l.GetDeadLetterBudget())
+	fmt.Fprintf(tw, "dead letter: not idempotent\t%d\n", l.GetDeadLetterNotIdempotent())
+	fmt.Fprintf(tw, "dead letter: server pushback\t%d\n", l.GetDeadLetterPushback())
+	fmt.Fprintf(tw, "circuit open\t%d\n", l.GetCircuitOpen())
+	fmt.Fprintf(tw, "deadline cut\t%d\n", l.GetDeadlineCut())
+	tw.Flush()
+}

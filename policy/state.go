@@ -1,0 +1,170 @@
+package policy
+
+import "time"
+
+// This file holds the vocabulary of shared state: plain values that the
+// store keeps and the server hands out. They carry no behaviour beyond
+// naming, so both sides can speak of them without importing each other.
+
+// BreakerKey names one fleet-wide breaker. Tenant is empty for a breaker of
+// ScopeTarget, shared by every tenant.
+type BreakerKey struct {
+	Tenant string
+	Target string
+}
+
+// KeyFor returns the breaker key of tenant and target under cfg's scope.
+func KeyFor(cfg BreakerConfig, tenant, target string) BreakerKey {
+	if cfg.Scope == ScopeTarget {
+		return BreakerKey{Target: target}
+	}
+	return BreakerKey{Tenant: tenant, Target: target}
+}
+
+// BreakerState is the state of a circuit breaker.
+type BreakerState uint8
+
+// Breaker states. The zero value means "any" in filters.
+const (
+	BreakerStateUnspecified BreakerState = iota
+	BreakerClosed
+	BreakerOpen
+	BreakerHalfOpen
+	BreakerDisabled
+)
+
+// String returns the state's name as the API spells it.
+func (s BreakerState) String() string {
+	switch s {
+	case BreakerClosed:
+		return "CLOSED"
+	case BreakerOpen:
+		return "OPEN"
+	case BreakerHalfOpen:
+		return "HALF_OPEN"
+	case BreakerDisabled:
+		return "DISABLED"
+	default:
+		return "UNSPECIFIED"
+	}
+}
+
+// BreakerSnapshot is a copy of one breaker's state at an instant.
+type BreakerSnapshot struct {
+	Key                 BreakerKey
+	State               BreakerState
+	Forced              bool
+	OpenUntil           time.Time
+	ConsecutiveFailures int
+	WindowCalls         uint64
+	WindowFailures      uint64
+	ProbesInFlight      int
+	Changed             time.Time
+	CooldownUntil       time.Time
+	Mode                BreakerMode
+}
+
+// Admission is the answer to a request to make an attempt.
+type Admission struct {
+	Admitted   bool
+	State      BreakerState
+	PermitID   string        // set for a HALF_OPEN probe
+	RetryAfter time.Duration // when refused: how long until asking again makes sense
+	Reason     string        // breaker:closed, breaker:open, breaker:probe, breaker:probes_taken, cooldown:pushback, ...
+}
+
+// Result is what an attempt's outcome means to a breaker.
+type Result uint8
+
+// Results. ResultTerminal means the upstream answered (a 4xx): it is up, so
+// the breaker treats it as a success.
+const (
+	ResultSuccess Result = iota + 1
+	ResultTransientFailure
+	ResultTerminal
+)
+
+// TenantBudget configures a tenant's retry token bucket: retries withdraw
+// RetryCost (TimeoutCost after a timeout), successes deposit DepositRatio, and
+// MinPerSecond tokens flow in over time, up to Capacity.
+type TenantBudget struct {
+	Tenant       string
+	Capacity     float64
+	DepositRatio float64
+	MinPerSecond float64
+	RetryCost    float64
+	TimeoutCost  float64
+	DryRun       bool
+}
+
+// BudgetStatus is a tenant budget with its live counters.
+type BudgetStatus struct {
+	Budget         TenantBudget
+	Tokens         float64
+	Granted        uint64
+	Refused        uint64
+	DryRunRefusals uint64
+	IsDefault      bool
+}
+
+// SpendRequest asks for one retry from a tenant's budget and, when RunID is
+// set, from that run's pool.
+type SpendRequest struct {
+	Tenant  string
+	Timeout bool // the failure was a timeout: TimeoutCost applies
+	RunID   string
+}
+
+// Spend is the answer to a SpendRequest. When not granted, Stop and
+// Disposition say why.
+type Spend struct {
+	Granted       bool
+	Stop          StopReason
+	Disposition   Disposition
+	TenantTokens  float64
+	RunRemaining  uint64
+	HasRun        bool
+	DryRunRefused bool
+}
+
+// PolicyEntry is a policy stored at a scope; empty Tenant or Target match
+// every tenant or target.
+type PolicyEntry struct {
+	Tenant  string
+	Target  string
+	Policy  Policy
+	Updated time.Time
+}
+
+// Ledger counts the final dispositions of a run's calls.
+type Ledger struct {
+	Succeeded               uint64
+	FailedTerminal          uint64
+	DeadLetterExhausted     uint64
+	DeadLetterBudget        uint64
+	DeadLetterNotIdempotent uint64
+	DeadLetterPushback      uint64
+	CircuitOpen             uint64
+	DeadlineCut             uint64
+}
+
+// Run is a batch run: a retry pool its calls share and a wall-clock cut-off.
+type Run struct {
+	ID          string
+	Tenant      string
+	Description string
+	Pool        uint64
+	Spent       uint64
+	Cutoff      time.Time
+	Created     time.Time
+	Ledger      Ledger
+}
+
+// BreakerEvent is one message of a breaker subscription: the current states
+// first (Initial true), then one event with SnapshotDone set and no
+// snapshot, then every state change and every new fleet-wide cool-down.
+type BreakerEvent struct {
+	Snapshot     BreakerSnapshot
+	Initial      bool
+	SnapshotDone bool
+}

@@ -1,0 +1,336 @@
+package server
+
+import (
+	"context"
+	"encoding/base64"
+	"strconv"
+	"strings"
+
+	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
+	"github.com/policyd/policyd/policy"
+)
+
+// Admin implements AdminService over a Store. Every write is validated here
+// and made durable by the store before the answer. It is safe for concurrent
+// use.
+type Admin struct {
+	pb.UnimplementedAdminServiceServer
+	store Store
+	cfg   Config
+}
+
+// NewAdmin returns the operator-facing service.
+func NewAdmin(store Store, cfg Config) *Admin {
+	return &Admin{store: store, cfg: cfg.withDefaults()}
+}
+
+// Page tokens are the last key of the previous page, opaque to clients.
+
+func encodeToken(parts ...string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strings.Join(parts, "\x00")))
+}
+
+func decodeToken(tok string, n int) ([]string, error) {
+	if tok == "" {
+		return make([]string, n), nil
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(tok)
+	if err != nil {
+		return nil, invalid("page_token", "is not a token this server issued")
+	}
+	parts := strings.Split(string(raw), "\x00")
+	if len(parts) != n {
+		return nil, invalid("page_token", "is not a token this server issued")
+	}
+	return parts, nil
+}
+
+// SetTenantBudget creates or replaces a tenant's budget.
+func (a *Admin) SetTenantBudget(ctx context.Context, req *pb.SetTenantBudgetRequest) (*pb.SetTenantBudgetResponse, error) {
+	b, err := budgetFromPB("budget", req.GetBudget())
+	if err != nil {
+		return nil, err
+	}
+	stored, err := a.store.SetBudget(b)
+	if err != nil {
+		return nil, storeError(ctx, a.cfg.Logger, "budget", err)
+	}
+	return &pb.SetTenantBudgetResponse{Budget: budgetToPB(stored)}, nil
+}
+
+// GetTenantBudget returns a tenant's budget and counters.
+func (a *Admin) GetTenantBudget(ctx context.Context, req *pb.GetTenantBudgetRequest) (*pb.GetTenantBudgetResponse, error) {
+	if err := checkName("tenant", req.GetTenant(), maxTenantLen, true); err != nil {
+		return nil, err
+	}
+	st, err := a.store.Budget(req.GetTenant())
+	if err != nil {
+		return nil, storeError(ctx, a.cfg.Logger, "tenant "+strconv.Quote(req.GetTenant()), err)
+	}
+	return &pb.GetTenantBudgetResponse{Status: budgetStatusToPB(st)}, nil
+}
+
+// ListTenantBudgets pages through the explicit budgets.
+func (a *Admin) ListTenantBudgets(ctx context.Context, req *pb.ListTenantBudgetsRequest) (*pb.ListTenantBudgetsResponse, error) {
+	n, err := pageSize("page_size", req.GetPageSize())
+	if err != nil {
+		return nil, err
+	}
+	after, err := decodeToken(req.GetPageToken(), 1)
+	if err != nil {
+		return nil, err
+	}
+	list, err := a.store.Budgets(after[0], n+1)
+	if err != nil {
+		return nil, storeError(ctx, a.cfg.Logger, "budgets", err)
+	}
+	resp := &pb.ListTenantBudgetsResponse{}
+	if len(list) > n {
+		list = list[:n]
+		resp.NextPageToken = encodeToken(list[n-1].Budget.Tenant)
+	}
+	for _, s := range list {
+		resp.Budgets = append(resp.Budgets, budgetStatusToPB(s))
+	}
+	return resp, nil
+}
+
+// DeleteTenantBudget removes a tenant's explicit budget.
+func (a *Admin) DeleteTenantBudget(ctx context.Context, req *pb.DeleteTenantBudgetRequest) (*pb.DeleteTenantBudgetResponse, error) {
+	if err := checkName("tenant", req.GetTenant(), maxTenantLen, true); err != nil {
+		return nil, err
+	}
+	if err := a.store.DeleteBudget(req.GetTenant()); err != nil {
+		return nil, storeError(ctx, a.cfg.Logger, "tenant "+strconv.Quote(req.GetTenant()), err)
+	}
+	return &pb.DeleteTenantBudgetResponse{}, nil
+}
+
+func scopeFromPB(tenant, target string) error {
+	if err := checkName("tenant", tenant, maxTenantLen, false); err != nil {
+		return err
+	}
+	return checkName("target", target, maxTargetLen, false)
+}
+
+// SetPolicy stores a policy at a scope.
+func (a *Admin) SetPolicy(ctx context.Context, req *pb.SetPolicyRequest) (*pb.SetPolicyResponse, error) {
+	if err := scopeFromPB(req.GetTenant(), req.GetTarget()); err != nil {
+		return nil, err
+	}
+	if req.GetPolicy() == nil {
+		return nil, invalid("policy", "is required")
+	}
+	p, err := policyFromPB("policy", req.GetPolicy())
+	if err != nil {
+		return nil, err
+	}
+	e, err := a.store.SetPolicy(req.GetTenant(), req.GetTarget(), p)
+	if err != nil {
+		return nil, storeError(ctx, a.cfg.Logger, "policy", err)
+	}
+	return &pb.SetPolicyResponse{Entry: policyEntryToPB(e)}, nil
+}
+
+// GetPolicy returns the policy at a scope, or the effective one.
+func (a *Admin) GetPolicy(ctx context.Context, req *pb.GetPolicyRequest) (*pb.GetPolicyResponse, error) {
+	if err := scopeFromPB(req.GetTenant(), req.GetTarget()); err != nil {
+		return nil, err
+	}
+	if req.GetEffective() {
+		p, e := a.store.Resolve(req.GetTenant(), req.GetTarget())
+		e.Policy = p
+		return &pb.GetPolicyResponse{Entry: policyEntryToPB(e)}, nil
+	}
+	e, err := a.store.Policy(req.GetTenant(), req.GetTarget())
+	if err != nil {
+		return nil, storeError(ctx, a.cfg.Logger, "policy", err)
+	}
+	return &pb.GetPolicyResponse{Entry: policyEntryToPB(e)}, nil
+}
+
+// ListPolicies pages through the stored policies.
+func (a *Admin) ListPolicies(ctx context.Context, req *pb.ListPoliciesRequest) (*pb.ListPoliciesResponse, error) {
+	n, err := pageSize("page_size", req.GetPageSize())
+	if err != nil {
+		return nil, err
+	}
+	after, err := decodeToken(req.GetPageToken(), 2)
+	if err != nil {
+		return nil, err
+	}
+	list, err := a.store.Policies(policy.BreakerKey{Tenant: after[0], Target: after[1]}, n+1)
+	if err != nil {
+		return nil, storeError(ctx, a.cfg.Logger, "policies", err)
+	}
+	resp := &pb.ListPoliciesResponse{}
+	if len(list) > n {
+		list = list[:n]
+		resp.NextPageToken = encodeToken(list[n-1].Tenant, list[n-1].Target)
+	}
+	for _, e := range list {
+		resp.Entries = append(resp.Entries, policyEntryToPB(e))
+	}
+	return resp, nil
+}
+
+// DeletePolicy removes the policy at a scope.
+func (a *Admin) DeletePolicy(ctx context.Context, req *pb.DeletePolicyRequest) (*pb.DeletePolicyResponse, error) {
+	if err := scopeFromPB(req.GetTenant(), req.GetTarget()); err != nil {
+		return nil, err
+	}
+	if err := a.store.DeletePolicy(req.GetTenant(), req.GetTarget()); err != nil {
+		return nil, storeError(ctx, a.cfg.Logger, "policy", err)
+	}
+	return &pb.DeletePolicyResponse{}, nil
+}
+
+// ListBreakers pages through breakers.
+func (a *Admin) ListBreakers(ctx context.Context, req *pb.ListBreakersRequest) (*pb.ListBreakersResponse, error) {
+	if err := checkName("tenant", req.GetTenant(), maxTenantLen, false); err != nil {
+		return nil, err
+	}
+	st := req.GetState()
+	if st < 0 || st > pb.BreakerState_BREAKER_STATE_DISABLED {
+		return nil, invalid("state", "must be a known BreakerState value")
+	}
+	n, err := pageSize("page_size", req.GetPageSize())
+	if err != nil {
+		return nil, err
+	}
+	after, err := decodeToken(req.GetPageToken(), 2)
+	if err != nil {
+		return nil, err
+	}
+	list, err := a.store.Breakers(req.GetTenant(), policy.BreakerState(st), policy.BreakerKey{Tenant: after[0], Target: after[1]}, n+1)
+	if err != nil {
+		return nil, storeError(ctx, a.cfg.Logger, "breakers", err)
+	}
+	resp := &pb.ListBreakersResponse{}
+	if len(list) > n {
+		list = list[:n]
+		resp.NextPageToken = encodeToken(list[n-1].Key.Tenant, list[n-1].Key.Target)
+	}
+	for _, s := range list {
+		resp.Breakers = append(resp.Breakers, breakerToPB(s))
+	}
+	return resp, nil
+}
+
+// GetBreaker returns one breaker.
+func (a *Admin) GetBreaker(ctx context.Context, req *pb.GetBreakerRequest) (*pb.GetBreakerResponse, error) {
+	key, err := breakerKeyFromPB("key", req.GetKey())
+	if err != nil {
+		return nil, err
+	}
+	s, err := a.store.Breaker(key)
+	if err != nil {
+		return nil, storeError(ctx, a.cfg.Logger, "breaker", err)
+	}
+	return &pb.GetBreakerResponse{Breaker: breakerToPB(s)}, nil
+}
+
+// ResetBreaker closes a breaker and clears its counters and pin.
+func (a *Admin) ResetBreaker(ctx context.Context, req *pb.ResetBreakerRequest) (*pb.ResetBreakerResponse, error) {
+	key, err := breakerKeyFromPB("key", req.GetKey())
+	if err != nil {
+		return nil, err
+	}
+	s, err := a.store.ResetBreaker(key)
+	if err != nil {
+		return nil, storeError(ctx, a.cfg.Logger, "breaker", err)
+	}
+	return &pb.ResetBreakerResponse{Breaker: breakerToPB(s)}, nil
+}
+
+// ForceBreaker pins a breaker OPEN, CLOSED or DISABLED.
+func (a *Admin) ForceBreaker(ctx context.Context, req *pb.ForceBreakerRequest) (*pb.ForceBreakerResponse, error) {
+	key, err := breakerKeyFromPB("key", req.GetKey())
+	if err != nil {
+		return nil, err
+	}
+	switch req.GetState() {
+	case pb.BreakerState_BREAKER_STATE_OPEN, pb.BreakerState_BREAKER_STATE_CLOSED, pb.BreakerState_BREAKER_STATE_DISABLED:
+	default:
+		return nil, invalid("state", "must be BREAKER_STATE_OPEN, BREAKER_STATE_CLOSED or BREAKER_STATE_DISABLED")
+	}
+	s, err := a.store.ForceBreaker(key, policy.BreakerState(req.GetState()))
+	if err != nil {
+		return nil, storeError(ctx, a.cfg.Logger, "breaker", err)
+	}
+	return &pb.ForceBreakerResponse{Breaker: breakerToPB(s)}, nil
+}
+
+// OpenRun opens a batch run.
+func (a *Admin) OpenRun(ctx context.Context, req *pb.OpenRunRequest) (*pb.OpenRunResponse, error) {
+	if err := checkName("run_id", req.GetRunId(), maxRunIDLen, false); err != nil {
+		return nil, err
+	}
+	if err := checkName("tenant", req.GetTenant(), maxTenantLen, true); err != nil {
+		return nil, err
+	}
+	if err := checkText("description", req.GetDescription(), maxDescLen); err != nil {
+		return nil, err
+	}
+	if req.GetRetryPool() == 0 {
+		return nil, invalid("retry_pool", "must be > 0")
+	}
+	if req.GetCutoffTime() == nil {
+		return nil, invalid("cutoff_time", "is required")
+	}
+	cutoff, err := timestamp("cutoff_time", req.GetCutoffTime())
+	if err != nil {
+		return nil, err
+	}
+	if !cutoff.After(a.cfg.Clock.Now()) {
+		return nil, invalid("cutoff_time", "must be in the future")
+	}
+	r, err := a.store.OpenRun(policy.Run{
+		ID: req.GetRunId(), Tenant: req.GetTenant(), Description: req.GetDescription(),
+		Pool: req.GetRetryPool(), Cutoff: cutoff,
+	})
+	if err != nil {
+		return nil, storeError(ctx, a.cfg.Logger, "run", err)
+	}
+	return &pb.OpenRunResponse{Run: runToPB(r)}, nil
+}
+
+// GetRun returns a run and its reconciliation.
+func (a *Admin) GetRun(ctx context.Context, req *pb.GetRunRequest) (*pb.GetRunResponse, error) {
+	if err := checkName("run_id", req.GetRunId(), maxRunIDLen, true); err != nil {
+		return nil, err
+	}
+	r, err := a.store.Run(req.GetRunId())
+	if err != nil {
+		return nil, storeError(ctx, a.cfg.Logger, "run "+strconv.Quote(req.GetRunId()), err)
+	}
+	return &pb.GetRunResponse{Run: runToPB(r)}, nil
+}
+
+// ListRuns pages through runs.
+func (a *Admin) ListRuns(ctx context.Context, req *pb.ListRunsRequest) (*pb.ListRunsResponse, error) {
+	if err := checkName("tenant", req.GetTenant(), maxTenantLen, false); err != nil {
+		return nil, err
+	}
+	n, err := pageSize("page_size", req.GetPageSize())
+	if err != nil {
+		return nil, err
+	}
+	after, err := decodeToken(req.GetPageToken(), 1)
+	if err != nil {
+		return nil, err
+	}
+	list, err := a.store.Runs(req.GetTenant(), after[0], n+1)
+	if err != nil {
+		return nil, storeError(ctx, a.cfg.Logger, "runs", err)
+	}
+	resp := &pb.ListRunsResponse{}
+	if len(list) > n {
+		list = list[:n]
+		resp.NextPageToken = encodeToken(list[n-1].ID)
+	}
+	for _, r := range list {
+		resp.Runs = append(resp.Runs, runToPB(r))
+	}
+	return resp, nil
+}

@@ -1,0 +1,528 @@
+package server
+
+import (
+	"math"
+	"strconv"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
+	"github.com/policyd/policyd/policy"
+)
+
+// This file is the only place where protobuf types meet domain types.
+
+// Limits on names and sizes in requests.
+const (
+	maxTenantLen   = 128
+	maxTargetLen   = 256
+	maxCallIDLen   = 128
+	maxKeyLen      = 256
+	maxRunIDLen    = 128
+	maxDescLen     = 1024
+	maxHeaderLen   = 256
+	maxAttempt     = 10000
+	maxPageSize    = 1000
+	maxOutcomes    = 1000
+	maxTableLen    = 64
+	defaultPage    = 100
+	maxDurationSec = 10 * 365 * 24 * 3600 // ten years
+)
+
+// checkName validates an identifier: valid UTF-8, no control characters (NUL
+// separates key parts in the store), at most max bytes.
+func checkName(field, v string, max int, required bool) error {
+	if v == "" {
+		if required {
+			return invalid(field, "is required")
+		}
+		return nil
+	}
+	if len(v) > max {
+		return invalid(field, "must be at most "+strconv.Itoa(max)+" bytes, got "+strconv.Itoa(len(v)))
+	}
+	if !utf8.ValidString(v) {
+		return invalid(field, "must be valid UTF-8")
+	}
+	for _, r := range v {
+		if unicode.IsControl(r) {
+			return invalid(field, "must not contain control characters")
+		}
+	}
+	return nil
+}
+
+// checkText validates free text: valid UTF-8, at most max bytes.
+func checkText(field, v string, max int) error {
+	if len(v) > max {
+		return invalid(field, "must be at most "+strconv.Itoa(max)+" bytes, got "+strconv.Itoa(len(v)))
+	}
+	if !utf8.ValidString(v) {
+		return invalid(field, "must be valid UTF-8")
+	}
+	return nil
+}
+
+// duration converts an optional non-negative Duration; nil gives def.
+func duration(field string, d *durationpb.Duration, def time.Duration) (time.Duration, error) {
+	if d == nil {
+		return def, nil
+	}
+	if err := d.CheckValid(); err != nil {
+		return 0, invalid(field, "must be a valid duration")
+	}
+	if d.GetSeconds() < 0 || d.GetNanos() < 0 {
+		return 0, invalid(field, "must not be negative")
+	}
+	if d.GetSeconds() > maxDurationSec {
+		return 0, invalid(field, "must be at most ten years")
+	}
+	return d.AsDuration(), nil
+}
+
+// timestamp converts an optional Timestamp; nil gives the zero time.
+func timestamp(field string, t *timestamppb.Timestamp) (time.Time, error) {
+	if t == nil {
+		return time.Time{}, nil
+	}
+	if err := t.CheckValid(); err != nil {
+		return time.Time{}, invalid(field, "must be a valid timestamp")
+	}
+	return t.AsTime(), nil
+}
+
+// finite checks an optional float: present values must be finite.
+func finite(field string, v float64) error {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return invalid(field, "must be a finite number")
+	}
+	return nil
+}
+
+// durationPB converts a span, nil for zero.
+func durationPB(d time.Duration) *durationpb.Duration {
+	if d == 0 {
+		return nil
+	}
+	return durationpb.New(d)
+}
+
+// timePB converts an instant, nil for the zero time.
+func timePB(t time.Time) *timestamppb.Timestamp {
+	if t.IsZero() {
+		return nil
+	}
+	return timestamppb.New(t)
+}
+
+// callRef is a validated CallRef.
+type callRef struct {
+	tenant, target, callID, key, runID string
+	idempotent                         bool
+	origin, deadline                   time.Time
+}
+
+// callFromPB validates a CallRef. call_id is required when needCallID.
+func callFromPB(field string, c *pb.CallRef, needCallID bool) (callRef, error) {
+	if c == nil {
+		return callRef{}, invalid(field, "is required")
+	}
+	var out callRef
+	var err error
+	if err = checkName(field+".tenant", c.GetTenant(), maxTenantLen, true); err != nil {
+		return out, err
+	}
+	if err = checkName(field+".target", c.GetTarget(), maxTargetLen, true); err != nil {
+		return out, err
+	}
+	if err = checkName(field+".call_id", c.GetCallId(), maxCallIDLen, needCallID); err != nil {
+		return out, err
+	}
+	if err = checkText(field+".idempotency_key", c.GetIdempotencyKey(), maxKeyLen); err != nil {
+		return out, err
+	}
+	if err = checkName(field+".run_id", c.GetRunId(), maxRunIDLen, false); err != nil {
+		return out, err
+	}
+	if out.origin, err = timestamp(field+".origin_time", c.GetOriginTime()); err != nil {
+		return out, err
+	}
+	if out.deadline, err = timestamp(field+".deadline_time", c.GetDeadlineTime()); err != nil {
+		return out, err
+	}
+	if !out.origin.IsZero() && !out.deadline.IsZero() && out.deadline.Before(out.origin) {
+		return out, invalid(field+".deadline_time", "must not be before origin_time")
+	}
+	out.tenant, out.target, out.callID = c.GetTenant(), c.GetTarget(), c.GetCallId()
+	out.key, out.runID, out.idempotent = c.GetIdempotencyKey(), c.GetRunId(), c.GetIdempotent()
+	return out, nil
+}
+
+// failureFromPB validates a Failure: exactly one kind, in range.
+func failureFromPB(field string, f *pb.Failure) (policy.Failure, error) {
+	if f == nil {
+		return policy.Failure{}, invalid(field, "is required")
+	}
+	switch k := f.GetKind().(type) {
+	case *pb.Failure_HttpStatus:
+		if k.HttpStatus < 100 || k.HttpStatus > 599 {
+			return policy.Failure{}, invalid(field+".http_status", "must be 100 to 599, got "+strconv.FormatUint(uint64(k.HttpStatus), 10))
+		}
+		return policy.Failure{Kind: policy.FailureHTTP, Code: int(k.HttpStatus)}, nil
+	case *pb.Failure_GrpcCode:
+		if k.GrpcCode < 1 || k.GrpcCode > 16 {
+			return policy.Failure{}, invalid(field+".grpc_code", "must be 1 to 16 (OK is not a failure), got "+strconv.FormatUint(uint64(k.GrpcCode), 10))
+		}
+		return policy.Failure{Kind: policy.FailureGRPC, Code: int(k.GrpcCode)}, nil
+	case *pb.Failure_TransportError:
+		if k.TransportError <= pb.TransportError_TRANSPORT_ERROR_UNSPECIFIED || k.TransportError > pb.TransportError_TRANSPORT_ERROR_TLS {
+			return policy.Failure{}, invalid(field+".transport_error", "must be a known TransportError other than UNSPECIFIED")
+		}
+		return policy.Failure{Kind: policy.FailureTransport, Transport: policy.TransportKind(k.TransportError)}, nil
+	case *pb.Failure_LocalError:
+		if k.LocalError <= pb.LocalError_LOCAL_ERROR_UNSPECIFIED || k.LocalError > pb.LocalError_LOCAL_ERROR_VALIDATION {
+			return policy.Failure{}, invalid(field+".local_error", "must be a known LocalError other than UNSPECIFIED")
+		}
+		return policy.Failure{Kind: policy.FailureLocal, Local: policy.LocalKind(k.LocalError)}, nil
+	}
+	return policy.Failure{}, invalid(field, "must set exactly one of http_status, grpc_code, transport_error, local_error")
+}
+
+// hintsFromPB validates raw pushback headers (their syntax is policy's job;
+// here only their size and encoding).
+func hintsFromPB(field string, p *pb.Pushback) (policy.Hints, error) {
+	h := policy.Hints{
+		RetryAfter:      p.GetRetryAfter(),
+		GRPCPushbackMs:  p.GetGrpcRetryPushbackMs(),
+		XRateLimitReset: p.GetXRatelimitReset(),
+		XAmzRetryAfter:  p.GetXAmzRetryAfter(),
+	}
+	for _, v := range []struct{ name, val string }{
+		{"retry_after", h.RetryAfter}, {"grpc_retry_pushback_ms", h.GRPCPushbackMs},
+		{"x_ratelimit_reset", h.XRateLimitReset}, {"x_amz_retry_after", h.XAmzRetryAfter},
+	} {
+		if err := checkText(field+"."+v.name, v.val, maxHeaderLen); err != nil {
+			return h, err
+		}
+	}
+	return h, nil
+}
+
+// backoffFromPB overlays b on def.
+func backoffFromPB(field string, b *pb.BackoffSettings, def policy.Backoff) (policy.Backoff, error) {
+	out := def
+	var err error
+	if b == nil {
+		return out, nil
+	}
+	if out.Base, err = duration(field+".base_delay", b.GetBaseDelay(), def.Base); err != nil {
+		return out, err
+	}
+	if out.Max, err = duration(field+".max_delay", b.GetMaxDelay(), def.Max); err != nil {
+		return out, err
+	}
+	if b.Factor != nil {
+		if err = finite(field+".factor", b.GetFactor()); err != nil {
+			return out, err
+		}
+		out.Factor = b.GetFactor()
+	}
+	switch j := b.GetJitter(); {
+	case j == pb.Jitter_JITTER_UNSPECIFIED:
+	case j > pb.Jitter_JITTER_DECORRELATED || j < 0:
+		return out, invalid(field+".jitter", "must be a known Jitter value")
+	default:
+		out.Jitter = policy.Jitter(j)
+	}
+	return out, nil
+}
+
+// policyFromPB converts and validates a Policy; unset fields take defaults.
+func policyFromPB(field string, p *pb.Policy) (policy.Policy, error) {
+	out := policy.Default()
+	if p == nil {
+		return out, nil
+	}
+	var err error
+	if out.Backoff, err = backoffFromPB(field+".backoff", p.GetBackoff(), out.Backoff); err != nil {
+		return out, err
+	}
+	if pp := p.GetPushback(); pp != nil {
+		switch m := pp.GetMode(); {
+		case m == pb.RetryAfterMode_RETRY_AFTER_MODE_UNSPECIFIED:
+		case m > pb.RetryAfterMode_RETRY_AFTER_MODE_OVERRIDE || m < 0:
+			return out, invalid(field+".pushback.mode", "must be a known RetryAfterMode value")
+		default:
+			out.Pushback.Mode = policy.RetryAfterMode(m)
+		}
+		if pp.SpreadRatio != nil {
+			if err = finite(field+".pushback.spread_ratio", pp.GetSpreadRatio()); err != nil {
+				return out, err
+			}
+			out.Pushback.SpreadRatio = pp.GetSpreadRatio()
+		}
+		if out.Pushback.MinSpread, err = duration(field+".pushback.min_spread", pp.GetMinSpread(), out.Pushback.MinSpread); err != nil {
+			return out, err
+		}
+		if out.Pushback.MaxHint, err = duration(field+".pushback.max_hint", pp.GetMaxHint(), out.Pushback.MaxHint); err != nil {
+			return out, err
+		}
+	}
+	if p.MaxAttempts != nil {
+		if p.GetMaxAttempts() > maxAttempt {
+			return out, invalid(field+".max_attempts", "must be 1 to 100")
+		}
+		out.MaxAttempts = int(p.GetMaxAttempts())
+	}
+	if out.AttemptTimeout, err = duration(field+".attempt_timeout", p.GetAttemptTimeout(), out.AttemptTimeout); err != nil {
+		return out, err
+	}
+	if out.CallDeadline, err = duration(field+".call_deadline", p.GetCallDeadline(), out.CallDeadline); err != nil {
+		return out, err
+	}
+	tables := []struct {
+		name string
+		in   []uint32
+		dst  *[]int
+	}{
+		{"transient_http_statuses", p.GetTransientHttpStatuses(), &out.TransientHTTP},
+		{"terminal_http_statuses", p.GetTerminalHttpStatuses(), &out.TerminalHTTP},
+		{"transient_grpc_codes", p.GetTransientGrpcCodes(), &out.TransientGRPC},
+	}
+	for _, t := range tables {
+		if len(t.in) == 0 {
+			continue
+		}
+		if len(t.in) > maxTableLen {
+			return out, invalid(field+"."+t.name, "must have at most "+strconv.Itoa(maxTableLen)+" entries")
+		}
+		codes := make([]int, len(t.in))
+		for i, c := range t.in {
+			codes[i] = int(c)
+		}
+		*t.dst = codes
+	}
+	if b := p.GetBreaker(); b != nil {
+		if out.Breaker, err = breakerFromPB(field+".breaker", b, out.Breaker); err != nil {
+			return out, err
+		}
+	}
+	if err := out.Validate(); err != nil {
+		return out, invalidFrom(field+".", err)
+	}
+	return out, nil
+}
+
+func breakerFromPB(field string, b *pb.BreakerSettings, def policy.BreakerConfig) (policy.BreakerConfig, error) {
+	out := def
+	var err error
+	switch m := b.GetMode(); {
+	case m == pb.BreakerMode_BREAKER_MODE_UNSPECIFIED:
+	case m > pb.BreakerMode_BREAKER_MODE_FAILURE_RATE || m < 0:
+		return out, invalid(field+".mode", "must be a known BreakerMode value")
+	default:
+		out.Mode = policy.BreakerMode(m)
+	}
+	switch s := b.GetScope(); {
+	case s == pb.BreakerScope_BREAKER_SCOPE_UNSPECIFIED:
+	case s > pb.BreakerScope_BREAKER_SCOPE_TARGET || s < 0:
+		return out, invalid(field+".scope", "must be a known BreakerScope value")
+	default:
+		out.Scope = policy.BreakerScope(s)
+	}
+	if b.ConsecutiveFailures != nil {
+		out.ConsecutiveFailures = int(b.GetConsecutiveFailures())
+	}
+	if b.FailureRate != nil {
+		if err = finite(field+".failure_rate", b.GetFailureRate()); err != nil {
+			return out, err
+		}
+		out.FailureRate = b.GetFailureRate()
+	}
+	if b.MinCalls != nil {
+		out.MinCalls = int(b.GetMinCalls())
+	}
+	if b.HalfOpenProbes != nil {
+		out.HalfOpenProbes = int(b.GetHalfOpenProbes())
+	}
+	if out.Window, err = duration(field+".window", b.GetWindow(), out.Window); err != nil {
+		return out, err
+	}
+	if out.Cooldown, err = duration(field+".cooldown", b.GetCooldown(), out.Cooldown); err != nil {
+		return out, err
+	}
+	if out.ProbeTimeout, err = duration(field+".probe_timeout", b.GetProbeTimeout(), out.ProbeTimeout); err != nil {
+		return out, err
+	}
+	return out, nil
+}
+
+func policyToPB(p policy.Policy) *pb.Policy {
+	u32 := func(v int) *uint32 { x := uint32(v); return &x }
+	f64 := func(v float64) *float64 { return &v }
+	codes := func(in []int) []uint32 {
+		out := make([]uint32, len(in))
+		for i, c := range in {
+			out[i] = uint32(c)
+		}
+		return out
+	}
+	return &pb.Policy{
+		Backoff: &pb.BackoffSettings{
+			BaseDelay: durationpb.New(p.Backoff.Base),
+			Factor:    f64(p.Backoff.Factor),
+			MaxDelay:  durationpb.New(p.Backoff.Max),
+			Jitter:    pb.Jitter(p.Backoff.Jitter),
+		},
+		Pushback: &pb.PushbackSettings{
+			Mode:        pb.RetryAfterMode(p.Pushback.Mode),
+			SpreadRatio: f64(p.Pushback.SpreadRatio),
+			MinSpread:   durationpb.New(p.Pushback.MinSpread),
+			MaxHint:     durationpb.New(p.Pushback.MaxHint),
+		},
+		MaxAttempts:           u32(p.MaxAttempts),
+		AttemptTimeout:        durationpb.New(p.AttemptTimeout),
+		CallDeadline:          durationpb.New(p.CallDeadline),
+		TransientHttpStatuses: codes(p.TransientHTTP),
+		TerminalHttpStatuses:  codes(p.TerminalHTTP),
+		TransientGrpcCodes:    codes(p.TransientGRPC),
+		Breaker: &pb.BreakerSettings{
+			Mode:                pb.BreakerMode(p.Breaker.Mode),
+			Scope:               pb.BreakerScope(p.Breaker.Scope),
+			ConsecutiveFailures: u32(p.Breaker.ConsecutiveFailures),
+			FailureRate:         f64(p.Breaker.FailureRate),
+			Window:              durationpb.New(p.Breaker.Window),
+			MinCalls:            u32(p.Breaker.MinCalls),
+			Cooldown:            durationpb.New(p.Breaker.Cooldown),
+			HalfOpenProbes:      u32(p.Breaker.HalfOpenProbes),
+			ProbeTimeout:        durationpb.New(p.Breaker.ProbeTimeout),
+		},
+	}
+}
+
+func policyEntryToPB(e policy.PolicyEntry) *pb.PolicyEntry {
+	return &pb.PolicyEntry{Tenant: e.Tenant, Target: e.Target, Policy: policyToPB(e.Policy), UpdateTime: timePB(e.Updated)}
+}
+
+func breakerToPB(s policy.BreakerSnapshot) *pb.Breaker {
+	return &pb.Breaker{
+		Key:                 &pb.BreakerKey{Tenant: s.Key.Tenant, Target: s.Key.Target},
+		State:               pb.BreakerState(s.State),
+		Forced:              s.Forced,
+		OpenUntilTime:       timePB(s.OpenUntil),
+		ConsecutiveFailures: uint32(s.ConsecutiveFailures),
+		WindowCalls:         s.WindowCalls,
+		WindowFailures:      s.WindowFailures,
+		ProbesInFlight:      uint32(s.ProbesInFlight),
+		ChangeTime:          timePB(s.Changed),
+		CooldownUntilTime:   timePB(s.CooldownUntil),
+		Mode:                pb.BreakerMode(s.Mode),
+	}
+}
+
+// breakerKeyFromPB validates a BreakerKey; the tenant may be empty for a
+// target-scoped breaker.
+func breakerKeyFromPB(field string, k *pb.BreakerKey) (policy.BreakerKey, error) {
+	if k == nil {
+		return policy.BreakerKey{}, invalid(field, "is required")
+	}
+	if err := checkName(field+".tenant", k.GetTenant(), maxTenantLen, false); err != nil {
+		return policy.BreakerKey{}, err
+	}
+	if err := checkName(field+".target", k.GetTarget(), maxTargetLen, true); err != nil {
+		return policy.BreakerKey{}, err
+	}
+	return policy.BreakerKey{Tenant: k.GetTenant(), Target: k.GetTarget()}, nil
+}
+
+func budgetToPB(b policy.TenantBudget) *pb.TenantBudget {
+	return &pb.TenantBudget{
+		Tenant: b.Tenant, Capacity: b.Capacity, DepositRatio: b.DepositRatio,
+		MinRetriesPerSecond: b.MinPerSecond, RetryCost: b.RetryCost, TimeoutCost: b.TimeoutCost, DryRun: b.DryRun,
+	}
+}
+
+func budgetStatusToPB(s policy.BudgetStatus) *pb.TenantBudgetStatus {
+	return &pb.TenantBudgetStatus{
+		Budget: budgetToPB(s.Budget), Tokens: s.Tokens, RetriesGranted: s.Granted,
+		RetriesRefused: s.Refused, DryRunRefusals: s.DryRunRefusals, IsDefault: s.IsDefault,
+	}
+}
+
+// budgetFromPB validates the request-level shape of a budget; the numbers'
+// rules are the store's (it fills defaults first).
+func budgetFromPB(field string, b *pb.TenantBudget) (policy.TenantBudget, error) {
+	if b == nil {
+		return policy.TenantBudget{}, invalid(field, "is required")
+	}
+	if err := checkName(field+".tenant", b.GetTenant(), maxTenantLen, true); err != nil {
+		return policy.TenantBudget{}, err
+	}
+	for _, v := range []struct {
+		name string
+		val  float64
+	}{
+		{"capacity", b.GetCapacity()}, {"deposit_ratio", b.GetDepositRatio()},
+		{"min_retries_per_second", b.GetMinRetriesPerSecond()}, {"retry_cost", b.GetRetryCost()},
+		{"timeout_cost", b.GetTimeoutCost()},
+	} {
+		if err := finite(field+"."+v.name, v.val); err != nil {
+			return policy.TenantBudget{}, err
+		}
+		if v.val < 0 {
+			return policy.TenantBudget{}, invalid(field+"."+v.name, "must not be negative")
+		}
+	}
+	if b.GetDepositRatio() > 1 {
+		return policy.TenantBudget{}, invalid(field+".deposit_ratio", "must be within [0, 1]")
+	}
+	return policy.TenantBudget{
+		Tenant: b.GetTenant(), Capacity: b.GetCapacity(), DepositRatio: b.GetDepositRatio(),
+		MinPerSecond: b.GetMinRetriesPerSecond(), RetryCost: b.GetRetryCost(),
+		TimeoutCost: b.GetTimeoutCost(), DryRun: b.GetDryRun(),
+	}, nil
+}
+
+func runToPB(r policy.Run) *pb.Run {
+	l := r.Ledger
+	return &pb.Run{
+		RunId: r.ID, Tenant: r.Tenant, Description: r.Description,
+		RetryPool: r.Pool, RetriesSpent: r.Spent,
+		CutoffTime: timePB(r.Cutoff), CreateTime: timePB(r.Created),
+		Ledger: &pb.RunLedger{
+			Succeeded: l.Succeeded, FailedTerminal: l.FailedTerminal,
+			DeadLetterExhausted: l.DeadLetterExhausted, DeadLetterBudget: l.DeadLetterBudget,
+			DeadLetterNotIdempotent: l.DeadLetterNotIdempotent, DeadLetterPushback: l.DeadLetterPushback,
+			CircuitOpen: l.CircuitOpen, DeadlineCut: l.DeadlineCut,
+		},
+	}
+}
+
+func planToPB(p policy.Plan) *pb.BudgetPlan {
+	delays := make([]*durationpb.Duration, len(p.Delays))
+	for i, d := range p.Delays {
+		delays[i] = durationpb.New(d)
+	}
+	return &pb.BudgetPlan{
+		MaxAttempts:    uint32(p.MaxAttempts),
+		Delays:         delays,
+		WorstCaseTotal: durationpb.New(p.WorstCase),
+		IdempotencyTtl: durationpb.New(p.IdempotencyTTL),
+		Window:         durationpb.New(p.Window),
+	}
+}
+
+// pageSize validates a page size; 0 means the default.
+func pageSize(field string, n uint32) (int, error) {
+	if n > maxPageSize {
+		return 0, invalid(field, "must be at most "+strconv.Itoa(maxPageSize))
+	}
+	if n == 0 {
+		return defaultPage, nil
+	}
+	return int(n), nil
+}

@@ -1,0 +1,454 @@
+package server
+
+import (
+	"context"
+		"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
+	"github.com/policyd/policyd/policy"
+)
+
+// Clock tells the time. The daemon uses the wall clock; tests inject a fake.
+type Clock interface{ Now() time.Time }
+
+type wallClock struct{}
+
+func (wallClock) Now() time.Time { return time.Now() }
+
+// Config configures the services. Zero fields take the defaults named.
+type Config struct {
+	Clock  Clock          // default: the wall clock
+	Rand   func() float64 // random draws in [0,1); default math/rand/v2
+	Logger *slog.Logger   // default: slog.Default()
+	// WatchBuffer is the per-subscriber queue of breaker events; a
+	// subscriber that falls further behind is disconnected. Default 1024.
+	WatchBuffer int
+}
+
+func (c Config) withDefaults() Config {
+	if c.Clock == nil {
+		c.Clock = wallClock{}
+	}
+	if c.Rand == nil {
+		c.Rand = rand.Float64
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.WatchBuffer <= 0 {
+		c.WatchBuffer = 1024
+	}
+	return c
+}
+
+// Decisions implements RetryPolicyService over a Store. It is safe for
+// concurrent use.
+type Decisions struct {
+	pb.UnimplementedRetryPolicyServiceServer
+	store Store
+	cfg   Config
+}
+
+// NewDecisions returns the worker-facing service.
+func NewDecisions(store Store, cfg Config) *Decisions {
+	return &Decisions{store: store, cfg: cfg.withDefaults()}
+}
+
+// Classify says whether a failure is worth retrying under the policy of the
+// call's tenant and target.
+func (d *Decisions) Classify(_ context.Context, req *pb.ClassifyRequest) (*pb.ClassifyResponse, error) {
+	call, err := callFromPB("call", req.GetCall(), false)
+	if err != nil {
+		return nil, err
+	}
+	f, err := failureFromPB("failure", req.GetFailure())
+	if err != nil {
+		return nil, err
+	}
+	p, _ := d.store.Resolve(call.tenant, call.target)
+	c := policy.Classify(&p, f, call.idempotent, call.key != "")
+	return &pb.ClassifyResponse{Retryable: c.Retryable, Category: pb.Category(c.Category), Reason: c.Reason}, nil
+}
+
+// NextDelay decides after a failed attempt: the stateless rules of policy
+// first, then the shared breaker, the fleet-wide cool-down, the deadline
+// again, and the tenant and run budgets. A refusal is an OK answer.
+func (d *Decisions) NextDelay(ctx context.Context, req *pb.NextDelayRequest) (*pb.NextDelayResponse, error) {
+	call, err := callFromPB("call", req.GetCall(), true)
+	if err != nil {
+		return nil, err
+	}
+	if req.GetAttempt() < 1 || req.GetAttempt() > maxAttempt {
+		return nil, invalid("attempt", "must be 1 to "+strconv.Itoa(maxAttempt)+" (the attempt that failed, counting the first as 1)")
+	}
+	f, err := failureFromPB("failure", req.GetFailure())
+	if err != nil {
+		return nil, err
+	}
+	hints, err := hintsFromPB("pushback", req.GetPushback())
+	if err != nil {
+		return nil, err
+	}
+	prev, err := duration("previous_delay", req.GetPreviousDelay(), 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkName("permit_id", req.GetPermitId(), maxCallIDLen, false); err != nil {
+		return nil, err
+	}
+
+	now := d.cfg.Clock.Now()
+	p, _ := d.store.Resolve(call.tenant, call.target)
+	var run policy.Run
+	deadline := call.deadline
+	if call.runID != "" {
+		if run, err = d.store.Run(call.runID); err != nil {
+			return nil, storeError(ctx, d.cfg.Logger, "call.run_id "+strconv.Quote(call.runID), err)
+		}
+		if run.Tenant != call.tenant {
+			return nil, status.Error(codes.PermissionDenied, "call.run_id: run belongs to another tenant")
+		}
+		// The run's cut-off is a deadline for every call of the run.
+		eff := policy.EffectiveDeadline(&p, now, call.origin, call.deadline)
+		if eff.IsZero() || run.Cutoff.Before(eff) {
+			deadline = run.Cutoff
+		}
+	}
+	dec := policy.Decide(&p, policy.Input{
+		Attempt: int(req.GetAttempt()), Failure: f,
+		Idempotent: call.idempotent, HasIdempotencyKey: call.key != "",
+		Hints: hints, PrevDelay: prev,
+		Now: now, Origin: call.origin, Deadline: deadline,
+		JitterDraw: d.cfg.Rand(), SpreadDraw: d.cfg.Rand(),
+	})
+
+	// The breaker learns of every failure; a terminal answer means the
+	// upstream is up.
+	key := policy.KeyFor(p.Breaker, call.tenant, call.target)
+	result := policy.ResultTerminal
+	if dec.Class.Category == policy.CategoryTransient {
+		result = policy.ResultTransientFailure
+	}
+	snap, err := d.store.Record(key, p.Breaker, result, req.GetPermitId())
+	if err != nil {
+		return nil, storeError(ctx, d.cfg.Logger, "breaker", err)
+	}
+	dec.Checks |= policy.CheckBreaker
+	note := dec.Hint.Note
+	resp := &pb.NextDelayResponse{BreakerState: pb.BreakerState(snap.State)}
+
+	if dec.Retry {
+		timeout := (f.Kind == policy.FailureTransport && f.Transport == policy.TransportTimeout) ||
+			(f.Kind == policy.FailureGRPC && f.Code == int(codes.DeadlineExceeded))
+		d.shared(ctx, &dec, &p, key, call, timeout, snap, now, &note, resp)
+	}
+	if !dec.Retry && !run.Cutoff.IsZero() && !now.Before(run.Cutoff) &&
+		dec.Disposition != policy.DispositionFailedTerminal {
+		// Past the run's cut-off every stop is a cut.
+		dec.Disposition = policy.DispositionDeadlineCut
+	}
+	if dec.Retry {
+		resp.Decision = pb.Decision_DECISION_RETRY
+		resp.Delay = durationpb.New(dec.Delay)
+		resp.AttemptTimeout = durationPB(dec.AttemptTimeout)
+	} else {
+		resp.Decision = pb.Decision_DECISION_STOP
+		resp.StopReason = pb.StopReason(dec.Stop)
+		resp.Disposition = pb.Disposition(dec.Disposition)
+	}
+	resp.Category = pb.Category(dec.Class.Category)
+	resp.Classification = dec.Class.Reason
+	resp.PushbackNote = note
+	resp.Checks = dec.Checks.Names()
+	resp.Detail = detail(&dec, &p)
+	return resp, nil
+}
+
+// shared applies the fleet-wide rules to a decision the stateless rules let
+// through: an open breaker, a cool-down another worker reported, the deadline
+// once more, and the budgets. It turns dec into a stop when one refuses.
+func (d *Decisions) shared(ctx context.Context, dec *policy.Decision, p *policy.Policy, key policy.BreakerKey,
+	call callRef, timeout bool, snap policy.BreakerSnapshot, now time.Time, note *string, resp *pb.NextDelayResponse) {
+	stop := func(r policy.StopReason, disp policy.Disposition) {
+		dec.Retry, dec.Delay, dec.Stop, dec.Disposition = false, 0, r, disp
+	}
+	if snap.State == policy.BreakerOpen {
+		stop(policy.StopCircuitOpen, policy.DispositionCircuitOpen)
+		return
+	}
+	cooldown := snap.CooldownUntil
+	if dec.Hint.Present && dec.Hint.Delay > 0 {
+		h := min(dec.Hint.Delay, p.Pushback.MaxHint)
+		if until, err := d.store.ExtendCooldown(key, p.Breaker, now.Add(h)); err == nil {
+			cooldown = until
+		} else {
+			d.cfg.Logger.WarnContext(ctx, "cool-down not shared", "err", err)
+		}
+	}
+	if wait := cooldown.Sub(now); wait > dec.Delay {
+		// Another worker was told to back off: wait with it, spread out.
+		dec.Delay = policy.SpreadHint(p.Pushback, wait, d.cfg.Rand())
+		if *note != "" {
+			*note += ","
+		}
+		*note += "cooldown:fleet"
+	}
+	if !policy.FitsDeadline(now, dec.Deadline, dec.Delay, p.AttemptTimeout) {
+		stop(policy.StopDeadline, policy.DispositionDeadlineCut)
+		return
+	}
+	dec.Checks |= policy.CheckTenantBudget
+	if call.runID != "" {
+		dec.Checks |= policy.CheckRunBudget
+	}
+	spend, err := d.store.SpendRetry(policy.SpendRequest{
+		Tenant:  call.tenant,
+		Timeout: timeout,
+		RunID:   call.runID,
+	})
+	if err != nil {
+		// The budget could not be consulted: stop rather than retry blind.
+		d.cfg.Logger.ErrorContext(ctx, "budget unavailable", "tenant", call.tenant, "err", err)
+		stop(policy.StopBudgetExhausted, policy.DispositionDeadLetter)
+		return
+	}
+	resp.TenantBudgetRemaining = spend.TenantTokens
+	resp.RunBudgetRemaining = spend.RunRemaining
+	if !spend.Granted {
+		stop(spend.Stop, spend.Disposition)
+	}
+}
+
+// detail explains a decision in a sentence for logs and humans.
+func detail(dec *policy.Decision, p *policy.Policy) string {
+	if dec.Retry {
+		return "retry after " + dec.Delay.Round(time.Millisecond).String() + " (" + dec.Class.Reason + ")"
+	}
+	switch dec.Stop {
+	case policy.StopTerminal:
+		return "not retryable: " + dec.Class.Reason
+	case policy.StopNotIdempotent:
+		return "not idempotent and no idempotency key: a retry could duplicate the write"
+	case policy.StopAttemptsExhausted:
+		return "max attempts (" + strconv.Itoa(p.MaxAttempts) + ") reached"
+	case policy.StopDeadline:
+		return "the next attempt cannot finish before the deadline"
+	case policy.StopBudgetExhausted:
+		return "retry budget exhausted"
+	case policy.StopCircuitOpen:
+		return "the upstream's circuit breaker is open"
+	case policy.StopServerPushback:
+		return "the server said not to retry"
+	}
+	return ""
+}
+
+// ReportOutcome records a batch of outcomes. The batch is validated whole
+// before anything is applied, so a bad entry loses nothing.
+func (d *Decisions) ReportOutcome(ctx context.Context, req *pb.ReportOutcomeRequest) (*pb.ReportOutcomeResponse, error) {
+	outs := req.GetOutcomes()
+	if len(outs) == 0 || len(outs) > maxOutcomes {
+		return nil, invalid("outcomes", "must hold 1 to "+strconv.Itoa(maxOutcomes)+" outcomes, got "+strconv.Itoa(len(outs)))
+	}
+	type item struct {
+		call    callRef
+		failure policy.Failure
+	}
+	items := make([]item, len(outs))
+	runs := map[string]string{}
+	for i, o := range outs {
+		field := "outcomes[" + strconv.Itoa(i) + "]"
+		call, err := callFromPB(field+".call", o.GetCall(), true)
+		if err != nil {
+			return nil, err
+		}
+		if o.GetAttempt() < 1 || o.GetAttempt() > maxAttempt {
+			return nil, invalid(field+".attempt", "must be 1 to "+strconv.Itoa(maxAttempt))
+		}
+		if _, err := duration(field+".latency", o.GetLatency(), 0); err != nil {
+			return nil, err
+		}
+		if err := checkName(field+".permit_id", o.GetPermitId(), maxCallIDLen, false); err != nil {
+			return nil, err
+		}
+		items[i].call = call
+		if !o.GetSuccess() && !o.GetAlreadyRecorded() {
+			if items[i].failure, err = failureFromPB(field+".failure", o.GetFailure()); err != nil {
+				return nil, err
+			}
+		}
+		fd := o.GetFinalDisposition()
+		if fd < 0 || fd > pb.Disposition_DISPOSITION_CIRCUIT_OPEN {
+			return nil, invalid(field+".final_disposition", "must be a known Disposition value")
+		}
+		if sr := o.GetFinalStopReason(); sr < 0 || sr > pb.StopReason_STOP_REASON_SERVER_PUSHBACK {
+			return nil, invalid(field+".final_stop_reason", "must be a known StopReason value")
+		}
+		if o.GetSuccess() && fd != pb.Disposition_DISPOSITION_UNSPECIFIED && fd != pb.Disposition_DISPOSITION_SUCCEEDED {
+			return nil, invalid(field+".final_disposition", "must be SUCCEEDED or unset when success is true")
+		}
+		if fd != pb.Disposition_DISPOSITION_UNSPECIFIED && call.runID != "" {
+			runs[call.runID] = call.tenant
+		}
+	}
+	for id, tenant := range runs {
+		r, err := d.store.Run(id)
+		if err != nil {
+			return nil, storeError(ctx, d.cfg.Logger, "run "+strconv.Quote(id), err)
+		}
+		if r.Tenant != tenant {
+			return nil, status.Error(codes.PermissionDenied, "run "+strconv.Quote(id)+" belongs to another tenant")
+		}
+	}
+
+	deposits := map[string]int{}
+	for i, o := range outs {
+		it := items[i]
+		switch {
+		case o.GetSuccess():
+			deposits[it.call.tenant]++
+			if err := d.record(it.call, policy.ResultSuccess, o.GetPermitId()); err != nil {
+				return nil, storeError(ctx, d.cfg.Logger, "breaker", err)
+			}
+		case !o.GetAlreadyRecorded():
+			p, _ := d.store.Resolve(it.call.tenant, it.call.target)
+			r := policy.ResultTerminal
+			if policy.Classify(&p, it.failure, true, true).Category == policy.CategoryTransient {
+				r = policy.ResultTransientFailure
+			}
+			if err := d.record(it.call, r, o.GetPermitId()); err != nil {
+				return nil, storeError(ctx, d.cfg.Logger, "breaker", err)
+			}
+		}
+		if fd := o.GetFinalDisposition(); fd != pb.Disposition_DISPOSITION_UNSPECIFIED && it.call.runID != "" {
+			err := d.store.RecordFinal(it.call.runID, it.call.callID, policy.Disposition(fd), policy.StopReason(o.GetFinalStopReason()))
+			if err != nil {
+				return nil, storeError(ctx, d.cfg.Logger, "run ledger", err)
+			}
+		}
+	}
+	for tenant, n := range deposits {
+		d.store.Deposit(tenant, n)
+	}
+	return &pb.ReportOutcomeResponse{Accepted: uint32(len(outs))}, nil
+}
+
+func (d *Decisions) record(call callRef, r policy.Result, permit string) error {
+	p, _ := d.store.Resolve(call.tenant, call.target)
+	_, err := d.store.Record(policy.KeyFor(p.Breaker, call.tenant, call.target), p.Breaker, r, permit)
+	return err
+}
+
+// Admit asks the shared breaker whether an attempt may go ahead.
+func (d *Decisions) Admit(ctx context.Context, req *pb.AdmitRequest) (*pb.AdmitResponse, error) {
+	call, err := callFromPB("call", req.GetCall(), false)
+	if err != nil {
+		return nil, err
+	}
+	if req.GetAttempt() > maxAttempt {
+		return nil, invalid("attempt", "must be at most "+strconv.Itoa(maxAttempt))
+	}
+	p, _ := d.store.Resolve(call.tenant, call.target)
+	a, err := d.store.Admit(policy.KeyFor(p.Breaker, call.tenant, call.target), p.Breaker)
+	if err != nil {
+		return nil, storeError(ctx, d.cfg.Logger, "breaker", err)
+	}
+	return &pb.AdmitResponse{
+		Admitted: a.Admitted, State: pb.BreakerState(a.State), PermitId: a.PermitID,
+		RetryAfter: durationPB(a.RetryAfter), Reason: a.Reason,
+	}, nil
+}
+
+// WatchBreakers streams the current breaker states, then every change,
+// until the client goes away. A client that falls behind is disconnected
+// with UNAVAILABLE and resumes with a fresh snapshot when it reconnects.
+func (d *Decisions) WatchBreakers(req *pb.WatchBreakersRequest, stream grpc.ServerStreamingServer[pb.WatchBreakersResponse]) error {
+	if err := checkName("tenant", req.GetTenant(), maxTenantLen, false); err != nil {
+		return err
+	}
+	events, cancel := d.store.Subscribe(req.GetTenant(), d.cfg.WatchBuffer)
+	defer cancel()
+	ctx := stream.Context()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev, ok := <-events:
+			if !ok {
+				return status.Error(codes.Unavailable, "breaker watch fell behind or policyd is stopping; reconnect for a fresh snapshot")
+			}
+			msg := &pb.WatchBreakersResponse{SnapshotComplete: true}
+			if !ev.SnapshotDone {
+				msg = &pb.WatchBreakersResponse{Breaker: breakerToPB(ev.Snapshot), Snapshot: ev.Initial}
+			}
+			if err := stream.Send(msg); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// PlanBudget fits retries into a window, offline.
+func (d *Decisions) PlanBudget(_ context.Context, req *pb.PlanBudgetRequest) (*pb.PlanBudgetResponse, error) {
+	in, hops, err := planInputFromPB(req)
+	if err != nil {
+		return nil, err
+	}
+	if hops <= 1 {
+		plan, err := policy.PlanBudget(in)
+		if err != nil {
+			return nil, invalidFrom("", err)
+		}
+		return &pb.PlanBudgetResponse{Plan: planToPB(plan)}, nil
+	}
+	plans, err := policy.SplitHops(in, hops)
+	if err != nil {
+		return nil, invalidFrom("", err)
+	}
+	resp := &pb.PlanBudgetResponse{Plan: planToPB(plans[0])}
+	for _, p := range plans {
+		resp.Hops = append(resp.Hops, planToPB(p))
+	}
+	return resp, nil
+}
+
+func planInputFromPB(req *pb.PlanBudgetRequest) (policy.PlanInput, int, error) {
+	var in policy.PlanInput
+	var err error
+	if req.GetWindow() == nil {
+		return in, 0, invalid("window", "is required")
+	}
+	if in.Window, err = duration("window", req.GetWindow(), 0); err != nil {
+		return in, 0, err
+	}
+	if in.Backoff, err = backoffFromPB("backoff", req.GetBackoff(), policy.Default().Backoff); err != nil {
+		return in, 0, err
+	}
+	if in.AttemptTimeout, err = duration("attempt_timeout", req.GetAttemptTimeout(), 0); err != nil {
+		return in, 0, err
+	}
+	if in.TTLMargin, err = duration("ttl_margin", req.GetTtlMargin(), 0); err != nil {
+		return in, 0, err
+	}
+	if req.MaxAttempts != nil {
+		if req.GetMaxAttempts() < 1 || req.GetMaxAttempts() > 100 {
+			return in, 0, invalid("max_attempts", "must be 1 to 100")
+		}
+		in.MaxAttempts = int(req.GetMaxAttempts())
+	}
+	if req.GetHops() > 16 {
+		return in, 0, invalid("hops", "must be at most 16")
+	}
+	if err := in.Validate(); err != nil {
+		return in, 0, invalidFrom("", err)
+	}
+	return in, int(req.GetHops()), nil
+}

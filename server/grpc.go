@@ -1,0 +1,63 @@
+package server
+
+import (
+	"context"
+	"log/slog"
+	"runtime/debug"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
+)
+
+// NewGRPC returns a gRPC server with both services, the health service (its
+// overall status and each service's set to SERVING) and reflection
+// registered, and a recovery interceptor so a panicking handler answers
+// INTERNAL instead of killing the daemon. The health server is returned so
+// the caller can flip it to NOT_SERVING when draining.
+func NewGRPC(store Store, cfg Config, opts ...grpc.ServerOption) (*grpc.Server, *health.Server) {
+	cfg = cfg.withDefaults()
+	opts = append([]grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(recoverUnary(cfg.Logger)),
+		grpc.ChainStreamInterceptor(recoverStream(cfg.Logger)),
+	}, opts...)
+	gs := grpc.NewServer(opts...)
+	pb.RegisterRetryPolicyServiceServer(gs, NewDecisions(store, cfg))
+	pb.RegisterAdminServiceServer(gs, NewAdmin(store, cfg))
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(gs, hs)
+	for _, name := range []string{"", pb.RetryPolicyService_ServiceDesc.ServiceName, pb.AdminService_ServiceDesc.ServiceName} {
+		hs.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
+	}
+	reflection.Register(gs)
+	return gs, hs
+}
+
+func recoverUnary(log *slog.Logger) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				log.ErrorContext(ctx, "handler panicked", "method", info.FullMethod, "panic", r, "stack", string(debug.Stack()))
+				resp, err = nil, status.Error(codes.Internal, "internal error (logged by policyd)")
+			}
+		}()
+		return handler(ctx, req)
+	}
+}
+
+func recoverStream(log *slog.Logger) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				log.ErrorContext(ss.Context(), "stream handler panicked", "method", info.FullMethod, "panic", r, "stack", string(debug.Stack()))
+				err = status.Error(codes.Internal, "internal error (logged by policyd)")
+			}
+		}()
+		return handler(srv, ss)
+	}
+}

@@ -1,0 +1,62 @@
+package server
+
+import (
+	"time"
+
+	"github.com/policyd/policyd/policy"
+)
+
+// Store is the shared state the handlers decide with. It is declared here,
+// where it is consumed, in domain types only, so another backend (a
+// replicated one, say) can stand in for breakerstore without touching the
+// handlers. Errors are matched with errors.Is against the classes in policy
+// (policy.ErrNotFound, policy.ErrInvalid, ...). Implementations must be safe
+// for concurrent use.
+type Store interface {
+	Policies
+	Breakers
+	Budgets
+	Runs
+}
+
+// Policies resolves and stores retry policies.
+type Policies interface {
+	Resolve(tenant, target string) (policy.Policy, policy.PolicyEntry)
+	SetPolicy(tenant, target string, p policy.Policy) (policy.PolicyEntry, error)
+	Policy(tenant, target string) (policy.PolicyEntry, error)
+	Policies(after policy.BreakerKey, limit int) ([]policy.PolicyEntry, error)
+	DeletePolicy(tenant, target string) error
+}
+
+// Breakers is the fleet-wide circuit breaker state.
+type Breakers interface {
+	Admit(key policy.BreakerKey, cfg policy.BreakerConfig) (policy.Admission, error)
+	Record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy.Result, permitID string) (policy.BreakerSnapshot, error)
+	ExtendCooldown(key policy.BreakerKey, cfg policy.BreakerConfig, until time.Time) (time.Time, error)
+	Breaker(key policy.BreakerKey) (policy.BreakerSnapshot, error)
+	Breakers(tenant string, state policy.BreakerState, after policy.BreakerKey, limit int) ([]policy.BreakerSnapshot, error)
+	ResetBreaker(key policy.BreakerKey) (policy.BreakerSnapshot, error)
+	ForceBreaker(key policy.BreakerKey, st policy.BreakerState) (policy.BreakerSnapshot, error)
+	// Subscribe streams the current states of tenant's breakers (all when
+	// tenant is empty), then every change. The channel is closed when the
+	// subscriber falls behind or cancel is called.
+	Subscribe(tenant string, buffer int) (events <-chan policy.BreakerEvent, cancel func())
+}
+
+// Budgets holds the per-tenant retry token buckets and the run pools.
+type Budgets interface {
+	SetBudget(b policy.TenantBudget) (policy.TenantBudget, error)
+	Budget(tenant string) (policy.BudgetStatus, error)
+	Budgets(after string, limit int) ([]policy.BudgetStatus, error)
+	DeleteBudget(tenant string) error
+	SpendRetry(req policy.SpendRequest) (policy.Spend, error)
+	Deposit(tenant string, successes int)
+}
+
+// Runs holds batch runs and their ledgers.
+type Runs interface {
+	OpenRun(r policy.Run) (policy.Run, error)
+	Run(id string) (policy.Run, error)
+	Runs(tenant, after string, limit int) ([]policy.Run, error)
+	RecordFinal(runID, callID string, d policy.Disposition, stop policy.StopReason) error
+}
