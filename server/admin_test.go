@@ -138,6 +138,10 @@ func TestBreakersAdminAndWatch(t *testing.T) {
 	if !first.GetSnapshot() || first.GetBreaker().GetState() != pb.BreakerState_BREAKER_STATE_CLOSED {
 		t.Errorf("first message: got snapshot=%v state=%v, want the CLOSED snapshot", first.GetSnapshot(), first.GetBreaker().GetState())
 	}
+	done, err := stream.Recv()
+	if err != nil || !done.GetSnapshotComplete() || done.GetBreaker() != nil {
+		t.Fatalf("second message: got %v, %v; want the end of the snapshot", done, err)
+	}
 
 	forced, err := h.admin.ForceBreaker(ctx, &pb.ForceBreakerRequest{Key: key, State: pb.BreakerState_BREAKER_STATE_OPEN})
 	if err != nil {

@@ -2,7 +2,7 @@ package server
 
 import (
 	"context"
-		"log/slog"
+	"log/slog"
 	"math/rand/v2"
 	"strconv"
 	"time"

@@ -119,7 +119,8 @@ func TestNextDelayStops(t *testing.T) {
 	now := h.clock.Now()
 	// Calls to "dl" must finish within 20s of their origin.
 	if _, err := h.admin.SetPolicy(ctx, &pb.SetPolicyRequest{Target: "dl", Policy: &pb.Policy{
-		CallDeadline: durationpb.New(20 * time.Second)}}); err != nil {
+		CallDeadline: durationpb.New(20 * time.Second),
+		Backoff:      &pb.BackoffSettings{MaxDelay: durationpb.New(5 * time.Second)}}}); err != nil {
 		t.Fatalf("SetPolicy: %v", err)
 	}
 	tests := []struct {

@@ -17,14 +17,18 @@ import (
 
 // NewGRPC returns a gRPC server with both services, the health service (its
 // overall status and each service's set to SERVING) and reflection
-// registered, and a recovery interceptor so a panicking handler answers
-// INTERNAL instead of killing the daemon. The health server is returned so
+// registered, a recovery interceptor so a panicking handler answers
+// INTERNAL instead of killing the daemon, and a codec that answers
+// INVALID_ARGUMENT (not grpc-go's INTERNAL) for a request that does not
+// decode. The health server is returned so
 // the caller can flip it to NOT_SERVING when draining.
 func NewGRPC(store Store, cfg Config, opts ...grpc.ServerOption) (*grpc.Server, *health.Server) {
 	cfg = cfg.withDefaults()
+	codec := newUndecodable()
 	opts = append([]grpc.ServerOption{
-		grpc.ChainUnaryInterceptor(recoverUnary(cfg.Logger)),
-		grpc.ChainStreamInterceptor(recoverStream(cfg.Logger)),
+		grpc.ForceServerCodecV2(codec),
+		grpc.ChainUnaryInterceptor(recoverUnary(cfg.Logger), codec.unary()),
+		grpc.ChainStreamInterceptor(recoverStream(cfg.Logger), codec.stream()),
 	}, opts...)
 	gs := grpc.NewServer(opts...)
 	pb.RegisterRetryPolicyServiceServer(gs, NewDecisions(store, cfg))

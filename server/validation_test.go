@@ -7,7 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -48,7 +52,6 @@ func TestBadInput(t *testing.T) {
 		{"missing target", nd(&pb.CallRef{Tenant: "a", CallId: "c"}, 1, http(503)), codes.InvalidArgument, "call.target"},
 		{"missing call id", nd(&pb.CallRef{Tenant: "a", Target: "t"}, 1, http(503)), codes.InvalidArgument, "call.call_id"},
 		{"oversized tenant", nd(&pb.CallRef{Tenant: strings.Repeat("a", 129), Target: "t", CallId: "c"}, 1, http(503)), codes.InvalidArgument, "call.tenant"},
-		{"non-UTF-8 tenant", nd(&pb.CallRef{Tenant: "a\xff", Target: "t", CallId: "c"}, 1, http(503)), codes.InvalidArgument, "call.tenant"},
 		{"NUL in target", nd(&pb.CallRef{Tenant: "a", Target: "t\x00x", CallId: "c"}, 1, http(503)), codes.InvalidArgument, "call.target"},
 		{"attempt 0", nd(call("a", "t", "c"), 0, http(503)), codes.InvalidArgument, "attempt"},
 		{"attempt 1e9", nd(call("a", "t", "c"), 1_000_000_000, http(503)), codes.InvalidArgument, "attempt"},
@@ -165,6 +168,18 @@ func TestBadInput(t *testing.T) {
 			return err
 		}(), codes.InvalidArgument, "page_token"},
 	}
+	tests = append(tests, struct {
+		name  string
+		err   error
+		code  codes.Code
+		field string
+	}{"non-UTF-8 tenant", rawClassify(t, h, "a\xff"), codes.InvalidArgument, "call.tenant"},
+		struct {
+			name  string
+			err   error
+			code  codes.Code
+			field string
+		}{"undecodable bytes", rawInvoke(h, "/retrypolicy.v1.RetryPolicyService/NextDelay", []byte{0xff, 0xff, 0xff}), codes.InvalidArgument, "request"})
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			msg := wantCode(t, tc.err, tc.code)
@@ -173,4 +188,42 @@ func TestBadInput(t *testing.T) {
 			}
 		})
 	}
+}
+
+// rawCodec sends bytes as they are, so a test can send what a generated
+// client would refuse to encode.
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
+	return mem.BufferSlice{mem.SliceBuffer(*v.(*[]byte))}, nil
+}
+func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	*v.(*[]byte) = data.Materialize()
+	return nil
+}
+func (rawCodec) Name() string { return "proto" }
+
+func rawInvoke(h *harness, method string, req []byte) error {
+	var resp []byte
+	return h.conn.Invoke(context.Background(), method, &req, &resp, grpc.ForceCodecV2(rawCodec{}))
+}
+
+// rawClassify sends a ClassifyRequest whose tenant is the given bytes.
+func rawClassify(t *testing.T, h *harness, tenant string) error {
+	t.Helper()
+	var call []byte
+	call = protowire.AppendTag(call, 1, protowire.BytesType)
+	call = protowire.AppendString(call, tenant)
+	call = protowire.AppendTag(call, 2, protowire.BytesType)
+	call = protowire.AppendString(call, "geo")
+	failure, err := proto.Marshal(http(503))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var req []byte
+	req = protowire.AppendTag(req, 1, protowire.BytesType)
+	req = protowire.AppendBytes(req, call)
+	req = protowire.AppendTag(req, 2, protowire.BytesType)
+	req = protowire.AppendBytes(req, failure)
+	return rawInvoke(h, "/retrypolicy.v1.RetryPolicyService/Classify", req)
 }

@@ -68,17 +68,28 @@ func startDaemon(t testing.TB, wrap func(server.Store) server.Store) *daemon {
 	return d
 }
 
-// sleeps records the waits the client asked for, without waiting.
+// sleeps is the client's clock in tests: Sleep records the wait and moves
+// the clock on at once, so no test waits.
 type sleeps struct {
-	mu sync.Mutex
-	d  []time.Duration
+	mu  sync.Mutex
+	d   []time.Duration
+	now time.Time
 }
+
+func newSleeps() *sleeps { return &sleeps{now: time.Now()} }
 
 func (s *sleeps) Sleep(ctx context.Context, d time.Duration) error {
 	s.mu.Lock()
 	s.d = append(s.d, d)
+	s.now = s.now.Add(d)
 	s.mu.Unlock()
 	return ctx.Err()
+}
+
+func (s *sleeps) Now() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.now
 }
 
 func (s *sleeps) all() []time.Duration {
@@ -89,8 +100,8 @@ func (s *sleeps) all() []time.Duration {
 
 func newClient(t testing.TB, d *daemon, mod func(*policyclient.Config)) (*policyclient.Client, *sleeps) {
 	t.Helper()
-	sl := &sleeps{}
-	cfg := policyclient.Config{Tenant: "acme", Sleep: sl.Sleep, DecisionTimeout: 2 * time.Second,
+	sl := newSleeps()
+	cfg := policyclient.Config{Tenant: "acme", Sleep: sl.Sleep, Now: sl.Now, DecisionTimeout: 2 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	if mod != nil {
 		mod(&cfg)
@@ -189,7 +200,7 @@ func TestDoHonoursRetryAfter(t *testing.T) {
 	}
 	waits := sl.all()
 	if len(waits) != 1 || waits[0] < 7*time.Second {
-		t.Errorf("waits: got %v, want one wait of at least the 7s Retry-After", waits)
+		t.Errorf("waits: got %d (first %v), want one wait of at least the 7s Retry-After", len(waits), waits[:min(len(waits), 3)])
 	}
 }
 
@@ -319,37 +330,52 @@ func TestPolicydStoppedMidBatch(t *testing.T) {
 	d := startDaemon(t, nil)
 	c, _ := newClient(t, d, func(cfg *policyclient.Config) {
 		cfg.DecisionTimeout = 100 * time.Millisecond
-		cfg.LocalBudget = 1000
+		cfg.LocalBudget = 10000
 	})
 	ctx := context.Background()
+	// Breakers that do not trip, so every call needs decisions.
+	never := uint32(10000)
+	if _, err := d.admin.SetPolicy(ctx, &pb.SetPolicyRequest{Tenant: "acme", Policy: &pb.Policy{
+		Breaker: &pb.BreakerSettings{ConsecutiveFailures: &never}}}); err != nil {
+		t.Fatal(err)
+	}
+	const workers, calls = 32, 20
 	var done atomic.Int32
+	halfway := make(chan struct{})
+	var once sync.Once
 	var wg sync.WaitGroup
-	stopped := make(chan struct{})
-	for w := range 32 {
+	for w := range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := range 20 {
-				if w == 0 && i == 5 {
-					d.gs.Stop() // policyd goes away in the middle of the batch
-					close(stopped)
-				}
+			for range calls {
 				fn, _ := script(policyclient.HTTPError(503, nil))
 				res, err := c.Do(ctx, policyclient.Call{Target: fmt.Sprintf("t%d", w%4), Idempotent: true}, fn)
 				if err != nil || res.Disposition == 0 {
 					t.Errorf("Do: %v %v", res, err)
 				}
-				done.Add(1)
+				if done.Add(1) == workers*calls/4 {
+					once.Do(func() { close(halfway) })
+				}
 			}
 		}()
 	}
+	<-halfway
+	d.gs.Stop() // policyd goes away in the middle of the batch
 	wg.Wait()
-	<-stopped
-	if done.Load() != 32*20 {
-		t.Errorf("finished calls: got %d, want %d", done.Load(), 32*20)
+	if done.Load() != workers*calls {
+		t.Errorf("finished calls: got %d, want %d", done.Load(), workers*calls)
 	}
-	if c.Stats().LocalDecisions == 0 {
-		t.Errorf("no local decisions after policyd stopped")
+	st := c.Stats()
+	if st.LocalDecisions == 0 {
+		t.Errorf("no local decisions after policyd stopped: %+v", st)
+	}
+	// The outcomes of the calls decided locally cannot reach a stopped
+	// policyd; Close says so instead of hanging.
+	cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	if err := c.Close(cctx); err == nil {
+		t.Errorf("Close with policyd gone: got nil, want the unreported outcomes counted")
 	}
 }
 
@@ -360,8 +386,8 @@ func TestOutcomesAreNotLostOnClose(t *testing.T) {
 		CutoffTime: timestamppb.New(time.Now().Add(time.Hour))}); err != nil {
 		t.Fatal(err)
 	}
-	sl := &sleeps{}
-	c, err := policyclient.New(d.conn, policyclient.Config{Tenant: "acme", Sleep: sl.Sleep, NoWatch: true,
+	sl := newSleeps()
+	c, err := policyclient.New(d.conn, policyclient.Config{Tenant: "acme", Sleep: sl.Sleep, Now: sl.Now, NoWatch: true,
 		BatchSize: 64, FlushInterval: time.Hour}) // only size and Close flush
 	if err != nil {
 		t.Fatal(err)
@@ -398,12 +424,18 @@ func TestRunPoolNeverOverspent(t *testing.T) {
 		CutoffTime: timestamppb.New(time.Now().Add(time.Hour))}); err != nil {
 		t.Fatal(err)
 	}
-	// A generous tenant budget, so the run pool is what binds.
+	// A generous tenant budget and breakers that do not trip, so the run
+	// pool is what binds.
 	if _, err := d.admin.SetTenantBudget(ctx, &pb.SetTenantBudgetRequest{Budget: &pb.TenantBudget{Tenant: "acme", Capacity: 10000}}); err != nil {
 		t.Fatal(err)
 	}
+	never := uint32(10000)
+	if _, err := d.admin.SetPolicy(ctx, &pb.SetPolicyRequest{Tenant: "acme", Policy: &pb.Policy{
+		Breaker: &pb.BreakerSettings{ConsecutiveFailures: &never}}}); err != nil {
+		t.Fatal(err)
+	}
 	c, _ := newClient(t, d, nil)
-	var retries atomic.Int32
+	var retries, budgetStops atomic.Int32
 	var wg sync.WaitGroup
 	for w := range 64 {
 		wg.Add(1)
@@ -418,6 +450,9 @@ func TestRunPoolNeverOverspent(t *testing.T) {
 						return nil
 					})
 				retries.Add(int32(res.Attempts - 1))
+				if res.StopReason == "BUDGET_EXHAUSTED" {
+					budgetStops.Add(1)
+				}
 			}
 		}()
 	}
@@ -426,8 +461,13 @@ func TestRunPoolNeverOverspent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// 256 calls want 512 retries: exactly the pool is granted, every
+	// granted retry is made, and the calls left over are dead-lettered.
 	if spent := run.GetRun().GetRetriesSpent(); spent != pool || retries.Load() != pool {
 		t.Errorf("retries: pool %d, spent %d, made %d; want exactly the pool", pool, spent, retries.Load())
+	}
+	if budgetStops.Load() == 0 {
+		t.Errorf("no call stopped with BUDGET_EXHAUSTED")
 	}
 }
 

@@ -290,7 +290,7 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 				continue
 			case b.state == pb.BreakerState_BREAKER_STATE_CLOSED || b.state == pb.BreakerState_BREAKER_STATE_DISABLED:
 				return "", true
-			case b.state == pb.BreakerState_BREAKER_STATE_OPEN && b.openUntil.After(now):
+			case b.state == pb.BreakerState_BREAKER_STATE_OPEN && (b.forced || b.openUntil.After(now)):
 				l.c.stats.fastFails.Add(1)
 				l.res.Reason = "breaker:open"
 				l.end(CircuitOpen, "CIRCUIT_OPEN", attempt-1, nil)

@@ -28,6 +28,7 @@ type cacheKey struct{ tenant, target string }
 
 type cachedBreaker struct {
 	state         pb.BreakerState
+	forced        bool
 	openUntil     time.Time
 	cooldownUntil time.Time
 }
@@ -88,6 +89,7 @@ func (b *breakerCache) lookup(target string) (cachedBreaker, bool) {
 func toCached(br *pb.Breaker) (cacheKey, cachedBreaker) {
 	return cacheKey{br.GetKey().GetTenant(), br.GetKey().GetTarget()}, cachedBreaker{
 		state:         br.GetState(),
+		forced:        br.GetForced(),
 		openUntil:     br.GetOpenUntilTime().AsTime(),
 		cooldownUntil: br.GetCooldownUntilTime().AsTime(),
 	}

@@ -1,0 +1,552 @@
+package breakerstore
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+
+	"go.etcd.io/bbolt"
+
+	"github.com/policyd/policyd/policy"
+)
+
+// budgetRecord is the JSON record of the budgets bucket: a
+// policy.TenantBudget with the field names of the API.
+type budgetRecord struct {
+	Tenant       string  `json:"tenant"`
+	Capacity     float64 `json:"capacity"`
+	DepositRatio float64 `json:"deposit_ratio"`
+	MinPerSecond float64 `json:"min_retries_per_second"`
+	RetryCost    float64 `json:"retry_cost"`
+	TimeoutCost  float64 `json:"timeout_cost"`
+	DryRun       bool    `json:"dry_run"`
+}
+
+// DefaultTenantBudget returns the budget of tenants without an explicit one
+// when Options.DefaultBudget is zero: capacity 100 tokens, deposit ratio 0.2
+// tokens per success, a floor of 5 tokens per second, retry cost 1 token,
+// timeout cost 2 tokens. It is safe for concurrent use.
+func DefaultTenantBudget() policy.TenantBudget {
+	return policy.TenantBudget{Capacity: 100, DepositRatio: 0.2, MinPerSecond: 5, RetryCost: 1, TimeoutCost: 2}
+}
+
+// ValidateBudget checks every field of b and returns ErrInvalid (wrapping a
+// *policy.FieldError) naming the first bad one: capacity (finite, > 0),
+// deposit_ratio ([0, 1]), min_retries_per_second (finite, >= 0), retry_cost
+// (finite, > 0), timeout_cost (finite, >= retry_cost). Amounts are tokens,
+// the refill tokens per second. NaN and infinities are rejected. It is a pure
+// function, safe for concurrent use.
+func ValidateBudget(b policy.TenantBudget) error {
+	switch {
+	case !finite(b.Capacity) || b.Capacity <= 0:
+		return invalid("capacity", "must be finite and > 0")
+	case !(b.DepositRatio >= 0 && b.DepositRatio <= 1):
+		return invalid("deposit_ratio", "must be in [0, 1]")
+	case !finite(b.MinPerSecond) || b.MinPerSecond < 0:
+		return invalid("min_retries_per_second", "must be finite and >= 0")
+	case !finite(b.RetryCost) || b.RetryCost <= 0:
+		return invalid("retry_cost", "must be finite and > 0")
+	case !finite(b.TimeoutCost) || b.TimeoutCost < b.RetryCost:
+		return invalid("timeout_cost", "must be finite and >= retry_cost")
+	}
+	return checkName("tenant", b.Tenant, true)
+}
+
+// fillBudget gives zero numeric fields of b the values of def; a zero
+// TimeoutCost becomes the larger of def's and b's RetryCost.
+func fillBudget(b, def policy.TenantBudget) policy.TenantBudget {
+	if b.Capacity == 0 {
+		b.Capacity = def.Capacity
+	}
+	if b.DepositRatio == 0 {
+		b.DepositRatio = def.DepositRatio
+	}
+	if b.MinPerSecond == 0 {
+		b.MinPerSecond = def.MinPerSecond
+	}
+	if b.RetryCost == 0 {
+		b.RetryCost = def.RetryCost
+	}
+	if b.TimeoutCost == 0 {
+		b.TimeoutCost = max(def.TimeoutCost, b.RetryCost)
+	}
+	return b
+}
+
+// tokenBucket is a tenant's budget state; mu guards every field but tenant.
+// Lock order: a run's mu, then a bucket's mu.
+type tokenBucket struct {
+	mu         sync.Mutex
+	tenant     string
+	cfg        *policy.TenantBudget // explicit budget; nil uses the store default
+	tokens     float64
+	last       int64 // Unix ns of the last refill
+	granted    uint64
+	refused    uint64
+	dryRun     uint64
+	lastActive int64 // not persisted
+	dirty      bool
+	deleted    bool
+}
+
+// config returns the bucket's budget; tb.mu must be held.
+func (tb *tokenBucket) config(s *Store) *policy.TenantBudget {
+	if tb.cfg != nil {
+		return tb.cfg
+	}
+	return &s.defBudget
+}
+
+// refill adds the tokens earned since the last refill, up to capacity.
+func (tb *tokenBucket) refill(now int64, cfg *policy.TenantBudget) {
+	if now > tb.last {
+		tb.tokens += cfg.MinPerSecond * float64(now-tb.last) / 1e9
+		tb.last = now
+	}
+	tb.tokens = min(tb.tokens, cfg.Capacity)
+}
+
+// SpendRetry withdraws one retry, atomically from the run's pool (when
+// req.RunID is set) and the tenant's bucket. The run is checked first: past
+// its cut-off the retry is refused with StopDeadline and
+// DispositionDeadlineCut, with its pool spent with StopBudgetExhausted and
+// DispositionDeadLetter; then the tenant: without enough tokens the retry is
+// refused (StopBudgetExhausted, DispositionDeadLetter) and the run is not
+// charged, unless the budget is in dry run. The pool is never overspent and
+// the tokens never go below 0. SpendRetry returns ErrNotFound for an unknown
+// run id, and is safe for concurrent use and allocation-free in SyncGroup.
+func (s *Store) SpendRetry(req policy.SpendRequest) (policy.Spend, error) {
+	if s.closed.Load() {
+		return policy.Spend{}, ErrClosed
+	}
+	now := s.now()
+	tenant := req.Tenant
+	var r *run
+	if req.RunID != "" {
+		var ok bool
+		if r, ok = s.runs.get(req.RunID); !ok {
+			return policy.Spend{}, fmt.Errorf("%w: run %q", ErrNotFound, req.RunID)
+		}
+		if tenant == "" {
+			tenant = r.hdr.Tenant
+		} else if tenant != r.hdr.Tenant {
+			return policy.Spend{}, invalid("run_id", "the run belongs to another tenant")
+		}
+	}
+	if tenant == "" {
+		return policy.Spend{}, invalid("tenant", "must not be empty")
+	}
+	var tb *tokenBucket
+	for {
+		var err error
+		if tb, err = s.bucketFor(tenant, now); err != nil {
+			return policy.Spend{}, err
+		}
+		if r != nil {
+			r.mu.Lock()
+		}
+		tb.mu.Lock()
+		if !tb.deleted {
+			break
+		}
+		tb.mu.Unlock()
+		if r != nil {
+			r.mu.Unlock()
+		}
+	}
+	var out policy.Spend
+	runDirty, bucketDirty, charged := false, false, false
+	if r != nil {
+		out.HasRun = true
+		switch {
+		case now >= r.cutoff:
+			out.Stop, out.Disposition = policy.StopDeadline, policy.DispositionDeadlineCut
+		case r.spent >= r.hdr.Pool:
+			out.Stop, out.Disposition = policy.StopBudgetExhausted, policy.DispositionDeadLetter
+		}
+	}
+	cfg := tb.config(s)
+	tb.lastActive = now
+	tb.refill(now, cfg)
+	if out.Stop == policy.StopNone {
+		charged = true
+		cost := cfg.RetryCost
+		if req.Timeout {
+			cost = cfg.TimeoutCost
+		}
+		switch {
+		case tb.tokens >= cost:
+			tb.tokens -= cost
+			tb.granted++
+			out.Granted = true
+		case cfg.DryRun:
+			tb.tokens = max(tb.tokens-cost, 0)
+			tb.granted++
+			tb.dryRun++
+			out.Granted, out.DryRunRefused = true, true
+		default:
+			tb.refused++
+			out.Stop, out.Disposition = policy.StopBudgetExhausted, policy.DispositionDeadLetter
+		}
+		bucketDirty = tb.markDirty()
+		if out.Granted && r != nil {
+			r.spent++
+			runDirty = r.markDirty()
+		}
+	}
+	out.TenantTokens = tb.tokens
+	if r != nil {
+		out.RunRemaining = r.hdr.Pool - min(r.spent, r.hdr.Pool)
+	}
+	tb.mu.Unlock()
+	if r != nil {
+		r.mu.Unlock()
+	}
+	if !charged {
+		return out, nil // refused by the run: nothing to commit
+	}
+	if err := s.touched2(tb, bucketDirty, r, runDirty, out.Granted && r != nil); err != nil {
+		return policy.Spend{}, err
+	}
+	return out, nil
+}
+
+// touched2 is touched for a bucket and, when withRun, a run, sharing one
+// SyncAlways commit.
+func (s *Store) touched2(tb *tokenBucket, tbNew bool, r *run, rNew, withRun bool) error {
+	if s.opts.Sync != SyncAlways || !withRun {
+		if withRun && rNew {
+			s.queue(r)
+		}
+		return s.touched(tb, tbNew)
+	}
+	var n int
+	err := s.db.Batch(func(tx *bbolt.Tx) error {
+		s.noteBatchTx(tx)
+		n1, err := tb.write(tx, false)
+		if err != nil {
+			return err
+		}
+		n2, err := r.write(tx, false)
+		n = n1 + n2
+		return err
+	})
+	if tbNew {
+		s.queue(tb)
+	}
+	if rNew {
+		s.queue(r)
+	}
+	if err != nil {
+		return storageErr("commit", err)
+	}
+	s.syncMutations.Add(1)
+	s.records.Add(uint64(n))
+	return nil
+}
+
+// Deposit credits a tenant's bucket with DepositRatio tokens per success, up
+// to its capacity. A tenant without state has a full bucket, so nothing
+// happens. Deposit is safe for concurrent use; with SyncAlways a failed
+// commit is logged and retried by the flusher.
+func (s *Store) Deposit(tenant string, successes int) {
+	if successes <= 0 || s.closed.Load() {
+		return
+	}
+	tb, ok := s.buckets.get(tenant)
+	if !ok {
+		return
+	}
+	now := s.now()
+	tb.mu.Lock()
+	if tb.deleted {
+		tb.mu.Unlock()
+		return
+	}
+	cfg := tb.config(s)
+	tb.refill(now, cfg)
+	tb.tokens = min(tb.tokens+cfg.DepositRatio*float64(successes), cfg.Capacity)
+	tb.lastActive = now
+	newlyDirty := tb.markDirty()
+	tb.mu.Unlock()
+	if err := s.touched(tb, newlyDirty); err != nil {
+		s.log.Error("breakerstore: deposit not committed; retrying in the next flush", "tenant", tenant, "err", err)
+	}
+}
+
+// Budget returns tenant's budget and bucket, or ErrNotFound when the tenant
+// has neither an explicit budget nor any state. It is safe for concurrent use.
+func (s *Store) Budget(tenant string) (policy.BudgetStatus, error) {
+	if s.closed.Load() {
+		return policy.BudgetStatus{}, ErrClosed
+	}
+	tb, ok := s.buckets.get(tenant)
+	if !ok {
+		return policy.BudgetStatus{}, fmt.Errorf("%w: budget of tenant %q", ErrNotFound, tenant)
+	}
+	now := s.now()
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
+	if tb.deleted {
+		return policy.BudgetStatus{}, fmt.Errorf("%w: budget of tenant %q", ErrNotFound, tenant)
+	}
+	return tb.status(s, now), nil
+}
+
+// status reports the bucket as of now without changing it; tb.mu must be held.
+func (tb *tokenBucket) status(s *Store, now int64) policy.BudgetStatus {
+	cfg := tb.config(s)
+	tokens := tb.tokens
+	if now > tb.last {
+		tokens += cfg.MinPerSecond * float64(now-tb.last) / 1e9
+	}
+	b := *cfg
+	b.Tenant = tb.tenant
+	return policy.BudgetStatus{
+		Budget:         b,
+		Tokens:         min(tokens, cfg.Capacity),
+		Granted:        tb.granted,
+		Refused:        tb.refused,
+		DryRunRefusals: tb.dryRun,
+		IsDefault:      tb.cfg == nil,
+	}
+}
+
+// Budgets returns up to limit explicit budgets (all when limit <= 0) sorted
+// by tenant, starting after the tenant after. It is safe for concurrent use.
+func (s *Store) Budgets(after string, limit int) ([]policy.BudgetStatus, error) {
+	if s.closed.Load() {
+		return nil, ErrClosed
+	}
+	now := s.now()
+	var out []policy.BudgetStatus
+	for _, tb := range s.buckets.values() {
+		if tb.tenant <= after {
+			continue
+		}
+		tb.mu.Lock()
+		if !tb.deleted && tb.cfg != nil {
+			out = append(out, tb.status(s, now))
+		}
+		tb.mu.Unlock()
+	}
+	slices.SortFunc(out, func(a, b policy.BudgetStatus) int {
+		switch {
+		case a.Budget.Tenant < b.Budget.Tenant:
+			return -1
+		case a.Budget.Tenant > b.Budget.Tenant:
+			return 1
+		}
+		return 0
+	})
+	if limit > 0 && len(out) > limit {
+		out = out[:limit]
+	}
+	return out, nil
+}
+
+// SetBudget sets tenant b.Tenant's explicit budget: zero numeric fields take
+// the store's default budget (a zero TimeoutCost at least RetryCost), then
+// the result must pass ValidateBudget. It is committed before SetBudget returns; the
+// tenant's tokens are kept, capped at the new capacity (a new tenant starts
+// full). It returns the budget in force and is safe for concurrent use.
+func (s *Store) SetBudget(b policy.TenantBudget) (policy.TenantBudget, error) {
+	if s.closed.Load() {
+		return policy.TenantBudget{}, ErrClosed
+	}
+	if err := checkName("tenant", b.Tenant, false); err != nil {
+		return policy.TenantBudget{}, err
+	}
+	b = fillBudget(b, s.defBudget)
+	if err := ValidateBudget(b); err != nil {
+		return policy.TenantBudget{}, err
+	}
+	b.Tenant = cloneString(b.Tenant)
+	v, err := json.Marshal(budgetRecord(b))
+	if err != nil {
+		return policy.TenantBudget{}, fmt.Errorf("breakerstore: encode budget: %w", err)
+	}
+	s.adminMu.Lock()
+	defer s.adminMu.Unlock()
+	if err := s.update("write budget", func(tx *bbolt.Tx) error {
+		return tx.Bucket(bucketBudgets).Put([]byte(b.Tenant), v)
+	}); err != nil {
+		return policy.TenantBudget{}, err
+	}
+	now := s.now()
+	tb := s.lockBucket(b.Tenant, now)
+	cfg := b
+	tb.setConfig(s, now, &cfg)
+	newlyDirty := tb.markDirty()
+	tb.mu.Unlock()
+	if err := s.touched(tb, newlyDirty); err != nil {
+		return policy.TenantBudget{}, err
+	}
+	return b, nil
+}
+
+// DeleteBudget removes tenant's explicit budget, committed before it
+// returns; the tenant falls back to the default budget, keeping its tokens up
+// to the default capacity. It returns ErrNotFound when there is no explicit
+// budget and is safe for concurrent use.
+func (s *Store) DeleteBudget(tenant string) error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	s.adminMu.Lock()
+	defer s.adminMu.Unlock()
+	tb, ok := s.buckets.get(tenant)
+	if ok {
+		tb.mu.Lock()
+		ok = tb.cfg != nil && !tb.deleted
+		tb.mu.Unlock()
+	}
+	if !ok {
+		return fmt.Errorf("%w: budget of tenant %q", ErrNotFound, tenant)
+	}
+	if err := s.update("delete budget", func(tx *bbolt.Tx) error {
+		return tx.Bucket(bucketBudgets).Delete([]byte(tenant))
+	}); err != nil {
+		return err
+	}
+	now := s.now()
+	tb = s.lockBucket(tenant, now)
+	tb.setConfig(s, now, nil)
+	tb.lastActive = now
+	newlyDirty := tb.markDirty()
+	tb.mu.Unlock()
+	return s.touched(tb, newlyDirty)
+}
+
+// setConfig switches the bucket to cfg (nil: the default). Tokens are
+// refilled under the old budget; a full bucket stays full, others are capped
+// at the new capacity. tb.mu must be held.
+func (tb *tokenBucket) setConfig(s *Store, now int64, cfg *policy.TenantBudget) {
+	old := tb.config(s)
+	tb.refill(now, old)
+	full := tb.tokens >= old.Capacity
+	tb.cfg = cfg
+	if nc := tb.config(s); full {
+		tb.tokens = nc.Capacity
+	} else {
+		tb.tokens = min(tb.tokens, nc.Capacity)
+	}
+}
+
+// bucketFor returns tenant's bucket, creating a full one with the default
+// budget. The tenant name is validated on creation.
+func (s *Store) bucketFor(tenant string, now int64) (*tokenBucket, error) {
+	if tb, ok := s.buckets.get(tenant); ok {
+		return tb, nil
+	}
+	if err := checkName("tenant", tenant, false); err != nil {
+		return nil, err
+	}
+	return s.buckets.getOrCreate(tenant, func() (*tokenBucket, error) {
+		return &tokenBucket{tenant: cloneString(tenant), tokens: s.defBudget.Capacity, last: now, lastActive: now}, nil
+	})
+}
+
+// lockBucket returns tenant's bucket locked, creating it; tenant is valid.
+func (s *Store) lockBucket(tenant string, now int64) *tokenBucket {
+	for {
+		tb, _ := s.bucketFor(tenant, now)
+		tb.mu.Lock()
+		if !tb.deleted {
+			return tb
+		}
+		tb.mu.Unlock()
+	}
+}
+
+func (tb *tokenBucket) markDirty() bool {
+	if tb.dirty {
+		return false
+	}
+	tb.dirty = true
+	return true
+}
+
+// redirty implements entity.
+func (tb *tokenBucket) redirty() bool {
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
+	if tb.dirty || tb.deleted {
+		return false
+	}
+	tb.dirty = true
+	return true
+}
+
+// tokensRecordV1 is the version byte of the tokens record: version, tokens
+// (float64 bits), last refill (Unix ns), granted, refused, dry-run refusals,
+// each 8 bytes big-endian; 41 bytes.
+const tokensRecordV1 = 1
+
+// write implements entity.
+func (tb *tokenBucket) write(tx *bbolt.Tx, clear bool) (int, error) {
+	tb.mu.Lock()
+	if tb.deleted {
+		tb.mu.Unlock()
+		return 0, nil
+	}
+	if clear {
+		tb.dirty = false
+	}
+	v := make([]byte, 0, 41)
+	v = append(v, tokensRecordV1)
+	v = binary.BigEndian.AppendUint64(v, math.Float64bits(tb.tokens))
+	v = binary.BigEndian.AppendUint64(v, uint64(tb.last))
+	v = binary.BigEndian.AppendUint64(v, tb.granted)
+	v = binary.BigEndian.AppendUint64(v, tb.refused)
+	v = binary.BigEndian.AppendUint64(v, tb.dryRun)
+	tb.mu.Unlock()
+	return 1, tx.Bucket(bucketTokens).Put([]byte(tb.tenant), v)
+}
+
+// loadBudgets reads the budgets and tokens buckets into memory.
+func (s *Store) loadBudgets(tx *bbolt.Tx, now int64) error {
+	err := tx.Bucket(bucketBudgets).ForEach(func(k, v []byte) error {
+		var rec budgetRecord
+		if err := json.Unmarshal(v, &rec); err != nil {
+			return corrupt(bucketBudgets, k, err)
+		}
+		b := policy.TenantBudget(rec)
+		if b.Tenant != string(k) {
+			return corrupt(bucketBudgets, k, fmt.Errorf("record names tenant %q", b.Tenant))
+		}
+		if err := ValidateBudget(b); err != nil {
+			return corrupt(bucketBudgets, k, err)
+		}
+		s.buckets.put(b.Tenant, &tokenBucket{tenant: b.Tenant, cfg: &b, tokens: b.Capacity, last: now, lastActive: now})
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return tx.Bucket(bucketTokens).ForEach(func(k, v []byte) error {
+		if len(v) != 41 || v[0] != tokensRecordV1 {
+			return corrupt(bucketTokens, k, fmt.Errorf("tokens record of %d bytes, want 41 of version %d", len(v), tokensRecordV1))
+		}
+		tenant := string(k)
+		tb, ok := s.buckets.get(tenant)
+		if !ok {
+			tb = &tokenBucket{tenant: tenant, lastActive: now}
+			s.buckets.put(tenant, tb)
+		}
+		be := binary.BigEndian
+		tb.tokens = math.Float64frombits(be.Uint64(v[1:]))
+		tb.last = int64(be.Uint64(v[9:]))
+		tb.granted = be.Uint64(v[17:])
+		tb.refused = be.Uint64(v[25:])
+		tb.dryRun = be.Uint64(v[33:])
+		if !finite(tb.tokens) {
+			return corrupt(bucketTokens, k, fmt.Errorf("tokens %v", tb.tokens))
+		}
+		tb.tokens = min(max(tb.tokens, 0), tb.config(s).Capacity)
+		return nil
+	})
+}

@@ -1,0 +1,349 @@
+package breakerstore
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"go.etcd.io/bbolt"
+
+	"github.com/policyd/policyd/policy"
+)
+
+// maxDescriptionLen is the longest run description accepted, in bytes.
+const maxDescriptionLen = 4096
+
+// ledgerSlot returns the counter of l a final disposition is counted under,
+// or nil for DispositionNone and unknown values: SUCCEEDED, FAILED_TERMINAL,
+// CIRCUIT_OPEN and DEADLINE_CUT have their own; DEAD_LETTER is split by stop
+// reason (budget, not idempotent, pushback, and attempts exhausted for the
+// rest).
+func ledgerSlot(l *policy.Ledger, d policy.Disposition, stop policy.StopReason) *uint64 {
+	switch d {
+	case policy.DispositionSucceeded:
+		return &l.Succeeded
+	case policy.DispositionFailedTerminal:
+		return &l.FailedTerminal
+	case policy.DispositionDeadLetter:
+		switch stop {
+		case policy.StopBudgetExhausted:
+			return &l.DeadLetterBudget
+		case policy.StopNotIdempotent:
+			return &l.DeadLetterNotIdempotent
+		case policy.StopServerPushback:
+			return &l.DeadLetterPushback
+		}
+		return &l.DeadLetterExhausted
+	case policy.DispositionCircuitOpen:
+		return &l.CircuitOpen
+	case policy.DispositionDeadlineCut:
+		return &l.DeadlineCut
+	}
+	return nil
+}
+
+// run is a policy.Run's live state; mu guards every field but hdr's constant
+// fields (ID, Tenant, Description, Pool, Created) and cutoff.
+type run struct {
+	mu     sync.Mutex
+	hdr    policy.Run // constant after OpenRun; Spent and Ledger live below
+	cutoff int64
+	spent  uint64
+	ledger policy.Ledger
+	calls  map[string]uint16 // call id -> disposition<<8 | stop
+	// dirtyCalls are call ids changed since the last group commit, in order;
+	// a group commit drops the ones it wrote when it commits.
+	dirtyCalls []string
+	dirty      bool
+}
+
+// runHeader is the JSON record of the runs bucket.
+type runHeader struct {
+	ID          string `json:"id"`
+	Tenant      string `json:"tenant"`
+	Description string `json:"description,omitempty"`
+	Pool        uint64 `json:"retry_pool"`
+	Cutoff      int64  `json:"cutoff_unix_nano"`
+	Created     int64  `json:"created_unix_nano"`
+}
+
+// OpenRun creates a run. An empty r.ID is generated (hex, sorting by
+// creation time). r.Pool must be > 0 (ErrInvalid naming retry_pool) and
+// r.Cutoff in the future (cutoff_time); an existing id is ErrExists. Spent,
+// Ledger and Created are set by the store. The run is committed before
+// OpenRun returns. It is safe for concurrent use.
+func (s *Store) OpenRun(r policy.Run) (policy.Run, error) {
+	if s.closed.Load() {
+		return policy.Run{}, ErrClosed
+	}
+	now := s.clock.Now()
+	if r.ID == "" {
+		r.ID = newRunID(now)
+	} else if err := checkName("run_id", r.ID, false); err != nil {
+		return policy.Run{}, err
+	}
+	if err := checkName("tenant", r.Tenant, false); err != nil {
+		return policy.Run{}, err
+	}
+	switch {
+	case len(r.Description) > maxDescriptionLen:
+		return policy.Run{}, invalid("description", "must be at most 4096 bytes")
+	case r.Pool == 0:
+		return policy.Run{}, invalid("retry_pool", "must be > 0")
+	case !r.Cutoff.After(now):
+		return policy.Run{}, invalid("cutoff_time", "must be in the future")
+	}
+	r = policy.Run{ID: cloneString(r.ID), Tenant: cloneString(r.Tenant), Description: cloneString(r.Description),
+		Pool: r.Pool, Cutoff: r.Cutoff, Created: now}
+	hdr, err := json.Marshal(runHeader{ID: r.ID, Tenant: r.Tenant, Description: r.Description,
+		Pool: r.Pool, Cutoff: r.Cutoff.UnixNano(), Created: now.UnixNano()})
+	if err != nil {
+		return policy.Run{}, fmt.Errorf("breakerstore: encode run: %w", err)
+	}
+	s.adminMu.Lock()
+	defer s.adminMu.Unlock()
+	if _, ok := s.runs.get(r.ID); ok {
+		return policy.Run{}, fmt.Errorf("%w: run %q", ErrExists, r.ID)
+	}
+	rs := &run{hdr: r, cutoff: r.Cutoff.UnixNano(), calls: map[string]uint16{}}
+	err = s.update("write run", func(tx *bbolt.Tx) error {
+		if tx.Bucket(bucketRuns).Get([]byte(r.ID)) != nil {
+			return fmt.Errorf("%w: run %q", ErrExists, r.ID)
+		}
+		if err := tx.Bucket(bucketRuns).Put([]byte(r.ID), hdr); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketRunState).Put([]byte(r.ID), rs.encodeState())
+	})
+	if err != nil {
+		return policy.Run{}, err
+	}
+	s.runs.put(r.ID, rs)
+	return r, nil
+}
+
+// newRunID returns 16 hex digits of the creation time in Unix ns and 8 of
+// randomness, so generated ids sort by creation.
+func newRunID(now time.Time) string {
+	var b [12]byte
+	binary.BigEndian.PutUint64(b[:8], uint64(now.UnixNano()))
+	_, _ = rand.Read(b[8:])
+	return hex.EncodeToString(b[:])
+}
+
+// randUint64 returns a random number from crypto/rand.
+func randUint64() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return binary.BigEndian.Uint64(b[:])
+}
+
+// Run returns the run with id and its ledger, or ErrNotFound. It is safe for
+// concurrent use.
+func (s *Store) Run(id string) (policy.Run, error) {
+	if s.closed.Load() {
+		return policy.Run{}, ErrClosed
+	}
+	r, ok := s.runs.get(id)
+	if !ok {
+		return policy.Run{}, fmt.Errorf("%w: run %q", ErrNotFound, id)
+	}
+	return r.snapshot(), nil
+}
+
+func (r *run) snapshot() policy.Run {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := r.hdr
+	out.Spent = r.spent
+	out.Ledger = r.ledger
+	return out
+}
+
+// Runs returns up to limit runs (all when limit <= 0) of tenant (every
+// tenant's when ""), sorted by id, starting after the id after. It is safe
+// for concurrent use.
+func (s *Store) Runs(tenant, after string, limit int) ([]policy.Run, error) {
+	if s.closed.Load() {
+		return nil, ErrClosed
+	}
+	var out []policy.Run
+	for _, r := range s.runs.values() {
+		if r.hdr.ID <= after || (tenant != "" && r.hdr.Tenant != tenant) {
+			continue
+		}
+		out = append(out, r.snapshot())
+	}
+	slices.SortFunc(out, func(a, b policy.Run) int {
+		switch {
+		case a.ID < b.ID:
+			return -1
+		case a.ID > b.ID:
+			return 1
+		}
+		return 0
+	})
+	if limit > 0 && len(out) > limit {
+		out = out[:limit]
+	}
+	return out, nil
+}
+
+// RecordFinal records the final disposition of call callID in run runID's
+// ledger (see policy.Ledger for the mapping of DEAD_LETTER stop reasons). It is
+// idempotent per call id: the same report twice counts once, and a changed
+// disposition moves the count. It returns ErrNotFound for an unknown run,
+// ErrInvalid for DispositionNone or an unknown disposition. The ledger is a
+// counter, flushed per the sync mode. It is safe for concurrent use.
+func (s *Store) RecordFinal(runID, callID string, d policy.Disposition, stop policy.StopReason) error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	if err := checkName("call_id", callID, false); err != nil {
+		return err
+	}
+	var probe policy.Ledger
+	if ledgerSlot(&probe, d, stop) == nil {
+		return invalid("disposition", "must be a final disposition")
+	}
+	r, ok := s.runs.get(runID)
+	if !ok {
+		return fmt.Errorf("%w: run %q", ErrNotFound, runID)
+	}
+	v := uint16(d)<<8 | uint16(stop)
+	r.mu.Lock()
+	prev, had := r.calls[callID]
+	if had && prev == v {
+		r.mu.Unlock()
+		return nil
+	}
+	if had {
+		*ledgerSlot(&r.ledger, policy.Disposition(prev>>8), policy.StopReason(prev&0xff))--
+	} else {
+		callID = cloneString(callID)
+	}
+	*ledgerSlot(&r.ledger, d, stop)++
+	r.calls[callID] = v
+	r.dirtyCalls = append(r.dirtyCalls, callID)
+	newlyDirty := r.markDirty()
+	r.mu.Unlock()
+	return s.touched(r, newlyDirty)
+}
+
+func (r *run) markDirty() bool {
+	if r.dirty {
+		return false
+	}
+	r.dirty = true
+	return true
+}
+
+// redirty implements entity.
+func (r *run) redirty() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.dirty {
+		return false
+	}
+	r.dirty = true
+	return true
+}
+
+// encodeState returns the runstate record: spent, then the 8 ledger
+// counters, each uint64 big-endian. r.mu must be held (or r unshared).
+func (r *run) encodeState() []byte {
+	v := make([]byte, 0, 72)
+	v = binary.BigEndian.AppendUint64(v, r.spent)
+	for _, n := range ledgerCounters(&r.ledger) {
+		v = binary.BigEndian.AppendUint64(v, n)
+	}
+	return v
+}
+
+func ledgerCounters(l *policy.Ledger) [8]uint64 {
+	return [8]uint64{l.Succeeded, l.FailedTerminal, l.DeadLetterExhausted, l.DeadLetterBudget,
+		l.DeadLetterNotIdempotent, l.DeadLetterPushback, l.CircuitOpen, l.DeadlineCut}
+}
+
+// write implements entity: the runstate record and the changed calls. With
+// clear, the calls written are dropped from dirtyCalls once tx commits.
+func (r *run) write(tx *bbolt.Tx, clear bool) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if clear {
+		r.dirty = false
+	}
+	if err := tx.Bucket(bucketRunState).Put([]byte(r.hdr.ID), r.encodeState()); err != nil {
+		return 0, err
+	}
+	calls := tx.Bucket(bucketRunCalls)
+	written := 0
+	for _, id := range r.dirtyCalls {
+		v := r.calls[id]
+		if err := calls.Put(joinKey(r.hdr.ID, id), []byte{byte(v >> 8), byte(v)}); err != nil {
+			return 0, err
+		}
+		written++
+	}
+	if clear && written > 0 {
+		tx.OnCommit(func() {
+			r.mu.Lock()
+			r.dirtyCalls = slices.Delete(r.dirtyCalls, 0, written)
+			r.mu.Unlock()
+		})
+	}
+	return 1 + written, nil
+}
+
+// loadRuns reads the runs, runstate and runcalls buckets into memory. The
+// ledger is recomputed from the calls, which are committed with it.
+func (s *Store) loadRuns(tx *bbolt.Tx) error {
+	err := tx.Bucket(bucketRuns).ForEach(func(k, v []byte) error {
+		var h runHeader
+		if err := json.Unmarshal(v, &h); err != nil {
+			return corrupt(bucketRuns, k, err)
+		}
+		if h.ID != string(k) || h.Pool == 0 {
+			return corrupt(bucketRuns, k, errors.New("run header does not match its key or has no pool"))
+		}
+		r := &run{
+			hdr: policy.Run{ID: h.ID, Tenant: h.Tenant, Description: h.Description, Pool: h.Pool,
+				Cutoff: time.Unix(0, h.Cutoff), Created: time.Unix(0, h.Created)},
+			cutoff: h.Cutoff,
+			calls:  map[string]uint16{},
+		}
+		st := tx.Bucket(bucketRunState).Get(k)
+		if len(st) != 72 {
+			return corrupt(bucketRunState, k, fmt.Errorf("runstate record is %d bytes, want 72", len(st)))
+		}
+		r.spent = binary.BigEndian.Uint64(st)
+		s.runs.put(r.hdr.ID, r)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return tx.Bucket(bucketRunCalls).ForEach(func(k, v []byte) error {
+		id, call, ok := splitKey(k)
+		if !ok || len(v) != 2 {
+			return corrupt(bucketRunCalls, k, errors.New("want key run 0x00 call and a 2-byte value"))
+		}
+		r, ok := s.runs.get(id)
+		if !ok {
+			return corrupt(bucketRunCalls, k, fmt.Errorf("call of unknown run %q", id))
+		}
+		slot := ledgerSlot(&r.ledger, policy.Disposition(v[0]), policy.StopReason(v[1]))
+		if slot == nil {
+			return corrupt(bucketRunCalls, k, fmt.Errorf("disposition %d", v[0]))
+		}
+		*slot++
+		r.calls[call] = uint16(v[0])<<8 | uint16(v[1])
+		return nil
+	})
+}

@@ -1,0 +1,648 @@
+package breakerstore
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"log/slog"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+
+	"github.com/policyd/policyd/policy"
+)
+
+// schemaVersion is the layout documented in doc.go.
+const schemaVersion uint32 = 1
+
+// Bucket names; see the layout in doc.go. They are created once by Open.
+var (
+	bucketMeta     = []byte("meta")
+	bucketBreakers = []byte("breakers")
+	bucketBudgets  = []byte("budgets")
+	bucketTokens   = []byte("tokens")
+	bucketPolicies = []byte("policies")
+	bucketRuns     = []byte("runs")
+	bucketRunState = []byte("runstate")
+	bucketRunCalls = []byte("runcalls")
+
+	keySchema = []byte("schema")
+
+	allBuckets = [][]byte{bucketMeta, bucketBreakers, bucketBudgets, bucketTokens,
+		bucketPolicies, bucketRuns, bucketRunState, bucketRunCalls}
+)
+
+// Defaults of Options.
+const (
+	DefaultFlushInterval        = 100 * time.Millisecond
+	DefaultLockTimeout          = time.Second
+	DefaultMaxBreakersPerTenant = 10000
+	DefaultIdleTTL              = 24 * time.Hour
+)
+
+// Clock tells the store the time. The store holds one; tests inject a fake.
+// Implementations must be safe for concurrent use.
+type Clock interface{ Now() time.Time }
+
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+
+// SyncMode says when counter mutations reach the disk.
+type SyncMode uint8
+
+// Sync modes. Admin writes and breaker state transitions are durable before
+// their method returns in both modes.
+const (
+	// SyncGroup (the default) marks counters dirty and commits them in one
+	// transaction every Options.FlushInterval; a crash loses at most that
+	// interval of counters.
+	SyncGroup SyncMode = iota
+	// SyncAlways commits every mutation before the method returns, sharing
+	// commits between concurrent callers through bbolt's Batch.
+	SyncAlways
+)
+
+// String returns "group" or "always".
+func (m SyncMode) String() string {
+	switch m {
+	case SyncGroup:
+		return "group"
+	case SyncAlways:
+		return "always"
+	}
+	return fmt.Sprintf("SyncMode(%d)", uint8(m))
+}
+
+// Options configures Open. Zero fields take the documented defaults.
+type Options struct {
+	// Path is the bbolt file; it is created (mode 0600) when absent.
+	Path string
+	// FlushInterval is the group-commit interval for counters; default 100ms.
+	FlushInterval time.Duration
+	// Sync selects group commit (default) or a commit per mutation.
+	Sync SyncMode
+	// Clock is the time source; default the real clock.
+	Clock Clock
+	// LockTimeout bounds the wait for the file lock; opening a file another
+	// process holds fails with ErrLocked within it. Default 1s.
+	LockTimeout time.Duration
+	// MaxBreakersPerTenant caps the breakers of one tenant (the empty tenant
+	// of target-scoped breakers counts as one); default 10000.
+	MaxBreakersPerTenant int
+	// IdleTTL is how long a CLOSED, unforced breaker (and a token bucket of a
+	// tenant without an explicit budget) may go without activity before it is
+	// dropped from memory and disk; default 24h.
+	IdleTTL time.Duration
+	// DefaultBudget applies to tenants without an explicit budget; zero
+	// numeric fields take DefaultTenantBudget's values.
+	DefaultBudget policy.TenantBudget
+	// MaxSize caps the database file in bytes (0: unlimited); writes past it
+	// fail with ErrDiskFull.
+	MaxSize int
+	// MaxBatchDelay is how long bbolt's Batch waits to gather SyncAlways
+	// commits; default bbolt's (10ms).
+	MaxBatchDelay time.Duration
+	// Logger receives flush failures and recoveries; default discards.
+	Logger *slog.Logger
+}
+
+// Stats counts the store's writes since Open, for benchmarks and metrics.
+type Stats struct {
+	Commits        uint64 // write transactions committed, of every kind
+	GroupCommits   uint64 // commits by the flusher (group commits of counters)
+	SyncCommits    uint64 // commits of SyncAlways batches
+	SyncMutations  uint64 // mutations made durable by SyncAlways batches
+	RecordsFlushed uint64 // records written by group and SyncAlways commits
+	FlushErrors    uint64 // failed group commits (retried at the next interval)
+	Breakers       int    // breakers in memory
+	Tenants        int    // token buckets in memory
+	Runs           int    // runs in memory
+}
+
+// Store is policyd's shared state. All methods are safe for concurrent use.
+type Store struct {
+	db    *bbolt.DB
+	opts  Options
+	clock Clock
+	log   *slog.Logger
+
+	closed    atomic.Bool
+	closeOnce sync.Once
+	closeErr  error
+	stop      chan struct{}
+	done      chan struct{}
+
+	breakers  shardMap[policy.BreakerKey, *breaker]
+	countMu   sync.Mutex
+	perTenant map[string]int // breakers per tenant, guarded by countMu
+
+	buckets   shardMap[string, *tokenBucket]
+	defBudget policy.TenantBudget
+
+	runs shardMap[string, *run]
+
+	policies      atomic.Pointer[policyMap]
+	defaultPolicy policy.Policy
+
+	adminMu sync.Mutex // serialises admin writes so disk and memory agree
+
+	dirtyMu sync.Mutex
+	dirty   []entity
+
+	flushMu    sync.Mutex // serialises flushes; guards lastSweep and pendingDel
+	lastSweep  int64
+	pendingDel []delKey
+
+	subMu sync.RWMutex
+	subs  []*subscriber
+
+	permitSeq atomic.Uint64
+
+	batchMu     sync.Mutex
+	lastBatchTx *bbolt.Tx
+
+	commits, groupCommits, syncCommits, syncMutations, records, flushErrors atomic.Uint64
+}
+
+// entity is a piece of state with counters that are flushed in group commits.
+type entity interface {
+	// write puts the entity's current state in tx, locking the entity; with
+	// clear it also clears the dirty mark. It returns the records written.
+	write(tx *bbolt.Tx, clear bool) (int, error)
+	// redirty marks the entity dirty again after a failed commit and reports
+	// whether the caller must queue it (it was clean and still exists).
+	redirty() bool
+}
+
+// Open opens or creates the database at opts.Path, loads all state into
+// memory and starts the flusher. A file held by another process fails with
+// ErrLocked within opts.LockTimeout, a file that is not a policyd bbolt
+// database with ErrCorrupt or ErrSchema; Open never falls back to defaults.
+func Open(opts Options) (*Store, error) {
+	if opts.Path == "" {
+		return nil, invalid("path", "must not be empty")
+	}
+	if opts.FlushInterval <= 0 {
+		opts.FlushInterval = DefaultFlushInterval
+	}
+	if opts.LockTimeout <= 0 {
+		opts.LockTimeout = DefaultLockTimeout
+	}
+	if opts.MaxBreakersPerTenant <= 0 {
+		opts.MaxBreakersPerTenant = DefaultMaxBreakersPerTenant
+	}
+	if opts.IdleTTL <= 0 {
+		opts.IdleTTL = DefaultIdleTTL
+	}
+	if opts.Clock == nil {
+		opts.Clock = realClock{}
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Sync > SyncAlways {
+		return nil, invalid("sync", "must be SyncGroup or SyncAlways")
+	}
+	def := fillBudget(opts.DefaultBudget, DefaultTenantBudget())
+	def.Tenant = ""
+	if err := ValidateBudget(def); err != nil {
+		return nil, fmt.Errorf("default budget: %w", err)
+	}
+
+	db, err := bbolt.Open(opts.Path, 0o600, &bbolt.Options{
+		Timeout: opts.LockTimeout,
+		MaxSize: opts.MaxSize,
+	})
+	if err != nil {
+		return nil, openErr(opts, err)
+	}
+	if opts.MaxBatchDelay > 0 {
+		db.MaxBatchDelay = opts.MaxBatchDelay
+	}
+	s := &Store{
+		db:            db,
+		opts:          opts,
+		clock:         opts.Clock,
+		log:           opts.Logger,
+		stop:          make(chan struct{}),
+		done:          make(chan struct{}),
+		perTenant:     make(map[string]int),
+		defBudget:     def,
+		defaultPolicy: policy.Default(),
+	}
+	s.breakers.init(hashKey)
+	s.buckets.init(maphash.String)
+	s.runs.init(maphash.String)
+	s.policies.Store(&policyMap{m: map[policy.BreakerKey]*policy.PolicyEntry{}})
+	s.permitSeq.Store(randUint64())
+	s.lastSweep = s.now()
+	if err := s.initBuckets(); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	if err := s.load(); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	go s.flushLoop()
+	return s, nil
+}
+
+// openErr explains a bbolt.Open failure.
+func openErr(opts Options, err error) error {
+	switch {
+	case errors.Is(err, berrors.ErrTimeout):
+		return fmt.Errorf("%w: %s is held by another process (gave up after %v)", ErrLocked, opts.Path, opts.LockTimeout)
+	case errors.Is(err, berrors.ErrInvalid), errors.Is(err, berrors.ErrVersionMismatch),
+		errors.Is(err, berrors.ErrChecksum), errors.Is(err, berrors.ErrInvalidMapping):
+		return fmt.Errorf("%w: %s is not a readable bbolt database: %v", ErrCorrupt, opts.Path, err)
+	}
+	// Other failures (permissions, a missing directory) keep their cause;
+	// bbolt reports a short or mangled file as a plain error, so anything that
+	// is not an *os.PathError is treated as corruption.
+	var pe interface{ Timeout() bool }
+	if errors.As(err, &pe) {
+		return fmt.Errorf("breakerstore: open %s: %w", opts.Path, err)
+	}
+	return fmt.Errorf("%w: cannot open %s: %v", ErrCorrupt, opts.Path, err)
+}
+
+// initBuckets checks the schema version and creates missing buckets.
+func (s *Store) initBuckets() error {
+	err := s.db.Update(func(tx *bbolt.Tx) error {
+		meta := tx.Bucket(bucketMeta)
+		if meta == nil {
+			foreign := false
+			_ = tx.ForEach(func([]byte, *bbolt.Bucket) error { foreign = true; return nil })
+			if foreign {
+				return fmt.Errorf("%w: %s has buckets but no meta/schema; not a policyd database", ErrSchema, s.opts.Path)
+			}
+		} else {
+			v := meta.Get(keySchema)
+			if len(v) != 4 {
+				return fmt.Errorf("%w: %s: meta/schema is %d bytes, want 4", ErrCorrupt, s.opts.Path, len(v))
+			}
+			if got := binary.BigEndian.Uint32(v); got != schemaVersion {
+				return fmt.Errorf("%w: %s has schema %d, this build reads %d", ErrSchema, s.opts.Path, got, schemaVersion)
+			}
+		}
+		for _, name := range allBuckets {
+			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
+				return err
+			}
+		}
+		if meta == nil {
+			return tx.Bucket(bucketMeta).Put(keySchema, binary.BigEndian.AppendUint32(nil, schemaVersion))
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, ErrSchema) && !errors.Is(err, ErrCorrupt) {
+		return storageErr("initialise buckets", err)
+	}
+	return err
+}
+
+// load reads every record into memory.
+func (s *Store) load() error {
+	now := s.now()
+	return s.db.View(func(tx *bbolt.Tx) error {
+		if err := s.loadPolicies(tx); err != nil {
+			return err
+		}
+		if err := s.loadBudgets(tx, now); err != nil {
+			return err
+		}
+		if err := s.loadRuns(tx); err != nil {
+			return err
+		}
+		return s.loadBreakers(tx, now)
+	})
+}
+
+// corrupt reports a record that cannot be decoded.
+func corrupt(bucket, key []byte, err error) error {
+	return fmt.Errorf("%w: bucket %s key %q: %v", ErrCorrupt, bucket, key, err)
+}
+
+// Close stops the flusher, flushes every dirty counter, and closes the
+// database. Later calls to any method return ErrClosed; Close itself may be
+// called more than once. Mutations racing with Close may miss the final flush.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		s.closed.Store(true)
+		close(s.stop)
+		<-s.done
+		err := s.flush(false)
+		s.closeSubs()
+		s.closeErr = errors.Join(err, s.db.Close())
+	})
+	return s.closeErr
+}
+
+// Flush commits every dirty counter now and removes idle breakers and token
+// buckets, as the background flusher does every FlushInterval. It is safe for
+// concurrent use.
+func (s *Store) Flush() error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	return s.flush(true)
+}
+
+// Stats returns the write counters since Open. It is safe for concurrent use.
+func (s *Store) Stats() Stats {
+	st := Stats{
+		Commits:        s.commits.Load(),
+		GroupCommits:   s.groupCommits.Load(),
+		SyncCommits:    s.syncCommits.Load(),
+		SyncMutations:  s.syncMutations.Load(),
+		RecordsFlushed: s.records.Load(),
+		FlushErrors:    s.flushErrors.Load(),
+		Breakers:       s.breakers.len(),
+		Tenants:        s.buckets.len(),
+		Runs:           s.runs.len(),
+	}
+	return st
+}
+
+func (s *Store) now() int64 { return s.clock.Now().UnixNano() }
+
+// flushLoop is the one background goroutine; it ends when Close closes stop.
+func (s *Store) flushLoop() {
+	defer close(s.done)
+	t := time.NewTicker(s.opts.FlushInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			_ = s.flush(false)
+		}
+	}
+}
+
+// sweepEvery is how often the flusher looks for idle entities (clock time).
+func (s *Store) sweepEvery() int64 {
+	d := s.opts.IdleTTL / 10
+	d = max(d, s.opts.FlushInterval)
+	d = min(d, time.Minute)
+	return int64(d)
+}
+
+// flush writes the dirty entities, and removes idle ones when a sweep is
+// due or forced, in one transaction. On failure the entities are queued again
+// and the error is logged; decisions keep being served from memory.
+func (s *Store) flush(forceSweep bool) error {
+	s.flushMu.Lock()
+	defer s.flushMu.Unlock()
+
+	now := s.now()
+	if forceSweep || now-s.lastSweep >= s.sweepEvery() {
+		// Safe outside the transaction: deleteRecords skips keys that are
+		// back in memory, and their writes commit after this transaction.
+		s.pendingDel = append(s.pendingDel, s.sweep(now)...)
+		s.lastSweep = now
+	}
+
+	s.dirtyMu.Lock()
+	batch := s.dirty
+	s.dirty = nil
+	s.dirtyMu.Unlock()
+	if len(batch) == 0 && len(s.pendingDel) == 0 {
+		return nil
+	}
+
+	var written int
+	err := s.db.Update(func(tx *bbolt.Tx) error {
+		written = 0
+		if err := s.deleteRecords(tx, s.pendingDel); err != nil {
+			return err
+		}
+		for _, e := range batch {
+			n, err := e.write(tx, true)
+			if err != nil {
+				return err
+			}
+			written += n
+		}
+		return nil
+	})
+	if err != nil {
+		err = storageErr("flush counters", err)
+		s.flushErrors.Add(1)
+		s.log.Error("breakerstore: group commit failed; will retry", "err", err, "records", len(batch))
+		for _, e := range batch {
+			if e.redirty() {
+				s.queue(e)
+			}
+		}
+		return err
+	}
+	s.pendingDel = nil
+	s.commits.Add(1)
+	s.groupCommits.Add(1)
+	s.records.Add(uint64(written))
+	return nil
+}
+
+// queue adds a newly dirty entity to the next group commit.
+func (s *Store) queue(e entity) {
+	s.dirtyMu.Lock()
+	s.dirty = append(s.dirty, e)
+	s.dirtyMu.Unlock()
+}
+
+// touched makes a counter mutation of e durable as the sync mode requires:
+// in SyncGroup newlyDirty entities are queued for the next group commit; in
+// SyncAlways e is committed through db.Batch before touched returns. The
+// Batch function writes e's current state, so it is idempotent.
+func (s *Store) touched(e entity, newlyDirty bool) error {
+	if s.opts.Sync != SyncAlways {
+		if newlyDirty {
+			s.queue(e)
+		}
+		return nil
+	}
+	var n int
+	err := s.db.Batch(func(tx *bbolt.Tx) error {
+		s.noteBatchTx(tx)
+		var err error
+		n, err = e.write(tx, false)
+		return err
+	})
+	if err != nil {
+		if newlyDirty || e.redirty() {
+			s.queue(e)
+		}
+		return storageErr("commit", err)
+	}
+	if newlyDirty {
+		// The entity was marked dirty by the mutation; the flusher will write
+		// it again, harmlessly.
+		s.queue(e)
+	}
+	s.syncMutations.Add(1)
+	s.records.Add(uint64(n))
+	return nil
+}
+
+// noteBatchTx counts each distinct Batch transaction once, at its commit.
+func (s *Store) noteBatchTx(tx *bbolt.Tx) {
+	s.batchMu.Lock()
+	if s.lastBatchTx != tx {
+		s.lastBatchTx = tx
+		tx.OnCommit(func() {
+			s.commits.Add(1)
+			s.syncCommits.Add(1)
+		})
+	}
+	s.batchMu.Unlock()
+}
+
+// update runs fn in a durable write transaction and counts the commit.
+func (s *Store) update(op string, fn func(tx *bbolt.Tx) error) error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	if err := s.db.Update(fn); err != nil {
+		for _, passthrough := range []error{ErrInvalid, ErrNotFound, ErrExists, ErrTooManyBreakers} {
+			if errors.Is(err, passthrough) {
+				return err
+			}
+		}
+		return storageErr(op, err)
+	}
+	s.commits.Add(1)
+	return nil
+}
+
+// shardMap is a map split into 64 independently locked shards so that
+// lookups of different keys do not contend.
+type shardMap[K comparable, V any] struct {
+	seed   maphash.Seed
+	hash   func(maphash.Seed, K) uint64
+	shards [64]mapShard[K, V]
+}
+
+type mapShard[K comparable, V any] struct {
+	mu sync.RWMutex
+	m  map[K]V
+	_  [32]byte // keeps shards on separate cache lines
+}
+
+func (sm *shardMap[K, V]) init(hash func(maphash.Seed, K) uint64) {
+	sm.seed = maphash.MakeSeed()
+	sm.hash = hash
+	for i := range sm.shards {
+		sm.shards[i].m = make(map[K]V)
+	}
+}
+
+func (sm *shardMap[K, V]) shard(k K) *mapShard[K, V] {
+	return &sm.shards[sm.hash(sm.seed, k)&63]
+}
+
+func (sm *shardMap[K, V]) get(k K) (V, bool) {
+	sh := sm.shard(k)
+	sh.mu.RLock()
+	v, ok := sh.m[k]
+	sh.mu.RUnlock()
+	return v, ok
+}
+
+// getOrCreate returns the value under k, calling create under the shard's
+// write lock when there is none.
+func (sm *shardMap[K, V]) getOrCreate(k K, create func() (V, error)) (V, error) {
+	sh := sm.shard(k)
+	sh.mu.RLock()
+	v, ok := sh.m[k]
+	sh.mu.RUnlock()
+	if ok {
+		return v, nil
+	}
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if v, ok := sh.m[k]; ok {
+		return v, nil
+	}
+	v, err := create()
+	if err != nil {
+		return v, err
+	}
+	sh.m[k] = v
+	return v, nil
+}
+
+func (sm *shardMap[K, V]) put(k K, v V) {
+	sh := sm.shard(k)
+	sh.mu.Lock()
+	sh.m[k] = v
+	sh.mu.Unlock()
+}
+
+// deleteIf removes k when pred holds for its value, and reports whether it did.
+func (sm *shardMap[K, V]) deleteIf(k K, pred func(V) bool) bool {
+	sh := sm.shard(k)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if v, ok := sh.m[k]; ok && pred(v) {
+		delete(sh.m, k)
+		return true
+	}
+	return false
+}
+
+// values returns every value; callers must not hold a shard lock.
+func (sm *shardMap[K, V]) values() []V {
+	var out []V
+	for i := range sm.shards {
+		sh := &sm.shards[i]
+		sh.mu.RLock()
+		for _, v := range sh.m {
+			out = append(out, v)
+		}
+		sh.mu.RUnlock()
+	}
+	return out
+}
+
+func (sm *shardMap[K, V]) len() int {
+	n := 0
+	for i := range sm.shards {
+		sh := &sm.shards[i]
+		sh.mu.RLock()
+		n += len(sh.m)
+		sh.mu.RUnlock()
+	}
+	return n
+}
+
+func hashKey(seed maphash.Seed, k policy.BreakerKey) uint64 {
+	return maphash.String(seed, k.Tenant)*31 ^ maphash.String(seed, k.Target)
+}
+
+// toTime converts Unix nanoseconds to a time; 0 is the zero time.
+func toTime(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
+}
+
+// fromTime converts a time to Unix nanoseconds; the zero time is 0.
+func fromTime(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+// finite reports whether f is neither NaN nor infinite.
+func finite(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }
