@@ -53,12 +53,12 @@ type harness struct {
 type harnessOpt func(*server.Config, *breakerstore.Options)
 
 // withStore lets a test wrap the store the server sees.
-func newHarness(t *testing.T, opts ...harnessOpt) *harness {
+func newHarness(t testing.TB, opts ...harnessOpt) *harness {
 	t.Helper()
 	return newHarnessWrapped(t, func(s server.Store) server.Store { return s }, opts...)
 }
 
-func newHarnessWrapped(t *testing.T, wrap func(server.Store) server.Store, opts ...harnessOpt) *harness {
+func newHarnessWrapped(t testing.TB, wrap func(server.Store) server.Store, opts ...harnessOpt) *harness {
 	t.Helper()
 	clk := newFakeClock()
 	cfg := server.Config{Clock: clk, Rand: func() float64 { return 0.5 }}

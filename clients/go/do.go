@@ -2,9 +2,10 @@ package policyclient
 
 import (
 	"context"
-	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"math/rand/v2"
 	"strings"
 	"time"
 
@@ -170,32 +171,52 @@ func (c *Client) Do(ctx context.Context, call Call, fn func(ctx context.Context,
 	if id == "" {
 		id = randomID()
 	}
-	origin := c.cfg.Now()
-	deadline := call.Deadline
-	if d, ok := ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
-		deadline = d
+	ci := &callInfo{tenant: c.cfg.Tenant, target: call.Target, id: id, key: key, runID: call.RunID,
+		idempotent: call.Idempotent, origin: c.cfg.Now(), deadline: call.Deadline}
+	if d, ok := ctx.Deadline(); ok && (ci.deadline.IsZero() || d.Before(ci.deadline)) {
+		ci.deadline = d
 	}
-	ref := &pb.CallRef{
-		Tenant: c.cfg.Tenant, Target: call.Target, CallId: id, Idempotent: call.Idempotent,
-		IdempotencyKey: key, RunId: call.RunID, OriginTime: timestamppb.New(origin),
-	}
-	if !deadline.IsZero() {
-		ref.DeadlineTime = timestamppb.New(deadline)
-	}
-	l := loop{c: c, ctx: ctx, ref: ref, deadline: deadline, timeout: c.cfg.AttemptTimeout,
-		res: Result{CallID: id, IdempotencyKey: key}}
+	l := loop{c: c, ctx: ctx, call: ci, timeout: c.cfg.AttemptTimeout, res: Result{CallID: id, IdempotencyKey: key}}
 	return l.run(fn), nil
+}
+
+// callInfo is one call's identity and limits, shared by its attempts and
+// by the outcomes the batcher turns into messages. It is not modified after
+// Do builds it.
+type callInfo struct {
+	tenant, target, id, key, runID string
+	idempotent                     bool
+	origin, deadline               time.Time
+}
+
+func (ci *callInfo) pb() *pb.CallRef {
+	ref := &pb.CallRef{
+		Tenant: ci.tenant, Target: ci.target, CallId: ci.id, Idempotent: ci.idempotent,
+		IdempotencyKey: ci.key, RunId: ci.runID, OriginTime: timestamppb.New(ci.origin),
+	}
+	if !ci.deadline.IsZero() {
+		ref.DeadlineTime = timestamppb.New(ci.deadline)
+	}
+	return ref
 }
 
 // loop is the state of one Do.
 type loop struct {
-	c        *Client
-	ctx      context.Context
-	ref      *pb.CallRef
-	deadline time.Time
-	timeout  time.Duration // for the next attempt
-	prev     time.Duration // the last delay
-	res      Result
+	c       *Client
+	ctx     context.Context
+	call    *callInfo
+	ref     *pb.CallRef   // built for the first RPC, then reused
+	timeout time.Duration // for the next attempt
+	prev    time.Duration // the last delay
+	res     Result
+}
+
+// pbRef returns the call as the API spells it.
+func (l *loop) pbRef() *pb.CallRef {
+	if l.ref == nil {
+		l.ref = l.call.pb()
+	}
+	return l.ref
 }
 
 func (l *loop) run(fn func(context.Context, Attempt) error) Result {
@@ -208,14 +229,14 @@ func (l *loop) run(fn func(context.Context, Attempt) error) Result {
 		l.c.stats.attempts.Add(1)
 		actx, cancel := context.WithTimeout(l.ctx, l.timeout)
 		start := l.c.cfg.Now()
-		err := fn(actx, Attempt{Number: attempt, CallID: l.ref.CallId, IdempotencyKey: l.ref.IdempotencyKey})
+		err := fn(actx, Attempt{Number: attempt, CallID: l.call.id, IdempotencyKey: l.call.key})
 		timedOut := errors.Is(actx.Err(), context.DeadlineExceeded) && l.ctx.Err() == nil
 		cancel()
 		latency := l.c.cfg.Now().Sub(start)
 		if err == nil {
 			l.res.Disposition, l.res.Err = Succeeded, nil
-			l.report(&pb.Outcome{Attempt: uint32(attempt), Success: true, PermitId: permit,
-				Latency: durationpb.New(latency), FinalDisposition: pb.Disposition_DISPOSITION_SUCCEEDED})
+			l.report(outcome{attempt: attempt, success: true, permit: permit, latency: latency,
+				final: pb.Disposition_DISPOSITION_SUCCEEDED})
 			l.c.local.budget.deposit(0.2)
 			return l.res
 		}
@@ -240,7 +261,7 @@ func (l *loop) run(fn func(context.Context, Attempt) error) Result {
 			return l.end(dispositionFromPB(dec.disposition), trimStop(dec.stopReason), attempt, unrecorded)
 		}
 		if unrecorded != nil {
-			l.report(&pb.Outcome{Attempt: uint32(attempt), Failure: unrecorded, PermitId: permit, Latency: durationpb.New(latency)})
+			l.report(outcome{attempt: attempt, failure: unrecorded, permit: permit, latency: latency})
 		}
 		if dec.attemptTimeout > 0 {
 			l.timeout = dec.attemptTimeout
@@ -258,19 +279,13 @@ func trimStop(r pb.StopReason) string { return strings.TrimPrefix(r.String(), "S
 // end finishes the call with a disposition and reports it.
 func (l *loop) end(d Disposition, stop string, attempt int, unrecorded *pb.Failure) Result {
 	l.res.Disposition, l.res.StopReason = d, stop
-	o := &pb.Outcome{Attempt: uint32(max(attempt, 1)), FinalDisposition: d.pb(),
-		FinalStopReason: pb.StopReason(pb.StopReason_value["STOP_REASON_"+stop])}
-	if unrecorded != nil {
-		o.Failure = unrecorded
-	} else {
-		o.AlreadyRecorded = true
-	}
-	l.report(o)
+	l.report(outcome{attempt: max(attempt, 1), final: d.pb(), failure: unrecorded, alreadyRecorded: unrecorded == nil,
+		stop: pb.StopReason(pb.StopReason_value["STOP_REASON_"+stop])})
 	return l.res
 }
 
-func (l *loop) report(o *pb.Outcome) {
-	o.Call = l.ref
+func (l *loop) report(o outcome) {
+	o.call = l.call
 	l.c.out.add(o)
 }
 
@@ -280,7 +295,7 @@ func (l *loop) report(o *pb.Outcome) {
 func (l *loop) admit(attempt int) (permit string, ok bool) {
 	for {
 		now := l.c.cfg.Now()
-		if b, known := l.c.breakers.lookup(l.ref.Target); known {
+		if b, known := l.c.breakers.lookup(l.call.target); known {
 			switch {
 			case b.cooldownUntil.After(now):
 				// Another worker was told to back off: wait with it.
@@ -302,7 +317,7 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 		}
 		l.c.stats.admits.Add(1)
 		ctx, cancel := context.WithTimeout(l.ctx, l.c.cfg.DecisionTimeout)
-		resp, err := l.c.workers.Admit(ctx, &pb.AdmitRequest{Call: l.ref, Attempt: uint32(attempt)})
+		resp, err := l.c.workers.Admit(ctx, &pb.AdmitRequest{Call: l.pbRef(), Attempt: uint32(attempt)})
 		cancel()
 		if err != nil {
 			if l.ctx.Err() != nil {
@@ -331,7 +346,7 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 // waitFor waits d before an attempt, unless the attempt could then not
 // finish by the deadline.
 func (l *loop) waitFor(d time.Duration, attempt int) bool {
-	if !l.deadline.IsZero() && l.c.cfg.Now().Add(d+l.timeout).After(l.deadline) {
+	if !l.call.deadline.IsZero() && l.c.cfg.Now().Add(d+l.timeout).After(l.call.deadline) {
 		l.res.Reason = "cooldown:pushback"
 		l.end(DeadlineCut, "DEADLINE", attempt-1, nil)
 		return false
@@ -350,7 +365,7 @@ func (l *loop) next(attempt int, f failure, permit string, timedOut bool) decisi
 	if l.c.reachable() {
 		ctx, cancel := context.WithTimeout(l.ctx, l.c.cfg.DecisionTimeout)
 		resp, err := l.c.workers.NextDelay(ctx, &pb.NextDelayRequest{
-			Call: l.ref, Attempt: uint32(attempt), Failure: f.pb, Pushback: f.pushback,
+			Call: l.pbRef(), Attempt: uint32(attempt), Failure: f.pb, Pushback: f.pushback,
 			PreviousDelay: durationpb.New(l.prev), PermitId: permit,
 		})
 		cancel()
@@ -366,7 +381,7 @@ func (l *loop) next(attempt int, f failure, permit string, timedOut bool) decisi
 		}
 	}
 	l.c.stats.local.Add(1)
-	return l.c.local.decide(l.c.cfg.Now(), l.deadline, attempt, f, l.ref.Idempotent, l.ref.IdempotencyKey != "", timedOut)
+	return l.c.local.decide(l.c.cfg.Now(), l.call.deadline, attempt, f, l.call.idempotent, l.call.key != "", timedOut)
 }
 
 // failed notes a decision RPC that did not answer. Unreachable or slow
@@ -381,8 +396,11 @@ func (c *Client) failed(err error) {
 	}
 }
 
+// randomID names a call that came without an id. Call ids must be unique,
+// not secret.
 func randomID() string {
-	var b [12]byte
-	_, _ = rand.Read(b[:])
+	var b [16]byte
+	binary.LittleEndian.PutUint64(b[:8], rand.Uint64())
+	binary.LittleEndian.PutUint64(b[8:], rand.Uint64())
 	return hex.EncodeToString(b[:])
 }

@@ -5,27 +5,54 @@ import (
 	"fmt"
 	"time"
 
+	"google.golang.org/protobuf/types/known/durationpb"
+
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 )
+
+// outcome is one attempt's result as the worker queues it; the batcher
+// turns it into a message, off the worker's path.
+type outcome struct {
+	call            *callInfo
+	attempt         int
+	success         bool
+	alreadyRecorded bool
+	failure         *pb.Failure
+	permit          string
+	latency         time.Duration
+	final           pb.Disposition
+	stop            pb.StopReason
+}
+
+func (o *outcome) pb() *pb.Outcome {
+	m := &pb.Outcome{
+		Call: o.call.pb(), Attempt: uint32(o.attempt), Success: o.success, Failure: o.failure,
+		PermitId: o.permit, FinalDisposition: o.final, FinalStopReason: o.stop, AlreadyRecorded: o.alreadyRecorded,
+	}
+	if o.latency > 0 {
+		m.Latency = durationpb.New(o.latency)
+	}
+	return m
+}
 
 // outcomes queues attempt outcomes and sends them to policyd in batches, off
 // the worker's path: a full batch or a tick sends; a batch policyd did not
 // take is kept and sent again; Close drains what is left.
 type outcomes struct {
 	c       *Client
-	q       chan *pb.Outcome
+	q       chan outcome
 	size    int
 	every   time.Duration
 	pending []*pb.Outcome // taken from q, not yet acknowledged; owned by run, then by drain
 }
 
 func newOutcomes(c *Client, cfg Config) *outcomes {
-	return &outcomes{c: c, q: make(chan *pb.Outcome, cfg.QueueSize), size: cfg.BatchSize, every: cfg.FlushInterval}
+	return &outcomes{c: c, q: make(chan outcome, cfg.QueueSize), size: cfg.BatchSize, every: cfg.FlushInterval}
 }
 
 // add queues o without blocking; an outcome that finds the queue full is
 // dropped and counted.
-func (o *outcomes) add(out *pb.Outcome) {
+func (o *outcomes) add(out outcome) {
 	select {
 	case o.q <- out:
 	default:
@@ -42,7 +69,7 @@ func (o *outcomes) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case out := <-o.q:
-			o.pending = append(o.pending, out)
+			o.pending = append(o.pending, out.pb())
 			if len(o.pending) >= o.size {
 				o.flush(ctx)
 			}
@@ -81,7 +108,7 @@ func (o *outcomes) drain(ctx context.Context) error {
 	for {
 		select {
 		case out := <-o.q:
-			o.pending = append(o.pending, out)
+			o.pending = append(o.pending, out.pb())
 			continue
 		default:
 		}

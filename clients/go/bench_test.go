@@ -1,0 +1,40 @@
+package policyclient_test
+
+import (
+	"context"
+	"testing"
+
+	policyclient "github.com/policyd/policyd/clients/go"
+)
+
+// BenchmarkOverhead compares a successful call through Do, with the breaker
+// known CLOSED from the watch stream, against calling fn directly. The
+// difference is what the client adds to the success path (no RPC on it; the
+// outcome is queued for the background batcher).
+//
+//	go test -run '^$' -bench Overhead -benchmem ./clients/go/
+func BenchmarkOverhead(b *testing.B) {
+	fn := func(context.Context, policyclient.Attempt) error { return nil }
+	b.Run("direct", func(b *testing.B) {
+		ctx := context.Background()
+		a := policyclient.Attempt{Number: 1}
+		for b.Loop() {
+			_ = fn(ctx, a)
+		}
+	})
+	b.Run("Do", func(b *testing.B) {
+		d := startDaemon(b, nil)
+		c, _ := newClient(b, d, func(cfg *policyclient.Config) { cfg.QueueSize = 1 << 20 })
+		ctx := context.Background()
+		call := policyclient.Call{Target: "geo", Idempotent: true, CallID: "bench"}
+		for b.Loop() {
+			if res, _ := c.Do(ctx, call, fn); !res.OK() {
+				b.Fatal(res.Disposition)
+			}
+		}
+		b.StopTimer()
+		if st := c.Stats(); st.AdmitRPCs != 0 {
+			b.Fatalf("Admit RPCs on the CLOSED fast path: %d", st.AdmitRPCs)
+		}
+	})
+}
