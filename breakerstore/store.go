@@ -225,6 +225,22 @@ func Open(opts Options) (*Store, error) {
 	if opts.MaxBatchDelay > 0 {
 		db.MaxBatchDelay = opts.MaxBatchDelay
 	}
+	s := newStore(db, opts, def)
+	if err := s.initBuckets(); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	if err := s.load(); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	go s.flushLoop()
+	return s, nil
+}
+
+// newStore returns an empty store over db; Open loads it and starts the
+// flusher.
+func newStore(db *bbolt.DB, opts Options, def policy.TenantBudget) *Store {
 	s := &Store{
 		db:            db,
 		opts:          opts,
@@ -242,16 +258,44 @@ func Open(opts Options) (*Store, error) {
 	s.policies.Store(&policyMap{m: map[policy.BreakerKey]*policy.PolicyEntry{}})
 	s.permitSeq.Store(randUint64())
 	s.lastSweep = s.now()
-	if err := s.initBuckets(); err != nil {
-		_ = db.Close()
-		return nil, err
+	return s
+}
+
+// Check verifies the database at path without changing it: bbolt's page
+// consistency check, the schema version, and that every record decodes. It
+// takes the file's lock (shared, read-only), so it fails with ErrLocked
+// while a daemon holds the file. It reports every page problem bbolt finds.
+func Check(path string, lockTimeout time.Duration) error {
+	if lockTimeout <= 0 {
+		lockTimeout = DefaultLockTimeout
 	}
-	if err := s.load(); err != nil {
-		_ = db.Close()
-		return nil, err
+	opts := Options{Path: path, LockTimeout: lockTimeout, Clock: realClock{}, Logger: slog.New(slog.DiscardHandler)}
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: lockTimeout, ReadOnly: true})
+	if err != nil {
+		return openErr(opts, err)
 	}
-	go s.flushLoop()
-	return s, nil
+	defer db.Close()
+	var problems []error
+	err = db.View(func(tx *bbolt.Tx) error {
+		for perr := range tx.Check() {
+			problems = append(problems, perr)
+		}
+		meta := tx.Bucket(bucketMeta)
+		if meta == nil {
+			return fmt.Errorf("%w: %s has no meta bucket", ErrSchema, path)
+		}
+		if v := meta.Get(keySchema); len(v) != 4 || binary.BigEndian.Uint32(v) != schemaVersion {
+			return fmt.Errorf("%w: %s: unexpected meta/schema %x", ErrSchema, path, v)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("%w: %s: %d page problems, first: %v", ErrCorrupt, path, len(problems), problems[0])
+	}
+	return newStore(db, opts, DefaultTenantBudget()).load()
 }
 
 // openErr explains a bbolt.Open failure.

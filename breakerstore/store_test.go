@@ -1,6 +1,7 @@
 package breakerstore_test
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"os"
@@ -367,5 +368,32 @@ func TestErrorClasses(t *testing.T) {
 	}
 	if want := "breakerstore: invalid argument: capacity: must be finite and > 0"; invalid.Error() != want {
 		t.Errorf("invalid message: got %q, want %q", invalid.Error(), want)
+	}
+}
+
+func TestCheck(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "policyd.db")
+	s, err := breakerstore.Open(breakerstore.Options{Path: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.SetBudget(policy.TenantBudget{Tenant: "acme", Capacity: 5}); err != nil {
+		t.Fatal(err)
+	}
+	if err := breakerstore.Check(path, 100*time.Millisecond); !errors.Is(err, breakerstore.ErrLocked) {
+		t.Errorf("Check on a held file: got %v, want breakerstore.ErrLocked", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := breakerstore.Check(path, 0); err != nil {
+		t.Errorf("Check on a good file: %v", err)
+	}
+	bad := filepath.Join(t.TempDir(), "bad.db")
+	if err := os.WriteFile(bad, bytes.Repeat([]byte{0xAB}, 8192), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := breakerstore.Check(bad, 0); !errors.Is(err, breakerstore.ErrCorrupt) {
+		t.Errorf("Check on garbage: got %v, want breakerstore.ErrCorrupt", err)
 	}
 }

@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -16,7 +19,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 )
@@ -159,9 +161,10 @@ func TestCorruptDatabaseRefusesToStart(t *testing.T) {
 	}
 }
 
-// TestSIGKILLKeepsAcknowledgedState kills the daemon with acknowledged
-// admin writes and an OPEN breaker, restarts it on the same file and checks
-// both survived.
+// TestSIGKILLKeepsAcknowledgedState kills the daemon under load (decisions,
+// batched outcomes and admin writes in flight), then checks the file and
+// restarts on it: every acknowledged admin write is there and the breaker
+// that was OPEN is still OPEN.
 func TestSIGKILLKeepsAcknowledgedState(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "policyd.db")
 	d := startDaemon(t, db)
@@ -169,35 +172,82 @@ func TestSIGKILLKeepsAcknowledgedState(t *testing.T) {
 	ctx := context.Background()
 	admin := pb.NewAdminServiceClient(conn)
 	workers := pb.NewRetryPolicyServiceClient(conn)
-	if _, err := admin.SetTenantBudget(ctx, &pb.SetTenantBudgetRequest{Budget: &pb.TenantBudget{Tenant: "acme", Capacity: 42}}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := admin.OpenRun(ctx, &pb.OpenRunRequest{RunId: "nightly", Tenant: "acme", RetryPool: 900,
-		CutoffTime: timestamppb.New(time.Now().Add(time.Hour))}); err != nil {
-		t.Fatal(err)
-	}
+	fail := &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 503}}
 	for i := range 5 {
 		if _, err := workers.NextDelay(ctx, &pb.NextDelayRequest{
-			Call:    &pb.CallRef{Tenant: "acme", Target: "portal", CallId: string(rune('a' + i)), Idempotent: true},
-			Attempt: 1, Failure: &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 503}},
+			Call:    &pb.CallRef{Tenant: "acme", Target: "portal", CallId: fmt.Sprint(i), Idempotent: true},
+			Attempt: 1, Failure: fail,
 		}); err != nil {
 			t.Fatal(err)
 		}
 	}
+
+	// Load: 8 decision workers, 2 outcome reporters, 4 admin writers that
+	// record each acknowledged write.
+	var acked sync.Map // tenant -> capacity
+	var nacked atomic.Int32
+	enough := make(chan struct{})
+	var once sync.Once
+	var wg sync.WaitGroup
+	for w := range 14 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				var err error
+				switch {
+				case w < 8:
+					_, err = workers.NextDelay(ctx, &pb.NextDelayRequest{Call: &pb.CallRef{Tenant: fmt.Sprint("t", w),
+						Target: fmt.Sprint("up", i%16), CallId: fmt.Sprint(i), Idempotent: true}, Attempt: 1, Failure: fail})
+				case w < 10:
+					outs := make([]*pb.Outcome, 50)
+					for k := range outs {
+						outs[k] = &pb.Outcome{Call: &pb.CallRef{Tenant: fmt.Sprint("t", k%8), Target: fmt.Sprint("up", k%16), CallId: "o"},
+							Attempt: 1, Success: true}
+					}
+					_, err = workers.ReportOutcome(ctx, &pb.ReportOutcomeRequest{Outcomes: outs})
+				default:
+					tenant := fmt.Sprintf("admin-%d-%d", w, i)
+					capacity := float64(10 + i)
+					_, err = admin.SetTenantBudget(ctx, &pb.SetTenantBudgetRequest{Budget: &pb.TenantBudget{Tenant: tenant, Capacity: capacity}})
+					if err == nil {
+						acked.Store(tenant, capacity)
+						if nacked.Add(1) == 100 {
+							once.Do(func() { close(enough) })
+						}
+					}
+				}
+				if err != nil {
+					return // the daemon is gone
+				}
+			}
+		}()
+	}
+	<-enough
 	if err := d.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	d.wait(t)
+	wg.Wait()
+
+	if out, err := exec.Command(binary, "check", "--db", db).CombinedOutput(); err != nil {
+		t.Fatalf("policyd check after SIGKILL: %v: %s", err, out)
+	}
 
 	again := startDaemon(t, db)
 	conn = again.conn(t)
 	admin = pb.NewAdminServiceClient(conn)
-	b, err := admin.GetTenantBudget(ctx, &pb.GetTenantBudgetRequest{Tenant: "acme"})
-	if err != nil || b.GetStatus().GetBudget().GetCapacity() != 42 {
-		t.Errorf("budget after SIGKILL: got %v, %v; want capacity 42", b, err)
-	}
-	if _, err := admin.GetRun(ctx, &pb.GetRunRequest{RunId: "nightly"}); err != nil {
-		t.Errorf("run after SIGKILL: %v", err)
+	var checked int
+	acked.Range(func(k, v any) bool {
+		b, err := admin.GetTenantBudget(ctx, &pb.GetTenantBudgetRequest{Tenant: k.(string)})
+		if err != nil || b.GetStatus().GetBudget().GetCapacity() != v.(float64) {
+			t.Errorf("acknowledged budget %s after SIGKILL: got %v, %v; want capacity %v", k, b, err, v)
+		}
+		checked++
+		return true
+	})
+	if checked < 100 {
+		t.Errorf("checked %d acknowledged writes, want at least 100", checked)
 	}
 	br, err := admin.GetBreaker(ctx, &pb.GetBreakerRequest{Key: &pb.BreakerKey{Tenant: "acme", Target: "portal"}})
 	if err != nil || br.GetBreaker().GetState() != pb.BreakerState_BREAKER_STATE_OPEN {
