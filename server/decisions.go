@@ -28,6 +28,9 @@ type Config struct {
 	Clock  Clock          // default: the wall clock
 	Rand   func() float64 // random draws in [0,1); default math/rand/v2
 	Logger *slog.Logger   // default: slog.Default()
+	// Auth, when set, authenticates and authorizes every call; nil
+	// leaves every service open (tests, embedding in a trusted process).
+	Auth *Auth
 	// WatchBuffer is the per-subscriber queue of breaker events; a
 	// subscriber that falls further behind is disconnected. Default 1024.
 	WatchBuffer int

@@ -25,10 +25,17 @@ import (
 func NewGRPC(store Store, cfg Config, opts ...grpc.ServerOption) (*grpc.Server, *health.Server) {
 	cfg = cfg.withDefaults()
 	codec := newUndecodable()
+	unary := []grpc.UnaryServerInterceptor{recoverUnary(cfg.Logger), codec.unary()}
+	stream := []grpc.StreamServerInterceptor{recoverStream(cfg.Logger), codec.stream()}
+	if cfg.Auth != nil {
+		unary = append(unary, cfg.Auth.unary())
+		stream = append(stream, cfg.Auth.stream())
+		cfg.Auth.logOpenAdmin(cfg.Logger)
+	}
 	opts = append([]grpc.ServerOption{
 		grpc.ForceServerCodecV2(codec),
-		grpc.ChainUnaryInterceptor(recoverUnary(cfg.Logger), codec.unary()),
-		grpc.ChainStreamInterceptor(recoverStream(cfg.Logger), codec.stream()),
+		grpc.ChainUnaryInterceptor(unary...),
+		grpc.ChainStreamInterceptor(stream...),
 	}, opts...)
 	gs := grpc.NewServer(opts...)
 	pb.RegisterRetryPolicyServiceServer(gs, NewDecisions(store, cfg))

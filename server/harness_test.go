@@ -114,3 +114,9 @@ func http(code uint32) *pb.Failure {
 func transport(k pb.TransportError) *pb.Failure {
 	return &pb.Failure{Kind: &pb.Failure_TransportError{TransportError: k}}
 }
+
+// statusMsg returns the message of a status error.
+func statusMsg(err error) string {
+	st, _ := status.FromError(err)
+	return st.Message()
+}

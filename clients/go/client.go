@@ -2,6 +2,7 @@ package policyclient
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"log/slog"
 	"sync"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
@@ -19,6 +21,13 @@ import (
 type Config struct {
 	// Tenant is the tenant every call of this client belongs to.
 	Tenant string
+	// Token is the tenant's worker token, when policyd requires one. Dial
+	// sends it with every RPC; with New, dial with
+	// grpc.WithPerRPCCredentials(BearerToken(token)) instead.
+	Token string
+	// TLS, when set, makes Dial use TLS (mutual TLS when it carries a
+	// client certificate) instead of a plaintext connection.
+	TLS *tls.Config
 	// DecisionTimeout bounds every decision RPC; past it the client decides
 	// locally. Default 250ms.
 	DecisionTimeout time.Duration
@@ -129,12 +138,19 @@ type Client struct {
 	closing sync.Once
 }
 
-// Dial connects to policyd at addr (plaintext unless opts say otherwise)
-// and returns a Client that owns the connection.
+// Dial connects to policyd at addr and returns a Client that owns the
+// connection: over TLS when cfg.TLS is set, else plaintext (policyd's
+// loopback default), sending cfg.Token when set. opts are added last.
 func Dial(addr string, cfg Config, opts ...grpc.DialOption) (*Client, error) {
-	if len(opts) == 0 {
-		opts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	transport := insecure.NewCredentials()
+	if cfg.TLS != nil {
+		transport = credentials.NewTLS(cfg.TLS)
 	}
+	base := []grpc.DialOption{grpc.WithTransportCredentials(transport)}
+	if cfg.Token != "" {
+		base = append(base, grpc.WithPerRPCCredentials(BearerToken(cfg.Token)))
+	}
+	opts = append(base, opts...)
 	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		return nil, err

@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"strings"
 	"text/tabwriter"
@@ -11,20 +14,27 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	policyclient "github.com/policyd/policyd/clients/go"
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 )
 
 // clientFlags are the flags every command that talks to a daemon shares.
 type clientFlags struct {
-	Addr    string
-	JSON    bool
-	Timeout time.Duration
+	Addr          string
+	JSON          bool
+	Timeout       time.Duration
+	TokenFile     string
+	TLSCA         string
+	TLSCert       string
+	TLSKey        string
+	TLSServerName string
 }
 
 func (c *clientFlags) register(cmd *cobra.Command) {
@@ -32,12 +42,58 @@ func (c *clientFlags) register(cmd *cobra.Command) {
 	f.StringVar(&c.Addr, "addr", "127.0.0.1:50051", "address of the running policyd")
 	f.BoolVar(&c.JSON, "json", false, "print the answer as JSON")
 	f.DurationVar(&c.Timeout, "timeout", 5*time.Second, "how long to wait for the answer")
+	f.StringVar(&c.TokenFile, "token-file", "policyd.db.admin-token", "file holding the admin token (skipped when absent; $POLICYD_TOKEN wins)")
+	f.StringVar(&c.TLSCA, "tls-ca", "", "connect with TLS, trusting this CA (PEM)")
+	f.StringVar(&c.TLSCert, "tls-cert", "", "client certificate for mutual TLS (PEM)")
+	f.StringVar(&c.TLSKey, "tls-key", "", "the private key of --tls-cert (PEM)")
+	f.StringVar(&c.TLSServerName, "tls-server-name", "", "the server name to verify (default: the host of --addr)")
+}
+
+// dialOptions turns the flags into credentials: TLS when --tls-ca is set,
+// and the admin token from $POLICYD_TOKEN or --token-file when there is one.
+func (c *clientFlags) dialOptions() ([]grpc.DialOption, error) {
+	transport := insecure.NewCredentials()
+	if c.TLSCA != "" {
+		cfg := &tls.Config{ServerName: c.TLSServerName, MinVersion: tls.VersionTLS12}
+		pool, err := loadPool(c.TLSCA)
+		if err != nil {
+			return nil, fmt.Errorf("--tls-ca: %w", err)
+		}
+		cfg.RootCAs = pool
+		if c.TLSCert != "" || c.TLSKey != "" {
+			cert, err := tls.LoadX509KeyPair(c.TLSCert, c.TLSKey)
+			if err != nil {
+				return nil, fmt.Errorf("--tls-cert/--tls-key: %w", err)
+			}
+			cfg.Certificates = []tls.Certificate{cert}
+		}
+		transport = credentials.NewTLS(cfg)
+	}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(transport)}
+	tok := os.Getenv("POLICYD_TOKEN")
+	if tok == "" && c.TokenFile != "" {
+		t, err := readToken(c.TokenFile)
+		switch {
+		case err == nil:
+			tok = t
+		case !errors.Is(err, fs.ErrNotExist):
+			return nil, fmt.Errorf("--token-file: %w", err)
+		}
+	}
+	if tok != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(policyclient.BearerToken(tok)))
+	}
+	return opts, nil
 }
 
 // call dials the daemon, runs fn with an AdminService client and prints
 // the answer with text, or as JSON with --json.
 func (c *clientFlags) call(cmd *cobra.Command, fn func(context.Context, pb.AdminServiceClient) (proto.Message, error), text func(io.Writer, proto.Message)) error {
-	conn, err := grpc.NewClient(c.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	opts, err := c.dialOptions()
+	if err != nil {
+		return err
+	}
+	conn, err := grpc.NewClient(c.Addr, opts...)
 	if err != nil {
 		return fmt.Errorf("--addr: %w", err)
 	}

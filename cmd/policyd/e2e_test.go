@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
@@ -41,10 +42,25 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// lazyToken sends the admin token the daemon wrote to path, read at each
+// call (the file appears once the daemon has started).
+type lazyToken string
+
+func (p lazyToken) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	tok, err := readToken(string(p))
+	if err != nil {
+		return nil, nil
+	}
+	return map[string]string{"authorization": "Bearer " + tok}, nil
+}
+
+func (lazyToken) RequireTransportSecurity() bool { return false }
+
 // daemon is a policyd process on a free loopback port.
 type daemon struct {
 	cmd    *exec.Cmd
 	addr   string
+	db     string
 	stderr *bytes.Buffer
 	done   chan error
 }
@@ -61,7 +77,7 @@ func freeAddr(t *testing.T) string {
 
 func startDaemon(t *testing.T, db string, args ...string) *daemon {
 	t.Helper()
-	d := &daemon{addr: freeAddr(t), stderr: &bytes.Buffer{}, done: make(chan error, 1)}
+	d := &daemon{addr: freeAddr(t), db: db, stderr: &bytes.Buffer{}, done: make(chan error, 1)}
 	d.cmd = exec.Command(binary, append([]string{"serve", "--listen", d.addr, "--db", db}, args...)...)
 	d.cmd.Stderr = d.stderr
 	if err := d.cmd.Start(); err != nil {
@@ -81,7 +97,8 @@ func startDaemon(t *testing.T, db string, args ...string) *daemon {
 // SERVING.
 func (d *daemon) conn(t *testing.T) *grpc.ClientConn {
 	t.Helper()
-	conn, err := grpc.NewClient(d.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(d.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithPerRPCCredentials(lazyToken(d.db+".admin-token")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,4 +300,14 @@ func TestPlanCommand(t *testing.T) {
 	if !strings.Contains(stderr.String(), "--base") {
 		t.Errorf("error %q does not name --base", stderr.String())
 	}
+}
+
+func insecureCreds() credentials.TransportCredentials { return insecure.NewCredentials() }
+
+// runCLI runs the policyd binary in dir.
+func runCLI(t *testing.T, dir string, args ...string) ([]byte, error) {
+	t.Helper()
+	cmd := exec.Command(binary, args...)
+	cmd.Dir = dir
+	return cmd.CombinedOutput()
 }

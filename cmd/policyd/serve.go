@@ -25,6 +25,7 @@ type serveConfig struct {
 	Sync          string
 	Grace         time.Duration
 	LogLevel      string
+	Security      securityConfig
 }
 
 func serveCmd() *cobra.Command {
@@ -54,6 +55,7 @@ SIGINT or SIGTERM drains: health turns NOT_SERVING, in-flight calls finish
 	f.StringVar(&cfg.Sync, "sync", "group", "durability of decisions: group (counters flushed every --flush-interval) or always (every decision durable before its answer)")
 	f.DurationVar(&cfg.Grace, "grace", 10*time.Second, "how long a shutdown waits for in-flight calls before cutting them")
 	f.StringVar(&cfg.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
+	cfg.Security.register(cmd)
 	return cmd
 }
 
@@ -79,6 +81,15 @@ func serve(ctx context.Context, cfg serveConfig) error {
 		return fmt.Errorf("--grace: must be > 0, got %s", cfg.Grace)
 	}
 
+	auth, err := cfg.Security.auth(cfg.DB, log)
+	if err != nil {
+		return err
+	}
+	tlsOpts, err := cfg.Security.serverOptions()
+	if err != nil {
+		return err
+	}
+
 	store, err := breakerstore.Open(breakerstore.Options{
 		Path: cfg.DB, FlushInterval: cfg.FlushInterval, Sync: sync, Logger: log,
 	})
@@ -95,7 +106,7 @@ func serve(ctx context.Context, cfg serveConfig) error {
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
-	gs, hs := server.NewGRPC(store, server.Config{Logger: log})
+	gs, hs := server.NewGRPC(store, server.Config{Logger: log, Auth: auth}, tlsOpts...)
 
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()

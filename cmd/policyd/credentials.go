@@ -1,0 +1,194 @@
+package main
+
+import (
+	"bufio"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/policyd/policyd/server"
+)
+
+// securityConfig is what the security flags of `policyd serve` say.
+type securityConfig struct {
+	TLSCert, TLSKey  string
+	ClientCA         string
+	AdminCA          string
+	AdminTokenFile   string
+	TenantTokensFile string
+	OpenAdmin        bool
+}
+
+func (c *securityConfig) register(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.StringVar(&c.TLSCert, "tls-cert", "", "serve TLS with this certificate (PEM); needs --tls-key")
+	f.StringVar(&c.TLSKey, "tls-key", "", "the private key of --tls-cert (PEM)")
+	f.StringVar(&c.ClientCA, "client-ca", "", "require client certificates signed by this CA (PEM): mutual TLS")
+	f.StringVar(&c.AdminCA, "admin-ca", "", "client certificates signed by this CA (PEM) are admin credentials; implies mutual TLS")
+	f.StringVar(&c.AdminTokenFile, "admin-token-file", "", "file holding the admin bearer token (default: <db>.admin-token, created with a random token on first start)")
+	f.StringVar(&c.TenantTokensFile, "tenant-tokens-file", "", "file of worker tokens, one \"tenant token\" pair a line; when set, worker calls need a token and act only for its tenant")
+	f.BoolVar(&c.OpenAdmin, "open-admin", false, "development only: admin calls need no credential (logged as a warning)")
+}
+
+// auth loads the credentials the flags name. Unless --open-admin is set,
+// an admin token always exists: the named file, or <db>.admin-token, which
+// is created (mode 0600) with a random token when missing.
+func (c *securityConfig) auth(db string, log *slog.Logger) (*server.Auth, error) {
+	cfg := server.AuthConfig{OpenAdmin: c.OpenAdmin}
+	if !c.OpenAdmin || c.AdminTokenFile != "" {
+		path := c.AdminTokenFile
+		if path == "" {
+			path = db + ".admin-token"
+			created, err := ensureToken(path)
+			if err != nil {
+				return nil, fmt.Errorf("--admin-token-file: %w", err)
+			}
+			if created {
+				log.Info("created the admin token", "file", path)
+			}
+		}
+		tok, err := readToken(path)
+		if err != nil {
+			return nil, fmt.Errorf("--admin-token-file: %w", err)
+		}
+		cfg.AdminTokens = []string{tok}
+	}
+	if c.TenantTokensFile != "" {
+		m, err := readTenantTokens(c.TenantTokensFile)
+		if err != nil {
+			return nil, fmt.Errorf("--tenant-tokens-file: %w", err)
+		}
+		cfg.TenantTokens = m
+	}
+	if c.AdminCA != "" {
+		pool, err := loadPool(c.AdminCA)
+		if err != nil {
+			return nil, fmt.Errorf("--admin-ca: %w", err)
+		}
+		cfg.AdminCAs = pool
+	}
+	return server.NewAuth(cfg), nil
+}
+
+// serverOptions returns the transport credentials the flags ask for.
+func (c *securityConfig) serverOptions() ([]grpc.ServerOption, error) {
+	if c.TLSCert == "" && c.TLSKey == "" {
+		if c.ClientCA != "" || c.AdminCA != "" {
+			return nil, errors.New("--client-ca and --admin-ca need --tls-cert and --tls-key")
+		}
+		return nil, nil
+	}
+	if c.TLSCert == "" || c.TLSKey == "" {
+		return nil, errors.New("--tls-cert and --tls-key go together")
+	}
+	cert, err := tls.LoadX509KeyPair(c.TLSCert, c.TLSKey)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-cert/--tls-key: %w", err)
+	}
+	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if c.ClientCA != "" || c.AdminCA != "" {
+		pool := x509.NewCertPool()
+		for _, f := range []struct{ flag, path string }{{"--client-ca", c.ClientCA}, {"--admin-ca", c.AdminCA}} {
+			if f.path == "" {
+				continue
+			}
+			pem, err := os.ReadFile(f.path)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", f.flag, err)
+			}
+			if !pool.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("%s: no PEM certificate in %s", f.flag, f.path)
+			}
+		}
+		cfg.ClientCAs = pool
+		cfg.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	return []grpc.ServerOption{grpc.Creds(credentials.NewTLS(cfg))}, nil
+}
+
+func loadPool(path string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("no PEM certificate in %s", path)
+	}
+	return pool, nil
+}
+
+// ensureToken creates path with a random token unless it exists.
+func ensureToken(path string) (created bool, err error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, fs.ErrExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		f.Close()
+		return false, err
+	}
+	if _, err := fmt.Fprintln(f, hex.EncodeToString(b[:])); err != nil {
+		f.Close()
+		return false, err
+	}
+	return true, f.Close()
+}
+
+// readToken reads a token file: its first line, trimmed.
+func readToken(path string) (string, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	tok, _, _ := strings.Cut(strings.TrimSpace(string(raw)), "\n")
+	tok = strings.TrimSpace(tok)
+	if tok == "" {
+		return "", fmt.Errorf("%s holds no token", path)
+	}
+	return tok, nil
+}
+
+// readTenantTokens reads "tenant token" lines; # starts a comment.
+func readTenantTokens(path string) (map[string]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	m := map[string]string{}
+	sc := bufio.NewScanner(f)
+	for n := 1; sc.Scan(); n++ {
+		line, _, _ := strings.Cut(sc.Text(), "#")
+		fields := strings.Fields(line)
+		switch {
+		case len(fields) == 0:
+			continue
+		case len(fields) != 2:
+			return nil, fmt.Errorf("%s:%d: want \"tenant token\", got %d fields", path, n, len(fields))
+		}
+		if _, dup := m[fields[1]]; dup {
+			return nil, fmt.Errorf("%s:%d: token repeated", path, n)
+		}
+		m[fields[1]] = fields[0]
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	return m, nil
+}

@@ -1,0 +1,229 @@
+package server
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"crypto/x509"
+	"log/slog"
+	"strings"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
+)
+
+// Auth says who may call what. Credentials are a bearer token in the
+// "authorization" metadata ("Bearer <token>") or, over mutual TLS, a client
+// certificate that chains to an admin CA.
+//
+//   - AdminService needs an admin credential: an admin token or an admin
+//     certificate. Without one it answers UNAUTHENTICATED (no credential)
+//     or PERMISSION_DENIED (a worker credential), unless OpenAdmin is set.
+//   - RetryPolicyService is open while TenantTokens is empty. Once tenant
+//     tokens exist, a worker call needs one, and may name only that token's
+//     tenant: naming another answers PERMISSION_DENIED, whether or not the
+//     other tenant or its objects exist. An admin credential may act for any
+//     tenant.
+//   - Health and reflection are always open.
+//
+// Tokens are compared in constant time over their SHA-256 digests.
+type Auth struct {
+	adminTokens  [][32]byte
+	tenantTokens map[[32]byte]string
+	adminCAs     *x509.CertPool
+	openAdmin    bool
+}
+
+// AuthConfig lists the credentials policyd accepts.
+type AuthConfig struct {
+	AdminTokens []string
+	// TenantTokens maps a worker token to the one tenant it may act for.
+	TenantTokens map[string]string
+	// AdminCAs, when set, makes a verified client certificate chaining to
+	// one of these CAs an admin credential.
+	AdminCAs *x509.CertPool
+	// OpenAdmin lets anyone call AdminService: a development mode the
+	// daemon warns about in its log.
+	OpenAdmin bool
+}
+
+// NewAuth returns the authenticator for cfg.
+func NewAuth(cfg AuthConfig) *Auth {
+	a := &Auth{tenantTokens: map[[32]byte]string{}, adminCAs: cfg.AdminCAs, openAdmin: cfg.OpenAdmin}
+	for _, t := range cfg.AdminTokens {
+		a.adminTokens = append(a.adminTokens, sha256.Sum256([]byte(t)))
+	}
+	for t, tenant := range cfg.TenantTokens {
+		a.tenantTokens[sha256.Sum256([]byte(t))] = tenant
+	}
+	return a
+}
+
+// identity is who a call comes from.
+type identity struct {
+	admin  bool
+	tenant string // for a worker token
+	known  bool   // any credential at all
+}
+
+// identify reads the caller's credentials. A token that is presented but not
+// known is an error: it is never treated as no credential.
+func (a *Auth) identify(ctx context.Context) (identity, error) {
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		if vals := md.Get("authorization"); len(vals) > 0 {
+			tok, ok := strings.CutPrefix(vals[0], "Bearer ")
+			if !ok || tok == "" {
+				return identity{}, status.Error(codes.Unauthenticated, "authorization: must be \"Bearer <token>\"")
+			}
+			sum := sha256.Sum256([]byte(tok))
+			for _, at := range a.adminTokens {
+				if subtle.ConstantTimeCompare(sum[:], at[:]) == 1 {
+					return identity{admin: true, known: true}, nil
+				}
+			}
+			if tenant, ok := a.tenantTokens[sum]; ok {
+				return identity{tenant: tenant, known: true}, nil
+			}
+			return identity{}, status.Error(codes.Unauthenticated, "authorization: unknown token")
+		}
+	}
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return identity{}, nil
+	}
+	ti, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(ti.State.PeerCertificates) == 0 {
+		return identity{}, nil
+	}
+	// The handshake verified the certificate: it is a credential, an
+	// admin one when it chains to an admin CA.
+	return identity{admin: a.adminCert(ti), known: true}, nil
+}
+
+// adminCert reports whether the peer's client certificate chains to an
+// admin CA.
+func (a *Auth) adminCert(ti credentials.TLSInfo) bool {
+	if a.adminCAs == nil {
+		return false
+	}
+	leaf := ti.State.PeerCertificates[0]
+	inter := x509.NewCertPool()
+	for _, c := range ti.State.PeerCertificates[1:] {
+		inter.AddCert(c)
+	}
+	_, err := leaf.Verify(x509.VerifyOptions{Roots: a.adminCAs, Intermediates: inter,
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+	return err == nil
+}
+
+const adminPrefix = "/" + "retrypolicy.v1.AdminService/"
+
+// authorize decides a call to method with request req (nil for a stream
+// before its first message).
+func (a *Auth) authorize(ctx context.Context, method string, req any) error {
+	switch {
+	case strings.HasPrefix(method, "/grpc.health.v1.Health/"), strings.HasPrefix(method, "/grpc.reflection."):
+		return nil
+	}
+	id, err := a.identify(ctx)
+	if err != nil {
+		return err
+	}
+	if strings.HasPrefix(method, adminPrefix) {
+		switch {
+		case id.admin || a.openAdmin:
+			return nil
+		case id.known:
+			return status.Error(codes.PermissionDenied, "admin calls need an admin credential; worker credentials do not grant them")
+		}
+		return status.Error(codes.Unauthenticated, "admin calls need an admin credential (a bearer token or an admin client certificate)")
+	}
+	if id.admin || len(a.tenantTokens) == 0 {
+		return nil
+	}
+	if !id.known {
+		return status.Error(codes.Unauthenticated, "worker calls need a tenant token")
+	}
+	if req == nil {
+		return nil
+	}
+	for _, t := range requestTenants(req) {
+		if t != id.tenant {
+			return status.Error(codes.PermissionDenied, "tenant "+quoteTenant(t)+": this token acts only for its own tenant")
+		}
+	}
+	return nil
+}
+
+// quoteTenant shows a tenant name in a message without echoing bytes that
+// would break it.
+func quoteTenant(t string) string {
+	if len(t) > 64 {
+		t = t[:64] + "..."
+	}
+	return "\"" + strings.ToValidUTF8(t, "?") + "\""
+}
+
+// requestTenants lists every tenant a worker request acts for.
+func requestTenants(req any) []string {
+	switch r := req.(type) {
+	case interface{ GetCall() *pb.CallRef }:
+		return []string{r.GetCall().GetTenant()}
+	case *pb.ReportOutcomeRequest:
+		out := make([]string, 0, 1)
+		for _, o := range r.GetOutcomes() {
+			if t := o.GetCall().GetTenant(); len(out) == 0 || out[len(out)-1] != t {
+				out = append(out, t)
+			}
+		}
+		return out
+	case *pb.WatchBreakersRequest:
+		return []string{r.GetTenant()}
+	}
+	return nil
+}
+
+func (a *Auth) unary() grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if err := a.authorize(ctx, info.FullMethod, req); err != nil {
+			return nil, err
+		}
+		return handler(ctx, req)
+	}
+}
+
+func (a *Auth) stream() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if err := a.authorize(ss.Context(), info.FullMethod, nil); err != nil {
+			return err
+		}
+		return handler(srv, &authStream{ServerStream: ss, a: a, method: info.FullMethod})
+	}
+}
+
+// authStream checks each message a client streams in.
+type authStream struct {
+	grpc.ServerStream
+	a      *Auth
+	method string
+}
+
+func (s *authStream) RecvMsg(m any) error {
+	if err := s.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	return s.a.authorize(s.Context(), s.method, m)
+}
+
+// logOpenAdmin warns that admin calls are open.
+func (a *Auth) logOpenAdmin(log *slog.Logger) {
+	if a != nil && a.openAdmin {
+		log.Warn("admin calls are OPEN to anyone who can reach the listener (--open-admin); use only for development")
+	}
+}
