@@ -31,6 +31,9 @@ type Config struct {
 	// Auth, when set, authenticates and authorizes every call; nil
 	// leaves every service open (tests, embedding in a trusted process).
 	Auth *Auth
+	// Shedder, when set, sheds unary calls beyond its cap with
+	// RESOURCE_EXHAUSTED.
+	Shedder *Shedder
 	// WatchBuffer is the per-subscriber queue of breaker events; a
 	// subscriber that falls further behind is disconnected. Default 1024.
 	WatchBuffer int

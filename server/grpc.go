@@ -26,6 +26,9 @@ func NewGRPC(store Store, cfg Config, opts ...grpc.ServerOption) (*grpc.Server, 
 	cfg = cfg.withDefaults()
 	codec := newUndecodable()
 	unary := []grpc.UnaryServerInterceptor{recoverUnary(cfg.Logger), codec.unary()}
+	if cfg.Shedder != nil {
+		unary = append([]grpc.UnaryServerInterceptor{cfg.Shedder.unary()}, unary...)
+	}
 	stream := []grpc.StreamServerInterceptor{recoverStream(cfg.Logger), codec.stream()}
 	if cfg.Auth != nil {
 		unary = append(unary, cfg.Auth.unary())

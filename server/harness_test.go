@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/policyd/policyd/breakerstore"
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
@@ -43,6 +44,7 @@ func (c *fakeClock) Advance(d time.Duration) {
 
 // harness is a real server over a real bbolt file, reached through bufconn.
 type harness struct {
+	gs      *grpc.Server
 	clock   *fakeClock
 	store   *breakerstore.Store
 	workers pb.RetryPolicyServiceClient
@@ -87,7 +89,7 @@ func newHarnessWrapped(t testing.TB, wrap func(server.Store) server.Store, opts 
 		}
 	})
 	return &harness{
-		clock: clk, store: store, conn: conn,
+		gs: gs, clock: clk, store: store, conn: conn,
 		workers: pb.NewRetryPolicyServiceClient(conn),
 		admin:   pb.NewAdminServiceClient(conn),
 	}
@@ -120,3 +122,5 @@ func statusMsg(err error) string {
 	st, _ := status.FromError(err)
 	return st.Message()
 }
+
+func durationOf(d time.Duration) *durationpb.Duration { return durationpb.New(d) }

@@ -26,6 +26,7 @@ type serveConfig struct {
 	Grace         time.Duration
 	LogLevel      string
 	Security      securityConfig
+	Limits        limitsConfig
 }
 
 func serveCmd() *cobra.Command {
@@ -56,6 +57,7 @@ SIGINT or SIGTERM drains: health turns NOT_SERVING, in-flight calls finish
 	f.DurationVar(&cfg.Grace, "grace", 10*time.Second, "how long a shutdown waits for in-flight calls before cutting them")
 	f.StringVar(&cfg.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
 	cfg.Security.register(cmd)
+	cfg.Limits.register(cmd)
 	return cmd
 }
 
@@ -81,6 +83,9 @@ func serve(ctx context.Context, cfg serveConfig) error {
 		return fmt.Errorf("--grace: must be > 0, got %s", cfg.Grace)
 	}
 
+	if err := cfg.Limits.validate(); err != nil {
+		return err
+	}
 	auth, err := cfg.Security.auth(cfg.DB, log)
 	if err != nil {
 		return err
@@ -92,6 +97,7 @@ func serve(ctx context.Context, cfg serveConfig) error {
 
 	store, err := breakerstore.Open(breakerstore.Options{
 		Path: cfg.DB, FlushInterval: cfg.FlushInterval, Sync: sync, Logger: log,
+		MaxBreakersPerTenant: cfg.Limits.MaxBreakersPerTenant,
 	})
 	if err != nil {
 		return err
@@ -106,7 +112,8 @@ func serve(ctx context.Context, cfg serveConfig) error {
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
-	gs, hs := server.NewGRPC(store, server.Config{Logger: log, Auth: auth}, tlsOpts...)
+	gs, hs := server.NewGRPC(store, server.Config{Logger: log, Auth: auth, Shedder: cfg.Limits.shedder()},
+		append(tlsOpts, cfg.Limits.serverOptions()...)...)
 
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -1,0 +1,67 @@
+package main
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/policyd/policyd/server"
+)
+
+// limitsConfig is what the limit flags of `policyd serve` say. Every cap
+// has a default, documented in the flag's help and the README.
+type limitsConfig struct {
+	MaxInFlight          int
+	ShedRetryAfter       time.Duration
+	MaxMessageBytes      int
+	MaxConcurrentStreams uint32
+	KeepaliveMinTime     time.Duration
+	KeepaliveTime        time.Duration
+	MaxBreakersPerTenant int
+}
+
+func (c *limitsConfig) register(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.IntVar(&c.MaxInFlight, "max-in-flight", 4096, "unary calls handled at once; beyond it calls are shed with RESOURCE_EXHAUSTED and a RetryInfo")
+	f.DurationVar(&c.ShedRetryAfter, "shed-retry-after", 100*time.Millisecond, "the RetryInfo delay a shed call is given")
+	f.IntVar(&c.MaxMessageBytes, "max-message-bytes", 1<<20, "largest request accepted, in bytes")
+	f.Uint32Var(&c.MaxConcurrentStreams, "max-concurrent-streams", 1024, "concurrent calls per client connection")
+	f.DurationVar(&c.KeepaliveMinTime, "keepalive-min-time", 10*time.Second, "clients pinging more often than this are disconnected")
+	f.DurationVar(&c.KeepaliveTime, "keepalive-time", time.Minute, "ping an idle connection after this long, to find dead watchers")
+	f.IntVar(&c.MaxBreakersPerTenant, "max-breakers-per-tenant", 10000, "breakers one tenant may have; beyond it calls get RESOURCE_EXHAUSTED")
+}
+
+func (c *limitsConfig) validate() error {
+	switch {
+	case c.MaxInFlight < 1:
+		return fmt.Errorf("--max-in-flight: must be >= 1, got %d", c.MaxInFlight)
+	case c.ShedRetryAfter <= 0:
+		return fmt.Errorf("--shed-retry-after: must be > 0, got %s", c.ShedRetryAfter)
+	case c.MaxMessageBytes < 1024:
+		return fmt.Errorf("--max-message-bytes: must be >= 1024, got %d", c.MaxMessageBytes)
+	case c.MaxConcurrentStreams < 1:
+		return fmt.Errorf("--max-concurrent-streams: must be >= 1, got %d", c.MaxConcurrentStreams)
+	case c.KeepaliveMinTime <= 0 || c.KeepaliveTime <= 0:
+		return fmt.Errorf("--keepalive-min-time and --keepalive-time: must be > 0")
+	case c.MaxBreakersPerTenant < 1:
+		return fmt.Errorf("--max-breakers-per-tenant: must be >= 1, got %d", c.MaxBreakersPerTenant)
+	}
+	return nil
+}
+
+// serverOptions returns the gRPC options the caps ask for.
+func (c *limitsConfig) serverOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(c.MaxMessageBytes),
+		grpc.MaxConcurrentStreams(c.MaxConcurrentStreams),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: c.KeepaliveMinTime, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: c.KeepaliveTime, Timeout: 20 * time.Second}),
+	}
+}
+
+func (c *limitsConfig) shedder() *server.Shedder {
+	return server.NewShedder(c.MaxInFlight, c.ShedRetryAfter)
+}

@@ -1,0 +1,102 @@
+package server_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/policyd/policyd/breakerstore"
+	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
+	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/server"
+)
+
+// gateStore holds Resolve until released, keeping calls in flight.
+type gateStore struct {
+	server.Store
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (g gateStore) Resolve(tenant, target string) (policy.Policy, policy.PolicyEntry) {
+	g.entered <- struct{}{}
+	<-g.release
+	return g.Store.Resolve(tenant, target)
+}
+
+func TestShedsBeyondMaxInFlight(t *testing.T) {
+	g := gateStore{entered: make(chan struct{}), release: make(chan struct{})}
+	h := newHarnessWrapped(t, func(s server.Store) server.Store { g.Store = s; return g },
+		func(c *server.Config, _ *breakerstore.Options) { c.Shedder = server.NewShedder(1, 250*time.Millisecond) })
+	ctx := context.Background()
+	first := make(chan error, 1)
+	go func() {
+		_, err := h.workers.Classify(ctx, &pb.ClassifyRequest{Call: call("a", "t", ""), Failure: http(503)})
+		first <- err
+	}()
+	<-g.entered // the first call is in flight
+	_, err := h.workers.Classify(ctx, &pb.ClassifyRequest{Call: call("a", "t", ""), Failure: http(503)})
+	msg := wantCode(t, err, codes.ResourceExhausted)
+	if !strings.Contains(msg, "--max-in-flight") {
+		t.Errorf("message %q does not name the cap", msg)
+	}
+	var retry *errdetails.RetryInfo
+	for _, d := range status.Convert(err).Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok {
+			retry = ri
+		}
+	}
+	if retry == nil || retry.GetRetryDelay().AsDuration() != 250*time.Millisecond {
+		t.Errorf("RetryInfo: got %v, want 250ms", retry)
+	}
+	close(g.release)
+	if err := <-first; err != nil {
+		t.Errorf("the call in flight: %v", err)
+	}
+}
+
+func TestOversizedMessage(t *testing.T) {
+	h := newHarness(t)
+	// The client may send it; the server (here at grpc-go's 4 MiB default,
+	// --max-message-bytes in the daemon) refuses it.
+	huge := strings.Repeat("x", 5<<20)
+	_, err := h.workers.Classify(context.Background(), &pb.ClassifyRequest{Call: &pb.CallRef{Tenant: "a", Target: huge}, Failure: http(503)},
+		grpc.MaxCallSendMsgSize(8<<20))
+	wantCode(t, err, codes.ResourceExhausted)
+}
+
+// TestCallsWhileDrainingAreUnavailable: once a graceful stop begins, new
+// calls on an open connection get UNAVAILABLE.
+func TestCallsWhileDrainingAreUnavailable(t *testing.T) {
+	g := gateStore{entered: make(chan struct{}), release: make(chan struct{})}
+	h := newHarnessWrapped(t, func(s server.Store) server.Store { g.Store = s; return g })
+	ctx := context.Background()
+	first := make(chan error, 1)
+	go func() {
+		_, err := h.workers.Classify(ctx, &pb.ClassifyRequest{Call: call("a", "t", ""), Failure: http(503)})
+		first <- err
+	}()
+	<-g.entered
+	stopped := make(chan struct{})
+	go func() { h.gs.GracefulStop(); close(stopped) }()
+	// Draining: the server refuses new streams on the connection.
+	var err error
+	for range 1000 {
+		_, err = h.workers.PlanBudget(ctx, &pb.PlanBudgetRequest{Window: durationOf(time.Minute)})
+		if err != nil {
+			break
+		}
+	}
+	wantCode(t, err, codes.Unavailable)
+	close(g.release)
+	if err := <-first; err != nil {
+		t.Errorf("the call in flight during the drain: %v", err)
+	}
+	<-stopped
+}
