@@ -55,6 +55,13 @@ func ValidateBudget(b policy.TenantBudget) error {
 	return checkName("tenant", b.Tenant, true)
 }
 
+// CheckBudget fills b's zero numbers with the store's default budget and
+// validates the result, as SetBudget will; it writes nothing. Callers that
+// write several budgets all or nothing check them all first.
+func (s *Store) CheckBudget(b policy.TenantBudget) error {
+	return ValidateBudget(fillBudget(b, s.defBudget))
+}
+
 // fillBudget gives zero numeric fields of b the values of def; a zero
 // TimeoutCost becomes the larger of def's and b's RetryCost.
 func fillBudget(b, def policy.TenantBudget) policy.TenantBudget {

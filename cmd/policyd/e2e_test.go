@@ -61,8 +61,50 @@ type daemon struct {
 	cmd    *exec.Cmd
 	addr   string
 	db     string
-	stderr *bytes.Buffer
+	stderr *logBuffer
 	done   chan error
+}
+
+// logBuffer collects a daemon's log and lets a test wait for a line.
+type logBuffer struct {
+	mu      sync.Mutex
+	buf     bytes.Buffer
+	changed chan struct{}
+}
+
+func newLogBuffer() *logBuffer { return &logBuffer{changed: make(chan struct{})} }
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	close(l.changed)
+	l.changed = make(chan struct{})
+	return l.buf.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+// waitFor blocks until the log holds n occurrences of substr.
+func (l *logBuffer) waitFor(t *testing.T, substr string, n int) {
+	t.Helper()
+	deadline := time.After(30 * time.Second)
+	for {
+		l.mu.Lock()
+		count, ch := strings.Count(l.buf.String(), substr), l.changed
+		l.mu.Unlock()
+		if count >= n {
+			return
+		}
+		select {
+		case <-ch:
+		case <-deadline:
+			t.Fatalf("the daemon never logged %q %d times; it said: %s", substr, n, l.String())
+		}
+	}
 }
 
 func freeAddr(t *testing.T) string {
@@ -77,7 +119,7 @@ func freeAddr(t *testing.T) string {
 
 func startDaemon(t *testing.T, db string, args ...string) *daemon {
 	t.Helper()
-	d := &daemon{addr: freeAddr(t), db: db, stderr: &bytes.Buffer{}, done: make(chan error, 1)}
+	d := &daemon{addr: freeAddr(t), db: db, stderr: newLogBuffer(), done: make(chan error, 1)}
 	d.cmd = exec.Command(binary, append([]string{"serve", "--listen", d.addr, "--db", db}, args...)...)
 	d.cmd.Stderr = d.stderr
 	if err := d.cmd.Start(); err != nil {

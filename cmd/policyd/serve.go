@@ -27,6 +27,7 @@ type serveConfig struct {
 	LogLevel      string
 	Security      securityConfig
 	Limits        limitsConfig
+	Config        string
 }
 
 func serveCmd() *cobra.Command {
@@ -58,6 +59,7 @@ SIGINT or SIGTERM drains: health turns NOT_SERVING, in-flight calls finish
 	f.StringVar(&cfg.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
 	cfg.Security.register(cmd)
 	cfg.Limits.register(cmd)
+	f.StringVar(&cfg.Config, "config", "", "policy file (YAML or JSON) of tenant budgets and policies, loaded at start and on SIGHUP, all or nothing")
 	return cmd
 }
 
@@ -108,6 +110,16 @@ func serve(ctx context.Context, cfg serveConfig) error {
 		}
 	}()
 
+	var loader *configLoader
+	if cfg.Config != "" {
+		loader = &configLoader{path: cfg.Config, store: store}
+		nb, np, err := loader.load()
+		if err != nil {
+			return err
+		}
+		log.Info("config loaded", "file", cfg.Config, "tenants", nb, "policies", np)
+	}
+
 	lis, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
@@ -122,10 +134,28 @@ func serve(ctx context.Context, cfg serveConfig) error {
 	log.Info("policyd serving", "listen", lis.Addr().String(), "db", cfg.DB,
 		"sync", cfg.Sync, "flush_interval", cfg.FlushInterval.String())
 
-	select {
-	case err := <-served:
-		return err
-	case <-ctx.Done():
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+wait:
+	for {
+		select {
+		case err := <-served:
+			return err
+		case <-hup:
+			if loader == nil {
+				log.Warn("SIGHUP ignored: no --config file")
+				continue
+			}
+			// All or nothing: a bad file changes nothing.
+			if nb, np, err := loader.load(); err != nil {
+				log.Error("config reload refused; nothing changed", "err", err.Error())
+			} else {
+				log.Info("config reloaded", "file", cfg.Config, "tenants", nb, "policies", np)
+			}
+		case <-ctx.Done():
+			break wait
+		}
 	}
 	log.Info("draining", "grace", cfg.Grace.String())
 	hs.Shutdown() // every service NOT_SERVING, so balancers stop sending

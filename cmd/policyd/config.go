@@ -1,0 +1,207 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+
+	"go.yaml.in/yaml/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/policyd/policyd/breakerstore"
+	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
+	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/server"
+)
+
+// A policy file (--config) declares tenant budgets and policies, in YAML or
+// JSON (JSON is YAML). Budgets and policies take the API's JSON form, with
+// either the proto field names or their lowerCamel forms:
+//
+//	tenants:
+//	  - tenant: acme
+//	    capacity: 100
+//	    deposit_ratio: 0.1
+//	policies:
+//	  - tenant: acme            # optional: every tenant when absent
+//	    target: geocoder        # optional: every target when absent
+//	    policy:
+//	      max_attempts: 5
+//	      backoff: {base_delay: 1s, factor: 2, max_delay: 20s, jitter: JITTER_EQUAL}
+//	      breaker: {consecutive_failures: 10, cooldown: 30s}
+//
+// The file is loaded at start and again on SIGHUP, all or nothing: every
+// entry is validated before any is written, and a file with an error changes
+// nothing and says which line and why. Entries that a later version of the
+// file no longer declares are deleted; entries set through the admin API
+// and never declared in the file are left alone.
+
+// configFile is a parsed, validated policy file.
+type configFile struct {
+	budgets  []policy.TenantBudget
+	policies []scopedPolicy
+}
+
+type scopedPolicy struct {
+	tenant, target string
+	policy         policy.Policy
+}
+
+// parseConfig reads and validates a policy file; check validates each
+// budget as the store will. Errors are "file:line: field: rule".
+func parseConfig(path string, raw []byte, check func(policy.TenantBudget) error) (*configFile, error) {
+	var root yaml.Node
+	if err := yaml.Unmarshal(raw, &root); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	cf := &configFile{}
+	if len(root.Content) == 0 {
+		return cf, nil
+	}
+	doc := root.Content[0]
+	if doc.Kind != yaml.MappingNode {
+		return nil, fmt.Errorf("%s:%d: the file must be a mapping with tenants and policies", path, doc.Line)
+	}
+	seenBudget := map[string]int{}
+	seenPolicy := map[[2]string]int{}
+	for i := 0; i+1 < len(doc.Content); i += 2 {
+		key, val := doc.Content[i], doc.Content[i+1]
+		if val.Kind != yaml.SequenceNode {
+			return nil, fmt.Errorf("%s:%d: %s: must be a list", path, val.Line, key.Value)
+		}
+		switch key.Value {
+		case "tenants":
+			for n, item := range val.Content {
+				field := fmt.Sprintf("tenants[%d]", n)
+				b := &pb.TenantBudget{}
+				if err := decodeNode(item, b); err != nil {
+					return nil, fmt.Errorf("%s:%d: %s: %v", path, item.Line, field, err)
+				}
+				d, err := server.BudgetFromProto(field, b)
+				if err != nil {
+					return nil, fmt.Errorf("%s:%d: %v", path, item.Line, err)
+				}
+				if err := check(d); err != nil {
+					return nil, fmt.Errorf("%s:%d: %s: %v", path, item.Line, field, err)
+				}
+				if line, dup := seenBudget[d.Tenant]; dup {
+					return nil, fmt.Errorf("%s:%d: %s: tenant %q is already declared on line %d", path, item.Line, field, d.Tenant, line)
+				}
+				seenBudget[d.Tenant] = item.Line
+				cf.budgets = append(cf.budgets, d)
+			}
+		case "policies":
+			for n, item := range val.Content {
+				field := fmt.Sprintf("policies[%d]", n)
+				var entry struct {
+					Tenant string          `json:"tenant"`
+					Target string          `json:"target"`
+					Policy json.RawMessage `json:"policy"`
+				}
+				if err := decodeNode(item, &entry); err != nil {
+					return nil, fmt.Errorf("%s:%d: %s: %v", path, item.Line, field, err)
+				}
+				if err := server.CheckScope(entry.Tenant, entry.Target); err != nil {
+					return nil, fmt.Errorf("%s:%d: %s.%v", path, item.Line, field, err)
+				}
+				if len(entry.Policy) == 0 {
+					return nil, fmt.Errorf("%s:%d: %s.policy: is required", path, item.Line, field)
+				}
+				p := &pb.Policy{}
+				if err := protojson.Unmarshal(entry.Policy, p); err != nil {
+					return nil, fmt.Errorf("%s:%d: %s.policy: %v", path, item.Line, field, err)
+				}
+				dp, err := server.PolicyFromProto(field+".policy", p)
+				if err != nil {
+					return nil, fmt.Errorf("%s:%d: %v", path, item.Line, err)
+				}
+				scope := [2]string{entry.Tenant, entry.Target}
+				if line, dup := seenPolicy[scope]; dup {
+					return nil, fmt.Errorf("%s:%d: %s: scope %q/%q is already declared on line %d", path, item.Line, field, entry.Tenant, entry.Target, line)
+				}
+				seenPolicy[scope] = item.Line
+				cf.policies = append(cf.policies, scopedPolicy{entry.Tenant, entry.Target, dp})
+			}
+		default:
+			return nil, fmt.Errorf("%s:%d: unknown key %q (want tenants or policies)", path, key.Line, key.Value)
+		}
+	}
+	return cf, nil
+}
+
+// decodeNode decodes a YAML node into a proto message (through protojson)
+// or a Go value (through encoding/json, refusing unknown keys).
+func decodeNode(n *yaml.Node, into any) error {
+	var v any
+	if err := n.Decode(&v); err != nil {
+		return err
+	}
+	raw, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if m, ok := into.(proto.Message); ok {
+		return protojson.Unmarshal(raw, m)
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	return dec.Decode(into)
+}
+
+// configLoader applies a policy file to the store and remembers what it
+// declared, so a reload can delete what the file dropped.
+type configLoader struct {
+	path  string
+	store *breakerstore.Store
+
+	mu       sync.Mutex
+	budgets  map[string]bool
+	policies map[[2]string]bool
+}
+
+// load reads, validates and applies the file; on any error nothing changes.
+func (l *configLoader) load() (budgets, policies int, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	raw, err := os.ReadFile(l.path)
+	if err != nil {
+		return 0, 0, fmt.Errorf("--config: %w", err)
+	}
+	cf, err := parseConfig(l.path, raw, l.store.CheckBudget)
+	if err != nil {
+		return 0, 0, err
+	}
+	nextB, nextP := map[string]bool{}, map[[2]string]bool{}
+	for _, b := range cf.budgets {
+		if _, err := l.store.SetBudget(b); err != nil {
+			return 0, 0, fmt.Errorf("%s: tenant %q: %w", l.path, b.Tenant, err)
+		}
+		nextB[b.Tenant] = true
+	}
+	for _, p := range cf.policies {
+		if _, err := l.store.SetPolicy(p.tenant, p.target, p.policy); err != nil {
+			return 0, 0, fmt.Errorf("%s: policy %q/%q: %w", l.path, p.tenant, p.target, err)
+		}
+		nextP[[2]string{p.tenant, p.target}] = true
+	}
+	for t := range l.budgets {
+		if !nextB[t] {
+			if err := l.store.DeleteBudget(t); err != nil && !errors.Is(err, policy.ErrNotFound) {
+				return 0, 0, err
+			}
+		}
+	}
+	for s := range l.policies {
+		if !nextP[s] {
+			if err := l.store.DeletePolicy(s[0], s[1]); err != nil && !errors.Is(err, policy.ErrNotFound) {
+				return 0, 0, err
+			}
+		}
+	}
+	l.budgets, l.policies = nextB, nextP
+	return len(cf.budgets), len(cf.policies), nil
+}

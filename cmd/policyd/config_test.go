@@ -1,0 +1,124 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/policyd/policyd/breakerstore"
+	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
+)
+
+func TestParseConfigErrorsNameLineAndField(t *testing.T) {
+	s, err := breakerstore.Open(breakerstore.Options{Path: filepath.Join(t.TempDir(), "policyd.db")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	check := s.CheckBudget
+	tests := []struct {
+		name, file, want string
+	}{
+		{"bad factor", "policies:\n  - tenant: acme\n    policy:\n      backoff: {factor: 0.5}\n", "cfg.yaml:2: policies[0].policy.backoff.factor: must be > 1"},
+		{"ratio above 1", "tenants:\n  - tenant: a\n  - tenant: b\n    deposit_ratio: 1.5\n", "cfg.yaml:3: tenants[1].deposit_ratio"},
+		{"unknown key", "tenant:\n  - x\n", "cfg.yaml:1: unknown key \"tenant\""},
+		{"unknown policy field", "policies:\n  - policy: {max_attemps: 3}\n", "cfg.yaml:2: policies[0].policy: "},
+		{"duplicate tenant", "tenants:\n  - tenant: a\n  - tenant: a\n", "cfg.yaml:3: tenants[1]: tenant \"a\" is already declared on line 2"},
+		{"missing policy", "policies:\n  - tenant: a\n", "cfg.yaml:2: policies[0].policy: is required"},
+		{"not YAML", "tenants: [\n", "cfg.yaml: yaml:"},
+		{"NaN capacity", "tenants:\n  - tenant: a\n    capacity: .nan\n", "cfg.yaml:2: "},
+		{"control char in target", "policies:\n  - target: \"a\\x01\"\n    policy: {}\n", "cfg.yaml:2: policies[0].target"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := parseConfig("cfg.yaml", []byte(tc.file), check)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("got %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+	cf, err := parseConfig("cfg.yaml", []byte(goodConfig), check)
+	if err != nil {
+		t.Fatalf("good config: %v", err)
+	}
+	if len(cf.budgets) != 1 || len(cf.policies) != 2 || cf.policies[0].policy.MaxAttempts != 5 {
+		t.Errorf("good config: got %+v", cf)
+	}
+}
+
+const goodConfig = `# tenants and policies
+tenants:
+  - tenant: acme
+    capacity: 50
+    deposit_ratio: 0.1
+policies:
+  - tenant: acme
+    target: geocoder
+    policy:
+      max_attempts: 5
+      backoff: {base_delay: 1s, factor: 2, max_delay: 20s, jitter: JITTER_EQUAL}
+  - target: portal
+    policy: {maxAttempts: 4}
+`
+
+// TestConfigReloadIsAllOrNothing: the daemon loads --config at start; a
+// bad file on SIGHUP changes nothing and says where; a good one applies,
+// deleting what it dropped.
+func TestConfigReloadIsAllOrNothing(t *testing.T) {
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "policy.yaml")
+	if err := os.WriteFile(cfgPath, []byte(goodConfig), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, filepath.Join(dir, "policyd.db"), "--config", cfgPath)
+	admin := pb.NewAdminServiceClient(d.conn(t))
+	ctx := context.Background()
+	attempts := func(tenant, target string) uint32 {
+		t.Helper()
+		resp, err := admin.GetPolicy(ctx, &pb.GetPolicyRequest{Tenant: tenant, Target: target})
+		if status.Code(err) == codes.NotFound {
+			return 0
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.GetEntry().GetPolicy().GetMaxAttempts()
+	}
+	if got := attempts("acme", "geocoder"); got != 5 {
+		t.Fatalf("after start: got %d attempts, want 5", got)
+	}
+
+	bad := strings.Replace(goodConfig, "max_attempts: 5", "max_attempts: 6", 1) +
+		"  - target: broken\n    policy:\n      backoff: {factor: 0.5}\n"
+	if err := os.WriteFile(cfgPath, []byte(bad), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d.cmd.Process.Signal(syscall.SIGHUP)
+	d.stderr.waitFor(t, "config reload refused", 1)
+	if !strings.Contains(d.stderr.String(), "policy.yaml:14: policies[2].policy.backoff.factor") {
+		t.Errorf("the refusal does not say which line and why: %s", d.stderr)
+	}
+	if got := attempts("acme", "geocoder"); got != 5 {
+		t.Errorf("after a bad reload: got %d attempts, want the old 5", got)
+	}
+
+	good := strings.Replace(goodConfig, "max_attempts: 5", "max_attempts: 7", 1)
+	good = good[:strings.Index(good, "  - target: portal")]
+	if err := os.WriteFile(cfgPath, []byte(good), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d.cmd.Process.Signal(syscall.SIGHUP)
+	d.stderr.waitFor(t, "config reloaded", 1)
+	if got := attempts("acme", "geocoder"); got != 7 {
+		t.Errorf("after a good reload: got %d attempts, want 7", got)
+	}
+	if got := attempts("", "portal"); got != 0 {
+		t.Errorf("the dropped portal policy is still there (%d attempts)", got)
+	}
+}
