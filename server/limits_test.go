@@ -100,3 +100,22 @@ func TestCallsWhileDrainingAreUnavailable(t *testing.T) {
 	}
 	<-stopped
 }
+
+func TestBreakersPerTenantCap(t *testing.T) {
+	h := newHarness(t, func(_ *server.Config, o *breakerstore.Options) { o.MaxBreakersPerTenant = 2 })
+	ctx := context.Background()
+	for _, target := range []string{"a", "b"} {
+		if _, err := h.workers.Admit(ctx, &pb.AdmitRequest{Call: call("acme", target, ""), Attempt: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := h.workers.Admit(ctx, &pb.AdmitRequest{Call: call("acme", "c", ""), Attempt: 1})
+	msg := wantCode(t, err, codes.ResourceExhausted)
+	if !strings.Contains(msg, "2") {
+		t.Errorf("message %q does not give the cap", msg)
+	}
+	// Another tenant has its own allowance.
+	if _, err := h.workers.Admit(ctx, &pb.AdmitRequest{Call: call("globex", "c", ""), Attempt: 1}); err != nil {
+		t.Errorf("another tenant: %v", err)
+	}
+}
