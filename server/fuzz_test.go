@@ -3,9 +3,11 @@ package server_test
 import (
 	"context"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -23,63 +25,33 @@ type unaryRPC struct {
 	call func(ctx context.Context, raw []byte) error
 }
 
+// rpcTable lists every unary method of both services, called through the
+// generated handlers as the gRPC server calls them.
 func rpcTable(d *server.Decisions, a *server.Admin) []unaryRPC {
-	// decode builds a caller for request type Req.
-	decode := func(name string, newReq func() proto.Message, fn func(context.Context, proto.Message) error) unaryRPC {
-		return unaryRPC{name, func(ctx context.Context, raw []byte) error {
-			req := newReq()
-			if err := proto.Unmarshal(raw, req); err != nil {
-				return nil // gRPC itself refuses undecodable bytes
-			}
-			return fn(ctx, req)
-		}}
+	var out []unaryRPC
+	for _, svc := range []struct {
+		desc *grpc.ServiceDesc
+		impl any
+	}{{&pb.RetryPolicyService_ServiceDesc, d}, {&pb.AdminService_ServiceDesc, a}} {
+		for _, m := range svc.desc.Methods {
+			handler, impl := m.Handler, svc.impl
+			out = append(out, unaryRPC{svc.desc.ServiceName + "/" + m.MethodName, func(ctx context.Context, raw []byte) error {
+				undecodable := false
+				_, err := handler(impl, ctx, func(v any) error {
+					if err := proto.Unmarshal(raw, v.(proto.Message)); err != nil {
+						undecodable = true // the server's codec answers these INVALID_ARGUMENT
+						return err
+					}
+					return nil
+				}, nil)
+				if undecodable {
+					return nil
+				}
+				return err
+			}})
+		}
 	}
-	return []unaryRPC{
-		decode("Classify", func() proto.Message { return &pb.ClassifyRequest{} }, func(ctx context.Context, m proto.Message) error {
-			_, err := d.Classify(ctx, m.(*pb.ClassifyRequest))
-			return err
-		}),
-		decode("NextDelay", func() proto.Message { return &pb.NextDelayRequest{} }, func(ctx context.Context, m proto.Message) error {
-			_, err := d.NextDelay(ctx, m.(*pb.NextDelayRequest))
-			return err
-		}),
-		decode("ReportOutcome", func() proto.Message { return &pb.ReportOutcomeRequest{} }, func(ctx context.Context, m proto.Message) error {
-			_, err := d.ReportOutcome(ctx, m.(*pb.ReportOutcomeRequest))
-			return err
-		}),
-		decode("Admit", func() proto.Message { return &pb.AdmitRequest{} }, func(ctx context.Context, m proto.Message) error {
-			_, err := d.Admit(ctx, m.(*pb.AdmitRequest))
-			return err
-		}),
-		decode("PlanBudget", func() proto.Message { return &pb.PlanBudgetRequest{} }, func(ctx context.Context, m proto.Message) error {
-			_, err := d.PlanBudget(ctx, m.(*pb.PlanBudgetRequest))
-			return err
-		}),
-		decode("SetTenantBudget", func() proto.Message { return &pb.SetTenantBudgetRequest{} }, func(ctx context.Context, m proto.Message) error {
-			_, err := a.SetTenantBudget(ctx, m.(*pb.SetTenantBudgetRequest))
-			return err
-		}),
-		decode("SetPolicy", func() proto.Message { return &pb.SetPolicyRequest{} }, func(ctx context.Context, m proto.Message) error {
-			_, err := a.SetPolicy(ctx, m.(*pb.SetPolicyRequest))
-			return err
-		}),
-		decode("ForceBreaker", func() proto.Message { return &pb.ForceBreakerRequest{} }, func(ctx context.Context, m proto.Message) error {
-			_, err := a.ForceBreaker(ctx, m.(*pb.ForceBreakerRequest))
-			return err
-		}),
-		decode("OpenRun", func() proto.Message { return &pb.OpenRunRequest{} }, func(ctx context.Context, m proto.Message) error {
-			_, err := a.OpenRun(ctx, m.(*pb.OpenRunRequest))
-			return err
-		}),
-		decode("ListBreakers", func() proto.Message { return &pb.ListBreakersRequest{} }, func(ctx context.Context, m proto.Message) error {
-			_, err := a.ListBreakers(ctx, m.(*pb.ListBreakersRequest))
-			return err
-		}),
-		decode("GetPolicy", func() proto.Message { return &pb.GetPolicyRequest{} }, func(ctx context.Context, m proto.Message) error {
-			_, err := a.GetPolicy(ctx, m.(*pb.GetPolicyRequest))
-			return err
-		}),
-	}
+	return out
 }
 
 func mustMarshal(m proto.Message) []byte {
@@ -107,9 +79,7 @@ func FuzzRequests(f *testing.F) {
 		&pb.OpenRunRequest{Tenant: "a", RetryPool: 9, CutoffTime: timestamppb.New(now.Add(time.Hour))},
 		&pb.ListBreakersRequest{PageSize: 2},
 		&pb.GetPolicyRequest{Tenant: "a", Effective: true},
-	}
-	for i, s := range seeds {
-		f.Add(uint8(i), mustMarshal(s))
+		&pb.QueryAuditRequest{CallId: "c", Tenant: "a", StartTime: timestamppb.New(now), PageSize: 5, PageToken: "MTAAMg"},
 	}
 	clk := newFakeClock()
 	store, err := breakerstore.Open(breakerstore.Options{Path: filepath.Join(f.TempDir(), "fuzz.db"), Clock: clk, FlushInterval: time.Hour})
@@ -119,9 +89,22 @@ func FuzzRequests(f *testing.F) {
 	f.Cleanup(func() { store.Close() })
 	cfg := server.Config{Clock: clk}
 	rpcs := rpcTable(server.NewDecisions(store, cfg), server.NewAdmin(store, cfg))
+	// Each seed goes to the method it is the request of, and an empty
+	// request to every method.
+	for i, rpc := range rpcs {
+		f.Add(uint8(i), []byte{})
+		for _, s := range seeds {
+			name := string(s.ProtoReflect().Descriptor().Name())
+			if strings.HasSuffix(rpc.name, "/"+strings.TrimSuffix(name, "Request")) {
+				f.Add(uint8(i), mustMarshal(s))
+			}
+		}
+	}
 	f.Fuzz(func(t *testing.T, which uint8, raw []byte) {
 		rpc := rpcs[int(which)%len(rpcs)]
+		watchdog := time.AfterFunc(10*time.Second, func() { panic(rpc.name + " hung on this input") })
 		err := rpc.call(context.Background(), raw)
+		watchdog.Stop()
 		if c := status.Code(err); c == codes.Unknown || c == codes.Internal {
 			t.Fatalf("%s answered %v: %v", rpc.name, c, err)
 		}
