@@ -31,10 +31,16 @@ var (
 	bucketRunState = []byte("runstate")
 	bucketRunCalls = []byte("runcalls")
 
-	keySchema = []byte("schema")
+	bucketAudit       = []byte("audit")
+	bucketAuditCall   = []byte("auditcall")
+	bucketAuditTenant = []byte("audittenant")
+
+	keySchema   = []byte("schema")
+	keyAuditSeq = []byte("auditseq")
 
 	allBuckets = [][]byte{bucketMeta, bucketBreakers, bucketBudgets, bucketTokens,
-		bucketPolicies, bucketRuns, bucketRunState, bucketRunCalls}
+		bucketPolicies, bucketRuns, bucketRunState, bucketRunCalls,
+		bucketAudit, bucketAuditCall, bucketAuditTenant}
 )
 
 // Defaults of Options.
@@ -110,6 +116,16 @@ type Options struct {
 	MaxBatchDelay time.Duration
 	// Logger receives flush failures and recoveries; default discards.
 	Logger *slog.Logger
+	// AuditRetention is how long audit records are kept; the flusher
+	// deletes older ones. Default DefaultAuditRetention (7 days).
+	AuditRetention time.Duration
+	// AuditMaxRecords caps the audit records kept; the flusher deletes the
+	// oldest past it. Default DefaultAuditMaxRecords (1,000,000).
+	AuditMaxRecords int
+	// AuditBuffer caps the audit records waiting for a group commit; past
+	// it AppendAudit drops records (counted in Stats.AuditDropped) rather
+	// than block. Default DefaultAuditBuffer.
+	AuditBuffer int
 }
 
 // Stats counts the store's writes since Open, for benchmarks and metrics.
@@ -123,6 +139,10 @@ type Stats struct {
 	Breakers       int    // breakers in memory
 	Tenants        int    // token buckets in memory
 	Runs           int    // runs in memory
+	AuditRecords   int    // audit records on disk
+	AuditBuffered  int    // audit records waiting for a group commit
+	AuditDropped   uint64 // audit records dropped: buffer full or unindexable
+	AuditDeleted   uint64 // audit records deleted by retention
 }
 
 // Store is policyd's shared state. All methods are safe for concurrent use.
@@ -163,6 +183,16 @@ type Store struct {
 	subs  []*subscriber
 
 	permitSeq atomic.Uint64
+
+	auditMu         sync.Mutex           // guards the audit fields below
+	auditBuf        []policy.AuditRecord // appended, waiting for a group commit
+	auditSeq        uint64               // the last sequence number handed out
+	auditLast       int64                // the last time stamped, Unix ns
+	auditCount      int                  // records on disk
+	auditOldest     int64                // time of the oldest record on disk, Unix ns
+	auditDropLogged uint64               // drops already logged; guarded by flushMu
+
+	auditDropped, auditDeleted atomic.Uint64
 
 	batchMu     sync.Mutex
 	lastBatchTx *bbolt.Tx
@@ -205,6 +235,15 @@ func Open(opts Options) (*Store, error) {
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.AuditRetention <= 0 {
+		opts.AuditRetention = DefaultAuditRetention
+	}
+	if opts.AuditMaxRecords <= 0 {
+		opts.AuditMaxRecords = DefaultAuditMaxRecords
+	}
+	if opts.AuditBuffer <= 0 {
+		opts.AuditBuffer = DefaultAuditBuffer
 	}
 	if opts.Sync > SyncAlways {
 		return nil, invalid("sync", "must be SyncGroup or SyncAlways")
@@ -295,6 +334,9 @@ func Check(path string, lockTimeout time.Duration) error {
 	if len(problems) > 0 {
 		return fmt.Errorf("%w: %s: %d page problems, first: %v", ErrCorrupt, path, len(problems), problems[0])
 	}
+	if err := db.View(checkAudit); err != nil {
+		return err
+	}
 	return newStore(db, opts, DefaultTenantBudget()).load()
 }
 
@@ -365,6 +407,9 @@ func (s *Store) load() error {
 		if err := s.loadRuns(tx); err != nil {
 			return err
 		}
+		if err := s.loadAudit(tx); err != nil {
+			return err
+		}
 		return s.loadBreakers(tx, now)
 	})
 }
@@ -411,7 +456,12 @@ func (s *Store) Stats() Stats {
 		Breakers:       s.breakers.len(),
 		Tenants:        s.buckets.len(),
 		Runs:           s.runs.len(),
+		AuditDropped:   s.auditDropped.Load(),
+		AuditDeleted:   s.auditDeleted.Load(),
 	}
+	s.auditMu.Lock()
+	st.AuditRecords, st.AuditBuffered = s.auditCount, len(s.auditBuf)
+	s.auditMu.Unlock()
 	return st
 }
 
@@ -440,9 +490,11 @@ func (s *Store) sweepEvery() int64 {
 	return int64(d)
 }
 
-// flush writes the dirty entities, and removes idle ones when a sweep is
-// due or forced, in one transaction. On failure the entities are queued again
-// and the error is logged; decisions keep being served from memory.
+// flush writes the dirty entities and the buffered audit records, removes
+// idle entities when a sweep is due or forced, and deletes audit records
+// past their retention, in one transaction. On failure the entities and
+// records are queued again and the error is logged; decisions keep being
+// served from memory.
 func (s *Store) flush(forceSweep bool) error {
 	s.flushMu.Lock()
 	defer s.flushMu.Unlock()
@@ -455,15 +507,22 @@ func (s *Store) flush(forceSweep bool) error {
 		s.lastSweep = now
 	}
 
+	s.logAuditDrops()
 	s.dirtyMu.Lock()
 	batch := s.dirty
 	s.dirty = nil
 	s.dirtyMu.Unlock()
-	if len(batch) == 0 && len(s.pendingDel) == 0 {
+	audit := s.takeAudit()
+	auditDue := len(audit) > 0 || s.auditSweepDue(now)
+	if len(batch) == 0 && len(s.pendingDel) == 0 && !auditDue {
 		return nil
 	}
+	s.auditMu.Lock()
+	count := s.auditCount
+	s.auditMu.Unlock()
 
-	var written int
+	var written, deleted int
+	var oldest int64
 	err := s.db.Update(func(tx *bbolt.Tx) error {
 		written = 0
 		if err := s.deleteRecords(tx, s.pendingDel); err != nil {
@@ -476,18 +535,28 @@ func (s *Store) flush(forceSweep bool) error {
 			}
 			written += n
 		}
-		return nil
+		if !auditDue {
+			return nil
+		}
+		var err error
+		deleted, oldest, err = s.flushAudit(tx, audit, now, count)
+		written += len(audit)
+		return err
 	})
 	if err != nil {
 		err = storageErr("flush counters", err)
 		s.flushErrors.Add(1)
-		s.log.Error("breakerstore: group commit failed; will retry", "err", err, "records", len(batch))
+		s.log.Error("breakerstore: group commit failed; will retry", "err", err, "records", len(batch), "audit_records", len(audit))
 		for _, e := range batch {
 			if e.redirty() {
 				s.queue(e)
 			}
 		}
+		s.requeueAudit(audit)
 		return err
+	}
+	if auditDue {
+		s.auditCommitted(len(audit), deleted, oldest)
 	}
 	s.pendingDel = nil
 	s.commits.Add(1)

@@ -168,3 +168,106 @@ type BreakerEvent struct {
 	Initial      bool
 	SnapshotDone bool
 }
+
+// AuditEvent is the kind of an audit record.
+type AuditEvent uint8
+
+// Audit events, numbered as the API numbers them.
+const (
+	AuditEventUnspecified AuditEvent = iota
+	// AuditAdmit is an Admit answer, recorded when it refused.
+	AuditAdmit
+	// AuditDecision is a NextDelay answer for a failed attempt.
+	AuditDecision
+	// AuditOutcome is a reported attempt outcome.
+	AuditOutcome
+	// AuditFinal is a call's reported final disposition.
+	AuditFinal
+)
+
+// String returns the event's name as the API spells it, e.g. "DECISION".
+func (e AuditEvent) String() string {
+	switch e {
+	case AuditAdmit:
+		return "ADMIT"
+	case AuditDecision:
+		return "DECISION"
+	case AuditOutcome:
+		return "OUTCOME"
+	case AuditFinal:
+		return "FINAL"
+	default:
+		return "UNSPECIFIED"
+	}
+}
+
+// Verdict is a NextDelay answer as the audit trail keeps it.
+type Verdict uint8
+
+// Verdicts, numbered as the API's Decision. VerdictNone is set on records
+// that are not decisions.
+const (
+	VerdictNone Verdict = iota
+	VerdictRetry
+	VerdictStop
+)
+
+// String returns "RETRY", "STOP" or "NONE".
+func (v Verdict) String() string {
+	switch v {
+	case VerdictRetry:
+		return "RETRY"
+	case VerdictStop:
+		return "STOP"
+	default:
+		return "NONE"
+	}
+}
+
+// AuditRecord is one write-once entry of the audit trail: an attempt's
+// outcome, a decision with its classification and wait, a refused
+// admission, or a call's final disposition. Time and Seq are stamped by the
+// store when the record is appended (Time only when zero); together they
+// order the trail.
+type AuditRecord struct {
+	Time           time.Time
+	Seq            uint64
+	Event          AuditEvent
+	Tenant         string
+	Target         string
+	CallID         string
+	RunID          string
+	Attempt        uint32
+	Classification string // the failure's classification reason, e.g. transient:503
+	Verdict        Verdict
+	Delay          time.Duration // the wait handed out with a RETRY
+	Stop           StopReason
+	Disposition    Disposition
+	Detail         string
+}
+
+// Cursor returns the record's position in the trail's order.
+func (r AuditRecord) Cursor() AuditCursor { return AuditCursor{Time: r.Time, Seq: r.Seq} }
+
+// AuditCursor is a position in the audit trail's order: a record's time,
+// then its sequence number. As AuditQuery.After the zero cursor is the
+// beginning; as the next cursor of a query it means there is nothing more.
+type AuditCursor struct {
+	Time time.Time
+	Seq  uint64
+}
+
+// IsZero reports whether c is the zero cursor.
+func (c AuditCursor) IsZero() bool { return c.Time.IsZero() && c.Seq == 0 }
+
+// AuditQuery selects audit records: those of CallID and of Tenant (each
+// when set), recorded in [Start, End) (each bound when set), after the
+// cursor After, at most Limit of them (the store's default when <= 0).
+type AuditQuery struct {
+	CallID string
+	Tenant string
+	Start  time.Time
+	End    time.Time
+	After  AuditCursor
+	Limit  int
+}

@@ -334,3 +334,24 @@ func (a *Admin) ListRuns(ctx context.Context, req *pb.ListRunsRequest) (*pb.List
 	}
 	return resp, nil
 }
+
+// QueryAudit pages through the audit trail of a call, a tenant or both, in
+// the order the records were made.
+func (a *Admin) QueryAudit(ctx context.Context, req *pb.QueryAuditRequest) (*pb.QueryAuditResponse, error) {
+	q, err := auditQueryFromPB(req)
+	if err != nil {
+		return nil, err
+	}
+	recs, next, err := a.store.QueryAudit(q)
+	if err != nil {
+		return nil, storeError(ctx, a.cfg.Logger, "audit", err)
+	}
+	resp := &pb.QueryAuditResponse{Records: make([]*pb.AuditRecord, 0, len(recs))}
+	for _, r := range recs {
+		resp.Records = append(resp.Records, auditRecordToPB(r))
+	}
+	if !next.IsZero() {
+		resp.NextPageToken = encodeToken(strconv.FormatInt(next.Time.UnixNano(), 10), strconv.FormatUint(next.Seq, 10))
+	}
+	return resp, nil
+}

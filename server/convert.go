@@ -526,3 +526,65 @@ func pageSize(field string, n uint32) (int, error) {
 	}
 	return int(n), nil
 }
+
+// auditQueryFromPB validates a QueryAuditRequest: call_id or tenant (or
+// both), an optional time range, a page size of at most maxPageSize and a
+// page token this server issued.
+func auditQueryFromPB(req *pb.QueryAuditRequest) (policy.AuditQuery, error) {
+	var q policy.AuditQuery
+	if err := checkName("call_id", req.GetCallId(), maxCallIDLen, false); err != nil {
+		return q, err
+	}
+	if err := checkName("tenant", req.GetTenant(), maxTenantLen, false); err != nil {
+		return q, err
+	}
+	if req.GetCallId() == "" && req.GetTenant() == "" {
+		return q, invalid("call_id", "call_id or tenant is required")
+	}
+	var err error
+	if q.Start, err = timestamp("start_time", req.GetStartTime()); err != nil {
+		return q, err
+	}
+	if q.End, err = timestamp("end_time", req.GetEndTime()); err != nil {
+		return q, err
+	}
+	if !q.Start.IsZero() && !q.End.IsZero() && !q.End.After(q.Start) {
+		return q, invalid("end_time", "must be after start_time")
+	}
+	if q.Limit, err = pageSize("page_size", req.GetPageSize()); err != nil {
+		return q, err
+	}
+	after, err := decodeToken(req.GetPageToken(), 2)
+	if err != nil {
+		return q, err
+	}
+	if req.GetPageToken() != "" {
+		ns, err1 := strconv.ParseInt(after[0], 10, 64)
+		seq, err2 := strconv.ParseUint(after[1], 10, 64)
+		if err1 != nil || err2 != nil || ns < 0 {
+			return q, invalid("page_token", "is not a token this server issued")
+		}
+		q.After = policy.AuditCursor{Time: time.Unix(0, ns), Seq: seq}
+	}
+	q.CallID, q.Tenant = req.GetCallId(), req.GetTenant()
+	return q, nil
+}
+
+// auditRecordToPB converts an audit record.
+func auditRecordToPB(r policy.AuditRecord) *pb.AuditRecord {
+	return &pb.AuditRecord{
+		RecordTime:     timePB(r.Time),
+		Event:          pb.AuditEvent(r.Event),
+		Tenant:         r.Tenant,
+		Target:         r.Target,
+		CallId:         r.CallID,
+		RunId:          r.RunID,
+		Attempt:        r.Attempt,
+		Classification: r.Classification,
+		Decision:       pb.Decision(r.Verdict),
+		Delay:          durationPB(r.Delay),
+		StopReason:     pb.StopReason(r.Stop),
+		Disposition:    pb.Disposition(r.Disposition),
+		Detail:         r.Detail,
+	}
+}

@@ -34,6 +34,9 @@ type Config struct {
 	// Shedder, when set, sheds unary calls beyond its cap with
 	// RESOURCE_EXHAUSTED.
 	Shedder *Shedder
+	// Metrics, when set, counts decisions, outcomes and budgets and times
+	// every RPC; nil records nothing.
+	Metrics *Metrics
 	// WatchBuffer is the per-subscriber queue of breaker events; a
 	// subscriber that falls further behind is disconnected. Default 1024.
 	WatchBuffer int
@@ -175,7 +178,32 @@ func (d *Decisions) NextDelay(ctx context.Context, req *pb.NextDelayRequest) (*p
 	resp.PushbackNote = note
 	resp.Checks = dec.Checks.Names()
 	resp.Detail = detail(&dec, &p)
+	d.decided(ctx, call, req.GetAttempt(), &dec, resp.GetDetail(), snap.State)
 	return resp, nil
+}
+
+// decided puts a NextDelay answer in the audit trail, the metrics and the
+// debug log.
+func (d *Decisions) decided(ctx context.Context, call callRef, attempt uint32, dec *policy.Decision, why string, breaker policy.BreakerState) {
+	verdict := policy.VerdictStop
+	if dec.Retry {
+		verdict = policy.VerdictRetry
+	}
+	d.store.AppendAudit(policy.AuditRecord{
+		Event: policy.AuditDecision, Tenant: call.tenant, Target: call.target, CallID: call.callID, RunID: call.runID,
+		Attempt: attempt, Classification: dec.Class.Reason, Verdict: verdict, Delay: dec.Delay,
+		Stop: dec.Stop, Disposition: dec.Disposition, Detail: why,
+	})
+	d.cfg.Metrics.decision(dec.Retry, dec.Stop, dec.Disposition)
+	if d.cfg.Logger.Enabled(ctx, slog.LevelDebug) {
+		d.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "decision",
+			slog.String("call_id", call.callID), slog.String("tenant", call.tenant), slog.String("target", call.target),
+			slog.String("run_id", call.runID), slog.Uint64("attempt", uint64(attempt)),
+			slog.String("classification", dec.Class.Reason), slog.String("decision", verdict.String()),
+			slog.Duration("delay", dec.Delay), slog.String("stop_reason", dec.Stop.String()),
+			slog.String("disposition", dec.Disposition.String()), slog.String("breaker", breaker.String()),
+			slog.String("detail", why))
+	}
 }
 
 // shared applies the fleet-wide rules to a decision the stateless rules let
@@ -196,7 +224,8 @@ func (d *Decisions) shared(ctx context.Context, dec *policy.Decision, p *policy.
 		if until, err := d.store.ExtendCooldown(key, p.Breaker, now.Add(h)); err == nil {
 			cooldown = until
 		} else {
-			d.cfg.Logger.WarnContext(ctx, "cool-down not shared", "err", err)
+			d.cfg.Logger.WarnContext(ctx, "cool-down not shared", "call_id", call.callID, "tenant", call.tenant,
+				"target", call.target, "err", err)
 		}
 	}
 	if wait := cooldown.Sub(now); wait > dec.Delay {
@@ -222,10 +251,12 @@ func (d *Decisions) shared(ctx context.Context, dec *policy.Decision, p *policy.
 	})
 	if err != nil {
 		// The budget could not be consulted: stop rather than retry blind.
-		d.cfg.Logger.ErrorContext(ctx, "budget unavailable", "tenant", call.tenant, "err", err)
+		d.cfg.Logger.ErrorContext(ctx, "budget unavailable", "call_id", call.callID, "tenant", call.tenant,
+			"target", call.target, "err", err)
 		stop(policy.StopBudgetExhausted, policy.DispositionDeadLetter)
 		return
 	}
+	d.cfg.Metrics.tokens(call.tenant, spend.TenantTokens)
 	resp.TenantBudgetRemaining = spend.TenantTokens
 	resp.RunBudgetRemaining = spend.RunRemaining
 	if !spend.Granted {
@@ -316,24 +347,31 @@ func (d *Decisions) ReportOutcome(ctx context.Context, req *pb.ReportOutcomeRequ
 	}
 
 	deposits := map[string]int{}
+	trail := make([]policy.AuditRecord, 0, len(outs))
+	defer func() { d.store.AppendAudit(trail...) }() // what was applied, even on an error
 	for i, o := range outs {
 		it := items[i]
+		var class string
 		switch {
 		case o.GetSuccess():
 			deposits[it.call.tenant]++
 			if err := d.record(it.call, policy.ResultSuccess, o.GetPermitId()); err != nil {
 				return nil, storeError(ctx, d.cfg.Logger, "breaker", err)
 			}
+			d.cfg.Metrics.success(it.call.target, o.GetAttempt())
 		case !o.GetAlreadyRecorded():
 			p, _ := d.store.Resolve(it.call.tenant, it.call.target)
 			r := policy.ResultTerminal
-			if policy.Classify(&p, it.failure, true, true).Category == policy.CategoryTransient {
+			c := policy.Classify(&p, it.failure, true, true)
+			if c.Category == policy.CategoryTransient {
 				r = policy.ResultTransientFailure
 			}
+			class = c.Reason
 			if err := d.record(it.call, r, o.GetPermitId()); err != nil {
 				return nil, storeError(ctx, d.cfg.Logger, "breaker", err)
 			}
 		}
+		trail = d.outcome(ctx, trail, it.call, o, class)
 		if fd := o.GetFinalDisposition(); fd != pb.Disposition_DISPOSITION_UNSPECIFIED && it.call.runID != "" {
 			err := d.store.RecordFinal(it.call.runID, it.call.callID, policy.Disposition(fd), policy.StopReason(o.GetFinalStopReason()))
 			if err != nil {
@@ -345,6 +383,44 @@ func (d *Decisions) ReportOutcome(ctx context.Context, req *pb.ReportOutcomeRequ
 		d.store.Deposit(tenant, n)
 	}
 	return &pb.ReportOutcomeResponse{Accepted: uint32(len(outs))}, nil
+}
+
+// outcome appends a reported outcome, and the call's final disposition when
+// it carries one (with or without a run), to trail and logs it at debug
+// level. class is the failure's classification, when it was classified.
+func (d *Decisions) outcome(ctx context.Context, trail []policy.AuditRecord, call callRef, o *pb.Outcome, class string) []policy.AuditRecord {
+	why := "attempt failed"
+	switch {
+	case o.GetSuccess():
+		why = "attempt succeeded"
+	case o.GetAlreadyRecorded():
+		why = "attempt failed (recorded by NextDelay)"
+	}
+	if lat := o.GetLatency().AsDuration(); lat > 0 {
+		why += " in " + lat.String()
+	}
+	rec := policy.AuditRecord{
+		Event: policy.AuditOutcome, Tenant: call.tenant, Target: call.target, CallID: call.callID, RunID: call.runID,
+		Attempt: o.GetAttempt(), Classification: class, Detail: why,
+	}
+	trail = append(trail, rec)
+	fd, stop := policy.Disposition(o.GetFinalDisposition()), policy.StopReason(o.GetFinalStopReason())
+	if fd != policy.DispositionNone {
+		rec.Event, rec.Classification, rec.Disposition, rec.Stop = policy.AuditFinal, "", fd, stop
+		rec.Detail = "final disposition " + fd.String()
+		if stop != policy.StopNone {
+			rec.Detail += " (" + stop.String() + ")"
+		}
+		trail = append(trail, rec)
+	}
+	if d.cfg.Logger.Enabled(ctx, slog.LevelDebug) {
+		d.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "outcome",
+			slog.String("call_id", call.callID), slog.String("tenant", call.tenant), slog.String("target", call.target),
+			slog.String("run_id", call.runID), slog.Uint64("attempt", uint64(o.GetAttempt())),
+			slog.Bool("success", o.GetSuccess()), slog.String("classification", class),
+			slog.String("final_disposition", fd.String()), slog.String("final_stop_reason", stop.String()))
+	}
+	return trail
 }
 
 func (d *Decisions) record(call callRef, r policy.Result, permit string) error {
@@ -366,6 +442,22 @@ func (d *Decisions) Admit(ctx context.Context, req *pb.AdmitRequest) (*pb.AdmitR
 	a, err := d.store.Admit(policy.KeyFor(p.Breaker, call.tenant, call.target), p.Breaker)
 	if err != nil {
 		return nil, storeError(ctx, d.cfg.Logger, "breaker", err)
+	}
+	if !a.Admitted {
+		why := "refused: " + a.Reason
+		if a.RetryAfter > 0 {
+			why += ", ask again in " + a.RetryAfter.String()
+		}
+		d.store.AppendAudit(policy.AuditRecord{
+			Event: policy.AuditAdmit, Tenant: call.tenant, Target: call.target, CallID: call.callID, RunID: call.runID,
+			Attempt: req.GetAttempt(), Detail: why,
+		})
+		if d.cfg.Logger.Enabled(ctx, slog.LevelDebug) {
+			d.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "admission refused",
+				slog.String("call_id", call.callID), slog.String("tenant", call.tenant), slog.String("target", call.target),
+				slog.Uint64("attempt", uint64(req.GetAttempt())), slog.String("breaker", a.State.String()),
+				slog.String("reason", a.Reason), slog.Duration("retry_after", a.RetryAfter))
+		}
 	}
 	return &pb.AdmitResponse{
 		Admitted: a.Admitted, State: pb.BreakerState(a.State), PermitId: a.PermitID,

@@ -35,6 +35,12 @@ func NewGRPC(store Store, cfg Config, opts ...grpc.ServerOption) (*grpc.Server, 
 		stream = append(stream, cfg.Auth.stream())
 		cfg.Auth.logOpenAdmin(cfg.Logger)
 	}
+	if cfg.Metrics != nil {
+		// Outermost, so shed, refused and panicking calls are timed too.
+		unary = append([]grpc.UnaryServerInterceptor{cfg.Metrics.unary()}, unary...)
+		stream = append([]grpc.StreamServerInterceptor{cfg.Metrics.stream()}, stream...)
+		cfg.Metrics.attach(store)
+	}
 	opts = append([]grpc.ServerOption{
 		grpc.ForceServerCodecV2(codec),
 		grpc.ChainUnaryInterceptor(unary...),

@@ -17,6 +17,7 @@ type Store interface {
 	Breakers
 	Budgets
 	Runs
+	Audit
 }
 
 // Policies resolves and stores retry policies.
@@ -51,6 +52,21 @@ type Budgets interface {
 	DeleteBudget(tenant string) error
 	SpendRetry(req policy.SpendRequest) (policy.Spend, error)
 	Deposit(tenant string, successes int)
+}
+
+// Audit is the write-once audit trail of attempts, decisions and final
+// dispositions.
+type Audit interface {
+	// AppendAudit adds records in order, stamping their time (when zero)
+	// and sequence number. It must not block a decision on the disk: a
+	// store that cannot keep up drops records and says so in its own logs
+	// and counters. Handlers append the records of one request in one call,
+	// so a store that commits them before answering does so once.
+	AppendAudit(recs ...policy.AuditRecord)
+	// QueryAudit returns the records q selects in the trail's order and the
+	// cursor of the next page, zero at the end. It sees every record
+	// appended before it was called.
+	QueryAudit(q policy.AuditQuery) ([]policy.AuditRecord, policy.AuditCursor, error)
 }
 
 // Runs holds batch runs and their ledgers.

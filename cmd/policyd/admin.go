@@ -119,7 +119,7 @@ func (c *clientFlags) call(cmd *cobra.Command, fn func(context.Context, pb.Admin
 
 func adminCmds() []*cobra.Command {
 	var c clientFlags
-	cmds := []*cobra.Command{tenantCmd(&c), policyCmd(&c), breakersCmd(&c), breakerCmd(&c), runCmd(&c)}
+	cmds := []*cobra.Command{tenantCmd(&c), policyCmd(&c), breakersCmd(&c), breakerCmd(&c), runCmd(&c), auditCmd(&c)}
 	for _, cmd := range cmds {
 		c.register(cmd)
 	}
@@ -534,4 +534,115 @@ func printRun(w io.Writer, r *pb.Run) {
 	fmt.Fprintf(tw, "circuit open\t%d\n", l.GetCircuitOpen())
 	fmt.Fprintf(tw, "deadline cut\t%d\n", l.GetDeadlineCut())
 	tw.Flush()
+}
+
+func auditCmd(c *clientFlags) *cobra.Command {
+	var callID, tenant, since, until string
+	var limit int
+	cmd := &cobra.Command{
+		Use:   "audit",
+		Short: "Show the audit trail of a call (--call-id) or of a tenant (--tenant, --since, --until)",
+		Long: `Show the audit trail, oldest first: every decision (classification, wait or
+stop reason), reported outcome, refused admission and final disposition.
+
+  policyd audit --call-id doc-17
+  policyd audit --tenant acme --since 1h
+  policyd audit --tenant acme --since 2026-11-29T08:00:00Z --until 2026-11-29T09:00:00Z --json
+
+Records not yet written to disk are included. They are kept for the daemon's
+--audit-retention and at most --audit-max-records of them.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if callID == "" && tenant == "" {
+				return fmt.Errorf("--call-id or --tenant is required")
+			}
+			if limit <= 0 {
+				return fmt.Errorf("--limit: must be > 0, got %d", limit)
+			}
+			req := &pb.QueryAuditRequest{CallId: callID, Tenant: tenant}
+			now := time.Now()
+			for _, b := range []struct {
+				flag, v string
+				dst     **timestamppb.Timestamp
+			}{{"--since", since, &req.StartTime}, {"--until", until, &req.EndTime}} {
+				if b.v == "" {
+					continue
+				}
+				at, err := parseAgo(b.flag, b.v, now)
+				if err != nil {
+					return err
+				}
+				*b.dst = timestamppb.New(at)
+			}
+			return c.call(cmd, func(ctx context.Context, a pb.AdminServiceClient) (proto.Message, error) {
+				all := &pb.QueryAuditResponse{}
+				for {
+					req.PageSize = uint32(min(1000, limit-len(all.Records)))
+					resp, err := a.QueryAudit(ctx, req)
+					if err != nil {
+						return nil, err
+					}
+					all.Records = append(all.Records, resp.GetRecords()...)
+					all.NextPageToken = resp.GetNextPageToken()
+					if all.NextPageToken == "" || len(all.Records) >= limit {
+						return all, nil
+					}
+					req.PageToken = all.NextPageToken
+				}
+			}, printAudit)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&callID, "call-id", "", "the call whose records to show")
+	f.StringVar(&tenant, "tenant", "", "the tenant whose records to show")
+	f.StringVar(&since, "since", "", "only records from this time on: a duration ago (1h) or an RFC 3339 time")
+	f.StringVar(&until, "until", "", "only records before this time: a duration ago (10m) or an RFC 3339 time")
+	f.IntVar(&limit, "limit", 1000, "most records to show")
+	return cmd
+}
+
+// parseAgo reads a time as a duration before now or an RFC 3339 time.
+func parseAgo(flag, s string, now time.Time) (time.Time, error) {
+	if d, err := time.ParseDuration(s); err == nil {
+		return now.Add(-d), nil
+	}
+	t, err := time.Parse(time.RFC3339, s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%s: must be a duration ago (1h) or an RFC 3339 time, got %q", flag, s)
+	}
+	return t, nil
+}
+
+func printAudit(w io.Writer, m proto.Message) {
+	resp := m.(*pb.QueryAuditResponse)
+	dash := func(s string) string {
+		if s == "" {
+			return "-"
+		}
+		return s
+	}
+	var rows [][]string
+	for _, r := range resp.GetRecords() {
+		decision, delay, stop, disp := "-", "-", "-", "-"
+		if r.GetDecision() != pb.Decision_DECISION_UNSPECIFIED {
+			decision = trimEnum(r.GetDecision().String(), "DECISION_")
+		}
+		if r.GetDelay() != nil {
+			delay = r.GetDelay().AsDuration().Round(time.Millisecond).String()
+		}
+		if r.GetStopReason() != pb.StopReason_STOP_REASON_UNSPECIFIED {
+			stop = trimEnum(r.GetStopReason().String(), "STOP_REASON_")
+		}
+		if r.GetDisposition() != pb.Disposition_DISPOSITION_UNSPECIFIED {
+			disp = trimEnum(r.GetDisposition().String(), "DISPOSITION_")
+		}
+		rows = append(rows, []string{r.GetRecordTime().AsTime().UTC().Format("2006-01-02T15:04:05.000Z"),
+			trimEnum(r.GetEvent().String(), "AUDIT_EVENT_"), r.GetTenant(), r.GetTarget(), dash(r.GetCallId()),
+			dash(r.GetRunId()), fmt.Sprint(r.GetAttempt()), dash(r.GetClassification()), decision, delay, stop, disp,
+			dash(r.GetDetail())})
+	}
+	table(w, "TIME\tEVENT\tTENANT\tTARGET\tCALL\tRUN\tATTEMPT\tCLASSIFICATION\tDECISION\tDELAY\tSTOP\tDISPOSITION\tDETAIL", rows)
+	if resp.GetNextPageToken() != "" {
+		fmt.Fprintf(w, "(more records: raise --limit or narrow --since/--until)\n")
+	}
 }

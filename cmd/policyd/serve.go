@@ -28,6 +28,8 @@ type serveConfig struct {
 	Security      securityConfig
 	Limits        limitsConfig
 	Config        string
+	Observe       observeConfig
+	MaxDBBytes    int
 }
 
 func serveCmd() *cobra.Command {
@@ -59,7 +61,9 @@ SIGINT or SIGTERM drains: health turns NOT_SERVING, in-flight calls finish
 	f.StringVar(&cfg.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
 	cfg.Security.register(cmd)
 	cfg.Limits.register(cmd)
+	cfg.Observe.register(cmd)
 	f.StringVar(&cfg.Config, "config", "", "policy file (YAML or JSON) of tenant budgets and policies, loaded at start and on SIGHUP, all or nothing")
+	f.IntVar(&cfg.MaxDBBytes, "max-db-bytes", 0, "cap the state file at this many bytes (0: no cap); past it admin writes fail with RESOURCE_EXHAUSTED while decisions are still served from memory. For tests of a full disk (policybench diskfull)")
 	return cmd
 }
 
@@ -88,6 +92,9 @@ func serve(ctx context.Context, cfg serveConfig) error {
 	if err := cfg.Limits.validate(); err != nil {
 		return err
 	}
+	if err := cfg.Observe.validate(); err != nil {
+		return err
+	}
 	auth, err := cfg.Security.auth(cfg.DB, log)
 	if err != nil {
 		return err
@@ -98,8 +105,9 @@ func serve(ctx context.Context, cfg serveConfig) error {
 	}
 
 	store, err := breakerstore.Open(breakerstore.Options{
-		Path: cfg.DB, FlushInterval: cfg.FlushInterval, Sync: sync, Logger: log,
+		Path: cfg.DB, FlushInterval: cfg.FlushInterval, Sync: sync, Logger: log, MaxSize: cfg.MaxDBBytes,
 		MaxBreakersPerTenant: cfg.Limits.MaxBreakersPerTenant,
+		AuditRetention:       cfg.Observe.AuditRetention, AuditMaxRecords: cfg.Observe.AuditMaxRecords,
 	})
 	if err != nil {
 		return err
@@ -124,8 +132,13 @@ func serve(ctx context.Context, cfg serveConfig) error {
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
-	gs, hs := server.NewGRPC(store, server.Config{Logger: log, Auth: auth, Shedder: cfg.Limits.shedder()},
-		append(tlsOpts, cfg.Limits.serverOptions()...)...)
+	tel, err := cfg.Observe.start(ctx, store, log)
+	if err != nil {
+		return err
+	}
+	defer tel.stop(log)
+	gs, hs := server.NewGRPC(store, server.Config{Logger: log, Auth: auth, Shedder: cfg.Limits.shedder(), Metrics: tel.metrics},
+		append(append(tlsOpts, cfg.Limits.serverOptions()...), tel.opts...)...)
 
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()

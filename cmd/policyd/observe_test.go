@@ -1,0 +1,175 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
+)
+
+// retrySequence makes call c1 fail twice with 503 and succeed at its third
+// attempt, as a worker reports it.
+func retrySequence(t *testing.T, conn *grpc.ClientConn) {
+	t.Helper()
+	ctx := context.Background()
+	workers := pb.NewRetryPolicyServiceClient(conn)
+	c := &pb.CallRef{Tenant: "acme", Target: "geo", CallId: "c1", Idempotent: true}
+	for attempt := uint32(1); attempt <= 2; attempt++ {
+		resp, err := workers.NextDelay(ctx, &pb.NextDelayRequest{Call: c, Attempt: attempt,
+			Failure: &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 503}}})
+		if err != nil || resp.GetDecision() != pb.Decision_DECISION_RETRY {
+			t.Fatalf("NextDelay attempt %d: got %v, %v; want RETRY", attempt, resp, err)
+		}
+	}
+	if _, err := workers.ReportOutcome(ctx, &pb.ReportOutcomeRequest{Outcomes: []*pb.Outcome{{
+		Call: c, Attempt: 3, Success: true, Latency: durationpb.New(80 * time.Millisecond),
+		FinalDisposition: pb.Disposition_DISPOSITION_SUCCEEDED,
+	}}}); err != nil {
+		t.Fatalf("ReportOutcome: %v", err)
+	}
+}
+
+func TestMetricsEndpointServesTheAttemptsHistogram(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "policyd.db")
+	metrics := freeAddr(t)
+	d := startDaemon(t, db, "--metrics-listen", metrics)
+	retrySequence(t, d.conn(t))
+
+	resp, err := http.Get("http://" + metrics + "/metrics")
+	if err != nil {
+		t.Fatalf("scrape: %v; daemon said: %s", err, d.stderr)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("scrape: status %d, %v", resp.StatusCode, err)
+	}
+	for _, want := range []string{
+		`policyd_attempts_per_success_bucket{target="geo",le="2"} 0`,
+		`policyd_attempts_per_success_bucket{target="geo",le="3"} 1`,
+		`policyd_attempts_per_success_count{target="geo"} 1`,
+		`policyd_decisions_total{decision="RETRY",disposition="NONE",stop_reason="NONE"} 2`,
+		`policyd_rpc_duration_seconds_count{code="OK",method="NextDelay",service="retrypolicy.v1.RetryPolicyService"} 2`,
+		`policyd_breakers{state="CLOSED"} 1`,
+		`policyd_budget_tokens{tenant="acme"}`,
+		`policyd_audit_buffered`,
+		`go_goroutines`,
+		`process_resident_memory_bytes`,
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("scraped:\n%s", body)
+	}
+}
+
+func TestAuditCommandShowsACall(t *testing.T) {
+	dir := t.TempDir()
+	d := startDaemon(t, filepath.Join(dir, "policyd.db"))
+	retrySequence(t, d.conn(t))
+
+	out, err := runCLI(t, dir, "audit", "--addr", d.addr, "--call-id", "c1")
+	if err != nil {
+		t.Fatalf("policyd audit: %v: %s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	var events []string
+	for _, l := range lines[1:] {
+		events = append(events, strings.Fields(l)[1])
+	}
+	if got := strings.Join(events, " "); got != "DECISION DECISION OUTCOME FINAL" || !strings.Contains(lines[1], "transient:503") {
+		t.Errorf("policyd audit: got events %q in\n%s\nwant DECISION DECISION OUTCOME FINAL, the first classified transient:503", got, out)
+	}
+
+	out, err = runCLI(t, dir, "audit", "--addr", d.addr, "--tenant", "acme", "--since", "1h", "--json")
+	if err != nil {
+		t.Fatalf("policyd audit --json: %v: %s", err, out)
+	}
+	var resp struct {
+		Records []struct {
+			Event   string `json:"event"`
+			CallID  string `json:"callId"`
+			Attempt int    `json:"attempt"`
+		} `json:"records"`
+	}
+	if err := json.Unmarshal(out, &resp); err != nil {
+		t.Fatalf("policyd audit --json: %v in %s", err, out)
+	}
+	if len(resp.Records) != 4 || resp.Records[3].Event != "AUDIT_EVENT_FINAL" || resp.Records[3].Attempt != 3 {
+		t.Errorf("policyd audit --json: got %+v, want 4 records ending in the FINAL of attempt 3", resp.Records)
+	}
+
+	out, err = runCLI(t, dir, "audit", "--addr", d.addr)
+	if err == nil || !strings.Contains(string(out), "--call-id or --tenant") {
+		t.Errorf("policyd audit without a selector: got %v: %s, want an error naming --call-id or --tenant", err, out)
+	}
+}
+
+// collector is a fake OTLP trace collector that hands over every span name.
+type collector struct {
+	collectortrace.UnimplementedTraceServiceServer
+	spans chan string
+}
+
+func (c *collector) Export(_ context.Context, req *collectortrace.ExportTraceServiceRequest) (*collectortrace.ExportTraceServiceResponse, error) {
+	for _, rs := range req.GetResourceSpans() {
+		for _, ss := range rs.GetScopeSpans() {
+			for _, s := range ss.GetSpans() {
+				select {
+				case c.spans <- s.GetName():
+				default:
+				}
+			}
+		}
+	}
+	return &collectortrace.ExportTraceServiceResponse{}, nil
+}
+
+func TestTracesReachTheOTLPCollector(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	col := &collector{spans: make(chan string, 100)}
+	gs := grpc.NewServer()
+	collectortrace.RegisterTraceServiceServer(gs, col)
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+
+	d := startDaemon(t, filepath.Join(t.TempDir(), "policyd.db"), "--otlp-endpoint", lis.Addr().String())
+	retrySequence(t, d.conn(t))
+	// The batch exporter sends at shutdown at the latest.
+	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.wait(t); err != nil {
+		t.Fatalf("exit after SIGTERM: %v; daemon said: %s", err, d.stderr)
+	}
+	seen := map[string]bool{}
+	for {
+		select {
+		case name := <-col.spans:
+			seen[name] = true
+			continue
+		default:
+		}
+		break
+	}
+	if !seen["retrypolicy.v1.RetryPolicyService/NextDelay"] || !seen["retrypolicy.v1.RetryPolicyService/ReportOutcome"] {
+		t.Errorf("spans: got %v, want NextDelay and ReportOutcome; daemon said: %s", seen, d.stderr)
+	}
+}

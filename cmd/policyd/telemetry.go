@@ -1,0 +1,181 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"google.golang.org/grpc"
+
+	"github.com/policyd/policyd/breakerstore"
+	"github.com/policyd/policyd/server"
+)
+
+// observeConfig is what `policyd serve` is told about the audit trail,
+// metrics and tracing.
+type observeConfig struct {
+	AuditRetention  time.Duration
+	AuditMaxRecords int
+	MetricsListen   string
+	OTLPEndpoint    string
+}
+
+func (o *observeConfig) register(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.DurationVar(&o.AuditRetention, "audit-retention", breakerstore.DefaultAuditRetention,
+		"how long audit records are kept (records are written with the counters, every --flush-interval)")
+	f.IntVar(&o.AuditMaxRecords, "audit-max-records", breakerstore.DefaultAuditMaxRecords,
+		"most audit records kept; the oldest are deleted past it")
+	f.StringVar(&o.MetricsListen, "metrics-listen", "",
+		"serve Prometheus metrics on http://ADDR/metrics, e.g. 127.0.0.1:9464 (empty: off)")
+	f.StringVar(&o.OTLPEndpoint, "otlp-endpoint", "",
+		"export OpenTelemetry traces of every RPC over OTLP/gRPC to this collector: host:port (plaintext) or an http:// or https:// URL (empty: off)")
+}
+
+// validate checks the flags before anything is opened.
+func (o *observeConfig) validate() error {
+	if o.AuditRetention <= 0 {
+		return fmt.Errorf("--audit-retention: must be > 0, got %s", o.AuditRetention)
+	}
+	if o.AuditMaxRecords <= 0 {
+		return fmt.Errorf("--audit-max-records: must be > 0, got %d", o.AuditMaxRecords)
+	}
+	return nil
+}
+
+// telemetry is the running metrics endpoint and trace exporter; the zero
+// value (both off) is ready to use.
+type telemetry struct {
+	metrics *server.Metrics
+	opts    []grpc.ServerOption
+	http    *http.Server
+	served  chan error
+	tracer  *sdktrace.TracerProvider
+}
+
+// start opens the metrics listener and the trace exporter the flags ask
+// for. The caller must call stop.
+func (o *observeConfig) start(ctx context.Context, store *breakerstore.Store, log *slog.Logger) (*telemetry, error) {
+	t := &telemetry{}
+	if o.MetricsListen != "" {
+		reg := prometheus.NewRegistry()
+		m, err := server.NewMetrics(reg, server.MetricsOptions{})
+		if err != nil {
+			return nil, err
+		}
+		reg.MustRegister(
+			collectors.NewGoCollector(),
+			collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+			storeCollector(store),
+		)
+		lis, err := net.Listen("tcp", o.MetricsListen)
+		if err != nil {
+			return nil, fmt.Errorf("--metrics-listen: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{
+			ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelError),
+		}))
+		t.metrics = m
+		t.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		t.served = make(chan error, 1)
+		go func() { t.served <- t.http.Serve(lis) }()
+		log.Info("metrics serving", "listen", lis.Addr().String(), "path", "/metrics")
+	}
+	if o.OTLPEndpoint != "" {
+		opt := []otlptracegrpc.Option{otlptracegrpc.WithEndpoint(o.OTLPEndpoint), otlptracegrpc.WithInsecure()}
+		if strings.Contains(o.OTLPEndpoint, "://") {
+			opt = []otlptracegrpc.Option{otlptracegrpc.WithEndpointURL(o.OTLPEndpoint)}
+		}
+		exp, err := otlptracegrpc.New(ctx, opt...)
+		if err != nil {
+			t.stop(log)
+			return nil, fmt.Errorf("--otlp-endpoint: %w", err)
+		}
+		t.tracer = sdktrace.NewTracerProvider(
+			sdktrace.WithBatcher(exp),
+			sdktrace.WithResource(resource.NewSchemaless(attribute.String("service.name", "policyd"))),
+		)
+		t.opts = append(t.opts, grpc.StatsHandler(otelgrpc.NewServerHandler(
+			otelgrpc.WithTracerProvider(t.tracer),
+			otelgrpc.WithPropagators(propagation.TraceContext{}),
+		)))
+		log.Info("tracing to OTLP collector", "endpoint", o.OTLPEndpoint)
+	}
+	return t, nil
+}
+
+// stop shuts the metrics endpoint down and flushes the traces, each within
+// a few seconds.
+func (t *telemetry) stop(log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if t.http != nil {
+		if err := t.http.Shutdown(ctx); err != nil {
+			log.Warn("metrics endpoint did not stop cleanly", "err", err)
+		}
+		if err := <-t.served; err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics endpoint failed", "err", err)
+		}
+	}
+	if t.tracer != nil {
+		if err := t.tracer.Shutdown(ctx); err != nil {
+			log.Warn("traces not all exported", "err", err)
+		}
+	}
+}
+
+// storeCollector exposes the store's own counters.
+func storeCollector(store *breakerstore.Store) prometheus.Collector {
+	return collectorFunc{
+		descs: []*prometheus.Desc{descAuditRecords, descAuditBuffered, descAuditDropped, descAuditDeleted, descFlushErrors, descCommits},
+		collect: func(ch chan<- prometheus.Metric) {
+			st := store.Stats()
+			ch <- prometheus.MustNewConstMetric(descAuditRecords, prometheus.GaugeValue, float64(st.AuditRecords))
+			ch <- prometheus.MustNewConstMetric(descAuditBuffered, prometheus.GaugeValue, float64(st.AuditBuffered))
+			ch <- prometheus.MustNewConstMetric(descAuditDropped, prometheus.CounterValue, float64(st.AuditDropped))
+			ch <- prometheus.MustNewConstMetric(descAuditDeleted, prometheus.CounterValue, float64(st.AuditDeleted))
+			ch <- prometheus.MustNewConstMetric(descFlushErrors, prometheus.CounterValue, float64(st.FlushErrors))
+			ch <- prometheus.MustNewConstMetric(descCommits, prometheus.CounterValue, float64(st.Commits))
+		},
+	}
+}
+
+var (
+	descAuditRecords  = prometheus.NewDesc("policyd_audit_records", "Audit records on disk.", nil, nil)
+	descAuditBuffered = prometheus.NewDesc("policyd_audit_buffered", "Audit records waiting for the next group commit.", nil, nil)
+	descAuditDropped  = prometheus.NewDesc("policyd_audit_dropped_total", "Audit records dropped because the buffer was full.", nil, nil)
+	descAuditDeleted  = prometheus.NewDesc("policyd_audit_deleted_total", "Audit records deleted by retention (age or count).", nil, nil)
+	descFlushErrors   = prometheus.NewDesc("policyd_store_flush_errors_total", "Failed group commits (retried at the next interval).", nil, nil)
+	descCommits       = prometheus.NewDesc("policyd_store_commits_total", "Write transactions committed to the state file.", nil, nil)
+)
+
+// collectorFunc is a prometheus.Collector made of its descriptions and a
+// function.
+type collectorFunc struct {
+	descs   []*prometheus.Desc
+	collect func(chan<- prometheus.Metric)
+}
+
+func (c collectorFunc) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs {
+		ch <- d
+	}
+}
+
+func (c collectorFunc) Collect(ch chan<- prometheus.Metric) { c.collect(ch) }

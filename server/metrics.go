@@ -1,0 +1,333 @@
+package server
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+
+	"github.com/policyd/policyd/policy"
+)
+
+// Metric names, all under the policyd_ namespace.
+const (
+	metricDecisions    = "policyd_decisions_total"
+	metricAttempts     = "policyd_attempts_per_success"
+	metricBreakers     = "policyd_breakers"
+	metricTransitions  = "policyd_breaker_transitions_total"
+	metricWatchResets  = "policyd_breaker_watch_resets_total"
+	metricBudgetTokens = "policyd_budget_tokens"
+	metricRPCDuration  = "policyd_rpc_duration_seconds"
+)
+
+// otherLabel replaces a target or tenant label past the cardinality cap.
+const otherLabel = "other"
+
+// Defaults of MetricsOptions.
+const (
+	DefaultMetricsMaxTargets = 200
+	DefaultMetricsMaxTenants = 200
+	// DefaultMetricsWatchBuffer is the breaker changes that may queue
+	// between two scrapes before the transition count resubscribes.
+	DefaultMetricsWatchBuffer = 8192
+)
+
+// MetricsOptions bound what Metrics keeps. Zero fields take the defaults.
+type MetricsOptions struct {
+	// MaxTargets is how many distinct targets get their own label on the
+	// attempts histogram; later ones share the label "other".
+	MaxTargets int
+	// MaxTenants is the same cap for the budget tokens gauge.
+	MaxTenants int
+	// WatchBuffer is how many breaker changes may queue between scrapes.
+	WatchBuffer int
+}
+
+// Metrics are policyd's Prometheus metrics:
+//
+//	policyd_decisions_total{decision,stop_reason,disposition}   counter of NextDelay answers
+//	policyd_attempts_per_success{target}                        histogram of the attempt number of each
+//	                                                            reported success, buckets 1 to 10
+//	policyd_breakers{state}                                     gauge: breakers in each state, read at scrape
+//	policyd_breaker_transitions_total{to}                       counter of breaker state changes by new state
+//	policyd_breaker_watch_resets_total                          counter of times the transition watch fell
+//	                                                            behind and resubscribed (changes may be missed)
+//	policyd_budget_tokens{tenant}                               gauge: tokens left in a tenant's budget,
+//	                                                            updated on decisions that spend one
+//	policyd_rpc_duration_seconds{service,method,code}           histogram of RPC latency (streams: duration)
+//
+// Target and tenant labels are capped (MetricsOptions); past the cap they
+// read "other". A nil *Metrics records nothing, so handlers call it
+// unconditionally. Metrics is safe for concurrent use.
+type Metrics struct {
+	decisions    *prometheus.CounterVec
+	attempts     *prometheus.HistogramVec
+	budgetTokens *prometheus.GaugeVec
+	rpcDuration  *prometheus.HistogramVec
+	breakers     *breakerCollector
+	targets      *labelCap
+	tenants      *labelCap
+}
+
+// NewMetrics creates policyd's metrics and registers them on reg. The
+// breaker gauges stay empty until the metrics are given to NewGRPC (through
+// Config.Metrics), which connects them to the store. It fails when reg
+// already holds metrics of the same names.
+func NewMetrics(reg prometheus.Registerer, opts MetricsOptions) (*Metrics, error) {
+	if opts.MaxTargets <= 0 {
+		opts.MaxTargets = DefaultMetricsMaxTargets
+	}
+	if opts.MaxTenants <= 0 {
+		opts.MaxTenants = DefaultMetricsMaxTenants
+	}
+	if opts.WatchBuffer <= 0 {
+		opts.WatchBuffer = DefaultMetricsWatchBuffer
+	}
+	m := &Metrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: metricDecisions,
+			Help: "NextDelay answers by decision (RETRY or STOP), stop reason and disposition.",
+		}, []string{"decision", "stop_reason", "disposition"}),
+		attempts: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    metricAttempts,
+			Help:    "Attempt number of each reported success, counting the first attempt as 1, by target.",
+			Buckets: prometheus.LinearBuckets(1, 1, 10),
+		}, []string{"target"}),
+		budgetTokens: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: metricBudgetTokens,
+			Help: "Retry tokens left in a tenant's budget, as of its last spending decision.",
+		}, []string{"tenant"}),
+		rpcDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: metricRPCDuration,
+			Help: "Time to answer an RPC (for streams: how long the stream lasted), by service, method and status code.",
+			Buckets: []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+				0.1, 0.25, 0.5, 1, 2.5, 5, 10},
+		}, []string{"service", "method", "code"}),
+		breakers: newBreakerCollector(opts.WatchBuffer),
+		targets:  newLabelCap(opts.MaxTargets),
+		tenants:  newLabelCap(opts.MaxTenants),
+	}
+	for _, c := range []prometheus.Collector{m.decisions, m.attempts, m.budgetTokens, m.rpcDuration, m.breakers} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// attach connects the breaker gauges to the store and starts counting its
+// breaker transitions; the first call wins.
+func (m *Metrics) attach(b Breakers) {
+	if m == nil {
+		return
+	}
+	c := m.breakers
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.store.CompareAndSwap(nil, &b) {
+		c.events, c.cancel = b.Subscribe("", c.buffer)
+	}
+}
+
+// decision counts a NextDelay answer.
+func (m *Metrics) decision(retry bool, stop policy.StopReason, disp policy.Disposition) {
+	if m == nil {
+		return
+	}
+	verdict := policy.VerdictStop
+	if retry {
+		verdict = policy.VerdictRetry
+	}
+	m.decisions.WithLabelValues(verdict.String(), stop.String(), disp.String()).Inc()
+}
+
+// success observes the attempt number of a successful attempt on target.
+func (m *Metrics) success(target string, attempt uint32) {
+	if m == nil {
+		return
+	}
+	m.attempts.WithLabelValues(m.targets.label(target)).Observe(float64(attempt))
+}
+
+// tokens sets the tokens left in tenant's budget.
+func (m *Metrics) tokens(tenant string, tokens float64) {
+	if m == nil {
+		return
+	}
+	m.budgetTokens.WithLabelValues(m.tenants.label(tenant)).Set(tokens)
+}
+
+// observeRPC records the latency of the RPC fullMethod ("/service/method").
+func (m *Metrics) observeRPC(fullMethod string, start time.Time, err error) {
+	service, method, ok := strings.Cut(strings.TrimPrefix(fullMethod, "/"), "/")
+	if !ok {
+		service, method = "unknown", fullMethod
+	}
+	m.rpcDuration.WithLabelValues(service, method, status.Code(err).String()).Observe(time.Since(start).Seconds())
+}
+
+// unary times unary RPCs.
+func (m *Metrics) unary() grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		start := time.Now()
+		resp, err := handler(ctx, req)
+		m.observeRPC(info.FullMethod, start, err)
+		return resp, err
+	}
+}
+
+// stream times streaming RPCs from start to end.
+func (m *Metrics) stream() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		start := time.Now()
+		err := handler(srv, ss)
+		m.observeRPC(info.FullMethod, start, err)
+		return err
+	}
+}
+
+// labelCap hands out at most max distinct label values, then otherLabel.
+type labelCap struct {
+	mu   sync.RWMutex
+	seen map[string]struct{}
+	max  int
+}
+
+func newLabelCap(max int) *labelCap { return &labelCap{seen: map[string]struct{}{}, max: max} }
+
+// label returns v while v is one of the first max values seen, else
+// otherLabel.
+func (c *labelCap) label(v string) string {
+	c.mu.RLock()
+	_, ok := c.seen[v]
+	full := len(c.seen) >= c.max
+	c.mu.RUnlock()
+	switch {
+	case ok:
+		return v
+	case full:
+		return otherLabel
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.seen[v]; !ok {
+		if len(c.seen) >= c.max {
+			return otherLabel
+		}
+		c.seen[strings.Clone(v)] = struct{}{}
+	}
+	return v
+}
+
+// breakerCollector reports breaker states and counts transitions. At each
+// scrape it reads the states from the store and drains a subscription to the
+// store's breaker changes: no goroutine runs between scrapes. A subscription
+// that overflowed between scrapes is replaced, and the fresh snapshot counts
+// the state changes it reveals.
+type breakerCollector struct {
+	store  atomic.Pointer[Breakers]
+	buffer int
+
+	statesDesc  *prometheus.Desc
+	transitions *prometheus.CounterVec
+	resets      prometheus.Counter
+
+	mu     sync.Mutex // guards the fields below and serialises collection
+	events <-chan policy.BreakerEvent
+	cancel func()
+	last   map[policy.BreakerKey]policy.BreakerState
+}
+
+func newBreakerCollector(buffer int) *breakerCollector {
+	return &breakerCollector{
+		buffer: buffer,
+		statesDesc: prometheus.NewDesc(metricBreakers,
+			"Breakers in each state (CLOSED, OPEN, HALF_OPEN, DISABLED).", []string{"state"}, nil),
+		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: metricTransitions,
+			Help: "Breaker state changes, by the state entered.",
+		}, []string{"to"}),
+		resets: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: metricWatchResets,
+			Help: "Times the breaker transition watch fell behind and took a fresh snapshot; changes in between may be uncounted.",
+		}),
+		last: map[policy.BreakerKey]policy.BreakerState{},
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *breakerCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.statesDesc
+	c.transitions.Describe(ch)
+	c.resets.Describe(ch)
+}
+
+// Collect implements prometheus.Collector.
+func (c *breakerCollector) Collect(ch chan<- prometheus.Metric) {
+	if p := c.store.Load(); p != nil {
+		list, _ := (*p).Breakers("", policy.BreakerStateUnspecified, policy.BreakerKey{}, 0)
+		counts := map[policy.BreakerState]int{}
+		for _, b := range list {
+			counts[b.State]++
+		}
+		c.mu.Lock()
+		c.drain(*p)
+		if len(c.last) > 2*len(list)+1024 {
+			// Forget breakers the store has dropped since.
+			keep := make(map[policy.BreakerKey]policy.BreakerState, len(list))
+			for _, b := range list {
+				if st, ok := c.last[b.Key]; ok {
+					keep[b.Key] = st
+				}
+			}
+			c.last = keep
+		}
+		c.mu.Unlock()
+		for _, st := range []policy.BreakerState{policy.BreakerClosed, policy.BreakerOpen, policy.BreakerHalfOpen, policy.BreakerDisabled} {
+			ch <- prometheus.MustNewConstMetric(c.statesDesc, prometheus.GaugeValue, float64(counts[st]), st.String())
+		}
+	}
+	c.transitions.Collect(ch)
+	c.resets.Collect(ch)
+}
+
+// drain counts the transitions queued since the last scrape; c.mu must be
+// held.
+func (c *breakerCollector) drain(store Breakers) {
+	retried := false
+	for c.events != nil {
+		select {
+		case ev, ok := <-c.events:
+			if !ok {
+				// Fell behind (or the store closed): take a fresh snapshot
+				// once; its differences from c.last count as transitions.
+				c.cancel()
+				c.events = nil
+				if retried {
+					return
+				}
+				retried = true
+				c.resets.Inc()
+				c.events, c.cancel = store.Subscribe("", c.buffer)
+				continue
+			}
+			if ev.SnapshotDone {
+				continue
+			}
+			s := ev.Snapshot
+			prev, seen := c.last[s.Key]
+			if (seen && prev != s.State) || (!seen && !ev.Initial && s.State != policy.BreakerClosed) {
+				// A breaker first seen after the snapshot was born CLOSED.
+				c.transitions.WithLabelValues(s.State.String()).Inc()
+			}
+			c.last[s.Key] = s.State
+		default:
+			return
+		}
+	}
+}
