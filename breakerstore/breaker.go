@@ -55,6 +55,7 @@ type breaker struct {
 	changed       int64
 	cooldownUntil int64
 	lastActive    int64 // not persisted: reset to the open time on load
+	lastFailure   int64 // not persisted: a chain of failures survives a restart whole
 	consecutive   int
 	halfOpenOK    int
 	slotWidth     int64
@@ -537,9 +538,15 @@ func (b *breaker) record(s *Store, now int64, cfg *policy.BreakerConfig, r polic
 }
 
 // count adds one call to the consecutive count and the sliding window.
+// Failures further apart than the window are not "in a row": a quiet
+// upstream that fails once an hour never trips the breaker.
 func (b *breaker) count(now int64, cfg *policy.BreakerConfig, failure bool) {
 	if failure {
+		if b.lastFailure != 0 && now-b.lastFailure > int64(cfg.Window) {
+			b.consecutive = 0
+		}
 		b.consecutive++
+		b.lastFailure = now
 	} else {
 		b.consecutive = 0
 	}

@@ -598,3 +598,29 @@ func TestKeyFor(t *testing.T) {
 		}
 	}
 }
+
+func TestConsecutiveFailuresFarApartDoNotTrip(t *testing.T) {
+	e := newEnv(t)
+	s, clk := e.open(), e.clock
+	key := policy.BreakerKey{Tenant: "acme", Target: "quiet"}
+	cfg := policy.Default().Breaker // 5 in a row, window 60s
+	for i := range 10 {
+		snap, err := s.Record(key, cfg, policy.ResultTransientFailure, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if snap.State != policy.BreakerClosed {
+			t.Fatalf("failure %d, each 61s after the last: got %v, want CLOSED", i+1, snap.State)
+		}
+		clk.Advance(61 * time.Second)
+	}
+	for range 5 {
+		if _, err := s.Record(key, cfg, policy.ResultTransientFailure, ""); err != nil {
+			t.Fatal(err)
+		}
+		clk.Advance(time.Second)
+	}
+	if snap, _ := s.Breaker(key); snap.State != policy.BreakerOpen {
+		t.Errorf("5 failures a second apart: got %v, want OPEN", snap.State)
+	}
+}

@@ -343,9 +343,12 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 	}
 }
 
-// waitFor waits d before an attempt, unless the attempt could then not
-// finish by the deadline.
+// waitFor waits out a fleet-wide cool-down of d before an attempt, unless
+// the attempt could then not finish by the deadline. The wait is spread
+// like policyd spreads a hint, over [d, d + max(d/10, 250ms)], so the
+// workers held by one cool-down do not all call at the instant it ends.
 func (l *loop) waitFor(d time.Duration, attempt int) bool {
+	d += time.Duration(rand.Float64() * float64(max(d/10, 250*time.Millisecond)))
 	if !l.call.deadline.IsZero() && l.c.cfg.Now().Add(d+l.timeout).After(l.call.deadline) {
 		l.res.Reason = "cooldown:pushback"
 		l.end(DeadlineCut, "DEADLINE", attempt-1, nil)
@@ -364,6 +367,7 @@ func (l *loop) waitFor(d time.Duration, attempt int) bool {
 func (l *loop) next(attempt int, f failure, permit string, timedOut bool) decision {
 	if l.c.reachable() {
 		ctx, cancel := context.WithTimeout(l.ctx, l.c.cfg.DecisionTimeout)
+		l.c.out.flushNow(ctx)
 		resp, err := l.c.workers.NextDelay(ctx, &pb.NextDelayRequest{
 			Call: l.pbRef(), Attempt: uint32(attempt), Failure: f.pb, Pushback: f.pushback,
 			PreviousDelay: durationpb.New(l.prev), PermitId: permit,

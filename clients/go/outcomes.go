@@ -41,13 +41,14 @@ func (o *outcome) pb() *pb.Outcome {
 type outcomes struct {
 	c       *Client
 	q       chan outcome
+	now     chan chan struct{} // flush requests from workers about to report a failure
 	size    int
 	every   time.Duration
 	pending []*pb.Outcome // taken from q, not yet acknowledged; owned by run, then by drain
 }
 
 func newOutcomes(c *Client, cfg Config) *outcomes {
-	return &outcomes{c: c, q: make(chan outcome, cfg.QueueSize), size: cfg.BatchSize, every: cfg.FlushInterval}
+	return &outcomes{c: c, q: make(chan outcome, cfg.QueueSize), now: make(chan chan struct{}), size: cfg.BatchSize, every: cfg.FlushInterval}
 }
 
 // add queues o without blocking; an outcome that finds the queue full is
@@ -75,7 +76,41 @@ func (o *outcomes) run(ctx context.Context) {
 			}
 		case <-tick.C:
 			o.flush(ctx)
+		case done := <-o.now:
+			o.take()
+			o.flush(ctx)
+			close(done)
 		}
+	}
+}
+
+// take moves everything queued so far into pending.
+func (o *outcomes) take() {
+	for {
+		select {
+		case out := <-o.q:
+			o.pending = append(o.pending, out.pb())
+		default:
+			return
+		}
+	}
+}
+
+// flushNow asks the batcher to send what is queued and waits until it has,
+// or ctx ends. A worker calls it before reporting a failure, so the
+// successes that came before the failure reach the breaker before it does
+// (a consecutive-failure breaker must not count failures "in a row" that
+// had successes between them).
+func (o *outcomes) flushNow(ctx context.Context) {
+	done := make(chan struct{})
+	select {
+	case o.now <- done:
+	case <-ctx.Done():
+		return
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
 	}
 }
 
@@ -105,15 +140,7 @@ func (o *outcomes) flush(ctx context.Context) error {
 // drain sends everything still queued, after run has returned. Outcomes
 // policyd could not take before ctx ends are counted as dropped.
 func (o *outcomes) drain(ctx context.Context) error {
-	for {
-		select {
-		case out := <-o.q:
-			o.pending = append(o.pending, out.pb())
-			continue
-		default:
-		}
-		break
-	}
+	o.take()
 	for len(o.pending) > 0 {
 		err := o.flush(ctx)
 		if err == nil {
