@@ -2,7 +2,9 @@ package server_test
 
 import (
 	"context"
+	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -99,5 +101,28 @@ func TestOpenAdminMode(t *testing.T) {
 	})
 	if _, err := h.admin.ListBreakers(context.Background(), &pb.ListBreakersRequest{}); err != nil {
 		t.Errorf("open admin mode: %v", err)
+	}
+}
+
+// TestAnotherTenantsRunReadsAsMissing: naming a run of another tenant
+// answers exactly as naming a run that does not exist.
+func TestAnotherTenantsRunReadsAsMissing(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	if _, err := h.admin.OpenRun(ctx, &pb.OpenRunRequest{RunId: "b-nightly", Tenant: "tenant-b", RetryPool: 5,
+		CutoffTime: timestampIn(h, time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	try := func(run string) error {
+		c := call("tenant-a", "geo", "c")
+		c.RunId = run
+		_, err := h.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: c, Attempt: 1, Failure: http(503)})
+		return err
+	}
+	theirs, missing := try("b-nightly"), try("no-such")
+	wantCode(t, theirs, codes.NotFound)
+	wantCode(t, missing, codes.NotFound)
+	if a, b := statusMsg(theirs), statusMsg(missing); strings.Replace(a, "b-nightly", "no-such", 1) != b {
+		t.Errorf("the answers differ: %q vs %q", a, b)
 	}
 }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"math/rand/v2"
 	"strconv"
@@ -119,11 +120,8 @@ func (d *Decisions) NextDelay(ctx context.Context, req *pb.NextDelayRequest) (*p
 	var run policy.Run
 	deadline := call.deadline
 	if call.runID != "" {
-		if run, err = d.store.Run(call.runID); err != nil {
-			return nil, storeError(ctx, d.cfg.Logger, "call.run_id "+strconv.Quote(call.runID), err)
-		}
-		if run.Tenant != call.tenant {
-			return nil, status.Error(codes.PermissionDenied, "call.run_id: run belongs to another tenant")
+		if run, err = d.runOf(ctx, "call.run_id", call.runID, call.tenant); err != nil {
+			return nil, err
 		}
 		// The run's cut-off is a deadline for every call of the run.
 		eff := policy.EffectiveDeadline(&p, now, call.origin, call.deadline)
@@ -264,6 +262,20 @@ func (d *Decisions) shared(ctx context.Context, dec *policy.Decision, p *policy.
 	}
 }
 
+// runOf returns run id for tenant. Another tenant's run is NOT_FOUND, with
+// the very message of a run that does not exist, so a caller cannot learn
+// which run ids other tenants use.
+func (d *Decisions) runOf(ctx context.Context, field, id, tenant string) (policy.Run, error) {
+	r, err := d.store.Run(id)
+	if err == nil && r.Tenant == tenant {
+		return r, nil
+	}
+	if err == nil || errors.Is(err, policy.ErrNotFound) {
+		return policy.Run{}, status.Error(codes.NotFound, field+": run "+strconv.Quote(id)+" not found for tenant "+strconv.Quote(tenant))
+	}
+	return policy.Run{}, storeError(ctx, d.cfg.Logger, field, err)
+}
+
 // detail explains a decision in a sentence for logs and humans.
 func detail(dec *policy.Decision, p *policy.Policy) string {
 	if dec.Retry {
@@ -337,12 +349,8 @@ func (d *Decisions) ReportOutcome(ctx context.Context, req *pb.ReportOutcomeRequ
 		}
 	}
 	for id, tenant := range runs {
-		r, err := d.store.Run(id)
-		if err != nil {
-			return nil, storeError(ctx, d.cfg.Logger, "run "+strconv.Quote(id), err)
-		}
-		if r.Tenant != tenant {
-			return nil, status.Error(codes.PermissionDenied, "run "+strconv.Quote(id)+" belongs to another tenant")
+		if _, err := d.runOf(ctx, "outcomes.call.run_id", id, tenant); err != nil {
+			return nil, err
 		}
 	}
 
