@@ -33,7 +33,9 @@ func (g gateStore) Resolve(tenant, target string) (policy.Policy, policy.PolicyE
 func TestShedsBeyondMaxInFlight(t *testing.T) {
 	g := gateStore{entered: make(chan struct{}), release: make(chan struct{})}
 	h := newHarnessWrapped(t, func(s server.Store) server.Store { g.Store = s; return g },
-		func(c *server.Config, _ *breakerstore.Options) { c.Shedder = server.NewShedder(1, 250*time.Millisecond) })
+		func(c *server.Config, _ *breakerstore.Options) {
+			c.Shedder = server.NewShedder(1, 250*time.Millisecond)
+		})
 	ctx := context.Background()
 	first := make(chan error, 1)
 	go func() {
