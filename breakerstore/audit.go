@@ -53,6 +53,12 @@ const (
 // cannot be indexed and is dropped likewise. After Close it does nothing.
 // AppendAudit is safe for concurrent use.
 func (s *Store) AppendAudit(recs ...policy.AuditRecord) {
+	s.appendAudit(nil, recs)
+}
+
+// appendAudit is AppendAudit; with SyncAlways the records join p, when set,
+// instead of being committed on their own.
+func (s *Store) appendAudit(p *pending, recs []policy.AuditRecord) {
 	if s.closed.Load() || len(recs) == 0 {
 		return
 	}
@@ -71,6 +77,10 @@ func (s *Store) AppendAudit(recs ...policy.AuditRecord) {
 	}
 	if s.opts.Sync == SyncAlways {
 		s.auditMu.Unlock()
+		if p != nil {
+			p.audit = append(p.audit, keep...)
+			return
+		}
 		s.commitAudit(keep)
 		return
 	}
@@ -120,6 +130,13 @@ func (s *Store) commitAudit(recs []policy.AuditRecord) {
 		s.noteBatchTx(tx)
 		return writeAudit(tx, recs)
 	})
+	s.auditSynced(recs, err)
+}
+
+// auditSynced updates the in-memory view of the trail after a SyncAlways
+// commit of recs; when it failed (err), the records wait in the buffer for
+// the flusher, or are dropped when it is full.
+func (s *Store) auditSynced(recs []policy.AuditRecord, err error) {
 	s.auditMu.Lock()
 	defer s.auditMu.Unlock()
 	if err != nil {

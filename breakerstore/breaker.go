@@ -142,6 +142,12 @@ func (s *Store) Admit(key policy.BreakerKey, cfg policy.BreakerConfig) (policy.A
 // Transitions are committed as in Admit; counters are flushed per the sync
 // mode. It is safe for concurrent use and allocation-free in the steady state.
 func (s *Store) Record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy.Result, permitID string) (policy.BreakerSnapshot, error) {
+	return s.record(key, cfg, r, permitID, nil)
+}
+
+// record is Record; with SyncAlways a counter change joins p, when set,
+// instead of being committed on its own.
+func (s *Store) record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy.Result, permitID string, p *pending) (policy.BreakerSnapshot, error) {
 	if s.closed.Load() {
 		return policy.BreakerSnapshot{}, ErrClosed
 	}
@@ -168,7 +174,7 @@ func (s *Store) Record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy
 	if transitioned {
 		err = s.persistTransition(b, newlyDirty)
 	} else if mutated {
-		err = s.touched(b, newlyDirty)
+		err = s.touchedIn(p, b, newlyDirty)
 	}
 	if err != nil {
 		return policy.BreakerSnapshot{}, err

@@ -260,6 +260,12 @@ func (s *Store) touched2(tb *tokenBucket, tbNew bool, r *run, rNew, withRun bool
 // happens. Deposit is safe for concurrent use; with SyncAlways a failed
 // commit is logged and retried by the flusher.
 func (s *Store) Deposit(tenant string, successes int) {
+	s.deposit(tenant, successes, nil)
+}
+
+// deposit is Deposit; with SyncAlways the change joins p, when set,
+// instead of being committed on its own.
+func (s *Store) deposit(tenant string, successes int, p *pending) {
 	if successes <= 0 || s.closed.Load() {
 		return
 	}
@@ -279,7 +285,7 @@ func (s *Store) Deposit(tenant string, successes int) {
 	tb.lastActive = now
 	newlyDirty := tb.markDirty()
 	tb.mu.Unlock()
-	if err := s.touched(tb, newlyDirty); err != nil {
+	if err := s.touchedIn(p, tb, newlyDirty); err != nil {
 		s.log.Error("breakerstore: deposit not committed; retrying in the next flush", "tenant", tenant, "err", err)
 	}
 }
@@ -446,21 +452,33 @@ func (tb *tokenBucket) setConfig(s *Store, now int64, cfg *policy.TenantBudget) 
 // bucketFor returns tenant's bucket, creating a full one with the default
 // budget. The tenant name is validated on creation.
 func (s *Store) bucketFor(tenant string, now int64) (*tokenBucket, error) {
+	return s.bucket(tenant, now, true)
+}
+
+// bucket returns tenant's bucket, creating it; capped applies
+// Options.MaxTenants to a new tenant.
+func (s *Store) bucket(tenant string, now int64, capped bool) (*tokenBucket, error) {
 	if tb, ok := s.buckets.get(tenant); ok {
 		return tb, nil
 	}
 	if err := checkName("tenant", tenant, false); err != nil {
 		return nil, err
 	}
+	// The cap is checked before the shard lock is taken (len locks every
+	// shard), so concurrent first calls may pass it by a few tenants.
+	if n := s.buckets.len(); capped && n >= s.opts.MaxTenants {
+		return nil, fmt.Errorf("%w: %d tenants have state (cap %d)", ErrTooManyTenants, n, s.opts.MaxTenants)
+	}
 	return s.buckets.getOrCreate(tenant, func() (*tokenBucket, error) {
 		return &tokenBucket{tenant: cloneString(tenant), tokens: s.defBudget.Capacity, last: now, lastActive: now}, nil
 	})
 }
 
-// lockBucket returns tenant's bucket locked, creating it; tenant is valid.
+// lockBucket returns tenant's bucket locked, creating it whatever the
+// tenant cap (an explicit budget is always admitted); tenant is valid.
 func (s *Store) lockBucket(tenant string, now int64) *tokenBucket {
 	for {
-		tb, _ := s.bucketFor(tenant, now)
+		tb, _ := s.bucket(tenant, now, false)
 		tb.mu.Lock()
 		if !tb.deleted {
 			return tb

@@ -29,6 +29,12 @@ var (
 	// ErrTooManyBreakers is returned when creating a breaker would exceed
 	// Options.MaxBreakersPerTenant; it wraps policy.ErrCapacity.
 	ErrTooManyBreakers = fmt.Errorf("breakerstore: too many breakers: %w", policy.ErrCapacity)
+	// ErrTooManyTenants reports a new tenant beyond Options.MaxTenants; it
+	// wraps policy.ErrCapacity.
+	ErrTooManyTenants = fmt.Errorf("breakerstore: too many tenants: %w", policy.ErrCapacity)
+	// ErrTooManyRuns reports a run beyond Options.MaxRuns; it wraps
+	// policy.ErrCapacity.
+	ErrTooManyRuns = fmt.Errorf("breakerstore: too many runs: %w", policy.ErrCapacity)
 	// ErrExists is returned by OpenRun when the run id is taken; it wraps
 	// policy.ErrExists.
 	ErrExists = fmt.Errorf("breakerstore: %w", policy.ErrExists)

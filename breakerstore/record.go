@@ -1,6 +1,7 @@
 package breakerstore
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -165,6 +166,20 @@ func (s *Store) sweep(now int64) []delKey {
 		s.buckets.deleteIf(tb.tenant, func(v *tokenBucket) bool { return v == tb })
 		dels = append(dels, delKey{bucket: bucketTokens, key: policy.BreakerKey{Tenant: tb.tenant}})
 	}
+	keep := int64(s.opts.RunRetention)
+	for _, r := range s.runs.values() {
+		r.mu.Lock()
+		drop := !r.deleted && now-r.cutoff >= keep
+		if drop {
+			r.deleted = true
+		}
+		r.mu.Unlock()
+		if !drop {
+			continue
+		}
+		s.runs.deleteIf(r.hdr.ID, func(v *run) bool { return v == r })
+		dels = append(dels, delKey{bucket: bucketRuns, key: policy.BreakerKey{Tenant: r.hdr.ID}})
+	}
 	return dels
 }
 
@@ -184,6 +199,21 @@ func (s *Store) deleteRecords(tx *bbolt.Tx, dels []delKey) error {
 				continue
 			}
 			k = []byte(d.key.Tenant)
+		case string(bucketRuns):
+			// A run goes whole: header, spend and ledger, and every
+			// call's disposition (keys "run id 0x00 call id").
+			id := []byte(d.key.Tenant)
+			if err := tx.Bucket(bucketRunState).Delete(id); err != nil {
+				return err
+			}
+			calls := tx.Bucket(bucketRunCalls).Cursor()
+			prefix := joinKey(d.key.Tenant, "")
+			for ck, _ := calls.Seek(prefix); ck != nil && bytes.HasPrefix(ck, prefix); ck, _ = calls.Seek(prefix) {
+				if err := calls.Delete(); err != nil {
+					return err
+				}
+			}
+			k = id
 		}
 		if err := tx.Bucket(d.bucket).Delete(k); err != nil {
 			return err

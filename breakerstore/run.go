@@ -61,6 +61,7 @@ type run struct {
 	// a group commit drops the ones it wrote when it commits.
 	dirtyCalls []string
 	dirty      bool
+	deleted    bool // swept: past its retention, removed from the map
 }
 
 // runHeader is the JSON record of the runs bucket.
@@ -110,6 +111,10 @@ func (s *Store) OpenRun(r policy.Run) (policy.Run, error) {
 	defer s.adminMu.Unlock()
 	if _, ok := s.runs.get(r.ID); ok {
 		return policy.Run{}, fmt.Errorf("%w: run %q", ErrExists, r.ID)
+	}
+	if n := s.runs.len(); n >= s.opts.MaxRuns {
+		return policy.Run{}, fmt.Errorf("%w: %d runs kept (cap %d; runs are deleted %v after their cut-off)",
+			ErrTooManyRuns, n, s.opts.MaxRuns, s.opts.RunRetention)
 	}
 	rs := &run{hdr: r, cutoff: r.Cutoff.UnixNano(), calls: map[string]uint16{}}
 	err = s.update("write run", func(tx *bbolt.Tx) error {
@@ -202,6 +207,12 @@ func (s *Store) Runs(tenant, after string, limit int) ([]policy.Run, error) {
 // ErrInvalid for DispositionNone or an unknown disposition. The ledger is a
 // counter, flushed per the sync mode. It is safe for concurrent use.
 func (s *Store) RecordFinal(runID, callID string, d policy.Disposition, stop policy.StopReason) error {
+	return s.recordFinal(runID, callID, d, stop, nil)
+}
+
+// recordFinal is RecordFinal; with SyncAlways the change joins p, when set,
+// instead of being committed on its own.
+func (s *Store) recordFinal(runID, callID string, d policy.Disposition, stop policy.StopReason, p *pending) error {
 	if s.closed.Load() {
 		return ErrClosed
 	}
@@ -233,7 +244,7 @@ func (s *Store) RecordFinal(runID, callID string, d policy.Disposition, stop pol
 	r.dirtyCalls = append(r.dirtyCalls, callID)
 	newlyDirty := r.markDirty()
 	r.mu.Unlock()
-	return s.touched(r, newlyDirty)
+	return s.touchedIn(p, r, newlyDirty)
 }
 
 func (r *run) markDirty() bool {
@@ -278,6 +289,9 @@ func (r *run) write(tx *bbolt.Tx, clear bool) (int, error) {
 	defer r.mu.Unlock()
 	if clear {
 		r.dirty = false
+	}
+	if r.deleted {
+		return 0, nil
 	}
 	if err := tx.Bucket(bucketRunState).Put([]byte(r.hdr.ID), r.encodeState()); err != nil {
 		return 0, err

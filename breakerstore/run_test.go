@@ -195,3 +195,67 @@ func TestRunsListing(t *testing.T) {
 		})
 	}
 }
+
+func TestRunsExpireAfterRetentionAndAreCapped(t *testing.T) {
+	e := newEnv(t, func(o *breakerstore.Options) {
+		o.MaxRuns = 2
+		o.RunRetention = 24 * time.Hour
+	})
+	s := e.open()
+	cutoff := e.clock.Now().Add(time.Hour)
+	for _, id := range []string{"r1", "r2"} {
+		if _, err := s.OpenRun(policy.Run{ID: id, Tenant: "acme", Pool: 3, Cutoff: cutoff}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.RecordFinal(id, "call-1", policy.DispositionSucceeded, policy.StopNone); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := s.OpenRun(policy.Run{ID: "r3", Tenant: "acme", Pool: 3, Cutoff: cutoff})
+	if !errors.Is(err, breakerstore.ErrTooManyRuns) || !errors.Is(err, policy.ErrCapacity) {
+		t.Fatalf("third run with a cap of 2: got %v, want ErrTooManyRuns", err)
+	}
+	// A day after the cut-off the runs are kept; past cut-off + retention
+	// they go, from memory and disk, and make room.
+	e.clock.Advance(24*time.Hour + 30*time.Minute)
+	if err := s.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Run("r1"); err != nil {
+		t.Fatalf("r1 inside its retention: %v", err)
+	}
+	e.clock.Advance(time.Hour)
+	if err := s.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Run("r1"); !errors.Is(err, breakerstore.ErrNotFound) {
+		t.Errorf("r1 past its retention: got %v, want ErrNotFound", err)
+	}
+	if _, err := s.OpenRun(policy.Run{ID: "r3", Tenant: "acme", Pool: 3, Cutoff: e.clock.Now().Add(time.Hour)}); err != nil {
+		t.Errorf("a run after the old ones expired: %v", err)
+	}
+	s = e.reopen(s)
+	if _, err := s.Run("r2"); !errors.Is(err, breakerstore.ErrNotFound) {
+		t.Errorf("r2 after a reopen: got %v, want it gone from disk too", err)
+	}
+	if _, err := s.Run("r3"); err != nil {
+		t.Errorf("r3 after a reopen: %v", err)
+	}
+}
+
+func TestTenantCap(t *testing.T) {
+	e := newEnv(t, func(o *breakerstore.Options) { o.MaxTenants = 2 })
+	s := e.open()
+	for _, tenant := range []string{"a", "b"} {
+		if _, err := s.SpendRetry(policy.SpendRequest{Tenant: tenant}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := s.SpendRetry(policy.SpendRequest{Tenant: "c"})
+	if !errors.Is(err, breakerstore.ErrTooManyTenants) || !strings.Contains(err.Error(), "cap 2") {
+		t.Errorf("a third tenant with a cap of 2: got %v, want ErrTooManyTenants naming the cap", err)
+	}
+	if _, err := s.SpendRetry(policy.SpendRequest{Tenant: "a"}); err != nil {
+		t.Errorf("a known tenant: %v", err)
+	}
+}

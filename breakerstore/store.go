@@ -49,6 +49,9 @@ const (
 	DefaultLockTimeout          = time.Second
 	DefaultMaxBreakersPerTenant = 10000
 	DefaultIdleTTL              = 24 * time.Hour
+	DefaultMaxTenants           = 100000
+	DefaultMaxRuns              = 10000
+	DefaultRunRetention         = 30 * 24 * time.Hour
 )
 
 // Clock tells the store the time. The store holds one; tests inject a fake.
@@ -101,6 +104,17 @@ type Options struct {
 	// MaxBreakersPerTenant caps the breakers of one tenant (the empty tenant
 	// of target-scoped breakers counts as one); default 10000.
 	MaxBreakersPerTenant int
+	// MaxTenants caps the tenants with state (a token bucket); a new
+	// tenant beyond it gets ErrTooManyTenants. Tenants with an explicit
+	// budget are always admitted. Default 100000.
+	MaxTenants int
+	// MaxRuns caps the runs kept; OpenRun beyond it fails with
+	// ErrTooManyRuns. Default 10000.
+	MaxRuns int
+	// RunRetention is how long a run is kept after its cut-off, with its
+	// ledger and per-call dispositions; then the flusher deletes it from
+	// memory and disk. Default 30 days.
+	RunRetention time.Duration
 	// IdleTTL is how long a CLOSED, unforced breaker (and a token bucket of a
 	// tenant without an explicit budget) may go without activity before it is
 	// dropped from memory and disk; default 24h.
@@ -229,6 +243,15 @@ func Open(opts Options) (*Store, error) {
 	}
 	if opts.IdleTTL <= 0 {
 		opts.IdleTTL = DefaultIdleTTL
+	}
+	if opts.MaxTenants <= 0 {
+		opts.MaxTenants = DefaultMaxTenants
+	}
+	if opts.MaxRuns <= 0 {
+		opts.MaxRuns = DefaultMaxRuns
+	}
+	if opts.RunRetention <= 0 {
+		opts.RunRetention = DefaultRunRetention
 	}
 	if opts.Clock == nil {
 		opts.Clock = realClock{}

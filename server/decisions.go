@@ -155,7 +155,9 @@ func (d *Decisions) NextDelay(ctx context.Context, req *pb.NextDelayRequest) (*p
 	if dec.Retry {
 		timeout := (f.Kind == policy.FailureTransport && f.Transport == policy.TransportTimeout) ||
 			(f.Kind == policy.FailureGRPC && f.Code == int(codes.DeadlineExceeded))
-		d.shared(ctx, &dec, &p, key, call, timeout, snap, now, &note, resp)
+		if err := d.shared(ctx, &dec, &p, key, call, timeout, snap, now, &note, resp); err != nil {
+			return nil, err
+		}
 	}
 	if !dec.Retry && !run.Cutoff.IsZero() && !now.Before(run.Cutoff) &&
 		dec.Disposition != policy.DispositionFailedTerminal {
@@ -206,15 +208,16 @@ func (d *Decisions) decided(ctx context.Context, call callRef, attempt uint32, d
 
 // shared applies the fleet-wide rules to a decision the stateless rules let
 // through: an open breaker, a cool-down another worker reported, the deadline
-// once more, and the budgets. It turns dec into a stop when one refuses.
+// once more, and the budgets. It turns dec into a stop when one refuses, and
+// returns an error only when a cap stops the store from answering.
 func (d *Decisions) shared(ctx context.Context, dec *policy.Decision, p *policy.Policy, key policy.BreakerKey,
-	call callRef, timeout bool, snap policy.BreakerSnapshot, now time.Time, note *string, resp *pb.NextDelayResponse) {
+	call callRef, timeout bool, snap policy.BreakerSnapshot, now time.Time, note *string, resp *pb.NextDelayResponse) error {
 	stop := func(r policy.StopReason, disp policy.Disposition) {
 		dec.Retry, dec.Delay, dec.Stop, dec.Disposition = false, 0, r, disp
 	}
 	if snap.State == policy.BreakerOpen {
 		stop(policy.StopCircuitOpen, policy.DispositionCircuitOpen)
-		return
+		return nil
 	}
 	cooldown := snap.CooldownUntil
 	if dec.Hint.Present && dec.Hint.Delay > 0 {
@@ -236,7 +239,7 @@ func (d *Decisions) shared(ctx context.Context, dec *policy.Decision, p *policy.
 	}
 	if !policy.FitsDeadline(now, dec.Deadline, dec.Delay, p.AttemptTimeout) {
 		stop(policy.StopDeadline, policy.DispositionDeadlineCut)
-		return
+		return nil
 	}
 	dec.Checks |= policy.CheckTenantBudget
 	if call.runID != "" {
@@ -247,12 +250,15 @@ func (d *Decisions) shared(ctx context.Context, dec *policy.Decision, p *policy.
 		Timeout: timeout,
 		RunID:   call.runID,
 	})
+	if errors.Is(err, policy.ErrCapacity) {
+		return storeError(ctx, d.cfg.Logger, "budget", err) // a cap: the operator must hear of it
+	}
 	if err != nil {
 		// The budget could not be consulted: stop rather than retry blind.
 		d.cfg.Logger.ErrorContext(ctx, "budget unavailable", "call_id", call.callID, "tenant", call.tenant,
 			"target", call.target, "err", err)
 		stop(policy.StopBudgetExhausted, policy.DispositionDeadLetter)
-		return
+		return nil
 	}
 	d.cfg.Metrics.tokens(call.tenant, spend.TenantTokens)
 	resp.TenantBudgetRemaining = spend.TenantTokens
@@ -260,6 +266,7 @@ func (d *Decisions) shared(ctx context.Context, dec *policy.Decision, p *policy.
 	if !spend.Granted {
 		stop(spend.Stop, spend.Disposition)
 	}
+	return nil
 }
 
 // runOf returns run id for tenant. Another tenant's run is NOT_FOUND, with
@@ -354,41 +361,42 @@ func (d *Decisions) ReportOutcome(ctx context.Context, req *pb.ReportOutcomeRequ
 		}
 	}
 
+	// The store applies the batch as a whole: with --sync=always that is
+	// one commit for the request, not one per outcome.
 	deposits := map[string]int{}
-	trail := make([]policy.AuditRecord, 0, len(outs))
-	defer func() { d.store.AppendAudit(trail...) }() // what was applied, even on an error
+	ups := make([]policy.OutcomeUpdate, len(outs))
 	for i, o := range outs {
 		it := items[i]
+		p, _ := d.store.Resolve(it.call.tenant, it.call.target)
+		u := &ups[i]
+		u.Key, u.Breaker, u.PermitID = policy.KeyFor(p.Breaker, it.call.tenant, it.call.target), p.Breaker, o.GetPermitId()
 		var class string
 		switch {
 		case o.GetSuccess():
 			deposits[it.call.tenant]++
-			if err := d.record(it.call, policy.ResultSuccess, o.GetPermitId()); err != nil {
-				return nil, storeError(ctx, d.cfg.Logger, "breaker", err)
-			}
-			d.cfg.Metrics.success(it.call.target, o.GetAttempt())
+			u.Result = policy.ResultSuccess
 		case !o.GetAlreadyRecorded():
-			p, _ := d.store.Resolve(it.call.tenant, it.call.target)
-			r := policy.ResultTerminal
 			c := policy.Classify(&p, it.failure, true, true)
+			u.Result = policy.ResultTerminal
 			if c.Category == policy.CategoryTransient {
-				r = policy.ResultTransientFailure
+				u.Result = policy.ResultTransientFailure
 			}
 			class = c.Reason
-			if err := d.record(it.call, r, o.GetPermitId()); err != nil {
-				return nil, storeError(ctx, d.cfg.Logger, "breaker", err)
-			}
 		}
-		trail = d.outcome(ctx, trail, it.call, o, class)
+		u.Audit = d.outcome(ctx, nil, it.call, o, class)
 		if fd := o.GetFinalDisposition(); fd != pb.Disposition_DISPOSITION_UNSPECIFIED && it.call.runID != "" {
-			err := d.store.RecordFinal(it.call.runID, it.call.callID, policy.Disposition(fd), policy.StopReason(o.GetFinalStopReason()))
-			if err != nil {
-				return nil, storeError(ctx, d.cfg.Logger, "run ledger", err)
-			}
+			u.RunID, u.CallID = it.call.runID, it.call.callID
+			u.Final, u.Stop = policy.Disposition(fd), policy.StopReason(o.GetFinalStopReason())
 		}
 	}
-	for tenant, n := range deposits {
-		d.store.Deposit(tenant, n)
+	n, err := d.store.ApplyOutcomes(ups, deposits)
+	for i := range n {
+		if outs[i].GetSuccess() {
+			d.cfg.Metrics.success(items[i].call.target, outs[i].GetAttempt())
+		}
+	}
+	if err != nil {
+		return nil, storeError(ctx, d.cfg.Logger, "outcomes", err)
 	}
 	return &pb.ReportOutcomeResponse{Accepted: uint32(len(outs))}, nil
 }
@@ -429,12 +437,6 @@ func (d *Decisions) outcome(ctx context.Context, trail []policy.AuditRecord, cal
 			slog.String("final_disposition", fd.String()), slog.String("final_stop_reason", stop.String()))
 	}
 	return trail
-}
-
-func (d *Decisions) record(call callRef, r policy.Result, permit string) error {
-	p, _ := d.store.Resolve(call.tenant, call.target)
-	_, err := d.store.Record(policy.KeyFor(p.Breaker, call.tenant, call.target), p.Breaker, r, permit)
-	return err
 }
 
 // Admit asks the shared breaker whether an attempt may go ahead.

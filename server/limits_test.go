@@ -121,3 +121,33 @@ func TestBreakersPerTenantCap(t *testing.T) {
 		t.Errorf("another tenant: %v", err)
 	}
 }
+
+func TestTenantAndRunCaps(t *testing.T) {
+	h := newHarness(t, func(_ *server.Config, o *breakerstore.Options) {
+		o.MaxTenants = 1
+		o.MaxRuns = 1
+	})
+	ctx := context.Background()
+	nd := func(tenant string) error {
+		_, err := h.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call(tenant, "geo", "c"), Attempt: 1, Failure: http(503)})
+		return err
+	}
+	if err := nd("acme"); err != nil {
+		t.Fatal(err)
+	}
+	msg := wantCode(t, nd("globex"), codes.ResourceExhausted)
+	if !strings.Contains(msg, "cap 1") {
+		t.Errorf("tenant cap message %q does not give the cap", msg)
+	}
+	open := func(id string) error {
+		_, err := h.admin.OpenRun(ctx, &pb.OpenRunRequest{RunId: id, Tenant: "acme", RetryPool: 3, CutoffTime: timestampIn(h, time.Hour)})
+		return err
+	}
+	if err := open("r1"); err != nil {
+		t.Fatal(err)
+	}
+	msg = wantCode(t, open("r2"), codes.ResourceExhausted)
+	if !strings.Contains(msg, "cap 1") {
+		t.Errorf("run cap message %q does not give the cap", msg)
+	}
+}

@@ -21,6 +21,9 @@ type limitsConfig struct {
 	KeepaliveMinTime     time.Duration
 	KeepaliveTime        time.Duration
 	MaxBreakersPerTenant int
+	MaxTenants           int
+	MaxRuns              int
+	RunRetention         time.Duration
 }
 
 func (c *limitsConfig) register(cmd *cobra.Command) {
@@ -32,6 +35,9 @@ func (c *limitsConfig) register(cmd *cobra.Command) {
 	f.DurationVar(&c.KeepaliveMinTime, "keepalive-min-time", 10*time.Second, "clients pinging more often than this are disconnected")
 	f.DurationVar(&c.KeepaliveTime, "keepalive-time", time.Minute, "ping an idle connection after this long, to find dead watchers")
 	f.IntVar(&c.MaxBreakersPerTenant, "max-breakers-per-tenant", 10000, "breakers one tenant may have; beyond it calls get RESOURCE_EXHAUSTED")
+	f.IntVar(&c.MaxTenants, "max-tenants", 100000, "tenants with state; a new tenant beyond it gets RESOURCE_EXHAUSTED (explicit budgets are always admitted)")
+	f.IntVar(&c.MaxRuns, "max-runs", 10000, "runs kept; OpenRun beyond it gets RESOURCE_EXHAUSTED")
+	f.DurationVar(&c.RunRetention, "run-retention", 30*24*time.Hour, "how long a run and its ledger are kept after its cut-off")
 }
 
 func (c *limitsConfig) validate() error {
@@ -48,6 +54,12 @@ func (c *limitsConfig) validate() error {
 		return fmt.Errorf("--keepalive-min-time and --keepalive-time: must be > 0")
 	case c.MaxBreakersPerTenant < 1:
 		return fmt.Errorf("--max-breakers-per-tenant: must be >= 1, got %d", c.MaxBreakersPerTenant)
+	case c.MaxTenants < 1:
+		return fmt.Errorf("--max-tenants: must be >= 1, got %d", c.MaxTenants)
+	case c.MaxRuns < 1:
+		return fmt.Errorf("--max-runs: must be >= 1, got %d", c.MaxRuns)
+	case c.RunRetention <= 0:
+		return fmt.Errorf("--run-retention: must be > 0, got %s", c.RunRetention)
 	}
 	return nil
 }

@@ -107,6 +107,9 @@ func serve(ctx context.Context, cfg serveConfig) error {
 	store, err := breakerstore.Open(breakerstore.Options{
 		Path: cfg.DB, FlushInterval: cfg.FlushInterval, Sync: sync, Logger: log, MaxSize: cfg.MaxDBBytes,
 		MaxBreakersPerTenant: cfg.Limits.MaxBreakersPerTenant,
+		MaxTenants:           cfg.Limits.MaxTenants,
+		MaxRuns:              cfg.Limits.MaxRuns,
+		RunRetention:         cfg.Limits.RunRetention,
 		AuditRetention:       cfg.Observe.AuditRetention, AuditMaxRecords: cfg.Observe.AuditMaxRecords,
 	})
 	if err != nil {

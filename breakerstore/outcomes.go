@@ -1,0 +1,128 @@
+package breakerstore
+
+import (
+	"go.etcd.io/bbolt"
+
+	"github.com/policyd/policyd/policy"
+)
+
+// ApplyOutcomes applies a batch of reported outcomes in order: each one's
+// Result to its breaker as Record does, its Audit records as AppendAudit
+// does, and its final disposition to its run's ledger as RecordFinal does;
+// then deposits[tenant] successes as Deposit does. It stops at the first
+// error and returns the number of updates applied in full (the audit
+// records of those, and of the one that failed after its result was
+// recorded, are kept); the deposits are made only when every update was.
+//
+// With SyncAlways everything the batch changed is committed in one
+// transaction (shared with concurrent callers through bbolt's Batch) before
+// ApplyOutcomes returns, where calling Record, RecordFinal, Deposit and
+// AppendAudit one by one commits once each: a batch of 100 outcomes waits for
+// one commit instead of 100. A breaker state transition is still committed
+// on its own, at once, as Record does. If the final commit fails, the
+// changes stay in memory, the flusher retries them, and the error is
+// returned. ApplyOutcomes is safe for concurrent use.
+func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]int) (int, error) {
+	var p *pending
+	if s.opts.Sync == SyncAlways {
+		p = &pending{}
+	}
+	var trail []policy.AuditRecord
+	n, err := func() (int, error) {
+		for i := range ups {
+			u := &ups[i]
+			if u.Result != 0 {
+				if _, err := s.record(u.Key, u.Breaker, u.Result, u.PermitID, p); err != nil {
+					return i, err
+				}
+			}
+			trail = append(trail, u.Audit...)
+			if u.RunID != "" && u.Final != policy.DispositionNone {
+				if err := s.recordFinal(u.RunID, u.CallID, u.Final, u.Stop, p); err != nil {
+					return i, err
+				}
+			}
+		}
+		for tenant, k := range deposits {
+			s.deposit(tenant, k, p)
+		}
+		return len(ups), nil
+	}()
+	s.appendAudit(p, trail)
+	if p != nil {
+		if cerr := s.commitPending(p); err == nil {
+			err = cerr
+		}
+	}
+	return n, err
+}
+
+// pending gathers the SyncAlways commits of one ApplyOutcomes so that
+// commitPending makes them in one transaction.
+type pending struct {
+	ents      []entity
+	seen      map[entity]struct{}
+	mutations int
+	audit     []policy.AuditRecord
+}
+
+func (p *pending) add(e entity) {
+	p.mutations++
+	if p.seen == nil {
+		p.seen = map[entity]struct{}{}
+	}
+	if _, ok := p.seen[e]; !ok {
+		p.seen[e] = struct{}{}
+		p.ents = append(p.ents, e)
+	}
+}
+
+// touchedIn is touched, except that with SyncAlways and p set the commit
+// joins p, to be made by commitPending, instead of happening now.
+func (s *Store) touchedIn(p *pending, e entity, newlyDirty bool) error {
+	if p == nil || s.opts.Sync != SyncAlways {
+		return s.touched(e, newlyDirty)
+	}
+	if newlyDirty {
+		// As in touched: the flusher writes it again, harmlessly.
+		s.queue(e)
+	}
+	p.add(e)
+	return nil
+}
+
+// commitPending writes the current state of p's entities and p's audit
+// records in one Batch transaction. On failure the entities are left to
+// the flusher and the audit records wait in its buffer.
+func (s *Store) commitPending(p *pending) error {
+	if len(p.ents) == 0 && len(p.audit) == 0 {
+		return nil
+	}
+	var n int
+	err := s.db.Batch(func(tx *bbolt.Tx) error {
+		s.noteBatchTx(tx)
+		n = 0
+		for _, e := range p.ents {
+			k, err := e.write(tx, false)
+			if err != nil {
+				return err
+			}
+			n += k
+		}
+		return writeAudit(tx, p.audit)
+	})
+	if len(p.audit) > 0 {
+		s.auditSynced(p.audit, err)
+	}
+	if err != nil {
+		for _, e := range p.ents {
+			if e.redirty() {
+				s.queue(e)
+			}
+		}
+		return storageErr("commit", err)
+	}
+	s.syncMutations.Add(uint64(p.mutations))
+	s.records.Add(uint64(n))
+	return nil
+}
