@@ -45,6 +45,47 @@ func decodeToken(tok string, n int) ([]string, error) {
 	return parts, nil
 }
 
+// pageReq is a validated list request: at most n items after the key the
+// page token names.
+type pageReq struct {
+	n     int
+	after []string
+}
+
+// pageFromPB validates a page size and token whose key has parts parts.
+func pageFromPB(size uint32, token string, parts int) (pageReq, error) {
+	n, err := pageSize("page_size", size)
+	if err != nil {
+		return pageReq{}, err
+	}
+	after, err := decodeToken(token, parts)
+	if err != nil {
+		return pageReq{}, err
+	}
+	return pageReq{n: n, after: after}, nil
+}
+
+// paged fetches one page, asking for one item more than the page holds so
+// it knows whether another page follows, and converts it; key names an item
+// for the next page's token.
+func paged[T, R any](ctx context.Context, a *Admin, what string, pr pageReq,
+	fetch func(after []string, limit int) ([]T, error), key func(T) []string, conv func(T) R) ([]R, string, error) {
+	list, err := fetch(pr.after, pr.n+1)
+	if err != nil {
+		return nil, "", storeError(ctx, a.cfg.Logger, what, err)
+	}
+	next := ""
+	if len(list) > pr.n {
+		list = list[:pr.n]
+		next = encodeToken(key(list[pr.n-1])...)
+	}
+	out := make([]R, len(list))
+	for i, v := range list {
+		out[i] = conv(v)
+	}
+	return out, next, nil
+}
+
 // SetTenantBudget creates or replaces a tenant's budget.
 func (a *Admin) SetTenantBudget(ctx context.Context, req *pb.SetTenantBudgetRequest) (*pb.SetTenantBudgetResponse, error) {
 	b, err := budgetFromPB("budget", req.GetBudget())
@@ -72,27 +113,19 @@ func (a *Admin) GetTenantBudget(ctx context.Context, req *pb.GetTenantBudgetRequ
 
 // ListTenantBudgets pages through the explicit budgets.
 func (a *Admin) ListTenantBudgets(ctx context.Context, req *pb.ListTenantBudgetsRequest) (*pb.ListTenantBudgetsResponse, error) {
-	n, err := pageSize("page_size", req.GetPageSize())
+	pr, err := pageFromPB(req.GetPageSize(), req.GetPageToken(), 1)
 	if err != nil {
 		return nil, err
 	}
-	after, err := decodeToken(req.GetPageToken(), 1)
+	items, next, err := paged(ctx, a, "budgets", pr,
+		func(after []string, limit int) ([]policy.BudgetStatus, error) {
+			return a.store.Budgets(after[0], limit)
+		},
+		func(s policy.BudgetStatus) []string { return []string{s.Budget.Tenant} }, budgetStatusToPB)
 	if err != nil {
 		return nil, err
 	}
-	list, err := a.store.Budgets(after[0], n+1)
-	if err != nil {
-		return nil, storeError(ctx, a.cfg.Logger, "budgets", err)
-	}
-	resp := &pb.ListTenantBudgetsResponse{}
-	if len(list) > n {
-		list = list[:n]
-		resp.NextPageToken = encodeToken(list[n-1].Budget.Tenant)
-	}
-	for _, s := range list {
-		resp.Budgets = append(resp.Budgets, budgetStatusToPB(s))
-	}
-	return resp, nil
+	return &pb.ListTenantBudgetsResponse{Budgets: items, NextPageToken: next}, nil
 }
 
 // DeleteTenantBudget removes a tenant's explicit budget.
@@ -151,27 +184,19 @@ func (a *Admin) GetPolicy(ctx context.Context, req *pb.GetPolicyRequest) (*pb.Ge
 
 // ListPolicies pages through the stored policies.
 func (a *Admin) ListPolicies(ctx context.Context, req *pb.ListPoliciesRequest) (*pb.ListPoliciesResponse, error) {
-	n, err := pageSize("page_size", req.GetPageSize())
+	pr, err := pageFromPB(req.GetPageSize(), req.GetPageToken(), 2)
 	if err != nil {
 		return nil, err
 	}
-	after, err := decodeToken(req.GetPageToken(), 2)
+	items, next, err := paged(ctx, a, "policies", pr,
+		func(after []string, limit int) ([]policy.PolicyEntry, error) {
+			return a.store.Policies(policy.BreakerKey{Tenant: after[0], Target: after[1]}, limit)
+		},
+		func(e policy.PolicyEntry) []string { return []string{e.Tenant, e.Target} }, policyEntryToPB)
 	if err != nil {
 		return nil, err
 	}
-	list, err := a.store.Policies(policy.BreakerKey{Tenant: after[0], Target: after[1]}, n+1)
-	if err != nil {
-		return nil, storeError(ctx, a.cfg.Logger, "policies", err)
-	}
-	resp := &pb.ListPoliciesResponse{}
-	if len(list) > n {
-		list = list[:n]
-		resp.NextPageToken = encodeToken(list[n-1].Tenant, list[n-1].Target)
-	}
-	for _, e := range list {
-		resp.Entries = append(resp.Entries, policyEntryToPB(e))
-	}
-	return resp, nil
+	return &pb.ListPoliciesResponse{Entries: items, NextPageToken: next}, nil
 }
 
 // DeletePolicy removes the policy at a scope.
@@ -194,27 +219,19 @@ func (a *Admin) ListBreakers(ctx context.Context, req *pb.ListBreakersRequest) (
 	if st < 0 || st > pb.BreakerState_BREAKER_STATE_DISABLED {
 		return nil, invalid("state", "must be a known BreakerState value")
 	}
-	n, err := pageSize("page_size", req.GetPageSize())
+	pr, err := pageFromPB(req.GetPageSize(), req.GetPageToken(), 2)
 	if err != nil {
 		return nil, err
 	}
-	after, err := decodeToken(req.GetPageToken(), 2)
+	items, next, err := paged(ctx, a, "breakers", pr,
+		func(after []string, limit int) ([]policy.BreakerSnapshot, error) {
+			return a.store.Breakers(req.GetTenant(), policy.BreakerState(st), policy.BreakerKey{Tenant: after[0], Target: after[1]}, limit)
+		},
+		func(b policy.BreakerSnapshot) []string { return []string{b.Key.Tenant, b.Key.Target} }, breakerToPB)
 	if err != nil {
 		return nil, err
 	}
-	list, err := a.store.Breakers(req.GetTenant(), policy.BreakerState(st), policy.BreakerKey{Tenant: after[0], Target: after[1]}, n+1)
-	if err != nil {
-		return nil, storeError(ctx, a.cfg.Logger, "breakers", err)
-	}
-	resp := &pb.ListBreakersResponse{}
-	if len(list) > n {
-		list = list[:n]
-		resp.NextPageToken = encodeToken(list[n-1].Key.Tenant, list[n-1].Key.Target)
-	}
-	for _, s := range list {
-		resp.Breakers = append(resp.Breakers, breakerToPB(s))
-	}
-	return resp, nil
+	return &pb.ListBreakersResponse{Breakers: items, NextPageToken: next}, nil
 }
 
 // GetBreaker returns one breaker.
@@ -312,27 +329,19 @@ func (a *Admin) ListRuns(ctx context.Context, req *pb.ListRunsRequest) (*pb.List
 	if err := checkName("tenant", req.GetTenant(), maxTenantLen, false); err != nil {
 		return nil, err
 	}
-	n, err := pageSize("page_size", req.GetPageSize())
+	pr, err := pageFromPB(req.GetPageSize(), req.GetPageToken(), 1)
 	if err != nil {
 		return nil, err
 	}
-	after, err := decodeToken(req.GetPageToken(), 1)
+	items, next, err := paged(ctx, a, "runs", pr,
+		func(after []string, limit int) ([]policy.Run, error) {
+			return a.store.Runs(req.GetTenant(), after[0], limit)
+		},
+		func(r policy.Run) []string { return []string{r.ID} }, runToPB)
 	if err != nil {
 		return nil, err
 	}
-	list, err := a.store.Runs(req.GetTenant(), after[0], n+1)
-	if err != nil {
-		return nil, storeError(ctx, a.cfg.Logger, "runs", err)
-	}
-	resp := &pb.ListRunsResponse{}
-	if len(list) > n {
-		list = list[:n]
-		resp.NextPageToken = encodeToken(list[n-1].ID)
-	}
-	for _, r := range list {
-		resp.Runs = append(resp.Runs, runToPB(r))
-	}
-	return resp, nil
+	return &pb.ListRunsResponse{Runs: items, NextPageToken: next}, nil
 }
 
 // QueryAudit pages through the audit trail of a call, a tenant or both, in
