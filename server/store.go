@@ -18,6 +18,17 @@ type Store interface {
 	Budgets
 	Runs
 	Audit
+	Outcomes
+}
+
+// Outcomes applies reported outcomes a batch at a time.
+type Outcomes interface {
+	// ApplyOutcomes applies ups in order (each one's breaker result, audit
+	// records and final run disposition), then deposits[tenant] successes,
+	// stopping at the first error; it returns how many updates it applied.
+	// A store that makes changes durable before answering makes the whole
+	// batch durable together, not one change at a time.
+	ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]int) (int, error)
 }
 
 // Policies resolves and stores retry policies.

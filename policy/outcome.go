@@ -1,0 +1,23 @@
+package policy
+
+// OutcomeUpdate is one reported attempt outcome as the shared state applies
+// it: a result for the call's breaker (none when NextDelay already counted
+// the failure), the audit records the outcome makes, and, for a call of a
+// batch run, the call's final disposition for the run's ledger.
+type OutcomeUpdate struct {
+	Key     BreakerKey
+	Breaker BreakerConfig
+	// Result is told to the breaker under Key; 0 tells it nothing.
+	Result Result
+	// PermitID is the HALF_OPEN probe permit the attempt used, released
+	// with the result.
+	PermitID string
+	// Audit is appended to the audit trail once the result is recorded.
+	Audit []AuditRecord
+	// RunID, CallID, Final and Stop record the call's final disposition in
+	// the run's ledger when RunID is set and Final is not DispositionNone.
+	RunID  string
+	CallID string
+	Final  Disposition
+	Stop   StopReason
+}
