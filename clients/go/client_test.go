@@ -491,3 +491,82 @@ func TestPolicyTimeoutFromDaemon(t *testing.T) {
 		t.Errorf("second attempt's timeout: %v, want policyd's 2s", second)
 	}
 }
+
+// TestABadOutcomeDoesNotBlockTheOthers: outcomes policyd refuses for good
+// (an unknown run) are found and dropped; the rest of their batch lands.
+func TestABadOutcomeDoesNotBlockTheOthers(t *testing.T) {
+	d := startDaemon(t, nil)
+	ctx := context.Background()
+	if _, err := d.admin.OpenRun(ctx, &pb.OpenRunRequest{RunId: "good", Tenant: "acme", RetryPool: 10,
+		CutoffTime: timestamppb.New(time.Now().Add(time.Hour))}); err != nil {
+		t.Fatal(err)
+	}
+	sl := newSleeps()
+	c, err := policyclient.New(d.conn, policyclient.Config{Tenant: "acme", Sleep: sl.Sleep, Now: sl.Now, NoWatch: true,
+		BatchSize: 100, FlushInterval: time.Hour, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ok, _ := script()
+	for i := range 60 {
+		run := "good"
+		if i%20 == 7 {
+			run = "no-such-run"
+		}
+		if _, err := c.Do(ctx, policyclient.Call{Target: "geo", Idempotent: true, RunID: run, CallID: fmt.Sprint(i)}, ok); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Close(ctx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	run, err := d.admin.GetRun(ctx, &pb.GetRunRequest{RunId: "good"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := run.GetRun().GetLedger().GetSucceeded(); got != 57 {
+		t.Errorf("succeeded in the good run: got %d, want 57", got)
+	}
+	if st := c.Stats(); st.OutcomesDropped != 3 || st.OutcomesSent != 57 {
+		t.Errorf("stats: got %d sent, %d dropped; want 57 and 3", st.OutcomesSent, st.OutcomesDropped)
+	}
+}
+
+// TestLocalFallbackHonoursPushback: with policyd too slow, the local policy
+// still stops on a negative grpc-retry-pushback-ms and never undercuts a
+// Retry-After, capped at an hour.
+func TestLocalFallbackHonoursPushback(t *testing.T) {
+	release := make(chan struct{})
+	d := startDaemon(t, func(s server.Store) server.Store { return blockingStore{s, release} })
+	defer close(release)
+	tests := []struct {
+		name   string
+		header http.Header
+		stop   string
+		wait   time.Duration
+	}{
+		{"do not retry", http.Header{"Grpc-Retry-Pushback-Ms": {"-1"}}, "SERVER_PUSHBACK", 0},
+		{"retry after 90s", http.Header{"Retry-After": {"90"}}, "", 90 * time.Second},
+		{"absurd retry after", http.Header{"Retry-After": {"4294967295"}}, "", time.Hour},
+		{"x-amz-retry-after", http.Header{"X-Amz-Retry-After": {"1500"}}, "", 1500 * time.Millisecond},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c, sl := newClient(t, d, func(cfg *policyclient.Config) {
+				cfg.DecisionTimeout = 20 * time.Millisecond
+				cfg.NoWatch = true
+			})
+			fn, _ := script(policyclient.HTTPError(503, tc.header))
+			res, _ := c.Do(context.Background(), policyclient.Call{Target: "geo", Idempotent: true}, fn)
+			if !res.Local || res.StopReason != tc.stop {
+				t.Fatalf("got %v/%q local=%v, want stop %q decided locally", res.Disposition, res.StopReason, res.Local, tc.stop)
+			}
+			if tc.wait > 0 {
+				waits := sl.all()
+				if len(waits) != 1 || waits[0] < tc.wait || waits[0] > tc.wait+tc.wait/10+250*time.Millisecond {
+					t.Errorf("waits: got %v, want one in [%v, %v + spread]", waits, tc.wait, tc.wait)
+				}
+			}
+		})
+	}
+}

@@ -385,7 +385,7 @@ func (l *loop) next(attempt int, f failure, permit string, timedOut bool) decisi
 		}
 	}
 	l.c.stats.local.Add(1)
-	return l.c.local.decide(l.c.cfg.Now(), l.call.deadline, attempt, f, l.call.idempotent, l.call.key != "", timedOut)
+	return l.c.local.decide(l.c.cfg.Now(), l.call.deadline, attempt, f, l.call.idempotent, l.call.key != "", timedOut, l.timeout)
 }
 
 // failed notes a decision RPC that did not answer. Unreachable or slow

@@ -16,8 +16,9 @@ import (
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 )
 
-// HTTPError is an HTTP response that failed, with the pushback headers the
-// server sent. Return it from the function Do runs, e.g.
+// HTTPStatusError is an HTTP response that failed, with the pushback
+// headers the server sent. HTTPError builds one; return it from the function
+// Do runs, e.g.
 //
 //	if resp.StatusCode >= 400 {
 //		return policyclient.HTTPError(resp.StatusCode, resp.Header)

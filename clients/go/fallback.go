@@ -17,18 +17,17 @@ import (
 // FULL jitter, hints never undercut, deadline checked before the wait) and
 // adds a local retry budget so a fleet cut off from policyd cannot storm.
 type localPolicy struct {
-	base, max      time.Duration
-	factor         float64
-	maxAttempts    int
-	attemptTimeout time.Duration
-	budget         *localBudget
+	base, max   time.Duration
+	factor      float64
+	maxAttempts int
+	budget      *localBudget
 }
 
 func newLocalPolicy(cfg Config) *localPolicy {
 	return &localPolicy{
 		base: 500 * time.Millisecond, max: 30 * time.Second, factor: 2,
-		maxAttempts: 3, attemptTimeout: cfg.AttemptTimeout,
-		budget: &localBudget{capacity: cfg.LocalBudget, tokens: cfg.LocalBudget, perSecond: cfg.LocalBudgetPerSecond},
+		maxAttempts: 3,
+		budget:      &localBudget{capacity: cfg.LocalBudget, tokens: cfg.LocalBudget, perSecond: cfg.LocalBudgetPerSecond},
 	}
 }
 
@@ -91,10 +90,13 @@ func grpcCodeName(c uint32) string {
 	return strconv.Itoa(int(c))
 }
 
-// decide is NextDelay, locally. attempt is the attempt that failed.
-func (p *localPolicy) decide(now, deadline time.Time, attempt int, f failure, idempotent, hasKey bool, timeout bool) decision {
+// decide is NextDelay, locally. attempt is the attempt that failed;
+// attemptTimeout is the timeout the next attempt would get, reserved before
+// the wait as policyd does.
+func (p *localPolicy) decide(now, deadline time.Time, attempt int, f failure, idempotent, hasKey bool, timeout bool,
+	attemptTimeout time.Duration) decision {
 	cat, reason := p.classify(f.pb, idempotent, hasKey)
-	d := decision{reason: reason, fallback: true, attemptTimeout: p.attemptTimeout}
+	d := decision{reason: reason, fallback: true, attemptTimeout: attemptTimeout}
 	switch {
 	case cat != pb.Category_CATEGORY_TRANSIENT:
 		return d.stop(pb.StopReason_STOP_REASON_TERMINAL, pb.Disposition_DISPOSITION_FAILED_TERMINAL)
@@ -103,13 +105,17 @@ func (p *localPolicy) decide(now, deadline time.Time, attempt int, f failure, id
 	case attempt >= p.maxAttempts:
 		return d.stop(pb.StopReason_STOP_REASON_ATTEMPTS_EXHAUSTED, pb.Disposition_DISPOSITION_DEAD_LETTER)
 	}
+	hint, doNotRetry := parseHints(f.pushback, now)
+	if doNotRetry {
+		return d.stop(pb.StopReason_STOP_REASON_SERVER_PUSHBACK, pb.Disposition_DISPOSITION_DEAD_LETTER)
+	}
 	nominal := float64(p.base) * math.Pow(p.factor, float64(attempt-1))
 	delay := time.Duration(rand.Float64() * min(nominal, float64(p.max)))
-	if hint, ok := parseRetryAfter(f.pushback.GetRetryAfter(), now); ok {
+	if hint > 0 {
 		spread := max(hint/10, 250*time.Millisecond)
 		delay = max(delay, hint+time.Duration(rand.Float64()*float64(spread)))
 	}
-	if !deadline.IsZero() && now.Add(delay+p.attemptTimeout).After(deadline) {
+	if !deadline.IsZero() && now.Add(delay+attemptTimeout).After(deadline) {
 		return d.stop(pb.StopReason_STOP_REASON_DEADLINE, pb.Disposition_DISPOSITION_DEADLINE_CUT)
 	}
 	cost := 1.0
@@ -121,6 +127,38 @@ func (p *localPolicy) decide(now, deadline time.Time, attempt int, f failure, id
 	}
 	d.retry, d.delay = true, delay
 	return d
+}
+
+// maxHint caps a server's hint, as policyd's default max_hint does.
+const maxHint = time.Hour
+
+// parseHints reads every pushback header as policyd does: the largest
+// valid hint wins (capped at maxHint), a negative grpc-retry-pushback-ms
+// means do not retry, and anything unparseable is ignored.
+func parseHints(p *pb.Pushback, now time.Time) (hint time.Duration, doNotRetry bool) {
+	if p == nil {
+		return 0, false
+	}
+	if ms, err := strconv.ParseInt(strings.TrimSpace(p.GetGrpcRetryPushbackMs()), 10, 64); err == nil {
+		if ms < 0 {
+			return 0, true
+		}
+		hint = max(hint, time.Duration(min(ms, int64(maxHint/time.Millisecond)))*time.Millisecond)
+	}
+	if d, ok := parseRetryAfter(p.GetRetryAfter(), now); ok {
+		hint = max(hint, d)
+	}
+	if ms, err := strconv.ParseUint(strings.TrimSpace(p.GetXAmzRetryAfter()), 10, 64); err == nil {
+		hint = max(hint, time.Duration(min(ms, uint64(maxHint/time.Millisecond)))*time.Millisecond)
+	}
+	if v, err := strconv.ParseUint(strings.TrimSpace(p.GetXRatelimitReset()), 10, 64); err == nil {
+		if v > 1e9 { // a Unix time
+			hint = max(hint, time.Unix(int64(min(v, 1<<40)), 0).Sub(now))
+		} else {
+			hint = max(hint, time.Duration(v)*time.Second)
+		}
+	}
+	return min(hint, maxHint), false
 }
 
 // parseRetryAfter reads delta-seconds or an HTTP-date (all three RFC 9110

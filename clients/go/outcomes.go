@@ -2,9 +2,12 @@ package policyclient
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
@@ -45,6 +48,10 @@ type outcomes struct {
 	size    int
 	every   time.Duration
 	pending []*pb.Outcome // taken from q, not yet acknowledged; owned by run, then by drain
+	// pause and pausedUntil back off sending after a failure; owned like
+	// pending.
+	pause       time.Duration
+	pausedUntil time.Time
 }
 
 func newOutcomes(c *Client, cfg Config) *outcomes {
@@ -114,27 +121,73 @@ func (o *outcomes) flushNow(ctx context.Context) {
 	}
 }
 
-// flush sends pending in batches; what policyd does not take stays pending,
-// up to the queue's size (the oldest beyond that are dropped and counted).
+// flush sends pending in batches. A batch policyd cannot take now
+// (unreachable, slow, shedding) stays pending, up to the queue's size (the
+// oldest beyond that are dropped and counted), and sending pauses with
+// capped exponential backoff, so a fleet cut off from policyd does not
+// storm it with reports. A batch policyd refuses for good (a bad outcome)
+// is split until the refused outcomes are found and dropped, so one bad
+// outcome never blocks the others.
 func (o *outcomes) flush(ctx context.Context) error {
+	if len(o.pending) > 0 && o.c.cfg.Now().Before(o.pausedUntil) {
+		return errPaused
+	}
 	for len(o.pending) > 0 {
 		n := min(len(o.pending), o.size)
-		sctx, cancel := context.WithTimeout(ctx, 4*o.c.cfg.DecisionTimeout)
-		_, err := o.c.workers.ReportOutcome(sctx, &pb.ReportOutcomeRequest{Outcomes: o.pending[:n]})
-		cancel()
-		if err != nil {
+		err := o.send(ctx, o.pending[:n])
+		if err != nil && !permanent(err) {
 			if extra := len(o.pending) - cap(o.q); extra > 0 {
 				o.pending = o.pending[extra:]
 				o.c.stats.dropped.Add(uint64(extra))
 			}
+			o.pause = min(max(2*o.pause, 100*time.Millisecond), 5*time.Second)
+			o.pausedUntil = o.c.cfg.Now().Add(o.pause)
 			return err
 		}
-		o.c.stats.sent.Add(uint64(n))
-		o.c.stats.batches.Add(1)
 		o.pending = o.pending[n:]
 	}
 	o.pending = nil
+	o.pause = 0
 	return nil
+}
+
+// errPaused is flush's answer while sending is backed off.
+var errPaused = errors.New("policyclient: reporting paused after a failure")
+
+// send reports batch; when policyd refuses it for good, it bisects the batch
+// and drops (and counts) only the outcomes refused on their own. It returns
+// an error only for a failure that may pass (the batch stays pending).
+func (o *outcomes) send(ctx context.Context, batch []*pb.Outcome) error {
+	sctx, cancel := context.WithTimeout(ctx, 4*o.c.cfg.DecisionTimeout)
+	_, err := o.c.workers.ReportOutcome(sctx, &pb.ReportOutcomeRequest{Outcomes: batch})
+	cancel()
+	switch {
+	case err == nil:
+		o.c.stats.sent.Add(uint64(len(batch)))
+		o.c.stats.batches.Add(1)
+		return nil
+	case !permanent(err):
+		return err
+	case len(batch) == 1:
+		o.c.stats.dropped.Add(1)
+		o.c.cfg.Logger.Error("policyd refused an outcome; dropped", "call_id", batch[0].GetCall().GetCallId(), "err", err)
+		return nil
+	}
+	half := len(batch) / 2
+	if err := o.send(ctx, batch[:half]); err != nil {
+		return err
+	}
+	return o.send(ctx, batch[half:])
+}
+
+// permanent reports whether policyd refused a report for good: sending the
+// same outcomes again cannot succeed.
+func permanent(err error) bool {
+	switch status.Code(err) {
+	case codes.InvalidArgument, codes.NotFound, codes.PermissionDenied, codes.FailedPrecondition, codes.Unauthenticated:
+		return true
+	}
+	return false
 }
 
 // drain sends everything still queued, after run has returned. Outcomes
@@ -142,6 +195,7 @@ func (o *outcomes) flush(ctx context.Context) error {
 func (o *outcomes) drain(ctx context.Context) error {
 	o.take()
 	for len(o.pending) > 0 {
+		o.pausedUntil = time.Time{} // closing: try now
 		err := o.flush(ctx)
 		if err == nil {
 			return nil
