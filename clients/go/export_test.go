@@ -20,3 +20,9 @@ func WaitBreakerState(ctx context.Context, c *Client, target string, st pb.Break
 		}
 	}
 }
+
+// ClassifyLocal is the local fallback's classification of f, for the shared
+// test vectors.
+func ClassifyLocal(f *pb.Failure, idempotent, hasKey bool) (pb.Category, string) {
+	return (&localPolicy{}).classify(f, idempotent, hasKey)
+}

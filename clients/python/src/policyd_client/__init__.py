@@ -1,0 +1,58 @@
+"""policyd_client runs retry loops for Python workers with policyd's
+fleet-wide decisions.
+
+A worker hands :meth:`Client.call` (threads) or :meth:`AsyncClient.call`
+(asyncio) one function, or decorates it with ``retry``; the client admits each
+attempt through the shared circuit breaker (at no RPC cost while the breaker
+is CLOSED, thanks to a cache fed by WatchBreakers), applies the per-attempt
+timeout, classifies the exception, asks policyd how long to wait or why to
+stop, waits, and reports outcomes in the background in batches. When policyd
+cannot be reached, or does not answer within the decision timeout, the client
+decides with a local copy of the default policy and a local retry budget, and
+goes back to policyd once it answers again: the decision service never stalls
+a worker. It mirrors the Go client in clients/go.
+
+The generated stubs ship with it as the ``retrypolicy.v1`` package.
+"""
+
+from ._core import current_attempt
+from ._model import Attempt, BreakerState, Call, Cancelled, Disposition, Result, Stats, StopReason
+from .aio import AsyncClient
+from .client import Client
+from .errors import (
+    ClassifiedFailure,
+    HTTPStatusError,
+    LocalError,
+    ParseError,
+    RetryError,
+    ValidationError,
+    classify_exception,
+)
+from .fallback import classify_local, parse_retry_after
+from .key import idempotency_key
+
+__all__ = [
+    "AsyncClient",
+    "Attempt",
+    "BreakerState",
+    "Call",
+    "Cancelled",
+    "ClassifiedFailure",
+    "Client",
+    "Disposition",
+    "HTTPStatusError",
+    "LocalError",
+    "ParseError",
+    "Result",
+    "RetryError",
+    "Stats",
+    "StopReason",
+    "ValidationError",
+    "classify_exception",
+    "classify_local",
+    "current_attempt",
+    "idempotency_key",
+    "parse_retry_after",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,515 @@
+"""What the sync and the asyncio clients share: configuration, counters, the
+breaker cache, the state of one call, and the conversions to and from the
+wire types. The two clients differ only in how they wait and do I/O."""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import math
+import random
+import secrets
+import threading
+import time
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any, Callable, Generic, NamedTuple, Optional, TypeVar
+
+import grpc
+from google.protobuf import duration_pb2, timestamp_pb2
+
+from retrypolicy.v1 import retry_policy_service_pb2 as rpb
+from retrypolicy.v1 import types_pb2
+
+from ._model import Attempt, BreakerState, Call, Disposition, Result, Stats, StopReason
+from .fallback import Decision, LocalBudget, LocalPolicy
+from .key import idempotency_key
+
+T = TypeVar("T")
+
+_CURRENT: contextvars.ContextVar[Optional[Attempt]] = contextvars.ContextVar("policyd_attempt", default=None)
+
+
+def current_attempt() -> Optional[Attempt]:
+    """Returns the attempt the running function makes, inside a function
+    decorated with ``Client.retry`` / ``AsyncClient.retry`` (or run by
+    ``call``); None elsewhere. Use it for the per-attempt timeout and the
+    idempotency key."""
+    return _CURRENT.get()
+
+
+def to_timestamp(t: float) -> timestamp_pb2.Timestamp:
+    """Converts Unix seconds to a Timestamp."""
+    ts = timestamp_pb2.Timestamp()
+    ts.FromNanoseconds(int(round(t * 1e9)))
+    return ts
+
+
+def from_timestamp(ts: timestamp_pb2.Timestamp) -> float:
+    """Converts a Timestamp to Unix seconds."""
+    return ts.seconds + ts.nanos / 1e9
+
+
+def to_duration(d: float) -> duration_pb2.Duration:
+    """Converts seconds to a Duration."""
+    out = duration_pb2.Duration()
+    out.FromNanoseconds(int(round(max(d, 0.0) * 1e9)))
+    return out
+
+
+def from_duration(d: duration_pb2.Duration) -> float:
+    """Converts a Duration to seconds."""
+    return d.seconds + d.nanos / 1e9
+
+
+#: gRPC call metadata, as the stubs take it.
+Metadata = Optional[tuple[tuple[str, str], ...]]
+
+
+def bearer(token: Optional[str]) -> Metadata:
+    """Returns the metadata that sends token as "authorization: Bearer
+    <token>", the form policyd's tenant and admin tokens take; None for no
+    token. It is sent over plaintext channels too, so policyd's loopback
+    default works; use TLS for anything else."""
+    if not token:
+        return None
+    return (("authorization", "Bearer " + token),)
+
+
+# Decision RPC errors that mean policyd is away or too slow: the client then
+# decides locally for a while.
+_UNREACHABLE = frozenset({
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.CANCELLED,
+})
+
+# ReportOutcome errors worth sending the same batch again for; any other code
+# means policyd refused the batch for good (an unknown run, say), and the
+# batch is split to find the outcomes it refuses.
+REPORT_TRANSIENT = frozenset({
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.ABORTED,
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.INTERNAL,
+})
+
+
+def rpc_code(err: BaseException) -> Optional[grpc.StatusCode]:
+    """Returns the status code of a failed RPC, None for other errors."""
+    code = getattr(err, "code", None)
+    if isinstance(err, grpc.RpcError) and callable(code):
+        try:
+            c = code()
+        except Exception:
+            return None
+        return c if isinstance(c, grpc.StatusCode) else None
+    return None
+
+
+def report_is_transient(err: BaseException) -> bool:
+    """Says whether a failed ReportOutcome may succeed when sent again."""
+    code = rpc_code(err)
+    return code is None or code in REPORT_TRANSIENT
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A client's configuration, validated, with defaults filled in. Times
+    are seconds."""
+
+    tenant: str
+    decision_timeout: float = 0.25
+    attempt_timeout: float = 10.0
+    retry_unreachable_after: float = 1.0
+    local_budget: float = 20.0
+    local_budget_per_second: float = 2.0
+    batch_size: int = 256
+    flush_interval: float = 0.1
+    queue_size: int = 65536
+    watch: bool = True
+
+    def checked(self) -> "Settings":
+        """Returns the settings validated, with policyd's caps applied."""
+        if not self.tenant:
+            raise ValueError("policyd_client: tenant is required")
+        for name in ("decision_timeout", "attempt_timeout", "retry_unreachable_after", "flush_interval"):
+            v = getattr(self, name)
+            if not (v > 0) or math.isinf(v):
+                raise ValueError(f"policyd_client: {name} must be a positive number of seconds, got {v!r}")
+        if self.local_budget <= 0 or self.local_budget_per_second < 0:
+            raise ValueError("policyd_client: local_budget must be > 0 and local_budget_per_second >= 0")
+        if self.batch_size <= 0 or self.queue_size <= 0:
+            raise ValueError("policyd_client: batch_size and queue_size must be > 0")
+        # policyd takes at most 1000 outcomes per ReportOutcome.
+        return replace(self, batch_size=min(self.batch_size, 1000))
+
+
+@dataclass(frozen=True)
+class CachedBreaker:
+    """A breaker as the cache knows it; times are Unix seconds (0: none)."""
+
+    state: int
+    forced: bool = False
+    open_until: float = 0.0
+    cooldown_until: float = 0.0
+
+
+_CLOSED = CachedBreaker(state=types_pb2.BREAKER_STATE_CLOSED)
+
+
+def cached_from_pb(b: types_pb2.Breaker) -> tuple[tuple[str, str], CachedBreaker]:
+    """Converts a Breaker from WatchBreakers to a cache entry."""
+    return (b.key.tenant, b.key.target), CachedBreaker(
+        state=b.state,
+        forced=b.forced,
+        open_until=from_timestamp(b.open_until_time) if b.HasField("open_until_time") else 0.0,
+        cooldown_until=from_timestamp(b.cooldown_until_time) if b.HasField("cooldown_until_time") else 0.0,
+    )
+
+
+class BreakerCache:
+    """Mirrors the fleet's breakers for one tenant from WatchBreakers, so an
+    attempt against a CLOSED breaker costs no RPC and one against an OPEN
+    breaker fails without leaving the process. Safe for concurrent use.
+
+    The cache answers only while the stream is connected and its snapshot is
+    complete; only then does a breaker it was not told of count as CLOSED.
+    """
+
+    def __init__(self, tenant: str) -> None:
+        self.tenant = tenant
+        self._cond = threading.Condition()
+        self._live = False
+        self._m: dict[tuple[str, str], CachedBreaker] = {}
+        #: Called (on the updating thread) after every change; the asyncio
+        #: client wakes its waiters with it.
+        self.on_change: Optional[Callable[[], None]] = None
+
+    @property
+    def live(self) -> bool:
+        """True while the cache can answer."""
+        return self._live
+
+    def lookup(self, target: str) -> Optional[CachedBreaker]:
+        """Returns the breaker of target for the tenant (or the target-scoped
+        one), CLOSED when unknown, or None when the cache cannot answer."""
+        with self._cond:
+            if not self._live:
+                return None
+            b = self._m.get((self.tenant, target))
+            if b is None:
+                b = self._m.get(("", target))
+            return b if b is not None else _CLOSED
+
+    def replace(self, fresh: dict[tuple[str, str], CachedBreaker]) -> None:
+        """Installs a complete snapshot; the cache answers from now on."""
+        with self._cond:
+            self._m = fresh
+            self._live = True
+            self._changed()
+
+    def update(self, key: tuple[str, str], b: CachedBreaker) -> None:
+        """Records one breaker's change."""
+        with self._cond:
+            self._m[key] = b
+            self._changed()
+
+    def down(self) -> None:
+        """Marks the stream broken: the cache stops answering."""
+        with self._cond:
+            self._live = False
+            self._changed()
+
+    def _changed(self) -> None:
+        self._cond.notify_all()
+        if self.on_change is not None:
+            self.on_change()
+
+    def wait(self, predicate: Callable[[], bool], timeout: Optional[float]) -> bool:
+        """Blocks until predicate() holds (checked after every change) or
+        timeout seconds pass; returns the predicate's last value."""
+        with self._cond:
+            return self._cond.wait_for(predicate, timeout)
+
+    def state(self, target: str) -> Optional[BreakerState]:
+        """Returns target's breaker state as the cache sees it, None when the
+        cache cannot answer."""
+        b = self.lookup(target)
+        return BreakerState(b.state) if b is not None and b.state in BreakerState._value2member_map_ else None
+
+
+class Core:
+    """The configuration, counters, local policy and breaker cache of one
+    client. Safe for concurrent use."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        now: Optional[Callable[[], float]],
+        rand: Optional[Callable[[], float]],
+        logger: Optional[logging.Logger],
+    ) -> None:
+        self.settings = settings.checked()
+        self.now: Callable[[], float] = now or time.time
+        self.log = logger or logging.getLogger("policyd_client")
+        self.rand: Callable[[], float] = rand or random.random
+        budget = LocalBudget(self.settings.local_budget, self.settings.local_budget_per_second)
+        self.local = LocalPolicy(self.settings.attempt_timeout, budget, self.rand)
+        self.cache = BreakerCache(self.settings.tenant)
+        self._lock = threading.Lock()
+        self._stats = Stats()
+        # When to ask policyd again after it failed to answer (Unix seconds
+        # on self.now); until then decisions are local.
+        self._down_until = 0.0
+
+    def count(self, name: str, n: int = 1) -> None:
+        """Adds n to the counter name of Stats."""
+        with self._lock:
+            setattr(self._stats, name, getattr(self._stats, name) + n)
+
+    def stats(self) -> Stats:
+        """Returns a snapshot of the counters."""
+        with self._lock:
+            return replace(self._stats)
+
+    def reachable(self) -> bool:
+        """Says whether to ask policyd now."""
+        with self._lock:
+            return self.now() >= self._down_until
+
+    def unreachable(self, err: BaseException) -> None:
+        """Records that policyd failed to answer in time."""
+        with self._lock:
+            self._down_until = self.now() + self.settings.retry_unreachable_after
+        self.log.warning(
+            "policyd did not answer; deciding locally for %.3gs: %s",
+            self.settings.retry_unreachable_after, describe(err),
+        )
+
+    def failed(self, err: BaseException) -> None:
+        """Notes a decision RPC that did not answer. An unreachable or slow
+        policyd switches the client to local decisions for a while; any other
+        error (a bad request, say) is logged and decided locally this once."""
+        code = rpc_code(err)
+        if code is None or code in _UNREACHABLE:
+            self.unreachable(err)
+        else:
+            self.log.error("policyd refused a decision request; deciding locally: %s", describe(err))
+
+    def spread(self, d: float) -> float:
+        """Spreads a fleet-wide cool-down of d seconds like policyd spreads a
+        hint, over [d, d + max(d/10, 0.25)], so the workers one cool-down
+        holds do not all call at the instant it ends."""
+        return d + self.rand() * max(d / 10, 0.25)
+
+    def begin(self, call: Call, fn: Any) -> "CallState[Any]":
+        """Validates a call and returns its state before the first attempt."""
+        if not isinstance(call, Call):
+            raise TypeError(f"policyd_client: call must be a Call, got {type(call).__name__}")
+        if not call.target:
+            raise ValueError("policyd_client: Call.target is required")
+        if fn is None or not callable(fn):
+            raise TypeError("policyd_client: fn must be callable")
+        if "\x00" in call.submission_id:
+            raise ValueError("policyd_client: Call.submission_id must not contain NUL")
+        self.count("calls")
+        key = call.idempotency_key
+        if not key and call.submission_id:
+            key = idempotency_key(call.submission_id, call.payload)
+        call_id = call.call_id or call.submission_id or secrets.token_hex(12)
+        origin = self.now()
+        deadline: Optional[float]
+        if isinstance(call.deadline, datetime):
+            if call.deadline.tzinfo is None:
+                raise ValueError("policyd_client: Call.deadline must be an aware datetime (or Unix seconds)")
+            deadline = call.deadline.timestamp()
+        else:
+            deadline = None if call.deadline is None else float(call.deadline)
+        info = CallInfo(
+            tenant=self.settings.tenant, target=call.target, call_id=call_id, key=key, run_id=call.run_id,
+            idempotent=call.idempotent, origin=origin, deadline=deadline,
+        )
+        return CallState(info, timeout=self.settings.attempt_timeout)
+
+
+def describe(err: BaseException) -> str:
+    code = rpc_code(err)
+    if code is not None:
+        details = getattr(err, "details", None)
+        return f"{code.name}: {details() if callable(details) else err}"
+    return f"{type(err).__name__}: {err}"
+
+
+@dataclass(frozen=True)
+class CallInfo:
+    """One call's identity and limits, shared by its attempts and by the
+    outcomes the reporter turns into messages. Times are Unix seconds."""
+
+    tenant: str
+    target: str
+    call_id: str
+    key: str
+    run_id: str
+    idempotent: bool
+    origin: float
+    deadline: Optional[float]
+
+    def pb(self) -> types_pb2.CallRef:
+        """Returns the call as the API spells it."""
+        ref = types_pb2.CallRef(
+            tenant=self.tenant, target=self.target, call_id=self.call_id, idempotent=self.idempotent,
+            idempotency_key=self.key, run_id=self.run_id, origin_time=to_timestamp(self.origin),
+        )
+        if self.deadline is not None:
+            ref.deadline_time.CopyFrom(to_timestamp(self.deadline))
+        return ref
+
+
+class PendingOutcome(NamedTuple):
+    """One attempt's outcome as a worker queues it; the reporter turns it
+    into a message, off the worker's path."""
+
+    call: CallInfo
+    attempt: int
+    success: bool = False
+    already_recorded: bool = False
+    failure: Optional[types_pb2.Failure] = None
+    permit: str = ""
+    latency: float = 0.0
+    final: int = types_pb2.DISPOSITION_UNSPECIFIED
+    stop: int = types_pb2.STOP_REASON_UNSPECIFIED
+
+    def pb(self) -> rpb.Outcome:
+        """Returns the Outcome message."""
+        o = rpb.Outcome(
+            call=self.call.pb(), attempt=self.attempt, success=self.success, permit_id=self.permit,
+            final_disposition=self.final, final_stop_reason=self.stop, already_recorded=self.already_recorded,  # type: ignore[arg-type]
+        )
+        if self.failure is not None:
+            o.failure.CopyFrom(self.failure)
+        if self.latency > 0:
+            o.latency.CopyFrom(to_duration(self.latency))
+        return o
+
+
+class CallState(Generic[T]):
+    """The state of one call between its attempts, and the outcomes it
+    reports. Owned by the one thread or task running the call."""
+
+    def __init__(self, info: CallInfo, timeout: float) -> None:
+        self.info = info
+        self.deadline = info.deadline
+        self._ref: Optional[types_pb2.CallRef] = None
+        #: The per-attempt timeout for the next attempt, in seconds.
+        self.timeout = timeout
+        #: The last delay, in seconds.
+        self.prev = 0.0
+        self.attempts = 0
+        self.disposition: Optional[Disposition] = None
+        self.stop_reason: Optional[StopReason] = None
+        self.reason = ""
+        self.error: Optional[BaseException] = None
+        self.local = False
+        self.value: Optional[T] = None
+
+    @property
+    def ref(self) -> types_pb2.CallRef:
+        """The CallRef, built for the first RPC, then reused (a call that
+        succeeds at once on a CLOSED breaker never builds it)."""
+        if self._ref is None:
+            self._ref = self.info.pb()
+        return self._ref
+
+    @property
+    def ended(self) -> bool:
+        return self.disposition is not None
+
+    def attempt(self, number: int, now: float) -> Attempt:
+        """Returns what the function is told about attempt number: the
+        per-attempt timeout, capped by the call's deadline."""
+        timeout = self.timeout
+        if self.deadline is not None:
+            timeout = max(min(timeout, self.deadline - now), 0.0)
+        return Attempt(number=number, call_id=self.info.call_id, idempotency_key=self.info.key, timeout=timeout)
+
+    def result(self) -> Result[T]:
+        assert self.disposition is not None
+        return Result(
+            disposition=self.disposition, stop_reason=self.stop_reason, reason=self.reason, attempts=self.attempts,
+            error=self.error, call_id=self.info.call_id, idempotency_key=self.info.key, local=self.local,
+            value=self.value,
+        )
+
+    def succeed(self, attempt: int, permit: str, latency: float, value: T) -> PendingOutcome:
+        """Ends the call with success; returns the outcome to report."""
+        self.disposition, self.error, self.value = Disposition.SUCCEEDED, None, value
+        return PendingOutcome(self.info, attempt, success=True, permit=permit, latency=latency,
+                              final=types_pb2.DISPOSITION_SUCCEEDED)
+
+    def failure(self, attempt: int, failure: types_pb2.Failure, permit: str, latency: float) -> PendingOutcome:
+        """Returns the outcome of a failed attempt policyd has not seen (it was
+        decided locally)."""
+        return PendingOutcome(self.info, attempt, failure=failure, permit=permit, latency=latency)
+
+    def end(
+        self,
+        disposition: Disposition,
+        stop: Optional[StopReason],
+        attempt: int,
+        unrecorded: Optional[types_pb2.Failure] = None,
+    ) -> PendingOutcome:
+        """Ends the call with a failure disposition; returns the final outcome
+        to report. ``unrecorded`` is the last failure when policyd has not
+        seen it (a local decision); otherwise the outcome says the failure
+        was already recorded by NextDelay."""
+        self.disposition, self.stop_reason = disposition, stop
+        return PendingOutcome(
+            self.info, max(attempt, 1), already_recorded=unrecorded is None, failure=unrecorded,
+            final=disposition.to_pb(), stop=stop.to_pb() if stop is not None else types_pb2.STOP_REASON_UNSPECIFIED,
+        )
+
+
+def decision_from_pb(resp: rpb.NextDelayResponse) -> Decision:
+    """Converts policyd's NextDelay answer."""
+    return Decision(
+        retry=resp.decision == types_pb2.DECISION_RETRY,
+        delay=from_duration(resp.delay),
+        stop_reason=resp.stop_reason,
+        disposition=resp.disposition,
+        reason=resp.classification,
+        attempt_timeout=from_duration(resp.attempt_timeout),
+    )
+
+
+def stop_reason(r: int) -> Optional[StopReason]:
+    """Maps a StopReason value; UNSPECIFIED or unknown values give None."""
+    try:
+        return StopReason.from_pb(r) if r != types_pb2.STOP_REASON_UNSPECIFIED else None
+    except ValueError:
+        return None
+
+
+# Admit refusals that ask the caller to wait and ask again.
+COOLDOWN = "cooldown:pushback"
+
+OPEN_STATES = (types_pb2.BREAKER_STATE_OPEN,)
+FLOWING_STATES = (types_pb2.BREAKER_STATE_CLOSED, types_pb2.BREAKER_STATE_DISABLED)
+
+
+def admit_from_cache(b: CachedBreaker, now: float) -> str:
+    """Says what the cache allows for an attempt at now: "wait" (a fleet-wide
+    cool-down is running), "go" (CLOSED or DISABLED), "open" (known OPEN:
+    fail fast, also when forced OPEN without open_until) or "ask" (ask
+    Admit: HALF_OPEN, or OPEN past its cooldown)."""
+    if b.cooldown_until > now:
+        return "wait"
+    if b.state in FLOWING_STATES:
+        return "go"
+    if b.state in OPEN_STATES and (b.forced or b.open_until > now):
+        return "open"
+    return "ask"

@@ -1,0 +1,188 @@
+"""The client's public value types: what a call is, how it ended, counters."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Generic, Optional, TypeVar, Union
+
+from retrypolicy.v1 import types_pb2
+
+T = TypeVar("T")
+
+
+class Disposition(str, enum.Enum):
+    """How a call ended, for routing: done, fix the input, park it on a
+    dead-letter queue, or give up for this run. The values are the names the
+    Go client's ``Disposition.String`` returns."""
+
+    SUCCEEDED = "succeeded"
+    #: The upstream refused for good: fix the input.
+    FAILED_TERMINAL = "failed_terminal"
+    #: Retries ran out (attempts, budget, pushback): it may succeed later.
+    DEAD_LETTER = "dead_letter"
+    #: The call's deadline, its cancellation or the run's cut-off ended it.
+    DEADLINE_CUT = "deadline_cut"
+    #: The upstream's breaker refused it.
+    CIRCUIT_OPEN = "circuit_open"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def to_pb(self) -> int:
+        """Returns the ``retrypolicy.v1.Disposition`` value."""
+        return _DISPOSITION_TO_PB[self]
+
+    @classmethod
+    def from_pb(cls, d: int) -> "Disposition":
+        """Maps a ``retrypolicy.v1.Disposition``; anything unknown is a dead
+        letter, as in the Go client."""
+        return _DISPOSITION_FROM_PB.get(d, cls.DEAD_LETTER)
+
+
+_DISPOSITION_TO_PB: dict[Disposition, int] = {
+    Disposition.SUCCEEDED: types_pb2.DISPOSITION_SUCCEEDED,
+    Disposition.FAILED_TERMINAL: types_pb2.DISPOSITION_FAILED_TERMINAL,
+    Disposition.DEAD_LETTER: types_pb2.DISPOSITION_DEAD_LETTER,
+    Disposition.DEADLINE_CUT: types_pb2.DISPOSITION_DEADLINE_CUT,
+    Disposition.CIRCUIT_OPEN: types_pb2.DISPOSITION_CIRCUIT_OPEN,
+}
+_DISPOSITION_FROM_PB: dict[int, Disposition] = {v: k for k, v in _DISPOSITION_TO_PB.items()}
+
+
+class StopReason(str, enum.Enum):
+    """The rule that ended a failed call. The values are the
+    ``retrypolicy.v1.StopReason`` names without their prefix, as the Go
+    client's ``Result.StopReason`` has them."""
+
+    TERMINAL = "TERMINAL"
+    NOT_IDEMPOTENT = "NOT_IDEMPOTENT"
+    ATTEMPTS_EXHAUSTED = "ATTEMPTS_EXHAUSTED"
+    DEADLINE = "DEADLINE"
+    BUDGET_EXHAUSTED = "BUDGET_EXHAUSTED"
+    CIRCUIT_OPEN = "CIRCUIT_OPEN"
+    SERVER_PUSHBACK = "SERVER_PUSHBACK"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def to_pb(self) -> int:
+        """Returns the ``retrypolicy.v1.StopReason`` value."""
+        return types_pb2.StopReason.Value("STOP_REASON_" + self.value)
+
+    @classmethod
+    def from_pb(cls, r: int) -> "StopReason":
+        """Maps a ``retrypolicy.v1.StopReason`` other than UNSPECIFIED."""
+        return cls(types_pb2.StopReason.Name(r).removeprefix("STOP_REASON_"))
+
+
+class BreakerState(enum.IntEnum):
+    """The state of a fleet-wide breaker, as ``retrypolicy.v1.BreakerState``."""
+
+    CLOSED = types_pb2.BREAKER_STATE_CLOSED
+    OPEN = types_pb2.BREAKER_STATE_OPEN
+    HALF_OPEN = types_pb2.BREAKER_STATE_HALF_OPEN
+    DISABLED = types_pb2.BREAKER_STATE_DISABLED
+
+
+@dataclass(frozen=True)
+class Call:
+    """One logical call: one unit of work and all its attempts.
+
+    ``target`` names the upstream and is required. ``submission_id`` names the
+    unit of work (a document id, say); with ``payload`` it derives the
+    idempotency key once, before the first attempt (see
+    :func:`idempotency_key`), and it is the default call id.
+    ``idempotency_key``, when set, is used instead of the derived key.
+    ``idempotent`` says repeating the operation cannot duplicate an effect; a
+    call that is not idempotent is retried only with an idempotency key, which
+    a submission id provides. ``run_id`` names the batch run whose retry pool
+    the call spends. ``deadline`` bounds the whole call: Unix seconds on the
+    client's clock (its ``now``), or an aware ``datetime``. ``call_id`` names
+    the call in policyd's audit trail; default the submission id, else a
+    random id.
+    """
+
+    target: str
+    submission_id: str = ""
+    payload: Union[bytes, str] = b""
+    idempotency_key: str = ""
+    idempotent: bool = False
+    run_id: str = ""
+    deadline: Union[float, datetime, None] = None
+    call_id: str = ""
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What the function a client runs is told about the attempt it makes.
+
+    ``number`` counts from 1. ``call_id`` and ``idempotency_key`` are the same
+    on every attempt; send the key to the upstream. ``timeout`` is the
+    per-attempt timeout in seconds (policyd's, capped by the call's deadline):
+    pass it to the HTTP or gRPC call the function makes. The asyncio client
+    also enforces it.
+    """
+
+    number: int
+    call_id: str
+    idempotency_key: str
+    timeout: float
+
+
+@dataclass(frozen=True)
+class Result(Generic[T]):
+    """How a call ended.
+
+    ``disposition`` is the routing verdict. ``stop_reason`` is the rule that
+    ended a failed call, None on success. ``reason`` is the classification of
+    the last failure (``transient:503``, ``unclassified:ValueError``,
+    ``breaker:open``), empty when nothing failed. ``attempts`` counts the calls
+    of the function (0 when the breaker refused the first). ``error`` is the
+    last exception the function raised (or :class:`Cancelled`), None on
+    success. ``value`` is what the function returned, on success. ``local`` is
+    true when at least one decision was made without policyd.
+    """
+
+    disposition: Disposition
+    stop_reason: Optional[StopReason] = None
+    reason: str = ""
+    attempts: int = 0
+    error: Optional[BaseException] = None
+    call_id: str = ""
+    idempotency_key: str = ""
+    local: bool = False
+    value: Optional[T] = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the call succeeded."""
+        return self.disposition is Disposition.SUCCEEDED
+
+
+@dataclass
+class Stats:
+    """A snapshot of a client's counters."""
+
+    #: call() invocations (and decorated calls).
+    calls: int = 0
+    #: Calls of the user's function.
+    attempts: int = 0
+    #: Admit RPCs sent (the CLOSED fast path sends none).
+    admit_rpcs: int = 0
+    #: Attempts refused locally from the breaker cache.
+    fast_fails: int = 0
+    #: Decisions made locally because policyd did not answer in time.
+    local_decisions: int = 0
+    outcomes_sent: int = 0
+    #: Outcomes lost: the queue was full, policyd refused them for good, or
+    #: policyd was unreachable at close.
+    outcomes_dropped: int = 0
+    report_batches_sent: int = 0
+
+
+class Cancelled(Exception):
+    """The call was cancelled (its ``cancel`` event was set) while it waited;
+    :attr:`Result.error` holds it and the disposition is DEADLINE_CUT."""
+

@@ -1,0 +1,206 @@
+"""The local copy of policyd's default policy, used while policyd cannot be
+reached or does not answer within the decision timeout.
+
+It keeps to the same rules as the Go client's ``localPolicy``: the default
+classification tables and reasons, FULL jitter over base 0.5 s x 2^n capped
+at 30 s, 3 attempts, a Retry-After hint never undercut (spread above it by
+max(10 %, 250 ms)), the deadline checked before the wait with the attempt
+timeout reserved, and a local token bucket so a fleet cut off from policyd
+cannot storm its upstreams. Like policyd's default policy (and unlike the Go
+client, see the package README), a hint is honoured up to one hour.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Callable, Optional
+
+from retrypolicy.v1 import types_pb2
+
+from .errors import ClassifiedFailure
+
+__all__ = ["LocalPolicy", "LocalBudget", "classify_local", "parse_retry_after"]
+
+Category = int  # a retrypolicy.v1.Category value
+
+_TRANSIENT_HTTP = frozenset({429, 500, 502, 503, 504})
+_TERMINAL_HTTP = frozenset({400, 401, 403, 404, 422})
+# UNAVAILABLE, RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED, ABORTED
+_TRANSIENT_GRPC = frozenset({14, 8, 4, 10})
+_GRPC_NAMES = (
+    "OK", "CANCELED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
+    "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
+    "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED",
+)
+_TRANSPORT = {
+    types_pb2.TRANSPORT_ERROR_TIMEOUT: (types_pb2.CATEGORY_TRANSIENT, "transport:timeout", False),
+    types_pb2.TRANSPORT_ERROR_CONNECTION_RESET: (types_pb2.CATEGORY_TRANSIENT, "transport:connection_reset", False),
+    # Refused connections and DNS failures never sent the request.
+    types_pb2.TRANSPORT_ERROR_CONNECTION_REFUSED: (types_pb2.CATEGORY_TRANSIENT, "transport:connection_refused", True),
+    types_pb2.TRANSPORT_ERROR_DNS: (types_pb2.CATEGORY_TRANSIENT, "transport:dns", True),
+}
+
+NOT_IDEMPOTENT = "unsafe:not_idempotent"
+
+
+def _classify_default(f: types_pb2.Failure) -> tuple[Category, str, bool]:
+    """Returns (category, reason, never_sent) under the default tables."""
+    kind = f.WhichOneof("kind")
+    if kind == "http_status":
+        code = f.http_status
+        if code in _TRANSIENT_HTTP:
+            return types_pb2.CATEGORY_TRANSIENT, f"transient:{code}", False
+        if code in _TERMINAL_HTTP:
+            return types_pb2.CATEGORY_TERMINAL, f"terminal:{code}", False
+        return types_pb2.CATEGORY_UNCLASSIFIED, f"unclassified:{code}", False
+    if kind == "grpc_code":
+        code = f.grpc_code
+        name = "grpc_" + (_GRPC_NAMES[code].lower() if code < len(_GRPC_NAMES) else str(code))
+        if code in _TRANSIENT_GRPC:
+            return types_pb2.CATEGORY_TRANSIENT, "transient:" + name, False
+        return types_pb2.CATEGORY_TERMINAL, "terminal:" + name, False
+    if kind == "transport_error":
+        return _TRANSPORT.get(f.transport_error, (types_pb2.CATEGORY_TERMINAL, "transport:tls", False))
+    if kind == "local_error":
+        if f.local_error == types_pb2.LOCAL_ERROR_VALIDATION:
+            return types_pb2.CATEGORY_TERMINAL, "local:validation", False
+        return types_pb2.CATEGORY_TERMINAL, "local:parse", False
+    return types_pb2.CATEGORY_UNCLASSIFIED, "unclassified:unknown", False
+
+
+def classify_local(f: types_pb2.Failure, idempotent: bool, has_key: bool) -> tuple[Category, str]:
+    """Returns the category and reason policyd's default tables give failure
+    ``f``: a transient failure of an operation that is neither idempotent nor
+    carries an idempotency key has reason ``unsafe:not_idempotent``, unless
+    the request never left the caller (connection refused, DNS)."""
+    cat, reason, never_sent = _classify_default(f)
+    if cat == types_pb2.CATEGORY_TRANSIENT and not idempotent and not has_key and not never_sent:
+        return cat, NOT_IDEMPOTENT
+    return cat, reason
+
+
+_DELTA = re.compile(r"[0-9]+")
+_HTTP_DATE_FORMATS = (
+    "%a, %d %b %Y %H:%M:%S GMT",  # IMF-fixdate
+    "%A, %d-%b-%y %H:%M:%S GMT",  # RFC 850
+    "%a %b %d %H:%M:%S %Y",  # asctime
+)
+
+
+def parse_retry_after(value: str, now: float) -> Optional[float]:
+    """Parses a Retry-After value, delta-seconds or an HTTP-date in any of the
+    three RFC 9110 forms, into seconds from ``now`` (Unix seconds); a date in
+    the past gives 0. Anything else gives None: the hint is ignored."""
+    v = value.strip()
+    if not v:
+        return None
+    if _DELTA.fullmatch(v):
+        n = int(v)
+        return float(n) if n <= 0xFFFFFFFF else None
+    for fmt in _HTTP_DATE_FORMATS:
+        try:
+            t = datetime.strptime(v, fmt).replace(tzinfo=timezone.utc)
+        except ValueError:
+            continue
+        return max(t.timestamp() - now, 0.0)
+    return None
+
+
+class LocalBudget:
+    """A token bucket for retries decided locally: ``capacity`` tokens,
+    refilled at ``per_second``. Safe for concurrent use."""
+
+    def __init__(self, capacity: float, per_second: float) -> None:
+        self._lock = threading.Lock()
+        self.capacity = capacity
+        self.tokens = capacity
+        self.per_second = per_second
+        self._last: Optional[float] = None
+
+    def take(self, now: float, cost: float) -> bool:
+        """Withdraws ``cost`` tokens at ``now`` (Unix seconds) if there are
+        enough, and reports whether it did."""
+        with self._lock:
+            if self._last is not None and now > self._last:
+                self.tokens = min(self.capacity, self.tokens + (now - self._last) * self.per_second)
+            self._last = now
+            if self.tokens < cost:
+                return False
+            self.tokens -= cost
+            return True
+
+    def deposit(self, n: float) -> None:
+        """Adds ``n`` tokens, up to the capacity."""
+        with self._lock:
+            self.tokens = min(self.capacity, self.tokens + n)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """NextDelay's answer, from policyd or from the local policy. Delays and
+    timeouts are in seconds; stop_reason and disposition are
+    ``retrypolicy.v1`` values."""
+
+    retry: bool
+    delay: float = 0.0
+    stop_reason: int = types_pb2.STOP_REASON_UNSPECIFIED
+    disposition: int = types_pb2.DISPOSITION_UNSPECIFIED
+    reason: str = ""
+    attempt_timeout: float = 0.0
+    fallback: bool = False
+
+
+class LocalPolicy:
+    """policyd's default policy, decided in the client. Safe for concurrent
+    use (the budget is locked; the rest is read-only)."""
+
+    base = 0.5
+    factor = 2.0
+    cap = 30.0
+    max_attempts = 3
+    #: policyd's default max_hint: a longer hint is honoured up to this.
+    max_hint = 3600.0
+
+    def __init__(self, attempt_timeout: float, budget: LocalBudget, rand: Callable[[], float]) -> None:
+        self.attempt_timeout = attempt_timeout
+        self.budget = budget
+        self._rand = rand
+
+    def decide(
+        self,
+        now: float,
+        deadline: Optional[float],
+        attempt: int,
+        f: ClassifiedFailure,
+        idempotent: bool,
+        has_key: bool,
+    ) -> Decision:
+        """Decides locally after attempt number ``attempt`` failed with ``f``
+        (which must be classified). Times are Unix seconds."""
+        assert f.failure is not None
+        cat, reason = classify_local(f.failure, idempotent, has_key)
+
+        def stop(r: int, d: int) -> Decision:
+            return Decision(False, 0.0, r, d, reason, self.attempt_timeout, True)
+
+        if cat != types_pb2.CATEGORY_TRANSIENT:
+            return stop(types_pb2.STOP_REASON_TERMINAL, types_pb2.DISPOSITION_FAILED_TERMINAL)
+        if reason == NOT_IDEMPOTENT:
+            return stop(types_pb2.STOP_REASON_NOT_IDEMPOTENT, types_pb2.DISPOSITION_DEAD_LETTER)
+        if attempt >= self.max_attempts:
+            return stop(types_pb2.STOP_REASON_ATTEMPTS_EXHAUSTED, types_pb2.DISPOSITION_DEAD_LETTER)
+        nominal = min(self.base * self.factor ** (attempt - 1), self.cap)
+        delay = self._rand() * nominal
+        hint = parse_retry_after(f.pushback.retry_after, now) if f.pushback is not None else None
+        if hint is not None:
+            hint = min(hint, self.max_hint)
+            spread = max(hint / 10, 0.25)
+            delay = max(delay, hint + self._rand() * spread)
+        if deadline is not None and now + delay + self.attempt_timeout > deadline:
+            return stop(types_pb2.STOP_REASON_DEADLINE, types_pb2.DISPOSITION_DEADLINE_CUT)
+        if not self.budget.take(now, 2.0 if f.is_timeout else 1.0):
+            return stop(types_pb2.STOP_REASON_BUDGET_EXHAUSTED, types_pb2.DISPOSITION_DEAD_LETTER)
+        return Decision(True, delay, reason=reason, attempt_timeout=self.attempt_timeout, fallback=True)
