@@ -62,7 +62,7 @@ func (s *Store) appendAudit(p *pending, recs []policy.AuditRecord) {
 	if s.closed.Load() || len(recs) == 0 {
 		return
 	}
-	keep := recs[:0:0]
+	keep := make([]policy.AuditRecord, 0, len(recs)) // never the caller's array
 	for _, rec := range recs {
 		if err := checkAuditNames(&rec); err != nil {
 			s.auditDropped.Add(1)
@@ -127,6 +127,9 @@ func (s *Store) commitAudit(recs []policy.AuditRecord) {
 		return
 	}
 	err := s.db.Batch(func(tx *bbolt.Tx) error {
+		if err := s.roomLeft(counterPages); err != nil {
+			return err
+		}
 		s.noteBatchTx(tx)
 		return writeAudit(tx, recs)
 	})
@@ -141,7 +144,7 @@ func (s *Store) auditSynced(recs []policy.AuditRecord, err error) {
 	defer s.auditMu.Unlock()
 	if err != nil {
 		s.log.Error("breakerstore: audit records not committed; retrying in the next flush",
-			"err", storageErr("commit audit", err), "records", len(recs))
+			"err", s.writeErr("commit audit", err), "records", len(recs))
 		room := max(s.opts.AuditBuffer-len(s.auditBuf), 0)
 		if len(recs) > room {
 			s.auditDropped.Add(uint64(len(recs) - room))
@@ -165,7 +168,9 @@ func (s *Store) takeAudit() []policy.AuditRecord {
 	s.auditMu.Lock()
 	defer s.auditMu.Unlock()
 	recs := s.auditBuf
-	s.auditBuf = nil
+	// The next interval likely appends as many: size for it at once rather
+	// than growing (and copying) the buffer from nothing again.
+	s.auditBuf = make([]policy.AuditRecord, 0, min(cap(recs), s.opts.AuditBuffer))
 	return recs
 }
 
@@ -275,6 +280,8 @@ func writeAudit(tx *bbolt.Tx, recs []policy.AuditRecord) error {
 	}
 	main, calls, tenants := tx.Bucket(bucketAudit), tx.Bucket(bucketAuditCall), tx.Bucket(bucketAuditTenant)
 	var top uint64
+	byCall := make([][]byte, 0, len(recs))
+	byTenant := make([][]byte, 0, len(recs))
 	for i := range recs {
 		rec := &recs[i]
 		k := auditKey(rec.Time.UnixNano(), rec.Seq)
@@ -282,16 +289,28 @@ func writeAudit(tx *bbolt.Tx, recs []policy.AuditRecord) error {
 			return err
 		}
 		if rec.CallID != "" {
-			if err := calls.Put(indexKey(rec.CallID, k), []byte{}); err != nil {
-				return err
-			}
+			byCall = append(byCall, indexKey(rec.CallID, k))
 		}
 		if rec.Tenant != "" {
-			if err := tenants.Put(indexKey(rec.Tenant, k), []byte{}); err != nil {
+			byTenant = append(byTenant, indexKey(rec.Tenant, k))
+		}
+		top = max(top, rec.Seq)
+	}
+	// The index entries go in key order. bbolt keeps a transaction's
+	// inserts in one in-memory node per leaf until the commit splits it, so
+	// entries put in record order (their keys scattered across the index)
+	// shift that ever-growing node on every put: quadratic in the records
+	// of one group commit. In key order each put lands after the last.
+	for _, idx := range [...]struct {
+		b    *bbolt.Bucket
+		keys [][]byte
+	}{{calls, byCall}, {tenants, byTenant}} {
+		slices.SortFunc(idx.keys, bytes.Compare)
+		for _, k := range idx.keys {
+			if err := idx.b.Put(k, []byte{}); err != nil {
 				return err
 			}
 		}
-		top = max(top, rec.Seq)
 	}
 	meta := tx.Bucket(bucketMeta)
 	if v := meta.Get(keyAuditSeq); len(v) == 8 && binary.BigEndian.Uint64(v) >= top {

@@ -149,3 +149,100 @@ func BenchmarkGroupCommit(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkDecisionInMemory is the part of a NextDelay decision that is
+// neither gRPC nor protobuf: resolve the policy, apply the decision math,
+// record the failure in the breaker and spend a retry from the tenant's
+// budget, all in memory (SyncGroup). The goal is under 1µs and no
+// allocation.
+func BenchmarkDecisionInMemory(b *testing.B) {
+	s := benchStore(b, breakerstore.SyncGroup)
+	if _, err := s.SetBudget(policy.TenantBudget{Tenant: "acme", Capacity: 1e15, MinPerSecond: 1e9}); err != nil {
+		b.Fatal(err)
+	}
+	never := policy.Default()
+	never.Breaker.ConsecutiveFailures = 10000
+	if _, err := s.SetPolicy("acme", "", never); err != nil {
+		b.Fatal(err)
+	}
+	now := time.Now()
+	in := policy.Input{Attempt: 1, Failure: policy.Failure{Kind: policy.FailureHTTP, Code: 503}, Idempotent: true,
+		Now: now, Origin: now, Deadline: now.Add(time.Hour), JitterDraw: 0.5, SpreadDraw: 0.3}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		i++
+		p, _ := s.Resolve("acme", "payments")
+		dec := policy.Decide(&p, in)
+		// Every 1000th outcome a success, so the breaker never trips.
+		r := policy.ResultTransientFailure
+		if i%1000 == 0 {
+			r = policy.ResultSuccess
+		}
+		key := policy.KeyFor(p.Breaker, "acme", "payments")
+		if _, err := s.Record(key, p.Breaker, r, ""); err != nil {
+			b.Fatal(err)
+		}
+		if sp, err := s.SpendRetry(policy.SpendRequest{Tenant: "acme"}); err != nil || !sp.Granted || !dec.Retry {
+			b.Fatal(sp, err, dec)
+		}
+	}
+}
+
+// BenchmarkApplyOutcomes applies batches of 100 outcomes (the store's part
+// of one ReportOutcome) and reports the cost per outcome, in both modes.
+func BenchmarkApplyOutcomes(b *testing.B) {
+	for _, mode := range []breakerstore.SyncMode{breakerstore.SyncGroup, breakerstore.SyncAlways} {
+		b.Run("sync="+mode.String(), func(b *testing.B) {
+			s := benchStore(b, mode)
+			ups := make([]policy.OutcomeUpdate, 100)
+			for i := range ups {
+				target := fmt.Sprint("target-", i%16)
+				ups[i] = policy.OutcomeUpdate{Key: policy.BreakerKey{Tenant: "acme", Target: target}, Breaker: consecutive,
+					Result: policy.ResultSuccess, Audit: []policy.AuditRecord{{Event: policy.AuditOutcome, Tenant: "acme",
+						Target: target, CallID: fmt.Sprint("c", i), Attempt: 1, Detail: "attempt succeeded"}}}
+			}
+			deposits := map[string]int{"acme": 100}
+			b.ReportAllocs()
+			start := time.Now()
+			for b.Loop() {
+				if _, err := s.ApplyOutcomes(ups, deposits); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.N*len(ups))/time.Since(start).Seconds(), "outcomes/s")
+		})
+	}
+}
+
+// BenchmarkAuditFlush measures the group commit of n buffered audit
+// records of distinct calls and a few tenants, per record: the cost should
+// not grow with n (it did, quadratically, while the index entries were put
+// in record order).
+func BenchmarkAuditFlush(b *testing.B) {
+	for _, n := range []int{1000, 10000, 50000} {
+		b.Run(fmt.Sprint("records=", n), func(b *testing.B) {
+			s, err := breakerstore.Open(breakerstore.Options{Path: filepath.Join(b.TempDir(), "bench.db"),
+				FlushInterval: time.Hour, AuditBuffer: n})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { s.Close() })
+			recs := make([]policy.AuditRecord, n)
+			for i := range recs {
+				recs[i] = policy.AuditRecord{Event: policy.AuditOutcome, Tenant: fmt.Sprint("tenant-", i%8),
+					Target: "geo", CallID: fmt.Sprintf("call-%08x", uint32(i)*2654435761), Attempt: 1, Detail: "attempt succeeded"}
+			}
+			var flushing time.Duration
+			for b.Loop() {
+				s.AppendAudit(recs...)
+				t0 := time.Now()
+				if err := s.Flush(); err != nil {
+					b.Fatal(err)
+				}
+				flushing += time.Since(t0)
+			}
+			b.ReportMetric(float64(flushing.Nanoseconds())/float64(b.N*n), "ns/record")
+		})
+	}
+}

@@ -402,7 +402,7 @@ func cloneString(s string) string {
 // persistTransition commits b's state after a transition. A failure is
 // logged and left to the flusher; only SyncAlways reports it.
 func (s *Store) persistTransition(b *breaker, newlyDirty bool) error {
-	err := s.update("write breaker transition", func(tx *bbolt.Tx) error {
+	err := s.updateTx("write breaker transition", counterPages, func(tx *bbolt.Tx) error {
 		_, err := b.write(tx, false)
 		return err
 	})

@@ -232,6 +232,9 @@ func (s *Store) touched2(tb *tokenBucket, tbNew bool, r *run, rNew, withRun bool
 	}
 	var n int
 	err := s.db.Batch(func(tx *bbolt.Tx) error {
+		if err := s.roomLeft(counterPages); err != nil {
+			return err
+		}
 		s.noteBatchTx(tx)
 		n1, err := tb.write(tx, false)
 		if err != nil {
@@ -248,7 +251,7 @@ func (s *Store) touched2(tb *tokenBucket, tbNew bool, r *run, rNew, withRun bool
 		s.queue(r)
 	}
 	if err != nil {
-		return storageErr("commit", err)
+		return s.writeErr("commit", err)
 	}
 	s.syncMutations.Add(1)
 	s.records.Add(uint64(n))
@@ -420,7 +423,7 @@ func (s *Store) DeleteBudget(tenant string) error {
 	if !ok {
 		return fmt.Errorf("%w: budget of tenant %q", ErrNotFound, tenant)
 	}
-	if err := s.update("delete budget", func(tx *bbolt.Tx) error {
+	if err := s.updateFreeing("delete budget", func(tx *bbolt.Tx) error {
 		return tx.Bucket(bucketBudgets).Delete([]byte(tenant))
 	}); err != nil {
 		return err

@@ -27,7 +27,11 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 	if s.opts.Sync == SyncAlways {
 		p = &pending{}
 	}
-	var trail []policy.AuditRecord
+	var size int
+	for i := range ups {
+		size += len(ups[i].Audit)
+	}
+	trail := make([]policy.AuditRecord, 0, size)
 	n, err := func() (int, error) {
 		for i := range ups {
 			u := &ups[i]
@@ -100,6 +104,9 @@ func (s *Store) commitPending(p *pending) error {
 	}
 	var n int
 	err := s.db.Batch(func(tx *bbolt.Tx) error {
+		if err := s.roomLeft(counterPages); err != nil {
+			return err
+		}
 		s.noteBatchTx(tx)
 		n = 0
 		for _, e := range p.ents {
@@ -120,7 +127,7 @@ func (s *Store) commitPending(p *pending) error {
 				s.queue(e)
 			}
 		}
-		return storageErr("commit", err)
+		return s.writeErr("commit", err)
 	}
 	s.syncMutations.Add(uint64(p.mutations))
 	s.records.Add(uint64(n))

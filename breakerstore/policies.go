@@ -150,7 +150,7 @@ func (s *Store) DeletePolicy(tenant, target string) error {
 	if _, ok := s.policies.Load().m[k]; !ok {
 		return fmt.Errorf("%w: policy %q/%q", ErrNotFound, tenant, target)
 	}
-	if err := s.update("delete policy", func(tx *bbolt.Tx) error {
+	if err := s.updateFreeing("delete policy", func(tx *bbolt.Tx) error {
 		return tx.Bucket(bucketPolicies).Delete(joinKey(tenant, target))
 	}); err != nil {
 		return err

@@ -212,6 +212,8 @@ type Store struct {
 	lastBatchTx *bbolt.Tx
 
 	commits, groupCommits, syncCommits, syncMutations, records, flushErrors atomic.Uint64
+
+	capped atomic.Bool // a write hit Options.MaxSize: see roomLeft
 }
 
 // entity is a piece of state with counters that are flushed in group commits.
@@ -548,6 +550,9 @@ func (s *Store) flush(forceSweep bool) error {
 	var oldest int64
 	err := s.db.Update(func(tx *bbolt.Tx) error {
 		written = 0
+		if err := s.roomLeft(counterPages); err != nil {
+			return err
+		}
 		if err := s.deleteRecords(tx, s.pendingDel); err != nil {
 			return err
 		}
@@ -567,7 +572,7 @@ func (s *Store) flush(forceSweep bool) error {
 		return err
 	})
 	if err != nil {
-		err = storageErr("flush counters", err)
+		err = s.writeErr("flush counters", err)
 		s.flushErrors.Add(1)
 		s.log.Error("breakerstore: group commit failed; will retry", "err", err, "records", len(batch), "audit_records", len(audit))
 		for _, e := range batch {
@@ -608,6 +613,9 @@ func (s *Store) touched(e entity, newlyDirty bool) error {
 	}
 	var n int
 	err := s.db.Batch(func(tx *bbolt.Tx) error {
+		if err := s.roomLeft(counterPages); err != nil {
+			return err
+		}
 		s.noteBatchTx(tx)
 		var err error
 		n, err = e.write(tx, false)
@@ -617,7 +625,7 @@ func (s *Store) touched(e entity, newlyDirty bool) error {
 		if newlyDirty || e.redirty() {
 			s.queue(e)
 		}
-		return storageErr("commit", err)
+		return s.writeErr("commit", err)
 	}
 	if newlyDirty {
 		// The entity was marked dirty by the mutation; the flusher will write
@@ -644,16 +652,33 @@ func (s *Store) noteBatchTx(tx *bbolt.Tx) {
 
 // update runs fn in a durable write transaction and counts the commit.
 func (s *Store) update(op string, fn func(tx *bbolt.Tx) error) error {
+	return s.updateTx(op, reservePages, fn)
+}
+
+// updateFreeing is update for a deletion: in a file at its size cap it may
+// use the pages roomLeft keeps free.
+func (s *Store) updateFreeing(op string, fn func(tx *bbolt.Tx) error) error {
+	return s.updateTx(op, -1, fn)
+}
+
+// updateTx is update with the floor of free pages roomLeft checks.
+func (s *Store) updateTx(op string, floor int, fn func(tx *bbolt.Tx) error) error {
 	if s.closed.Load() {
 		return ErrClosed
 	}
-	if err := s.db.Update(fn); err != nil {
-		for _, passthrough := range []error{ErrInvalid, ErrNotFound, ErrExists, ErrTooManyBreakers} {
+	err := s.db.Update(func(tx *bbolt.Tx) error {
+		if err := s.roomLeft(floor); err != nil {
+			return err
+		}
+		return fn(tx)
+	})
+	if err != nil {
+		for _, passthrough := range []error{ErrInvalid, ErrNotFound, ErrExists, ErrTooManyBreakers, ErrDiskFull} {
 			if errors.Is(err, passthrough) {
 				return err
 			}
 		}
-		return storageErr(op, err)
+		return s.writeErr(op, err)
 	}
 	s.commits.Add(1)
 	return nil

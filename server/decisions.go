@@ -365,6 +365,7 @@ func (d *Decisions) ReportOutcome(ctx context.Context, req *pb.ReportOutcomeRequ
 	// one commit for the request, not one per outcome.
 	deposits := map[string]int{}
 	ups := make([]policy.OutcomeUpdate, len(outs))
+	trail := make([]policy.AuditRecord, 0, 2*len(outs)) // at most two records an outcome
 	for i, o := range outs {
 		it := items[i]
 		p, _ := d.store.Resolve(it.call.tenant, it.call.target)
@@ -383,7 +384,9 @@ func (d *Decisions) ReportOutcome(ctx context.Context, req *pb.ReportOutcomeRequ
 			}
 			class = c.Reason
 		}
-		u.Audit = d.outcome(ctx, nil, it.call, o, class)
+		start := len(trail)
+		trail = d.outcome(ctx, trail, it.call, o, class)
+		u.Audit = trail[start:len(trail):len(trail)]
 		if fd := o.GetFinalDisposition(); fd != pb.Disposition_DISPOSITION_UNSPECIFIED && it.call.runID != "" {
 			u.RunID, u.CallID = it.call.runID, it.call.callID
 			u.Final, u.Stop = policy.Disposition(fd), policy.StopReason(o.GetFinalStopReason())

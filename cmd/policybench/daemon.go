@@ -1,0 +1,197 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	policyclient "github.com/policyd/policyd/clients/go"
+)
+
+// buildPolicyd compiles the daemon into dir and returns the binary's path.
+// It must run inside the module (go run ./cmd/policybench from its root).
+func buildPolicyd(dir string) (string, error) {
+	bin := dir + "/policyd"
+	out, err := exec.Command("go", "build", "-o", bin, "github.com/policyd/policyd/cmd/policyd").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("go build policyd: %v\n%s", err, out)
+	}
+	return bin, nil
+}
+
+// policydBinary returns path when set, else builds one into dir.
+func policydBinary(path, dir string) (string, error) {
+	if path != "" {
+		return path, nil
+	}
+	return buildPolicyd(dir)
+}
+
+// daemon is a policyd process started by policybench on loopback, its
+// metrics endpoint on another loopback port.
+type daemon struct {
+	cmd     *exec.Cmd
+	db      string
+	addr    string
+	metrics string // http://host:port/metrics
+	log     *daemonLog
+	exited  chan struct{}
+	waitErr error
+}
+
+// daemonLog keeps the daemon's JSON log lines (the last 200) and tells
+// startDaemon when it is serving.
+type daemonLog struct {
+	mu      sync.Mutex
+	lines   []string
+	counts  map[string]int // by msg
+	serving chan string
+	metrics chan string
+}
+
+func (l *daemonLog) consume(r io.Reader) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		var rec struct {
+			Msg    string `json:"msg"`
+			Listen string `json:"listen"`
+		}
+		_ = json.Unmarshal([]byte(line), &rec)
+		l.mu.Lock()
+		l.lines = append(l.lines, line)
+		if len(l.lines) > 200 {
+			l.lines = l.lines[len(l.lines)-200:]
+		}
+		l.counts[rec.Msg]++
+		l.mu.Unlock()
+		switch rec.Msg {
+		case "policyd serving":
+			select {
+			case l.serving <- rec.Listen:
+			default:
+			}
+		case "metrics serving":
+			select {
+			case l.metrics <- rec.Listen:
+			default:
+			}
+		}
+	}
+}
+
+// count returns how many lines had the message msg.
+func (l *daemonLog) count(msg string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.counts[msg]
+}
+
+func (l *daemonLog) tail(n int) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	from := max(len(l.lines)-n, 0)
+	return strings.Join(l.lines[from:], "\n")
+}
+
+// startDaemon starts bin serving db on a free loopback port, with metrics
+// on another, and waits until it says it is serving. extra flags are
+// added to `policyd serve`.
+func startDaemon(bin, db string, extra ...string) (*daemon, error) {
+	args := append([]string{"serve", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+		"--db", db, "--log-level", "info"}, extra...)
+	cmd := exec.Command(bin, args...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stdout = io.Discard
+	d := &daemon{cmd: cmd, db: db, exited: make(chan struct{}),
+		log: &daemonLog{counts: map[string]int{}, serving: make(chan string, 1), metrics: make(chan string, 1)}}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	logDone := make(chan struct{})
+	go func() { d.log.consume(stderr); close(logDone) }()
+	go func() { <-logDone; d.waitErr = cmd.Wait(); close(d.exited) }()
+	timeout := time.After(30 * time.Second)
+	for d.addr == "" || d.metrics == "" {
+		select {
+		case a := <-d.log.serving:
+			d.addr = a
+		case m := <-d.log.metrics:
+			d.metrics = "http://" + m + "/metrics"
+		case <-d.exited:
+			return nil, fmt.Errorf("policyd exited before serving (%v):\n%s", d.waitErr, d.log.tail(20))
+		case <-timeout:
+			d.kill()
+			return nil, fmt.Errorf("policyd did not serve within 30s:\n%s", d.log.tail(20))
+		}
+	}
+	return d, nil
+}
+
+func (d *daemon) pid() int { return d.cmd.Process.Pid }
+
+// token reads the admin token the daemon created next to its file.
+func (d *daemon) token() (string, error) { return readToken(d.db + ".admin-token") }
+
+// kill sends SIGKILL and waits for the process to be gone.
+func (d *daemon) kill() {
+	_ = d.cmd.Process.Signal(syscall.SIGKILL)
+	<-d.exited
+}
+
+// stop asks the daemon to drain (SIGTERM) and waits up to 15s, then kills.
+func (d *daemon) stop() error {
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.exited:
+		return d.waitErr
+	case <-time.After(15 * time.Second):
+		d.kill()
+		return errors.New("policyd did not stop within 15s of SIGTERM; killed")
+	}
+}
+
+// readToken reads a token file's first line.
+func readToken(path string) (string, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	tok, _, _ := strings.Cut(strings.TrimSpace(string(raw)), "\n")
+	if tok = strings.TrimSpace(tok); tok == "" {
+		return "", fmt.Errorf("%s holds no token", path)
+	}
+	return tok, nil
+}
+
+// dial opens one plaintext loopback connection; token, when set, is sent
+// as a bearer token with every call.
+func dial(addr, token string) (*grpc.ClientConn, error) {
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	if token != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(policyclient.BearerToken(token)))
+	}
+	return grpc.NewClient(addr, opts...)
+}
+
+// runCheck runs `policyd check --db db` and returns its output.
+func runCheck(ctx context.Context, bin, db string) (string, error) {
+	out, err := exec.CommandContext(ctx, bin, "check", "--db", db).CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}

@@ -1,0 +1,157 @@
+package main
+
+import (
+	"context"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// rpc names a measured call.
+type rpc int
+
+const (
+	rpcAdmit rpc = iota
+	rpcNextDelay
+	rpcReport
+	rpcEchoUnary
+	rpcEchoStream
+	numRPC
+)
+
+var rpcNames = [numRPC]string{"Admit", "NextDelay", "ReportOutcome", "echo-unary", "echo-stream"}
+
+// caller is one simulated worker: its request generator and what it
+// measured while the window was open.
+type caller struct {
+	g        *gen
+	on       *atomic.Bool
+	hists    [numRPC]*hist
+	errs     [numRPC]uint64
+	outcomes uint64 // outcomes accepted while measuring
+	firstErr error
+}
+
+// do times f as one call of r, counting it only while the window is open.
+func (c *caller) do(r rpc, f func() error) error {
+	t0 := time.Now()
+	err := f()
+	if c.on.Load() {
+		if err != nil {
+			c.errs[r]++
+			if c.firstErr == nil {
+				c.firstErr = err
+			}
+		} else {
+			if c.hists[r] == nil {
+				c.hists[r] = new(hist)
+			}
+			c.hists[r].record(time.Since(t0))
+		}
+	}
+	return err
+}
+
+// window is what one phase measured: per RPC the merged histogram and
+// errors, the CPU the server and this process used, and the counters read
+// from the daemon's metrics.
+type window struct {
+	elapsed   time.Duration
+	hists     [numRPC]*hist
+	errs      [numRPC]uint64
+	outcomes  uint64
+	serverCPU time.Duration // -1: unknown
+	clientCPU time.Duration
+	commits   float64 // -1: unknown
+	firstErr  error
+}
+
+// measure runs loop in n callers for warmup, then measures for d, then
+// stops them. serverPID (0: unknown) is read for CPU; metrics (empty:
+// none) for policyd's commit counter.
+func measure(ctx context.Context, n int, warmup, d time.Duration, seed uint64, serverPID int, metrics string,
+	loop func(ctx context.Context, c *caller)) window {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var on atomic.Bool
+	callers := make([]*caller, n)
+	var wg sync.WaitGroup
+	for i := range callers {
+		c := &caller{g: newGen(i, seed), on: &on}
+		callers[i] = c
+		wg.Add(1)
+		go func() { defer wg.Done(); loop(ctx, c) }()
+	}
+	sleepCtx(ctx, warmup)
+
+	w := window{serverCPU: -1, commits: -1}
+	var srv0, self0 time.Duration
+	var err error
+	if serverPID > 0 {
+		if srv0, err = cpuTime(serverPID); err != nil {
+			serverPID = 0
+		}
+	}
+	self0, _ = cpuTime(os.Getpid())
+	commits0 := commitsOf(ctx, metrics)
+	t0 := time.Now()
+	on.Store(true)
+	sleepCtx(ctx, d)
+	on.Store(false)
+	w.elapsed = time.Since(t0)
+	if serverPID > 0 {
+		if srv1, err := cpuTime(serverPID); err == nil {
+			w.serverCPU = srv1 - srv0
+		}
+	}
+	self1, _ := cpuTime(os.Getpid())
+	w.clientCPU = self1 - self0
+	if commits1 := commitsOf(ctx, metrics); commits0 >= 0 && commits1 >= 0 {
+		w.commits = commits1 - commits0
+	}
+	cancel()
+	wg.Wait()
+	for _, c := range callers {
+		for r := range numRPC {
+			if c.hists[r] != nil {
+				if w.hists[r] == nil {
+					w.hists[r] = new(hist)
+				}
+				w.hists[r].merge(c.hists[r])
+			}
+			w.errs[r] += c.errs[r]
+		}
+		w.outcomes += c.outcomes
+		if w.firstErr == nil {
+			w.firstErr = c.firstErr
+		}
+	}
+	return w
+}
+
+// commitsOf reads policyd_store_commits_total, or -1.
+func commitsOf(ctx context.Context, url string) float64 {
+	if url == "" {
+		return -1
+	}
+	m, err := scrape(ctx, url, "policyd_store_commits_total")
+	if err != nil {
+		return -1
+	}
+	v, ok := m["policyd_store_commits_total"]
+	if !ok {
+		return -1
+	}
+	return v
+}
+
+// sleepCtx sleeps d or until ctx is done.
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
