@@ -119,16 +119,7 @@ func (s *Store) Admit(key policy.BreakerKey, cfg policy.BreakerConfig) (policy.A
 	b.mode = cfg.Mode
 	transitioned := b.advance(s, now)
 	res, mutated := b.admit(s, now, &cfg)
-	newlyDirty := false
-	if mutated || transitioned {
-		newlyDirty = b.markDirty()
-	}
-	b.mu.Unlock()
-	if transitioned {
-		err = s.persistTransition(b, newlyDirty)
-	} else if mutated {
-		err = s.touched(b, newlyDirty)
-	}
+	err = s.settle(b, transitioned, mutated)
 	if err != nil {
 		return policy.Admission{}, err
 	}
@@ -212,16 +203,7 @@ func (s *Store) ExtendCooldown(key policy.BreakerKey, cfg policy.BreakerConfig, 
 		}
 	}
 	in := toTime(b.cooldownUntil)
-	newlyDirty := false
-	if mutated || transitioned {
-		newlyDirty = b.markDirty()
-	}
-	b.mu.Unlock()
-	if transitioned {
-		err = s.persistTransition(b, newlyDirty)
-	} else if mutated {
-		err = s.touched(b, newlyDirty)
-	}
+	err = s.settle(b, transitioned, mutated)
 	if err != nil {
 		return time.Time{}, err
 	}
@@ -400,6 +382,25 @@ func cloneString(s string) string {
 }
 
 // persistTransition commits b's state after a transition. A failure is
+
+// settle unlocks b, which the caller changed (mutated) or moved to another
+// state (transitioned), and makes the change durable as the durability
+// contract asks: a transition at once, counters with the next group commit.
+func (s *Store) settle(b *breaker, transitioned, mutated bool) error {
+	newlyDirty := false
+	if mutated || transitioned {
+		newlyDirty = b.markDirty()
+	}
+	b.mu.Unlock()
+	switch {
+	case transitioned:
+		return s.persistTransition(b, newlyDirty)
+	case mutated:
+		return s.touched(b, newlyDirty)
+	}
+	return nil
+}
+
 // logged and left to the flusher; only SyncAlways reports it.
 func (s *Store) persistTransition(b *breaker, newlyDirty bool) error {
 	err := s.updateTx("write breaker transition", counterPages, func(tx *bbolt.Tx) error {
