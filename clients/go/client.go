@@ -93,7 +93,7 @@ func (c Config) withDefaults() (Config, error) {
 		c.QueueSize = 65536
 	}
 	if c.Sleep == nil {
-		c.Sleep = sleep
+		c.Sleep = Sleep
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -104,7 +104,10 @@ func (c Config) withDefaults() (Config, error) {
 	return c, nil
 }
 
-func sleep(ctx context.Context, d time.Duration) error {
+// Sleep waits d or until ctx is done, returning ctx's error then: the
+// default Config.Sleep. A Config.Sleep that observes waits can call it to
+// do the waiting.
+func Sleep(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
 		return ctx.Err()
 	}

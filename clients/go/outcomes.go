@@ -206,7 +206,7 @@ func (o *outcomes) drain(ctx context.Context) error {
 			o.pending = nil
 			return fmt.Errorf("policyclient: %d outcomes not reported: %w", lost, err)
 		}
-		if sleep(ctx, 50*time.Millisecond) != nil {
+		if Sleep(ctx, 50*time.Millisecond) != nil {
 			continue
 		}
 	}

@@ -107,7 +107,7 @@ func (b *breakerCache) watch(ctx context.Context, c *Client) {
 		b.live.Store(false)
 		b.updated()
 		b.mu.Unlock()
-		if sleep(ctx, backoff) != nil {
+		if Sleep(ctx, backoff) != nil {
 			return
 		}
 		backoff = min(2*backoff, 5*time.Second)

@@ -582,17 +582,7 @@ func (d *demo) sleep(ctx context.Context, dur time.Duration) error {
 		tr.afterCooldown = !tr.afterAttempt
 		tr.afterAttempt = false
 	}
-	if dur <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(dur)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return policyclient.Sleep(ctx, dur)
 }
 
 // work feeds the documents to the workers and returns how each ended.
