@@ -57,8 +57,11 @@ type Config struct {
 	// a fake so no test sleeps.
 	Sleep func(ctx context.Context, d time.Duration) error
 	// Now tells the time. Default time.Now.
-	Now    func() time.Time
-	Logger *slog.Logger
+	Now func() time.Time
+	// wallClock is set when Now is time.Now, so its readings can stand in
+	// for the wall clock's.
+	wallClock bool
+	Logger    *slog.Logger
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -96,7 +99,7 @@ func (c Config) withDefaults() (Config, error) {
 		c.Sleep = Sleep
 	}
 	if c.Now == nil {
-		c.Now = time.Now
+		c.Now, c.wallClock = time.Now, true
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -240,6 +243,15 @@ func (c *Client) Stats() Stats {
 		FastFails: s.fastFails.Load(), LocalDecisions: s.local.Load(),
 		OutcomesSent: s.sent.Load(), OutcomesDropped: s.dropped.Load(), ReportBatchesSent: s.batches.Load(),
 	}
+}
+
+// wall returns t, a reading of Config.Now, when Now is the wall clock, and
+// the wall clock's time otherwise: deadlines of contexts run on it.
+func (c *Client) wall(t time.Time) time.Time {
+	if c.cfg.wallClock {
+		return t
+	}
+	return time.Now()
 }
 
 // reachable says whether to ask policyd now.

@@ -227,12 +227,12 @@ func (l *loop) run(fn func(context.Context, Attempt) error) Result {
 		}
 		l.res.Attempts = attempt
 		l.c.stats.attempts.Add(1)
-		actx, cancel := context.WithTimeout(l.ctx, l.timeout)
 		start := l.c.cfg.Now()
+		actx := newAttemptCtx(l.ctx, l.c.wall(start), l.timeout)
 		err := fn(actx, Attempt{Number: attempt, CallID: l.call.id, IdempotencyKey: l.call.key})
-		timedOut := errors.Is(actx.Err(), context.DeadlineExceeded) && l.ctx.Err() == nil
-		cancel()
-		latency := l.c.cfg.Now().Sub(start)
+		stop := l.c.cfg.Now()
+		timedOut := actx.end(l.c.wall(stop))
+		latency := stop.Sub(start)
 		if err == nil {
 			l.res.Disposition, l.res.Err = Succeeded, nil
 			l.report(outcome{attempt: attempt, success: true, permit: permit, latency: latency,
@@ -294,8 +294,13 @@ func (l *loop) report(o outcome) {
 // allows. ok false means the call ended (l.res is set).
 func (l *loop) admit(attempt int) (permit string, ok bool) {
 	for {
+		b, known := l.c.breakers.lookup(l.call.target)
+		if known && b.cooldownUntil.IsZero() &&
+			(b.state == pb.BreakerState_BREAKER_STATE_CLOSED || b.state == pb.BreakerState_BREAKER_STATE_DISABLED) {
+			return "", true // the common case, without reading the clock
+		}
 		now := l.c.cfg.Now()
-		if b, known := l.c.breakers.lookup(l.call.target); known {
+		if known {
 			switch {
 			case b.cooldownUntil.After(now):
 				// Another worker was told to back off: wait with it.
