@@ -119,6 +119,27 @@ func timePB(t time.Time) *timestamppb.Timestamp {
 	return timestamppb.New(t)
 }
 
+// sub is the path of field's child name. While field is "" it is "" too:
+// the hot handlers check a request first without paths, so a valid one
+// builds no strings, and check again under the real path only to name a
+// failure (see checkNamed).
+func sub(field, name string) string {
+	if field == "" {
+		return ""
+	}
+	return field + name
+}
+
+// checkNamed runs check without a field path and, only when it fails, again
+// under path, so the error names the field.
+func checkNamed[T any](path string, check func(field string) (T, error)) (T, error) {
+	v, err := check("")
+	if err != nil {
+		_, err = check(path)
+	}
+	return v, err
+}
+
 // callRef is a validated CallRef.
 type callRef struct {
 	tenant, target, callID, key, runID string
@@ -133,25 +154,25 @@ func callFromPB(field string, c *pb.CallRef, needCallID bool) (callRef, error) {
 	}
 	var out callRef
 	var err error
-	if err = checkName(field+".tenant", c.GetTenant(), maxTenantLen, true); err != nil {
+	if err = checkName(sub(field, ".tenant"), c.GetTenant(), maxTenantLen, true); err != nil {
 		return out, err
 	}
-	if err = checkName(field+".target", c.GetTarget(), maxTargetLen, true); err != nil {
+	if err = checkName(sub(field, ".target"), c.GetTarget(), maxTargetLen, true); err != nil {
 		return out, err
 	}
-	if err = checkName(field+".call_id", c.GetCallId(), maxCallIDLen, needCallID); err != nil {
+	if err = checkName(sub(field, ".call_id"), c.GetCallId(), maxCallIDLen, needCallID); err != nil {
 		return out, err
 	}
-	if err = checkText(field+".idempotency_key", c.GetIdempotencyKey(), maxKeyLen); err != nil {
+	if err = checkText(sub(field, ".idempotency_key"), c.GetIdempotencyKey(), maxKeyLen); err != nil {
 		return out, err
 	}
-	if err = checkName(field+".run_id", c.GetRunId(), maxRunIDLen, false); err != nil {
+	if err = checkName(sub(field, ".run_id"), c.GetRunId(), maxRunIDLen, false); err != nil {
 		return out, err
 	}
-	if out.origin, err = timestamp(field+".origin_time", c.GetOriginTime()); err != nil {
+	if out.origin, err = timestamp(sub(field, ".origin_time"), c.GetOriginTime()); err != nil {
 		return out, err
 	}
-	if out.deadline, err = timestamp(field+".deadline_time", c.GetDeadlineTime()); err != nil {
+	if out.deadline, err = timestamp(sub(field, ".deadline_time"), c.GetDeadlineTime()); err != nil {
 		return out, err
 	}
 	if !out.origin.IsZero() && !out.deadline.IsZero() && out.deadline.Before(out.origin) {
@@ -205,7 +226,7 @@ func hintsFromPB(field string, p *pb.Pushback) (policy.Hints, error) {
 		{"retry_after", h.RetryAfter}, {"grpc_retry_pushback_ms", h.GRPCPushbackMs},
 		{"x_ratelimit_reset", h.XRateLimitReset}, {"x_amz_retry_after", h.XAmzRetryAfter},
 	} {
-		if err := checkText(field+"."+v.name, v.val, maxHeaderLen); err != nil {
+		if err := checkText(sub(field, "."+v.name), v.val, maxHeaderLen); err != nil {
 			return h, err
 		}
 	}

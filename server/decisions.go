@@ -75,7 +75,7 @@ func NewDecisions(store Store, cfg Config) *Decisions {
 // Classify says whether a failure is worth retrying under the policy of the
 // call's tenant and target.
 func (d *Decisions) Classify(_ context.Context, req *pb.ClassifyRequest) (*pb.ClassifyResponse, error) {
-	call, err := callFromPB("call", req.GetCall(), false)
+	call, err := checkNamed("call", func(field string) (callRef, error) { return callFromPB(field, req.GetCall(), false) })
 	if err != nil {
 		return nil, err
 	}
@@ -92,7 +92,7 @@ func (d *Decisions) Classify(_ context.Context, req *pb.ClassifyRequest) (*pb.Cl
 // first, then the shared breaker, the fleet-wide cool-down, the deadline
 // again, and the tenant and run budgets. A refusal is an OK answer.
 func (d *Decisions) NextDelay(ctx context.Context, req *pb.NextDelayRequest) (*pb.NextDelayResponse, error) {
-	call, err := callFromPB("call", req.GetCall(), true)
+	call, err := checkNamed("call", func(field string) (callRef, error) { return callFromPB(field, req.GetCall(), true) })
 	if err != nil {
 		return nil, err
 	}
@@ -103,7 +103,7 @@ func (d *Decisions) NextDelay(ctx context.Context, req *pb.NextDelayRequest) (*p
 	if err != nil {
 		return nil, err
 	}
-	hints, err := hintsFromPB("pushback", req.GetPushback())
+	hints, err := checkNamed("pushback", func(field string) (policy.Hints, error) { return hintsFromPB(field, req.GetPushback()) })
 	if err != nil {
 		return nil, err
 	}
@@ -314,45 +314,22 @@ func (d *Decisions) ReportOutcome(ctx context.Context, req *pb.ReportOutcomeRequ
 	if len(outs) == 0 || len(outs) > maxOutcomes {
 		return nil, invalid("outcomes", "must hold 1 to "+strconv.Itoa(maxOutcomes)+" outcomes, got "+strconv.Itoa(len(outs)))
 	}
-	type item struct {
-		call    callRef
-		failure policy.Failure
-	}
-	items := make([]item, len(outs))
-	runs := map[string]string{}
+	items := make([]outcomeItem, len(outs))
+	var runs map[string]string
 	for i, o := range outs {
-		field := "outcomes[" + strconv.Itoa(i) + "]"
-		call, err := callFromPB(field+".call", o.GetCall(), true)
+		it, err := outcomeFromPB("", o)
 		if err != nil {
+			// Only now build the field's path, checking again under it: a
+			// valid batch of a thousand outcomes builds no paths at all.
+			_, err = outcomeFromPB("outcomes["+strconv.Itoa(i)+"]", o)
 			return nil, err
 		}
-		if o.GetAttempt() < 1 || o.GetAttempt() > maxAttempt {
-			return nil, invalid(field+".attempt", "must be 1 to "+strconv.Itoa(maxAttempt))
-		}
-		if _, err := duration(field+".latency", o.GetLatency(), 0); err != nil {
-			return nil, err
-		}
-		if err := checkName(field+".permit_id", o.GetPermitId(), maxCallIDLen, false); err != nil {
-			return nil, err
-		}
-		items[i].call = call
-		if !o.GetSuccess() && !o.GetAlreadyRecorded() {
-			if items[i].failure, err = failureFromPB(field+".failure", o.GetFailure()); err != nil {
-				return nil, err
+		items[i] = it
+		if o.GetFinalDisposition() != pb.Disposition_DISPOSITION_UNSPECIFIED && it.call.runID != "" {
+			if runs == nil {
+				runs = map[string]string{}
 			}
-		}
-		fd := o.GetFinalDisposition()
-		if fd < 0 || fd > pb.Disposition_DISPOSITION_CIRCUIT_OPEN {
-			return nil, invalid(field+".final_disposition", "must be a known Disposition value")
-		}
-		if sr := o.GetFinalStopReason(); sr < 0 || sr > pb.StopReason_STOP_REASON_SERVER_PUSHBACK {
-			return nil, invalid(field+".final_stop_reason", "must be a known StopReason value")
-		}
-		if o.GetSuccess() && fd != pb.Disposition_DISPOSITION_UNSPECIFIED && fd != pb.Disposition_DISPOSITION_SUCCEEDED {
-			return nil, invalid(field+".final_disposition", "must be SUCCEEDED or unset when success is true")
-		}
-		if fd != pb.Disposition_DISPOSITION_UNSPECIFIED && call.runID != "" {
-			runs[call.runID] = call.tenant
+			runs[it.call.runID] = it.call.tenant
 		}
 	}
 	for id, tenant := range runs {
@@ -404,6 +381,47 @@ func (d *Decisions) ReportOutcome(ctx context.Context, req *pb.ReportOutcomeRequ
 	return &pb.ReportOutcomeResponse{Accepted: uint32(len(outs))}, nil
 }
 
+// outcomeItem is a validated Outcome's call and failure.
+type outcomeItem struct {
+	call    callRef
+	failure policy.Failure
+}
+
+// outcomeFromPB validates one Outcome; field is its path in the request.
+func outcomeFromPB(field string, o *pb.Outcome) (outcomeItem, error) {
+	var it outcomeItem
+	call, err := callFromPB(sub(field, ".call"), o.GetCall(), true)
+	if err != nil {
+		return it, err
+	}
+	if o.GetAttempt() < 1 || o.GetAttempt() > maxAttempt {
+		return it, invalid(field+".attempt", "must be 1 to "+strconv.Itoa(maxAttempt))
+	}
+	if _, err := duration(sub(field, ".latency"), o.GetLatency(), 0); err != nil {
+		return it, err
+	}
+	if err := checkName(sub(field, ".permit_id"), o.GetPermitId(), maxCallIDLen, false); err != nil {
+		return it, err
+	}
+	it.call = call
+	if !o.GetSuccess() && !o.GetAlreadyRecorded() {
+		if it.failure, err = failureFromPB(sub(field, ".failure"), o.GetFailure()); err != nil {
+			return it, err
+		}
+	}
+	fd := o.GetFinalDisposition()
+	if fd < 0 || fd > pb.Disposition_DISPOSITION_CIRCUIT_OPEN {
+		return it, invalid(field+".final_disposition", "must be a known Disposition value")
+	}
+	if sr := o.GetFinalStopReason(); sr < 0 || sr > pb.StopReason_STOP_REASON_SERVER_PUSHBACK {
+		return it, invalid(field+".final_stop_reason", "must be a known StopReason value")
+	}
+	if o.GetSuccess() && fd != pb.Disposition_DISPOSITION_UNSPECIFIED && fd != pb.Disposition_DISPOSITION_SUCCEEDED {
+		return it, invalid(field+".final_disposition", "must be SUCCEEDED or unset when success is true")
+	}
+	return it, nil
+}
+
 // outcome appends a reported outcome, and the call's final disposition when
 // it carries one (with or without a run), to trail and logs it at debug
 // level. class is the failure's classification, when it was classified.
@@ -444,7 +462,7 @@ func (d *Decisions) outcome(ctx context.Context, trail []policy.AuditRecord, cal
 
 // Admit asks the shared breaker whether an attempt may go ahead.
 func (d *Decisions) Admit(ctx context.Context, req *pb.AdmitRequest) (*pb.AdmitResponse, error) {
-	call, err := callFromPB("call", req.GetCall(), false)
+	call, err := checkNamed("call", func(field string) (callRef, error) { return callFromPB(field, req.GetCall(), false) })
 	if err != nil {
 		return nil, err
 	}
