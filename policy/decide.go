@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"math/bits"
 	"strings"
 	"time"
 )
@@ -29,7 +30,7 @@ var checkNames = [...]string{
 // Names returns the names of the checks in c, in the order they apply, e.g.
 // ["classification", "idempotency"]. Unknown bits are left out.
 func (c Check) Names() []string {
-	var out []string
+	out := make([]string, 0, bits.OnesCount(uint(c)))
 	for i, n := range checkNames {
 		if c&(1<<i) != 0 {
 			out = append(out, n)
