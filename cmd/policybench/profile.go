@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"runtime/pprof"
 	"syscall"
 	"time"
@@ -30,6 +31,7 @@ import (
 //	kill %1; go tool pprof -top cpu.out
 func profileServerCmd() *cobra.Command {
 	var db, cpuprofile, sync string
+	var gcPercent int
 	var flush time.Duration
 	cmd := &cobra.Command{
 		Use:    "profile-server",
@@ -37,6 +39,9 @@ func profileServerCmd() *cobra.Command {
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if _, ok := os.LookupEnv("GOGC"); !ok {
+				debug.SetGCPercent(gcPercent) // as policyd serve's --gc-percent
+			}
 			mode := breakerstore.SyncGroup
 			if sync == "always" {
 				mode = breakerstore.SyncAlways
@@ -87,6 +92,7 @@ func profileServerCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&db, "db", "profile.db", "state file")
+	f.IntVar(&gcPercent, "gc-percent", 400, "the garbage collector's target, as policyd serve's --gc-percent (GOGC wins when set)")
 	f.StringVar(&cpuprofile, "cpuprofile", "cpu.out", "where to write the CPU profile")
 	f.StringVar(&sync, "sync", "group", "group or always")
 	f.DurationVar(&flush, "flush-interval", 100*time.Millisecond, "group-commit interval")
