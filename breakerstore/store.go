@@ -31,6 +31,9 @@ var (
 	bucketRunState = []byte("runstate")
 	bucketRunCalls = []byte("runcalls")
 
+	// The audit trail's buckets of the previous layout, a key per record
+	// and two index entries: Open moves their records into bucketAuditSeg
+	// and deletes them (see migrateAudit).
 	bucketAudit       = []byte("audit")
 	bucketAuditCall   = []byte("auditcall")
 	bucketAuditTenant = []byte("audittenant")
@@ -40,7 +43,7 @@ var (
 
 	allBuckets = [][]byte{bucketMeta, bucketBreakers, bucketBudgets, bucketTokens,
 		bucketPolicies, bucketRuns, bucketRunState, bucketRunCalls,
-		bucketAudit, bucketAuditCall, bucketAuditTenant}
+		bucketAuditSeg}
 )
 
 // Defaults of Options.
@@ -384,8 +387,10 @@ func openErr(opts Options, err error) error {
 	return fmt.Errorf("%w: cannot open %s: %v", ErrCorrupt, opts.Path, err)
 }
 
-// initBuckets checks the schema version and creates missing buckets.
+// initBuckets checks the schema version, creates missing buckets and moves
+// an audit trail of the previous layout into segments.
 func (s *Store) initBuckets() error {
+	moved := 0
 	err := s.db.Update(func(tx *bbolt.Tx) error {
 		meta := tx.Bucket(bucketMeta)
 		if meta == nil {
@@ -411,10 +416,15 @@ func (s *Store) initBuckets() error {
 		if meta == nil {
 			return tx.Bucket(bucketMeta).Put(keySchema, binary.BigEndian.AppendUint32(nil, schemaVersion))
 		}
-		return nil
+		var err error
+		moved, err = s.migrateAudit(tx)
+		return err
 	})
 	if err != nil && !errors.Is(err, ErrSchema) && !errors.Is(err, ErrCorrupt) {
 		return storageErr("initialise buckets", err)
+	}
+	if err == nil && moved > 0 {
+		s.log.Info("breakerstore: audit trail moved into segments", "records", moved)
 	}
 	return err
 }

@@ -1,0 +1,65 @@
+package breakerstore
+
+import (
+	"encoding/binary"
+	"errors"
+
+	"go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+)
+
+// migrateAudit moves the audit records of the previous layout (bucket
+// audit: a key per record, time and sequence number, valued encodeAudit's
+// body; and the index buckets auditcall and audittenant) into segments,
+// in key order, and deletes the three buckets. It runs in Open's first
+// transaction, so a file is either moved in full or not at all. A record
+// that does not decode is logged and left out: the old retention would
+// have removed it too. Segments already in the file (one written by this
+// version, then by an older one again) are merged with, not overwritten.
+// It returns the records moved.
+func (s *Store) migrateAudit(tx *bbolt.Tx) (int, error) {
+	old := tx.Bucket(bucketAudit)
+	moved := 0
+	if old != nil {
+		var w segEncoder
+		seg := tx.Bucket(bucketAuditSeg)
+		chunk := make([]segEntry, 0, segMax)
+		var top uint64
+		c := old.Cursor()
+		for k, v := c.First(); ; k, v = c.Next() {
+			if k != nil {
+				if _, err := decodeAudit(k, v); err != nil {
+					s.log.Error("breakerstore: undecodable audit record not moved into segments", "err", corrupt(bucketAudit, k, err))
+					continue
+				}
+				e := segEntry{key: keyOf(k), body: v}
+				top = max(top, e.key.seq)
+				chunk = append(chunk, e)
+			}
+			if len(chunk) == segMax || k == nil && len(chunk) > 0 {
+				// The bodies point into the file's memory, valid for
+				// the transaction; the segments copy them.
+				if err := w.insert(seg, chunk); err != nil {
+					return 0, err
+				}
+				moved += len(chunk)
+				chunk = chunk[:0]
+			}
+			if k == nil {
+				break
+			}
+		}
+		meta := tx.Bucket(bucketMeta)
+		if v := meta.Get(keyAuditSeq); moved > 0 && (v == nil || len(v) == 8 && binary.BigEndian.Uint64(v) < top) {
+			if err := meta.Put(keyAuditSeq, binary.BigEndian.AppendUint64(nil, top)); err != nil {
+				return 0, err
+			}
+		}
+	}
+	for _, name := range [][]byte{bucketAudit, bucketAuditCall, bucketAuditTenant} {
+		if err := tx.DeleteBucket(name); err != nil && !errors.Is(err, berrors.ErrBucketNotFound) {
+			return 0, err
+		}
+	}
+	return moved, nil
+}
