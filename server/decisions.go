@@ -424,7 +424,9 @@ func outcomeFromPB(field string, o *pb.Outcome) (outcomeItem, error) {
 
 // outcome appends a reported outcome, and the call's final disposition when
 // it carries one (with or without a run), to trail and logs it at debug
-// level. class is the failure's classification, when it was classified.
+// level. class is the failure's classification, when it was classified. A
+// success that ends its call (the common outcome by far) is one FINAL
+// record, which says both.
 func (d *Decisions) outcome(ctx context.Context, trail []policy.AuditRecord, call callRef, o *pb.Outcome, class string) []policy.AuditRecord {
 	why := "attempt failed"
 	switch {
@@ -440,9 +442,12 @@ func (d *Decisions) outcome(ctx context.Context, trail []policy.AuditRecord, cal
 		Event: policy.AuditOutcome, Tenant: call.tenant, Target: call.target, CallID: call.callID, RunID: call.runID,
 		Attempt: o.GetAttempt(), Classification: class, Detail: why,
 	}
-	trail = append(trail, rec)
 	fd, stop := policy.Disposition(o.GetFinalDisposition()), policy.StopReason(o.GetFinalStopReason())
-	if fd != policy.DispositionNone {
+	if o.GetSuccess() && fd == policy.DispositionSucceeded {
+		rec.Event, rec.Disposition = policy.AuditFinal, fd
+	}
+	trail = append(trail, rec)
+	if fd != policy.DispositionNone && !o.GetSuccess() {
 		rec.Event, rec.Classification, rec.Disposition, rec.Stop = policy.AuditFinal, "", fd, stop
 		rec.Detail = "final disposition " + fd.String()
 		if stop != policy.StopNone {

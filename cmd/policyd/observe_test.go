@@ -91,8 +91,9 @@ func TestAuditCommandShowsACall(t *testing.T) {
 	for _, l := range lines[1:] {
 		events = append(events, strings.Fields(l)[1])
 	}
-	if got := strings.Join(events, " "); got != "DECISION DECISION OUTCOME FINAL" || !strings.Contains(lines[1], "transient:503") {
-		t.Errorf("policyd audit: got events %q in\n%s\nwant DECISION DECISION OUTCOME FINAL, the first classified transient:503", got, out)
+	if got := strings.Join(events, " "); got != "DECISION DECISION FINAL" || !strings.Contains(lines[1], "transient:503") ||
+		!strings.Contains(lines[3], "attempt succeeded in 80ms") {
+		t.Errorf("policyd audit: got events %q in\n%s\nwant DECISION DECISION FINAL, the first classified transient:503, the last saying the attempt succeeded in 80ms", got, out)
 	}
 
 	out, err = runCLI(t, dir, "audit", "--addr", d.addr, "--tenant", "acme", "--since", "1h", "--json")
@@ -109,8 +110,8 @@ func TestAuditCommandShowsACall(t *testing.T) {
 	if err := json.Unmarshal(out, &resp); err != nil {
 		t.Fatalf("policyd audit --json: %v in %s", err, out)
 	}
-	if len(resp.Records) != 4 || resp.Records[3].Event != "AUDIT_EVENT_FINAL" || resp.Records[3].Attempt != 3 {
-		t.Errorf("policyd audit --json: got %+v, want 4 records ending in the FINAL of attempt 3", resp.Records)
+	if len(resp.Records) != 3 || resp.Records[2].Event != "AUDIT_EVENT_FINAL" || resp.Records[2].Attempt != 3 {
+		t.Errorf("policyd audit --json: got %+v, want 3 records ending in the FINAL of attempt 3", resp.Records)
 	}
 
 	out, err = runCLI(t, dir, "audit", "--addr", d.addr)

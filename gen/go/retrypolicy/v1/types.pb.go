@@ -695,7 +695,8 @@ const (
 	AuditEvent_AUDIT_EVENT_DECISION AuditEvent = 2
 	// AUDIT_EVENT_OUTCOME: a reported attempt outcome.
 	AuditEvent_AUDIT_EVENT_OUTCOME AuditEvent = 3
-	// AUDIT_EVENT_FINAL: a call's reported final disposition.
+	// AUDIT_EVENT_FINAL: a call's reported final disposition. A success that
+	// ends its call is this one record, with no OUTCOME record beside it.
 	AuditEvent_AUDIT_EVENT_FINAL AuditEvent = 4
 )
 
