@@ -30,21 +30,26 @@
 //	                                        is recomputed from runcalls at open; both are written in one commit)
 //	runcalls     run id 0x00 call id        final disposition of one call, 2 bytes: policy.Disposition, policy.StopReason
 //	meta         "auditseq"                 uint64 big-endian: the highest audit sequence number handed out
-//	audit        time seq                   audit record, binary, version byte 1: event, verdict, stop reason,
-//	                                        disposition, attempt (uvarint), delay ns (varint), then tenant,
-//	                                        target, call id, run id, classification, detail (uvarint length + bytes)
-//	auditcall    call id 0x00 time seq      empty: by-call index into audit (no entry for an empty call id)
-//	audittenant  tenant 0x00 time seq       empty: by-tenant index into audit
+//	auditseg     time seq                   a segment of up to 512 audit records: a header (count, last record's
+//	                                        time and seq, a Bloom filter over call ids and tenants) and the
+//	                                        records, each a key delta and a binary body of version byte 1: event,
+//	                                        verdict, stop reason, disposition, attempt (uvarint), delay ns
+//	                                        (varint), then tenant, target, call id, run id, classification,
+//	                                        detail (uvarint length + bytes); the full format is in auditseg.go
 //
-// In audit keys, time is the record's Unix nanoseconds and seq a sequence
-// number, both uint64 big-endian, so the trail sorts by time, then by order of
-// append; the index keys end in the same 16 bytes, so a call's records or a
-// tenant's time range are one ordered range scan. Records are written once
-// and never updated: appended to an in-memory buffer and written by the group
-// commit (by bbolt's Batch with SyncAlways), and deleted with their index
-// entries, oldest first, by the flusher once older than
-// Options.AuditRetention or beyond Options.AuditMaxRecords. The audit buckets
-// were added within schema version 1: Open creates them in older files.
+// An audit record's key is its Unix nanoseconds and a sequence number, both
+// uint64 big-endian, so the trail sorts by time, then by order of append; a
+// segment is keyed by its first record and segments never overlap, so the
+// trail is one ordered range scan. A query by call id or tenant skips the
+// segments whose filter rules it out. Records are written once: appended to
+// an in-memory buffer and written in segments by the group commit (by bbolt's
+// Batch with SyncAlways), and deleted oldest first by the flusher once older
+// than Options.AuditRetention or beyond Options.AuditMaxRecords, whole
+// segments at a time and the one partly expired segment rewritten, so
+// retention is exact to the record. The audit trail was added within schema
+// version 1; Open creates its bucket in older files and moves a trail of the
+// earlier one-key-per-record layout (buckets audit, auditcall, audittenant)
+// into segments.
 //
 // A breaker keyed by target only (policy.ScopeTarget) has the empty tenant, so
 // its key starts with 0x00. Runs and explicit budgets are never expired; idle
