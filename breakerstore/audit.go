@@ -56,41 +56,58 @@ func (s *Store) AppendAudit(recs ...policy.AuditRecord) {
 	s.appendAudit(nil, recs)
 }
 
-// appendAudit is AppendAudit; with SyncAlways the records join p, when set,
-// instead of being committed on their own.
-func (s *Store) appendAudit(p *pending, recs []policy.AuditRecord) {
-	if s.closed.Load() || len(recs) == 0 {
+// appendAudit is AppendAudit for the records of every group, in order;
+// with SyncAlways the records join p, when set, instead of being committed
+// on their own. The records are copied once, into the buffer (or the
+// SyncAlways batch), and stamped there with one reading of the clock.
+func (s *Store) appendAudit(p *pending, groups ...[]policy.AuditRecord) {
+	if s.closed.Load() {
 		return
 	}
-	keep := make([]policy.AuditRecord, 0, len(recs)) // never the caller's array
-	for _, rec := range recs {
-		if err := checkAuditNames(&rec); err != nil {
-			s.auditDropped.Add(1)
-			s.log.Warn("breakerstore: audit record dropped", "err", err)
-			continue
-		}
-		keep = append(keep, rec)
+	n := 0
+	for _, g := range groups {
+		n += len(g)
 	}
+	if n == 0 {
+		return
+	}
+	now := s.now()
+	var unindexable error
 	s.auditMu.Lock()
-	for i := range keep {
-		s.stampAudit(&keep[i])
+	dst, room := s.auditBuf, max(s.opts.AuditBuffer-len(s.auditBuf), 0)
+	if s.opts.Sync == SyncAlways {
+		dst, room = make([]policy.AuditRecord, 0, n), n // never the caller's array
+	}
+	start := len(dst)
+	for _, g := range groups {
+		for i := range g {
+			if err := checkAuditNames(&g[i]); err != nil {
+				s.auditDropped.Add(1)
+				unindexable = err
+				continue
+			}
+			if len(dst)-start == room {
+				s.auditDropped.Add(1)
+				continue
+			}
+			dst = append(dst, g[i])
+			s.stampAudit(&dst[len(dst)-1], now)
+		}
+	}
+	if s.opts.Sync != SyncAlways {
+		s.auditBuf = dst
+	}
+	s.auditMu.Unlock()
+	if unindexable != nil {
+		s.log.Warn("breakerstore: audit record dropped", "err", unindexable)
 	}
 	if s.opts.Sync == SyncAlways {
-		s.auditMu.Unlock()
 		if p != nil {
-			p.audit = append(p.audit, keep...)
+			p.audit = append(p.audit, dst...)
 			return
 		}
-		s.commitAudit(keep)
-		return
+		s.commitAudit(dst)
 	}
-	room := max(s.opts.AuditBuffer-len(s.auditBuf), 0)
-	if len(keep) > room {
-		s.auditDropped.Add(uint64(len(keep) - room))
-		keep = keep[:room]
-	}
-	s.auditBuf = append(s.auditBuf, keep...)
-	s.auditMu.Unlock()
 }
 
 // checkAuditNames checks that rec's names can be indexed.
@@ -105,12 +122,12 @@ func checkAuditNames(rec *policy.AuditRecord) error {
 	return nil
 }
 
-// stampAudit sets rec's time (when zero) and sequence number; s.auditMu
-// must be held.
-func (s *Store) stampAudit(rec *policy.AuditRecord) {
+// stampAudit sets rec's time (when zero, to now) and sequence number;
+// s.auditMu must be held.
+func (s *Store) stampAudit(rec *policy.AuditRecord, now int64) {
 	var ns int64
 	if rec.Time.IsZero() {
-		ns = max(s.now(), s.auditLast)
+		ns = max(now, s.auditLast)
 		s.auditLast = ns
 	} else {
 		ns = max(rec.Time.UnixNano(), 0)

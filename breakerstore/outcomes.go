@@ -27,20 +27,17 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 	if s.opts.Sync == SyncAlways {
 		p = &pending{}
 	}
-	var size int
-	for i := range ups {
-		size += len(ups[i].Audit)
-	}
-	trail := make([]policy.AuditRecord, 0, size)
+	now := s.now() // one reading of the clock for the batch
+	trail := make([][]policy.AuditRecord, 0, len(ups))
 	n, err := func() (int, error) {
 		for i := range ups {
 			u := &ups[i]
 			if u.Result != 0 {
-				if _, err := s.record(u.Key, u.Breaker, u.Result, u.PermitID, p); err != nil {
+				if _, err := s.record(u.Key, u.Breaker, u.Result, u.PermitID, p, now); err != nil {
 					return i, err
 				}
 			}
-			trail = append(trail, u.Audit...)
+			trail = append(trail, u.Audit)
 			if u.RunID != "" && u.Final != policy.DispositionNone {
 				if err := s.recordFinal(u.RunID, u.CallID, u.Final, u.Stop, p); err != nil {
 					return i, err
@@ -52,7 +49,7 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 		}
 		return len(ups), nil
 	}()
-	s.appendAudit(p, trail)
+	s.appendAudit(p, trail...)
 	if p != nil {
 		if cerr := s.commitPending(p); err == nil {
 			err = cerr

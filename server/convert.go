@@ -45,6 +45,9 @@ func checkName(field, v string, max int, required bool) error {
 	if len(v) > max {
 		return invalid(field, "must be at most "+strconv.Itoa(max)+" bytes, got "+strconv.Itoa(len(v)))
 	}
+	if printableASCII(v) {
+		return nil // the usual name, checked without decoding runes
+	}
 	if !utf8.ValidString(v) {
 		return invalid(field, "must be valid UTF-8")
 	}
@@ -54,6 +57,16 @@ func checkName(field, v string, max int, required bool) error {
 		}
 	}
 	return nil
+}
+
+// printableASCII reports whether v is ASCII without control characters.
+func printableASCII(v string) bool {
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c < 0x20 || c >= 0x7f {
+			return false
+		}
+	}
+	return true
 }
 
 // checkText validates free text: valid UTF-8, at most max bytes.

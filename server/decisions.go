@@ -5,7 +5,9 @@ import (
 	"errors"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -314,8 +316,12 @@ func (d *Decisions) ReportOutcome(ctx context.Context, req *pb.ReportOutcomeRequ
 	if len(outs) == 0 || len(outs) > maxOutcomes {
 		return nil, invalid("outcomes", "must hold 1 to "+strconv.Itoa(maxOutcomes)+" outcomes, got "+strconv.Itoa(len(outs)))
 	}
-	items := make([]outcomeItem, len(outs))
+	sc := outcomeScratchPool.Get().(*outcomeScratch)
+	ups := slices.Grow(sc.ups[:0], len(outs))[:len(outs)]
+	trail := slices.Grow(sc.trail[:0], 2*len(outs)) // at most two records an outcome
+	defer func() { sc.ups, sc.trail = ups, trail; sc.put() }()
 	var runs map[string]string
+	deposits := map[string]int{}
 	for i, o := range outs {
 		it, err := outcomeFromPB("", o)
 		if err != nil {
@@ -324,30 +330,11 @@ func (d *Decisions) ReportOutcome(ctx context.Context, req *pb.ReportOutcomeRequ
 			_, err = outcomeFromPB("outcomes["+strconv.Itoa(i)+"]", o)
 			return nil, err
 		}
-		items[i] = it
-		if o.GetFinalDisposition() != pb.Disposition_DISPOSITION_UNSPECIFIED && it.call.runID != "" {
-			if runs == nil {
-				runs = map[string]string{}
-			}
-			runs[it.call.runID] = it.call.tenant
-		}
-	}
-	for id, tenant := range runs {
-		if _, err := d.runOf(ctx, "outcomes.call.run_id", id, tenant); err != nil {
-			return nil, err
-		}
-	}
-
-	// The store applies the batch as a whole: with --sync=always that is
-	// one commit for the request, not one per outcome.
-	deposits := map[string]int{}
-	ups := make([]policy.OutcomeUpdate, len(outs))
-	trail := make([]policy.AuditRecord, 0, 2*len(outs)) // at most two records an outcome
-	for i, o := range outs {
-		it := items[i]
 		p, _ := d.store.Resolve(it.call.tenant, it.call.target)
 		u := &ups[i]
-		u.Key, u.Breaker, u.PermitID = policy.KeyFor(p.Breaker, it.call.tenant, it.call.target), p.Breaker, o.GetPermitId()
+		*u = policy.OutcomeUpdate{
+			Key: policy.KeyFor(p.Breaker, it.call.tenant, it.call.target), Breaker: p.Breaker, PermitID: o.GetPermitId(),
+		}
 		var class string
 		switch {
 		case o.GetSuccess():
@@ -367,18 +354,47 @@ func (d *Decisions) ReportOutcome(ctx context.Context, req *pb.ReportOutcomeRequ
 		if fd := o.GetFinalDisposition(); fd != pb.Disposition_DISPOSITION_UNSPECIFIED && it.call.runID != "" {
 			u.RunID, u.CallID = it.call.runID, it.call.callID
 			u.Final, u.Stop = policy.Disposition(fd), policy.StopReason(o.GetFinalStopReason())
+			if runs == nil {
+				runs = map[string]string{}
+			}
+			runs[it.call.runID] = it.call.tenant
 		}
 	}
+	for id, tenant := range runs {
+		if _, err := d.runOf(ctx, "outcomes.call.run_id", id, tenant); err != nil {
+			return nil, err
+		}
+	}
+
+	// Nothing is applied before the whole batch is valid. The store applies
+	// it as a whole: with --sync=always that is one commit for the request,
+	// not one per outcome.
 	n, err := d.store.ApplyOutcomes(ups, deposits)
-	for i := range n {
-		if outs[i].GetSuccess() {
-			d.cfg.Metrics.success(items[i].call.target, outs[i].GetAttempt())
-		}
-	}
+	d.cfg.Metrics.successes(n, func(i int) (string, uint32, bool) {
+		return outs[i].GetCall().GetTarget(), outs[i].GetAttempt(), outs[i].GetSuccess()
+	})
 	if err != nil {
 		return nil, storeError(ctx, d.cfg.Logger, "outcomes", err)
 	}
 	return &pb.ReportOutcomeResponse{Accepted: uint32(len(outs))}, nil
+}
+
+// outcomeScratch is ReportOutcome's working memory, reused from request to
+// request: a batch of a thousand outcomes needs a few hundred KB of it,
+// which the store copies what it keeps from.
+type outcomeScratch struct {
+	ups   []policy.OutcomeUpdate
+	trail []policy.AuditRecord
+}
+
+var outcomeScratchPool = sync.Pool{New: func() any { return new(outcomeScratch) }}
+
+// put returns sc to the pool, cleared so it pins no request's strings.
+func (sc *outcomeScratch) put() {
+	clear(sc.ups)
+	clear(sc.trail)
+	sc.ups, sc.trail = sc.ups[:0], sc.trail[:0]
+	outcomeScratchPool.Put(sc)
 }
 
 // outcomeItem is a validated Outcome's call and failure.

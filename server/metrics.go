@@ -146,12 +146,29 @@ func (m *Metrics) decision(retry bool, stop policy.StopReason, disp policy.Dispo
 	m.decisions.WithLabelValues(verdict.String(), stop.String(), disp.String()).Inc()
 }
 
-// success observes the attempt number of a successful attempt on target.
-func (m *Metrics) success(target string, attempt uint32) {
+// successes observes the successful attempts among n outcomes, outcome i
+// being on target at attempt (when ok). A batch names few targets, so each
+// target's histogram is looked up once, not once an outcome.
+func (m *Metrics) successes(n int, outcome func(i int) (target string, attempt uint32, ok bool)) {
 	if m == nil {
 		return
 	}
-	m.attempts.WithLabelValues(m.targets.label(target)).Observe(float64(attempt))
+	var byTarget map[string]prometheus.Observer
+	for i := range n {
+		target, attempt, ok := outcome(i)
+		if !ok {
+			continue
+		}
+		obs, seen := byTarget[target]
+		if !seen {
+			if byTarget == nil {
+				byTarget = make(map[string]prometheus.Observer, 8)
+			}
+			obs = m.attempts.WithLabelValues(m.targets.label(target))
+			byTarget[target] = obs
+		}
+		obs.Observe(float64(attempt))
+	}
 }
 
 // tokens sets the tokens left in tenant's budget.

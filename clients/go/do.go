@@ -200,6 +200,13 @@ func (ci *callInfo) pb() *pb.CallRef {
 	return ref
 }
 
+// outcomeRef is the call as an outcome names it: ReportOutcome reads only
+// the tenant, target, call id and run id, so the times and the key, which
+// cost most of a CallRef to encode and decode, stay out of every batch.
+func (ci *callInfo) outcomeRef() *pb.CallRef {
+	return &pb.CallRef{Tenant: ci.tenant, Target: ci.target, CallId: ci.id, RunId: ci.runID}
+}
+
 // loop is the state of one Do.
 type loop struct {
 	c       *Client

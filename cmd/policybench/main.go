@@ -83,6 +83,7 @@ outcomes per commit from policyd_store_commits_total.
 	f.StringSliceVar(&cfg.Phases, "phases", allPhases, "phases to run at each level: "+strings.Join(allPhases, ","))
 	f.BoolVar(&cfg.JSON, "json", false, "print a JSON document instead of the table")
 	f.Uint64Var(&cfg.Seed, "seed", 1, "seed of the request mix")
+	f.IntVar(&cfg.ReportBatch, "report-batch", defaultReportBatch, "outcomes per ReportOutcome (1..1000; the Go client's default batch size is 256)")
 	spawn.register(cmd)
 	cmd.AddCommand(crashCmd(), diskfullCmd(), soakCmd(), profileServerCmd(), &cobra.Command{
 		Use:    "echo-server",

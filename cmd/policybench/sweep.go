@@ -32,6 +32,7 @@ type sweepConfig struct {
 	JSON        bool
 	Seed        uint64
 	Label       string // what the daemon runs with, e.g. "sync=group"
+	ReportBatch int    // outcomes per ReportOutcome
 }
 
 // allPhases are the measured phases, in the order they run at each level.
@@ -141,11 +142,14 @@ func runSweep(ctx context.Context, cfg sweepConfig, out, log io.Writer) error {
 			return fmt.Errorf("--concurrency: %d is not in 1..4096", n)
 		}
 	}
+	if cfg.ReportBatch < 1 || cfg.ReportBatch > 1000 {
+		return fmt.Errorf("--report-batch: %d is not in 1..1000", cfg.ReportBatch)
+	}
 	if cfg.Duration <= 0 || cfg.Warmup < 0 {
 		return errors.New("--duration must be > 0 and --warmup >= 0")
 	}
 	rep := sweepReport{Machine: machineInfo(), Addr: cfg.Addr, Label: cfg.Label, Duration: cfg.Duration.String(),
-		Warmup: cfg.Warmup.String(), ReportBatch: reportBatch}
+		Warmup: cfg.Warmup.String(), ReportBatch: cfg.ReportBatch}
 	total := time.Duration(len(cfg.Concurrency)*len(cfg.Phases)) * (cfg.Duration + cfg.Warmup)
 	// The sweep is bounded: twice its nominal length, plus a minute.
 	ctx, cancel := context.WithTimeout(ctx, 2*total+time.Minute)
@@ -216,7 +220,7 @@ func runSweep(ctx context.Context, cfg sweepConfig, out, log io.Writer) error {
 				return ctx.Err()
 			}
 			fmt.Fprintf(log, "  %d callers: %s\n", n, ph)
-			pid, loop := cfg.PID, phaseLoop(ph, workers, econn)
+			pid, loop := cfg.PID, phaseLoop(ph, workers, econn, cfg.ReportBatch)
 			if strings.HasPrefix(ph, "echo") {
 				pid = rep.EchoPID
 			}
@@ -254,7 +258,7 @@ func waitReady(ctx context.Context, c pb.RetryPolicyServiceClient) error {
 }
 
 // phaseLoop returns what each caller does in a phase.
-func phaseLoop(phase string, cl pb.RetryPolicyServiceClient, econn *grpc.ClientConn) func(context.Context, *caller) {
+func phaseLoop(phase string, cl pb.RetryPolicyServiceClient, econn *grpc.ClientConn, batch int) func(context.Context, *caller) {
 	switch phase {
 	case "echo-unary":
 		return func(ctx context.Context, c *caller) {
@@ -306,6 +310,7 @@ func phaseLoop(phase string, cl pb.RetryPolicyServiceClient, econn *grpc.ClientC
 		}
 	case "report":
 		return func(ctx context.Context, c *caller) {
+			c.g.batch = batch
 			pool := make([]*pb.ReportOutcomeRequest, 4)
 			for i := range pool {
 				pool[i] = c.g.report()
@@ -319,7 +324,7 @@ func phaseLoop(phase string, cl pb.RetryPolicyServiceClient, econn *grpc.ClientC
 			}
 		}
 	case "mix":
-		return func(ctx context.Context, c *caller) { mixLoop(ctx, c, cl) }
+		return func(ctx context.Context, c *caller) { c.g.batch = batch; mixLoop(ctx, c, cl) }
 	}
 	panic("unknown phase " + phase)
 }
@@ -327,13 +332,14 @@ func phaseLoop(phase string, cl pb.RetryPolicyServiceClient, econn *grpc.ClientC
 // mixLoop is a worker's retry loop without the Go client's breaker cache:
 // Admit before every attempt; on a failure NextDelay (retrying at once:
 // the benchmark does not sleep the delay); outcomes batched and reported
-// every reportBatch.
+// every batch.
 func mixLoop(ctx context.Context, c *caller, cl pb.RetryPolicyServiceClient) {
 	batch := &pb.ReportOutcomeRequest{}
 	add := func(o *pb.Outcome) { batch.Outcomes = append(batch.Outcomes, o) }
 	for ctx.Err() == nil {
 		tenant, target, failing := c.g.pick()
 		call := c.g.callRef(tenant, target)
+		ref := outcomeRef(call)
 		for attempt := uint32(1); attempt <= 5 && ctx.Err() == nil; attempt++ {
 			var adm *pb.AdmitResponse
 			err := c.do(rpcAdmit, func() (err error) {
@@ -344,12 +350,12 @@ func mixLoop(ctx context.Context, c *caller, cl pb.RetryPolicyServiceClient) {
 				break
 			}
 			if !adm.GetAdmitted() {
-				add(&pb.Outcome{Call: call, Attempt: attempt, AlreadyRecorded: true,
+				add(&pb.Outcome{Call: ref, Attempt: attempt, AlreadyRecorded: true,
 					FinalDisposition: pb.Disposition_DISPOSITION_CIRCUIT_OPEN, FinalStopReason: pb.StopReason_STOP_REASON_CIRCUIT_OPEN})
 				break
 			}
 			if !failing && c.g.rng.Float64() < 0.9 {
-				add(&pb.Outcome{Call: call, Attempt: attempt, Success: true, PermitId: adm.GetPermitId(),
+				add(&pb.Outcome{Call: ref, Attempt: attempt, Success: true, PermitId: adm.GetPermitId(),
 					Latency: durationOf(time.Duration(5+c.g.rng.IntN(50)) * time.Millisecond), FinalDisposition: pb.Disposition_DISPOSITION_SUCCEEDED})
 				break
 			}
@@ -363,12 +369,12 @@ func mixLoop(ctx context.Context, c *caller, cl pb.RetryPolicyServiceClient) {
 				break
 			}
 			if nd.GetDecision() == pb.Decision_DECISION_STOP {
-				add(&pb.Outcome{Call: call, Attempt: attempt, AlreadyRecorded: true,
+				add(&pb.Outcome{Call: ref, Attempt: attempt, AlreadyRecorded: true,
 					FinalDisposition: nd.GetDisposition(), FinalStopReason: nd.GetStopReason()})
 				break
 			}
 		}
-		if len(batch.Outcomes) >= reportBatch {
+		if len(batch.Outcomes) >= c.g.batch {
 			var resp *pb.ReportOutcomeResponse
 			err := c.do(rpcReport, func() (err error) { resp, err = cl.ReportOutcome(ctx, batch); return err })
 			if err == nil && c.on.Load() {

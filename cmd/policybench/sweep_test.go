@@ -55,7 +55,7 @@ func TestSweepSmoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := sweepConfig{Addr: lis.Addr().String(), TokenFile: tokenFile, Concurrency: []int{1},
-		Duration: 200 * time.Millisecond, Phases: allPhases, Seed: 1}
+		Duration: 200 * time.Millisecond, Phases: allPhases, Seed: 1, ReportBatch: defaultReportBatch}
 
 	var js bytes.Buffer
 	cfg.JSON = true

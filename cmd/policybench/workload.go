@@ -22,8 +22,9 @@ const (
 	benchFailing = 2
 	// failingShare is the share of calls that go to a failing target.
 	failingShare = 0.1
-	// reportBatch is the number of outcomes per ReportOutcome request.
-	reportBatch = 100
+	// defaultReportBatch is the number of outcomes per ReportOutcome
+	// request: the Go client's default batch size.
+	defaultReportBatch = 256
 	// poolSize is the number of prebuilt requests each caller cycles
 	// through, so building messages costs the client little.
 	poolSize = 64
@@ -73,6 +74,7 @@ type gen struct {
 	rng      *rand.Rand
 	caller   int
 	seq      int
+	batch    int // outcomes per ReportOutcome
 	origin   *timestamppb.Timestamp
 	deadline *timestamppb.Timestamp
 }
@@ -82,6 +84,7 @@ func newGen(caller int, seed uint64) *gen {
 	return &gen{
 		rng:      rand.New(rand.NewPCG(seed, uint64(caller))),
 		caller:   caller,
+		batch:    defaultReportBatch,
 		origin:   timestamppb.New(now),
 		deadline: timestamppb.New(now.Add(24 * time.Hour)),
 	}
@@ -102,6 +105,12 @@ func (g *gen) callRef(tenant, target string) *pb.CallRef {
 		Tenant: tenant, Target: target, CallId: fmt.Sprintf("c%d-%d", g.caller, g.seq), Idempotent: true,
 		OriginTime: g.origin, DeadlineTime: g.deadline,
 	}
+}
+
+// outcomeRef is a call as the Go client names it in an outcome: tenant,
+// target and call id (and run id) only, what ReportOutcome reads.
+func outcomeRef(c *pb.CallRef) *pb.CallRef {
+	return &pb.CallRef{Tenant: c.GetTenant(), Target: c.GetTarget(), CallId: c.GetCallId(), RunId: c.GetRunId()}
 }
 
 func httpFailure(code uint32) *pb.Failure {
@@ -145,8 +154,8 @@ func (g *gen) nextDelay() *pb.NextDelayRequest {
 // their calls as dead letters), and failures on the failing targets.
 func (g *gen) report() *pb.ReportOutcomeRequest {
 	tenant := tenantName(g.rng.IntN(benchTenants))
-	req := &pb.ReportOutcomeRequest{Outcomes: make([]*pb.Outcome, 0, reportBatch)}
-	for range reportBatch {
+	req := &pb.ReportOutcomeRequest{Outcomes: make([]*pb.Outcome, 0, g.batch)}
+	for range g.batch {
 		target := healthyName(g.rng.IntN(benchHealthy))
 		o := &pb.Outcome{Attempt: 1, Latency: durationpb.New(time.Duration(5+g.rng.IntN(50)) * time.Millisecond)}
 		switch r := g.rng.Float64(); {
@@ -162,7 +171,7 @@ func (g *gen) report() *pb.ReportOutcomeRequest {
 			target = failingName(g.rng.IntN(benchFailing))
 			o.Failure = httpFailure(503)
 		}
-		o.Call = g.callRef(tenant, target)
+		o.Call = outcomeRef(g.callRef(tenant, target))
 		req.Outcomes = append(req.Outcomes, o)
 	}
 	return req
