@@ -28,11 +28,17 @@ type attemptCtx struct {
 // newAttemptCtx returns parent bounded by timeout from now, the wall clock's
 // time (by parent's own deadline when that is earlier).
 func newAttemptCtx(parent context.Context, now time.Time, timeout time.Duration) *attemptCtx {
-	a := &attemptCtx{parent: parent, deadline: now.Add(timeout), own: true}
+	a := new(attemptCtx)
+	a.start(parent, now, timeout)
+	return a
+}
+
+// start makes the zero a what newAttemptCtx returns.
+func (a *attemptCtx) start(parent context.Context, now time.Time, timeout time.Duration) {
+	a.parent, a.deadline, a.own = parent, now.Add(timeout), true
 	if pd, ok := parent.Deadline(); ok && !pd.After(a.deadline) {
 		a.deadline, a.own = pd, false
 	}
-	return a
 }
 
 // Deadline implements context.Context.

@@ -171,13 +171,21 @@ func (c *Client) Do(ctx context.Context, call Call, fn func(ctx context.Context,
 	if id == "" {
 		id = randomID()
 	}
-	ci := &callInfo{tenant: c.cfg.Tenant, target: call.Target, id: id, key: key, runID: call.RunID,
-		idempotent: call.Idempotent, origin: c.cfg.Now(), deadline: call.Deadline}
+	cs := &callState{info: callInfo{tenant: c.cfg.Tenant, target: call.Target, id: id, key: key, runID: call.RunID,
+		idempotent: call.Idempotent, origin: c.cfg.Now(), deadline: call.Deadline}}
+	ci := &cs.info
 	if d, ok := ctx.Deadline(); ok && (ci.deadline.IsZero() || d.Before(ci.deadline)) {
 		ci.deadline = d
 	}
-	l := loop{c: c, ctx: ctx, call: ci, timeout: c.cfg.AttemptTimeout, res: Result{CallID: id, IdempotencyKey: key}}
+	l := loop{c: c, ctx: ctx, call: ci, first: &cs.first, timeout: c.cfg.AttemptTimeout, res: Result{CallID: id, IdempotencyKey: key}}
 	return l.run(fn), nil
+}
+
+// callState is a call's identity and its first attempt's context, made in
+// one allocation: most calls make one attempt.
+type callState struct {
+	info  callInfo
+	first attemptCtx
 }
 
 // callInfo is one call's identity and limits, shared by its attempts and
@@ -212,6 +220,7 @@ type loop struct {
 	c       *Client
 	ctx     context.Context
 	call    *callInfo
+	first   *attemptCtx   // for the first attempt; nil once used
 	ref     *pb.CallRef   // built for the first RPC, then reused
 	timeout time.Duration // for the next attempt
 	prev    time.Duration // the last delay
@@ -235,7 +244,12 @@ func (l *loop) run(fn func(context.Context, Attempt) error) Result {
 		l.res.Attempts = attempt
 		l.c.stats.attempts.Add(1)
 		start := l.c.cfg.Now()
-		actx := newAttemptCtx(l.ctx, l.c.wall(start), l.timeout)
+		actx := l.first
+		if actx == nil {
+			actx = new(attemptCtx)
+		}
+		l.first = nil
+		actx.start(l.ctx, l.c.wall(start), l.timeout)
 		err := fn(actx, Attempt{Number: attempt, CallID: l.call.id, IdempotencyKey: l.call.key})
 		stop := l.c.cfg.Now()
 		timedOut := actx.end(l.c.wall(stop))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -41,13 +42,26 @@ func (o *outcome) pb() *pb.Outcome {
 // outcomes queues attempt outcomes and sends them to policyd in batches, off
 // the worker's path: a full batch or a tick sends; a batch policyd did not
 // take is kept and sent again; Close drains what is left.
+//
+// The queue is a list of batch-sized chunks under a mutex rather than a
+// channel: a channel send wakes the batcher for every outcome, which cost a
+// worker more than the rest of a successful call; here a worker wakes it
+// once per full batch, and chunks are reused, never grown and copied.
 type outcomes struct {
-	c       *Client
-	q       chan outcome
-	now     chan chan struct{} // flush requests from workers about to report a failure
-	size    int
-	every   time.Duration
-	pending []*pb.Outcome // taken from q, not yet acknowledged; owned by run, then by drain
+	c      *Client
+	mu     sync.Mutex
+	cur    []outcome          // the chunk being filled
+	filled [][]outcome        // full chunks, oldest first
+	free   [][]outcome        // emptied chunks, for reuse
+	queued int                // outcomes in cur and filled, at most limit
+	wake   chan struct{}      // a chunk filled (one signal at a time)
+	now    chan chan struct{} // flush requests from workers about to report a failure
+	limit  int
+	size   int
+	every  time.Duration
+	// pending are taken from the queue, not yet acknowledged; owned by run,
+	// then by drain.
+	pending []*pb.Outcome
 	// pause and pausedUntil back off sending after a failure; owned like
 	// pending.
 	pause       time.Duration
@@ -55,16 +69,39 @@ type outcomes struct {
 }
 
 func newOutcomes(c *Client, cfg Config) *outcomes {
-	return &outcomes{c: c, q: make(chan outcome, cfg.QueueSize), now: make(chan chan struct{}), size: cfg.BatchSize, every: cfg.FlushInterval}
+	return &outcomes{c: c, wake: make(chan struct{}, 1), now: make(chan chan struct{}),
+		limit: cfg.QueueSize, size: cfg.BatchSize, every: cfg.FlushInterval}
 }
 
 // add queues o without blocking; an outcome that finds the queue full is
 // dropped and counted.
 func (o *outcomes) add(out outcome) {
-	select {
-	case o.q <- out:
-	default:
+	o.mu.Lock()
+	if o.queued >= o.limit {
+		o.mu.Unlock()
 		o.c.stats.dropped.Add(1)
+		return
+	}
+	if o.cur == nil {
+		if n := len(o.free); n > 0 {
+			o.cur, o.free = o.free[n-1], o.free[:n-1]
+		} else {
+			o.cur = make([]outcome, 0, o.size)
+		}
+	}
+	o.cur = append(o.cur, out)
+	o.queued++
+	full := len(o.cur) == o.size
+	if full {
+		o.filled = append(o.filled, o.cur)
+		o.cur = nil
+	}
+	o.mu.Unlock()
+	if full {
+		select {
+		case o.wake <- struct{}{}:
+		default: // already signalled
+		}
 	}
 }
 
@@ -76,31 +113,42 @@ func (o *outcomes) run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case out := <-o.q:
-			o.pending = append(o.pending, out.pb())
-			if len(o.pending) >= o.size {
-				o.flush(ctx)
-			}
+		case <-o.wake:
 		case <-tick.C:
-			o.flush(ctx)
 		case done := <-o.now:
 			o.take()
 			o.flush(ctx)
 			close(done)
+			continue
 		}
+		o.take()
+		o.flush(ctx)
 	}
 }
 
 // take moves everything queued so far into pending.
 func (o *outcomes) take() {
-	for {
-		select {
-		case out := <-o.q:
-			o.pending = append(o.pending, out.pb())
-		default:
-			return
+	o.mu.Lock()
+	chunks := o.filled
+	if len(o.cur) > 0 {
+		chunks = append(chunks, o.cur)
+		o.cur = nil
+	}
+	o.filled, o.queued = nil, 0
+	o.mu.Unlock()
+	for _, chunk := range chunks {
+		for i := range chunk {
+			o.pending = append(o.pending, chunk[i].pb())
+		}
+		clear(chunk) // pending holds what the messages need
+	}
+	o.mu.Lock()
+	for _, chunk := range chunks {
+		if len(o.free) < 4 { // enough for the bursts between two takes
+			o.free = append(o.free, chunk[:0])
 		}
 	}
+	o.mu.Unlock()
 }
 
 // flushNow asks the batcher to send what is queued and waits until it has,
@@ -136,7 +184,7 @@ func (o *outcomes) flush(ctx context.Context) error {
 		n := min(len(o.pending), o.size)
 		err := o.send(ctx, o.pending[:n])
 		if err != nil && !permanent(err) {
-			if extra := len(o.pending) - cap(o.q); extra > 0 {
+			if extra := len(o.pending) - o.limit; extra > 0 {
 				o.pending = o.pending[extra:]
 				o.c.stats.dropped.Add(uint64(extra))
 			}
