@@ -43,7 +43,16 @@ type Config struct {
 	// WatchBuffer is the per-subscriber queue of breaker events; a
 	// subscriber that falls further behind is disconnected. Default 1024.
 	WatchBuffer int
+	// StreamWorkers is the number of goroutines NewGRPC keeps to serve
+	// calls (grpc-go's NumStreamWorkers): reused from call to call, they
+	// keep the stack a handler grew instead of growing a new goroutine's
+	// on every call; a call that finds them all busy gets a goroutine of
+	// its own. Default DefaultStreamWorkers; negative: a goroutine per call.
+	StreamWorkers int
 }
+
+// DefaultStreamWorkers is Config.StreamWorkers' default.
+const DefaultStreamWorkers = 64
 
 func (c Config) withDefaults() Config {
 	if c.Clock == nil {
@@ -57,6 +66,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.WatchBuffer <= 0 {
 		c.WatchBuffer = 1024
+	}
+	if c.StreamWorkers == 0 {
+		c.StreamWorkers = DefaultStreamWorkers
 	}
 	return c
 }

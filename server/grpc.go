@@ -46,6 +46,9 @@ func NewGRPC(store Store, cfg Config, opts ...grpc.ServerOption) (*grpc.Server, 
 		grpc.ChainUnaryInterceptor(unary...),
 		grpc.ChainStreamInterceptor(stream...),
 	}, opts...)
+	if cfg.StreamWorkers > 0 {
+		opts = append(opts, grpc.NumStreamWorkers(uint32(cfg.StreamWorkers)))
+	}
 	gs := grpc.NewServer(opts...)
 	pb.RegisterRetryPolicyServiceServer(gs, NewDecisions(store, cfg))
 	pb.RegisterAdminServiceServer(gs, NewAdmin(store, cfg))

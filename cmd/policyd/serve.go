@@ -147,7 +147,8 @@ func serve(ctx context.Context, cfg serveConfig) error {
 		return err
 	}
 	defer tel.stop(log)
-	gs, hs := server.NewGRPC(store, server.Config{Logger: log, Auth: auth, Shedder: cfg.Limits.shedder(), Metrics: tel.metrics},
+	gs, hs := server.NewGRPC(store, server.Config{Logger: log, Auth: auth, Shedder: cfg.Limits.shedder(), Metrics: tel.metrics,
+		StreamWorkers: cfg.Limits.streamWorkers()},
 		append(append(tlsOpts, cfg.Limits.serverOptions()...), tel.opts...)...)
 
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
