@@ -240,7 +240,7 @@ type AuditRecord struct {
 	Attempt        uint32
 	Classification string // the failure's classification reason, e.g. transient:503
 	Verdict        Verdict
-	Delay          time.Duration // the wait handed out with a RETRY
+	Delay          time.Duration // the wait handed out with a RETRY; for an attempt's outcome, its latency
 	Stop           StopReason
 	Disposition    Disposition
 	Detail         string

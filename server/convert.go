@@ -604,8 +604,14 @@ func auditQueryFromPB(req *pb.QueryAuditRequest) (policy.AuditQuery, error) {
 	return q, nil
 }
 
-// auditRecordToPB converts an audit record.
+// auditRecordToPB converts an audit record. The record of an attempt's
+// outcome keeps the attempt's latency in Delay; it is written out as part
+// of the detail ("attempt succeeded in 37ms"), as the API's delay is the
+// wait of a RETRY.
 func auditRecordToPB(r policy.AuditRecord) *pb.AuditRecord {
+	if (r.Event == policy.AuditOutcome || r.Event == policy.AuditFinal) && r.Delay > 0 {
+		r.Detail, r.Delay = r.Detail+" in "+r.Delay.String(), 0
+	}
 	return &pb.AuditRecord{
 		RecordTime:     timePB(r.Time),
 		Event:          pb.AuditEvent(r.Event),

@@ -463,12 +463,12 @@ func (d *Decisions) outcome(ctx context.Context, trail []policy.AuditRecord, cal
 	case o.GetAlreadyRecorded():
 		why = "attempt failed (recorded by NextDelay)"
 	}
-	if lat := o.GetLatency().AsDuration(); lat > 0 {
-		why += " in " + lat.String()
-	}
+	// The latency is kept in Delay, not formatted into the detail here:
+	// QueryAudit writes it out (auditRecordToPB), once per record read
+	// rather than once per outcome reported.
 	rec := policy.AuditRecord{
 		Event: policy.AuditOutcome, Tenant: call.tenant, Target: call.target, CallID: call.callID, RunID: call.runID,
-		Attempt: o.GetAttempt(), Classification: class, Detail: why,
+		Attempt: o.GetAttempt(), Classification: class, Detail: why, Delay: max(o.GetLatency().AsDuration(), 0),
 	}
 	fd, stop := policy.Disposition(o.GetFinalDisposition()), policy.StopReason(o.GetFinalStopReason())
 	if o.GetSuccess() && fd == policy.DispositionSucceeded {
@@ -477,10 +477,7 @@ func (d *Decisions) outcome(ctx context.Context, trail []policy.AuditRecord, cal
 	trail = append(trail, rec)
 	if fd != policy.DispositionNone && !o.GetSuccess() {
 		rec.Event, rec.Classification, rec.Disposition, rec.Stop = policy.AuditFinal, "", fd, stop
-		rec.Detail = "final disposition " + fd.String()
-		if stop != policy.StopNone {
-			rec.Detail += " (" + stop.String() + ")"
-		}
+		rec.Delay, rec.Detail = 0, finalDetail(fd, stop)
 		trail = append(trail, rec)
 	}
 	if d.cfg.Logger.Enabled(ctx, slog.LevelDebug) {
@@ -491,6 +488,28 @@ func (d *Decisions) outcome(ctx context.Context, trail []policy.AuditRecord, cal
 			slog.String("final_disposition", fd.String()), slog.String("final_stop_reason", stop.String()))
 	}
 	return trail
+}
+
+// finalDetails are the details of FINAL records, by disposition and stop
+// reason, made once rather than for every call that ends.
+var finalDetails = func() (t [policy.DispositionCircuitOpen + 1][policy.StopServerPushback + 1]string) {
+	for fd := range t {
+		for stop := range t[fd] {
+			t[fd][stop] = "final disposition " + policy.Disposition(fd).String()
+			if policy.StopReason(stop) != policy.StopNone {
+				t[fd][stop] += " (" + policy.StopReason(stop).String() + ")"
+			}
+		}
+	}
+	return t
+}()
+
+// finalDetail is the detail of a FINAL record.
+func finalDetail(fd policy.Disposition, stop policy.StopReason) string {
+	if int(fd) < len(finalDetails) && int(stop) < len(finalDetails[fd]) {
+		return finalDetails[fd][stop]
+	}
+	return "final disposition " + fd.String() + " (" + stop.String() + ")"
 }
 
 // Admit asks the shared breaker whether an attempt may go ahead.
