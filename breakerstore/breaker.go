@@ -119,7 +119,7 @@ func (s *Store) Admit(key policy.BreakerKey, cfg policy.BreakerConfig) (policy.A
 	b.mode = cfg.Mode
 	transitioned := b.advance(s, now)
 	res, mutated := b.admit(s, now, &cfg)
-	err = s.settle(b, transitioned, mutated)
+	err = s.settle(b, transitioned, mutated, nil)
 	if err != nil {
 		return policy.Admission{}, err
 	}
@@ -182,6 +182,12 @@ func (s *Store) record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy
 // extension). The cool-down is a counter: it is flushed per the sync mode.
 // It is safe for concurrent use.
 func (s *Store) ExtendCooldown(key policy.BreakerKey, cfg policy.BreakerConfig, until time.Time) (time.Time, error) {
+	return s.extendCooldown(key, cfg, until, nil)
+}
+
+// extendCooldown is ExtendCooldown; with SyncAlways the change joins p,
+// when set, instead of being committed on its own.
+func (s *Store) extendCooldown(key policy.BreakerKey, cfg policy.BreakerConfig, until time.Time, p *pending) (time.Time, error) {
 	if s.closed.Load() {
 		return time.Time{}, ErrClosed
 	}
@@ -205,7 +211,7 @@ func (s *Store) ExtendCooldown(key policy.BreakerKey, cfg policy.BreakerConfig, 
 		}
 	}
 	in := toTime(b.cooldownUntil)
-	err = s.settle(b, transitioned, mutated)
+	err = s.settle(b, transitioned, mutated, p)
 	if err != nil {
 		return time.Time{}, err
 	}
@@ -388,7 +394,9 @@ func cloneString(s string) string {
 // settle unlocks b, which the caller changed (mutated) or moved to another
 // state (transitioned), and makes the change durable as the durability
 // contract asks: a transition at once, counters with the next group commit.
-func (s *Store) settle(b *breaker, transitioned, mutated bool) error {
+// With SyncAlways and p set, a counter change joins p instead of being
+// committed now.
+func (s *Store) settle(b *breaker, transitioned, mutated bool, p *pending) error {
 	newlyDirty := false
 	if mutated || transitioned {
 		newlyDirty = b.markDirty()
@@ -398,7 +406,7 @@ func (s *Store) settle(b *breaker, transitioned, mutated bool) error {
 	case transitioned:
 		return s.persistTransition(b, newlyDirty)
 	case mutated:
-		return s.touched(b, newlyDirty)
+		return s.touchedIn(p, b, newlyDirty)
 	}
 	return nil
 }

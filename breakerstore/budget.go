@@ -126,6 +126,12 @@ func (tb *tokenBucket) refill(now int64, cfg *policy.TenantBudget) {
 // the tokens never go below 0. SpendRetry returns ErrNotFound for an unknown
 // run id, and is safe for concurrent use and allocation-free in SyncGroup.
 func (s *Store) SpendRetry(req policy.SpendRequest) (policy.Spend, error) {
+	return s.spendRetry(req, nil)
+}
+
+// spendRetry is SpendRetry; with SyncAlways the changes join p, when set,
+// instead of being committed on their own.
+func (s *Store) spendRetry(req policy.SpendRequest, p *pending) (policy.Spend, error) {
 	if s.closed.Load() {
 		return policy.Spend{}, ErrClosed
 	}
@@ -214,6 +220,14 @@ func (s *Store) SpendRetry(req policy.SpendRequest) (policy.Spend, error) {
 	}
 	if !charged {
 		return out, nil // refused by the run: nothing to commit
+	}
+	if p != nil && s.opts.Sync == SyncAlways {
+		// Both join p, which commits them with the rest of its request.
+		_ = s.touchedIn(p, tb, bucketDirty)
+		if out.Granted && r != nil {
+			_ = s.touchedIn(p, r, runDirty)
+		}
+		return out, nil
 	}
 	if err := s.touched2(tb, bucketDirty, r, runDirty, out.Granted && r != nil); err != nil {
 		return policy.Spend{}, err

@@ -271,3 +271,16 @@ type AuditQuery struct {
 	After  AuditCursor
 	Limit  int
 }
+
+// Unit is the state changes of one request, made durable together: a store
+// that commits every change before answering (breakerstore's SyncAlways)
+// commits a unit's changes in one transaction at Commit, not one by one. A
+// unit belongs to one goroutine; nothing it did is durable until Commit
+// returns nil.
+type Unit interface {
+	Record(key BreakerKey, cfg BreakerConfig, r Result, permitID string) (BreakerSnapshot, error)
+	ExtendCooldown(key BreakerKey, cfg BreakerConfig, until time.Time) (time.Time, error)
+	SpendRetry(req SpendRequest) (Spend, error)
+	AppendAudit(recs ...AuditRecord)
+	Commit() error
+}

@@ -158,7 +158,10 @@ func (d *Decisions) NextDelay(ctx context.Context, req *pb.NextDelayRequest) (*p
 	if dec.Class.Category == policy.CategoryTransient {
 		result = policy.ResultTransientFailure
 	}
-	snap, err := d.store.Record(key, p.Breaker, result, req.GetPermitId())
+	// The changes of this decision are made durable together, at once with
+	// --sync=always (one commit, not one per change).
+	u := d.store.Begin()
+	snap, err := u.Record(key, p.Breaker, result, req.GetPermitId())
 	if err != nil {
 		return nil, storeError(ctx, d.cfg.Logger, "breaker", err)
 	}
@@ -169,7 +172,7 @@ func (d *Decisions) NextDelay(ctx context.Context, req *pb.NextDelayRequest) (*p
 	if dec.Retry {
 		timeout := (f.Kind == policy.FailureTransport && f.Transport == policy.TransportTimeout) ||
 			(f.Kind == policy.FailureGRPC && f.Code == int(codes.DeadlineExceeded))
-		if err := d.shared(ctx, &dec, &p, key, call, timeout, snap, now, &note, resp); err != nil {
+		if err := d.shared(ctx, u, &dec, &p, key, call, timeout, snap, now, &note, resp); err != nil {
 			return nil, err
 		}
 	}
@@ -192,18 +195,21 @@ func (d *Decisions) NextDelay(ctx context.Context, req *pb.NextDelayRequest) (*p
 	resp.PushbackNote = note
 	resp.Checks = dec.Checks.Names()
 	resp.Detail = detail(&dec, &p)
-	d.decided(ctx, call, req.GetAttempt(), &dec, resp.GetDetail(), snap.State)
+	d.decided(ctx, u, call, req.GetAttempt(), &dec, resp.GetDetail(), snap.State)
+	if err := u.Commit(); err != nil {
+		return nil, storeError(ctx, d.cfg.Logger, "decision", err)
+	}
 	return resp, nil
 }
 
 // decided puts a NextDelay answer in the audit trail, the metrics and the
 // debug log.
-func (d *Decisions) decided(ctx context.Context, call callRef, attempt uint32, dec *policy.Decision, why string, breaker policy.BreakerState) {
+func (d *Decisions) decided(ctx context.Context, u policy.Unit, call callRef, attempt uint32, dec *policy.Decision, why string, breaker policy.BreakerState) {
 	verdict := policy.VerdictStop
 	if dec.Retry {
 		verdict = policy.VerdictRetry
 	}
-	d.store.AppendAudit(policy.AuditRecord{
+	u.AppendAudit(policy.AuditRecord{
 		Event: policy.AuditDecision, Tenant: call.tenant, Target: call.target, CallID: call.callID, RunID: call.runID,
 		Attempt: attempt, Classification: dec.Class.Reason, Verdict: verdict, Delay: dec.Delay,
 		Stop: dec.Stop, Disposition: dec.Disposition, Detail: why,
@@ -224,7 +230,7 @@ func (d *Decisions) decided(ctx context.Context, call callRef, attempt uint32, d
 // through: an open breaker, a cool-down another worker reported, the deadline
 // once more, and the budgets. It turns dec into a stop when one refuses, and
 // returns an error only when a cap stops the store from answering.
-func (d *Decisions) shared(ctx context.Context, dec *policy.Decision, p *policy.Policy, key policy.BreakerKey,
+func (d *Decisions) shared(ctx context.Context, u policy.Unit, dec *policy.Decision, p *policy.Policy, key policy.BreakerKey,
 	call callRef, timeout bool, snap policy.BreakerSnapshot, now time.Time, note *string, resp *pb.NextDelayResponse) error {
 	stop := func(r policy.StopReason, disp policy.Disposition) {
 		dec.Retry, dec.Delay, dec.Stop, dec.Disposition = false, 0, r, disp
@@ -236,7 +242,7 @@ func (d *Decisions) shared(ctx context.Context, dec *policy.Decision, p *policy.
 	cooldown := snap.CooldownUntil
 	if dec.Hint.Present && dec.Hint.Delay > 0 {
 		h := min(dec.Hint.Delay, p.Pushback.MaxHint)
-		if until, err := d.store.ExtendCooldown(key, p.Breaker, now.Add(h)); err == nil {
+		if until, err := u.ExtendCooldown(key, p.Breaker, now.Add(h)); err == nil {
 			cooldown = until
 		} else {
 			d.cfg.Logger.WarnContext(ctx, "cool-down not shared", "call_id", call.callID, "tenant", call.tenant,
@@ -259,7 +265,7 @@ func (d *Decisions) shared(ctx context.Context, dec *policy.Decision, p *policy.
 	if call.runID != "" {
 		dec.Checks |= policy.CheckRunBudget
 	}
-	spend, err := d.store.SpendRetry(policy.SpendRequest{
+	spend, err := u.SpendRetry(policy.SpendRequest{
 		Tenant:  call.tenant,
 		Timeout: timeout,
 		RunID:   call.runID,

@@ -19,6 +19,10 @@ type Store interface {
 	Runs
 	Audit
 	Outcomes
+	// Begin starts a unit for the state changes of one request (NextDelay's
+	// breaker failure, cool-down, retry spend and audit record), so a store
+	// that makes changes durable before answering commits them once.
+	Begin() policy.Unit
 }
 
 // Outcomes applies reported outcomes a batch at a time.

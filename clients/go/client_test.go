@@ -301,9 +301,14 @@ type blockingStore struct {
 	release chan struct{}
 }
 
-func (b blockingStore) Record(k policy.BreakerKey, cfg policy.BreakerConfig, r policy.Result, permit string) (policy.BreakerSnapshot, error) {
+func (b blockingStore) Admit(k policy.BreakerKey, cfg policy.BreakerConfig) (policy.Admission, error) {
 	<-b.release
-	return b.Store.Record(k, cfg, r, permit)
+	return b.Store.Admit(k, cfg)
+}
+
+func (b blockingStore) Begin() policy.Unit { // NextDelay's first step
+	<-b.release
+	return b.Store.Begin()
 }
 
 func TestSlowPolicydFallsBackWithinTheDecisionTimeout(t *testing.T) {
