@@ -24,6 +24,7 @@ type serveConfig struct {
 	DB            string
 	FlushInterval time.Duration
 	Sync          string
+	SyncDelay     time.Duration
 	Grace         time.Duration
 	LogLevel      string
 	Security      securityConfig
@@ -59,6 +60,7 @@ SIGINT or SIGTERM drains: health turns NOT_SERVING, in-flight calls finish
 	f.StringVar(&cfg.DB, "db", "policyd.db", "bbolt database file holding the shared state")
 	f.DurationVar(&cfg.FlushInterval, "flush-interval", 100*time.Millisecond, "group-commit interval for counters; a crash loses at most this much counting")
 	f.StringVar(&cfg.Sync, "sync", "group", "durability of decisions: group (counters flushed every --flush-interval) or always (every decision durable before its answer)")
+	f.DurationVar(&cfg.SyncDelay, "sync-batch-delay", 2*time.Millisecond, "with --sync=always: how long a commit waits for concurrent decisions to share its fsync")
 	f.DurationVar(&cfg.Grace, "grace", 10*time.Second, "how long a shutdown waits for in-flight calls before cutting them")
 	f.StringVar(&cfg.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
 	cfg.Security.register(cmd)
@@ -84,6 +86,9 @@ func serve(ctx context.Context, cfg serveConfig) error {
 		sync = breakerstore.SyncAlways
 	default:
 		return fmt.Errorf("--sync: must be group or always, got %q", cfg.Sync)
+	}
+	if cfg.SyncDelay <= 0 || cfg.SyncDelay > time.Second {
+		return fmt.Errorf("--sync-batch-delay: must be in (0, 1s], got %s", cfg.SyncDelay)
 	}
 	if cfg.FlushInterval <= 0 {
 		return fmt.Errorf("--flush-interval: must be > 0, got %s", cfg.FlushInterval)
@@ -112,7 +117,7 @@ func serve(ctx context.Context, cfg serveConfig) error {
 	}
 
 	store, err := breakerstore.Open(breakerstore.Options{
-		Path: cfg.DB, FlushInterval: cfg.FlushInterval, Sync: sync, Logger: log, MaxSize: cfg.MaxDBBytes,
+		Path: cfg.DB, FlushInterval: cfg.FlushInterval, Sync: sync, MaxBatchDelay: cfg.SyncDelay, Logger: log, MaxSize: cfg.MaxDBBytes,
 		MaxBreakersPerTenant: cfg.Limits.MaxBreakersPerTenant,
 		MaxTenants:           cfg.Limits.MaxTenants,
 		MaxRuns:              cfg.Limits.MaxRuns,
