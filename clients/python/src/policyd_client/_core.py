@@ -369,6 +369,12 @@ class CallInfo:
             ref.deadline_time.CopyFrom(to_timestamp(self.deadline))
         return ref
 
+    def outcome_ref(self) -> types_pb2.CallRef:
+        """Returns the call as an outcome names it: ReportOutcome reads only
+        the tenant, target, call id and run id, so the times and the key stay
+        out of every batch."""
+        return types_pb2.CallRef(tenant=self.tenant, target=self.target, call_id=self.call_id, run_id=self.run_id)
+
 
 class PendingOutcome(NamedTuple):
     """One attempt's outcome as a worker queues it; the reporter turns it
@@ -387,7 +393,7 @@ class PendingOutcome(NamedTuple):
     def pb(self) -> rpb.Outcome:
         """Returns the Outcome message."""
         o = rpb.Outcome(
-            call=self.call.pb(), attempt=self.attempt, success=self.success, permit_id=self.permit,
+            call=self.call.outcome_ref(), attempt=self.attempt, success=self.success, permit_id=self.permit,
             final_disposition=self.final, final_stop_reason=self.stop, already_recorded=self.already_recorded,  # type: ignore[arg-type]
         )
         if self.failure is not None:
