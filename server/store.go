@@ -1,10 +1,6 @@
 package server
 
-import (
-	"time"
-
-	"github.com/policyd/policyd/policy"
-)
+import "github.com/policyd/policyd/policy"
 
 // Store is the shared state the handlers decide with. It is declared here,
 // where it is consumed, in domain types only, so another backend (a
@@ -21,7 +17,8 @@ type Store interface {
 	Outcomes
 	// Begin starts a unit for the state changes of one request (NextDelay's
 	// breaker failure, cool-down, retry spend and audit record), so a store
-	// that makes changes durable before answering commits them once.
+	// that makes changes durable before answering commits them once. A
+	// decision records, extends cool-downs and spends only through a unit.
 	Begin() policy.Unit
 }
 
@@ -47,8 +44,6 @@ type Policies interface {
 // Breakers is the fleet-wide circuit breaker state.
 type Breakers interface {
 	Admit(key policy.BreakerKey, cfg policy.BreakerConfig) (policy.Admission, error)
-	Record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy.Result, permitID string) (policy.BreakerSnapshot, error)
-	ExtendCooldown(key policy.BreakerKey, cfg policy.BreakerConfig, until time.Time) (time.Time, error)
 	Breaker(key policy.BreakerKey) (policy.BreakerSnapshot, error)
 	Breakers(tenant string, state policy.BreakerState, after policy.BreakerKey, limit int) ([]policy.BreakerSnapshot, error)
 	ResetBreaker(key policy.BreakerKey) (policy.BreakerSnapshot, error)
@@ -65,7 +60,6 @@ type Budgets interface {
 	Budget(tenant string) (policy.BudgetStatus, error)
 	Budgets(after string, limit int) ([]policy.BudgetStatus, error)
 	DeleteBudget(tenant string) error
-	SpendRetry(req policy.SpendRequest) (policy.Spend, error)
 	Deposit(tenant string, successes int)
 }
 
