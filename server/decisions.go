@@ -388,9 +388,7 @@ func (d *Decisions) ReportOutcome(ctx context.Context, req *pb.ReportOutcomeRequ
 	// it as a whole: with --sync=always that is one commit for the request,
 	// not one per outcome.
 	n, err := d.store.ApplyOutcomes(ups, deposits)
-	d.cfg.Metrics.successes(n, func(i int) (string, uint32, bool) {
-		return outs[i].GetCall().GetTarget(), outs[i].GetAttempt(), outs[i].GetSuccess()
-	})
+	d.cfg.Metrics.successes(outs[:n])
 	if err != nil {
 		return nil, storeError(ctx, d.cfg.Logger, "outcomes", err)
 	}

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 
+	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 	"github.com/policyd/policyd/policy"
 )
 
@@ -146,19 +147,19 @@ func (m *Metrics) decision(retry bool, stop policy.StopReason, disp policy.Dispo
 	m.decisions.WithLabelValues(verdict.String(), stop.String(), disp.String()).Inc()
 }
 
-// successes observes the successful attempts among n outcomes, outcome i
-// being on target at attempt (when ok). A batch names few targets, so each
-// target's histogram is looked up once, not once an outcome.
-func (m *Metrics) successes(n int, outcome func(i int) (target string, attempt uint32, ok bool)) {
+// successes observes the attempt numbers of the successful outcomes among
+// outs, by target. A batch names few targets, so each target's histogram is
+// looked up once, not once an outcome.
+func (m *Metrics) successes(outs []*pb.Outcome) {
 	if m == nil {
 		return
 	}
 	var byTarget map[string]prometheus.Observer
-	for i := range n {
-		target, attempt, ok := outcome(i)
-		if !ok {
+	for _, o := range outs {
+		if !o.GetSuccess() {
 			continue
 		}
+		target := o.GetCall().GetTarget()
 		obs, seen := byTarget[target]
 		if !seen {
 			if byTarget == nil {
@@ -167,7 +168,7 @@ func (m *Metrics) successes(n int, outcome func(i int) (target string, attempt u
 			obs = m.attempts.WithLabelValues(m.targets.label(target))
 			byTarget[target] = obs
 		}
-		obs.Observe(float64(attempt))
+		obs.Observe(float64(o.GetAttempt()))
 	}
 }
 
