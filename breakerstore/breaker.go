@@ -133,10 +133,10 @@ func (s *Store) Admit(key policy.BreakerKey, cfg policy.BreakerConfig) (policy.A
 // Transitions are committed as in Admit; counters are flushed per the sync
 // mode. It is safe for concurrent use and allocation-free in the steady state.
 func (s *Store) Record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy.Result, permitID string) (policy.BreakerSnapshot, error) {
-	return s.record(key, cfg, r, permitID, nil, 0)
+	return s.record(key, cfg, r, permitID, nil, s.now())
 }
 
-// record is Record at now (0: the clock's time); with SyncAlways a counter
+// record is Record at now, the clock's time; with SyncAlways a counter
 // change joins p, when set, instead of being committed on its own.
 func (s *Store) record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy.Result, permitID string, p *pending, now int64) (policy.BreakerSnapshot, error) {
 	if s.closed.Load() {
@@ -146,9 +146,6 @@ func (s *Store) record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy
 		return policy.BreakerSnapshot{}, invalid("result", "must be success, transient failure or terminal")
 	}
 	cfg = normBreaker(cfg)
-	if now == 0 {
-		now = s.now()
-	}
 	b, err := s.lockBreaker(key, true, now)
 	if err != nil {
 		return policy.BreakerSnapshot{}, err

@@ -35,7 +35,7 @@ func (s *Store) Begin() policy.Unit {
 
 // Record is Store.Record within the unit.
 func (u *Unit) Record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy.Result, permitID string) (policy.BreakerSnapshot, error) {
-	return u.s.record(key, cfg, r, permitID, u.p, 0)
+	return u.s.record(key, cfg, r, permitID, u.p, u.s.now())
 }
 
 // ExtendCooldown is Store.ExtendCooldown within the unit.
