@@ -570,14 +570,6 @@ func compareCursor(a, b policy.AuditCursor) int {
 	return 0
 }
 
-// auditKey is a record's key: Unix nanoseconds and sequence number,
-// big-endian.
-func auditKey(ns int64, seq uint64) []byte {
-	k := make([]byte, 0, auditKeyLen)
-	k = binary.BigEndian.AppendUint64(k, uint64(max(ns, 0)))
-	return binary.BigEndian.AppendUint64(k, seq)
-}
-
 // encodeAudit encodes a record without its key: version 1, event,
 // verdict, stop reason, disposition (a byte each), attempt (uvarint), delay
 // in nanoseconds (varint), then tenant, target, call id, run id,

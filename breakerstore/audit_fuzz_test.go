@@ -16,7 +16,7 @@ func FuzzDecodeAudit(f *testing.F) {
 	f.Add(encodeAudit(&policy.AuditRecord{}))
 	f.Add([]byte{})
 	f.Add([]byte{1, 2, 1, 0, 0, 0x80})
-	key := auditKey(1e18, 7)
+	key := akey{ns: 1e18, seq: 7}.bytes()
 	f.Fuzz(func(t *testing.T, v []byte) {
 		got, err := decodeAudit(key, v)
 		if err != nil {
