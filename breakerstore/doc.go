@@ -1,6 +1,10 @@
 // Package breakerstore holds policyd's shared state — fleet-wide circuit
 // breakers, per-tenant retry budgets, batch-run retry pools and runtime
-// policies — in memory, and persists it in one bbolt file.
+// policies — in memory, and persists it in one bbolt file. The rules of
+// that state (when a breaker trips, what a retry costs, what a run's pool
+// allows) live in package fleet as plain values; breakerstore holds those
+// values, locks, shards, persists and publishes them, and applies their
+// methods.
 //
 // Every decision (Admit, Record, SpendRetry, Deposit, Resolve) is served from
 // memory, and AppendAudit only adds to an in-memory buffer. Admin writes and
@@ -20,8 +24,9 @@
 //
 //	bucket       key                        value
 //	meta         "schema"                   uint32 big-endian schema version (1); another version refuses to open
-//	breakers     tenant 0x00 target         breaker record, binary, version byte 1: state, forced, mode, open-until,
-//	                                        cool-down, counters, the 10 window slots, probe permits
+//	breakers     tenant 0x00 target         fleet.Breaker, binary, version byte 2 (1 is still read): state, forced,
+//	                                        mode, open-until, cool-down, counters, the 10 window slots, generation,
+//	                                        probe permits (128-bit id, expiry); the layout is in record.go
 //	budgets      tenant                     explicit TenantBudget, JSON (admin object)
 //	tokens       tenant                     token bucket, binary: tokens, last refill, granted, refused, dry-run refusals
 //	policies     tenant 0x00 target         PolicyEntry, JSON (admin object); an empty tenant or target is a wider scope

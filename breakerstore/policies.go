@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"go.etcd.io/bbolt"
@@ -49,7 +50,7 @@ func (s *Store) SetPolicy(tenant, target string, p policy.Policy) (policy.Policy
 	if err := checkScope(tenant, target); err != nil {
 		return policy.PolicyEntry{}, err
 	}
-	e := &policy.PolicyEntry{Tenant: cloneString(tenant), Target: cloneString(target), Policy: clonePolicy(p), Updated: s.clock.Now()}
+	e := &policy.PolicyEntry{Tenant: strings.Clone(tenant), Target: strings.Clone(target), Policy: clonePolicy(p), Updated: s.clock.Now()}
 	v, err := json.Marshal(policyRecord{Tenant: e.Tenant, Target: e.Target, Updated: e.Updated.UnixNano(), Policy: e.Policy})
 	if err != nil {
 		return policy.PolicyEntry{}, fmt.Errorf("breakerstore: encode policy: %w", err)
