@@ -71,9 +71,11 @@ func (s *Store) Admit(key policy.BreakerKey, cfg policy.BreakerConfig) (policy.A
 }
 
 // Record reports the outcome of an attempt to the breaker under key, creating
-// it on first use, and returns its state afterwards. permitID, when set,
-// releases that HALF_OPEN permit (an unknown or expired id is ignored; the
-// result still counts). Only policy.ResultTransientFailure counts as a failure.
+// it on first use, and returns its state afterwards, by fleet.Breaker's
+// rules: in HALF_OPEN only a result with a live permit of the breaker
+// counts, one without a permit changes nothing, and one with a permit that
+// is not live returns the state and fleet.ErrPermit. Only
+// policy.ResultTransientFailure counts as a failure.
 // Transitions are committed as in Admit; counters are flushed per the sync
 // mode. It is safe for concurrent use and allocation-free in the steady state.
 func (s *Store) Record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy.Result, permitID string) (policy.BreakerSnapshot, error) {
@@ -95,12 +97,15 @@ func (s *Store) record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy
 		return policy.BreakerSnapshot{}, err
 	}
 	e := b.begin(s, now, &cfg)
-	e2 := b.v.Record(now, &cfg, r, permitID)
+	e2, refused := b.v.Record(now, &cfg, r, permitID)
 	b.published(s, now, e2)
 	snap := b.snapshot(now)
 	err = s.settle(b, e|e2, p)
 	if err != nil {
 		return policy.BreakerSnapshot{}, err
+	}
+	if refused != nil {
+		return snap, refused
 	}
 	return snap, nil
 }

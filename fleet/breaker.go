@@ -145,47 +145,66 @@ func (b *Breaker) Admit(now int64, cfg *policy.BreakerConfig, newID func() Permi
 	return policy.Admission{Admitted: true, State: policy.BreakerClosed, Reason: ReasonClosed}, 0
 }
 
-// Record applies one attempt's result at now (after Advance). permit, when
-// set, releases that HALF_OPEN permit (an unknown or expired one is ignored;
-// the result still counts). Only policy.ResultTransientFailure counts as a
-// failure. Past cfg's threshold it trips the breaker OPEN for cfg.Cooldown;
-// in HALF_OPEN a failure reopens it and cfg.HalfOpenProbes successes close
-// it.
-func (b *Breaker) Record(now int64, cfg *policy.BreakerConfig, r policy.Result, permit string) Effect {
+// Record applies one attempt's result at now (after Advance). Only
+// policy.ResultTransientFailure counts as a failure. Past cfg's threshold
+// it trips the breaker OPEN for cfg.Cooldown.
+//
+// In HALF_OPEN only a probe settles the breaker: a result carrying a live
+// permit of this generation releases it and counts (a failure reopens the
+// breaker, cfg.HalfOpenProbes successes close it); a result without a
+// permit changes nothing; a permit that is not live (expired, of another
+// breaker or generation, invented) is refused with ErrPermit and changes
+// nothing. In the other states permit is released when it is one of the
+// breaker's and otherwise ignored: a late probe reporting after its
+// generation ended is not an error.
+func (b *Breaker) Record(now int64, cfg *policy.BreakerConfig, r policy.Result, permit string) (Effect, error) {
 	var e Effect
-	if permit != "" && len(b.Permits) > 0 {
+	i := -1
+	if permit != "" {
 		if id, ok := ParsePermitID(permit); ok {
-			if i := b.permitIndex(id); i >= 0 {
-				b.Permits = slices.Delete(b.Permits, i, i+1)
-				e = Mutated
-			}
+			i = b.permitIndex(id)
 		}
+		if i >= 0 && b.Permits[i].Expiry <= now {
+			i = -1
+		}
+	}
+	if b.State == policy.BreakerHalfOpen && !b.Forced {
+		switch {
+		case permit == "":
+			return 0, nil
+		case i < 0:
+			return 0, ErrPermit
+		}
+	}
+	if i >= 0 {
+		b.Permits = slices.Delete(b.Permits, i, i+1)
+		e = Mutated
 	}
 	failure := r == policy.ResultTransientFailure
 	switch {
 	case b.State == policy.BreakerDisabled, b.State == policy.BreakerOpen:
-		return e // forced or not, an OPEN breaker ignores late results
+		return e, nil // forced or not, an OPEN breaker ignores late results
 	case b.Forced: // forced CLOSED: counts, never trips
 		b.count(now, cfg, failure)
-		return Mutated
+		return Mutated, nil
 	case b.State == policy.BreakerHalfOpen:
 		if failure {
 			b.trip(now, cfg)
-			return Transitioned | Mutated
+			return Transitioned | Mutated, nil
 		}
 		b.HalfOpenOK++
 		if b.HalfOpenOK >= cfg.HalfOpenProbes {
 			b.toState(now, policy.BreakerClosed)
-			return Transitioned | Mutated
+			return Transitioned | Mutated, nil
 		}
-		return Mutated
+		return Mutated, nil
 	}
 	b.count(now, cfg, failure)
 	if failure && b.shouldTrip(now, cfg) {
 		b.trip(now, cfg)
-		return Transitioned | Mutated
+		return Transitioned | Mutated, nil
 	}
-	return Mutated
+	return Mutated, nil
 }
 
 // permitIndex returns the index of the permit with id, or -1.

@@ -56,7 +56,11 @@ func run(t *testing.T, cfg policy.BreakerConfig, steps []step) {
 			if s.permit >= 0 {
 				p = permits[s.permit]
 			}
-			e |= b.Record(now, &cfg, s.r, p)
+			e2, err := b.Record(now, &cfg, s.r, p)
+			if err != nil {
+				t.Fatalf("step %d: Record: %v", i, err)
+			}
+			e |= e2
 		case "force":
 			e |= b.Force(now, s.want)
 		case "reset":
@@ -167,7 +171,7 @@ func TestBreakerRules(t *testing.T) {
 func TestBreakerGenerationCountsTransitions(t *testing.T) {
 	cfg := consecutive(1)
 	b := fleet.NewBreaker(0)
-	b.Record(sec, &cfg, policy.ResultTransientFailure, "")
+	_, _ = b.Record(sec, &cfg, policy.ResultTransientFailure, "")
 	if b.Generation != 1 {
 		t.Fatalf("generation after a trip: %d, want 1", b.Generation)
 	}
@@ -213,5 +217,72 @@ func TestPermitIDRoundTrip(t *testing.T) {
 		if _, ok := fleet.ParsePermitID(bad); ok {
 			t.Errorf("ParsePermitID(%q) accepted", bad)
 		}
+	}
+}
+
+// TestOnlyALivePermitSettlesAProbe: in HALF_OPEN a result without a permit,
+// with an invented one, an expired one, one of an earlier generation or of
+// another breaker neither closes nor reopens the breaker; the invented,
+// expired and foreign ones are refused with ErrPermit. (Before permits were
+// checked, any success closed the breaker and any failure reopened it.)
+func TestOnlyALivePermitSettlesAProbe(t *testing.T) {
+	cfg := fleet.NormConfig(policy.BreakerConfig{ConsecutiveFailures: 1, Cooldown: 10 * time.Second,
+		HalfOpenProbes: 1, ProbeTimeout: 5 * time.Second})
+	halfOpen := func() (fleet.Breaker, string) {
+		b := fleet.NewBreaker(0)
+		_, _ = b.Record(0, &cfg, policy.ResultTransientFailure, "")
+		b.Advance(10 * sec)
+		a, _ := b.Admit(10*sec, &cfg, seq())
+		if b.State != policy.BreakerHalfOpen || a.PermitID == "" {
+			t.Fatalf("setup: %v, %+v", b.State, a)
+		}
+		return b, a.PermitID
+	}
+	other, otherPermit := halfOpen() // another breaker, its own permit
+	_ = other
+	// An earlier generation's permit: probe, reopen, wait, probe again.
+	old, oldPermit := halfOpen()
+	_, _ = old.Record(11*sec, &cfg, policy.ResultTransientFailure, oldPermit)
+	old.Advance(21 * sec)
+	_, _ = old.Admit(21*sec, &cfg, func() fleet.PermitID { return fleet.PermitID{0xee} })
+
+	tests := []struct {
+		name    string
+		b       func() (fleet.Breaker, string)
+		at      int64
+		permit  func(own string) string
+		refused bool
+	}{
+		{"no permit", halfOpen, 11, func(string) string { return "" }, false},
+		{"an invented permit", halfOpen, 11, func(string) string { return fleet.PermitID{0x42}.String() }, true},
+		{"garbage", halfOpen, 11, func(string) string { return "1" }, true},
+		{"another breaker's permit", func() (fleet.Breaker, string) {
+			b, _ := halfOpen()
+			b.Permits[0].ID = fleet.PermitID{0x99} // its own permit differs from the other breaker's
+			return b, ""
+		}, 11, func(string) string { return otherPermit }, true},
+		{"an expired permit", halfOpen, 15, func(own string) string { return own }, true},
+		{"an earlier generation's permit", func() (fleet.Breaker, string) { return old, "" }, 22,
+			func(string) string { return oldPermit }, true},
+	}
+	for _, tt := range tests {
+		for _, r := range []policy.Result{policy.ResultSuccess, policy.ResultTransientFailure} {
+			t.Run(tt.name+"/"+map[policy.Result]string{policy.ResultSuccess: "success", policy.ResultTransientFailure: "failure"}[r], func(t *testing.T) {
+				b, own := tt.b()
+				gen := b.Generation
+				e, err := b.Record(tt.at*sec, &cfg, r, tt.permit(own))
+				if (err == fleet.ErrPermit) != tt.refused || (err != nil && err != fleet.ErrPermit) {
+					t.Fatalf("Record: err %v, want refused %v", err, tt.refused)
+				}
+				if e != 0 || b.State != policy.BreakerHalfOpen || b.Generation != gen {
+					t.Fatalf("Record: effect %b, state %v, generation %d -> %d; want nothing changed", e, b.State, gen, b.Generation)
+				}
+			})
+		}
+	}
+	// The live permit settles it.
+	b, own := halfOpen()
+	if e, err := b.Record(11*sec, &cfg, policy.ResultSuccess, own); err != nil || !e.Has(fleet.Transitioned) || b.State != policy.BreakerClosed {
+		t.Fatalf("the live permit: %b, %v, %v; want CLOSED", e, err, b.State)
 	}
 }

@@ -1,15 +1,18 @@
 package server
 
 import (
+	"errors"
 	"math"
 	"strconv"
 	"time"
 	"unicode"
 	"unicode/utf8"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/policyd/policyd/fleet"
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 	"github.com/policyd/policyd/policy"
 )
@@ -627,4 +630,17 @@ func auditRecordToPB(r policy.AuditRecord) *pb.AuditRecord {
 		Disposition:    pb.Disposition(r.Disposition),
 		Detail:         r.Detail,
 	}
+}
+
+// refusalToPB reports outcome i of a batch as refused by the state's rules:
+// its field path and the rule, as the status of the outcome alone would.
+func refusalToPB(i int, err error) *pb.OutcomeRefusal {
+	field := "outcomes[" + strconv.Itoa(i) + "]"
+	msg := err.Error()
+	var fr *fleet.Refusal
+	if errors.As(err, &fr) {
+		field += "." + fr.Field
+		msg = field + ": " + fr.Rule
+	}
+	return &pb.OutcomeRefusal{Index: uint32(i), Code: int32(codes.FailedPrecondition), Field: field, Message: msg}
 }

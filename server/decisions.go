@@ -392,7 +392,14 @@ func (d *Decisions) ReportOutcome(ctx context.Context, req *pb.ReportOutcomeRequ
 	if err != nil {
 		return nil, storeError(ctx, d.cfg.Logger, "outcomes", err)
 	}
-	return &pb.ReportOutcomeResponse{Accepted: uint32(len(outs))}, nil
+	resp := &pb.ReportOutcomeResponse{Accepted: uint32(len(outs))}
+	for i := range ups[:n] {
+		if r := ups[i].Refused; r != nil {
+			resp.Refused = append(resp.Refused, refusalToPB(i, r))
+		}
+	}
+	resp.Accepted -= uint32(len(resp.Refused))
+	return resp, nil
 }
 
 // outcomeScratch is ReportOutcome's working memory, reused from request to

@@ -40,6 +40,8 @@ func storeError(ctx context.Context, log *slog.Logger, what string, err error) e
 	switch {
 	case err == nil:
 		return nil
+	case precondition(err):
+		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, policy.ErrNotFound):
 		return status.Error(codes.NotFound, what+": "+err.Error())
 	case errors.Is(err, policy.ErrExists):
@@ -57,4 +59,15 @@ func storeError(ctx context.Context, log *slog.Logger, what string, err error) e
 	}
 	log.ErrorContext(ctx, "store failure", "op", what, "err", err)
 	return status.Error(codes.Internal, what+": internal error (logged by policyd)")
+}
+
+// preconditioner is the behaviour of an error that says a request conflicts
+// with the state as it stands (fleet.Refusal): FAILED_PRECONDITION.
+type preconditioner interface{ FailedPrecondition() bool }
+
+// precondition reports whether err, or an error it wraps, conflicts with
+// the state.
+func precondition(err error) bool {
+	var p preconditioner
+	return errors.As(err, &p) && p.FailedPrecondition()
 }
