@@ -34,6 +34,13 @@
 //	runstate     run id                     spent retries and ledger, binary: 9 x uint64 big-endian (the ledger
 //	                                        is recomputed from runcalls at open; both are written in one commit)
 //	runcalls     run id 0x00 call id        final disposition of one call, 2 bytes: policy.Disposition, policy.StopReason
+//	attempts     tenant 0x00 call id        fleet.Attempts, binary, version byte 1: the highest attempt decided for
+//	                                        the call, its expiry (the call's deadline or the policy's horizon,
+//	                                        whichever is later), and the answer (verdict, delay, attempt timeout,
+//	                                        stop reason, disposition, category, checks, breaker state, budgets
+//	                                        left, classification, pushback note); at most Options.MaxAttemptRecords,
+//	                                        oldest dropped first, expired ones deleted by the sweep; the layout is
+//	                                        in attempts.go. New in schema version 2 (created empty on upgrade).
 //	meta         "auditseq"                 uint64 big-endian: the highest audit sequence number handed out
 //	auditseg     time seq                   a segment of up to 512 audit records: a header (count, last record's
 //	                                        time and seq, a Bloom filter over call ids and tenants) and the

@@ -200,6 +200,9 @@ func (s *Store) sweep(now int64) []delKey {
 		s.buckets.deleteIf(tb.tenant, func(v *tokenBucket) bool { return v == tb })
 		dels = append(dels, delKey{bucket: bucketTokens, key: policy.BreakerKey{Tenant: tb.tenant}})
 	}
+	if s.attempts.expire(now) && s.attempts.markDirty() {
+		s.queue(&s.attempts)
+	}
 	keep := int64(s.opts.RunRetention)
 	for _, r := range s.runs.values() {
 		r.mu.Lock()

@@ -43,7 +43,7 @@ var (
 
 	allBuckets = [][]byte{bucketMeta, bucketBreakers, bucketBudgets, bucketTokens,
 		bucketPolicies, bucketRuns, bucketRunState, bucketRunCalls,
-		bucketAuditSeg}
+		bucketAuditSeg, bucketAttempts}
 )
 
 // Defaults of Options.
@@ -114,6 +114,10 @@ type Options struct {
 	// MaxRuns caps the runs kept; OpenRun beyond it fails with
 	// ErrTooManyRuns. Default 10000.
 	MaxRuns int
+	// MaxAttemptRecords caps the calls whose last decided attempt is
+	// remembered (see CheckAttempt); past it the oldest record goes first.
+	// Default DefaultMaxAttemptRecords.
+	MaxAttemptRecords int
 	// RunRetention is how long a run is kept after its cut-off, with its
 	// ledger and per-call dispositions; then the flusher deletes it from
 	// memory and disk. Default 30 days.
@@ -183,6 +187,9 @@ type Store struct {
 	defBudget policy.TenantBudget
 
 	runs shardMap[string, *run]
+
+	attempts   attemptTable
+	attemptSeq atomic.Uint64
 
 	policies      atomic.Pointer[policyMap]
 	defaultPolicy policy.Policy
@@ -255,6 +262,9 @@ func Open(opts Options) (*Store, error) {
 	if opts.MaxRuns <= 0 {
 		opts.MaxRuns = DefaultMaxRuns
 	}
+	if opts.MaxAttemptRecords <= 0 {
+		opts.MaxAttemptRecords = DefaultMaxAttemptRecords
+	}
 	if opts.RunRetention <= 0 {
 		opts.RunRetention = DefaultRunRetention
 	}
@@ -322,6 +332,7 @@ func newStore(db *bbolt.DB, opts Options, def policy.TenantBudget) *Store {
 	s.breakers.init(hashKey)
 	s.buckets.init(maphash.String)
 	s.runs.init(maphash.String)
+	s.attempts.init(s.opts.MaxAttemptRecords)
 	s.policies.Store(&policyMap{m: map[policy.BreakerKey]*policy.PolicyEntry{}})
 	s.permitSeq.Store(randUint64())
 	s.lastSweep = s.now()
@@ -443,6 +454,9 @@ func (s *Store) load() error {
 			return err
 		}
 		if err := s.loadAudit(tx); err != nil {
+			return err
+		}
+		if err := s.loadAttempts(tx, now); err != nil {
 			return err
 		}
 		return s.loadBreakers(tx, now)

@@ -48,6 +48,12 @@ func (u *Unit) SpendRetry(req policy.SpendRequest) (policy.Spend, error) {
 	return u.s.spendRetry(req, u.p)
 }
 
+// RecordAttempt remembers ans as the answer to attempt of call k, kept until
+// keep at least (see Store.CheckAttempt), within the unit.
+func (u *Unit) RecordAttempt(k policy.CallKey, attempt uint32, ans policy.Answer, keep time.Time) error {
+	return u.s.recordAttempt(k, attempt, ans, keep.UnixNano(), u.p)
+}
+
 // AppendAudit is Store.AppendAudit within the unit.
 func (u *Unit) AppendAudit(recs ...policy.AuditRecord) {
 	u.s.appendAudit(u.p, recs)

@@ -281,6 +281,34 @@ type Unit interface {
 	Record(key BreakerKey, cfg BreakerConfig, r Result, permitID string) (BreakerSnapshot, error)
 	ExtendCooldown(key BreakerKey, cfg BreakerConfig, until time.Time) (time.Time, error)
 	SpendRetry(req SpendRequest) (Spend, error)
+	// RecordAttempt remembers ans as the answer to attempt of call k until
+	// keep at least, so the same attempt replays it and a lower one is
+	// refused.
+	RecordAttempt(k CallKey, attempt uint32, ans Answer, keep time.Time) error
 	AppendAudit(recs ...AuditRecord)
 	Commit() error
+}
+
+// Answer is a NextDelay answer as policyd remembers it for the call, so the
+// same attempt asked again gets it again: the verdict with its wait or stop,
+// the classification, the rules applied, and the shared state reported.
+type Answer struct {
+	Retry          bool
+	Delay          time.Duration
+	AttemptTimeout time.Duration
+	Stop           StopReason
+	Disposition    Disposition
+	Category       Category
+	Class          string // the classification reason, e.g. transient:503
+	Note           string // the pushback note
+	Checks         Check
+	Breaker        BreakerState
+	TenantTokens   float64
+	RunRemaining   uint64
+}
+
+// CallKey names one call: call ids are scoped by tenant.
+type CallKey struct {
+	Tenant string
+	CallID string
 }

@@ -110,6 +110,7 @@ func TestPolicyChangesDecisionsAtRuntime(t *testing.T) {
 		Backoff: &pb.BackoffSettings{Jitter: pb.Jitter_JITTER_NONE}}}); err != nil {
 		t.Fatalf("SetPolicy: %v", err)
 	}
+	req.Call.CallId = "c2" // another call: "c" was stopped, and its attempt 3 answered
 	resp := nextDelay(t, h, req)
 	if resp.GetDecision() != pb.Decision_DECISION_RETRY || resp.GetDelay().AsDuration() != 2*time.Second {
 		t.Errorf("after SetPolicy: got %v after %v, want RETRY after 2s (0.5s x 2^2, no jitter)", resp.GetDecision(), resp.GetDelay().AsDuration())

@@ -644,3 +644,27 @@ func refusalToPB(i int, err error) *pb.OutcomeRefusal {
 	}
 	return &pb.OutcomeRefusal{Index: uint32(i), Code: int32(codes.FailedPrecondition), Field: field, Message: msg}
 }
+
+// nextDelayToPB is the NextDelay response of an answer, explained by why.
+func nextDelayToPB(ans *policy.Answer, why string) *pb.NextDelayResponse {
+	resp := &pb.NextDelayResponse{
+		BreakerState:          pb.BreakerState(ans.Breaker),
+		Category:              pb.Category(ans.Category),
+		Classification:        ans.Class,
+		PushbackNote:          ans.Note,
+		Checks:                ans.Checks.Names(),
+		Detail:                why,
+		TenantBudgetRemaining: ans.TenantTokens,
+		RunBudgetRemaining:    ans.RunRemaining,
+	}
+	if ans.Retry {
+		resp.Decision = pb.Decision_DECISION_RETRY
+		resp.Delay = durationpb.New(ans.Delay)
+		resp.AttemptTimeout = durationPB(ans.AttemptTimeout)
+	} else {
+		resp.Decision = pb.Decision_DECISION_STOP
+		resp.StopReason = pb.StopReason(ans.Stop)
+		resp.Disposition = pb.Disposition(ans.Disposition)
+	}
+	return resp
+}

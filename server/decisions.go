@@ -13,8 +13,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/policyd/policyd/fleet"
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 	"github.com/policyd/policyd/policy"
 )
@@ -129,8 +129,19 @@ func (d *Decisions) NextDelay(ctx context.Context, req *pb.NextDelayRequest) (*p
 		return nil, err
 	}
 
-	now := d.cfg.Clock.Now()
+	// An attempt already decided gets its answer again; a lower one, or
+	// any after a STOP, is refused.
+	ck := policy.CallKey{Tenant: call.tenant, CallID: call.callID}
+	prior, replay, err := d.store.CheckAttempt(ck, req.GetAttempt())
+	if err != nil {
+		return nil, storeError(ctx, d.cfg.Logger, "attempt", err)
+	}
 	p, _ := d.store.Resolve(call.tenant, call.target)
+	if replay {
+		return nextDelayToPB(&prior, answerDetail(&prior, &p)), nil
+	}
+
+	now := d.cfg.Clock.Now()
 	var run policy.Run
 	deadline := call.deadline
 	if call.runID != "" {
@@ -166,13 +177,12 @@ func (d *Decisions) NextDelay(ctx context.Context, req *pb.NextDelayRequest) (*p
 		return nil, storeError(ctx, d.cfg.Logger, "breaker", err)
 	}
 	dec.Checks |= policy.CheckBreaker
-	note := dec.Hint.Note
-	resp := &pb.NextDelayResponse{BreakerState: pb.BreakerState(snap.State)}
+	ans := policy.Answer{Breaker: snap.State, Note: dec.Hint.Note}
 
 	if dec.Retry {
 		timeout := (f.Kind == policy.FailureTransport && f.Transport == policy.TransportTimeout) ||
 			(f.Kind == policy.FailureGRPC && f.Code == int(codes.DeadlineExceeded))
-		if err := d.shared(ctx, u, &dec, &p, key, call, timeout, snap, now, &note, resp); err != nil {
+		if err := d.shared(ctx, u, &dec, &p, key, call, timeout, snap, now, &ans); err != nil {
 			return nil, err
 		}
 	}
@@ -181,25 +191,27 @@ func (d *Decisions) NextDelay(ctx context.Context, req *pb.NextDelayRequest) (*p
 		// Past the run's cut-off every stop is a cut.
 		dec.Disposition = policy.DispositionDeadlineCut
 	}
+	ans.Retry, ans.Stop, ans.Disposition = dec.Retry, dec.Stop, dec.Disposition
 	if dec.Retry {
-		resp.Decision = pb.Decision_DECISION_RETRY
-		resp.Delay = durationpb.New(dec.Delay)
-		resp.AttemptTimeout = durationPB(dec.AttemptTimeout)
-	} else {
-		resp.Decision = pb.Decision_DECISION_STOP
-		resp.StopReason = pb.StopReason(dec.Stop)
-		resp.Disposition = pb.Disposition(dec.Disposition)
+		ans.Delay, ans.AttemptTimeout = dec.Delay, dec.AttemptTimeout
 	}
-	resp.Category = pb.Category(dec.Class.Category)
-	resp.Classification = dec.Class.Reason
-	resp.PushbackNote = note
-	resp.Checks = dec.Checks.Names()
-	resp.Detail = detail(&dec, &p)
-	d.decided(ctx, u, call, req.GetAttempt(), &dec, resp.GetDetail(), snap.State)
+	ans.Category, ans.Class, ans.Checks = dec.Class.Category, dec.Class.Reason, dec.Checks
+	why := detail(&dec, &p)
+	d.decided(ctx, u, call, req.GetAttempt(), &dec, why, snap.State)
+	if err := u.RecordAttempt(ck, req.GetAttempt(), ans, time.Unix(0, fleet.Keep(&p, now.UnixNano(), dec.Deadline))); err != nil {
+		return nil, storeError(ctx, d.cfg.Logger, "attempt", err)
+	}
 	if err := u.Commit(); err != nil {
 		return nil, storeError(ctx, d.cfg.Logger, "decision", err)
 	}
-	return resp, nil
+	return nextDelayToPB(&ans, why), nil
+}
+
+// answerDetail explains a remembered answer as detail explains a decision.
+func answerDetail(ans *policy.Answer, p *policy.Policy) string {
+	dec := policy.Decision{Retry: ans.Retry, Delay: ans.Delay, Stop: ans.Stop, Disposition: ans.Disposition,
+		Class: policy.Classification{Category: ans.Category, Reason: ans.Class}}
+	return detail(&dec, p)
 }
 
 // decided puts a NextDelay answer in the audit trail, the metrics and the
@@ -231,7 +243,7 @@ func (d *Decisions) decided(ctx context.Context, u policy.Unit, call callRef, at
 // once more, and the budgets. It turns dec into a stop when one refuses, and
 // returns an error only when a cap stops the store from answering.
 func (d *Decisions) shared(ctx context.Context, u policy.Unit, dec *policy.Decision, p *policy.Policy, key policy.BreakerKey,
-	call callRef, timeout bool, snap policy.BreakerSnapshot, now time.Time, note *string, resp *pb.NextDelayResponse) error {
+	call callRef, timeout bool, snap policy.BreakerSnapshot, now time.Time, ans *policy.Answer) error {
 	stop := func(r policy.StopReason, disp policy.Disposition) {
 		dec.Retry, dec.Delay, dec.Stop, dec.Disposition = false, 0, r, disp
 	}
@@ -252,10 +264,10 @@ func (d *Decisions) shared(ctx context.Context, u policy.Unit, dec *policy.Decis
 	if wait := cooldown.Sub(now); wait > dec.Delay {
 		// Another worker was told to back off: wait with it, spread out.
 		dec.Delay = policy.SpreadHint(p.Pushback, wait, d.cfg.Rand())
-		if *note != "" {
-			*note += ","
+		if ans.Note != "" {
+			ans.Note += ","
 		}
-		*note += "cooldown:fleet"
+		ans.Note += "cooldown:fleet"
 	}
 	if !policy.FitsDeadline(now, dec.Deadline, dec.Delay, p.AttemptTimeout) {
 		stop(policy.StopDeadline, policy.DispositionDeadlineCut)
@@ -281,8 +293,8 @@ func (d *Decisions) shared(ctx context.Context, u policy.Unit, dec *policy.Decis
 		return nil
 	}
 	d.cfg.Metrics.tokens(call.tenant, spend.TenantTokens)
-	resp.TenantBudgetRemaining = spend.TenantTokens
-	resp.RunBudgetRemaining = spend.RunRemaining
+	ans.TenantTokens = spend.TenantTokens
+	ans.RunRemaining = spend.RunRemaining
 	if !spend.Granted {
 		stop(spend.Stop, spend.Disposition)
 	}

@@ -1,11 +1,13 @@
 package server_test
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/policyd/policyd/breakerstore"
@@ -36,7 +38,7 @@ func halfOpenTargetBreaker(t *testing.T, h *harness, target string) string {
 	}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.workers.NextDelay(withToken("tok-a"), &pb.NextDelayRequest{Call: call("tenant-a", target, "trip"),
+	if _, err := h.workers.NextDelay(withToken("tok-a"), &pb.NextDelayRequest{Call: call("tenant-a", target, "trip-"+target),
 		Attempt: 1, Failure: http(503)}); err != nil {
 		t.Fatal(err)
 	}
@@ -120,5 +122,61 @@ func TestForgedPermitCannotSettleAProbe(t *testing.T) {
 	if _, err := h.workers.ReportOutcome(withToken("tok-a"), &pb.ReportOutcomeRequest{Outcomes: []*pb.Outcome{
 		{Call: call("tenant-a", "geo", "probe"), Attempt: 1, Success: true, PermitId: probe}}}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRewoundAttemptIsRefused: the same attempt asked again gets the same
+// answer and spends nothing twice; a lower attempt, or any attempt after a
+// STOP, is FAILED_PRECONDITION naming attempt; call ids are scoped by
+// tenant. Before attempts were remembered, attempt 1 sent after a STOP at
+// attempt 3 got RETRY again, and every repeat spent a token.
+func TestRewoundAttemptIsRefused(t *testing.T) {
+	h := twoTenants(t)
+	if _, err := h.admin.SetTenantBudget(withToken("admin-secret"), &pb.SetTenantBudgetRequest{Budget: &pb.TenantBudget{
+		Tenant: "tenant-b", Capacity: 1, MinRetriesPerSecond: 0.0001}}); err != nil {
+		t.Fatal(err)
+	}
+	a, b := withToken("tok-a"), withToken("tok-b")
+	nd := func(ctx context.Context, tenant, id string, attempt uint32) (*pb.NextDelayResponse, error) {
+		return h.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call(tenant, "geo", id), Attempt: attempt, Failure: http(503)})
+	}
+	first, err := nd(a, "tenant-a", "job", 1)
+	if err != nil || first.GetDecision() != pb.Decision_DECISION_RETRY {
+		t.Fatalf("attempt 1: %v, %v; want RETRY", first, err)
+	}
+	again, err := nd(a, "tenant-a", "job", 1)
+	if err != nil || !proto.Equal(first, again) {
+		t.Fatalf("attempt 1 again: %v, %v; want the same answer %v", again, err, first)
+	}
+	if r, err := nd(a, "tenant-a", "job", 2); err != nil || r.GetDecision() != pb.Decision_DECISION_RETRY {
+		t.Fatalf("attempt 2: %v, %v; want RETRY", r, err)
+	}
+	if _, err := nd(a, "tenant-a", "job", 1); !strings.Contains(wantCode(t, err, codes.FailedPrecondition), "attempt: must be 3") {
+		t.Fatalf("attempt 1 after 2: %v, want it to name attempt and expect 3", err)
+	}
+	stop, err := nd(a, "tenant-a", "job", 3)
+	if err != nil || stop.GetStopReason() != pb.StopReason_STOP_REASON_ATTEMPTS_EXHAUSTED {
+		t.Fatalf("attempt 3: %v, %v; want STOP ATTEMPTS_EXHAUSTED", stop, err)
+	}
+	for _, n := range []uint32{1, 2, 4} {
+		_, err := nd(a, "tenant-a", "job", n)
+		if msg := wantCode(t, err, codes.FailedPrecondition); !strings.HasPrefix(msg, "attempt: ") || !strings.Contains(msg, "STOP") {
+			t.Fatalf("attempt %d after the STOP: %q, want it to name attempt and the STOP", n, msg)
+		}
+	}
+	if r, err := nd(a, "tenant-a", "job", 3); err != nil || !proto.Equal(r, stop) {
+		t.Fatalf("attempt 3 again: %v, %v; want the STOP again", r, err)
+	}
+
+	// tenant-b's call "job" is another call; its budget holds one retry,
+	// which the repeated attempt does not spend again.
+	if r, err := nd(b, "tenant-b", "job", 1); err != nil || r.GetDecision() != pb.Decision_DECISION_RETRY {
+		t.Fatalf("tenant-b's job, attempt 1: %v, %v; want RETRY", r, err)
+	}
+	if r, err := nd(b, "tenant-b", "job", 1); err != nil || r.GetDecision() != pb.Decision_DECISION_RETRY {
+		t.Fatalf("tenant-b's job, attempt 1 again: %v, %v; want RETRY replayed", r, err)
+	}
+	if r, err := nd(b, "tenant-b", "other", 1); err != nil || r.GetStopReason() != pb.StopReason_STOP_REASON_BUDGET_EXHAUSTED {
+		t.Fatalf("tenant-b's next call: %v, %v; want BUDGET_EXHAUSTED (one token, spent once)", r, err)
 	}
 }

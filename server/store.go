@@ -15,11 +15,22 @@ type Store interface {
 	Runs
 	Audit
 	Outcomes
+	Attempts
 	// Begin starts a unit for the state changes of one request (NextDelay's
 	// breaker failure, cool-down, retry spend and audit record), so a store
 	// that makes changes durable before answering commits them once. A
 	// decision records, extends cool-downs and spends only through a unit.
 	Begin() policy.Unit
+}
+
+// Attempts remembers per call the highest attempt decided and its answer.
+type Attempts interface {
+	// CheckAttempt says what a NextDelay for attempt of call k must get:
+	// replay true and the answer given before for the same attempt; an
+	// error with the behaviour FailedPrecondition() bool naming attempt for
+	// a lower attempt or any after a STOP; else nothing, and the attempt
+	// is decided afresh (and recorded through the unit).
+	CheckAttempt(k policy.CallKey, attempt uint32) (ans policy.Answer, replay bool, err error)
 }
 
 // Outcomes applies reported outcomes a batch at a time.
