@@ -1,6 +1,7 @@
 package breakerstore
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -97,6 +98,20 @@ func (s *Store) CheckAttempt(k policy.CallKey, attempt uint32) (ans policy.Answe
 		ans = e.v.Answer
 	}
 	return ans, replay, err
+}
+
+// LastAnswer returns the answer policyd gave to the highest attempt of call
+// k it decided, while it is remembered. It is safe for concurrent use.
+func (s *Store) LastAnswer(k policy.CallKey) (policy.Answer, bool) {
+	sh := s.attempts.shard(k)
+	now := s.now()
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e, ok := sh.m[k]
+	if !ok || now >= e.v.Expiry {
+		return policy.Answer{}, false
+	}
+	return e.v.Answer, true
 }
 
 // recordAttempt remembers ans as the answer to attempt of call k, kept
@@ -241,11 +256,12 @@ func (t *attemptTable) write(tx *bbolt.Tx, clear bool) (int, error) {
 //	35   1     policy.BreakerState
 //	36   8     tenant tokens, float64 bits
 //	44   8     run retries remaining
-//	52   2+n   classification reason (uint16 length, bytes)
+//	52   8     the call's deadline, Unix ns (0: none)
+//	60   2+n   classification reason (uint16 length, bytes)
 //	...  2+n   pushback note (uint16 length, bytes)
 const attemptsRecordV1 = 1
 
-const attemptsFixedLen = 52
+const attemptsFixedLen = 60
 
 func encodeAttempts(a *fleet.Attempts) []byte {
 	ans := &a.Answer
@@ -262,6 +278,7 @@ func encodeAttempts(a *fleet.Attempts) []byte {
 	v = append(v, byte(ans.Breaker))
 	v = be.AppendUint64(v, math.Float64bits(ans.TenantTokens))
 	v = be.AppendUint64(v, ans.RunRemaining)
+	v = be.AppendUint64(v, uint64(fromTime(ans.Deadline)))
 	v = be.AppendUint16(v, uint16(len(ans.Class)))
 	v = append(v, ans.Class...)
 	v = be.AppendUint16(v, uint16(len(ans.Note)))
@@ -289,6 +306,7 @@ func decodeAttempts(v []byte) (fleet.Attempts, error) {
 	ans.Breaker = policy.BreakerState(v[35])
 	ans.TenantTokens = math.Float64frombits(be.Uint64(v[36:]))
 	ans.RunRemaining = be.Uint64(v[44:])
+	ans.Deadline = toTime(int64(be.Uint64(v[52:])))
 	rest := v[attemptsFixedLen:]
 	var ok bool
 	if ans.Class, rest, ok = lenString(rest); !ok {
@@ -312,12 +330,26 @@ func lenString(b []byte) (string, []byte, bool) {
 	return string(b[2 : 2+n]), b[2+n:], true
 }
 
-// loadAttempts reads the attempts bucket into memory, skipping records past
-// their expiry (the next sweep deletes them) and the oldest beyond the cap.
+// loadAttempts reads the attempts bucket into memory, dropping records past
+// their expiry and the oldest beyond the cap (the next group commit deletes
+// them).
 func (s *Store) loadAttempts(tx *bbolt.Tx, now int64) error {
 	t := &s.attempts
 	dropped := false
 	defer func() {
+		// The shards' seed is new at every open, so a shard may now hold
+		// more than its cap: the oldest (soonest to expire) go first.
+		for i := range t.shards {
+			sh := &t.shards[i]
+			slices.SortFunc(sh.fifo, func(a, b fifoEntry) int { return cmp.Compare(sh.m[a.key].v.Expiry, sh.m[b.key].v.Expiry) })
+			for len(sh.m) > t.cap {
+				old := sh.fifo[0]
+				sh.fifo = sh.fifo[1:]
+				delete(sh.m, old.key)
+				sh.dels = append(sh.dels, old.key)
+				dropped = true
+			}
+		}
 		if dropped && t.markDirty() {
 			s.queue(t) // the next group commit deletes them
 		}
@@ -337,7 +369,7 @@ func (s *Store) loadAttempts(tx *bbolt.Tx, now int64) error {
 		}
 		key := policy.CallKey{Tenant: tenant, CallID: call}
 		sh := t.shard(key)
-		if now >= a.Expiry || len(sh.m) >= t.cap {
+		if now >= a.Expiry {
 			sh.dels = append(sh.dels, key)
 			dropped = true
 			return nil

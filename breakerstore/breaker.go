@@ -413,6 +413,7 @@ func (b *breaker) snapshot(now int64) policy.BreakerSnapshot {
 		Changed:             toTime(b.v.Changed),
 		CooldownUntil:       toTime(b.v.Cooldown.Until),
 		Mode:                b.v.Mode,
+		Generation:          b.v.Generation,
 	}
 }
 

@@ -62,6 +62,7 @@ type BreakerSnapshot struct {
 	Changed             time.Time
 	CooldownUntil       time.Time
 	Mode                BreakerMode
+	Generation          uint64 // state transitions so far; 0: never left CLOSED
 }
 
 // Admission is the answer to a request to make an attempt.
@@ -305,6 +306,7 @@ type Answer struct {
 	Breaker        BreakerState
 	TenantTokens   float64
 	RunRemaining   uint64
+	Deadline       time.Time // the call's effective deadline (the run's cut-off included), zero if none
 }
 
 // CallKey names one call: call ids are scoped by tenant.

@@ -195,7 +195,7 @@ func (d *Decisions) NextDelay(ctx context.Context, req *pb.NextDelayRequest) (*p
 	if dec.Retry {
 		ans.Delay, ans.AttemptTimeout = dec.Delay, dec.AttemptTimeout
 	}
-	ans.Category, ans.Class, ans.Checks = dec.Class.Category, dec.Class.Reason, dec.Checks
+	ans.Category, ans.Class, ans.Checks, ans.Deadline = dec.Class.Category, dec.Class.Reason, dec.Checks, dec.Deadline
 	why := detail(&dec, &p)
 	d.decided(ctx, u, call, req.GetAttempt(), &dec, why, snap.State)
 	if err := u.RecordAttempt(ck, req.GetAttempt(), ans, time.Unix(0, fleet.Keep(&p, now.UnixNano(), dec.Deadline))); err != nil {
@@ -378,6 +378,11 @@ func (d *Decisions) ReportOutcome(ctx context.Context, req *pb.ReportOutcomeRequ
 			}
 			class = c.Reason
 		}
+		if fd := policy.Disposition(o.GetFinalDisposition()); fd != policy.DispositionNone && (fd != policy.DispositionSucceeded || !o.GetSuccess()) {
+			if err := d.agrees(ctx, i, &it, o, &p, u.Key); err != nil {
+				return nil, err
+			}
+		}
 		start := len(trail)
 		trail = d.outcome(ctx, trail, it.call, o, class)
 		u.Audit = trail[start:len(trail):len(trail)]
@@ -412,6 +417,53 @@ func (d *Decisions) ReportOutcome(ctx context.Context, req *pb.ReportOutcomeRequ
 	}
 	resp.Accepted -= uint32(len(resp.Refused))
 	return resp, nil
+}
+
+// agrees checks outcome i's final disposition against the outcome and
+// what policyd decided for the call (fleet.CheckFinal): a contradiction
+// is INVALID_ARGUMENT naming outcomes[i].final_disposition and the rule.
+// It reads the call's remembered answer, its breaker and its run, so it
+// runs only for final dispositions other than SUCCEEDED of a success.
+func (d *Decisions) agrees(ctx context.Context, i int, it *outcomeItem, o *pb.Outcome, p *policy.Policy, key policy.BreakerKey) error {
+	now := d.cfg.Clock.Now()
+	r := fleet.FinalReport{
+		Final:          fleet.Final{Disposition: policy.Disposition(o.GetFinalDisposition()), Stop: policy.StopReason(o.GetFinalStopReason())},
+		Success:        o.GetSuccess(),
+		Now:            now.UnixNano(),
+		Horizon:        int64(fleet.Horizon(p)),
+		AttemptTimeout: int64(p.AttemptTimeout),
+	}
+	if !o.GetSuccess() && !o.GetAlreadyRecorded() {
+		r.Failure = policy.Classify(p, it.failure, true, true).Category
+	}
+	r.Answer, r.Decided = d.store.LastAnswer(policy.CallKey{Tenant: it.call.tenant, CallID: it.call.callID})
+	deadline := r.Answer.Deadline
+	if !it.call.deadline.IsZero() || !it.call.origin.IsZero() {
+		deadline = policy.EffectiveDeadline(p, now, it.call.origin, it.call.deadline)
+	}
+	if !deadline.IsZero() {
+		r.Deadline = deadline.UnixNano()
+	}
+	if snap, err := d.store.Breaker(key); err == nil {
+		r.HasBreaker, r.Breaker, r.Transitioned = true, snap.State, snap.Generation > 0
+		r.Changed, r.CooldownEnd = snap.Changed.UnixNano(), snap.CooldownUntil.UnixNano()
+		if snap.CooldownUntil.IsZero() {
+			r.CooldownEnd = 0
+		}
+	} else if !errors.Is(err, policy.ErrNotFound) {
+		return storeError(ctx, d.cfg.Logger, "breaker", err)
+	}
+	if it.call.runID != "" {
+		run, err := d.runOf(ctx, "outcomes.call.run_id", it.call.runID, it.call.tenant)
+		if err != nil {
+			return err
+		}
+		r.Cutoff = run.Cutoff.UnixNano()
+	}
+	if rule := fleet.CheckFinal(&r); rule != "" {
+		return invalid("outcomes["+strconv.Itoa(i)+"].final_disposition", rule)
+	}
+	return nil
 }
 
 // outcomeScratch is ReportOutcome's working memory, reused from request to

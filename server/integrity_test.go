@@ -180,3 +180,94 @@ func TestRewoundAttemptIsRefused(t *testing.T) {
 		t.Fatalf("tenant-b's next call: %v, %v; want BUDGET_EXHAUSTED (one token, spent once)", r, err)
 	}
 }
+
+// TestLyingLedgerIsRefused: a final disposition that contradicts the
+// outcome or what policyd decided for the call is INVALID_ARGUMENT naming
+// outcomes[i].final_disposition, and the ledger is unchanged; the truth is
+// counted. Before, success=false with a 503 and SUCCEEDED counted as
+// succeeded, and DEADLINE_CUT before the deadline, FAILED_TERMINAL for a
+// 503 and a DEAD_LETTER policyd never decided were all accepted.
+func TestLyingLedgerIsRefused(t *testing.T) {
+	h := twoTenants(t)
+	admin, a, b := withToken("admin-secret"), withToken("tok-a"), withToken("tok-b")
+	for _, tenant := range []string{"tenant-a", "tenant-b"} {
+		if _, err := h.admin.OpenRun(admin, &pb.OpenRunRequest{RunId: "run-" + tenant, Tenant: tenant, RetryPool: 10,
+			CutoffTime: timestampIn(h, time.Hour)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ref := func(tenant, id string) *pb.CallRef {
+		c := call(tenant, "geo", id)
+		c.RunId = "run-" + tenant
+		return c
+	}
+	// tenant-a's call "x" is stopped by policyd: attempts exhausted.
+	stop, err := h.workers.NextDelay(a, &pb.NextDelayRequest{Call: ref("tenant-a", "x"), Attempt: 3, Failure: http(503)})
+	if err != nil || stop.GetDisposition() != pb.Disposition_DISPOSITION_DEAD_LETTER {
+		t.Fatalf("NextDelay: %v, %v; want STOP DEAD_LETTER", stop, err)
+	}
+	// tenant-b's call "y" is told to retry.
+	if _, err := h.workers.NextDelay(b, &pb.NextDelayRequest{Call: ref("tenant-b", "y"), Attempt: 1, Failure: http(503)}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := ref("tenant-b", "z")
+	deadline.DeadlineTime = timestampIn(h, time.Minute)
+
+	lies := []struct {
+		name string
+		ctx  context.Context
+		o    *pb.Outcome
+		rule string
+	}{
+		{"SUCCEEDED for a failed attempt", b, &pb.Outcome{Call: ref("tenant-b", "s"), Attempt: 1, Failure: http(503),
+			FinalDisposition: pb.Disposition_DISPOSITION_SUCCEEDED}, "SUCCEEDED needs success"},
+		{"FAILED_TERMINAL for a 503", b, &pb.Outcome{Call: ref("tenant-b", "t"), Attempt: 1, Failure: http(503),
+			FinalDisposition: pb.Disposition_DISPOSITION_FAILED_TERMINAL, FinalStopReason: pb.StopReason_STOP_REASON_TERMINAL}, "terminal classification"},
+		{"FAILED_TERMINAL after policyd said RETRY", b, &pb.Outcome{Call: ref("tenant-b", "y"), Attempt: 1, AlreadyRecorded: true,
+			FinalDisposition: pb.Disposition_DISPOSITION_FAILED_TERMINAL}, "answered RETRY"},
+		{"another stop than policyd decided", a, &pb.Outcome{Call: ref("tenant-a", "x"), Attempt: 3, AlreadyRecorded: true,
+			FinalDisposition: pb.Disposition_DISPOSITION_FAILED_TERMINAL}, "must be DEAD_LETTER"},
+		{"DEAD_LETTER for a call policyd never saw fail", b, &pb.Outcome{Call: ref("tenant-b", "x"), Attempt: 3, AlreadyRecorded: true,
+			FinalDisposition: pb.Disposition_DISPOSITION_DEAD_LETTER, FinalStopReason: pb.StopReason_STOP_REASON_ATTEMPTS_EXHAUSTED}, "DEAD_LETTER needs"},
+		{"CIRCUIT_OPEN with the breaker CLOSED", b, &pb.Outcome{Call: ref("tenant-b", "y"), Attempt: 1, AlreadyRecorded: true,
+			FinalDisposition: pb.Disposition_DISPOSITION_CIRCUIT_OPEN}, "CIRCUIT_OPEN needs"},
+		{"DEADLINE_CUT before the deadline and the cut-off", b, &pb.Outcome{Call: deadline, Attempt: 1, Failure: http(503),
+			FinalDisposition: pb.Disposition_DISPOSITION_DEADLINE_CUT}, "DEADLINE_CUT needs"},
+	}
+	for _, lie := range lies {
+		fine := &pb.Outcome{Call: lie.o.GetCall(), Attempt: 1, Success: true}
+		fine.Call = call(lie.o.GetCall().GetTenant(), "geo", "fine")
+		_, err := h.workers.ReportOutcome(lie.ctx, &pb.ReportOutcomeRequest{Outcomes: []*pb.Outcome{fine, lie.o}})
+		msg := wantCode(t, err, codes.InvalidArgument)
+		if !strings.HasPrefix(msg, "outcomes[1].final_disposition: ") || !strings.Contains(msg, lie.rule) {
+			t.Errorf("%s: %q, want outcomes[1].final_disposition and %q", lie.name, msg, lie.rule)
+		}
+	}
+	for _, tenant := range []string{"tenant-a", "tenant-b"} {
+		run, err := h.admin.GetRun(admin, &pb.GetRunRequest{RunId: "run-" + tenant})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l := run.GetRun().GetLedger(); proto.Size(l) != 0 {
+			t.Errorf("%s's ledger after refused lies: %v, want empty", tenant, l)
+		}
+	}
+
+	// The truth is counted: policyd's stop for "x", tenant-b's past the
+	// deadline.
+	if _, err := h.workers.ReportOutcome(a, &pb.ReportOutcomeRequest{Outcomes: []*pb.Outcome{{Call: ref("tenant-a", "x"), Attempt: 3,
+		AlreadyRecorded: true, FinalDisposition: pb.Disposition_DISPOSITION_DEAD_LETTER,
+		FinalStopReason: pb.StopReason_STOP_REASON_ATTEMPTS_EXHAUSTED}}}); err != nil {
+		t.Fatalf("policyd's own stop: %v", err)
+	}
+	h.clock.Advance(2 * time.Minute)
+	if _, err := h.workers.ReportOutcome(b, &pb.ReportOutcomeRequest{Outcomes: []*pb.Outcome{{Call: deadline, Attempt: 1,
+		Failure: http(503), FinalDisposition: pb.Disposition_DISPOSITION_DEADLINE_CUT}}}); err != nil {
+		t.Fatalf("a cut past the deadline: %v", err)
+	}
+	ra, _ := h.admin.GetRun(admin, &pb.GetRunRequest{RunId: "run-tenant-a"})
+	rb, _ := h.admin.GetRun(admin, &pb.GetRunRequest{RunId: "run-tenant-b"})
+	if ra.GetRun().GetLedger().GetDeadLetterExhausted() != 1 || rb.GetRun().GetLedger().GetDeadlineCut() != 1 {
+		t.Errorf("ledgers: %v and %v, want one DEAD_LETTER and one DEADLINE_CUT", ra.GetRun().GetLedger(), rb.GetRun().GetLedger())
+	}
+}

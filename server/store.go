@@ -31,6 +31,9 @@ type Attempts interface {
 	// a lower attempt or any after a STOP; else nothing, and the attempt
 	// is decided afresh (and recorded through the unit).
 	CheckAttempt(k policy.CallKey, attempt uint32) (ans policy.Answer, replay bool, err error)
+	// LastAnswer returns the answer to the highest attempt of call k
+	// decided, while it is remembered.
+	LastAnswer(k policy.CallKey) (policy.Answer, bool)
 }
 
 // Outcomes applies reported outcomes a batch at a time.

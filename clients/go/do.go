@@ -208,11 +208,20 @@ func (ci *callInfo) pb() *pb.CallRef {
 	return ref
 }
 
-// outcomeRef is the call as an outcome names it: ReportOutcome reads only
-// the tenant, target, call id and run id, so the times and the key, which
-// cost most of a CallRef to encode and decode, stay out of every batch.
-func (ci *callInfo) outcomeRef() *pb.CallRef {
-	return &pb.CallRef{Tenant: ci.tenant, Target: ci.target, CallId: ci.id, RunId: ci.runID}
+// outcomeRef is the call as an outcome with final disposition final names
+// it: the tenant, target, call id and run id, and, for a call that ended
+// otherwise than in success, its origin and deadline, which policyd checks a
+// DEADLINE_CUT against. The times and the key cost most of a CallRef to
+// encode and decode, so they stay out of every other outcome.
+func (ci *callInfo) outcomeRef(final pb.Disposition) *pb.CallRef {
+	ref := &pb.CallRef{Tenant: ci.tenant, Target: ci.target, CallId: ci.id, RunId: ci.runID}
+	if final != pb.Disposition_DISPOSITION_UNSPECIFIED && final != pb.Disposition_DISPOSITION_SUCCEEDED {
+		ref.OriginTime = timestamppb.New(ci.origin)
+		if !ci.deadline.IsZero() {
+			ref.DeadlineTime = timestamppb.New(ci.deadline)
+		}
+	}
+	return ref
 }
 
 // loop is the state of one Do.
