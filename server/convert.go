@@ -21,19 +21,23 @@ import (
 
 // Limits on names and sizes in requests.
 const (
-	maxTenantLen   = 128
-	maxTargetLen   = 256
-	maxCallIDLen   = 128
-	maxKeyLen      = 256
-	maxRunIDLen    = 128
-	maxDescLen     = 1024
-	maxHeaderLen   = 256
-	maxAttempt     = 10000
-	maxPageSize    = 1000
-	maxOutcomes    = 1000
-	maxTableLen    = 64
-	defaultPage    = 100
-	maxDurationSec = 10 * 365 * 24 * 3600 // ten years
+	maxTenantLen = 128
+	maxTargetLen = 256
+	maxCallIDLen = 128
+	maxKeyLen    = 256
+	maxRunIDLen  = 128
+	maxDescLen   = 1024
+	maxHeaderLen = 256
+	maxAttempt   = 10000
+	// maxPolicyAttempts is the largest max_attempts a policy takes (the cap
+	// policy.Policy.Validate applies), checked here first so the message
+	// and the check agree.
+	maxPolicyAttempts = 100
+	maxPageSize       = 1000
+	maxOutcomes       = 1000
+	maxTableLen       = 64
+	defaultPage       = 100
+	maxDurationSec    = 10 * 365 * 24 * 3600 // ten years
 )
 
 // checkName validates an identifier: valid UTF-8, no control characters (NUL
@@ -216,15 +220,17 @@ func failureFromPB(field string, f *pb.Failure) (policy.Failure, error) {
 		}
 		return policy.Failure{Kind: policy.FailureGRPC, Code: int(k.GrpcCode)}, nil
 	case *pb.Failure_TransportError:
-		if k.TransportError <= pb.TransportError_TRANSPORT_ERROR_UNSPECIFIED || k.TransportError > pb.TransportError_TRANSPORT_ERROR_TLS {
-			return policy.Failure{}, invalid(field+".transport_error", "must be a known TransportError other than UNSPECIFIED")
+		t, err := enumFromPB[policy.TransportKind](field, ".transport_error", k.TransportError, false)
+		if err != nil {
+			return policy.Failure{}, err
 		}
-		return policy.Failure{Kind: policy.FailureTransport, Transport: policy.TransportKind(k.TransportError)}, nil
+		return policy.Failure{Kind: policy.FailureTransport, Transport: t}, nil
 	case *pb.Failure_LocalError:
-		if k.LocalError <= pb.LocalError_LOCAL_ERROR_UNSPECIFIED || k.LocalError > pb.LocalError_LOCAL_ERROR_VALIDATION {
-			return policy.Failure{}, invalid(field+".local_error", "must be a known LocalError other than UNSPECIFIED")
+		l, err := enumFromPB[policy.LocalKind](field, ".local_error", k.LocalError, false)
+		if err != nil {
+			return policy.Failure{}, err
 		}
-		return policy.Failure{Kind: policy.FailureLocal, Local: policy.LocalKind(k.LocalError)}, nil
+		return policy.Failure{Kind: policy.FailureLocal, Local: l}, nil
 	}
 	return policy.Failure{}, invalid(field, "must set exactly one of http_status, grpc_code, transport_error, local_error")
 }
@@ -268,12 +274,10 @@ func backoffFromPB(field string, b *pb.BackoffSettings, def policy.Backoff) (pol
 		}
 		out.Factor = b.GetFactor()
 	}
-	switch j := b.GetJitter(); {
-	case j == pb.Jitter_JITTER_UNSPECIFIED:
-	case j > pb.Jitter_JITTER_DECORRELATED || j < 0:
-		return out, invalid(field+".jitter", "must be a known Jitter value")
-	default:
-		out.Jitter = policy.Jitter(j)
+	if j := b.GetJitter(); j != pb.Jitter_JITTER_UNSPECIFIED {
+		if out.Jitter, err = enumFromPB[policy.Jitter](field, ".jitter", j, true); err != nil {
+			return out, err
+		}
 	}
 	return out, nil
 }
@@ -289,12 +293,10 @@ func policyFromPB(field string, p *pb.Policy) (policy.Policy, error) {
 		return out, err
 	}
 	if pp := p.GetPushback(); pp != nil {
-		switch m := pp.GetMode(); {
-		case m == pb.RetryAfterMode_RETRY_AFTER_MODE_UNSPECIFIED:
-		case m > pb.RetryAfterMode_RETRY_AFTER_MODE_OVERRIDE || m < 0:
-			return out, invalid(field+".pushback.mode", "must be a known RetryAfterMode value")
-		default:
-			out.Pushback.Mode = policy.RetryAfterMode(m)
+		if m := pp.GetMode(); m != pb.RetryAfterMode_RETRY_AFTER_MODE_UNSPECIFIED {
+			if out.Pushback.Mode, err = enumFromPB[policy.RetryAfterMode](field, ".pushback.mode", m, true); err != nil {
+				return out, err
+			}
 		}
 		if pp.SpreadRatio != nil {
 			if err = finite(field+".pushback.spread_ratio", pp.GetSpreadRatio()); err != nil {
@@ -310,7 +312,7 @@ func policyFromPB(field string, p *pb.Policy) (policy.Policy, error) {
 		}
 	}
 	if p.MaxAttempts != nil {
-		if p.GetMaxAttempts() > maxAttempt {
+		if p.GetMaxAttempts() > maxPolicyAttempts {
 			return out, invalid(field+".max_attempts", "must be 1 to 100")
 		}
 		out.MaxAttempts = int(p.GetMaxAttempts())
@@ -357,19 +359,15 @@ func policyFromPB(field string, p *pb.Policy) (policy.Policy, error) {
 func breakerFromPB(field string, b *pb.BreakerSettings, def policy.BreakerConfig) (policy.BreakerConfig, error) {
 	out := def
 	var err error
-	switch m := b.GetMode(); {
-	case m == pb.BreakerMode_BREAKER_MODE_UNSPECIFIED:
-	case m > pb.BreakerMode_BREAKER_MODE_FAILURE_RATE || m < 0:
-		return out, invalid(field+".mode", "must be a known BreakerMode value")
-	default:
-		out.Mode = policy.BreakerMode(m)
+	if m := b.GetMode(); m != pb.BreakerMode_BREAKER_MODE_UNSPECIFIED {
+		if out.Mode, err = enumFromPB[policy.BreakerMode](field, ".mode", m, true); err != nil {
+			return out, err
+		}
 	}
-	switch s := b.GetScope(); {
-	case s == pb.BreakerScope_BREAKER_SCOPE_UNSPECIFIED:
-	case s > pb.BreakerScope_BREAKER_SCOPE_TARGET || s < 0:
-		return out, invalid(field+".scope", "must be a known BreakerScope value")
-	default:
-		out.Scope = policy.BreakerScope(s)
+	if s := b.GetScope(); s != pb.BreakerScope_BREAKER_SCOPE_UNSPECIFIED {
+		if out.Scope, err = enumFromPB[policy.BreakerScope](field, ".scope", s, true); err != nil {
+			return out, err
+		}
 	}
 	if b.ConsecutiveFailures != nil {
 		out.ConsecutiveFailures = int(b.GetConsecutiveFailures())
@@ -413,10 +411,10 @@ func policyToPB(p policy.Policy) *pb.Policy {
 			BaseDelay: durationpb.New(p.Backoff.Base),
 			Factor:    f64(p.Backoff.Factor),
 			MaxDelay:  durationpb.New(p.Backoff.Max),
-			Jitter:    pb.Jitter(p.Backoff.Jitter),
+			Jitter:    enumToPB[pb.Jitter](p.Backoff.Jitter),
 		},
 		Pushback: &pb.PushbackSettings{
-			Mode:        pb.RetryAfterMode(p.Pushback.Mode),
+			Mode:        enumToPB[pb.RetryAfterMode](p.Pushback.Mode),
 			SpreadRatio: f64(p.Pushback.SpreadRatio),
 			MinSpread:   durationpb.New(p.Pushback.MinSpread),
 			MaxHint:     durationpb.New(p.Pushback.MaxHint),
@@ -428,8 +426,8 @@ func policyToPB(p policy.Policy) *pb.Policy {
 		TerminalHttpStatuses:  codes(p.TerminalHTTP),
 		TransientGrpcCodes:    codes(p.TransientGRPC),
 		Breaker: &pb.BreakerSettings{
-			Mode:                pb.BreakerMode(p.Breaker.Mode),
-			Scope:               pb.BreakerScope(p.Breaker.Scope),
+			Mode:                enumToPB[pb.BreakerMode](p.Breaker.Mode),
+			Scope:               enumToPB[pb.BreakerScope](p.Breaker.Scope),
 			ConsecutiveFailures: u32(p.Breaker.ConsecutiveFailures),
 			FailureRate:         f64(p.Breaker.FailureRate),
 			Window:              durationpb.New(p.Breaker.Window),
@@ -448,7 +446,7 @@ func policyEntryToPB(e policy.PolicyEntry) *pb.PolicyEntry {
 func breakerToPB(s policy.BreakerSnapshot) *pb.Breaker {
 	return &pb.Breaker{
 		Key:                 &pb.BreakerKey{Tenant: s.Key.Tenant, Target: s.Key.Target},
-		State:               pb.BreakerState(s.State),
+		State:               enumToPB[pb.BreakerState](s.State),
 		Forced:              s.Forced,
 		OpenUntilTime:       timePB(s.OpenUntil),
 		ConsecutiveFailures: uint32(s.ConsecutiveFailures),
@@ -457,7 +455,7 @@ func breakerToPB(s policy.BreakerSnapshot) *pb.Breaker {
 		ProbesInFlight:      uint32(s.ProbesInFlight),
 		ChangeTime:          timePB(s.Changed),
 		CooldownUntilTime:   timePB(s.CooldownUntil),
-		Mode:                pb.BreakerMode(s.Mode),
+		Mode:                enumToPB[pb.BreakerMode](s.Mode),
 	}
 }
 
@@ -617,17 +615,17 @@ func auditRecordToPB(r policy.AuditRecord) *pb.AuditRecord {
 	}
 	return &pb.AuditRecord{
 		RecordTime:     timePB(r.Time),
-		Event:          pb.AuditEvent(r.Event),
+		Event:          enumToPB[pb.AuditEvent](r.Event),
 		Tenant:         r.Tenant,
 		Target:         r.Target,
 		CallId:         r.CallID,
 		RunId:          r.RunID,
 		Attempt:        r.Attempt,
 		Classification: r.Classification,
-		Decision:       pb.Decision(r.Verdict),
+		Decision:       enumToPB[pb.Decision](r.Verdict),
 		Delay:          durationPB(r.Delay),
-		StopReason:     pb.StopReason(r.Stop),
-		Disposition:    pb.Disposition(r.Disposition),
+		StopReason:     enumToPB[pb.StopReason](r.Stop),
+		Disposition:    enumToPB[pb.Disposition](r.Disposition),
 		Detail:         r.Detail,
 	}
 }
@@ -648,8 +646,8 @@ func refusalToPB(i int, err error) *pb.OutcomeRefusal {
 // nextDelayToPB is the NextDelay response of an answer, explained by why.
 func nextDelayToPB(ans *policy.Answer, why string) *pb.NextDelayResponse {
 	resp := &pb.NextDelayResponse{
-		BreakerState:          pb.BreakerState(ans.Breaker),
-		Category:              pb.Category(ans.Category),
+		BreakerState:          enumToPB[pb.BreakerState](ans.Breaker),
+		Category:              enumToPB[pb.Category](ans.Category),
 		Classification:        ans.Class,
 		PushbackNote:          ans.Note,
 		Checks:                ans.Checks.Names(),
@@ -663,8 +661,8 @@ func nextDelayToPB(ans *policy.Answer, why string) *pb.NextDelayResponse {
 		resp.AttemptTimeout = durationPB(ans.AttemptTimeout)
 	} else {
 		resp.Decision = pb.Decision_DECISION_STOP
-		resp.StopReason = pb.StopReason(ans.Stop)
-		resp.Disposition = pb.Disposition(ans.Disposition)
+		resp.StopReason = enumToPB[pb.StopReason](ans.Stop)
+		resp.Disposition = enumToPB[pb.Disposition](ans.Disposition)
 	}
 	return resp
 }

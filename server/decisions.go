@@ -99,7 +99,7 @@ func (d *Decisions) Classify(_ context.Context, req *pb.ClassifyRequest) (*pb.Cl
 	}
 	p, _ := d.store.Resolve(call.tenant, call.target)
 	c := policy.Classify(&p, f, call.idempotent, call.key != "")
-	return &pb.ClassifyResponse{Retryable: c.Retryable, Category: pb.Category(c.Category), Reason: c.Reason}, nil
+	return &pb.ClassifyResponse{Retryable: c.Retryable, Category: enumToPB[pb.Category](c.Category), Reason: c.Reason}, nil
 }
 
 // NextDelay decides after a failed attempt: the stateless rules of policy
@@ -378,7 +378,7 @@ func (d *Decisions) ReportOutcome(ctx context.Context, req *pb.ReportOutcomeRequ
 			}
 			class = c.Reason
 		}
-		if fd := policy.Disposition(o.GetFinalDisposition()); fd != policy.DispositionNone && (fd != policy.DispositionSucceeded || !o.GetSuccess()) {
+		if fd := it.final.Disposition; fd != policy.DispositionNone && (fd != policy.DispositionSucceeded || !o.GetSuccess()) {
 			if err := d.agrees(ctx, i, &it, o, &p, u.Key); err != nil {
 				return nil, err
 			}
@@ -388,7 +388,7 @@ func (d *Decisions) ReportOutcome(ctx context.Context, req *pb.ReportOutcomeRequ
 		u.Audit = trail[start:len(trail):len(trail)]
 		if fd := o.GetFinalDisposition(); fd != pb.Disposition_DISPOSITION_UNSPECIFIED && it.call.runID != "" {
 			u.RunID, u.CallID = it.call.runID, it.call.callID
-			u.Final, u.Stop = policy.Disposition(fd), policy.StopReason(o.GetFinalStopReason())
+			u.Final, u.Stop = it.final.Disposition, it.final.Stop
 			if runs == nil {
 				runs = map[string]string{}
 			}
@@ -427,7 +427,7 @@ func (d *Decisions) ReportOutcome(ctx context.Context, req *pb.ReportOutcomeRequ
 func (d *Decisions) agrees(ctx context.Context, i int, it *outcomeItem, o *pb.Outcome, p *policy.Policy, key policy.BreakerKey) error {
 	now := d.cfg.Clock.Now()
 	r := fleet.FinalReport{
-		Final:          fleet.Final{Disposition: policy.Disposition(o.GetFinalDisposition()), Stop: policy.StopReason(o.GetFinalStopReason())},
+		Final:          it.final,
 		Success:        o.GetSuccess(),
 		Now:            now.UnixNano(),
 		Horizon:        int64(fleet.Horizon(p)),
@@ -484,10 +484,12 @@ func (sc *outcomeScratch) put() {
 	outcomeScratchPool.Put(sc)
 }
 
-// outcomeItem is a validated Outcome's call and failure.
+// outcomeItem is a validated Outcome's call, failure and final
+// disposition.
 type outcomeItem struct {
 	call    callRef
 	failure policy.Failure
+	final   fleet.Final
 }
 
 // outcomeFromPB validates one Outcome; field is its path in the request.
@@ -513,11 +515,11 @@ func outcomeFromPB(field string, o *pb.Outcome) (outcomeItem, error) {
 		}
 	}
 	fd := o.GetFinalDisposition()
-	if fd < 0 || fd > pb.Disposition_DISPOSITION_CIRCUIT_OPEN {
-		return it, invalid(field+".final_disposition", "must be a known Disposition value")
+	if it.final.Disposition, err = enumFromPB[policy.Disposition](field, ".final_disposition", fd, true); err != nil {
+		return it, err
 	}
-	if sr := o.GetFinalStopReason(); sr < 0 || sr > pb.StopReason_STOP_REASON_SERVER_PUSHBACK {
-		return it, invalid(field+".final_stop_reason", "must be a known StopReason value")
+	if it.final.Stop, err = enumFromPB[policy.StopReason](field, ".final_stop_reason", o.GetFinalStopReason(), true); err != nil {
+		return it, err
 	}
 	if o.GetSuccess() && fd != pb.Disposition_DISPOSITION_UNSPECIFIED && fd != pb.Disposition_DISPOSITION_SUCCEEDED {
 		return it, invalid(field+".final_disposition", "must be SUCCEEDED or unset when success is true")
@@ -618,7 +620,7 @@ func (d *Decisions) Admit(ctx context.Context, req *pb.AdmitRequest) (*pb.AdmitR
 		}
 	}
 	return &pb.AdmitResponse{
-		Admitted: a.Admitted, State: pb.BreakerState(a.State), PermitId: a.PermitID,
+		Admitted: a.Admitted, State: enumToPB[pb.BreakerState](a.State), PermitId: a.PermitID,
 		RetryAfter: durationPB(a.RetryAfter), Reason: a.Reason,
 	}, nil
 }
