@@ -666,3 +666,11 @@ func nextDelayToPB(ans *policy.Answer, why string) *pb.NextDelayResponse {
 	}
 	return resp
 }
+
+// admissionToPB is the Admit response of an admission.
+func admissionToPB(a *policy.Admission) *pb.AdmitResponse {
+	return &pb.AdmitResponse{
+		Admitted: a.Admitted, State: enumToPB[pb.BreakerState](a.State), PermitId: a.PermitID,
+		RetryAfter: durationPB(a.RetryAfter), Reason: a.Reason,
+	}
+}
