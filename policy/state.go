@@ -1,6 +1,9 @@
 package policy
 
-import "time"
+import (
+	"cmp"
+	"time"
+)
 
 // This file holds the vocabulary of shared state: plain values that the
 // store keeps and the server hands out. They carry no behaviour beyond
@@ -313,4 +316,21 @@ type Answer struct {
 type CallKey struct {
 	Tenant string
 	CallID string
+}
+
+// PolicyScope names where a policy is stored: a tenant, a target, both,
+// or neither (the default). An empty Tenant or Target matches every
+// tenant or target. It is not a breaker's key, though it looks like one.
+type PolicyScope struct {
+	Tenant string
+	Target string
+}
+
+// Compare orders scopes by tenant, then target, as their keys sort on
+// disk; it returns -1, 0 or +1.
+func (s PolicyScope) Compare(o PolicyScope) int {
+	if c := cmp.Compare(s.Tenant, o.Tenant); c != 0 {
+		return c
+	}
+	return cmp.Compare(s.Target, o.Target)
 }

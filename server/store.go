@@ -51,7 +51,7 @@ type Policies interface {
 	Resolve(tenant, target string) (policy.Policy, policy.PolicyEntry)
 	SetPolicy(tenant, target string, p policy.Policy) (policy.PolicyEntry, error)
 	Policy(tenant, target string) (policy.PolicyEntry, error)
-	Policies(after policy.BreakerKey, limit int) ([]policy.PolicyEntry, error)
+	Policies(after policy.PolicyScope, limit int) ([]policy.PolicyEntry, error)
 	DeletePolicy(tenant, target string) error
 }
 
