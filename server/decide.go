@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"strconv"
 	"time"
@@ -192,7 +191,7 @@ func (d *Decisions) shared(ctx context.Context, u policy.Unit, dec *policy.Decis
 		Timeout: timeout,
 		RunID:   call.runID,
 	})
-	if errors.Is(err, policy.ErrCapacity) {
+	if overCapacity(err) {
 		return storeError(ctx, d.cfg.Logger, "budget", err) // a cap: the operator must hear of it
 	}
 	if err != nil {
@@ -270,7 +269,7 @@ func (d *Decisions) agrees(ctx context.Context, i int, it *outcomeItem, success,
 		if snap.CooldownUntil.IsZero() {
 			r.CooldownEnd = 0
 		}
-	} else if !errors.Is(err, policy.ErrNotFound) {
+	} else if !notFound(err) {
 		return storeError(ctx, d.cfg.Logger, "breaker", err)
 	}
 	if it.call.runID != "" {

@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"math/rand/v2"
 	"slices"
@@ -145,7 +144,7 @@ func (d *Decisions) runOf(ctx context.Context, field, id, tenant string) (policy
 	if err == nil && r.Tenant == tenant {
 		return r, nil
 	}
-	if err == nil || errors.Is(err, policy.ErrNotFound) {
+	if err == nil || notFound(err) {
 		return policy.Run{}, status.Error(codes.NotFound, field+": run "+strconv.Quote(id)+" not found for tenant "+strconv.Quote(tenant))
 	}
 	return policy.Run{}, storeError(ctx, d.cfg.Logger, field, err)

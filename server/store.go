@@ -5,9 +5,11 @@ import "github.com/policyd/policyd/policy"
 // Store is the shared state the handlers decide with. It is declared here,
 // where it is consumed, in domain types only, so another backend (a
 // replicated one, say) can stand in for breakerstore without touching the
-// handlers. Errors are matched with errors.Is against the classes in policy
-// (policy.ErrNotFound, policy.ErrInvalid, ...). Implementations must be safe
-// for concurrent use.
+// handlers. Errors are told apart by behaviour the handlers declare in
+// errors.go: an error (or one it wraps) with a NotFound, AlreadyExists,
+// Invalid, OverCapacity, Closed or FailedPrecondition method returning true
+// is of that class; any other is a failure of the store (INTERNAL, logged).
+// Implementations must be safe for concurrent use.
 type Store interface {
 	Policies
 	Breakers
