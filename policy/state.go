@@ -276,23 +276,6 @@ type AuditQuery struct {
 	Limit  int
 }
 
-// Unit is the state changes of one request, made durable together: a store
-// that commits every change before answering (breakerstore's SyncAlways)
-// commits a unit's changes in one transaction at Commit, not one by one. A
-// unit belongs to one goroutine; nothing it did is durable until Commit
-// returns nil.
-type Unit interface {
-	Record(key BreakerKey, cfg BreakerConfig, r Result, permitID string) (BreakerSnapshot, error)
-	ExtendCooldown(key BreakerKey, cfg BreakerConfig, until time.Time) (time.Time, error)
-	SpendRetry(req SpendRequest) (Spend, error)
-	// RecordAttempt remembers ans as the answer to attempt of call k until
-	// keep at least, so the same attempt replays it and a lower one is
-	// refused.
-	RecordAttempt(k CallKey, attempt uint32, ans Answer, keep time.Time) error
-	AppendAudit(recs ...AuditRecord)
-	Commit() error
-}
-
 // Answer is a NextDelay answer as policyd remembers it for the call, so the
 // same attempt asked again gets it again: the verdict with its wait or stop,
 // the classification, the rules applied, and the shared state reported.

@@ -125,7 +125,7 @@ func answerDetail(ans *policy.Answer, p *policy.Policy) string {
 
 // decided puts a NextDelay answer in the audit trail, the metrics and the
 // debug log.
-func (d *Decisions) decided(ctx context.Context, u policy.Unit, call callRef, attempt uint32, dec *policy.Decision, why string, breaker policy.BreakerState) {
+func (d *Decisions) decided(ctx context.Context, u Changes, call callRef, attempt uint32, dec *policy.Decision, why string, breaker policy.BreakerState) {
 	verdict := policy.VerdictStop
 	if dec.Retry {
 		verdict = policy.VerdictRetry
@@ -151,7 +151,7 @@ func (d *Decisions) decided(ctx context.Context, u policy.Unit, call callRef, at
 // through: an open breaker, a cool-down another worker reported, the deadline
 // once more, and the budgets. It turns dec into a stop when one refuses, and
 // returns an error only when a cap stops the store from answering.
-func (d *Decisions) shared(ctx context.Context, u policy.Unit, dec *policy.Decision, p *policy.Policy, key policy.BreakerKey,
+func (d *Decisions) shared(ctx context.Context, u Changes, dec *policy.Decision, p *policy.Policy, key policy.BreakerKey,
 	call callRef, timeout bool, snap policy.BreakerSnapshot, now time.Time, ans *policy.Answer) error {
 	stop := func(r policy.StopReason, disp policy.Disposition) {
 		dec.Retry, dec.Delay, dec.Stop, dec.Disposition = false, 0, r, disp
