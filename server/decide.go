@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"strconv"
 	"time"
 
@@ -307,4 +308,124 @@ func detail(dec *policy.Decision, p *policy.Policy) string {
 		return "the server said not to retry"
 	}
 	return ""
+}
+
+// outcomeItem is a validated Outcome in domain types.
+type outcomeItem struct {
+	call            callRef
+	attempt         uint32
+	success         bool
+	alreadyRecorded bool // the failure was told to NextDelay
+	failure         policy.Failure
+	latency         time.Duration
+	permit          string
+	final           fleet.Final
+}
+
+// decideOutcomes is ReportOutcome's decision, in domain types: each
+// outcome's result for its breaker (classified under its policy), its
+// audit records, its final disposition for its run's ledger (which must
+// agree with what policyd decided, see agrees), and the tenants'
+// deposits, applied by the store as one batch once the whole batch is
+// valid. It returns how many outcomes the store applied and the updates,
+// whose Refused field names the ones the state's rules refused; an error
+// is a status, mapped by errors.go.
+func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc *outcomeScratch) (int, []policy.OutcomeUpdate, error) {
+	ups := slices.Grow(sc.ups[:0], len(items))[:len(items)]
+	sc.ups = ups
+	trail := slices.Grow(sc.trail[:0], 2*len(items)) // at most two records an outcome
+	defer func() { sc.trail = trail }()
+	var runs map[string]string
+	deposits := map[string]int{}
+	for i := range items {
+		it := &items[i]
+		p, _ := d.store.Resolve(it.call.tenant, it.call.target)
+		u := &ups[i]
+		*u = policy.OutcomeUpdate{
+			Key: policy.KeyFor(p.Breaker, it.call.tenant, it.call.target), Breaker: p.Breaker, PermitID: it.permit,
+		}
+		var class string
+		switch {
+		case it.success:
+			deposits[it.call.tenant]++
+			u.Result = policy.ResultSuccess
+		case !it.alreadyRecorded:
+			c := policy.Classify(&p, it.failure, true, true)
+			u.Result = policy.ResultTerminal
+			if c.Category == policy.CategoryTransient {
+				u.Result = policy.ResultTransientFailure
+			}
+			class = c.Reason
+		}
+		if fd := it.final.Disposition; fd != policy.DispositionNone && (fd != policy.DispositionSucceeded || !it.success) {
+			if err := d.agrees(ctx, i, it, it.success, it.alreadyRecorded, &p, u.Key); err != nil {
+				return 0, ups, err
+			}
+		}
+		start := len(trail)
+		trail = d.outcome(ctx, trail, it, class)
+		u.Audit = trail[start:len(trail):len(trail)]
+		if it.final.Disposition != policy.DispositionNone && it.call.runID != "" {
+			u.RunID, u.CallID = it.call.runID, it.call.callID
+			u.Final, u.Stop = it.final.Disposition, it.final.Stop
+			if runs == nil {
+				runs = map[string]string{}
+			}
+			runs[it.call.runID] = it.call.tenant
+		}
+	}
+	for id, tenant := range runs {
+		if _, err := d.runOf(ctx, "outcomes.call.run_id", id, tenant); err != nil {
+			return 0, ups, err
+		}
+	}
+	// Nothing is applied before the whole batch is valid. The store applies
+	// it as a whole: with --sync=always that is one commit for the request,
+	// not one per outcome.
+	n, err := d.store.ApplyOutcomes(ups, deposits)
+	if err != nil {
+		return n, ups, storeError(ctx, d.cfg.Logger, "outcomes", err)
+	}
+	return n, ups, nil
+}
+
+// outcome appends a reported outcome, and the call's final disposition when
+// it carries one (with or without a run), to trail and logs it at debug
+// level. class is the failure's classification, when it was classified. A
+// success that ends its call (the common outcome by far) is one FINAL
+// record, which says both.
+func (d *Decisions) outcome(ctx context.Context, trail []policy.AuditRecord, it *outcomeItem, class string) []policy.AuditRecord {
+	call := it.call
+	why := "attempt failed"
+	switch {
+	case it.success:
+		why = "attempt succeeded"
+	case it.alreadyRecorded:
+		why = "attempt failed (recorded by NextDelay)"
+	}
+	// The latency is kept in Delay, not formatted into the detail here:
+	// QueryAudit writes it out (auditRecordToPB), once per record read
+	// rather than once per outcome reported.
+	rec := policy.AuditRecord{
+		Event: policy.AuditOutcome, Tenant: call.tenant, Target: call.target, CallID: call.callID, RunID: call.runID,
+		Attempt: it.attempt, Classification: class, Detail: why, Delay: it.latency,
+	}
+	fd, stop := it.final.Disposition, it.final.Stop
+	if it.success && fd == policy.DispositionSucceeded {
+		rec.Event, rec.Disposition = policy.AuditFinal, fd
+	}
+	trail = append(trail, rec)
+	if fd != policy.DispositionNone && !it.success {
+		rec.Event, rec.Classification, rec.Disposition, rec.Stop = policy.AuditFinal, "", fd, stop
+		rec.Delay, rec.Detail = 0, finalDetail(fd, stop)
+		trail = append(trail, rec)
+	}
+	if d.cfg.Logger.Enabled(ctx, slog.LevelDebug) {
+		d.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "outcome",
+			slog.String("call_id", call.callID), slog.String("tenant", call.tenant), slog.String("target", call.target),
+			slog.String("run_id", call.runID), slog.Uint64("attempt", uint64(it.attempt)),
+			slog.Bool("success", it.success), slog.String("classification", class),
+			slog.String("final_disposition", fd.String()), slog.String("final_stop_reason", stop.String()))
+	}
+	return trail
 }

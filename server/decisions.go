@@ -13,7 +13,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/policyd/policyd/fleet"
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 	"github.com/policyd/policyd/policy"
 )
@@ -158,67 +157,20 @@ func (d *Decisions) ReportOutcome(ctx context.Context, req *pb.ReportOutcomeRequ
 		return nil, invalid("outcomes", "must hold 1 to "+strconv.Itoa(maxOutcomes)+" outcomes, got "+strconv.Itoa(len(outs)))
 	}
 	sc := outcomeScratchPool.Get().(*outcomeScratch)
-	ups := slices.Grow(sc.ups[:0], len(outs))[:len(outs)]
-	trail := slices.Grow(sc.trail[:0], 2*len(outs)) // at most two records an outcome
-	defer func() { sc.ups, sc.trail = ups, trail; sc.put() }()
-	var runs map[string]string
-	deposits := map[string]int{}
+	defer sc.put()
+	items := slices.Grow(sc.items[:0], len(outs))[:len(outs)]
+	sc.items = items
 	for i, o := range outs {
-		it, err := outcomeFromPB("", o)
-		if err != nil {
+		if err := outcomeFromPB("", o, &items[i]); err != nil {
 			// Only now build the field's path, checking again under it: a
 			// valid batch of a thousand outcomes builds no paths at all.
-			_, err = outcomeFromPB("outcomes["+strconv.Itoa(i)+"]", o)
-			return nil, err
-		}
-		p, _ := d.store.Resolve(it.call.tenant, it.call.target)
-		u := &ups[i]
-		*u = policy.OutcomeUpdate{
-			Key: policy.KeyFor(p.Breaker, it.call.tenant, it.call.target), Breaker: p.Breaker, PermitID: o.GetPermitId(),
-		}
-		var class string
-		switch {
-		case o.GetSuccess():
-			deposits[it.call.tenant]++
-			u.Result = policy.ResultSuccess
-		case !o.GetAlreadyRecorded():
-			c := policy.Classify(&p, it.failure, true, true)
-			u.Result = policy.ResultTerminal
-			if c.Category == policy.CategoryTransient {
-				u.Result = policy.ResultTransientFailure
-			}
-			class = c.Reason
-		}
-		if fd := it.final.Disposition; fd != policy.DispositionNone && (fd != policy.DispositionSucceeded || !o.GetSuccess()) {
-			if err := d.agrees(ctx, i, &it, o.GetSuccess(), o.GetAlreadyRecorded(), &p, u.Key); err != nil {
-				return nil, err
-			}
-		}
-		start := len(trail)
-		trail = d.outcome(ctx, trail, it.call, o, class)
-		u.Audit = trail[start:len(trail):len(trail)]
-		if fd := o.GetFinalDisposition(); fd != pb.Disposition_DISPOSITION_UNSPECIFIED && it.call.runID != "" {
-			u.RunID, u.CallID = it.call.runID, it.call.callID
-			u.Final, u.Stop = it.final.Disposition, it.final.Stop
-			if runs == nil {
-				runs = map[string]string{}
-			}
-			runs[it.call.runID] = it.call.tenant
+			return nil, outcomeFromPB("outcomes["+strconv.Itoa(i)+"]", o, &items[i])
 		}
 	}
-	for id, tenant := range runs {
-		if _, err := d.runOf(ctx, "outcomes.call.run_id", id, tenant); err != nil {
-			return nil, err
-		}
-	}
-
-	// Nothing is applied before the whole batch is valid. The store applies
-	// it as a whole: with --sync=always that is one commit for the request,
-	// not one per outcome.
-	n, err := d.store.ApplyOutcomes(ups, deposits)
+	n, ups, err := d.decideOutcomes(ctx, items, sc)
 	d.cfg.Metrics.successes(outs[:n])
 	if err != nil {
-		return nil, storeError(ctx, d.cfg.Logger, "outcomes", err)
+		return nil, err
 	}
 	resp := &pb.ReportOutcomeResponse{Accepted: uint32(len(outs))}
 	for i := range ups[:n] {
@@ -234,6 +186,7 @@ func (d *Decisions) ReportOutcome(ctx context.Context, req *pb.ReportOutcomeRequ
 // request: a batch of a thousand outcomes needs a few hundred KB of it,
 // which the store copies what it keeps from.
 type outcomeScratch struct {
+	items []outcomeItem
 	ups   []policy.OutcomeUpdate
 	trail []policy.AuditRecord
 }
@@ -242,93 +195,11 @@ var outcomeScratchPool = sync.Pool{New: func() any { return new(outcomeScratch) 
 
 // put returns sc to the pool, cleared so it pins no request's strings.
 func (sc *outcomeScratch) put() {
+	clear(sc.items)
 	clear(sc.ups)
 	clear(sc.trail)
-	sc.ups, sc.trail = sc.ups[:0], sc.trail[:0]
+	sc.items, sc.ups, sc.trail = sc.items[:0], sc.ups[:0], sc.trail[:0]
 	outcomeScratchPool.Put(sc)
-}
-
-// outcomeItem is a validated Outcome's call, failure and final
-// disposition.
-type outcomeItem struct {
-	call    callRef
-	failure policy.Failure
-	final   fleet.Final
-}
-
-// outcomeFromPB validates one Outcome; field is its path in the request.
-func outcomeFromPB(field string, o *pb.Outcome) (outcomeItem, error) {
-	var it outcomeItem
-	call, err := callFromPB(sub(field, ".call"), o.GetCall(), true)
-	if err != nil {
-		return it, err
-	}
-	if o.GetAttempt() < 1 || o.GetAttempt() > maxAttempt {
-		return it, invalid(field+".attempt", "must be 1 to "+strconv.Itoa(maxAttempt))
-	}
-	if _, err := duration(sub(field, ".latency"), o.GetLatency(), 0); err != nil {
-		return it, err
-	}
-	if err := checkName(sub(field, ".permit_id"), o.GetPermitId(), maxCallIDLen, false); err != nil {
-		return it, err
-	}
-	it.call = call
-	if !o.GetSuccess() && !o.GetAlreadyRecorded() {
-		if it.failure, err = failureFromPB(sub(field, ".failure"), o.GetFailure()); err != nil {
-			return it, err
-		}
-	}
-	fd := o.GetFinalDisposition()
-	if it.final.Disposition, err = enumFromPB[policy.Disposition](field, ".final_disposition", fd, true); err != nil {
-		return it, err
-	}
-	if it.final.Stop, err = enumFromPB[policy.StopReason](field, ".final_stop_reason", o.GetFinalStopReason(), true); err != nil {
-		return it, err
-	}
-	if o.GetSuccess() && fd != pb.Disposition_DISPOSITION_UNSPECIFIED && fd != pb.Disposition_DISPOSITION_SUCCEEDED {
-		return it, invalid(field+".final_disposition", "must be SUCCEEDED or unset when success is true")
-	}
-	return it, nil
-}
-
-// outcome appends a reported outcome, and the call's final disposition when
-// it carries one (with or without a run), to trail and logs it at debug
-// level. class is the failure's classification, when it was classified. A
-// success that ends its call (the common outcome by far) is one FINAL
-// record, which says both.
-func (d *Decisions) outcome(ctx context.Context, trail []policy.AuditRecord, call callRef, o *pb.Outcome, class string) []policy.AuditRecord {
-	why := "attempt failed"
-	switch {
-	case o.GetSuccess():
-		why = "attempt succeeded"
-	case o.GetAlreadyRecorded():
-		why = "attempt failed (recorded by NextDelay)"
-	}
-	// The latency is kept in Delay, not formatted into the detail here:
-	// QueryAudit writes it out (auditRecordToPB), once per record read
-	// rather than once per outcome reported.
-	rec := policy.AuditRecord{
-		Event: policy.AuditOutcome, Tenant: call.tenant, Target: call.target, CallID: call.callID, RunID: call.runID,
-		Attempt: o.GetAttempt(), Classification: class, Detail: why, Delay: max(o.GetLatency().AsDuration(), 0),
-	}
-	fd, stop := policy.Disposition(o.GetFinalDisposition()), policy.StopReason(o.GetFinalStopReason())
-	if o.GetSuccess() && fd == policy.DispositionSucceeded {
-		rec.Event, rec.Disposition = policy.AuditFinal, fd
-	}
-	trail = append(trail, rec)
-	if fd != policy.DispositionNone && !o.GetSuccess() {
-		rec.Event, rec.Classification, rec.Disposition, rec.Stop = policy.AuditFinal, "", fd, stop
-		rec.Delay, rec.Detail = 0, finalDetail(fd, stop)
-		trail = append(trail, rec)
-	}
-	if d.cfg.Logger.Enabled(ctx, slog.LevelDebug) {
-		d.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "outcome",
-			slog.String("call_id", call.callID), slog.String("tenant", call.tenant), slog.String("target", call.target),
-			slog.String("run_id", call.runID), slog.Uint64("attempt", uint64(o.GetAttempt())),
-			slog.Bool("success", o.GetSuccess()), slog.String("classification", class),
-			slog.String("final_disposition", fd.String()), slog.String("final_stop_reason", stop.String()))
-	}
-	return trail
 }
 
 // finalDetails are the details of FINAL records, by disposition and stop
