@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/policyd/policyd/breakerstore"
 	"github.com/policyd/policyd/server"
 )
 
@@ -23,6 +24,7 @@ type limitsConfig struct {
 	MaxBreakersPerTenant int
 	MaxTenants           int
 	MaxRuns              int
+	MaxAttemptRecords    int
 	RunRetention         time.Duration
 	StreamWorkers        int
 }
@@ -38,6 +40,7 @@ func (c *limitsConfig) register(cmd *cobra.Command) {
 	f.IntVar(&c.MaxBreakersPerTenant, "max-breakers-per-tenant", 10000, "breakers one tenant may have; beyond it calls get RESOURCE_EXHAUSTED")
 	f.IntVar(&c.MaxTenants, "max-tenants", 100000, "tenants with state; a new tenant beyond it gets RESOURCE_EXHAUSTED (explicit budgets are always admitted)")
 	f.IntVar(&c.MaxRuns, "max-runs", 10000, "runs kept; OpenRun beyond it gets RESOURCE_EXHAUSTED")
+	f.IntVar(&c.MaxAttemptRecords, "max-attempt-records", breakerstore.DefaultMaxAttemptRecords, "calls whose last decided attempt is remembered (so an attempt is never rewound); beyond it the oldest record is forgotten")
 	f.IntVar(&c.StreamWorkers, "stream-workers", server.DefaultStreamWorkers, "goroutines kept to serve calls, reused so a handler's grown stack is not grown again on every call; a call finding them all busy gets its own goroutine (0: a goroutine per call)")
 	f.DurationVar(&c.RunRetention, "run-retention", 30*24*time.Hour, "how long a run and its ledger are kept after its cut-off")
 }
@@ -60,6 +63,8 @@ func (c *limitsConfig) validate() error {
 		return fmt.Errorf("--max-tenants: must be >= 1, got %d", c.MaxTenants)
 	case c.MaxRuns < 1:
 		return fmt.Errorf("--max-runs: must be >= 1, got %d", c.MaxRuns)
+	case c.MaxAttemptRecords < 1:
+		return fmt.Errorf("--max-attempt-records: must be >= 1, got %d", c.MaxAttemptRecords)
 	case c.StreamWorkers < 0 || c.StreamWorkers > 4096:
 		return fmt.Errorf("--stream-workers: must be 0 to 4096, got %d", c.StreamWorkers)
 	case c.RunRetention <= 0:

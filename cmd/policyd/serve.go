@@ -121,6 +121,7 @@ func serve(ctx context.Context, cfg serveConfig) error {
 		MaxBreakersPerTenant: cfg.Limits.MaxBreakersPerTenant,
 		MaxTenants:           cfg.Limits.MaxTenants,
 		MaxRuns:              cfg.Limits.MaxRuns,
+		MaxAttemptRecords:    cfg.Limits.MaxAttemptRecords,
 		RunRetention:         cfg.Limits.RunRetention,
 		AuditRetention:       cfg.Observe.AuditRetention, AuditMaxRecords: cfg.Observe.AuditMaxRecords,
 	})
