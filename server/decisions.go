@@ -49,6 +49,10 @@ type Config struct {
 	// on every call; a call that finds them all busy gets a goroutine of
 	// its own. Default DefaultStreamWorkers; negative: a goroutine per call.
 	StreamWorkers int
+	// MaxClockSkew is how far after the daemon's clock a call's
+	// origin_time may lie; beyond it NextDelay refuses the call with
+	// INVALID_ARGUMENT. Default DefaultMaxClockSkew.
+	MaxClockSkew time.Duration
 }
 
 // DefaultStreamWorkers is Config.StreamWorkers' default.
@@ -69,6 +73,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.StreamWorkers == 0 {
 		c.StreamWorkers = DefaultStreamWorkers
+	}
+	if c.MaxClockSkew <= 0 {
+		c.MaxClockSkew = DefaultMaxClockSkew
 	}
 	return c
 }
@@ -130,6 +137,9 @@ func (d *Decisions) NextDelay(ctx context.Context, req *pb.NextDelayRequest) (*p
 	}
 
 	now := d.cfg.Clock.Now()
+	if err := checkOrigin("call.origin_time", call.origin, now, d.cfg.MaxClockSkew); err != nil {
+		return nil, err
+	}
 	p, _ := d.store.Resolve(call.tenant, call.target)
 	var run policy.Run
 	deadline := call.deadline

@@ -25,6 +25,8 @@ type limitsConfig struct {
 	MaxRuns              int
 	RunRetention         time.Duration
 	StreamWorkers        int
+	MaxClockSkew         time.Duration
+	MaxHeaderListBytes   uint32
 }
 
 func (c *limitsConfig) register(cmd *cobra.Command) {
@@ -40,6 +42,8 @@ func (c *limitsConfig) register(cmd *cobra.Command) {
 	f.IntVar(&c.MaxRuns, "max-runs", 10000, "runs kept; OpenRun beyond it gets RESOURCE_EXHAUSTED")
 	f.IntVar(&c.StreamWorkers, "stream-workers", server.DefaultStreamWorkers, "goroutines kept to serve calls, reused so a handler's grown stack is not grown again on every call; a call finding them all busy gets its own goroutine (0: a goroutine per call)")
 	f.DurationVar(&c.RunRetention, "run-retention", 30*24*time.Hour, "how long a run and its ledger are kept after its cut-off")
+	f.DurationVar(&c.MaxClockSkew, "max-clock-skew", server.DefaultMaxClockSkew, "how far after the daemon's clock a call's origin_time may lie; beyond it NextDelay answers INVALID_ARGUMENT")
+	f.Uint32Var(&c.MaxHeaderListBytes, "max-header-list-bytes", 16<<10, "largest header list (metadata, including authorization) a call may send, in bytes; a larger one is refused by the transport")
 }
 
 func (c *limitsConfig) validate() error {
@@ -64,6 +68,10 @@ func (c *limitsConfig) validate() error {
 		return fmt.Errorf("--stream-workers: must be 0 to 4096, got %d", c.StreamWorkers)
 	case c.RunRetention <= 0:
 		return fmt.Errorf("--run-retention: must be > 0, got %s", c.RunRetention)
+	case c.MaxClockSkew <= 0:
+		return fmt.Errorf("--max-clock-skew: must be > 0, got %s", c.MaxClockSkew)
+	case c.MaxHeaderListBytes < 1024:
+		return fmt.Errorf("--max-header-list-bytes: must be >= 1024, got %d", c.MaxHeaderListBytes)
 	}
 	return nil
 }
@@ -73,6 +81,7 @@ func (c *limitsConfig) serverOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(c.MaxMessageBytes),
 		grpc.MaxConcurrentStreams(c.MaxConcurrentStreams),
+		grpc.MaxHeaderListSize(c.MaxHeaderListBytes),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: c.KeepaliveMinTime, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: c.KeepaliveTime, Timeout: 20 * time.Second}),
 	}

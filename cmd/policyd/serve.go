@@ -107,6 +107,9 @@ func serve(ctx context.Context, cfg serveConfig) error {
 	if err := cfg.Observe.validate(); err != nil {
 		return err
 	}
+	if err := cfg.Security.checkExposure(cfg.Listen, cfg.Observe.MetricsListen, log); err != nil {
+		return err
+	}
 	auth, err := cfg.Security.auth(cfg.DB, log)
 	if err != nil {
 		return err
@@ -153,7 +156,7 @@ func serve(ctx context.Context, cfg serveConfig) error {
 	}
 	defer tel.stop(log)
 	gs, hs := server.NewGRPC(store, server.Config{Logger: log, Auth: auth, Shedder: cfg.Limits.shedder(), Metrics: tel.metrics,
-		StreamWorkers: cfg.Limits.streamWorkers()},
+		StreamWorkers: cfg.Limits.streamWorkers(), MaxClockSkew: cfg.Limits.MaxClockSkew},
 		append(append(tlsOpts, cfg.Limits.serverOptions()...), tel.opts...)...)
 
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
