@@ -129,3 +129,65 @@ func TestRefusedCallsAreLogged(t *testing.T) {
 			lines, suppressed, server.RefusalLogBurst+1, refused-server.RefusalLogBurst, out)
 	}
 }
+
+// TestIDsRefuseInvisibleCharacters: tenant, target, call and run ids with
+// white space at either end, or control, format (bidi), separator or
+// noncharacter code points, are INVALID_ARGUMENT naming the field, in
+// worker and admin calls alike; ordinary names are served.
+func TestIDsRefuseInvisibleCharacters(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	bad := []struct{ name, v, rule string }{
+		{"leading space", " acme", "white space"},
+		{"trailing space", "acme ", "white space"},
+		{"leading no-break space", "\u00a0acme", "white space"},
+		{"trailing ideographic space", "acme\u3000", "white space"},
+		{"trailing newline", "acme\n", "white space"},
+		{"tab inside", "ac\tme", "control"},
+		{"DEL inside", "ac\x7fme", "control"},
+		{"C1 control", "ac\u0085me", "control"},
+		{"right-to-left override", "ac\u202eme", "U+202E"},
+		{"right-to-left isolate", "ac\u2067me", "bidi"},
+		{"left-to-right mark", "ac\u200eme", "bidi"},
+		{"zero width space", "ac\u200bme", "format"},
+		{"byte order mark", "\ufeffacme", "format"},
+		{"line separator", "ac\u2028me", "separator"},
+		{"paragraph separator", "ac\u2029me", "separator"},
+		{"noncharacter U+FFFE", "ac\ufffeme", "noncharacter"},
+		{"noncharacter U+FDD0", "ac\ufdd0me", "noncharacter"},
+		{"noncharacter U+10FFFF", "acme\U0010ffffx", "noncharacter"},
+	}
+	fields := []struct {
+		field string
+		ref   func(v string) *pb.CallRef
+	}{
+		{"call.tenant", func(v string) *pb.CallRef { return call(v, "geo", "c") }},
+		{"call.target", func(v string) *pb.CallRef { return call("acme", v, "c") }},
+		{"call.call_id", func(v string) *pb.CallRef { return call("acme", "geo", v) }},
+		{"call.run_id", func(v string) *pb.CallRef { c := call("acme", "geo", "c"); c.RunId = v; return c }},
+	}
+	for _, f := range fields {
+		for _, b := range bad {
+			t.Run(f.field+"/"+b.name, func(t *testing.T) {
+				_, err := h.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: f.ref(b.v), Attempt: 1, Failure: http(503)})
+				msg := wantCode(t, err, codes.InvalidArgument)
+				if !strings.HasPrefix(msg, f.field+":") || !strings.Contains(msg, b.rule) {
+					t.Errorf("message %q, want it to name %s and say %q", msg, f.field, b.rule)
+				}
+			})
+		}
+	}
+	t.Run("admin tenant", func(t *testing.T) {
+		_, err := h.admin.SetTenantBudget(ctx, &pb.SetTenantBudgetRequest{Budget: &pb.TenantBudget{Tenant: "acme\u202e", Capacity: 5}})
+		if msg := wantCode(t, err, codes.InvalidArgument); !strings.Contains(msg, "tenant") {
+			t.Errorf("message %q does not name the tenant", msg)
+		}
+	})
+	for _, good := range []string{"acme", "acme corp", "café", "東京", "a\u00a0b", "emoji-\U0001f600"} {
+		t.Run("served/"+good, func(t *testing.T) {
+			if _, err := h.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call(good, good, good), Attempt: 1, Failure: http(503)}); err != nil {
+				t.Errorf("NextDelay for %q: %v", good, err)
+			}
+		})
+	}
+}

@@ -8,9 +8,11 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
@@ -126,13 +128,30 @@ func adminCmds() []*cobra.Command {
 	return cmds
 }
 
+// table prints rows under header, aligned; a cell that is not printable
+// text is shown escaped (shown).
 func table(w io.Writer, header string, rows [][]string) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, header)
 	for _, r := range rows {
-		fmt.Fprintln(tw, strings.Join(r, "\t"))
+		cells := make([]string, len(r))
+		for i, c := range r {
+			cells[i] = shown(c)
+		}
+		fmt.Fprintln(tw, strings.Join(cells, "\t"))
 	}
 	tw.Flush()
+}
+
+// shown returns s as printed: unchanged when it is valid UTF-8 of printable
+// characters only, else quoted in Go syntax (strconv.Quote), so that a
+// control, bidi or invisible character in a name stored before policyd
+// refused them can neither hide nor rearrange what the terminal shows.
+func shown(s string) string {
+	if utf8.ValidString(s) && strings.IndexFunc(s, func(r rune) bool { return !strconv.IsPrint(r) }) < 0 {
+		return s
+	}
+	return strconv.Quote(s)
 }
 
 func fnum(v float64) string { return fmt.Sprintf("%g", v) }
@@ -521,8 +540,8 @@ func parseCutoff(s string, now time.Time) (time.Time, error) {
 func printRun(w io.Writer, r *pb.Run) {
 	l := r.GetLedger()
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "run\t%s\n", r.GetRunId())
-	fmt.Fprintf(tw, "tenant\t%s\n", r.GetTenant())
+	fmt.Fprintf(tw, "run\t%s\n", shown(r.GetRunId()))
+	fmt.Fprintf(tw, "tenant\t%s\n", shown(r.GetTenant()))
 	fmt.Fprintf(tw, "cut-off\t%s\n", tsText(r.GetCutoffTime()))
 	fmt.Fprintf(tw, "retries spent\t%d of %d\n", r.GetRetriesSpent(), r.GetRetryPool())
 	fmt.Fprintf(tw, "succeeded\t%d\n", l.GetSucceeded())
