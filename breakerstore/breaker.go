@@ -369,6 +369,10 @@ func (s *Store) newBreaker(key policy.BreakerKey, now int64) (*breaker, error) {
 		s.countMu.Unlock()
 		return nil, fmt.Errorf("%w: tenant %q has %d breakers (cap %d)", ErrTooManyBreakers, key.Tenant, n, s.opts.MaxBreakersPerTenant)
 	}
+	if err := s.admitAutoLocked(key.Tenant); err != nil {
+		s.countMu.Unlock()
+		return nil, err
+	}
 	key = policy.BreakerKey{Tenant: cloneString(key.Tenant), Target: cloneString(key.Target)}
 	s.perTenant[key.Tenant] = n + 1
 	s.countMu.Unlock()

@@ -32,6 +32,9 @@ var (
 	// ErrTooManyTenants reports a new tenant beyond Options.MaxTenants; it
 	// wraps policy.ErrCapacity.
 	ErrTooManyTenants = fmt.Errorf("breakerstore: too many tenants: %w", policy.ErrCapacity)
+	// ErrTooManyAutoTenants reports a new undeclared tenant beyond
+	// Options.MaxAutoTenants; it wraps policy.ErrCapacity.
+	ErrTooManyAutoTenants = fmt.Errorf("breakerstore: too many undeclared tenants: %w", policy.ErrCapacity)
 	// ErrTooManyRuns reports a run beyond Options.MaxRuns; it wraps
 	// policy.ErrCapacity.
 	ErrTooManyRuns = fmt.Errorf("breakerstore: too many runs: %w", policy.ErrCapacity)

@@ -53,6 +53,7 @@ const (
 	DefaultMaxBreakersPerTenant = 10000
 	DefaultIdleTTL              = 24 * time.Hour
 	DefaultMaxTenants           = 100000
+	DefaultMaxAutoTenants       = 1000
 	DefaultMaxRuns              = 10000
 	DefaultRunRetention         = 30 * 24 * time.Hour
 )
@@ -111,6 +112,10 @@ type Options struct {
 	// tenant beyond it gets ErrTooManyTenants. Tenants with an explicit
 	// budget are always admitted. Default 100000.
 	MaxTenants int
+	// MaxAutoTenants caps the tenants that worker calls gave state without
+	// an explicit budget (see tenants.go); a new one beyond it gets
+	// ErrTooManyAutoTenants. Declared tenants never count. Default 1000.
+	MaxAutoTenants int
 	// MaxRuns caps the runs kept; OpenRun beyond it fails with
 	// ErrTooManyRuns. Default 10000.
 	MaxRuns int
@@ -177,7 +182,9 @@ type Store struct {
 
 	breakers  shardMap[policy.BreakerKey, *breaker]
 	countMu   sync.Mutex
-	perTenant map[string]int // breakers per tenant, guarded by countMu
+	perTenant map[string]int      // breakers per tenant, guarded by countMu
+	auto      map[string]struct{} // automatic tenants (tenants.go), guarded by countMu
+	declared  atomic.Pointer[declaredSet]
 
 	buckets   shardMap[string, *tokenBucket]
 	defBudget policy.TenantBudget
@@ -252,6 +259,9 @@ func Open(opts Options) (*Store, error) {
 	if opts.MaxTenants <= 0 {
 		opts.MaxTenants = DefaultMaxTenants
 	}
+	if opts.MaxAutoTenants <= 0 {
+		opts.MaxAutoTenants = DefaultMaxAutoTenants
+	}
 	if opts.MaxRuns <= 0 {
 		opts.MaxRuns = DefaultMaxRuns
 	}
@@ -301,6 +311,7 @@ func Open(opts Options) (*Store, error) {
 		_ = db.Close()
 		return nil, err
 	}
+	s.countTenants()
 	go s.flushLoop()
 	return s, nil
 }
@@ -316,6 +327,7 @@ func newStore(db *bbolt.DB, opts Options, def policy.TenantBudget) *Store {
 		stop:          make(chan struct{}),
 		done:          make(chan struct{}),
 		perTenant:     make(map[string]int),
+		auto:          make(map[string]struct{}),
 		defBudget:     def,
 		defaultPolicy: policy.Default(),
 	}
@@ -323,6 +335,7 @@ func newStore(db *bbolt.DB, opts Options, def policy.TenantBudget) *Store {
 	s.buckets.init(maphash.String)
 	s.runs.init(maphash.String)
 	s.policies.Store(&policyMap{m: map[policy.BreakerKey]*policy.PolicyEntry{}})
+	s.declared.Store(&declaredSet{})
 	s.permitSeq.Store(randUint64())
 	s.lastSweep = s.now()
 	return s

@@ -53,6 +53,10 @@ type Config struct {
 	// origin_time may lie; beyond it NextDelay refuses the call with
 	// INVALID_ARGUMENT. Default DefaultMaxClockSkew.
 	MaxClockSkew time.Duration
+	// DeclaredTenants, when set, admits to worker calls only the tenants it
+	// reports true for; a call naming another tenant is PERMISSION_DENIED,
+	// the same whether or not that tenant has state (--tenants=declared).
+	DeclaredTenants func(tenant string) bool
 }
 
 // DefaultStreamWorkers is Config.StreamWorkers' default.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/policyd/policyd/breakerstore"
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
+	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/server"
 )
 
@@ -189,5 +190,100 @@ func TestIDsRefuseInvisibleCharacters(t *testing.T) {
 				t.Errorf("NextDelay for %q: %v", good, err)
 			}
 		})
+	}
+}
+
+// TestAutoTenantsAreCappedApart: over gRPC, undeclared tenants beyond
+// MaxAutoTenants get RESOURCE_EXHAUSTED naming the cap, while a declared
+// tenant is still admitted.
+func TestAutoTenantsAreCappedApart(t *testing.T) {
+	h := newHarness(t, func(_ *server.Config, o *breakerstore.Options) { o.MaxAutoTenants = 2 })
+	ctx := context.Background()
+	nd := func(tenant string) error {
+		_, err := h.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call(tenant, "geo", "c"), Attempt: 1, Failure: http(503)})
+		return err
+	}
+	for _, tenant := range []string{"made-up-1", "made-up-2"} {
+		if err := nd(tenant); err != nil {
+			t.Fatal(err)
+		}
+	}
+	msg := wantCode(t, nd("made-up-3"), codes.ResourceExhausted)
+	if !strings.Contains(msg, "cap 2") || !strings.Contains(msg, "declare") {
+		t.Errorf("message %q does not give the cap and the way out", msg)
+	}
+	if _, err := h.admin.SetTenantBudget(ctx, &pb.SetTenantBudgetRequest{Budget: &pb.TenantBudget{Tenant: "acme", Capacity: 5}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nd("acme"); err != nil {
+		t.Errorf("a declared tenant with the automatic cap full: %v", err)
+	}
+}
+
+// TestDeclaredTenantsOnly: with DeclaredTenants (--tenants=declared), every
+// worker call naming an undeclared tenant is PERMISSION_DENIED with the
+// same answer whether or not the tenant has state, and creates nothing.
+func TestDeclaredTenantsOnly(t *testing.T) {
+	var store *breakerstore.Store
+	h := newHarness(t, func(c *server.Config, _ *breakerstore.Options) {
+		c.DeclaredTenants = func(tenant string) bool { return store.Declared(tenant) }
+	})
+	store = h.store
+	ctx := context.Background()
+	if _, err := h.admin.SetTenantBudget(ctx, &pb.SetTenantBudgetRequest{Budget: &pb.TenantBudget{Tenant: "acme", Capacity: 5}}); err != nil {
+		t.Fatal(err)
+	}
+	// "stale" has state from before the mode was switched on; "ghost" has none.
+	if _, err := h.store.SpendRetry(policy.SpendRequest{Tenant: "stale"}); err != nil {
+		t.Fatal(err)
+	}
+	calls := map[string]func(tenant string) error{
+		"NextDelay": func(tenant string) error {
+			_, err := h.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call(tenant, "geo", "c"), Attempt: 1, Failure: http(503)})
+			return err
+		},
+		"Admit": func(tenant string) error {
+			_, err := h.workers.Admit(ctx, &pb.AdmitRequest{Call: call(tenant, "geo", "c"), Attempt: 1})
+			return err
+		},
+		"Classify": func(tenant string) error {
+			_, err := h.workers.Classify(ctx, &pb.ClassifyRequest{Call: call(tenant, "geo", ""), Failure: http(503)})
+			return err
+		},
+		"ReportOutcome": func(tenant string) error {
+			_, err := h.workers.ReportOutcome(ctx, &pb.ReportOutcomeRequest{Outcomes: []*pb.Outcome{
+				{Call: call("acme", "geo", "c"), Attempt: 1, Success: true},
+				{Call: call(tenant, "geo", "c"), Attempt: 1, Success: true}}})
+			return err
+		},
+		"WatchBreakers": func(tenant string) error {
+			stream, err := h.workers.WatchBreakers(ctx, &pb.WatchBreakersRequest{Tenant: tenant})
+			if err != nil {
+				return err
+			}
+			_, err = stream.Recv()
+			return err
+		},
+	}
+	for name, fn := range calls {
+		t.Run(name, func(t *testing.T) {
+			if err := fn("acme"); err != nil {
+				t.Fatalf("a declared tenant: %v", err)
+			}
+			stale := wantCode(t, fn("stale"), codes.PermissionDenied)
+			ghost := wantCode(t, fn("ghost"), codes.PermissionDenied)
+			if strings.ReplaceAll(stale, "stale", "X") != strings.ReplaceAll(ghost, "ghost", "X") {
+				t.Errorf("answers differ: %q for a tenant with state, %q for one without", stale, ghost)
+			}
+		})
+	}
+	resp, err := h.admin.ListBreakers(ctx, &pb.ListBreakersRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range resp.GetBreakers() {
+		if tn := b.GetKey().GetTenant(); tn != "acme" {
+			t.Errorf("a refused call left a breaker of tenant %q", tn)
+		}
 	}
 }

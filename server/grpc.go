@@ -35,6 +35,10 @@ func NewGRPC(store Store, cfg Config, opts ...grpc.ServerOption) (*grpc.Server, 
 		stream = append(stream, cfg.Auth.stream())
 		cfg.Auth.logOpenAdmin(cfg.Logger)
 	}
+	if cfg.DeclaredTenants != nil {
+		g := tenantGate{declared: cfg.DeclaredTenants}
+		unary, stream = append(unary, g.unary()), append(stream, g.stream())
+	}
 	if cfg.Metrics != nil {
 		// Outermost, so shed, refused and panicking calls are timed too.
 		unary = append([]grpc.UnaryServerInterceptor{cfg.Metrics.unary()}, unary...)

@@ -123,6 +123,7 @@ func serve(ctx context.Context, cfg serveConfig) error {
 		Path: cfg.DB, FlushInterval: cfg.FlushInterval, Sync: sync, MaxBatchDelay: cfg.SyncDelay, Logger: log, MaxSize: cfg.MaxDBBytes,
 		MaxBreakersPerTenant: cfg.Limits.MaxBreakersPerTenant,
 		MaxTenants:           cfg.Limits.MaxTenants,
+		MaxAutoTenants:       cfg.Limits.MaxAutoTenants,
 		MaxRuns:              cfg.Limits.MaxRuns,
 		RunRetention:         cfg.Limits.RunRetention,
 		AuditRetention:       cfg.Observe.AuditRetention, AuditMaxRecords: cfg.Observe.AuditMaxRecords,
@@ -156,7 +157,8 @@ func serve(ctx context.Context, cfg serveConfig) error {
 	}
 	defer tel.stop(log)
 	gs, hs := server.NewGRPC(store, server.Config{Logger: log, Auth: auth, Shedder: cfg.Limits.shedder(), Metrics: tel.metrics,
-		StreamWorkers: cfg.Limits.streamWorkers(), MaxClockSkew: cfg.Limits.MaxClockSkew},
+		StreamWorkers: cfg.Limits.streamWorkers(), MaxClockSkew: cfg.Limits.MaxClockSkew,
+		DeclaredTenants: cfg.Limits.declaredTenants(store)},
 		append(append(tlsOpts, cfg.Limits.serverOptions()...), tel.opts...)...)
 
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
