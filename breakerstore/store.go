@@ -184,7 +184,7 @@ type Store struct {
 	countMu   sync.Mutex
 	perTenant map[string]int      // breakers per tenant, guarded by countMu
 	auto      map[string]struct{} // automatic tenants (tenants.go), guarded by countMu
-	declared  atomic.Pointer[declaredSet]
+	declared  declaredSet         // declared tenants (tenants.go)
 
 	buckets   shardMap[string, *tokenBucket]
 	defBudget policy.TenantBudget
@@ -335,7 +335,6 @@ func newStore(db *bbolt.DB, opts Options, def policy.TenantBudget) *Store {
 	s.buckets.init(maphash.String)
 	s.runs.init(maphash.String)
 	s.policies.Store(&policyMap{m: map[policy.BreakerKey]*policy.PolicyEntry{}})
-	s.declared.Store(&declaredSet{})
 	s.permitSeq.Store(randUint64())
 	s.lastSweep = s.now()
 	return s

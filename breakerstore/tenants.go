@@ -1,6 +1,9 @@
 package breakerstore
 
-import "fmt"
+import (
+	"fmt"
+	"sync"
+)
 
 // Tenants are declared or automatic. A declared tenant has an explicit
 // budget (SetBudget, from the admin API or a policy file); its record in the
@@ -11,31 +14,25 @@ import "fmt"
 // quota and a declared tenant is always admitted. An automatic tenant
 // counts until its last breaker and its token bucket are dropped as idle.
 
-// declaredSet is the immutable set of declared tenants, replaced whole by
-// admin writes so that Declared reads it without a lock.
-type declaredSet map[string]struct{}
+// declaredSet is the set of declared tenants: read on every worker call
+// with --tenants=declared, written only by admin writes, so a sync.Map.
+type declaredSet = sync.Map
 
-// Declared reports whether tenant has an explicit budget. It does not lock
-// and is safe for concurrent use.
+// Declared reports whether tenant has an explicit budget. It is safe for
+// concurrent use and takes no lock on the way of a read.
 func (s *Store) Declared(tenant string) bool {
-	_, ok := (*s.declared.Load())[tenant]
+	_, ok := s.declared.Load(tenant)
 	return ok
 }
 
 // setDeclared records that tenant is (or no longer is) declared. Admin
-// writes call it under adminMu, so replacements do not race.
+// writes call it under adminMu.
 func (s *Store) setDeclared(tenant string, declared bool) {
-	old := *s.declared.Load()
-	next := make(declaredSet, len(old)+1)
-	for t := range old {
-		next[t] = struct{}{}
-	}
 	if declared {
-		next[tenant] = struct{}{}
+		s.declared.Store(cloneString(tenant), struct{}{})
 	} else {
-		delete(next, tenant)
+		s.declared.Delete(tenant)
 	}
-	s.declared.Store(&next)
 	s.countMu.Lock()
 	if declared {
 		delete(s.auto, tenant)
@@ -87,22 +84,17 @@ func (s *Store) forgetAutoLocked(tenant string) {
 // countTenants sets up the declared and automatic tenants of the records
 // just loaded.
 func (s *Store) countTenants() {
-	declared := declaredSet{}
-	for _, tb := range s.buckets.values() {
-		if tb.cfg != nil {
-			declared[tb.tenant] = struct{}{}
-		}
-	}
-	s.declared.Store(&declared)
 	s.countMu.Lock()
 	defer s.countMu.Unlock()
 	for _, tb := range s.buckets.values() {
-		if tb.cfg == nil {
+		if tb.cfg != nil {
+			s.declared.Store(tb.tenant, struct{}{})
+		} else {
 			s.auto[tb.tenant] = struct{}{}
 		}
 	}
 	for t := range s.perTenant {
-		if _, ok := declared[t]; !ok && t != "" {
+		if t != "" && !s.Declared(t) {
 			s.auto[t] = struct{}{}
 		}
 	}
