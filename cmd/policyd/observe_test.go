@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -66,6 +67,7 @@ func TestMetricsEndpointServesTheAttemptsHistogram(t *testing.T) {
 		`policyd_budget_tokens{tenant="acme"}`,
 		`policyd_audit_buffered`,
 		`go_goroutines`,
+		`policyd_build_info{goversion="` + runtime.Version() + `",revision="`,
 		`process_resident_memory_bytes`,
 	} {
 		if !strings.Contains(string(body), want) {

@@ -82,6 +82,7 @@ func (o *observeConfig) start(ctx context.Context, store *breakerstore.Store, lo
 			collectors.NewGoCollector(),
 			collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 			storeCollector(store),
+			buildInfoCollector(readBuildVersion()),
 		)
 		lis, err := net.Listen("tcp", o.MetricsListen)
 		if err != nil {
@@ -154,6 +155,20 @@ func storeCollector(store *breakerstore.Store) prometheus.Collector {
 			ch <- prometheus.MustNewConstMetric(descCommits, prometheus.CounterValue, float64(st.Commits))
 		},
 	}
+}
+
+// buildInfoCollector is policyd_build_info: always 1, with the binary's
+// version, VCS revision and Go release as labels.
+func buildInfoCollector(v buildVersion) prometheus.Collector {
+	rev := v.Revision
+	if v.Modified {
+		rev += "-dirty"
+	}
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name:        "policyd_build_info",
+		Help:        "Always 1; the labels say which build of policyd is running.",
+		ConstLabels: prometheus.Labels{"version": v.Version, "revision": rev, "goversion": v.GoVersion},
+	}, func() float64 { return 1 })
 }
 
 var (
