@@ -102,13 +102,21 @@ func TestMetricsAfterAFewCalls(t *testing.T) {
 		{"policyd_attempts_per_success", []string{"target=geo"}, 2},
 		{"policyd_attempts_per_success", []string{"target=mail"}, 1},
 		{"policyd_attempts_per_success", []string{"target=other"}, 1},
-		{"policyd_decisions_total", []string{"decision=RETRY", "stop_reason=NONE", "disposition=NONE"}, 2},
-		{"policyd_decisions_total", []string{"decision=STOP", "stop_reason=TERMINAL", "disposition=FAILED_TERMINAL"}, 1},
+		{"policyd_decisions_total", []string{"decision=RETRY", "stop_reason=NONE", "disposition=NONE", "target=geo"}, 2},
+		{"policyd_decisions_total", []string{"decision=STOP", "stop_reason=TERMINAL", "disposition=FAILED_TERMINAL", "target=geo"}, 1},
 		{"policyd_rpc_duration_seconds", []string{"service=retrypolicy.v1.RetryPolicyService", "method=NextDelay", "code=OK"}, 3},
 		{"policyd_rpc_duration_seconds", []string{"service=retrypolicy.v1.RetryPolicyService", "method=ReportOutcome", "code=OK"}, 1},
 		{"policyd_breakers", []string{"state=OPEN"}, 1},
 		{"policyd_breakers", []string{"state=CLOSED"}, 2},
-		{"policyd_breaker_transitions_total", []string{"to=OPEN"}, 1},
+		{"policyd_breaker_transitions_total", []string{"to=OPEN", "target=geo"}, 1},
+		// One series per breaker and state: 1 for the state it is in.
+		{"policyd_breaker_state", []string{"tenant=acme", "target=geo", "state=OPEN"}, 1},
+		{"policyd_breaker_state", []string{"tenant=acme", "target=geo", "state=CLOSED"}, 0},
+		{"policyd_breaker_state", []string{"tenant=acme", "target=geo", "state=HALF_OPEN"}, 0},
+		{"policyd_breaker_state", []string{"tenant=acme", "target=mail", "state=CLOSED"}, 1},
+		// pay came third, past MaxTargets 2: counted under "other".
+		{"policyd_breaker_state", []string{"tenant=acme", "target=other", "state=CLOSED"}, 1},
+		{"policyd_breaker_state", []string{"tenant=acme", "target=other", "state=OPEN"}, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name+"{"+strings.Join(tt.labels, ",")+"}", func(t *testing.T) {

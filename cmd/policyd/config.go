@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -158,15 +159,42 @@ type configLoader struct {
 	path  string
 	store *breakerstore.Store
 
+	// now reads the clock for the reload metrics; nil is time.Now.
+	now func() time.Time
+
 	mu       sync.Mutex
 	budgets  map[string]bool
 	policies map[[2]string]bool
+	lastOK   bool      // the last load was applied
+	lastGood time.Time // when a load was last applied
+}
+
+// lastLoad reports whether the last load was applied and when one last
+// was.
+func (l *configLoader) lastLoad() (ok bool, at time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lastOK, l.lastGood
 }
 
 // load reads, validates and applies the file; on any error nothing changes.
 func (l *configLoader) load() (budgets, policies int, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	budgets, policies, err = l.apply()
+	l.lastOK = err == nil
+	if err == nil {
+		now := time.Now
+		if l.now != nil {
+			now = l.now
+		}
+		l.lastGood = now()
+	}
+	return budgets, policies, err
+}
+
+// apply is load's work; l.mu must be held.
+func (l *configLoader) apply() (budgets, policies int, err error) {
 	raw, err := os.ReadFile(l.path)
 	if err != nil {
 		return 0, 0, fmt.Errorf("--config: %w", err)

@@ -147,7 +147,7 @@ func serve(ctx context.Context, cfg serveConfig) error {
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
-	tel, err := cfg.Observe.start(ctx, store, log)
+	tel, err := cfg.Observe.start(ctx, store, loader, log)
 	if err != nil {
 		return err
 	}
@@ -155,6 +155,7 @@ func serve(ctx context.Context, cfg serveConfig) error {
 	gs, hs := server.NewGRPC(store, server.Config{Logger: log, Auth: auth, Shedder: cfg.Limits.shedder(), Metrics: tel.metrics,
 		StreamWorkers: cfg.Limits.streamWorkers()},
 		append(append(tlsOpts, cfg.Limits.serverOptions()...), tel.opts...)...)
+	tel.serving(gs)
 
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
