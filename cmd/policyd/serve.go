@@ -77,7 +77,7 @@ func serve(ctx context.Context, cfg serveConfig) error {
 	if err := level.UnmarshalText([]byte(cfg.LogLevel)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	log := newLogger(os.Stderr, level)
 	var sync breakerstore.SyncMode
 	switch cfg.Sync {
 	case "group":
