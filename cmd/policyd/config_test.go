@@ -122,3 +122,41 @@ func TestConfigReloadIsAllOrNothing(t *testing.T) {
 		t.Errorf("the dropped portal policy is still there (%d attempts)", got)
 	}
 }
+
+// TestConfigCheckValidatesOffline runs `policyd config check` as CI would:
+// no daemon, exit status and message.
+func TestConfigCheckValidatesOffline(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		t.Helper()
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	tests := []struct {
+		name, body string
+		ok         bool
+		want       string
+	}{
+		{"good.yaml", goodConfig, true, "good.yaml: ok (1 tenants, 2 policies)"},
+		{"factor.yaml", goodConfig + "  - target: broken\n    policy:\n      backoff: {factor: 0.5}\n", false,
+			"factor.yaml:14: policies[2].policy.backoff.factor"},
+		{"budget.yaml", "tenants:\n  - tenant: acme\n    retry_cost: 3\n    timeout_cost: 1\n", false,
+			"budget.yaml:2: tenants[0]"},
+		{"key.yaml", "tenant: []\n", false, `key.yaml:1: unknown key "tenant"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			out, err := runCLI(t, dir, "config", "check", write(tt.name, tt.body))
+			if (err == nil) != tt.ok || !strings.Contains(string(out), tt.want) {
+				t.Errorf("got %v: %s; want ok=%v and %q", err, out, tt.ok, tt.want)
+			}
+		})
+	}
+	out, err := runCLI(t, dir, "config", "check", filepath.Join(dir, "absent.yaml"))
+	if err == nil || !strings.Contains(string(out), "absent.yaml") {
+		t.Errorf("a missing file: got %v: %s; want an error naming it", err, out)
+	}
+}
