@@ -2,14 +2,18 @@ package main
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/fsnotify/fsnotify"
 	"github.com/spf13/cobra"
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -37,7 +41,9 @@ import (
 //	      backoff: {base_delay: 1s, factor: 2, max_delay: 20s, jitter: JITTER_EQUAL}
 //	      breaker: {consecutive_failures: 10, cooldown: 30s}
 //
-// The file is loaded at start and again on SIGHUP, all or nothing: every
+// The file is loaded at start, again on SIGHUP and whenever it changes on
+// disk (its directory is watched, so a ConfigMap's symlink swap counts), all
+// or nothing: every
 // entry is validated before any is written, and a file with an error changes
 // nothing and says which line and why. Entries that a later version of the
 // file no longer declares are deleted; entries set through the admin API
@@ -169,6 +175,77 @@ type configLoader struct {
 	policies map[[2]string]bool
 	lastOK   bool      // the last load was applied
 	lastGood time.Time // when a load was last applied
+	lastSum  [32]byte  // SHA-256 of the bytes last loaded, applied or not
+}
+
+// concernsConfig tells whether ev, in the policy file's directory, may have
+// changed the file called name: an event on that name, or on the ..data
+// symlink and ..<timestamp> directories of a ConfigMap volume. Events of
+// other files (the state file, when it shares the directory) and mode
+// changes do not.
+func concernsConfig(ev fsnotify.Event, name string) bool {
+	if ev.Op == fsnotify.Chmod {
+		return false
+	}
+	base := filepath.Base(ev.Name)
+	return base == name || strings.HasPrefix(base, "..")
+}
+
+// settleDelay is how long the watch waits after the last event in the
+// policy file's directory before it reports a change: an editor's save or
+// the kubelet's symlink swap is several events.
+const settleDelay = 200 * time.Millisecond
+
+// watch watches the policy file's directory (not the file: a Kubernetes
+// ConfigMap volume replaces the file by swapping the ..data symlink, and
+// editors replace it by renaming) and signals changed once the directory
+// has been quiet for settleDelay after an event that concerns the file;
+// reload(..., true) then
+// decides from the file's bytes whether anything changed. The watch runs
+// until stop is called.
+func (l *configLoader) watch(log *slog.Logger) (changed <-chan struct{}, stop func(), err error) {
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return nil, nil, fmt.Errorf("--config: watching: %w", err)
+	}
+	dir, name := filepath.Split(l.path)
+	if dir == "" {
+		dir = "."
+	}
+	if err := w.Add(dir); err != nil {
+		w.Close()
+		return nil, nil, fmt.Errorf("--config: watching %s: %w", dir, err)
+	}
+	ch := make(chan struct{}, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		settle := time.NewTimer(time.Hour)
+		settle.Stop()
+		defer settle.Stop()
+		for {
+			select {
+			case ev, ok := <-w.Events:
+				if !ok {
+					return
+				}
+				if concernsConfig(ev, name) {
+					settle.Reset(settleDelay)
+				}
+			case err, ok := <-w.Errors:
+				if !ok {
+					return
+				}
+				log.Warn("watching the policy file's directory", "dir", dir, "err", err.Error())
+			case <-settle.C:
+				select {
+				case ch <- struct{}{}:
+				default: // one pending signal is enough
+				}
+			}
+		}
+	}()
+	return ch, func() { w.Close(); <-done }, nil
 }
 
 // lastLoad reports whether the last load was applied and when one last
@@ -183,7 +260,44 @@ func (l *configLoader) lastLoad() (ok bool, at time.Time) {
 func (l *configLoader) load() (budgets, policies int, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	budgets, policies, err = l.apply()
+	raw, err := os.ReadFile(l.path)
+	if err != nil {
+		return 0, 0, fmt.Errorf("--config: %w", err)
+	}
+	return l.loadRaw(raw)
+}
+
+// reload loads the file again and logs the outcome; trigger says why
+// ("SIGHUP", "file changed"). With onlyIfChanged, a file whose bytes are
+// those of the last load (applied or refused) is left alone: a watch sees
+// several events for one save, and a refused file is not refused again
+// until it changes.
+func (l *configLoader) reload(log *slog.Logger, trigger string, onlyIfChanged bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	raw, err := os.ReadFile(l.path)
+	if err == nil && onlyIfChanged && sha256.Sum256(raw) == l.lastSum {
+		return
+	}
+	var nb, np int
+	if err != nil {
+		err = fmt.Errorf("--config: %w", err)
+	} else {
+		nb, np, err = l.loadRaw(raw)
+	}
+	if err != nil {
+		// All or nothing: a bad file changes nothing.
+		log.Error("config reload refused; nothing changed", "trigger", trigger, "err", err.Error())
+		return
+	}
+	log.Info("config reloaded", "trigger", trigger, "file", l.path, "tenants", nb, "policies", np)
+}
+
+// loadRaw validates and applies raw, the file's bytes, and records the
+// outcome for the metrics; l.mu must be held.
+func (l *configLoader) loadRaw(raw []byte) (budgets, policies int, err error) {
+	l.lastSum = sha256.Sum256(raw)
+	budgets, policies, err = l.apply(raw)
 	l.lastOK = err == nil
 	if err == nil {
 		now := time.Now
@@ -195,12 +309,8 @@ func (l *configLoader) load() (budgets, policies int, err error) {
 	return budgets, policies, err
 }
 
-// apply is load's work; l.mu must be held.
-func (l *configLoader) apply() (budgets, policies int, err error) {
-	raw, err := os.ReadFile(l.path)
-	if err != nil {
-		return 0, 0, fmt.Errorf("--config: %w", err)
-	}
+// apply is loadRaw's work; l.mu must be held.
+func (l *configLoader) apply(raw []byte) (budgets, policies int, err error) {
 	cf, err := parseConfig(l.path, raw, l.store.CheckBudget)
 	if err != nil {
 		return 0, 0, err

@@ -167,6 +167,14 @@ func serve(ctx context.Context, cfg serveConfig) error {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
+	var changed <-chan struct{} // nil without --config: never ready
+	if loader != nil {
+		var stopWatch func()
+		if changed, stopWatch, err = loader.watch(log); err != nil {
+			return err
+		}
+		defer stopWatch()
+	}
 wait:
 	for {
 		select {
@@ -177,12 +185,9 @@ wait:
 				log.Warn("SIGHUP ignored: no --config file")
 				continue
 			}
-			// All or nothing: a bad file changes nothing.
-			if nb, np, err := loader.load(); err != nil {
-				log.Error("config reload refused; nothing changed", "err", err.Error())
-			} else {
-				log.Info("config reloaded", "file", cfg.Config, "tenants", nb, "policies", np)
-			}
+			loader.reload(log, "SIGHUP", false)
+		case <-changed:
+			loader.reload(log, "file changed", true)
 		case <-ctx.Done():
 			break wait
 		}
