@@ -7,8 +7,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
@@ -70,6 +72,15 @@ type MetricsOptions struct {
 //	policyd_budget_tokens{tenant}                               gauge: tokens left in a tenant's budget,
 //	                                                            updated on decisions that spend one
 //	policyd_rpc_duration_seconds{service,method,code}           histogram of RPC latency (streams: duration)
+//	grpc_server_started_total, grpc_server_handled_total,
+//	grpc_server_msg_received_total, grpc_server_msg_sent_total,
+//	grpc_server_handling_seconds{grpc_type,grpc_service,grpc_method[,grpc_code]}
+//	                                                            the standard gRPC server series of
+//	                                                            go-grpc-middleware's Prometheus provider, so
+//	                                                            stock gRPC dashboards work
+//
+// The RPC series are recorded by the outermost interceptors NewGRPC
+// installs, so calls refused by load shedding or authentication count too.
 //
 // Target and tenant labels are capped (MetricsOptions); past the cap they
 // read "other". A nil *Metrics records nothing, so handlers call it
@@ -79,6 +90,7 @@ type Metrics struct {
 	attempts     *prometheus.HistogramVec
 	budgetTokens *prometheus.GaugeVec
 	rpcDuration  *prometheus.HistogramVec
+	grpc         *grpcprom.ServerMetrics
 	breakers     *breakerCollector
 	targets      *labelCap
 	tenants      *labelCap
@@ -113,16 +125,17 @@ func NewMetrics(reg prometheus.Registerer, opts MetricsOptions) (*Metrics, error
 			Help: "Retry tokens left in a tenant's budget, as of its last spending decision.",
 		}, []string{"tenant"}),
 		rpcDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: metricRPCDuration,
-			Help: "Time to answer an RPC (for streams: how long the stream lasted), by service, method and status code.",
-			Buckets: []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
-				0.1, 0.25, 0.5, 1, 2.5, 5, 10},
+			Name:    metricRPCDuration,
+			Help:    "Time to answer an RPC (for streams: how long the stream lasted), by service, method and status code.",
+			Buckets: rpcBuckets,
 		}, []string{"service", "method", "code"}),
+		grpc: grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
+			grpcprom.WithHistogramBuckets(rpcBuckets))),
 		targets: newLabelCap(opts.MaxTargets),
 		tenants: newLabelCap(opts.MaxTenants),
 	}
 	m.breakers = newBreakerCollector(opts.WatchBuffer, m.tenants, m.targets)
-	for _, c := range []prometheus.Collector{m.decisions, m.attempts, m.budgetTokens, m.rpcDuration, m.breakers} {
+	for _, c := range []prometheus.Collector{m.decisions, m.attempts, m.budgetTokens, m.rpcDuration, m.grpc, m.breakers} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -199,24 +212,43 @@ func (m *Metrics) observeRPC(fullMethod string, start time.Time, err error) {
 	m.rpcDuration.WithLabelValues(service, method, status.Code(err).String()).Observe(time.Since(start).Seconds())
 }
 
-// unary times unary RPCs.
+// rpcBuckets are the buckets of the RPC latency histograms, in seconds:
+// policyd answers in tens of microseconds to milliseconds, below the gRPC
+// provider's default buckets.
+var rpcBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+	0.1, 0.25, 0.5, 1, 2.5, 5, 10}
+
+// unary times unary RPCs and counts them in the grpc_server_* series.
 func (m *Metrics) unary() grpc.UnaryServerInterceptor {
+	std := m.grpc.UnaryServerInterceptor()
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		start := time.Now()
-		resp, err := handler(ctx, req)
+		resp, err := std(ctx, req, info, handler)
 		m.observeRPC(info.FullMethod, start, err)
 		return resp, err
 	}
 }
 
-// stream times streaming RPCs from start to end.
+// stream times streaming RPCs from start to end and counts them in the
+// grpc_server_* series.
 func (m *Metrics) stream() grpc.StreamServerInterceptor {
+	std := m.grpc.StreamServerInterceptor()
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		start := time.Now()
-		err := handler(srv, ss)
+		err := std(srv, ss, info, handler)
 		m.observeRPC(info.FullMethod, start, err)
 		return err
 	}
+}
+
+// InitializeMethods gives the grpc_server_* series of every method s
+// serves a zero, so dashboards and rates see them before the first call.
+// Call it once, after NewGRPC; a nil *Metrics does nothing.
+func (m *Metrics) InitializeMethods(s reflection.ServiceInfoProvider) {
+	if m == nil {
+		return
+	}
+	m.grpc.InitializeMetrics(s)
 }
 
 // breakerStates are the states a breaker series is reported for, in order.

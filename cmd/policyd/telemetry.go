@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -63,7 +62,6 @@ func (o *observeConfig) validate() error {
 // value (both off) is ready to use.
 type telemetry struct {
 	metrics *server.Metrics
-	grpc    *grpcprom.ServerMetrics
 	opts    []grpc.ServerOption
 	http    *http.Server
 	served  chan error
@@ -81,22 +79,15 @@ func (o *observeConfig) start(ctx context.Context, store *breakerstore.Store, lo
 		if err != nil {
 			return nil, err
 		}
-		// The standard grpc_server_* series, so stock gRPC dashboards work.
-		t.grpc = grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
-			grpcprom.WithHistogramBuckets(rpcBuckets)))
 		reg.MustRegister(
 			collectors.NewGoCollector(),
 			collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 			storeCollector(store),
 			buildInfoCollector(readBuildVersion()),
-			t.grpc,
 		)
 		if loader != nil {
 			reg.MustRegister(reloadCollector(loader))
 		}
-		t.opts = append(t.opts,
-			grpc.ChainUnaryInterceptor(t.grpc.UnaryServerInterceptor()),
-			grpc.ChainStreamInterceptor(t.grpc.StreamServerInterceptor()))
 		lis, err := net.Listen("tcp", o.MetricsListen)
 		if err != nil {
 			return nil, fmt.Errorf("--metrics-listen: %w", err)
@@ -136,11 +127,7 @@ func (o *observeConfig) start(ctx context.Context, store *breakerstore.Store, lo
 
 // serving gives the grpc_server_* series of every method of gs a zero, so
 // dashboards and rates see them before the first call.
-func (t *telemetry) serving(gs *grpc.Server) {
-	if t.grpc != nil {
-		t.grpc.InitializeMetrics(gs)
-	}
-}
+func (t *telemetry) serving(gs *grpc.Server) { t.metrics.InitializeMethods(gs) }
 
 // stop shuts the metrics endpoint down and flushes the traces, each within
 // a few seconds.
@@ -177,11 +164,6 @@ func storeCollector(store *breakerstore.Store) prometheus.Collector {
 		},
 	}
 }
-
-// rpcBuckets are the grpc_server_handling_seconds buckets: policyd answers
-// in tens of microseconds to milliseconds, below the provider's defaults.
-var rpcBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
-	0.1, 0.25, 0.5, 1, 2.5, 5, 10}
 
 // reloadCollector reports the policy file's last load:
 // policyd_config_last_reload_successful (1 or 0) and
