@@ -117,6 +117,18 @@ func TestImageRunsTheDaemonAsNonRoot(t *testing.T) {
 		t.Errorf("policyd version: got %q", out)
 	}
 
+	// The default command's flags are ones this binary's serve knows.
+	help, err := exec.Command(extracted, "serve", "--help").Output()
+	if err != nil {
+		t.Fatalf("policyd serve --help from the layer: %v", err)
+	}
+	for _, a := range c.Cmd[1:] {
+		flag, _, _ := strings.Cut(a, "=")
+		if !strings.Contains(string(help), "      "+flag+" ") {
+			t.Errorf("the image's command passes %s, which policyd serve does not know", flag)
+		}
+	}
+
 	// The tarball docker and podman load holds the same image.
 	tb, err := tarball.ImageFromPath(tarPath, nil)
 	if err != nil {
