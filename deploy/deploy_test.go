@@ -20,10 +20,11 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// manifest is one decoded document of a manifest file.
+// manifest is one decoded document of a manifest file: its kind, its
+// name and the API object.
 type manifest struct {
-	file string
-	obj  any
+	kind, name string
+	obj        any
 }
 
 // decode splits a multi-document YAML file and decodes each document
@@ -35,10 +36,14 @@ func decode(path string, raw []byte) ([]manifest, error) {
 		if strings.TrimSpace(regexp.MustCompile(`(?m)^\s*#.*$`).ReplaceAllString(doc, "")) == "" {
 			continue
 		}
-		var tm metav1.TypeMeta
-		if err := yaml.Unmarshal([]byte(doc), &tm); err != nil {
+		var head struct {
+			metav1.TypeMeta `json:",inline"`
+			Metadata        struct{ Name string } `json:"metadata"`
+		}
+		if err := yaml.Unmarshal([]byte(doc), &head); err != nil {
 			return nil, fmt.Errorf("%s: document %d: %w", path, i, err)
 		}
+		tm := head.TypeMeta
 		var obj any
 		switch tm.APIVersion + "/" + tm.Kind {
 		case "v1/ConfigMap":
@@ -59,7 +64,7 @@ func decode(path string, raw []byte) ([]manifest, error) {
 		if err := yaml.UnmarshalStrict([]byte(doc), obj); err != nil {
 			return nil, fmt.Errorf("%s: document %d (%s): %w", path, i, tm.Kind, err)
 		}
-		out = append(out, manifest{file: path, obj: obj})
+		out = append(out, manifest{kind: tm.Kind, name: head.Metadata.Name, obj: obj})
 	}
 	return out, nil
 }
@@ -170,6 +175,7 @@ func checkService(t *testing.T, svc *corev1.Service, pod corev1.PodTemplateSpec)
 	}
 }
 
+// load decodes a manifest file into its objects by "Kind/name".
 func load(t *testing.T, path string) map[string]any {
 	t.Helper()
 	raw, err := os.ReadFile(path)
@@ -180,26 +186,20 @@ func load(t *testing.T, path string) map[string]any {
 	if err != nil {
 		t.Fatal(err)
 	}
-	byKind := map[string]any{}
+	byName := map[string]any{}
 	for _, m := range ms {
-		var key string
-		switch o := m.obj.(type) {
-		case *corev1.Service:
-			key = "Service/" + o.Name
-		default:
-			key = strings.TrimPrefix(fmt.Sprintf("%T", o), "*")
-		}
-		if _, dup := byKind[key]; dup {
+		key := m.kind + "/" + m.name
+		if _, dup := byName[key]; dup {
 			t.Fatalf("%s: two %s", path, key)
 		}
-		byKind[key] = m.obj
+		byName[key] = m.obj
 	}
-	return byKind
+	return byName
 }
 
 func TestBboltProfile(t *testing.T) {
 	objs := load(t, filepath.Join("kubernetes", "bbolt", "policyd.yaml"))
-	sts, ok := objs["v1.StatefulSet"].(*appsv1.StatefulSet)
+	sts, ok := objs["StatefulSet/policyd"].(*appsv1.StatefulSet)
 	if !ok {
 		t.Fatalf("no StatefulSet in %v", objs)
 	}
@@ -218,7 +218,7 @@ func TestBboltProfile(t *testing.T) {
 	if !slices.Contains(c.Args, "--db=/data/policyd.db") {
 		t.Errorf("StatefulSet: the state file is not on the volume: %q", c.Args)
 	}
-	pdb, ok := objs["v1.PodDisruptionBudget"].(*policyv1.PodDisruptionBudget)
+	pdb, ok := objs["PodDisruptionBudget/policyd"].(*policyv1.PodDisruptionBudget)
 	if !ok {
 		t.Fatal("no PodDisruptionBudget")
 	}
@@ -231,14 +231,14 @@ func TestBboltProfile(t *testing.T) {
 		t.Fatal("no Service policyd")
 	}
 	checkService(t, svc, sts.Spec.Template)
-	if _, ok := objs["v1.ConfigMap"]; !ok {
+	if _, ok := objs["ConfigMap/policyd-policy"]; !ok {
 		t.Error("no ConfigMap with the policy file")
 	}
 }
 
 func TestRedisProfile(t *testing.T) {
 	objs := load(t, filepath.Join("kubernetes", "redis", "policyd.yaml"))
-	dep, ok := objs["v1.Deployment"].(*appsv1.Deployment)
+	dep, ok := objs["Deployment/policyd"].(*appsv1.Deployment)
 	if !ok {
 		t.Fatalf("no Deployment in %v", objs)
 	}
@@ -254,7 +254,7 @@ func TestRedisProfile(t *testing.T) {
 		t.Errorf("Service policyd-headless: clusterIP %q, want None (clients balance over the replicas)", svc.Spec.ClusterIP)
 	}
 	checkService(t, svc, dep.Spec.Template)
-	if _, ok := objs["v1.PodDisruptionBudget"]; !ok {
+	if _, ok := objs["PodDisruptionBudget/policyd"]; !ok {
 		t.Error("no PodDisruptionBudget")
 	}
 }
