@@ -77,7 +77,7 @@ func serve(ctx context.Context, cfg serveConfig) error {
 	if err := level.UnmarshalText([]byte(cfg.LogLevel)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	log := newLogger(os.Stderr, level)
 	var sync breakerstore.SyncMode
 	switch cfg.Sync {
 	case "group":
@@ -151,7 +151,7 @@ func serve(ctx context.Context, cfg serveConfig) error {
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
-	tel, err := cfg.Observe.start(ctx, store, log)
+	tel, err := cfg.Observe.start(ctx, store, loader, log)
 	if err != nil {
 		return err
 	}
@@ -160,6 +160,7 @@ func serve(ctx context.Context, cfg serveConfig) error {
 		StreamWorkers: cfg.Limits.streamWorkers(), MaxClockSkew: cfg.Limits.MaxClockSkew,
 		DeclaredTenants: cfg.Limits.declaredTenants(store)},
 		append(append(tlsOpts, cfg.Limits.serverOptions()...), tel.opts...)...)
+	tel.serving(gs)
 
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -171,6 +172,14 @@ func serve(ctx context.Context, cfg serveConfig) error {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
+	var changed <-chan struct{} // nil without --config: never ready
+	if loader != nil {
+		var stopWatch func()
+		if changed, stopWatch, err = loader.watch(log); err != nil {
+			return err
+		}
+		defer stopWatch()
+	}
 wait:
 	for {
 		select {
@@ -181,12 +190,9 @@ wait:
 				log.Warn("SIGHUP ignored: no --config file")
 				continue
 			}
-			// All or nothing: a bad file changes nothing.
-			if nb, np, err := loader.load(); err != nil {
-				log.Error("config reload refused; nothing changed", "err", err.Error())
-			} else {
-				log.Info("config reloaded", "file", cfg.Config, "tenants", nb, "policies", np)
-			}
+			loader.reload(log, "SIGHUP", false)
+		case <-changed:
+			loader.reload(log, "file changed", true)
 		case <-ctx.Done():
 			break wait
 		}
