@@ -107,10 +107,6 @@ func serve(ctx context.Context, cfg serveConfig) error {
 	if err := cfg.Observe.validate(); err != nil {
 		return err
 	}
-	auth, err := cfg.Security.auth(cfg.DB, log)
-	if err != nil {
-		return err
-	}
 	tlsOpts, err := cfg.Security.serverOptions()
 	if err != nil {
 		return err
@@ -132,6 +128,12 @@ func serve(ctx context.Context, cfg serveConfig) error {
 			log.Error("closing the state file", "err", err)
 		}
 	}()
+	// The credentials load after the store opened, so a refused state file
+	// leaves no new admin token file behind.
+	auth, err := cfg.Security.auth(cfg.DB, log)
+	if err != nil {
+		return err
+	}
 
 	var loader *configLoader
 	if cfg.Config != "" {
