@@ -7,8 +7,9 @@
 // breaker state transitions are committed with an fsync before the method
 // returns. Counters (breaker windows, token buckets, run spend and ledgers)
 // and audit records are marked dirty or buffered and written by one
-// background goroutine every FlushInterval in a single transaction, so a
-// crash loses at most that interval; with SyncAlways every mutation and
+// background goroutine in a single transaction, one starting every
+// FlushInterval, so a crash loses at most that interval plus the duration
+// of one commit (the one in progress); with SyncAlways every mutation and
 // audit record is committed (through bbolt's Batch, so concurrent callers
 // share an fsync) before it returns.
 //

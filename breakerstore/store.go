@@ -76,7 +76,7 @@ type SyncMode uint8
 const (
 	// SyncGroup (the default) marks counters dirty and commits them in one
 	// transaction every Options.FlushInterval; a crash loses at most that
-	// interval of counters.
+	// interval plus the duration of one commit of counters.
 	SyncGroup SyncMode = iota
 	// SyncAlways commits every mutation before the method returns, sharing
 	// commits between concurrent callers through bbolt's Batch.
@@ -98,7 +98,10 @@ func (m SyncMode) String() string {
 type Options struct {
 	// Path is the bbolt file; it is created (mode 0600) when absent.
 	Path string
-	// FlushInterval is the group-commit interval for counters; default 100ms.
+	// FlushInterval is the group-commit interval for counters; default
+	// 100ms. A group commit starts every FlushInterval (right away after
+	// one that took longer), so with SyncGroup a crash loses at most
+	// FlushInterval plus the duration of one commit of counting.
 	FlushInterval time.Duration
 	// Sync selects group commit (default) or a commit per mutation.
 	Sync SyncMode
@@ -610,15 +613,27 @@ func (s *Store) now() int64 { return s.clock.Now().UnixNano() }
 // flushLoop is the one background goroutine; it ends when Close closes stop.
 func (s *Store) flushLoop() {
 	defer close(s.done)
-	t := time.NewTicker(s.opts.FlushInterval)
+	flushEvery(s.stop, s.opts.FlushInterval, func() { _ = s.flush(false) })
+}
+
+// flushEvery calls flush until stop closes, each call due interval after
+// the previous one started: the time a commit takes does not push the
+// schedule later, and a commit that runs past the interval is followed at
+// once. So a counter changed at any moment is in a commit that starts
+// within interval and is durable when it ends: a crash loses at most
+// interval plus the duration of one commit (see Options.FlushInterval).
+func flushEvery(stop <-chan struct{}, interval time.Duration, flush func()) {
+	t := time.NewTimer(interval)
 	defer t.Stop()
 	for {
 		select {
-		case <-s.stop:
+		case <-stop:
 			return
 		case <-t.C:
-			_ = s.flush(false)
 		}
+		start := time.Now()
+		flush()
+		t.Reset(max(time.Until(start.Add(interval)), 0))
 	}
 }
 
