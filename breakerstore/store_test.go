@@ -248,6 +248,9 @@ func TestOpenRefuses(t *testing.T) {
 			if !errors.Is(err, tt.want) || !strings.Contains(err.Error(), tt.msg) {
 				t.Fatalf("Open() = %v, want %v mentioning %q", err, tt.want, tt.msg)
 			}
+			if err := breakerstore.Check(path, 100*time.Millisecond); !errors.Is(err, tt.want) || !strings.Contains(err.Error(), tt.msg) {
+				t.Errorf("Check() = %v, want %v mentioning %q", err, tt.want, tt.msg)
+			}
 		})
 	}
 }
