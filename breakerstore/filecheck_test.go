@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/bbolt"
+
 	"github.com/policyd/policyd/breakerstore"
 	"github.com/policyd/policyd/internal/damage"
 )
@@ -144,4 +146,25 @@ func TestOpenCreatesOnlyAMissingFile(t *testing.T) {
 	if _, err := os.Stat(missing); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("Check created %s (stat: %v), want it left absent", missing, err)
 	}
+}
+
+// TestCheckReportsABadRecordInEveryBucket puts an undecodable record in two
+// buckets: Check names both, where Open stops at the first.
+func TestCheckReportsABadRecordInEveryBucket(t *testing.T) {
+	e := newEnv(t)
+	if err := e.open().Close(); err != nil {
+		t.Fatal(err)
+	}
+	writeBolt(t, e.opts.Path, func(tx *bbolt.Tx) error {
+		if err := tx.Bucket([]byte("breakers")).Put([]byte("t\x00x"), []byte{1, 2, 3}); err != nil {
+			return err
+		}
+		return tx.Bucket([]byte("policies")).Put([]byte("t\x00x"), []byte("{not json"))
+	})
+	err := breakerstore.Check(e.opts.Path, time.Second)
+	if !errors.Is(err, breakerstore.ErrCorrupt) || !strings.Contains(err.Error(), "bucket breakers") ||
+		!strings.Contains(err.Error(), "bucket policies") || strings.Count(err.Error(), e.opts.Path) != 1 {
+		t.Errorf("Check: got %v, want ErrCorrupt naming the file once and both bucket breakers and bucket policies", err)
+	}
+	t.Logf("Check: %v", err)
 }

@@ -410,7 +410,15 @@ func Check(path string, lockTimeout time.Duration) error {
 		})
 	})
 	if err == nil && len(problems) == 0 {
-		err, panicked = guarded(path, func() error { return newStore(db, opts, DefaultTenantBudget()).load() })
+		// Every bucket is loaded, each past the failures of the others.
+		err, panicked = guarded(path, func() error {
+			for _, lerr := range newStore(db, opts, DefaultTenantBudget()).loadReport() {
+				if lerr != nil {
+					problems = append(problems, detail(lerr, path))
+				}
+			}
+			return nil
+		})
 	}
 	if err != nil {
 		problems = append(problems, detail(err, path))
@@ -537,24 +545,45 @@ func (s *Store) initBuckets() error {
 	return err
 }
 
-// load reads every record into memory.
+// load reads every record into memory, stopping at the first that does
+// not decode.
 func (s *Store) load() error {
-	now := s.now()
 	return s.db.View(func(tx *bbolt.Tx) error {
-		if err := s.loadPolicies(tx); err != nil {
-			return err
+		for _, load := range s.loaders(tx) {
+			if err := load(); err != nil {
+				return err
+			}
 		}
-		if err := s.loadBudgets(tx, now); err != nil {
-			return err
-		}
-		if err := s.loadRuns(tx); err != nil {
-			return err
-		}
-		if err := s.loadAudit(tx); err != nil {
-			return err
-		}
-		return s.loadBreakers(tx, now)
+		return nil
 	})
+}
+
+// loadReport is load for Check: it runs every loader, each past the
+// failures of the others, and returns the failures, so a bad record in
+// one bucket does not hide one in another.
+func (s *Store) loadReport() []error {
+	var errs []error
+	err := s.db.View(func(tx *bbolt.Tx) error {
+		for _, load := range s.loaders(tx) {
+			if err := load(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		return nil
+	})
+	return append(errs, err)
+}
+
+// loaders are the steps of load, in order.
+func (s *Store) loaders(tx *bbolt.Tx) []func() error {
+	now := s.now()
+	return []func() error{
+		func() error { return s.loadPolicies(tx) },
+		func() error { return s.loadBudgets(tx, now) },
+		func() error { return s.loadRuns(tx) },
+		func() error { return s.loadAudit(tx) },
+		func() error { return s.loadBreakers(tx, now) },
+	}
 }
 
 // corrupt reports a record that cannot be decoded.
