@@ -96,7 +96,8 @@ func (m SyncMode) String() string {
 
 // Options configures Open. Zero fields take the documented defaults.
 type Options struct {
-	// Path is the bbolt file; it is created (mode 0600) when absent.
+	// Path is the bbolt file; it is created (mode 0600) when absent, and
+	// an existing file must be a sound policyd database.
 	Path string
 	// FlushInterval is the group-commit interval for counters; default
 	// 100ms. A group commit starts every FlushInterval (right away after
@@ -236,9 +237,13 @@ type entity interface {
 }
 
 // Open opens or creates the database at opts.Path, loads all state into
-// memory and starts the flusher. A file held by another process fails with
-// ErrLocked within opts.LockTimeout, a file that is not a policyd bbolt
-// database with ErrCorrupt or ErrSchema; Open never falls back to defaults.
+// memory and starts the flusher. Only a path that does not exist is
+// created. A file held by another process fails with ErrLocked within
+// opts.LockTimeout; an existing file is verified before bbolt maps it
+// (filecheck.go), and a damaged, empty or foreign one fails with ErrCorrupt,
+// one of a newer schema version with ErrSchema, each on one line naming
+// the file. A file of an older schema version is migrated. Open never falls
+// back to defaults.
 func Open(opts Options) (*Store, error) {
 	if opts.Path == "" {
 		return nil, invalid("path", "must not be empty")
