@@ -168,3 +168,23 @@ func TestCheckReportsABadRecordInEveryBucket(t *testing.T) {
 	}
 	t.Logf("Check: %v", err)
 }
+
+// TestCheckAcceptsABboltFileWithoutBuckets: a bbolt file with no bucket yet
+// (a first start cut short) is one Open initialises, and Check passes it.
+func TestCheckAcceptsABboltFileWithoutBuckets(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "policyd.db")
+	writeBolt(t, path, func(*bbolt.Tx) error { return nil })
+	if err := breakerstore.Check(path, time.Second); err != nil {
+		t.Errorf("Check: got %v, want nil", err)
+	}
+	s, err := breakerstore.Open(breakerstore.Options{Path: path})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := breakerstore.Check(path, time.Second); err != nil {
+		t.Errorf("Check after Open: got %v, want nil", err)
+	}
+}

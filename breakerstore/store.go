@@ -397,16 +397,20 @@ func Check(path string, lockTimeout time.Duration) error {
 		return openErr(opts, err)
 	}
 	var problems []string
-	schemaOnly := false
+	schemaOnly, empty := false, false
 	err, panicked = guarded(path, func() error {
 		return db.View(func(tx *bbolt.Tx) error {
 			for perr := range tx.Check() {
 				problems = append(problems, perr.Error())
 			}
-			if _, err := readSchema(tx, path); err != nil {
+			v, err := readSchema(tx, path)
+			if err != nil {
 				schemaOnly = len(problems) == 0 && errors.Is(err, ErrSchema)
 				problems = append(problems, detail(err, path))
 				return nil
+			}
+			if empty = v == 0; empty {
+				return nil // no buckets yet: Open initialises the file
 			}
 			if err := checkAudit(tx); err != nil {
 				problems = append(problems, detail(err, path))
@@ -414,7 +418,7 @@ func Check(path string, lockTimeout time.Duration) error {
 			return nil
 		})
 	})
-	if err == nil && len(problems) == 0 {
+	if err == nil && len(problems) == 0 && !empty {
 		// Every bucket is loaded, each past the failures of the others.
 		err, panicked = guarded(path, func() error {
 			for _, lerr := range newStore(db, opts, DefaultTenantBudget()).loadReport() {
