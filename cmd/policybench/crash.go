@@ -285,8 +285,11 @@ func crashSetup(ctx context.Context, admin pb.AdminServiceClient) error {
 	if err := setupWorkload(ctx, admin); err != nil {
 		return err
 	}
+	// A zero deposit ratio or floor means the default (0.2, 5/s): the
+	// smallest positive ones keep the bucket from refilling, so the tokens
+	// found after a restart are what the file kept.
 	if _, err := admin.SetTenantBudget(ctx, &pb.SetTenantBudgetRequest{Budget: &pb.TenantBudget{
-		Tenant: crashSpendTenant, Capacity: crashSpendCap, DepositRatio: 0, MinRetriesPerSecond: 0}}); err != nil {
+		Tenant: crashSpendTenant, Capacity: crashSpendCap, DepositRatio: 1e-12, MinRetriesPerSecond: 1e-12}}); err != nil {
 		return fmt.Errorf("budget %s: %w", crashSpendTenant, err)
 	}
 	// The spender's breaker must never trip: failure-rate mode that never
