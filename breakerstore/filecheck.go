@@ -547,7 +547,7 @@ func openChecked(path string, create, readOnly bool, timeout time.Duration) (*os
 
 func lockErr(path string, timeout time.Duration, err error) error {
 	if errors.Is(err, errLockTimeout) {
-		return fmt.Errorf("%w: %s is held by another process (gave up after %v)", ErrLocked, path, timeout)
+		return fmt.Errorf("%w: %s (gave up after %v)", ErrLocked, path, timeout)
 	}
 	return fmt.Errorf("breakerstore: lock %s: %w", path, err)
 }

@@ -461,7 +461,7 @@ func detail(err error, path string) string {
 func openErr(opts Options, err error) error {
 	switch {
 	case errors.Is(err, berrors.ErrTimeout):
-		return fmt.Errorf("%w: %s is held by another process (gave up after %v)", ErrLocked, opts.Path, opts.LockTimeout)
+		return fmt.Errorf("%w: %s (gave up after %v)", ErrLocked, opts.Path, opts.LockTimeout)
 	case errors.Is(err, berrors.ErrInvalid), errors.Is(err, berrors.ErrVersionMismatch),
 		errors.Is(err, berrors.ErrChecksum), errors.Is(err, berrors.ErrInvalidMapping):
 		return fmt.Errorf("%w: %s is not a readable bbolt database: %v", ErrCorrupt, opts.Path, err)
