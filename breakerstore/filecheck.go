@@ -186,7 +186,7 @@ func (c *fileCheck) run() {
 		}
 	}
 	f0 := m0.fault(0)
-	f1 := "missing"
+	f1 := fmt.Sprintf("no sound meta page one page in, for any page size from %d to %d bytes", minPageSize, maxPageSize)
 	if found1 {
 		f1 = m1.fault(1)
 	}
