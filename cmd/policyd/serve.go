@@ -44,9 +44,12 @@ func serveCmd() *cobra.Command {
 
 Durability: admin writes and breaker state transitions are fsync'd before they
 are answered. Counters (breaker windows, budget tokens, run ledgers) are
-written in group commits every --flush-interval: a crash loses at most that
-interval of counting. --sync=always makes every decision durable before it is
-answered, at a cost in throughput.
+written in group commits, one starting every --flush-interval: a crash loses
+at most --flush-interval plus one commit of counting. --sync=always makes
+every decision durable before it is answered, at a cost in throughput.
+
+A damaged, empty or foreign --db file is refused with one line naming it;
+only a path that does not exist is created.
 
 SIGINT or SIGTERM drains: health turns NOT_SERVING, in-flight calls finish
 (for at most --grace), then the state is flushed and the file closed.`,
@@ -58,7 +61,7 @@ SIGINT or SIGTERM drains: health turns NOT_SERVING, in-flight calls finish
 	f := cmd.Flags()
 	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:50051", "address to serve gRPC on")
 	f.StringVar(&cfg.DB, "db", "policyd.db", "bbolt database file holding the shared state")
-	f.DurationVar(&cfg.FlushInterval, "flush-interval", 100*time.Millisecond, "group-commit interval for counters; a crash loses at most this much counting")
+	f.DurationVar(&cfg.FlushInterval, "flush-interval", 100*time.Millisecond, "group-commit interval for counters; a crash loses at most this plus one commit of counting")
 	f.StringVar(&cfg.Sync, "sync", "group", "durability of decisions: group (counters flushed every --flush-interval) or always (every decision durable before its answer)")
 	f.DurationVar(&cfg.SyncDelay, "sync-batch-delay", 2*time.Millisecond, "with --sync=always: how long a commit waits for concurrent decisions to share its fsync")
 	f.DurationVar(&cfg.Grace, "grace", 10*time.Second, "how long a shutdown waits for in-flight calls before cutting them")
@@ -110,10 +113,6 @@ func serve(ctx context.Context, cfg serveConfig) error {
 	if err := cfg.Security.checkExposure(cfg.Listen, cfg.Observe.MetricsListen, log); err != nil {
 		return err
 	}
-	auth, err := cfg.Security.auth(cfg.DB, log)
-	if err != nil {
-		return err
-	}
 	tlsOpts, err := cfg.Security.serverOptions()
 	if err != nil {
 		return err
@@ -136,6 +135,12 @@ func serve(ctx context.Context, cfg serveConfig) error {
 			log.Error("closing the state file", "err", err)
 		}
 	}()
+	// The credentials load after the store opened, so a refused state file
+	// leaves no new admin token file behind.
+	auth, err := cfg.Security.auth(cfg.DB, log)
+	if err != nil {
+		return err
+	}
 
 	var loader *configLoader
 	if cfg.Config != "" {
