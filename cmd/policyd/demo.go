@@ -489,19 +489,14 @@ func startEmbedded(log *slog.Logger) (addr, path string, stop func(), err error)
 		os.RemoveAll(dir)
 		return "", "", nil, err
 	}
-	gs, _ := server.NewGRPC(store, server.Config{Logger: log})
+	srv := server.New(store, server.Config{Logger: log})
 	served := make(chan error, 1)
-	go func() { served <- gs.Serve(lis) }()
+	go func() { served <- srv.Serve(lis) }()
 	stop = func() {
-		done := make(chan struct{})
-		go func() { gs.GracefulStop(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			gs.Stop()
-			<-done
-		}
-		if err := <-served; err != nil && !errors.Is(err, net.ErrClosed) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+		if err := <-served; err != nil {
 			log.Warn("embedded policyd", "err", err)
 		}
 		if err := store.Close(); err != nil {
