@@ -2,6 +2,7 @@ package policyclient
 
 import (
 	"context"
+	"time"
 
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 )
@@ -25,4 +26,22 @@ func WaitBreakerState(ctx context.Context, c *Client, target string, st pb.Break
 // test vectors.
 func ClassifyLocal(f *pb.Failure, idempotent, hasKey bool) (pb.Category, string) {
 	return (&localPolicy{}).classify(f, idempotent, hasKey)
+}
+
+// WatchReconnects runs c's breaker watch (c made with NoWatch, so it runs
+// no watch of its own) on a fake clock until it has waited n times, and
+// returns the waits. draw is the jitter's source of numbers in [0, 1).
+func WatchReconnects(c *Client, n int, draw func() float64) []time.Duration {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var waits []time.Duration
+	sleep := func(ctx context.Context, d time.Duration) error {
+		waits = append(waits, d)
+		if len(waits) == n {
+			cancel()
+		}
+		return ctx.Err()
+	}
+	c.breakers.watch(ctx, c, sleep, draw)
+	return waits
 }
