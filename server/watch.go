@@ -51,13 +51,13 @@ func (w *watcher) serve(req *pb.WatchBreakersRequest, stream grpc.ServerStreamin
 	events, cancel := w.store.Subscribe(req.GetTenant(), 0)
 	defer cancel()
 	ctx := stream.Context()
-	out := make(chan *pb.WatchBreakersResponse)
+	out := make(chan policy.BreakerEvent)
 	sent := make(chan error, 1)
 	go func() {
 		for {
 			select {
-			case msg := <-out:
-				if err := stream.Send(msg); err != nil {
+			case ev := <-out:
+				if err := stream.Send(watchMessage(ev)); err != nil {
 					sent <- err
 					return
 				}
@@ -66,11 +66,13 @@ func (w *watcher) serve(req *pb.WatchBreakersRequest, stream grpc.ServerStreamin
 			}
 		}
 	}()
-	var queue []*pb.WatchBreakersResponse
-	changes := 0 // queued messages that are changes, not the snapshot
+	// The queue holds events as values, converted only when sent: a
+	// fraction of the memory of the messages with their nested parts.
+	var queue []policy.BreakerEvent
+	changes := 0 // queued events that are changes, not the snapshot
 	for {
-		var next chan<- *pb.WatchBreakersResponse
-		var head *pb.WatchBreakersResponse
+		var next chan<- policy.BreakerEvent
+		var head policy.BreakerEvent
 		if len(queue) > 0 {
 			next, head = out, queue[0]
 		}
@@ -79,20 +81,18 @@ func (w *watcher) serve(req *pb.WatchBreakersRequest, stream grpc.ServerStreamin
 			if isChange(head) {
 				changes--
 			}
-			queue[0] = nil
 			queue = queue[1:]
 		case ev, ok := <-events:
 			if !ok {
 				return errFellBehind
 			}
-			msg := watchMessage(ev)
-			if isChange(msg) {
+			if isChange(ev) {
 				if changes == w.buffer {
 					return errFellBehind
 				}
 				changes++
 			}
-			queue = append(queue, msg)
+			queue = append(queue, ev)
 		case err := <-sent:
 			return err
 		case <-ctx.Done():
@@ -108,4 +108,4 @@ func watchMessage(ev policy.BreakerEvent) *pb.WatchBreakersResponse {
 	return &pb.WatchBreakersResponse{Breaker: breakerToPB(ev.Snapshot), Snapshot: ev.Initial}
 }
 
-func isChange(m *pb.WatchBreakersResponse) bool { return !m.GetSnapshot() && !m.GetSnapshotComplete() }
+func isChange(ev policy.BreakerEvent) bool { return !ev.Initial && !ev.SnapshotDone }
