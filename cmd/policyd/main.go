@@ -34,7 +34,7 @@ Run without a subcommand, policyd serves (as 'policyd serve').`,
 		RunE:          serve.RunE,
 	}
 	root.Flags().AddFlagSet(serve.Flags())
-	root.AddCommand(serve, planCmd(), checkCmd(), demoCmd())
+	root.AddCommand(serve, planCmd(), checkCmd())
 	root.AddCommand(adminCmds()...)
 	return root
 }
