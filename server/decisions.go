@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -43,7 +42,7 @@ type Config struct {
 	// WatchBuffer is the per-subscriber queue of breaker events; a
 	// subscriber that falls further behind is disconnected. Default 1024.
 	WatchBuffer int
-	// StreamWorkers is the number of goroutines NewGRPC keeps to serve
+	// StreamWorkers is the number of goroutines server.New keeps to serve
 	// calls (grpc-go's NumStreamWorkers): reused from call to call, they
 	// keep the stack a handler grew instead of growing a new goroutine's
 	// on every call; a call that finds them all busy gets a goroutine of
@@ -564,35 +563,6 @@ func (d *Decisions) Admit(ctx context.Context, req *pb.AdmitRequest) (*pb.AdmitR
 		Admitted: a.Admitted, State: pb.BreakerState(a.State), PermitId: a.PermitID,
 		RetryAfter: durationPB(a.RetryAfter), Reason: a.Reason,
 	}, nil
-}
-
-// WatchBreakers streams the current breaker states, then every change,
-// until the client goes away. A client that falls behind is disconnected
-// with UNAVAILABLE and resumes with a fresh snapshot when it reconnects.
-func (d *Decisions) WatchBreakers(req *pb.WatchBreakersRequest, stream grpc.ServerStreamingServer[pb.WatchBreakersResponse]) error {
-	if err := checkName("tenant", req.GetTenant(), maxTenantLen, false); err != nil {
-		return err
-	}
-	events, cancel := d.store.Subscribe(req.GetTenant(), d.cfg.WatchBuffer)
-	defer cancel()
-	ctx := stream.Context()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case ev, ok := <-events:
-			if !ok {
-				return status.Error(codes.Unavailable, "breaker watch fell behind or policyd is stopping; reconnect for a fresh snapshot")
-			}
-			msg := &pb.WatchBreakersResponse{SnapshotComplete: true}
-			if !ev.SnapshotDone {
-				msg = &pb.WatchBreakersResponse{Breaker: breakerToPB(ev.Snapshot), Snapshot: ev.Initial}
-			}
-			if err := stream.Send(msg); err != nil {
-				return err
-			}
-		}
-	}
 }
 
 // PlanBudget fits retries into a window, offline.

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -51,7 +50,8 @@ every decision durable before it is answered, at a cost in throughput.
 A damaged, empty or foreign --db file is refused with one line naming it;
 only a path that does not exist is created.
 
-SIGINT or SIGTERM drains: health turns NOT_SERVING, in-flight calls finish
+SIGINT or SIGTERM drains: health turns NOT_SERVING, every open stream
+(WatchBreakers included) ends at once with UNAVAILABLE, in-flight calls finish
 (for at most --grace), then the state is flushed and the file closed.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -161,16 +161,15 @@ func serve(ctx context.Context, cfg serveConfig) error {
 		return err
 	}
 	defer tel.stop(log)
-	gs, hs := server.NewGRPC(store, server.Config{Logger: log, Auth: auth, Shedder: cfg.Limits.shedder(), Metrics: tel.metrics,
+	srv := server.New(store, server.Config{Logger: log, Auth: auth, Shedder: cfg.Limits.shedder(), Metrics: tel.metrics,
 		StreamWorkers: cfg.Limits.streamWorkers(), MaxClockSkew: cfg.Limits.MaxClockSkew,
 		DeclaredTenants: cfg.Limits.declaredTenants(store)},
 		append(append(tlsOpts, cfg.Limits.serverOptions()...), tel.opts...)...)
-	tel.serving(gs)
 
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	served := make(chan error, 1)
-	go func() { served <- gs.Serve(lis) }()
+	go func() { served <- srv.Serve(lis) }()
 	log.Info("policyd serving", "listen", lis.Addr().String(), "db", cfg.DB,
 		"sync", cfg.Sync, "flush_interval", cfg.FlushInterval.String())
 
@@ -203,17 +202,12 @@ wait:
 		}
 	}
 	log.Info("draining", "grace", cfg.Grace.String())
-	hs.Shutdown() // every service NOT_SERVING, so balancers stop sending
-	done := make(chan struct{})
-	go func() { gs.GracefulStop(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(cfg.Grace):
-		log.Warn("grace period over; cutting remaining calls")
-		gs.Stop()
-		<-done
+	drainCtx, cancel := context.WithTimeout(context.Background(), cfg.Grace)
+	defer cancel()
+	if err := srv.Shutdown(drainCtx); err != nil {
+		log.Warn("grace period over; remaining calls cut")
 	}
-	if err := <-served; err != nil && !errors.Is(err, net.ErrClosed) {
+	if err := <-served; err != nil {
 		return err
 	}
 	log.Info("policyd stopped")
