@@ -7,10 +7,12 @@ from __future__ import annotations
 import contextvars
 import logging
 import math
+import os
 import random
 import secrets
 import threading
 import time
+import weakref
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Callable, Generic, NamedTuple, Optional, TypeVar
@@ -28,6 +30,36 @@ from .key import idempotency_key
 T = TypeVar("T")
 
 _CURRENT: contextvars.ContextVar[Optional[Attempt]] = contextvars.ContextVar("policyd_attempt", default=None)
+
+
+# Clients alive in this process, to be rebuilt in a child after os.fork().
+_LIVE: "weakref.WeakSet[Any]" = weakref.WeakSet()
+# gRPC objects a child inherited from its parent. They must be neither used
+# nor closed in the child (closing a channel there can hang), and must not be
+# collected either (their finalizers close and cancel), so the child keeps
+# them here until it exits.
+_INHERITED: list[object] = []
+
+
+def follow_forks(client: Any) -> None:
+    """Registers client to be told, in a child after os.fork(), to drop what
+    it inherited (``client._after_fork_in_child()``): the parent's channel,
+    threads or tasks, locks and queued outcomes. Holds client weakly."""
+    _LIVE.add(client)
+
+
+def inherit(*objs: object) -> None:
+    """Keeps gRPC objects inherited from the parent alive and unused."""
+    _INHERITED.extend(o for o in objs if o is not None)
+
+
+def _after_fork_in_child() -> None:
+    for c in list(_LIVE):
+        c._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def current_attempt() -> Optional[Attempt]:
@@ -190,6 +222,13 @@ class BreakerCache:
         #: client wakes its waiters with it.
         self.on_change: Optional[Callable[[], None]] = None
 
+    def after_fork(self) -> None:
+        """Forgets everything in a child after os.fork(): its lock may have
+        been held by a parent thread, and the child follows policyd anew."""
+        self._cond = threading.Condition()
+        self._live = False
+        self._m = {}
+
     @property
     def live(self) -> bool:
         """True while the cache can answer."""
@@ -266,6 +305,16 @@ class Core:
         # When to ask policyd again after it failed to answer (Unix seconds
         # on self.now); until then decisions are local.
         self._down_until = 0.0
+
+    def after_fork(self) -> None:
+        """Rebuilds the locks in a child after os.fork() (a parent thread may
+        have held them), empties the breaker cache and starts the counters
+        afresh; the local budget keeps its tokens."""
+        self._lock = threading.Lock()
+        self._stats = Stats()
+        self._down_until = 0.0
+        self.cache.after_fork()
+        self.local.budget.after_fork()
 
     def count(self, name: str, n: int = 1) -> None:
         """Adds n to the counter name of Stats."""

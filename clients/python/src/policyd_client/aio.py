@@ -7,6 +7,7 @@ import asyncio
 import collections
 import functools
 import logging
+import os
 from types import TracebackType
 from typing import Awaitable, Callable, Optional, ParamSpec, TypeVar, Union
 
@@ -18,6 +19,8 @@ from retrypolicy.v1 import retry_policy_service_pb2_grpc as rpb_grpc
 
 from ._core import (
     _CURRENT,
+    follow_forks,
+    inherit,
     COOLDOWN,
     CachedBreaker,
     CallState,
@@ -43,6 +46,29 @@ T = TypeVar("T")
 
 #: sleep(seconds) waits; cancelling the task interrupts it.
 AsyncSleep = Callable[[float], Awaitable[None]]
+
+
+# Whether an AsyncClient has run grpc.aio in this process, and whether this
+# process is a child forked after one did. grpc.aio keeps one poller thread
+# per process, which a child does not inherit: every grpc.aio call in such a
+# child hangs, on a fresh channel too, so start() refuses there instead.
+_aio_used = False
+_aio_forked = False
+
+_FORKED_AIO = (
+    "policyd_client: grpc.aio was used in this process's parent before os.fork(), and cannot run in the "
+    "child; create and start AsyncClient only in the child (Celery: worker_process_init; gunicorn "
+    "--preload: on first use in the worker, not at import)"
+)
+
+
+def _after_fork_in_child() -> None:
+    global _aio_forked
+    _aio_forked = _aio_forked or _aio_used
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class AsyncClient:
@@ -103,6 +129,28 @@ class AsyncClient:
         self._closed = False
         self._stopping: Optional[asyncio.Event] = None
         self._changed: Optional[asyncio.Event] = None
+        follow_forks(self)
+
+    def _after_fork_in_child(self) -> None:
+        """Runs in a child after os.fork(): drops the parent's channel,
+        tasks (they belong to the parent's event loop) and queued outcomes
+        (the parent sends those), so that first use in the child starts
+        afresh on the child's loop. A channel the caller gave cannot be
+        redialled; it is kept, with a warning."""
+        self._core.after_fork()
+        if self._started:
+            inherit(self._stub, self._reporter, *self._tasks)
+            if self._owned:
+                inherit(self._channel)
+                self._channel = None
+            else:
+                self._core.log.warning(
+                    "policyd_client: an AsyncClient with a channel of the caller's was used before os.fork(); "
+                    "gRPC channels do not survive fork: give an address instead, or make the client in the child"
+                )
+        self._stub, self._reporter, self._tasks = None, None, []
+        self._stopping = self._changed = None
+        self._started = False
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -113,6 +161,10 @@ class AsyncClient:
             return
         if self._closed:
             raise RuntimeError("policyd_client: the client is closed")
+        if _aio_forked:
+            raise RuntimeError(_FORKED_AIO)
+        global _aio_used
+        _aio_used = True
         self._started = True
         if self._channel is None:
             if self._credentials is not None:

@@ -18,6 +18,8 @@ from retrypolicy.v1 import retry_policy_service_pb2_grpc as rpb_grpc
 
 from ._core import (
     _CURRENT,
+    follow_forks,
+    inherit,
     COOLDOWN,
     CachedBreaker,
     CallState,
@@ -118,27 +120,84 @@ class Client:
         self._settings = self._core.settings
         self._now = self._core.now
         self._sleep: SyncSleep = sleep or _sleep
+        self._address = address
+        self._credentials = credentials
         self._owned = channel is None
         self._md = bearer(token)
-        self._channel: grpc.Channel
-        if channel is not None:
-            self._channel = channel
-        elif credentials is not None:
-            self._channel = grpc.secure_channel(address, credentials)  # type: ignore[arg-type]
-        else:
-            self._channel = grpc.insecure_channel(address)  # type: ignore[arg-type]
-        self._stub = rpb_grpc.RetryPolicyServiceStub(self._channel)
-        self._stopping = threading.Event()
+        self._channel: Optional[grpc.Channel] = channel
         self._closed = False
+        # Guards starting and closing; the channel, the reporter and the
+        # threads start on first use, so a client made before os.fork() and
+        # used only in the children never has gRPC objects in the parent.
         self._close_lock = threading.Lock()
-        self._reporter = _Reporter(self._stub, self._core, self._md)
-        self._threads = [threading.Thread(target=self._reporter.run, name="policyd-outcomes", daemon=True)]
-        self._stream: Optional[Any] = None  # the WatchBreakers call, to cancel
+        self._started = False
         self._stream_lock = threading.Lock()
-        if self._settings.watch:
-            self._threads.append(threading.Thread(target=self._watch, name="policyd-watch", daemon=True))
-        for t in self._threads:
-            t.start()
+        self._stream: Optional[Any] = None  # the WatchBreakers call, to cancel
+        self._init_io()
+        follow_forks(self)
+
+    def _init_io(self) -> None:
+        """Sets up, unstarted, what a process of its own needs: the stop
+        event, the outcome queue and the threads."""
+        self._stopping = threading.Event()
+        self._stub: Optional[rpb_grpc.RetryPolicyServiceStub] = None
+        self._reporter: Optional[_Reporter] = None
+        self._threads: list[threading.Thread] = []
+
+    def _start(self) -> "_Reporter":
+        """Dials policyd (when given an address) and starts the reporter and
+        the watch on first use; returns the reporter."""
+        r = self._reporter
+        if r is not None:
+            return r
+        with self._close_lock:
+            if self._closed:
+                raise RuntimeError("policyd_client: the client is closed")
+            if self._reporter is not None:
+                return self._reporter
+            if self._channel is None:
+                if self._credentials is not None:
+                    self._channel = grpc.secure_channel(self._address, self._credentials)  # type: ignore[arg-type]
+                else:
+                    self._channel = grpc.insecure_channel(self._address)  # type: ignore[arg-type]
+            self._stub = rpb_grpc.RetryPolicyServiceStub(self._channel)
+            reporter = _Reporter(self._stub, self._core, self._md)
+            self._threads = [threading.Thread(target=reporter.run, name="policyd-outcomes", daemon=True)]
+            if self._settings.watch:
+                self._threads.append(threading.Thread(target=self._watch, name="policyd-watch", daemon=True))
+            for t in self._threads:
+                t.start()
+            self._started = True
+            self._reporter = reporter
+            return reporter
+
+    def _io(self) -> tuple["_Reporter", rpb_grpc.RetryPolicyServiceStub]:
+        """Returns the reporter and the stub, starting them if need be."""
+        reporter = self._start()
+        assert self._stub is not None
+        return reporter, self._stub
+
+    def _after_fork_in_child(self) -> None:
+        """Runs in a child after os.fork(): drops the parent's channel,
+        stream, threads, locks and queued outcomes (the parent sends those),
+        so that first use in the child dials afresh. A channel the caller
+        gave cannot be redialled; it is kept, with a warning."""
+        self._close_lock = threading.Lock()
+        self._stream_lock = threading.Lock()
+        self._core.after_fork()
+        if self._started:
+            inherit(self._stream, self._stub, self._reporter)
+            if self._owned:
+                inherit(self._channel)
+                self._channel = None
+            else:
+                self._core.log.warning(
+                    "policyd_client: a Client with a channel of the caller's was used before os.fork(); "
+                    "gRPC channels do not survive fork: give an address instead, or make the client in the child"
+                )
+        self._stream = None
+        self._started = False
+        self._init_io()
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -160,16 +219,19 @@ class Client:
             if self._closed:
                 return 0
             self._closed = True
+            reporter = self._reporter
+        if reporter is None:
+            return 0  # never used: nothing dialled, nothing queued
         deadline = time.monotonic() + timeout
         self._stopping.set()
         with self._stream_lock:
             if self._stream is not None:
                 self._stream.cancel()
-        self._reporter.stop()
+        reporter.stop()
         for t in self._threads:
             t.join()
-        lost = self._reporter.drain(deadline)
-        if self._owned:
+        lost = reporter.drain(deadline)
+        if self._owned and self._channel is not None:
             self._channel.close()
         return lost
 
@@ -180,6 +242,7 @@ class Client:
         attempt asks Admit. False at once when ``watch`` is off."""
         if not self._settings.watch:
             return False
+        self._start()
         return self._core.cache.wait(lambda: self._core.cache.live, timeout)
 
     def breaker_state(self, target: str) -> Optional[BreakerState]:
@@ -191,6 +254,7 @@ class Client:
     def wait_breaker_state(self, target: str, state: BreakerState, timeout: Optional[float] = None) -> bool:
         """Blocks until the cache shows target's breaker in ``state`` or
         ``timeout`` seconds pass; says whether it does."""
+        self._start()
         return self._core.cache.wait(lambda: self._core.cache.state(target) == state, timeout)
 
     def stats(self) -> Stats:
@@ -219,6 +283,7 @@ class Client:
         if self._closed:
             raise RuntimeError("policyd_client: the client is closed")
         st: CallState[T] = self._core.begin(call, fn)
+        reporter = self._start()
         cancel = cancel or _NEVER
         attempt = 0
         while True:
@@ -240,18 +305,18 @@ class Client:
                 _CURRENT.reset(token)
             latency = max(self._now() - start, 0.0)
             if err is None:
-                self._reporter.add(st.succeed(attempt, permit, latency, value))
+                reporter.add(st.succeed(attempt, permit, latency, value))
                 self._core.local.budget.deposit(0.2)
                 return st.result()
             st.error = err
             if cancel.is_set():
-                self._reporter.add(st.end(Disposition.DEADLINE_CUT, StopReason.DEADLINE, attempt))
+                reporter.add(st.end(Disposition.DEADLINE_CUT, StopReason.DEADLINE, attempt))
                 return st.result()
             f = classify_exception(err, timed_out=a.timeout > 0 and latency >= a.timeout)
             if f.unclassified:
                 # Nothing is known about this error: terminal, never retried blindly.
                 st.reason = f.reason
-                self._reporter.add(st.end(Disposition.FAILED_TERMINAL, StopReason.TERMINAL, attempt))
+                reporter.add(st.end(Disposition.FAILED_TERMINAL, StopReason.TERMINAL, attempt))
                 return st.result()
             dec = self._next(st, attempt, f, permit, cancel)
             st.reason = dec.reason
@@ -260,19 +325,19 @@ class Client:
                 st.local = True
                 unrecorded = f.failure  # policyd has not seen this failure: report it
             if not dec.retry:
-                self._reporter.add(
+                reporter.add(
                     st.end(Disposition.from_pb(dec.disposition), stop_reason(dec.stop_reason), attempt, unrecorded)
                 )
                 return st.result()
             if unrecorded is not None:
-                self._reporter.add(st.failure(attempt, unrecorded, permit, latency))
+                reporter.add(st.failure(attempt, unrecorded, permit, latency))
             if dec.attempt_timeout > 0:
                 st.timeout = dec.attempt_timeout
             st.prev = dec.delay
             self._sleep(dec.delay, cancel)
             if cancel.is_set():
                 st.error = Cancelled()
-                self._reporter.add(st.end(Disposition.DEADLINE_CUT, StopReason.DEADLINE, attempt))
+                reporter.add(st.end(Disposition.DEADLINE_CUT, StopReason.DEADLINE, attempt))
                 return st.result()
 
     def retry(
@@ -322,6 +387,7 @@ class Client:
         waits out a fleet-wide cool-down when the deadline allows. ok False
         means the call ended."""
         core = self._core
+        reporter, stub = self._io()
         while True:
             now = self._now()
             b = core.cache.lookup(st.info.target)
@@ -336,13 +402,13 @@ class Client:
                 if verdict == "open":
                     core.count("fast_fails")
                     st.reason = "breaker:open"
-                    self._reporter.add(st.end(Disposition.CIRCUIT_OPEN, StopReason.CIRCUIT_OPEN, attempt - 1))
+                    reporter.add(st.end(Disposition.CIRCUIT_OPEN, StopReason.CIRCUIT_OPEN, attempt - 1))
                     return False, ""
             if not core.reachable():
                 return True, ""  # policyd is away: the local policy admits
             core.count("admit_rpcs")
             try:
-                resp = self._stub.Admit(
+                resp = stub.Admit(
                     rpb.AdmitRequest(call=st.ref, attempt=attempt), timeout=self._settings.decision_timeout, metadata=self._md
                 )
             except Exception as e:  # policyd away, slow, or the channel closed
@@ -355,21 +421,22 @@ class Client:
                     return False, ""
                 continue
             st.reason = resp.reason
-            self._reporter.add(st.end(Disposition.CIRCUIT_OPEN, StopReason.CIRCUIT_OPEN, attempt - 1))
+            reporter.add(st.end(Disposition.CIRCUIT_OPEN, StopReason.CIRCUIT_OPEN, attempt - 1))
             return False, ""
 
     def _wait_for(self, st: CallState[T], d: float, attempt: int, cancel: threading.Event) -> bool:
         """Waits out a fleet-wide cool-down of d seconds (spread) before an
         attempt, unless the attempt could then not finish by the deadline."""
+        reporter, _ = self._io()
         d = self._core.spread(d)
         if st.deadline is not None and self._now() + d + st.timeout > st.deadline:
             st.reason = COOLDOWN
-            self._reporter.add(st.end(Disposition.DEADLINE_CUT, StopReason.DEADLINE, attempt - 1))
+            reporter.add(st.end(Disposition.DEADLINE_CUT, StopReason.DEADLINE, attempt - 1))
             return False
         self._sleep(d, cancel)
         if cancel.is_set():
             st.error = Cancelled()
-            self._reporter.add(st.end(Disposition.DEADLINE_CUT, StopReason.DEADLINE, attempt - 1))
+            reporter.add(st.end(Disposition.DEADLINE_CUT, StopReason.DEADLINE, attempt - 1))
             return False
         return True
 
@@ -379,20 +446,21 @@ class Client:
         """Asks policyd what to do after a failed attempt, or decides locally
         when policyd does not answer within the decision timeout."""
         core = self._core
+        reporter, stub = self._io()
         if core.reachable():
             # The successes queued before this failure reach the breaker
             # before it does (a consecutive-failure breaker must not count
             # failures "in a row" that had successes between them); both
             # share the decision timeout.
             deadline = time.monotonic() + self._settings.decision_timeout
-            self._reporter.flush_now(self._settings.decision_timeout)
+            reporter.flush_now(self._settings.decision_timeout)
             req = rpb.NextDelayRequest(call=st.ref, attempt=attempt, failure=f.failure, permit_id=permit)
             if f.pushback is not None:
                 req.pushback.CopyFrom(f.pushback)
             req.previous_delay.FromNanoseconds(int(st.prev * 1e9))
             try:
                 left = max(deadline - time.monotonic(), 0.001)
-                return decision_from_pb(self._stub.NextDelay(req, timeout=left, metadata=self._md))
+                return decision_from_pb(stub.NextDelay(req, timeout=left, metadata=self._md))
             except Exception as e:
                 if not cancel.is_set():
                     core.failed(e)
@@ -419,8 +487,9 @@ class Client:
         """Runs one WatchBreakers stream; says whether it got as far as a
         complete snapshot."""
         cache = self._core.cache
+        _, stub = self._io()
         try:
-            stream = self._stub.WatchBreakers(rpb.WatchBreakersRequest(tenant=self._settings.tenant), metadata=self._md)
+            stream = stub.WatchBreakers(rpb.WatchBreakersRequest(tenant=self._settings.tenant), metadata=self._md)
         except Exception:
             return False
         with self._stream_lock:

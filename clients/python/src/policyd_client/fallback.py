@@ -120,6 +120,10 @@ class LocalBudget:
         self.per_second = per_second
         self._last: Optional[float] = None
 
+    def after_fork(self) -> None:
+        """Rebuilds the lock in a child after os.fork()."""
+        self._lock = threading.Lock()
+
     def take(self, now: float, cost: float) -> bool:
         """Withdraws ``cost`` tokens at ``now`` (Unix seconds) if there are
         enough, and reports whether it did."""
