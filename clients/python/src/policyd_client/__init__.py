@@ -28,7 +28,7 @@ from .errors import (
     ValidationError,
     classify_exception,
 )
-from .fallback import classify_local, parse_retry_after
+from .fallback import classify_local, parse_hints, parse_retry_after
 from .key import idempotency_key
 
 __all__ = [
@@ -52,6 +52,7 @@ __all__ = [
     "classify_local",
     "current_attempt",
     "idempotency_key",
+    "parse_hints",
     "parse_retry_after",
 ]
 
