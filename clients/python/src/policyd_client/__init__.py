@@ -15,7 +15,7 @@ a worker. It mirrors the Go client in clients/go.
 The generated stubs ship with it as the ``retrypolicy.v1`` package.
 """
 
-from ._core import current_attempt
+from ._core import Options, Settings, current_attempt
 from ._model import Attempt, BreakerState, Call, Cancelled, Disposition, Result, Stats, StopReason
 from .aio import AsyncClient
 from .client import Client
@@ -42,8 +42,10 @@ __all__ = [
     "Disposition",
     "HTTPStatusError",
     "LocalError",
+    "Options",
     "ParseError",
     "Result",
+    "Settings",
     "RetryError",
     "Stats",
     "StopReason",

@@ -23,6 +23,7 @@ from ._core import (
     Metadata,
     Options,
     OutcomeQueue,
+    PendingOutcome,
     WatchSession,
     bearer,
     flush,
@@ -403,7 +404,7 @@ class _AsyncReporter:
         # Workers waiting for the queue to be sent (flush_now).
         self._requests: list[asyncio.Future[None]] = []
 
-    def add(self, o: _loop.PendingOutcome) -> None:
+    def add(self, o: PendingOutcome) -> None:
         if self._q.add(o):
             self._wake.set()
 

@@ -22,6 +22,7 @@ from ._core import (
     Metadata,
     Options,
     OutcomeQueue,
+    PendingOutcome,
     WatchSession,
     bearer,
     flush,
@@ -404,7 +405,7 @@ class _Reporter:
         # Workers waiting for the queue to be sent (flush_now).
         self._requests: list[threading.Event] = []
 
-    def add(self, o: _loop.PendingOutcome) -> None:
+    def add(self, o: PendingOutcome) -> None:
         """Queues o without blocking."""
         if self._q.add(o):
             with self._cond:
