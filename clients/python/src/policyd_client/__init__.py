@@ -16,7 +16,19 @@ The generated stubs ship with it as the ``retrypolicy.v1`` package.
 """
 
 from ._core import Options, Settings, current_attempt
-from ._model import Attempt, BreakerState, Call, Cancelled, Disposition, Result, Stats, StopReason
+from ._model import (
+    Attempt,
+    BreakerState,
+    Call,
+    Cancelled,
+    Disposition,
+    Event,
+    EventHook,
+    EventKind,
+    Result,
+    Stats,
+    StopReason,
+)
 from .aio import AsyncClient
 from .client import Client
 from .errors import (
@@ -40,6 +52,9 @@ __all__ = [
     "ClassifiedFailure",
     "Client",
     "Disposition",
+    "Event",
+    "EventHook",
+    "EventKind",
     "HTTPStatusError",
     "LocalError",
     "Options",

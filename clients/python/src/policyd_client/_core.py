@@ -24,7 +24,7 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from retrypolicy.v1 import retry_policy_service_pb2 as rpb
 from retrypolicy.v1 import types_pb2
 
-from ._model import Attempt, BreakerState, Call, Disposition, Result, Stats, StopReason
+from ._model import Attempt, BreakerState, Call, Disposition, Event, EventHook, EventKind, Result, Stats, StopReason
 from .fallback import Decision, LocalBudget, LocalPolicy
 from .key import idempotency_key
 
@@ -268,8 +268,9 @@ class BreakerCache:
     complete; only then does a breaker it was not told of count as CLOSED.
     """
 
-    def __init__(self, tenant: str) -> None:
+    def __init__(self, tenant: str, emit: Optional[Callable[[Event], None]] = None) -> None:
         self.tenant = tenant
+        self._emit = emit
         self._cond = threading.Condition()
         self._live = False
         self._m: dict[tuple[str, str], CachedBreaker] = {}
@@ -312,6 +313,8 @@ class BreakerCache:
         with self._cond:
             self._m[key] = b
             self._changed()
+        if self._emit is not None and b.state in BreakerState._value2member_map_:
+            self._emit(Event(EventKind.BREAKER_CHANGED, target=key[1], breaker_state=BreakerState(b.state)))
 
     def down(self) -> None:
         """Marks the stream broken: the cache stops answering."""
@@ -347,14 +350,16 @@ class Core:
         now: Optional[Callable[[], float]],
         rand: Optional[Callable[[], float]],
         logger: Optional[logging.Logger],
+        on_event: Optional[EventHook] = None,
     ) -> None:
         self.settings = settings
+        self._on_event = on_event
         self.now: Callable[[], float] = now or time.time
         self.log = logger or logging.getLogger("policyd_client")
         self.rand: Callable[[], float] = rand or random.random
         budget = LocalBudget(self.settings.local_budget, self.settings.local_budget_per_second)
         self.local = LocalPolicy(self.settings.attempt_timeout, budget, self.rand)
-        self.cache = BreakerCache(self.settings.tenant)
+        self.cache = BreakerCache(self.settings.tenant, self.emit)
         self._lock = threading.Lock()
         self._stats = Stats()
         # When to ask policyd again after it failed to answer (Unix seconds
@@ -370,6 +375,15 @@ class Core:
         self._down_until = 0.0
         self.cache.after_fork()
         self.local.budget.after_fork()
+
+    def emit(self, event: Event) -> None:
+        """Calls the event hook, if any; what it raises is logged."""
+        if self._on_event is None:
+            return
+        try:
+            self._on_event(event)
+        except Exception:
+            self.log.exception("policyd_client: the on_event hook raised on %s", event.kind)
 
     def count(self, name: str, n: int = 1) -> None:
         """Adds n to the counter name of Stats."""

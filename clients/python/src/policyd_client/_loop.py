@@ -37,7 +37,7 @@ from ._core import (
     from_duration,
     stop_reason,
 )
-from ._model import Attempt, Cancelled, Disposition, Result, StopReason
+from ._model import Attempt, Cancelled, Disposition, Event, EventKind, Result, StopReason
 from .errors import ClassifiedFailure, classify_exception
 from .fallback import Decision
 
@@ -100,12 +100,16 @@ class CallCancelled(Exception):
 def run(core: Core, st: CallState[Any]) -> Loop:
     """Runs one call to its end; see the module doc for the protocol."""
     try:
-        return (yield from _attempts(core, st))
+        res = yield from _attempts(core, st)
     except CallCancelled:
         if not st.ended:
             st.error = Cancelled()
             yield Report(st.end(Disposition.DEADLINE_CUT, StopReason.DEADLINE, st.attempts))
-        return st.result()
+        res = st.result()
+    if not res.ok:
+        core.emit(Event(EventKind.STOPPED, target=st.info.target, call_id=st.info.call_id, attempt=res.attempts,
+                        reason=res.reason, disposition=res.disposition, stop_reason=res.stop_reason, local=res.local))
+    return res
 
 
 def _attempts(core: Core, st: CallState[Any]) -> Loop:
@@ -118,6 +122,8 @@ def _attempts(core: Core, st: CallState[Any]) -> Loop:
         st.attempts = attempt
         core.count("attempts")
         a = st.attempt(attempt, core.now())
+        core.emit(Event(EventKind.ATTEMPT_STARTED, target=st.info.target, call_id=st.info.call_id, attempt=attempt,
+                        delay=a.timeout))
         got: Invoked = yield Invoke(a)
         if got.error is None:
             yield Report(st.succeed(attempt, permit, got.latency, got.value))
@@ -147,6 +153,8 @@ def _attempts(core: Core, st: CallState[Any]) -> Loop:
         if dec.attempt_timeout > 0:
             st.timeout = dec.attempt_timeout
         st.prev = dec.delay
+        core.emit(Event(EventKind.RETRY_SCHEDULED, target=st.info.target, call_id=st.info.call_id, attempt=attempt,
+                        delay=dec.delay, reason=dec.reason, local=dec.fallback))
         if (yield Sleep(dec.delay)):
             raise CallCancelled
 
@@ -216,4 +224,7 @@ def _decide(core: Core, st: CallState[Any], attempt: int, f: ClassifiedFailure, 
             return decision_from_pb(resp)
         core.failed(resp)
     core.count("local_decisions")
-    return core.local.decide(core.now(), st.deadline, attempt, f, st.info.idempotent, st.info.key != "")
+    dec = core.local.decide(core.now(), st.deadline, attempt, f, st.info.idempotent, st.info.key != "")
+    core.emit(Event(EventKind.LOCAL_DECISION, target=st.info.target, call_id=st.info.call_id, attempt=attempt,
+                    delay=dec.delay, reason=dec.reason, local=True))
+    return dec

@@ -32,7 +32,7 @@ from ._core import (
     report_request,
     settings,
 )
-from ._model import Attempt, BreakerState, Call, Result, Stats
+from ._model import Attempt, BreakerState, Call, EventHook, Result, Stats
 from .errors import RetryError
 
 if TYPE_CHECKING:
@@ -94,11 +94,12 @@ class AsyncClient:
         now: Optional[Callable[[], float]] = None,
         rand: Optional[Callable[[], float]] = None,
         logger: Optional[logging.Logger] = None,
+        on_event: Optional[EventHook] = None,
         **options: Unpack[Options],
     ) -> None:
         if (address is None) == (channel is None):
             raise ValueError("policyd_client: give exactly one of address and channel")
-        self._core = Core(settings(tenant, options), now, rand, logger)
+        self._core = Core(settings(tenant, options), now, rand, logger, on_event)
         self._settings = self._core.settings
         self._now = self._core.now
         self._sleep: AsyncSleep = sleep or asyncio.sleep

@@ -31,7 +31,7 @@ from ._core import (
     report_request,
     settings,
 )
-from ._model import Attempt, BreakerState, Call, Result, Stats
+from ._model import Attempt, BreakerState, Call, EventHook, Result, Stats
 from .errors import RetryError
 
 if TYPE_CHECKING:
@@ -74,7 +74,9 @@ class Client:
     ``cancel`` is set; ``now()`` tells the time in Unix seconds; ``rand()``
     draws the jitter in [0, 1); ``reconnect_sleep(seconds, stop)`` waits
     between the watch's reconnection tries (default: on the stop event).
-    Tests inject fakes so nothing waits.
+    Tests inject fakes so nothing waits. ``on_event(event)`` is called for
+    every :class:`policyd_client.Event` (attempt started, retry scheduled,
+    stopped, local decision, breaker changed).
     """
 
     def __init__(
@@ -90,11 +92,12 @@ class Client:
         now: Optional[Callable[[], float]] = None,
         rand: Optional[Callable[[], float]] = None,
         logger: Optional[logging.Logger] = None,
+        on_event: Optional[EventHook] = None,
         **options: Unpack[Options],
     ) -> None:
         if (address is None) == (channel is None):
             raise ValueError("policyd_client: give exactly one of address and channel")
-        self._core = Core(settings(tenant, options), now, rand, logger)
+        self._core = Core(settings(tenant, options), now, rand, logger, on_event)
         self._settings = self._core.settings
         self._now = self._core.now
         self._sleep: SyncSleep = sleep or _sleep
