@@ -103,29 +103,29 @@ def async_created(address: str, tenant: str, run_id: str) -> dict[str, Any]:
     return {"children": fork_children(child), "parent_ok": True, "parent_lost": sync.close()}
 
 
-def async_started(address: str, tenant: str, run_id: str) -> dict[str, Any]:
-    # The parent ran the AsyncClient on its own loop (and closed it: with
-    # grpc.aio's poller still running at fork, grpc's children may crash
-    # anywhere); the children are told at once that grpc.aio cannot follow
-    # them, instead of hanging, even by a client made in the child.
+def async_after_aio(address: str, tenant: str, run_id: str) -> dict[str, Any]:
+    # The parent ran grpc.aio itself (an AsyncClient, closed before the
+    # fork: with grpc.aio's poller still running at fork, gRPC's children
+    # may crash inside gRPC), so grpc.aio cannot run in the children: there
+    # the client talks over a blocking channel in worker threads.
     clock = FakeClock()
+    warm = pc.AsyncClient(address, tenant=tenant, sleep=clock.asleep, now=clock.now, decision_timeout=5)
+
+    async def parent() -> int:
+        assert (await warm.call(pc.Call(target="geo", idempotent=True, run_id=run_id), ascript()[0])).ok
+        return await warm.close()
+
+    lost = asyncio.run(parent())
     c = pc.AsyncClient(address, tenant=tenant, sleep=clock.asleep, now=clock.now, decision_timeout=5)
-    loop = asyncio.new_event_loop()
-    assert loop.run_until_complete(c.call(pc.Call(target="geo", idempotent=True, run_id=run_id), ascript()[0])).ok
 
     def child(i: int) -> dict[str, Any]:
         async def main() -> dict[str, Any]:
-            fresh = pc.AsyncClient(address, tenant=tenant, sleep=clock.asleep, now=clock.now, decision_timeout=5)
-            try:
-                await fresh.call(pc.Call(target="geo", idempotent=True), ascript()[0])
-            except RuntimeError as e:
-                return {"error": str(e)}
-            return {"error": ""}
+            res = await c.call(pc.Call(target="geo", idempotent=True, run_id=run_id, call_id=f"child-{i}"), ascript(S503)[0])
+            return {"ok": res.ok, "local": res.local, "attempts": res.attempts, "ready": await c.ready(timeout=15),
+                    "lost": await c.close(timeout=5), "sent": c.stats().outcomes_sent}
 
         return asyncio.run(main())
 
-    lost = loop.run_until_complete(c.close())
-    loop.close()
     return {"children": fork_children(child), "parent_ok": True, "parent_lost": lost}
 
 

@@ -47,15 +47,60 @@ AsyncSleep = Callable[[float], Awaitable[None]]
 # Whether an AsyncClient has run grpc.aio in this process, and whether this
 # process is a child forked after one did. grpc.aio keeps one poller thread
 # per process, which a child does not inherit: every grpc.aio call in such a
-# child hangs, on a fresh channel too, so start() refuses there instead.
+# child hangs, on a fresh channel too. There the client talks to policyd
+# over a blocking channel instead, its calls run in worker threads
+# (_ThreadedStub), and a channel the caller gave is refused.
 _aio_used = False
 _aio_forked = False
 
 _FORKED_AIO = (
     "policyd_client: grpc.aio was used in this process's parent before os.fork(), and cannot run in the "
-    "child; create and start AsyncClient only in the child (Celery: worker_process_init; gunicorn "
-    "--preload: on first use in the worker, not at import)"
+    "child, so a grpc.aio channel given to AsyncClient cannot be used here; give an address (the client "
+    "then talks over a blocking channel in threads), or create it only in the child (Celery: "
+    "worker_process_init)"
 )
+
+
+class _ThreadedStub:
+    """The RetryPolicyService calls AsyncClient makes, over a blocking
+    channel, each run in a worker thread so the event loop never blocks:
+    for a child forked after grpc.aio ran in its parent."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self._stub = rpb_grpc.RetryPolicyServiceStub(channel)
+
+    async def Admit(self, req: rpb.AdmitRequest, **kw: Any) -> rpb.AdmitResponse:
+        return await asyncio.to_thread(self._stub.Admit, req, **kw)
+
+    async def NextDelay(self, req: rpb.NextDelayRequest, **kw: Any) -> rpb.NextDelayResponse:
+        return await asyncio.to_thread(self._stub.NextDelay, req, **kw)
+
+    async def ReportOutcome(self, req: rpb.ReportOutcomeRequest, **kw: Any) -> rpb.ReportOutcomeResponse:
+        return await asyncio.to_thread(self._stub.ReportOutcome, req, **kw)
+
+    def WatchBreakers(self, req: rpb.WatchBreakersRequest, **kw: Any) -> "_ThreadedStream":
+        return _ThreadedStream(self._stub.WatchBreakers(req, **kw))
+
+
+class _ThreadedStream:
+    """A blocking server stream read in a worker thread, as an async
+    iterator with cancel(), like a grpc.aio stream."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self._it = iter(stream)
+
+    def __aiter__(self) -> "_ThreadedStream":
+        return self
+
+    async def __anext__(self) -> rpb.WatchBreakersResponse:
+        msg = await asyncio.to_thread(next, self._it, None)
+        if msg is None:
+            raise StopAsyncIteration
+        return msg  # type: ignore[no-any-return]
+
+    def cancel(self) -> None:
+        self._stream.cancel()
 
 
 def _after_fork_in_child() -> None:
@@ -108,7 +153,7 @@ class AsyncClient:
         self._owned = channel is None
         self._credentials = credentials
         self._md = bearer(token)
-        self._channel: Optional[grpc.aio.Channel] = channel
+        self._channel: Any = channel  # grpc.aio.Channel; a grpc.Channel in a forked child
         self._stub: Optional[rpb_grpc.RetryPolicyServiceStub] = None
         self._reporter: Optional[_AsyncReporter] = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -152,17 +197,25 @@ class AsyncClient:
             return self._reporter, self._stub
         if self._closed:
             raise RuntimeError("policyd_client: the client is closed")
+        stub: Any
         if _aio_forked:
-            raise RuntimeError(_FORKED_AIO)
-        global _aio_used
-        _aio_used = True
-        self._started = True
-        if self._channel is None:
+            if not self._owned:
+                raise RuntimeError(_FORKED_AIO)
             if self._credentials is not None:
-                self._channel = grpc.aio.secure_channel(self._address, self._credentials)  # type: ignore[arg-type]
+                self._channel = grpc.secure_channel(self._address, self._credentials)  # type: ignore[arg-type]
             else:
-                self._channel = grpc.aio.insecure_channel(self._address)  # type: ignore[arg-type]
-        stub = rpb_grpc.RetryPolicyServiceStub(self._channel)
+                self._channel = grpc.insecure_channel(self._address)  # type: ignore[arg-type]
+            stub = _ThreadedStub(self._channel)
+        else:
+            global _aio_used
+            _aio_used = True
+            if self._channel is None:
+                if self._credentials is not None:
+                    self._channel = grpc.aio.secure_channel(self._address, self._credentials)  # type: ignore[arg-type]
+                else:
+                    self._channel = grpc.aio.insecure_channel(self._address)  # type: ignore[arg-type]
+            stub = rpb_grpc.RetryPolicyServiceStub(self._channel)
+        self._started = True
         self._changed = asyncio.Event()
         self._core.cache.on_change = self._on_change
         reporter = _AsyncReporter(stub, self._core, self._md)
@@ -202,7 +255,9 @@ class AsyncClient:
         for t in self._tasks:
             t.cancel()
         if self._owned and self._channel is not None:
-            await self._channel.close()
+            closing = self._channel.close()
+            if closing is not None:  # grpc.aio's; a blocking channel closes at once
+                await closing
         return lost
 
     def _on_change(self) -> None:
