@@ -83,6 +83,13 @@ def sync_preload(address: str, tenant: str, run_id: str) -> dict[str, Any]:
     return {"children": fork_children(child), "parent_ok": True, "parent_lost": c.close()}
 
 
+async def async_child(c: pc.AsyncClient, run_id: str, i: int) -> dict[str, Any]:
+    """What child i of an async scenario does with c and reports."""
+    res = await c.call(pc.Call(target="geo", idempotent=True, run_id=run_id, call_id=f"child-{i}"), ascript(S503)[0])
+    return {"ok": res.ok, "local": res.local, "attempts": res.attempts, "ready": await c.ready(timeout=15),
+            "lost": await c.close(timeout=5), "sent": c.stats().outcomes_sent}
+
+
 def async_created(address: str, tenant: str, run_id: str) -> dict[str, Any]:
     # Celery prefork or gunicorn --preload with asyncio workers: the client
     # is made in the parent (which talks to policyd itself, through a sync
@@ -93,12 +100,7 @@ def async_created(address: str, tenant: str, run_id: str) -> dict[str, Any]:
     c = pc.AsyncClient(address, tenant=tenant, sleep=clock.asleep, now=clock.now, decision_timeout=5)
 
     def child(i: int) -> dict[str, Any]:
-        async def main() -> dict[str, Any]:
-            res = await c.call(pc.Call(target="geo", idempotent=True, run_id=run_id, call_id=f"child-{i}"), ascript(S503)[0])
-            return {"ok": res.ok, "local": res.local, "attempts": res.attempts, "ready": await c.ready(timeout=15),
-                    "lost": await c.close(timeout=5), "sent": c.stats().outcomes_sent}
-
-        return asyncio.run(main())
+        return asyncio.run(async_child(c, run_id, i))
 
     return {"children": fork_children(child), "parent_ok": True, "parent_lost": sync.close()}
 
@@ -119,12 +121,7 @@ def async_after_aio(address: str, tenant: str, run_id: str) -> dict[str, Any]:
     c = pc.AsyncClient(address, tenant=tenant, sleep=clock.asleep, now=clock.now, decision_timeout=5)
 
     def child(i: int) -> dict[str, Any]:
-        async def main() -> dict[str, Any]:
-            res = await c.call(pc.Call(target="geo", idempotent=True, run_id=run_id, call_id=f"child-{i}"), ascript(S503)[0])
-            return {"ok": res.ok, "local": res.local, "attempts": res.attempts, "ready": await c.ready(timeout=15),
-                    "lost": await c.close(timeout=5), "sent": c.stats().outcomes_sent}
-
-        return asyncio.run(main())
+        return asyncio.run(async_child(c, run_id, i))
 
     return {"children": fork_children(child), "parent_ok": True, "parent_lost": lost}
 

@@ -16,7 +16,7 @@ import time
 import weakref
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, Callable, Generator, Generic, NamedTuple, Optional, TypedDict, TypeVar
+from typing import Any, Callable, Generator, Generic, NamedTuple, Optional, TypedDict, TypeVar, Union
 
 import grpc
 from google.protobuf import duration_pb2, timestamp_pb2
@@ -25,6 +25,7 @@ from retrypolicy.v1 import retry_policy_service_pb2 as rpb
 from retrypolicy.v1 import types_pb2
 
 from ._model import Attempt, BreakerState, Call, Disposition, Event, EventHook, EventKind, Result, Stats, StopReason
+from .errors import RetryError
 from .fallback import Decision, LocalBudget, LocalPolicy
 from .key import idempotency_key
 
@@ -52,6 +53,21 @@ def follow_forks(client: Any) -> None:
 def inherit(*objs: object) -> None:
     """Keeps gRPC objects inherited from the parent alive and unused."""
     _INHERITED.extend(o for o in objs if o is not None)
+
+
+def drop_inherited(core: "Core", owned: bool, channel: object, *objs: object) -> None:
+    """Sets aside, in a child after os.fork(), what a client inherited from
+    its parent's use (its channel when it dialled it, its stub, stream,
+    reporter or tasks): kept alive and unused. A channel the caller gave
+    cannot be redialled: it is kept in use, with a warning."""
+    inherit(*objs)
+    if owned:
+        inherit(channel)
+    else:
+        core.log.warning(
+            "policyd_client: a client with a channel of the caller's was used before os.fork(); "
+            "gRPC channels do not survive fork: give an address instead, or make the client in the child"
+        )
 
 
 def _after_fork_in_child() -> None:
@@ -434,6 +450,24 @@ class Core:
         nominal = min(s.reconnect_cap, s.reconnect_base * 2.0 ** min(failures, 64))
         return nominal / 2 + self.rand() * nominal / 2
 
+    def decorated_call(
+        self,
+        target: str,
+        idempotent: bool,
+        run_id: str,
+        deadline_after: Optional[float],
+        submission: Optional[Callable[..., tuple[str, Union[bytes, str]]]],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Call:
+        """Returns the Call that one invocation of a function decorated with
+        ``retry`` makes."""
+        sid, payload = submission(*args, **kwargs) if submission is not None else ("", b"")
+        return Call(
+            target=target, submission_id=sid, payload=payload, idempotent=idempotent, run_id=run_id,
+            deadline=self.now() + deadline_after if deadline_after is not None else None,
+        )
+
     def begin(self, call: Call, fn: Any) -> "CallState[Any]":
         """Validates a call and returns its state before the first attempt."""
         if not isinstance(call, Call):
@@ -462,6 +496,14 @@ class Core:
             idempotent=call.idempotent, origin=origin, deadline=deadline,
         )
         return CallState(info, timeout=self.settings.attempt_timeout)
+
+
+def value_of(res: Result[T]) -> T:
+    """Returns a decorated function's value: the call's value on success;
+    otherwise raises RetryError from the last exception."""
+    if res.ok:
+        return res.value  # type: ignore[return-value]
+    raise RetryError(res) from res.error
 
 
 def describe(err: BaseException) -> str:

@@ -26,14 +26,14 @@ from ._core import (
     PendingOutcome,
     WatchSession,
     bearer,
+    drop_inherited,
     flush,
     follow_forks,
-    inherit,
     report_request,
     settings,
+    value_of,
 )
 from ._model import Attempt, BreakerState, Call, EventHook, Result, Stats
-from .errors import RetryError
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -170,15 +170,9 @@ class AsyncClient:
         redialled; it is kept, with a warning."""
         self._core.after_fork()
         if self._started:
-            inherit(self._stub, self._reporter, *self._tasks)
+            drop_inherited(self._core, self._owned, self._channel, self._stub, self._reporter, *self._tasks)
             if self._owned:
-                inherit(self._channel)
                 self._channel = None
-            else:
-                self._core.log.warning(
-                    "policyd_client: an AsyncClient with a channel of the caller's was used before os.fork(); "
-                    "gRPC channels do not survive fork: give an address instead, or make the client in the child"
-                )
         self._stub, self._reporter, self._tasks = None, None, []
         self._changed = None
         self._started = False
@@ -401,15 +395,8 @@ class AsyncClient:
         def decorate(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
             @functools.wraps(fn)
             async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-                sid, payload = submission(*args, **kwargs) if submission is not None else ("", b"")
-                spec = Call(
-                    target=target, submission_id=sid, payload=payload, idempotent=idempotent, run_id=run_id,
-                    deadline=self._now() + deadline_after if deadline_after is not None else None,
-                )
-                res = await self.call(spec, lambda _a: fn(*args, **kwargs))
-                if res.ok:
-                    return res.value  # type: ignore[return-value]
-                raise RetryError(res) from res.error
+                spec = self._core.decorated_call(target, idempotent, run_id, deadline_after, submission, args, kwargs)
+                return value_of(await self.call(spec, lambda _a: fn(*args, **kwargs)))
 
             return wrapper
 

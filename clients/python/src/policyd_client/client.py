@@ -25,14 +25,14 @@ from ._core import (
     PendingOutcome,
     WatchSession,
     bearer,
+    drop_inherited,
     flush,
     follow_forks,
-    inherit,
     report_request,
     settings,
+    value_of,
 )
 from ._model import Attempt, BreakerState, Call, EventHook, Result, Stats
-from .errors import RetryError
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -163,15 +163,9 @@ class Client:
         self._stream_lock = threading.Lock()
         self._core.after_fork()
         if self._started:
-            inherit(self._stream, self._stub, self._reporter)
+            drop_inherited(self._core, self._owned, self._channel, self._stream, self._stub, self._reporter)
             if self._owned:
-                inherit(self._channel)
                 self._channel = None
-            else:
-                self._core.log.warning(
-                    "policyd_client: a Client with a channel of the caller's was used before os.fork(); "
-                    "gRPC channels do not survive fork: give an address instead, or make the client in the child"
-                )
         self._stream = None
         self._started = False
         self._init_io()
@@ -342,15 +336,8 @@ class Client:
         def decorate(fn: Callable[P, T]) -> Callable[P, T]:
             @functools.wraps(fn)
             def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-                sid, payload = submission(*args, **kwargs) if submission is not None else ("", b"")
-                spec = Call(
-                    target=target, submission_id=sid, payload=payload, idempotent=idempotent, run_id=run_id,
-                    deadline=self._now() + deadline_after if deadline_after is not None else None,
-                )
-                res = self.call(spec, lambda _a: fn(*args, **kwargs))
-                if res.ok:
-                    return res.value  # type: ignore[return-value]
-                raise RetryError(res) from res.error
+                spec = self._core.decorated_call(target, idempotent, run_id, deadline_after, submission, args, kwargs)
+                return value_of(self.call(spec, lambda _a: fn(*args, **kwargs)))
 
             return wrapper
 
