@@ -370,6 +370,8 @@ class Core:
     ) -> None:
         self.settings = settings
         self._on_event = on_event
+        #: True when there is an event hook: events are built only then.
+        self.observed = on_event is not None
         self.now: Callable[[], float] = now or time.time
         self.log = logger or logging.getLogger("policyd_client")
         self.rand: Callable[[], float] = rand or random.random

@@ -22,8 +22,7 @@ before the first :class:`Invoke`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Generator, Optional, Union
+from typing import Any, Generator, NamedTuple, Optional, Union
 
 from retrypolicy.v1 import retry_policy_service_pb2 as rpb
 
@@ -42,22 +41,19 @@ from .errors import ClassifiedFailure, classify_exception
 from .fallback import Decision
 
 
-@dataclass(frozen=True)
-class Admit:
+class Admit(NamedTuple):
     """Ask policyd's Admit whether the attempt may go ahead."""
 
     request: rpb.AdmitRequest
 
 
-@dataclass(frozen=True)
-class Invoke:
+class Invoke(NamedTuple):
     """Call the user's function for one attempt."""
 
     attempt: Attempt
 
 
-@dataclass(frozen=True)
-class Invoked:
+class Invoked(NamedTuple):
     """What one attempt of the user's function did."""
 
     value: Any = None
@@ -67,23 +63,20 @@ class Invoked:
     cancelled: bool = False
 
 
-@dataclass(frozen=True)
-class Sleep:
+class Sleep(NamedTuple):
     """Wait ``seconds`` before going on (interruptible by cancellation)."""
 
     seconds: float
 
 
-@dataclass(frozen=True)
-class Decide:
+class Decide(NamedTuple):
     """Send the queued outcomes, then ask policyd's NextDelay; both within
     the decision timeout."""
 
     request: rpb.NextDelayRequest
 
 
-@dataclass(frozen=True)
-class Report:
+class Report(NamedTuple):
     """Queue an outcome for the reporter."""
 
     outcome: PendingOutcome
@@ -106,7 +99,7 @@ def run(core: Core, st: CallState[Any]) -> Loop:
             st.error = Cancelled()
             yield Report(st.end(Disposition.DEADLINE_CUT, StopReason.DEADLINE, st.attempts))
         res = st.result()
-    if not res.ok:
+    if not res.ok and core.observed:
         core.emit(Event(EventKind.STOPPED, target=st.info.target, call_id=st.info.call_id, attempt=res.attempts,
                         reason=res.reason, disposition=res.disposition, stop_reason=res.stop_reason, local=res.local))
     return res
@@ -122,8 +115,9 @@ def _attempts(core: Core, st: CallState[Any]) -> Loop:
         st.attempts = attempt
         core.count("attempts")
         a = st.attempt(attempt, core.now())
-        core.emit(Event(EventKind.ATTEMPT_STARTED, target=st.info.target, call_id=st.info.call_id, attempt=attempt,
-                        delay=a.timeout))
+        if core.observed:
+            core.emit(Event(EventKind.ATTEMPT_STARTED, target=st.info.target, call_id=st.info.call_id,
+                            attempt=attempt, delay=a.timeout))
         got: Invoked = yield Invoke(a)
         if got.error is None:
             yield Report(st.succeed(attempt, permit, got.latency, got.value))
@@ -153,8 +147,9 @@ def _attempts(core: Core, st: CallState[Any]) -> Loop:
         if dec.attempt_timeout > 0:
             st.timeout = dec.attempt_timeout
         st.prev = dec.delay
-        core.emit(Event(EventKind.RETRY_SCHEDULED, target=st.info.target, call_id=st.info.call_id, attempt=attempt,
-                        delay=dec.delay, reason=dec.reason, local=dec.fallback))
+        if core.observed:
+            core.emit(Event(EventKind.RETRY_SCHEDULED, target=st.info.target, call_id=st.info.call_id,
+                            attempt=attempt, delay=dec.delay, reason=dec.reason, local=dec.fallback))
         if (yield Sleep(dec.delay)):
             raise CallCancelled
 
@@ -225,6 +220,7 @@ def _decide(core: Core, st: CallState[Any], attempt: int, f: ClassifiedFailure, 
         core.failed(resp)
     core.count("local_decisions")
     dec = core.local.decide(core.now(), st.deadline, attempt, f, st.info.idempotent, st.info.key != "")
-    core.emit(Event(EventKind.LOCAL_DECISION, target=st.info.target, call_id=st.info.call_id, attempt=attempt,
-                    delay=dec.delay, reason=dec.reason, local=True))
+    if core.observed:
+        core.emit(Event(EventKind.LOCAL_DECISION, target=st.info.target, call_id=st.info.call_id, attempt=attempt,
+                        delay=dec.delay, reason=dec.reason, local=True))
     return dec

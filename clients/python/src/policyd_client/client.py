@@ -273,9 +273,6 @@ class Client:
     ) -> Any:
         """Carries out one effect of the loop, blocking; returns its answer."""
         dt = self._settings.decision_timeout
-        if isinstance(effect, _loop.Report):
-            reporter.add(effect.outcome)
-            return None
         if isinstance(effect, _loop.Invoke):
             a = effect.attempt
             start = self._now()
@@ -289,6 +286,9 @@ class Client:
             finally:
                 _CURRENT.reset(token)
             return _loop.Invoked(value=value, latency=max(self._now() - start, 0.0))
+        if isinstance(effect, _loop.Report):
+            reporter.add(effect.outcome)
+            return None
         if isinstance(effect, _loop.Sleep):
             self._sleep(effect.seconds, cancel)
             return cancel.is_set()
