@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import socket
 import threading
-from typing import Iterator
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
 
 import pytest
 
 import policyd_client as pc
 
-from conftest import FakeClock, ascript, script
+from conftest import Daemon, FakeClock, ascript, script, start_daemon
 
 S503 = pc.HTTPStatusError(503)
 TRIES = 10
@@ -124,3 +126,52 @@ def test_async_close_gives_up_and_says_what_it_could_not_send(black_hole: str) -
         return await c.close()
 
     assert asyncio.run(main()) == 2
+
+
+def test_watch_resubscribes_after_a_restart_and_starts_its_backoff_over(
+    dedicated: Callable[..., Daemon], policyd_binary: Path, tmp_path: Path
+) -> None:
+    first = dedicated()
+    delays: list[float] = []
+    restarted: list[Daemon] = []
+    back, done = threading.Event(), threading.Event()
+    killed_again = threading.Event()
+
+    def reconnect_sleep(d: float, stop: threading.Event) -> None:
+        if killed_again.is_set():
+            delays.append(d)
+            done.set()
+            stop.wait()
+            return
+        delays.append(d)
+        if len(delays) == 4:  # policyd comes back on the same address
+            restarted.append(start_daemon(policyd_binary, tmp_path / "again", address=first.address))
+            back.set()
+
+    c = pc.Client(first.address, tenant="acme", reconnect_sleep=reconnect_sleep, reconnect_base=0.1, reconnect_cap=2.0)
+    try:
+        assert c.ready(timeout=15)
+        first.stop(signal.SIGKILL)
+        assert back.wait(60), delays
+        second = restarted[0]
+        # Resubscribed (once gRPC's own reconnection lets the channel
+        # through): the cache follows the new daemon's breakers.
+        second.force_breaker("acme", "geo", 2)  # BREAKER_STATE_OPEN
+        assert c.wait_breaker_state("geo", pc.BreakerState.OPEN, timeout=30)
+        climbed = len(delays)
+        killed_again.set()
+        second.stop(signal.SIGKILL)
+        assert done.wait(60), delays
+    finally:
+        c.close(timeout=0.2)
+        for d in restarted:
+            if d.proc.poll() is None:
+                d.proc.kill()
+                d.proc.wait()
+    # The failed tries climbed the ladder; the complete snapshot after the
+    # restart started it over at reconnect_base.
+    assert climbed >= 4
+    for n, d in enumerate(delays[:climbed]):
+        nominal = min(2.0, 0.1 * 2.0 ** min(n, 64))
+        assert nominal / 2 <= d <= nominal, (n, d)
+    assert 0.05 <= delays[climbed] <= 0.1, delays
