@@ -106,7 +106,7 @@ def run(core: Core, st: CallState[Any]) -> Loop:
 
 
 def _attempts(core: Core, st: CallState[Any]) -> Loop:
-    attempt = 0
+    attempt = st.attempts  # 0, or those an earlier process made (a Celery retry)
     while True:
         attempt += 1
         permit = yield from _admit(core, st, attempt)
