@@ -106,7 +106,7 @@ class HTTPAdapter(requests.adapters.HTTPAdapter):
         *,
         target: Target = None,
         key_header: str = KEY_HEADER,
-        submission_id: Optional[Callable[[requests.PreparedRequest], Optional[str]]] = None,
+        submission_id: Optional[Callable[[requests.PreparedRequest], Union[str, bytes, None]]] = None,
         run_id: str = "",
         idempotent_methods: frozenset[str] = IDEMPOTENT_METHODS,
         **kwargs: Any,
@@ -136,9 +136,10 @@ class HTTPAdapter(requests.adapters.HTTPAdapter):
             target = self._target or host_target(url.hostname or "", url.port)
         given = request.headers.get(self._key_header, "") if self._key_header else ""
         key = given.decode("latin-1") if isinstance(given, bytes) else given
+        sid = self._submission_id(request) if self._submission_id is not None else None
         call = call_for(
             method=request.method or "GET", target=target, key=key,
-            submission_id=self._submission_id(request) if self._submission_id is not None else None,
+            submission_id=sid.decode("utf-8") if isinstance(sid, bytes) else sid,
             payload=payload, run_id=self._run_id, idempotent_methods=self._idempotent_methods,
         )
         if self._key_header and not key and call.submission_id:

@@ -40,7 +40,7 @@ import contextvars
 import logging
 import threading
 import weakref
-from typing import Any, Callable, Optional, Union
+from typing import Any, Awaitable, Callable, Optional, TypedDict, Union
 
 from tenacity import RetryCallState
 
@@ -51,7 +51,29 @@ from .aio import AsyncClient
 from .client import Client
 from .errors import RetryError
 
-__all__ = ["AsyncPolicy", "Policy"]
+__all__ = ["AsyncPolicy", "AsyncStrategies", "Policy", "Strategies"]
+
+
+class Strategies(TypedDict):
+    """:meth:`Policy.strategies`: keyword arguments of ``Retrying`` and
+    ``@retry``."""
+
+    before: Callable[[RetryCallState], None]
+    retry: Callable[[RetryCallState], bool]
+    stop: Callable[[RetryCallState], bool]
+    wait: Callable[[RetryCallState], float]
+    before_sleep: Callable[[RetryCallState], None]
+
+
+class AsyncStrategies(TypedDict):
+    """:meth:`AsyncPolicy.strategies`: keyword arguments of
+    ``AsyncRetrying`` and ``@retry`` on a coroutine function."""
+
+    before: Callable[[RetryCallState], Awaitable[None]]
+    retry: Callable[[RetryCallState], Awaitable[bool]]
+    stop: Callable[[RetryCallState], bool]
+    wait: Callable[[RetryCallState], float]
+    before_sleep: Callable[[RetryCallState], None]
 
 _NEVER = threading.Event()  # the calls tenacity runs are not cancelled by an event
 
@@ -98,19 +120,6 @@ class _Strategies:
         self._log = logger or logging.getLogger("policyd_client.tenacity")
         self._level = log_level
         self._runs: "weakref.WeakKeyDictionary[RetryCallState, _Run]" = weakref.WeakKeyDictionary()
-
-    def strategies(self) -> dict[str, Any]:
-        """Returns ``before``, ``retry``, ``stop``, ``wait`` and
-        ``before_sleep`` as keyword arguments for ``Retrying``,
-        ``AsyncRetrying`` or ``@retry``."""
-        return {"before": self.before, "retry": self.retry, "stop": self.stop, "wait": self.wait,
-                "before_sleep": self.before_sleep}
-
-    def before(self, rs: RetryCallState) -> Any:  # overridden
-        raise NotImplementedError
-
-    def retry(self, rs: RetryCallState) -> Any:  # overridden
-        raise NotImplementedError
 
     def result(self, rs: RetryCallState) -> Optional[Result[Any]]:
         """Returns how the call of retry state ``rs`` ended, None while it
@@ -226,6 +235,13 @@ class Policy(_Strategies):
         super().__init__(client._core, target, idempotent, run_id, deadline_after, submission, logger, log_level)
         self._client = client
 
+    def strategies(self) -> Strategies:
+        """Returns ``before``, ``retry``, ``stop``, ``wait`` and
+        ``before_sleep``, as keyword arguments for ``Retrying`` or
+        ``@retry``."""
+        return Strategies(before=self.before, retry=self.retry, stop=self.stop, wait=self.wait,
+                          before_sleep=self.before_sleep)
+
     def _drive(self, run: _Run, reply: Any, admitting: bool) -> Optional[_loop.Effect]:
         """Carries out the loop's effects until it hands tenacity an attempt
         (Invoke) or a wait (a Sleep after a decision); None when it ended. A
@@ -293,6 +309,13 @@ class AsyncPolicy(_Strategies):
     ) -> None:
         super().__init__(client._core, target, idempotent, run_id, deadline_after, submission, logger, log_level)
         self._client = client
+
+    def strategies(self) -> AsyncStrategies:
+        """Returns ``before``, ``retry``, ``stop``, ``wait`` and
+        ``before_sleep``, as keyword arguments for ``AsyncRetrying`` or
+        ``@retry`` on a coroutine function."""
+        return AsyncStrategies(before=self.before, retry=self.retry, stop=self.stop, wait=self.wait,
+                               before_sleep=self.before_sleep)
 
     async def _drive(self, run: _Run, reply: Any, admitting: bool) -> Optional[_loop.Effect]:
         """As :meth:`Policy._drive`, with awaits."""
