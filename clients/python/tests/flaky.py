@@ -38,6 +38,20 @@ class Seen:
     path: str
     headers: dict[str, str]
     body: bytes
+    #: The client's port: the same for requests on one connection.
+    port: int = 0
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        # A client that gives up on a connection (a timeout, a closed
+        # response) is part of the tests; anything else is printed.
+        import sys
+
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)  # type: ignore[arg-type]
 
 
 class Flaky:
@@ -60,7 +74,8 @@ class Flaky:
             def _answer(self) -> None:
                 n = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(n) if n else b""
-                step = flaky._next(Seen(self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, body))
+                step = flaky._next(Seen(self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, body,
+                                        self.client_address[1]))
                 if step == RESET:
                     # An RST, not a FIN: the client sees a connection reset.
                     self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -77,8 +92,7 @@ class Flaky:
 
             do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _answer
 
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
+        self._server = _Server(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, name="flaky-upstream", daemon=True)
         self._thread.start()

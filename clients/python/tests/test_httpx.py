@@ -29,6 +29,7 @@ def test_retries_after_the_servers_retry_after(policyd: Daemon, tenant: str, mak
         resp = http.get(flaky.url + "/search", params={"q": "Paris"})
     assert (resp.status_code, resp.text) == (200, "ok after 2")
     assert len(flaky.seen) == 2 and flaky.seen[0].path == flaky.seen[1].path == "/search?q=Paris"
+    assert flaky.seen[0].port == flaky.seen[1].port  # the 503's small body was read: its connection reused
     # policyd never retries earlier than the server asked (spread above it).
     assert len(clock.waits) == 1 and 7 <= clock.waits[0] <= 7.75, clock.waits
 
@@ -158,3 +159,56 @@ def test_async_retries_replays_and_keeps_one_key(policyd: Daemon, tenant: str, c
                 assert flaky.seen == []
 
     asyncio.run(main())
+
+
+# -- without policyd, timeouts, other processes ------------------------------
+
+
+def test_with_policyd_away_the_local_policy_honours_retry_after(tenant: str, make_client: Any, clock: FakeClock,
+                                                               flaky: Flaky) -> None:
+    from conftest import free_port
+
+    c = make_client(f"127.0.0.1:{free_port()}", tenant, watch=False, decision_timeout=0.2)
+    flaky.script(busy(1, retry_after="5"))
+    with sync_http(c) as http:
+        resp = http.get(flaky.url + "/x")
+    assert (resp.status_code, resp.text) == (200, "ok after 2")
+    assert len(clock.waits) == 1 and 5 <= clock.waits[0] <= 5.5 and c.stats().local_decisions == 1
+
+
+def test_an_upstream_that_never_answers_times_out_each_attempt(policyd: Daemon, tenant: str, make_client: Any) -> None:
+    import socket
+
+    with socket.socket() as hole:  # accepts connections (the backlog), never answers
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(8)
+        url = "http://127.0.0.1:%d/x" % hole.getsockname()[1]
+        events: list[pc.Event] = []
+        with httpx.Client(transport=Transport(make_client(policyd, tenant, on_event=events.append)),
+                          timeout=0.05) as http:
+            with pytest.raises(httpx.ReadTimeout):
+                http.get(url)
+    assert [e.reason for e in events if e.kind is pc.EventKind.RETRY_SCHEDULED] == ["transport:timeout"] * 2
+    assert [e.stop_reason for e in events if e.kind is pc.EventKind.STOPPED] == [pc.StopReason.ATTEMPTS_EXHAUSTED]
+
+
+SEND_FROM_ANOTHER_PROCESS = """
+import sys, httpx, policyd_client as pc
+from policyd_client.httpx import Transport
+c = pc.Client(sys.argv[1], tenant=sys.argv[2], watch=False)
+with httpx.Client(transport=Transport(c)) as http:
+    http.post(sys.argv[3], content=b"same body", extensions={"policyd_submission_id": "doc-77"})
+c.close()
+"""
+
+
+def test_the_key_is_the_same_in_another_process(policyd: Daemon, tenant: str, make_client: Any, flaky: Flaky) -> None:
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-c", SEND_FROM_ANOTHER_PROCESS, policyd.address, tenant, flaky.url + "/a"],
+                   check=True, timeout=60)
+    with sync_http(make_client(policyd, tenant)) as http:
+        http.post(flaky.url + "/a", content=b"same body", extensions={"policyd_submission_id": "doc-77"})
+    keys = [s.headers.get("idempotency-key") for s in flaky.seen]
+    assert len(keys) == 2 and keys[0] == keys[1] == pc.idempotency_key("doc-77", b"same body")

@@ -44,6 +44,7 @@ def test_a_write_with_a_submission_id_is_replayed_with_one_key(policyd: Daemon, 
         want = pc.idempotency_key("doc-17", body)
         assert [x.headers.get("idempotency-key") for x in flaky.seen] == [want] * 3
         assert [x.body for x in flaky.seen] == [body] * 3
+        assert len({x.port for x in flaky.seen}) == 1  # the 503s' bodies were read: one connection
         # A seekable file is rewound for every attempt.
         flaky.script(busy(1))
         resp = s.put(flaky.url + "/upload", data=io.BytesIO(b"file body"))

@@ -21,6 +21,18 @@ KEY_HEADER = "Idempotency-Key"
 #: A request's policyd target: a fixed name, or a function of the request.
 Target = Union[str, Callable[[Any], str], None]
 
+#: A failed response's body up to this size (by its Content-Length) is read
+#: before the response is closed, so that its connection goes back to the
+#: pool for the next attempt; a larger or unsized one closes the connection.
+DRAIN_LIMIT = 64 * 1024
+
+
+def drainable(headers: Mapping[str, str]) -> bool:
+    """Says whether a failed response's body is small enough to read so its
+    connection can be reused."""
+    n = headers.get("content-length", "")
+    return n.isdigit() and int(n) <= DRAIN_LIMIT
+
 
 class BodyNotReplayable(ValueError):
     """The request's body is a stream that cannot be sent again (a

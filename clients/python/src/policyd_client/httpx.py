@@ -53,6 +53,7 @@ from ._http import (
     Target,
     answer,
     call_for,
+    drainable,
     host_target,
 )
 from ._model import Attempt, Call
@@ -64,6 +65,29 @@ __all__ = ["AsyncTransport", "BodyNotReplayable", "Transport", "SUBMISSION_EXTEN
 
 #: The request extension that names a request's submission id.
 SUBMISSION_EXTENSION = "policyd_submission_id"
+
+
+def _discard(resp: httpx.Response) -> None:
+    """Closes a failed response policyd did not stop on, reading a small
+    body first so the connection is reused."""
+    try:
+        if drainable(resp.headers):
+            resp.read()
+    except httpx.HTTPError:
+        pass
+    finally:
+        resp.close()
+
+
+async def _adiscard(resp: httpx.Response) -> None:
+    """_discard, for the async transport."""
+    try:
+        if drainable(resp.headers):
+            await resp.aread()
+    except httpx.HTTPError:
+        pass
+    finally:
+        await resp.aclose()
 
 
 def _submission_from_extension(request: httpx.Request) -> Optional[str]:
@@ -164,7 +188,7 @@ class Transport(httpx.BaseTransport):
 
         def attempt(a: Attempt) -> httpx.Response:
             while failed:
-                failed.pop().close()
+                _discard(failed.pop())
             resp = self._inner.handle_request(self._requests.attempt_request(request, a))
             if resp.status_code >= 400:
                 failed.append(resp)
@@ -212,7 +236,7 @@ class AsyncTransport(httpx.AsyncBaseTransport):
 
         async def attempt(a: Attempt) -> httpx.Response:
             while failed:
-                await failed.pop().aclose()
+                await _adiscard(failed.pop())
             resp = await self._inner.handle_async_request(self._requests.attempt_request(request, a))
             if resp.status_code >= 400:
                 failed.append(resp)

@@ -45,6 +45,7 @@ from ._http import (
     Target,
     answer,
     call_for,
+    drainable,
     host_target,
 )
 from ._model import Attempt
@@ -86,6 +87,18 @@ def _payload(request: requests.PreparedRequest) -> bytes:
         f"({type(body).__name__}), which cannot be sent again for a retry; send it as bytes (data=...) "
         "or as a seekable file"
     )
+
+
+def _discard(resp: requests.Response) -> None:
+    """Closes a failed response policyd did not stop on, reading a small
+    body first so the connection is reused."""
+    try:
+        if drainable(resp.headers):
+            resp.content  # noqa: B018  (reads the body)
+    except requests.RequestException:
+        pass
+    finally:
+        resp.close()
 
 
 class HTTPAdapter(requests.adapters.HTTPAdapter):
@@ -149,7 +162,7 @@ class HTTPAdapter(requests.adapters.HTTPAdapter):
 
         def attempt(a: Attempt) -> requests.Response:
             while failed:
-                failed.pop().close()
+                _discard(failed.pop())
             if rewind and a.number > 1:
                 rewind_body(request)
             resp = super(HTTPAdapter, self).send(
