@@ -14,6 +14,10 @@ from typing import Iterator, Optional, Union
 
 import pytest
 
+import policyd_client as pc
+
+from conftest import FakeClock
+
 #: A connection reset instead of an answer.
 RESET = "reset"
 
@@ -125,3 +129,15 @@ def flaky() -> Iterator[Flaky]:
     f = Flaky()
     yield f
     f.close()
+
+
+def assert_retry_delays(events: list[pc.Event], clock: FakeClock, *bounds: tuple[float, float]) -> None:
+    """Asserts the delays policyd gave the retries, each within its bounds,
+    and that the client waited them (on the fake clock). Other waits may
+    come between: a hint starts a fleet-wide cool-down on policyd's wall
+    clock, which the fake clock lags by the test's run time, and what is
+    left of it is waited out before the next attempt."""
+    delays = [e.delay for e in events if e.kind is pc.EventKind.RETRY_SCHEDULED]
+    assert len(delays) == len(bounds) and all(lo <= d <= hi for d, (lo, hi) in zip(delays, bounds)), (delays, bounds)
+    it = iter(clock.waits)
+    assert all(d in it for d in delays), (delays, clock.waits)  # in order

@@ -15,7 +15,7 @@ import policyd_client as pc
 from policyd_client.httpx import AsyncTransport, BodyNotReplayable, Transport
 
 from conftest import Daemon, FakeClock
-from flaky import RESET, Flaky, Reply, busy, flaky  # noqa: F401  (the fixture)
+from flaky import RESET, Flaky, Reply, assert_retry_delays, busy, flaky  # noqa: F401  (the fixture)
 
 
 def sync_http(c: pc.Client, **kw: Any) -> httpx.Client:
@@ -25,13 +25,14 @@ def sync_http(c: pc.Client, **kw: Any) -> httpx.Client:
 def test_retries_after_the_servers_retry_after(policyd: Daemon, tenant: str, make_client: Any, clock: FakeClock,
                                                 flaky: Flaky) -> None:
     flaky.script(busy(1, retry_after="7"))
-    with sync_http(make_client(policyd, tenant)) as http:
+    events: list[pc.Event] = []
+    with sync_http(make_client(policyd, tenant, on_event=events.append)) as http:
         resp = http.get(flaky.url + "/search", params={"q": "Paris"})
     assert (resp.status_code, resp.text) == (200, "ok after 2")
     assert len(flaky.seen) == 2 and flaky.seen[0].path == flaky.seen[1].path == "/search?q=Paris"
     assert flaky.seen[0].port == flaky.seen[1].port  # the 503's small body was read: its connection reused
     # policyd never retries earlier than the server asked (spread above it).
-    assert len(clock.waits) == 1 and 7 <= clock.waits[0] <= 7.75, clock.waits
+    assert_retry_delays(events, clock, (7, 7.75))
 
 
 def test_a_write_with_a_submission_id_is_replayed_with_one_key(policyd: Daemon, tenant: str, make_client: Any,

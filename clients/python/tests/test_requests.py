@@ -15,7 +15,7 @@ import policyd_client as pc
 from policyd_client.requests import BodyNotReplayable, HTTPAdapter
 
 from conftest import Daemon, FakeClock
-from flaky import RESET, Flaky, Reply, busy, flaky  # noqa: F401  (the fixture)
+from flaky import RESET, Flaky, Reply, assert_retry_delays, busy, flaky  # noqa: F401  (the fixture)
 
 
 def session(c: pc.Client, **kw: Any) -> requests.Session:
@@ -27,11 +27,13 @@ def session(c: pc.Client, **kw: Any) -> requests.Session:
 def test_retries_after_the_servers_retry_after(policyd: Daemon, tenant: str, make_client: Any, clock: FakeClock,
                                                 flaky: Flaky) -> None:
     flaky.script(busy(1, retry_after="7"), RESET)
-    with session(make_client(policyd, tenant)) as s:
+    events: list[pc.Event] = []
+    with session(make_client(policyd, tenant, on_event=events.append)) as s:
         resp = s.get(flaky.url + "/search", params={"q": "Paris"}, timeout=30)
     assert (resp.status_code, resp.text) == (200, "ok after 3")
     assert [x.path for x in flaky.seen] == ["/search?q=Paris"] * 3
-    assert len(clock.waits) == 2 and 7 <= clock.waits[0] <= 7.75, clock.waits
+    # The hint, then what is left of the fleet-wide cool-down it started.
+    assert_retry_delays(events, clock, (7, 7.75), (0, 7.75))
 
 
 def test_a_write_with_a_submission_id_is_replayed_with_one_key(policyd: Daemon, tenant: str, make_client: Any,

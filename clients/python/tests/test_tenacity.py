@@ -21,7 +21,7 @@ import policyd_client as pc
 from policyd_client.tenacity import AsyncPolicy, Policy
 
 from conftest import Daemon, FakeClock
-from flaky import RESET, Flaky, Reply, busy, flaky  # noqa: F401  (the fixture)
+from flaky import RESET, Flaky, Reply, assert_retry_delays, busy, flaky  # noqa: F401  (the fixture)
 
 
 def tsleep(clock: FakeClock) -> Any:
@@ -39,7 +39,8 @@ def fetch(url: str) -> str:
 
 def test_retry_decorator_waits_what_policyd_says(policyd: Daemon, tenant: str, make_client: Any, clock: FakeClock,
                                                  flaky: Flaky) -> None:
-    c = make_client(policyd, tenant)
+    events: list[pc.Event] = []
+    c = make_client(policyd, tenant, on_event=events.append)
     policy = Policy(c, "geo", submission=lambda url, doc: (doc, url))
 
     @tenacity.retry(**policy.strategies(), sleep=tsleep(clock))
@@ -48,7 +49,7 @@ def test_retry_decorator_waits_what_policyd_says(policyd: Daemon, tenant: str, m
 
     flaky.script(busy(1, retry_after="7"), RESET)
     assert get(flaky.url + "/x", "doc-5") == "ok after 3"
-    assert len(clock.waits) == 2 and 7 <= clock.waits[0] <= 7.75, clock.waits
+    assert_retry_delays(events, clock, (7, 7.75), (0, 7.75))  # tenacity waited policyd's delays
     want = pc.idempotency_key("doc-5", flaky.url + "/x")
     assert [s.headers["idempotency-key"] for s in flaky.seen] == [want] * 3
     # Both failures were decided by policyd, and the success reported.
