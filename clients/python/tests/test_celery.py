@@ -117,3 +117,9 @@ def test_an_open_breaker_fails_the_task_unrun(worker: None, recording: pc.Client
         r.get(timeout=60)
     assert (err.value.disposition, err.value.reason) == ("circuit_open", "breaker:open")
     assert seen == [] and flaky.seen == []
+
+
+def test_a_task_without_a_client_names_itself() -> None:
+    assert submit.policyd_client is None
+    with pytest.raises(TypeError, match="task test_celery.submit has no policyd_client"):
+        submit("http://127.0.0.1:9/unused", "doc-35")  # called directly: no worker, no request sent
