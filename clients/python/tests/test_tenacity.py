@@ -132,3 +132,49 @@ def test_async_retrying(policyd: Daemon, tenant: str, clock: FakeClock, flaky: F
             assert res is not None and res.disposition is pc.Disposition.FAILED_TERMINAL
 
     asyncio.run(main())
+
+
+class Interrupted(BaseException):
+    """Not an Exception, as KeyboardInterrupt and a task's cancellation are not."""
+
+
+def test_a_failure_that_is_not_an_exception_cuts_the_call(policyd: Daemon, tenant: str, make_client: Any,
+                                                          clock: FakeClock) -> None:
+    policy = Policy(make_client(policyd, tenant), "geo", idempotent=True)
+    with pytest.raises(Interrupted):
+        for attempt in tenacity.Retrying(**policy.strategies(), sleep=tsleep(clock)):
+            with attempt:
+                raise Interrupted()
+    res = policy.result(attempt.retry_state)
+    assert res is not None and (res.disposition, res.stop_reason, res.attempts) == (
+        pc.Disposition.DEADLINE_CUT, pc.StopReason.DEADLINE, 1)
+    assert clock.waits == []
+
+
+def test_async_cancellation_cuts_the_call(policyd: Daemon, tenant: str, clock: FakeClock) -> None:
+    async def main() -> None:
+        async with pc.AsyncClient(policyd.address, tenant=tenant, sleep=clock.asleep, now=clock.now,
+                                  decision_timeout=5.0) as c:
+            policy = AsyncPolicy(c, "geo", idempotent=True)
+            started = asyncio.Event()
+            states: list[tenacity.RetryCallState] = []
+
+            async def hang() -> None:
+                started.set()
+                await asyncio.Event().wait()  # until cancelled
+
+            async def run() -> None:
+                async for attempt in tenacity.AsyncRetrying(**policy.strategies(), sleep=clock.asleep):
+                    states.append(attempt.retry_state)
+                    with attempt:
+                        await hang()
+
+            task = asyncio.create_task(run())
+            await started.wait()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            res = policy.result(states[0])
+            assert res is not None and res.disposition is pc.Disposition.DEADLINE_CUT
+
+    asyncio.run(main())

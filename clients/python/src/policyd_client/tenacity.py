@@ -45,7 +45,7 @@ from typing import Any, Awaitable, Callable, Optional, TypedDict, Union
 from tenacity import RetryCallState
 
 from . import _loop
-from ._core import _CURRENT, Core
+from ._core import _CURRENT, Core, PendingOutcome
 from ._model import Attempt, Result
 from .aio import AsyncClient
 from .client import Client
@@ -200,6 +200,19 @@ class _Strategies:
             return None, True
         return _loop.Invoked(error=err, latency=latency, timed_out=a.timeout > 0 and latency >= a.timeout), False
 
+    @staticmethod
+    def _cancel(run: _Run, add: Callable[[PendingOutcome], None]) -> None:
+        """Ends a call whose attempt was cancelled (DEADLINE_CUT), queueing
+        what the loop reports with add."""
+        try:
+            effect = run.loop.throw(_loop.CallCancelled())
+            while True:
+                assert isinstance(effect, _loop.Report)
+                add(effect.outcome)
+                effect = run.loop.send(None)
+        except StopIteration as done:
+            run.result = done.value
+
     def _decided(self, run: _Run, effect: Optional[_loop.Effect]) -> bool:
         """Records what the loop decided after an attempt; returns tenacity's
         retry answer."""
@@ -263,17 +276,6 @@ class Policy(_Strategies):
                 continue
             reply = self._client._do(effect, _fn, _NEVER, reporter, stub)
 
-    def _cancel(self, run: _Run) -> None:
-        reporter, _ = self._client._start()
-        try:
-            effect = run.loop.throw(_loop.CallCancelled())
-            while True:
-                assert isinstance(effect, _loop.Report)
-                reporter.add(effect.outcome)
-                effect = run.loop.send(None)
-        except StopIteration as done:
-            run.result = done.value
-
     def before(self, rs: RetryCallState) -> None:
         """Admits the attempt rs is about to make."""
         run, reply = self._begin(rs)
@@ -284,7 +286,7 @@ class Policy(_Strategies):
         run = self._run(rs)
         got, cancelled = self._invoked(run, rs)
         if cancelled:
-            self._cancel(run)
+            self._cancel(run, self._client._start()[0].add)
             return False  # tenacity raises what the function raised
         return self._decided(run, self._drive(run, got, admitting=False))
 
@@ -336,17 +338,6 @@ class AsyncPolicy(_Strategies):
                 continue
             reply = await self._client._do(effect, _afn, reporter, stub)
 
-    def _cancel(self, run: _Run) -> None:
-        reporter, _ = self._client._io()
-        try:
-            effect = run.loop.throw(_loop.CallCancelled())
-            while True:
-                assert isinstance(effect, _loop.Report)
-                reporter.add(effect.outcome)
-                effect = run.loop.send(None)
-        except StopIteration as done:
-            run.result = done.value
-
     async def before(self, rs: RetryCallState) -> None:
         """Admits the attempt rs is about to make."""
         run, reply = self._begin(rs)
@@ -357,6 +348,6 @@ class AsyncPolicy(_Strategies):
         run = self._run(rs)
         got, cancelled = self._invoked(run, rs)
         if cancelled:
-            self._cancel(run)
+            self._cancel(run, self._client._io()[0].add)
             return False
         return self._decided(run, await self._drive(run, got, admitting=False))
