@@ -33,9 +33,10 @@ class Recording(PolicydTask):
 
     countdowns: list[float] = []
 
-    def retry(self, *args: Any, countdown: Any = None, **kwargs: Any) -> Any:
-        type(self).countdowns.append(countdown)
-        return super().retry(*args, countdown=0, **kwargs)
+    def retry(self, *args: Any, **kwargs: Any) -> Any:
+        type(self).countdowns.append(float(kwargs["countdown"]))
+        kwargs["countdown"] = 0
+        return super().retry(*args, **kwargs)
 
 
 seen: list[tuple[int, str, str]] = []  # (attempt, call id, key) as the task saw them

@@ -7,7 +7,8 @@ attempts; tenacity sleeps on the fake clock."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import threading
+from typing import Any, Callable
 
 import httpx
 import pytest
@@ -24,9 +25,9 @@ from conftest import Daemon, FakeClock
 from flaky import RESET, Flaky, Reply, assert_retry_delays, busy, flaky  # noqa: F401  (the fixture)
 
 
-def tsleep(clock: FakeClock) -> Any:
+def tsleep(clock: FakeClock) -> Callable[[float], None]:
     """tenacity's sleep(seconds) on the fake clock."""
-    return lambda d: clock.sleep(d, None)  # type: ignore[arg-type]
+    return lambda d: clock.sleep(d, threading.Event())
 
 
 def fetch(url: str) -> str:
@@ -55,8 +56,8 @@ def test_retry_decorator_waits_what_policyd_says(policyd: Daemon, tenant: str, m
     # Both failures were decided by policyd, and the success reported.
     assert c.close() == 0
     audit = policyd.admin_call("QueryAudit", apb.QueryAuditRequest(call_id="doc-5", tenant=tenant))
-    events = [types_pb2.AuditEvent.Name(r.event) for r in audit.records]
-    assert events.count("AUDIT_EVENT_DECISION") == 2 and "AUDIT_EVENT_FINAL" in events, events
+    audited = [types_pb2.AuditEvent.Name(r.event) for r in audit.records]
+    assert audited.count("AUDIT_EVENT_DECISION") == 2 and "AUDIT_EVENT_FINAL" in audited, audited
 
 
 def test_retrying_stops_where_policyd_stops(policyd: Daemon, tenant: str, make_client: Any, clock: FakeClock,
