@@ -213,3 +213,20 @@ def test_the_key_is_the_same_in_another_process(policyd: Daemon, tenant: str, ma
         http.post(flaky.url + "/a", content=b"same body", extensions={"policyd_submission_id": "doc-77"})
     keys = [s.headers.get("idempotency-key") for s in flaky.seen]
     assert len(keys) == 2 and keys[0] == keys[1] == pc.idempotency_key("doc-77", b"same body")
+
+
+def test_policyds_attempt_timeout_caps_the_clients(tenant: str, make_client: Any) -> None:
+    import socket
+
+    from conftest import free_port
+
+    # policyd away: the local policy's attempt timeout (the client's) holds.
+    c = make_client(f"127.0.0.1:{free_port()}", tenant, watch=False, decision_timeout=0.2, attempt_timeout=0.05)
+    with socket.socket() as hole:
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(8)
+        with httpx.Client(transport=Transport(c), timeout=30) as http:
+            with pytest.raises(httpx.ReadTimeout) as err:
+                http.get("http://127.0.0.1:%d/x" % hole.getsockname()[1])
+    assert err.value.request.extensions["timeout"] == {"connect": 0.05, "read": 0.05, "write": 0.05, "pool": 0.05}
+    assert c.stats().attempts == 3

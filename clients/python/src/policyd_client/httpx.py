@@ -143,15 +143,19 @@ class _Requests:
         return call
 
     @staticmethod
-    def attempt_request(request: httpx.Request, a: Attempt) -> httpx.Request:
-        """Caps the request's timeouts by the attempt's."""
-        if a.timeout > 0:
-            t = dict(request.extensions.get("timeout") or {})
-            for phase in ("connect", "read", "write", "pool"):
-                v = t.get(phase)
-                t[phase] = a.timeout if v is None else min(float(v), a.timeout)
-            request.extensions = {**request.extensions, "timeout": t}
-        return request
+    def attempts(request: httpx.Request) -> Callable[[Attempt], httpx.Request]:
+        """Returns a function that readies the request for an attempt: its
+        timeouts (as the caller set them) capped by the attempt's."""
+        given = dict(request.extensions.get("timeout") or {})
+
+        def ready(a: Attempt) -> httpx.Request:
+            if a.timeout > 0:
+                t = {phase: a.timeout if given.get(phase) is None else min(float(given[phase]), a.timeout)
+                     for phase in ("connect", "read", "write", "pool")}
+                request.extensions = {**request.extensions, "timeout": t}
+            return request
+
+        return ready
 
 
 class Transport(httpx.BaseTransport):
@@ -184,12 +188,13 @@ class Transport(httpx.BaseTransport):
         if not self._requests.replayable(request):
             request.read()
         call = self._requests.call(request)
+        ready = self._requests.attempts(request)
         failed: list[httpx.Response] = []  # the last failed response, open until the next attempt
 
         def attempt(a: Attempt) -> httpx.Response:
             while failed:
                 _discard(failed.pop())
-            resp = self._inner.handle_request(self._requests.attempt_request(request, a))
+            resp = self._inner.handle_request(ready(a))
             if resp.status_code >= 400:
                 failed.append(resp)
                 raise FailedResponse(resp, resp.status_code, resp.headers)
@@ -232,12 +237,13 @@ class AsyncTransport(httpx.AsyncBaseTransport):
         if not self._requests.replayable(request):
             await request.aread()
         call = self._requests.call(request)
+        ready = self._requests.attempts(request)
         failed: list[httpx.Response] = []  # the last failed response, open until the next attempt
 
         async def attempt(a: Attempt) -> httpx.Response:
             while failed:
                 await _adiscard(failed.pop())
-            resp = await self._inner.handle_async_request(self._requests.attempt_request(request, a))
+            resp = await self._inner.handle_async_request(ready(a))
             if resp.status_code >= 400:
                 failed.append(resp)
                 raise FailedResponse(resp, resp.status_code, resp.headers)
