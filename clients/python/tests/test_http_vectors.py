@@ -67,6 +67,6 @@ def test_http_vector(adapter: str, v: dict[str, Any], policyd: Daemon, tenant: s
         # the test's own run time: what is left of it may be waited too.
         lo, hi = v["wait"]
         assert clock.waits and lo <= clock.waits[0] <= hi, f"got waits {clock.waits}, want the first in {v['wait']}"
-        assert all(w < 1.0 for w in clock.waits[1:]), clock.waits
+        assert all(w <= hi for w in clock.waits[1:]), clock.waits  # never more than the hint
     keys = {s.headers.get("idempotency-key") for s in flaky.seen}
     assert keys == ({pc.idempotency_key("doc-v", BODY)} if v["submission"] else {None})
