@@ -5,6 +5,8 @@ go 1.26.8
 require (
 	github.com/fsnotify/fsnotify v1.10.1
 	github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus v1.1.1
+	github.com/policyd/policyd/clients/go/policyclient v0.0.0-00010101000000-000000000000
+	github.com/policyd/policyd/gen/go v0.0.0-00010101000000-000000000000
 	github.com/prometheus/client_golang v1.25.0
 	github.com/spf13/cobra v1.10.2
 	go.etcd.io/bbolt v1.5.0
@@ -50,4 +52,11 @@ require (
 tool (
 	google.golang.org/grpc/cmd/protoc-gen-go-grpc
 	google.golang.org/protobuf/cmd/protoc-gen-go
+)
+
+// The client and the stubs are modules of their own in this repository
+// (see go.work); the daemon builds them from here.
+replace (
+	github.com/policyd/policyd/clients/go/policyclient => ./clients/go/policyclient
+	github.com/policyd/policyd/gen/go => ./gen/go
 )

@@ -8,7 +8,7 @@ import (
 	"net/http"
 	"time"
 
-	policyclient "github.com/policyd/policyd/clients/go"
+	"github.com/policyd/policyd/clients/go/policyclient"
 )
 
 // A worker posting documents to a grant portal it does not control. The

@@ -19,7 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	policyclient "github.com/policyd/policyd/clients/go"
+	"github.com/policyd/policyd/clients/go/policyclient"
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 )
 
@@ -76,7 +76,7 @@ type failureSpec struct {
 
 func loadVectors(t *testing.T) *vectorFile {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "..", "testdata", "vectors.json"))
+	b, err := os.ReadFile(filepath.Join("..", "..", "..", "testdata", "vectors.json"))
 	if err != nil {
 		t.Fatal(err)
 	}

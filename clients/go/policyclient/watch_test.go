@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	policyclient "github.com/policyd/policyd/clients/go"
+	"github.com/policyd/policyd/clients/go/policyclient"
 )
 
 // nominalReconnect is the documented ceiling of reconnect n's wait.
