@@ -54,8 +54,8 @@ tool (
 	google.golang.org/protobuf/cmd/protoc-gen-go
 )
 
-// The client and the stubs are modules of their own in this repository
-// (see go.work); the daemon builds them from here.
+// The client and the stubs are modules of their own in this repository;
+// the daemon builds them from here.
 replace (
 	github.com/policyd/policyd/clients/go/policyclient => ./clients/go/policyclient
 	github.com/policyd/policyd/gen/go => ./gen/go

@@ -15,6 +15,6 @@ require (
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260928230214-8a89bd6388cc // indirect
 )
 
-// The stubs are developed in this repository: see go.work. A release tags
-// gen/go/vX.Y.Z and requires that version here.
+// The stubs are developed in this repository. A release tags gen/go/vX.Y.Z
+// and requires that version here (a worker's build ignores this replace).
 replace github.com/policyd/policyd/gen/go => ../../../gen/go

@@ -1,5 +1,5 @@
 """The shared vectors of testdata/vectors.json, which the Go client checks
-too (clients/go/policyclient/vectors_test.go): idempotency keys, classification by the
+too (clients/go/policyclient/vectors_test.go, clients/go/e2e/vectors_test.go): idempotency keys, classification by the
 real daemon and by the local fallback, and how scripted calls end through
 the real daemon with both clients."""
 

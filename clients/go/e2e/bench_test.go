@@ -1,4 +1,4 @@
-package policyclient_test
+package e2e_test
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 // difference is what the client adds to the success path (no RPC on it; the
 // outcome is queued for the background batcher).
 //
-//	go test -run '^$' -bench Overhead -benchmem ./clients/go/policyclient/
+//	go test -run '^$' -bench Overhead -benchmem ./clients/go/e2e/
 func BenchmarkOverhead(b *testing.B) {
 	fn := func(context.Context, policyclient.Attempt) error { return nil }
 	b.Run("direct", func(b *testing.B) {
