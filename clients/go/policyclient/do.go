@@ -136,6 +136,10 @@ type Attempt struct {
 	Number         int    // from 1
 	CallID         string // the same on every attempt
 	IdempotencyKey string // the same on every attempt; send it to the upstream
+	// Target is the upstream this attempt goes to: the call's Target, or
+	// a fallback target policyd escalated the call to. Transport maps it to
+	// a host through Transport.Hosts.
+	Target string
 }
 
 // Result is how a call ended.
@@ -298,7 +302,7 @@ func (l *loop) run(fn func(context.Context, Attempt) error) Result {
 		}
 		l.first = nil
 		actx.start(l.ctx, l.c.wall(start), l.timeout)
-		err := fn(actx, Attempt{Number: attempt, CallID: l.call.id, IdempotencyKey: l.call.key})
+		err := fn(actx, Attempt{Number: attempt, CallID: l.call.id, IdempotencyKey: l.call.key, Target: l.call.target})
 		stop := l.c.cfg.Now()
 		timedOut := actx.end(l.c.wall(stop))
 		latency := stop.Sub(start)
