@@ -10,12 +10,14 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
 	"github.com/policyd/policyd/clients/go/policyclient"
@@ -36,6 +38,18 @@ type vectorFile struct {
 		Reason     string      `json:"reason"`
 		Retryable  bool        `json:"retryable"`
 	} `json:"classification"`
+	HTTPResponses []struct {
+		Name    string            `json:"name"`
+		Status  int               `json:"status"`
+		Headers map[string]string `json:"headers"`
+		adapterVerdict
+	} `json:"http_responses"`
+	GRPCStatuses []struct {
+		Name     string            `json:"name"`
+		Code     uint32            `json:"code"`
+		Trailers map[string]string `json:"trailers"`
+		adapterVerdict
+	} `json:"grpc_statuses"`
 	StopReasons []struct {
 		Name string `json:"name"`
 		Call struct {
@@ -50,6 +64,32 @@ type vectorFile struct {
 		Attempts            int           `json:"attempts"`
 		MinFirstWaitSeconds float64       `json:"min_first_wait_seconds"`
 	} `json:"stop_reasons"`
+}
+
+// adapterVerdict is what an http_responses or grpc_statuses vector says an
+// adapter does with the failure: retry it when retryable and not
+// do_not_retry, after at least hint_seconds.
+type adapterVerdict struct {
+	Idempotent  bool    `json:"idempotent"`
+	Retryable   bool    `json:"retryable"`
+	HintSeconds float64 `json:"hint_seconds"`
+	DoNotRetry  bool    `json:"do_not_retry"`
+}
+
+func (v adapterVerdict) retried() bool { return v.Retryable && !v.DoNotRetry }
+
+// checkWaits holds the waits of a call that failed once to v.
+func (v adapterVerdict) checkWaits(t *testing.T, waits []time.Duration) {
+	t.Helper()
+	if !v.retried() {
+		if len(waits) != 0 {
+			t.Errorf("waits: got %v, want none", waits)
+		}
+		return
+	}
+	if least := time.Duration(v.HintSeconds * float64(time.Second)); len(waits) != 1 || waits[0] < least {
+		t.Errorf("waits: got %v, want one of at least %v", waits, least)
+	}
 }
 
 // failureSpec is one failure of a vector: exactly one kind is set.
@@ -72,7 +112,7 @@ func loadVectors(t *testing.T) *vectorFile {
 	if err := json.Unmarshal(b, &v); err != nil {
 		t.Fatalf("testdata/vectors.json: %v", err)
 	}
-	if len(v.Classification) == 0 || len(v.StopReasons) == 0 {
+	if len(v.Classification) == 0 || len(v.StopReasons) == 0 || len(v.HTTPResponses) == 0 || len(v.GRPCStatuses) == 0 {
 		t.Fatal("testdata/vectors.json: a section is empty")
 	}
 	return &v
@@ -198,6 +238,61 @@ func TestVectorsStopReasons(t *testing.T) {
 					t.Errorf("waits: got %v, want the first at least %gs", waits, v.MinFirstWaitSeconds)
 				}
 			}
+		})
+	}
+}
+
+// TestVectorsHTTPResponsesThroughTransport: an upstream fails once with
+// each vector's response; Transport, deciding with policyd, retries it or
+// returns it as the vector says.
+func TestVectorsHTTPResponsesThroughTransport(t *testing.T) {
+	d := startDaemon(t, nil)
+	for i, v := range loadVectors(t).HTTPResponses {
+		t.Run(v.Name, func(t *testing.T) {
+			c, sl := newClient(t, d, nil)
+			up := startFlakyHTTP(t, reply{status: v.Status, header: v.Headers, body: "failed"}, reply{status: 200, body: "ok"})
+			target := "vec-http-" + strconv.Itoa(i)
+			hc := &http.Client{Transport: &policyclient.Transport{Client: c, Call: func(*http.Request) policyclient.Call {
+				return policyclient.Call{Target: target, Idempotent: v.Idempotent}
+			}}}
+			resp, err := hc.Get(up.srv.URL)
+			if err != nil {
+				t.Fatalf("Get: %v", err)
+			}
+			readAll(t, resp)
+			wantStatus, wantRequests := v.Status, 1
+			if v.retried() {
+				wantStatus, wantRequests = 200, 2
+			}
+			if resp.StatusCode != wantStatus || len(up.requests()) != wantRequests {
+				t.Errorf("got %d after %d requests, want %d after %d", resp.StatusCode, len(up.requests()), wantStatus, wantRequests)
+			}
+			v.checkWaits(t, sl.all())
+		})
+	}
+}
+
+// TestVectorsGRPCStatusesThroughInterceptor: the same for a gRPC upstream
+// behind UnaryClientInterceptor.
+func TestVectorsGRPCStatusesThroughInterceptor(t *testing.T) {
+	d := startDaemon(t, nil)
+	for i, v := range loadVectors(t).GRPCStatuses {
+		t.Run(v.Name, func(t *testing.T) {
+			c, sl := newClient(t, d, nil)
+			up := &flakyGRPC{script: []grpcReply{{codes.Code(v.Code), v.Trailers["grpc-retry-pushback-ms"]}, {codes.OK, ""}}}
+			target := "vec-grpc-" + strconv.Itoa(i)
+			health := startFlakyGRPC(t, up, c, func(context.Context, string) policyclient.Call {
+				return policyclient.Call{Target: target, Idempotent: v.Idempotent}
+			})
+			_, err := health.Check(context.Background(), &healthpb.HealthCheckRequest{})
+			wantCode, wantCalls := codes.Code(v.Code), 1
+			if v.retried() {
+				wantCode, wantCalls = codes.OK, 2
+			}
+			if status.Code(err) != wantCode || len(up.seen()) != wantCalls {
+				t.Errorf("got %v after %d calls, want %v after %d", status.Code(err), len(up.seen()), wantCode, wantCalls)
+			}
+			v.checkWaits(t, sl.all())
 		})
 	}
 }

@@ -43,3 +43,17 @@ func WatchReconnects(c *Client, n int, draw func() float64) []time.Duration {
 	c.breakers.watch(ctx, c, sleep, draw)
 	return waits
 }
+
+// LocalVerdict is how the client reads an error fn returned (err, received
+// at now) and how its local fallback classifies it: category, reason, the
+// hint it honours and whether the server said not to retry, for the shared
+// test vectors.
+func LocalVerdict(err error, idempotent bool, now time.Time) (pb.Category, string, time.Duration, bool) {
+	f := classifyError(err, false)
+	cat, reason := (&localPolicy{}).classify(f.pb, idempotent, false)
+	hint, dnr := time.Duration(0), false
+	if f.pushback != nil {
+		hint, dnr = parseHints(f.pushback, now)
+	}
+	return cat, reason, hint, dnr
+}

@@ -9,6 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
 	"github.com/policyd/policyd/clients/go/policyclient"
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 )
@@ -34,12 +38,46 @@ type vectorFile struct {
 		HintSeconds float64           `json:"hint_seconds"`
 		DoNotRetry  bool              `json:"do_not_retry"`
 	} `json:"pushback_hints"`
+	HTTPResponses []struct {
+		Name    string            `json:"name"`
+		Status  int               `json:"status"`
+		Headers map[string]string `json:"headers"`
+		verdict
+	} `json:"http_responses"`
+	GRPCStatuses []struct {
+		Name     string            `json:"name"`
+		Code     uint32            `json:"code"`
+		Trailers map[string]string `json:"trailers"`
+		verdict
+	} `json:"grpc_statuses"`
 	IdempotencyKeys []struct {
 		SubmissionID string  `json:"submission_id"`
 		PayloadUTF8  *string `json:"payload_utf8"`
 		PayloadHex   *string `json:"payload_hex"`
 		Key          string  `json:"key"`
 	} `json:"idempotency_keys"`
+}
+
+// verdict is what a vector expects of a classification and its hint.
+type verdict struct {
+	Idempotent  bool    `json:"idempotent"`
+	Category    string  `json:"category"`
+	Reason      string  `json:"reason"`
+	HintSeconds float64 `json:"hint_seconds"`
+	DoNotRetry  bool    `json:"do_not_retry"`
+}
+
+// check holds the client's reading of err and its local fallback's verdict
+// to v.
+func (v verdict) check(t *testing.T, err error) {
+	t.Helper()
+	cat, reason, hint, dnr := policyclient.LocalVerdict(err, v.Idempotent, time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
+	if cat.String() != "CATEGORY_"+v.Category || reason != v.Reason {
+		t.Errorf("local fallback: got %s/%q, want CATEGORY_%s/%q", cat, reason, v.Category, v.Reason)
+	}
+	if want := time.Duration(v.HintSeconds * float64(time.Second)); hint != want || dnr != v.DoNotRetry {
+		t.Errorf("local fallback: got hint %v, do-not-retry %v; want %v, %v", hint, dnr, want, v.DoNotRetry)
+	}
 }
 
 // failureSpec is one failure of a vector: exactly one kind is set.
@@ -60,7 +98,8 @@ func loadVectors(t *testing.T) *vectorFile {
 	if err := json.Unmarshal(b, &v); err != nil {
 		t.Fatalf("testdata/vectors.json: %v", err)
 	}
-	if len(v.Classification) == 0 || len(v.IdempotencyKeys) == 0 || len(v.PushbackHints) == 0 {
+	if len(v.Classification) == 0 || len(v.IdempotencyKeys) == 0 || len(v.PushbackHints) == 0 ||
+		len(v.HTTPResponses) == 0 || len(v.GRPCStatuses) == 0 {
 		t.Fatal("testdata/vectors.json: a section is empty")
 	}
 	return &v
@@ -138,6 +177,31 @@ func TestVectorsPushbackHints(t *testing.T) {
 			if want := time.Duration(v.HintSeconds * float64(time.Second)); hint != want || dnr != v.DoNotRetry {
 				t.Errorf("local fallback: got hint %v, do-not-retry %v; want %v, %v", hint, dnr, want, v.DoNotRetry)
 			}
+		})
+	}
+}
+
+// TestVectorsHTTPResponses: a response as Transport turns it into an error
+// (HTTPError of its status and headers), read by the local fallback.
+func TestVectorsHTTPResponses(t *testing.T) {
+	for _, v := range loadVectors(t).HTTPResponses {
+		t.Run(v.Name, func(t *testing.T) {
+			h := http.Header{}
+			for k, val := range v.Headers {
+				h.Set(k, val)
+			}
+			v.check(t, policyclient.HTTPError(v.Status, h))
+		})
+	}
+}
+
+// TestVectorsGRPCStatuses: a status as the interceptors turn it into an
+// error (GRPCError of the status and the trailers), read by the local
+// fallback.
+func TestVectorsGRPCStatuses(t *testing.T) {
+	for _, v := range loadVectors(t).GRPCStatuses {
+		t.Run(v.Name, func(t *testing.T) {
+			v.check(t, policyclient.GRPCError(status.Error(codes.Code(v.Code), "upstream said no"), metadata.New(v.Trailers)))
 		})
 	}
 }
