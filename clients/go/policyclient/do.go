@@ -295,6 +295,9 @@ func (l *loop) run(fn func(context.Context, Attempt) error) Result {
 		}
 		l.res.Attempts = attempt
 		l.c.stats.attempts.Add(1)
+		if l.c.cfg.OnEvent != nil {
+			l.c.emit(Event{Kind: EventAttemptStarted, Target: l.call.target, CallID: l.call.id, Attempt: attempt})
+		}
 		start := l.c.cfg.Now()
 		actx := l.first
 		if actx == nil {
@@ -311,6 +314,10 @@ func (l *loop) run(fn func(context.Context, Attempt) error) Result {
 			l.report(outcome{attempt: attempt, success: true, permit: permit, latency: latency,
 				final: pb.Disposition_DISPOSITION_SUCCEEDED})
 			l.c.local.budget.deposit(0.2)
+			if l.c.cfg.OnEvent != nil {
+				l.c.emit(Event{Kind: EventCallEnded, Target: l.call.target, CallID: l.call.id, Attempt: attempt,
+					Disposition: Succeeded, Reason: l.res.Reason})
+			}
 			return l.res
 		}
 		l.res.Err = err
@@ -340,6 +347,10 @@ func (l *loop) run(fn func(context.Context, Attempt) error) Result {
 			l.timeout = dec.attemptTimeout
 		}
 		l.prev = dec.delay
+		if l.c.cfg.OnEvent != nil {
+			l.c.emit(Event{Kind: EventRetryScheduled, Target: l.call.target, CallID: l.call.id, Attempt: attempt,
+				Delay: dec.delay, Local: dec.fallback, Reason: dec.reason})
+		}
 		if err := l.c.cfg.Sleep(l.ctx, dec.delay); err != nil {
 			l.res.Err = err
 			return l.end(DeadlineCut, StopDeadline, attempt, nil)
@@ -350,6 +361,10 @@ func (l *loop) run(fn func(context.Context, Attempt) error) Result {
 // end finishes the call with a disposition and reports it.
 func (l *loop) end(d Disposition, stop StopReason, attempt int, unrecorded *pb.Failure) Result {
 	l.res.Disposition, l.res.StopReason = d, stop
+	if l.c.cfg.OnEvent != nil {
+		l.c.emit(Event{Kind: EventCallEnded, Target: l.call.target, CallID: l.call.id, Attempt: attempt,
+			Disposition: d, StopReason: stop, Reason: l.res.Reason})
+	}
 	l.report(outcome{attempt: max(attempt, 1), final: d.pb(), failure: unrecorded, alreadyRecorded: unrecorded == nil,
 		stop: stop.pb()})
 	return l.res
@@ -461,6 +476,9 @@ func (l *loop) next(attempt int, f failure, permit string, timedOut bool) decisi
 		}
 	}
 	l.c.stats.local.Add(1)
+	if l.c.cfg.OnEvent != nil {
+		l.c.emit(Event{Kind: EventLocalDecision, Target: l.call.target, CallID: l.call.id, Attempt: attempt})
+	}
 	return l.c.local.decide(l.c.cfg.Now(), l.call.deadline, attempt, f, l.call.idempotent, l.call.key != "", timedOut, l.timeout)
 }
 
