@@ -2,6 +2,7 @@ package e2e_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/policyd/policyd/clients/go/policyclient"
+	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 )
 
 // reply is one answer of a flaky upstream.
@@ -202,5 +204,42 @@ func TestTransportMapsTargetsToHosts(t *testing.T) {
 	readAll(t, resp)
 	if len(got) != 1 || got[0] != "caller-key" {
 		t.Errorf("upstream saw keys %q, want the caller's [caller-key]", got)
+	}
+}
+
+// closeRecorder is a request body that notes its Close.
+type closeRecorder struct {
+	io.Reader
+	closed bool
+}
+
+func (b *closeRecorder) Close() error { b.closed = true; return nil }
+
+// TestTransportClosesABodyItNeverSent: a call the breaker refuses before
+// any attempt still closes the request's body, as a RoundTripper must.
+func TestTransportClosesABodyItNeverSent(t *testing.T) {
+	d := startDaemon(t, nil)
+	c, _ := newClient(t, d, func(cfg *policyclient.Config) { cfg.NoWatch = true }) // every attempt asks Admit
+	if _, err := d.admin.ForceBreaker(context.Background(), &pb.ForceBreakerRequest{
+		Key: &pb.BreakerKey{Tenant: "acme", Target: "shut"}, State: pb.BreakerState_BREAKER_STATE_OPEN}); err != nil {
+		t.Fatal(err)
+	}
+	up := startFlakyHTTP(t, reply{status: 200})
+	body := &closeRecorder{Reader: strings.NewReader("doc")}
+	req, err := http.NewRequest(http.MethodPut, up.srv.URL, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(strings.NewReader("doc")), nil }
+	tr := &policyclient.Transport{Client: c, Call: func(*http.Request) policyclient.Call {
+		return policyclient.Call{Target: "shut", Idempotent: true}
+	}}
+	_, err = tr.RoundTrip(req)
+	var ce *policyclient.CallError
+	if !errors.As(err, &ce) || ce.Result.Disposition != policyclient.CircuitOpen || ce.Result.Attempts != 0 {
+		t.Fatalf("got %v, want a CallError for circuit_open before any attempt", err)
+	}
+	if !body.closed || len(up.requests()) != 0 {
+		t.Errorf("body closed %v, upstream saw %d requests; want closed and none", body.closed, len(up.requests()))
 	}
 }

@@ -145,6 +145,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil
 	}
 	res, err := t.Client.Do(req.Context(), call, fn)
+	if res.Attempts == 0 && req.Body != nil {
+		req.Body.Close() // never handed to Base, which would have closed it
+	}
 	if err != nil {
 		release()
 		return nil, err
