@@ -215,3 +215,72 @@ func TestStreamInterceptorReturnsTheUpstreamStatus(t *testing.T) {
 		t.Errorf("upstream saw %d calls, want 1", got)
 	}
 }
+
+// TestStreamInterceptorOpensAClientStream: a stream the caller sends on
+// (ClientStreams) is retried only while it cannot be opened, and the open
+// stream handed back outlives the attempt's context. The health service's
+// Watch stands in for a client-streaming method: the caller sends its one
+// message itself.
+func TestStreamInterceptorOpensAClientStream(t *testing.T) {
+	d := startDaemon(t, nil)
+	desc := &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}
+	const method = "/grpc.health.v1.Health/Watch"
+	dialOpts := func(c *policyclient.Client) []grpc.DialOption {
+		return []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithStreamInterceptor(policyclient.StreamClientInterceptor(c, idempotent))}
+	}
+
+	t.Run("open, then used after the attempt", func(t *testing.T) {
+		c, _ := newClient(t, d, nil)
+		up := &flakyGRPC{script: []grpcReply{{codes.OK, ""}}}
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		gs := grpc.NewServer()
+		healthpb.RegisterHealthServer(gs, up)
+		go func() { _ = gs.Serve(lis) }()
+		t.Cleanup(gs.Stop)
+		conn, err := grpc.NewClient(lis.Addr().String(), dialOpts(c)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		s, err := conn.NewStream(context.Background(), desc, method)
+		if err != nil {
+			t.Fatalf("NewStream: %v", err)
+		}
+		if err := s.SendMsg(&healthpb.HealthCheckRequest{}); err != nil {
+			t.Fatalf("SendMsg: %v", err)
+		}
+		if err := s.CloseSend(); err != nil {
+			t.Fatalf("CloseSend: %v", err)
+		}
+		var msg healthpb.HealthCheckResponse
+		if err := s.RecvMsg(&msg); err != nil || msg.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			t.Fatalf("RecvMsg: got %v, %v; want SERVING", msg.GetStatus(), err)
+		}
+	})
+
+	t.Run("upstream away: opening is retried, then UNAVAILABLE", func(t *testing.T) {
+		c, sl := newClient(t, d, nil)
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := lis.Addr().String()
+		lis.Close() // connection refused
+		conn, err := grpc.NewClient(addr, dialOpts(c)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		_, err = conn.NewStream(context.Background(), desc, method)
+		if status.Code(err) != codes.Unavailable {
+			t.Fatalf("NewStream: got %v, want UNAVAILABLE", err)
+		}
+		if waits := sl.all(); len(waits) != 2 {
+			t.Errorf("waits: got %v, want two (three attempts to open)", waits)
+		}
+	})
+}
