@@ -35,9 +35,11 @@ type DescribeFunc func(ctx context.Context, method string) Call
 func UnaryClientInterceptor(c *Client, describe DescribeFunc) grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		call := describeCall(ctx, method, describe)
+		var trailer metadata.MD
+		opts = append(opts[:len(opts):len(opts)], grpc.Trailer(&trailer)) // a copy: the caller's slice stays as it was
 		res, err := c.Do(ctx, call, func(actx context.Context, a Attempt) error {
-			var trailer metadata.MD
-			err := invoker(withKey(actx, a), method, req, reply, cc, append(opts, grpc.Trailer(&trailer))...)
+			trailer = nil
+			err := invoker(withKey(actx, a), method, req, reply, cc, opts...)
 			if err != nil {
 				return GRPCError(err, trailer)
 			}

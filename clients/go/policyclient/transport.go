@@ -46,9 +46,10 @@ type Transport struct {
 	// Base sends each attempt; default http.DefaultTransport.
 	Base http.RoundTripper
 	// Call describes the request as a Call. Default: Target is the URL's
-	// host, Idempotent follows the method (GET, HEAD, OPTIONS, TRACE, PUT
-	// and DELETE are), and the request's KeyHeader, if set, is the
-	// IdempotencyKey. An empty Target returned by Call is the URL's host.
+	// host and Idempotent follows the method (GET, HEAD, OPTIONS, TRACE, PUT
+	// and DELETE are). An empty Target returned by Call is the URL's host;
+	// a Call with neither IdempotencyKey nor SubmissionID takes the
+	// request's KeyHeader, if set, as its key.
 	Call func(*http.Request) Call
 	// KeyHeader names the header that carries the idempotency key; default
 	// DefaultKeyHeader. A call without a key sends none.
@@ -93,9 +94,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if keyHeader == "" {
 		keyHeader = DefaultKeyHeader
 	}
-	call := Call{Idempotent: idempotentMethod(req.Method), IdempotencyKey: req.Header.Get(keyHeader)}
+	call := Call{Idempotent: idempotentMethod(req.Method)}
 	if t.Call != nil {
 		call = t.Call(req)
+	}
+	if call.IdempotencyKey == "" && call.SubmissionID == "" {
+		call.IdempotencyKey = req.Header.Get(keyHeader)
 	}
 	if call.Target == "" {
 		call.Target = req.URL.Host
