@@ -243,3 +243,28 @@ func TestTransportClosesABodyItNeverSent(t *testing.T) {
 		t.Errorf("body closed %v, upstream saw %d requests; want closed and none", body.closed, len(up.requests()))
 	}
 }
+
+// TestTransportKeyIsTheSameFromEveryClient: two workers (two clients, two
+// transports) sending the same submission send the same key, so the
+// upstream deduplicates a request one worker sent before it died and
+// another sent again. The shared vectors pin the same key in Python.
+func TestTransportKeyIsTheSameFromEveryClient(t *testing.T) {
+	d := startDaemon(t, nil)
+	up := startFlakyHTTP(t, reply{status: 200})
+	payload := []byte(`{"id":"doc-5"}`)
+	for range 2 {
+		c, _ := newClient(t, d, nil)
+		hc := &http.Client{Transport: &policyclient.Transport{Client: c, Call: func(*http.Request) policyclient.Call {
+			return policyclient.Call{Target: "portal", SubmissionID: "doc-5", Payload: payload}
+		}}}
+		resp, err := hc.Post(up.srv.URL, "application/json", bytes.NewReader(payload))
+		if err != nil {
+			t.Fatalf("Post: %v", err)
+		}
+		readAll(t, resp)
+	}
+	reqs := up.requests()
+	if len(reqs) != 2 || reqs[0].key == "" || reqs[0].key != reqs[1].key {
+		t.Errorf("keys: got %+v, want two equal, non-empty", reqs)
+	}
+}
