@@ -137,11 +137,18 @@ func serve(ctx context.Context, cfg serveConfig) error {
 		}
 	}()
 	// The credentials load after the store opened, so a refused state file
-	// leaves no new admin token file behind.
-	auth, err := cfg.Security.auth(cfg.DB, log)
+	// leaves no new admin token file behind; a token made here is removed
+	// again if the daemon fails to start.
+	auth, newToken, err := cfg.Security.auth(cfg.DB, log)
 	if err != nil {
 		return err
 	}
+	started := false
+	defer func() {
+		if !started && newToken != "" {
+			os.Remove(newToken)
+		}
+	}()
 
 	var loader *configLoader
 	if cfg.Config != "" {
@@ -184,6 +191,10 @@ func serve(ctx context.Context, cfg serveConfig) error {
 			return err
 		}
 		defer stopWatch()
+	}
+	started = true
+	if newToken != "" {
+		log.Info("created the admin token", "file", newToken)
 	}
 wait:
 	for {
