@@ -549,6 +549,9 @@ func planToPB(p policy.Plan) *pb.BudgetPlan {
 		WorstCaseTotal: durationpb.New(p.WorstCase),
 		IdempotencyTtl: durationpb.New(p.IdempotencyTTL),
 		Window:         durationpb.New(p.Window),
+		Remaining:      durationpb.New(p.Remaining),
+		Usable:         durationpb.New(p.Usable),
+		Reason:         p.Reason,
 	}
 }
 
