@@ -340,8 +340,9 @@ func (b *Break) Error() string { return fmt.Sprintf("%s:%d: %s", b.File, b.Line,
 // returns the first *Break, or another error when a file cannot be read.
 func Verify(files []string) (Verified, error) {
 	v := Verified{Head: Genesis}
+	last := "" // where the line Head hashes is, for messages
 	for _, name := range files {
-		if err := verifyFile(name, &v); err != nil {
+		if err := verifyFile(name, &v, &last); err != nil {
 			return v, err
 		}
 		v.Files++
@@ -349,7 +350,7 @@ func Verify(files []string) (Verified, error) {
 	return v, nil
 }
 
-func verifyFile(name string, v *Verified) error {
+func verifyFile(name string, v *Verified, last *string) error {
 	data, err := os.ReadFile(name)
 	if err != nil {
 		return err
@@ -366,15 +367,16 @@ func verifyFile(name string, v *Verified) error {
 			return &Break{name, n, err.Error()}
 		}
 		if prev != v.Head {
-			what := "the hash of the line before"
-			if v.Lines == 0 {
-				what = "the genesis value (the chain starts here)"
+			reason := fmt.Sprintf("prev %s is not the genesis value: the chain does not start here (lines or files before it are missing)", short(prev))
+			if v.Lines > 0 {
+				reason = fmt.Sprintf("prev %s is not the hash of %s, %s: that line was edited, or lines were removed, added or moved here",
+					short(prev), *last, short(v.Head))
 			}
-			return &Break{name, n, fmt.Sprintf("prev %s is not %s, %s: a line was edited, removed, added or moved here or just before",
-				short(prev), what, short(v.Head))}
+			return &Break{name, n, reason}
 		}
 		v.Head = Hash(l)
 		v.Lines++
+		*last = fmt.Sprintf("%s:%d", name, n)
 	}
 	return nil
 }

@@ -97,7 +97,7 @@ line of the first break.
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "ok: %d lines in %d files, chain unbroken; head %s\n", v.Lines, v.Files, v.Head)
+			fmt.Fprintf(cmd.OutOrStdout(), "ok: %d lines in %d file(s), chain unbroken; head %s\n", v.Lines, v.Files, v.Head)
 			return nil
 		},
 	}

@@ -68,7 +68,7 @@ Example: policyd plan --window 72h --base 2s --factor 2 --cap 1h --attempt-timeo
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			in.MaxAttempts = attempt
-			if err := planOrigin(&in, origin, now, time.Now()); err != nil {
+			if err := planOrigin(&in, origin, now, nextSecond(time.Now())); err != nil {
 				return err
 			}
 			if err := in.Validate(); err != nil {
@@ -170,6 +170,16 @@ func planOrigin(in *policy.PlanInput, origin, now string, clock time.Time) error
 		return fmt.Errorf("--origin: must not be more than %s after --now, got %s ahead", server.DefaultMaxClockSkew, ahead)
 	}
 	return nil
+}
+
+// nextSecond rounds t up to a whole second: a plan against the clock is
+// then printed in whole seconds and fits the window still (it counts a
+// little more of it as spent, never less).
+func nextSecond(t time.Time) time.Time {
+	if r := t.Truncate(time.Second); r.Before(t) {
+		return r.Add(time.Second)
+	}
+	return t
 }
 
 func printPlan(w io.Writer, p policy.Plan) {
