@@ -41,8 +41,10 @@
 // Append writes and fsyncs its lines before it returns, from within the
 // store's commit: when it fails, the store refuses the commit and keeps the
 // records pending, and nothing of the failed Append is left in the file.
-// A record whose sequence number was appended before in this process is
-// skipped, so a commit the store retries (bbolt's Batch may run a commit
-// twice) does not write it twice. A torn last line, left by a crash in the
-// middle of a write, is cut off when the sink is opened.
+// A record whose sequence number is among the last 65536 appended in this
+// process is skipped, so a commit the store retries (bbolt's Batch may run
+// a commit twice) does not write it twice. A torn last line, left by a
+// crash in the middle of a write, is cut off when the sink is opened. An
+// open sink holds PATH.lock (flock(2)), so a second writer, which would
+// fork the chain, is refused.
 package auditsink

@@ -1,9 +1,11 @@
 package auditsink
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -40,6 +42,7 @@ type Sink struct {
 	base string // the path the file names are made from
 	opts Options
 	log  *slog.Logger
+	lock *os.File // PATH.lock, held while open
 
 	mu     sync.Mutex
 	num    int      // number of the file written to
@@ -101,8 +104,10 @@ func fileNums(path string) ([]int, error) {
 
 // Open opens the sink at path (see the package doc for the file names),
 // creating its first file when there is none, and continues the chain of
-// its last file. A torn last line is cut off and logged; a last line that
-// is not an audit record is refused with an error naming the file.
+// its last file. It holds PATH.lock (a ".jsonl" ending dropped) until
+// Close: a sink another process has open is refused. A torn last line is
+// cut off and logged; a last line that is not an audit line is refused
+// with an error naming the file.
 func Open(path string, opts Options) (*Sink, error) {
 	if opts.MaxBytes <= 0 {
 		opts.MaxBytes = DefaultMaxBytes
@@ -110,6 +115,20 @@ func Open(path string, opts Options) (*Sink, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	lock, err := lockFile(strings.TrimSuffix(path, ".jsonl") + ".lock")
+	if err != nil {
+		return nil, err
+	}
+	s, err := open(path, opts)
+	if err != nil {
+		lock.Close()
+		return nil, err
+	}
+	s.lock = lock
+	return s, nil
+}
+
+func open(path string, opts Options) (*Sink, error) {
 	s := &Sink{base: path, opts: opts, log: opts.Logger, prev: Genesis, seen: make(map[uint64]struct{})}
 	nums, err := fileNums(path)
 	if err != nil {
@@ -150,17 +169,39 @@ func Open(path string, opts Options) (*Sink, error) {
 
 // lastLine returns the last complete line of file name (without its "\n"),
 // nil when it has none. When cut is set a torn line after it is cut off.
+// It reads the file's tail, more of it while no line start is in it.
 func lastLine(name string, cut bool, log *slog.Logger) ([]byte, error) {
-	data, err := os.ReadFile(name)
+	f, err := os.Open(name)
 	if err != nil {
 		return nil, fmt.Errorf("auditsink: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("auditsink: %w", err)
+	}
+	var data []byte // the file from offset on
+	offset := st.Size()
+	for chunk := int64(64 << 10); offset > 0; chunk *= 2 {
+		n := min(chunk, offset)
+		offset -= n
+		buf := make([]byte, n, int(n)+len(data))
+		if _, err := f.ReadAt(buf, offset); err != nil {
+			return nil, fmt.Errorf("auditsink: %w", err)
+		}
+		data = append(buf, data...)
+		// Enough once the tail holds the newline ending the last complete
+		// line and the one before it (or reaches the file's start).
+		if end := bytes.LastIndexByte(data, '\n'); end >= 0 && bytes.LastIndexByte(data[:end], '\n') >= 0 {
+			break
+		}
 	}
 	end := bytes.LastIndexByte(data, '\n') + 1
 	if end < len(data) {
 		if !cut {
 			return nil, fmt.Errorf("auditsink: %s: torn last line in a file that is not the newest", name)
 		}
-		if err := os.Truncate(name, int64(end)); err != nil {
+		if err := os.Truncate(name, offset+int64(end)); err != nil {
 			return nil, fmt.Errorf("auditsink: cutting the torn last line: %w", err)
 		}
 		log.Warn("auditsink: torn last line cut off (a write a crash interrupted; its records were never committed)",
@@ -316,7 +357,9 @@ func (s *Sink) Close() error {
 		return nil
 	}
 	s.closed = true
-	return s.f.Close()
+	err := s.f.Close()
+	s.lock.Close()
+	return err
 }
 
 // Verified is what Verify found in a chain that holds.
@@ -351,17 +394,24 @@ func Verify(files []string) (Verified, error) {
 }
 
 func verifyFile(name string, v *Verified, last *string) error {
-	data, err := os.ReadFile(name)
+	f, err := os.Open(name)
 	if err != nil {
 		return err
 	}
-	for n := 1; len(data) > 0; n++ {
-		i := bytes.IndexByte(data, '\n')
-		if i < 0 {
-			return &Break{name, n, "no newline at the end: a torn or truncated line"}
+	defer f.Close()
+	r := bufio.NewReaderSize(f, 1<<20)
+	for n := 1; ; n++ {
+		l, err := r.ReadBytes('\n')
+		if err == io.EOF {
+			if len(l) > 0 {
+				return &Break{name, n, "no newline at the end: a torn or truncated line"}
+			}
+			return nil
 		}
-		l := data[:i]
-		data = data[i+1:]
+		if err != nil {
+			return err
+		}
+		l = l[:len(l)-1]
 		_, prev, err := ParseLine(l)
 		if err != nil {
 			return &Break{name, n, err.Error()}
@@ -378,7 +428,6 @@ func verifyFile(name string, v *Verified, last *string) error {
 		v.Lines++
 		*last = fmt.Sprintf("%s:%d", name, n)
 	}
-	return nil
 }
 
 // short abbreviates a hash for messages.

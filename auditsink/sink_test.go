@@ -218,3 +218,46 @@ func TestVerifyFindsTheFirstBreak(t *testing.T) {
 		t.Errorf("Verify of files out of order: got %v, want a break at %s:1", err, b)
 	}
 }
+
+func TestSinkContinuesAfterLongLines(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit")
+	s, err := auditsink.Open(path, auditsink.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs := records(1, 4)
+	recs[2].Detail = strings.Repeat("x", 200<<10) // longer than the tail Open reads first
+	recs[3].Detail = strings.Repeat("y", 150<<10)
+	if err := s.Append(recs); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	s, err = auditsink.Open(path, auditsink.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Append(records(5, 1)); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if v, err := auditsink.Verify([]string{auditsink.FileName(path, 1)}); err != nil || v.Lines != 5 {
+		t.Errorf("Verify: got %+v, %v; want 5 lines", v, err)
+	}
+}
+
+func TestSinkHeldByAnotherWriterIsRefused(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.jsonl")
+	s, err := auditsink.Open(path, auditsink.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := auditsink.Open(path, auditsink.Options{}); err == nil || !strings.Contains(err.Error(), "held by another process") {
+		t.Errorf("second Open: got %v, want a refusal", err)
+	}
+	s.Close()
+	s, err = auditsink.Open(path, auditsink.Options{})
+	if err != nil {
+		t.Fatalf("Open after Close: %v", err)
+	}
+	s.Close()
+}
