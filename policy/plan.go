@@ -97,8 +97,14 @@ func (in PlanInput) remaining() (remaining, usable time.Duration) {
 	if in.Reserve == 0 {
 		return remaining, remaining
 	}
-	// Rounding of float64(remaining) must not give more than remaining.
-	return remaining, min(remaining, time.Duration(float64(remaining)*(1-in.Reserve)))
+	// A product that rounds to remaining or above (a tiny reserve, or
+	// remaining near the largest Duration, where float64 rounds up) keeps
+	// remaining: converting it could overflow.
+	u := float64(remaining) * (1 - in.Reserve)
+	if u >= float64(remaining) {
+		return remaining, remaining
+	}
+	return remaining, min(remaining, time.Duration(u))
 }
 
 // PlanBudget returns the largest attempt count m (1 to in.MaxAttempts, or 100)
@@ -118,7 +124,7 @@ func PlanBudget(in PlanInput) (Plan, error) {
 	}
 	margin := in.TTLMargin
 	if margin == 0 {
-		margin = min(DefaultTTLMargin(in.Window, in.AttemptTimeout), maxDuration-in.Window)
+		margin = DefaultTTLMargin(in.Window, in.AttemptTimeout) // Validate rules out overflow
 	}
 	remaining, usable := in.remaining()
 	plan := Plan{

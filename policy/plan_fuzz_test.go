@@ -18,6 +18,7 @@ func FuzzPlanBudgetRemaining(f *testing.F) {
 	f.Add(int64(time.Minute), int64(2*time.Minute), 0.25, int64(time.Second), int64(0))
 	f.Add(int64(time.Minute), int64(-time.Hour), 0.999999, int64(0), int64(1))
 	f.Add(int64(time.Second), int64(time.Second-1), 1.0, int64(time.Second), int64(0))
+	f.Add(int64(1<<63-2), int64(0), 1e-18, int64(0), int64(1)) // remaining * (1 - reserve) rounds to 2^63
 	f.Fuzz(func(t *testing.T, window, since int64, reserve float64, attemptTimeout, margin int64) {
 		now := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
 		in := policy.PlanInput{

@@ -105,6 +105,7 @@ func TestPlanBudgetErrors(t *testing.T) {
 		{"reserve of one", policy.PlanInput{Window: time.Minute, Backoff: policy.Backoff{Base: time.Second, Factor: 2, Max: time.Second}, Reserve: 1}, "reserve: must be in [0, 1)"},
 		{"NaN reserve", policy.PlanInput{Window: time.Minute, Backoff: policy.Backoff{Base: time.Second, Factor: 2, Max: time.Second}, Reserve: math.NaN()}, "reserve: must be in [0, 1)"},
 		{"infinite reserve", policy.PlanInput{Window: time.Minute, Backoff: policy.Backoff{Base: time.Second, Factor: 2, Max: time.Second}, Reserve: math.Inf(-1)}, "reserve: must be in [0, 1)"},
+		{"no room for the default margin", policy.PlanInput{Window: maxDuration, Backoff: def}, "window: too long for window + the default ttl_margin to be a duration; give ttl_margin"},
 		{"origin without now", policy.PlanInput{Window: time.Minute, Backoff: policy.Backoff{Base: time.Second, Factor: 2, Max: time.Second}, Origin: time.Unix(1, 0)},
 			"origin_time: needs the time of planning (Now)"},
 	}
