@@ -57,7 +57,9 @@ func TestAuditSinkVerifyAndExport(t *testing.T) {
 	for i := range 20 {
 		for attempt := uint32(1); attempt <= 2; attempt++ {
 			_, err := workers.NextDelay(ctx, &pb.NextDelayRequest{
-				Call:    &pb.CallRef{Tenant: []string{"acme", "beta"}[i%2], Target: "geo", CallId: fmt.Sprintf("doc-%d", i), Idempotent: true},
+				// A target per call: two failures each keep its breaker closed.
+				Call: &pb.CallRef{Tenant: []string{"acme", "beta"}[i%2], Target: fmt.Sprintf("geo-%d", i),
+					CallId: fmt.Sprintf("doc-%d", i), Idempotent: true},
 				Attempt: attempt, Failure: &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 503}},
 			})
 			if err != nil {
