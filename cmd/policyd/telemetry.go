@@ -148,7 +148,7 @@ func (t *telemetry) stop(log *slog.Logger) {
 // storeCollector exposes the store's own counters.
 func storeCollector(store *breakerstore.Store) prometheus.Collector {
 	return collectorFunc{
-		descs: []*prometheus.Desc{descAuditRecords, descAuditBuffered, descAuditDropped, descAuditDeleted, descFlushErrors, descCommits},
+		descs: []*prometheus.Desc{descAuditRecords, descAuditBuffered, descAuditDropped, descAuditDeleted, descFlushErrors, descCommits, descAuditSinkErrors},
 		collect: func(ch chan<- prometheus.Metric) {
 			st := store.Stats()
 			ch <- prometheus.MustNewConstMetric(descAuditRecords, prometheus.GaugeValue, float64(st.AuditRecords))
@@ -157,6 +157,7 @@ func storeCollector(store *breakerstore.Store) prometheus.Collector {
 			ch <- prometheus.MustNewConstMetric(descAuditDeleted, prometheus.CounterValue, float64(st.AuditDeleted))
 			ch <- prometheus.MustNewConstMetric(descFlushErrors, prometheus.CounterValue, float64(st.FlushErrors))
 			ch <- prometheus.MustNewConstMetric(descCommits, prometheus.CounterValue, float64(st.Commits))
+			ch <- prometheus.MustNewConstMetric(descAuditSinkErrors, prometheus.CounterValue, float64(st.AuditSinkErrors))
 		},
 	}
 }
