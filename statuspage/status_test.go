@@ -340,3 +340,51 @@ func TestPageIsSelfContained(t *testing.T) {
 		}
 	}
 }
+
+func TestSparklineKeepsTheLastSamples(t *testing.T) {
+	store := openStore(t, nil)
+	key := policy.BreakerKey{Tenant: "acme", Target: "geo"}
+	page, url := serve(t, statuspage.Config{Source: store, Open: true, HistoryLen: 4})
+	for range 6 {
+		fail(t, store, key, failureRate, 1)
+		page.SampleNow()
+	}
+	fail(t, store, key, failureRate, 1)
+	b, _ := findBreaker(getJSON(t, url), "acme", "geo")
+	if got, want := fmt.Sprint(b.Recent), "[4 5 6 7]"; got != want {
+		t.Errorf("recent failures: got %s, want %s (the last 3 samples and now)", got, want)
+	}
+}
+
+func TestStoreHealthReadsFlushFailingWhileCommitsFail(t *testing.T) {
+	clk := &fakeClock{t: time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)}
+	store := openStore(t, clk)
+	var mu sync.Mutex
+	flushErrors := uint64(0)
+	h := func() statuspage.StoreHealth {
+		mu.Lock()
+		defer mu.Unlock()
+		return statuspage.StoreHealth{Engine: "bbolt", FlushErrors: flushErrors}
+	}
+	_, url := serve(t, statuspage.Config{Source: store, Health: h, Open: true, Clock: clk})
+	for _, step := range []struct {
+		name    string
+		errors  uint64
+		advance time.Duration
+		want    string
+	}{
+		{"no failed commit", 0, 0, "OK"},
+		{"two failed commits", 2, 0, "FLUSH_FAILING"},
+		{"none since, 59 s on", 2, 59 * time.Second, "FLUSH_FAILING"},
+		{"none since, a minute on", 2, time.Second, "OK"},
+		{"one more", 3, 0, "FLUSH_FAILING"},
+	} {
+		mu.Lock()
+		flushErrors = step.errors
+		mu.Unlock()
+		clk.Advance(step.advance)
+		if st := getJSON(t, url); st.Store == nil || st.Store.State != step.want {
+			t.Errorf("%s: got %+v, want state %s", step.name, st.Store, step.want)
+		}
+	}
+}
