@@ -27,9 +27,9 @@
 // and curl, or HTTP Basic with the token as the password, which is what a
 // browser sends after its own prompt (a 401 asks for it). The browser then
 // resends it on every request of the page, the event stream included, so
-// the token never appears in a URL, a cookie or an access log. The metrics
-// listener does not speak TLS: off loopback, put it behind a proxy that
-// does, or the token crosses the network in clear.
+// the token never appears in a URL, a cookie or an access log. Over plain
+// HTTP the header crosses the network in clear: off loopback, serve the
+// page behind TLS.
 //
 // # Data
 //
