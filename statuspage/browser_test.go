@@ -7,9 +7,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/fetch"
 	"github.com/chromedp/chromedp"
 
 	"github.com/policyd/policyd/breakerstore"
@@ -107,6 +109,29 @@ func seedFleet(t *testing.T, store *breakerstore.Store, page *statuspage.Page) {
 	}
 }
 
+// browser starts a headless Chromium at exe, ended with the test, and
+// returns its tab's context.
+func browser(t *testing.T, exe string) context.Context {
+	t.Helper()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(exe), chromedp.NoSandbox, chromedp.DisableGPU, chromedp.WindowSize(1200, 1000))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelBrowser := chromedp.NewContext(actx, chromedp.WithLogf(t.Logf))
+	t.Cleanup(func() {
+		cancelBrowser()
+		cancelAlloc()
+	})
+	return ctx
+}
+
+// poll waits until the JavaScript expression expr is true.
+func poll(expr string) chromedp.Action[chromedp.Void] {
+	return chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingInterval(10*time.Millisecond))
+}
+
+// live is true once the page's event stream has delivered a rendering.
+const live = `document.getElementById("live").textContent === "live"`
+
 // TestBrowserSeesABreakerOpen loads the page in a real headless Chromium,
 // forces a breaker OPEN in the store and waits, for at most a second after
 // the transition, until the page shows it OPEN; then it saves a screenshot.
@@ -118,21 +143,11 @@ func TestBrowserSeesABreakerOpen(t *testing.T) {
 	checkout := policy.BreakerKey{Tenant: "acme", Target: "checkout"}
 	fail(t, store, checkout, consecutive, 3)
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(exe), chromedp.NoSandbox, chromedp.DisableGPU, chromedp.WindowSize(1200, 1000))
-	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	defer cancelAlloc()
-	ctx, cancelBrowser := chromedp.NewContext(actx, chromedp.WithLogf(t.Logf))
-	defer cancelBrowser()
-
+	ctx := browser(t, exe)
 	state := `document.querySelector('tr.breaker[data-target="checkout"] td.state')?.textContent.trim().split(" ")[0]`
-	poll := func(expr string) chromedp.Action[chromedp.Void] {
-		return chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingInterval(10*time.Millisecond))
-	}
 	loadCtx, cancelLoad := context.WithTimeout(ctx, 60*time.Second) // Chromium's start included
 	defer cancelLoad()
-	// Live: the event stream has delivered its first rendering.
-	if err := chromedp.Do(loadCtx, chromedp.Navigate(url+"/status"), poll(`document.getElementById("live").textContent === "live"`)); err != nil {
+	if err := chromedp.Do(loadCtx, chromedp.Navigate(url+"/status"), poll(live)); err != nil {
 		t.Fatalf("loading the page: %v", err)
 	}
 	if before, err := chromedp.Run(loadCtx, chromedp.Evaluate[string](state)); err != nil || before != "CLOSED" {
@@ -163,4 +178,57 @@ func TestBrowserSeesABreakerOpen(t *testing.T) {
 		t.Errorf("screenshot %s is not a PNG", path)
 	}
 	t.Logf("screenshot: %s", path)
+}
+
+// TestBrowserLogsInWithTheAdminToken loads a guarded page as a person
+// would: Chromium meets the 401's Basic challenge, the token is given as the
+// password of its prompt (through the DevTools protocol, which answers
+// prompts), and the page goes live, which needs the event stream, a request
+// of the page's script that nobody but the browser gives the credential to.
+func TestBrowserLogsInWithTheAdminToken(t *testing.T) {
+	exe := chromium(t)
+	store := openStore(t, nil)
+	const token = "s3cret-admin-token"
+	_, url := serve(t, statuspage.Config{Source: store, Admin: func(tok string) bool { return tok == token }, Refresh: time.Hour})
+	fail(t, store, policy.BreakerKey{Tenant: "acme", Target: "checkout"}, consecutive, 1)
+
+	ctx := browser(t, exe)
+	loadCtx, cancelLoad := context.WithTimeout(ctx, 60*time.Second)
+	defer cancelLoad()
+	paused := chromedp.Events(loadCtx, fetch.RequestPaused)
+	challenged := chromedp.Events(loadCtx, fetch.AuthRequired)
+	handleAuth := true
+	if _, err := chromedp.Call(loadCtx, fetch.Enable, fetch.EnableParams{HandleAuthRequests: &handleAuth}); err != nil {
+		t.Fatal(err)
+	}
+	var prompts atomic.Int32
+	go func() {
+		for ev, err := range paused {
+			if err != nil {
+				return
+			}
+			_, _ = chromedp.Call(loadCtx, fetch.ContinueRequest, fetch.ContinueRequestParams{RequestID: ev.RequestID})
+		}
+	}()
+	go func() {
+		for ev, err := range challenged {
+			if err != nil {
+				return
+			}
+			prompts.Add(1)
+			_, _ = chromedp.Call(loadCtx, fetch.ContinueWithAuth, fetch.ContinueWithAuthParams{RequestID: ev.RequestID,
+				AuthChallengeResponse: &fetch.AuthChallengeResponse{
+					Response: fetch.AuthChallengeResponseResponseProvideCredentials, Username: "ops", Password: token}})
+		}
+	}()
+	if err := chromedp.Do(loadCtx, chromedp.Navigate(url+"/status"), poll(live)); err != nil {
+		t.Fatalf("the guarded page did not go live after the login: %v", err)
+	}
+	if n := prompts.Load(); n < 1 {
+		t.Errorf("the browser met %d credential prompts, want the page's", n)
+	}
+	href, err := chromedp.Run(loadCtx, chromedp.Evaluate[string](`location.href`))
+	if err != nil || strings.Contains(href, token) {
+		t.Errorf("the page's address: got %q, %v; want one without the token", href, err)
+	}
 }
