@@ -1,98 +1,44 @@
 package breakerstore
 
 import (
+	"crypto/rand"
 	"fmt"
 	"slices"
-	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"go.etcd.io/bbolt"
 
+	"github.com/policyd/policyd/fleet"
 	"github.com/policyd/policyd/policy"
 )
 
-// Reasons of policy.Admission, machine-readable.
+// Reasons of policy.Admission, machine-readable; fleet owns them.
 const (
-	ReasonClosed      = "breaker:closed"       // admitted: CLOSED (or forced CLOSED)
-	ReasonOpen        = "breaker:open"         // refused until the cooldown ends
-	ReasonProbe       = "breaker:probe"        // admitted as a HALF_OPEN probe; report with the permit id
-	ReasonProbesTaken = "breaker:probes_taken" // refused: every probe permit is out
-	ReasonDisabled    = "breaker:disabled"     // admitted: the breaker is DISABLED
-	ReasonForcedOpen  = "breaker:forced_open"  // refused: forced OPEN until reset
-	ReasonPushback    = "cooldown:pushback"    // refused: a fleet-wide Retry-After cool-down is in force
+	ReasonClosed      = fleet.ReasonClosed
+	ReasonOpen        = fleet.ReasonOpen
+	ReasonProbe       = fleet.ReasonProbe
+	ReasonProbesTaken = fleet.ReasonProbesTaken
+	ReasonDisabled    = fleet.ReasonDisabled
+	ReasonForcedOpen  = fleet.ReasonForcedOpen
+	ReasonPushback    = fleet.ReasonPushback
 )
 
-// windowSlots is the number of time buckets of the FAILURE_RATE window.
-const windowSlots = 10
-
-// defaultBreaker supplies values for zero BreakerConfig fields.
-var defaultBreaker = policy.Default().Breaker
-
-type slot struct {
-	epoch           int64 // now / slot width
-	calls, failures uint32
-}
-
-type permit struct {
-	id     uint64
-	expiry int64 // Unix ns
-}
-
-// breaker is one fleet-wide circuit breaker; mu guards every field but key
-// and pub. Lock order: a bbolt write transaction, then mu, then Store.subMu;
-// never a shard lock while holding mu.
+// breaker holds one fleet-wide circuit breaker's state, whose rules live in
+// fleet.Breaker; mu guards every field but key and pub. Lock order: a bbolt
+// write transaction, then mu, then Store.subMu; never a shard lock while
+// holding mu.
 type breaker struct {
-	mu            sync.Mutex
-	key           policy.BreakerKey
-	state         policy.BreakerState
-	forced        bool
-	deleted       bool // removed from the map; lookups must retry
-	dirty         bool
-	mode          policy.BreakerMode
-	openUntil     int64
-	changed       int64
-	cooldownUntil int64
-	lastActive    int64 // not persisted: reset to the open time on load
-	lastFailure   int64 // not persisted: a chain of failures survives a restart whole
-	consecutive   int
-	halfOpenOK    int
-	slotWidth     int64
-	slots         [windowSlots]slot
-	permits       []permit
+	mu         sync.Mutex
+	key        policy.BreakerKey
+	v          fleet.Breaker
+	deleted    bool // removed from the map; lookups must retry
+	dirty      bool
+	lastActive int64 // not persisted: reset to the open time on load
 
 	pub atomic.Pointer[policy.BreakerSnapshot] // state as of the last published change
-}
-
-// normBreaker fills zero or invalid fields of cfg with the defaults.
-func normBreaker(c policy.BreakerConfig) policy.BreakerConfig {
-	d := &defaultBreaker
-	if c.Mode != policy.BreakerConsecutive && c.Mode != policy.BreakerFailureRate {
-		c.Mode = d.Mode
-	}
-	if c.ConsecutiveFailures <= 0 {
-		c.ConsecutiveFailures = d.ConsecutiveFailures
-	}
-	if !(c.FailureRate > 0 && c.FailureRate <= 1) {
-		c.FailureRate = d.FailureRate
-	}
-	if c.Window <= 0 {
-		c.Window = d.Window
-	}
-	if c.MinCalls <= 0 {
-		c.MinCalls = d.MinCalls
-	}
-	if c.Cooldown <= 0 {
-		c.Cooldown = d.Cooldown
-	}
-	if c.HalfOpenProbes <= 0 {
-		c.HalfOpenProbes = d.HalfOpenProbes
-	}
-	if c.ProbeTimeout <= 0 {
-		c.ProbeTimeout = d.ProbeTimeout
-	}
-	return c
 }
 
 // Admit asks whether the breaker under key lets an attempt through, creating
@@ -109,17 +55,15 @@ func (s *Store) Admit(key policy.BreakerKey, cfg policy.BreakerConfig) (policy.A
 	if s.closed.Load() {
 		return policy.Admission{}, ErrClosed
 	}
-	cfg = normBreaker(cfg)
+	cfg = fleet.NormConfig(cfg)
 	now := s.now()
 	b, err := s.lockBreaker(key, true, now)
 	if err != nil {
 		return policy.Admission{}, err
 	}
-	b.lastActive = now
-	b.mode = cfg.Mode
-	transitioned := b.advance(s, now)
-	res, mutated := b.admit(s, now, &cfg)
-	err = s.settle(b, transitioned, mutated, nil)
+	e := b.begin(s, now, &cfg)
+	res, e2 := b.v.Admit(now, &cfg, s.newPermitID)
+	err = s.settle(b, e|e2, nil)
 	if err != nil {
 		return policy.Admission{}, err
 	}
@@ -127,9 +71,11 @@ func (s *Store) Admit(key policy.BreakerKey, cfg policy.BreakerConfig) (policy.A
 }
 
 // Record reports the outcome of an attempt to the breaker under key, creating
-// it on first use, and returns its state afterwards. permitID, when set,
-// releases that HALF_OPEN permit (an unknown or expired id is ignored; the
-// result still counts). Only policy.ResultTransientFailure counts as a failure.
+// it on first use, and returns its state afterwards, by fleet.Breaker's
+// rules: in HALF_OPEN only a result with a live permit of the breaker
+// counts, one without a permit changes nothing, and one with a permit that
+// is not live returns the state and fleet.ErrPermit. Only
+// policy.ResultTransientFailure counts as a failure.
 // Transitions are committed as in Admit; counters are flushed per the sync
 // mode. It is safe for concurrent use and allocation-free in the steady state.
 func (s *Store) Record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy.Result, permitID string) (policy.BreakerSnapshot, error) {
@@ -145,29 +91,21 @@ func (s *Store) record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy
 	if r < policy.ResultSuccess || r > policy.ResultTerminal {
 		return policy.BreakerSnapshot{}, invalid("result", "must be success, transient failure or terminal")
 	}
-	cfg = normBreaker(cfg)
+	cfg = fleet.NormConfig(cfg)
 	b, err := s.lockBreaker(key, true, now)
 	if err != nil {
 		return policy.BreakerSnapshot{}, err
 	}
-	b.lastActive = now
-	b.mode = cfg.Mode
-	transitioned := b.advance(s, now)
-	t2, mutated := b.record(s, now, &cfg, r, permitID)
-	transitioned = transitioned || t2
-	newlyDirty := false
-	if mutated || transitioned {
-		newlyDirty = b.markDirty()
-	}
+	e := b.begin(s, now, &cfg)
+	e2, refused := b.v.Record(now, &cfg, r, permitID)
+	b.published(s, now, e2)
 	snap := b.snapshot(now)
-	b.mu.Unlock()
-	if transitioned {
-		err = s.persistTransition(b, newlyDirty)
-	} else if mutated {
-		err = s.touchedIn(p, b, newlyDirty)
-	}
+	err = s.settle(b, e|e2, p)
 	if err != nil {
 		return policy.BreakerSnapshot{}, err
+	}
+	if refused != nil {
+		return snap, refused
 	}
 	return snap, nil
 }
@@ -188,27 +126,17 @@ func (s *Store) extendCooldown(key policy.BreakerKey, cfg policy.BreakerConfig, 
 	if s.closed.Load() {
 		return time.Time{}, ErrClosed
 	}
-	cfg = normBreaker(cfg)
+	cfg = fleet.NormConfig(cfg)
 	now := s.now()
 	b, err := s.lockBreaker(key, true, now)
 	if err != nil {
 		return time.Time{}, err
 	}
-	b.lastActive = now
-	b.mode = cfg.Mode
-	transitioned := b.advance(s, now)
-	u := fromTime(until)
-	mutated := false
-	if u > b.cooldownUntil {
-		started := b.cooldownUntil <= now && u > now
-		b.cooldownUntil = u
-		mutated = true
-		if started {
-			b.publish(s, now)
-		}
-	}
-	in := toTime(b.cooldownUntil)
-	err = s.settle(b, transitioned, mutated, p)
+	e := b.begin(s, now, &cfg)
+	u, e2 := b.v.ExtendCooldown(now, fromTime(until))
+	b.published(s, now, e2)
+	in := toTime(u)
+	err = s.settle(b, e|e2, p)
 	if err != nil {
 		return time.Time{}, err
 	}
@@ -250,7 +178,7 @@ func (s *Store) Breakers(tenant string, state policy.BreakerState, after policy.
 			continue
 		}
 		b.mu.Lock()
-		if !b.deleted && (state == policy.BreakerStateUnspecified || b.state == state) {
+		if !b.deleted && (state == policy.BreakerStateUnspecified || b.v.State == state) {
 			out = append(out, b.snapshot(now))
 		}
 		b.mu.Unlock()
@@ -272,10 +200,8 @@ func (s *Store) ResetBreaker(key policy.BreakerKey) (policy.BreakerSnapshot, err
 	if _, ok := s.breakers.get(key); !ok {
 		return policy.BreakerSnapshot{}, fmt.Errorf("%w: breaker %q/%q", ErrNotFound, key.Tenant, key.Target)
 	}
-	return s.adminBreaker(key, false, func(b *breaker, now int64) {
-		b.forced = false
-		b.cooldownUntil = 0
-		b.toState(s, now, policy.BreakerClosed)
+	return s.adminBreaker(key, false, func(b *breaker, now int64) fleet.Effect {
+		return b.v.Reset(now)
 	})
 }
 
@@ -292,22 +218,15 @@ func (s *Store) ForceBreaker(key policy.BreakerKey, st policy.BreakerState) (pol
 	if st != policy.BreakerOpen && st != policy.BreakerClosed && st != policy.BreakerDisabled {
 		return policy.BreakerSnapshot{}, invalid("state", "must be OPEN, CLOSED or DISABLED")
 	}
-	return s.adminBreaker(key, true, func(b *breaker, now int64) {
-		b.forced = true
-		b.cooldownUntil = 0
-		b.openUntil = 0 // forced OPEN lasts until reset
-		cons, slots := b.consecutive, b.slots
-		b.toState(s, now, st)
-		if st == policy.BreakerClosed {
-			b.consecutive, b.slots = cons, slots // forcing CLOSED keeps the counts
-		}
+	return s.adminBreaker(key, true, func(b *breaker, now int64) fleet.Effect {
+		return b.v.Force(now, st)
 	})
 }
 
 // adminBreaker applies fn to the breaker under key inside a durable write
 // transaction and returns its snapshot. If the commit fails the change stays
 // in memory, is retried by the flusher, and the error is returned.
-func (s *Store) adminBreaker(key policy.BreakerKey, create bool, fn func(b *breaker, now int64)) (policy.BreakerSnapshot, error) {
+func (s *Store) adminBreaker(key policy.BreakerKey, create bool, fn func(b *breaker, now int64) fleet.Effect) (policy.BreakerSnapshot, error) {
 	s.adminMu.Lock()
 	defer s.adminMu.Unlock()
 	var snap policy.BreakerSnapshot
@@ -319,7 +238,7 @@ func (s *Store) adminBreaker(key policy.BreakerKey, create bool, fn func(b *brea
 			return err
 		}
 		defer b.mu.Unlock()
-		fn(b, now)
+		b.published(s, now, fn(b, now))
 		b.dirty = false
 		applied = b
 		snap = b.snapshot(now)
@@ -373,45 +292,36 @@ func (s *Store) newBreaker(key policy.BreakerKey, now int64) (*breaker, error) {
 		s.countMu.Unlock()
 		return nil, err
 	}
-	key = policy.BreakerKey{Tenant: cloneString(key.Tenant), Target: cloneString(key.Target)}
+	key = policy.BreakerKey{Tenant: strings.Clone(key.Tenant), Target: strings.Clone(key.Target)}
 	s.perTenant[key.Tenant] = n + 1
 	s.countMu.Unlock()
-	b := &breaker{key: key, state: policy.BreakerClosed, changed: now, lastActive: now}
+	b := &breaker{key: key, v: fleet.NewBreaker(now), lastActive: now}
 	snap := b.snapshot(now)
 	b.pub.Store(&snap)
 	return b, nil
 }
-
-// cloneString copies s so a map key does not pin a caller's larger buffer.
-func cloneString(s string) string {
-	if s == "" {
-		return ""
-	}
-	return string(append([]byte(nil), s...))
-}
-
-// persistTransition commits b's state after a transition. A failure is
 
 // settle unlocks b, which the caller changed (mutated) or moved to another
 // state (transitioned), and makes the change durable as the durability
 // contract asks: a transition at once, counters with the next group commit.
 // With SyncAlways and p set, a counter change joins p instead of being
 // committed now.
-func (s *Store) settle(b *breaker, transitioned, mutated bool, p *pending) error {
+func (s *Store) settle(b *breaker, e fleet.Effect, p *pending) error {
 	newlyDirty := false
-	if mutated || transitioned {
+	if e != 0 {
 		newlyDirty = b.markDirty()
 	}
 	b.mu.Unlock()
 	switch {
-	case transitioned:
+	case e.Has(fleet.Transitioned):
 		return s.persistTransition(b, newlyDirty)
-	case mutated:
+	case e.Has(fleet.Mutated):
 		return s.touchedIn(p, b, newlyDirty)
 	}
 	return nil
 }
 
+// persistTransition commits b's state after a transition. A failure is
 // logged and left to the flusher; only SyncAlways reports it.
 func (s *Store) persistTransition(b *breaker, newlyDirty bool) error {
 	err := s.updateTx("write breaker transition", counterPages, func(tx *bbolt.Tx) error {
@@ -473,195 +383,53 @@ func (b *breaker) put(tx *bbolt.Tx) error {
 	return tx.Bucket(bucketBreakers).Put(joinKey(b.key.Tenant, b.key.Target), b.encode())
 }
 
-// advance performs the lazy OPEN to HALF_OPEN transition; b.mu must be held.
-func (b *breaker) advance(s *Store, now int64) bool {
-	if b.state == policy.BreakerOpen && !b.forced && now >= b.openUntil {
-		b.toState(s, now, policy.BreakerHalfOpen)
-		return true
-	}
-	return false
+// begin prepares b, locked, for a call at now under cfg: it notes the
+// activity and the mode, and performs (and publishes) the lazy OPEN to
+// HALF_OPEN transition.
+func (b *breaker) begin(s *Store, now int64, cfg *policy.BreakerConfig) fleet.Effect {
+	b.lastActive = now
+	b.v.Mode = cfg.Mode
+	e := b.v.Advance(now)
+	b.published(s, now, e)
+	return e
 }
 
-// admit decides one Admit; b.mu must be held. mutated reports a change to
-// persisted fields (permits).
-func (b *breaker) admit(s *Store, now int64, cfg *policy.BreakerConfig) (res policy.Admission, mutated bool) {
-	switch {
-	case b.state == policy.BreakerDisabled:
-		return policy.Admission{Admitted: true, State: policy.BreakerDisabled, Reason: ReasonDisabled}, false
-	case b.forced && b.state == policy.BreakerOpen:
-		return policy.Admission{State: policy.BreakerOpen, Reason: ReasonForcedOpen}, false
-	case b.forced:
-		return policy.Admission{Admitted: true, State: b.state, Reason: ReasonClosed}, false
-	case b.cooldownUntil > now:
-		return policy.Admission{State: b.state, Reason: ReasonPushback, RetryAfter: time.Duration(b.cooldownUntil - now)}, false
+// published tells subscribers of b's state when e is a transition or a new
+// cool-down; b.mu must be held.
+func (b *breaker) published(s *Store, now int64, e fleet.Effect) {
+	if e.Has(fleet.Transitioned) || e.Has(fleet.CooldownStarted) {
+		b.publish(s, now)
 	}
-	switch b.state {
-	case policy.BreakerOpen:
-		return policy.Admission{State: policy.BreakerOpen, Reason: ReasonOpen, RetryAfter: time.Duration(b.openUntil - now)}, false
-	case policy.BreakerHalfOpen:
-		mutated = b.expirePermits(now)
-		if len(b.permits) < cfg.HalfOpenProbes {
-			id := s.permitSeq.Add(1)
-			b.permits = append(b.permits, permit{id: id, expiry: now + int64(cfg.ProbeTimeout)})
-			return policy.Admission{Admitted: true, State: policy.BreakerHalfOpen, Reason: ReasonProbe,
-				PermitID: strconv.FormatUint(id, 16)}, true
-		}
-		earliest := b.permits[0].expiry
-		for _, p := range b.permits[1:] {
-			earliest = min(earliest, p.expiry)
-		}
-		return policy.Admission{State: policy.BreakerHalfOpen, Reason: ReasonProbesTaken, RetryAfter: time.Duration(earliest - now)}, mutated
-	}
-	return policy.Admission{Admitted: true, State: policy.BreakerClosed, Reason: ReasonClosed}, false
-}
-
-// record applies one outcome; b.mu must be held.
-func (b *breaker) record(s *Store, now int64, cfg *policy.BreakerConfig, r policy.Result, permitID string) (transitioned, mutated bool) {
-	if permitID != "" && len(b.permits) > 0 {
-		if id, err := strconv.ParseUint(permitID, 16, 64); err == nil {
-			for i, p := range b.permits {
-				if p.id == id {
-					b.permits = slices.Delete(b.permits, i, i+1)
-					mutated = true
-					break
-				}
-			}
-		}
-	}
-	failure := r == policy.ResultTransientFailure
-	switch {
-	case b.state == policy.BreakerDisabled, b.state == policy.BreakerOpen:
-		return false, mutated // forced or not, an OPEN breaker ignores late results
-	case b.forced: // forced CLOSED: counts, never trips
-		b.count(now, cfg, failure)
-		return false, true
-	case b.state == policy.BreakerHalfOpen:
-		if failure {
-			b.trip(s, now, cfg)
-			return true, true
-		}
-		b.halfOpenOK++
-		if b.halfOpenOK >= cfg.HalfOpenProbes {
-			b.toState(s, now, policy.BreakerClosed)
-			return true, true
-		}
-		return false, true
-	}
-	b.count(now, cfg, failure)
-	if failure && b.shouldTrip(now, cfg) {
-		b.trip(s, now, cfg)
-		return true, true
-	}
-	return false, true
-}
-
-// count adds one call to the consecutive count and the sliding window.
-// Failures further apart than the window are not "in a row": a quiet
-// upstream that fails once an hour never trips the breaker.
-func (b *breaker) count(now int64, cfg *policy.BreakerConfig, failure bool) {
-	if failure {
-		if b.lastFailure != 0 && now-b.lastFailure > int64(cfg.Window) {
-			b.consecutive = 0
-		}
-		b.consecutive++
-		b.lastFailure = now
-	} else {
-		b.consecutive = 0
-	}
-	width := max(int64(cfg.Window)/windowSlots, 1)
-	if width != b.slotWidth {
-		b.slotWidth = width
-		b.slots = [windowSlots]slot{}
-	}
-	epoch := now / width
-	sl := &b.slots[epoch%windowSlots]
-	if sl.epoch != epoch {
-		*sl = slot{epoch: epoch}
-	}
-	sl.calls++
-	if failure {
-		sl.failures++
-	}
-}
-
-// window sums the slots inside the sliding window ending at now.
-func (b *breaker) window(now int64) (calls, failures uint64) {
-	if b.slotWidth == 0 {
-		return 0, 0
-	}
-	cur := now / b.slotWidth
-	for _, sl := range b.slots {
-		if sl.epoch > cur-windowSlots && sl.epoch <= cur {
-			calls += uint64(sl.calls)
-			failures += uint64(sl.failures)
-		}
-	}
-	return calls, failures
-}
-
-// shouldTrip applies the mode's rule after a failure.
-func (b *breaker) shouldTrip(now int64, cfg *policy.BreakerConfig) bool {
-	if cfg.Mode == policy.BreakerFailureRate {
-		calls, failures := b.window(now)
-		return calls >= uint64(cfg.MinCalls) && float64(failures) >= cfg.FailureRate*float64(calls)
-	}
-	return b.consecutive >= cfg.ConsecutiveFailures
-}
-
-// trip opens the breaker for cfg.Cooldown.
-func (b *breaker) trip(s *Store, now int64, cfg *policy.BreakerConfig) {
-	b.openUntil = now + int64(cfg.Cooldown)
-	b.toState(s, now, policy.BreakerOpen)
-}
-
-// toState changes state, clears what the new state starts afresh, and
-// publishes the change; b.mu must be held.
-func (b *breaker) toState(s *Store, now int64, st policy.BreakerState) {
-	b.state = st
-	b.changed = now
-	b.permits = b.permits[:0]
-	b.halfOpenOK = 0
-	b.consecutive = 0
-	b.slots = [windowSlots]slot{}
-	if st != policy.BreakerOpen {
-		b.openUntil = 0
-	}
-	b.publish(s, now)
-}
-
-// expirePermits frees the slots of permits past their expiry.
-func (b *breaker) expirePermits(now int64) bool {
-	n := len(b.permits)
-	b.permits = slices.DeleteFunc(b.permits, func(p permit) bool { return p.expiry <= now })
-	return len(b.permits) != n
 }
 
 // snapshot copies b's state; b.mu must be held.
 func (b *breaker) snapshot(now int64) policy.BreakerSnapshot {
-	calls, failures := b.window(now)
-	inflight := 0
-	for _, p := range b.permits {
-		if p.expiry > now {
-			inflight++
-		}
-	}
+	calls, failures := b.v.Window(now)
 	return policy.BreakerSnapshot{
 		Key:                 b.key,
-		State:               b.state,
-		Forced:              b.forced,
-		OpenUntil:           toTime(b.openUntil),
-		ConsecutiveFailures: b.consecutive,
+		State:               b.v.State,
+		Forced:              b.v.Forced,
+		OpenUntil:           toTime(b.v.OpenUntil),
+		ConsecutiveFailures: b.v.Consecutive,
 		WindowCalls:         calls,
 		WindowFailures:      failures,
-		ProbesInFlight:      inflight,
-		Changed:             toTime(b.changed),
-		CooldownUntil:       toTime(b.cooldownUntil),
-		Mode:                b.mode,
+		ProbesInFlight:      b.v.LivePermits(now),
+		Changed:             toTime(b.v.Changed),
+		CooldownUntil:       toTime(b.v.Cooldown.Until),
+		Mode:                b.v.Mode,
+		Generation:          b.v.Generation,
 	}
 }
 
 // idle reports whether the sweep may drop b; b.mu must be held.
 func (b *breaker) idle(now int64, ttl time.Duration) bool {
-	return b.state == policy.BreakerClosed && !b.forced && len(b.permits) == 0 &&
-		b.cooldownUntil <= now && now-b.lastActive >= int64(ttl)
+	return b.v.Idle(now, b.lastActive, ttl)
+}
+
+// newPermitID draws a probe permit id: 128 bits from crypto/rand, which
+// does not fail on the systems policyd runs on.
+func (s *Store) newPermitID() fleet.PermitID {
+	var id fleet.PermitID
+	_, _ = rand.Read(id[:])
+	return id
 }

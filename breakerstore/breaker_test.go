@@ -12,6 +12,7 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/policyd/policyd/breakerstore"
+	"github.com/policyd/policyd/fleet"
 	"github.com/policyd/policyd/policy"
 )
 
@@ -195,6 +196,29 @@ func TestHalfOpen(t *testing.T) {
 			must(s.Record(key, consecutive, policy.ResultSuccess, permits[2])).get(t)
 			if got := must(s.Breaker(key)).get(t); got.ProbesInFlight != 2 {
 				t.Errorf("ProbesInFlight after reporting one: got %d, want 2", got.ProbesInFlight)
+			}
+		}},
+		{"a permit that is not live is refused and settles nothing", func(t *testing.T, e *env, s *breakerstore.Store, key policy.BreakerKey, permits []string) {
+			other := policy.BreakerKey{Tenant: "acme", Target: "other"}
+			for _, forged := range []string{strings.Repeat("0", 32), "7", permits[0] + "0"} {
+				if _, err := s.Record(key, consecutive, policy.ResultSuccess, forged); !errors.Is(err, fleet.ErrPermit) {
+					t.Fatalf("Record with permit %q: %v, want fleet.ErrPermit", forged, err)
+				}
+			}
+			if _, err := s.Record(other, consecutive, policy.ResultSuccess, permits[0]); err != nil {
+				t.Fatalf("a CLOSED breaker ignores a permit not its own: %v", err)
+			}
+			ups := []policy.OutcomeUpdate{
+				{Key: key, Breaker: consecutive, Result: policy.ResultTransientFailure, PermitID: "ff"},
+				{Key: key, Breaker: consecutive, Result: policy.ResultSuccess, PermitID: permits[0]},
+			}
+			n, err := s.ApplyOutcomes(ups, nil)
+			if err != nil || n != 2 || !errors.Is(ups[0].Refused, fleet.ErrPermit) || ups[1].Refused != nil {
+				t.Fatalf("ApplyOutcomes = %d, %v, refused %v and %v; want 2, nil, the first refused", n, err, ups[0].Refused, ups[1].Refused)
+			}
+			if got := must(s.Breaker(key)).get(t); got.State != policy.BreakerHalfOpen || got.ProbesInFlight != len(permits)-1 {
+				t.Errorf("after a forged failure and one real probe success: %v with %d in flight, want HALF_OPEN with %d",
+					got.State, got.ProbesInFlight, len(permits)-1)
 			}
 		}},
 	}
@@ -510,11 +534,19 @@ func TestSubscribe(t *testing.T) {
 	})
 
 	t.Run("a slow subscriber is dropped", func(t *testing.T) {
+		live := s.Subscribers()
 		sub := subscribe(t, s, "", 1)
 		defer sub.Close()
+		if got := s.Subscribers(); got != live+1 {
+			t.Fatalf("subscribers after Subscribe: got %d, want %d", got, live+1)
+		}
 		for i := range 3 {
 			k := policy.BreakerKey{Tenant: "slow", Target: fmt.Sprint(i)}
 			must(s.ForceBreaker(k, policy.BreakerOpen)).get(t)
+		}
+		// Forgotten when dropped, not at the next Subscribe or cancel.
+		if got := s.Subscribers(); got != live {
+			t.Errorf("subscribers after the drop: got %d, want %d", got, live)
 		}
 		var changes, initial int
 		for ev := range sub.C { // ends: the channel is closed

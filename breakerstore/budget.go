@@ -1,15 +1,18 @@
 package breakerstore
 
 import (
+	"cmp"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 
 	"go.etcd.io/bbolt"
 
+	"github.com/policyd/policyd/fleet"
 	"github.com/policyd/policyd/policy"
 )
 
@@ -83,17 +86,14 @@ func fillBudget(b, def policy.TenantBudget) policy.TenantBudget {
 	return b
 }
 
-// tokenBucket is a tenant's budget state; mu guards every field but tenant.
-// Lock order: a run's mu, then a bucket's mu.
+// tokenBucket holds a tenant's budget state, whose rules live in
+// fleet.Bucket; mu guards every field but tenant. Lock order: a run's mu,
+// then a bucket's mu.
 type tokenBucket struct {
 	mu         sync.Mutex
 	tenant     string
 	cfg        *policy.TenantBudget // explicit budget; nil uses the store default
-	tokens     float64
-	last       int64 // Unix ns of the last refill
-	granted    uint64
-	refused    uint64
-	dryRun     uint64
+	v          fleet.Bucket
 	lastActive int64 // not persisted
 	dirty      bool
 	deleted    bool
@@ -105,15 +105,6 @@ func (tb *tokenBucket) config(s *Store) *policy.TenantBudget {
 		return tb.cfg
 	}
 	return &s.defBudget
-}
-
-// refill adds the tokens earned since the last refill, up to capacity.
-func (tb *tokenBucket) refill(now int64, cfg *policy.TenantBudget) {
-	if now > tb.last {
-		tb.tokens += cfg.MinPerSecond * float64(now-tb.last) / 1e9
-		tb.last = now
-	}
-	tb.tokens = min(tb.tokens, cfg.Capacity)
 }
 
 // SpendRetry withdraws one retry, atomically from the run's pool (when
@@ -174,45 +165,27 @@ func (s *Store) spendRetry(req policy.SpendRequest, p *pending) (policy.Spend, e
 	runDirty, bucketDirty, charged := false, false, false
 	if r != nil {
 		out.HasRun = true
-		switch {
-		case now >= r.cutoff:
-			out.Stop, out.Disposition = policy.StopDeadline, policy.DispositionDeadlineCut
-		case r.spent >= r.hdr.Pool:
-			out.Stop, out.Disposition = policy.StopBudgetExhausted, policy.DispositionDeadLetter
-		}
+		out.Stop, out.Disposition = r.v.Refusal(now)
 	}
 	cfg := tb.config(s)
 	tb.lastActive = now
-	tb.refill(now, cfg)
+	tb.v.Refill(now, cfg)
 	if out.Stop == policy.StopNone {
 		charged = true
-		cost := cfg.RetryCost
-		if req.Timeout {
-			cost = cfg.TimeoutCost
-		}
-		switch {
-		case tb.tokens >= cost:
-			tb.tokens -= cost
-			tb.granted++
-			out.Granted = true
-		case cfg.DryRun:
-			tb.tokens = max(tb.tokens-cost, 0)
-			tb.granted++
-			tb.dryRun++
-			out.Granted, out.DryRunRefused = true, true
-		default:
-			tb.refused++
+		w := tb.v.Withdraw(now, cfg, req.Timeout)
+		out.Granted, out.DryRunRefused = w.Granted, w.DryRunRefused
+		if !w.Granted {
 			out.Stop, out.Disposition = policy.StopBudgetExhausted, policy.DispositionDeadLetter
 		}
 		bucketDirty = tb.markDirty()
 		if out.Granted && r != nil {
-			r.spent++
+			r.v.Spend()
 			runDirty = r.markDirty()
 		}
 	}
-	out.TenantTokens = tb.tokens
+	out.TenantTokens = tb.v.Tokens
 	if r != nil {
-		out.RunRemaining = r.hdr.Pool - min(r.spent, r.hdr.Pool)
+		out.RunRemaining = r.v.Remaining()
 	}
 	tb.mu.Unlock()
 	if r != nil {
@@ -296,9 +269,7 @@ func (s *Store) deposit(tenant string, successes int, p *pending) {
 		tb.mu.Unlock()
 		return
 	}
-	cfg := tb.config(s)
-	tb.refill(now, cfg)
-	tb.tokens = min(tb.tokens+cfg.DepositRatio*float64(successes), cfg.Capacity)
+	tb.v.Deposit(now, tb.config(s), successes)
 	tb.lastActive = now
 	newlyDirty := tb.markDirty()
 	tb.mu.Unlock()
@@ -329,18 +300,14 @@ func (s *Store) Budget(tenant string) (policy.BudgetStatus, error) {
 // status reports the bucket as of now without changing it; tb.mu must be held.
 func (tb *tokenBucket) status(s *Store, now int64) policy.BudgetStatus {
 	cfg := tb.config(s)
-	tokens := tb.tokens
-	if now > tb.last {
-		tokens += cfg.MinPerSecond * float64(now-tb.last) / 1e9
-	}
 	b := *cfg
 	b.Tenant = tb.tenant
 	return policy.BudgetStatus{
 		Budget:         b,
-		Tokens:         min(tokens, cfg.Capacity),
-		Granted:        tb.granted,
-		Refused:        tb.refused,
-		DryRunRefusals: tb.dryRun,
+		Tokens:         tb.v.TokensAt(now, cfg),
+		Granted:        tb.v.Granted,
+		Refused:        tb.v.Refused,
+		DryRunRefusals: tb.v.DryRun,
 		IsDefault:      tb.cfg == nil,
 	}
 }
@@ -363,15 +330,7 @@ func (s *Store) Budgets(after string, limit int) ([]policy.BudgetStatus, error) 
 		}
 		tb.mu.Unlock()
 	}
-	slices.SortFunc(out, func(a, b policy.BudgetStatus) int {
-		switch {
-		case a.Budget.Tenant < b.Budget.Tenant:
-			return -1
-		case a.Budget.Tenant > b.Budget.Tenant:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b policy.BudgetStatus) int { return cmp.Compare(a.Budget.Tenant, b.Budget.Tenant) })
 	if limit > 0 && len(out) > limit {
 		out = out[:limit]
 	}
@@ -394,7 +353,7 @@ func (s *Store) SetBudget(b policy.TenantBudget) (policy.TenantBudget, error) {
 	if err := ValidateBudget(b); err != nil {
 		return policy.TenantBudget{}, err
 	}
-	b.Tenant = cloneString(b.Tenant)
+	b.Tenant = strings.Clone(b.Tenant)
 	v, err := json.Marshal(budgetRecord(b))
 	if err != nil {
 		return policy.TenantBudget{}, fmt.Errorf("breakerstore: encode budget: %w", err)
@@ -458,14 +417,8 @@ func (s *Store) DeleteBudget(tenant string) error {
 // at the new capacity. tb.mu must be held.
 func (tb *tokenBucket) setConfig(s *Store, now int64, cfg *policy.TenantBudget) {
 	old := tb.config(s)
-	tb.refill(now, old)
-	full := tb.tokens >= old.Capacity
 	tb.cfg = cfg
-	if nc := tb.config(s); full {
-		tb.tokens = nc.Capacity
-	} else {
-		tb.tokens = min(tb.tokens, nc.Capacity)
-	}
+	tb.v.Rebudget(now, old, tb.config(s))
 }
 
 // bucketFor returns tenant's bucket, creating a full one with the default
@@ -494,7 +447,7 @@ func (s *Store) bucket(tenant string, now int64, capped bool) (*tokenBucket, err
 		}
 	}
 	return s.buckets.getOrCreate(tenant, func() (*tokenBucket, error) {
-		return &tokenBucket{tenant: cloneString(tenant), tokens: s.defBudget.Capacity, last: now, lastActive: now}, nil
+		return &tokenBucket{tenant: strings.Clone(tenant), v: fleet.NewBucket(&s.defBudget, now), lastActive: now}, nil
 	})
 }
 
@@ -547,11 +500,11 @@ func (tb *tokenBucket) write(tx *bbolt.Tx, clear bool) (int, error) {
 	}
 	v := make([]byte, 0, 41)
 	v = append(v, tokensRecordV1)
-	v = binary.BigEndian.AppendUint64(v, math.Float64bits(tb.tokens))
-	v = binary.BigEndian.AppendUint64(v, uint64(tb.last))
-	v = binary.BigEndian.AppendUint64(v, tb.granted)
-	v = binary.BigEndian.AppendUint64(v, tb.refused)
-	v = binary.BigEndian.AppendUint64(v, tb.dryRun)
+	v = binary.BigEndian.AppendUint64(v, math.Float64bits(tb.v.Tokens))
+	v = binary.BigEndian.AppendUint64(v, uint64(tb.v.Last))
+	v = binary.BigEndian.AppendUint64(v, tb.v.Granted)
+	v = binary.BigEndian.AppendUint64(v, tb.v.Refused)
+	v = binary.BigEndian.AppendUint64(v, tb.v.DryRun)
 	tb.mu.Unlock()
 	return 1, tx.Bucket(bucketTokens).Put([]byte(tb.tenant), v)
 }
@@ -570,7 +523,7 @@ func (s *Store) loadBudgets(tx *bbolt.Tx, now int64) error {
 		if err := ValidateBudget(b); err != nil {
 			return corrupt(bucketBudgets, k, err)
 		}
-		s.buckets.put(b.Tenant, &tokenBucket{tenant: b.Tenant, cfg: &b, tokens: b.Capacity, last: now, lastActive: now})
+		s.buckets.put(b.Tenant, &tokenBucket{tenant: b.Tenant, cfg: &b, v: fleet.NewBucket(&b, now), lastActive: now})
 		return nil
 	})
 	if err != nil {
@@ -587,15 +540,17 @@ func (s *Store) loadBudgets(tx *bbolt.Tx, now int64) error {
 			s.buckets.put(tenant, tb)
 		}
 		be := binary.BigEndian
-		tb.tokens = math.Float64frombits(be.Uint64(v[1:]))
-		tb.last = int64(be.Uint64(v[9:]))
-		tb.granted = be.Uint64(v[17:])
-		tb.refused = be.Uint64(v[25:])
-		tb.dryRun = be.Uint64(v[33:])
-		if !finite(tb.tokens) {
-			return corrupt(bucketTokens, k, fmt.Errorf("tokens %v", tb.tokens))
+		tb.v = fleet.Bucket{
+			Tokens:  math.Float64frombits(be.Uint64(v[1:])),
+			Last:    int64(be.Uint64(v[9:])),
+			Granted: be.Uint64(v[17:]),
+			Refused: be.Uint64(v[25:]),
+			DryRun:  be.Uint64(v[33:]),
 		}
-		tb.tokens = min(max(tb.tokens, 0), tb.config(s).Capacity)
+		if !finite(tb.v.Tokens) {
+			return corrupt(bucketTokens, k, fmt.Errorf("tokens %v", tb.v.Tokens))
+		}
+		tb.v.Loaded(tb.config(s))
 		return nil
 	})
 }

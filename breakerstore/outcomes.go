@@ -1,16 +1,21 @@
 package breakerstore
 
 import (
+	"errors"
+
 	"go.etcd.io/bbolt"
 
+	"github.com/policyd/policyd/fleet"
 	"github.com/policyd/policyd/policy"
 )
 
 // ApplyOutcomes applies a batch of reported outcomes in order: each one's
 // Result to its breaker as Record does, its Audit records as AppendAudit
 // does, and its final disposition to its run's ledger as RecordFinal does;
-// then deposits[tenant] successes as Deposit does. It stops at the first
-// error and returns the number of updates applied in full (the audit
+// then deposits[tenant] successes as Deposit does. An update the state's
+// rules refuse (fleet.ErrPermit) gets the refusal in its Refused field and
+// only its audit records applied; the rest of the batch goes on. It stops at
+// the first other error and returns the number of updates applied in full (the audit
 // records of those, and of the one that failed after its result was
 // recorded, are kept); the deposits are made only when every update was.
 //
@@ -32,12 +37,19 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 	n, err := func() (int, error) {
 		for i := range ups {
 			u := &ups[i]
+			u.Refused = nil
 			if u.Result != 0 {
 				if _, err := s.record(u.Key, u.Breaker, u.Result, u.PermitID, p, now); err != nil {
-					return i, err
+					if !refusal(err) {
+						return i, err
+					}
+					u.Refused = err
 				}
 			}
 			trail = append(trail, u.Audit)
+			if u.Refused != nil {
+				continue
+			}
 			if u.RunID != "" && u.Final != policy.DispositionNone {
 				if err := s.recordFinal(u.RunID, u.CallID, u.Final, u.Stop, p); err != nil {
 					return i, err
@@ -129,4 +141,11 @@ func (s *Store) commitPending(p *pending) error {
 	s.syncMutations.Add(uint64(p.mutations))
 	s.records.Add(uint64(n))
 	return nil
+}
+
+// refusal reports whether err is the state's rules refusing a request (a
+// *fleet.Refusal) rather than a failure of the store.
+func refusal(err error) bool {
+	var r *fleet.Refusal
+	return errors.As(err, &r)
 }

@@ -8,13 +8,15 @@ import (
 
 	"go.etcd.io/bbolt"
 
+	"github.com/policyd/policyd/fleet"
 	"github.com/policyd/policyd/policy"
 )
 
-// breakerRecordV1 is the version byte of the breaker record:
+// breakerRecordV2 is the version byte of the breaker record, a
+// fleet.Breaker:
 //
 //	off  size  field
-//	0    1     version (1)
+//	0    1     version (2)
 //	1    1     policy.BreakerState
 //	2    1     forced (0/1)
 //	3    1     policy.BreakerMode
@@ -25,73 +27,105 @@ import (
 //	32   4     HALF_OPEN successes, uint32
 //	36   8     window slot width, ns
 //	44   160   10 slots x (epoch int64, calls uint32, failures uint32)
-//	204  2     permit count n, uint16
-//	206  16n   permits x (id uint64, expiry Unix ns int64)
-const breakerRecordV1 = 1
+//	204  8     generation (state transitions so far), uint64
+//	212  2     permit count n, uint16
+//	214  24n   permits x (id 16 bytes, expiry Unix ns int64)
+//
+// Version 1, read but no longer written, had no generation (read as 0) and
+// 16-byte permits (id uint64, expiry); its permits are dropped on load, as
+// their ids can no longer be presented, and their slots freed.
+const (
+	breakerRecordV1 = 1
+	breakerRecordV2 = 2
+)
 
-const breakerFixedLen = 206
+const (
+	breakerFixedLenV1 = 206
+	breakerFixedLen   = 214
+	permitLen         = 24
+)
 
 // encode returns b's record; b.mu must be held.
 func (b *breaker) encode() []byte {
-	buf := make([]byte, 0, breakerFixedLen+16*len(b.permits))
-	buf = append(buf, breakerRecordV1, byte(b.state), boolByte(b.forced), byte(b.mode))
-	buf = binary.BigEndian.AppendUint64(buf, uint64(b.openUntil))
-	buf = binary.BigEndian.AppendUint64(buf, uint64(b.changed))
-	buf = binary.BigEndian.AppendUint64(buf, uint64(b.cooldownUntil))
-	buf = binary.BigEndian.AppendUint32(buf, uint32(b.consecutive))
-	buf = binary.BigEndian.AppendUint32(buf, uint32(b.halfOpenOK))
-	buf = binary.BigEndian.AppendUint64(buf, uint64(b.slotWidth))
-	for _, sl := range b.slots {
-		buf = binary.BigEndian.AppendUint64(buf, uint64(sl.epoch))
-		buf = binary.BigEndian.AppendUint32(buf, sl.calls)
-		buf = binary.BigEndian.AppendUint32(buf, sl.failures)
+	v := &b.v
+	buf := make([]byte, 0, breakerFixedLen+permitLen*len(v.Permits))
+	buf = append(buf, breakerRecordV2, byte(v.State), boolByte(v.Forced), byte(v.Mode))
+	buf = binary.BigEndian.AppendUint64(buf, uint64(v.OpenUntil))
+	buf = binary.BigEndian.AppendUint64(buf, uint64(v.Changed))
+	buf = binary.BigEndian.AppendUint64(buf, uint64(v.Cooldown.Until))
+	buf = binary.BigEndian.AppendUint32(buf, uint32(v.Consecutive))
+	buf = binary.BigEndian.AppendUint32(buf, uint32(v.HalfOpenOK))
+	buf = binary.BigEndian.AppendUint64(buf, uint64(v.SlotWidth))
+	for _, sl := range v.Slots {
+		buf = binary.BigEndian.AppendUint64(buf, uint64(sl.Epoch))
+		buf = binary.BigEndian.AppendUint32(buf, sl.Calls)
+		buf = binary.BigEndian.AppendUint32(buf, sl.Failures)
 	}
-	buf = binary.BigEndian.AppendUint16(buf, uint16(len(b.permits)))
-	for _, p := range b.permits {
-		buf = binary.BigEndian.AppendUint64(buf, p.id)
-		buf = binary.BigEndian.AppendUint64(buf, uint64(p.expiry))
+	buf = binary.BigEndian.AppendUint64(buf, v.Generation)
+	buf = binary.BigEndian.AppendUint16(buf, uint16(len(v.Permits)))
+	for _, p := range v.Permits {
+		buf = append(buf, p.ID[:]...)
+		buf = binary.BigEndian.AppendUint64(buf, uint64(p.Expiry))
 	}
 	return buf
 }
 
-// decodeBreaker parses a record written by encode into b.
-func decodeBreaker(b *breaker, v []byte) error {
-	if len(v) < breakerFixedLen {
-		return fmt.Errorf("breaker record is %d bytes, want at least %d", len(v), breakerFixedLen)
+// decodeBreaker parses a record written by encode (or a version 1 record)
+// into b.
+func decodeBreaker(b *breaker, rec []byte) error {
+	if len(rec) < 1 || (rec[0] != breakerRecordV1 && rec[0] != breakerRecordV2) {
+		return fmt.Errorf("breaker record version %v, want %d or %d", rec[:min(len(rec), 1)], breakerRecordV1, breakerRecordV2)
 	}
-	if v[0] != breakerRecordV1 {
-		return fmt.Errorf("breaker record version %d, want %d", v[0], breakerRecordV1)
+	ver := rec[0]
+	fixed := breakerFixedLen
+	if ver == breakerRecordV1 {
+		fixed = breakerFixedLenV1
 	}
-	b.state = policy.BreakerState(v[1])
-	if b.state < policy.BreakerClosed || b.state > policy.BreakerDisabled {
-		return fmt.Errorf("breaker state %d out of range", v[1])
+	if len(rec) < fixed {
+		return fmt.Errorf("breaker record is %d bytes, want at least %d", len(rec), fixed)
 	}
-	if v[2] > 1 {
-		return fmt.Errorf("breaker forced flag %d is not 0 or 1", v[2])
+	v := &b.v
+	v.State = policy.BreakerState(rec[1])
+	if v.State < policy.BreakerClosed || v.State > policy.BreakerDisabled {
+		return fmt.Errorf("breaker state %d out of range", rec[1])
 	}
-	b.forced = v[2] == 1
-	b.mode = policy.BreakerMode(v[3])
+	if rec[2] > 1 {
+		return fmt.Errorf("breaker forced flag %d is not 0 or 1", rec[2])
+	}
+	v.Forced = rec[2] == 1
+	v.Mode = policy.BreakerMode(rec[3])
 	be := binary.BigEndian
-	b.openUntil = int64(be.Uint64(v[4:]))
-	b.changed = int64(be.Uint64(v[12:]))
-	b.cooldownUntil = int64(be.Uint64(v[20:]))
-	b.consecutive = int(be.Uint32(v[28:]))
-	b.halfOpenOK = int(be.Uint32(v[32:]))
-	b.slotWidth = int64(be.Uint64(v[36:]))
+	v.OpenUntil = int64(be.Uint64(rec[4:]))
+	v.Changed = int64(be.Uint64(rec[12:]))
+	v.Cooldown.Until = int64(be.Uint64(rec[20:]))
+	v.Consecutive = int(be.Uint32(rec[28:]))
+	v.HalfOpenOK = int(be.Uint32(rec[32:]))
+	v.SlotWidth = int64(be.Uint64(rec[36:]))
 	off := 44
-	for i := range b.slots {
-		b.slots[i] = slot{epoch: int64(be.Uint64(v[off:])), calls: be.Uint32(v[off+8:]), failures: be.Uint32(v[off+12:])}
+	for i := range v.Slots {
+		v.Slots[i] = fleet.Slot{Epoch: int64(be.Uint64(rec[off:])), Calls: be.Uint32(rec[off+8:]), Failures: be.Uint32(rec[off+12:])}
 		off += 16
 	}
-	n := int(be.Uint16(v[off:]))
+	plen := 16
+	if ver == breakerRecordV2 {
+		v.Generation = be.Uint64(rec[off:])
+		off += 8
+		plen = permitLen
+	}
+	n := int(be.Uint16(rec[off:]))
 	off += 2
-	if len(v) != off+16*n {
-		return fmt.Errorf("breaker record is %d bytes, want %d for %d permits", len(v), off+16*n, n)
+	if len(rec) != off+plen*n {
+		return fmt.Errorf("breaker record is %d bytes, want %d for %d permits", len(rec), off+plen*n, n)
 	}
-	b.permits = make([]permit, n)
-	for i := range b.permits {
-		b.permits[i] = permit{id: be.Uint64(v[off:]), expiry: int64(be.Uint64(v[off+8:]))}
-		off += 16
+	v.Permits = nil
+	if ver == breakerRecordV1 {
+		return nil
+	}
+	v.Permits = make([]fleet.Permit, n)
+	for i := range v.Permits {
+		copy(v.Permits[i].ID[:], rec[off:off+16])
+		v.Permits[i].Expiry = int64(be.Uint64(rec[off+16:]))
+		off += permitLen
 	}
 	return nil
 }
@@ -169,6 +203,9 @@ func (s *Store) sweep(now int64) []delKey {
 		s.forgetAutoLocked(tb.tenant)
 		s.countMu.Unlock()
 		dels = append(dels, delKey{bucket: bucketTokens, key: policy.BreakerKey{Tenant: tb.tenant}})
+	}
+	if s.attempts.expire(now) && s.attempts.markDirty() {
+		s.queue(&s.attempts)
 	}
 	keep := int64(s.opts.RunRetention)
 	for _, r := range s.runs.values() {

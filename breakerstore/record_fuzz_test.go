@@ -4,17 +4,22 @@ import (
 	"bytes"
 	"testing"
 
+	"github.com/policyd/policyd/fleet"
 	"github.com/policyd/policyd/policy"
 )
 
 // FuzzDecodeBreaker feeds arbitrary bytes to the breaker record decoder: it
-// must never panic, and whatever it accepts must encode back to the same bytes.
+// must never panic, whatever it accepts of the current version must encode
+// back to the same bytes, and a version 1 record must re-encode to one that
+// decodes to the same breaker.
 func FuzzDecodeBreaker(f *testing.F) {
-	b := &breaker{state: policy.BreakerHalfOpen, forced: true, mode: 2, openUntil: 5, changed: 7, cooldownUntil: 9,
-		consecutive: 3, halfOpenOK: 1, slotWidth: 6e9, permits: []permit{{id: 1, expiry: 2}}}
-	b.slots[3] = slot{epoch: 42, calls: 10, failures: 4}
+	b := &breaker{v: fleet.Breaker{State: policy.BreakerHalfOpen, Forced: true, Mode: 2, OpenUntil: 5, Changed: 7,
+		Cooldown: fleet.Cooldown{Until: 9}, Consecutive: 3, HalfOpenOK: 1, SlotWidth: 6e9, Generation: 11,
+		Permits: []fleet.Permit{{ID: fleet.PermitID{1, 2, 3}, Expiry: 2}}}}
+	b.v.Slots[3] = fleet.Slot{Epoch: 42, Calls: 10, Failures: 4}
 	f.Add(b.encode())
-	f.Add((&breaker{state: policy.BreakerClosed}).encode())
+	f.Add((&breaker{v: fleet.Breaker{State: policy.BreakerClosed}}).encode())
+	f.Add(append(append([]byte{breakerRecordV1, 3}, make([]byte, breakerFixedLenV1-4)...), 0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2))
 	f.Add([]byte{})
 	f.Add([]byte{1, 9, 0, 0})
 	f.Fuzz(func(t *testing.T, v []byte) {
@@ -22,8 +27,16 @@ func FuzzDecodeBreaker(f *testing.F) {
 		if err := decodeBreaker(&got, v); err != nil {
 			return
 		}
-		if enc := got.encode(); !bytes.Equal(enc, v) {
+		enc := got.encode()
+		if v[0] == breakerRecordV2 && !bytes.Equal(enc, v) {
 			t.Errorf("decode then encode: got %x, want %x", enc, v)
+		}
+		var again breaker
+		if err := decodeBreaker(&again, enc); err != nil {
+			t.Fatalf("decode of an encoded record: %v", err)
+		}
+		if !bytes.Equal(again.encode(), enc) {
+			t.Errorf("re-encode of %x changed it", enc)
 		}
 	})
 }

@@ -1,6 +1,7 @@
 package breakerstore
 
 import (
+	"cmp"
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
@@ -8,55 +9,27 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"go.etcd.io/bbolt"
 
+	"github.com/policyd/policyd/fleet"
 	"github.com/policyd/policyd/policy"
 )
 
 // maxDescriptionLen is the longest run description accepted, in bytes.
 const maxDescriptionLen = 4096
 
-// ledgerSlot returns the counter of l a final disposition is counted under,
-// or nil for DispositionNone and unknown values: SUCCEEDED, FAILED_TERMINAL,
-// CIRCUIT_OPEN and DEADLINE_CUT have their own; DEAD_LETTER is split by stop
-// reason (budget, not idempotent, pushback, and attempts exhausted for the
-// rest).
-func ledgerSlot(l *policy.Ledger, d policy.Disposition, stop policy.StopReason) *uint64 {
-	switch d {
-	case policy.DispositionSucceeded:
-		return &l.Succeeded
-	case policy.DispositionFailedTerminal:
-		return &l.FailedTerminal
-	case policy.DispositionDeadLetter:
-		switch stop {
-		case policy.StopBudgetExhausted:
-			return &l.DeadLetterBudget
-		case policy.StopNotIdempotent:
-			return &l.DeadLetterNotIdempotent
-		case policy.StopServerPushback:
-			return &l.DeadLetterPushback
-		}
-		return &l.DeadLetterExhausted
-	case policy.DispositionCircuitOpen:
-		return &l.CircuitOpen
-	case policy.DispositionDeadlineCut:
-		return &l.DeadlineCut
-	}
-	return nil
-}
-
-// run is a policy.Run's live state; mu guards every field but hdr's constant
-// fields (ID, Tenant, Description, Pool, Created) and cutoff.
+// run holds a policy.Run's live state, whose rules live in fleet.Run; mu
+// guards every field but hdr's constant fields (ID, Tenant, Description,
+// Pool, Created) and cutoff.
 type run struct {
 	mu     sync.Mutex
-	hdr    policy.Run // constant after OpenRun; Spent and Ledger live below
+	hdr    policy.Run // constant after OpenRun; Spent and Ledger live in v
 	cutoff int64
-	spent  uint64
-	ledger policy.Ledger
-	calls  map[string]uint16 // call id -> disposition<<8 | stop
+	v      fleet.Run
 	// dirtyCalls are call ids changed since the last group commit, in order;
 	// a group commit drops the ones it wrote when it commits.
 	dirtyCalls []string
@@ -100,7 +73,7 @@ func (s *Store) OpenRun(r policy.Run) (policy.Run, error) {
 	case !r.Cutoff.After(now):
 		return policy.Run{}, invalid("cutoff_time", "must be in the future")
 	}
-	r = policy.Run{ID: cloneString(r.ID), Tenant: cloneString(r.Tenant), Description: cloneString(r.Description),
+	r = policy.Run{ID: strings.Clone(r.ID), Tenant: strings.Clone(r.Tenant), Description: strings.Clone(r.Description),
 		Pool: r.Pool, Cutoff: r.Cutoff, Created: now}
 	hdr, err := json.Marshal(runHeader{ID: r.ID, Tenant: r.Tenant, Description: r.Description,
 		Pool: r.Pool, Cutoff: r.Cutoff.UnixNano(), Created: now.UnixNano()})
@@ -116,7 +89,7 @@ func (s *Store) OpenRun(r policy.Run) (policy.Run, error) {
 		return policy.Run{}, fmt.Errorf("%w: %d runs kept (cap %d; runs are deleted %v after their cut-off)",
 			ErrTooManyRuns, n, s.opts.MaxRuns, s.opts.RunRetention)
 	}
-	rs := &run{hdr: r, cutoff: r.Cutoff.UnixNano(), calls: map[string]uint16{}}
+	rs := &run{hdr: r, cutoff: r.Cutoff.UnixNano(), v: fleet.NewRun(r.Pool, r.Cutoff.UnixNano())}
 	err = s.update("write run", func(tx *bbolt.Tx) error {
 		if tx.Bucket(bucketRuns).Get([]byte(r.ID)) != nil {
 			return fmt.Errorf("%w: run %q", ErrExists, r.ID)
@@ -166,8 +139,8 @@ func (r *run) snapshot() policy.Run {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	out := r.hdr
-	out.Spent = r.spent
-	out.Ledger = r.ledger
+	out.Spent = r.v.Spent
+	out.Ledger = r.v.Ledger
 	return out
 }
 
@@ -185,15 +158,7 @@ func (s *Store) Runs(tenant, after string, limit int) ([]policy.Run, error) {
 		}
 		out = append(out, r.snapshot())
 	}
-	slices.SortFunc(out, func(a, b policy.Run) int {
-		switch {
-		case a.ID < b.ID:
-			return -1
-		case a.ID > b.ID:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b policy.Run) int { return cmp.Compare(a.ID, b.ID) })
 	if limit > 0 && len(out) > limit {
 		out = out[:limit]
 	}
@@ -219,29 +184,22 @@ func (s *Store) recordFinal(runID, callID string, d policy.Disposition, stop pol
 	if err := checkName("call_id", callID, false); err != nil {
 		return err
 	}
+	f := fleet.Final{Disposition: d, Stop: stop}
 	var probe policy.Ledger
-	if ledgerSlot(&probe, d, stop) == nil {
+	if fleet.LedgerSlot(&probe, f) == nil {
 		return invalid("disposition", "must be a final disposition")
 	}
 	r, ok := s.runs.get(runID)
 	if !ok {
 		return fmt.Errorf("%w: run %q", ErrNotFound, runID)
 	}
-	v := uint16(d)<<8 | uint16(stop)
 	r.mu.Lock()
-	prev, had := r.calls[callID]
-	if had && prev == v {
+	kept, changed, _ := r.v.RecordFinal(callID, f)
+	if !changed {
 		r.mu.Unlock()
 		return nil
 	}
-	if had {
-		*ledgerSlot(&r.ledger, policy.Disposition(prev>>8), policy.StopReason(prev&0xff))--
-	} else {
-		callID = cloneString(callID)
-	}
-	*ledgerSlot(&r.ledger, d, stop)++
-	r.calls[callID] = v
-	r.dirtyCalls = append(r.dirtyCalls, callID)
+	r.dirtyCalls = append(r.dirtyCalls, kept)
 	newlyDirty := r.markDirty()
 	r.mu.Unlock()
 	return s.touchedIn(p, r, newlyDirty)
@@ -270,8 +228,8 @@ func (r *run) redirty() bool {
 // counters, each uint64 big-endian. r.mu must be held (or r unshared).
 func (r *run) encodeState() []byte {
 	v := make([]byte, 0, 72)
-	v = binary.BigEndian.AppendUint64(v, r.spent)
-	for _, n := range ledgerCounters(&r.ledger) {
+	v = binary.BigEndian.AppendUint64(v, r.v.Spent)
+	for _, n := range ledgerCounters(&r.v.Ledger) {
 		v = binary.BigEndian.AppendUint64(v, n)
 	}
 	return v
@@ -299,8 +257,8 @@ func (r *run) write(tx *bbolt.Tx, clear bool) (int, error) {
 	calls := tx.Bucket(bucketRunCalls)
 	written := 0
 	for _, id := range r.dirtyCalls {
-		v := r.calls[id]
-		if err := calls.Put(joinKey(r.hdr.ID, id), []byte{byte(v >> 8), byte(v)}); err != nil {
+		f := r.v.Calls[id]
+		if err := calls.Put(joinKey(r.hdr.ID, id), []byte{byte(f.Disposition), byte(f.Stop)}); err != nil {
 			return 0, err
 		}
 		written++
@@ -330,13 +288,13 @@ func (s *Store) loadRuns(tx *bbolt.Tx) error {
 			hdr: policy.Run{ID: h.ID, Tenant: h.Tenant, Description: h.Description, Pool: h.Pool,
 				Cutoff: time.Unix(0, h.Cutoff), Created: time.Unix(0, h.Created)},
 			cutoff: h.Cutoff,
-			calls:  map[string]uint16{},
+			v:      fleet.NewRun(h.Pool, h.Cutoff),
 		}
 		st := tx.Bucket(bucketRunState).Get(k)
 		if len(st) != 72 {
 			return corrupt(bucketRunState, k, fmt.Errorf("runstate record is %d bytes, want 72", len(st)))
 		}
-		r.spent = binary.BigEndian.Uint64(st)
+		r.v.Spent = binary.BigEndian.Uint64(st)
 		s.runs.put(r.hdr.ID, r)
 		return nil
 	})
@@ -352,12 +310,9 @@ func (s *Store) loadRuns(tx *bbolt.Tx) error {
 		if !ok {
 			return corrupt(bucketRunCalls, k, fmt.Errorf("call of unknown run %q", id))
 		}
-		slot := ledgerSlot(&r.ledger, policy.Disposition(v[0]), policy.StopReason(v[1]))
-		if slot == nil {
+		if !r.v.Restore(call, fleet.Final{Disposition: policy.Disposition(v[0]), Stop: policy.StopReason(v[1])}) {
 			return corrupt(bucketRunCalls, k, fmt.Errorf("disposition %d", v[0]))
 		}
-		*slot++
-		r.calls[call] = uint16(v[0])<<8 | uint16(v[1])
 		return nil
 	})
 }

@@ -2,6 +2,7 @@ package breakerstore
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 )
 
@@ -29,7 +30,7 @@ func (s *Store) Declared(tenant string) bool {
 // writes call it under adminMu.
 func (s *Store) setDeclared(tenant string, declared bool) {
 	if declared {
-		s.declared.Store(cloneString(tenant), struct{}{})
+		s.declared.Store(strings.Clone(tenant), struct{}{})
 	} else {
 		s.declared.Delete(tenant)
 	}
@@ -58,7 +59,7 @@ func (s *Store) admitAutoLocked(tenant string) error {
 		return fmt.Errorf("%w: %d undeclared tenants have state (cap %d); declare the tenant with a budget to admit it",
 			ErrTooManyAutoTenants, n, s.opts.MaxAutoTenants)
 	}
-	s.auto[cloneString(tenant)] = struct{}{}
+	s.auto[strings.Clone(tenant)] = struct{}{}
 	return nil
 }
 

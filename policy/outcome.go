@@ -20,4 +20,9 @@ type OutcomeUpdate struct {
 	CallID string
 	Final  Disposition
 	Stop   StopReason
+	// Refused is set by the store when the state's rules refused the
+	// update (a probe permit that is not live): its result and final
+	// disposition were not applied, its audit records were, and the rest
+	// of the batch applies.
+	Refused error
 }

@@ -190,7 +190,7 @@ func (a *Admin) ListPolicies(ctx context.Context, req *pb.ListPoliciesRequest) (
 	}
 	items, next, err := paged(ctx, a, "policies", pr,
 		func(after []string, limit int) ([]policy.PolicyEntry, error) {
-			return a.store.Policies(policy.BreakerKey{Tenant: after[0], Target: after[1]}, limit)
+			return a.store.Policies(policy.PolicyScope{Tenant: after[0], Target: after[1]}, limit)
 		},
 		func(e policy.PolicyEntry) []string { return []string{e.Tenant, e.Target} }, policyEntryToPB)
 	if err != nil {
@@ -215,9 +215,9 @@ func (a *Admin) ListBreakers(ctx context.Context, req *pb.ListBreakersRequest) (
 	if err := checkName("tenant", req.GetTenant(), maxTenantLen, false); err != nil {
 		return nil, err
 	}
-	st := req.GetState()
-	if st < 0 || st > pb.BreakerState_BREAKER_STATE_DISABLED {
-		return nil, invalid("state", "must be a known BreakerState value")
+	st, err := enumFromPB[policy.BreakerState]("state", "", req.GetState(), true)
+	if err != nil {
+		return nil, err
 	}
 	pr, err := pageFromPB(req.GetPageSize(), req.GetPageToken(), 2)
 	if err != nil {
@@ -225,7 +225,7 @@ func (a *Admin) ListBreakers(ctx context.Context, req *pb.ListBreakersRequest) (
 	}
 	items, next, err := paged(ctx, a, "breakers", pr,
 		func(after []string, limit int) ([]policy.BreakerSnapshot, error) {
-			return a.store.Breakers(req.GetTenant(), policy.BreakerState(st), policy.BreakerKey{Tenant: after[0], Target: after[1]}, limit)
+			return a.store.Breakers(req.GetTenant(), st, policy.BreakerKey{Tenant: after[0], Target: after[1]}, limit)
 		},
 		func(b policy.BreakerSnapshot) []string { return []string{b.Key.Tenant, b.Key.Target} }, breakerToPB)
 	if err != nil {
@@ -271,7 +271,8 @@ func (a *Admin) ForceBreaker(ctx context.Context, req *pb.ForceBreakerRequest) (
 	default:
 		return nil, invalid("state", "must be BREAKER_STATE_OPEN, BREAKER_STATE_CLOSED or BREAKER_STATE_DISABLED")
 	}
-	s, err := a.store.ForceBreaker(key, policy.BreakerState(req.GetState()))
+	st, _ := enumFromPB[policy.BreakerState]("state", "", req.GetState(), false) // one of the three above
+	s, err := a.store.ForceBreaker(key, st)
 	if err != nil {
 		return nil, storeError(ctx, a.cfg.Logger, "breaker", err)
 	}

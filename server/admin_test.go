@@ -110,6 +110,7 @@ func TestPolicyChangesDecisionsAtRuntime(t *testing.T) {
 		Backoff: &pb.BackoffSettings{Jitter: pb.Jitter_JITTER_NONE}}}); err != nil {
 		t.Fatalf("SetPolicy: %v", err)
 	}
+	req.Call.CallId = "c2" // another call: "c" was stopped, and its attempt 3 answered
 	resp := nextDelay(t, h, req)
 	if resp.GetDecision() != pb.Decision_DECISION_RETRY || resp.GetDelay().AsDuration() != 2*time.Second {
 		t.Errorf("after SetPolicy: got %v after %v, want RETRY after 2s (0.5s x 2^2, no jitter)", resp.GetDecision(), resp.GetDelay().AsDuration())
@@ -182,24 +183,32 @@ func TestRunLedgerThroughReportOutcome(t *testing.T) {
 		CutoffTime: timestampIn(h, time.Hour)}); err != nil {
 		t.Fatalf("OpenRun: %v", err)
 	}
-	out := func(id string, success bool, d pb.Disposition, r pb.StopReason) *pb.Outcome {
+	// Each final disposition comes with what justifies it (a ledger cannot
+	// be told lies): the failure, an open breaker, a deadline passed.
+	if _, err := h.admin.ForceBreaker(ctx, &pb.ForceBreakerRequest{Key: &pb.BreakerKey{Tenant: "acme", Target: "down"},
+		State: pb.BreakerState_BREAKER_STATE_OPEN}); err != nil {
+		t.Fatalf("ForceBreaker: %v", err)
+	}
+	out := func(id string, f *pb.Failure, d pb.Disposition, r pb.StopReason) *pb.Outcome {
 		c := call("acme", "geo", id)
 		c.RunId = "nightly"
-		o := &pb.Outcome{Call: c, Attempt: 1, Success: success, FinalDisposition: d, FinalStopReason: r, Latency: durationpb.New(time.Millisecond)}
-		if !success {
-			o.AlreadyRecorded = true
-		}
+		o := &pb.Outcome{Call: c, Attempt: 1, Success: f == nil, FinalDisposition: d, FinalStopReason: r,
+			Latency: durationpb.New(time.Millisecond), Failure: f}
 		return o
 	}
+	cut := out("g", http(503), pb.Disposition_DISPOSITION_DEADLINE_CUT, pb.StopReason_STOP_REASON_DEADLINE)
+	cut.Call.DeadlineTime = timestampIn(h, -time.Second)
+	open := out("f", nil, pb.Disposition_DISPOSITION_CIRCUIT_OPEN, pb.StopReason_STOP_REASON_CIRCUIT_OPEN)
+	open.Success, open.AlreadyRecorded, open.Call.Target = false, true, "down"
 	batch := []*pb.Outcome{
-		out("a", true, pb.Disposition_DISPOSITION_SUCCEEDED, 0),
-		out("b", true, pb.Disposition_DISPOSITION_SUCCEEDED, 0),
-		out("c", false, pb.Disposition_DISPOSITION_FAILED_TERMINAL, pb.StopReason_STOP_REASON_TERMINAL),
-		out("d", false, pb.Disposition_DISPOSITION_DEAD_LETTER, pb.StopReason_STOP_REASON_ATTEMPTS_EXHAUSTED),
-		out("e", false, pb.Disposition_DISPOSITION_DEAD_LETTER, pb.StopReason_STOP_REASON_BUDGET_EXHAUSTED),
-		out("f", false, pb.Disposition_DISPOSITION_CIRCUIT_OPEN, pb.StopReason_STOP_REASON_CIRCUIT_OPEN),
-		out("g", false, pb.Disposition_DISPOSITION_DEADLINE_CUT, pb.StopReason_STOP_REASON_DEADLINE),
-		out("a", true, pb.Disposition_DISPOSITION_SUCCEEDED, 0), // reported twice: counted once
+		out("a", nil, pb.Disposition_DISPOSITION_SUCCEEDED, 0),
+		out("b", nil, pb.Disposition_DISPOSITION_SUCCEEDED, 0),
+		out("c", http(422), pb.Disposition_DISPOSITION_FAILED_TERMINAL, pb.StopReason_STOP_REASON_TERMINAL),
+		out("d", http(503), pb.Disposition_DISPOSITION_DEAD_LETTER, pb.StopReason_STOP_REASON_ATTEMPTS_EXHAUSTED),
+		out("e", http(503), pb.Disposition_DISPOSITION_DEAD_LETTER, pb.StopReason_STOP_REASON_BUDGET_EXHAUSTED),
+		open,
+		cut,
+		out("a", nil, pb.Disposition_DISPOSITION_SUCCEEDED, 0), // reported twice: counted once
 	}
 	resp, err := h.workers.ReportOutcome(ctx, &pb.ReportOutcomeRequest{Outcomes: batch})
 	if err != nil || resp.GetAccepted() != uint32(len(batch)) {

@@ -1,14 +1,17 @@
 package server
 
 import (
+	"errors"
 	"math"
 	"strconv"
 	"time"
 	"unicode/utf8"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/policyd/policyd/fleet"
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 	"github.com/policyd/policyd/policy"
 )
@@ -17,19 +20,23 @@ import (
 
 // Limits on names and sizes in requests.
 const (
-	maxTenantLen   = 128
-	maxTargetLen   = 256
-	maxCallIDLen   = 128
-	maxKeyLen      = 256
-	maxRunIDLen    = 128
-	maxDescLen     = 1024
-	maxHeaderLen   = 256
-	maxAttempt     = 10000
-	maxPageSize    = 1000
-	maxOutcomes    = 1000
-	maxTableLen    = 64
-	defaultPage    = 100
-	maxDurationSec = 10 * 365 * 24 * 3600 // ten years
+	maxTenantLen = 128
+	maxTargetLen = 256
+	maxCallIDLen = 128
+	maxKeyLen    = 256
+	maxRunIDLen  = 128
+	maxDescLen   = 1024
+	maxHeaderLen = 256
+	maxAttempt   = 10000
+	// maxPolicyAttempts is the largest max_attempts a policy takes (the cap
+	// policy.Policy.Validate applies), checked here first so the message
+	// and the check agree.
+	maxPolicyAttempts = 100
+	maxPageSize       = 1000
+	maxOutcomes       = 1000
+	maxTableLen       = 64
+	defaultPage       = 100
+	maxDurationSec    = 10 * 365 * 24 * 3600 // ten years
 )
 
 // checkName validates an identifier: at most max bytes of valid UTF-8,
@@ -215,15 +222,17 @@ func failureFromPB(field string, f *pb.Failure) (policy.Failure, error) {
 		}
 		return policy.Failure{Kind: policy.FailureGRPC, Code: int(k.GrpcCode)}, nil
 	case *pb.Failure_TransportError:
-		if k.TransportError <= pb.TransportError_TRANSPORT_ERROR_UNSPECIFIED || k.TransportError > pb.TransportError_TRANSPORT_ERROR_TLS {
-			return policy.Failure{}, invalid(field+".transport_error", "must be a known TransportError other than UNSPECIFIED")
+		t, err := enumFromPB[policy.TransportKind](field, ".transport_error", k.TransportError, false)
+		if err != nil {
+			return policy.Failure{}, err
 		}
-		return policy.Failure{Kind: policy.FailureTransport, Transport: policy.TransportKind(k.TransportError)}, nil
+		return policy.Failure{Kind: policy.FailureTransport, Transport: t}, nil
 	case *pb.Failure_LocalError:
-		if k.LocalError <= pb.LocalError_LOCAL_ERROR_UNSPECIFIED || k.LocalError > pb.LocalError_LOCAL_ERROR_VALIDATION {
-			return policy.Failure{}, invalid(field+".local_error", "must be a known LocalError other than UNSPECIFIED")
+		l, err := enumFromPB[policy.LocalKind](field, ".local_error", k.LocalError, false)
+		if err != nil {
+			return policy.Failure{}, err
 		}
-		return policy.Failure{Kind: policy.FailureLocal, Local: policy.LocalKind(k.LocalError)}, nil
+		return policy.Failure{Kind: policy.FailureLocal, Local: l}, nil
 	}
 	return policy.Failure{}, invalid(field, "must set exactly one of http_status, grpc_code, transport_error, local_error")
 }
@@ -267,12 +276,10 @@ func backoffFromPB(field string, b *pb.BackoffSettings, def policy.Backoff) (pol
 		}
 		out.Factor = b.GetFactor()
 	}
-	switch j := b.GetJitter(); {
-	case j == pb.Jitter_JITTER_UNSPECIFIED:
-	case j > pb.Jitter_JITTER_DECORRELATED || j < 0:
-		return out, invalid(field+".jitter", "must be a known Jitter value")
-	default:
-		out.Jitter = policy.Jitter(j)
+	if j := b.GetJitter(); j != pb.Jitter_JITTER_UNSPECIFIED {
+		if out.Jitter, err = enumFromPB[policy.Jitter](field, ".jitter", j, true); err != nil {
+			return out, err
+		}
 	}
 	return out, nil
 }
@@ -288,12 +295,10 @@ func policyFromPB(field string, p *pb.Policy) (policy.Policy, error) {
 		return out, err
 	}
 	if pp := p.GetPushback(); pp != nil {
-		switch m := pp.GetMode(); {
-		case m == pb.RetryAfterMode_RETRY_AFTER_MODE_UNSPECIFIED:
-		case m > pb.RetryAfterMode_RETRY_AFTER_MODE_OVERRIDE || m < 0:
-			return out, invalid(field+".pushback.mode", "must be a known RetryAfterMode value")
-		default:
-			out.Pushback.Mode = policy.RetryAfterMode(m)
+		if m := pp.GetMode(); m != pb.RetryAfterMode_RETRY_AFTER_MODE_UNSPECIFIED {
+			if out.Pushback.Mode, err = enumFromPB[policy.RetryAfterMode](field, ".pushback.mode", m, true); err != nil {
+				return out, err
+			}
 		}
 		if pp.SpreadRatio != nil {
 			if err = finite(field+".pushback.spread_ratio", pp.GetSpreadRatio()); err != nil {
@@ -309,7 +314,7 @@ func policyFromPB(field string, p *pb.Policy) (policy.Policy, error) {
 		}
 	}
 	if p.MaxAttempts != nil {
-		if p.GetMaxAttempts() > maxAttempt {
+		if p.GetMaxAttempts() > maxPolicyAttempts {
 			return out, invalid(field+".max_attempts", "must be 1 to 100")
 		}
 		out.MaxAttempts = int(p.GetMaxAttempts())
@@ -356,19 +361,15 @@ func policyFromPB(field string, p *pb.Policy) (policy.Policy, error) {
 func breakerFromPB(field string, b *pb.BreakerSettings, def policy.BreakerConfig) (policy.BreakerConfig, error) {
 	out := def
 	var err error
-	switch m := b.GetMode(); {
-	case m == pb.BreakerMode_BREAKER_MODE_UNSPECIFIED:
-	case m > pb.BreakerMode_BREAKER_MODE_FAILURE_RATE || m < 0:
-		return out, invalid(field+".mode", "must be a known BreakerMode value")
-	default:
-		out.Mode = policy.BreakerMode(m)
+	if m := b.GetMode(); m != pb.BreakerMode_BREAKER_MODE_UNSPECIFIED {
+		if out.Mode, err = enumFromPB[policy.BreakerMode](field, ".mode", m, true); err != nil {
+			return out, err
+		}
 	}
-	switch s := b.GetScope(); {
-	case s == pb.BreakerScope_BREAKER_SCOPE_UNSPECIFIED:
-	case s > pb.BreakerScope_BREAKER_SCOPE_TARGET || s < 0:
-		return out, invalid(field+".scope", "must be a known BreakerScope value")
-	default:
-		out.Scope = policy.BreakerScope(s)
+	if s := b.GetScope(); s != pb.BreakerScope_BREAKER_SCOPE_UNSPECIFIED {
+		if out.Scope, err = enumFromPB[policy.BreakerScope](field, ".scope", s, true); err != nil {
+			return out, err
+		}
 	}
 	if b.ConsecutiveFailures != nil {
 		out.ConsecutiveFailures = int(b.GetConsecutiveFailures())
@@ -412,10 +413,10 @@ func policyToPB(p policy.Policy) *pb.Policy {
 			BaseDelay: durationpb.New(p.Backoff.Base),
 			Factor:    f64(p.Backoff.Factor),
 			MaxDelay:  durationpb.New(p.Backoff.Max),
-			Jitter:    pb.Jitter(p.Backoff.Jitter),
+			Jitter:    enumToPB[pb.Jitter](p.Backoff.Jitter),
 		},
 		Pushback: &pb.PushbackSettings{
-			Mode:        pb.RetryAfterMode(p.Pushback.Mode),
+			Mode:        enumToPB[pb.RetryAfterMode](p.Pushback.Mode),
 			SpreadRatio: f64(p.Pushback.SpreadRatio),
 			MinSpread:   durationpb.New(p.Pushback.MinSpread),
 			MaxHint:     durationpb.New(p.Pushback.MaxHint),
@@ -427,8 +428,8 @@ func policyToPB(p policy.Policy) *pb.Policy {
 		TerminalHttpStatuses:  codes(p.TerminalHTTP),
 		TransientGrpcCodes:    codes(p.TransientGRPC),
 		Breaker: &pb.BreakerSettings{
-			Mode:                pb.BreakerMode(p.Breaker.Mode),
-			Scope:               pb.BreakerScope(p.Breaker.Scope),
+			Mode:                enumToPB[pb.BreakerMode](p.Breaker.Mode),
+			Scope:               enumToPB[pb.BreakerScope](p.Breaker.Scope),
 			ConsecutiveFailures: u32(p.Breaker.ConsecutiveFailures),
 			FailureRate:         f64(p.Breaker.FailureRate),
 			Window:              durationpb.New(p.Breaker.Window),
@@ -447,7 +448,7 @@ func policyEntryToPB(e policy.PolicyEntry) *pb.PolicyEntry {
 func breakerToPB(s policy.BreakerSnapshot) *pb.Breaker {
 	return &pb.Breaker{
 		Key:                 &pb.BreakerKey{Tenant: s.Key.Tenant, Target: s.Key.Target},
-		State:               pb.BreakerState(s.State),
+		State:               enumToPB[pb.BreakerState](s.State),
 		Forced:              s.Forced,
 		OpenUntilTime:       timePB(s.OpenUntil),
 		ConsecutiveFailures: uint32(s.ConsecutiveFailures),
@@ -456,7 +457,7 @@ func breakerToPB(s policy.BreakerSnapshot) *pb.Breaker {
 		ProbesInFlight:      uint32(s.ProbesInFlight),
 		ChangeTime:          timePB(s.Changed),
 		CooldownUntilTime:   timePB(s.CooldownUntil),
-		Mode:                pb.BreakerMode(s.Mode),
+		Mode:                enumToPB[pb.BreakerMode](s.Mode),
 	}
 }
 
@@ -616,17 +617,135 @@ func auditRecordToPB(r policy.AuditRecord) *pb.AuditRecord {
 	}
 	return &pb.AuditRecord{
 		RecordTime:     timePB(r.Time),
-		Event:          pb.AuditEvent(r.Event),
+		Event:          enumToPB[pb.AuditEvent](r.Event),
 		Tenant:         r.Tenant,
 		Target:         r.Target,
 		CallId:         r.CallID,
 		RunId:          r.RunID,
 		Attempt:        r.Attempt,
 		Classification: r.Classification,
-		Decision:       pb.Decision(r.Verdict),
+		Decision:       enumToPB[pb.Decision](r.Verdict),
 		Delay:          durationPB(r.Delay),
-		StopReason:     pb.StopReason(r.Stop),
-		Disposition:    pb.Disposition(r.Disposition),
+		StopReason:     enumToPB[pb.StopReason](r.Stop),
+		Disposition:    enumToPB[pb.Disposition](r.Disposition),
 		Detail:         r.Detail,
 	}
+}
+
+// refusalToPB reports outcome i of a batch as refused by the state's rules:
+// its field path and the rule, as the status of the outcome alone would.
+func refusalToPB(i int, err error) *pb.OutcomeRefusal {
+	field := "outcomes[" + strconv.Itoa(i) + "]"
+	msg := err.Error()
+	var fr *fleet.Refusal
+	if errors.As(err, &fr) {
+		field += "." + fr.Field
+		msg = field + ": " + fr.Rule
+	}
+	return &pb.OutcomeRefusal{Index: uint32(i), Code: int32(codes.FailedPrecondition), Field: field, Message: msg}
+}
+
+// nextDelayToPB is the NextDelay response of an answer, explained by why.
+func nextDelayToPB(ans *policy.Answer, why string) *pb.NextDelayResponse {
+	resp := &pb.NextDelayResponse{
+		BreakerState:          enumToPB[pb.BreakerState](ans.Breaker),
+		Category:              enumToPB[pb.Category](ans.Category),
+		Classification:        ans.Class,
+		PushbackNote:          ans.Note,
+		Checks:                ans.Checks.Names(),
+		Detail:                why,
+		TenantBudgetRemaining: ans.TenantTokens,
+		RunBudgetRemaining:    ans.RunRemaining,
+	}
+	if ans.Retry {
+		resp.Decision = pb.Decision_DECISION_RETRY
+		resp.Delay = durationpb.New(ans.Delay)
+		resp.AttemptTimeout = durationPB(ans.AttemptTimeout)
+	} else {
+		resp.Decision = pb.Decision_DECISION_STOP
+		resp.StopReason = enumToPB[pb.StopReason](ans.Stop)
+		resp.Disposition = enumToPB[pb.Disposition](ans.Disposition)
+	}
+	return resp
+}
+
+// admissionToPB is the Admit response of an admission.
+func admissionToPB(a *policy.Admission) *pb.AdmitResponse {
+	return &pb.AdmitResponse{
+		Admitted: a.Admitted, State: enumToPB[pb.BreakerState](a.State), PermitId: a.PermitID,
+		RetryAfter: durationPB(a.RetryAfter), Reason: a.Reason,
+	}
+}
+
+// outcomeFromPB validates one Outcome into it; field is its path in the
+// request.
+func outcomeFromPB(field string, o *pb.Outcome, it *outcomeItem) error {
+	*it = outcomeItem{}
+	call, err := callFromPB(sub(field, ".call"), o.GetCall(), true)
+	if err != nil {
+		return err
+	}
+	if o.GetAttempt() < 1 || o.GetAttempt() > maxAttempt {
+		return invalid(field+".attempt", "must be 1 to "+strconv.Itoa(maxAttempt))
+	}
+	latency, err := duration(sub(field, ".latency"), o.GetLatency(), 0)
+	if err != nil {
+		return err
+	}
+	if err := checkName(sub(field, ".permit_id"), o.GetPermitId(), maxCallIDLen, false); err != nil {
+		return err
+	}
+	it.call, it.attempt, it.success, it.alreadyRecorded = call, o.GetAttempt(), o.GetSuccess(), o.GetAlreadyRecorded()
+	it.latency, it.permit = max(latency, 0), o.GetPermitId()
+	if !it.success && !it.alreadyRecorded {
+		if it.failure, err = failureFromPB(sub(field, ".failure"), o.GetFailure()); err != nil {
+			return err
+		}
+	}
+	fd := o.GetFinalDisposition()
+	if it.final.Disposition, err = enumFromPB[policy.Disposition](field, ".final_disposition", fd, true); err != nil {
+		return err
+	}
+	if it.final.Stop, err = enumFromPB[policy.StopReason](field, ".final_stop_reason", o.GetFinalStopReason(), true); err != nil {
+		return err
+	}
+	if it.success && fd != pb.Disposition_DISPOSITION_UNSPECIFIED && fd != pb.Disposition_DISPOSITION_SUCCEEDED {
+		return invalid(field+".final_disposition", "must be SUCCEEDED or unset when success is true")
+	}
+	return nil
+}
+
+// planInputFromPB converts and validates a PlanBudget request; it returns
+// the plan input and the number of hops.
+func planInputFromPB(req *pb.PlanBudgetRequest) (policy.PlanInput, int, error) {
+	var in policy.PlanInput
+	var err error
+	if req.GetWindow() == nil {
+		return in, 0, invalid("window", "is required")
+	}
+	if in.Window, err = duration("window", req.GetWindow(), 0); err != nil {
+		return in, 0, err
+	}
+	if in.Backoff, err = backoffFromPB("backoff", req.GetBackoff(), policy.Default().Backoff); err != nil {
+		return in, 0, err
+	}
+	if in.AttemptTimeout, err = duration("attempt_timeout", req.GetAttemptTimeout(), 0); err != nil {
+		return in, 0, err
+	}
+	if in.TTLMargin, err = duration("ttl_margin", req.GetTtlMargin(), 0); err != nil {
+		return in, 0, err
+	}
+	if req.MaxAttempts != nil {
+		if req.GetMaxAttempts() < 1 || req.GetMaxAttempts() > 100 {
+			return in, 0, invalid("max_attempts", "must be 1 to 100")
+		}
+		in.MaxAttempts = int(req.GetMaxAttempts())
+	}
+	if req.GetHops() > 16 {
+		return in, 0, invalid("hops", "must be at most 16")
+	}
+	if err := in.Validate(); err != nil {
+		return in, 0, invalidFrom("", err)
+	}
+	return in, int(req.GetHops()), nil
 }

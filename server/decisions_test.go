@@ -241,7 +241,7 @@ func TestNextDelayTenantBudget(t *testing.T) {
 	var stops int
 	for i := range 4 {
 		// Different targets, so no breaker trips.
-		resp := nextDelay(t, h, &pb.NextDelayRequest{Call: call("noisy", "t"+string(rune('a'+i)), "c"), Attempt: 1, Failure: http(503)})
+		resp := nextDelay(t, h, &pb.NextDelayRequest{Call: call("noisy", "t"+string(rune('a'+i)), "c"+string(rune('a'+i))), Attempt: 1, Failure: http(503)})
 		if resp.GetDecision() == pb.Decision_DECISION_STOP {
 			stops++
 			if resp.GetStopReason() != pb.StopReason_STOP_REASON_BUDGET_EXHAUSTED || resp.GetDisposition() != pb.Disposition_DISPOSITION_DEAD_LETTER {
@@ -273,7 +273,7 @@ func TestNextDelayRunPoolAndCutoff(t *testing.T) {
 	}
 	got := []pb.StopReason{}
 	for i := range 3 {
-		got = append(got, nextDelay(t, h, in("c", "t"+string(rune('a'+i)))).GetStopReason())
+		got = append(got, nextDelay(t, h, in("c"+string(rune('a'+i)), "t"+string(rune('a'+i)))).GetStopReason())
 	}
 	want := []pb.StopReason{pb.StopReason_STOP_REASON_UNSPECIFIED, pb.StopReason_STOP_REASON_UNSPECIFIED, pb.StopReason_STOP_REASON_BUDGET_EXHAUSTED}
 	if !slices.Equal(got, want) {

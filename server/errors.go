@@ -52,15 +52,17 @@ func storeError(ctx context.Context, log *slog.Logger, what string, err error) e
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, policy.ErrNotFound):
+	case precondition(err):
+		return status.Error(codes.FailedPrecondition, err.Error())
+	case notFound(err):
 		return status.Error(codes.NotFound, what+": "+policy.ErrNotFound.Error())
-	case errors.Is(err, policy.ErrExists):
+	case has(err, alreadyExister.AlreadyExists):
 		return status.Error(codes.AlreadyExists, what+": "+policy.ErrExists.Error())
-	case errors.Is(err, policy.ErrInvalid):
+	case has(err, invalider.Invalid):
 		return status.Error(codes.InvalidArgument, fromClass(err, policy.ErrInvalid))
-	case errors.Is(err, policy.ErrCapacity):
+	case overCapacity(err):
 		return status.Error(codes.ResourceExhausted, fromClass(err, policy.ErrCapacity))
-	case errors.Is(err, policy.ErrClosed):
+	case has(err, closer.Closed):
 		return status.Error(codes.Unavailable, "policyd is shutting down")
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())
@@ -70,3 +72,31 @@ func storeError(ctx context.Context, log *slog.Logger, what string, err error) e
 	log.ErrorContext(ctx, "store failure", "op", what, "err", err)
 	return status.Error(codes.Internal, what+": internal error (logged by policyd)")
 }
+
+// The classes of store errors the handlers tell apart, as behaviour the
+// errors implement (breakerstore's sentinels, fleet.Refusal): the handlers
+// declare what they need to know, and no package of errors is shared.
+type (
+	preconditioner interface{ FailedPrecondition() bool } // the request conflicts with the state
+	notFounder     interface{ NotFound() bool }           // the object does not exist
+	alreadyExister interface{ AlreadyExists() bool }      // the object exists already
+	invalider      interface{ Invalid() bool }            // an argument is bad
+	overCapacityer interface{ OverCapacity() bool }       // a cap is reached: too many, disk full
+	closer         interface{ Closed() bool }             // the store is closing or closed
+)
+
+// has reports whether err, or an error it wraps, has the behaviour B and
+// says so through is.
+func has[B any](err error, is func(B) bool) bool {
+	var b B
+	return errors.As(err, &b) && is(b)
+}
+
+// precondition reports whether err conflicts with the state.
+func precondition(err error) bool { return has(err, preconditioner.FailedPrecondition) }
+
+// notFound reports whether err says the object does not exist.
+func notFound(err error) bool { return has(err, notFounder.NotFound) }
+
+// overCapacity reports whether err says a cap is reached.
+func overCapacity(err error) bool { return has(err, overCapacityer.OverCapacity) }

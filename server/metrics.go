@@ -79,7 +79,7 @@ type MetricsOptions struct {
 //	                                                            go-grpc-middleware's Prometheus provider, so
 //	                                                            stock gRPC dashboards work
 //
-// The RPC series are recorded by the outermost interceptors NewGRPC
+// The RPC series are recorded by the outermost interceptors server.New
 // installs, so calls refused by load shedding or authentication count too.
 //
 // Target and tenant labels are capped (MetricsOptions); past the cap they
@@ -97,7 +97,7 @@ type Metrics struct {
 }
 
 // NewMetrics creates policyd's metrics and registers them on reg. The
-// breaker gauges stay empty until the metrics are given to NewGRPC (through
+// breaker gauges stay empty until the metrics are given to server.New (through
 // Config.Metrics), which connects them to the store. It fails when reg
 // already holds metrics of the same names.
 func NewMetrics(reg prometheus.Registerer, opts MetricsOptions) (*Metrics, error) {
@@ -243,7 +243,7 @@ func (m *Metrics) stream() grpc.StreamServerInterceptor {
 
 // InitializeMethods gives the grpc_server_* series of every method s
 // serves a zero, so dashboards and rates see them before the first call.
-// Call it once, after NewGRPC; a nil *Metrics does nothing.
+// server.New calls it once; a nil *Metrics does nothing.
 func (m *Metrics) InitializeMethods(s reflection.ServiceInfoProvider) {
 	if m == nil {
 		return

@@ -32,7 +32,7 @@ import (
 
 // daemon is a real policyd (server and bbolt store) reached over bufconn.
 type daemon struct {
-	gs    *grpc.Server
+	gs    *server.Server
 	store *breakerstore.Store
 	lis   *bufconn.Listener
 	conn  *grpc.ClientConn
@@ -50,7 +50,7 @@ func startDaemon(t testing.TB, wrap func(server.Store) server.Store) *daemon {
 		s = wrap(store)
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	gs, _ := server.NewGRPC(s, server.Config{Logger: quiet})
+	gs := server.New(s, server.Config{Logger: quiet})
 	lis := bufconn.Listen(1 << 20)
 	go func() { _ = gs.Serve(lis) }()
 	conn, err := grpc.NewClient("passthrough:///policyd",
@@ -174,7 +174,7 @@ func TestDoDecisionPaths(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Do: %v", err)
 			}
-			if res.Disposition != tc.disposition || res.StopReason != tc.stop || res.Reason != tc.reason || res.Attempts != tc.attempts {
+			if res.Disposition != tc.disposition || res.StopReason.String() != tc.stop || res.Reason != tc.reason || res.Attempts != tc.attempts {
 				t.Errorf("got %v/%q/%q after %d attempts, want %v/%q/%q after %d",
 					res.Disposition, res.StopReason, res.Reason, res.Attempts, tc.disposition, tc.stop, tc.reason, tc.attempts)
 			}
@@ -230,7 +230,7 @@ func TestClosedBreakerCostsNoRPCAndOpenFailsFast(t *testing.T) {
 	}
 	fn, calls := script()
 	res, _ := c.Do(ctx, policyclient.Call{Target: "geo", Idempotent: true}, fn)
-	if res.Disposition != policyclient.CircuitOpen || res.StopReason != "CIRCUIT_OPEN" || calls.Load() != 0 || res.Attempts != 0 {
+	if res.Disposition != policyclient.CircuitOpen || res.StopReason != policyclient.StopCircuitOpen || calls.Load() != 0 || res.Attempts != 0 {
 		t.Errorf("open breaker: got %v/%s with %d attempts (fn called %d times), want circuit_open without calling fn",
 			res.Disposition, res.StopReason, res.Attempts, calls.Load())
 	}
@@ -306,7 +306,7 @@ func (b blockingStore) Admit(k policy.BreakerKey, cfg policy.BreakerConfig) (pol
 	return b.Store.Admit(k, cfg)
 }
 
-func (b blockingStore) Begin() policy.Unit { // NextDelay's first step
+func (b blockingStore) Begin() server.Changes { // NextDelay's first step
 	<-b.release
 	return b.Store.Begin()
 }
@@ -455,7 +455,7 @@ func TestRunPoolNeverOverspent(t *testing.T) {
 						return nil
 					})
 				retries.Add(int32(res.Attempts - 1))
-				if res.StopReason == "BUDGET_EXHAUSTED" {
+				if res.StopReason == policyclient.StopBudgetExhausted {
 					budgetStops.Add(1)
 				}
 			}
@@ -563,7 +563,7 @@ func TestLocalFallbackHonoursPushback(t *testing.T) {
 			})
 			fn, _ := script(policyclient.HTTPError(503, tc.header))
 			res, _ := c.Do(context.Background(), policyclient.Call{Target: "geo", Idempotent: true}, fn)
-			if !res.Local || res.StopReason != tc.stop {
+			if !res.Local || res.StopReason.String() != tc.stop {
 				t.Fatalf("got %v/%q local=%v, want stop %q decided locally", res.Disposition, res.StopReason, res.Local, tc.stop)
 			}
 			if tc.wait > 0 {

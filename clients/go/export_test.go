@@ -40,3 +40,21 @@ func LocalHint(err error, now time.Time) (time.Duration, bool) {
 	return parseHints(&pb.Pushback{RetryAfter: he.RetryAfter, GrpcRetryPushbackMs: he.GRPCPushbackMs,
 		XRatelimitReset: he.XRateLimitReset, XAmzRetryAfter: he.XAmzRetryAfter}, now)
 }
+
+// WatchReconnects runs c's breaker watch (c made with NoWatch, so it runs
+// no watch of its own) on a fake clock until it has waited n times, and
+// returns the waits. draw is the jitter's source of numbers in [0, 1).
+func WatchReconnects(c *Client, n int, draw func() float64) []time.Duration {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var waits []time.Duration
+	sleep := func(ctx context.Context, d time.Duration) error {
+		waits = append(waits, d)
+		if len(waits) == n {
+			cancel()
+		}
+		return ctx.Err()
+	}
+	c.breakers.watch(ctx, c, sleep, draw)
+	return waits
+}

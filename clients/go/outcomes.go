@@ -30,7 +30,7 @@ type outcome struct {
 
 func (o *outcome) pb() *pb.Outcome {
 	m := &pb.Outcome{
-		Call: o.call.outcomeRef(), Attempt: uint32(o.attempt), Success: o.success, Failure: o.failure,
+		Call: o.call.outcomeRef(o.final), Attempt: uint32(o.attempt), Success: o.success, Failure: o.failure,
 		PermitId: o.permit, FinalDisposition: o.final, FinalStopReason: o.stop, AlreadyRecorded: o.alreadyRecorded,
 	}
 	if o.latency > 0 {

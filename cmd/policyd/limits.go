@@ -26,6 +26,7 @@ type limitsConfig struct {
 	MaxAutoTenants       int
 	Tenants              string
 	MaxRuns              int
+	MaxAttemptRecords    int
 	RunRetention         time.Duration
 	StreamWorkers        int
 	MaxClockSkew         time.Duration
@@ -45,6 +46,7 @@ func (c *limitsConfig) register(cmd *cobra.Command) {
 	f.IntVar(&c.MaxAutoTenants, "max-auto-tenants", breakerstore.DefaultMaxAutoTenants, "undeclared tenants that worker calls may give state (tenants without a budget from the admin API or --config); a new one beyond it gets RESOURCE_EXHAUSTED, declared tenants are always admitted")
 	f.StringVar(&c.Tenants, "tenants", "auto", "which tenants worker calls may name: auto (any, undeclared ones capped by --max-auto-tenants) or declared (only tenants with a budget; others get PERMISSION_DENIED)")
 	f.IntVar(&c.MaxRuns, "max-runs", 10000, "runs kept; OpenRun beyond it gets RESOURCE_EXHAUSTED")
+	f.IntVar(&c.MaxAttemptRecords, "max-attempt-records", breakerstore.DefaultMaxAttemptRecords, "calls whose last decided attempt is remembered (so an attempt is never rewound); beyond it the oldest record is forgotten")
 	f.IntVar(&c.StreamWorkers, "stream-workers", server.DefaultStreamWorkers, "goroutines kept to serve calls, reused so a handler's grown stack is not grown again on every call; a call finding them all busy gets its own goroutine (0: a goroutine per call)")
 	f.DurationVar(&c.RunRetention, "run-retention", 30*24*time.Hour, "how long a run and its ledger are kept after its cut-off")
 	f.DurationVar(&c.MaxClockSkew, "max-clock-skew", server.DefaultMaxClockSkew, "how far after the daemon's clock a call's origin_time may lie; beyond it NextDelay answers INVALID_ARGUMENT")
@@ -73,6 +75,8 @@ func (c *limitsConfig) validate() error {
 		return fmt.Errorf("--tenants: must be auto or declared, got %q", c.Tenants)
 	case c.MaxRuns < 1:
 		return fmt.Errorf("--max-runs: must be >= 1, got %d", c.MaxRuns)
+	case c.MaxAttemptRecords < 1:
+		return fmt.Errorf("--max-attempt-records: must be >= 1, got %d", c.MaxAttemptRecords)
 	case c.StreamWorkers < 0 || c.StreamWorkers > 4096:
 		return fmt.Errorf("--stream-workers: must be 0 to 4096, got %d", c.StreamWorkers)
 	case c.RunRetention <= 0:

@@ -36,7 +36,7 @@ Run without a subcommand, policyd serves (as 'policyd serve').`,
 	}
 	root.SetVersionTemplate("{{.Version}}\n")
 	root.Flags().AddFlagSet(serve.Flags())
-	root.AddCommand(serve, planCmd(), checkCmd(), demoCmd(), versionCmd(), configCmd())
+	root.AddCommand(serve, planCmd(), checkCmd(), versionCmd(), configCmd())
 	root.AddCommand(adminCmds()...)
 	return root
 }

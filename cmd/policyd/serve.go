@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -44,11 +43,15 @@ func serveCmd() *cobra.Command {
 
 Durability: admin writes and breaker state transitions are fsync'd before they
 are answered. Counters (breaker windows, budget tokens, run ledgers) are
-written in group commits every --flush-interval: a crash loses at most that
-interval of counting. --sync=always makes every decision durable before it is
-answered, at a cost in throughput.
+written in group commits, one starting every --flush-interval: a crash loses
+at most --flush-interval plus one commit of counting. --sync=always makes
+every decision durable before it is answered, at a cost in throughput.
 
-SIGINT or SIGTERM drains: health turns NOT_SERVING, in-flight calls finish
+A damaged, empty or foreign --db file is refused with one line naming it;
+only a path that does not exist is created.
+
+SIGINT or SIGTERM drains: health turns NOT_SERVING, every open stream
+(WatchBreakers included) ends at once with UNAVAILABLE, in-flight calls finish
 (for at most --grace), then the state is flushed and the file closed.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -58,7 +61,7 @@ SIGINT or SIGTERM drains: health turns NOT_SERVING, in-flight calls finish
 	f := cmd.Flags()
 	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:50051", "address to serve gRPC on")
 	f.StringVar(&cfg.DB, "db", "policyd.db", "bbolt database file holding the shared state")
-	f.DurationVar(&cfg.FlushInterval, "flush-interval", 100*time.Millisecond, "group-commit interval for counters; a crash loses at most this much counting")
+	f.DurationVar(&cfg.FlushInterval, "flush-interval", 100*time.Millisecond, "group-commit interval for counters; a crash loses at most this plus one commit of counting")
 	f.StringVar(&cfg.Sync, "sync", "group", "durability of decisions: group (counters flushed every --flush-interval) or always (every decision durable before its answer)")
 	f.DurationVar(&cfg.SyncDelay, "sync-batch-delay", 2*time.Millisecond, "with --sync=always: how long a commit waits for concurrent decisions to share its fsync")
 	f.DurationVar(&cfg.Grace, "grace", 10*time.Second, "how long a shutdown waits for in-flight calls before cutting them")
@@ -110,10 +113,6 @@ func serve(ctx context.Context, cfg serveConfig) error {
 	if err := cfg.Security.checkExposure(cfg.Listen, cfg.Observe.MetricsListen, log); err != nil {
 		return err
 	}
-	auth, err := cfg.Security.auth(cfg.DB, log)
-	if err != nil {
-		return err
-	}
 	tlsOpts, err := cfg.Security.serverOptions()
 	if err != nil {
 		return err
@@ -125,6 +124,7 @@ func serve(ctx context.Context, cfg serveConfig) error {
 		MaxTenants:           cfg.Limits.MaxTenants,
 		MaxAutoTenants:       cfg.Limits.MaxAutoTenants,
 		MaxRuns:              cfg.Limits.MaxRuns,
+		MaxAttemptRecords:    cfg.Limits.MaxAttemptRecords,
 		RunRetention:         cfg.Limits.RunRetention,
 		AuditRetention:       cfg.Observe.AuditRetention, AuditMaxRecords: cfg.Observe.AuditMaxRecords,
 	})
@@ -136,6 +136,12 @@ func serve(ctx context.Context, cfg serveConfig) error {
 			log.Error("closing the state file", "err", err)
 		}
 	}()
+	// The credentials load after the store opened, so a refused state file
+	// leaves no new admin token file behind.
+	auth, err := cfg.Security.auth(cfg.DB, log)
+	if err != nil {
+		return err
+	}
 
 	var loader *configLoader
 	if cfg.Config != "" {
@@ -156,16 +162,15 @@ func serve(ctx context.Context, cfg serveConfig) error {
 		return err
 	}
 	defer tel.stop(log)
-	gs, hs := server.NewGRPC(store, server.Config{Logger: log, Auth: auth, Shedder: cfg.Limits.shedder(), Metrics: tel.metrics,
+	srv := server.New(store, server.Config{Logger: log, Auth: auth, Shedder: cfg.Limits.shedder(), Metrics: tel.metrics,
 		StreamWorkers: cfg.Limits.streamWorkers(), MaxClockSkew: cfg.Limits.MaxClockSkew,
 		DeclaredTenants: cfg.Limits.declaredTenants(store)},
 		append(append(tlsOpts, cfg.Limits.serverOptions()...), tel.opts...)...)
-	tel.serving(gs)
 
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	served := make(chan error, 1)
-	go func() { served <- gs.Serve(lis) }()
+	go func() { served <- srv.Serve(lis) }()
 	log.Info("policyd serving", "listen", lis.Addr().String(), "db", cfg.DB,
 		"sync", cfg.Sync, "flush_interval", cfg.FlushInterval.String())
 
@@ -198,17 +203,12 @@ wait:
 		}
 	}
 	log.Info("draining", "grace", cfg.Grace.String())
-	hs.Shutdown() // every service NOT_SERVING, so balancers stop sending
-	done := make(chan struct{})
-	go func() { gs.GracefulStop(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(cfg.Grace):
-		log.Warn("grace period over; cutting remaining calls")
-		gs.Stop()
-		<-done
+	drainCtx, cancel := context.WithTimeout(context.Background(), cfg.Grace)
+	defer cancel()
+	if err := srv.Shutdown(drainCtx); err != nil {
+		log.Warn("grace period over; remaining calls cut")
 	}
-	if err := <-served; err != nil && !errors.Is(err, net.ErrClosed) {
+	if err := <-served; err != nil {
 		return err
 	}
 	log.Info("policyd stopped")

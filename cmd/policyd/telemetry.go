@@ -133,10 +133,6 @@ func (o *observeConfig) start(ctx context.Context, store *breakerstore.Store, lo
 	return t, nil
 }
 
-// serving gives the grpc_server_* series of every method of gs a zero, so
-// dashboards and rates see them before the first call.
-func (t *telemetry) serving(gs *grpc.Server) { t.metrics.InitializeMethods(gs) }
-
 // stop shuts the metrics endpoint down and flushes the traces, each within
 // a few seconds.
 func (t *telemetry) stop(log *slog.Logger) {

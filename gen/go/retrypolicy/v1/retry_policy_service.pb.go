@@ -565,8 +565,12 @@ func (x *ReportOutcomeRequest) GetOutcomes() []*Outcome {
 // ReportOutcomeResponse acknowledges a batch.
 type ReportOutcomeResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// accepted counts the outcomes recorded.
-	Accepted      uint32 `protobuf:"varint,1,opt,name=accepted,proto3" json:"accepted,omitempty"`
+	// accepted counts the outcomes recorded: every outcome of the batch but
+	// the refused ones.
+	Accepted uint32 `protobuf:"varint,1,opt,name=accepted,proto3" json:"accepted,omitempty"`
+	// refused lists the outcomes the fleet's state refused, in batch order;
+	// the rest of the batch was applied.
+	Refused       []*OutcomeRefusal `protobuf:"bytes,2,rep,name=refused,proto3" json:"refused,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -608,6 +612,87 @@ func (x *ReportOutcomeResponse) GetAccepted() uint32 {
 	return 0
 }
 
+func (x *ReportOutcomeResponse) GetRefused() []*OutcomeRefusal {
+	if x != nil {
+		return x.Refused
+	}
+	return nil
+}
+
+// OutcomeRefusal says why one outcome of a batch was not applied.
+type OutcomeRefusal struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// index is the outcome's position in ReportOutcomeRequest.outcomes, from 0.
+	Index uint32 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	// code is the status the outcome would have got on its own
+	// (FAILED_PRECONDITION for a probe permit that is not live).
+	Code int32 `protobuf:"varint,2,opt,name=code,proto3" json:"code,omitempty"`
+	// field is the path of the refused field, e.g. "outcomes[3].permit_id".
+	Field string `protobuf:"bytes,3,opt,name=field,proto3" json:"field,omitempty"`
+	// message names the field and the rule, as a status message would.
+	Message       string `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OutcomeRefusal) Reset() {
+	*x = OutcomeRefusal{}
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OutcomeRefusal) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OutcomeRefusal) ProtoMessage() {}
+
+func (x *OutcomeRefusal) ProtoReflect() protoreflect.Message {
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OutcomeRefusal.ProtoReflect.Descriptor instead.
+func (*OutcomeRefusal) Descriptor() ([]byte, []int) {
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *OutcomeRefusal) GetIndex() uint32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *OutcomeRefusal) GetCode() int32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *OutcomeRefusal) GetField() string {
+	if x != nil {
+		return x.Field
+	}
+	return ""
+}
+
+func (x *OutcomeRefusal) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 // AdmitRequest asks whether an attempt may go through the shared breaker.
 type AdmitRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -621,7 +706,7 @@ type AdmitRequest struct {
 
 func (x *AdmitRequest) Reset() {
 	*x = AdmitRequest{}
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[7]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -633,7 +718,7 @@ func (x *AdmitRequest) String() string {
 func (*AdmitRequest) ProtoMessage() {}
 
 func (x *AdmitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[7]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -646,7 +731,7 @@ func (x *AdmitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdmitRequest.ProtoReflect.Descriptor instead.
 func (*AdmitRequest) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{7}
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *AdmitRequest) GetCall() *CallRef {
@@ -684,7 +769,7 @@ type AdmitResponse struct {
 
 func (x *AdmitResponse) Reset() {
 	*x = AdmitResponse{}
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[8]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -696,7 +781,7 @@ func (x *AdmitResponse) String() string {
 func (*AdmitResponse) ProtoMessage() {}
 
 func (x *AdmitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[8]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -709,7 +794,7 @@ func (x *AdmitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdmitResponse.ProtoReflect.Descriptor instead.
 func (*AdmitResponse) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{8}
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *AdmitResponse) GetAdmitted() bool {
@@ -759,7 +844,7 @@ type WatchBreakersRequest struct {
 
 func (x *WatchBreakersRequest) Reset() {
 	*x = WatchBreakersRequest{}
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[9]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -771,7 +856,7 @@ func (x *WatchBreakersRequest) String() string {
 func (*WatchBreakersRequest) ProtoMessage() {}
 
 func (x *WatchBreakersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[9]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -784,7 +869,7 @@ func (x *WatchBreakersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchBreakersRequest.ProtoReflect.Descriptor instead.
 func (*WatchBreakersRequest) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{9}
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *WatchBreakersRequest) GetTenant() string {
@@ -811,7 +896,7 @@ type WatchBreakersResponse struct {
 
 func (x *WatchBreakersResponse) Reset() {
 	*x = WatchBreakersResponse{}
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[10]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -823,7 +908,7 @@ func (x *WatchBreakersResponse) String() string {
 func (*WatchBreakersResponse) ProtoMessage() {}
 
 func (x *WatchBreakersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[10]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -836,7 +921,7 @@ func (x *WatchBreakersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchBreakersResponse.ProtoReflect.Descriptor instead.
 func (*WatchBreakersResponse) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{10}
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *WatchBreakersResponse) GetBreaker() *Breaker {
@@ -883,7 +968,7 @@ type PlanBudgetRequest struct {
 
 func (x *PlanBudgetRequest) Reset() {
 	*x = PlanBudgetRequest{}
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[11]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -895,7 +980,7 @@ func (x *PlanBudgetRequest) String() string {
 func (*PlanBudgetRequest) ProtoMessage() {}
 
 func (x *PlanBudgetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[11]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -908,7 +993,7 @@ func (x *PlanBudgetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlanBudgetRequest.ProtoReflect.Descriptor instead.
 func (*PlanBudgetRequest) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{11}
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PlanBudgetRequest) GetWindow() *durationpb.Duration {
@@ -967,7 +1052,7 @@ type PlanBudgetResponse struct {
 
 func (x *PlanBudgetResponse) Reset() {
 	*x = PlanBudgetResponse{}
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[12]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -979,7 +1064,7 @@ func (x *PlanBudgetResponse) String() string {
 func (*PlanBudgetResponse) ProtoMessage() {}
 
 func (x *PlanBudgetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[12]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -992,7 +1077,7 @@ func (x *PlanBudgetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlanBudgetResponse.ProtoReflect.Descriptor instead.
 func (*PlanBudgetResponse) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{12}
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PlanBudgetResponse) GetPlan() *BudgetPlan {
@@ -1055,9 +1140,15 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\x11final_stop_reason\x18\b \x01(\x0e2\x1a.retrypolicy.v1.StopReasonR\x0ffinalStopReason\x12)\n" +
 	"\x10already_recorded\x18\t \x01(\bR\x0falreadyRecorded\"K\n" +
 	"\x14ReportOutcomeRequest\x123\n" +
-	"\boutcomes\x18\x01 \x03(\v2\x17.retrypolicy.v1.OutcomeR\boutcomes\"3\n" +
+	"\boutcomes\x18\x01 \x03(\v2\x17.retrypolicy.v1.OutcomeR\boutcomes\"m\n" +
 	"\x15ReportOutcomeResponse\x12\x1a\n" +
-	"\baccepted\x18\x01 \x01(\rR\baccepted\"U\n" +
+	"\baccepted\x18\x01 \x01(\rR\baccepted\x128\n" +
+	"\arefused\x18\x02 \x03(\v2\x1e.retrypolicy.v1.OutcomeRefusalR\arefused\"j\n" +
+	"\x0eOutcomeRefusal\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\rR\x05index\x12\x12\n" +
+	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x14\n" +
+	"\x05field\x18\x03 \x01(\tR\x05field\x12\x18\n" +
+	"\amessage\x18\x04 \x01(\tR\amessage\"U\n" +
 	"\fAdmitRequest\x12+\n" +
 	"\x04call\x18\x01 \x01(\v2\x17.retrypolicy.v1.CallRefR\x04call\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\rR\aattempt\"\xd0\x01\n" +
@@ -1107,7 +1198,7 @@ func file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP() []byte {
 	return file_retrypolicy_v1_retry_policy_service_proto_rawDescData
 }
 
-var file_retrypolicy_v1_retry_policy_service_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_retrypolicy_v1_retry_policy_service_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_retrypolicy_v1_retry_policy_service_proto_goTypes = []any{
 	(*ClassifyRequest)(nil),       // 0: retrypolicy.v1.ClassifyRequest
 	(*ClassifyResponse)(nil),      // 1: retrypolicy.v1.ClassifyResponse
@@ -1116,73 +1207,75 @@ var file_retrypolicy_v1_retry_policy_service_proto_goTypes = []any{
 	(*Outcome)(nil),               // 4: retrypolicy.v1.Outcome
 	(*ReportOutcomeRequest)(nil),  // 5: retrypolicy.v1.ReportOutcomeRequest
 	(*ReportOutcomeResponse)(nil), // 6: retrypolicy.v1.ReportOutcomeResponse
-	(*AdmitRequest)(nil),          // 7: retrypolicy.v1.AdmitRequest
-	(*AdmitResponse)(nil),         // 8: retrypolicy.v1.AdmitResponse
-	(*WatchBreakersRequest)(nil),  // 9: retrypolicy.v1.WatchBreakersRequest
-	(*WatchBreakersResponse)(nil), // 10: retrypolicy.v1.WatchBreakersResponse
-	(*PlanBudgetRequest)(nil),     // 11: retrypolicy.v1.PlanBudgetRequest
-	(*PlanBudgetResponse)(nil),    // 12: retrypolicy.v1.PlanBudgetResponse
-	(*CallRef)(nil),               // 13: retrypolicy.v1.CallRef
-	(*Failure)(nil),               // 14: retrypolicy.v1.Failure
-	(Category)(0),                 // 15: retrypolicy.v1.Category
-	(*Pushback)(nil),              // 16: retrypolicy.v1.Pushback
-	(*durationpb.Duration)(nil),   // 17: google.protobuf.Duration
-	(Decision)(0),                 // 18: retrypolicy.v1.Decision
-	(StopReason)(0),               // 19: retrypolicy.v1.StopReason
-	(Disposition)(0),              // 20: retrypolicy.v1.Disposition
-	(BreakerState)(0),             // 21: retrypolicy.v1.BreakerState
-	(*Breaker)(nil),               // 22: retrypolicy.v1.Breaker
-	(*BackoffSettings)(nil),       // 23: retrypolicy.v1.BackoffSettings
-	(*BudgetPlan)(nil),            // 24: retrypolicy.v1.BudgetPlan
+	(*OutcomeRefusal)(nil),        // 7: retrypolicy.v1.OutcomeRefusal
+	(*AdmitRequest)(nil),          // 8: retrypolicy.v1.AdmitRequest
+	(*AdmitResponse)(nil),         // 9: retrypolicy.v1.AdmitResponse
+	(*WatchBreakersRequest)(nil),  // 10: retrypolicy.v1.WatchBreakersRequest
+	(*WatchBreakersResponse)(nil), // 11: retrypolicy.v1.WatchBreakersResponse
+	(*PlanBudgetRequest)(nil),     // 12: retrypolicy.v1.PlanBudgetRequest
+	(*PlanBudgetResponse)(nil),    // 13: retrypolicy.v1.PlanBudgetResponse
+	(*CallRef)(nil),               // 14: retrypolicy.v1.CallRef
+	(*Failure)(nil),               // 15: retrypolicy.v1.Failure
+	(Category)(0),                 // 16: retrypolicy.v1.Category
+	(*Pushback)(nil),              // 17: retrypolicy.v1.Pushback
+	(*durationpb.Duration)(nil),   // 18: google.protobuf.Duration
+	(Decision)(0),                 // 19: retrypolicy.v1.Decision
+	(StopReason)(0),               // 20: retrypolicy.v1.StopReason
+	(Disposition)(0),              // 21: retrypolicy.v1.Disposition
+	(BreakerState)(0),             // 22: retrypolicy.v1.BreakerState
+	(*Breaker)(nil),               // 23: retrypolicy.v1.Breaker
+	(*BackoffSettings)(nil),       // 24: retrypolicy.v1.BackoffSettings
+	(*BudgetPlan)(nil),            // 25: retrypolicy.v1.BudgetPlan
 }
 var file_retrypolicy_v1_retry_policy_service_proto_depIdxs = []int32{
-	13, // 0: retrypolicy.v1.ClassifyRequest.call:type_name -> retrypolicy.v1.CallRef
-	14, // 1: retrypolicy.v1.ClassifyRequest.failure:type_name -> retrypolicy.v1.Failure
-	15, // 2: retrypolicy.v1.ClassifyResponse.category:type_name -> retrypolicy.v1.Category
-	13, // 3: retrypolicy.v1.NextDelayRequest.call:type_name -> retrypolicy.v1.CallRef
-	14, // 4: retrypolicy.v1.NextDelayRequest.failure:type_name -> retrypolicy.v1.Failure
-	16, // 5: retrypolicy.v1.NextDelayRequest.pushback:type_name -> retrypolicy.v1.Pushback
-	17, // 6: retrypolicy.v1.NextDelayRequest.previous_delay:type_name -> google.protobuf.Duration
-	18, // 7: retrypolicy.v1.NextDelayResponse.decision:type_name -> retrypolicy.v1.Decision
-	17, // 8: retrypolicy.v1.NextDelayResponse.delay:type_name -> google.protobuf.Duration
-	19, // 9: retrypolicy.v1.NextDelayResponse.stop_reason:type_name -> retrypolicy.v1.StopReason
-	20, // 10: retrypolicy.v1.NextDelayResponse.disposition:type_name -> retrypolicy.v1.Disposition
-	15, // 11: retrypolicy.v1.NextDelayResponse.category:type_name -> retrypolicy.v1.Category
-	17, // 12: retrypolicy.v1.NextDelayResponse.attempt_timeout:type_name -> google.protobuf.Duration
-	21, // 13: retrypolicy.v1.NextDelayResponse.breaker_state:type_name -> retrypolicy.v1.BreakerState
-	13, // 14: retrypolicy.v1.Outcome.call:type_name -> retrypolicy.v1.CallRef
-	14, // 15: retrypolicy.v1.Outcome.failure:type_name -> retrypolicy.v1.Failure
-	17, // 16: retrypolicy.v1.Outcome.latency:type_name -> google.protobuf.Duration
-	20, // 17: retrypolicy.v1.Outcome.final_disposition:type_name -> retrypolicy.v1.Disposition
-	19, // 18: retrypolicy.v1.Outcome.final_stop_reason:type_name -> retrypolicy.v1.StopReason
+	14, // 0: retrypolicy.v1.ClassifyRequest.call:type_name -> retrypolicy.v1.CallRef
+	15, // 1: retrypolicy.v1.ClassifyRequest.failure:type_name -> retrypolicy.v1.Failure
+	16, // 2: retrypolicy.v1.ClassifyResponse.category:type_name -> retrypolicy.v1.Category
+	14, // 3: retrypolicy.v1.NextDelayRequest.call:type_name -> retrypolicy.v1.CallRef
+	15, // 4: retrypolicy.v1.NextDelayRequest.failure:type_name -> retrypolicy.v1.Failure
+	17, // 5: retrypolicy.v1.NextDelayRequest.pushback:type_name -> retrypolicy.v1.Pushback
+	18, // 6: retrypolicy.v1.NextDelayRequest.previous_delay:type_name -> google.protobuf.Duration
+	19, // 7: retrypolicy.v1.NextDelayResponse.decision:type_name -> retrypolicy.v1.Decision
+	18, // 8: retrypolicy.v1.NextDelayResponse.delay:type_name -> google.protobuf.Duration
+	20, // 9: retrypolicy.v1.NextDelayResponse.stop_reason:type_name -> retrypolicy.v1.StopReason
+	21, // 10: retrypolicy.v1.NextDelayResponse.disposition:type_name -> retrypolicy.v1.Disposition
+	16, // 11: retrypolicy.v1.NextDelayResponse.category:type_name -> retrypolicy.v1.Category
+	18, // 12: retrypolicy.v1.NextDelayResponse.attempt_timeout:type_name -> google.protobuf.Duration
+	22, // 13: retrypolicy.v1.NextDelayResponse.breaker_state:type_name -> retrypolicy.v1.BreakerState
+	14, // 14: retrypolicy.v1.Outcome.call:type_name -> retrypolicy.v1.CallRef
+	15, // 15: retrypolicy.v1.Outcome.failure:type_name -> retrypolicy.v1.Failure
+	18, // 16: retrypolicy.v1.Outcome.latency:type_name -> google.protobuf.Duration
+	21, // 17: retrypolicy.v1.Outcome.final_disposition:type_name -> retrypolicy.v1.Disposition
+	20, // 18: retrypolicy.v1.Outcome.final_stop_reason:type_name -> retrypolicy.v1.StopReason
 	4,  // 19: retrypolicy.v1.ReportOutcomeRequest.outcomes:type_name -> retrypolicy.v1.Outcome
-	13, // 20: retrypolicy.v1.AdmitRequest.call:type_name -> retrypolicy.v1.CallRef
-	21, // 21: retrypolicy.v1.AdmitResponse.state:type_name -> retrypolicy.v1.BreakerState
-	17, // 22: retrypolicy.v1.AdmitResponse.retry_after:type_name -> google.protobuf.Duration
-	22, // 23: retrypolicy.v1.WatchBreakersResponse.breaker:type_name -> retrypolicy.v1.Breaker
-	17, // 24: retrypolicy.v1.PlanBudgetRequest.window:type_name -> google.protobuf.Duration
-	23, // 25: retrypolicy.v1.PlanBudgetRequest.backoff:type_name -> retrypolicy.v1.BackoffSettings
-	17, // 26: retrypolicy.v1.PlanBudgetRequest.attempt_timeout:type_name -> google.protobuf.Duration
-	17, // 27: retrypolicy.v1.PlanBudgetRequest.ttl_margin:type_name -> google.protobuf.Duration
-	24, // 28: retrypolicy.v1.PlanBudgetResponse.plan:type_name -> retrypolicy.v1.BudgetPlan
-	24, // 29: retrypolicy.v1.PlanBudgetResponse.hops:type_name -> retrypolicy.v1.BudgetPlan
-	0,  // 30: retrypolicy.v1.RetryPolicyService.Classify:input_type -> retrypolicy.v1.ClassifyRequest
-	2,  // 31: retrypolicy.v1.RetryPolicyService.NextDelay:input_type -> retrypolicy.v1.NextDelayRequest
-	5,  // 32: retrypolicy.v1.RetryPolicyService.ReportOutcome:input_type -> retrypolicy.v1.ReportOutcomeRequest
-	7,  // 33: retrypolicy.v1.RetryPolicyService.Admit:input_type -> retrypolicy.v1.AdmitRequest
-	9,  // 34: retrypolicy.v1.RetryPolicyService.WatchBreakers:input_type -> retrypolicy.v1.WatchBreakersRequest
-	11, // 35: retrypolicy.v1.RetryPolicyService.PlanBudget:input_type -> retrypolicy.v1.PlanBudgetRequest
-	1,  // 36: retrypolicy.v1.RetryPolicyService.Classify:output_type -> retrypolicy.v1.ClassifyResponse
-	3,  // 37: retrypolicy.v1.RetryPolicyService.NextDelay:output_type -> retrypolicy.v1.NextDelayResponse
-	6,  // 38: retrypolicy.v1.RetryPolicyService.ReportOutcome:output_type -> retrypolicy.v1.ReportOutcomeResponse
-	8,  // 39: retrypolicy.v1.RetryPolicyService.Admit:output_type -> retrypolicy.v1.AdmitResponse
-	10, // 40: retrypolicy.v1.RetryPolicyService.WatchBreakers:output_type -> retrypolicy.v1.WatchBreakersResponse
-	12, // 41: retrypolicy.v1.RetryPolicyService.PlanBudget:output_type -> retrypolicy.v1.PlanBudgetResponse
-	36, // [36:42] is the sub-list for method output_type
-	30, // [30:36] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	7,  // 20: retrypolicy.v1.ReportOutcomeResponse.refused:type_name -> retrypolicy.v1.OutcomeRefusal
+	14, // 21: retrypolicy.v1.AdmitRequest.call:type_name -> retrypolicy.v1.CallRef
+	22, // 22: retrypolicy.v1.AdmitResponse.state:type_name -> retrypolicy.v1.BreakerState
+	18, // 23: retrypolicy.v1.AdmitResponse.retry_after:type_name -> google.protobuf.Duration
+	23, // 24: retrypolicy.v1.WatchBreakersResponse.breaker:type_name -> retrypolicy.v1.Breaker
+	18, // 25: retrypolicy.v1.PlanBudgetRequest.window:type_name -> google.protobuf.Duration
+	24, // 26: retrypolicy.v1.PlanBudgetRequest.backoff:type_name -> retrypolicy.v1.BackoffSettings
+	18, // 27: retrypolicy.v1.PlanBudgetRequest.attempt_timeout:type_name -> google.protobuf.Duration
+	18, // 28: retrypolicy.v1.PlanBudgetRequest.ttl_margin:type_name -> google.protobuf.Duration
+	25, // 29: retrypolicy.v1.PlanBudgetResponse.plan:type_name -> retrypolicy.v1.BudgetPlan
+	25, // 30: retrypolicy.v1.PlanBudgetResponse.hops:type_name -> retrypolicy.v1.BudgetPlan
+	0,  // 31: retrypolicy.v1.RetryPolicyService.Classify:input_type -> retrypolicy.v1.ClassifyRequest
+	2,  // 32: retrypolicy.v1.RetryPolicyService.NextDelay:input_type -> retrypolicy.v1.NextDelayRequest
+	5,  // 33: retrypolicy.v1.RetryPolicyService.ReportOutcome:input_type -> retrypolicy.v1.ReportOutcomeRequest
+	8,  // 34: retrypolicy.v1.RetryPolicyService.Admit:input_type -> retrypolicy.v1.AdmitRequest
+	10, // 35: retrypolicy.v1.RetryPolicyService.WatchBreakers:input_type -> retrypolicy.v1.WatchBreakersRequest
+	12, // 36: retrypolicy.v1.RetryPolicyService.PlanBudget:input_type -> retrypolicy.v1.PlanBudgetRequest
+	1,  // 37: retrypolicy.v1.RetryPolicyService.Classify:output_type -> retrypolicy.v1.ClassifyResponse
+	3,  // 38: retrypolicy.v1.RetryPolicyService.NextDelay:output_type -> retrypolicy.v1.NextDelayResponse
+	6,  // 39: retrypolicy.v1.RetryPolicyService.ReportOutcome:output_type -> retrypolicy.v1.ReportOutcomeResponse
+	9,  // 40: retrypolicy.v1.RetryPolicyService.Admit:output_type -> retrypolicy.v1.AdmitResponse
+	11, // 41: retrypolicy.v1.RetryPolicyService.WatchBreakers:output_type -> retrypolicy.v1.WatchBreakersResponse
+	13, // 42: retrypolicy.v1.RetryPolicyService.PlanBudget:output_type -> retrypolicy.v1.PlanBudgetResponse
+	37, // [37:43] is the sub-list for method output_type
+	31, // [31:37] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_retrypolicy_v1_retry_policy_service_proto_init() }
@@ -1191,14 +1284,14 @@ func file_retrypolicy_v1_retry_policy_service_proto_init() {
 		return
 	}
 	file_retrypolicy_v1_types_proto_init()
-	file_retrypolicy_v1_retry_policy_service_proto_msgTypes[11].OneofWrappers = []any{}
+	file_retrypolicy_v1_retry_policy_service_proto_msgTypes[12].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_retrypolicy_v1_retry_policy_service_proto_rawDesc), len(file_retrypolicy_v1_retry_policy_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -103,10 +103,24 @@ class ReportOutcomeRequest(_message.Message):
     def __init__(self, outcomes: _Optional[_Iterable[_Union[Outcome, _Mapping]]] = ...) -> None: ...
 
 class ReportOutcomeResponse(_message.Message):
-    __slots__ = ("accepted",)
+    __slots__ = ("accepted", "refused")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
     accepted: int
-    def __init__(self, accepted: _Optional[int] = ...) -> None: ...
+    refused: _containers.RepeatedCompositeFieldContainer[OutcomeRefusal]
+    def __init__(self, accepted: _Optional[int] = ..., refused: _Optional[_Iterable[_Union[OutcomeRefusal, _Mapping]]] = ...) -> None: ...
+
+class OutcomeRefusal(_message.Message):
+    __slots__ = ("index", "code", "field", "message")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    FIELD_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    code: int
+    field: str
+    message: str
+    def __init__(self, index: _Optional[int] = ..., code: _Optional[int] = ..., field: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class AdmitRequest(_message.Message):
     __slots__ = ("call", "attempt")

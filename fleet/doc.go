@@ -1,0 +1,31 @@
+// Package fleet holds the rules of policyd's fleet-wide state as plain
+// values: each kind of state is a struct of numbers with methods that take
+// the time (now, Unix nanoseconds) and, where the rule needs chance, the
+// random draw, change the value in place and report what happened. There
+// is no I/O, no lock and no clock here; an engine (breakerstore over bbolt,
+// later one over Redis) holds the values, guards them, persists them and
+// publishes their changes, and applies these methods to change them.
+//
+// Where each kind's rules live:
+//
+//	kind                 type       file          invariant kept here
+//	breaker              Breaker    breaker.go    CONSECUTIVE and FAILURE_RATE trips, OPEN until, a transition once
+//	                                              per HALF_OPEN generation, at most N probe permits per generation,
+//	                                              only a live permit of the breaker settles a probe, permits expire,
+//	                                              forced states
+//	pushback cool-down   Cooldown   cooldown.go   only moves later
+//	tenant budget        Bucket     bucket.go     tokens never below zero (dry run aside); deposits capped at capacity
+//	run pool and ledger  Run        run.go        never overspent; the first final disposition of a call wins;
+//	                                              a disposition agrees with what was decided
+//	attempts per call    Attempts   attempts.go   never rewound: the same attempt replays its answer, a lower one
+//	                                              is refused
+//
+// Every method is allocation-free unless its doc comment says otherwise,
+// so an engine can apply them on the hot path (Admit, NextDelay,
+// ReportOutcome). A value's zero state is meaningful (a CLOSED breaker, a
+// cool-down never set); constructors exist only where a value needs its
+// configuration from the start.
+//
+// fleet imports only the standard library and policy; engines and the
+// server import fleet, never the other way round.
+package fleet
