@@ -172,7 +172,7 @@ func serve(ctx context.Context, cfg serveConfig) error {
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
-	tel, err := cfg.Observe.start(ctx, store, loader, log)
+	tel, err := cfg.Observe.start(ctx, store, loader, auth, log)
 	if err != nil {
 		return err
 	}
