@@ -739,6 +739,7 @@ Records not yet written to disk are included. They are kept for the daemon's
 	f.StringVar(&since, "since", "", "only records from this time on: a duration ago (1h) or an RFC 3339 time")
 	f.StringVar(&until, "until", "", "only records before this time: a duration ago (10m) or an RFC 3339 time")
 	f.IntVar(&limit, "limit", 1000, "most records to show")
+	cmd.AddCommand(auditVerifyCmd(), auditExportCmd(c))
 	return cmd
 }
 
