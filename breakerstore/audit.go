@@ -148,7 +148,7 @@ func (s *Store) commitAudit(recs []policy.AuditRecord) {
 			return err
 		}
 		s.noteBatchTx(tx)
-		return writeAudit(tx, recs)
+		return s.writeAudit(tx, recs)
 	})
 	s.auditSynced(recs, err)
 }
@@ -248,7 +248,7 @@ func (s *Store) logAuditDrops() {
 // cap, is deleted whole, and the first one that is only partly expired is
 // rewritten without its expired records, under its first remaining key.
 func (s *Store) flushAudit(tx *bbolt.Tx, recs []policy.AuditRecord, now int64, count int) (deleted int, oldest int64, err error) {
-	if err := writeAudit(tx, recs); err != nil {
+	if err := s.writeAudit(tx, recs); err != nil {
 		return 0, 0, err
 	}
 	b := tx.Bucket(bucketAuditSeg)
@@ -318,12 +318,16 @@ func (s *Store) flushAudit(tx *bbolt.Tx, recs []policy.AuditRecord, now int64, c
 	return deleted, oldest, nil
 }
 
-// writeAudit writes recs as segments, and the highest sequence number, in
-// tx. It is idempotent, as bbolt's Batch requires: run again on the same
-// state it writes the same keys and values.
-func writeAudit(tx *bbolt.Tx, recs []policy.AuditRecord) error {
+// writeAudit hands recs to the audit sink (sink.go), then writes them as
+// segments, and the highest sequence number, in tx. It is idempotent, as
+// bbolt's Batch requires: run again on the same state it writes the same
+// keys and values (and the sink skips what it has).
+func (s *Store) writeAudit(tx *bbolt.Tx, recs []policy.AuditRecord) error {
 	if len(recs) == 0 {
 		return nil
+	}
+	if err := s.sinkAudit(recs); err != nil {
+		return err
 	}
 	var w segEncoder
 	if err := w.insert(tx.Bucket(bucketAuditSeg), auditEntries(recs)); err != nil {

@@ -125,7 +125,7 @@ func (s *Store) commitPending(p *pending) error {
 			}
 			n += k
 		}
-		return writeAudit(tx, p.audit)
+		return s.writeAudit(tx, p.audit)
 	})
 	if len(p.audit) > 0 {
 		s.auditSynced(p.audit, err)

@@ -159,6 +159,9 @@ type Options struct {
 	// it AppendAudit drops records (counted in Stats.AuditDropped) rather
 	// than block. Default DefaultAuditBuffer.
 	AuditBuffer int
+	// AuditSink, when set, is handed every audit record within its commit
+	// (see AuditSink); nil keeps the trail in bbolt only.
+	AuditSink AuditSink
 }
 
 // Stats counts the store's writes since Open, for benchmarks and metrics.
@@ -176,6 +179,8 @@ type Stats struct {
 	AuditBuffered  int    // audit records waiting for a group commit
 	AuditDropped   uint64 // audit records dropped: buffer full or unindexable
 	AuditDeleted   uint64 // audit records deleted by retention
+
+	AuditSinkErrors uint64 // commits refused because the AuditSink failed
 }
 
 // Store is policyd's shared state. All methods are safe for concurrent use.
@@ -231,6 +236,7 @@ type Store struct {
 	auditDropLogged uint64               // drops already logged; guarded by flushMu
 
 	auditDropped, auditDeleted atomic.Uint64
+	auditSinkErrors            atomic.Uint64 // commits the AuditSink refused
 
 	batchMu     sync.Mutex
 	lastBatchTx *bbolt.Tx
@@ -664,6 +670,7 @@ func (s *Store) Stats() Stats {
 		AuditDropped:   s.auditDropped.Load(),
 		AuditDeleted:   s.auditDeleted.Load(),
 	}
+	st.AuditSinkErrors = s.auditSinkErrors.Load()
 	s.auditMu.Lock()
 	st.AuditRecords, st.AuditBuffered = s.auditCount, len(s.auditBuf)
 	s.auditMu.Unlock()

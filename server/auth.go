@@ -89,6 +89,21 @@ func NewAuth(cfg AuthConfig) *Auth {
 	return a
 }
 
+// AdminToken reports whether tok is one of the admin tokens, compared as
+// calls' tokens are. It is for other listeners of the daemon (the status
+// page) that take the same credential; it is safe for concurrent use.
+func (a *Auth) AdminToken(tok string) bool {
+	sum := sha256.Sum256([]byte(tok))
+	ok := false
+	for _, at := range a.adminTokens {
+		ok = subtle.ConstantTimeCompare(sum[:], at[:]) == 1 || ok
+	}
+	return ok
+}
+
+// OpenAdmin reports whether admin calls need no credential (AuthConfig.OpenAdmin).
+func (a *Auth) OpenAdmin() bool { return a.openAdmin }
+
 // identity is who a call comes from.
 type identity struct {
 	admin  bool

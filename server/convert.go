@@ -550,6 +550,9 @@ func planToPB(p policy.Plan) *pb.BudgetPlan {
 		WorstCaseTotal: durationpb.New(p.WorstCase),
 		IdempotencyTtl: durationpb.New(p.IdempotencyTTL),
 		Window:         durationpb.New(p.Window),
+		Remaining:      durationpb.New(p.Remaining),
+		Usable:         durationpb.New(p.Usable),
+		Reason:         p.Reason,
 	}
 }
 
@@ -564,8 +567,8 @@ func pageSize(field string, n uint32) (int, error) {
 	return int(n), nil
 }
 
-// auditQueryFromPB validates a QueryAuditRequest: call_id or tenant (or
-// both), an optional time range, a page size of at most maxPageSize and a
+// auditQueryFromPB validates a QueryAuditRequest: call_id, tenant or
+// start_time (any of them), an optional time range, a page size of at most maxPageSize and a
 // page token this server issued.
 func auditQueryFromPB(req *pb.QueryAuditRequest) (policy.AuditQuery, error) {
 	var q policy.AuditQuery
@@ -575,8 +578,8 @@ func auditQueryFromPB(req *pb.QueryAuditRequest) (policy.AuditQuery, error) {
 	if err := checkName("tenant", req.GetTenant(), maxTenantLen, false); err != nil {
 		return q, err
 	}
-	if req.GetCallId() == "" && req.GetTenant() == "" {
-		return q, invalid("call_id", "call_id or tenant is required")
+	if req.GetCallId() == "" && req.GetTenant() == "" && req.GetStartTime() == nil {
+		return q, invalid("call_id", "call_id, tenant or start_time is required")
 	}
 	var err error
 	if q.Start, err = timestamp("start_time", req.GetStartTime()); err != nil {

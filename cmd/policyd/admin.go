@@ -26,7 +26,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	policyclient "github.com/policyd/policyd/clients/go"
+	"github.com/policyd/policyd/clients/go/policyclient"
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 )
 
@@ -739,6 +739,7 @@ Records not yet written to disk are included. They are kept for the daemon's
 	f.StringVar(&since, "since", "", "only records from this time on: a duration ago (1h) or an RFC 3339 time")
 	f.StringVar(&until, "until", "", "only records before this time: a duration ago (10m) or an RFC 3339 time")
 	f.IntVar(&limit, "limit", 1000, "most records to show")
+	cmd.AddCommand(auditVerifyCmd(), auditExportCmd(c))
 	return cmd
 }
 

@@ -30,6 +30,7 @@ type serveConfig struct {
 	Limits        limitsConfig
 	Config        string
 	Observe       observeConfig
+	AuditSink     auditSinkConfig
 	MaxDBBytes    int
 	GCPercent     int
 }
@@ -69,6 +70,7 @@ SIGINT or SIGTERM drains: health turns NOT_SERVING, every open stream
 	cfg.Security.register(cmd)
 	cfg.Limits.register(cmd)
 	cfg.Observe.register(cmd)
+	cfg.AuditSink.register(cmd)
 	f.StringVar(&cfg.Config, "config", "", "policy file (YAML or JSON) of tenant budgets and policies, loaded at start and on SIGHUP, all or nothing")
 	f.IntVar(&cfg.GCPercent, "gc-percent", defaultGCPercent, "the Go garbage collector's target (GOGC), unless the GOGC environment variable is set: policyd's live heap is a few MB and every request allocates, so Go's default of 100 collects many times a second; 400 spends a few tens of MB to save CPU on every decision")
 	f.IntVar(&cfg.MaxDBBytes, "max-db-bytes", 0, "cap the state file at this many bytes (0: no cap); past it admin writes fail with RESOURCE_EXHAUSTED while decisions are still served from memory. For tests of a full disk (policybench diskfull)")
@@ -118,6 +120,11 @@ func serve(ctx context.Context, cfg serveConfig) error {
 		return err
 	}
 
+	sink, closeSink, err := cfg.AuditSink.open(log)
+	if err != nil {
+		return err
+	}
+	defer closeSink() // after the store's last commit
 	store, err := breakerstore.Open(breakerstore.Options{
 		Path: cfg.DB, FlushInterval: cfg.FlushInterval, Sync: sync, MaxBatchDelay: cfg.SyncDelay, Logger: log, MaxSize: cfg.MaxDBBytes,
 		MaxBreakersPerTenant: cfg.Limits.MaxBreakersPerTenant,
@@ -127,6 +134,7 @@ func serve(ctx context.Context, cfg serveConfig) error {
 		MaxAttemptRecords:    cfg.Limits.MaxAttemptRecords,
 		RunRetention:         cfg.Limits.RunRetention,
 		AuditRetention:       cfg.Observe.AuditRetention, AuditMaxRecords: cfg.Observe.AuditMaxRecords,
+		AuditSink: sink,
 	})
 	if err != nil {
 		return err
@@ -137,11 +145,18 @@ func serve(ctx context.Context, cfg serveConfig) error {
 		}
 	}()
 	// The credentials load after the store opened, so a refused state file
-	// leaves no new admin token file behind.
-	auth, err := cfg.Security.auth(cfg.DB, log)
+	// leaves no new admin token file behind; a token made here is removed
+	// again if the daemon fails to start.
+	auth, newToken, err := cfg.Security.auth(cfg.DB, log)
 	if err != nil {
 		return err
 	}
+	started := false
+	defer func() {
+		if !started && newToken != "" {
+			os.Remove(newToken)
+		}
+	}()
 
 	var loader *configLoader
 	if cfg.Config != "" {
@@ -157,7 +172,7 @@ func serve(ctx context.Context, cfg serveConfig) error {
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
-	tel, err := cfg.Observe.start(ctx, store, loader, log)
+	tel, err := cfg.Observe.start(ctx, store, loader, auth, log)
 	if err != nil {
 		return err
 	}
@@ -184,6 +199,10 @@ func serve(ctx context.Context, cfg serveConfig) error {
 			return err
 		}
 		defer stopWatch()
+	}
+	started = true
+	if newToken != "" {
+		log.Info("created the admin token", "file", newToken)
 	}
 wait:
 	for {

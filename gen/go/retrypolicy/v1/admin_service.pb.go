@@ -1579,8 +1579,9 @@ func (x *ListRunsResponse) GetNextPageToken() string {
 	return ""
 }
 
-// QueryAuditRequest selects audit records. At least call_id or tenant is
-// required.
+// QueryAuditRequest selects audit records. At least call_id, tenant or
+// start_time is required; start_time alone selects every tenant's records
+// (what `policyd audit export` pages through).
 type QueryAuditRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// call_id, when set, selects one call's records.

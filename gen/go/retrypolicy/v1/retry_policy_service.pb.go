@@ -10,6 +10,7 @@ import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -955,13 +956,26 @@ type PlanBudgetRequest struct {
 	Backoff *BackoffSettings `protobuf:"bytes,2,opt,name=backoff,proto3" json:"backoff,omitempty"`
 	// attempt_timeout is reserved for every attempt; >= 0.
 	AttemptTimeout *durationpb.Duration `protobuf:"bytes,3,opt,name=attempt_timeout,json=attemptTimeout,proto3" json:"attempt_timeout,omitempty"`
-	// ttl_margin is added to the window for the idempotency-key TTL; >= 0.
+	// ttl_margin is added to the remaining window for the idempotency-key TTL;
+	// >= 0. Unset or zero takes the default, the largest of attempt_timeout, a
+	// tenth of the window and 1 ms, so the TTL is always strictly longer than
+	// the window.
 	TtlMargin *durationpb.Duration `protobuf:"bytes,4,opt,name=ttl_margin,json=ttlMargin,proto3" json:"ttl_margin,omitempty"`
 	// max_attempts, when set, caps the plan; 1 to 100.
 	MaxAttempts *uint32 `protobuf:"varint,5,opt,name=max_attempts,json=maxAttempts,proto3,oneof" json:"max_attempts,omitempty"`
 	// hops is the number of chained hops to split the window over (the caller
 	// being hop 1); 0 or 1 plans a single hop; at most 16.
-	Hops          uint32 `protobuf:"varint,6,opt,name=hops,proto3" json:"hops,omitempty"`
+	Hops uint32 `protobuf:"varint,6,opt,name=hops,proto3" json:"hops,omitempty"`
+	// origin_time, when set, is when the window began (the event's original
+	// timestamp): the plan fits what is left of the window now, window less
+	// the time since origin_time. At most --max-clock-skew after the daemon's
+	// clock (INVALID_ARGUMENT beyond). A spent window is answered with no
+	// attempt and a reason, not an error. With hops, it shapes hop 1 only.
+	OriginTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=origin_time,json=originTime,proto3" json:"origin_time,omitempty"`
+	// reserve is the fraction of the remaining window kept as headroom, in
+	// [0, 1) (INVALID_ARGUMENT otherwise, NaN included): the schedule fits
+	// remaining * (1 - reserve). 0 keeps none. With hops, it shapes hop 1 only.
+	Reserve       float64 `protobuf:"fixed64,8,opt,name=reserve,proto3" json:"reserve,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1038,6 +1052,20 @@ func (x *PlanBudgetRequest) GetHops() uint32 {
 	return 0
 }
 
+func (x *PlanBudgetRequest) GetOriginTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.OriginTime
+	}
+	return nil
+}
+
+func (x *PlanBudgetRequest) GetReserve() float64 {
+	if x != nil {
+		return x.Reserve
+	}
+	return 0
+}
+
 // PlanBudgetResponse is the plan for the window, and for each inner hop.
 type PlanBudgetResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1098,7 +1126,7 @@ var File_retrypolicy_v1_retry_policy_service_proto protoreflect.FileDescriptor
 
 const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\n" +
-	")retrypolicy/v1/retry_policy_service.proto\x12\x0eretrypolicy.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1aretrypolicy/v1/types.proto\"q\n" +
+	")retrypolicy/v1/retry_policy_service.proto\x12\x0eretrypolicy.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1aretrypolicy/v1/types.proto\"q\n" +
 	"\x0fClassifyRequest\x12+\n" +
 	"\x04call\x18\x01 \x01(\v2\x17.retrypolicy.v1.CallRefR\x04call\x121\n" +
 	"\afailure\x18\x02 \x01(\v2\x17.retrypolicy.v1.FailureR\afailure\"~\n" +
@@ -1164,7 +1192,7 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\x15WatchBreakersResponse\x121\n" +
 	"\abreaker\x18\x01 \x01(\v2\x17.retrypolicy.v1.BreakerR\abreaker\x12\x1a\n" +
 	"\bsnapshot\x18\x02 \x01(\bR\bsnapshot\x12+\n" +
-	"\x11snapshot_complete\x18\x03 \x01(\bR\x10snapshotComplete\"\xcc\x02\n" +
+	"\x11snapshot_complete\x18\x03 \x01(\bR\x10snapshotComplete\"\xa3\x03\n" +
 	"\x11PlanBudgetRequest\x121\n" +
 	"\x06window\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x06window\x129\n" +
 	"\abackoff\x18\x02 \x01(\v2\x1f.retrypolicy.v1.BackoffSettingsR\abackoff\x12B\n" +
@@ -1172,7 +1200,10 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\n" +
 	"ttl_margin\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\tttlMargin\x12&\n" +
 	"\fmax_attempts\x18\x05 \x01(\rH\x00R\vmaxAttempts\x88\x01\x01\x12\x12\n" +
-	"\x04hops\x18\x06 \x01(\rR\x04hopsB\x0f\n" +
+	"\x04hops\x18\x06 \x01(\rR\x04hops\x12;\n" +
+	"\vorigin_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"originTime\x12\x18\n" +
+	"\areserve\x18\b \x01(\x01R\areserveB\x0f\n" +
 	"\r_max_attempts\"t\n" +
 	"\x12PlanBudgetResponse\x12.\n" +
 	"\x04plan\x18\x01 \x01(\v2\x1a.retrypolicy.v1.BudgetPlanR\x04plan\x12.\n" +
@@ -1225,7 +1256,8 @@ var file_retrypolicy_v1_retry_policy_service_proto_goTypes = []any{
 	(BreakerState)(0),             // 22: retrypolicy.v1.BreakerState
 	(*Breaker)(nil),               // 23: retrypolicy.v1.Breaker
 	(*BackoffSettings)(nil),       // 24: retrypolicy.v1.BackoffSettings
-	(*BudgetPlan)(nil),            // 25: retrypolicy.v1.BudgetPlan
+	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
+	(*BudgetPlan)(nil),            // 26: retrypolicy.v1.BudgetPlan
 }
 var file_retrypolicy_v1_retry_policy_service_proto_depIdxs = []int32{
 	14, // 0: retrypolicy.v1.ClassifyRequest.call:type_name -> retrypolicy.v1.CallRef
@@ -1257,25 +1289,26 @@ var file_retrypolicy_v1_retry_policy_service_proto_depIdxs = []int32{
 	24, // 26: retrypolicy.v1.PlanBudgetRequest.backoff:type_name -> retrypolicy.v1.BackoffSettings
 	18, // 27: retrypolicy.v1.PlanBudgetRequest.attempt_timeout:type_name -> google.protobuf.Duration
 	18, // 28: retrypolicy.v1.PlanBudgetRequest.ttl_margin:type_name -> google.protobuf.Duration
-	25, // 29: retrypolicy.v1.PlanBudgetResponse.plan:type_name -> retrypolicy.v1.BudgetPlan
-	25, // 30: retrypolicy.v1.PlanBudgetResponse.hops:type_name -> retrypolicy.v1.BudgetPlan
-	0,  // 31: retrypolicy.v1.RetryPolicyService.Classify:input_type -> retrypolicy.v1.ClassifyRequest
-	2,  // 32: retrypolicy.v1.RetryPolicyService.NextDelay:input_type -> retrypolicy.v1.NextDelayRequest
-	5,  // 33: retrypolicy.v1.RetryPolicyService.ReportOutcome:input_type -> retrypolicy.v1.ReportOutcomeRequest
-	8,  // 34: retrypolicy.v1.RetryPolicyService.Admit:input_type -> retrypolicy.v1.AdmitRequest
-	10, // 35: retrypolicy.v1.RetryPolicyService.WatchBreakers:input_type -> retrypolicy.v1.WatchBreakersRequest
-	12, // 36: retrypolicy.v1.RetryPolicyService.PlanBudget:input_type -> retrypolicy.v1.PlanBudgetRequest
-	1,  // 37: retrypolicy.v1.RetryPolicyService.Classify:output_type -> retrypolicy.v1.ClassifyResponse
-	3,  // 38: retrypolicy.v1.RetryPolicyService.NextDelay:output_type -> retrypolicy.v1.NextDelayResponse
-	6,  // 39: retrypolicy.v1.RetryPolicyService.ReportOutcome:output_type -> retrypolicy.v1.ReportOutcomeResponse
-	9,  // 40: retrypolicy.v1.RetryPolicyService.Admit:output_type -> retrypolicy.v1.AdmitResponse
-	11, // 41: retrypolicy.v1.RetryPolicyService.WatchBreakers:output_type -> retrypolicy.v1.WatchBreakersResponse
-	13, // 42: retrypolicy.v1.RetryPolicyService.PlanBudget:output_type -> retrypolicy.v1.PlanBudgetResponse
-	37, // [37:43] is the sub-list for method output_type
-	31, // [31:37] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	25, // 29: retrypolicy.v1.PlanBudgetRequest.origin_time:type_name -> google.protobuf.Timestamp
+	26, // 30: retrypolicy.v1.PlanBudgetResponse.plan:type_name -> retrypolicy.v1.BudgetPlan
+	26, // 31: retrypolicy.v1.PlanBudgetResponse.hops:type_name -> retrypolicy.v1.BudgetPlan
+	0,  // 32: retrypolicy.v1.RetryPolicyService.Classify:input_type -> retrypolicy.v1.ClassifyRequest
+	2,  // 33: retrypolicy.v1.RetryPolicyService.NextDelay:input_type -> retrypolicy.v1.NextDelayRequest
+	5,  // 34: retrypolicy.v1.RetryPolicyService.ReportOutcome:input_type -> retrypolicy.v1.ReportOutcomeRequest
+	8,  // 35: retrypolicy.v1.RetryPolicyService.Admit:input_type -> retrypolicy.v1.AdmitRequest
+	10, // 36: retrypolicy.v1.RetryPolicyService.WatchBreakers:input_type -> retrypolicy.v1.WatchBreakersRequest
+	12, // 37: retrypolicy.v1.RetryPolicyService.PlanBudget:input_type -> retrypolicy.v1.PlanBudgetRequest
+	1,  // 38: retrypolicy.v1.RetryPolicyService.Classify:output_type -> retrypolicy.v1.ClassifyResponse
+	3,  // 39: retrypolicy.v1.RetryPolicyService.NextDelay:output_type -> retrypolicy.v1.NextDelayResponse
+	6,  // 40: retrypolicy.v1.RetryPolicyService.ReportOutcome:output_type -> retrypolicy.v1.ReportOutcomeResponse
+	9,  // 41: retrypolicy.v1.RetryPolicyService.Admit:output_type -> retrypolicy.v1.AdmitResponse
+	11, // 42: retrypolicy.v1.RetryPolicyService.WatchBreakers:output_type -> retrypolicy.v1.WatchBreakersResponse
+	13, // 43: retrypolicy.v1.RetryPolicyService.PlanBudget:output_type -> retrypolicy.v1.PlanBudgetResponse
+	38, // [38:44] is the sub-list for method output_type
+	32, // [32:38] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_retrypolicy_v1_retry_policy_service_proto_init() }

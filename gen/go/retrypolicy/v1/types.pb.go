@@ -1458,17 +1458,30 @@ func (x *Policy) GetBreaker() *BreakerSettings {
 type BudgetPlan struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// max_attempts is the largest attempt count (counting the first) whose
-	// nominal delays plus per-attempt timeouts fit the window.
+	// nominal delays plus per-attempt timeouts fit the usable window; 0 when
+	// not even one does, and reason says why.
 	MaxAttempts uint32 `protobuf:"varint,1,opt,name=max_attempts,json=maxAttempts,proto3" json:"max_attempts,omitempty"`
 	// delays is the nominal delay before each retry (max_attempts - 1 entries).
 	Delays []*durationpb.Duration `protobuf:"bytes,2,rep,name=delays,proto3" json:"delays,omitempty"`
 	// worst_case_total is the nominal delays plus every attempt's timeout.
 	WorstCaseTotal *durationpb.Duration `protobuf:"bytes,3,opt,name=worst_case_total,json=worstCaseTotal,proto3" json:"worst_case_total,omitempty"`
-	// idempotency_ttl is how long the upstream must remember an idempotency
-	// key: the window plus the margin, never jittered.
+	// idempotency_ttl is how long, from now, the upstream must remember an
+	// idempotency key: the remaining window plus the margin, never jittered,
+	// always longer than the remaining window.
 	IdempotencyTtl *durationpb.Duration `protobuf:"bytes,4,opt,name=idempotency_ttl,json=idempotencyTtl,proto3" json:"idempotency_ttl,omitempty"`
 	// window is the window this plan was made for.
-	Window        *durationpb.Duration `protobuf:"bytes,5,opt,name=window,proto3" json:"window,omitempty"`
+	Window *durationpb.Duration `protobuf:"bytes,5,opt,name=window,proto3" json:"window,omitempty"`
+	// remaining is what is left of the window now: the window less the time
+	// since the request's origin_time, never below zero; the whole window
+	// without an origin_time.
+	Remaining *durationpb.Duration `protobuf:"bytes,6,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	// usable is the part of remaining the schedule fits: remaining * (1 -
+	// reserve).
+	Usable *durationpb.Duration `protobuf:"bytes,7,opt,name=usable,proto3" json:"usable,omitempty"`
+	// reason is empty when max_attempts > 0; else "window:spent" (the window
+	// has passed since origin_time) or "window:no_room" (usable is shorter
+	// than one attempt_timeout).
+	Reason        string `protobuf:"bytes,8,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1536,6 +1549,27 @@ func (x *BudgetPlan) GetWindow() *durationpb.Duration {
 		return x.Window
 	}
 	return nil
+}
+
+func (x *BudgetPlan) GetRemaining() *durationpb.Duration {
+	if x != nil {
+		return x.Remaining
+	}
+	return nil
+}
+
+func (x *BudgetPlan) GetUsable() *durationpb.Duration {
+	if x != nil {
+		return x.Usable
+	}
+	return nil
+}
+
+func (x *BudgetPlan) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
 }
 
 // BreakerKey names one breaker.
@@ -2445,14 +2479,17 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\x16terminal_http_statuses\x18\a \x03(\rR\x14terminalHttpStatuses\x120\n" +
 	"\x14transient_grpc_codes\x18\b \x03(\rR\x12transientGrpcCodes\x129\n" +
 	"\abreaker\x18\t \x01(\v2\x1f.retrypolicy.v1.BreakerSettingsR\abreakerB\x0f\n" +
-	"\r_max_attempts\"\x9e\x02\n" +
+	"\r_max_attempts\"\xa2\x03\n" +
 	"\n" +
 	"BudgetPlan\x12!\n" +
 	"\fmax_attempts\x18\x01 \x01(\rR\vmaxAttempts\x121\n" +
 	"\x06delays\x18\x02 \x03(\v2\x19.google.protobuf.DurationR\x06delays\x12C\n" +
 	"\x10worst_case_total\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x0eworstCaseTotal\x12B\n" +
 	"\x0fidempotency_ttl\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x0eidempotencyTtl\x121\n" +
-	"\x06window\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x06window\"<\n" +
+	"\x06window\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x06window\x127\n" +
+	"\tremaining\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\tremaining\x121\n" +
+	"\x06usable\x18\a \x01(\v2\x19.google.protobuf.DurationR\x06usable\x12\x16\n" +
+	"\x06reason\x18\b \x01(\tR\x06reason\"<\n" +
 	"\n" +
 	"BreakerKey\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
@@ -2673,29 +2710,31 @@ var file_retrypolicy_v1_types_proto_depIdxs = []int32{
 	29, // 21: retrypolicy.v1.BudgetPlan.worst_case_total:type_name -> google.protobuf.Duration
 	29, // 22: retrypolicy.v1.BudgetPlan.idempotency_ttl:type_name -> google.protobuf.Duration
 	29, // 23: retrypolicy.v1.BudgetPlan.window:type_name -> google.protobuf.Duration
-	20, // 24: retrypolicy.v1.Breaker.key:type_name -> retrypolicy.v1.BreakerKey
-	8,  // 25: retrypolicy.v1.Breaker.state:type_name -> retrypolicy.v1.BreakerState
-	28, // 26: retrypolicy.v1.Breaker.open_until_time:type_name -> google.protobuf.Timestamp
-	28, // 27: retrypolicy.v1.Breaker.change_time:type_name -> google.protobuf.Timestamp
-	28, // 28: retrypolicy.v1.Breaker.cooldown_until_time:type_name -> google.protobuf.Timestamp
-	9,  // 29: retrypolicy.v1.Breaker.mode:type_name -> retrypolicy.v1.BreakerMode
-	22, // 30: retrypolicy.v1.TenantBudgetStatus.budget:type_name -> retrypolicy.v1.TenantBudget
-	18, // 31: retrypolicy.v1.PolicyEntry.policy:type_name -> retrypolicy.v1.Policy
-	28, // 32: retrypolicy.v1.PolicyEntry.update_time:type_name -> google.protobuf.Timestamp
-	28, // 33: retrypolicy.v1.Run.cutoff_time:type_name -> google.protobuf.Timestamp
-	28, // 34: retrypolicy.v1.Run.create_time:type_name -> google.protobuf.Timestamp
-	25, // 35: retrypolicy.v1.Run.ledger:type_name -> retrypolicy.v1.RunLedger
-	28, // 36: retrypolicy.v1.AuditRecord.record_time:type_name -> google.protobuf.Timestamp
-	11, // 37: retrypolicy.v1.AuditRecord.event:type_name -> retrypolicy.v1.AuditEvent
-	5,  // 38: retrypolicy.v1.AuditRecord.decision:type_name -> retrypolicy.v1.Decision
-	29, // 39: retrypolicy.v1.AuditRecord.delay:type_name -> google.protobuf.Duration
-	6,  // 40: retrypolicy.v1.AuditRecord.stop_reason:type_name -> retrypolicy.v1.StopReason
-	7,  // 41: retrypolicy.v1.AuditRecord.disposition:type_name -> retrypolicy.v1.Disposition
-	42, // [42:42] is the sub-list for method output_type
-	42, // [42:42] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	29, // 24: retrypolicy.v1.BudgetPlan.remaining:type_name -> google.protobuf.Duration
+	29, // 25: retrypolicy.v1.BudgetPlan.usable:type_name -> google.protobuf.Duration
+	20, // 26: retrypolicy.v1.Breaker.key:type_name -> retrypolicy.v1.BreakerKey
+	8,  // 27: retrypolicy.v1.Breaker.state:type_name -> retrypolicy.v1.BreakerState
+	28, // 28: retrypolicy.v1.Breaker.open_until_time:type_name -> google.protobuf.Timestamp
+	28, // 29: retrypolicy.v1.Breaker.change_time:type_name -> google.protobuf.Timestamp
+	28, // 30: retrypolicy.v1.Breaker.cooldown_until_time:type_name -> google.protobuf.Timestamp
+	9,  // 31: retrypolicy.v1.Breaker.mode:type_name -> retrypolicy.v1.BreakerMode
+	22, // 32: retrypolicy.v1.TenantBudgetStatus.budget:type_name -> retrypolicy.v1.TenantBudget
+	18, // 33: retrypolicy.v1.PolicyEntry.policy:type_name -> retrypolicy.v1.Policy
+	28, // 34: retrypolicy.v1.PolicyEntry.update_time:type_name -> google.protobuf.Timestamp
+	28, // 35: retrypolicy.v1.Run.cutoff_time:type_name -> google.protobuf.Timestamp
+	28, // 36: retrypolicy.v1.Run.create_time:type_name -> google.protobuf.Timestamp
+	25, // 37: retrypolicy.v1.Run.ledger:type_name -> retrypolicy.v1.RunLedger
+	28, // 38: retrypolicy.v1.AuditRecord.record_time:type_name -> google.protobuf.Timestamp
+	11, // 39: retrypolicy.v1.AuditRecord.event:type_name -> retrypolicy.v1.AuditEvent
+	5,  // 40: retrypolicy.v1.AuditRecord.decision:type_name -> retrypolicy.v1.Decision
+	29, // 41: retrypolicy.v1.AuditRecord.delay:type_name -> google.protobuf.Duration
+	6,  // 42: retrypolicy.v1.AuditRecord.stop_reason:type_name -> retrypolicy.v1.StopReason
+	7,  // 43: retrypolicy.v1.AuditRecord.disposition:type_name -> retrypolicy.v1.Disposition
+	44, // [44:44] is the sub-list for method output_type
+	44, // [44:44] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_retrypolicy_v1_types_proto_init() }

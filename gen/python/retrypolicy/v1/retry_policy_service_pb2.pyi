@@ -1,6 +1,7 @@
 import datetime
 
 from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from retrypolicy.v1 import types_pb2 as _types_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -161,20 +162,24 @@ class WatchBreakersResponse(_message.Message):
     def __init__(self, breaker: _Optional[_Union[_types_pb2.Breaker, _Mapping]] = ..., snapshot: _Optional[bool] = ..., snapshot_complete: _Optional[bool] = ...) -> None: ...
 
 class PlanBudgetRequest(_message.Message):
-    __slots__ = ("window", "backoff", "attempt_timeout", "ttl_margin", "max_attempts", "hops")
+    __slots__ = ("window", "backoff", "attempt_timeout", "ttl_margin", "max_attempts", "hops", "origin_time", "reserve")
     WINDOW_FIELD_NUMBER: _ClassVar[int]
     BACKOFF_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     TTL_MARGIN_FIELD_NUMBER: _ClassVar[int]
     MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     HOPS_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_TIME_FIELD_NUMBER: _ClassVar[int]
+    RESERVE_FIELD_NUMBER: _ClassVar[int]
     window: _duration_pb2.Duration
     backoff: _types_pb2.BackoffSettings
     attempt_timeout: _duration_pb2.Duration
     ttl_margin: _duration_pb2.Duration
     max_attempts: int
     hops: int
-    def __init__(self, window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., backoff: _Optional[_Union[_types_pb2.BackoffSettings, _Mapping]] = ..., attempt_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., ttl_margin: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_attempts: _Optional[int] = ..., hops: _Optional[int] = ...) -> None: ...
+    origin_time: _timestamp_pb2.Timestamp
+    reserve: float
+    def __init__(self, window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., backoff: _Optional[_Union[_types_pb2.BackoffSettings, _Mapping]] = ..., attempt_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., ttl_margin: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_attempts: _Optional[int] = ..., hops: _Optional[int] = ..., origin_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reserve: _Optional[float] = ...) -> None: ...
 
 class PlanBudgetResponse(_message.Message):
     __slots__ = ("plan", "hops")

@@ -268,18 +268,24 @@ class Policy(_message.Message):
     def __init__(self, backoff: _Optional[_Union[BackoffSettings, _Mapping]] = ..., pushback: _Optional[_Union[PushbackSettings, _Mapping]] = ..., max_attempts: _Optional[int] = ..., attempt_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., call_deadline: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., transient_http_statuses: _Optional[_Iterable[int]] = ..., terminal_http_statuses: _Optional[_Iterable[int]] = ..., transient_grpc_codes: _Optional[_Iterable[int]] = ..., breaker: _Optional[_Union[BreakerSettings, _Mapping]] = ...) -> None: ...
 
 class BudgetPlan(_message.Message):
-    __slots__ = ("max_attempts", "delays", "worst_case_total", "idempotency_ttl", "window")
+    __slots__ = ("max_attempts", "delays", "worst_case_total", "idempotency_ttl", "window", "remaining", "usable", "reason")
     MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     DELAYS_FIELD_NUMBER: _ClassVar[int]
     WORST_CASE_TOTAL_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_TTL_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
+    REMAINING_FIELD_NUMBER: _ClassVar[int]
+    USABLE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     max_attempts: int
     delays: _containers.RepeatedCompositeFieldContainer[_duration_pb2.Duration]
     worst_case_total: _duration_pb2.Duration
     idempotency_ttl: _duration_pb2.Duration
     window: _duration_pb2.Duration
-    def __init__(self, max_attempts: _Optional[int] = ..., delays: _Optional[_Iterable[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]]] = ..., worst_case_total: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., idempotency_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    remaining: _duration_pb2.Duration
+    usable: _duration_pb2.Duration
+    reason: str
+    def __init__(self, max_attempts: _Optional[int] = ..., delays: _Optional[_Iterable[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]]] = ..., worst_case_total: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., idempotency_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., remaining: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., usable: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class BreakerKey(_message.Message):
     __slots__ = ("tenant", "target")

@@ -63,6 +63,10 @@ type Config struct {
 	// for the wall clock's.
 	wallClock bool
 	Logger    *slog.Logger
+	// OnEvent, if set, is called with each Event (see EventKind) on the
+	// goroutine where it happens; it must return quickly and not call the
+	// Client.
+	OnEvent func(Event)
 }
 
 func (c Config) withDefaults() (Config, error) {

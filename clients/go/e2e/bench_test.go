@@ -1,11 +1,11 @@
-package policyclient_test
+package e2e_test
 
 import (
 	"context"
 	"testing"
 	"time"
 
-	policyclient "github.com/policyd/policyd/clients/go"
+	"github.com/policyd/policyd/clients/go/policyclient"
 )
 
 // BenchmarkOverhead compares a successful call through Do, with the breaker
@@ -13,7 +13,7 @@ import (
 // difference is what the client adds to the success path (no RPC on it; the
 // outcome is queued for the background batcher).
 //
-//	go test -run '^$' -bench Overhead -benchmem ./clients/go/
+//	go test -run '^$' -bench Overhead -benchmem ./clients/go/e2e/
 func BenchmarkOverhead(b *testing.B) {
 	fn := func(context.Context, policyclient.Attempt) error { return nil }
 	b.Run("direct", func(b *testing.B) {

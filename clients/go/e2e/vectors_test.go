@@ -1,30 +1,33 @@
-package policyclient_test
+package e2e_test
 
 import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
-	policyclient "github.com/policyd/policyd/clients/go"
+	"github.com/policyd/policyd/clients/go/policyclient"
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 )
 
 // The shared test vectors of the Go and Python clients
-// (clients/python/tests/test_vectors.py reads the same file).
+// (clients/python/tests/test_vectors.py reads the same file): the sections
+// that need policyd. The client module checks its local fallback against
+// the others (clients/go/policyclient/vectors_test.go).
 type vectorFile struct {
 	Classification []struct {
 		Name       string      `json:"name"`
@@ -35,6 +38,18 @@ type vectorFile struct {
 		Reason     string      `json:"reason"`
 		Retryable  bool        `json:"retryable"`
 	} `json:"classification"`
+	HTTPResponses []struct {
+		Name    string            `json:"name"`
+		Status  int               `json:"status"`
+		Headers map[string]string `json:"headers"`
+		adapterVerdict
+	} `json:"http_responses"`
+	GRPCStatuses []struct {
+		Name     string            `json:"name"`
+		Code     uint32            `json:"code"`
+		Trailers map[string]string `json:"trailers"`
+		adapterVerdict
+	} `json:"grpc_statuses"`
 	StopReasons []struct {
 		Name string `json:"name"`
 		Call struct {
@@ -49,19 +64,32 @@ type vectorFile struct {
 		Attempts            int           `json:"attempts"`
 		MinFirstWaitSeconds float64       `json:"min_first_wait_seconds"`
 	} `json:"stop_reasons"`
-	PushbackHints []struct {
-		Name        string            `json:"name"`
-		Now         time.Time         `json:"now"`
-		Headers     map[string]string `json:"headers"`
-		HintSeconds float64           `json:"hint_seconds"`
-		DoNotRetry  bool              `json:"do_not_retry"`
-	} `json:"pushback_hints"`
-	IdempotencyKeys []struct {
-		SubmissionID string  `json:"submission_id"`
-		PayloadUTF8  *string `json:"payload_utf8"`
-		PayloadHex   *string `json:"payload_hex"`
-		Key          string  `json:"key"`
-	} `json:"idempotency_keys"`
+}
+
+// adapterVerdict is what an http_responses or grpc_statuses vector says an
+// adapter does with the failure: retry it when retryable and not
+// do_not_retry, after at least hint_seconds.
+type adapterVerdict struct {
+	Idempotent  bool    `json:"idempotent"`
+	Retryable   bool    `json:"retryable"`
+	HintSeconds float64 `json:"hint_seconds"`
+	DoNotRetry  bool    `json:"do_not_retry"`
+}
+
+func (v adapterVerdict) retried() bool { return v.Retryable && !v.DoNotRetry }
+
+// checkWaits holds the waits of a call that failed once to v.
+func (v adapterVerdict) checkWaits(t *testing.T, waits []time.Duration) {
+	t.Helper()
+	if !v.retried() {
+		if len(waits) != 0 {
+			t.Errorf("waits: got %v, want none", waits)
+		}
+		return
+	}
+	if least := time.Duration(v.HintSeconds * float64(time.Second)); len(waits) != 1 || waits[0] < least {
+		t.Errorf("waits: got %v, want one of at least %v", waits, least)
+	}
 }
 
 // failureSpec is one failure of a vector: exactly one kind is set.
@@ -76,7 +104,7 @@ type failureSpec struct {
 
 func loadVectors(t *testing.T) *vectorFile {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "..", "testdata", "vectors.json"))
+	b, err := os.ReadFile(filepath.Join("..", "..", "..", "testdata", "vectors.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +112,7 @@ func loadVectors(t *testing.T) *vectorFile {
 	if err := json.Unmarshal(b, &v); err != nil {
 		t.Fatalf("testdata/vectors.json: %v", err)
 	}
-	if len(v.Classification) == 0 || len(v.StopReasons) == 0 || len(v.IdempotencyKeys) == 0 || len(v.PushbackHints) == 0 {
+	if len(v.Classification) == 0 || len(v.StopReasons) == 0 || len(v.HTTPResponses) == 0 || len(v.GRPCStatuses) == 0 {
 		t.Fatal("testdata/vectors.json: a section is empty")
 	}
 	return &v
@@ -150,26 +178,8 @@ func (f failureSpec) err(t *testing.T) error {
 	return nil
 }
 
-func TestVectorsIdempotencyKeys(t *testing.T) {
-	for _, v := range loadVectors(t).IdempotencyKeys {
-		var payload []byte
-		switch {
-		case v.PayloadUTF8 != nil:
-			payload = []byte(*v.PayloadUTF8)
-		case v.PayloadHex != nil:
-			var err error
-			if payload, err = hex.DecodeString(*v.PayloadHex); err != nil {
-				t.Fatalf("%q: payload_hex: %v", v.SubmissionID, err)
-			}
-		default:
-			t.Fatalf("%q: no payload", v.SubmissionID)
-		}
-		if got := policyclient.IdempotencyKey(v.SubmissionID, payload); got != v.Key {
-			t.Errorf("IdempotencyKey(%q, %x): got %s, want %s", v.SubmissionID, payload, got, v.Key)
-		}
-	}
-}
-
+// TestVectorsClassification: policyd's Classify RPC agrees with the
+// vectors; the local fallback is held to the same ones in the client module.
 func TestVectorsClassification(t *testing.T) {
 	d := startDaemon(t, nil)
 	workers := pb.NewRetryPolicyServiceClient(d.conn)
@@ -188,10 +198,6 @@ func TestVectorsClassification(t *testing.T) {
 			if resp.GetCategory().String() != want || resp.GetReason() != v.Reason || resp.GetRetryable() != v.Retryable {
 				t.Errorf("policyd: got %s/%q retryable=%v, want %s/%q retryable=%v",
 					resp.GetCategory(), resp.GetReason(), resp.GetRetryable(), want, v.Reason, v.Retryable)
-			}
-			cat, reason := policyclient.ClassifyLocal(f, v.Idempotent, v.HasKey)
-			if cat.String() != want || reason != v.Reason {
-				t.Errorf("local fallback: got %s/%q, want %s/%q", cat, reason, want, v.Reason)
 			}
 		})
 	}
@@ -236,19 +242,57 @@ func TestVectorsStopReasons(t *testing.T) {
 	}
 }
 
-// TestVectorsPushbackHints: the local fallback honours every valid hint up
-// to the default max_hint, as policyd does (policy/vectors_test.go).
-func TestVectorsPushbackHints(t *testing.T) {
-	for _, v := range loadVectors(t).PushbackHints {
+// TestVectorsHTTPResponsesThroughTransport: an upstream fails once with
+// each vector's response; Transport, deciding with policyd, retries it or
+// returns it as the vector says.
+func TestVectorsHTTPResponsesThroughTransport(t *testing.T) {
+	d := startDaemon(t, nil)
+	for i, v := range loadVectors(t).HTTPResponses {
 		t.Run(v.Name, func(t *testing.T) {
-			h := http.Header{}
-			for k, val := range v.Headers {
-				h.Set(k, val)
+			c, sl := newClient(t, d, nil)
+			up := startFlakyHTTP(t, reply{status: v.Status, header: v.Headers, body: "failed"}, reply{status: 200, body: "ok"})
+			target := "vec-http-" + strconv.Itoa(i)
+			hc := &http.Client{Transport: &policyclient.Transport{Client: c, Call: func(*http.Request) policyclient.Call {
+				return policyclient.Call{Target: target, Idempotent: v.Idempotent}
+			}}}
+			resp, err := hc.Get(up.srv.URL)
+			if err != nil {
+				t.Fatalf("Get: %v", err)
 			}
-			hint, dnr := policyclient.LocalHint(policyclient.HTTPError(503, h), v.Now)
-			if want := time.Duration(v.HintSeconds * float64(time.Second)); hint != want || dnr != v.DoNotRetry {
-				t.Errorf("local fallback: got hint %v, do-not-retry %v; want %v, %v", hint, dnr, want, v.DoNotRetry)
+			readAll(t, resp)
+			wantStatus, wantRequests := v.Status, 1
+			if v.retried() {
+				wantStatus, wantRequests = 200, 2
 			}
+			if resp.StatusCode != wantStatus || len(up.requests()) != wantRequests {
+				t.Errorf("got %d after %d requests, want %d after %d", resp.StatusCode, len(up.requests()), wantStatus, wantRequests)
+			}
+			v.checkWaits(t, sl.all())
+		})
+	}
+}
+
+// TestVectorsGRPCStatusesThroughInterceptor: the same for a gRPC upstream
+// behind UnaryClientInterceptor.
+func TestVectorsGRPCStatusesThroughInterceptor(t *testing.T) {
+	d := startDaemon(t, nil)
+	for i, v := range loadVectors(t).GRPCStatuses {
+		t.Run(v.Name, func(t *testing.T) {
+			c, sl := newClient(t, d, nil)
+			up := &flakyGRPC{script: []grpcReply{{codes.Code(v.Code), v.Trailers["grpc-retry-pushback-ms"]}, {codes.OK, ""}}}
+			target := "vec-grpc-" + strconv.Itoa(i)
+			health := startFlakyGRPC(t, up, c, func(context.Context, string) policyclient.Call {
+				return policyclient.Call{Target: target, Idempotent: v.Idempotent}
+			})
+			_, err := health.Check(context.Background(), &healthpb.HealthCheckRequest{})
+			wantCode, wantCalls := codes.Code(v.Code), 1
+			if v.retried() {
+				wantCode, wantCalls = codes.OK, 2
+			}
+			if status.Code(err) != wantCode || len(up.seen()) != wantCalls {
+				t.Errorf("got %v after %d calls, want %v after %d", status.Code(err), len(up.seen()), wantCode, wantCalls)
+			}
+			v.checkWaits(t, sl.all())
 		})
 	}
 }

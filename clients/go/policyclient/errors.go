@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"syscall"
 
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
@@ -52,6 +53,44 @@ func (e *HTTPStatusError) Error() string {
 	}
 	return s
 }
+
+// GRPCStatusError is a failed gRPC call with the pushback its server sent
+// in the grpc-retry-pushback-ms trailer. GRPCError builds one; return it
+// from the function Do runs, e.g.
+//
+//	var trailer metadata.MD
+//	err := conn.Invoke(ctx, method, req, reply, grpc.Trailer(&trailer))
+//	if err != nil {
+//		return policyclient.GRPCError(err, trailer)
+//	}
+//
+// The interceptors do this themselves.
+type GRPCStatusError struct {
+	// Err is the call's error, a gRPC status error.
+	Err error
+	// PushbackMs is the grpc-retry-pushback-ms trailer, raw: a delay in
+	// milliseconds, or, negative or malformed, a request not to retry.
+	PushbackMs string
+}
+
+// GRPCError returns a *GRPCStatusError for err with the pushback found in
+// trailer (which may be nil).
+func GRPCError(err error, trailer metadata.MD) error {
+	e := &GRPCStatusError{Err: err}
+	if v := trailer.Get("grpc-retry-pushback-ms"); len(v) > 0 {
+		e.PushbackMs = v[0]
+	}
+	return e
+}
+
+func (e *GRPCStatusError) Error() string { return e.Err.Error() }
+
+// Unwrap returns the call's error.
+func (e *GRPCStatusError) Unwrap() error { return e.Err }
+
+// GRPCStatus returns the call's status, so status.Code and status.FromError
+// read it through the wrapper.
+func (e *GRPCStatusError) GRPCStatus() *status.Status { return status.Convert(e.Err) }
 
 // LocalErrorKind says what went wrong inside the caller.
 type LocalErrorKind int
@@ -142,7 +181,12 @@ func classifyError(err error, attemptTimedOut bool) failure {
 		return transportFailure(pb.TransportError_TRANSPORT_ERROR_TLS)
 	}
 	if st, ok := status.FromError(err); ok && st.Code() != 0 && int(st.Code()) <= 16 {
-		return failure{pb: &pb.Failure{Kind: &pb.Failure_GrpcCode{GrpcCode: uint32(st.Code())}}}
+		f := failure{pb: &pb.Failure{Kind: &pb.Failure_GrpcCode{GrpcCode: uint32(st.Code())}}}
+		var ge *GRPCStatusError
+		if errors.As(err, &ge) && ge.PushbackMs != "" {
+			f.pushback = &pb.Pushback{GrpcRetryPushbackMs: ge.PushbackMs}
+		}
+		return f
 	}
 	return failure{unclassified: true, reason: "unclassified:" + fmt.Sprintf("%T", err)}
 }

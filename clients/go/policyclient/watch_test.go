@@ -2,13 +2,75 @@ package policyclient_test
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"math/rand/v2"
+	"net"
 	"slices"
 	"testing"
 	"time"
 
-	policyclient "github.com/policyd/policyd/clients/go"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+
+	"github.com/policyd/policyd/clients/go/policyclient"
+	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 )
+
+// drainingWatch is the WatchBreakers side of a policyd that drains: the
+// first stream delivers a (empty) snapshot and ends with UNAVAILABLE once
+// drain is closed; every later stream is refused with UNAVAILABLE, as a
+// stopped daemon's would be. (The client module does not import the
+// daemon; clients/go/e2e runs the client against a real one.)
+type drainingWatch struct {
+	pb.UnimplementedRetryPolicyServiceServer
+	drain  chan struct{}
+	served chan struct{}
+}
+
+func (w *drainingWatch) WatchBreakers(_ *pb.WatchBreakersRequest, stream grpc.ServerStreamingServer[pb.WatchBreakersResponse]) error {
+	select {
+	case <-w.served:
+		return status.Error(codes.Unavailable, "draining")
+	default:
+		close(w.served)
+	}
+	if err := stream.Send(&pb.WatchBreakersResponse{SnapshotComplete: true}); err != nil {
+		return err
+	}
+	<-w.drain
+	return status.Error(codes.Unavailable, "draining")
+}
+
+// startDrainingWatch serves w over bufconn and returns a client of it that
+// runs no watch of its own.
+func startDrainingWatch(t *testing.T, w *drainingWatch) *policyclient.Client {
+	t.Helper()
+	gs := grpc.NewServer()
+	pb.RegisterRetryPolicyServiceServer(gs, w)
+	lis := bufconn.Listen(1 << 20)
+	go func() { _ = gs.Serve(lis) }()
+	conn, err := grpc.NewClient("passthrough:///policyd",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := policyclient.New(conn, policyclient.Config{Tenant: "acme", NoWatch: true,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.Close(context.Background())
+		conn.Close()
+		gs.Stop()
+	})
+	return c
+}
 
 // nominalReconnect is the documented ceiling of reconnect n's wait.
 func nominalReconnect(n int) time.Duration {
@@ -23,8 +85,8 @@ func nominalReconnect(n int) time.Duration {
 func TestWatchReconnectsWithJitteredBackoff(t *testing.T) {
 	const waits = 10
 	run := func(t *testing.T, draw func() float64) []time.Duration {
-		d := startDaemon(t, nil)
-		c, _ := newClient(t, d, func(cfg *policyclient.Config) { cfg.NoWatch = true })
+		w := &drainingWatch{drain: make(chan struct{}), served: make(chan struct{})}
+		c := startDrainingWatch(t, w)
 		got := make(chan []time.Duration, 1)
 		go func() { got <- policyclient.WatchReconnects(c, waits, draw) }()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -32,9 +94,7 @@ func TestWatchReconnectsWithJitteredBackoff(t *testing.T) {
 		if err := c.Ready(ctx); err != nil {
 			t.Fatalf("Ready: %v", err)
 		}
-		if err := d.gs.Shutdown(ctx); err != nil { // the watch ends with UNAVAILABLE
-			t.Fatalf("Shutdown: %v", err)
-		}
+		close(w.drain) // the watch ends with UNAVAILABLE
 		return <-got
 	}
 	t.Run("bounds", func(t *testing.T) {

@@ -11,5 +11,14 @@
 // budget, and goes back to policyd once it answers again: the decision
 // service never stalls a worker.
 //
-// This package imports only the generated stubs and gRPC.
+// Workers that already speak to their upstream through net/http or grpc-go
+// plug in there instead: Transport is an http.RoundTripper, and
+// UnaryClientInterceptor and StreamClientInterceptor wrap a grpc-go
+// connection; each runs the upstream's calls through Do. DoValue returns the
+// function's value; Config.OnEvent reports the loop's events (the module
+// clients/go/policyotel records them as OpenTelemetry metrics).
+//
+// This package imports only the generated stubs and gRPC; it is a module of
+// its own (github.com/policyd/policyd/clients/go/policyclient), so a worker's
+// build never meets the daemon's dependencies.
 package policyclient

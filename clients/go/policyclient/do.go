@@ -136,6 +136,10 @@ type Attempt struct {
 	Number         int    // from 1
 	CallID         string // the same on every attempt
 	IdempotencyKey string // the same on every attempt; send it to the upstream
+	// Target is the upstream this attempt goes to: the call's Target, or
+	// a fallback target policyd escalated the call to. Transport maps it to
+	// a host through Transport.Hosts.
+	Target string
 }
 
 // Result is how a call ended.
@@ -291,6 +295,9 @@ func (l *loop) run(fn func(context.Context, Attempt) error) Result {
 		}
 		l.res.Attempts = attempt
 		l.c.stats.attempts.Add(1)
+		if l.c.cfg.OnEvent != nil {
+			l.c.emit(Event{Kind: EventAttemptStarted, Target: l.call.target, CallID: l.call.id, Attempt: attempt})
+		}
 		start := l.c.cfg.Now()
 		actx := l.first
 		if actx == nil {
@@ -298,7 +305,7 @@ func (l *loop) run(fn func(context.Context, Attempt) error) Result {
 		}
 		l.first = nil
 		actx.start(l.ctx, l.c.wall(start), l.timeout)
-		err := fn(actx, Attempt{Number: attempt, CallID: l.call.id, IdempotencyKey: l.call.key})
+		err := fn(actx, Attempt{Number: attempt, CallID: l.call.id, IdempotencyKey: l.call.key, Target: l.call.target})
 		stop := l.c.cfg.Now()
 		timedOut := actx.end(l.c.wall(stop))
 		latency := stop.Sub(start)
@@ -307,6 +314,10 @@ func (l *loop) run(fn func(context.Context, Attempt) error) Result {
 			l.report(outcome{attempt: attempt, success: true, permit: permit, latency: latency,
 				final: pb.Disposition_DISPOSITION_SUCCEEDED})
 			l.c.local.budget.deposit(0.2)
+			if l.c.cfg.OnEvent != nil {
+				l.c.emit(Event{Kind: EventCallEnded, Target: l.call.target, CallID: l.call.id, Attempt: attempt,
+					Disposition: Succeeded, Reason: l.res.Reason})
+			}
 			return l.res
 		}
 		l.res.Err = err
@@ -336,6 +347,10 @@ func (l *loop) run(fn func(context.Context, Attempt) error) Result {
 			l.timeout = dec.attemptTimeout
 		}
 		l.prev = dec.delay
+		if l.c.cfg.OnEvent != nil {
+			l.c.emit(Event{Kind: EventRetryScheduled, Target: l.call.target, CallID: l.call.id, Attempt: attempt,
+				Delay: dec.delay, Local: dec.fallback, Reason: dec.reason})
+		}
 		if err := l.c.cfg.Sleep(l.ctx, dec.delay); err != nil {
 			l.res.Err = err
 			return l.end(DeadlineCut, StopDeadline, attempt, nil)
@@ -346,6 +361,10 @@ func (l *loop) run(fn func(context.Context, Attempt) error) Result {
 // end finishes the call with a disposition and reports it.
 func (l *loop) end(d Disposition, stop StopReason, attempt int, unrecorded *pb.Failure) Result {
 	l.res.Disposition, l.res.StopReason = d, stop
+	if l.c.cfg.OnEvent != nil {
+		l.c.emit(Event{Kind: EventCallEnded, Target: l.call.target, CallID: l.call.id, Attempt: attempt,
+			Disposition: d, StopReason: stop, Reason: l.res.Reason})
+	}
 	l.report(outcome{attempt: max(attempt, 1), final: d.pb(), failure: unrecorded, alreadyRecorded: unrecorded == nil,
 		stop: stop.pb()})
 	return l.res
@@ -457,6 +476,9 @@ func (l *loop) next(attempt int, f failure, permit string, timedOut bool) decisi
 		}
 	}
 	l.c.stats.local.Add(1)
+	if l.c.cfg.OnEvent != nil {
+		l.c.emit(Event{Kind: EventLocalDecision, Target: l.call.target, CallID: l.call.id, Attempt: attempt})
+	}
 	return l.c.local.decide(l.c.cfg.Now(), l.call.deadline, attempt, f, l.call.idempotent, l.call.key != "", timedOut, l.timeout)
 }
 

@@ -8,21 +8,6 @@ import (
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 )
 
-// WaitBreakerState blocks until c's breaker cache shows target in state st.
-func WaitBreakerState(ctx context.Context, c *Client, target string, st pb.BreakerState) error {
-	for {
-		ch := c.breakers.next()
-		if b, ok := c.breakers.lookup(target); ok && b.state == st {
-			return nil
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-}
-
 // ClassifyLocal is the local fallback's classification of f, for the shared
 // test vectors.
 func ClassifyLocal(f *pb.Failure, idempotent, hasKey bool) (pb.Category, string) {
@@ -57,4 +42,18 @@ func WatchReconnects(c *Client, n int, draw func() float64) []time.Duration {
 	}
 	c.breakers.watch(ctx, c, sleep, draw)
 	return waits
+}
+
+// LocalVerdict is how the client reads an error fn returned (err, received
+// at now) and how its local fallback classifies it: category, reason, the
+// hint it honours and whether the server said not to retry, for the shared
+// test vectors.
+func LocalVerdict(err error, idempotent bool, now time.Time) (pb.Category, string, time.Duration, bool) {
+	f := classifyError(err, false)
+	cat, reason := (&localPolicy{}).classify(f.pb, idempotent, false)
+	hint, dnr := time.Duration(0), false
+	if f.pushback != nil {
+		hint, dnr = parseHints(f.pushback, now)
+	}
+	return cat, reason, hint, dnr
 }

@@ -168,9 +168,13 @@ func (b *breakerCache) follow(ctx context.Context, c *Client) bool {
 		default:
 			k, v := toCached(msg.GetBreaker())
 			b.mu.Lock()
+			was, known := b.m[k]
 			b.m[k] = v
 			b.updated()
 			b.mu.Unlock()
+			if !known || was.state != v.state {
+				c.emit(Event{Kind: EventBreakerChanged, Target: k.target, Breaker: v.state})
+			}
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package policyclient_test
+package e2e_test
 
 import (
 	"context"
@@ -24,7 +24,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/policyd/policyd/breakerstore"
-	policyclient "github.com/policyd/policyd/clients/go"
+	"github.com/policyd/policyd/clients/go/policyclient"
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/server"
@@ -206,7 +206,14 @@ func TestDoHonoursRetryAfter(t *testing.T) {
 
 func TestClosedBreakerCostsNoRPCAndOpenFailsFast(t *testing.T) {
 	d := startDaemon(t, nil)
-	c, _ := newClient(t, d, nil)
+	changed := make(chan policyclient.Event, 16)
+	c, _ := newClient(t, d, func(cfg *policyclient.Config) {
+		cfg.OnEvent = func(e policyclient.Event) {
+			if e.Kind == policyclient.EventBreakerChanged {
+				changed <- e
+			}
+		}
+	})
 	ctx := context.Background()
 	ok, _ := script()
 	for range 10 {
@@ -223,10 +230,14 @@ func TestClosedBreakerCostsNoRPCAndOpenFailsFast(t *testing.T) {
 	}
 	// The cache learns of the change from the stream; from then on Do
 	// refuses without calling fn or policyd.
-	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := policyclient.WaitBreakerState(wctx, c, "geo", pb.BreakerState_BREAKER_STATE_OPEN); err != nil {
-		t.Fatalf("the cache never saw OPEN: %v", err)
+	timeout := time.After(10 * time.Second)
+	for open := false; !open; {
+		select {
+		case e := <-changed:
+			open = e.Target == "geo" && e.Breaker == pb.BreakerState_BREAKER_STATE_OPEN
+		case <-timeout:
+			t.Fatal("the cache never saw OPEN")
+		}
 	}
 	fn, calls := script()
 	res, _ := c.Do(ctx, policyclient.Call{Target: "geo", Idempotent: true}, fn)

@@ -4,11 +4,12 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"log"
 	"net/http"
 	"time"
 
-	policyclient "github.com/policyd/policyd/clients/go"
+	"github.com/policyd/policyd/clients/go/policyclient"
 )
 
 // A worker posting documents to a grant portal it does not control. The
@@ -68,4 +69,27 @@ func ExampleNew() {
 // and in the Python client.
 func ExampleIdempotencyKey() {
 	fmt.Println(policyclient.IdempotencyKey("doc-17", []byte("payload")))
+}
+
+// A worker on net/http: every request through the client's http.Client
+// runs through Do, and the final response comes back readable.
+func ExampleTransport() {
+	client, err := policyclient.Dial("127.0.0.1:50051", policyclient.Config{Tenant: "acme"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close(context.Background())
+	doc := []byte(`{"id":"doc-17","title":"..."}`)
+	hc := &http.Client{Transport: &policyclient.Transport{Client: client, Call: func(*http.Request) policyclient.Call {
+		return policyclient.Call{Target: "grants-portal", SubmissionID: "doc-17", Payload: doc}
+	}}}
+	resp, err := hc.Post("https://portal.invalid/submissions", "application/json", bytes.NewReader(doc))
+	if err != nil {
+		log.Fatal(err) // a *policyclient.CallError: no response (breaker open, transport errors)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 400 {
+		body, _ := io.ReadAll(resp.Body) // the failure policyd stopped on, readable
+		fmt.Println("fix the document:", resp.Status, string(body))
+	}
 }
