@@ -1,5 +1,5 @@
-"""The shared vectors' python_http_adapters section (testdata/vectors.json),
-run through each HTTP adapter (httpx Transport, httpx AsyncTransport,
+"""The shared vectors' python_http_adapters and http_responses sections
+(testdata/vectors.json), run through each HTTP adapter (httpx Transport, httpx AsyncTransport,
 requests HTTPAdapter) against a loopback upstream and a real policyd on the
 fake clock: how each response is classified, whether it is retried, how
 long the first wait is, and which response comes back."""
@@ -36,13 +36,9 @@ def send_requests(c: pc.Client, v: dict[str, Any], url: str) -> int:
         return s.request(v["method"], url, data=BODY, allow_redirects=False).status_code
 
 
-@pytest.mark.parametrize("v", CASES, ids=[v["name"] for v in CASES])
-@pytest.mark.parametrize("adapter", ["httpx", "httpx-async", "requests"])
-def test_http_vector(adapter: str, v: dict[str, Any], policyd: Daemon, tenant: str, make_client: Any,
-                     clock: FakeClock, flaky: Flaky) -> None:
-    events: list[pc.Event] = []
-    flaky.script(Reply(v["status"], v["headers"], b"scripted"))
-    url = flaky.url + "/v"
+def send(adapter: str, v: dict[str, Any], url: str, policyd: Daemon, tenant: str, make_client: Any,
+         clock: FakeClock, events: list[pc.Event]) -> int:
+    """Sends v's request through the adapter; returns the final status."""
     if adapter == "httpx-async":
         async def main() -> int:
             async with pc.AsyncClient(policyd.address, tenant=tenant, sleep=clock.asleep, now=clock.now,
@@ -52,12 +48,27 @@ def test_http_vector(adapter: str, v: dict[str, Any], policyd: Daemon, tenant: s
                 async with httpx.AsyncClient(transport=AsyncTransport(c)) as http:
                     return (await http.request(v["method"], url, content=BODY, extensions=ext)).status_code
 
-        status = asyncio.run(main())
-    else:
-        c = make_client(policyd, tenant, on_event=events.append)
-        status = (send_httpx if adapter == "httpx" else send_requests)(c, v, url)
+        return asyncio.run(main())
+    c = make_client(policyd, tenant, on_event=events.append)
+    return (send_httpx if adapter == "httpx" else send_requests)(c, v, url)
+
+
+def first_reason(events: list[pc.Event]) -> str:
     failures = [e.reason for e in events if e.kind in (pc.EventKind.RETRY_SCHEDULED, pc.EventKind.STOPPED)]
-    got = (status, len(flaky.seen), failures[0] if failures else "")
+    return failures[0] if failures else ""
+
+
+ADAPTERS = ["httpx", "httpx-async", "requests"]
+
+
+@pytest.mark.parametrize("v", CASES, ids=[v["name"] for v in CASES])
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_http_vector(adapter: str, v: dict[str, Any], policyd: Daemon, tenant: str, make_client: Any,
+                     clock: FakeClock, flaky: Flaky) -> None:
+    events: list[pc.Event] = []
+    flaky.script(Reply(v["status"], v["headers"], b"scripted"))
+    status = send(adapter, v, flaky.url + "/v", policyd, tenant, make_client, clock, events)
+    got = (status, len(flaky.seen), first_reason(events))
     assert got == (v["final_status"], v["attempts"], v["reason"]), f"got {got}, want {v}"
     if v["wait"] is None:
         assert clock.waits == [], clock.waits
@@ -70,3 +81,31 @@ def test_http_vector(adapter: str, v: dict[str, Any], policyd: Daemon, tenant: s
         assert all(w <= hi for w in clock.waits[1:]), clock.waits  # never more than the hint
     keys = {s.headers.get("idempotency-key") for s in flaky.seen}
     assert keys == ({pc.idempotency_key("doc-v", BODY)} if v["submission"] else {None})
+
+
+RESPONSES = load_vectors()["http_responses"]
+
+
+@pytest.mark.parametrize("v", RESPONSES, ids=[v["name"] for v in RESPONSES])
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_http_response_vector(adapter: str, v: dict[str, Any], policyd: Daemon, tenant: str, make_client: Any,
+                              clock: FakeClock, flaky: Flaky) -> None:
+    # An idempotent GET answered with the vector's response, then 200: the
+    # adapter retries it when retryable and not do_not_retry, waiting at
+    # least hint_seconds (spread above it by max(10 %, 250 ms); FULL jitter
+    # under 0.5 s without a hint).
+    assert v["idempotent"]
+    events: list[pc.Event] = []
+    flaky.script(Reply(v["status"], v["headers"], b"scripted"))
+    req = {"method": "GET", "submission": False}
+    status = send(adapter, req, flaky.url + "/r", policyd, tenant, make_client, clock, events)
+    retried = v["retryable"] and not v["do_not_retry"]
+    got = (status, len(flaky.seen), first_reason(events))
+    want = (200, 2, v["reason"]) if retried else (v["status"], 1, v["reason"])
+    assert got == want, f"got {got}, want {want} for {v}"
+    if retried:
+        hint = float(v["hint_seconds"])
+        hi = max(hint + max(hint / 10, 0.25), 0.5) if hint > 0 else 0.5
+        assert clock.waits and hint <= clock.waits[0] <= hi, f"got waits {clock.waits}, want the first in [{hint}, {hi}]"
+    else:
+        assert clock.waits == [], clock.waits
