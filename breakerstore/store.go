@@ -127,7 +127,7 @@ type Options struct {
 	// ErrTooManyRuns. Default 10000.
 	MaxRuns int
 	// MaxAttemptRecords caps the calls whose last decided attempt is
-	// remembered (see CheckAttempt); past it the oldest record goes first.
+	// remembered (see ClaimAttempt); past it the oldest record goes first.
 	// Default DefaultMaxAttemptRecords.
 	MaxAttemptRecords int
 	// RunRetention is how long a run is kept after its cut-off, with its

@@ -20,7 +20,10 @@
 //	subscriptions   a subscriber gets the snapshot, then every transition of its tenant's breakers in order,
 //	                and nothing of other tenants
 //	attempts        attempts are never rewound: the same attempt replays its answer, a lower one and any after
-//	                a STOP are refused with a precondition failure naming attempt
+//	                a STOP are refused with a precondition failure naming attempt; a claim let go without an
+//	                answer leaves the attempt to the next request
+//	duplicates      64 concurrent NextDelays of one attempt of one call are decided once (one claim, one
+//	                spend) and all get the one answer
 //	permits         a probe permit settles only its own breaker's current HALF_OPEN generation: another
 //	                breaker's, an earlier generation's, an expired or an invented permit is refused and changes
 //	                nothing

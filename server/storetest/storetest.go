@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -64,6 +65,7 @@ func Run(t *testing.T, open Open) {
 		{"durability", testDurability},
 		{"subscriptions", testSubscriptions},
 		{"attempts", testAttempts},
+		{"duplicates", testDuplicates},
 		{"permits", testPermits},
 	}
 	for _, tt := range tests {
@@ -676,8 +678,8 @@ func testAttempts(t *testing.T, e *env) {
 	call, other := policy.CallKey{Tenant: "acme", CallID: "call-1"}, policy.CallKey{Tenant: "beta", CallID: "call-1"}
 	decide := func(k policy.CallKey, attempt uint32, ans policy.Answer) {
 		t.Helper()
-		if _, replay, err := e.s.CheckAttempt(k, attempt); replay || err != nil {
-			t.Fatalf("CheckAttempt(%v, %d) = replay %v, %v; want a fresh decision", k, attempt, replay, err)
+		if _, replay, err := e.s.ClaimAttempt(k, attempt); replay || err != nil {
+			t.Fatalf("ClaimAttempt(%v, %d) = replay %v, %v; want a fresh decision", k, attempt, replay, err)
 		}
 		u := e.s.Begin()
 		if err := u.RecordAttempt(k, attempt, ans, keep); err != nil {
@@ -689,16 +691,16 @@ func testAttempts(t *testing.T, e *env) {
 	}
 	replays := func(k policy.CallKey, attempt uint32, want policy.Answer) {
 		t.Helper()
-		got, replay, err := e.s.CheckAttempt(k, attempt)
+		got, replay, err := e.s.ClaimAttempt(k, attempt)
 		if err != nil || !replay || !sameAnswer(got, want) {
-			t.Errorf("CheckAttempt(%v, %d) again = %+v, replay %v, %v; want the answer %+v replayed", k, attempt, got, replay, err, want)
+			t.Errorf("ClaimAttempt(%v, %d) again = %+v, replay %v, %v; want the answer %+v replayed", k, attempt, got, replay, err, want)
 		}
 	}
 	refused := func(k policy.CallKey, attempt uint32) {
 		t.Helper()
-		_, replay, err := e.s.CheckAttempt(k, attempt)
+		_, replay, err := e.s.ClaimAttempt(k, attempt)
 		if replay || !failedPrecondition(err) || !strings.Contains(err.Error(), "attempt") {
-			t.Errorf("CheckAttempt(%v, %d) = replay %v, %v; want a precondition failure naming attempt", k, attempt, replay, err)
+			t.Errorf("ClaimAttempt(%v, %d) = replay %v, %v; want a precondition failure naming attempt", k, attempt, replay, err)
 		}
 	}
 
@@ -719,6 +721,82 @@ func testAttempts(t *testing.T, e *env) {
 	replays(other, 1, stop)
 	if _, ok := e.s.LastAnswer(policy.CallKey{Tenant: "acme", CallID: "never"}); ok {
 		t.Errorf("LastAnswer of a call never decided: ok, want none")
+	}
+
+	// A claim let go without an answer (the decision failed) leaves the
+	// attempt to the next request, also one already waiting for it.
+	failed := policy.CallKey{Tenant: "acme", CallID: "call-2"}
+	if _, replay, err := e.s.ClaimAttempt(failed, 1); replay || err != nil {
+		t.Fatalf("ClaimAttempt(%v, 1) = replay %v, %v; want a fresh decision", failed, replay, err)
+	}
+	next := make(chan error, 1)
+	go func() {
+		_, replay, err := e.s.ClaimAttempt(failed, 1)
+		if err == nil && replay {
+			err = errors.New("replayed an answer never recorded")
+		}
+		next <- err
+	}()
+	e.s.ReleaseAttempt(failed)
+	if err := <-next; err != nil {
+		t.Errorf("ClaimAttempt after the claim was let go = %v, want a fresh decision", err)
+	}
+	e.s.ReleaseAttempt(failed)
+	if _, ok := e.s.LastAnswer(failed); ok {
+		t.Errorf("LastAnswer of a call whose claims were let go: ok, want none")
+	}
+	decide(failed, 1, retry)
+	replays(failed, 1, retry)
+}
+
+// testDuplicates: 64 concurrent NextDelays of one attempt of one call (a
+// client that retried the RPC while the first was in flight) are decided
+// once: one of them decides and spends, the others get its answer.
+func testDuplicates(t *testing.T, e *env) {
+	if _, err := e.s.SetBudget(policy.TenantBudget{Tenant: "acme", Capacity: 100, DepositRatio: 0.1, MinPerSecond: 1,
+		RetryCost: 1, TimeoutCost: 1}); err != nil {
+		t.Fatalf("SetBudget = %v, want nil", err)
+	}
+	call := policy.CallKey{Tenant: "acme", CallID: "call-1"}
+	keep := e.clock.Now().Add(time.Hour)
+	var decided atomic.Int64
+	answers := make([]policy.Answer, workers)
+	race(workers, func(i int) {
+		ans, replay, err := e.s.ClaimAttempt(call, 1)
+		if err != nil {
+			t.Errorf("ClaimAttempt = %v, want nil", err)
+			return
+		}
+		if !replay {
+			decided.Add(1)
+			runtime.Gosched() // deciding takes a while: let the duplicates in
+			u := e.s.Begin()
+			sp, err := u.SpendRetry(policy.SpendRequest{Tenant: "acme"})
+			if err != nil {
+				t.Errorf("SpendRetry = %v, want nil", err)
+				return
+			}
+			ans = policy.Answer{Retry: sp.Granted, Delay: time.Duration(1+i) * time.Millisecond, TenantTokens: sp.TenantTokens}
+			if err := u.RecordAttempt(call, 1, ans, keep); err != nil {
+				t.Errorf("RecordAttempt = %v, want nil", err)
+			}
+			if err := u.Commit(); err != nil {
+				t.Errorf("Commit = %v, want nil", err)
+			}
+		}
+		answers[i] = ans
+	})
+	if n := decided.Load(); n != 1 {
+		t.Errorf("of %d concurrent NextDelays of one attempt: %d decided, want 1", workers, n)
+	}
+	for i, ans := range answers {
+		if !sameAnswer(ans, answers[0]) {
+			t.Errorf("answer %d: %+v, want the same as answer 0, %+v", i, ans, answers[0])
+			break
+		}
+	}
+	if st, err := e.s.Budget("acme"); err != nil || st.Granted != 1 {
+		t.Errorf("Budget = %d granted, %v; want the one retry spent once", st.Granted, err)
 	}
 }
 
