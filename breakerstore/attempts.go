@@ -269,7 +269,7 @@ func (s *Store) recordAttempt(k policy.CallKey, attempt uint32, ans policy.Answe
 	if !changed {
 		return nil
 	}
-	return s.touchedIn(p, e, newlyDirty)
+	return s.changed(p, e, newlyDirty)
 }
 
 // cloneCallKey copies k's strings into one allocation, so the table does not

@@ -106,7 +106,9 @@ func (s *Store) appendAudit(p *pending, groups ...[]policy.AuditRecord) {
 			p.audit = append(p.audit, dst...)
 			return
 		}
-		s.commitAudit(dst)
+		one := shared()
+		one.audit = dst
+		_ = s.commit(one) // a failure is logged, the records left to the flusher
 	}
 }
 
@@ -135,22 +137,6 @@ func (s *Store) stampAudit(rec *policy.AuditRecord, now int64) {
 	rec.Time = time.Unix(0, ns)
 	s.auditSeq++
 	rec.Seq = s.auditSeq
-}
-
-// commitAudit writes recs in one SyncAlways batch. On failure the records
-// go to the buffer for the flusher (or are dropped when it is full).
-func (s *Store) commitAudit(recs []policy.AuditRecord) {
-	if len(recs) == 0 {
-		return
-	}
-	err := s.db.Batch(func(tx *bbolt.Tx) error {
-		if err := s.roomLeft(counterPages); err != nil {
-			return err
-		}
-		s.noteBatchTx(tx)
-		return writeAudit(tx, recs)
-	})
-	s.auditSynced(recs, err)
 }
 
 // auditSynced updates the in-memory view of the trail after a SyncAlways

@@ -202,7 +202,7 @@ func (s *Store) recordFinal(runID, callID string, d policy.Disposition, stop pol
 	r.dirtyCalls = append(r.dirtyCalls, kept)
 	newlyDirty := r.markDirty()
 	r.mu.Unlock()
-	return s.touchedIn(p, r, newlyDirty)
+	return s.changed(p, r, newlyDirty)
 }
 
 func (r *run) markDirty() bool {

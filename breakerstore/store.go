@@ -240,16 +240,6 @@ type Store struct {
 	capped atomic.Bool // a write hit Options.MaxSize: see roomLeft
 }
 
-// entity is a piece of state with counters that are flushed in group commits.
-type entity interface {
-	// write puts the entity's current state in tx, locking the entity; with
-	// clear it also clears the dirty mark. It returns the records written.
-	write(tx *bbolt.Tx, clear bool) (int, error)
-	// redirty marks the entity dirty again after a failed commit and reports
-	// whether the caller must queue it (it was clean and still exists).
-	redirty() bool
-}
-
 // Open opens or creates the database at opts.Path, loads all state into
 // memory and starts the flusher. Only a path that does not exist is
 // created. A file held by another process fails with ErrLocked within
@@ -738,141 +728,29 @@ func (s *Store) flush(forceSweep bool) error {
 	count := s.auditCount
 	s.auditMu.Unlock()
 
-	var written, deleted int
+	var deleted int
 	var oldest int64
-	err := s.db.Update(func(tx *bbolt.Tx) error {
-		written = 0
-		if err := s.roomLeft(counterPages); err != nil {
-			return err
-		}
-		if err := s.deleteRecords(tx, s.pendingDel); err != nil {
-			return err
-		}
-		for _, e := range batch {
-			n, err := e.write(tx, true)
-			if err != nil {
+	err := s.commit(&pending{kind: commitGroup, floor: counterPages, op: "flush counters", ents: batch, audit: audit,
+		step: func(tx *bbolt.Tx) error {
+			if err := s.deleteRecords(tx, s.pendingDel); err != nil {
 				return err
 			}
-			written += n
-		}
-		if !auditDue {
-			return nil
-		}
-		var err error
-		deleted, oldest, err = s.flushAudit(tx, audit, now, count)
-		written += len(audit)
-		return err
-	})
+			if !auditDue {
+				return nil
+			}
+			var err error
+			deleted, oldest, err = s.flushAudit(tx, audit, now, count)
+			return err
+		}})
 	if err != nil {
-		err = s.writeErr("flush counters", err)
 		s.flushErrors.Add(1)
 		s.log.Error("breakerstore: group commit failed; will retry", "err", err, "records", len(batch), "audit_records", len(audit))
-		for _, e := range batch {
-			if e.redirty() {
-				s.queue(e)
-			}
-		}
-		s.requeueAudit(audit)
 		return err
 	}
 	if auditDue {
 		s.auditCommitted(len(audit), deleted, oldest)
 	}
 	s.pendingDel = nil
-	s.commits.Add(1)
-	s.groupCommits.Add(1)
-	s.records.Add(uint64(written))
-	return nil
-}
-
-// queue adds a newly dirty entity to the next group commit.
-func (s *Store) queue(e entity) {
-	s.dirtyMu.Lock()
-	s.dirty = append(s.dirty, e)
-	s.dirtyMu.Unlock()
-}
-
-// touched makes a counter mutation of e durable as the sync mode requires:
-// in SyncGroup newlyDirty entities are queued for the next group commit; in
-// SyncAlways e is committed through db.Batch before touched returns. The
-// Batch function writes e's current state, so it is idempotent.
-func (s *Store) touched(e entity, newlyDirty bool) error {
-	if s.opts.Sync != SyncAlways {
-		if newlyDirty {
-			s.queue(e)
-		}
-		return nil
-	}
-	var n int
-	err := s.db.Batch(func(tx *bbolt.Tx) error {
-		if err := s.roomLeft(counterPages); err != nil {
-			return err
-		}
-		s.noteBatchTx(tx)
-		var err error
-		n, err = e.write(tx, false)
-		return err
-	})
-	if err != nil {
-		if newlyDirty || e.redirty() {
-			s.queue(e)
-		}
-		return s.writeErr("commit", err)
-	}
-	if newlyDirty {
-		// The entity was marked dirty by the mutation; the flusher will write
-		// it again, harmlessly.
-		s.queue(e)
-	}
-	s.syncMutations.Add(1)
-	s.records.Add(uint64(n))
-	return nil
-}
-
-// noteBatchTx counts each distinct Batch transaction once, at its commit.
-func (s *Store) noteBatchTx(tx *bbolt.Tx) {
-	s.batchMu.Lock()
-	if s.lastBatchTx != tx {
-		s.lastBatchTx = tx
-		tx.OnCommit(func() {
-			s.commits.Add(1)
-			s.syncCommits.Add(1)
-		})
-	}
-	s.batchMu.Unlock()
-}
-
-// update runs fn in a durable write transaction and counts the commit.
-func (s *Store) update(op string, fn func(tx *bbolt.Tx) error) error {
-	return s.updateTx(op, reservePages, fn)
-}
-
-// updateFreeing is update for a deletion: in a file at its size cap it may
-// use the pages roomLeft keeps free.
-func (s *Store) updateFreeing(op string, fn func(tx *bbolt.Tx) error) error {
-	return s.updateTx(op, -1, fn)
-}
-
-// updateTx is update with the floor of free pages roomLeft checks.
-func (s *Store) updateTx(op string, floor int, fn func(tx *bbolt.Tx) error) error {
-	if s.closed.Load() {
-		return ErrClosed
-	}
-	err := s.db.Update(func(tx *bbolt.Tx) error {
-		if err := s.roomLeft(floor); err != nil {
-			return err
-		}
-		return fn(tx)
-	})
-	if err != nil {
-		for _, passthrough := range []error{ErrInvalid, ErrNotFound, ErrExists, ErrTooManyBreakers, ErrDiskFull} {
-			if errors.Is(err, passthrough) {
-				return err
-			}
-		}
-		return s.writeErr(op, err)
-	}
-	s.commits.Add(1)
 	return nil
 }
 

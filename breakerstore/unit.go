@@ -54,7 +54,7 @@ var _ Changes = (*changeBatch)(nil)
 func (s *Store) Begin() Changes {
 	u := &changeBatch{s: s}
 	if s.opts.Sync == SyncAlways {
-		u.p = &pending{}
+		u.p = shared()
 	}
 	return u
 }
@@ -95,6 +95,6 @@ func (u *changeBatch) Commit() error {
 		return nil
 	}
 	p := u.p
-	u.p = &pending{}
-	return u.s.commitPending(p)
+	u.p = shared()
+	return u.s.commit(p)
 }
