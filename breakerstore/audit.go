@@ -11,6 +11,7 @@ import (
 
 	"go.etcd.io/bbolt"
 
+	"github.com/policyd/policyd/breakerstore/internal/auditseg"
 	"github.com/policyd/policyd/policy"
 )
 
@@ -31,10 +32,6 @@ const (
 	// auditSweepBatch caps the records one flush deletes, so a large backlog
 	// is removed over several commits instead of one huge transaction.
 	auditSweepBatch = 50_000
-	// auditKeyLen is the length of a record key: time and sequence number.
-	auditKeyLen = 16
-	// auditVersion is the version byte of an encoded record.
-	auditVersion = 1
 )
 
 // AppendAudit adds recs, in order, to the audit trail. It stamps each
@@ -242,15 +239,15 @@ func (s *Store) flushAudit(tx *bbolt.Tx, recs []policy.AuditRecord, now int64, c
 	excess := count + len(recs) - s.opts.AuditMaxRecords
 	var gone [][]byte // segments to delete
 	var restKey, restValue []byte
-	var w segEncoder
+	var w auditseg.Encoder
 	c := b.Cursor()
 	for k, v := c.First(); k != nil && deleted < auditSweepBatch; k, v = c.Next() {
 		need := excess - deleted // records still beyond the cap
-		if len(k) == auditKeyLen && int64(binary.BigEndian.Uint64(k)) >= cutoff && need <= 0 {
+		if len(k) == auditseg.KeyLen && int64(binary.BigEndian.Uint64(k)) >= cutoff && need <= 0 {
 			break
 		}
-		h, err := parseSegHeader(v)
-		if err == nil && len(k) != auditKeyLen {
+		h, err := auditseg.ParseHeader(v)
+		if err == nil && len(k) != auditseg.KeyLen {
 			err = errors.New("key is not time and sequence number")
 		}
 		if err != nil {
@@ -259,27 +256,27 @@ func (s *Store) flushAudit(tx *bbolt.Tx, recs []policy.AuditRecord, now int64, c
 			continue
 		}
 		room := auditSweepBatch - deleted
-		if (int64(h.last.ns) < cutoff || need >= h.count) && h.count <= room {
+		if (int64(h.Last.NS) < cutoff || need >= h.Count) && h.Count <= room {
 			gone = append(gone, bytes.Clone(k))
-			deleted += h.count
+			deleted += h.Count
 			continue
 		}
-		_, ents, err := segEntries(k, v)
+		_, ents, err := auditseg.Entries(k, v)
 		if err != nil {
 			s.log.Error("breakerstore: undecodable audit segment removed", "err", corrupt(bucketAuditSeg, k, err))
 			gone = append(gone, bytes.Clone(k))
-			deleted += h.count
+			deleted += h.Count
 			continue
 		}
 		m := max(need, 0)
-		for m < len(ents) && int64(ents[m].key.ns) < cutoff {
+		for m < len(ents) && int64(ents[m].Key.NS) < cutoff {
 			m++
 		}
 		if m = min(m, room, len(ents)); m > 0 {
 			gone = append(gone, bytes.Clone(k))
 			deleted += m
 			if rest := ents[m:]; len(rest) > 0 {
-				restKey, restValue = rest[0].key.bytes(), w.encode(rest)
+				restKey, restValue = rest[0].Key.Bytes(), w.Encode(rest)
 			}
 		}
 		// The segments after this one are newer than its last record,
@@ -298,7 +295,7 @@ func (s *Store) flushAudit(tx *bbolt.Tx, recs []policy.AuditRecord, now int64, c
 		}
 	}
 	first, _ := b.Cursor().First()
-	if len(first) == auditKeyLen {
+	if len(first) == auditseg.KeyLen {
 		oldest = int64(binary.BigEndian.Uint64(first))
 	}
 	return deleted, oldest, nil
@@ -311,8 +308,8 @@ func writeAudit(tx *bbolt.Tx, recs []policy.AuditRecord) error {
 	if len(recs) == 0 {
 		return nil
 	}
-	var w segEncoder
-	if err := w.insert(tx.Bucket(bucketAuditSeg), auditEntries(recs)); err != nil {
+	var w auditseg.Encoder
+	if err := insertSegments(&w, tx.Bucket(bucketAuditSeg), auditseg.FromRecords(recs)); err != nil {
 		return err
 	}
 	var top uint64
@@ -326,59 +323,30 @@ func writeAudit(tx *bbolt.Tx, recs []policy.AuditRecord) error {
 	return meta.Put(keyAuditSeq, binary.BigEndian.AppendUint64(nil, top))
 }
 
-// auditEntries returns recs as segment entries in key order; they point at
-// recs. The records are normally in key order already (stamped in order);
-// a record with a time of its own, or records a failed SyncAlways commit
-// left to the flusher, may not be. Of records with the same key the last
-// one is kept, as a Put of each would.
-func auditEntries(recs []policy.AuditRecord) []segEntry {
-	ents := make([]segEntry, len(recs))
-	sorted := true
-	for i := range recs {
-		rec := &recs[i]
-		ents[i] = segEntry{key: akey{uint64(max(rec.Time.UnixNano(), 0)), rec.Seq}, rec: rec}
-		if i > 0 && ents[i].key.cmp(ents[i-1].key) <= 0 {
-			sorted = false
-		}
-	}
-	if sorted {
-		return ents
-	}
-	slices.SortStableFunc(ents, func(a, b segEntry) int { return a.key.cmp(b.key) })
-	out := ents[:0]
-	for i, e := range ents {
-		if i+1 < len(ents) && ents[i+1].key == e.key {
-			continue
-		}
-		out = append(out, e)
-	}
-	return out
-}
-
 // loadAudit reads the trail's size, oldest time, last stamp and sequence
 // number from the segments' keys and headers; records are read only by
 // queries.
 func (s *Store) loadAudit(tx *bbolt.Tx) error {
 	s.auditCount = 0
 	if b := tx.Bucket(bucketAuditSeg); b != nil {
-		var last akey
+		var last auditseg.Key
 		c := b.Cursor()
 		for k, v := c.First(); k != nil; k, v = c.Next() {
-			if len(k) != auditKeyLen {
+			if len(k) != auditseg.KeyLen {
 				return corrupt(bucketAuditSeg, k, errors.New("key is not time and sequence number"))
 			}
-			h, err := parseSegHeader(v)
+			h, err := auditseg.ParseHeader(v)
 			if err != nil {
 				return corrupt(bucketAuditSeg, k, err)
 			}
 			if s.auditCount == 0 {
 				s.auditOldest = int64(binary.BigEndian.Uint64(k))
 			}
-			s.auditCount += h.count
-			last = h.last
+			s.auditCount += h.Count
+			last = h.Last
 		}
 		if s.auditCount > 0 {
-			s.auditLast, s.auditSeq = int64(last.ns), last.seq
+			s.auditLast, s.auditSeq = int64(last.NS), last.Seq
 		}
 	}
 	if v := tx.Bucket(bucketMeta).Get(keyAuditSeq); v != nil {
@@ -391,14 +359,14 @@ func (s *Store) loadAudit(tx *bbolt.Tx) error {
 }
 
 // checkAudit decodes every audit segment and checks it in full (see
-// checkSegment), and that the segments are in order and do not overlap;
+// auditseg.Check), and that the segments are in order and do not overlap;
 // Check uses it. The records of a file of the previous layout, which Open
 // moves into segments, are decoded too.
 func checkAudit(tx *bbolt.Tx) error {
 	if b := tx.Bucket(bucketAuditSeg); b != nil {
-		var prev *akey
+		var prev *auditseg.Key
 		err := b.ForEach(func(k, v []byte) error {
-			last, err := checkSegment(k, v, prev)
+			last, err := auditseg.Check(k, v, prev)
 			if err != nil {
 				return corrupt(bucketAuditSeg, k, err)
 			}
@@ -411,7 +379,7 @@ func checkAudit(tx *bbolt.Tx) error {
 	}
 	if b := tx.Bucket(bucketAudit); b != nil {
 		return b.ForEach(func(k, v []byte) error {
-			if _, err := decodeAudit(k, v); err != nil {
+			if _, err := auditseg.DecodeRecord(k, v); err != nil {
 				return corrupt(bucketAudit, k, err)
 			}
 			return nil
@@ -453,12 +421,12 @@ func (s *Store) QueryAudit(q policy.AuditQuery) ([]policy.AuditRecord, policy.Au
 		endNs = q.End.UnixNano()
 	}
 	hasAfter := !q.After.IsZero()
-	after := akey{uint64(max(q.After.Time.UnixNano(), 0)), q.After.Seq}
+	after := auditseg.Key{NS: uint64(max(q.After.Time.UnixNano(), 0)), Seq: q.After.Seq}
 	// inRange reports whether a record of key k is in [Start, End) and
 	// after q.After.
-	inRange := func(k akey) bool {
-		ns := int64(k.ns)
-		return ns >= startNs && ns < endNs && (!hasAfter || k.cmp(after) > 0)
+	inRange := func(k auditseg.Key) bool {
+		ns := int64(k.NS)
+		return ns >= startNs && ns < endNs && (!hasAfter || k.Compare(after) > 0)
 	}
 
 	// Holding flushMu while the read transaction starts means every record
@@ -469,7 +437,7 @@ func (s *Store) QueryAudit(q policy.AuditQuery) ([]policy.AuditRecord, policy.Au
 	for i := range s.auditBuf {
 		rec := &s.auditBuf[i]
 		if (q.CallID == "" || rec.CallID == q.CallID) && (q.Tenant == "" || rec.Tenant == q.Tenant) &&
-			inRange(akey{uint64(max(rec.Time.UnixNano(), 0)), rec.Seq}) {
+			inRange(auditseg.Key{NS: uint64(max(rec.Time.UnixNano(), 0)), Seq: rec.Seq}) {
 			out = append(out, *rec)
 		}
 	}
@@ -481,51 +449,51 @@ func (s *Store) QueryAudit(q policy.AuditQuery) ([]policy.AuditRecord, policy.Au
 	}
 	defer func() { _ = tx.Rollback() }()
 
-	seek := akey{ns: uint64(startNs)}
-	if hasAfter && after.cmp(seek) > 0 {
+	seek := auditseg.Key{NS: uint64(startNs)}
+	if hasAfter && after.Compare(seek) > 0 {
 		seek = after
 	}
 	c := tx.Bucket(bucketAuditSeg).Cursor()
 	fromDisk := 0
 segments:
-	for k, v := segAt(c, seek.bytes()); k != nil && fromDisk <= limit; k, v = c.Next() {
-		if len(k) != auditKeyLen {
+	for k, v := segAt(c, seek.Bytes()); k != nil && fromDisk <= limit; k, v = c.Next() {
+		if len(k) != auditseg.KeyLen {
 			return nil, policy.AuditCursor{}, corrupt(bucketAuditSeg, k, errors.New("key is not time and sequence number"))
 		}
 		if int64(binary.BigEndian.Uint64(k)) >= endNs {
 			break
 		}
-		h, err := parseSegHeader(v)
+		h, err := auditseg.ParseHeader(v)
 		if err != nil {
 			return nil, policy.AuditCursor{}, corrupt(bucketAuditSeg, k, err)
 		}
-		if h.last.cmp(seek) < 0 ||
-			q.CallID != "" && !h.mayHold('c', q.CallID) || q.Tenant != "" && !h.mayHold('t', q.Tenant) {
+		if h.Last.Compare(seek) < 0 ||
+			q.CallID != "" && !h.MayHold('c', q.CallID) || q.Tenant != "" && !h.MayHold('t', q.Tenant) {
 			continue
 		}
-		r := newSegReader(keyOf(k), &h)
+		r := auditseg.NewReader(auditseg.KeyOf(k), &h)
 		for fromDisk <= limit {
-			e, ok, err := r.next()
+			e, ok, err := r.Next()
 			if err != nil {
 				return nil, policy.AuditCursor{}, corrupt(bucketAuditSeg, k, err)
 			}
 			if !ok {
 				break
 			}
-			if int64(e.key.ns) >= endNs {
+			if int64(e.Key.NS) >= endNs {
 				break segments
 			}
-			if !inRange(e.key) {
+			if !inRange(e.Key) {
 				continue
 			}
-			tenant, callID, ok := auditNames(e.body)
+			tenant, callID, ok := auditseg.Names(e.Body)
 			if !ok {
 				return nil, policy.AuditCursor{}, corrupt(bucketAuditSeg, k, errors.New("undecodable record"))
 			}
 			if q.CallID != "" && string(callID) != q.CallID || q.Tenant != "" && string(tenant) != q.Tenant {
 				continue
 			}
-			rec, err := decodeAudit(e.key.bytes(), e.body)
+			rec, err := auditseg.DecodeRecord(e.Key.Bytes(), e.Body)
 			if err != nil {
 				return nil, policy.AuditCursor{}, corrupt(bucketAuditSeg, k, err)
 			}
@@ -554,87 +522,4 @@ func compareCursor(a, b policy.AuditCursor) int {
 		return 1
 	}
 	return 0
-}
-
-// encodeAudit encodes a record without its key: version 1, event,
-// verdict, stop reason, disposition (a byte each), attempt (uvarint), delay
-// in nanoseconds (varint), then tenant, target, call id, run id,
-// classification and detail, each a uvarint length and its bytes.
-func encodeAudit(rec *policy.AuditRecord) []byte {
-	return appendAuditBody(make([]byte, 0, auditBodyLen(rec)), rec)
-}
-
-// appendAuditBody appends rec encoded as encodeAudit does to b.
-func appendAuditBody(b []byte, rec *policy.AuditRecord) []byte {
-	b = append(b, auditVersion, byte(rec.Event), byte(rec.Verdict), byte(rec.Stop), byte(rec.Disposition))
-	b = binary.AppendUvarint(b, uint64(rec.Attempt))
-	b = binary.AppendVarint(b, int64(rec.Delay))
-	// Unrolled: a loop over an array of the six strings costs a group
-	// commit a third more.
-	b = appendAuditString(b, rec.Tenant)
-	b = appendAuditString(b, rec.Target)
-	b = appendAuditString(b, rec.CallID)
-	b = appendAuditString(b, rec.RunID)
-	b = appendAuditString(b, rec.Classification)
-	return appendAuditString(b, rec.Detail)
-}
-
-// appendAuditString appends s's length as a uvarint and s.
-func appendAuditString(b []byte, s string) []byte {
-	if len(s) < 0x80 {
-		b = append(b, byte(len(s)))
-	} else {
-		b = binary.AppendUvarint(b, uint64(len(s)))
-	}
-	return append(b, s...)
-}
-
-// auditBodyLen is the length of rec encoded by encodeAudit.
-func auditBodyLen(rec *policy.AuditRecord) int {
-	return 5 + uvarintLen(uint64(rec.Attempt)) + uvarintLen(zigzag(uint64(rec.Delay))) +
-		uvarintLen(uint64(len(rec.Tenant))) + len(rec.Tenant) + uvarintLen(uint64(len(rec.Target))) + len(rec.Target) +
-		uvarintLen(uint64(len(rec.CallID))) + len(rec.CallID) + uvarintLen(uint64(len(rec.RunID))) + len(rec.RunID) +
-		uvarintLen(uint64(len(rec.Classification))) + len(rec.Classification) +
-		uvarintLen(uint64(len(rec.Detail))) + len(rec.Detail)
-}
-
-// decodeAudit decodes a record written by encodeAudit under key k,
-// copying every byte it keeps.
-func decodeAudit(k, v []byte) (policy.AuditRecord, error) {
-	var rec policy.AuditRecord
-	if len(k) != auditKeyLen {
-		return rec, fmt.Errorf("key is %d bytes, want %d", len(k), auditKeyLen)
-	}
-	rec.Time = time.Unix(0, int64(binary.BigEndian.Uint64(k)))
-	rec.Seq = binary.BigEndian.Uint64(k[8:])
-	if len(v) < 5 || v[0] != auditVersion {
-		return rec, errors.New("not an audit record of version 1")
-	}
-	rec.Event, rec.Verdict = policy.AuditEvent(v[1]), policy.Verdict(v[2])
-	rec.Stop, rec.Disposition = policy.StopReason(v[3]), policy.Disposition(v[4])
-	v = v[5:]
-	attempt, n := binary.Uvarint(v)
-	if n <= 0 || attempt > math.MaxUint32 {
-		return rec, errors.New("bad attempt")
-	}
-	rec.Attempt = uint32(attempt)
-	v = v[n:]
-	delay, n := binary.Varint(v)
-	if n <= 0 {
-		return rec, errors.New("bad delay")
-	}
-	rec.Delay = time.Duration(delay)
-	v = v[n:]
-	for _, dst := range [...]*string{&rec.Tenant, &rec.Target, &rec.CallID, &rec.RunID, &rec.Classification, &rec.Detail} {
-		l, n := binary.Uvarint(v)
-		if n <= 0 || l > uint64(len(v)-n) {
-			return rec, errors.New("truncated string")
-		}
-		*dst = string(v[n : n+int(l)])
-		v = v[n+int(l):]
-	}
-	if len(v) != 0 {
-		return rec, fmt.Errorf("%d trailing bytes", len(v))
-	}
-	return rec, nil
 }
