@@ -70,8 +70,8 @@ func (s *Store) appendAudit(p *pending, groups ...[]policy.AuditRecord) {
 	}
 	now := s.now()
 	var unindexable error
-	s.auditMu.Lock()
-	dst, room := s.auditBuf, max(s.opts.AuditBuffer-len(s.auditBuf), 0)
+	s.trail.mu.Lock()
+	dst, room := s.trail.buf, max(s.opts.AuditBuffer-len(s.trail.buf), 0)
 	if s.opts.Sync == SyncAlways {
 		dst, room = make([]policy.AuditRecord, 0, n), n // never the caller's array
 	}
@@ -79,12 +79,12 @@ func (s *Store) appendAudit(p *pending, groups ...[]policy.AuditRecord) {
 	for _, g := range groups {
 		for i := range g {
 			if err := checkAuditNames(&g[i]); err != nil {
-				s.auditDropped.Add(1)
+				s.trail.dropped.Add(1)
 				unindexable = err
 				continue
 			}
 			if len(dst)-start == room {
-				s.auditDropped.Add(1)
+				s.trail.dropped.Add(1)
 				continue
 			}
 			dst = append(dst, g[i])
@@ -92,9 +92,9 @@ func (s *Store) appendAudit(p *pending, groups ...[]policy.AuditRecord) {
 		}
 	}
 	if s.opts.Sync != SyncAlways {
-		s.auditBuf = dst
+		s.trail.buf = dst
 	}
-	s.auditMu.Unlock()
+	s.trail.mu.Unlock()
 	if unindexable != nil {
 		s.log.Warn("breakerstore: audit record dropped", "err", unindexable)
 	}
@@ -122,55 +122,55 @@ func checkAuditNames(rec *policy.AuditRecord) error {
 }
 
 // stampAudit sets rec's time (when zero, to now) and sequence number;
-// s.auditMu must be held.
+// s.trail.mu must be held.
 func (s *Store) stampAudit(rec *policy.AuditRecord, now int64) {
 	var ns int64
 	if rec.Time.IsZero() {
-		ns = max(now, s.auditLast)
-		s.auditLast = ns
+		ns = max(now, s.trail.last)
+		s.trail.last = ns
 	} else {
 		ns = max(rec.Time.UnixNano(), 0)
 	}
 	rec.Time = time.Unix(0, ns)
-	s.auditSeq++
-	rec.Seq = s.auditSeq
+	s.trail.seq++
+	rec.Seq = s.trail.seq
 }
 
 // auditSynced updates the in-memory view of the trail after a SyncAlways
 // commit of recs; when it failed (err), the records wait in the buffer for
 // the flusher, or are dropped when it is full.
 func (s *Store) auditSynced(recs []policy.AuditRecord, err error) {
-	s.auditMu.Lock()
-	defer s.auditMu.Unlock()
+	s.trail.mu.Lock()
+	defer s.trail.mu.Unlock()
 	if err != nil {
 		s.log.Error("breakerstore: audit records not committed; retrying in the next flush",
 			"err", s.writeErr("commit audit", err), "records", len(recs))
-		room := max(s.opts.AuditBuffer-len(s.auditBuf), 0)
+		room := max(s.opts.AuditBuffer-len(s.trail.buf), 0)
 		if len(recs) > room {
-			s.auditDropped.Add(uint64(len(recs) - room))
+			s.trail.dropped.Add(uint64(len(recs) - room))
 			recs = recs[:room]
 		}
-		s.auditBuf = append(s.auditBuf, recs...)
+		s.trail.buf = append(s.trail.buf, recs...)
 		return
 	}
-	s.syncMutations.Add(1)
-	s.records.Add(uint64(len(recs)))
+	s.stats.syncMutations.Add(1)
+	s.stats.records.Add(uint64(len(recs)))
 	for _, rec := range recs {
-		if ns := rec.Time.UnixNano(); s.auditCount == 0 || ns < s.auditOldest {
-			s.auditOldest = ns
+		if ns := rec.Time.UnixNano(); s.trail.count == 0 || ns < s.trail.oldest {
+			s.trail.oldest = ns
 		}
-		s.auditCount++
+		s.trail.count++
 	}
 }
 
 // takeAudit empties the buffer for a group commit.
 func (s *Store) takeAudit() []policy.AuditRecord {
-	s.auditMu.Lock()
-	defer s.auditMu.Unlock()
-	recs := s.auditBuf
+	s.trail.mu.Lock()
+	defer s.trail.mu.Unlock()
+	recs := s.trail.buf
 	// The next interval likely appends as many: size for it at once rather
 	// than growing (and copying) the buffer from nothing again.
-	s.auditBuf = make([]policy.AuditRecord, 0, min(cap(recs), s.opts.AuditBuffer))
+	s.trail.buf = make([]policy.AuditRecord, 0, min(cap(recs), s.opts.AuditBuffer))
 	return recs
 }
 
@@ -180,44 +180,44 @@ func (s *Store) requeueAudit(recs []policy.AuditRecord) {
 	if len(recs) == 0 {
 		return
 	}
-	s.auditMu.Lock()
-	defer s.auditMu.Unlock()
-	merged := append(recs, s.auditBuf...)
+	s.trail.mu.Lock()
+	defer s.trail.mu.Unlock()
+	merged := append(recs, s.trail.buf...)
 	if over := len(merged) - s.opts.AuditBuffer; over > 0 {
 		merged = merged[:s.opts.AuditBuffer]
-		s.auditDropped.Add(uint64(over))
+		s.trail.dropped.Add(uint64(over))
 	}
-	s.auditBuf = merged
+	s.trail.buf = merged
 }
 
 // auditSweepDue reports whether records on disk are past the retention age
 // or the record cap, so the flusher must delete some.
 func (s *Store) auditSweepDue(now int64) bool {
-	s.auditMu.Lock()
-	defer s.auditMu.Unlock()
-	if s.auditCount == 0 {
+	s.trail.mu.Lock()
+	defer s.trail.mu.Unlock()
+	if s.trail.count == 0 {
 		return false
 	}
-	return s.auditCount > s.opts.AuditMaxRecords || s.auditOldest < now-int64(s.opts.AuditRetention)
+	return s.trail.count > s.opts.AuditMaxRecords || s.trail.oldest < now-int64(s.opts.AuditRetention)
 }
 
 // auditCommitted updates the in-memory view of the disk after a group
 // commit that wrote n records, deleted del and left oldest first.
 func (s *Store) auditCommitted(n, del int, oldest int64) {
-	s.auditMu.Lock()
-	s.auditCount = max(s.auditCount+n-del, 0)
-	s.auditOldest = oldest
-	s.auditMu.Unlock()
-	s.auditDeleted.Add(uint64(del))
+	s.trail.mu.Lock()
+	s.trail.count = max(s.trail.count+n-del, 0)
+	s.trail.oldest = oldest
+	s.trail.mu.Unlock()
+	s.trail.deleted.Add(uint64(del))
 }
 
-// logAuditDrops logs the records dropped since the last call; s.flushMu
+// logAuditDrops logs the records dropped since the last call; s.group.flushMu
 // must be held.
 func (s *Store) logAuditDrops() {
-	if d := s.auditDropped.Load(); d != s.auditDropLogged {
+	if d := s.trail.dropped.Load(); d != s.trail.dropLogged {
 		s.log.Warn("breakerstore: audit records dropped (buffer full or unindexable)",
-			"dropped", d-s.auditDropLogged, "total", d, "buffer", s.opts.AuditBuffer)
-		s.auditDropLogged = d
+			"dropped", d-s.trail.dropLogged, "total", d, "buffer", s.opts.AuditBuffer)
+		s.trail.dropLogged = d
 	}
 }
 
@@ -327,7 +327,7 @@ func writeAudit(tx *bbolt.Tx, recs []policy.AuditRecord) error {
 // number from the segments' keys and headers; records are read only by
 // queries.
 func (s *Store) loadAudit(tx *bbolt.Tx) error {
-	s.auditCount = 0
+	s.trail.count = 0
 	if b := tx.Bucket(bucketAuditSeg); b != nil {
 		var last auditseg.Key
 		c := b.Cursor()
@@ -339,21 +339,21 @@ func (s *Store) loadAudit(tx *bbolt.Tx) error {
 			if err != nil {
 				return corrupt(bucketAuditSeg, k, err)
 			}
-			if s.auditCount == 0 {
-				s.auditOldest = int64(binary.BigEndian.Uint64(k))
+			if s.trail.count == 0 {
+				s.trail.oldest = int64(binary.BigEndian.Uint64(k))
 			}
-			s.auditCount += h.Count
+			s.trail.count += h.Count
 			last = h.Last
 		}
-		if s.auditCount > 0 {
-			s.auditLast, s.auditSeq = int64(last.NS), last.Seq
+		if s.trail.count > 0 {
+			s.trail.last, s.trail.seq = int64(last.NS), last.Seq
 		}
 	}
 	if v := tx.Bucket(bucketMeta).Get(keyAuditSeq); v != nil {
 		if len(v) != 8 {
 			return corrupt(bucketMeta, keyAuditSeq, fmt.Errorf("%d bytes, want 8", len(v)))
 		}
-		s.auditSeq = max(s.auditSeq, binary.BigEndian.Uint64(v))
+		s.trail.seq = max(s.trail.seq, binary.BigEndian.Uint64(v))
 	}
 	return nil
 }
@@ -429,21 +429,21 @@ func (s *Store) QueryAudit(q policy.AuditQuery) ([]policy.AuditRecord, policy.Au
 		return ns >= startNs && ns < endNs && (!hasAfter || k.Compare(after) > 0)
 	}
 
-	// Holding flushMu while the read transaction starts means every record
+	// Holding group.flushMu while the read transaction starts means every record
 	// is either in the buffer copy or in the transaction's snapshot.
-	s.flushMu.Lock()
+	s.group.flushMu.Lock()
 	var out []policy.AuditRecord
-	s.auditMu.Lock()
-	for i := range s.auditBuf {
-		rec := &s.auditBuf[i]
+	s.trail.mu.Lock()
+	for i := range s.trail.buf {
+		rec := &s.trail.buf[i]
 		if (q.CallID == "" || rec.CallID == q.CallID) && (q.Tenant == "" || rec.Tenant == q.Tenant) &&
 			inRange(auditseg.Key{NS: uint64(max(rec.Time.UnixNano(), 0)), Seq: rec.Seq}) {
 			out = append(out, *rec)
 		}
 	}
-	s.auditMu.Unlock()
+	s.trail.mu.Unlock()
 	tx, err := s.db.Begin(false)
-	s.flushMu.Unlock()
+	s.group.flushMu.Unlock()
 	if err != nil {
 		return nil, policy.AuditCursor{}, storageErr("query audit", err)
 	}

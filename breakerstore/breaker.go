@@ -28,7 +28,7 @@ const (
 
 // breaker holds one fleet-wide circuit breaker's state, whose rules live in
 // fleet.Breaker; mu guards every field but key and pub. Lock order: a bbolt
-// write transaction, then mu, then Store.subMu; never a shard lock while
+// write transaction, then mu, then Store.subs.mu; never a shard lock while
 // holding mu.
 type breaker struct {
 	mu         sync.Mutex
@@ -275,19 +275,19 @@ func (s *Store) newBreaker(key policy.BreakerKey, now int64) (*breaker, error) {
 	if err := checkBreakerKey(key); err != nil {
 		return nil, err
 	}
-	s.countMu.Lock()
-	n := s.perTenant[key.Tenant]
+	s.tenants.mu.Lock()
+	n := s.tenants.breakers[key.Tenant]
 	if n >= s.opts.MaxBreakersPerTenant {
-		s.countMu.Unlock()
+		s.tenants.mu.Unlock()
 		return nil, fmt.Errorf("%w: tenant %q has %d breakers (cap %d)", ErrTooManyBreakers, key.Tenant, n, s.opts.MaxBreakersPerTenant)
 	}
 	if err := s.admitAutoLocked(key.Tenant); err != nil {
-		s.countMu.Unlock()
+		s.tenants.mu.Unlock()
 		return nil, err
 	}
 	key = policy.BreakerKey{Tenant: strings.Clone(key.Tenant), Target: strings.Clone(key.Target)}
-	s.perTenant[key.Tenant] = n + 1
-	s.countMu.Unlock()
+	s.tenants.breakers[key.Tenant] = n + 1
+	s.tenants.mu.Unlock()
 	b := &breaker{key: key, v: fleet.NewBreaker(now), lastActive: now}
 	snap := b.snapshot(now)
 	b.pub.Store(&snap)

@@ -120,7 +120,7 @@ func (s *Store) commit(p *pending) error {
 			return err
 		}
 		if p.kind == commitShared {
-			s.noteBatchTx(tx)
+			s.stats.noteBatch(tx)
 		}
 		n = 0
 		for _, e := range p.ents {
@@ -167,15 +167,15 @@ func (s *Store) commit(p *pending) error {
 	}
 	switch p.kind {
 	case commitShared:
-		s.syncMutations.Add(uint64(p.mutations))
+		s.stats.syncMutations.Add(uint64(p.mutations))
 	case commitGroup:
-		s.commits.Add(1)
-		s.groupCommits.Add(1)
+		s.stats.commits.Add(1)
+		s.stats.groupCommits.Add(1)
 		n += len(p.audit)
 	default:
-		s.commits.Add(1)
+		s.stats.commits.Add(1)
 	}
-	s.records.Add(uint64(n))
+	s.stats.records.Add(uint64(n))
 	return nil
 }
 
@@ -192,20 +192,20 @@ func (s *Store) updateFreeing(op string, fn func(tx *bbolt.Tx) error) error {
 
 // queue adds a newly dirty entity to the next group commit.
 func (s *Store) queue(e entity) {
-	s.dirtyMu.Lock()
-	s.dirty = append(s.dirty, e)
-	s.dirtyMu.Unlock()
+	s.group.dirtyMu.Lock()
+	s.group.dirty = append(s.group.dirty, e)
+	s.group.dirtyMu.Unlock()
 }
 
-// noteBatchTx counts each distinct Batch transaction once, at its commit.
-func (s *Store) noteBatchTx(tx *bbolt.Tx) {
-	s.batchMu.Lock()
-	if s.lastBatchTx != tx {
-		s.lastBatchTx = tx
+// noteBatch counts each distinct Batch transaction once, at its commit.
+func (w *writeStats) noteBatch(tx *bbolt.Tx) {
+	w.batchMu.Lock()
+	if w.lastBatchTx != tx {
+		w.lastBatchTx = tx
 		tx.OnCommit(func() {
-			s.commits.Add(1)
-			s.syncCommits.Add(1)
+			w.commits.Add(1)
+			w.syncCommits.Add(1)
 		})
 	}
-	s.batchMu.Unlock()
+	w.batchMu.Unlock()
 }

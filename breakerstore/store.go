@@ -191,11 +191,8 @@ type Store struct {
 	stop      chan struct{}
 	done      chan struct{}
 
-	breakers  shardMap[policy.BreakerKey, *breaker]
-	countMu   sync.Mutex
-	perTenant map[string]int      // breakers per tenant, guarded by countMu
-	auto      map[string]struct{} // automatic tenants (tenants.go), guarded by countMu
-	declared  declaredSet         // declared tenants (tenants.go)
+	breakers shardMap[policy.BreakerKey, *breaker] // the breaker table
+	tenants  tenantBook
 
 	buckets   shardMap[string, *tokenBucket]
 	defBudget policy.TenantBudget
@@ -210,34 +207,59 @@ type Store struct {
 
 	adminMu sync.Mutex // serialises admin writes so disk and memory agree
 
+	group groupCommit
+	subs  subscriptions
+	trail auditTrail
+	stats writeStats
+
+	capped atomic.Bool // a write hit Options.MaxSize: see roomLeft
+}
+
+// tenantBook counts what each tenant holds, for the caps (tenants.go).
+type tenantBook struct {
+	mu       sync.Mutex
+	breakers map[string]int      // breakers per tenant, guarded by mu
+	auto     map[string]struct{} // automatic tenants, guarded by mu
+	declared declaredSet         // declared tenants
+}
+
+// groupCommit is the flusher's queue and bookkeeping: the entities
+// changed since the last group commit and the records the sweep dropped.
+type groupCommit struct {
 	dirtyMu sync.Mutex
 	dirty   []entity
 
-	flushMu    sync.Mutex // serialises flushes; guards lastSweep and pendingDel
+	flushMu    sync.Mutex // serialises flushes; guards lastSweep, pendingDel and auditTrail.dropLogged
 	lastSweep  int64
 	pendingDel []delKey
+}
 
-	subMu sync.RWMutex
-	subs  []*subscriber
+// subscriptions are the WatchBreakers subscribers (subscribe.go).
+type subscriptions struct {
+	mu   sync.RWMutex
+	list []*subscriber
+}
 
-	permitSeq atomic.Uint64
+// auditTrail is the audit trail's state in memory: the records waiting
+// for a group commit and what is on disk (audit.go).
+type auditTrail struct {
+	mu         sync.Mutex           // guards the fields below but dropLogged
+	buf        []policy.AuditRecord // appended, waiting for a group commit
+	seq        uint64               // the last sequence number handed out
+	last       int64                // the last time stamped, Unix ns
+	count      int                  // records on disk
+	oldest     int64                // time of the oldest record on disk, Unix ns
+	dropLogged uint64               // drops already logged; guarded by groupCommit.flushMu
 
-	auditMu         sync.Mutex           // guards the audit fields below
-	auditBuf        []policy.AuditRecord // appended, waiting for a group commit
-	auditSeq        uint64               // the last sequence number handed out
-	auditLast       int64                // the last time stamped, Unix ns
-	auditCount      int                  // records on disk
-	auditOldest     int64                // time of the oldest record on disk, Unix ns
-	auditDropLogged uint64               // drops already logged; guarded by flushMu
+	dropped, deleted atomic.Uint64
+}
 
-	auditDropped, auditDeleted atomic.Uint64
-
-	batchMu     sync.Mutex
-	lastBatchTx *bbolt.Tx
-
+// writeStats counts the store's commits for Stats (commit.go).
+type writeStats struct {
 	commits, groupCommits, syncCommits, syncMutations, records, flushErrors atomic.Uint64
 
-	capped atomic.Bool // a write hit Options.MaxSize: see roomLeft
+	batchMu     sync.Mutex
+	lastBatchTx *bbolt.Tx // the Batch transaction counted last
 }
 
 // Open opens or creates the database at opts.Path, loads all state into
@@ -360,8 +382,7 @@ func newStore(db *bbolt.DB, opts Options, def policy.TenantBudget) *Store {
 		log:           opts.Logger,
 		stop:          make(chan struct{}),
 		done:          make(chan struct{}),
-		perTenant:     make(map[string]int),
-		auto:          make(map[string]struct{}),
+		tenants:       tenantBook{breakers: make(map[string]int), auto: make(map[string]struct{})},
 		defBudget:     def,
 		defaultPolicy: policy.Default(),
 	}
@@ -370,8 +391,7 @@ func newStore(db *bbolt.DB, opts Options, def policy.TenantBudget) *Store {
 	s.runs.init(maphash.String)
 	s.attempts.init(s.opts.MaxAttemptRecords)
 	s.policies.Store(&policyMap{m: map[policy.PolicyScope]*policy.PolicyEntry{}})
-	s.permitSeq.Store(randUint64())
-	s.lastSweep = s.now()
+	s.group.lastSweep = s.now()
 	return s
 }
 
@@ -642,21 +662,21 @@ func (s *Store) Flush() error {
 // Stats returns the write counters since Open. It is safe for concurrent use.
 func (s *Store) Stats() Stats {
 	st := Stats{
-		Commits:        s.commits.Load(),
-		GroupCommits:   s.groupCommits.Load(),
-		SyncCommits:    s.syncCommits.Load(),
-		SyncMutations:  s.syncMutations.Load(),
-		RecordsFlushed: s.records.Load(),
-		FlushErrors:    s.flushErrors.Load(),
+		Commits:        s.stats.commits.Load(),
+		GroupCommits:   s.stats.groupCommits.Load(),
+		SyncCommits:    s.stats.syncCommits.Load(),
+		SyncMutations:  s.stats.syncMutations.Load(),
+		RecordsFlushed: s.stats.records.Load(),
+		FlushErrors:    s.stats.flushErrors.Load(),
 		Breakers:       s.breakers.len(),
 		Tenants:        s.buckets.len(),
 		Runs:           s.runs.len(),
-		AuditDropped:   s.auditDropped.Load(),
-		AuditDeleted:   s.auditDeleted.Load(),
+		AuditDropped:   s.trail.dropped.Load(),
+		AuditDeleted:   s.trail.deleted.Load(),
 	}
-	s.auditMu.Lock()
-	st.AuditRecords, st.AuditBuffered = s.auditCount, len(s.auditBuf)
-	s.auditMu.Unlock()
+	s.trail.mu.Lock()
+	st.AuditRecords, st.AuditBuffered = s.trail.count, len(s.trail.buf)
+	s.trail.mu.Unlock()
 	return st
 }
 
@@ -703,36 +723,36 @@ func (s *Store) sweepEvery() int64 {
 // records are queued again and the error is logged; decisions keep being
 // served from memory.
 func (s *Store) flush(forceSweep bool) error {
-	s.flushMu.Lock()
-	defer s.flushMu.Unlock()
+	s.group.flushMu.Lock()
+	defer s.group.flushMu.Unlock()
 
 	now := s.now()
-	if forceSweep || now-s.lastSweep >= s.sweepEvery() {
+	if forceSweep || now-s.group.lastSweep >= s.sweepEvery() {
 		// Safe outside the transaction: deleteRecords skips keys that are
 		// back in memory, and their writes commit after this transaction.
-		s.pendingDel = append(s.pendingDel, s.sweep(now)...)
-		s.lastSweep = now
+		s.group.pendingDel = append(s.group.pendingDel, s.sweep(now)...)
+		s.group.lastSweep = now
 	}
 
 	s.logAuditDrops()
-	s.dirtyMu.Lock()
-	batch := s.dirty
-	s.dirty = nil
-	s.dirtyMu.Unlock()
+	s.group.dirtyMu.Lock()
+	batch := s.group.dirty
+	s.group.dirty = nil
+	s.group.dirtyMu.Unlock()
 	audit := s.takeAudit()
 	auditDue := len(audit) > 0 || s.auditSweepDue(now)
-	if len(batch) == 0 && len(s.pendingDel) == 0 && !auditDue {
+	if len(batch) == 0 && len(s.group.pendingDel) == 0 && !auditDue {
 		return nil
 	}
-	s.auditMu.Lock()
-	count := s.auditCount
-	s.auditMu.Unlock()
+	s.trail.mu.Lock()
+	count := s.trail.count
+	s.trail.mu.Unlock()
 
 	var deleted int
 	var oldest int64
 	err := s.commit(&pending{kind: commitGroup, floor: counterPages, op: "flush counters", ents: batch, audit: audit,
 		step: func(tx *bbolt.Tx) error {
-			if err := s.deleteRecords(tx, s.pendingDel); err != nil {
+			if err := s.deleteRecords(tx, s.group.pendingDel); err != nil {
 				return err
 			}
 			if !auditDue {
@@ -743,14 +763,14 @@ func (s *Store) flush(forceSweep bool) error {
 			return err
 		}})
 	if err != nil {
-		s.flushErrors.Add(1)
+		s.stats.flushErrors.Add(1)
 		s.log.Error("breakerstore: group commit failed; will retry", "err", err, "records", len(batch), "audit_records", len(audit))
 		return err
 	}
 	if auditDue {
 		s.auditCommitted(len(audit), deleted, oldest)
 	}
-	s.pendingDel = nil
+	s.group.pendingDel = nil
 	return nil
 }
 
