@@ -2,6 +2,7 @@ package breakerstore
 
 import (
 	"errors"
+	"slices"
 
 	"go.etcd.io/bbolt"
 
@@ -51,6 +52,7 @@ type pending struct {
 	op    string // what the commit does, for its error
 
 	ents      []entity // written with their current state
+	inline    [2]entity
 	seen      map[entity]struct{}
 	mutations int // changes made durable, for Stats.SyncMutations
 	audit     []policy.AuditRecord
@@ -58,6 +60,8 @@ type pending struct {
 	// admin write's puts and deletes, the group commit's audit and
 	// deletions.
 	step func(tx *bbolt.Tx) error
+
+	written int // records the transaction wrote, set by commit
 }
 
 // shared returns an empty SyncAlways batch.
@@ -65,15 +69,29 @@ func shared() *pending {
 	return &pending{kind: commitShared, floor: counterPages, op: "commit"}
 }
 
-// add puts e in p, once however often it changes.
+// add puts e in p, once however often it changes. A few entities are
+// told apart by a scan, more through a set.
 func (p *pending) add(e entity) {
 	p.mutations++
-	if p.seen == nil {
-		p.seen = map[entity]struct{}{}
+	if p.seen != nil {
+		if _, ok := p.seen[e]; !ok {
+			p.seen[e] = struct{}{}
+			p.ents = append(p.ents, e)
+		}
+		return
 	}
-	if _, ok := p.seen[e]; !ok {
-		p.seen[e] = struct{}{}
-		p.ents = append(p.ents, e)
+	if slices.Contains(p.ents, e) {
+		return
+	}
+	if p.ents == nil {
+		p.ents = p.inline[:0] // most hold one or two: no array of their own
+	}
+	p.ents = append(p.ents, e)
+	if len(p.ents) > 8 {
+		p.seen = make(map[entity]struct{}, 2*len(p.ents))
+		for _, x := range p.ents {
+			p.seen[x] = struct{}{}
+		}
 	}
 }
 
@@ -96,7 +114,7 @@ func (s *Store) changed(p *pending, e entity, newlyDirty bool) error {
 		p.add(e)
 		return nil
 	}
-	p = shared()
+	p = &pending{kind: commitShared, floor: counterPages, op: "commit"}
 	p.add(e)
 	return s.commit(p)
 }
@@ -114,7 +132,6 @@ func (s *Store) commit(p *pending) error {
 	if p.kind == commitAlone && s.closed.Load() {
 		return ErrClosed
 	}
-	var n int
 	fn := func(tx *bbolt.Tx) error {
 		if err := s.roomLeft(p.floor); err != nil {
 			return err
@@ -122,13 +139,13 @@ func (s *Store) commit(p *pending) error {
 		if p.kind == commitShared {
 			s.stats.noteBatch(tx)
 		}
-		n = 0
+		p.written = 0
 		for _, e := range p.ents {
 			k, err := e.write(tx, p.kind == commitGroup)
 			if err != nil {
 				return err
 			}
-			n += k
+			p.written += k
 		}
 		if p.step != nil {
 			if err := p.step(tx); err != nil {
@@ -171,11 +188,11 @@ func (s *Store) commit(p *pending) error {
 	case commitGroup:
 		s.stats.commits.Add(1)
 		s.stats.groupCommits.Add(1)
-		n += len(p.audit)
+		p.written += len(p.audit)
 	default:
 		s.stats.commits.Add(1)
 	}
-	s.stats.records.Add(uint64(n))
+	s.stats.records.Add(uint64(p.written))
 	return nil
 }
 
