@@ -488,12 +488,11 @@ func testFinal(t *testing.T, e *env) {
 		{Disposition: policy.DispositionCircuitOpen, Stop: policy.StopCircuitOpen},
 	}
 	race(workers, func(i int) {
-		f := finals[i%len(finals)]
-		call := fmt.Sprint("call-", i%8)
+		// Seven calls get the same report eight times each; one gets every
+		// disposition at once, twice each.
+		call, f := fmt.Sprint("call-", i%8), finals[0]
 		if i%8 == 0 {
-			call = "contested" // every disposition at once for one call
-		} else {
-			f = finals[0] // the same report, again and again
+			call, f = "contested", finals[(i/8)%len(finals)]
 		}
 		var err error
 		if i%2 == 0 {
