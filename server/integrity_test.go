@@ -213,6 +213,23 @@ func TestDuplicateAttemptsAreDecidedOnce(t *testing.T) {
 	}
 }
 
+// TestFailedDecisionLetsGoOfTheAttempt: a NextDelay refused after it
+// claimed its attempt (its run does not exist) lets go of the claim, so the
+// same attempt asked again is decided, not left waiting.
+func TestFailedDecisionLetsGoOfTheAttempt(t *testing.T) {
+	h := twoTenants(t)
+	ref := call("tenant-a", "geo", "lost-run")
+	ref.RunId = "no-such-run"
+	_, err := h.workers.NextDelay(withToken("tok-a"), &pb.NextDelayRequest{Call: ref, Attempt: 1, Failure: http(503)})
+	wantCode(t, err, codes.NotFound)
+	ctx, cancel := context.WithTimeout(withToken("tok-a"), 10*time.Second)
+	defer cancel()
+	r, err := h.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call("tenant-a", "geo", "lost-run"), Attempt: 1, Failure: http(503)})
+	if err != nil || r.GetDecision() != pb.Decision_DECISION_RETRY {
+		t.Fatalf("the attempt again, without the run: %v, %v; want RETRY", r, err)
+	}
+}
+
 // TestLyingLedgerIsRefused: a final disposition that contradicts the
 // outcome or what policyd decided for the call is INVALID_ARGUMENT naming
 // outcomes[i].final_disposition, and the ledger is unchanged; the truth is
