@@ -13,7 +13,10 @@ import (
 // errors.go: an error (or one it wraps) with a NotFound, AlreadyExists,
 // Invalid, OverCapacity, Closed or FailedPrecondition method returning true
 // is of that class; any other is a failure of the store (INTERNAL, logged).
-// Implementations must be safe for concurrent use.
+// Implementations must be safe for concurrent use. The behaviours the
+// handlers rely on (probes, budgets, cool-downs, transitions, durability,
+// subscriptions, attempts, permits) are the contract suite in package
+// storetest, which every implementation's tests run.
 type Store interface {
 	Policies
 	Breakers
