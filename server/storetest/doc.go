@@ -34,6 +34,13 @@
 // waits for each event it expects, bounded, and counts transitions by the
 // breaker's Generation rather than by the absence of events.
 //
+// The suite reads what it changed back through the same store right after
+// the call that changed it returns (a run's ledger after ApplyOutcomes, a
+// bucket's tokens after SpendRetry). An engine that applies some changes
+// later (outcome batches, deposits, per flush) must show them to its own
+// reads at once, or be opened by the suite's Open with that batching off.
+// Deposits that lag are safe: the budget bound only tightens.
+//
 // How an engine runs it: one test in the engine's package calls Run with
 // an Open that starts the engine over fresh state and a restart that stops
 // it the way a crash would. breakerstore does it in contract_test.go (a
