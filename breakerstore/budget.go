@@ -194,55 +194,21 @@ func (s *Store) spendRetry(req policy.SpendRequest, p *pending) (policy.Spend, e
 	if !charged {
 		return out, nil // refused by the run: nothing to commit
 	}
-	if p != nil && s.opts.Sync == SyncAlways {
-		// Both join p, which commits them with the rest of its request.
-		_ = s.touchedIn(p, tb, bucketDirty)
-		if out.Granted && r != nil {
-			_ = s.touchedIn(p, r, runDirty)
-		}
-		return out, nil
+	// Both join one commit: p's, or with SyncAlways and no p one of their own.
+	own := p == nil && s.opts.Sync == SyncAlways
+	if own {
+		p = shared()
 	}
-	if err := s.touched2(tb, bucketDirty, r, runDirty, out.Granted && r != nil); err != nil {
-		return policy.Spend{}, err
+	_ = s.changed(p, tb, bucketDirty)
+	if out.Granted && r != nil {
+		_ = s.changed(p, r, runDirty)
+	}
+	if own {
+		if err := s.commit(p); err != nil {
+			return policy.Spend{}, err
+		}
 	}
 	return out, nil
-}
-
-// touched2 is touched for a bucket and, when withRun, a run, sharing one
-// SyncAlways commit.
-func (s *Store) touched2(tb *tokenBucket, tbNew bool, r *run, rNew, withRun bool) error {
-	if s.opts.Sync != SyncAlways || !withRun {
-		if withRun && rNew {
-			s.queue(r)
-		}
-		return s.touched(tb, tbNew)
-	}
-	var n int
-	err := s.db.Batch(func(tx *bbolt.Tx) error {
-		if err := s.roomLeft(counterPages); err != nil {
-			return err
-		}
-		s.noteBatchTx(tx)
-		n1, err := tb.write(tx, false)
-		if err != nil {
-			return err
-		}
-		n2, err := r.write(tx, false)
-		n = n1 + n2
-		return err
-	})
-	if tbNew {
-		s.queue(tb)
-	}
-	if rNew {
-		s.queue(r)
-	}
-	if err != nil {
-		return s.writeErr("commit", err)
-	}
-	s.syncMutations.Add(1)
-	s.records.Add(uint64(n))
-	return nil
 }
 
 // Deposit credits a tenant's bucket with DepositRatio tokens per success, up
@@ -273,7 +239,7 @@ func (s *Store) deposit(tenant string, successes int, p *pending) {
 	tb.lastActive = now
 	newlyDirty := tb.markDirty()
 	tb.mu.Unlock()
-	if err := s.touchedIn(p, tb, newlyDirty); err != nil {
+	if err := s.changed(p, tb, newlyDirty); err != nil {
 		s.log.Error("breakerstore: deposit not committed; retrying in the next flush", "tenant", tenant, "err", err)
 	}
 }
@@ -372,7 +338,7 @@ func (s *Store) SetBudget(b policy.TenantBudget) (policy.TenantBudget, error) {
 	newlyDirty := tb.markDirty()
 	tb.mu.Unlock()
 	s.setDeclared(b.Tenant, true)
-	if err := s.touched(tb, newlyDirty); err != nil {
+	if err := s.changed(nil, tb, newlyDirty); err != nil {
 		return policy.TenantBudget{}, err
 	}
 	return b, nil
@@ -409,7 +375,7 @@ func (s *Store) DeleteBudget(tenant string) error {
 	newlyDirty := tb.markDirty()
 	tb.mu.Unlock()
 	s.setDeclared(tenant, false)
-	return s.touched(tb, newlyDirty)
+	return s.changed(nil, tb, newlyDirty)
 }
 
 // setConfig switches the bucket to cfg (nil: the default). Tokens are

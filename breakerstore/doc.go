@@ -48,7 +48,7 @@
 //	                                        records, each a key delta and a binary body of version byte 1: event,
 //	                                        verdict, stop reason, disposition, attempt (uvarint), delay ns
 //	                                        (varint), then tenant, target, call id, run id, classification,
-//	                                        detail (uvarint length + bytes); the full format is in auditseg.go
+//	                                        detail (uvarint length + bytes); the full format is in internal/auditseg
 //
 // An audit record's key is its Unix nanoseconds and a sequence number, both
 // uint64 big-endian, so the trail sorts by time, then by order of append; a

@@ -151,7 +151,7 @@ func (s *Store) loadBreakers(tx *bbolt.Tx, now int64) error {
 		snap := b.snapshot(now)
 		b.pub.Store(&snap)
 		s.breakers.put(b.key, b)
-		s.perTenant[tenant]++
+		s.tenants.breakers[tenant]++
 		return nil
 	})
 }
@@ -180,12 +180,12 @@ func (s *Store) sweep(now int64) []delKey {
 			continue
 		}
 		s.breakers.deleteIf(b.key, func(v *breaker) bool { return v == b })
-		s.countMu.Lock()
-		if s.perTenant[b.key.Tenant]--; s.perTenant[b.key.Tenant] <= 0 {
-			delete(s.perTenant, b.key.Tenant)
+		s.tenants.mu.Lock()
+		if s.tenants.breakers[b.key.Tenant]--; s.tenants.breakers[b.key.Tenant] <= 0 {
+			delete(s.tenants.breakers, b.key.Tenant)
 			s.forgetAutoLocked(b.key.Tenant)
 		}
-		s.countMu.Unlock()
+		s.tenants.mu.Unlock()
 		dels = append(dels, delKey{bucket: bucketBreakers, key: b.key})
 	}
 	for _, tb := range s.buckets.values() {
@@ -199,9 +199,9 @@ func (s *Store) sweep(now int64) []delKey {
 			continue
 		}
 		s.buckets.deleteIf(tb.tenant, func(v *tokenBucket) bool { return v == tb })
-		s.countMu.Lock()
+		s.tenants.mu.Lock()
 		s.forgetAutoLocked(tb.tenant)
-		s.countMu.Unlock()
+		s.tenants.mu.Unlock()
 		dels = append(dels, delKey{bucket: bucketTokens, key: policy.BreakerKey{Tenant: tb.tenant}})
 	}
 	if s.attempts.expire(now) && s.attempts.markDirty() {

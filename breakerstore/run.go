@@ -115,13 +115,6 @@ func newRunID(now time.Time) string {
 	return hex.EncodeToString(b[:])
 }
 
-// randUint64 returns a random number from crypto/rand.
-func randUint64() uint64 {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	return binary.BigEndian.Uint64(b[:])
-}
-
 // Run returns the run with id and its ledger, or ErrNotFound. It is safe for
 // concurrent use.
 func (s *Store) Run(id string) (policy.Run, error) {
@@ -202,7 +195,7 @@ func (s *Store) recordFinal(runID, callID string, d policy.Disposition, stop pol
 	r.dirtyCalls = append(r.dirtyCalls, kept)
 	newlyDirty := r.markDirty()
 	r.mu.Unlock()
-	return s.touchedIn(p, r, newlyDirty)
+	return s.changed(p, r, newlyDirty)
 }
 
 func (r *run) markDirty() bool {

@@ -35,7 +35,7 @@ func (s *Store) sinkAudit(recs []policy.AuditRecord) error {
 		return nil
 	}
 	if err := s.opts.AuditSink.Append(recs); err != nil {
-		s.auditSinkErrors.Add(1)
+		s.trail.sinkErrors.Add(1)
 		return fmt.Errorf("%w: %w", ErrAuditSink, err)
 	}
 	return nil

@@ -23,7 +23,7 @@ type Changes = interface {
 	SpendRetry(req policy.SpendRequest) (policy.Spend, error)
 	// RecordAttempt remembers ans as the answer to attempt of call k until
 	// keep at least, so the same attempt replays it and a lower one is
-	// refused.
+	// refused, and ends the call's claim (Attempts.ClaimAttempt).
 	RecordAttempt(k policy.CallKey, attempt uint32, ans policy.Answer, keep time.Time) error
 	// AppendAudit adds audit records.
 	AppendAudit(recs ...policy.AuditRecord)
@@ -54,7 +54,7 @@ var _ Changes = (*changeBatch)(nil)
 func (s *Store) Begin() Changes {
 	u := &changeBatch{s: s}
 	if s.opts.Sync == SyncAlways {
-		u.p = &pending{}
+		u.p = shared()
 	}
 	return u
 }
@@ -75,7 +75,8 @@ func (u *changeBatch) SpendRetry(req policy.SpendRequest) (policy.Spend, error) 
 }
 
 // RecordAttempt remembers ans as the answer to attempt of call k, kept until
-// keep at least (see Store.CheckAttempt), within the batch.
+// keep at least (see Store.ClaimAttempt), within the batch, and ends the
+// call's claim.
 func (u *changeBatch) RecordAttempt(k policy.CallKey, attempt uint32, ans policy.Answer, keep time.Time) error {
 	return u.s.recordAttempt(k, attempt, ans, keep.UnixNano(), u.p)
 }
@@ -94,6 +95,6 @@ func (u *changeBatch) Commit() error {
 		return nil
 	}
 	p := u.p
-	u.p = &pending{}
-	return u.s.commitPending(p)
+	u.p = shared()
+	return u.s.commit(p)
 }

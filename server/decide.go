@@ -32,7 +32,8 @@ type nextDelayRequest struct {
 
 // decideNextDelay is NextDelay's decision, in domain types: an attempt
 // already decided gets its answer again (a lower one, or any after a STOP,
-// is refused); otherwise the stateless rules of policy, the breaker
+// is refused), and a duplicate of one being decided waits for its answer;
+// otherwise the stateless rules of policy, the breaker
 // (which learns of the failure), the cool-down, the deadline again, the
 // budgets and the run's cut-off decide, and the changes commit together
 // in one store unit. It returns the answer and its explanation; an error
@@ -42,7 +43,7 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 	// An attempt already decided gets its answer again; a lower one, or
 	// any after a STOP, is refused.
 	ck := policy.CallKey{Tenant: call.tenant, CallID: call.callID}
-	prior, replay, err := d.store.CheckAttempt(ck, in.attempt)
+	prior, replay, err := d.store.ClaimAttempt(ck, in.attempt)
 	if err != nil {
 		return policy.Answer{}, "", storeError(ctx, d.cfg.Logger, "attempt", err)
 	}
@@ -50,6 +51,14 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 	if replay {
 		return prior, answerDetail(&prior, &p), nil
 	}
+	// This request holds the call's claim until it records its answer; a
+	// duplicate waits for that and replays it. Returning before, it lets go.
+	claimed := true
+	defer func() {
+		if claimed {
+			d.store.ReleaseAttempt(ck)
+		}
+	}()
 
 	now := d.cfg.Clock.Now()
 	var run policy.Run
@@ -108,6 +117,7 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 	ans.Category, ans.Class, ans.Checks, ans.Deadline = dec.Class.Category, dec.Class.Reason, dec.Checks, dec.Deadline
 	why := detail(&dec, &p)
 	d.decided(ctx, u, call, in.attempt, &dec, why, snap.State)
+	claimed = false // RecordAttempt ends the claim, recorded or not
 	if err := u.RecordAttempt(ck, in.attempt, ans, time.Unix(0, fleet.Keep(&p, now.UnixNano(), dec.Deadline))); err != nil {
 		return policy.Answer{}, "", storeError(ctx, d.cfg.Logger, "attempt", err)
 	}

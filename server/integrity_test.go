@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -178,6 +179,54 @@ func TestRewoundAttemptIsRefused(t *testing.T) {
 	}
 	if r, err := nd(b, "tenant-b", "other", 1); err != nil || r.GetStopReason() != pb.StopReason_STOP_REASON_BUDGET_EXHAUSTED {
 		t.Fatalf("tenant-b's next call: %v, %v; want BUDGET_EXHAUSTED (one token, spent once)", r, err)
+	}
+}
+
+// TestDuplicateAttemptsAreDecidedOnce: 64 concurrent NextDelays of one
+// attempt of one call (a client retrying the RPC while the first is in
+// flight) get one answer, and the retry is spent once. Before the attempt
+// check and its record were one claim, several could be decided, each
+// with its own jittered delay and its own spend.
+func TestDuplicateAttemptsAreDecidedOnce(t *testing.T) {
+	h := twoTenants(t)
+	a := withToken("tok-a")
+	const n = 64
+	answers := make([]*pb.NextDelayResponse, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			r, err := h.workers.NextDelay(a, &pb.NextDelayRequest{Call: call("tenant-a", "geo", "dup"), Attempt: 1, Failure: http(503)})
+			if err != nil {
+				t.Errorf("NextDelay %d: %v", i, err)
+			}
+			answers[i] = r
+		})
+	}
+	wg.Wait()
+	for i, r := range answers {
+		if !proto.Equal(r, answers[0]) {
+			t.Fatalf("answer %d: %v, want the same as answer 0: %v", i, r, answers[0])
+		}
+	}
+	if st, err := h.store.Budget("tenant-a"); err != nil || st.Granted != 1 {
+		t.Errorf("tenant-a's budget: %d granted, %v; want the one retry spent once", st.Granted, err)
+	}
+}
+
+// TestFailedDecisionLetsGoOfTheAttempt: a NextDelay refused after it
+// claimed its attempt (its run does not exist) lets go of the claim, so the
+// same attempt asked again is decided, not left waiting.
+func TestFailedDecisionLetsGoOfTheAttempt(t *testing.T) {
+	h := twoTenants(t)
+	ref := call("tenant-a", "geo", "lost-run")
+	ref.RunId = "no-such-run"
+	_, err := h.workers.NextDelay(withToken("tok-a"), &pb.NextDelayRequest{Call: ref, Attempt: 1, Failure: http(503)})
+	wantCode(t, err, codes.NotFound)
+	ctx, cancel := context.WithTimeout(withToken("tok-a"), 10*time.Second)
+	defer cancel()
+	r, err := h.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call("tenant-a", "geo", "lost-run"), Attempt: 1, Failure: http(503)})
+	if err != nil || r.GetDecision() != pb.Decision_DECISION_RETRY {
+		t.Fatalf("the attempt again, without the run: %v, %v; want RETRY", r, err)
 	}
 }
 

@@ -13,7 +13,10 @@ import (
 // errors.go: an error (or one it wraps) with a NotFound, AlreadyExists,
 // Invalid, OverCapacity, Closed or FailedPrecondition method returning true
 // is of that class; any other is a failure of the store (INTERNAL, logged).
-// Implementations must be safe for concurrent use.
+// Implementations must be safe for concurrent use. The behaviours the
+// handlers rely on (probes, budgets, cool-downs, transitions, durability,
+// subscriptions, attempts, permits) are the contract suite in package
+// storetest, which every implementation's tests run.
 type Store interface {
 	Policies
 	Breakers
@@ -47,7 +50,7 @@ type Changes = interface {
 	SpendRetry(req policy.SpendRequest) (policy.Spend, error)
 	// RecordAttempt remembers ans as the answer to attempt of call k until
 	// keep at least, so the same attempt replays it and a lower one is
-	// refused.
+	// refused, and ends the call's claim (Attempts.ClaimAttempt).
 	RecordAttempt(k policy.CallKey, attempt uint32, ans policy.Answer, keep time.Time) error
 	// AppendAudit adds audit records.
 	AppendAudit(recs ...policy.AuditRecord)
@@ -58,12 +61,21 @@ type Changes = interface {
 
 // Attempts remembers per call the highest attempt decided and its answer.
 type Attempts interface {
-	// CheckAttempt says what a NextDelay for attempt of call k must get:
-	// replay true and the answer given before for the same attempt; an
-	// error with the behaviour FailedPrecondition() bool naming attempt for
-	// a lower attempt or any after a STOP; else nothing, and the attempt
-	// is decided afresh (and recorded through the unit).
-	CheckAttempt(k policy.CallKey, attempt uint32) (ans policy.Answer, replay bool, err error)
+	// ClaimAttempt says what a NextDelay for attempt of call k must get,
+	// and claims the deciding of it, in one step per call: replay true and
+	// the answer recorded for the same attempt; an error with the
+	// behaviour FailedPrecondition() bool naming attempt for a lower
+	// attempt or any after a STOP; else the caller holds the call's claim,
+	// decides the attempt and records the answer through the batch
+	// (Changes.RecordAttempt, which ends the claim) or, if the decision
+	// fails before that, calls ReleaseAttempt. A ClaimAttempt of a call
+	// whose claim is held waits for it to end and then answers as above,
+	// so concurrent duplicates of one attempt are decided once and all get
+	// the one answer.
+	ClaimAttempt(k policy.CallKey, attempt uint32) (ans policy.Answer, replay bool, err error)
+	// ReleaseAttempt ends the claim on call k that ClaimAttempt gave,
+	// without an answer; a request waiting for it decides instead.
+	ReleaseAttempt(k policy.CallKey)
 	// LastAnswer returns the answer to the highest attempt of call k
 	// decided, while it is remembered.
 	LastAnswer(k policy.CallKey) (policy.Answer, bool)

@@ -1,4 +1,4 @@
-package breakerstore
+package auditseg
 
 import (
 	"fmt"
@@ -29,42 +29,42 @@ func TestBloomHashIsFNV1a(t *testing.T) {
 }
 
 // testEntries returns n records of distinct calls in key order, as entries.
-func testEntries(n int) []segEntry {
+func testEntries(n int) []Entry {
 	recs := make([]policy.AuditRecord, n)
 	for i := range recs {
 		recs[i] = policy.AuditRecord{Time: time.Unix(0, 1e18+int64(i/3)), Seq: uint64(100 + i), Event: policy.AuditOutcome,
 			Tenant: fmt.Sprint("tenant-", i%8), CallID: fmt.Sprint("call-", i), Attempt: 1, Detail: "attempt succeeded"}
 	}
-	return auditEntries(recs)
+	return FromRecords(recs)
 }
 
 // TestBloomFilterFalsePositives checks that a full segment's filter holds
 // every name and lets through about 1% of names it does not hold: a filter
 // that says yes to everything would make every query decode every segment.
 func TestBloomFilterFalsePositives(t *testing.T) {
-	var w segEncoder
-	ents := testEntries(segMax)
-	h, err := parseSegHeader(w.encode(ents))
+	var w Encoder
+	ents := testEntries(Max)
+	h, err := ParseHeader(w.Encode(ents))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := bloomSize(segMax + 8); len(h.bloom) != want {
-		t.Errorf("filter: got %d bytes, want %d (sized for the distinct names)", len(h.bloom), want)
+	if want := bloomSize(Max + 8); len(h.Bloom) != want {
+		t.Errorf("filter: got %d bytes, want %d (sized for the distinct names)", len(h.Bloom), want)
 	}
-	for i := range segMax {
-		if !h.mayHold('c', fmt.Sprint("call-", i)) {
+	for i := range Max {
+		if !h.MayHold('c', fmt.Sprint("call-", i)) {
 			t.Fatalf("call-%d missing from the filter", i)
 		}
 	}
 	for i := range 8 {
-		if !h.mayHold('t', fmt.Sprint("tenant-", i)) {
+		if !h.MayHold('t', fmt.Sprint("tenant-", i)) {
 			t.Fatalf("tenant-%d missing from the filter", i)
 		}
 	}
 	const probes = 20000
 	fp := 0
 	for i := range probes {
-		if h.mayHold('c', fmt.Sprint("absent-", i)) {
+		if h.MayHold('c', fmt.Sprint("absent-", i)) {
 			fp++
 		}
 	}
@@ -73,7 +73,7 @@ func TestBloomFilterFalsePositives(t *testing.T) {
 	if rate > 0.03 {
 		t.Errorf("false positives: %.2f%%, want about 1%%", 100*rate)
 	}
-	if h.mayHold('t', "call-1") {
+	if h.MayHold('t', "call-1") {
 		t.Errorf("a call id matches as a tenant")
 	}
 }
@@ -88,36 +88,36 @@ func TestSegmentRoundTrip(t *testing.T) {
 		{Time: time.Unix(0, 6), Seq: 3, Detail: "no names"},
 		{Time: time.Unix(0, 1<<62), Seq: 1 << 63, CallID: "c", Tenant: "t"},
 	}
-	ents := auditEntries(recs)
+	ents := FromRecords(recs)
 	for i := range ents {
-		ents[i].body = encodeAudit(ents[i].rec)
+		ents[i].Body = EncodeRecord(ents[i].Rec)
 	}
-	var fromRecs segEncoder
-	want := fromRecs.encode(ents)
+	var fromRecs Encoder
+	want := fromRecs.Encode(ents)
 	for i := range ents {
-		ents[i].rec = nil
+		ents[i].Rec = nil
 	}
-	var w segEncoder
-	v := w.encode(ents)
+	var w Encoder
+	v := w.Encode(ents)
 	if string(v) != string(want) {
 		t.Errorf("a segment encoded from bodies differs from one encoded from records:\n%x\n%x", v, want)
 	}
-	if _, err := checkSegment(ents[0].key.bytes(), v, nil); err != nil {
-		t.Fatalf("checkSegment: %v", err)
+	if _, err := Check(ents[0].Key.Bytes(), v, nil); err != nil {
+		t.Fatalf("Check: %v", err)
 	}
-	if _, err := checkSegment(ents[0].key.bytes(), v, &akey{5, 10}); err == nil {
-		t.Errorf("checkSegment after an overlapping segment: got nil, want an error")
+	if _, err := Check(ents[0].Key.Bytes(), v, &Key{5, 10}); err == nil {
+		t.Errorf("Check after an overlapping segment: got nil, want an error")
 	}
-	h, got, err := segEntries(ents[0].key.bytes(), v)
+	h, got, err := Entries(ents[0].Key.Bytes(), v)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h.count != len(ents) || h.last != ents[len(ents)-1].key || len(got) != len(ents) {
-		t.Fatalf("header: count %d last %v, %d records; want %d, %v", h.count, h.last, len(got), len(ents), ents[len(ents)-1].key)
+	if h.Count != len(ents) || h.Last != ents[len(ents)-1].Key || len(got) != len(ents) {
+		t.Fatalf("header: count %d last %v, %d records; want %d, %v", h.Count, h.Last, len(got), len(ents), ents[len(ents)-1].Key)
 	}
 	for i := range ents {
-		if got[i].key != ents[i].key || string(got[i].body) != string(ents[i].body) {
-			t.Errorf("record %d: got %v %x, want %v %x", i, got[i].key, got[i].body, ents[i].key, ents[i].body)
+		if got[i].Key != ents[i].Key || string(got[i].Body) != string(ents[i].Body) {
+			t.Errorf("record %d: got %v %x, want %v %x", i, got[i].Key, got[i].Body, ents[i].Key, ents[i].Body)
 		}
 	}
 }
@@ -125,11 +125,11 @@ func TestSegmentRoundTrip(t *testing.T) {
 // TestMergeEntriesReplacesEqualKeys checks the merge of records into a
 // segment.
 func TestMergeEntriesReplacesEqualKeys(t *testing.T) {
-	e := func(ns uint64, body string) segEntry { return segEntry{key: akey{ns, 0}, body: []byte(body)} }
-	got := mergeEntries([]segEntry{e(1, "a"), e(3, "c"), e(5, "e")}, []segEntry{e(2, "B"), e(3, "C"), e(6, "F")})
+	e := func(ns uint64, body string) Entry { return Entry{Key: Key{ns, 0}, Body: []byte(body)} }
+	got := Merge([]Entry{e(1, "a"), e(3, "c"), e(5, "e")}, []Entry{e(2, "B"), e(3, "C"), e(6, "F")})
 	var s string
 	for _, g := range got {
-		s += fmt.Sprint(g.key.ns, string(g.body), " ")
+		s += fmt.Sprint(g.Key.NS, string(g.Body), " ")
 	}
 	if want := "1a 2B 3C 5e 6F "; s != want {
 		t.Errorf("merge: got %q, want %q", s, want)
@@ -137,41 +137,41 @@ func TestMergeEntriesReplacesEqualKeys(t *testing.T) {
 }
 
 // FuzzSegment feeds arbitrary bytes to the segment decoders: they must
-// never panic, and a segment checkSegment accepts must read back the same
+// never panic, and a segment Check accepts must read back the same
 // through a query's path (header, filter, reader).
 func FuzzSegment(f *testing.F) {
-	var w segEncoder
+	var w Encoder
 	ents := testEntries(5)
-	f.Add(w.encode(ents))
-	f.Add(w.encode(ents[:1]))
+	f.Add(w.Encode(ents))
+	f.Add(w.Encode(ents[:1]))
 	f.Add([]byte{segVersion, 1})
-	key := ents[0].key.bytes()
+	key := ents[0].Key.Bytes()
 	f.Fuzz(func(t *testing.T, v []byte) {
-		_, _, _ = segEntries(key, v)
-		if _, err := checkSegment(key, v, nil); err != nil {
+		_, _, _ = Entries(key, v)
+		if _, err := Check(key, v, nil); err != nil {
 			return
 		}
-		h, err := parseSegHeader(v)
+		h, err := ParseHeader(v)
 		if err != nil {
-			t.Fatalf("checkSegment accepts what parseSegHeader refuses: %v", err)
+			t.Fatalf("Check accepts what ParseHeader refuses: %v", err)
 		}
-		r := newSegReader(keyOf(key), &h)
+		r := NewReader(KeyOf(key), &h)
 		n := 0
 		for {
-			e, ok, err := r.next()
+			e, ok, err := r.Next()
 			if err != nil {
-				t.Fatalf("checkSegment accepts what the reader refuses: %v", err)
+				t.Fatalf("Check accepts what the reader refuses: %v", err)
 			}
 			if !ok {
 				break
 			}
-			if _, _, ok := auditNames(e.body); !ok {
+			if _, _, ok := Names(e.Body); !ok {
 				t.Fatalf("record %d: names do not decode", n)
 			}
 			n++
 		}
-		if n != h.count {
-			t.Fatalf("read %d records, header says %d", n, h.count)
+		if n != h.Count {
+			t.Fatalf("read %d records, header says %d", n, h.Count)
 		}
 	})
 }
