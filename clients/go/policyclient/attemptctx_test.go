@@ -130,7 +130,9 @@ func TestAttemptCtxDerivedContextsNeedNoGoroutine(t *testing.T) {
 			_, cancel := context.WithCancel(a)
 			cancels = append(cancels, cancel)
 		}
-		if after := runtime.NumGoroutine(); after != before {
+		// NumGoroutine counts the whole process: a goroutine of another test may
+		// end meanwhile, so only a rise means a derived context started one.
+		if after := runtime.NumGoroutine(); after > before {
 			t.Fatalf("goroutines %d -> %d after deriving 50 contexts, want no new ones", before, after)
 		}
 		for _, c := range cancels {
