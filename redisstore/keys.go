@@ -1,0 +1,34 @@
+package redisstore
+
+import (
+	"encoding/hex"
+	"strings"
+)
+
+// Global keys (no tenant): the schema version and the run index.
+const (
+	keySchema = "policyd:schema"
+	keyRuns   = "policyd:runs"
+)
+
+// schemaVersion is the layout this package reads and writes.
+const schemaVersion = "1"
+
+// tag returns the hash tag of tenant's keys: "{=tenant}" when the name
+// holds no brace, else "{#" + hex(tenant) + "}" (the empty tenant of
+// target-scoped breakers is "{#}"), so a name can never end a tag early
+// and two tenants never share one.
+func tag(tenant string) string {
+	if tenant != "" && !strings.ContainsAny(tenant, "{}") {
+		return "{=" + tenant + "}"
+	}
+	return "{#" + hex.EncodeToString([]byte(tenant)) + "}"
+}
+
+// Keys of one tenant, all under its tag.
+func keyBreaker(tenant, target string) string { return tag(tenant) + ":breaker:" + target }
+func keyEvents(tenant string) string          { return tag(tenant) + ":events" }
+func keyBucket(tenant string) string          { return tag(tenant) + ":bucket" }
+func keyBudget(tenant string) string          { return tag(tenant) + ":budget" }
+func keyRun(tenant, id string) string         { return tag(tenant) + ":run:" + id }
+func keyRunCalls(tenant, id string) string    { return tag(tenant) + ":runcalls:" + id }
