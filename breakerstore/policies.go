@@ -17,7 +17,7 @@ import (
 // policyMap is an immutable map of scopes to entries, replaced as a whole on
 // every admin write so that Resolve takes no lock.
 type policyMap struct {
-	m map[policy.BreakerKey]*policy.PolicyEntry
+	m map[policy.PolicyScope]*policy.PolicyEntry
 }
 
 // policyRecord is the JSON record of the policies bucket.
@@ -63,7 +63,7 @@ func (s *Store) SetPolicy(tenant, target string, p policy.Policy) (policy.Policy
 		return policy.PolicyEntry{}, err
 	}
 	m := maps.Clone(s.policies.Load().m)
-	m[policy.BreakerKey{Tenant: e.Tenant, Target: e.Target}] = e
+	m[policy.PolicyScope{Tenant: e.Tenant, Target: e.Target}] = e
 	s.policies.Store(&policyMap{m: m})
 	out := *e
 	out.Policy = clonePolicy(e.Policy)
@@ -76,7 +76,7 @@ func (s *Store) Policy(tenant, target string) (policy.PolicyEntry, error) {
 	if s.closed.Load() {
 		return policy.PolicyEntry{}, ErrClosed
 	}
-	e, ok := s.policies.Load().m[policy.BreakerKey{Tenant: tenant, Target: target}]
+	e, ok := s.policies.Load().m[policy.PolicyScope{Tenant: tenant, Target: target}]
 	if !ok {
 		return policy.PolicyEntry{}, fmt.Errorf("%w: policy %q/%q", ErrNotFound, tenant, target)
 	}
@@ -95,17 +95,17 @@ func (s *Store) Resolve(tenant, target string) (policy.Policy, policy.PolicyEntr
 	m := s.policies.Load().m
 	if len(m) > 0 {
 		if tenant != "" && target != "" {
-			if e, ok := m[policy.BreakerKey{Tenant: tenant, Target: target}]; ok {
+			if e, ok := m[policy.PolicyScope{Tenant: tenant, Target: target}]; ok {
 				return e.Policy, *e
 			}
 		}
 		if target != "" {
-			if e, ok := m[policy.BreakerKey{Target: target}]; ok {
+			if e, ok := m[policy.PolicyScope{Target: target}]; ok {
 				return e.Policy, *e
 			}
 		}
 		if tenant != "" {
-			if e, ok := m[policy.BreakerKey{Tenant: tenant}]; ok {
+			if e, ok := m[policy.PolicyScope{Tenant: tenant}]; ok {
 				return e.Policy, *e
 			}
 		}
@@ -114,15 +114,15 @@ func (s *Store) Resolve(tenant, target string) (policy.Policy, policy.PolicyEntr
 }
 
 // Policies returns up to limit entries (all when limit <= 0) sorted by scope
-// key, starting after the key after (the zero policy.BreakerKey starts at the beginning).
+// scope, starting after the scope after (the zero policy.PolicyScope starts at the beginning).
 // It is safe for concurrent use.
-func (s *Store) Policies(after policy.BreakerKey, limit int) ([]policy.PolicyEntry, error) {
+func (s *Store) Policies(after policy.PolicyScope, limit int) ([]policy.PolicyEntry, error) {
 	if s.closed.Load() {
 		return nil, ErrClosed
 	}
 	var out []policy.PolicyEntry
 	for k, e := range s.policies.Load().m {
-		if after != (policy.BreakerKey{}) && !keyLess(after, k) {
+		if after != (policy.PolicyScope{}) && after.Compare(k) >= 0 {
 			continue
 		}
 		c := *e
@@ -130,7 +130,7 @@ func (s *Store) Policies(after policy.BreakerKey, limit int) ([]policy.PolicyEnt
 		out = append(out, c)
 	}
 	slices.SortFunc(out, func(a, b policy.PolicyEntry) int {
-		return keyCompare(policy.BreakerKey{Tenant: a.Tenant, Target: a.Target}, policy.BreakerKey{Tenant: b.Tenant, Target: b.Target})
+		return policy.PolicyScope{Tenant: a.Tenant, Target: a.Target}.Compare(policy.PolicyScope{Tenant: b.Tenant, Target: b.Target})
 	})
 	if limit > 0 && len(out) > limit {
 		out = out[:limit]
@@ -147,7 +147,7 @@ func (s *Store) DeletePolicy(tenant, target string) error {
 	}
 	s.adminMu.Lock()
 	defer s.adminMu.Unlock()
-	k := policy.BreakerKey{Tenant: tenant, Target: target}
+	k := policy.PolicyScope{Tenant: tenant, Target: target}
 	if _, ok := s.policies.Load().m[k]; !ok {
 		return fmt.Errorf("%w: policy %q/%q", ErrNotFound, tenant, target)
 	}
@@ -172,7 +172,7 @@ func clonePolicy(p policy.Policy) policy.Policy {
 
 // loadPolicies reads the policies bucket into memory.
 func (s *Store) loadPolicies(tx *bbolt.Tx) error {
-	m := map[policy.BreakerKey]*policy.PolicyEntry{}
+	m := map[policy.PolicyScope]*policy.PolicyEntry{}
 	err := tx.Bucket(bucketPolicies).ForEach(func(k, v []byte) error {
 		var r policyRecord
 		if err := json.Unmarshal(v, &r); err != nil {
@@ -182,7 +182,7 @@ func (s *Store) loadPolicies(tx *bbolt.Tx) error {
 		if !ok || tenant != r.Tenant || target != r.Target {
 			return corrupt(bucketPolicies, k, errors.New("record does not match its key"))
 		}
-		m[policy.BreakerKey{Tenant: tenant, Target: target}] = &policy.PolicyEntry{Tenant: tenant, Target: target, Policy: r.Policy, Updated: time.Unix(0, r.Updated)}
+		m[policy.PolicyScope{Tenant: tenant, Target: target}] = &policy.PolicyEntry{Tenant: tenant, Target: target, Policy: r.Policy, Updated: time.Unix(0, r.Updated)}
 		return nil
 	})
 	if err != nil {

@@ -68,17 +68,17 @@ func TestPolicyAdmin(t *testing.T) {
 	if got := must(s.Policy("a", "x")).get(t); got.Policy.TransientHTTP[0] != 429 {
 		t.Errorf("stored policy changed with the caller's slice: %v", got.Policy.TransientHTTP)
 	}
-	for _, k := range []policy.BreakerKey{{Tenant: "b"}, {Target: "y"}, {Tenant: "a", Target: "w"}} {
+	for _, k := range []policy.PolicyScope{{Tenant: "b"}, {Target: "y"}, {Tenant: "a", Target: "w"}} {
 		must(s.SetPolicy(k.Tenant, k.Target, policy.Default())).get(t)
 	}
 	tests := []struct {
 		name  string
-		after policy.BreakerKey
+		after policy.PolicyScope
 		limit int
 		want  string
 	}{
-		{"all", policy.BreakerKey{}, 0, "[/y a/w a/x b/]"},
-		{"page", policy.BreakerKey{Target: "y"}, 2, "[a/w a/x]"},
+		{"all", policy.PolicyScope{}, 0, "[/y a/w a/x b/]"},
+		{"page", policy.PolicyScope{Target: "y"}, 2, "[a/w a/x]"},
 	}
 	for _, tt := range tests {
 		var got []string

@@ -333,7 +333,7 @@ func newStore(db *bbolt.DB, opts Options, def policy.TenantBudget) *Store {
 	s.buckets.init(maphash.String)
 	s.runs.init(maphash.String)
 	s.attempts.init(s.opts.MaxAttemptRecords)
-	s.policies.Store(&policyMap{m: map[policy.BreakerKey]*policy.PolicyEntry{}})
+	s.policies.Store(&policyMap{m: map[policy.PolicyScope]*policy.PolicyEntry{}})
 	s.permitSeq.Store(randUint64())
 	s.lastSweep = s.now()
 	return s

@@ -6,56 +6,82 @@ import (
 	"github.com/policyd/policyd/policy"
 )
 
-// A Unit makes the mutations of one request durable together. With
+// Changes is a batch of the state changes of one request that commit
+// together (nothing rolls back): the shape server.Changes declares, spelt
+// here too so that Begin's result is of the type the server consumes (two
+// aliases of one interface literal are one type, and the compiler checks
+// that they agree).
+type Changes = interface {
+	// Record tells the breaker under key an attempt's result (see
+	// breakerstore.Store.Record).
+	Record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy.Result, permitID string) (policy.BreakerSnapshot, error)
+	// ExtendCooldown moves the fleet-wide cool-down of the breaker under
+	// key later.
+	ExtendCooldown(key policy.BreakerKey, cfg policy.BreakerConfig, until time.Time) (time.Time, error)
+	// SpendRetry withdraws one retry from the tenant's budget and the run's
+	// pool.
+	SpendRetry(req policy.SpendRequest) (policy.Spend, error)
+	// RecordAttempt remembers ans as the answer to attempt of call k until
+	// keep at least, so the same attempt replays it and a lower one is
+	// refused.
+	RecordAttempt(k policy.CallKey, attempt uint32, ans policy.Answer, keep time.Time) error
+	// AppendAudit adds audit records.
+	AppendAudit(recs ...policy.AuditRecord)
+	// Commit makes every change durable, in one transaction where the
+	// store commits before answering; nothing rolls back.
+	Commit() error
+}
+
+// changeBatch makes the mutations of one request durable together. With
 // SyncAlways each mutation is otherwise committed on its own, so a NextDelay
 // that records a failure, spends a retry and appends its audit record waited
-// for three commits one after another; through a Unit it waits for one, at
+// for three commits one after another; through a batch it waits for one, at
 // Commit. Breaker state transitions are still committed at once, as the
-// durability contract asks. With SyncGroup a Unit's methods are the Store's
+// durability contract asks. With SyncGroup its methods are the Store's
 // and Commit does nothing.
 //
-// A Unit belongs to one goroutine; the Store it came from stays safe for
-// concurrent use. Until Commit returns nil, nothing the Unit did is
-// durable: answer the request only after it.
-type Unit struct {
+// A changeBatch belongs to one goroutine; the Store it came from stays safe for
+// concurrent use. Until Commit returns nil, nothing it did is durable:
+// answer the request only after it.
+type changeBatch struct {
 	s *Store
 	p *pending // nil with SyncGroup
 }
 
-var _ policy.Unit = (*Unit)(nil)
+var _ Changes = (*changeBatch)(nil)
 
-// Begin starts a Unit.
-func (s *Store) Begin() policy.Unit {
-	u := &Unit{s: s}
+// Begin starts a batch of changes that commit together.
+func (s *Store) Begin() Changes {
+	u := &changeBatch{s: s}
 	if s.opts.Sync == SyncAlways {
 		u.p = &pending{}
 	}
 	return u
 }
 
-// Record is Store.Record within the unit.
-func (u *Unit) Record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy.Result, permitID string) (policy.BreakerSnapshot, error) {
+// Record is Store.Record within the batch.
+func (u *changeBatch) Record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy.Result, permitID string) (policy.BreakerSnapshot, error) {
 	return u.s.record(key, cfg, r, permitID, u.p, u.s.now())
 }
 
-// ExtendCooldown is Store.ExtendCooldown within the unit.
-func (u *Unit) ExtendCooldown(key policy.BreakerKey, cfg policy.BreakerConfig, until time.Time) (time.Time, error) {
+// ExtendCooldown is Store.ExtendCooldown within the batch.
+func (u *changeBatch) ExtendCooldown(key policy.BreakerKey, cfg policy.BreakerConfig, until time.Time) (time.Time, error) {
 	return u.s.extendCooldown(key, cfg, until, u.p)
 }
 
-// SpendRetry is Store.SpendRetry within the unit.
-func (u *Unit) SpendRetry(req policy.SpendRequest) (policy.Spend, error) {
+// SpendRetry is Store.SpendRetry within the batch.
+func (u *changeBatch) SpendRetry(req policy.SpendRequest) (policy.Spend, error) {
 	return u.s.spendRetry(req, u.p)
 }
 
 // RecordAttempt remembers ans as the answer to attempt of call k, kept until
-// keep at least (see Store.CheckAttempt), within the unit.
-func (u *Unit) RecordAttempt(k policy.CallKey, attempt uint32, ans policy.Answer, keep time.Time) error {
+// keep at least (see Store.CheckAttempt), within the batch.
+func (u *changeBatch) RecordAttempt(k policy.CallKey, attempt uint32, ans policy.Answer, keep time.Time) error {
 	return u.s.recordAttempt(k, attempt, ans, keep.UnixNano(), u.p)
 }
 
-// AppendAudit is Store.AppendAudit within the unit.
-func (u *Unit) AppendAudit(recs ...policy.AuditRecord) {
+// AppendAudit is Store.AppendAudit within the batch.
+func (u *changeBatch) AppendAudit(recs ...policy.AuditRecord) {
 	u.s.appendAudit(u.p, recs)
 }
 
@@ -63,7 +89,7 @@ func (u *Unit) AppendAudit(recs ...policy.AuditRecord) {
 // (shared with concurrent callers through bbolt's Batch). If it fails, the
 // changes stay in memory, the flusher retries them, and the error is
 // returned. With SyncGroup it returns nil at once.
-func (u *Unit) Commit() error {
+func (u *changeBatch) Commit() error {
 	if u.p == nil {
 		return nil
 	}

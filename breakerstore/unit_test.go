@@ -12,7 +12,7 @@ import (
 // decide makes the changes of one NextDelay through a unit: a failure on
 // the breaker, a cool-down, a retry from the tenant's budget and the run's
 // pool, and the decision's audit record.
-func decide(t *testing.T, e *env, u policy.Unit, run string) {
+func decide(t *testing.T, e *env, u breakerstore.Changes, run string) {
 	t.Helper()
 	key := policy.BreakerKey{Tenant: "t", Target: "target-1"}
 	must(u.Record(key, consecutive, policy.ResultTransientFailure, "")).get(t)

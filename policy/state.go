@@ -1,6 +1,9 @@
 package policy
 
-import "time"
+import (
+	"cmp"
+	"time"
+)
 
 // This file holds the vocabulary of shared state: plain values that the
 // store keeps and the server hands out. They carry no behaviour beyond
@@ -273,23 +276,6 @@ type AuditQuery struct {
 	Limit  int
 }
 
-// Unit is the state changes of one request, made durable together: a store
-// that commits every change before answering (breakerstore's SyncAlways)
-// commits a unit's changes in one transaction at Commit, not one by one. A
-// unit belongs to one goroutine; nothing it did is durable until Commit
-// returns nil.
-type Unit interface {
-	Record(key BreakerKey, cfg BreakerConfig, r Result, permitID string) (BreakerSnapshot, error)
-	ExtendCooldown(key BreakerKey, cfg BreakerConfig, until time.Time) (time.Time, error)
-	SpendRetry(req SpendRequest) (Spend, error)
-	// RecordAttempt remembers ans as the answer to attempt of call k until
-	// keep at least, so the same attempt replays it and a lower one is
-	// refused.
-	RecordAttempt(k CallKey, attempt uint32, ans Answer, keep time.Time) error
-	AppendAudit(recs ...AuditRecord)
-	Commit() error
-}
-
 // Answer is a NextDelay answer as policyd remembers it for the call, so the
 // same attempt asked again gets it again: the verdict with its wait or stop,
 // the classification, the rules applied, and the shared state reported.
@@ -313,4 +299,21 @@ type Answer struct {
 type CallKey struct {
 	Tenant string
 	CallID string
+}
+
+// PolicyScope names where a policy is stored: a tenant, a target, both,
+// or neither (the default). An empty Tenant or Target matches every
+// tenant or target. It is not a breaker's key, though it looks like one.
+type PolicyScope struct {
+	Tenant string
+	Target string
+}
+
+// Compare orders scopes by tenant, then target, as their keys sort on
+// disk; it returns -1, 0 or +1.
+func (s PolicyScope) Compare(o PolicyScope) int {
+	if c := cmp.Compare(s.Tenant, o.Tenant); c != 0 {
+		return c
+	}
+	return cmp.Compare(s.Target, o.Target)
 }

@@ -190,7 +190,7 @@ func (a *Admin) ListPolicies(ctx context.Context, req *pb.ListPoliciesRequest) (
 	}
 	items, next, err := paged(ctx, a, "policies", pr,
 		func(after []string, limit int) ([]policy.PolicyEntry, error) {
-			return a.store.Policies(policy.BreakerKey{Tenant: after[0], Target: after[1]}, limit)
+			return a.store.Policies(policy.PolicyScope{Tenant: after[0], Target: after[1]}, limit)
 		},
 		func(e policy.PolicyEntry) []string { return []string{e.Tenant, e.Target} }, policyEntryToPB)
 	if err != nil {

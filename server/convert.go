@@ -666,3 +666,49 @@ func nextDelayToPB(ans *policy.Answer, why string) *pb.NextDelayResponse {
 	}
 	return resp
 }
+
+// admissionToPB is the Admit response of an admission.
+func admissionToPB(a *policy.Admission) *pb.AdmitResponse {
+	return &pb.AdmitResponse{
+		Admitted: a.Admitted, State: enumToPB[pb.BreakerState](a.State), PermitId: a.PermitID,
+		RetryAfter: durationPB(a.RetryAfter), Reason: a.Reason,
+	}
+}
+
+// outcomeFromPB validates one Outcome into it; field is its path in the
+// request.
+func outcomeFromPB(field string, o *pb.Outcome, it *outcomeItem) error {
+	*it = outcomeItem{}
+	call, err := callFromPB(sub(field, ".call"), o.GetCall(), true)
+	if err != nil {
+		return err
+	}
+	if o.GetAttempt() < 1 || o.GetAttempt() > maxAttempt {
+		return invalid(field+".attempt", "must be 1 to "+strconv.Itoa(maxAttempt))
+	}
+	latency, err := duration(sub(field, ".latency"), o.GetLatency(), 0)
+	if err != nil {
+		return err
+	}
+	if err := checkName(sub(field, ".permit_id"), o.GetPermitId(), maxCallIDLen, false); err != nil {
+		return err
+	}
+	it.call, it.attempt, it.success, it.alreadyRecorded = call, o.GetAttempt(), o.GetSuccess(), o.GetAlreadyRecorded()
+	it.latency, it.permit = max(latency, 0), o.GetPermitId()
+	if !it.success && !it.alreadyRecorded {
+		if it.failure, err = failureFromPB(sub(field, ".failure"), o.GetFailure()); err != nil {
+			return err
+		}
+	}
+	fd := o.GetFinalDisposition()
+	if it.final.Disposition, err = enumFromPB[policy.Disposition](field, ".final_disposition", fd, true); err != nil {
+		return err
+	}
+	if it.final.Stop, err = enumFromPB[policy.StopReason](field, ".final_stop_reason", o.GetFinalStopReason(), true); err != nil {
+		return err
+	}
+	if it.success && fd != pb.Disposition_DISPOSITION_UNSPECIFIED && fd != pb.Disposition_DISPOSITION_SUCCEEDED {
+		return invalid(field+".final_disposition", "must be SUCCEEDED or unset when success is true")
+	}
+	return nil
+}

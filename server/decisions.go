@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"math/rand/v2"
 	"slices"
@@ -14,7 +13,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/policyd/policyd/fleet"
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 	"github.com/policyd/policyd/policy"
 )
@@ -129,176 +127,12 @@ func (d *Decisions) NextDelay(ctx context.Context, req *pb.NextDelayRequest) (*p
 		return nil, err
 	}
 
-	// An attempt already decided gets its answer again; a lower one, or
-	// any after a STOP, is refused.
-	ck := policy.CallKey{Tenant: call.tenant, CallID: call.callID}
-	prior, replay, err := d.store.CheckAttempt(ck, req.GetAttempt())
+	ans, why, err := d.decideNextDelay(ctx, &nextDelayRequest{call: call, attempt: req.GetAttempt(), failure: f,
+		hints: hints, prev: prev, permit: req.GetPermitId()})
 	if err != nil {
-		return nil, storeError(ctx, d.cfg.Logger, "attempt", err)
-	}
-	p, _ := d.store.Resolve(call.tenant, call.target)
-	if replay {
-		return nextDelayToPB(&prior, answerDetail(&prior, &p)), nil
-	}
-
-	now := d.cfg.Clock.Now()
-	var run policy.Run
-	deadline := call.deadline
-	if call.runID != "" {
-		if run, err = d.runOf(ctx, "call.run_id", call.runID, call.tenant); err != nil {
-			return nil, err
-		}
-		// The run's cut-off is a deadline for every call of the run.
-		eff := policy.EffectiveDeadline(&p, now, call.origin, call.deadline)
-		if eff.IsZero() || run.Cutoff.Before(eff) {
-			deadline = run.Cutoff
-		}
-	}
-	dec := policy.Decide(&p, policy.Input{
-		Attempt: int(req.GetAttempt()), Failure: f,
-		Idempotent: call.idempotent, HasIdempotencyKey: call.key != "",
-		Hints: hints, PrevDelay: prev,
-		Now: now, Origin: call.origin, Deadline: deadline,
-		JitterDraw: d.cfg.Rand(), SpreadDraw: d.cfg.Rand(),
-	})
-
-	// The breaker learns of every failure; a terminal answer means the
-	// upstream is up.
-	key := policy.KeyFor(p.Breaker, call.tenant, call.target)
-	result := policy.ResultTerminal
-	if dec.Class.Category == policy.CategoryTransient {
-		result = policy.ResultTransientFailure
-	}
-	// The changes of this decision are made durable together, at once with
-	// --sync=always (one commit, not one per change).
-	u := d.store.Begin()
-	snap, err := u.Record(key, p.Breaker, result, req.GetPermitId())
-	if err != nil {
-		return nil, storeError(ctx, d.cfg.Logger, "breaker", err)
-	}
-	dec.Checks |= policy.CheckBreaker
-	ans := policy.Answer{Breaker: snap.State, Note: dec.Hint.Note}
-
-	if dec.Retry {
-		timeout := (f.Kind == policy.FailureTransport && f.Transport == policy.TransportTimeout) ||
-			(f.Kind == policy.FailureGRPC && f.Code == int(codes.DeadlineExceeded))
-		if err := d.shared(ctx, u, &dec, &p, key, call, timeout, snap, now, &ans); err != nil {
-			return nil, err
-		}
-	}
-	if !dec.Retry && !run.Cutoff.IsZero() && !now.Before(run.Cutoff) &&
-		dec.Disposition != policy.DispositionFailedTerminal {
-		// Past the run's cut-off every stop is a cut.
-		dec.Disposition = policy.DispositionDeadlineCut
-	}
-	ans.Retry, ans.Stop, ans.Disposition = dec.Retry, dec.Stop, dec.Disposition
-	if dec.Retry {
-		ans.Delay, ans.AttemptTimeout = dec.Delay, dec.AttemptTimeout
-	}
-	ans.Category, ans.Class, ans.Checks, ans.Deadline = dec.Class.Category, dec.Class.Reason, dec.Checks, dec.Deadline
-	why := detail(&dec, &p)
-	d.decided(ctx, u, call, req.GetAttempt(), &dec, why, snap.State)
-	if err := u.RecordAttempt(ck, req.GetAttempt(), ans, time.Unix(0, fleet.Keep(&p, now.UnixNano(), dec.Deadline))); err != nil {
-		return nil, storeError(ctx, d.cfg.Logger, "attempt", err)
-	}
-	if err := u.Commit(); err != nil {
-		return nil, storeError(ctx, d.cfg.Logger, "decision", err)
+		return nil, err
 	}
 	return nextDelayToPB(&ans, why), nil
-}
-
-// answerDetail explains a remembered answer as detail explains a decision.
-func answerDetail(ans *policy.Answer, p *policy.Policy) string {
-	dec := policy.Decision{Retry: ans.Retry, Delay: ans.Delay, Stop: ans.Stop, Disposition: ans.Disposition,
-		Class: policy.Classification{Category: ans.Category, Reason: ans.Class}}
-	return detail(&dec, p)
-}
-
-// decided puts a NextDelay answer in the audit trail, the metrics and the
-// debug log.
-func (d *Decisions) decided(ctx context.Context, u policy.Unit, call callRef, attempt uint32, dec *policy.Decision, why string, breaker policy.BreakerState) {
-	verdict := policy.VerdictStop
-	if dec.Retry {
-		verdict = policy.VerdictRetry
-	}
-	u.AppendAudit(policy.AuditRecord{
-		Event: policy.AuditDecision, Tenant: call.tenant, Target: call.target, CallID: call.callID, RunID: call.runID,
-		Attempt: attempt, Classification: dec.Class.Reason, Verdict: verdict, Delay: dec.Delay,
-		Stop: dec.Stop, Disposition: dec.Disposition, Detail: why,
-	})
-	d.cfg.Metrics.decision(dec.Retry, dec.Stop, dec.Disposition)
-	if d.cfg.Logger.Enabled(ctx, slog.LevelDebug) {
-		d.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "decision",
-			slog.String("call_id", call.callID), slog.String("tenant", call.tenant), slog.String("target", call.target),
-			slog.String("run_id", call.runID), slog.Uint64("attempt", uint64(attempt)),
-			slog.String("classification", dec.Class.Reason), slog.String("decision", verdict.String()),
-			slog.Duration("delay", dec.Delay), slog.String("stop_reason", dec.Stop.String()),
-			slog.String("disposition", dec.Disposition.String()), slog.String("breaker", breaker.String()),
-			slog.String("detail", why))
-	}
-}
-
-// shared applies the fleet-wide rules to a decision the stateless rules let
-// through: an open breaker, a cool-down another worker reported, the deadline
-// once more, and the budgets. It turns dec into a stop when one refuses, and
-// returns an error only when a cap stops the store from answering.
-func (d *Decisions) shared(ctx context.Context, u policy.Unit, dec *policy.Decision, p *policy.Policy, key policy.BreakerKey,
-	call callRef, timeout bool, snap policy.BreakerSnapshot, now time.Time, ans *policy.Answer) error {
-	stop := func(r policy.StopReason, disp policy.Disposition) {
-		dec.Retry, dec.Delay, dec.Stop, dec.Disposition = false, 0, r, disp
-	}
-	if snap.State == policy.BreakerOpen {
-		stop(policy.StopCircuitOpen, policy.DispositionCircuitOpen)
-		return nil
-	}
-	cooldown := snap.CooldownUntil
-	if dec.Hint.Present && dec.Hint.Delay > 0 {
-		h := min(dec.Hint.Delay, p.Pushback.MaxHint)
-		if until, err := u.ExtendCooldown(key, p.Breaker, now.Add(h)); err == nil {
-			cooldown = until
-		} else {
-			d.cfg.Logger.WarnContext(ctx, "cool-down not shared", "call_id", call.callID, "tenant", call.tenant,
-				"target", call.target, "err", err)
-		}
-	}
-	if wait := cooldown.Sub(now); wait > dec.Delay {
-		// Another worker was told to back off: wait with it, spread out.
-		dec.Delay = policy.SpreadHint(p.Pushback, wait, d.cfg.Rand())
-		if ans.Note != "" {
-			ans.Note += ","
-		}
-		ans.Note += "cooldown:fleet"
-	}
-	if !policy.FitsDeadline(now, dec.Deadline, dec.Delay, p.AttemptTimeout) {
-		stop(policy.StopDeadline, policy.DispositionDeadlineCut)
-		return nil
-	}
-	dec.Checks |= policy.CheckTenantBudget
-	if call.runID != "" {
-		dec.Checks |= policy.CheckRunBudget
-	}
-	spend, err := u.SpendRetry(policy.SpendRequest{
-		Tenant:  call.tenant,
-		Timeout: timeout,
-		RunID:   call.runID,
-	})
-	if errors.Is(err, policy.ErrCapacity) {
-		return storeError(ctx, d.cfg.Logger, "budget", err) // a cap: the operator must hear of it
-	}
-	if err != nil {
-		// The budget could not be consulted: stop rather than retry blind.
-		d.cfg.Logger.ErrorContext(ctx, "budget unavailable", "call_id", call.callID, "tenant", call.tenant,
-			"target", call.target, "err", err)
-		stop(policy.StopBudgetExhausted, policy.DispositionDeadLetter)
-		return nil
-	}
-	d.cfg.Metrics.tokens(call.tenant, spend.TenantTokens)
-	ans.TenantTokens = spend.TenantTokens
-	ans.RunRemaining = spend.RunRemaining
-	if !spend.Granted {
-		stop(spend.Stop, spend.Disposition)
-	}
-	return nil
 }
 
 // runOf returns run id for tenant. Another tenant's run is NOT_FOUND, with
@@ -309,34 +143,10 @@ func (d *Decisions) runOf(ctx context.Context, field, id, tenant string) (policy
 	if err == nil && r.Tenant == tenant {
 		return r, nil
 	}
-	if err == nil || errors.Is(err, policy.ErrNotFound) {
+	if err == nil || notFound(err) {
 		return policy.Run{}, status.Error(codes.NotFound, field+": run "+strconv.Quote(id)+" not found for tenant "+strconv.Quote(tenant))
 	}
 	return policy.Run{}, storeError(ctx, d.cfg.Logger, field, err)
-}
-
-// detail explains a decision in a sentence for logs and humans.
-func detail(dec *policy.Decision, p *policy.Policy) string {
-	if dec.Retry {
-		return "retry after " + dec.Delay.Round(time.Millisecond).String() + " (" + dec.Class.Reason + ")"
-	}
-	switch dec.Stop {
-	case policy.StopTerminal:
-		return "not retryable: " + dec.Class.Reason
-	case policy.StopNotIdempotent:
-		return "not idempotent and no idempotency key: a retry could duplicate the write"
-	case policy.StopAttemptsExhausted:
-		return "max attempts (" + strconv.Itoa(p.MaxAttempts) + ") reached"
-	case policy.StopDeadline:
-		return "the next attempt cannot finish before the deadline"
-	case policy.StopBudgetExhausted:
-		return "retry budget exhausted"
-	case policy.StopCircuitOpen:
-		return "the upstream's circuit breaker is open"
-	case policy.StopServerPushback:
-		return "the server said not to retry"
-	}
-	return ""
 }
 
 // ReportOutcome records a batch of outcomes. The batch is validated whole
@@ -347,67 +157,20 @@ func (d *Decisions) ReportOutcome(ctx context.Context, req *pb.ReportOutcomeRequ
 		return nil, invalid("outcomes", "must hold 1 to "+strconv.Itoa(maxOutcomes)+" outcomes, got "+strconv.Itoa(len(outs)))
 	}
 	sc := outcomeScratchPool.Get().(*outcomeScratch)
-	ups := slices.Grow(sc.ups[:0], len(outs))[:len(outs)]
-	trail := slices.Grow(sc.trail[:0], 2*len(outs)) // at most two records an outcome
-	defer func() { sc.ups, sc.trail = ups, trail; sc.put() }()
-	var runs map[string]string
-	deposits := map[string]int{}
+	defer sc.put()
+	items := slices.Grow(sc.items[:0], len(outs))[:len(outs)]
+	sc.items = items
 	for i, o := range outs {
-		it, err := outcomeFromPB("", o)
-		if err != nil {
+		if err := outcomeFromPB("", o, &items[i]); err != nil {
 			// Only now build the field's path, checking again under it: a
 			// valid batch of a thousand outcomes builds no paths at all.
-			_, err = outcomeFromPB("outcomes["+strconv.Itoa(i)+"]", o)
-			return nil, err
-		}
-		p, _ := d.store.Resolve(it.call.tenant, it.call.target)
-		u := &ups[i]
-		*u = policy.OutcomeUpdate{
-			Key: policy.KeyFor(p.Breaker, it.call.tenant, it.call.target), Breaker: p.Breaker, PermitID: o.GetPermitId(),
-		}
-		var class string
-		switch {
-		case o.GetSuccess():
-			deposits[it.call.tenant]++
-			u.Result = policy.ResultSuccess
-		case !o.GetAlreadyRecorded():
-			c := policy.Classify(&p, it.failure, true, true)
-			u.Result = policy.ResultTerminal
-			if c.Category == policy.CategoryTransient {
-				u.Result = policy.ResultTransientFailure
-			}
-			class = c.Reason
-		}
-		if fd := it.final.Disposition; fd != policy.DispositionNone && (fd != policy.DispositionSucceeded || !o.GetSuccess()) {
-			if err := d.agrees(ctx, i, &it, o, &p, u.Key); err != nil {
-				return nil, err
-			}
-		}
-		start := len(trail)
-		trail = d.outcome(ctx, trail, it.call, o, class)
-		u.Audit = trail[start:len(trail):len(trail)]
-		if fd := o.GetFinalDisposition(); fd != pb.Disposition_DISPOSITION_UNSPECIFIED && it.call.runID != "" {
-			u.RunID, u.CallID = it.call.runID, it.call.callID
-			u.Final, u.Stop = it.final.Disposition, it.final.Stop
-			if runs == nil {
-				runs = map[string]string{}
-			}
-			runs[it.call.runID] = it.call.tenant
+			return nil, outcomeFromPB("outcomes["+strconv.Itoa(i)+"]", o, &items[i])
 		}
 	}
-	for id, tenant := range runs {
-		if _, err := d.runOf(ctx, "outcomes.call.run_id", id, tenant); err != nil {
-			return nil, err
-		}
-	}
-
-	// Nothing is applied before the whole batch is valid. The store applies
-	// it as a whole: with --sync=always that is one commit for the request,
-	// not one per outcome.
-	n, err := d.store.ApplyOutcomes(ups, deposits)
+	n, ups, err := d.decideOutcomes(ctx, items, sc)
 	d.cfg.Metrics.successes(outs[:n])
 	if err != nil {
-		return nil, storeError(ctx, d.cfg.Logger, "outcomes", err)
+		return nil, err
 	}
 	resp := &pb.ReportOutcomeResponse{Accepted: uint32(len(outs))}
 	for i := range ups[:n] {
@@ -419,57 +182,11 @@ func (d *Decisions) ReportOutcome(ctx context.Context, req *pb.ReportOutcomeRequ
 	return resp, nil
 }
 
-// agrees checks outcome i's final disposition against the outcome and
-// what policyd decided for the call (fleet.CheckFinal): a contradiction
-// is INVALID_ARGUMENT naming outcomes[i].final_disposition and the rule.
-// It reads the call's remembered answer, its breaker and its run, so it
-// runs only for final dispositions other than SUCCEEDED of a success.
-func (d *Decisions) agrees(ctx context.Context, i int, it *outcomeItem, o *pb.Outcome, p *policy.Policy, key policy.BreakerKey) error {
-	now := d.cfg.Clock.Now()
-	r := fleet.FinalReport{
-		Final:          it.final,
-		Success:        o.GetSuccess(),
-		Now:            now.UnixNano(),
-		Horizon:        int64(fleet.Horizon(p)),
-		AttemptTimeout: int64(p.AttemptTimeout),
-	}
-	if !o.GetSuccess() && !o.GetAlreadyRecorded() {
-		r.Failure = policy.Classify(p, it.failure, true, true).Category
-	}
-	r.Answer, r.Decided = d.store.LastAnswer(policy.CallKey{Tenant: it.call.tenant, CallID: it.call.callID})
-	deadline := r.Answer.Deadline
-	if !it.call.deadline.IsZero() || !it.call.origin.IsZero() {
-		deadline = policy.EffectiveDeadline(p, now, it.call.origin, it.call.deadline)
-	}
-	if !deadline.IsZero() {
-		r.Deadline = deadline.UnixNano()
-	}
-	if snap, err := d.store.Breaker(key); err == nil {
-		r.HasBreaker, r.Breaker, r.Transitioned = true, snap.State, snap.Generation > 0
-		r.Changed, r.CooldownEnd = snap.Changed.UnixNano(), snap.CooldownUntil.UnixNano()
-		if snap.CooldownUntil.IsZero() {
-			r.CooldownEnd = 0
-		}
-	} else if !errors.Is(err, policy.ErrNotFound) {
-		return storeError(ctx, d.cfg.Logger, "breaker", err)
-	}
-	if it.call.runID != "" {
-		run, err := d.runOf(ctx, "outcomes.call.run_id", it.call.runID, it.call.tenant)
-		if err != nil {
-			return err
-		}
-		r.Cutoff = run.Cutoff.UnixNano()
-	}
-	if rule := fleet.CheckFinal(&r); rule != "" {
-		return invalid("outcomes["+strconv.Itoa(i)+"].final_disposition", rule)
-	}
-	return nil
-}
-
 // outcomeScratch is ReportOutcome's working memory, reused from request to
 // request: a batch of a thousand outcomes needs a few hundred KB of it,
 // which the store copies what it keeps from.
 type outcomeScratch struct {
+	items []outcomeItem
 	ups   []policy.OutcomeUpdate
 	trail []policy.AuditRecord
 }
@@ -478,93 +195,11 @@ var outcomeScratchPool = sync.Pool{New: func() any { return new(outcomeScratch) 
 
 // put returns sc to the pool, cleared so it pins no request's strings.
 func (sc *outcomeScratch) put() {
+	clear(sc.items)
 	clear(sc.ups)
 	clear(sc.trail)
-	sc.ups, sc.trail = sc.ups[:0], sc.trail[:0]
+	sc.items, sc.ups, sc.trail = sc.items[:0], sc.ups[:0], sc.trail[:0]
 	outcomeScratchPool.Put(sc)
-}
-
-// outcomeItem is a validated Outcome's call, failure and final
-// disposition.
-type outcomeItem struct {
-	call    callRef
-	failure policy.Failure
-	final   fleet.Final
-}
-
-// outcomeFromPB validates one Outcome; field is its path in the request.
-func outcomeFromPB(field string, o *pb.Outcome) (outcomeItem, error) {
-	var it outcomeItem
-	call, err := callFromPB(sub(field, ".call"), o.GetCall(), true)
-	if err != nil {
-		return it, err
-	}
-	if o.GetAttempt() < 1 || o.GetAttempt() > maxAttempt {
-		return it, invalid(field+".attempt", "must be 1 to "+strconv.Itoa(maxAttempt))
-	}
-	if _, err := duration(sub(field, ".latency"), o.GetLatency(), 0); err != nil {
-		return it, err
-	}
-	if err := checkName(sub(field, ".permit_id"), o.GetPermitId(), maxCallIDLen, false); err != nil {
-		return it, err
-	}
-	it.call = call
-	if !o.GetSuccess() && !o.GetAlreadyRecorded() {
-		if it.failure, err = failureFromPB(sub(field, ".failure"), o.GetFailure()); err != nil {
-			return it, err
-		}
-	}
-	fd := o.GetFinalDisposition()
-	if it.final.Disposition, err = enumFromPB[policy.Disposition](field, ".final_disposition", fd, true); err != nil {
-		return it, err
-	}
-	if it.final.Stop, err = enumFromPB[policy.StopReason](field, ".final_stop_reason", o.GetFinalStopReason(), true); err != nil {
-		return it, err
-	}
-	if o.GetSuccess() && fd != pb.Disposition_DISPOSITION_UNSPECIFIED && fd != pb.Disposition_DISPOSITION_SUCCEEDED {
-		return it, invalid(field+".final_disposition", "must be SUCCEEDED or unset when success is true")
-	}
-	return it, nil
-}
-
-// outcome appends a reported outcome, and the call's final disposition when
-// it carries one (with or without a run), to trail and logs it at debug
-// level. class is the failure's classification, when it was classified. A
-// success that ends its call (the common outcome by far) is one FINAL
-// record, which says both.
-func (d *Decisions) outcome(ctx context.Context, trail []policy.AuditRecord, call callRef, o *pb.Outcome, class string) []policy.AuditRecord {
-	why := "attempt failed"
-	switch {
-	case o.GetSuccess():
-		why = "attempt succeeded"
-	case o.GetAlreadyRecorded():
-		why = "attempt failed (recorded by NextDelay)"
-	}
-	// The latency is kept in Delay, not formatted into the detail here:
-	// QueryAudit writes it out (auditRecordToPB), once per record read
-	// rather than once per outcome reported.
-	rec := policy.AuditRecord{
-		Event: policy.AuditOutcome, Tenant: call.tenant, Target: call.target, CallID: call.callID, RunID: call.runID,
-		Attempt: o.GetAttempt(), Classification: class, Detail: why, Delay: max(o.GetLatency().AsDuration(), 0),
-	}
-	fd, stop := policy.Disposition(o.GetFinalDisposition()), policy.StopReason(o.GetFinalStopReason())
-	if o.GetSuccess() && fd == policy.DispositionSucceeded {
-		rec.Event, rec.Disposition = policy.AuditFinal, fd
-	}
-	trail = append(trail, rec)
-	if fd != policy.DispositionNone && !o.GetSuccess() {
-		rec.Event, rec.Classification, rec.Disposition, rec.Stop = policy.AuditFinal, "", fd, stop
-		rec.Delay, rec.Detail = 0, finalDetail(fd, stop)
-		trail = append(trail, rec)
-	}
-	if d.cfg.Logger.Enabled(ctx, slog.LevelDebug) {
-		d.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "outcome",
-			slog.String("call_id", call.callID), slog.String("tenant", call.tenant), slog.String("target", call.target),
-			slog.String("run_id", call.runID), slog.Uint64("attempt", uint64(o.GetAttempt())),
-			slog.Bool("success", o.GetSuccess()), slog.String("classification", class),
-			slog.String("final_disposition", fd.String()), slog.String("final_stop_reason", stop.String()))
-	}
-	return trail
 }
 
 // finalDetails are the details of FINAL records, by disposition and stop
@@ -598,31 +233,11 @@ func (d *Decisions) Admit(ctx context.Context, req *pb.AdmitRequest) (*pb.AdmitR
 	if req.GetAttempt() > maxAttempt {
 		return nil, invalid("attempt", "must be at most "+strconv.Itoa(maxAttempt))
 	}
-	p, _ := d.store.Resolve(call.tenant, call.target)
-	a, err := d.store.Admit(policy.KeyFor(p.Breaker, call.tenant, call.target), p.Breaker)
+	a, err := d.decideAdmit(ctx, call, req.GetAttempt())
 	if err != nil {
-		return nil, storeError(ctx, d.cfg.Logger, "breaker", err)
+		return nil, err
 	}
-	if !a.Admitted {
-		why := "refused: " + a.Reason
-		if a.RetryAfter > 0 {
-			why += ", ask again in " + a.RetryAfter.String()
-		}
-		d.store.AppendAudit(policy.AuditRecord{
-			Event: policy.AuditAdmit, Tenant: call.tenant, Target: call.target, CallID: call.callID, RunID: call.runID,
-			Attempt: req.GetAttempt(), Detail: why,
-		})
-		if d.cfg.Logger.Enabled(ctx, slog.LevelDebug) {
-			d.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "admission refused",
-				slog.String("call_id", call.callID), slog.String("tenant", call.tenant), slog.String("target", call.target),
-				slog.Uint64("attempt", uint64(req.GetAttempt())), slog.String("breaker", a.State.String()),
-				slog.String("reason", a.Reason), slog.Duration("retry_after", a.RetryAfter))
-		}
-	}
-	return &pb.AdmitResponse{
-		Admitted: a.Admitted, State: enumToPB[pb.BreakerState](a.State), PermitId: a.PermitID,
-		RetryAfter: durationPB(a.RetryAfter), Reason: a.Reason,
-	}, nil
+	return admissionToPB(&a), nil
 }
 
 // WatchBreakers streams the current breaker states, then every change,

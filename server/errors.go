@@ -42,15 +42,15 @@ func storeError(ctx context.Context, log *slog.Logger, what string, err error) e
 		return nil
 	case precondition(err):
 		return status.Error(codes.FailedPrecondition, err.Error())
-	case errors.Is(err, policy.ErrNotFound):
+	case notFound(err):
 		return status.Error(codes.NotFound, what+": "+err.Error())
-	case errors.Is(err, policy.ErrExists):
+	case has(err, alreadyExister.AlreadyExists):
 		return status.Error(codes.AlreadyExists, what+": "+err.Error())
-	case errors.Is(err, policy.ErrInvalid):
+	case has(err, invalider.Invalid):
 		return status.Error(codes.InvalidArgument, err.Error())
-	case errors.Is(err, policy.ErrCapacity):
+	case overCapacity(err):
 		return status.Error(codes.ResourceExhausted, err.Error())
-	case errors.Is(err, policy.ErrClosed):
+	case has(err, closer.Closed):
 		return status.Error(codes.Unavailable, "policyd is shutting down")
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())
@@ -61,13 +61,30 @@ func storeError(ctx context.Context, log *slog.Logger, what string, err error) e
 	return status.Error(codes.Internal, what+": internal error (logged by policyd)")
 }
 
-// preconditioner is the behaviour of an error that says a request conflicts
-// with the state as it stands (fleet.Refusal): FAILED_PRECONDITION.
-type preconditioner interface{ FailedPrecondition() bool }
+// The classes of store errors the handlers tell apart, as behaviour the
+// errors implement (breakerstore's sentinels, fleet.Refusal): the handlers
+// declare what they need to know, and no package of errors is shared.
+type (
+	preconditioner interface{ FailedPrecondition() bool } // the request conflicts with the state
+	notFounder     interface{ NotFound() bool }           // the object does not exist
+	alreadyExister interface{ AlreadyExists() bool }      // the object exists already
+	invalider      interface{ Invalid() bool }            // an argument is bad
+	overCapacityer interface{ OverCapacity() bool }       // a cap is reached: too many, disk full
+	closer         interface{ Closed() bool }             // the store is closing or closed
+)
 
-// precondition reports whether err, or an error it wraps, conflicts with
-// the state.
-func precondition(err error) bool {
-	var p preconditioner
-	return errors.As(err, &p) && p.FailedPrecondition()
+// has reports whether err, or an error it wraps, has the behaviour B and
+// says so through is.
+func has[B any](err error, is func(B) bool) bool {
+	var b B
+	return errors.As(err, &b) && is(b)
 }
+
+// precondition reports whether err conflicts with the state.
+func precondition(err error) bool { return has(err, preconditioner.FailedPrecondition) }
+
+// notFound reports whether err says the object does not exist.
+func notFound(err error) bool { return has(err, notFounder.NotFound) }
+
+// overCapacity reports whether err says a cap is reached.
+func overCapacity(err error) bool { return has(err, overCapacityer.OverCapacity) }

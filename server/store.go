@@ -1,13 +1,19 @@
 package server
 
-import "github.com/policyd/policyd/policy"
+import (
+	"time"
+
+	"github.com/policyd/policyd/policy"
+)
 
 // Store is the shared state the handlers decide with. It is declared here,
 // where it is consumed, in domain types only, so another backend (a
 // replicated one, say) can stand in for breakerstore without touching the
-// handlers. Errors are matched with errors.Is against the classes in policy
-// (policy.ErrNotFound, policy.ErrInvalid, ...). Implementations must be safe
-// for concurrent use.
+// handlers. Errors are told apart by behaviour the handlers declare in
+// errors.go: an error (or one it wraps) with a NotFound, AlreadyExists,
+// Invalid, OverCapacity, Closed or FailedPrecondition method returning true
+// is of that class; any other is a failure of the store (INTERNAL, logged).
+// Implementations must be safe for concurrent use.
 type Store interface {
 	Policies
 	Breakers
@@ -16,11 +22,38 @@ type Store interface {
 	Audit
 	Outcomes
 	Attempts
-	// Begin starts a unit for the state changes of one request (NextDelay's
-	// breaker failure, cool-down, retry spend and audit record), so a store
-	// that makes changes durable before answering commits them once. A
-	// decision records, extends cool-downs and spends only through a unit.
-	Begin() policy.Unit
+	// Begin starts a batch for the state changes of one request
+	// (NextDelay's breaker failure, cool-down, retry spend, attempt record
+	// and audit record), so a store that makes changes durable before
+	// answering commits them once. A decision records, extends cool-downs
+	// and spends only through one.
+	Begin() Changes
+}
+
+// Changes is a batch of the state changes of one request that commit
+// together at Commit; nothing rolls back. It belongs to one goroutine. It
+// is an alias of an interface literal so that an engine can return it
+// without importing server: an engine spells the same literal (as
+// breakerstore.Changes does) and the two are one type.
+type Changes = interface {
+	// Record tells the breaker under key an attempt's result (see
+	// breakerstore.Store.Record).
+	Record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy.Result, permitID string) (policy.BreakerSnapshot, error)
+	// ExtendCooldown moves the fleet-wide cool-down of the breaker under
+	// key later.
+	ExtendCooldown(key policy.BreakerKey, cfg policy.BreakerConfig, until time.Time) (time.Time, error)
+	// SpendRetry withdraws one retry from the tenant's budget and the run's
+	// pool.
+	SpendRetry(req policy.SpendRequest) (policy.Spend, error)
+	// RecordAttempt remembers ans as the answer to attempt of call k until
+	// keep at least, so the same attempt replays it and a lower one is
+	// refused.
+	RecordAttempt(k policy.CallKey, attempt uint32, ans policy.Answer, keep time.Time) error
+	// AppendAudit adds audit records.
+	AppendAudit(recs ...policy.AuditRecord)
+	// Commit makes every change durable, in one transaction where the
+	// store commits before answering; nothing rolls back.
+	Commit() error
 }
 
 // Attempts remembers per call the highest attempt decided and its answer.
@@ -51,7 +84,7 @@ type Policies interface {
 	Resolve(tenant, target string) (policy.Policy, policy.PolicyEntry)
 	SetPolicy(tenant, target string, p policy.Policy) (policy.PolicyEntry, error)
 	Policy(tenant, target string) (policy.PolicyEntry, error)
-	Policies(after policy.BreakerKey, limit int) ([]policy.PolicyEntry, error)
+	Policies(after policy.PolicyScope, limit int) ([]policy.PolicyEntry, error)
 	DeletePolicy(tenant, target string) error
 }
 

@@ -306,7 +306,7 @@ func (b blockingStore) Admit(k policy.BreakerKey, cfg policy.BreakerConfig) (pol
 	return b.Store.Admit(k, cfg)
 }
 
-func (b blockingStore) Begin() policy.Unit { // NextDelay's first step
+func (b blockingStore) Begin() server.Changes { // NextDelay's first step
 	<-b.release
 	return b.Store.Begin()
 }

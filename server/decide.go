@@ -1,0 +1,431 @@
+package server
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"strconv"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/policyd/policyd/fleet"
+	"github.com/policyd/policyd/policy"
+)
+
+// The decisions of RetryPolicyService in domain types: the handlers in
+// decisions.go convert a request (convert.go), call one of these, and
+// convert the answer back. They live in server, beside the handlers, as
+// plain domain code rather than in a package of their own: they need the
+// handlers' Store, Config (clock, random draws, logger, metrics) and the
+// error mapping of errors.go, and nothing else consumes them.
+
+// nextDelayRequest is a validated NextDelay request in domain types.
+type nextDelayRequest struct {
+	call    callRef
+	attempt uint32 // the attempt that failed, from 1
+	failure policy.Failure
+	hints   policy.Hints
+	prev    time.Duration // the previous delay
+	permit  string        // the HALF_OPEN probe permit the attempt used
+}
+
+// decideNextDelay is NextDelay's decision, in domain types: an attempt
+// already decided gets its answer again (a lower one, or any after a STOP,
+// is refused); otherwise the stateless rules of policy, the breaker
+// (which learns of the failure), the cool-down, the deadline again, the
+// budgets and the run's cut-off decide, and the changes commit together
+// in one store unit. It returns the answer and its explanation; an error
+// is a status, mapped by errors.go.
+func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (policy.Answer, string, error) {
+	call, f := in.call, in.failure
+	// An attempt already decided gets its answer again; a lower one, or
+	// any after a STOP, is refused.
+	ck := policy.CallKey{Tenant: call.tenant, CallID: call.callID}
+	prior, replay, err := d.store.CheckAttempt(ck, in.attempt)
+	if err != nil {
+		return policy.Answer{}, "", storeError(ctx, d.cfg.Logger, "attempt", err)
+	}
+	p, _ := d.store.Resolve(call.tenant, call.target)
+	if replay {
+		return prior, answerDetail(&prior, &p), nil
+	}
+
+	now := d.cfg.Clock.Now()
+	var run policy.Run
+	deadline := call.deadline
+	if call.runID != "" {
+		if run, err = d.runOf(ctx, "call.run_id", call.runID, call.tenant); err != nil {
+			return policy.Answer{}, "", err
+		}
+		// The run's cut-off is a deadline for every call of the run.
+		eff := policy.EffectiveDeadline(&p, now, call.origin, call.deadline)
+		if eff.IsZero() || run.Cutoff.Before(eff) {
+			deadline = run.Cutoff
+		}
+	}
+	dec := policy.Decide(&p, policy.Input{
+		Attempt: int(in.attempt), Failure: f,
+		Idempotent: call.idempotent, HasIdempotencyKey: call.key != "",
+		Hints: in.hints, PrevDelay: in.prev,
+		Now: now, Origin: call.origin, Deadline: deadline,
+		JitterDraw: d.cfg.Rand(), SpreadDraw: d.cfg.Rand(),
+	})
+
+	// The breaker learns of every failure; a terminal answer means the
+	// upstream is up.
+	key := policy.KeyFor(p.Breaker, call.tenant, call.target)
+	result := policy.ResultTerminal
+	if dec.Class.Category == policy.CategoryTransient {
+		result = policy.ResultTransientFailure
+	}
+	// The changes of this decision are made durable together, at once with
+	// --sync=always (one commit, not one per change).
+	u := d.store.Begin()
+	snap, err := u.Record(key, p.Breaker, result, in.permit)
+	if err != nil {
+		return policy.Answer{}, "", storeError(ctx, d.cfg.Logger, "breaker", err)
+	}
+	dec.Checks |= policy.CheckBreaker
+	ans := policy.Answer{Breaker: snap.State, Note: dec.Hint.Note}
+
+	if dec.Retry {
+		timeout := (f.Kind == policy.FailureTransport && f.Transport == policy.TransportTimeout) ||
+			(f.Kind == policy.FailureGRPC && f.Code == int(codes.DeadlineExceeded))
+		if err := d.shared(ctx, u, &dec, &p, key, call, timeout, snap, now, &ans); err != nil {
+			return policy.Answer{}, "", err
+		}
+	}
+	if !dec.Retry && !run.Cutoff.IsZero() && !now.Before(run.Cutoff) &&
+		dec.Disposition != policy.DispositionFailedTerminal {
+		// Past the run's cut-off every stop is a cut.
+		dec.Disposition = policy.DispositionDeadlineCut
+	}
+	ans.Retry, ans.Stop, ans.Disposition = dec.Retry, dec.Stop, dec.Disposition
+	if dec.Retry {
+		ans.Delay, ans.AttemptTimeout = dec.Delay, dec.AttemptTimeout
+	}
+	ans.Category, ans.Class, ans.Checks, ans.Deadline = dec.Class.Category, dec.Class.Reason, dec.Checks, dec.Deadline
+	why := detail(&dec, &p)
+	d.decided(ctx, u, call, in.attempt, &dec, why, snap.State)
+	if err := u.RecordAttempt(ck, in.attempt, ans, time.Unix(0, fleet.Keep(&p, now.UnixNano(), dec.Deadline))); err != nil {
+		return policy.Answer{}, "", storeError(ctx, d.cfg.Logger, "attempt", err)
+	}
+	if err := u.Commit(); err != nil {
+		return policy.Answer{}, "", storeError(ctx, d.cfg.Logger, "decision", err)
+	}
+	return ans, why, nil
+}
+
+// answerDetail explains a remembered answer as detail explains a decision.
+func answerDetail(ans *policy.Answer, p *policy.Policy) string {
+	dec := policy.Decision{Retry: ans.Retry, Delay: ans.Delay, Stop: ans.Stop, Disposition: ans.Disposition,
+		Class: policy.Classification{Category: ans.Category, Reason: ans.Class}}
+	return detail(&dec, p)
+}
+
+// decided puts a NextDelay answer in the audit trail, the metrics and the
+// debug log.
+func (d *Decisions) decided(ctx context.Context, u Changes, call callRef, attempt uint32, dec *policy.Decision, why string, breaker policy.BreakerState) {
+	verdict := policy.VerdictStop
+	if dec.Retry {
+		verdict = policy.VerdictRetry
+	}
+	u.AppendAudit(policy.AuditRecord{
+		Event: policy.AuditDecision, Tenant: call.tenant, Target: call.target, CallID: call.callID, RunID: call.runID,
+		Attempt: attempt, Classification: dec.Class.Reason, Verdict: verdict, Delay: dec.Delay,
+		Stop: dec.Stop, Disposition: dec.Disposition, Detail: why,
+	})
+	d.cfg.Metrics.decision(dec.Retry, dec.Stop, dec.Disposition)
+	if d.cfg.Logger.Enabled(ctx, slog.LevelDebug) {
+		d.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "decision",
+			slog.String("call_id", call.callID), slog.String("tenant", call.tenant), slog.String("target", call.target),
+			slog.String("run_id", call.runID), slog.Uint64("attempt", uint64(attempt)),
+			slog.String("classification", dec.Class.Reason), slog.String("decision", verdict.String()),
+			slog.Duration("delay", dec.Delay), slog.String("stop_reason", dec.Stop.String()),
+			slog.String("disposition", dec.Disposition.String()), slog.String("breaker", breaker.String()),
+			slog.String("detail", why))
+	}
+}
+
+// shared applies the fleet-wide rules to a decision the stateless rules let
+// through: an open breaker, a cool-down another worker reported, the deadline
+// once more, and the budgets. It turns dec into a stop when one refuses, and
+// returns an error only when a cap stops the store from answering.
+func (d *Decisions) shared(ctx context.Context, u Changes, dec *policy.Decision, p *policy.Policy, key policy.BreakerKey,
+	call callRef, timeout bool, snap policy.BreakerSnapshot, now time.Time, ans *policy.Answer) error {
+	stop := func(r policy.StopReason, disp policy.Disposition) {
+		dec.Retry, dec.Delay, dec.Stop, dec.Disposition = false, 0, r, disp
+	}
+	if snap.State == policy.BreakerOpen {
+		stop(policy.StopCircuitOpen, policy.DispositionCircuitOpen)
+		return nil
+	}
+	cooldown := snap.CooldownUntil
+	if dec.Hint.Present && dec.Hint.Delay > 0 {
+		h := min(dec.Hint.Delay, p.Pushback.MaxHint)
+		if until, err := u.ExtendCooldown(key, p.Breaker, now.Add(h)); err == nil {
+			cooldown = until
+		} else {
+			d.cfg.Logger.WarnContext(ctx, "cool-down not shared", "call_id", call.callID, "tenant", call.tenant,
+				"target", call.target, "err", err)
+		}
+	}
+	if wait := cooldown.Sub(now); wait > dec.Delay {
+		// Another worker was told to back off: wait with it, spread out.
+		dec.Delay = policy.SpreadHint(p.Pushback, wait, d.cfg.Rand())
+		if ans.Note != "" {
+			ans.Note += ","
+		}
+		ans.Note += "cooldown:fleet"
+	}
+	if !policy.FitsDeadline(now, dec.Deadline, dec.Delay, p.AttemptTimeout) {
+		stop(policy.StopDeadline, policy.DispositionDeadlineCut)
+		return nil
+	}
+	dec.Checks |= policy.CheckTenantBudget
+	if call.runID != "" {
+		dec.Checks |= policy.CheckRunBudget
+	}
+	spend, err := u.SpendRetry(policy.SpendRequest{
+		Tenant:  call.tenant,
+		Timeout: timeout,
+		RunID:   call.runID,
+	})
+	if overCapacity(err) {
+		return storeError(ctx, d.cfg.Logger, "budget", err) // a cap: the operator must hear of it
+	}
+	if err != nil {
+		// The budget could not be consulted: stop rather than retry blind.
+		d.cfg.Logger.ErrorContext(ctx, "budget unavailable", "call_id", call.callID, "tenant", call.tenant,
+			"target", call.target, "err", err)
+		stop(policy.StopBudgetExhausted, policy.DispositionDeadLetter)
+		return nil
+	}
+	d.cfg.Metrics.tokens(call.tenant, spend.TenantTokens)
+	ans.TenantTokens = spend.TenantTokens
+	ans.RunRemaining = spend.RunRemaining
+	if !spend.Granted {
+		stop(spend.Stop, spend.Disposition)
+	}
+	return nil
+}
+
+// decideAdmit is Admit's decision, in domain types: the shared breaker of
+// the call's policy admits or refuses (a refusal is a value, put in the
+// audit trail); an error is a status, mapped by errors.go.
+func (d *Decisions) decideAdmit(ctx context.Context, call callRef, attempt uint32) (policy.Admission, error) {
+	p, _ := d.store.Resolve(call.tenant, call.target)
+	a, err := d.store.Admit(policy.KeyFor(p.Breaker, call.tenant, call.target), p.Breaker)
+	if err != nil {
+		return policy.Admission{}, storeError(ctx, d.cfg.Logger, "breaker", err)
+	}
+	if !a.Admitted {
+		why := "refused: " + a.Reason
+		if a.RetryAfter > 0 {
+			why += ", ask again in " + a.RetryAfter.String()
+		}
+		d.store.AppendAudit(policy.AuditRecord{
+			Event: policy.AuditAdmit, Tenant: call.tenant, Target: call.target, CallID: call.callID, RunID: call.runID,
+			Attempt: attempt, Detail: why,
+		})
+		if d.cfg.Logger.Enabled(ctx, slog.LevelDebug) {
+			d.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "admission refused",
+				slog.String("call_id", call.callID), slog.String("tenant", call.tenant), slog.String("target", call.target),
+				slog.Uint64("attempt", uint64(attempt)), slog.String("breaker", a.State.String()),
+				slog.String("reason", a.Reason), slog.Duration("retry_after", a.RetryAfter))
+		}
+	}
+	return a, nil
+}
+
+// agrees checks outcome i's final disposition against the outcome and
+// what policyd decided for the call (fleet.CheckFinal): a contradiction
+// is INVALID_ARGUMENT naming outcomes[i].final_disposition and the rule.
+// It reads the call's remembered answer, its breaker and its run, so it
+// runs only for final dispositions other than SUCCEEDED of a success.
+func (d *Decisions) agrees(ctx context.Context, i int, it *outcomeItem, success, alreadyRecorded bool, p *policy.Policy, key policy.BreakerKey) error {
+	now := d.cfg.Clock.Now()
+	r := fleet.FinalReport{
+		Final:          it.final,
+		Success:        success,
+		Now:            now.UnixNano(),
+		Horizon:        int64(fleet.Horizon(p)),
+		AttemptTimeout: int64(p.AttemptTimeout),
+	}
+	if !success && !alreadyRecorded {
+		r.Failure = policy.Classify(p, it.failure, true, true).Category
+	}
+	r.Answer, r.Decided = d.store.LastAnswer(policy.CallKey{Tenant: it.call.tenant, CallID: it.call.callID})
+	deadline := r.Answer.Deadline
+	if !it.call.deadline.IsZero() || !it.call.origin.IsZero() {
+		deadline = policy.EffectiveDeadline(p, now, it.call.origin, it.call.deadline)
+	}
+	if !deadline.IsZero() {
+		r.Deadline = deadline.UnixNano()
+	}
+	if snap, err := d.store.Breaker(key); err == nil {
+		r.HasBreaker, r.Breaker, r.Transitioned = true, snap.State, snap.Generation > 0
+		r.Changed, r.CooldownEnd = snap.Changed.UnixNano(), snap.CooldownUntil.UnixNano()
+		if snap.CooldownUntil.IsZero() {
+			r.CooldownEnd = 0
+		}
+	} else if !notFound(err) {
+		return storeError(ctx, d.cfg.Logger, "breaker", err)
+	}
+	if it.call.runID != "" {
+		run, err := d.runOf(ctx, "outcomes.call.run_id", it.call.runID, it.call.tenant)
+		if err != nil {
+			return err
+		}
+		r.Cutoff = run.Cutoff.UnixNano()
+	}
+	if rule := fleet.CheckFinal(&r); rule != "" {
+		return invalid("outcomes["+strconv.Itoa(i)+"].final_disposition", rule)
+	}
+	return nil
+}
+
+// detail explains a decision in a sentence for logs and humans.
+func detail(dec *policy.Decision, p *policy.Policy) string {
+	if dec.Retry {
+		return "retry after " + dec.Delay.Round(time.Millisecond).String() + " (" + dec.Class.Reason + ")"
+	}
+	switch dec.Stop {
+	case policy.StopTerminal:
+		return "not retryable: " + dec.Class.Reason
+	case policy.StopNotIdempotent:
+		return "not idempotent and no idempotency key: a retry could duplicate the write"
+	case policy.StopAttemptsExhausted:
+		return "max attempts (" + strconv.Itoa(p.MaxAttempts) + ") reached"
+	case policy.StopDeadline:
+		return "the next attempt cannot finish before the deadline"
+	case policy.StopBudgetExhausted:
+		return "retry budget exhausted"
+	case policy.StopCircuitOpen:
+		return "the upstream's circuit breaker is open"
+	case policy.StopServerPushback:
+		return "the server said not to retry"
+	}
+	return ""
+}
+
+// outcomeItem is a validated Outcome in domain types.
+type outcomeItem struct {
+	call            callRef
+	attempt         uint32
+	success         bool
+	alreadyRecorded bool // the failure was told to NextDelay
+	failure         policy.Failure
+	latency         time.Duration
+	permit          string
+	final           fleet.Final
+}
+
+// decideOutcomes is ReportOutcome's decision, in domain types: each
+// outcome's result for its breaker (classified under its policy), its
+// audit records, its final disposition for its run's ledger (which must
+// agree with what policyd decided, see agrees), and the tenants'
+// deposits, applied by the store as one batch once the whole batch is
+// valid. It returns how many outcomes the store applied and the updates,
+// whose Refused field names the ones the state's rules refused; an error
+// is a status, mapped by errors.go.
+func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc *outcomeScratch) (int, []policy.OutcomeUpdate, error) {
+	ups := slices.Grow(sc.ups[:0], len(items))[:len(items)]
+	sc.ups = ups
+	trail := slices.Grow(sc.trail[:0], 2*len(items)) // at most two records an outcome
+	defer func() { sc.trail = trail }()
+	var runs map[string]string
+	deposits := map[string]int{}
+	for i := range items {
+		it := &items[i]
+		p, _ := d.store.Resolve(it.call.tenant, it.call.target)
+		u := &ups[i]
+		*u = policy.OutcomeUpdate{
+			Key: policy.KeyFor(p.Breaker, it.call.tenant, it.call.target), Breaker: p.Breaker, PermitID: it.permit,
+		}
+		var class string
+		switch {
+		case it.success:
+			deposits[it.call.tenant]++
+			u.Result = policy.ResultSuccess
+		case !it.alreadyRecorded:
+			c := policy.Classify(&p, it.failure, true, true)
+			u.Result = policy.ResultTerminal
+			if c.Category == policy.CategoryTransient {
+				u.Result = policy.ResultTransientFailure
+			}
+			class = c.Reason
+		}
+		if fd := it.final.Disposition; fd != policy.DispositionNone && (fd != policy.DispositionSucceeded || !it.success) {
+			if err := d.agrees(ctx, i, it, it.success, it.alreadyRecorded, &p, u.Key); err != nil {
+				return 0, ups, err
+			}
+		}
+		start := len(trail)
+		trail = d.outcome(ctx, trail, it, class)
+		u.Audit = trail[start:len(trail):len(trail)]
+		if it.final.Disposition != policy.DispositionNone && it.call.runID != "" {
+			u.RunID, u.CallID = it.call.runID, it.call.callID
+			u.Final, u.Stop = it.final.Disposition, it.final.Stop
+			if runs == nil {
+				runs = map[string]string{}
+			}
+			runs[it.call.runID] = it.call.tenant
+		}
+	}
+	for id, tenant := range runs {
+		if _, err := d.runOf(ctx, "outcomes.call.run_id", id, tenant); err != nil {
+			return 0, ups, err
+		}
+	}
+	// Nothing is applied before the whole batch is valid. The store applies
+	// it as a whole: with --sync=always that is one commit for the request,
+	// not one per outcome.
+	n, err := d.store.ApplyOutcomes(ups, deposits)
+	if err != nil {
+		return n, ups, storeError(ctx, d.cfg.Logger, "outcomes", err)
+	}
+	return n, ups, nil
+}
+
+// outcome appends a reported outcome, and the call's final disposition when
+// it carries one (with or without a run), to trail and logs it at debug
+// level. class is the failure's classification, when it was classified. A
+// success that ends its call (the common outcome by far) is one FINAL
+// record, which says both.
+func (d *Decisions) outcome(ctx context.Context, trail []policy.AuditRecord, it *outcomeItem, class string) []policy.AuditRecord {
+	call := it.call
+	why := "attempt failed"
+	switch {
+	case it.success:
+		why = "attempt succeeded"
+	case it.alreadyRecorded:
+		why = "attempt failed (recorded by NextDelay)"
+	}
+	// The latency is kept in Delay, not formatted into the detail here:
+	// QueryAudit writes it out (auditRecordToPB), once per record read
+	// rather than once per outcome reported.
+	rec := policy.AuditRecord{
+		Event: policy.AuditOutcome, Tenant: call.tenant, Target: call.target, CallID: call.callID, RunID: call.runID,
+		Attempt: it.attempt, Classification: class, Detail: why, Delay: it.latency,
+	}
+	fd, stop := it.final.Disposition, it.final.Stop
+	if it.success && fd == policy.DispositionSucceeded {
+		rec.Event, rec.Disposition = policy.AuditFinal, fd
+	}
+	trail = append(trail, rec)
+	if fd != policy.DispositionNone && !it.success {
+		rec.Event, rec.Classification, rec.Disposition, rec.Stop = policy.AuditFinal, "", fd, stop
+		rec.Delay, rec.Detail = 0, finalDetail(fd, stop)
+		trail = append(trail, rec)
+	}
+	if d.cfg.Logger.Enabled(ctx, slog.LevelDebug) {
+		d.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "outcome",
+			slog.String("call_id", call.callID), slog.String("tenant", call.tenant), slog.String("target", call.target),
+			slog.String("run_id", call.runID), slog.Uint64("attempt", uint64(it.attempt)),
+			slog.Bool("success", it.success), slog.String("classification", class),
+			slog.String("final_disposition", fd.String()), slog.String("final_stop_reason", stop.String()))
+	}
+	return trail
+}
