@@ -20,7 +20,7 @@ import (
 func admitCall(ctx context.Context, c redis.UniversalClient, key policy.BreakerKey, cfg *policy.BreakerConfig, id fleet.PermitID) (now int64, a policy.Admission, st state, err error) {
 	args := cfgArgs([]any{key.Target}, cfg)
 	args = append(args, id.String())
-	r, err := fcall(ctx, c, "policyd_admit", []string{keyBreaker(key.Tenant, key.Target), keyEvents(key.Tenant)}, args...)
+	r, err := fcall(ctx, c, "policyd_admit", []string{keyBreaker(key.Tenant, key.Target), keyEvents(key.Tenant), keyIndex(key.Tenant)}, args...)
 	if err != nil {
 		return 0, a, st, err
 	}
@@ -64,7 +64,7 @@ type recorded struct {
 // recordCall is policyd_record: every group's results, on breakers of one
 // tenant, in one call.
 func recordCall(ctx context.Context, c redis.UniversalClient, tenant string, groups []recordGroup) (int64, []recorded, error) {
-	keys := []string{keyEvents(tenant)}
+	keys := []string{keyEvents(tenant), keyIndex(tenant)}
 	var args []any
 	for _, g := range groups {
 		if g.Key.Tenant != tenant {
@@ -114,7 +114,7 @@ func recordCall(ctx context.Context, c redis.UniversalClient, tenant string, gro
 func cooldownCall(ctx context.Context, c redis.UniversalClient, key policy.BreakerKey, cfg *policy.BreakerConfig, until time.Time) (now, inForce int64, st state, err error) {
 	args := cfgArgs([]any{key.Target}, cfg)
 	args = append(args, until.UnixMicro())
-	r, err := fcall(ctx, c, "policyd_cooldown", []string{keyBreaker(key.Tenant, key.Target), keyEvents(key.Tenant)}, args...)
+	r, err := fcall(ctx, c, "policyd_cooldown", []string{keyBreaker(key.Tenant, key.Target), keyEvents(key.Tenant), keyIndex(key.Tenant)}, args...)
 	if err != nil {
 		return 0, 0, st, err
 	}
@@ -130,7 +130,7 @@ func cooldownCall(ctx context.Context, c redis.UniversalClient, key policy.Break
 // adminCall is policyd_admin_breaker: op "reset" (ErrNotFound for a
 // breaker never stored) or "force" to st.
 func adminCall(ctx context.Context, c redis.UniversalClient, key policy.BreakerKey, op string, st policy.BreakerState) (int64, state, error) {
-	r, err := fcall(ctx, c, "policyd_admin_breaker", []string{keyBreaker(key.Tenant, key.Target), keyEvents(key.Tenant)},
+	r, err := fcall(ctx, c, "policyd_admin_breaker", []string{keyBreaker(key.Tenant, key.Target), keyEvents(key.Tenant), keyIndex(key.Tenant)},
 		key.Target, op, int(st))
 	if err != nil {
 		return 0, state{}, err
@@ -226,7 +226,7 @@ func ledgerCounters(l *policy.Ledger) [8]*uint64 {
 func finalCall(ctx context.Context, c redis.UniversalClient, tenant, runID, call string, f fleet.Final) (bool, error) {
 	field := ledgerField(f)
 	if field == "" {
-		return false, fmt.Errorf("%w: disposition: must be a final disposition", ErrInvalid)
+		return false, invalid("disposition", "must be a final disposition")
 	}
 	v := fmt.Sprintf("%d:%d/%s", f.Disposition, f.Stop, field)
 	r, err := c.FCall(ctx, "policyd_final", []string{keyRun(tenant, runID), keyRunCalls(tenant, runID)}, call, field, v).Int()
@@ -248,4 +248,20 @@ func newPermitID() fleet.PermitID {
 	var id fleet.PermitID
 	_, _ = rand.Read(id[:])
 	return id
+}
+
+// readCall is policyd_read: the breaker under key at the server's time,
+// or ErrNotFound.
+func readCall(ctx context.Context, c redis.UniversalClient, key policy.BreakerKey) (state, error) {
+	r, err := c.FCallRO(ctx, "policyd_read", []string{keyBreaker(key.Tenant, key.Target)}).Slice()
+	if err != nil {
+		if redisNotFound(err) {
+			return state{}, fmt.Errorf("%w: breaker %q/%q", ErrNotFound, key.Tenant, key.Target)
+		}
+		return state{}, fmt.Errorf("redisstore: policyd_read: %w", err)
+	}
+	if len(r) != 2 {
+		return state{}, errReply
+	}
+	return parseState(r[1])
 }

@@ -177,7 +177,7 @@ func toString(x any) string {
 func fcall(ctx context.Context, c redis.UniversalClient, fn string, keys []string, args ...any) ([]any, error) {
 	v, err := c.FCall(ctx, fn, keys, args...).Result()
 	if err != nil {
-		if strings.HasPrefix(err.Error(), "NOTFOUND") {
+		if redisNotFound(err) {
 			return nil, fmt.Errorf("%w: %s", ErrNotFound, strings.TrimPrefix(err.Error(), "NOTFOUND "))
 		}
 		return nil, fmt.Errorf("redisstore: %s: %w", fn, err)

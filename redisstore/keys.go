@@ -5,10 +5,16 @@ import (
 	"strings"
 )
 
-// Global keys (no tenant): the schema version and the run index.
+// Global keys, under the hash tag {policyd} (one slot, so an admin write
+// and its change entry commit in one MULTI, also on Cluster; no tenant's
+// tag is "{policyd}", they start with = or #).
 const (
-	keySchema = "policyd:schema"
-	keyRuns   = "policyd:runs"
+	keySchema   = "{policyd}:schema"
+	keyRuns     = "{policyd}:runs"
+	keyTenants  = "{policyd}:tenants"
+	keyBudgets  = "{policyd}:budgets"
+	keyPolicies = "{policyd}:policies"
+	keyChanges  = "{policyd}:changes"
 )
 
 // schemaVersion is the layout this package reads and writes.
@@ -28,6 +34,7 @@ func tag(tenant string) string {
 // Keys of one tenant, all under its tag.
 func keyBreaker(tenant, target string) string { return tag(tenant) + ":breaker:" + target }
 func keyEvents(tenant string) string          { return tag(tenant) + ":events" }
+func keyIndex(tenant string) string           { return tag(tenant) + ":breakers" }
 func keyBucket(tenant string) string          { return tag(tenant) + ":bucket" }
 func keyBudget(tenant string) string          { return tag(tenant) + ":budget" }
 func keyRun(tenant, id string) string         { return tag(tenant) + ":run:" + id }

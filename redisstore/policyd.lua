@@ -85,7 +85,10 @@ local function load(key, now)
   return b
 end
 
-local function store(key, b)
+-- store writes b to key and, for a breaker new in Redis, adds its target
+-- to the tenant's index of breakers.
+local function store(key, index, target, b)
+  if b.fresh then redis.call('SADD', index, target) end
   local slots, permits = {}, {}
   for s = 1, SLOTS do
     local sl = b.slots[s]
@@ -193,9 +196,9 @@ end
 -- settle persists b when e says it changed and appends its new state to
 -- the tenant's event stream on a transition or a new cool-down; it returns
 -- the stream entry id, or '' when nothing was published.
-local function settle(key, events, target, b, now, e)
+local function settle(key, events, index, target, b, now, e)
   if e == 0 and not b.fresh then return '' end
-  store(key, b)
+  store(key, index, target, b)
   b.fresh = false
   if has(e, TRANSITIONED) or has(e, COOLDOWN_STARTED) then
     return redis.call('XADD', events, 'MAXLEN', '~', EVENTS_MAXLEN, '*',
@@ -205,7 +208,7 @@ local function settle(key, events, target, b, now, e)
 end
 
 -- admit is fleet.Breaker.Advance then Admit.
--- KEYS: breaker, events. ARGV: target, cfg (8), permit id (hex).
+-- KEYS: breaker, events, index. ARGV: target, cfg (8), permit id (hex).
 -- Returns {now, admitted, reason, permit, retry_after, event id, snapshot...}.
 local function admit(keys, args)
   local now = now_us()
@@ -239,7 +242,7 @@ local function admit(keys, args)
   else
     ok, reason = 1, 'breaker:closed'
   end
-  local ev = settle(keys[1], keys[2], args[1], b, now, e)
+  local ev = settle(keys[1], keys[2], keys[3], args[1], b, now, e)
   local out = {int(now), ok, reason, permit, int(after), ev}
   for _, v in ipairs(snapshot(b, now)) do out[#out + 1] = v end
   return out
@@ -289,13 +292,13 @@ end
 
 -- record applies results to breakers of one tenant, in order, each as
 -- Advance then Record, and publishes every transition.
--- KEYS: events, then one breaker per group. ARGV: per group: target,
+-- KEYS: events, index, then one breaker per group. ARGV: per group: target,
 -- cfg (8), n, then n pairs (result, permit id or '').
 -- Returns {now, then per group: {event ids...}, {refused flags...}, snapshot}.
 local function record(keys, args)
   local now = now_us()
   local out, a = {int(now)}, 1
-  for g = 2, #keys do
+  for g = 3, #keys do
     local target = args[a]
     local c
     c, a = cfg_at(args, a + 1)
@@ -306,7 +309,7 @@ local function record(keys, args)
     local events, refused, dirty = {}, {}, 0
     local e = advance(b, now)
     if has(e, TRANSITIONED) then
-      events[#events + 1] = settle(keys[g], keys[1], target, b, now, e)
+      events[#events + 1] = settle(keys[g], keys[1], keys[2], target, b, now, e)
       e = 0
     end
     dirty = union(dirty, e)
@@ -315,12 +318,12 @@ local function record(keys, args)
       a = a + 2
       refused[#refused + 1] = bad
       if has(e2, TRANSITIONED) then
-        events[#events + 1] = settle(keys[g], keys[1], target, b, now, e2)
+        events[#events + 1] = settle(keys[g], keys[1], keys[2], target, b, now, e2)
       else
         dirty = union(dirty, e2)
       end
     end
-    if dirty ~= 0 or b.fresh then store(keys[g], b) end
+    if dirty ~= 0 or b.fresh then store(keys[g], keys[2], target, b) end
     out[#out + 1] = events
     out[#out + 1] = refused
     out[#out + 1] = snapshot(b, now)
@@ -329,7 +332,7 @@ local function record(keys, args)
 end
 
 -- cooldown is fleet.Breaker.Advance then ExtendCooldown.
--- KEYS: breaker, events. ARGV: target, cfg (8), until.
+-- KEYS: breaker, events, index. ARGV: target, cfg (8), until.
 -- Returns {now, until in force, event ids..., snapshot}.
 local function cooldown(keys, args)
   local now = now_us()
@@ -339,21 +342,21 @@ local function cooldown(keys, args)
   b.mode = c.mode
   local evs = {}
   local e = advance(b, now)
-  if e ~= 0 then evs[#evs + 1] = settle(keys[1], keys[2], args[1], b, now, e) end
+  if e ~= 0 then evs[#evs + 1] = settle(keys[1], keys[2], keys[3], args[1], b, now, e) end
   if untl > b.cooldown then
     e = MUTATED
     if b.cooldown <= now and untl > now then e = e + COOLDOWN_STARTED end
     b.cooldown = untl
-    local ev = settle(keys[1], keys[2], args[1], b, now, e)
+    local ev = settle(keys[1], keys[2], keys[3], args[1], b, now, e)
     if ev ~= '' then evs[#evs + 1] = ev end
   end
-  if b.fresh then store(keys[1], b) end
+  if b.fresh then store(keys[1], keys[3], args[1], b) end
   return {int(now), int(b.cooldown), evs, snapshot(b, now)}
 end
 
 -- admin is fleet.Breaker.Reset (op 'reset': the breaker must exist) or
 -- Force (op 'force', state OPEN, CLOSED or DISABLED).
--- KEYS: breaker, events. ARGV: target, op, state.
+-- KEYS: breaker, events, index. ARGV: target, op, state.
 -- Returns {now, event id, snapshot} or an error NOTFOUND.
 local function admin(keys, args)
   local now = now_us()
@@ -372,7 +375,7 @@ local function admin(keys, args)
     to_state(b, now, st)
     if st == CLOSED then b.consecutive, b.slots = cons, slots end
   end
-  local ev = settle(keys[1], keys[2], args[1], b, now, TRANSITIONED + MUTATED)
+  local ev = settle(keys[1], keys[2], keys[3], args[1], b, now, TRANSITIONED + MUTATED)
   return {int(now), ev, snapshot(b, now)}
 end
 
@@ -480,6 +483,15 @@ local function final(keys, args)
   return 1
 end
 
+-- read returns a breaker's snapshot at the server's time without
+-- changing it. KEYS: breaker. Returns {now, snapshot} or NOTFOUND.
+local function read(keys)
+  if redis.call('EXISTS', keys[1]) == 0 then return redis.error_reply('NOTFOUND breaker') end
+  local now = now_us()
+  return {int(now), snapshot(load(keys[1], now), now)}
+end
+
+redis.register_function{function_name = 'policyd_read', callback = read, flags = {'no-writes'}}
 redis.register_function('policyd_admit', admit)
 redis.register_function('policyd_record', record)
 redis.register_function('policyd_cooldown', cooldown)

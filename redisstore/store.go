@@ -1,0 +1,198 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/policyd/policyd/policy"
+)
+
+// Options configures a Store.
+type Options struct {
+	// Client is the Redis the replicas share: a *redis.Client, a
+	// *redis.ClusterClient or a failover client. The Store does not close
+	// it.
+	Client redis.UniversalClient
+	// Timeout bounds every call to Redis (policyd serve's --store-timeout);
+	// default 50ms. Open's own calls get twenty times as long.
+	Timeout time.Duration
+	// DefaultBudget applies to tenants without an explicit budget; zero
+	// numeric fields take DefaultTenantBudget's values.
+	DefaultBudget policy.TenantBudget
+	// Clock is the replica's clock, used only to judge whether a cached
+	// cool-down is over (the engine decides with the server's TIME);
+	// default time.Now.
+	Clock func() time.Time
+	// Log receives the feed's errors; default slog.Default().
+	Log *slog.Logger
+	// FeedBlock is how long one XREAD of a feed blocks; Close waits up to
+	// that long for the feeds to end. Default 100ms.
+	FeedBlock time.Duration
+}
+
+// DefaultTenantBudget is the budget of tenants without an explicit one when
+// Options.DefaultBudget is zero: the numbers of breakerstore's default.
+func DefaultTenantBudget() policy.TenantBudget {
+	return policy.TenantBudget{Capacity: 100, DepositRatio: 0.2, MinPerSecond: 5, RetryCost: 1, TimeoutCost: 2}
+}
+
+// Store is one replica's view of the fleet state in Redis: it forwards
+// every state change to the library's functions and keeps a cache of the
+// tenant's breaker states, kept current by the tenant's event stream, from
+// which it answers Admit on a CLOSED breaker without a round trip. It is
+// safe for concurrent use.
+type Store struct {
+	c         redis.UniversalClient
+	opts      Options
+	defBudget policy.TenantBudget
+	log       *slog.Logger
+	closed    atomic.Bool
+
+	ctx    context.Context // ends the feeds
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu    sync.RWMutex
+	cache map[policy.BreakerKey]*cached
+	feeds map[string]*feed // by tenant
+
+	admin         adminCache
+	defaultPolicy policy.Policy
+	runTenants    sync.Map // run id -> tenant: a run never changes tenant
+}
+
+// cached is one breaker's last known state.
+type cached struct {
+	st atomic.Pointer[state]
+}
+
+// Open loads the library onto the server (every master of a Cluster),
+// checks the schema version and returns a Store.
+func Open(ctx context.Context, opts Options) (*Store, error) {
+	if opts.Client == nil {
+		return nil, errors.New("redisstore: Options.Client is nil")
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = 50 * time.Millisecond
+	}
+	if opts.Clock == nil {
+		opts.Clock = time.Now
+	}
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	if opts.FeedBlock <= 0 {
+		opts.FeedBlock = 100 * time.Millisecond
+	}
+	def := fillBudget(opts.DefaultBudget, DefaultTenantBudget())
+	ctx, cancel := context.WithTimeout(ctx, 20*opts.Timeout)
+	defer cancel()
+	if err := loadLibrary(ctx, opts.Client); err != nil {
+		return nil, err
+	}
+	s := &Store{c: opts.Client, opts: opts, defBudget: def, log: opts.Log,
+		cache: map[policy.BreakerKey]*cached{}, feeds: map[string]*feed{}, defaultPolicy: policy.Default()}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	last, err := s.loadAdmin()
+	if err != nil {
+		s.cancel()
+		return nil, err
+	}
+	s.wg.Add(1)
+	go s.followChanges(last)
+	return s, nil
+}
+
+// Close ends the feeds and subscriptions; the client stays open.
+func (s *Store) Close() error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	s.cancel()
+	s.wg.Wait()
+	return nil
+}
+
+// call returns a context bounded by the store's timeout.
+func (s *Store) call() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(s.ctx, s.opts.Timeout)
+}
+
+// learn merges st, a state of the breaker under key the engine reported,
+// into the cache: a later generation replaces the cached one, the same
+// generation keeps the later cool-down, an earlier one is stale.
+func (s *Store) learn(key policy.BreakerKey, st state) {
+	s.mu.RLock()
+	e := s.cache[key]
+	s.mu.RUnlock()
+	if e == nil {
+		s.mu.Lock()
+		if e = s.cache[key]; e == nil {
+			e = &cached{}
+			s.cache[key] = e
+		}
+		s.mu.Unlock()
+	}
+	for {
+		old := e.st.Load()
+		next := st
+		if old != nil {
+			switch {
+			case st.Generation < old.Generation:
+				return
+			case st.Generation == old.Generation && st.Cooldown < old.Cooldown:
+				next.Cooldown = old.Cooldown
+			}
+		}
+		if e.st.CompareAndSwap(old, &next) {
+			return
+		}
+	}
+}
+
+// cachedState returns the cached state of the breaker under key.
+func (s *Store) cachedState(key policy.BreakerKey) (*state, bool) {
+	s.mu.RLock()
+	e := s.cache[key]
+	s.mu.RUnlock()
+	if e == nil {
+		return nil, false
+	}
+	st := e.st.Load()
+	return st, st != nil
+}
+
+// fillBudget gives zero numeric fields of b the values of def; a zero
+// TimeoutCost becomes the larger of def's and b's RetryCost.
+func fillBudget(b, def policy.TenantBudget) policy.TenantBudget {
+	if b.Capacity == 0 {
+		b.Capacity = def.Capacity
+	}
+	if b.DepositRatio == 0 {
+		b.DepositRatio = def.DepositRatio
+	}
+	if b.MinPerSecond == 0 {
+		b.MinPerSecond = def.MinPerSecond
+	}
+	if b.RetryCost == 0 {
+		b.RetryCost = def.RetryCost
+	}
+	if b.TimeoutCost == 0 {
+		b.TimeoutCost = max(def.TimeoutCost, b.RetryCost)
+	}
+	return b
+}
+
+// errClosed is returned by every method after Close.
+func (s *Store) check() error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	return nil
+}
