@@ -30,8 +30,9 @@ const attemptShards = 16
 // attempt decided and its answer (a fleet.Attempts), bounded in memory by
 // Options.MaxAttemptRecords and on disk by the same count: past the cap
 // the oldest record goes first, and the flusher's sweep drops records past
-// their expiry. It is one entity for the group commit: write puts the
-// changed records and deletes the dropped ones.
+// their expiry. Each record is an entity of the group commit (or of a
+// request's batch with SyncAlways), written on its own; the table is one
+// more, whose write deletes the records dropped.
 type attemptTable struct {
 	seed   maphash.Seed
 	cap    int // per shard
@@ -44,14 +45,49 @@ type attemptShard struct {
 	mu   sync.Mutex
 	m    map[policy.CallKey]*attemptEntry
 	fifo []fifoEntry      // insertion order, for eviction at the cap
-	puts []policy.CallKey // changed since the last commit, in order
 	dels []policy.CallKey // dropped since the last commit, in order
 	_    [32]byte
 }
 
+// attemptEntry is one call's record; its shard's mu guards it.
 type attemptEntry struct {
-	v   fleet.Attempts
-	seq uint64 // matches the fifo entry that inserted it
+	sh    *attemptShard
+	key   policy.CallKey
+	v     fleet.Attempts
+	seq   uint64 // matches the fifo entry that inserted it
+	dirty bool
+	gone  bool // dropped from the table: nothing to write
+}
+
+// write implements entity.
+func (e *attemptEntry) write(tx *bbolt.Tx, clear bool) (int, error) {
+	e.sh.mu.Lock()
+	defer e.sh.mu.Unlock()
+	if clear {
+		e.dirty = false
+	}
+	if e.gone {
+		return 0, nil
+	}
+	return 1, tx.Bucket(bucketAttempts).Put(joinKey(e.key.Tenant, e.key.CallID), encodeAttempts(&e.v))
+}
+
+// redirty implements entity.
+func (e *attemptEntry) redirty() bool {
+	e.sh.mu.Lock()
+	defer e.sh.mu.Unlock()
+	if e.dirty || e.gone {
+		return false
+	}
+	e.dirty = true
+	return true
+}
+
+// drop removes e from its shard, to be deleted from disk; sh.mu is held.
+func (sh *attemptShard) drop(e *attemptEntry) {
+	delete(sh.m, e.key)
+	e.gone = true
+	sh.dels = append(sh.dels, e.key)
 }
 
 type fifoEntry struct {
@@ -125,29 +161,34 @@ func (s *Store) recordAttempt(k policy.CallKey, attempt uint32, ans policy.Answe
 	sh := t.shard(k)
 	sh.mu.Lock()
 	e, ok := sh.m[k]
+	evicted := false
 	if !ok {
 		k = cloneCallKey(k)
 		for len(sh.m) >= t.cap && len(sh.fifo) > 0 {
 			old := sh.fifo[0]
 			sh.fifo = sh.fifo[1:]
 			if oe, ok := sh.m[old.key]; ok && oe.seq == old.seq {
-				delete(sh.m, old.key)
-				sh.dels = append(sh.dels, old.key)
+				sh.drop(oe)
+				evicted = true
 			}
 		}
-		e = &attemptEntry{seq: s.attemptSeq.Add(1)}
+		e = &attemptEntry{sh: sh, key: k, seq: s.attemptSeq.Add(1)}
 		sh.m[k] = e
 		sh.fifo = append(sh.fifo, fifoEntry{key: k, seq: e.seq})
 	}
 	changed := e.v.Decided(attempt, ans, keep) != 0
-	if changed {
-		sh.puts = append(sh.puts, k)
+	newlyDirty := changed && !e.dirty
+	if newlyDirty {
+		e.dirty = true
 	}
 	sh.mu.Unlock()
+	if evicted && t.markDirty() {
+		s.queue(t)
+	}
 	if !changed {
 		return nil
 	}
-	return s.touchedIn(p, t, t.markDirty())
+	return s.touchedIn(p, e, newlyDirty)
 }
 
 // cloneCallKey copies k's strings into one allocation, so the table does not
@@ -164,10 +205,9 @@ func (t *attemptTable) expire(now int64) bool {
 	for i := range t.shards {
 		sh := &t.shards[i]
 		sh.mu.Lock()
-		for k, e := range sh.m {
+		for _, e := range sh.m {
 			if now >= e.v.Expiry {
-				delete(sh.m, k)
-				sh.dels = append(sh.dels, k)
+				sh.drop(e)
 				dropped = true
 			}
 		}
@@ -193,8 +233,8 @@ func (t *attemptTable) markDirty() bool {
 // redirty implements entity.
 func (t *attemptTable) redirty() bool { return t.markDirty() }
 
-// write implements entity: the changed records and the deletions. With
-// clear, those written are dropped from the lists once tx commits.
+// write implements entity: the deletions of the records dropped. With
+// clear, those written leave the lists once tx commits.
 func (t *attemptTable) write(tx *bbolt.Tx, clear bool) (int, error) {
 	if clear {
 		t.qmu.Lock()
@@ -215,24 +255,13 @@ func (t *attemptTable) write(tx *bbolt.Tx, clear bool) (int, error) {
 				return n, err
 			}
 		}
-		for _, k := range sh.puts {
-			e, ok := sh.m[k]
-			if !ok {
-				continue
-			}
-			if err := b.Put(joinKey(k.Tenant, k.CallID), encodeAttempts(&e.v)); err != nil {
-				sh.mu.Unlock()
-				return n, err
-			}
-			n++
-		}
-		nd, np := len(sh.dels), len(sh.puts)
+		nd := len(sh.dels)
+		n += nd
 		sh.mu.Unlock()
-		if clear && nd+np > 0 {
+		if clear && nd > 0 {
 			tx.OnCommit(func() {
 				sh.mu.Lock()
 				sh.dels = slices.Delete(sh.dels, 0, nd)
-				sh.puts = slices.Delete(sh.puts, 0, np)
 				sh.mu.Unlock()
 			})
 		}
@@ -345,8 +374,7 @@ func (s *Store) loadAttempts(tx *bbolt.Tx, now int64) error {
 			for len(sh.m) > t.cap {
 				old := sh.fifo[0]
 				sh.fifo = sh.fifo[1:]
-				delete(sh.m, old.key)
-				sh.dels = append(sh.dels, old.key)
+				sh.drop(sh.m[old.key])
 				dropped = true
 			}
 		}
@@ -374,7 +402,7 @@ func (s *Store) loadAttempts(tx *bbolt.Tx, now int64) error {
 			dropped = true
 			return nil
 		}
-		e := &attemptEntry{v: a, seq: s.attemptSeq.Add(1)}
+		e := &attemptEntry{sh: sh, key: key, v: a, seq: s.attemptSeq.Add(1)}
 		sh.m[key] = e
 		sh.fifo = append(sh.fifo, fifoEntry{key: key, seq: e.seq})
 		return nil

@@ -21,7 +21,7 @@ type FinalReport struct {
 	HasBreaker   bool
 	Transitioned bool  // the breaker has left CLOSED at least once
 	Changed      int64 // the breaker's last state change
-	CooldownEnd  int64 // the breaker's fleet-wide cool-down end
+	CooldownEnd  int64 // the breaker's fleet-wide cool-down end (the latest one, past or not)
 	Now          int64
 	Deadline     int64 // the call's deadline
 	Cutoff       int64 // the run's cut-off
@@ -43,8 +43,9 @@ type FinalReport struct {
 //     RETRY unless a later failure is reported;
 //   - DEAD_LETTER only with a transient failure (a server's pushback:
 //     any failure);
-//   - CIRCUIT_OPEN only while the call's breaker is not CLOSED, or closed
-//     within the policy's horizon after having been open;
+//   - CIRCUIT_OPEN only while the call's breaker is not CLOSED or a
+//     fleet-wide cool-down refuses admission, or within the policy's
+//     horizon after either;
 //   - DEADLINE_CUT only past the run's cut-off or the call's deadline, or
 //     with a deadline that a fleet-wide cool-down in force leaves no room
 //     before.
@@ -91,6 +92,8 @@ func CheckFinal(r *FinalReport) string {
 		switch {
 		case r.HasBreaker && r.Breaker != policy.BreakerClosed && r.Breaker != policy.BreakerDisabled:
 		case r.HasBreaker && r.Transitioned && r.Now-r.Changed <= r.Horizon:
+		case r.HasBreaker && r.CooldownEnd != 0 && r.Now-r.CooldownEnd <= r.Horizon:
+			// A fleet-wide cool-down refuses admission too.
 		default:
 			return "CIRCUIT_OPEN needs the call's breaker to have refused it; it is CLOSED"
 		}

@@ -63,7 +63,19 @@ func BenchmarkNextDelay64(b *testing.B) {
 					Call:    &pb.CallRef{Tenant: fmt.Sprintf("tenant-%d", n%8), Target: fmt.Sprintf("target-%d", n%64), CallId: "c", Idempotent: true},
 					Attempt: 1, Failure: http(503),
 				}
+				// Each decision is of a call of its own: the same call id and
+				// attempt again would only replay the first answer.
+				ids := make([]string, 4096)
+				for i := range ids {
+					ids[i] = fmt.Sprintf("c%d-%d", n, i)
+				}
+				i := 0
 				for pbb.Next() {
+					req.Call.CallId = ids[i%len(ids)]
+					if i >= len(ids) {
+						req.Call.CallId = fmt.Sprintf("c%d-%d", n, i)
+					}
+					i++
 					if _, err := h.workers.NextDelay(context.Background(), req); err != nil {
 						b.Error(err)
 						return

@@ -292,36 +292,3 @@ func (d *Decisions) PlanBudget(_ context.Context, req *pb.PlanBudgetRequest) (*p
 	}
 	return resp, nil
 }
-
-func planInputFromPB(req *pb.PlanBudgetRequest) (policy.PlanInput, int, error) {
-	var in policy.PlanInput
-	var err error
-	if req.GetWindow() == nil {
-		return in, 0, invalid("window", "is required")
-	}
-	if in.Window, err = duration("window", req.GetWindow(), 0); err != nil {
-		return in, 0, err
-	}
-	if in.Backoff, err = backoffFromPB("backoff", req.GetBackoff(), policy.Default().Backoff); err != nil {
-		return in, 0, err
-	}
-	if in.AttemptTimeout, err = duration("attempt_timeout", req.GetAttemptTimeout(), 0); err != nil {
-		return in, 0, err
-	}
-	if in.TTLMargin, err = duration("ttl_margin", req.GetTtlMargin(), 0); err != nil {
-		return in, 0, err
-	}
-	if req.MaxAttempts != nil {
-		if req.GetMaxAttempts() < 1 || req.GetMaxAttempts() > 100 {
-			return in, 0, invalid("max_attempts", "must be 1 to 100")
-		}
-		in.MaxAttempts = int(req.GetMaxAttempts())
-	}
-	if req.GetHops() > 16 {
-		return in, 0, invalid("hops", "must be at most 16")
-	}
-	if err := in.Validate(); err != nil {
-		return in, 0, invalidFrom("", err)
-	}
-	return in, int(req.GetHops()), nil
-}

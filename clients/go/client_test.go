@@ -174,7 +174,7 @@ func TestDoDecisionPaths(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Do: %v", err)
 			}
-			if res.Disposition != tc.disposition || res.StopReason != tc.stop || res.Reason != tc.reason || res.Attempts != tc.attempts {
+			if res.Disposition != tc.disposition || res.StopReason.String() != tc.stop || res.Reason != tc.reason || res.Attempts != tc.attempts {
 				t.Errorf("got %v/%q/%q after %d attempts, want %v/%q/%q after %d",
 					res.Disposition, res.StopReason, res.Reason, res.Attempts, tc.disposition, tc.stop, tc.reason, tc.attempts)
 			}
@@ -230,7 +230,7 @@ func TestClosedBreakerCostsNoRPCAndOpenFailsFast(t *testing.T) {
 	}
 	fn, calls := script()
 	res, _ := c.Do(ctx, policyclient.Call{Target: "geo", Idempotent: true}, fn)
-	if res.Disposition != policyclient.CircuitOpen || res.StopReason != "CIRCUIT_OPEN" || calls.Load() != 0 || res.Attempts != 0 {
+	if res.Disposition != policyclient.CircuitOpen || res.StopReason != policyclient.StopCircuitOpen || calls.Load() != 0 || res.Attempts != 0 {
 		t.Errorf("open breaker: got %v/%s with %d attempts (fn called %d times), want circuit_open without calling fn",
 			res.Disposition, res.StopReason, res.Attempts, calls.Load())
 	}
@@ -455,7 +455,7 @@ func TestRunPoolNeverOverspent(t *testing.T) {
 						return nil
 					})
 				retries.Add(int32(res.Attempts - 1))
-				if res.StopReason == "BUDGET_EXHAUSTED" {
+				if res.StopReason == policyclient.StopBudgetExhausted {
 					budgetStops.Add(1)
 				}
 			}
@@ -563,7 +563,7 @@ func TestLocalFallbackHonoursPushback(t *testing.T) {
 			})
 			fn, _ := script(policyclient.HTTPError(503, tc.header))
 			res, _ := c.Do(context.Background(), policyclient.Call{Target: "geo", Idempotent: true}, fn)
-			if !res.Local || res.StopReason != tc.stop {
+			if !res.Local || res.StopReason.String() != tc.stop {
 				t.Fatalf("got %v/%q local=%v, want stop %q decided locally", res.Disposition, res.StopReason, res.Local, tc.stop)
 			}
 			if tc.wait > 0 {

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"time"
 
@@ -67,6 +68,45 @@ func (d Disposition) pb() pb.Disposition {
 	return pb.Disposition_DISPOSITION_DEAD_LETTER
 }
 
+// StopReason is the rule that ended a failed call.
+type StopReason int
+
+// Stop reasons, numbered as the API numbers them.
+const (
+	StopNone              StopReason = iota // the call succeeded
+	StopTerminal                            // the failure cannot succeed when repeated
+	StopNotIdempotent                       // a retry could duplicate the write
+	StopAttemptsExhausted                   // max attempts reached
+	StopDeadline                            // the next attempt cannot finish before the deadline
+	StopBudgetExhausted                     // the tenant's or the run's retry budget is spent
+	StopCircuitOpen                         // the upstream's breaker refused it
+	StopServerPushback                      // the server said not to retry
+)
+
+var stopReasonNames = [...]string{
+	StopTerminal: "TERMINAL", StopNotIdempotent: "NOT_IDEMPOTENT", StopAttemptsExhausted: "ATTEMPTS_EXHAUSTED",
+	StopDeadline: "DEADLINE", StopBudgetExhausted: "BUDGET_EXHAUSTED", StopCircuitOpen: "CIRCUIT_OPEN",
+	StopServerPushback: "SERVER_PUSHBACK",
+}
+
+// String returns the stop reason's name as the API spells it without its
+// prefix (TERMINAL, ATTEMPTS_EXHAUSTED, ...), or "" for StopNone.
+func (r StopReason) String() string {
+	if r >= 0 && int(r) < len(stopReasonNames) {
+		return stopReasonNames[r]
+	}
+	return "StopReason(" + strconv.Itoa(int(r)) + ")"
+}
+
+func stopReasonFromPB(r pb.StopReason) StopReason {
+	if r > 0 && int(r) < len(stopReasonNames) {
+		return StopReason(r)
+	}
+	return StopNone
+}
+
+func (r StopReason) pb() pb.StopReason { return pb.StopReason(r) }
+
 // Call describes one logical call: one unit of work and all its attempts.
 type Call struct {
 	// Target names the upstream; required.
@@ -101,10 +141,9 @@ type Attempt struct {
 // Result is how a call ended.
 type Result struct {
 	Disposition Disposition
-	// StopReason is the rule that ended a failed call (TERMINAL,
-	// ATTEMPTS_EXHAUSTED, DEADLINE, BUDGET_EXHAUSTED, CIRCUIT_OPEN,
-	// NOT_IDEMPOTENT, SERVER_PUSHBACK); empty on success.
-	StopReason string
+	// StopReason is the rule that ended a failed call; StopNone on
+	// success.
+	StopReason StopReason
 	// Reason is the classification of the last failure (transient:503).
 	Reason   string
 	Attempts int
@@ -272,13 +311,13 @@ func (l *loop) run(fn func(context.Context, Attempt) error) Result {
 		}
 		l.res.Err = err
 		if l.ctx.Err() != nil {
-			return l.end(DeadlineCut, "DEADLINE", attempt, nil)
+			return l.end(DeadlineCut, StopDeadline, attempt, nil)
 		}
 		f := classifyError(err, timedOut)
 		if f.unclassified {
 			// Nothing known about this error: terminal, never retried blindly.
 			l.res.Reason = f.reason
-			return l.end(FailedTerminal, "TERMINAL", attempt, nil)
+			return l.end(FailedTerminal, StopTerminal, attempt, nil)
 		}
 		dec := l.next(attempt, f, permit, timedOut)
 		l.res.Reason = dec.reason
@@ -288,7 +327,7 @@ func (l *loop) run(fn func(context.Context, Attempt) error) Result {
 			unrecorded = f.pb // policyd has not seen this failure: report it
 		}
 		if !dec.retry {
-			return l.end(dispositionFromPB(dec.disposition), trimStop(dec.stopReason), attempt, unrecorded)
+			return l.end(dispositionFromPB(dec.disposition), stopReasonFromPB(dec.stopReason), attempt, unrecorded)
 		}
 		if unrecorded != nil {
 			l.report(outcome{attempt: attempt, failure: unrecorded, permit: permit, latency: latency})
@@ -299,18 +338,16 @@ func (l *loop) run(fn func(context.Context, Attempt) error) Result {
 		l.prev = dec.delay
 		if err := l.c.cfg.Sleep(l.ctx, dec.delay); err != nil {
 			l.res.Err = err
-			return l.end(DeadlineCut, "DEADLINE", attempt, nil)
+			return l.end(DeadlineCut, StopDeadline, attempt, nil)
 		}
 	}
 }
 
-func trimStop(r pb.StopReason) string { return strings.TrimPrefix(r.String(), "STOP_REASON_") }
-
 // end finishes the call with a disposition and reports it.
-func (l *loop) end(d Disposition, stop string, attempt int, unrecorded *pb.Failure) Result {
+func (l *loop) end(d Disposition, stop StopReason, attempt int, unrecorded *pb.Failure) Result {
 	l.res.Disposition, l.res.StopReason = d, stop
 	l.report(outcome{attempt: max(attempt, 1), final: d.pb(), failure: unrecorded, alreadyRecorded: unrecorded == nil,
-		stop: pb.StopReason(pb.StopReason_value["STOP_REASON_"+stop])})
+		stop: stop.pb()})
 	return l.res
 }
 
@@ -343,7 +380,7 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 			case b.state == pb.BreakerState_BREAKER_STATE_OPEN && (b.forced || b.openUntil.After(now)):
 				l.c.stats.fastFails.Add(1)
 				l.res.Reason = "breaker:open"
-				l.end(CircuitOpen, "CIRCUIT_OPEN", attempt-1, nil)
+				l.end(CircuitOpen, StopCircuitOpen, attempt-1, nil)
 				return "", false
 			}
 		}
@@ -357,7 +394,7 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 		if err != nil {
 			if l.ctx.Err() != nil {
 				l.res.Err = l.ctx.Err()
-				l.end(DeadlineCut, "DEADLINE", attempt-1, nil)
+				l.end(DeadlineCut, StopDeadline, attempt-1, nil)
 				return "", false
 			}
 			l.c.failed(err)
@@ -373,7 +410,7 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 			continue
 		}
 		l.res.Reason = resp.GetReason()
-		l.end(CircuitOpen, "CIRCUIT_OPEN", attempt-1, nil)
+		l.end(CircuitOpen, StopCircuitOpen, attempt-1, nil)
 		return "", false
 	}
 }
@@ -386,12 +423,12 @@ func (l *loop) waitFor(d time.Duration, attempt int) bool {
 	d += time.Duration(rand.Float64() * float64(max(d/10, 250*time.Millisecond)))
 	if !l.call.deadline.IsZero() && l.c.cfg.Now().Add(d+l.timeout).After(l.call.deadline) {
 		l.res.Reason = "cooldown:pushback"
-		l.end(DeadlineCut, "DEADLINE", attempt-1, nil)
+		l.end(DeadlineCut, StopDeadline, attempt-1, nil)
 		return false
 	}
 	if err := l.c.cfg.Sleep(l.ctx, d); err != nil {
 		l.res.Err = err
-		l.end(DeadlineCut, "DEADLINE", attempt-1, nil)
+		l.end(DeadlineCut, StopDeadline, attempt-1, nil)
 		return false
 	}
 	return true

@@ -209,7 +209,7 @@ func TestVectorsStopReasons(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Do: %v", err)
 			}
-			if res.Disposition.String() != v.Disposition || res.StopReason != v.StopReason || res.Attempts != v.Attempts {
+			if res.Disposition.String() != v.Disposition || res.StopReason.String() != v.StopReason || res.Attempts != v.Attempts {
 				t.Errorf("got %v/%q after %d attempts (%s), want %s/%q after %d",
 					res.Disposition, res.StopReason, res.Attempts, res.Reason, v.Disposition, v.StopReason, v.Attempts)
 			}

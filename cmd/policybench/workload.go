@@ -73,6 +73,7 @@ func setupWorkload(ctx context.Context, admin pb.AdminServiceClient) error {
 type gen struct {
 	rng      *rand.Rand
 	caller   int
+	epoch    int64 // when the generator was made: call ids of two phases never meet
 	seq      int
 	batch    int // outcomes per ReportOutcome
 	origin   *timestamppb.Timestamp
@@ -84,6 +85,7 @@ func newGen(caller int, seed uint64) *gen {
 	return &gen{
 		rng:      rand.New(rand.NewPCG(seed, uint64(caller))),
 		caller:   caller,
+		epoch:    now.UnixNano(),
 		batch:    defaultReportBatch,
 		origin:   timestamppb.New(now),
 		deadline: timestamppb.New(now.Add(24 * time.Hour)),
@@ -102,7 +104,7 @@ func (g *gen) pick() (tenant, target string, failing bool) {
 func (g *gen) callRef(tenant, target string) *pb.CallRef {
 	g.seq++
 	return &pb.CallRef{
-		Tenant: tenant, Target: target, CallId: fmt.Sprintf("c%d-%d", g.caller, g.seq), Idempotent: true,
+		Tenant: tenant, Target: target, CallId: fmt.Sprintf("c%d-%x-%d", g.caller, g.epoch, g.seq), Idempotent: true,
 		OriginTime: g.origin, DeadlineTime: g.deadline,
 	}
 }
@@ -150,8 +152,9 @@ func (g *gen) nextDelay() *pb.NextDelayRequest {
 }
 
 // report is a batch of one tenant's outcomes, as a client sends them:
-// mostly successes, some failures NextDelay already recorded (closing
-// their calls as dead letters), and failures on the failing targets.
+// mostly successes, some last failures closing their calls as dead letters
+// (with the transient failure that justifies it: policyd refuses a dead
+// letter it has no reason for), and failures on the failing targets.
 func (g *gen) report() *pb.ReportOutcomeRequest {
 	tenant := tenantName(g.rng.IntN(benchTenants))
 	req := &pb.ReportOutcomeRequest{Outcomes: make([]*pb.Outcome, 0, g.batch)}
@@ -164,7 +167,7 @@ func (g *gen) report() *pb.ReportOutcomeRequest {
 			o.FinalDisposition = pb.Disposition_DISPOSITION_SUCCEEDED
 		case r < 0.97:
 			o.Attempt = 3
-			o.AlreadyRecorded = true
+			o.Failure = httpFailure(503)
 			o.FinalDisposition = pb.Disposition_DISPOSITION_DEAD_LETTER
 			o.FinalStopReason = pb.StopReason_STOP_REASON_ATTEMPTS_EXHAUSTED
 		default:

@@ -876,11 +876,11 @@ func (d *demo) summarize(sum *demoSummary, run *pb.Run, st policyclient.Stats, w
 			cl.FailedTerminal++
 		case policyclient.DeadLetter:
 			switch r.StopReason {
-			case "BUDGET_EXHAUSTED":
+			case policyclient.StopBudgetExhausted:
 				cl.DeadLetterBudget++
-			case "NOT_IDEMPOTENT":
+			case policyclient.StopNotIdempotent:
 				cl.DeadLetterNotIdempotent++
-			case "SERVER_PUSHBACK":
+			case policyclient.StopServerPushback:
 				cl.DeadLetterPushback++
 			default:
 				cl.DeadLetterExhausted++
@@ -890,7 +890,7 @@ func (d *demo) summarize(sum *demoSummary, run *pb.Run, st policyclient.Stats, w
 		case policyclient.DeadlineCut:
 			cl.DeadlineCut++
 		}
-		k := [2]string{r.Disposition.String(), r.StopReason}
+		k := [2]string{r.Disposition.String(), r.StopReason.String()}
 		row := rows[k]
 		if row == nil {
 			row = &dispositionRow{Disposition: k[0], StopReason: k[1], LastFailures: map[string]int{}}
