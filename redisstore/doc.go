@@ -24,22 +24,38 @@
 // live in one slot and one function call decides over all of them, also
 // on Redis Cluster. The tag is "{=" tenant "}" for a name without braces,
 // else "{#" hex(tenant) "}"; the empty tenant of target-scoped breakers is
-// "{#}". Times are Unix microseconds (Lua numbers are doubles, exact to
-// 2^53: Unix nanoseconds are not), integers in decimal.
+// "{#}". The fleet-wide admin objects share the tag {policyd}, which no
+// tenant's tag can be, so an admin write and its change entry commit in
+// one MULTI. Times are Unix microseconds (Lua numbers are doubles, exact to
+// 2^53: Unix nanoseconds are not), integers in decimal, unless noted.
 //
-//	key                          type    value
-//	policyd:schema               string  "1"; written at first start, another value refuses to start
-//	{T}:breaker:TARGET           hash    fleet.Breaker: state, forced, mode, open_until, changed, gen,
-//	                                     cooldown, last_failure, consecutive, half_open_ok, slot_width,
-//	                                     slots ("epoch:calls:failures" x 10, space-separated), permits
-//	                                     ("hexid:expiry", space-separated)
-//	{T}:events                   stream  one entry per breaker transition or new cool-down of the tenant,
-//	                                     in order: target, state (the 11-number snapshot); MAXLEN ~ 100000
-//	{T}:bucket                   hash    fleet.Bucket: tokens (%.17g), last, granted, refused, dry
-//	{T}:run:ID                   hash    pool, cutoff, spent, and the ledger counters (succeeded,
-//	                                     failed_terminal, dl_exhausted, dl_budget, dl_not_idempotent,
-//	                                     dl_pushback, circuit_open, deadline_cut)
-//	{T}:runcalls:ID              hash    call id -> "disposition:stop/ledger field" of its final disposition
+//	key                      type    value
+//	{policyd}:schema         string  "1"; written at first start, another value refuses to start
+//	{policyd}:tenants        set     every tenant a replica has used (the empty one included)
+//	{policyd}:policies       hash    tenant 0x00 target -> PolicyEntry, JSON (admin object, Updated in ns)
+//	{policyd}:budgets        hash    tenant -> explicit TenantBudget, JSON (admin object)
+//	{policyd}:runs           hash    run id -> tenant: run ids are unique fleet-wide
+//	{policyd}:changes        stream  one entry per admin write: kind (policy, budget), tenant, target;
+//	                                 every replica follows it and reloads what changed; MAXLEN ~ 10000
+//	{T}:breaker:TARGET       hash    fleet.Breaker: state, forced, mode, open_until, changed, gen,
+//	                                 cooldown, last_failure, consecutive, half_open_ok, slot_width,
+//	                                 slots ("epoch:calls:failures" x 10, space-separated), permits
+//	                                 ("hexid:expiry", space-separated)
+//	{T}:breakers             set     the tenant's breaker targets
+//	{T}:events               stream  one entry per breaker transition or new cool-down of the tenant,
+//	                                 in order: target, state (the 11-number snapshot); MAXLEN ~ 100000
+//	{T}:bucket               hash    fleet.Bucket: tokens (%.17g), last, granted, refused, dry
+//	{T}:run:ID               hash    pool, cutoff, spent, tenant, description, created, and the ledger
+//	                                 counters (succeeded, failed_terminal, dl_exhausted, dl_budget,
+//	                                 dl_not_idempotent, dl_pushback, circuit_open, deadline_cut)
+//	{T}:runcalls:ID          hash    call id -> "disposition:stop/ledger field" of its final disposition
+//	{T}:attempt:CALL         hash    fleet.Attempts: attempt, answer (policy.Answer, JSON), expiry (Unix
+//	                                 ms); the key expires then (PEXPIREAT)
+//	{T}:audit                stream  the tenant's audit records, one entry each: t (ns), ev, tenant,
+//	                                 target, call, run, attempt, class, verdict, delay (ns), stop, disp,
+//	                                 detail; trimmed to AuditMaxRecords (MAXLEN ~) and AuditRetention
+//	                                 (MINID ~) at each flush. A record's Seq is its entry id packed as
+//	                                 milliseconds << 20 | sequence.
 //
 // The library's name carries its version (policyd_v1): a layout change
 // bumps both the schema key and the library name, so replicas of two

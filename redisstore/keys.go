@@ -36,6 +36,7 @@ func keyBreaker(tenant, target string) string { return tag(tenant) + ":breaker:"
 func keyEvents(tenant string) string          { return tag(tenant) + ":events" }
 func keyIndex(tenant string) string           { return tag(tenant) + ":breakers" }
 func keyBucket(tenant string) string          { return tag(tenant) + ":bucket" }
-func keyBudget(tenant string) string          { return tag(tenant) + ":budget" }
+func keyAudit(tenant string) string           { return tag(tenant) + ":audit" }
+func keyAttempt(tenant, call string) string   { return tag(tenant) + ":attempt:" + call }
 func keyRun(tenant, id string) string         { return tag(tenant) + ":run:" + id }
 func keyRunCalls(tenant, id string) string    { return tag(tenant) + ":runcalls:" + id }

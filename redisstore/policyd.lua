@@ -464,6 +464,18 @@ local function deposit(keys, args)
   return {int(now), float(k.tokens)}
 end
 
+-- record_final is final's rule on run and calls keys: 1 when the ledger
+-- changed, 0 when not, nil for a run that does not exist.
+local function record_final(run, calls, call, field, value)
+  if redis.call('EXISTS', run) == 0 then return nil end
+  local prev = redis.call('HGET', calls, call)
+  if prev == value then return 0 end
+  if prev then redis.call('HINCRBY', run, string.match(prev, '^[^/]*/(.*)$'), -1) end
+  redis.call('HINCRBY', run, field, 1)
+  redis.call('HSET', calls, call, value)
+  return 1
+end
+
 -- final is fleet.Run.RecordFinal: the same report twice counts once, a
 -- changed disposition moves the count from its old ledger slot to the new.
 -- KEYS: run, its calls hash. ARGV: call id, ledger slot (the run hash's
@@ -471,15 +483,98 @@ end
 -- calls hash's value "disposition:stop/slot". Returns 1 when the ledger
 -- changed, else 0, or an error NOTFOUND.
 local function final(keys, args)
-  if redis.call('EXISTS', keys[1]) == 0 then return redis.error_reply('NOTFOUND run') end
-  local prev = redis.call('HGET', keys[2], args[1])
-  if prev == args[3] then return 0 end
-  if prev then
-    local slot = string.match(prev, '^[^/]*/(.*)$')
-    redis.call('HINCRBY', keys[1], slot, -1)
+  local r = record_final(keys[1], keys[2], args[1], args[2], args[3])
+  if r == nil then return redis.error_reply('NOTFOUND run') end
+  return r
+end
+
+-- outcomes applies one flush of a tenant's reported outcomes in one call:
+-- the results on its breakers (as record), then the final dispositions in
+-- its runs' ledgers (as final; one whose result had its permit refused is
+-- skipped), then the deposit of its successes into its bucket (as
+-- deposit).
+-- KEYS: events, index, bucket, then G breakers, then R pairs (run, calls).
+-- ARGV: G, R, successes, budget (6), then per group: target, cfg (8), n,
+-- n pairs (result, permit id or ''), then F, then F finals: run index
+-- (1..R), the 1-based index among this call's results whose refusal
+-- cancels it (0: none), call id, ledger field, value.
+-- Returns {now, per group: {event ids}, {refused flags}, snapshot, then
+-- per final 1 (changed), 0 (unchanged), -1 (no such run), then tokens}.
+local function outcomes(keys, args)
+  local now = now_us()
+  local ng, nr, successes = tonumber(args[1]), tonumber(args[2]), tonumber(args[3])
+  local bg = budget_at(args, 4)
+  local a = 10
+  local out, refused_all = {int(now)}, {}
+  for g = 1, ng do
+    local key = keys[3 + g]
+    local target = args[a]
+    local c
+    c, a = cfg_at(args, a + 1)
+    local n = tonumber(args[a])
+    a = a + 1
+    local b = load(key, now)
+    b.mode = c.mode
+    local events, refused, dirty = {}, {}, 0
+    local e = advance(b, now)
+    if has(e, TRANSITIONED) then
+      events[#events + 1] = settle(key, keys[1], keys[2], target, b, now, e)
+      e = 0
+    end
+    dirty = union(dirty, e)
+    for _ = 1, n do
+      local e2, bad = record1(b, now, c, tonumber(args[a]), args[a + 1])
+      a = a + 2
+      refused[#refused + 1] = bad
+      refused_all[#refused_all + 1] = bad
+      if has(e2, TRANSITIONED) then
+        events[#events + 1] = settle(key, keys[1], keys[2], target, b, now, e2)
+      else
+        dirty = union(dirty, e2)
+      end
+    end
+    if dirty ~= 0 or b.fresh then store(key, keys[2], target, b) end
+    out[#out + 1] = events
+    out[#out + 1] = refused
+    out[#out + 1] = snapshot(b, now)
   end
-  redis.call('HINCRBY', keys[1], args[2], 1)
-  redis.call('HSET', keys[2], args[1], args[3])
+  local nf = tonumber(args[a])
+  a = a + 1
+  for _ = 1, nf do
+    local ri, cond = tonumber(args[a]), tonumber(args[a + 1])
+    local run, calls = keys[3 + ng + 2 * ri - 1], keys[3 + ng + 2 * ri]
+    local r = 0
+    if cond == 0 or refused_all[cond] == 0 then
+      r = record_final(run, calls, args[a + 2], args[a + 3], args[a + 4])
+      if r == nil then r = -1 end
+    end
+    out[#out + 1] = r
+    a = a + 5
+  end
+  local tokens = ''
+  if successes > 0 then
+    local k = bucket_load(keys[3], bg.cap, now)
+    refill(k, now, bg)
+    k.tokens = math.min(k.tokens + bg.ratio * successes, bg.cap)
+    bucket_store(keys[3], k)
+    tokens = float(k.tokens)
+  end
+  out[#out + 1] = tokens
+  return out
+end
+
+-- attempt is fleet.Attempts.Decided: the answer to attempt of a call,
+-- never rewinding (a lower attempt than the one stored changes nothing),
+-- kept until expiry at least. KEYS: the call's attempt key. ARGV: attempt,
+-- answer (opaque to the library), expiry (Unix ms). Returns 1 when stored.
+local function attempt(keys, args)
+  local cur = tonumber(redis.call('HGET', keys[1], 'attempt') or '0')
+  local n, expiry = tonumber(args[1]), tonumber(args[3])
+  if n < cur then return 0 end
+  local old = tonumber(redis.call('HGET', keys[1], 'expiry') or '0')
+  expiry = math.max(expiry, old)
+  redis.call('HSET', keys[1], 'attempt', int(n), 'answer', args[2], 'expiry', int(expiry))
+  redis.call('PEXPIREAT', keys[1], int(expiry))
   return 1
 end
 
@@ -499,3 +594,5 @@ redis.register_function('policyd_admin_breaker', admin)
 redis.register_function('policyd_spend', spend)
 redis.register_function('policyd_deposit', deposit)
 redis.register_function('policyd_final', final)
+redis.register_function('policyd_outcomes', outcomes)
+redis.register_function('policyd_attempt', attempt)

@@ -34,6 +34,18 @@ type Options struct {
 	// FeedBlock is how long one XREAD of a feed blocks; Close waits up to
 	// that long for the feeds to end. Default 100ms.
 	FeedBlock time.Duration
+	// FlushInterval is how often buffered audit records are written;
+	// default 100ms.
+	FlushInterval time.Duration
+	// MaxAuditBuffer caps the audit records waiting for a flush; default
+	// 100,000.
+	MaxAuditBuffer int
+	// AuditRetention is how long audit records are kept (streams are
+	// trimmed by entry id at each flush); default 7 days.
+	AuditRetention time.Duration
+	// AuditMaxRecords caps the records of one tenant's audit stream
+	// (trimmed approximately, MAXLEN ~); default 1,000,000.
+	AuditMaxRecords int
 }
 
 // DefaultTenantBudget is the budget of tenants without an explicit one when
@@ -62,6 +74,7 @@ type Store struct {
 	cache map[policy.BreakerKey]*cached
 	feeds map[string]*feed // by tenant
 
+	audit         auditBuffer
 	admin         adminCache
 	defaultPolicy policy.Policy
 	runTenants    sync.Map // run id -> tenant: a run never changes tenant
@@ -90,6 +103,18 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if opts.FeedBlock <= 0 {
 		opts.FeedBlock = 100 * time.Millisecond
 	}
+	if opts.FlushInterval <= 0 {
+		opts.FlushInterval = 100 * time.Millisecond
+	}
+	if opts.MaxAuditBuffer <= 0 {
+		opts.MaxAuditBuffer = 100_000
+	}
+	if opts.AuditRetention <= 0 {
+		opts.AuditRetention = 7 * 24 * time.Hour
+	}
+	if opts.AuditMaxRecords <= 0 {
+		opts.AuditMaxRecords = 1_000_000
+	}
 	def := fillBudget(opts.DefaultBudget, DefaultTenantBudget())
 	ctx, cancel := context.WithTimeout(ctx, 20*opts.Timeout)
 	defer cancel()
@@ -104,8 +129,9 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		s.cancel()
 		return nil, err
 	}
-	s.wg.Add(1)
+	s.wg.Add(2)
 	go s.followChanges(last)
+	go s.flusher()
 	return s, nil
 }
 
@@ -116,7 +142,23 @@ func (s *Store) Close() error {
 	}
 	s.cancel()
 	s.wg.Wait()
+	s.flushAudit(context.Background())
 	return nil
+}
+
+// flusher writes buffered audit records every FlushInterval until Close.
+func (s *Store) flusher() {
+	defer s.wg.Done()
+	t := time.NewTicker(s.opts.FlushInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+			s.flushAudit(s.ctx)
+		}
+	}
 }
 
 // call returns a context bounded by the store's timeout.
