@@ -649,8 +649,11 @@ func TestCheckFindsCorruptAuditSegments(t *testing.T) {
 	}
 }
 
-// TestAuditMovesThePreviousLayoutIntoSegments opens a file of the layout
-// before segments, a key per record and two index buckets, built by hand.
+// TestAuditMovesThePreviousLayoutIntoSegments opens a schema version 1 file
+// of the layout before segments, a key per record and two index buckets,
+// built by hand with raw bbolt writes: Open migrates it to version 2 and
+// records the version. Before schema version 2 the file kept version 1,
+// so a build of the old layout would open it and miss the trail.
 func TestAuditMovesThePreviousLayoutIntoSegments(t *testing.T) {
 	var logs bytes.Buffer
 	e := newEnv(t, func(o *breakerstore.Options) { o.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
@@ -750,6 +753,9 @@ func TestAuditMovesThePreviousLayoutIntoSegments(t *testing.T) {
 				t.Errorf("bucket %s is still there", name)
 			}
 		}
+		if v := tx.Bucket([]byte("meta")).Get([]byte("schema")); len(v) != 4 || binary.BigEndian.Uint32(v) != 2 {
+			t.Errorf("meta/schema after the migration: got %x, want version 2", v)
+		}
 		return nil
 	})
 	if err != nil {
@@ -757,7 +763,8 @@ func TestAuditMovesThePreviousLayoutIntoSegments(t *testing.T) {
 	}
 	check(t, e, s)
 	if got := strings.Count(logs.String(), "audit trail moved into segments"); got != 1 ||
-		!strings.Contains(logs.String(), fmt.Sprint("records=", n)) {
+		!strings.Contains(logs.String(), fmt.Sprint("records=", n)) ||
+		!strings.Contains(logs.String(), "schema migrated") || !strings.Contains(logs.String(), "from=1 to=2") {
 		t.Errorf("log: got %q, want one line about %d records moved", logs.String(), n)
 	}
 }

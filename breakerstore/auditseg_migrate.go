@@ -8,15 +8,39 @@ import (
 	berrors "go.etcd.io/bbolt/errors"
 )
 
+// migration moves a file of schema version from to from+1, inside Open's
+// first transaction, after the buckets of allBuckets exist.
+type migration struct {
+	from uint32
+	what string
+	run  func(s *Store, tx *bbolt.Tx) error
+}
+
+// migrations[v-1] moves a file of schema version v to v+1; Open runs them
+// in order from the file's version to schemaVersion, in one transaction,
+// and then records schemaVersion. A layout change adds a step here (a new
+// bucket, records rewritten) and bumps schemaVersion; see doc.go.
+var migrations = []migration{
+	{from: 1, what: "audit trail from a key per record into segments", run: func(s *Store, tx *bbolt.Tx) error {
+		moved, err := s.migrateAudit(tx)
+		if err == nil && moved > 0 {
+			s.log.Info("breakerstore: audit trail moved into segments", "records", moved)
+		}
+		return err
+	}},
+}
+
 // migrateAudit moves the audit records of the previous layout (bucket
 // audit: a key per record, time and sequence number, valued encodeAudit's
 // body; and the index buckets auditcall and audittenant) into segments,
 // in key order, and deletes the three buckets. It runs in Open's first
 // transaction, so a file is either moved in full or not at all. A record
 // that does not decode is logged and left out: the old retention would
-// have removed it too. Segments already in the file (one written by this
-// version, then by an older one again) are merged with, not overwritten.
-// It returns the records moved.
+// have removed it too. Segments already in the file (written by a version 1
+// build of segments, then by an older one again) are merged with, not
+// overwritten.
+// It returns the records moved. It is the step from schema version 1,
+// whose files hold either layout (segments came within version 1), to 2.
 func (s *Store) migrateAudit(tx *bbolt.Tx) (int, error) {
 	old := tx.Bucket(bucketAudit)
 	moved := 0

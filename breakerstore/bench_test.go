@@ -256,3 +256,52 @@ func BenchmarkAuditFlush(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkAttempts is the attempts-per-call part of a NextDelay, in
+// memory (SyncGroup): CheckAttempt, then the record of the answer through
+// a batch. "next" decides attempt after attempt of one call (the steady
+// state of a retrying call); "new" a call never seen per iteration, which
+// must copy its key and make its record, and whose record the background
+// group commit then writes to a new place in the bucket (its allocations
+// count too; the ids are made before the timer).
+func BenchmarkAttempts(b *testing.B) {
+	ans := policy.Answer{Retry: true, Delay: time.Second, Class: "transient:503"}
+	b.Run("next", func(b *testing.B) {
+		s := benchStore(b, breakerstore.SyncGroup)
+		k := policy.CallKey{Tenant: "acme", CallID: "c"}
+		keep := time.Now().Add(time.Hour)
+		b.ReportAllocs()
+		attempt := uint32(0)
+		for b.Loop() {
+			attempt++
+			if _, replay, err := s.CheckAttempt(k, attempt); err != nil || replay {
+				b.Fatal(replay, err)
+			}
+			u := s.Begin()
+			if err := u.RecordAttempt(k, attempt, ans, keep); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("new", func(b *testing.B) {
+		s := benchStore(b, breakerstore.SyncGroup)
+		keys := make([]policy.CallKey, 1<<20)
+		for i := range keys {
+			keys[i] = policy.CallKey{Tenant: "acme", CallID: fmt.Sprint("c", i)}
+		}
+		keep := time.Now().Add(time.Hour)
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			k := keys[i%len(keys)]
+			i++
+			if _, _, err := s.CheckAttempt(k, 1); err != nil {
+				b.Fatal(err)
+			}
+			u := s.Begin()
+			if err := u.RecordAttempt(k, 1, ans, keep); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

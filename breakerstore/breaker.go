@@ -288,6 +288,10 @@ func (s *Store) newBreaker(key policy.BreakerKey, now int64) (*breaker, error) {
 		s.countMu.Unlock()
 		return nil, fmt.Errorf("%w: tenant %q has %d breakers (cap %d)", ErrTooManyBreakers, key.Tenant, n, s.opts.MaxBreakersPerTenant)
 	}
+	if err := s.admitAutoLocked(key.Tenant); err != nil {
+		s.countMu.Unlock()
+		return nil, err
+	}
 	key = policy.BreakerKey{Tenant: strings.Clone(key.Tenant), Target: strings.Clone(key.Target)}
 	s.perTenant[key.Tenant] = n + 1
 	s.countMu.Unlock()

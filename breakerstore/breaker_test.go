@@ -534,11 +534,19 @@ func TestSubscribe(t *testing.T) {
 	})
 
 	t.Run("a slow subscriber is dropped", func(t *testing.T) {
+		live := s.Subscribers()
 		sub := subscribe(t, s, "", 1)
 		defer sub.Close()
+		if got := s.Subscribers(); got != live+1 {
+			t.Fatalf("subscribers after Subscribe: got %d, want %d", got, live+1)
+		}
 		for i := range 3 {
 			k := policy.BreakerKey{Tenant: "slow", Target: fmt.Sprint(i)}
 			must(s.ForceBreaker(k, policy.BreakerOpen)).get(t)
+		}
+		// Forgotten when dropped, not at the next Subscribe or cancel.
+		if got := s.Subscribers(); got != live {
+			t.Errorf("subscribers after the drop: got %d, want %d", got, live)
 		}
 		var changes, initial int
 		for ev := range sub.C { // ends: the channel is closed

@@ -371,6 +371,7 @@ func (s *Store) SetBudget(b policy.TenantBudget) (policy.TenantBudget, error) {
 	tb.setConfig(s, now, &cfg)
 	newlyDirty := tb.markDirty()
 	tb.mu.Unlock()
+	s.setDeclared(b.Tenant, true)
 	if err := s.touched(tb, newlyDirty); err != nil {
 		return policy.TenantBudget{}, err
 	}
@@ -407,6 +408,7 @@ func (s *Store) DeleteBudget(tenant string) error {
 	tb.lastActive = now
 	newlyDirty := tb.markDirty()
 	tb.mu.Unlock()
+	s.setDeclared(tenant, false)
 	return s.touched(tb, newlyDirty)
 }
 
@@ -436,8 +438,13 @@ func (s *Store) bucket(tenant string, now int64, capped bool) (*tokenBucket, err
 	}
 	// The cap is checked before the shard lock is taken (len locks every
 	// shard), so concurrent first calls may pass it by a few tenants.
-	if n := s.buckets.len(); capped && n >= s.opts.MaxTenants {
-		return nil, fmt.Errorf("%w: %d tenants have state (cap %d)", ErrTooManyTenants, n, s.opts.MaxTenants)
+	if capped {
+		if n := s.buckets.len(); n >= s.opts.MaxTenants {
+			return nil, fmt.Errorf("%w: %d tenants have state (cap %d)", ErrTooManyTenants, n, s.opts.MaxTenants)
+		}
+		if err := s.admitAuto(tenant); err != nil {
+			return nil, err
+		}
 	}
 	return s.buckets.getOrCreate(tenant, func() (*tokenBucket, error) {
 		return &tokenBucket{tenant: strings.Clone(tenant), v: fleet.NewBucket(&s.defBudget, now), lastActive: now}, nil

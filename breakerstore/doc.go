@@ -11,19 +11,20 @@
 // breaker state transitions are committed with an fsync before the method
 // returns. Counters (breaker windows, token buckets, run spend and ledgers)
 // and audit records are marked dirty or buffered and written by one
-// background goroutine every FlushInterval in a single transaction, so a
-// crash loses at most that interval; with SyncAlways every mutation and
+// background goroutine in a single transaction, one starting every
+// FlushInterval, so a crash loses at most that interval plus the duration
+// of one commit (the one in progress); with SyncAlways every mutation and
 // audit record is committed (through bbolt's Batch, so concurrent callers
 // share an fsync) before it returns.
 //
-// Bucket and key layout, schema version 1. Bucket names are the package-level
+// Bucket and key layout, schema version 2. Bucket names are the package-level
 // bucket* variables, created once by Open. Keys sort bytewise: integers are
 // big-endian, composite keys are joined by a 0x00 byte (tenants, targets, run
 // ids and call ids never contain 0x00), times are Unix nanoseconds, never
 // RFC 3339 strings.
 //
 //	bucket       key                        value
-//	meta         "schema"                   uint32 big-endian schema version (1); another version refuses to open
+//	meta         "schema"                   uint32 big-endian schema version (2); see the version rule below
 //	breakers     tenant 0x00 target         fleet.Breaker, binary, version byte 2 (1 is still read): state, forced,
 //	                                        mode, open-until, cool-down, counters, the 10 window slots, generation,
 //	                                        probe permits (128-bit id, expiry); the layout is in record.go
@@ -58,10 +59,33 @@
 // Batch with SyncAlways), and deleted oldest first by the flusher once older
 // than Options.AuditRetention or beyond Options.AuditMaxRecords, whole
 // segments at a time and the one partly expired segment rewritten, so
-// retention is exact to the record. The audit trail was added within schema
-// version 1; Open creates its bucket in older files and moves a trail of the
-// earlier one-key-per-record layout (buckets audit, auditcall, audittenant)
-// into segments.
+// retention is exact to the record.
+//
+// The version rule: any change to this layout (a bucket, a key or a value
+// format) bumps schemaVersion and adds a step to migrations, the step from
+// the version before. Open reads meta/schema; a file of an older version is
+// migrated forward, step by step, and the new version recorded, in one
+// transaction (a file is migrated in full or not at all); a file of a newer
+// version is refused with ErrSchema naming both versions ("schema version 3
+// is newer than this policyd (2)"), so an older build never reads a layout
+// it does not know. A file of the current version is not written to by
+// Open. The versions so far:
+//
+//	1  the buckets above, the audit trail first a key per record (buckets
+//	   audit, auditcall, audittenant), later, still within version 1,
+//	   in segments (auditseg)
+//	2  the audit trail in segments only: the step from 1 moves a trail of
+//	   the one-key-per-record layout into segments and deletes its buckets
+//
+// Before bbolt maps a file, Open and Check read it through read(2) and
+// verify what bbolt would otherwise fault on (filecheck.go): both meta
+// pages (magic, version, checksum), the size against the high-water mark,
+// the freelist, and every page of every bucket. A damaged, empty (0 bytes)
+// or foreign file is refused with ErrCorrupt naming the file and every
+// problem found; only a path that does not exist is created. A bad meta
+// page is refused even when the other is sound: the meta fields sit in the
+// page's first sector, so a crash does not tear them, and a bad checksum
+// means the file was damaged after it was written.
 //
 // A breaker keyed by target only (policy.ScopeTarget) has the empty tenant, so
 // its key starts with 0x00. Runs and explicit budgets are never expired; idle

@@ -33,6 +33,9 @@ var (
 	ErrTooManyBreakers error = &classErr{"breakerstore: too many breakers: over capacity", kindCapacity, policy.ErrCapacity}
 	// ErrTooManyTenants reports a new tenant beyond Options.MaxTenants.
 	ErrTooManyTenants error = &classErr{"breakerstore: too many tenants: over capacity", kindCapacity, policy.ErrCapacity}
+	// ErrTooManyAutoTenants reports a new undeclared tenant beyond
+	// Options.MaxAutoTenants.
+	ErrTooManyAutoTenants error = &classErr{"breakerstore: too many undeclared tenants: over capacity", kindCapacity, policy.ErrCapacity}
 	// ErrTooManyRuns reports a run beyond Options.MaxRuns.
 	ErrTooManyRuns error = &classErr{"breakerstore: too many runs: over capacity", kindCapacity, policy.ErrCapacity}
 	// ErrExists is returned by OpenRun when the run id is taken.

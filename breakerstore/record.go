@@ -183,6 +183,7 @@ func (s *Store) sweep(now int64) []delKey {
 		s.countMu.Lock()
 		if s.perTenant[b.key.Tenant]--; s.perTenant[b.key.Tenant] <= 0 {
 			delete(s.perTenant, b.key.Tenant)
+			s.forgetAutoLocked(b.key.Tenant)
 		}
 		s.countMu.Unlock()
 		dels = append(dels, delKey{bucket: bucketBreakers, key: b.key})
@@ -198,6 +199,9 @@ func (s *Store) sweep(now int64) []delKey {
 			continue
 		}
 		s.buckets.deleteIf(tb.tenant, func(v *tokenBucket) bool { return v == tb })
+		s.countMu.Lock()
+		s.forgetAutoLocked(tb.tenant)
+		s.countMu.Unlock()
 		dels = append(dels, delKey{bucket: bucketTokens, key: policy.BreakerKey{Tenant: tb.tenant}})
 	}
 	if s.attempts.expire(now) && s.attempts.markDirty() {

@@ -7,6 +7,8 @@ import (
 	"hash/maphash"
 	"log/slog"
 	"math"
+	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,8 +19,9 @@ import (
 	"github.com/policyd/policyd/policy"
 )
 
-// schemaVersion is the layout documented in doc.go.
-const schemaVersion uint32 = 1
+// schemaVersion is the layout documented in doc.go; migrations move older
+// files to it.
+const schemaVersion uint32 = 2
 
 // Bucket names; see the layout in doc.go. They are created once by Open.
 var (
@@ -53,6 +56,7 @@ const (
 	DefaultMaxBreakersPerTenant = 10000
 	DefaultIdleTTL              = 24 * time.Hour
 	DefaultMaxTenants           = 100000
+	DefaultMaxAutoTenants       = 1000
 	DefaultMaxRuns              = 10000
 	DefaultRunRetention         = 30 * 24 * time.Hour
 )
@@ -73,7 +77,7 @@ type SyncMode uint8
 const (
 	// SyncGroup (the default) marks counters dirty and commits them in one
 	// transaction every Options.FlushInterval; a crash loses at most that
-	// interval of counters.
+	// interval plus the duration of one commit of counters.
 	SyncGroup SyncMode = iota
 	// SyncAlways commits every mutation before the method returns, sharing
 	// commits between concurrent callers through bbolt's Batch.
@@ -93,9 +97,13 @@ func (m SyncMode) String() string {
 
 // Options configures Open. Zero fields take the documented defaults.
 type Options struct {
-	// Path is the bbolt file; it is created (mode 0600) when absent.
+	// Path is the bbolt file; it is created (mode 0600) when absent, and
+	// an existing file must be a sound policyd database.
 	Path string
-	// FlushInterval is the group-commit interval for counters; default 100ms.
+	// FlushInterval is the group-commit interval for counters; default
+	// 100ms. A group commit starts every FlushInterval (right away after
+	// one that took longer), so with SyncGroup a crash loses at most
+	// FlushInterval plus the duration of one commit of counting.
 	FlushInterval time.Duration
 	// Sync selects group commit (default) or a commit per mutation.
 	Sync SyncMode
@@ -111,6 +119,10 @@ type Options struct {
 	// tenant beyond it gets ErrTooManyTenants. Tenants with an explicit
 	// budget are always admitted. Default 100000.
 	MaxTenants int
+	// MaxAutoTenants caps the tenants that worker calls gave state without
+	// an explicit budget (see tenants.go); a new one beyond it gets
+	// ErrTooManyAutoTenants. Declared tenants never count. Default 1000.
+	MaxAutoTenants int
 	// MaxRuns caps the runs kept; OpenRun beyond it fails with
 	// ErrTooManyRuns. Default 10000.
 	MaxRuns int
@@ -181,7 +193,9 @@ type Store struct {
 
 	breakers  shardMap[policy.BreakerKey, *breaker]
 	countMu   sync.Mutex
-	perTenant map[string]int // breakers per tenant, guarded by countMu
+	perTenant map[string]int      // breakers per tenant, guarded by countMu
+	auto      map[string]struct{} // automatic tenants (tenants.go), guarded by countMu
+	declared  declaredSet         // declared tenants (tenants.go)
 
 	buckets   shardMap[string, *tokenBucket]
 	defBudget policy.TenantBudget
@@ -237,9 +251,13 @@ type entity interface {
 }
 
 // Open opens or creates the database at opts.Path, loads all state into
-// memory and starts the flusher. A file held by another process fails with
-// ErrLocked within opts.LockTimeout, a file that is not a policyd bbolt
-// database with ErrCorrupt or ErrSchema; Open never falls back to defaults.
+// memory and starts the flusher. Only a path that does not exist is
+// created. A file held by another process fails with ErrLocked within
+// opts.LockTimeout; an existing file is verified before bbolt maps it
+// (filecheck.go), and a damaged, empty or foreign one fails with ErrCorrupt,
+// one of a newer schema version with ErrSchema, each on one line naming
+// the file. A file of an older schema version is migrated. Open never falls
+// back to defaults.
 func Open(opts Options) (*Store, error) {
 	if opts.Path == "" {
 		return nil, invalid("path", "must not be empty")
@@ -258,6 +276,9 @@ func Open(opts Options) (*Store, error) {
 	}
 	if opts.MaxTenants <= 0 {
 		opts.MaxTenants = DefaultMaxTenants
+	}
+	if opts.MaxAutoTenants <= 0 {
+		opts.MaxAutoTenants = DefaultMaxAutoTenants
 	}
 	if opts.MaxRuns <= 0 {
 		opts.MaxRuns = DefaultMaxRuns
@@ -292,25 +313,49 @@ func Open(opts Options) (*Store, error) {
 		return nil, fmt.Errorf("default budget: %w", err)
 	}
 
-	db, err := bbolt.Open(opts.Path, 0o600, &bbolt.Options{
-		Timeout: opts.LockTimeout,
-		MaxSize: opts.MaxSize,
+	// The file is locked and verified through read(2) before bbolt maps
+	// it, so a damaged file is refused with its problems named, never a
+	// fault; the reads of the mapped file run guarded all the same.
+	f, err := openChecked(opts.Path, true, false, opts.LockTimeout)
+	if err != nil {
+		return nil, err
+	}
+	var db *bbolt.DB
+	err, panicked := guarded(opts.Path, func() error {
+		var err error
+		db, err = bbolt.Open(opts.Path, 0o600, &bbolt.Options{
+			Timeout:  opts.LockTimeout,
+			MaxSize:  opts.MaxSize,
+			OpenFile: func(string, int, os.FileMode) (*os.File, error) { return f, nil },
+		})
+		return err
 	})
 	if err != nil {
+		if panicked {
+			_ = f.Close()
+			return nil, err
+		}
 		return nil, openErr(opts, err)
 	}
 	if opts.MaxBatchDelay > 0 {
 		db.MaxBatchDelay = opts.MaxBatchDelay
 	}
 	s := newStore(db, opts, def)
-	if err := s.initBuckets(); err != nil {
-		_ = db.Close()
-		return nil, err
+	err, panicked = guarded(opts.Path, func() error {
+		if err := s.initBuckets(); err != nil {
+			return err
+		}
+		return s.load()
+	})
+	if err != nil {
+		if panicked {
+			_ = f.Close() // bbolt's locks may be held: do not Close db
+		} else {
+			_ = db.Close()
+		}
+		return nil, inFile(opts.Path, err)
 	}
-	if err := s.load(); err != nil {
-		_ = db.Close()
-		return nil, err
-	}
+	s.countTenants()
 	go s.flushLoop()
 	return s, nil
 }
@@ -326,6 +371,7 @@ func newStore(db *bbolt.DB, opts Options, def policy.TenantBudget) *Store {
 		stop:          make(chan struct{}),
 		done:          make(chan struct{}),
 		perTenant:     make(map[string]int),
+		auto:          make(map[string]struct{}),
 		defBudget:     def,
 		defaultPolicy: policy.Default(),
 	}
@@ -339,51 +385,106 @@ func newStore(db *bbolt.DB, opts Options, def policy.TenantBudget) *Store {
 	return s
 }
 
-// Check verifies the database at path without changing it: bbolt's page
-// consistency check, the schema version, and that every record decodes. It
-// takes the file's lock (shared, read-only), so it fails with ErrLocked
-// while a daemon holds the file. It reports every page problem bbolt finds.
+// Check verifies the database at path without changing it: the checks Open
+// makes before bbolt maps the file (both meta pages, the size against the
+// high-water mark, the freelist, every page of every bucket, all read with
+// read(2)), then bbolt's own consistency check, the schema version, and
+// that every record decodes. It takes the file's lock (shared, read-only),
+// so it fails with ErrLocked while a daemon holds the file. It reports
+// every problem it finds, on one line naming the file: ErrCorrupt, or
+// ErrSchema when the only problem is the schema version.
 func Check(path string, lockTimeout time.Duration) error {
 	if lockTimeout <= 0 {
 		lockTimeout = DefaultLockTimeout
 	}
 	opts := Options{Path: path, LockTimeout: lockTimeout, Clock: realClock{}, Logger: slog.New(slog.DiscardHandler)}
-	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: lockTimeout, ReadOnly: true})
+	f, err := openChecked(path, false, true, lockTimeout)
 	if err != nil {
-		return openErr(opts, err)
+		return err
 	}
-	defer db.Close()
-	var problems []error
-	err = db.View(func(tx *bbolt.Tx) error {
-		for perr := range tx.Check() {
-			problems = append(problems, perr)
-		}
-		meta := tx.Bucket(bucketMeta)
-		if meta == nil {
-			return fmt.Errorf("%w: %s has no meta bucket", ErrSchema, path)
-		}
-		if v := meta.Get(keySchema); len(v) != 4 || binary.BigEndian.Uint32(v) != schemaVersion {
-			return fmt.Errorf("%w: %s: unexpected meta/schema %x", ErrSchema, path, v)
-		}
-		return nil
+	var db *bbolt.DB
+	err, panicked := guarded(path, func() error {
+		var err error
+		db, err = bbolt.Open(path, 0o600, &bbolt.Options{
+			Timeout:  lockTimeout,
+			ReadOnly: true,
+			OpenFile: func(string, int, os.FileMode) (*os.File, error) { return f, nil },
+		})
+		return err
 	})
 	if err != nil {
-		return err
+		if panicked {
+			_ = f.Close()
+			return err
+		}
+		return openErr(opts, err)
 	}
-	if len(problems) > 0 {
-		return fmt.Errorf("%w: %s: %d page problems, first: %v", ErrCorrupt, path, len(problems), problems[0])
+	var problems []string
+	schemaOnly, empty := false, false
+	err, panicked = guarded(path, func() error {
+		return db.View(func(tx *bbolt.Tx) error {
+			for perr := range tx.Check() {
+				problems = append(problems, perr.Error())
+			}
+			v, err := readSchema(tx, path)
+			if err != nil {
+				schemaOnly = len(problems) == 0 && errors.Is(err, ErrSchema)
+				problems = append(problems, detail(err, path))
+				return nil
+			}
+			if empty = v == 0; empty {
+				return nil // no buckets yet: Open initialises the file
+			}
+			if err := checkAudit(tx); err != nil {
+				problems = append(problems, detail(err, path))
+			}
+			return nil
+		})
+	})
+	if err == nil && len(problems) == 0 && !empty {
+		// Every bucket is loaded, each past the failures of the others.
+		err, panicked = guarded(path, func() error {
+			for _, lerr := range newStore(db, opts, DefaultTenantBudget()).loadReport() {
+				if lerr != nil {
+					problems = append(problems, detail(lerr, path))
+				}
+			}
+			return nil
+		})
 	}
-	if err := db.View(checkAudit); err != nil {
-		return err
+	if err != nil {
+		problems = append(problems, detail(err, path))
 	}
-	return newStore(db, opts, DefaultTenantBudget()).load()
+	if panicked {
+		_ = f.Close()
+	} else {
+		_ = db.Close()
+	}
+	if len(problems) == 0 {
+		return nil
+	}
+	if schemaOnly {
+		return fmt.Errorf("%w: %s: %s", ErrSchema, path, problems[0])
+	}
+	more := max(len(problems)-maxListed, 0)
+	return damaged(path, problems[:len(problems)-more], more)
+}
+
+// detail is err's message without the class and the file name, which
+// damaged puts back once.
+func detail(err error, path string) string {
+	msg := err.Error()
+	for _, class := range []error{ErrCorrupt, ErrSchema} {
+		msg = strings.TrimPrefix(msg, class.Error()+": ")
+	}
+	return strings.TrimPrefix(msg, path+": ")
 }
 
 // openErr explains a bbolt.Open failure.
 func openErr(opts Options, err error) error {
 	switch {
 	case errors.Is(err, berrors.ErrTimeout):
-		return fmt.Errorf("%w: %s is held by another process (gave up after %v)", ErrLocked, opts.Path, opts.LockTimeout)
+		return fmt.Errorf("%w: %s (gave up after %v)", ErrLocked, opts.Path, opts.LockTimeout)
 	case errors.Is(err, berrors.ErrInvalid), errors.Is(err, berrors.ErrVersionMismatch),
 		errors.Is(err, berrors.ErrChecksum), errors.Is(err, berrors.ErrInvalidMapping):
 		return fmt.Errorf("%w: %s is not a readable bbolt database: %v", ErrCorrupt, opts.Path, err)
@@ -398,69 +499,124 @@ func openErr(opts Options, err error) error {
 	return fmt.Errorf("%w: cannot open %s: %v", ErrCorrupt, opts.Path, err)
 }
 
-// initBuckets checks the schema version, creates missing buckets and moves
-// an audit trail of the previous layout into segments.
+// readSchema returns the schema version of the file open in tx, 0 for a
+// bbolt file without buckets (a new one). A file with buckets but no
+// meta/schema is foreign (ErrSchema), a version newer than this build's is
+// refused (ErrSchema, naming both versions), a mangled one is ErrCorrupt.
+func readSchema(tx *bbolt.Tx, path string) (uint32, error) {
+	meta := tx.Bucket(bucketMeta)
+	if meta == nil {
+		foreign := false
+		_ = tx.ForEach(func([]byte, *bbolt.Bucket) error { foreign = true; return nil })
+		if foreign {
+			return 0, fmt.Errorf("%w: %s: buckets but no meta/schema: not a policyd database", ErrSchema, path)
+		}
+		return 0, nil
+	}
+	v := meta.Get(keySchema)
+	if len(v) != 4 {
+		return 0, fmt.Errorf("%w: %s: meta/schema is %d bytes, want 4", ErrCorrupt, path, len(v))
+	}
+	switch got := binary.BigEndian.Uint32(v); {
+	case got > schemaVersion:
+		return 0, fmt.Errorf("%w: %s: schema version %d is newer than this policyd (%d)", ErrSchema, path, got, schemaVersion)
+	case got == 0:
+		return 0, fmt.Errorf("%w: %s: schema version 0 is not a policyd schema", ErrSchema, path)
+	default:
+		return got, nil
+	}
+}
+
+// initBuckets checks the schema version, creates missing buckets, runs the
+// migrations from the file's version to schemaVersion and records it, all
+// in one transaction: a file is migrated in full or not at all. A file of
+// the current version with every bucket is not written to, so a damaged
+// record found by load leaves the file as it was.
 func (s *Store) initBuckets() error {
-	moved := 0
-	err := s.db.Update(func(tx *bbolt.Tx) error {
-		meta := tx.Bucket(bucketMeta)
-		if meta == nil {
-			foreign := false
-			_ = tx.ForEach(func([]byte, *bbolt.Bucket) error { foreign = true; return nil })
-			if foreign {
-				return fmt.Errorf("%w: %s has buckets but no meta/schema; not a policyd database", ErrSchema, s.opts.Path)
-			}
-		} else {
-			v := meta.Get(keySchema)
-			if len(v) != 4 {
-				return fmt.Errorf("%w: %s: meta/schema is %d bytes, want 4", ErrCorrupt, s.opts.Path, len(v))
-			}
-			if got := binary.BigEndian.Uint32(v); got != schemaVersion {
-				return fmt.Errorf("%w: %s has schema %d, this build reads %d", ErrSchema, s.opts.Path, got, schemaVersion)
-			}
+	current := false
+	err := s.db.View(func(tx *bbolt.Tx) error {
+		v, err := readSchema(tx, s.opts.Path)
+		current = v == schemaVersion
+		for _, name := range allBuckets {
+			current = current && tx.Bucket(name) != nil
+		}
+		return err
+	})
+	if err != nil || current {
+		return err
+	}
+	var from uint32
+	err = s.db.Update(func(tx *bbolt.Tx) error {
+		var err error
+		if from, err = readSchema(tx, s.opts.Path); err != nil {
+			return err
 		}
 		for _, name := range allBuckets {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 				return err
 			}
 		}
-		if meta == nil {
-			return tx.Bucket(bucketMeta).Put(keySchema, binary.BigEndian.AppendUint32(nil, schemaVersion))
+		if from == schemaVersion {
+			return nil
 		}
-		var err error
-		moved, err = s.migrateAudit(tx)
-		return err
+		if from != 0 {
+			for _, m := range migrations[from-1:] {
+				if err := m.run(s, tx); err != nil {
+					return fmt.Errorf("migrating schema version %d to %d (%s): %w", m.from, m.from+1, m.what, err)
+				}
+			}
+		}
+		return tx.Bucket(bucketMeta).Put(keySchema, binary.BigEndian.AppendUint32(nil, schemaVersion))
 	})
 	if err != nil && !errors.Is(err, ErrSchema) && !errors.Is(err, ErrCorrupt) {
 		return storageErr("initialise buckets", err)
 	}
-	if err == nil && moved > 0 {
-		s.log.Info("breakerstore: audit trail moved into segments", "records", moved)
+	if err == nil && from != 0 && from != schemaVersion {
+		s.log.Info("breakerstore: schema migrated", "file", s.opts.Path, "from", from, "to", schemaVersion)
 	}
 	return err
 }
 
-// load reads every record into memory.
+// load reads every record into memory, stopping at the first that does
+// not decode.
 func (s *Store) load() error {
-	now := s.now()
 	return s.db.View(func(tx *bbolt.Tx) error {
-		if err := s.loadPolicies(tx); err != nil {
-			return err
+		for _, load := range s.loaders(tx) {
+			if err := load(); err != nil {
+				return err
+			}
 		}
-		if err := s.loadBudgets(tx, now); err != nil {
-			return err
-		}
-		if err := s.loadRuns(tx); err != nil {
-			return err
-		}
-		if err := s.loadAudit(tx); err != nil {
-			return err
-		}
-		if err := s.loadAttempts(tx, now); err != nil {
-			return err
-		}
-		return s.loadBreakers(tx, now)
+		return nil
 	})
+}
+
+// loadReport is load for Check: it runs every loader, each past the
+// failures of the others, and returns the failures, so a bad record in
+// one bucket does not hide one in another.
+func (s *Store) loadReport() []error {
+	var errs []error
+	err := s.db.View(func(tx *bbolt.Tx) error {
+		for _, load := range s.loaders(tx) {
+			if err := load(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		return nil
+	})
+	return append(errs, err)
+}
+
+// loaders are the steps of load, in order.
+func (s *Store) loaders(tx *bbolt.Tx) []func() error {
+	now := s.now()
+	return []func() error{
+		func() error { return s.loadPolicies(tx) },
+		func() error { return s.loadBudgets(tx, now) },
+		func() error { return s.loadRuns(tx) },
+		func() error { return s.loadAudit(tx) },
+		func() error { return s.loadAttempts(tx, now) },
+		func() error { return s.loadBreakers(tx, now) },
+	}
 }
 
 // corrupt reports a record that cannot be decoded.
@@ -519,15 +675,27 @@ func (s *Store) now() int64 { return s.clock.Now().UnixNano() }
 // flushLoop is the one background goroutine; it ends when Close closes stop.
 func (s *Store) flushLoop() {
 	defer close(s.done)
-	t := time.NewTicker(s.opts.FlushInterval)
+	flushEvery(s.stop, s.opts.FlushInterval, func() { _ = s.flush(false) })
+}
+
+// flushEvery calls flush until stop closes, each call due interval after
+// the previous one started: the time a commit takes does not push the
+// schedule later, and a commit that runs past the interval is followed at
+// once. So a counter changed at any moment is in a commit that starts
+// within interval and is durable when it ends: a crash loses at most
+// interval plus the duration of one commit (see Options.FlushInterval).
+func flushEvery(stop <-chan struct{}, interval time.Duration, flush func()) {
+	t := time.NewTimer(interval)
 	defer t.Stop()
 	for {
 		select {
-		case <-s.stop:
+		case <-stop:
 			return
 		case <-t.C:
-			_ = s.flush(false)
 		}
+		start := time.Now()
+		flush()
+		t.Reset(max(time.Until(start.Add(interval)), 0))
 	}
 }
 

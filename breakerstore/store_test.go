@@ -169,11 +169,11 @@ func TestOpenRefuses(t *testing.T) {
 					if err != nil {
 						return err
 					}
-					return b.Put([]byte("schema"), binary.BigEndian.AppendUint32(nil, 2))
+					return b.Put([]byte("schema"), binary.BigEndian.AppendUint32(nil, 3))
 				})
 			},
 			want: breakerstore.ErrSchema,
-			msg:  "schema 2",
+			msg:  "policyd.db: schema version 3 is newer than this policyd (2)",
 		},
 		{
 			name: "foreign bbolt file",
@@ -209,7 +209,7 @@ func TestOpenRefuses(t *testing.T) {
 				}
 			},
 			want: breakerstore.ErrCorrupt,
-			msg:  "not a readable bbolt database",
+			msg:  "not a bbolt database",
 		},
 		{
 			name: "short file",
@@ -248,6 +248,9 @@ func TestOpenRefuses(t *testing.T) {
 			if !errors.Is(err, tt.want) || !strings.Contains(err.Error(), tt.msg) {
 				t.Fatalf("Open() = %v, want %v mentioning %q", err, tt.want, tt.msg)
 			}
+			if err := breakerstore.Check(path, 100*time.Millisecond); !errors.Is(err, tt.want) || !strings.Contains(err.Error(), tt.msg) {
+				t.Errorf("Check() = %v, want %v mentioning %q", err, tt.want, tt.msg)
+			}
 		})
 	}
 }
@@ -278,8 +281,8 @@ func TestOpenLockedFailsFast(t *testing.T) {
 		t.Fatal("second Open of a held file: got nil error, want ErrLocked")
 	}
 	if !errors.Is(err, breakerstore.ErrLocked) || !strings.Contains(err.Error(), e.opts.Path) ||
-		!strings.Contains(err.Error(), "gave up after 100ms") {
-		t.Errorf("second Open: got %v, want ErrLocked naming the path and the 100ms timeout", err)
+		!strings.Contains(err.Error(), "gave up after 100ms") || strings.Count(err.Error(), "held by another process") != 1 {
+		t.Errorf("second Open: got %v, want ErrLocked naming the path and the 100ms timeout, saying it once", err)
 	}
 	if elapsed > time.Second {
 		t.Errorf("second Open took %v, want about the 100ms LockTimeout", elapsed)
@@ -396,4 +399,34 @@ func TestCheck(t *testing.T) {
 	if err := breakerstore.Check(bad, 0); !errors.Is(err, breakerstore.ErrCorrupt) {
 		t.Errorf("Check on garbage: got %v, want breakerstore.ErrCorrupt", err)
 	}
+}
+
+// TestOpenMigratesAVersion1FileOfSegments: a version 1 file written by the
+// build that introduced segments (meta/schema 1 and an auditseg bucket) is
+// recorded as version 2 at open, with its records as they were, and is not
+// written to at the next open.
+func TestOpenMigratesAVersion1FileOfSegments(t *testing.T) {
+	e := newEnv(t)
+	s := e.open()
+	s.AppendAudit(policy.AuditRecord{Tenant: "acme", CallID: "c1", Event: policy.AuditDecision})
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	writeBolt(t, e.opts.Path, func(tx *bbolt.Tx) error {
+		return tx.Bucket([]byte("meta")).Put([]byte("schema"), binary.BigEndian.AppendUint32(nil, 1))
+	})
+	s = e.open()
+	if recs, _ := query(t, s, policy.AuditQuery{CallID: "c1"}); len(recs) != 1 {
+		t.Errorf("the audit record after the migration: got %+v, want one", recs)
+	}
+	err := s.View(func(tx *bbolt.Tx) error {
+		if v := tx.Bucket([]byte("meta")).Get([]byte("schema")); binary.BigEndian.Uint32(v) != 2 {
+			t.Errorf("meta/schema: got %x, want version 2", v)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(t, e, s)
 }

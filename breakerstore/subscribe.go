@@ -25,18 +25,21 @@ func (sub *subscriber) wants(k policy.BreakerKey) bool {
 	return sub.tenant == "" || k.Tenant == sub.tenant || k.Tenant == ""
 }
 
-// send delivers ev without blocking, dropping the subscriber when full.
-func (sub *subscriber) send(ev policy.BreakerEvent) {
+// send delivers ev without blocking, closing the subscriber's channel when
+// it is full; it reports whether the subscriber is still live.
+func (sub *subscriber) send(ev policy.BreakerEvent) bool {
 	sub.mu.Lock()
 	defer sub.mu.Unlock()
 	if sub.closed {
-		return
+		return false
 	}
 	select {
 	case sub.ch <- ev:
+		return true
 	default:
 		sub.closed = true
 		close(sub.ch)
+		return false
 	}
 }
 
@@ -66,8 +69,9 @@ func (sub *subscriber) isClosed() bool {
 //
 // buffer is the number of changes that may queue behind a slow reader
 // (default DefaultSubscriptionBuffer); the snapshot never counts against it.
-// A reader that falls further behind is dropped: its channel is closed, and
-// it subscribes again for a fresh snapshot. cancel ends the subscription and
+// A reader that falls further behind is dropped at once: its channel is
+// closed, the store forgets it (so what it left queued is freed with the
+// reader's last reference), and it subscribes again for a fresh snapshot. cancel ends the subscription and
 // closes the channel; it may be called more than once. Store.Close closes
 // every channel. Subscribe is safe for concurrent use; on a closed store the
 // channel is closed at once.
@@ -83,7 +87,6 @@ func (s *Store) Subscribe(tenant string, buffer int) (events <-chan policy.Break
 	}
 	s.subMu.Lock()
 	defer s.subMu.Unlock()
-	s.subs = slices.DeleteFunc(s.subs, (*subscriber).isClosed)
 	var initial []policy.BreakerSnapshot
 	for _, b := range s.breakers.values() {
 		if sub.wants(b.key) {
@@ -115,13 +118,27 @@ func (s *Store) unsubscribe(sub *subscriber) {
 func (b *breaker) publish(s *Store, now int64) {
 	snap := b.snapshot(now)
 	b.pub.Store(&snap)
+	dropped := false
 	s.subMu.RLock()
 	for _, sub := range s.subs {
-		if sub.wants(snap.Key) {
-			sub.send(policy.BreakerEvent{Snapshot: snap})
+		if sub.wants(snap.Key) && !sub.send(policy.BreakerEvent{Snapshot: snap}) {
+			dropped = true
 		}
 	}
 	s.subMu.RUnlock()
+	if dropped {
+		s.subMu.Lock()
+		s.subs = slices.DeleteFunc(s.subs, (*subscriber).isClosed)
+		s.subMu.Unlock()
+	}
+}
+
+// Subscribers returns the number of live subscriptions: those neither
+// cancelled nor dropped for falling behind. It is safe for concurrent use.
+func (s *Store) Subscribers() int {
+	s.subMu.RLock()
+	defer s.subMu.RUnlock()
+	return len(s.subs)
 }
 
 // closeSubs closes every subscription; used by Store.Close.

@@ -139,7 +139,7 @@ func Decide(p *Policy, in Input) Decision {
 	}
 	d.Checks |= CheckPushback
 	if in.Hints != (Hints{}) {
-		d.Hint = ParseHints(in.Hints, in.Now)
+		d.Hint = ParseHints(in.Hints, in.Now, p.Pushback.MaxHint)
 	}
 	if d.Hint.DoNotRetry {
 		return d.stop(StopServerPushback, DispositionDeadLetter)

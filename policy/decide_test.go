@@ -336,3 +336,39 @@ func TestSameHintDoesNotSynchronise(t *testing.T) {
 		t.Errorf("100 callers got %d distinct delays, want at least 90", len(seen))
 	}
 }
+
+// TestDecideHonoursHugeHintsUpToMaxHint: a valid hint longer than the
+// maximum hint is honoured up to it, and the note says it was capped.
+func TestDecideHonoursHugeHintsUpToMaxHint(t *testing.T) {
+	p := policy.Default() // max hint 1h, spread 10%
+	tests := []struct {
+		name  string
+		hints policy.Hints
+		note  string
+	}{
+		{"retry-after 99999999999", policy.Hints{RetryAfter: "99999999999"}, "retry_after:used:capped"},
+		{"retry-after in year 9999", policy.Hints{RetryAfter: "Fri, 31 Dec 9999 23:59:59 GMT"}, "retry_after:used:capped"},
+		{"x-ratelimit-reset far ahead", policy.Hints{XRateLimitReset: "99999999999999"}, "x_ratelimit_reset:used:capped"},
+		{"grpc-retry-pushback-ms at int64 max", policy.Hints{GRPCPushbackMs: "9223372036854775807"}, "grpc_retry_pushback_ms:used:capped"},
+		{"x-amz-retry-after 10^18", policy.Hints{XAmzRetryAfter: "1000000000000000000"}, "x_amz_retry_after:used:capped"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			in := baseInput()
+			in.Hints, in.SpreadDraw = tt.hints, 0.99
+			d := policy.Decide(&p, in)
+			if !d.Retry || d.Delay < time.Hour || d.Delay > time.Hour+6*time.Minute {
+				t.Errorf("Decide = retry %v, delay %v (stop %v); want a retry after 1h to 1h6m", d.Retry, d.Delay, d.Stop)
+			}
+			if !d.Hint.Capped || d.Hint.Note != tt.note {
+				t.Errorf("Hint = %+v, want capped with note %q", d.Hint, tt.note)
+			}
+		})
+	}
+	// grpc-retry-pushback-ms "-0" is a zero wait, not a do-not-retry.
+	in := baseInput()
+	in.Hints.GRPCPushbackMs = "-0"
+	if d := policy.Decide(&p, in); !d.Retry || d.Hint.DoNotRetry || d.Hint.Note != "grpc_retry_pushback_ms:used" {
+		t.Errorf("Decide with -0 = retry %v, stop %v, hint %+v; want a retry with the hint used", d.Retry, d.Stop, d.Hint)
+	}
+}

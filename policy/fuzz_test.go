@@ -27,6 +27,9 @@ func FuzzParseRetryAfter(f *testing.F) {
 		"99999999999999999999999999", "Sun, 06 Nov 1994 08:49:37 GMT", "Sunday, 06-Nov-94 08:49:37 GMT",
 		"Sun Nov  6 08:49:37 1994", "Fri, 31 Dec 9999 23:59:59 GMT", "Sun, 06 Nov 1994 08:49:37 UTC",
 		"Mon, 01 Jan 0001 00:00:00 GMT", "soon", "\t7\n", "Thu, 29 Feb 2024 00:00:00 GMT",
+		// The edges: huge but valid values saturate, "-0" is zero.
+		"99999999999", "9223372036854775807", "9223372036854775808", "-0", "-000", "-9223372036854775808",
+		"Fri Dec 31 23:59:59 9999", "Friday, 31-Dec-99 23:59:59 GMT", "1e18",
 	}
 	for _, s := range seeds {
 		f.Add(s, rfcNow.Unix())
@@ -44,23 +47,26 @@ func FuzzParseRetryAfter(f *testing.F) {
 			t.Fatalf("ParseRetryAfter(%q) = %v, want in [0, %v]", v, d, policy.MaxHintDelay)
 		}
 		s := strings.TrimSpace(v)
-		// Delta-seconds agree with strconv.
+		// Delta-seconds agree with strconv; longer ones, of any length,
+		// saturate.
 		if n, e := strconv.ParseUint(s, 10, 64); e == nil && n <= 1_000_000_000 {
 			if err != nil || d != time.Duration(n)*time.Second {
 				t.Fatalf("ParseRetryAfter(%q) = %v, %v; want %ds", v, d, err, n)
 			}
+		} else if s != "" && strings.Trim(s, "0123456789") == "" && (err != nil || d != policy.MaxHintDelay) {
+			t.Fatalf("ParseRetryAfter(%q) = %v, %v; want %v", v, d, err, policy.MaxHintDelay)
 		}
 		// IMF-fixdate and asctime agree with net/http; RFC 850 differs on
 		// purpose (net/http accepts any zone and pivots two-digit years at 69).
 		if c := strings.IndexByte(s, ','); c == 3 || c < 0 {
 			ht, herr := http.ParseTime(s)
 			if herr == nil && ht.Location() == time.UTC {
-				want := max(ht.Sub(now), 0)
-				if want <= policy.MaxHintDelay && (err != nil || d != want) {
+				want := min(max(ht.Sub(now), 0), policy.MaxHintDelay)
+				if err != nil || d != want {
 					t.Fatalf("ParseRetryAfter(%q) = %v, %v; net/http reads %v, want %v", v, d, err, ht, want)
 				}
 			}
-			if err == nil && s != "" && (s[0] < '0' || s[0] > '9') && herr != nil {
+			if err == nil && s != "" && s[0] != '-' && (s[0] < '0' || s[0] > '9') && herr != nil {
 				t.Fatalf("ParseRetryAfter(%q) = %v, but net/http rejects it: %v", v, d, herr)
 			}
 		}
@@ -75,12 +81,20 @@ func FuzzParseHints(f *testing.F) {
 	f.Add("Sun, 06 Nov 1994 08:49:37 GMT", "", strconv.FormatInt(rfcNow.Unix()+90, 10), "", rfcNow.Unix())
 	f.Add("", "99999999999999999999", "99999999999", "1000000000000", int64(0))
 	f.Add(" 2 ", " 2000 ", "2", "2000", int64(1_800_000_000))
+	// The edges: valid but huge values are capped, "-0" is zero.
+	f.Add("99999999999", "9223372036854775807", "99999999999999", "1000000000000000000", int64(1_800_000_000))
+	f.Add("Fri, 31 Dec 9999 23:59:59 GMT", "-0", "", "1e18", int64(1_800_000_000))
+	f.Add("", "-9223372036854775808", "", "", int64(1_800_000_000))
 	f.Fuzz(func(t *testing.T, ra, grpc, reset, amz string, nowSec int64) {
 		now := fuzzNow(nowSec)
 		h := policy.Hints{RetryAfter: ra, GRPCPushbackMs: grpc, XRateLimitReset: reset, XAmzRetryAfter: amz}
-		got := policy.ParseHints(h, now)
+		const maxHint = time.Hour
+		got := policy.ParseHints(h, now, maxHint)
 		if got.Delay < 0 || got.Delay > policy.MaxHintDelay {
 			t.Fatalf("ParseHints(%+v).Delay = %v, want in [0, %v]", h, got.Delay, policy.MaxHintDelay)
+		}
+		if got.Capped != (got.Present && !got.DoNotRetry && got.Delay > maxHint) || got.Capped != strings.Contains(got.Note, ":used:capped") {
+			t.Fatalf("ParseHints(%+v) = %+v, capped inconsistently", h, got)
 		}
 		if got.Present != (got.Source != "") || (got.DoNotRetry && (!got.Present || got.Delay != 0)) || (!got.Present && got.Delay != 0) {
 			t.Fatalf("ParseHints(%+v) = %+v, inconsistent", h, got)
@@ -95,7 +109,7 @@ func FuzzParseHints(f *testing.F) {
 				continue
 			}
 			given++
-			one := policy.ParseHints(s, now)
+			one := policy.ParseHints(s, now, maxHint)
 			if !strings.Contains(got.Note, one.Note[:strings.IndexByte(one.Note, ':')]) {
 				t.Fatalf("ParseHints(%+v).Note = %q, missing header %d (%q)", h, got.Note, i, one.Note)
 			}

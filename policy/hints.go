@@ -11,16 +11,16 @@ import (
 // errors.Is.
 var (
 	// ErrHintUnparseable reports a hint that is not a valid value of its
-	// header, or one beyond MaxHintDelay.
+	// header.
 	ErrHintUnparseable = errors.New("policy: unparseable hint")
 	// ErrHintNegative reports a hint with a negative value.
 	ErrHintNegative = errors.New("policy: negative hint")
 )
 
-// MaxHintDelay is the longest server hint that is parsed at all, 10^9 seconds
-// (about 31.7 years). Longer values, and numbers too large to represent, are
-// unparseable rather than silently truncated. Pushback.MaxHint caps what is
-// honoured far below this.
+// MaxHintDelay is the longest wait a server hint is read as, 10^9 seconds
+// (about 31.7 years). A valid hint asking for longer, however many digits it
+// has, saturates at MaxHintDelay: it is still a valid hint, and
+// Pushback.MaxHint caps what is honoured far below this (Hint.Capped).
 const MaxHintDelay = 1_000_000_000 * time.Second
 
 // The errors below are built once so that parsing never allocates to report
@@ -29,7 +29,6 @@ var (
 	errHintEmpty  = fmt.Errorf("%w: empty value", ErrHintUnparseable)
 	errHintSyntax = fmt.Errorf("%w: not an integer", ErrHintUnparseable)
 	errHintDate   = fmt.Errorf("%w: neither delta-seconds nor an HTTP-date", ErrHintUnparseable)
-	errHintRange  = fmt.Errorf("%w: beyond %d seconds", ErrHintUnparseable, int64(MaxHintDelay/time.Second))
 	errHintNeg    = fmt.Errorf("%w: below zero", ErrHintNegative)
 )
 
@@ -54,9 +53,12 @@ type Hints struct {
 type Hint struct {
 	// Present is true when a usable hint was found, including a do-not-retry.
 	Present bool
-	// Delay is the server's requested wait (>= 0), before spreading and
-	// capping.
+	// Delay is the server's requested wait, in [0, MaxHintDelay], before
+	// spreading and capping.
 	Delay time.Duration
+	// Capped is true when Delay is longer than the maximum hint honoured,
+	// so that the wait is cut to that maximum.
+	Capped bool
 	// DoNotRetry is true when grpc-retry-pushback-ms was negative.
 	DoNotRetry bool
 	// Source names the header the hint came from, e.g. "retry_after"; empty
@@ -66,7 +68,8 @@ type Hint struct {
 	// was ignored, e.g. "retry_after:used" or
 	// "retry_after:ignored:unparseable,x_amz_retry_after:used", in the order
 	// of the Hints fields. A valid hint that lost to a larger one or to a
-	// do-not-retry is "superseded". Empty when no header was given.
+	// do-not-retry is "superseded"; a used hint cut to the maximum hint is
+	// "used:capped". Empty when no header was given.
 	Note string
 }
 
@@ -80,6 +83,7 @@ const (
 	hintNegative
 	hintDoNotRetry
 	hintSuperseded // set after comparison
+	hintCapped     // used, and longer than the maximum hint; set after comparison
 )
 
 // Indexes of the sources, in the order of the Hints fields.
@@ -99,20 +103,22 @@ var hintSources = [...]string{
 }
 
 // hintNotes holds the note of every source and outcome; hintOK means used.
-var hintNotes = func() (t [len(hintSources)][hintSuperseded + 1]string) {
+var hintNotes = func() (t [len(hintSources)][hintCapped + 1]string) {
 	for i, s := range hintSources {
 		t[i][hintOK] = s + ":used"
 		t[i][hintUnparseable] = s + ":ignored:unparseable"
 		t[i][hintNegative] = s + ":ignored:negative"
 		t[i][hintDoNotRetry] = s + ":do_not_retry"
 		t[i][hintSuperseded] = s + ":superseded"
+		t[i][hintCapped] = s + ":used:capped"
 	}
 	return t
 }()
 
 // parseInteger parses a decimal integer with an optional leading '-' and
 // surrounding white space. A negative value gives errHintNeg whatever its
-// magnitude; a value above limit gives errHintRange.
+// magnitude, but "-0" is 0; a value above limit, however many digits it has,
+// saturates at limit.
 func parseInteger(s string, limit int64) (int64, error) {
 	s = strings.TrimSpace(s)
 	if s == "" {
@@ -138,25 +144,18 @@ func parseInteger(s string, limit int64) (int64, error) {
 		}
 	}
 	switch {
-	case neg:
+	case neg && v != 0:
 		return 0, errHintNeg
 	case over:
-		return 0, errHintRange
+		return limit, nil
 	}
 	return v, nil
 }
 
-// hintUntil returns the wait from now until t: 0 for a past t, errHintRange
-// beyond MaxHintDelay.
-func hintUntil(t, now time.Time) (time.Duration, error) {
-	d := t.Sub(now)
-	switch {
-	case d <= 0:
-		return 0, nil
-	case d > MaxHintDelay:
-		return 0, errHintRange
-	}
-	return d, nil
+// hintUntil returns the wait from now until t: 0 for a past t, saturating
+// at MaxHintDelay (t.Sub itself saturates, so no distance overflows).
+func hintUntil(t, now time.Time) time.Duration {
+	return min(max(t.Sub(now), 0), MaxHintDelay)
 }
 
 // Layouts of the three HTTP-date forms of RFC 9110, section 5.6.7. "GMT" is
@@ -199,10 +198,11 @@ func parseHTTPDate(s string, now time.Time) (time.Time, error) {
 // an HTTP-date in any of the three RFC 9110 forms: IMF-fixdate ("Sun, 06 Nov
 // 1994 08:49:37 GMT"), obsolete RFC 850 ("Sunday, 06-Nov-94 08:49:37 GMT") or
 // ANSI C asctime ("Sun Nov  6 08:49:37 1994"). Surrounding white space is
-// ignored. A date in the past gives 0.
+// ignored. A date in the past gives 0; a wait beyond MaxHintDelay (a delta of
+// any length, a date in year 9999) gives MaxHintDelay.
 //
 // Errors wrap ErrHintNegative for a negative delta and ErrHintUnparseable for
-// anything else that is not valid, including waits beyond MaxHintDelay.
+// anything else that is not valid.
 func ParseRetryAfter(v string, now time.Time) (time.Duration, error) {
 	s := strings.TrimSpace(v)
 	if s == "" {
@@ -219,10 +219,11 @@ func ParseRetryAfter(v string, now time.Time) (time.Duration, error) {
 	if err != nil {
 		return 0, errHintDate
 	}
-	return hintUntil(t, now)
+	return hintUntil(t, now), nil
 }
 
-// parseMillis parses an integer count of milliseconds up to MaxHintDelay.
+// parseMillis parses an integer count of milliseconds, saturating at
+// MaxHintDelay.
 func parseMillis(v string) (time.Duration, error) {
 	n, err := parseInteger(v, int64(MaxHintDelay/time.Millisecond))
 	if err != nil {
@@ -235,19 +236,20 @@ func parseMillis(v string) (time.Duration, error) {
 // in seconds rather than a count of seconds.
 const unixThreshold = 1_000_000_000
 
-// maxUnixSeconds bounds X-RateLimit-Reset values as Unix times (year 2286),
-// far beyond any wait MaxHintDelay admits.
+// maxUnixSeconds is where X-RateLimit-Reset values saturate as Unix times
+// (year 2286): from any now before year 2255 that is beyond MaxHintDelay.
 const maxUnixSeconds = 9_999_999_999
 
 // parseRateLimitReset parses X-RateLimit-Reset: seconds until the reset, or
-// a Unix time in seconds when the value exceeds 10^9 (a past time gives 0).
+// a Unix time in seconds when the value exceeds 10^9 (a past time gives 0,
+// a far one MaxHintDelay).
 func parseRateLimitReset(v string, now time.Time) (time.Duration, error) {
 	n, err := parseInteger(v, maxUnixSeconds)
 	if err != nil {
 		return 0, err
 	}
 	if n > unixThreshold {
-		return hintUntil(time.Unix(n, 0), now)
+		return hintUntil(time.Unix(n, 0), now), nil
 	}
 	return time.Duration(n) * time.Second, nil
 }
@@ -268,9 +270,11 @@ func stateOf(err error) hintState {
 // When several give a valid delay, the largest wins (no server is undercut;
 // ties go to the first in field order); a negative grpc-retry-pushback-ms
 // means do not retry and wins over everything. Unparseable and negative
-// values are ignored, and Note says so. ParseHints does not allocate when at
-// most one header is given.
-func ParseHints(h Hints, now time.Time) Hint {
+// values are ignored, and Note says so. A winning delay longer than maxHint
+// (when maxHint > 0) is Capped, and its note says "used:capped"; Delay keeps
+// the server's value. ParseHints does not allocate when at most one header is
+// given.
+func ParseHints(h Hints, now time.Time, maxHint time.Duration) Hint {
 	if h == (Hints{}) {
 		return Hint{}
 	}
@@ -315,11 +319,15 @@ func ParseHints(h Hints, now time.Time) Hint {
 		out = Hint{Present: true, DoNotRetry: dnr, Source: hintSources[best]}
 		if !dnr {
 			out.Delay = delays[best]
+			out.Capped = maxHint > 0 && out.Delay > maxHint
 		}
 	}
 	for i := range states {
-		if states[i] == hintOK && i != best {
+		switch {
+		case states[i] == hintOK && i != best:
 			states[i] = hintSuperseded
+		case states[i] == hintOK && out.Capped:
+			states[i] = hintCapped
 		}
 	}
 	if given == 1 {

@@ -27,8 +27,11 @@ func TestParseRetryAfter(t *testing.T) {
 		{"delta surrounding spaces", "  120  ", rfcNow, 120 * time.Second, nil},
 		{"delta surrounding tabs", "\t5\t", rfcNow, 5 * time.Second, nil},
 		{"delta at the maximum", "1000000000", rfcNow, policy.MaxHintDelay, nil},
-		{"delta beyond the maximum", "1000000001", rfcNow, 0, policy.ErrHintUnparseable},
-		{"delta huge", "99999999999999999999999999", rfcNow, 0, policy.ErrHintUnparseable},
+		{"delta beyond the maximum saturates", "1000000001", rfcNow, policy.MaxHintDelay, nil},
+		{"delta of 11 digits saturates", "99999999999", rfcNow, policy.MaxHintDelay, nil},
+		{"delta beyond int64 saturates", "99999999999999999999999999", rfcNow, policy.MaxHintDelay, nil},
+		{"delta minus zero is zero", "-0", rfcNow, 0, nil},
+		{"delta minus zeros is zero", "-000", rfcNow, 0, nil},
 		{"delta negative", "-5", rfcNow, 0, policy.ErrHintNegative},
 		{"delta negative huge", "-99999999999999999999999", rfcNow, 0, policy.ErrHintNegative},
 		{"delta plus sign", "+5", rfcNow, 0, policy.ErrHintUnparseable},
@@ -50,7 +53,8 @@ func TestParseRetryAfter(t *testing.T) {
 		{"date equal to now", "Sun, 06 Nov 1994 08:49:00 GMT", rfcNow, 0, nil},
 		{"date with sub-second now", "Sun, 06 Nov 1994 08:49:37 GMT", rfcNow.Add(500 * time.Millisecond), 36500 * time.Millisecond, nil},
 		{"date far in the past", "Thu, 01 Jan 1970 00:00:00 GMT", rfcNow, 0, nil},
-		{"date beyond the maximum", "Fri, 31 Dec 9999 23:59:59 GMT", rfcNow, 0, policy.ErrHintUnparseable},
+		{"date in year 9999 saturates", "Fri, 31 Dec 9999 23:59:59 GMT", rfcNow, policy.MaxHintDelay, nil},
+		{"asctime in year 9999 saturates", "Fri Dec 31 23:59:59 9999", rfcNow, policy.MaxHintDelay, nil},
 		{"date in UTC not GMT", "Sun, 06 Nov 1994 08:49:37 UTC", rfcNow, 0, policy.ErrHintUnparseable},
 		{"date without zone", "Sun, 06 Nov 1994 08:49:37", rfcNow, 0, policy.ErrHintUnparseable},
 		{"date with bad month", "Sun, 06 Foo 1994 08:49:37 GMT", rfcNow, 0, policy.ErrHintUnparseable},
@@ -95,30 +99,50 @@ func TestParseHints(t *testing.T) {
 			policy.Hint{Note: "retry_after:ignored:unparseable"}},
 		{"retry-after negative", policy.Hints{RetryAfter: "-3"},
 			policy.Hint{Note: "retry_after:ignored:negative"}},
-		{"retry-after huge", policy.Hints{RetryAfter: "123456789012345"},
-			policy.Hint{Note: "retry_after:ignored:unparseable"}},
+		{"retry-after huge is capped", policy.Hints{RetryAfter: "123456789012345"},
+			policy.Hint{Present: true, Delay: policy.MaxHintDelay, Capped: true, Source: "retry_after", Note: "retry_after:used:capped"}},
+		{"retry-after 99999999999 is capped", policy.Hints{RetryAfter: "99999999999"},
+			policy.Hint{Present: true, Delay: policy.MaxHintDelay, Capped: true, Source: "retry_after", Note: "retry_after:used:capped"}},
+		{"retry-after date in year 9999 is capped", policy.Hints{RetryAfter: "Fri, 31 Dec 9999 23:59:59 GMT"},
+			policy.Hint{Present: true, Delay: policy.MaxHintDelay, Capped: true, Source: "retry_after", Note: "retry_after:used:capped"}},
+		{"retry-after just above the cap is capped", policy.Hints{RetryAfter: "3601"},
+			policy.Hint{Present: true, Delay: 3601 * time.Second, Capped: true, Source: "retry_after", Note: "retry_after:used:capped"}},
+		{"retry-after at the cap is not capped", policy.Hints{RetryAfter: "3600"},
+			policy.Hint{Present: true, Delay: time.Hour, Source: "retry_after", Note: "retry_after:used"}},
 		{"grpc pushback", policy.Hints{GRPCPushbackMs: "1500"},
 			policy.Hint{Present: true, Delay: 1500 * time.Millisecond, Source: "grpc_retry_pushback_ms", Note: "grpc_retry_pushback_ms:used"}},
 		{"grpc pushback with spaces", policy.Hints{GRPCPushbackMs: " 100 "},
 			policy.Hint{Present: true, Delay: 100 * time.Millisecond, Source: "grpc_retry_pushback_ms", Note: "grpc_retry_pushback_ms:used"}},
 		{"grpc pushback negative means do not retry", policy.Hints{GRPCPushbackMs: "-1"},
 			policy.Hint{Present: true, DoNotRetry: true, Source: "grpc_retry_pushback_ms", Note: "grpc_retry_pushback_ms:do_not_retry"}},
+		{"grpc pushback minus zero is zero", policy.Hints{GRPCPushbackMs: "-0"},
+			policy.Hint{Present: true, Source: "grpc_retry_pushback_ms", Note: "grpc_retry_pushback_ms:used"}},
+		{"grpc pushback at int64 max is capped", policy.Hints{GRPCPushbackMs: "9223372036854775807"},
+			policy.Hint{Present: true, Delay: policy.MaxHintDelay, Capped: true, Source: "grpc_retry_pushback_ms", Note: "grpc_retry_pushback_ms:used:capped"}},
+		{"grpc pushback at int64 min means do not retry", policy.Hints{GRPCPushbackMs: "-9223372036854775808"},
+			policy.Hint{Present: true, DoNotRetry: true, Source: "grpc_retry_pushback_ms", Note: "grpc_retry_pushback_ms:do_not_retry"}},
 		{"grpc pushback garbage is ignored", policy.Hints{GRPCPushbackMs: "abc"},
 			policy.Hint{Note: "grpc_retry_pushback_ms:ignored:unparseable"}},
 		{"ratelimit reset seconds", policy.Hints{XRateLimitReset: "30"},
 			policy.Hint{Present: true, Delay: 30 * time.Second, Source: "x_ratelimit_reset", Note: "x_ratelimit_reset:used"}},
 		{"ratelimit reset 1e9 is still seconds", policy.Hints{XRateLimitReset: "1000000000"},
-			policy.Hint{Present: true, Delay: policy.MaxHintDelay, Source: "x_ratelimit_reset", Note: "x_ratelimit_reset:used"}},
+			policy.Hint{Present: true, Delay: policy.MaxHintDelay, Capped: true, Source: "x_ratelimit_reset", Note: "x_ratelimit_reset:used:capped"}},
 		{"ratelimit reset unix time", policy.Hints{XRateLimitReset: unix(90 * time.Second)},
 			policy.Hint{Present: true, Delay: 90 * time.Second, Source: "x_ratelimit_reset", Note: "x_ratelimit_reset:used"}},
 		{"ratelimit reset unix time in the past", policy.Hints{XRateLimitReset: unix(-time.Hour)},
 			policy.Hint{Present: true, Source: "x_ratelimit_reset", Note: "x_ratelimit_reset:used"}},
 		{"ratelimit reset negative", policy.Hints{XRateLimitReset: "-30"},
 			policy.Hint{Note: "x_ratelimit_reset:ignored:negative"}},
-		{"ratelimit reset huge", policy.Hints{XRateLimitReset: "99999999999999"},
-			policy.Hint{Note: "x_ratelimit_reset:ignored:unparseable"}},
+		{"ratelimit reset far in the future is capped", policy.Hints{XRateLimitReset: "99999999999999"},
+			policy.Hint{Present: true, Delay: policy.MaxHintDelay, Capped: true, Source: "x_ratelimit_reset", Note: "x_ratelimit_reset:used:capped"}},
+		{"ratelimit reset a day ahead is capped", policy.Hints{XRateLimitReset: unix(24 * time.Hour)},
+			policy.Hint{Present: true, Delay: 24 * time.Hour, Capped: true, Source: "x_ratelimit_reset", Note: "x_ratelimit_reset:used:capped"}},
 		{"amz retry after", policy.Hints{XAmzRetryAfter: "250"},
 			policy.Hint{Present: true, Delay: 250 * time.Millisecond, Source: "x_amz_retry_after", Note: "x_amz_retry_after:used"}},
+		{"amz retry after 10^18 is capped", policy.Hints{XAmzRetryAfter: "1000000000000000000"},
+			policy.Hint{Present: true, Delay: policy.MaxHintDelay, Capped: true, Source: "x_amz_retry_after", Note: "x_amz_retry_after:used:capped"}},
+		{"amz retry after in exponent form is not an integer", policy.Hints{XAmzRetryAfter: "1e18"},
+			policy.Hint{Note: "x_amz_retry_after:ignored:unparseable"}},
 		{"amz retry after negative", policy.Hints{XAmzRetryAfter: "-250"},
 			policy.Hint{Note: "x_amz_retry_after:ignored:negative"}},
 		{"largest wins", policy.Hints{RetryAfter: "5", GRPCPushbackMs: "7000", XRateLimitReset: "3", XAmzRetryAfter: "6500"},
@@ -136,12 +160,15 @@ func TestParseHints(t *testing.T) {
 		{"garbage next to a valid hint", policy.Hints{RetryAfter: "x", XAmzRetryAfter: "100"},
 			policy.Hint{Present: true, Delay: 100 * time.Millisecond, Source: "x_amz_retry_after",
 				Note: "retry_after:ignored:unparseable,x_amz_retry_after:used"}},
+		{"capped winner among several", policy.Hints{RetryAfter: "5", GRPCPushbackMs: "9223372036854775807"},
+			policy.Hint{Present: true, Delay: policy.MaxHintDelay, Capped: true, Source: "grpc_retry_pushback_ms",
+				Note: "retry_after:superseded,grpc_retry_pushback_ms:used:capped"}},
 		{"all ignored", policy.Hints{RetryAfter: "x", XRateLimitReset: "-1"},
 			policy.Hint{Note: "retry_after:ignored:unparseable,x_ratelimit_reset:ignored:negative"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := policy.ParseHints(tt.hints, now); got != tt.want {
+			if got := policy.ParseHints(tt.hints, now, time.Hour); got != tt.want {
 				t.Errorf("ParseHints(%+v) = %+v, want %+v", tt.hints, got, tt.want)
 			}
 		})
@@ -152,8 +179,8 @@ func TestParseHintsDoesNotAllocateForOneHint(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates")
 	}
-	for _, h := range []policy.Hints{{}, {RetryAfter: "120"}, {GRPCPushbackMs: "-1"}, {XAmzRetryAfter: "abc"}, {RetryAfter: "Sun, 06 Nov 1994 08:49:37 GMT"}} {
-		got := testing.AllocsPerRun(100, func() { _ = policy.ParseHints(h, rfcNow) })
+	for _, h := range []policy.Hints{{}, {RetryAfter: "120"}, {GRPCPushbackMs: "-1"}, {XAmzRetryAfter: "abc"}, {RetryAfter: "99999999999"}, {RetryAfter: "Sun, 06 Nov 1994 08:49:37 GMT"}} {
+		got := testing.AllocsPerRun(100, func() { _ = policy.ParseHints(h, rfcNow, time.Hour) })
 		if got != 0 {
 			t.Errorf("ParseHints(%+v) allocs = %v, want 0", h, got)
 		}

@@ -91,7 +91,7 @@ func newReplica(t *testing.T, addr string) *replica {
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}
-	gs, _ := server.NewGRPC(st, server.Config{})
+	gs := server.New(st, server.Config{})
 	lis := bufconn.Listen(1 << 20)
 	go func() { _ = gs.Serve(lis) }()
 	conn, err := grpc.NewClient("passthrough:///bufnet",

@@ -7,6 +7,8 @@ import (
 	"crypto/x509"
 	"log/slog"
 	"strings"
+	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -38,6 +40,7 @@ type Auth struct {
 	tenantTokens map[[32]byte]string
 	adminCAs     *x509.CertPool
 	openAdmin    bool
+	refusals     refusalLog
 }
 
 // AuthConfig lists the credentials policyd accepts.
@@ -51,11 +54,32 @@ type AuthConfig struct {
 	// OpenAdmin lets anyone call AdminService: a development mode the
 	// daemon warns about in its log.
 	OpenAdmin bool
+	// Logger receives a warning for every refused call (rate-limited, see
+	// RefusalLogBurst), naming the peer's address, the method and the
+	// answer, never the credential. Default: slog.Default().
+	Logger *slog.Logger
+	// Clock paces the refusal log. Default: the wall clock.
+	Clock Clock
 }
+
+// RefusalLogBurst is how many refused calls Auth logs per
+// RefusalLogInterval; it counts the rest and logs how many it suppressed
+// once the interval is over.
+const (
+	RefusalLogBurst    = 10
+	RefusalLogInterval = time.Minute
+)
 
 // NewAuth returns the authenticator for cfg.
 func NewAuth(cfg AuthConfig) *Auth {
-	a := &Auth{tenantTokens: map[[32]byte]string{}, adminCAs: cfg.AdminCAs, openAdmin: cfg.OpenAdmin}
+	a := &Auth{tenantTokens: map[[32]byte]string{}, adminCAs: cfg.AdminCAs, openAdmin: cfg.OpenAdmin,
+		refusals: refusalLog{log: cfg.Logger, clock: cfg.Clock}}
+	if a.refusals.log == nil {
+		a.refusals.log = slog.Default()
+	}
+	if a.refusals.clock == nil {
+		a.refusals.clock = wallClock{}
+	}
 	for _, t := range cfg.AdminTokens {
 		a.adminTokens = append(a.adminTokens, sha256.Sum256([]byte(t)))
 	}
@@ -125,8 +149,17 @@ func (a *Auth) adminCert(ti credentials.TLSInfo) bool {
 const adminPrefix = "/" + "retrypolicy.v1.AdminService/"
 
 // authorize decides a call to method with request req (nil for a stream
-// before its first message).
+// before its first message), and logs a refusal.
 func (a *Auth) authorize(ctx context.Context, method string, req any) error {
+	err := a.check(ctx, method, req)
+	if err != nil {
+		a.refusals.refused(ctx, method, err)
+	}
+	return err
+}
+
+// check decides a call to method with request req.
+func (a *Auth) check(ctx context.Context, method string, req any) error {
 	switch {
 	case strings.HasPrefix(method, "/grpc.health.v1.Health/"), strings.HasPrefix(method, "/grpc.reflection."):
 		return nil
@@ -226,4 +259,48 @@ func (a *Auth) logOpenAdmin(log *slog.Logger) {
 	if a != nil && a.openAdmin {
 		log.Warn("admin calls are OPEN to anyone who can reach the listener (--open-admin); use only for development")
 	}
+}
+
+// refusalLog logs refused calls, at most RefusalLogBurst per
+// RefusalLogInterval, and then how many it suppressed. It is safe for
+// concurrent use.
+type refusalLog struct {
+	log   *slog.Logger
+	clock Clock
+
+	mu         sync.Mutex
+	start      time.Time // of the current interval
+	logged     int       // lines logged in it
+	suppressed int       // refusals not logged in it
+}
+
+// refused logs the refusal err of a call to method, naming the peer's
+// address and the answer; the caller's credential never reaches the log.
+func (l *refusalLog) refused(ctx context.Context, method string, err error) {
+	now := l.clock.Now()
+	l.mu.Lock()
+	var suppressed int
+	if now.Sub(l.start) >= RefusalLogInterval {
+		suppressed = l.suppressed
+		l.start, l.logged, l.suppressed = now, 0, 0
+	}
+	ok := l.logged < RefusalLogBurst
+	if ok {
+		l.logged++
+	} else {
+		l.suppressed++
+	}
+	l.mu.Unlock()
+	if suppressed > 0 {
+		l.log.WarnContext(ctx, "refused calls not logged", "suppressed", suppressed, "interval", RefusalLogInterval.String())
+	}
+	if !ok {
+		return
+	}
+	addr := "unknown"
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		addr = p.Addr.String()
+	}
+	st := status.Convert(err)
+	l.log.WarnContext(ctx, "call refused", "peer", addr, "method", method, "code", st.Code().String(), "reason", st.Message())
 }

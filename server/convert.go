@@ -5,7 +5,6 @@ import (
 	"math"
 	"strconv"
 	"time"
-	"unicode"
 	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
@@ -40,8 +39,9 @@ const (
 	maxDurationSec    = 10 * 365 * 24 * 3600 // ten years
 )
 
-// checkName validates an identifier: valid UTF-8, no control characters (NUL
-// separates key parts in the store), at most max bytes.
+// checkName validates an identifier: at most max bytes of valid UTF-8,
+// following the rules of nameRule (no control characters: NUL separates key
+// parts in the store).
 func checkName(field, v string, max int, required bool) error {
 	if v == "" {
 		if required {
@@ -53,15 +53,17 @@ func checkName(field, v string, max int, required bool) error {
 		return invalid(field, "must be at most "+strconv.Itoa(max)+" bytes, got "+strconv.Itoa(len(v)))
 	}
 	if printableASCII(v) {
-		return nil // the usual name, checked without decoding runes
+		// The usual name, checked without decoding runes.
+		if v[0] == ' ' || v[len(v)-1] == ' ' {
+			return invalid(field, ruleEdgeSpace)
+		}
+		return nil
 	}
 	if !utf8.ValidString(v) {
 		return invalid(field, "must be valid UTF-8")
 	}
-	for _, r := range v {
-		if unicode.IsControl(r) {
-			return invalid(field, "must not contain control characters")
-		}
+	if rule := nameRule(v); rule != "" {
+		return invalid(field, rule)
 	}
 	return nil
 }

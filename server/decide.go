@@ -136,7 +136,7 @@ func (d *Decisions) decided(ctx context.Context, u Changes, call callRef, attemp
 		Attempt: attempt, Classification: dec.Class.Reason, Verdict: verdict, Delay: dec.Delay,
 		Stop: dec.Stop, Disposition: dec.Disposition, Detail: why,
 	})
-	d.cfg.Metrics.decision(dec.Retry, dec.Stop, dec.Disposition)
+	d.cfg.Metrics.decision(call.target, dec.Retry, dec.Stop, dec.Disposition)
 	if d.cfg.Logger.Enabled(ctx, slog.LevelDebug) {
 		d.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "decision",
 			slog.String("call_id", call.callID), slog.String("tenant", call.tenant), slog.String("target", call.target),

@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -41,12 +40,20 @@ type Config struct {
 	// WatchBuffer is the per-subscriber queue of breaker events; a
 	// subscriber that falls further behind is disconnected. Default 1024.
 	WatchBuffer int
-	// StreamWorkers is the number of goroutines NewGRPC keeps to serve
+	// StreamWorkers is the number of goroutines server.New keeps to serve
 	// calls (grpc-go's NumStreamWorkers): reused from call to call, they
 	// keep the stack a handler grew instead of growing a new goroutine's
 	// on every call; a call that finds them all busy gets a goroutine of
 	// its own. Default DefaultStreamWorkers; negative: a goroutine per call.
 	StreamWorkers int
+	// MaxClockSkew is how far after the daemon's clock a call's
+	// origin_time may lie; beyond it NextDelay refuses the call with
+	// INVALID_ARGUMENT. Default DefaultMaxClockSkew.
+	MaxClockSkew time.Duration
+	// DeclaredTenants, when set, admits to worker calls only the tenants it
+	// reports true for; a call naming another tenant is PERMISSION_DENIED,
+	// the same whether or not that tenant has state (--tenants=declared).
+	DeclaredTenants func(tenant string) bool
 }
 
 // DefaultStreamWorkers is Config.StreamWorkers' default.
@@ -67,6 +74,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.StreamWorkers == 0 {
 		c.StreamWorkers = DefaultStreamWorkers
+	}
+	if c.MaxClockSkew <= 0 {
+		c.MaxClockSkew = DefaultMaxClockSkew
 	}
 	return c
 }
@@ -127,6 +137,9 @@ func (d *Decisions) NextDelay(ctx context.Context, req *pb.NextDelayRequest) (*p
 		return nil, err
 	}
 
+	if err := checkOrigin("call.origin_time", call.origin, d.cfg.Clock.Now(), d.cfg.MaxClockSkew); err != nil {
+		return nil, err
+	}
 	ans, why, err := d.decideNextDelay(ctx, &nextDelayRequest{call: call, attempt: req.GetAttempt(), failure: f,
 		hints: hints, prev: prev, permit: req.GetPermitId()})
 	if err != nil {
@@ -238,35 +251,6 @@ func (d *Decisions) Admit(ctx context.Context, req *pb.AdmitRequest) (*pb.AdmitR
 		return nil, err
 	}
 	return admissionToPB(&a), nil
-}
-
-// WatchBreakers streams the current breaker states, then every change,
-// until the client goes away. A client that falls behind is disconnected
-// with UNAVAILABLE and resumes with a fresh snapshot when it reconnects.
-func (d *Decisions) WatchBreakers(req *pb.WatchBreakersRequest, stream grpc.ServerStreamingServer[pb.WatchBreakersResponse]) error {
-	if err := checkName("tenant", req.GetTenant(), maxTenantLen, false); err != nil {
-		return err
-	}
-	events, cancel := d.store.Subscribe(req.GetTenant(), d.cfg.WatchBuffer)
-	defer cancel()
-	ctx := stream.Context()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case ev, ok := <-events:
-			if !ok {
-				return status.Error(codes.Unavailable, "breaker watch fell behind or policyd is stopping; reconnect for a fresh snapshot")
-			}
-			msg := &pb.WatchBreakersResponse{SnapshotComplete: true}
-			if !ev.SnapshotDone {
-				msg = &pb.WatchBreakersResponse{Breaker: breakerToPB(ev.Snapshot), Snapshot: ev.Initial}
-			}
-			if err := stream.Send(msg); err != nil {
-				return err
-			}
-		}
-	}
 }
 
 // PlanBudget fits retries into a window, offline.

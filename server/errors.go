@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -34,6 +35,17 @@ func invalidFrom(prefix string, err error) error {
 	return invalid(prefix, err.Error())
 }
 
+// fromClass is err's message from its class on ("over capacity: ..."):
+// what an engine puts before the class (its package name, "breakerstore:")
+// is the engine's business, not the client's.
+func fromClass(err, class error) string {
+	msg := err.Error()
+	if i := strings.Index(msg, class.Error()); i >= 0 {
+		return msg[i:]
+	}
+	return msg
+}
+
 // storeError maps a store error to a status. Only errors of unknown class
 // become INTERNAL, and their cause is logged, not sent.
 func storeError(ctx context.Context, log *slog.Logger, what string, err error) error {
@@ -43,13 +55,13 @@ func storeError(ctx context.Context, log *slog.Logger, what string, err error) e
 	case precondition(err):
 		return status.Error(codes.FailedPrecondition, err.Error())
 	case notFound(err):
-		return status.Error(codes.NotFound, what+": "+err.Error())
+		return status.Error(codes.NotFound, what+": "+policy.ErrNotFound.Error())
 	case has(err, alreadyExister.AlreadyExists):
-		return status.Error(codes.AlreadyExists, what+": "+err.Error())
+		return status.Error(codes.AlreadyExists, what+": "+policy.ErrExists.Error())
 	case has(err, invalider.Invalid):
-		return status.Error(codes.InvalidArgument, err.Error())
+		return status.Error(codes.InvalidArgument, fromClass(err, policy.ErrInvalid))
 	case overCapacity(err):
-		return status.Error(codes.ResourceExhausted, err.Error())
+		return status.Error(codes.ResourceExhausted, fromClass(err, policy.ErrCapacity))
 	case has(err, closer.Closed):
 		return status.Error(codes.Unavailable, "policyd is shutting down")
 	case errors.Is(err, context.Canceled):

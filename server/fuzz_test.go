@@ -80,6 +80,16 @@ func FuzzRequests(f *testing.F) {
 		&pb.ListBreakersRequest{PageSize: 2},
 		&pb.GetPolicyRequest{Tenant: "a", Effective: true},
 		&pb.QueryAuditRequest{CallId: "c", Tenant: "a", StartTime: timestamppb.New(now), PageSize: 5, PageToken: "MTAAMg"},
+		// The edges: ids with invisible characters, huge but valid hints,
+		// an origin in the future.
+		&pb.NextDelayRequest{Call: &pb.CallRef{Tenant: " a", Target: "t\u202e", CallId: "c\u200b", RunId: "r\ufffe"}, Attempt: 1, Failure: http(503)},
+		&pb.NextDelayRequest{Call: call("a", "t", "c"), Attempt: 1, Failure: http(503), Pushback: &pb.Pushback{RetryAfter: "99999999999",
+			GrpcRetryPushbackMs: "9223372036854775807", XRatelimitReset: "99999999999999", XAmzRetryAfter: "1000000000000000000"}},
+		&pb.NextDelayRequest{Call: call("a", "t", "c"), Attempt: 1, Failure: http(503), Pushback: &pb.Pushback{GrpcRetryPushbackMs: "-0",
+			RetryAfter: "Fri, 31 Dec 9999 23:59:59 GMT"}},
+		&pb.NextDelayRequest{Call: &pb.CallRef{Tenant: "a", Target: "t", CallId: "c", OriginTime: timestamppb.New(now.Add(time.Hour))},
+			Attempt: 1, Failure: http(503)},
+		&pb.SetTenantBudgetRequest{Budget: &pb.TenantBudget{Tenant: "a\u2028b", Capacity: 3}},
 	}
 	clk := newFakeClock()
 	store, err := breakerstore.Open(breakerstore.Options{Path: filepath.Join(f.TempDir(), "fuzz.db"), Clock: clk, FlushInterval: time.Hour})

@@ -44,7 +44,7 @@ func (c *fakeClock) Advance(d time.Duration) {
 
 // harness is a real server over a real bbolt file, reached through bufconn.
 type harness struct {
-	gs      *grpc.Server
+	gs      *server.Server
 	clock   *fakeClock
 	store   *breakerstore.Store
 	workers pb.RetryPolicyServiceClient
@@ -72,7 +72,7 @@ func newHarnessWrapped(t testing.TB, wrap func(server.Store) server.Store, opts 
 	if err != nil {
 		t.Fatalf("open store: %v", err)
 	}
-	gs, _ := server.NewGRPC(wrap(store), cfg)
+	gs := server.New(wrap(store), cfg)
 	lis := bufconn.Listen(1 << 20)
 	go func() { _ = gs.Serve(lis) }()
 	conn, err := grpc.NewClient("passthrough:///bufnet",

@@ -86,7 +86,7 @@ func TestCallsWhileDrainingAreUnavailable(t *testing.T) {
 	}()
 	<-g.entered
 	stopped := make(chan struct{})
-	go func() { h.gs.GracefulStop(); close(stopped) }()
+	go func() { _ = h.gs.Shutdown(ctx); close(stopped) }()
 	// Draining: the server refuses new streams on the connection.
 	var err error
 	for range 1000 {

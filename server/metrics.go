@@ -7,8 +7,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
@@ -20,6 +22,7 @@ const (
 	metricDecisions    = "policyd_decisions_total"
 	metricAttempts     = "policyd_attempts_per_success"
 	metricBreakers     = "policyd_breakers"
+	metricBreakerState = "policyd_breaker_state"
 	metricTransitions  = "policyd_breaker_transitions_total"
 	metricWatchResets  = "policyd_breaker_watch_resets_total"
 	metricBudgetTokens = "policyd_budget_tokens"
@@ -40,10 +43,12 @@ const (
 
 // MetricsOptions bound what Metrics keeps. Zero fields take the defaults.
 type MetricsOptions struct {
-	// MaxTargets is how many distinct targets get their own label on the
-	// attempts histogram; later ones share the label "other".
+	// MaxTargets is how many distinct targets get their own label (on
+	// decisions, attempts, breaker states and transitions); later ones
+	// share the label "other".
 	MaxTargets int
-	// MaxTenants is the same cap for the budget tokens gauge.
+	// MaxTenants is the same cap for tenant labels (budget tokens, breaker
+	// states).
 	MaxTenants int
 	// WatchBuffer is how many breaker changes may queue between scrapes.
 	WatchBuffer int
@@ -51,16 +56,31 @@ type MetricsOptions struct {
 
 // Metrics are policyd's Prometheus metrics:
 //
-//	policyd_decisions_total{decision,stop_reason,disposition}   counter of NextDelay answers
+//	policyd_decisions_total{decision,stop_reason,disposition,target}
+//	                                                            counter of NextDelay answers
 //	policyd_attempts_per_success{target}                        histogram of the attempt number of each
 //	                                                            reported success, buckets 1 to 10
 //	policyd_breakers{state}                                     gauge: breakers in each state, read at scrape
-//	policyd_breaker_transitions_total{to}                       counter of breaker state changes by new state
+//	policyd_breaker_state{tenant,target,state}                  gauge per breaker, read at scrape: 1 for its
+//	                                                            current state, 0 for the other three (past
+//	                                                            the label caps: how many breakers of
+//	                                                            "other" are in each state); tenant is empty
+//	                                                            for a breaker shared by every tenant
+//	policyd_breaker_transitions_total{to,target}                counter of breaker state changes by new state
 //	policyd_breaker_watch_resets_total                          counter of times the transition watch fell
 //	                                                            behind and resubscribed (changes may be missed)
 //	policyd_budget_tokens{tenant}                               gauge: tokens left in a tenant's budget,
 //	                                                            updated on decisions that spend one
 //	policyd_rpc_duration_seconds{service,method,code}           histogram of RPC latency (streams: duration)
+//	grpc_server_started_total, grpc_server_handled_total,
+//	grpc_server_msg_received_total, grpc_server_msg_sent_total,
+//	grpc_server_handling_seconds{grpc_type,grpc_service,grpc_method[,grpc_code]}
+//	                                                            the standard gRPC server series of
+//	                                                            go-grpc-middleware's Prometheus provider, so
+//	                                                            stock gRPC dashboards work
+//
+// The RPC series are recorded by the outermost interceptors server.New
+// installs, so calls refused by load shedding or authentication count too.
 //
 // Target and tenant labels are capped (MetricsOptions); past the cap they
 // read "other". A nil *Metrics records nothing, so handlers call it
@@ -70,13 +90,14 @@ type Metrics struct {
 	attempts     *prometheus.HistogramVec
 	budgetTokens *prometheus.GaugeVec
 	rpcDuration  *prometheus.HistogramVec
+	grpc         *grpcprom.ServerMetrics
 	breakers     *breakerCollector
 	targets      *labelCap
 	tenants      *labelCap
 }
 
 // NewMetrics creates policyd's metrics and registers them on reg. The
-// breaker gauges stay empty until the metrics are given to NewGRPC (through
+// breaker gauges stay empty until the metrics are given to server.New (through
 // Config.Metrics), which connects them to the store. It fails when reg
 // already holds metrics of the same names.
 func NewMetrics(reg prometheus.Registerer, opts MetricsOptions) (*Metrics, error) {
@@ -92,8 +113,8 @@ func NewMetrics(reg prometheus.Registerer, opts MetricsOptions) (*Metrics, error
 	m := &Metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: metricDecisions,
-			Help: "NextDelay answers by decision (RETRY or STOP), stop reason and disposition.",
-		}, []string{"decision", "stop_reason", "disposition"}),
+			Help: "NextDelay answers by decision (RETRY or STOP), stop reason, disposition and target.",
+		}, []string{"decision", "stop_reason", "disposition", "target"}),
 		attempts: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    metricAttempts,
 			Help:    "Attempt number of each reported success, counting the first attempt as 1, by target.",
@@ -104,16 +125,17 @@ func NewMetrics(reg prometheus.Registerer, opts MetricsOptions) (*Metrics, error
 			Help: "Retry tokens left in a tenant's budget, as of its last spending decision.",
 		}, []string{"tenant"}),
 		rpcDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: metricRPCDuration,
-			Help: "Time to answer an RPC (for streams: how long the stream lasted), by service, method and status code.",
-			Buckets: []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
-				0.1, 0.25, 0.5, 1, 2.5, 5, 10},
+			Name:    metricRPCDuration,
+			Help:    "Time to answer an RPC (for streams: how long the stream lasted), by service, method and status code.",
+			Buckets: rpcBuckets,
 		}, []string{"service", "method", "code"}),
-		breakers: newBreakerCollector(opts.WatchBuffer),
-		targets:  newLabelCap(opts.MaxTargets),
-		tenants:  newLabelCap(opts.MaxTenants),
+		grpc: grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
+			grpcprom.WithHistogramBuckets(rpcBuckets))),
+		targets: newLabelCap(opts.MaxTargets),
+		tenants: newLabelCap(opts.MaxTenants),
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.attempts, m.budgetTokens, m.rpcDuration, m.breakers} {
+	m.breakers = newBreakerCollector(opts.WatchBuffer, m.tenants, m.targets)
+	for _, c := range []prometheus.Collector{m.decisions, m.attempts, m.budgetTokens, m.rpcDuration, m.grpc, m.breakers} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -135,8 +157,9 @@ func (m *Metrics) attach(b Breakers) {
 	}
 }
 
-// decision counts a NextDelay answer.
-func (m *Metrics) decision(retry bool, stop policy.StopReason, disp policy.Disposition) {
+// decision counts a NextDelay answer about target. It does not allocate
+// once the series exists.
+func (m *Metrics) decision(target string, retry bool, stop policy.StopReason, disp policy.Disposition) {
 	if m == nil {
 		return
 	}
@@ -144,7 +167,7 @@ func (m *Metrics) decision(retry bool, stop policy.StopReason, disp policy.Dispo
 	if retry {
 		verdict = policy.VerdictRetry
 	}
-	m.decisions.WithLabelValues(verdict.String(), stop.String(), disp.String()).Inc()
+	m.decisions.WithLabelValues(verdict.String(), stop.String(), disp.String(), m.targets.label(target)).Inc()
 }
 
 // successes observes the attempt numbers of the successful outcomes among
@@ -189,25 +212,47 @@ func (m *Metrics) observeRPC(fullMethod string, start time.Time, err error) {
 	m.rpcDuration.WithLabelValues(service, method, status.Code(err).String()).Observe(time.Since(start).Seconds())
 }
 
-// unary times unary RPCs.
+// rpcBuckets are the buckets of the RPC latency histograms, in seconds:
+// policyd answers in tens of microseconds to milliseconds, below the gRPC
+// provider's default buckets.
+var rpcBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+	0.1, 0.25, 0.5, 1, 2.5, 5, 10}
+
+// unary times unary RPCs and counts them in the grpc_server_* series.
 func (m *Metrics) unary() grpc.UnaryServerInterceptor {
+	std := m.grpc.UnaryServerInterceptor()
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		start := time.Now()
-		resp, err := handler(ctx, req)
+		resp, err := std(ctx, req, info, handler)
 		m.observeRPC(info.FullMethod, start, err)
 		return resp, err
 	}
 }
 
-// stream times streaming RPCs from start to end.
+// stream times streaming RPCs from start to end and counts them in the
+// grpc_server_* series.
 func (m *Metrics) stream() grpc.StreamServerInterceptor {
+	std := m.grpc.StreamServerInterceptor()
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		start := time.Now()
-		err := handler(srv, ss)
+		err := std(srv, ss, info, handler)
 		m.observeRPC(info.FullMethod, start, err)
 		return err
 	}
 }
+
+// InitializeMethods gives the grpc_server_* series of every method s
+// serves a zero, so dashboards and rates see them before the first call.
+// server.New calls it once; a nil *Metrics does nothing.
+func (m *Metrics) InitializeMethods(s reflection.ServiceInfoProvider) {
+	if m == nil {
+		return
+	}
+	m.grpc.InitializeMetrics(s)
+}
+
+// breakerStates are the states a breaker series is reported for, in order.
+var breakerStates = [...]policy.BreakerState{policy.BreakerClosed, policy.BreakerOpen, policy.BreakerHalfOpen, policy.BreakerDisabled}
 
 // labelCap hands out at most max distinct label values, then otherLabel.
 type labelCap struct {
@@ -248,10 +293,12 @@ func (c *labelCap) label(v string) string {
 // that overflowed between scrapes is replaced, and the fresh snapshot counts
 // the state changes it reveals.
 type breakerCollector struct {
-	store  atomic.Pointer[Breakers]
-	buffer int
+	store            atomic.Pointer[Breakers]
+	buffer           int
+	tenants, targets *labelCap
 
 	statesDesc  *prometheus.Desc
+	stateDesc   *prometheus.Desc
 	transitions *prometheus.CounterVec
 	resets      prometheus.Counter
 
@@ -261,15 +308,20 @@ type breakerCollector struct {
 	last   map[policy.BreakerKey]policy.BreakerState
 }
 
-func newBreakerCollector(buffer int) *breakerCollector {
+func newBreakerCollector(buffer int, tenants, targets *labelCap) *breakerCollector {
 	return &breakerCollector{
-		buffer: buffer,
+		buffer:  buffer,
+		tenants: tenants,
+		targets: targets,
+		stateDesc: prometheus.NewDesc(metricBreakerState,
+			"1 for the state a breaker is in, 0 for the others; past the label caps, the breakers of \"other\" in each state.",
+			[]string{"tenant", "target", "state"}, nil),
 		statesDesc: prometheus.NewDesc(metricBreakers,
 			"Breakers in each state (CLOSED, OPEN, HALF_OPEN, DISABLED).", []string{"state"}, nil),
 		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: metricTransitions,
-			Help: "Breaker state changes, by the state entered.",
-		}, []string{"to"}),
+			Help: "Breaker state changes, by the state entered and the target.",
+		}, []string{"to", "target"}),
 		resets: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: metricWatchResets,
 			Help: "Times the breaker transition watch fell behind and took a fresh snapshot; changes in between may be uncounted.",
@@ -281,6 +333,7 @@ func newBreakerCollector(buffer int) *breakerCollector {
 // Describe implements prometheus.Collector.
 func (c *breakerCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.statesDesc
+	ch <- c.stateDesc
 	c.transitions.Describe(ch)
 	c.resets.Describe(ch)
 }
@@ -290,8 +343,23 @@ func (c *breakerCollector) Collect(ch chan<- prometheus.Metric) {
 	if p := c.store.Load(); p != nil {
 		list, _ := (*p).Breakers("", policy.BreakerStateUnspecified, policy.BreakerKey{}, 0)
 		counts := map[policy.BreakerState]int{}
+		perKey := make(map[policy.BreakerKey]*[len(breakerStates)]int, len(list))
 		for _, b := range list {
 			counts[b.State]++
+			k := policy.BreakerKey{Target: c.targets.label(b.Key.Target)}
+			if b.Key.Tenant != "" {
+				k.Tenant = c.tenants.label(b.Key.Tenant)
+			}
+			row := perKey[k]
+			if row == nil {
+				row = new([len(breakerStates)]int)
+				perKey[k] = row
+			}
+			for i, st := range breakerStates {
+				if b.State == st {
+					row[i]++
+				}
+			}
 		}
 		c.mu.Lock()
 		c.drain(*p)
@@ -306,8 +374,13 @@ func (c *breakerCollector) Collect(ch chan<- prometheus.Metric) {
 			c.last = keep
 		}
 		c.mu.Unlock()
-		for _, st := range []policy.BreakerState{policy.BreakerClosed, policy.BreakerOpen, policy.BreakerHalfOpen, policy.BreakerDisabled} {
+		for _, st := range breakerStates {
 			ch <- prometheus.MustNewConstMetric(c.statesDesc, prometheus.GaugeValue, float64(counts[st]), st.String())
+		}
+		for k, row := range perKey {
+			for i, st := range breakerStates {
+				ch <- prometheus.MustNewConstMetric(c.stateDesc, prometheus.GaugeValue, float64(row[i]), k.Tenant, k.Target, st.String())
+			}
 		}
 	}
 	c.transitions.Collect(ch)
@@ -341,7 +414,7 @@ func (c *breakerCollector) drain(store Breakers) {
 			prev, seen := c.last[s.Key]
 			if (seen && prev != s.State) || (!seen && !ev.Initial && s.State != policy.BreakerClosed) {
 				// A breaker first seen after the snapshot was born CLOSED.
-				c.transitions.WithLabelValues(s.State.String()).Inc()
+				c.transitions.WithLabelValues(s.State.String(), c.targets.label(s.Key.Target)).Inc()
 			}
 			c.last[s.Key] = s.State
 		default:

@@ -12,6 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/policyd/policyd/breakerstore"
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
@@ -102,13 +104,21 @@ func TestMetricsAfterAFewCalls(t *testing.T) {
 		{"policyd_attempts_per_success", []string{"target=geo"}, 2},
 		{"policyd_attempts_per_success", []string{"target=mail"}, 1},
 		{"policyd_attempts_per_success", []string{"target=other"}, 1},
-		{"policyd_decisions_total", []string{"decision=RETRY", "stop_reason=NONE", "disposition=NONE"}, 2},
-		{"policyd_decisions_total", []string{"decision=STOP", "stop_reason=TERMINAL", "disposition=FAILED_TERMINAL"}, 1},
+		{"policyd_decisions_total", []string{"decision=RETRY", "stop_reason=NONE", "disposition=NONE", "target=geo"}, 2},
+		{"policyd_decisions_total", []string{"decision=STOP", "stop_reason=TERMINAL", "disposition=FAILED_TERMINAL", "target=geo"}, 1},
 		{"policyd_rpc_duration_seconds", []string{"service=retrypolicy.v1.RetryPolicyService", "method=NextDelay", "code=OK"}, 3},
 		{"policyd_rpc_duration_seconds", []string{"service=retrypolicy.v1.RetryPolicyService", "method=ReportOutcome", "code=OK"}, 1},
 		{"policyd_breakers", []string{"state=OPEN"}, 1},
 		{"policyd_breakers", []string{"state=CLOSED"}, 2},
-		{"policyd_breaker_transitions_total", []string{"to=OPEN"}, 1},
+		{"policyd_breaker_transitions_total", []string{"to=OPEN", "target=geo"}, 1},
+		// One series per breaker and state: 1 for the state it is in.
+		{"policyd_breaker_state", []string{"tenant=acme", "target=geo", "state=OPEN"}, 1},
+		{"policyd_breaker_state", []string{"tenant=acme", "target=geo", "state=CLOSED"}, 0},
+		{"policyd_breaker_state", []string{"tenant=acme", "target=geo", "state=HALF_OPEN"}, 0},
+		{"policyd_breaker_state", []string{"tenant=acme", "target=mail", "state=CLOSED"}, 1},
+		// pay came third, past MaxTargets 2: counted under "other".
+		{"policyd_breaker_state", []string{"tenant=acme", "target=other", "state=CLOSED"}, 1},
+		{"policyd_breaker_state", []string{"tenant=acme", "target=other", "state=OPEN"}, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name+"{"+strings.Join(tt.labels, ",")+"}", func(t *testing.T) {
@@ -195,5 +205,38 @@ func TestMetricsAreOptional(t *testing.T) {
 	}
 	if _, err := server.NewMetrics(prometheus.NewRegistry(), server.MetricsOptions{}); err != nil {
 		t.Fatalf("NewMetrics: %v", err)
+	}
+}
+
+// TestGRPCSeriesCountRefusedCalls: the standard grpc_server_* series see
+// every call, including those authentication refuses before a handler
+// runs, so a stock dashboard's error rate is the clients' error rate.
+func TestGRPCSeriesCountRefusedCalls(t *testing.T) {
+	opt, reg := withMetrics(t, server.MetricsOptions{})
+	h := newHarness(t, opt, func(c *server.Config, _ *breakerstore.Options) {
+		c.Auth = server.NewAuth(server.AuthConfig{AdminTokens: []string{"admin-secret"}})
+	})
+	ctx := context.Background()
+	if _, err := h.admin.ListBreakers(ctx, &pb.ListBreakersRequest{}); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("ListBreakers without a token: got %v, want UNAUTHENTICATED", err)
+	}
+	if _, err := h.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call("acme", "geo", "c1"), Attempt: 1, Failure: http(503)}); err != nil {
+		t.Fatal(err)
+	}
+	admin := []string{"grpc_service=retrypolicy.v1.AdminService", "grpc_method=ListBreakers", "grpc_type=unary"}
+	workers := []string{"grpc_service=retrypolicy.v1.RetryPolicyService", "grpc_method=NextDelay", "grpc_type=unary"}
+	for _, tt := range []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{"grpc_server_started_total", admin, 1},
+		{"grpc_server_handled_total", append([]string{"grpc_code=Unauthenticated"}, admin...), 1},
+		{"grpc_server_handled_total", append([]string{"grpc_code=OK"}, workers...), 1},
+		{"grpc_server_handling_seconds", workers, 1},
+	} {
+		if got, ok := sample(t, reg, tt.name, tt.labels...); !ok || got != tt.want {
+			t.Errorf("%s{%s}: got %v (present %v), want %v", tt.name, strings.Join(tt.labels, ","), got, ok, tt.want)
+		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"log/slog"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -190,7 +191,7 @@ func New(conn grpc.ClientConnInterface, cfg Config) (*Client, error) {
 	go func() { defer c.wg.Done(); c.out.run(ctx) }()
 	if !cfg.NoWatch {
 		c.wg.Add(1)
-		go func() { defer c.wg.Done(); c.breakers.watch(ctx, c) }()
+		go func() { defer c.wg.Done(); c.breakers.watch(ctx, c, Sleep, rand.Float64) }()
 	}
 	return c, nil
 }

@@ -32,7 +32,7 @@ import (
 
 // daemon is a real policyd (server and bbolt store) reached over bufconn.
 type daemon struct {
-	gs    *grpc.Server
+	gs    *server.Server
 	store *breakerstore.Store
 	lis   *bufconn.Listener
 	conn  *grpc.ClientConn
@@ -50,7 +50,7 @@ func startDaemon(t testing.TB, wrap func(server.Store) server.Store) *daemon {
 		s = wrap(store)
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	gs, _ := server.NewGRPC(s, server.Config{Logger: quiet})
+	gs := server.New(s, server.Config{Logger: quiet})
 	lis := bufconn.Listen(1 << 20)
 	go func() { _ = gs.Serve(lis) }()
 	conn, err := grpc.NewClient("passthrough:///policyd",

@@ -133,27 +133,29 @@ func (p *localPolicy) decide(now, deadline time.Time, attempt int, f failure, id
 const maxHint = time.Hour
 
 // parseHints reads every pushback header as policyd does: the largest
-// valid hint wins (capped at maxHint), a negative grpc-retry-pushback-ms
-// means do not retry, and anything unparseable is ignored.
+// valid hint wins (capped at maxHint, however large the value), a negative
+// grpc-retry-pushback-ms means do not retry ("-0" is zero), and anything
+// unparseable is ignored.
 func parseHints(p *pb.Pushback, now time.Time) (hint time.Duration, doNotRetry bool) {
 	if p == nil {
 		return 0, false
 	}
-	if ms, err := strconv.ParseInt(strings.TrimSpace(p.GetGrpcRetryPushbackMs()), 10, 64); err == nil {
+	const maxMs = int64(maxHint / time.Millisecond)
+	if ms, ok := parseHintInt(p.GetGrpcRetryPushbackMs()); ok {
 		if ms < 0 {
 			return 0, true
 		}
-		hint = max(hint, time.Duration(min(ms, int64(maxHint/time.Millisecond)))*time.Millisecond)
+		hint = max(hint, time.Duration(min(ms, maxMs))*time.Millisecond)
 	}
 	if d, ok := parseRetryAfter(p.GetRetryAfter(), now); ok {
 		hint = max(hint, d)
 	}
-	if ms, err := strconv.ParseUint(strings.TrimSpace(p.GetXAmzRetryAfter()), 10, 64); err == nil {
-		hint = max(hint, time.Duration(min(ms, uint64(maxHint/time.Millisecond)))*time.Millisecond)
+	if ms, ok := parseHintInt(p.GetXAmzRetryAfter()); ok && ms >= 0 {
+		hint = max(hint, time.Duration(min(ms, maxMs))*time.Millisecond)
 	}
-	if v, err := strconv.ParseUint(strings.TrimSpace(p.GetXRatelimitReset()), 10, 64); err == nil {
+	if v, ok := parseHintInt(p.GetXRatelimitReset()); ok && v >= 0 {
 		if v > 1e9 { // a Unix time
-			hint = max(hint, time.Unix(int64(min(v, 1<<40)), 0).Sub(now))
+			hint = max(hint, time.Unix(min(v, 1<<40), 0).Sub(now))
 		} else {
 			hint = max(hint, time.Duration(v)*time.Second)
 		}
@@ -161,15 +163,47 @@ func parseHints(p *pb.Pushback, now time.Time) (hint time.Duration, doNotRetry b
 	return min(hint, maxHint), false
 }
 
-// parseRetryAfter reads delta-seconds or an HTTP-date (all three RFC 9110
-// forms, via net/http); anything else is ignored.
+// parseHintInt reads a decimal integer with an optional '-' and surrounding
+// white space, saturating at the int64 limits however many digits it has;
+// "-0" is 0.
+func parseHintInt(v string) (int64, bool) {
+	v = strings.TrimSpace(v)
+	neg := strings.HasPrefix(v, "-")
+	if neg {
+		v = v[1:]
+	}
+	if v == "" {
+		return 0, false
+	}
+	var n int64
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		if n <= (math.MaxInt64-9)/10 {
+			n = n*10 + int64(c-'0')
+		} else {
+			n = math.MaxInt64
+		}
+	}
+	if neg {
+		return -n, true
+	}
+	return n, true
+}
+
+// parseRetryAfter reads delta-seconds (of any length, capped at maxHint) or
+// an HTTP-date (all three RFC 9110 forms, via net/http); anything else is
+// ignored.
 func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
 	v = strings.TrimSpace(v)
 	if v == "" {
 		return 0, false
 	}
-	if s, err := strconv.ParseUint(v, 10, 32); err == nil {
-		return time.Duration(s) * time.Second, true
+	if s, ok := parseHintInt(v); ok {
+		// A negative delay is no hint.
+		return time.Duration(min(s, int64(maxHint/time.Second))) * time.Second, s >= 0
 	}
 	if t, err := http.ParseTime(v); err == nil {
 		return max(t.Sub(now), 0), true

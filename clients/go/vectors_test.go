@@ -49,6 +49,13 @@ type vectorFile struct {
 		Attempts            int           `json:"attempts"`
 		MinFirstWaitSeconds float64       `json:"min_first_wait_seconds"`
 	} `json:"stop_reasons"`
+	PushbackHints []struct {
+		Name        string            `json:"name"`
+		Now         time.Time         `json:"now"`
+		Headers     map[string]string `json:"headers"`
+		HintSeconds float64           `json:"hint_seconds"`
+		DoNotRetry  bool              `json:"do_not_retry"`
+	} `json:"pushback_hints"`
 	IdempotencyKeys []struct {
 		SubmissionID string  `json:"submission_id"`
 		PayloadUTF8  *string `json:"payload_utf8"`
@@ -77,7 +84,7 @@ func loadVectors(t *testing.T) *vectorFile {
 	if err := json.Unmarshal(b, &v); err != nil {
 		t.Fatalf("testdata/vectors.json: %v", err)
 	}
-	if len(v.Classification) == 0 || len(v.StopReasons) == 0 || len(v.IdempotencyKeys) == 0 {
+	if len(v.Classification) == 0 || len(v.StopReasons) == 0 || len(v.IdempotencyKeys) == 0 || len(v.PushbackHints) == 0 {
 		t.Fatal("testdata/vectors.json: a section is empty")
 	}
 	return &v
@@ -224,6 +231,23 @@ func TestVectorsStopReasons(t *testing.T) {
 				if len(waits) == 0 || waits[0].Seconds() < v.MinFirstWaitSeconds {
 					t.Errorf("waits: got %v, want the first at least %gs", waits, v.MinFirstWaitSeconds)
 				}
+			}
+		})
+	}
+}
+
+// TestVectorsPushbackHints: the local fallback honours every valid hint up
+// to the default max_hint, as policyd does (policy/vectors_test.go).
+func TestVectorsPushbackHints(t *testing.T) {
+	for _, v := range loadVectors(t).PushbackHints {
+		t.Run(v.Name, func(t *testing.T) {
+			h := http.Header{}
+			for k, val := range v.Headers {
+				h.Set(k, val)
+			}
+			hint, dnr := policyclient.LocalHint(policyclient.HTTPError(503, h), v.Now)
+			if want := time.Duration(v.HintSeconds * float64(time.Second)); hint != want || dnr != v.DoNotRetry {
+				t.Errorf("local fallback: got hint %v, do-not-retry %v; want %v, %v", hint, dnr, want, v.DoNotRetry)
 			}
 		})
 	}

@@ -95,22 +95,46 @@ func toCached(br *pb.Breaker) (cacheKey, cachedBreaker) {
 	}
 }
 
+// Reconnect delays of a broken breaker watch: reconnect n (from 0) waits
+// min(maxReconnectDelay, minReconnectDelay x 2^n) scaled into its upper
+// half at random (see reconnectDelay).
+const (
+	minReconnectDelay = 200 * time.Millisecond
+	maxReconnectDelay = 5 * time.Second
+)
+
+// reconnectDelay is the wait before reconnect n (from 0) of a broken watch:
+// nominal = min(maxReconnectDelay, minReconnectDelay x 2^n), and u, a draw
+// in [0, 1), places it in [nominal/2, nominal). The jitter matters: one
+// daemon restart breaks every worker's stream at the same instant, and
+// without it the fleet would come back, and back off, in lockstep.
+func reconnectDelay(n int, u float64) time.Duration {
+	nominal := maxReconnectDelay
+	if n < 5 { // 200ms x 2^5 > 5s
+		nominal = min(maxReconnectDelay, minReconnectDelay<<n)
+	}
+	return nominal/2 + time.Duration(u*float64(nominal/2))
+}
+
 // watch keeps the cache in step with policyd until ctx ends, reconnecting
-// with capped backoff when the stream breaks.
-func (b *breakerCache) watch(ctx context.Context, c *Client) {
-	backoff := 100 * time.Millisecond
+// (and subscribing again, for a fresh snapshot) after reconnectDelay when
+// the stream breaks: policyd draining (UNAVAILABLE), the watch cut for
+// falling behind (RESOURCE_EXHAUSTED), or policyd gone. sleep waits and
+// draw returns a number in [0, 1); tests pass fakes.
+func (b *breakerCache) watch(ctx context.Context, c *Client, sleep func(context.Context, time.Duration) error, draw func() float64) {
+	n := 0
 	for ctx.Err() == nil {
 		if b.follow(ctx, c) {
-			backoff = 100 * time.Millisecond
+			n = 0
 		}
 		b.mu.Lock()
 		b.live.Store(false)
 		b.updated()
 		b.mu.Unlock()
-		if Sleep(ctx, backoff) != nil {
+		if sleep(ctx, reconnectDelay(n, draw())) != nil {
 			return
 		}
-		backoff = min(2*backoff, 5*time.Second)
+		n++
 	}
 }
 

@@ -50,7 +50,12 @@ verifies:
   - every breaker forced or tripped OPEN (acknowledged) is still OPEN;
   - the spending tenant's tokens were not refunded beyond what the last
     --flush-interval (plus --slack for the commit itself and the calls in
-    flight) could lose.
+    flight) could lose;
+  - the loss bound: no answer acknowledged more than --flush-interval plus
+    --slack (the one commit in progress) before the kill was lost. The age
+    of the oldest acknowledged answer whose spend was lost is measured at
+    every kill (from the levels the grants reported and the tokens found
+    after the restart) and the largest is printed.
 
 It prints a summary and exits non-zero on any violation.`,
 		Args: cobra.NoArgs,
@@ -64,7 +69,7 @@ It prints a summary and exits non-zero on any violation.`,
 	f.StringVar(&cfg.Sync, "sync", "group", "policyd's --sync")
 	f.DurationVar(&cfg.MinUptime, "min-uptime", 300*time.Millisecond, "least time the daemon serves before a kill")
 	f.DurationVar(&cfg.MaxUptime, "max-uptime", 2*time.Second, "most time the daemon serves before a kill")
-	f.DurationVar(&cfg.Slack, "slack", 50*time.Millisecond, "allowance beyond --flush-interval for the group commit itself")
+	f.DurationVar(&cfg.Slack, "slack", 50*time.Millisecond, "allowance beyond --flush-interval for the one group commit in progress at the kill: the documented loss bound is --flush-interval plus one commit")
 	f.StringVar(&cfg.Policyd, "policyd", "", "policyd binary (default: go build ./cmd/policyd)")
 	f.Uint64Var(&cfg.Seed, "seed", uint64(time.Now().UnixNano()), "seed of the kill times and the load")
 	f.BoolVar(&cfg.Keep, "keep", false, "keep the temporary directory (the state file) at the end")
@@ -88,6 +93,19 @@ type crashModel struct {
 	lowest  float64
 	grants  []time.Time // acknowledgement times of grants since the restart
 	granted int
+
+	// acks are the grants since the restart with the level each reported,
+	// and killAt when the kill was sent: after the restart, a grant whose
+	// level is below the tokens found was acknowledged and then lost.
+	acks   []grantAck
+	killAt time.Time
+}
+
+// grantAck is one acknowledged grant: when the answer arrived and the
+// tokens it reported left.
+type grantAck struct {
+	at        time.Time
+	remaining float64
 }
 
 const (
@@ -124,8 +142,9 @@ func runCrash(ctx context.Context, cfg crashConfig, out io.Writer) error {
 		violations = append(violations, v)
 		fmt.Fprintln(out, "VIOLATION:", v)
 	}
-	var kills, checks, verifies, maxRefund, maxAllowed int
+	var kills, checks, verifies, maxRefund, maxAllowed, lossKills int
 	var lastRefund string
+	var maxLoss, sumLoss time.Duration
 	end := time.Now().Add(cfg.Duration)
 	fmt.Fprintf(out, "crash: policyd --sync %s --flush-interval %s on %s; killing for %s (seed %d)\n",
 		cfg.Sync, cfg.FlushInterval, db, cfg.Duration, cfg.Seed)
@@ -156,6 +175,15 @@ func runCrash(ctx context.Context, cfg crashConfig, out io.Writer) error {
 				return err
 			}
 		} else {
+			loss, lost := lossAge(ctx, m, admin)
+			if lost {
+				lossKills++
+				maxLoss, sumLoss = max(maxLoss, loss), sumLoss+loss
+				if bound := cfg.FlushInterval + cfg.Slack; loss > bound {
+					violate("after kill %d an answer acknowledged %v before the kill was lost, more than the bound of %v (--flush-interval %v plus one commit, --slack %v)",
+						kills, loss.Round(time.Millisecond), bound, cfg.FlushInterval, cfg.Slack)
+				}
+			}
 			refund, allowed, err := verifyCrash(ctx, m, workers, admin, violate)
 			if err != nil {
 				d.kill()
@@ -212,6 +240,7 @@ func runCrash(ctx context.Context, cfg crashConfig, out io.Writer) error {
 		kills++
 		m.mu.Lock()
 		m.grants = grantsAfter(m.grants, killAt.Add(-(cfg.FlushInterval + cfg.Slack)))
+		m.killAt = killAt
 		m.mu.Unlock()
 		if msg, err := runCheck(ctx, bin, db); err != nil {
 			violate("policyd check after kill %d: %v: %s", kills, err, msg)
@@ -230,6 +259,12 @@ func runCrash(ctx context.Context, cfg crashConfig, out io.Writer) error {
 	fmt.Fprintf(out, "  breakers OPEN verified:             %d (forced %d, tripped by failures %d)\n", len(m.open), m.forced, m.tripped)
 	fmt.Fprintf(out, "  budget: retries granted %d; worst refund after a kill %d tokens (allowance that time up to %d); last %s\n",
 		m.granted, maxRefund, maxAllowed, lastRefund)
+	meanLoss := time.Duration(0)
+	if lossKills > 0 {
+		meanLoss = sumLoss / time.Duration(lossKills)
+	}
+	fmt.Fprintf(out, "  loss bound: oldest acknowledged answer lost %v before the kill (worst of %d kills that lost any; mean %v); documented bound --flush-interval + one commit, checked as %v + --slack %v = %v\n",
+		maxLoss.Round(time.Millisecond), lossKills, meanLoss.Round(time.Millisecond), cfg.FlushInterval, cfg.Slack, cfg.FlushInterval+cfg.Slack)
 	fmt.Fprintf(out, "  policyd check passed:               %d/%d\n", checks, kills+1)
 	fmt.Fprintf(out, "  violations:                         %d\n", len(violations))
 	if len(violations) > 0 {
@@ -250,8 +285,11 @@ func crashSetup(ctx context.Context, admin pb.AdminServiceClient) error {
 	if err := setupWorkload(ctx, admin); err != nil {
 		return err
 	}
+	// A zero deposit ratio or floor means the default (0.2, 5/s): the
+	// smallest positive ones keep the bucket from refilling, so the tokens
+	// found after a restart are what the file kept.
 	if _, err := admin.SetTenantBudget(ctx, &pb.SetTenantBudgetRequest{Budget: &pb.TenantBudget{
-		Tenant: crashSpendTenant, Capacity: crashSpendCap, DepositRatio: 0, MinRetriesPerSecond: 0}}); err != nil {
+		Tenant: crashSpendTenant, Capacity: crashSpendCap, DepositRatio: 1e-12, MinRetriesPerSecond: 1e-12}}); err != nil {
 		return fmt.Errorf("budget %s: %w", crashSpendTenant, err)
 	}
 	// The spender's breaker must never trip: failure-rate mode that never
@@ -380,10 +418,34 @@ func spender(ctx context.Context, m *crashModel, workers pb.RetryPolicyServiceCl
 			m.mu.Lock()
 			m.granted++
 			m.grants = append(m.grants, now)
+			m.acks = append(m.acks, grantAck{now, resp.GetTenantBudgetRemaining()})
 			m.lowest = min(m.lowest, resp.GetTenantBudgetRemaining())
 			m.mu.Unlock()
 		}
 	}
+}
+
+// lossAge reads the spending tenant's tokens after a restart and returns
+// the age, at the kill, of the oldest acknowledged grant they do not
+// account for: its answer reported fewer tokens left than were found, so
+// its spend never reached the disk. lost is false when no acknowledged
+// grant was lost. It clears the acknowledgements for the next round.
+func lossAge(ctx context.Context, m *crashModel, admin pb.AdminServiceClient) (age time.Duration, lost bool) {
+	st, err := admin.GetTenantBudget(ctx, &pb.GetTenantBudgetRequest{Tenant: crashSpendTenant})
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	acks := m.acks
+	m.acks = nil
+	if err != nil {
+		return 0, false
+	}
+	tokens := st.GetStatus().GetTokens()
+	for _, a := range acks { // in order of arrival
+		if a.remaining < tokens-0.5 {
+			return m.killAt.Sub(a.at), true
+		}
+	}
+	return 0, false
 }
 
 // spenders is the number of spender goroutines: at most that many grants

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -60,7 +59,7 @@ func profileServerCmd() *cobra.Command {
 				return err
 			}
 			log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-			gs, _ := server.NewGRPC(store, server.Config{Logger: log,
+			gs := server.New(store, server.Config{Logger: log,
 				Auth:    server.NewAuth(server.AuthConfig{AdminTokens: []string{tok}}),
 				Shedder: server.NewShedder(4096, 100*time.Millisecond), Metrics: metrics},
 				grpc.MaxRecvMsgSize(1<<20), grpc.MaxConcurrentStreams(1024))
@@ -84,10 +83,7 @@ func profileServerCmd() *cobra.Command {
 			if cerr := f.Close(); cerr != nil {
 				return cerr
 			}
-			if err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-				return err
-			}
-			return nil
+			return err
 		},
 	}
 	f := cmd.Flags()

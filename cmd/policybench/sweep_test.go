@@ -38,7 +38,7 @@ func TestSweepSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gs, _ := server.NewGRPC(store, server.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	gs := server.New(store, server.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -8,14 +8,19 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -50,46 +55,92 @@ func (c *clientFlags) register(cmd *cobra.Command) {
 }
 
 // dialOptions turns the flags into credentials: TLS when --tls-ca is set,
-// and the admin token from $POLICYD_TOKEN or --token-file when there is one.
+// and the admin token from $POLICYD_TOKEN or --token-file when there is one
+// (a missing file is skipped).
 func (c *clientFlags) dialOptions() ([]grpc.DialOption, error) {
+	opts, _, err := c.credentials(false)
+	return opts, err
+}
+
+// credentials is dialOptions for the admin commands. A --token-file given
+// on the command line (tokenFileSet) must exist; the default one may be
+// missing, and then noToken says where it was looked for, for an
+// UNAUTHENTICATED answer to name.
+func (c *clientFlags) credentials(tokenFileSet bool) (opts []grpc.DialOption, noToken string, err error) {
 	transport := insecure.NewCredentials()
 	if c.TLSCA != "" {
 		cfg := &tls.Config{ServerName: c.TLSServerName, MinVersion: tls.VersionTLS12}
 		pool, err := loadPool(c.TLSCA)
 		if err != nil {
-			return nil, fmt.Errorf("--tls-ca: %w", err)
+			return nil, "", fmt.Errorf("--tls-ca: %w", err)
 		}
 		cfg.RootCAs = pool
 		if c.TLSCert != "" || c.TLSKey != "" {
 			cert, err := tls.LoadX509KeyPair(c.TLSCert, c.TLSKey)
 			if err != nil {
-				return nil, fmt.Errorf("--tls-cert/--tls-key: %w", err)
+				return nil, "", fmt.Errorf("--tls-cert/--tls-key: %w", err)
 			}
 			cfg.Certificates = []tls.Certificate{cert}
 		}
 		transport = credentials.NewTLS(cfg)
 	}
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(transport)}
+	opts = []grpc.DialOption{grpc.WithTransportCredentials(transport)}
 	tok := os.Getenv("POLICYD_TOKEN")
 	if tok == "" && c.TokenFile != "" {
 		t, err := readToken(c.TokenFile)
 		switch {
 		case err == nil:
 			tok = t
-		case !errors.Is(err, fs.ErrNotExist):
-			return nil, fmt.Errorf("--token-file: %w", err)
+		case tokenFileSet || !errors.Is(err, fs.ErrNotExist):
+			return nil, "", fmt.Errorf("--token-file %s: %w", c.TokenFile, unwrapPath(err))
+		default:
+			where, _ := filepath.Abs(c.TokenFile)
+			noToken = fmt.Sprintf("no admin token was sent: %s does not exist (the daemon writes <db>.admin-token next to its --db; "+
+				"run the command in that directory, or pass --token-file or set $POLICYD_TOKEN)", where)
 		}
 	}
 	if tok != "" {
 		opts = append(opts, grpc.WithPerRPCCredentials(policyclient.BearerToken(tok)))
 	}
-	return opts, nil
+	return opts, noToken, nil
+}
+
+// unwrapPath drops the "open PATH:" a *fs.PathError adds, for messages
+// that name the path already.
+func unwrapPath(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
+// callError is how a failed call reads on the command line: the status
+// message and code the daemon sent, without grpc-go's "rpc error: code =
+// ... desc =" framing, and with what the CLI knows that the daemon cannot
+// (no token was found; the daemon is not there).
+func (c *clientFlags) callError(err error, noToken string) error {
+	st, ok := status.FromError(err)
+	if !ok {
+		return err
+	}
+	switch st.Code() {
+	case codes.Unauthenticated:
+		if noToken != "" {
+			return fmt.Errorf("%s (%s); %s", st.Message(), st.Code(), noToken)
+		}
+	case codes.Unavailable:
+		return fmt.Errorf("policyd at %s is unavailable (%s): %s", c.Addr, st.Code(), st.Message())
+	case codes.DeadlineExceeded:
+		return fmt.Errorf("policyd at %s did not answer within --timeout %s (%s)", c.Addr, c.Timeout, st.Code())
+	}
+	return fmt.Errorf("%s (%s)", st.Message(), st.Code())
 }
 
 // call dials the daemon, runs fn with an AdminService client and prints
 // the answer with text, or as JSON with --json.
 func (c *clientFlags) call(cmd *cobra.Command, fn func(context.Context, pb.AdminServiceClient) (proto.Message, error), text func(io.Writer, proto.Message)) error {
-	opts, err := c.dialOptions()
+	opts, noToken, err := c.credentials(cmd.Flags().Changed("token-file"))
 	if err != nil {
 		return err
 	}
@@ -102,7 +153,7 @@ func (c *clientFlags) call(cmd *cobra.Command, fn func(context.Context, pb.Admin
 	defer cancel()
 	msg, err := fn(ctx, pb.NewAdminServiceClient(conn))
 	if err != nil {
-		return err
+		return c.callError(err, noToken)
 	}
 	out := cmd.OutOrStdout()
 	if c.JSON || text == nil {
@@ -126,13 +177,30 @@ func adminCmds() []*cobra.Command {
 	return cmds
 }
 
+// table prints rows under header, aligned; a cell that is not printable
+// text is shown escaped (shown).
 func table(w io.Writer, header string, rows [][]string) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, header)
 	for _, r := range rows {
-		fmt.Fprintln(tw, strings.Join(r, "\t"))
+		cells := make([]string, len(r))
+		for i, c := range r {
+			cells[i] = shown(c)
+		}
+		fmt.Fprintln(tw, strings.Join(cells, "\t"))
 	}
 	tw.Flush()
+}
+
+// shown returns s as printed: unchanged when it is valid UTF-8 of printable
+// characters only, else quoted in Go syntax (strconv.Quote), so that a
+// control, bidi or invisible character in a name stored before policyd
+// refused them can neither hide nor rearrange what the terminal shows.
+func shown(s string) string {
+	if utf8.ValidString(s) && strings.IndexFunc(s, func(r rune) bool { return !strconv.IsPrint(r) }) < 0 {
+		return s
+	}
+	return strconv.Quote(s)
 }
 
 func fnum(v float64) string { return fmt.Sprintf("%g", v) }
@@ -158,7 +226,9 @@ func tenantCmd(c *clientFlags) *cobra.Command {
 			return c.call(cmd, func(ctx context.Context, a pb.AdminServiceClient) (proto.Message, error) {
 				return a.SetTenantBudget(ctx, &pb.SetTenantBudgetRequest{Budget: &b})
 			}, func(w io.Writer, m proto.Message) {
-				printBudgets(w, []*pb.TenantBudgetStatus{{Budget: m.(*pb.SetTenantBudgetResponse).GetBudget()}})
+				// The answer is the stored budget, not its bucket: print no
+				// counters (policyd tenant get shows them).
+				printBudget(w, m.(*pb.SetTenantBudgetResponse).GetBudget())
 			})
 		},
 	}
@@ -198,6 +268,13 @@ func tenantCmd(c *clientFlags) *cobra.Command {
 	}
 	cmd.AddCommand(set, get, list, del)
 	return cmd
+}
+
+// printBudget prints a budget's configuration.
+func printBudget(w io.Writer, b *pb.TenantBudget) {
+	table(w, "TENANT\tCAPACITY\tRATIO\tFLOOR/S\tRETRY COST\tTIMEOUT COST\tDRY RUN", [][]string{{
+		b.GetTenant(), fnum(b.GetCapacity()), fnum(b.GetDepositRatio()), fnum(b.GetMinRetriesPerSecond()),
+		fnum(b.GetRetryCost()), fnum(b.GetTimeoutCost()), fmt.Sprint(b.GetDryRun())}})
 }
 
 func printBudgets(w io.Writer, list []*pb.TenantBudgetStatus) {
@@ -299,7 +376,7 @@ func policyCmd(c *clientFlags) *cobra.Command {
 			}
 			return c.call(cmd, func(ctx context.Context, a pb.AdminServiceClient) (proto.Message, error) {
 				return a.SetPolicy(ctx, &pb.SetPolicyRequest{Tenant: tenant, Target: target, Policy: p})
-			}, nil)
+			}, func(w io.Writer, m proto.Message) { printPolicy(w, m.(*pb.SetPolicyResponse).GetEntry()) })
 		},
 	}
 	scope(set)
@@ -323,7 +400,7 @@ func policyCmd(c *clientFlags) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return c.call(cmd, func(ctx context.Context, a pb.AdminServiceClient) (proto.Message, error) {
 				return a.GetPolicy(ctx, &pb.GetPolicyRequest{Tenant: tenant, Target: target, Effective: effective})
-			}, nil)
+			}, func(w io.Writer, m proto.Message) { printPolicy(w, m.(*pb.GetPolicyResponse).GetEntry()) })
 		},
 	}
 	scope(get)
@@ -357,6 +434,70 @@ func policyCmd(c *clientFlags) *cobra.Command {
 	scope(del)
 	cmd.AddCommand(set, get, list, del)
 	return cmd
+}
+
+// printPolicy prints a policy entry as FIELD VALUE rows: durations as
+// durations, enums and gRPC codes by name.
+func printPolicy(w io.Writer, e *pb.PolicyEntry) {
+	p := e.GetPolicy()
+	bo, pu, br := p.GetBackoff(), p.GetPushback(), p.GetBreaker()
+	dur := func(d interface{ AsDuration() time.Duration }) string { return d.AsDuration().String() }
+	scope := orAny(e.GetTenant()) + " / " + orAny(e.GetTarget())
+	if e.GetTenant() == "" && e.GetTarget() == "" && e.GetUpdateTime() == nil {
+		scope = "built-in default"
+	}
+	rows := [][]string{
+		{"scope (tenant / target)", scope},
+		{"updated", tsText(e.GetUpdateTime())},
+		{"max attempts", fmt.Sprint(p.GetMaxAttempts())},
+		{"attempt timeout", dur(p.GetAttemptTimeout())},
+		{"call deadline", dur(p.GetCallDeadline())},
+		{"backoff", fmt.Sprintf("base %s, factor %g, cap %s, jitter %s", dur(bo.GetBaseDelay()), bo.GetFactor(),
+			dur(bo.GetMaxDelay()), trimEnum(bo.GetJitter().String(), "JITTER_"))},
+		{"retry-after", fmt.Sprintf("%s, spread %g (at least %s), hints up to %s", trimEnum(pu.GetMode().String(), "RETRY_AFTER_MODE_"),
+			pu.GetSpreadRatio(), dur(pu.GetMinSpread()), dur(pu.GetMaxHint()))},
+		{"transient HTTP", joinCodes(p.GetTransientHttpStatuses(), func(c uint32) string { return fmt.Sprint(c) })},
+		{"terminal HTTP", joinCodes(p.GetTerminalHttpStatuses(), func(c uint32) string { return fmt.Sprint(c) })},
+		{"transient gRPC", joinCodes(p.GetTransientGrpcCodes(), grpcCodeName)},
+		{"breaker", fmt.Sprintf("%s, scope %s", trimEnum(br.GetMode().String(), "BREAKER_MODE_"), trimEnum(br.GetScope().String(), "BREAKER_SCOPE_"))},
+		{"breaker opens after", fmt.Sprintf("%d failures in a row, or a %g failure rate over %s (at least %d calls)",
+			br.GetConsecutiveFailures(), br.GetFailureRate(), dur(br.GetWindow()), br.GetMinCalls())},
+		{"breaker cool-down", fmt.Sprintf("%s, then %d probe permits (each within %s)", dur(br.GetCooldown()), br.GetHalfOpenProbes(), dur(br.GetProbeTimeout()))},
+	}
+	table(w, "FIELD\tVALUE", rows)
+}
+
+// joinCodes lists codes by name, or "-" for none.
+func joinCodes(codes []uint32, name func(uint32) string) string {
+	if len(codes) == 0 {
+		return "-"
+	}
+	names := make([]string, len(codes))
+	for i, c := range codes {
+		names[i] = name(c)
+	}
+	return strings.Join(names, ", ")
+}
+
+// grpcCodeName is a gRPC code's name as the API's enums read: UNAVAILABLE.
+func grpcCodeName(c uint32) string {
+	if c > uint32(codes.Unauthenticated) {
+		return fmt.Sprint(c)
+	}
+	return strings.ToUpper(strings.Join(splitCamel(codes.Code(c).String()), "_"))
+}
+
+// splitCamel splits "ResourceExhausted" into "Resource" and "Exhausted".
+func splitCamel(s string) []string {
+	var words []string
+	start := 0
+	for i := 1; i < len(s); i++ {
+		if s[i] >= 'A' && s[i] <= 'Z' && s[i-1] >= 'a' && s[i-1] <= 'z' {
+			words = append(words, s[start:i])
+			start = i
+		}
+	}
+	return append(words, s[start:])
 }
 
 func orAny(s string) string {
@@ -521,8 +662,8 @@ func parseCutoff(s string, now time.Time) (time.Time, error) {
 func printRun(w io.Writer, r *pb.Run) {
 	l := r.GetLedger()
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "run\t%s\n", r.GetRunId())
-	fmt.Fprintf(tw, "tenant\t%s\n", r.GetTenant())
+	fmt.Fprintf(tw, "run\t%s\n", shown(r.GetRunId()))
+	fmt.Fprintf(tw, "tenant\t%s\n", shown(r.GetTenant()))
 	fmt.Fprintf(tw, "cut-off\t%s\n", tsText(r.GetCutoffTime()))
 	fmt.Fprintf(tw, "retries spent\t%d of %d\n", r.GetRetriesSpent(), r.GetRetryPool())
 	fmt.Fprintf(tw, "succeeded\t%d\n", l.GetSucceeded())

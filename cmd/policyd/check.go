@@ -15,9 +15,14 @@ func checkCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "check",
 		Short: "Verify a state file offline (bbolt page check, schema, every record)",
-		Long: `Verify a state file without changing it: bbolt's page consistency check,
-the schema version, and that every record decodes. The daemon must not be
-running on the file (check takes its lock). Exits non-zero on any problem.`,
+		Long: `Verify a state file without changing it: both bbolt meta pages, the file's
+size against them, the freelist and every page of every bucket (read without
+mapping the file, so a damaged one cannot crash the check), bbolt's own
+consistency check, the schema version, and that every record decodes. The
+daemon must not be running on the file (check takes its lock).
+
+Prints "<file>: ok", or one line naming the file and every problem found,
+and exits 1.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := breakerstore.Check(db, wait); err != nil {

@@ -2,12 +2,19 @@ package main
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
+	"path/filepath"
+	"strings"
 	"sync"
+	"time"
 
+	"github.com/fsnotify/fsnotify"
+	"github.com/spf13/cobra"
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -34,7 +41,9 @@ import (
 //	      backoff: {base_delay: 1s, factor: 2, max_delay: 20s, jitter: JITTER_EQUAL}
 //	      breaker: {consecutive_failures: 10, cooldown: 30s}
 //
-// The file is loaded at start and again on SIGHUP, all or nothing: every
+// The file is loaded at start, again on SIGHUP and whenever it changes on
+// disk (its directory is watched, so a ConfigMap's symlink swap counts), all
+// or nothing: every
 // entry is validated before any is written, and a file with an error changes
 // nothing and says which line and why. Entries that a later version of the
 // file no longer declares are deleted; entries set through the admin API
@@ -158,9 +167,93 @@ type configLoader struct {
 	path  string
 	store *breakerstore.Store
 
+	// now reads the clock for the reload metrics; nil is time.Now.
+	now func() time.Time
+
 	mu       sync.Mutex
 	budgets  map[string]bool
 	policies map[[2]string]bool
+	lastOK   bool      // the last load was applied
+	lastGood time.Time // when a load was last applied
+	lastSum  [32]byte  // SHA-256 of the bytes last loaded, applied or not
+}
+
+// concernsConfig tells whether ev, in the policy file's directory, may have
+// changed the file called name: an event on that name, or on the ..data
+// symlink and ..<timestamp> directories of a ConfigMap volume. Events of
+// other files (the state file, when it shares the directory) and mode
+// changes do not.
+func concernsConfig(ev fsnotify.Event, name string) bool {
+	if ev.Op == fsnotify.Chmod {
+		return false
+	}
+	base := filepath.Base(ev.Name)
+	return base == name || strings.HasPrefix(base, "..")
+}
+
+// settleDelay is how long the watch waits after the last event in the
+// policy file's directory before it reports a change: an editor's save or
+// the kubelet's symlink swap is several events.
+const settleDelay = 200 * time.Millisecond
+
+// watch watches the policy file's directory (not the file: a Kubernetes
+// ConfigMap volume replaces the file by swapping the ..data symlink, and
+// editors replace it by renaming) and signals changed once the directory
+// has been quiet for settleDelay after an event that concerns the file;
+// reload(..., true) then
+// decides from the file's bytes whether anything changed. The watch runs
+// until stop is called.
+func (l *configLoader) watch(log *slog.Logger) (changed <-chan struct{}, stop func(), err error) {
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return nil, nil, fmt.Errorf("--config: watching: %w", err)
+	}
+	dir, name := filepath.Split(l.path)
+	if dir == "" {
+		dir = "."
+	}
+	if err := w.Add(dir); err != nil {
+		w.Close()
+		return nil, nil, fmt.Errorf("--config: watching %s: %w", dir, err)
+	}
+	ch := make(chan struct{}, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		settle := time.NewTimer(time.Hour)
+		settle.Stop()
+		defer settle.Stop()
+		for {
+			select {
+			case ev, ok := <-w.Events:
+				if !ok {
+					return
+				}
+				if concernsConfig(ev, name) {
+					settle.Reset(settleDelay)
+				}
+			case err, ok := <-w.Errors:
+				if !ok {
+					return
+				}
+				log.Warn("watching the policy file's directory", "dir", dir, "err", err.Error())
+			case <-settle.C:
+				select {
+				case ch <- struct{}{}:
+				default: // one pending signal is enough
+				}
+			}
+		}
+	}()
+	return ch, func() { w.Close(); <-done }, nil
+}
+
+// lastLoad reports whether the last load was applied and when one last
+// was.
+func (l *configLoader) lastLoad() (ok bool, at time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lastOK, l.lastGood
 }
 
 // load reads, validates and applies the file; on any error nothing changes.
@@ -171,6 +264,53 @@ func (l *configLoader) load() (budgets, policies int, err error) {
 	if err != nil {
 		return 0, 0, fmt.Errorf("--config: %w", err)
 	}
+	return l.loadRaw(raw)
+}
+
+// reload loads the file again and logs the outcome; trigger says why
+// ("SIGHUP", "file changed"). With onlyIfChanged, a file whose bytes are
+// those of the last load (applied or refused) is left alone: a watch sees
+// several events for one save, and a refused file is not refused again
+// until it changes.
+func (l *configLoader) reload(log *slog.Logger, trigger string, onlyIfChanged bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	raw, err := os.ReadFile(l.path)
+	if err == nil && onlyIfChanged && sha256.Sum256(raw) == l.lastSum {
+		return
+	}
+	var nb, np int
+	if err != nil {
+		err = fmt.Errorf("--config: %w", err)
+	} else {
+		nb, np, err = l.loadRaw(raw)
+	}
+	if err != nil {
+		// All or nothing: a bad file changes nothing.
+		log.Error("config reload refused; nothing changed", "trigger", trigger, "err", err.Error())
+		return
+	}
+	log.Info("config reloaded", "trigger", trigger, "file", l.path, "tenants", nb, "policies", np)
+}
+
+// loadRaw validates and applies raw, the file's bytes, and records the
+// outcome for the metrics; l.mu must be held.
+func (l *configLoader) loadRaw(raw []byte) (budgets, policies int, err error) {
+	l.lastSum = sha256.Sum256(raw)
+	budgets, policies, err = l.apply(raw)
+	l.lastOK = err == nil
+	if err == nil {
+		now := time.Now
+		if l.now != nil {
+			now = l.now
+		}
+		l.lastGood = now()
+	}
+	return budgets, policies, err
+}
+
+// apply is loadRaw's work; l.mu must be held.
+func (l *configLoader) apply(raw []byte) (budgets, policies int, err error) {
 	cf, err := parseConfig(l.path, raw, l.store.CheckBudget)
 	if err != nil {
 		return 0, 0, err
@@ -204,4 +344,48 @@ func (l *configLoader) load() (budgets, policies int, err error) {
 	}
 	l.budgets, l.policies = nextB, nextP
 	return len(cf.budgets), len(cf.policies), nil
+}
+
+func configCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "config", Short: "Work with policy files (--config)"}
+	check := &cobra.Command{
+		Use:   "check FILE",
+		Short: "Validate a policy file offline, as the daemon would load it",
+		Long: `Validate a policy file without a daemon: every tenant budget and policy is
+parsed and checked by the same rules policyd serve --config applies, and the
+first problem is printed as file:line: field: rule. Exits non-zero on any
+problem, so CI can run it on a file before it is deployed.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cf, err := checkConfigFile(args[0])
+			if err != nil {
+				return err
+			}
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "%s: ok (%d tenants, %d policies)\n", args[0], len(cf.budgets), len(cf.policies))
+			return err
+		},
+	}
+	cmd.AddCommand(check)
+	return cmd
+}
+
+// checkConfigFile parses and validates the policy file at path offline.
+// Budgets are checked against a throwaway store in a temporary directory,
+// so their defaults are filled exactly as the daemon fills them.
+func checkConfigFile(path string) (*configFile, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "policyd-config-check")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	store, err := breakerstore.Open(breakerstore.Options{Path: filepath.Join(dir, "check.db")})
+	if err != nil {
+		return nil, err
+	}
+	defer store.Close()
+	return parseConfig(path, raw, store.CheckBudget)
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -120,5 +121,127 @@ func TestConfigReloadIsAllOrNothing(t *testing.T) {
 	}
 	if got := attempts("", "portal"); got != 0 {
 		t.Errorf("the dropped portal policy is still there (%d attempts)", got)
+	}
+}
+
+// TestConfigCheckValidatesOffline runs `policyd config check` as CI would:
+// no daemon, exit status and message.
+func TestConfigCheckValidatesOffline(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		t.Helper()
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	tests := []struct {
+		name, body string
+		ok         bool
+		want       string
+	}{
+		{"good.yaml", goodConfig, true, "good.yaml: ok (1 tenants, 2 policies)"},
+		{"factor.yaml", goodConfig + "  - target: broken\n    policy:\n      backoff: {factor: 0.5}\n", false,
+			"factor.yaml:14: policies[2].policy.backoff.factor"},
+		{"budget.yaml", "tenants:\n  - tenant: acme\n    retry_cost: 3\n    timeout_cost: 1\n", false,
+			"budget.yaml:2: tenants[0]"},
+		{"key.yaml", "tenant: []\n", false, `key.yaml:1: unknown key "tenant"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			out, err := runCLI(t, dir, "config", "check", write(tt.name, tt.body))
+			if (err == nil) != tt.ok || !strings.Contains(string(out), tt.want) {
+				t.Errorf("got %v: %s; want ok=%v and %q", err, out, tt.ok, tt.want)
+			}
+		})
+	}
+	out, err := runCLI(t, dir, "config", "check", filepath.Join(dir, "absent.yaml"))
+	if err == nil || !strings.Contains(string(out), "absent.yaml") {
+		t.Errorf("a missing file: got %v: %s; want an error naming it", err, out)
+	}
+}
+
+// TestConfigReloadsWhenTheFileChanges: the policy file is reloaded when it
+// changes on disk, without SIGHUP, whether it is rewritten in place or
+// replaced the way a Kubernetes ConfigMap volume replaces it (policy.yaml ->
+// ..data/policy.yaml, ..data swapped by rename); a bad version changes
+// nothing.
+func TestConfigReloadsWhenTheFileChanges(t *testing.T) {
+	version := func(attempts int) string {
+		return strings.Replace(goodConfig, "max_attempts: 5", fmt.Sprintf("max_attempts: %d", attempts), 1)
+	}
+	// A ConfigMap volume: the file is a symlink through ..data to a
+	// timestamped directory.
+	dir := t.TempDir()
+	cm := filepath.Join(dir, "configmap")
+	publish := func(n int, body string) {
+		t.Helper()
+		ts := filepath.Join(cm, fmt.Sprintf("..2026_12_01_%02d", n))
+		if err := os.MkdirAll(ts, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(ts, "policy.yaml"), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		tmp := filepath.Join(cm, "..data_tmp")
+		if err := os.Symlink(filepath.Base(ts), tmp); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, filepath.Join(cm, "..data")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.MkdirAll(cm, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	publish(1, version(5))
+	if err := os.Symlink(filepath.Join("..data", "policy.yaml"), filepath.Join(cm, "policy.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	// The state file shares the directory: its writes must not count.
+	d := startDaemon(t, filepath.Join(cm, "policyd.db"), "--config", filepath.Join(cm, "policy.yaml"))
+	admin := pb.NewAdminServiceClient(d.conn(t))
+	attempts := func() uint32 {
+		t.Helper()
+		resp, err := admin.GetPolicy(context.Background(), &pb.GetPolicyRequest{Tenant: "acme", Target: "geocoder"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.GetEntry().GetPolicy().GetMaxAttempts()
+	}
+
+	publish(2, version(6))
+	d.stderr.waitFor(t, `"trigger":"file changed"`, 1)
+	if got := attempts(); got != 6 {
+		t.Errorf("after the ConfigMap swap: got %d attempts, want 6", got)
+	}
+
+	publish(3, version(7)+"  - target: broken\n    policy:\n      backoff: {factor: 0.5}\n")
+	d.stderr.waitFor(t, "config reload refused", 1)
+	if got := attempts(); got != 6 {
+		t.Errorf("after a bad version: got %d attempts, want the old 6", got)
+	}
+
+	// A plain file rewritten in place, in another daemon's directory.
+	plain := filepath.Join(dir, "plain")
+	if err := os.MkdirAll(plain, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfgPath := filepath.Join(plain, "policy.yaml")
+	if err := os.WriteFile(cfgPath, []byte(version(5)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d2 := startDaemon(t, filepath.Join(plain, "policyd.db"), "--config", cfgPath)
+	admin = pb.NewAdminServiceClient(d2.conn(t))
+	if err := os.WriteFile(cfgPath, []byte(version(8)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d2.stderr.waitFor(t, `"trigger":"file changed"`, 1)
+	if got := attempts(); got != 8 {
+		t.Errorf("after rewriting the file: got %d attempts, want 8", got)
+	}
+	if n := strings.Count(d2.stderr.String(), "config reload"); n != 1 {
+		t.Errorf("one save gave %d reloads, want 1: %s", n, d2.stderr)
 	}
 }

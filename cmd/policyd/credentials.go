@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"net"
 	"os"
 	"strings"
 
@@ -28,6 +29,8 @@ type securityConfig struct {
 	AdminTokenFile   string
 	TenantTokensFile string
 	OpenAdmin        bool
+	InsecureFiles    bool
+	InsecureListen   bool
 }
 
 func (c *securityConfig) register(cmd *cobra.Command) {
@@ -39,13 +42,65 @@ func (c *securityConfig) register(cmd *cobra.Command) {
 	f.StringVar(&c.AdminTokenFile, "admin-token-file", "", "file holding the admin bearer token (default: <db>.admin-token, created with a random token on first start)")
 	f.StringVar(&c.TenantTokensFile, "tenant-tokens-file", "", "file of worker tokens, one \"tenant token\" pair a line; when set, worker calls need a token and act only for its tenant")
 	f.BoolVar(&c.OpenAdmin, "open-admin", false, "development only: admin calls need no credential (logged as a warning)")
+	f.BoolVar(&c.InsecureFiles, "insecure-files", false, "accept token files that group or others may read or write (logged as a warning at every start)")
+	f.BoolVar(&c.InsecureListen, "insecure-listen", false, "accept a --listen address other than loopback without TLS (logged as a warning at every start)")
+}
+
+// checkExposure refuses a --listen address other than loopback without
+// TLS, unless --insecure-listen accepts it with a warning, and warns about
+// a --metrics-listen address other than loopback: the metrics name tenants
+// and targets.
+func (c *securityConfig) checkExposure(listen, metricsListen string, log *slog.Logger) error {
+	if !loopback(listen) && c.TLSCert == "" {
+		if !c.InsecureListen {
+			return fmt.Errorf("--listen %s: not a loopback address, and without TLS tokens and decisions cross the network in clear; "+
+				"give --tls-cert and --tls-key, or --insecure-listen to accept it", listen)
+		}
+		log.Warn("serving without TLS on an address other than loopback (--insecure-listen): tokens and decisions cross the network in clear",
+			"listen", listen)
+	}
+	if metricsListen != "" && !loopback(metricsListen) {
+		log.Warn("metrics served on an address other than loopback: they name tenants and targets", "metrics_listen", metricsListen)
+	}
+	return nil
+}
+
+// loopback reports whether a host:port address listens on loopback only:
+// "localhost" or a loopback IP. An empty host (every interface) is not.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// checkPrivate refuses a credential file that group or others may read or
+// write, unless --insecure-files accepts it with a warning.
+func (c *securityConfig) checkPrivate(path string, log *slog.Logger) error {
+	info, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	if perm := info.Mode().Perm(); perm&0o077 != 0 {
+		if !c.InsecureFiles {
+			return fmt.Errorf("%s: open to group or others (mode %04o); chmod 600 it, or pass --insecure-files", path, perm)
+		}
+		log.Warn("credential file open to group or others (--insecure-files)", "file", path, "mode", fmt.Sprintf("%04o", perm))
+	}
+	return nil
 }
 
 // auth loads the credentials the flags name. Unless --open-admin is set,
 // an admin token always exists: the named file, or <db>.admin-token, which
 // is created (mode 0600) with a random token when missing.
 func (c *securityConfig) auth(db string, log *slog.Logger) (*server.Auth, error) {
-	cfg := server.AuthConfig{OpenAdmin: c.OpenAdmin}
+	cfg := server.AuthConfig{OpenAdmin: c.OpenAdmin, Logger: log}
+	adminPath := ""
 	if !c.OpenAdmin || c.AdminTokenFile != "" {
 		path := c.AdminTokenFile
 		if path == "" {
@@ -58,16 +113,28 @@ func (c *securityConfig) auth(db string, log *slog.Logger) (*server.Auth, error)
 				log.Info("created the admin token", "file", path)
 			}
 		}
+		if err := c.checkPrivate(path, log); err != nil {
+			return nil, fmt.Errorf("--admin-token-file: %w", err)
+		}
 		tok, err := readToken(path)
 		if err != nil {
 			return nil, fmt.Errorf("--admin-token-file: %w", err)
 		}
-		cfg.AdminTokens = []string{tok}
+		cfg.AdminTokens, adminPath = []string{tok}, path
 	}
 	if c.TenantTokensFile != "" {
+		if err := c.checkPrivate(c.TenantTokensFile, log); err != nil {
+			return nil, fmt.Errorf("--tenant-tokens-file: %w", err)
+		}
 		m, err := readTenantTokens(c.TenantTokensFile)
 		if err != nil {
 			return nil, fmt.Errorf("--tenant-tokens-file: %w", err)
+		}
+		for _, admin := range cfg.AdminTokens {
+			if tenant, ok := m[admin]; ok {
+				return nil, fmt.Errorf("--tenant-tokens-file: %s: the token of tenant %q is the admin token of %s, which would make that tenant an admin; give it a token of its own",
+					c.TenantTokensFile, tenant, adminPath)
+			}
 		}
 		cfg.TenantTokens = m
 	}
@@ -172,6 +239,7 @@ func readTenantTokens(path string) (map[string]string, error) {
 	}
 	defer f.Close()
 	m := map[string]string{}
+	lines := map[string]int{} // token -> the line that gave it
 	sc := bufio.NewScanner(f)
 	for n := 1; sc.Scan(); n++ {
 		line, _, _ := strings.Cut(sc.Text(), "#")
@@ -182,10 +250,11 @@ func readTenantTokens(path string) (map[string]string, error) {
 		case len(fields) != 2:
 			return nil, fmt.Errorf("%s:%d: want \"tenant token\", got %d fields", path, n, len(fields))
 		}
-		if _, dup := m[fields[1]]; dup {
-			return nil, fmt.Errorf("%s:%d: token repeated", path, n)
+		if other, dup := m[fields[1]]; dup {
+			return nil, fmt.Errorf("%s:%d: tenant %q has the token of tenant %q (line %d); every tenant needs a token of its own",
+				path, n, fields[0], other, lines[fields[1]])
 		}
-		m[fields[1]] = fields[0]
+		m[fields[1]], lines[fields[1]] = fields[0], n
 	}
 	if err := sc.Err(); err != nil {
 		return nil, err

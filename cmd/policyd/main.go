@@ -32,9 +32,11 @@ Run without a subcommand, policyd serves (as 'policyd serve').`,
 		SilenceErrors: true,
 		Args:          cobra.NoArgs,
 		RunE:          serve.RunE,
+		Version:       readBuildVersion().String(),
 	}
+	root.SetVersionTemplate("{{.Version}}\n")
 	root.Flags().AddFlagSet(serve.Flags())
-	root.AddCommand(serve, planCmd(), checkCmd(), demoCmd())
+	root.AddCommand(serve, planCmd(), checkCmd(), versionCmd(), configCmd())
 	root.AddCommand(adminCmds()...)
 	return root
 }

@@ -6,7 +6,11 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -60,12 +64,13 @@ func TestMetricsEndpointServesTheAttemptsHistogram(t *testing.T) {
 		`policyd_attempts_per_success_bucket{target="geo",le="2"} 0`,
 		`policyd_attempts_per_success_bucket{target="geo",le="3"} 1`,
 		`policyd_attempts_per_success_count{target="geo"} 1`,
-		`policyd_decisions_total{decision="RETRY",disposition="NONE",stop_reason="NONE"} 2`,
+		`policyd_decisions_total{decision="RETRY",disposition="NONE",stop_reason="NONE",target="geo"} 2`,
 		`policyd_rpc_duration_seconds_count{code="OK",method="NextDelay",service="retrypolicy.v1.RetryPolicyService"} 2`,
 		`policyd_breakers{state="CLOSED"} 1`,
 		`policyd_budget_tokens{tenant="acme"}`,
 		`policyd_audit_buffered`,
 		`go_goroutines`,
+		`policyd_build_info{goversion="` + runtime.Version() + `",revision="`,
 		`process_resident_memory_bytes`,
 	} {
 		if !strings.Contains(string(body), want) {
@@ -75,6 +80,113 @@ func TestMetricsEndpointServesTheAttemptsHistogram(t *testing.T) {
 	if t.Failed() {
 		t.Logf("scraped:\n%s", body)
 	}
+}
+
+// scrape reads the daemon's /metrics.
+func scrape(t *testing.T, d *daemon, addr string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatalf("scrape: %v; daemon said: %s", err, d.stderr)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("scrape: status %d, %v", resp.StatusCode, err)
+	}
+	return string(body)
+}
+
+// TestMetricsShowBreakersReloadsAndGRPC scrapes a real daemon for the
+// series dashboards and alerts use: each breaker's state, the standard
+// grpc_server_* series, the policy file's last reload and the build.
+func TestMetricsShowBreakersReloadsAndGRPC(t *testing.T) {
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "policy.yaml")
+	if err := os.WriteFile(cfgPath, []byte(goodConfig), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	metrics := freeAddr(t)
+	d := startDaemon(t, filepath.Join(dir, "policyd.db"), "--metrics-listen", metrics, "--config", cfgPath)
+	conn := d.conn(t)
+	retrySequence(t, conn)
+	if _, err := pb.NewAdminServiceClient(conn).ForceBreaker(context.Background(), &pb.ForceBreakerRequest{
+		Key: &pb.BreakerKey{Tenant: "acme", Target: "geo"}, State: pb.BreakerState_BREAKER_STATE_OPEN,
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	body := scrape(t, d, metrics)
+	for _, want := range []string{
+		`policyd_breaker_state{state="OPEN",target="geo",tenant="acme"} 1`,
+		`policyd_breaker_state{state="CLOSED",target="geo",tenant="acme"} 0`,
+		`policyd_breaker_transitions_total{target="geo",to="OPEN"} 1`,
+		`grpc_server_started_total{grpc_method="NextDelay",grpc_service="retrypolicy.v1.RetryPolicyService",grpc_type="unary"} 2`,
+		`grpc_server_handled_total{grpc_code="OK",grpc_method="NextDelay",grpc_service="retrypolicy.v1.RetryPolicyService",grpc_type="unary"} 2`,
+		`grpc_server_handling_seconds_count{grpc_method="NextDelay",grpc_service="retrypolicy.v1.RetryPolicyService",grpc_type="unary"} 2`,
+		// Initialised at start: a method never called is there at 0.
+		`grpc_server_handled_total{grpc_code="OK",grpc_method="PlanBudget",grpc_service="retrypolicy.v1.RetryPolicyService",grpc_type="unary"} 0`,
+		"policyd_config_last_reload_successful 1",
+		"policyd_build_info{",
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+	// Every policyd and gRPC series the dashboard and the alert rules use
+	// is one the daemon serves.
+	for _, file := range []string{"../../deploy/grafana/policyd.json", "../../deploy/prometheus/alerts.yaml"} {
+		raw, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range regexp.MustCompile(`\b(?:policyd|grpc_server|process|go)_[a-z_]+\b`).FindAllString(string(raw), -1) {
+			if name == "policyd_store_up" {
+				continue // comes with the Redis engine
+			}
+			if !regexp.MustCompile(`(?m)^` + name + `[{ ]`).MatchString(body) {
+				t.Errorf("%s uses %s, which the daemon does not serve", file, name)
+			}
+		}
+	}
+
+	loadedAt := sampleValue(t, body, "policyd_config_last_reload_success_timestamp_seconds")
+	if now := float64(time.Now().Unix()); loadedAt < now-300 || loadedAt > now+5 {
+		t.Errorf("reload timestamp: got %v, want about %v", loadedAt, now)
+	}
+
+	// A refused reload turns the gauge to 0 and keeps the last success's time.
+	if err := os.WriteFile(cfgPath, []byte("policies:\n  - policy: {backoff: {factor: 0.5}}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d.cmd.Process.Signal(syscall.SIGHUP)
+	d.stderr.waitFor(t, "config reload refused", 1)
+	body = scrape(t, d, metrics)
+	if !strings.Contains(body, "policyd_config_last_reload_successful 0") {
+		t.Errorf("after a refused reload: metrics lack policyd_config_last_reload_successful 0")
+	}
+	if got := sampleValue(t, body, "policyd_config_last_reload_success_timestamp_seconds"); got != loadedAt {
+		t.Errorf("after a refused reload: success timestamp got %v, want the earlier %v", got, loadedAt)
+	}
+	if t.Failed() {
+		t.Logf("scraped:\n%s", body)
+	}
+}
+
+// sampleValue is the value of the unlabelled series name in a scrape.
+func sampleValue(t *testing.T, body, name string) float64 {
+	t.Helper()
+	for _, line := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("%s: %v", line, err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("metrics lack %s", name)
+	return 0
 }
 
 func TestAuditCommandShowsACall(t *testing.T) {

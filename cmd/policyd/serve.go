@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -44,11 +43,15 @@ func serveCmd() *cobra.Command {
 
 Durability: admin writes and breaker state transitions are fsync'd before they
 are answered. Counters (breaker windows, budget tokens, run ledgers) are
-written in group commits every --flush-interval: a crash loses at most that
-interval of counting. --sync=always makes every decision durable before it is
-answered, at a cost in throughput.
+written in group commits, one starting every --flush-interval: a crash loses
+at most --flush-interval plus one commit of counting. --sync=always makes
+every decision durable before it is answered, at a cost in throughput.
 
-SIGINT or SIGTERM drains: health turns NOT_SERVING, in-flight calls finish
+A damaged, empty or foreign --db file is refused with one line naming it;
+only a path that does not exist is created.
+
+SIGINT or SIGTERM drains: health turns NOT_SERVING, every open stream
+(WatchBreakers included) ends at once with UNAVAILABLE, in-flight calls finish
 (for at most --grace), then the state is flushed and the file closed.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -58,7 +61,7 @@ SIGINT or SIGTERM drains: health turns NOT_SERVING, in-flight calls finish
 	f := cmd.Flags()
 	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:50051", "address to serve gRPC on")
 	f.StringVar(&cfg.DB, "db", "policyd.db", "bbolt database file holding the shared state")
-	f.DurationVar(&cfg.FlushInterval, "flush-interval", 100*time.Millisecond, "group-commit interval for counters; a crash loses at most this much counting")
+	f.DurationVar(&cfg.FlushInterval, "flush-interval", 100*time.Millisecond, "group-commit interval for counters; a crash loses at most this plus one commit of counting")
 	f.StringVar(&cfg.Sync, "sync", "group", "durability of decisions: group (counters flushed every --flush-interval) or always (every decision durable before its answer)")
 	f.DurationVar(&cfg.SyncDelay, "sync-batch-delay", 2*time.Millisecond, "with --sync=always: how long a commit waits for concurrent decisions to share its fsync")
 	f.DurationVar(&cfg.Grace, "grace", 10*time.Second, "how long a shutdown waits for in-flight calls before cutting them")
@@ -77,7 +80,7 @@ func serve(ctx context.Context, cfg serveConfig) error {
 	if err := level.UnmarshalText([]byte(cfg.LogLevel)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	log := newLogger(os.Stderr, level)
 	var sync breakerstore.SyncMode
 	switch cfg.Sync {
 	case "group":
@@ -107,8 +110,7 @@ func serve(ctx context.Context, cfg serveConfig) error {
 	if err := cfg.Observe.validate(); err != nil {
 		return err
 	}
-	auth, err := cfg.Security.auth(cfg.DB, log)
-	if err != nil {
+	if err := cfg.Security.checkExposure(cfg.Listen, cfg.Observe.MetricsListen, log); err != nil {
 		return err
 	}
 	tlsOpts, err := cfg.Security.serverOptions()
@@ -120,7 +122,9 @@ func serve(ctx context.Context, cfg serveConfig) error {
 		Path: cfg.DB, FlushInterval: cfg.FlushInterval, Sync: sync, MaxBatchDelay: cfg.SyncDelay, Logger: log, MaxSize: cfg.MaxDBBytes,
 		MaxBreakersPerTenant: cfg.Limits.MaxBreakersPerTenant,
 		MaxTenants:           cfg.Limits.MaxTenants,
+		MaxAutoTenants:       cfg.Limits.MaxAutoTenants,
 		MaxRuns:              cfg.Limits.MaxRuns,
+		MaxAttemptRecords:    cfg.Limits.MaxAttemptRecords,
 		RunRetention:         cfg.Limits.RunRetention,
 		AuditRetention:       cfg.Observe.AuditRetention, AuditMaxRecords: cfg.Observe.AuditMaxRecords,
 	})
@@ -132,6 +136,12 @@ func serve(ctx context.Context, cfg serveConfig) error {
 			log.Error("closing the state file", "err", err)
 		}
 	}()
+	// The credentials load after the store opened, so a refused state file
+	// leaves no new admin token file behind.
+	auth, err := cfg.Security.auth(cfg.DB, log)
+	if err != nil {
+		return err
+	}
 
 	var loader *configLoader
 	if cfg.Config != "" {
@@ -147,25 +157,34 @@ func serve(ctx context.Context, cfg serveConfig) error {
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
-	tel, err := cfg.Observe.start(ctx, store, log)
+	tel, err := cfg.Observe.start(ctx, store, loader, log)
 	if err != nil {
 		return err
 	}
 	defer tel.stop(log)
-	gs, hs := server.NewGRPC(store, server.Config{Logger: log, Auth: auth, Shedder: cfg.Limits.shedder(), Metrics: tel.metrics,
-		StreamWorkers: cfg.Limits.streamWorkers()},
+	srv := server.New(store, server.Config{Logger: log, Auth: auth, Shedder: cfg.Limits.shedder(), Metrics: tel.metrics,
+		StreamWorkers: cfg.Limits.streamWorkers(), MaxClockSkew: cfg.Limits.MaxClockSkew,
+		DeclaredTenants: cfg.Limits.declaredTenants(store)},
 		append(append(tlsOpts, cfg.Limits.serverOptions()...), tel.opts...)...)
 
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	served := make(chan error, 1)
-	go func() { served <- gs.Serve(lis) }()
+	go func() { served <- srv.Serve(lis) }()
 	log.Info("policyd serving", "listen", lis.Addr().String(), "db", cfg.DB,
 		"sync", cfg.Sync, "flush_interval", cfg.FlushInterval.String())
 
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
+	var changed <-chan struct{} // nil without --config: never ready
+	if loader != nil {
+		var stopWatch func()
+		if changed, stopWatch, err = loader.watch(log); err != nil {
+			return err
+		}
+		defer stopWatch()
+	}
 wait:
 	for {
 		select {
@@ -176,28 +195,20 @@ wait:
 				log.Warn("SIGHUP ignored: no --config file")
 				continue
 			}
-			// All or nothing: a bad file changes nothing.
-			if nb, np, err := loader.load(); err != nil {
-				log.Error("config reload refused; nothing changed", "err", err.Error())
-			} else {
-				log.Info("config reloaded", "file", cfg.Config, "tenants", nb, "policies", np)
-			}
+			loader.reload(log, "SIGHUP", false)
+		case <-changed:
+			loader.reload(log, "file changed", true)
 		case <-ctx.Done():
 			break wait
 		}
 	}
 	log.Info("draining", "grace", cfg.Grace.String())
-	hs.Shutdown() // every service NOT_SERVING, so balancers stop sending
-	done := make(chan struct{})
-	go func() { gs.GracefulStop(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(cfg.Grace):
-		log.Warn("grace period over; cutting remaining calls")
-		gs.Stop()
-		<-done
+	drainCtx, cancel := context.WithTimeout(context.Background(), cfg.Grace)
+	defer cancel()
+	if err := srv.Shutdown(drainCtx); err != nil {
+		log.Warn("grace period over; remaining calls cut")
 	}
-	if err := <-served; err != nil && !errors.Is(err, net.ErrClosed) {
+	if err := <-served; err != nil {
 		return err
 	}
 	log.Info("policyd stopped")

@@ -69,8 +69,9 @@ type telemetry struct {
 }
 
 // start opens the metrics listener and the trace exporter the flags ask
-// for. The caller must call stop.
-func (o *observeConfig) start(ctx context.Context, store *breakerstore.Store, log *slog.Logger) (*telemetry, error) {
+// for; loader, when not nil, is the policy file whose reloads are
+// reported. The caller must call stop.
+func (o *observeConfig) start(ctx context.Context, store *breakerstore.Store, loader *configLoader, log *slog.Logger) (*telemetry, error) {
 	t := &telemetry{}
 	if o.MetricsListen != "" {
 		reg := prometheus.NewRegistry()
@@ -82,7 +83,11 @@ func (o *observeConfig) start(ctx context.Context, store *breakerstore.Store, lo
 			collectors.NewGoCollector(),
 			collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 			storeCollector(store),
+			buildInfoCollector(readBuildVersion()),
 		)
+		if loader != nil {
+			reg.MustRegister(reloadCollector(loader))
+		}
 		lis, err := net.Listen("tcp", o.MetricsListen)
 		if err != nil {
 			return nil, fmt.Errorf("--metrics-listen: %w", err)
@@ -156,6 +161,38 @@ func storeCollector(store *breakerstore.Store) prometheus.Collector {
 	}
 }
 
+// reloadCollector reports the policy file's last load:
+// policyd_config_last_reload_successful (1 or 0) and
+// policyd_config_last_reload_success_timestamp_seconds.
+func reloadCollector(l *configLoader) prometheus.Collector {
+	return collectorFunc{
+		descs: []*prometheus.Desc{descReloadOK, descReloadTime},
+		collect: func(ch chan<- prometheus.Metric) {
+			ok, at := l.lastLoad()
+			v := 0.0
+			if ok {
+				v = 1
+			}
+			ch <- prometheus.MustNewConstMetric(descReloadOK, prometheus.GaugeValue, v)
+			ch <- prometheus.MustNewConstMetric(descReloadTime, prometheus.GaugeValue, float64(at.UnixNano())/1e9)
+		},
+	}
+}
+
+// buildInfoCollector is policyd_build_info: always 1, with the binary's
+// version, VCS revision and Go release as labels.
+func buildInfoCollector(v buildVersion) prometheus.Collector {
+	rev := v.Revision
+	if v.Modified {
+		rev += "-dirty"
+	}
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name:        "policyd_build_info",
+		Help:        "Always 1; the labels say which build of policyd is running.",
+		ConstLabels: prometheus.Labels{"version": v.Version, "revision": rev, "goversion": v.GoVersion},
+	}, func() float64 { return 1 })
+}
+
 var (
 	descAuditRecords  = prometheus.NewDesc("policyd_audit_records", "Audit records on disk.", nil, nil)
 	descAuditBuffered = prometheus.NewDesc("policyd_audit_buffered", "Audit records waiting for the next group commit.", nil, nil)
@@ -163,6 +200,10 @@ var (
 	descAuditDeleted  = prometheus.NewDesc("policyd_audit_deleted_total", "Audit records deleted by retention (age or count).", nil, nil)
 	descFlushErrors   = prometheus.NewDesc("policyd_store_flush_errors_total", "Failed group commits (retried at the next interval).", nil, nil)
 	descCommits       = prometheus.NewDesc("policyd_store_commits_total", "Write transactions committed to the state file.", nil, nil)
+	descReloadOK      = prometheus.NewDesc("policyd_config_last_reload_successful",
+		"1 if the last load of the policy file (--config) was applied, 0 if it was refused and nothing changed.", nil, nil)
+	descReloadTime = prometheus.NewDesc("policyd_config_last_reload_success_timestamp_seconds",
+		"When the policy file was last applied, in seconds since the Unix epoch.", nil, nil)
 )
 
 // collectorFunc is a prometheus.Collector made of its descriptions and a

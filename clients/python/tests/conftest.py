@@ -103,13 +103,14 @@ class Daemon:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
 
-def start_daemon(binary: Path, workdir: Path, *extra: str, credentials: Optional[grpc.ChannelCredentials] = None) -> Daemon:
-    """Starts policyd on a free loopback port and returns once its health
-    check says SERVING (over TLS with credentials)."""
+def start_daemon(binary: Path, workdir: Path, *extra: str, credentials: Optional[grpc.ChannelCredentials] = None,
+                 address: str = "") -> Daemon:
+    """Starts policyd on address (default a free loopback port) and returns
+    once its health check says SERVING (over TLS with credentials)."""
     workdir.mkdir(parents=True, exist_ok=True)
     db = workdir / "policyd.db"
     log = workdir / "policyd.log"
-    address = f"127.0.0.1:{free_port()}"
+    address = address or f"127.0.0.1:{free_port()}"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [str(binary), "serve", "--listen", address, "--db", str(db), "--grace", "2s", "--log-level", "warn", *extra],

@@ -318,6 +318,7 @@ def test_tls_and_token(dedicated: Any, tmp_path: Any, clock: FakeClock) -> None:
                     "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
     tokens = tmp_path / "tenant-tokens"
     tokens.write_text("acme s3cret\n")
+    tokens.chmod(0o600)
     creds = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
     d = dedicated("--tls-cert", str(cert), "--tls-key", str(key), "--tenant-tokens-file", str(tokens), credentials=creds)
     with pc.Client(d.address, tenant="acme", token="s3cret", credentials=creds, sleep=clock.sleep, now=clock.now,
@@ -339,6 +340,7 @@ def test_tls_and_token(dedicated: Any, tmp_path: Any, clock: FakeClock) -> None:
 def test_worker_token(dedicated: Any, tmp_path: Any, clock: FakeClock) -> None:
     tokens = tmp_path / "tenant-tokens"
     tokens.write_text("acme s3cret\n")
+    tokens.chmod(0o600)
     d = dedicated("--tenant-tokens-file", str(tokens))
     with pc.Client(d.address, tenant="acme", token="s3cret", sleep=clock.sleep, now=clock.now, decision_timeout=5) as c:
         assert c.ready(timeout=15)

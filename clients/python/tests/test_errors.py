@@ -214,7 +214,10 @@ def test_library_errors_by_name_without_the_libraries() -> None:
         (" 120 ", 120.0),
         ("0", 0.0),
         ("4294967295", 4294967295.0),
-        ("4294967296", None),
+        ("4294967296", 4294967296.0),  # valid however large: the policy caps it
+        ("99999999999", 99999999999.0),
+        ("9" * 40, float("9" * 40)),
+        ("-0", 0.0),
         ("-1", None),
         ("1.5", None),
         ("soon", None),
@@ -232,3 +235,6 @@ def test_parse_retry_after_dates() -> None:
         assert pc.parse_retry_after(v, now) == pytest.approx(10.0), v
     assert pc.parse_retry_after(formatdate(now - 60, usegmt=True), now) == 0.0  # in the past
     assert pc.parse_retry_after("Sun, 06 Nov 1994 08:49:47 PST", now) is None
+    far = pc.parse_retry_after("Fri, 31 Dec 9999 23:59:59 GMT", now)
+    assert far is not None and far > 2.5e11  # the year 9999 is a valid date
+    assert pc.parse_retry_after("Mon, 32 Jan 2024 00:00:00 GMT", now) is None

@@ -15,6 +15,7 @@ from retrypolicy.v1 import admin_service_pb2 as apb
 from retrypolicy.v1 import types_pb2
 
 import policyd_client as pc
+from policyd_client.fallback import LocalBudget, LocalPolicy
 
 from conftest import FakeClock, script
 
@@ -155,3 +156,37 @@ def test_policyd_stopped_mid_batch(dedicated: Any, clock: FakeClock, sig: int) -
     # says so instead of hanging.
     lost = c.close(timeout=0.3)
     assert lost > 0 and c.stats().outcomes_dropped >= lost
+
+
+# Pushback at the edges, as policy/hints.go has it: every valid hint is
+# honoured up to the policy's max_hint (1 h by default), never ignored for
+# its size; a negative grpc-retry-pushback-ms stops, "-0" is zero.
+@pytest.mark.parametrize(
+    "headers, want",
+    [
+        ({"Retry-After": "99999999999"}, ("retry", 3600.0)),
+        ({"Retry-After": "Fri, 31 Dec 9999 23:59:59 GMT"}, ("retry", 3600.0)),
+        ({"X-RateLimit-Reset": "9999999999"}, ("retry", 3600.0)),
+        ({"grpc-retry-pushback-ms": "9223372036854775807"}, ("retry", 3600.0)),
+        ({"x-amz-retry-after": "1000000000000000000"}, ("retry", 3600.0)),
+        ({"grpc-retry-pushback-ms": "-0"}, ("retry", 0.0)),
+        ({"grpc-retry-pushback-ms": "-1"}, ("stop", "SERVER_PUSHBACK")),
+        ({"grpc-retry-pushback-ms": "-1", "Retry-After": "5"}, ("stop", "SERVER_PUSHBACK")),
+        ({"Retry-After": "5", "x-amz-retry-after": "9000"}, ("retry", 9.0)),  # the largest wins
+        ({"Retry-After": "soon"}, ("retry", None)),  # ignored: jittered backoff only
+    ],
+)
+def test_local_policy_honours_large_hints_up_to_the_cap(headers: dict[str, str], want: tuple[str, object]) -> None:
+    p = LocalPolicy(10.0, LocalBudget(20, 2), rand=lambda: 0.0)
+    f = pc.classify_exception(pc.HTTPStatusError(503, headers))
+    d = p.decide(1_000_000.0, None, 1, f, True, False)
+    if want[0] == "stop":
+        assert (d.retry, types_pb2.StopReason.Name(d.stop_reason)) == (False, "STOP_REASON_" + str(want[1])), d
+        assert d.disposition == types_pb2.DISPOSITION_DEAD_LETTER
+        return
+    assert d.retry, d
+    if want[1] is None:
+        assert d.delay == 0.0  # rand 0: FULL jitter gives 0, no hint to honour
+    else:
+        # rand 0: the hint itself, spread by nothing.
+        assert d.delay == want[1], d

@@ -6,6 +6,7 @@ the real daemon with both clients."""
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from retrypolicy.v1 import retry_policy_service_pb2_grpc as rpb_grpc
 from retrypolicy.v1 import types_pb2
 
 import policyd_client as pc
+from policyd_client.fallback import LocalBudget, LocalPolicy
 
 from conftest import Daemon, FakeClock, ascript, failure_pb, load_vectors, native_error, script
 
@@ -92,3 +94,17 @@ def test_stop_reasons_async(v: dict[str, Any], policyd: Daemon, tenant: str, clo
             _check(v, await client.call(_spec(v, clock), fn), len(seen), clock)
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("v", V.get("pushback_hints", []), ids=_id)
+def test_pushback_hints_local(v: dict[str, Any]) -> None:
+    # The local fallback honours the hint policyd would (before spreading),
+    # capped at the default max_hint, or stops on a do-not-retry.
+    now = datetime.fromisoformat(v["now"].replace("Z", "+00:00")).timestamp()
+    f = pc.classify_exception(pc.HTTPStatusError(503, v["headers"]))
+    policy = LocalPolicy(10.0, LocalBudget(20, 2), rand=lambda: 0.0)  # no jitter, no spread
+    d = policy.decide(now, None, 1, f, True, False)
+    if v["do_not_retry"]:
+        assert (d.retry, d.stop_reason) == (False, types_pb2.STOP_REASON_SERVER_PUSHBACK), d
+    else:
+        assert (d.retry, d.delay) == (True, float(v["hint_seconds"])), d

@@ -15,8 +15,20 @@ a worker. It mirrors the Go client in clients/go.
 The generated stubs ship with it as the ``retrypolicy.v1`` package.
 """
 
-from ._core import current_attempt
-from ._model import Attempt, BreakerState, Call, Cancelled, Disposition, Result, Stats, StopReason
+from ._core import Options, Settings, current_attempt
+from ._model import (
+    Attempt,
+    BreakerState,
+    Call,
+    Cancelled,
+    Disposition,
+    Event,
+    EventHook,
+    EventKind,
+    Result,
+    Stats,
+    StopReason,
+)
 from .aio import AsyncClient
 from .client import Client
 from .errors import (
@@ -28,7 +40,7 @@ from .errors import (
     ValidationError,
     classify_exception,
 )
-from .fallback import classify_local, parse_retry_after
+from .fallback import classify_local, parse_hints, parse_retry_after
 from .key import idempotency_key
 
 __all__ = [
@@ -40,10 +52,15 @@ __all__ = [
     "ClassifiedFailure",
     "Client",
     "Disposition",
+    "Event",
+    "EventHook",
+    "EventKind",
     "HTTPStatusError",
     "LocalError",
+    "Options",
     "ParseError",
     "Result",
+    "Settings",
     "RetryError",
     "Stats",
     "StopReason",
@@ -52,6 +69,7 @@ __all__ = [
     "classify_local",
     "current_attempt",
     "idempotency_key",
+    "parse_hints",
     "parse_retry_after",
 ]
 

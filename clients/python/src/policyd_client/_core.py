@@ -4,16 +4,19 @@ wire types. The two clients differ only in how they wait and do I/O."""
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import logging
 import math
+import os
 import random
 import secrets
 import threading
 import time
+import weakref
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, Callable, Generic, NamedTuple, Optional, TypeVar
+from typing import Any, Callable, Generator, Generic, NamedTuple, Optional, TypedDict, TypeVar, Union
 
 import grpc
 from google.protobuf import duration_pb2, timestamp_pb2
@@ -21,13 +24,59 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from retrypolicy.v1 import retry_policy_service_pb2 as rpb
 from retrypolicy.v1 import types_pb2
 
-from ._model import Attempt, BreakerState, Call, Disposition, Result, Stats, StopReason
+from ._model import Attempt, BreakerState, Call, Disposition, Event, EventHook, EventKind, Result, Stats, StopReason
+from .errors import RetryError
 from .fallback import Decision, LocalBudget, LocalPolicy
 from .key import idempotency_key
 
 T = TypeVar("T")
 
 _CURRENT: contextvars.ContextVar[Optional[Attempt]] = contextvars.ContextVar("policyd_attempt", default=None)
+
+
+# Clients alive in this process, to be rebuilt in a child after os.fork().
+_LIVE: "weakref.WeakSet[Any]" = weakref.WeakSet()
+# gRPC objects a child inherited from its parent. They must be neither used
+# nor closed in the child (closing a channel there can hang), and must not be
+# collected either (their finalizers close and cancel), so the child keeps
+# them here until it exits.
+_INHERITED: list[object] = []
+
+
+def follow_forks(client: Any) -> None:
+    """Registers client to be told, in a child after os.fork(), to drop what
+    it inherited (``client._after_fork_in_child()``): the parent's channel,
+    threads or tasks, locks and queued outcomes. Holds client weakly."""
+    _LIVE.add(client)
+
+
+def inherit(*objs: object) -> None:
+    """Keeps gRPC objects inherited from the parent alive and unused."""
+    _INHERITED.extend(o for o in objs if o is not None)
+
+
+def drop_inherited(core: "Core", owned: bool, channel: object, *objs: object) -> None:
+    """Sets aside, in a child after os.fork(), what a client inherited from
+    its parent's use (its channel when it dialled it, its stub, stream,
+    reporter or tasks): kept alive and unused. A channel the caller gave
+    cannot be redialled: it is kept in use, with a warning."""
+    inherit(*objs)
+    if owned:
+        inherit(channel)
+    else:
+        core.log.warning(
+            "policyd_client: a client with a channel of the caller's was used before os.fork(); "
+            "gRPC channels do not survive fork: give an address instead, or make the client in the child"
+        )
+
+
+def _after_fork_in_child() -> None:
+    for c in list(_LIVE):
+        c._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def current_attempt() -> Optional[Attempt]:
@@ -117,10 +166,58 @@ def report_is_transient(err: BaseException) -> bool:
     return code is None or code in REPORT_TRANSIENT
 
 
+class Options(TypedDict, total=False):
+    """The tunables both clients take as keyword arguments; their defaults
+    (and meaning) are those of :class:`Settings`."""
+
+    decision_timeout: float
+    attempt_timeout: float
+    retry_unreachable_after: float
+    local_budget: float
+    local_budget_per_second: float
+    batch_size: int
+    flush_interval: float
+    queue_size: int
+    watch: bool
+    close_timeout: float
+    reconnect_base: float
+    reconnect_cap: float
+
+
+def settings(tenant: str, options: Options) -> "Settings":
+    """Returns the settings of a client of tenant with options, validated."""
+    try:
+        return Settings(tenant, **options).checked()
+    except TypeError as e:
+        raise TypeError(f"policyd_client: unknown option: {e}") from None
+
+
 @dataclass(frozen=True)
 class Settings:
-    """A client's configuration, validated, with defaults filled in. Times
-    are seconds."""
+    """A client's configuration, validated, with defaults filled in: the
+    one place the defaults are written. Times are seconds.
+
+    - ``decision_timeout`` bounds every decision RPC (Admit, NextDelay); past
+      it the client decides locally.
+    - ``attempt_timeout`` is the per-attempt timeout until policyd says
+      otherwise (policyd's default).
+    - ``retry_unreachable_after``: after policyd failed to answer, the client
+      decides locally for this long before asking again.
+    - ``local_budget`` / ``local_budget_per_second`` size the token bucket
+      for retries decided locally.
+    - ``batch_size``, ``flush_interval``, ``queue_size`` shape outcome
+      reporting: batches of up to ``batch_size`` (at most 1000), sent when a
+      batch is full and at least every ``flush_interval``, from a queue of
+      ``queue_size`` (an outcome that finds it full is dropped and counted).
+    - ``watch``: follow WatchBreakers so attempts against a CLOSED breaker
+      cost no RPC and attempts against an OPEN one fail at once.
+    - ``close_timeout``: how long ``close()`` gives policyd to take the
+      outcomes still queued.
+    - ``reconnect_base`` / ``reconnect_cap``: the watch reconnects after
+      ``nominal/2 + U(0, nominal/2)`` with ``nominal = min(cap, base * 2^n)``
+      after n failed tries in a row, so a restarted policyd is not hit by
+      the whole fleet in lockstep.
+    """
 
     tenant: str
     decision_timeout: float = 0.25
@@ -132,17 +229,23 @@ class Settings:
     flush_interval: float = 0.1
     queue_size: int = 65536
     watch: bool = True
+    close_timeout: float = 1.0
+    reconnect_base: float = 0.1
+    reconnect_cap: float = 5.0
 
     def checked(self) -> "Settings":
         """Returns the settings validated, with policyd's caps applied."""
         if not self.tenant:
             raise ValueError("policyd_client: tenant is required")
-        for name in ("decision_timeout", "attempt_timeout", "retry_unreachable_after", "flush_interval"):
+        for name in ("decision_timeout", "attempt_timeout", "retry_unreachable_after", "flush_interval",
+                     "close_timeout", "reconnect_base", "reconnect_cap"):
             v = getattr(self, name)
             if not (v > 0) or math.isinf(v):
                 raise ValueError(f"policyd_client: {name} must be a positive number of seconds, got {v!r}")
         if self.local_budget <= 0 or self.local_budget_per_second < 0:
             raise ValueError("policyd_client: local_budget must be > 0 and local_budget_per_second >= 0")
+        if self.reconnect_cap < self.reconnect_base:
+            raise ValueError("policyd_client: reconnect_cap must be >= reconnect_base")
         if self.batch_size <= 0 or self.queue_size <= 0:
             raise ValueError("policyd_client: batch_size and queue_size must be > 0")
         # policyd takes at most 1000 outcomes per ReportOutcome.
@@ -181,14 +284,22 @@ class BreakerCache:
     complete; only then does a breaker it was not told of count as CLOSED.
     """
 
-    def __init__(self, tenant: str) -> None:
+    def __init__(self, tenant: str, emit: Optional[Callable[[Event], None]] = None) -> None:
         self.tenant = tenant
+        self._emit = emit
         self._cond = threading.Condition()
         self._live = False
         self._m: dict[tuple[str, str], CachedBreaker] = {}
         #: Called (on the updating thread) after every change; the asyncio
         #: client wakes its waiters with it.
         self.on_change: Optional[Callable[[], None]] = None
+
+    def after_fork(self) -> None:
+        """Forgets everything in a child after os.fork(): its lock may have
+        been held by a parent thread, and the child follows policyd anew."""
+        self._cond = threading.Condition()
+        self._live = False
+        self._m = {}
 
     @property
     def live(self) -> bool:
@@ -218,6 +329,8 @@ class BreakerCache:
         with self._cond:
             self._m[key] = b
             self._changed()
+        if self._emit is not None and b.state in BreakerState._value2member_map_:
+            self._emit(Event(EventKind.BREAKER_CHANGED, target=key[1], breaker_state=BreakerState(b.state)))
 
     def down(self) -> None:
         """Marks the stream broken: the cache stops answering."""
@@ -253,19 +366,42 @@ class Core:
         now: Optional[Callable[[], float]],
         rand: Optional[Callable[[], float]],
         logger: Optional[logging.Logger],
+        on_event: Optional[EventHook] = None,
     ) -> None:
-        self.settings = settings.checked()
+        self.settings = settings
+        self._on_event = on_event
+        #: True when there is an event hook: events are built only then.
+        self.observed = on_event is not None
         self.now: Callable[[], float] = now or time.time
         self.log = logger or logging.getLogger("policyd_client")
         self.rand: Callable[[], float] = rand or random.random
         budget = LocalBudget(self.settings.local_budget, self.settings.local_budget_per_second)
         self.local = LocalPolicy(self.settings.attempt_timeout, budget, self.rand)
-        self.cache = BreakerCache(self.settings.tenant)
+        self.cache = BreakerCache(self.settings.tenant, self.emit)
         self._lock = threading.Lock()
         self._stats = Stats()
         # When to ask policyd again after it failed to answer (Unix seconds
         # on self.now); until then decisions are local.
         self._down_until = 0.0
+
+    def after_fork(self) -> None:
+        """Rebuilds the locks in a child after os.fork() (a parent thread may
+        have held them), empties the breaker cache and starts the counters
+        afresh; the local budget keeps its tokens."""
+        self._lock = threading.Lock()
+        self._stats = Stats()
+        self._down_until = 0.0
+        self.cache.after_fork()
+        self.local.budget.after_fork()
+
+    def emit(self, event: Event) -> None:
+        """Calls the event hook, if any; what it raises is logged."""
+        if self._on_event is None:
+            return
+        try:
+            self._on_event(event)
+        except Exception:
+            self.log.exception("policyd_client: the on_event hook raised on %s", event.kind)
 
     def count(self, name: str, n: int = 1) -> None:
         """Adds n to the counter name of Stats."""
@@ -307,6 +443,33 @@ class Core:
         holds do not all call at the instant it ends."""
         return d + self.rand() * max(d / 10, 0.25)
 
+    def reconnect_delay(self, failures: int) -> float:
+        """Returns how long the watch waits before its next try after
+        ``failures`` failed tries in a row: equal jitter over
+        min(cap, base * 2^failures), so never below half of it and never
+        above the cap."""
+        s = self.settings
+        nominal = min(s.reconnect_cap, s.reconnect_base * 2.0 ** min(failures, 64))
+        return nominal / 2 + self.rand() * nominal / 2
+
+    def decorated_call(
+        self,
+        target: str,
+        idempotent: bool,
+        run_id: str,
+        deadline_after: Optional[float],
+        submission: Optional[Callable[..., tuple[str, Union[bytes, str]]]],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Call:
+        """Returns the Call that one invocation of a function decorated with
+        ``retry`` makes."""
+        sid, payload = submission(*args, **kwargs) if submission is not None else ("", b"")
+        return Call(
+            target=target, submission_id=sid, payload=payload, idempotent=idempotent, run_id=run_id,
+            deadline=self.now() + deadline_after if deadline_after is not None else None,
+        )
+
     def begin(self, call: Call, fn: Any) -> "CallState[Any]":
         """Validates a call and returns its state before the first attempt."""
         if not isinstance(call, Call):
@@ -335,6 +498,14 @@ class Core:
             idempotent=call.idempotent, origin=origin, deadline=deadline,
         )
         return CallState(info, timeout=self.settings.attempt_timeout)
+
+
+def value_of(res: Result[T]) -> T:
+    """Returns a decorated function's value: the call's value on success;
+    otherwise raises RetryError from the last exception."""
+    if res.ok:
+        return res.value  # type: ignore[return-value]
+    raise RetryError(res) from res.error
 
 
 def describe(err: BaseException) -> str:
@@ -519,3 +690,123 @@ def admit_from_cache(b: CachedBreaker, now: float) -> str:
     if b.state in OPEN_STATES and (b.forced or b.open_until > now):
         return "open"
     return "ask"
+
+
+class WatchSession:
+    """One WatchBreakers stream's messages applied to the cache: the
+    snapshot is gathered and installed whole at ``snapshot_complete``, later
+    changes one by one. Owned by the thread or task reading the stream."""
+
+    def __init__(self, cache: BreakerCache) -> None:
+        self._cache = cache
+        self._fresh: dict[tuple[str, str], CachedBreaker] = {}
+        #: True once the snapshot is complete.
+        self.complete = False
+
+    def feed(self, msg: rpb.WatchBreakersResponse) -> None:
+        """Applies one message of the stream."""
+        if msg.snapshot_complete:
+            self._cache.replace(self._fresh)
+            self.complete = True
+            return
+        k, v = cached_from_pb(msg.breaker)
+        if self.complete:
+            self._cache.update(k, v)
+        else:
+            self._fresh[k] = v
+
+
+class OutcomeQueue:
+    """The bounded queue of outcomes waiting to be reported. Safe for
+    concurrent use."""
+
+    def __init__(self, core: Core) -> None:
+        self._core = core
+        self._lock = threading.Lock()
+        self._q: collections.deque[PendingOutcome] = collections.deque()
+        self.size, self.cap = core.settings.batch_size, core.settings.queue_size
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    def add(self, o: PendingOutcome) -> bool:
+        """Queues o without blocking; an outcome that finds the queue full
+        is dropped and counted. Says whether a batch is full."""
+        with self._lock:
+            if len(self._q) >= self.cap:
+                self._core.count("outcomes_dropped")
+                return False
+            self._q.append(o)
+            return len(self._q) >= self.size
+
+    def take(self) -> list[PendingOutcome]:
+        """Removes and returns up to one batch."""
+        with self._lock:
+            return [self._q.popleft() for _ in range(min(len(self._q), self.size))]
+
+    def putback(self, batch: list[PendingOutcome]) -> None:
+        """Returns a batch policyd did not take to the front; if that
+        overfills the queue, the oldest outcomes are dropped."""
+        with self._lock:
+            self._q.extendleft(reversed(batch))
+            extra = len(self._q) - self.cap
+            for _ in range(max(extra, 0)):
+                self._q.popleft()
+        if extra > 0:
+            self._core.count("outcomes_dropped", extra)
+
+    def give_up(self) -> int:
+        """Drops everything still queued (policyd cannot take it), logging
+        the calls it belonged to; returns how many outcomes were lost."""
+        with self._lock:
+            lost = list(self._q)
+            self._q.clear()
+        if lost:
+            self._core.count("outcomes_dropped", len(lost))
+            ids = sorted({o.call.call_id for o in lost})
+            self._core.log.warning(
+                "policyd_client: %d outcomes not reported (policyd did not take them in time), of calls %s%s",
+                len(lost), ", ".join(ids[:10]), " ..." if len(ids) > 10 else "",
+            )
+        return len(lost)
+
+
+#: A flush's effect: send this batch; the driver answers None when policyd
+#: took it, or the exception ReportOutcome raised.
+SendBatch = list[PendingOutcome]
+
+
+def flush(core: Core, q: OutcomeQueue) -> Generator[SendBatch, Optional[BaseException], bool]:
+    """Sends everything queued, batch by batch, through the driver; says
+    whether the queue emptied. A batch policyd did not take goes back to the
+    queue; one policyd refuses for good is split so that only the outcomes
+    it refuses are lost."""
+    while True:
+        batch = q.take()
+        if not batch:
+            return True
+        err = yield batch
+        if err is None:
+            core.count("outcomes_sent", len(batch))
+            core.count("report_batches_sent")
+            continue
+        if report_is_transient(err):
+            q.putback(batch)
+            return False
+        # Refused for good: find the outcomes policyd refuses, one by one.
+        for i, o in enumerate(batch):
+            err = yield [o]
+            if err is None:
+                core.count("outcomes_sent")
+                core.count("report_batches_sent")
+                continue
+            if report_is_transient(err):
+                q.putback(batch[i:])
+                return False
+            core.count("outcomes_dropped")
+            core.log.error("policyd refused an outcome of call %s; dropped: %s", o.call.call_id, describe(err))
+
+
+def report_request(batch: SendBatch) -> rpb.ReportOutcomeRequest:
+    """Returns the ReportOutcome request of a batch."""
+    return rpb.ReportOutcomeRequest(outcomes=[o.pb() for o in batch])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Generic, Optional, TypeVar, Union
+from typing import Callable, Generic, Optional, TypeVar, Union
 
 from retrypolicy.v1 import types_pb2
 
@@ -180,6 +180,52 @@ class Stats:
     #: policyd was unreachable at close.
     outcomes_dropped: int = 0
     report_batches_sent: int = 0
+
+
+class EventKind(str, enum.Enum):
+    """What an :class:`Event` reports, as the Go client's event kinds."""
+
+    #: The user's function is about to be called for ``attempt``.
+    ATTEMPT_STARTED = "attempt_started"
+    #: The attempt failed and the call will retry after ``delay`` seconds.
+    RETRY_SCHEDULED = "retry_scheduled"
+    #: The call ended without success: ``disposition``, ``stop_reason``.
+    STOPPED = "stopped"
+    #: policyd did not answer in time (or refused): ``reason`` was decided
+    #: by the local copy of the default policy (a degraded answer).
+    LOCAL_DECISION = "local_decision"
+    #: The watch saw the breaker of ``target`` change to ``breaker_state``.
+    BREAKER_CHANGED = "breaker_changed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Event:
+    """One thing a client did or saw, for metrics and logs: give a client
+    ``on_event=callable``. The hook runs on the thread or task that caused
+    the event (a breaker change: the watch's), so it should be quick; what
+    it raises is logged and otherwise ignored. Fields that do not apply to
+    the kind are empty."""
+
+    kind: EventKind
+    target: str
+    call_id: str = ""
+    attempt: int = 0
+    #: Seconds: the per-attempt timeout (ATTEMPT_STARTED) or the wait
+    #: before the next attempt (RETRY_SCHEDULED).
+    delay: float = 0.0
+    reason: str = ""
+    disposition: Optional[Disposition] = None
+    stop_reason: Optional[StopReason] = None
+    breaker_state: Optional[BreakerState] = None
+    #: True when a decision of this call was made without policyd.
+    local: bool = False
+
+
+#: The hook a client calls for every event.
+EventHook = Callable[[Event], None]
 
 
 class Cancelled(Exception):

@@ -1,42 +1,41 @@
-"""The synchronous client: retry loops over a gRPC channel, with outcome
-batching and the breaker cache on background threads."""
+"""The synchronous client: the core's retry loop driven with blocking
+calls, with outcome batching and the breaker cache on background threads."""
 
 from __future__ import annotations
 
-import collections
 import functools
 import logging
 import threading
 import time
 from types import TracebackType
-from typing import Any, Callable, Optional, ParamSpec, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, ParamSpec, TypeVar, Union
 
 import grpc
 
 from retrypolicy.v1 import retry_policy_service_pb2 as rpb
 from retrypolicy.v1 import retry_policy_service_pb2_grpc as rpb_grpc
 
+from . import _loop
 from ._core import (
     _CURRENT,
-    COOLDOWN,
-    CachedBreaker,
-    CallState,
     Core,
     Metadata,
+    Options,
+    OutcomeQueue,
     PendingOutcome,
-    Settings,
-    admit_from_cache,
+    WatchSession,
     bearer,
-    cached_from_pb,
-    decision_from_pb,
-    describe,
-    from_duration,
-    report_is_transient,
-    stop_reason,
+    drop_inherited,
+    flush,
+    follow_forks,
+    report_request,
+    settings,
+    value_of,
 )
-from ._model import Attempt, BreakerState, Call, Cancelled, Disposition, Result, Stats, StopReason
-from .errors import ClassifiedFailure, RetryError, classify_exception
-from .fallback import Decision
+from ._model import Attempt, BreakerState, Call, EventHook, Result, Stats
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -56,34 +55,28 @@ _NEVER = threading.Event()  # a cancel event nobody sets
 class Client:
     """Runs retry loops with policyd's decisions. Safe for concurrent use by
     many threads; close it (or use it as a context manager) to flush the
-    outcomes it still holds.
+    outcomes it still holds. Safe to make before ``os.fork()``: it dials
+    policyd on first use, in each process that uses it.
 
     Give either ``address`` (``host:port``; the client dials it and owns the
     channel: plaintext, policyd's loopback default, or TLS with
     ``credentials``, e.g. ``grpc.ssl_channel_credentials(...)``) or
     ``channel`` (which the caller keeps owning). ``token`` is the tenant's
     worker token, when policyd requires one: it is sent with every RPC as
-    ``authorization: Bearer <token>``. Times are seconds:
+    ``authorization: Bearer <token>``. The keyword ``options``
+    (``decision_timeout``, ``attempt_timeout``, ``retry_unreachable_after``,
+    ``local_budget``, ``local_budget_per_second``, ``batch_size``,
+    ``flush_interval``, ``queue_size``, ``watch``, ``close_timeout``,
+    ``reconnect_base``, ``reconnect_cap``) are described, with their
+    defaults, in :class:`policyd_client.Settings`.
 
-    - ``decision_timeout`` bounds every decision RPC (Admit, NextDelay); past
-      it the client decides locally. Default 0.25.
-    - ``attempt_timeout`` is the per-attempt timeout until policyd says
-      otherwise. Default 10 (policyd's default).
-    - ``retry_unreachable_after``: after policyd failed to answer, the client
-      decides locally for this long before asking again. Default 1.
-    - ``local_budget`` / ``local_budget_per_second`` size the token bucket
-      for retries decided locally. Defaults 20 and 2.
-    - ``batch_size``, ``flush_interval``, ``queue_size`` shape outcome
-      reporting: batches of up to ``batch_size`` (at most 1000), sent when a
-      batch is full and at least every ``flush_interval``, from a queue of
-      ``queue_size`` (an outcome that finds it full is dropped and counted).
-      Defaults 256, 0.1, 65536.
-    - ``watch``: follow WatchBreakers so attempts against a CLOSED breaker
-      cost no RPC and attempts against an OPEN one fail at once. Default on.
-    - ``sleep(seconds, cancel)`` waits between attempts, returning early when
-      ``cancel`` is set; ``now()`` tells the time in Unix seconds;
-      ``rand()`` draws the local policy's jitter in [0, 1). Tests inject
-      fakes so nothing waits.
+    ``sleep(seconds, cancel)`` waits between attempts, returning early when
+    ``cancel`` is set; ``now()`` tells the time in Unix seconds; ``rand()``
+    draws the jitter in [0, 1); ``reconnect_sleep(seconds, stop)`` waits
+    between the watch's reconnection tries (default: on the stop event).
+    Tests inject fakes so nothing waits. ``on_event(event)`` is called for
+    every :class:`policyd_client.Event` (attempt started, retry scheduled,
+    stopped, local decision, breaker changed).
     """
 
     def __init__(
@@ -94,51 +87,88 @@ class Client:
         channel: Optional[grpc.Channel] = None,
         token: Optional[str] = None,
         credentials: Optional[grpc.ChannelCredentials] = None,
-        decision_timeout: float = 0.25,
-        attempt_timeout: float = 10.0,
-        retry_unreachable_after: float = 1.0,
-        local_budget: float = 20.0,
-        local_budget_per_second: float = 2.0,
-        batch_size: int = 256,
-        flush_interval: float = 0.1,
-        queue_size: int = 65536,
-        watch: bool = True,
         sleep: Optional[SyncSleep] = None,
+        reconnect_sleep: Optional[SyncSleep] = None,
         now: Optional[Callable[[], float]] = None,
         rand: Optional[Callable[[], float]] = None,
         logger: Optional[logging.Logger] = None,
+        on_event: Optional[EventHook] = None,
+        **options: Unpack[Options],
     ) -> None:
         if (address is None) == (channel is None):
             raise ValueError("policyd_client: give exactly one of address and channel")
-        self._core = Core(
-            Settings(tenant, decision_timeout, attempt_timeout, retry_unreachable_after, local_budget,
-                     local_budget_per_second, batch_size, flush_interval, queue_size, watch),
-            now, rand, logger,
-        )
+        self._core = Core(settings(tenant, options), now, rand, logger, on_event)
         self._settings = self._core.settings
         self._now = self._core.now
         self._sleep: SyncSleep = sleep or _sleep
+        self._reconnect_sleep: SyncSleep = reconnect_sleep or _sleep
+        self._address = address
+        self._credentials = credentials
         self._owned = channel is None
         self._md = bearer(token)
-        self._channel: grpc.Channel
-        if channel is not None:
-            self._channel = channel
-        elif credentials is not None:
-            self._channel = grpc.secure_channel(address, credentials)  # type: ignore[arg-type]
-        else:
-            self._channel = grpc.insecure_channel(address)  # type: ignore[arg-type]
-        self._stub = rpb_grpc.RetryPolicyServiceStub(self._channel)
-        self._stopping = threading.Event()
+        self._channel: Optional[grpc.Channel] = channel
         self._closed = False
+        # Guards starting and closing; the channel, the reporter and the
+        # threads start on first use, so a client made before os.fork() and
+        # used only in the children never has gRPC objects in the parent.
         self._close_lock = threading.Lock()
-        self._reporter = _Reporter(self._stub, self._core, self._md)
-        self._threads = [threading.Thread(target=self._reporter.run, name="policyd-outcomes", daemon=True)]
-        self._stream: Optional[Any] = None  # the WatchBreakers call, to cancel
+        self._started = False
         self._stream_lock = threading.Lock()
-        if self._settings.watch:
-            self._threads.append(threading.Thread(target=self._watch, name="policyd-watch", daemon=True))
-        for t in self._threads:
-            t.start()
+        self._stream: Optional[Any] = None  # the WatchBreakers call, to cancel
+        self._init_io()
+        follow_forks(self)
+
+    def _init_io(self) -> None:
+        """Sets up, unstarted, what a process of its own needs: the stop
+        event, the stub, the reporter and the threads."""
+        self._stopping = threading.Event()
+        self._stub: Optional[rpb_grpc.RetryPolicyServiceStub] = None
+        self._reporter: Optional[_Reporter] = None
+        self._threads: list[threading.Thread] = []
+
+    def _start(self) -> tuple["_Reporter", rpb_grpc.RetryPolicyServiceStub]:
+        """Dials policyd (when given an address) and starts the reporter and
+        the watch on first use; returns the reporter and the stub."""
+        r, stub = self._reporter, self._stub
+        if r is not None and stub is not None:
+            return r, stub
+        with self._close_lock:
+            if self._closed:
+                raise RuntimeError("policyd_client: the client is closed")
+            if self._reporter is None:
+                if self._channel is None:
+                    if self._credentials is not None:
+                        self._channel = grpc.secure_channel(self._address, self._credentials)  # type: ignore[arg-type]
+                    else:
+                        self._channel = grpc.insecure_channel(self._address)  # type: ignore[arg-type]
+                self._stub = rpb_grpc.RetryPolicyServiceStub(self._channel)
+                reporter = _Reporter(self._stub, self._core, self._md)
+                self._threads = [threading.Thread(target=reporter.run, name="policyd-outcomes", daemon=True)]
+                if self._settings.watch:
+                    self._threads.append(threading.Thread(target=self._watch, args=(self._stub,), name="policyd-watch",
+                                                          daemon=True))
+                for t in self._threads:
+                    t.start()
+                self._started = True
+                self._reporter = reporter
+            assert self._stub is not None
+            return self._reporter, self._stub
+
+    def _after_fork_in_child(self) -> None:
+        """Runs in a child after os.fork(): drops the parent's channel,
+        stream, threads, locks and queued outcomes (the parent sends those),
+        so that first use in the child dials afresh. A channel the caller
+        gave cannot be redialled; it is kept, with a warning."""
+        self._close_lock = threading.Lock()
+        self._stream_lock = threading.Lock()
+        self._core.after_fork()
+        if self._started:
+            drop_inherited(self._core, self._owned, self._channel, self._stream, self._stub, self._reporter)
+            if self._owned:
+                self._channel = None
+        self._stream = None
+        self._started = False
+        self._init_io()
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -150,27 +180,32 @@ class Client:
     ) -> None:
         self.close()
 
-    def close(self, timeout: float = 10.0) -> int:
+    def close(self, timeout: Optional[float] = None) -> int:
         """Stops watching breakers and flushes every queued outcome, giving
-        policyd up to ``timeout`` seconds, then closes the channel if the
-        client dialled it. Returns the number of outcomes that could not be
-        reported (0 normally). Calls running concurrently with close may lose
-        their reports. Closing twice does nothing."""
+        policyd up to ``timeout`` seconds (default ``close_timeout``, 1 s),
+        then closes the channel if the client dialled it. Returns within
+        about that time whether or not policyd answers, with the number of
+        outcomes that could not be reported (0 normally; they are counted as
+        dropped and logged with their call ids). Calls running concurrently
+        with close may lose their reports. Closing twice does nothing."""
         with self._close_lock:
             if self._closed:
                 return 0
             self._closed = True
-        deadline = time.monotonic() + timeout
+            reporter = self._reporter
+        if reporter is None:
+            return 0  # never used: nothing dialled, nothing queued
+        deadline = time.monotonic() + (self._settings.close_timeout if timeout is None else timeout)
         self._stopping.set()
         with self._stream_lock:
             if self._stream is not None:
                 self._stream.cancel()
-        self._reporter.stop()
+        reporter.stop()
         for t in self._threads:
-            t.join()
-        lost = self._reporter.drain(deadline)
-        if self._owned:
-            self._channel.close()
+            t.join(max(deadline - time.monotonic(), 0.0))  # a flush in flight ends by its RPC timeout
+        lost = reporter.drain(deadline)
+        if self._owned and self._channel is not None:
+            self._channel.close()  # cancels whatever is still in flight
         return lost
 
     def ready(self, timeout: Optional[float] = None) -> bool:
@@ -180,6 +215,7 @@ class Client:
         attempt asks Admit. False at once when ``watch`` is off."""
         if not self._settings.watch:
             return False
+        self._start()
         return self._core.cache.wait(lambda: self._core.cache.live, timeout)
 
     def breaker_state(self, target: str) -> Optional[BreakerState]:
@@ -191,6 +227,7 @@ class Client:
     def wait_breaker_state(self, target: str, state: BreakerState, timeout: Optional[float] = None) -> bool:
         """Blocks until the cache shows target's breaker in ``state`` or
         ``timeout`` seconds pass; says whether it does."""
+        self._start()
         return self._core.cache.wait(lambda: self._core.cache.state(target) == state, timeout)
 
     def stats(self) -> Stats:
@@ -218,62 +255,58 @@ class Client:
         """
         if self._closed:
             raise RuntimeError("policyd_client: the client is closed")
-        st: CallState[T] = self._core.begin(call, fn)
+        st = self._core.begin(call, fn)
+        reporter, stub = self._start()
         cancel = cancel or _NEVER
-        attempt = 0
+        loop = _loop.run(self._core, st)
+        reply: Any = None
         while True:
-            attempt += 1
-            ok, permit = self._admit(st, attempt, cancel)
-            if not ok:
-                return st.result()
-            st.attempts = attempt
-            self._core.count("attempts")
+            try:
+                effect = loop.send(reply)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            reply = self._do(effect, fn, cancel, reporter, stub)
+
+    def _do(
+        self, effect: _loop.Effect, fn: Callable[[Attempt], Any], cancel: threading.Event, reporter: "_Reporter",
+        stub: rpb_grpc.RetryPolicyServiceStub,
+    ) -> Any:
+        """Carries out one effect of the loop, blocking; returns its answer."""
+        dt = self._settings.decision_timeout
+        if isinstance(effect, _loop.Invoke):
+            a = effect.attempt
             start = self._now()
-            a = st.attempt(attempt, start)
             token = _CURRENT.set(a)
-            err: Optional[Exception] = None
             try:
                 value = fn(a)
             except Exception as e:  # every failure of fn is classified
-                err = e
+                latency = max(self._now() - start, 0.0)
+                return _loop.Invoked(error=e, latency=latency, timed_out=a.timeout > 0 and latency >= a.timeout,
+                                     cancelled=cancel.is_set())
             finally:
                 _CURRENT.reset(token)
-            latency = max(self._now() - start, 0.0)
-            if err is None:
-                self._reporter.add(st.succeed(attempt, permit, latency, value))
-                self._core.local.budget.deposit(0.2)
-                return st.result()
-            st.error = err
-            if cancel.is_set():
-                self._reporter.add(st.end(Disposition.DEADLINE_CUT, StopReason.DEADLINE, attempt))
-                return st.result()
-            f = classify_exception(err, timed_out=a.timeout > 0 and latency >= a.timeout)
-            if f.unclassified:
-                # Nothing is known about this error: terminal, never retried blindly.
-                st.reason = f.reason
-                self._reporter.add(st.end(Disposition.FAILED_TERMINAL, StopReason.TERMINAL, attempt))
-                return st.result()
-            dec = self._next(st, attempt, f, permit, cancel)
-            st.reason = dec.reason
-            unrecorded = None
-            if dec.fallback:
-                st.local = True
-                unrecorded = f.failure  # policyd has not seen this failure: report it
-            if not dec.retry:
-                self._reporter.add(
-                    st.end(Disposition.from_pb(dec.disposition), stop_reason(dec.stop_reason), attempt, unrecorded)
-                )
-                return st.result()
-            if unrecorded is not None:
-                self._reporter.add(st.failure(attempt, unrecorded, permit, latency))
-            if dec.attempt_timeout > 0:
-                st.timeout = dec.attempt_timeout
-            st.prev = dec.delay
-            self._sleep(dec.delay, cancel)
-            if cancel.is_set():
-                st.error = Cancelled()
-                self._reporter.add(st.end(Disposition.DEADLINE_CUT, StopReason.DEADLINE, attempt))
-                return st.result()
+            return _loop.Invoked(value=value, latency=max(self._now() - start, 0.0))
+        if isinstance(effect, _loop.Report):
+            reporter.add(effect.outcome)
+            return None
+        if isinstance(effect, _loop.Sleep):
+            self._sleep(effect.seconds, cancel)
+            return cancel.is_set()
+        if isinstance(effect, _loop.Admit):
+            try:
+                return stub.Admit(effect.request, timeout=dt, metadata=self._md)
+            except Exception as e:  # policyd away, slow, or the channel closed
+                return e
+        # Decide: the successes queued before this failure reach the breaker
+        # before it does (a consecutive-failure breaker must not count
+        # failures "in a row" that had successes between them); both share
+        # the decision timeout.
+        deadline = time.monotonic() + dt
+        reporter.flush_now(dt)
+        try:
+            return stub.NextDelay(effect.request, timeout=max(deadline - time.monotonic(), 0.001), metadata=self._md)
+        except Exception as e:
+            return e
 
     def retry(
         self,
@@ -303,180 +336,69 @@ class Client:
         def decorate(fn: Callable[P, T]) -> Callable[P, T]:
             @functools.wraps(fn)
             def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-                sid, payload = submission(*args, **kwargs) if submission is not None else ("", b"")
-                spec = Call(
-                    target=target, submission_id=sid, payload=payload, idempotent=idempotent, run_id=run_id,
-                    deadline=self._now() + deadline_after if deadline_after is not None else None,
-                )
-                res = self.call(spec, lambda _a: fn(*args, **kwargs))
-                if res.ok:
-                    return res.value  # type: ignore[return-value]
-                raise RetryError(res) from res.error
+                spec = self._core.decorated_call(target, idempotent, run_id, deadline_after, submission, args, kwargs)
+                return value_of(self.call(spec, lambda _a: fn(*args, **kwargs)))
 
             return wrapper
 
         return decorate
 
-    def _admit(self, st: CallState[T], attempt: int, cancel: threading.Event) -> tuple[bool, str]:
-        """Asks whether attempt may go ahead; returns (ok, probe permit). It
-        waits out a fleet-wide cool-down when the deadline allows. ok False
-        means the call ended."""
-        core = self._core
-        while True:
-            now = self._now()
-            b = core.cache.lookup(st.info.target)
-            if b is not None:
-                verdict = admit_from_cache(b, now)
-                if verdict == "wait":
-                    if not self._wait_for(st, b.cooldown_until - now, attempt, cancel):
-                        return False, ""
-                    continue
-                if verdict == "go":
-                    return True, ""
-                if verdict == "open":
-                    core.count("fast_fails")
-                    st.reason = "breaker:open"
-                    self._reporter.add(st.end(Disposition.CIRCUIT_OPEN, StopReason.CIRCUIT_OPEN, attempt - 1))
-                    return False, ""
-            if not core.reachable():
-                return True, ""  # policyd is away: the local policy admits
-            core.count("admit_rpcs")
-            try:
-                resp = self._stub.Admit(
-                    rpb.AdmitRequest(call=st.ref, attempt=attempt), timeout=self._settings.decision_timeout, metadata=self._md
-                )
-            except Exception as e:  # policyd away, slow, or the channel closed
-                core.failed(e)
-                return True, ""
-            if resp.admitted:
-                return True, resp.permit_id
-            if resp.reason == COOLDOWN:
-                if not self._wait_for(st, from_duration(resp.retry_after), attempt, cancel):
-                    return False, ""
-                continue
-            st.reason = resp.reason
-            self._reporter.add(st.end(Disposition.CIRCUIT_OPEN, StopReason.CIRCUIT_OPEN, attempt - 1))
-            return False, ""
-
-    def _wait_for(self, st: CallState[T], d: float, attempt: int, cancel: threading.Event) -> bool:
-        """Waits out a fleet-wide cool-down of d seconds (spread) before an
-        attempt, unless the attempt could then not finish by the deadline."""
-        d = self._core.spread(d)
-        if st.deadline is not None and self._now() + d + st.timeout > st.deadline:
-            st.reason = COOLDOWN
-            self._reporter.add(st.end(Disposition.DEADLINE_CUT, StopReason.DEADLINE, attempt - 1))
-            return False
-        self._sleep(d, cancel)
-        if cancel.is_set():
-            st.error = Cancelled()
-            self._reporter.add(st.end(Disposition.DEADLINE_CUT, StopReason.DEADLINE, attempt - 1))
-            return False
-        return True
-
-    def _next(
-        self, st: CallState[T], attempt: int, f: ClassifiedFailure, permit: str, cancel: threading.Event
-    ) -> Decision:
-        """Asks policyd what to do after a failed attempt, or decides locally
-        when policyd does not answer within the decision timeout."""
-        core = self._core
-        if core.reachable():
-            # The successes queued before this failure reach the breaker
-            # before it does (a consecutive-failure breaker must not count
-            # failures "in a row" that had successes between them); both
-            # share the decision timeout.
-            deadline = time.monotonic() + self._settings.decision_timeout
-            self._reporter.flush_now(self._settings.decision_timeout)
-            req = rpb.NextDelayRequest(call=st.ref, attempt=attempt, failure=f.failure, permit_id=permit)
-            if f.pushback is not None:
-                req.pushback.CopyFrom(f.pushback)
-            req.previous_delay.FromNanoseconds(int(st.prev * 1e9))
-            try:
-                left = max(deadline - time.monotonic(), 0.001)
-                return decision_from_pb(self._stub.NextDelay(req, timeout=left, metadata=self._md))
-            except Exception as e:
-                if not cancel.is_set():
-                    core.failed(e)
-        core.count("local_decisions")
-        return core.local.decide(
-            self._now(), st.deadline, attempt, f, st.info.idempotent, st.info.key != ""
-        )
 
     # -- the breaker cache ---------------------------------------------------
 
-    def _watch(self) -> None:
+    def _watch(self, stub: rpb_grpc.RetryPolicyServiceStub) -> None:
         """Keeps the cache in step with policyd until close, reconnecting
-        with capped backoff when the stream breaks."""
-        backoff = 0.1
+        with jittered, capped backoff when the stream breaks."""
+        failures = 0
         while not self._stopping.is_set():
-            if self._follow():
-                backoff = 0.1
+            if self._follow(stub):
+                failures = 0
             self._core.cache.down()
-            if self._stopping.wait(backoff):
-                return
-            backoff = min(2 * backoff, 5.0)
+            self._reconnect_sleep(self._core.reconnect_delay(failures), self._stopping)
+            failures += 1
 
-    def _follow(self) -> bool:
+    def _follow(self, stub: rpb_grpc.RetryPolicyServiceStub) -> bool:
         """Runs one WatchBreakers stream; says whether it got as far as a
         complete snapshot."""
-        cache = self._core.cache
+        session = WatchSession(self._core.cache)
         try:
-            stream = self._stub.WatchBreakers(rpb.WatchBreakersRequest(tenant=self._settings.tenant), metadata=self._md)
-        except Exception:
-            return False
-        with self._stream_lock:
-            self._stream = stream
-        if self._stopping.is_set():
-            stream.cancel()
-        fresh: dict[tuple[str, str], CachedBreaker] = {}
-        complete = False
-        try:
+            stream = stub.WatchBreakers(rpb.WatchBreakersRequest(tenant=self._settings.tenant), metadata=self._md)
+            with self._stream_lock:
+                self._stream = stream
+            if self._stopping.is_set():
+                stream.cancel()
             for msg in stream:
-                if msg.snapshot_complete:
-                    cache.replace(fresh)
-                    complete = True
-                elif not complete:
-                    k, v = cached_from_pb(msg.breaker)
-                    fresh[k] = v
-                else:
-                    k, v = cached_from_pb(msg.breaker)
-                    cache.update(k, v)
+                session.feed(msg)
         except Exception:  # the stream broke (or close cancelled it)
             pass
         finally:
             with self._stream_lock:
                 self._stream = None
-        return complete
+        return session.complete
 
 
 class _Reporter:
-    """Queues outcomes and sends them to policyd in batches on a background
-    thread, off the worker's path: a full batch or a tick sends; a batch
-    policyd did not take stays queued and is sent again; a batch policyd
-    refuses for good is split so that only the refused outcomes are lost;
-    close drains what is left."""
+    """Sends the outcome queue to policyd in batches on a background thread,
+    off the worker's path: a full batch or a tick sends (the core's
+    :func:`flush` decides what to send again and what to drop); close drains
+    what is left."""
 
     def __init__(self, stub: rpb_grpc.RetryPolicyServiceStub, core: Core, md: Metadata) -> None:
         self._stub = stub
         self._md = md
         self._core = core
-        s = core.settings
-        self._size, self._every, self._cap = s.batch_size, s.flush_interval, s.queue_size
-        self._rpc_timeout = 4 * s.decision_timeout
-        self._q: collections.deque[PendingOutcome] = collections.deque()
+        self._q = OutcomeQueue(core)
+        self._every = core.settings.flush_interval
+        self._rpc_timeout = 4 * core.settings.decision_timeout
         self._cond = threading.Condition()
         self._stopped = False
         # Workers waiting for the queue to be sent (flush_now).
         self._requests: list[threading.Event] = []
 
     def add(self, o: PendingOutcome) -> None:
-        """Queues o without blocking; an outcome that finds the queue full
-        is dropped and counted."""
-        with self._cond:
-            if len(self._q) >= self._cap:
-                self._core.count("outcomes_dropped")
-                return
-            self._q.append(o)
-            if len(self._q) >= self._size:
+        """Queues o without blocking."""
+        if self._q.add(o):
+            with self._cond:
                 self._cond.notify()
 
     def flush_now(self, timeout: float) -> None:
@@ -504,7 +426,7 @@ class _Reporter:
         backoff = False  # the last flush failed: wait for the tick
         while True:
             with self._cond:
-                while not self._stopped and not self._requests and (backoff or len(self._q) < self._size):
+                while not self._stopped and not self._requests and (backoff or len(self._q) < self._q.size):
                     left = tick - time.monotonic()
                     if left <= 0:
                         break
@@ -518,67 +440,31 @@ class _Reporter:
             for r in requests:
                 r.set()
 
-    def _take(self) -> list[PendingOutcome]:
-        with self._cond:
-            return [self._q.popleft() for _ in range(min(len(self._q), self._size))]
-
-    def _putback(self, batch: list[PendingOutcome]) -> None:
-        with self._cond:
-            self._q.extendleft(reversed(batch))
-            extra = len(self._q) - self._cap
-            for _ in range(max(extra, 0)):
-                self._q.popleft()  # the oldest go first
-            if extra > 0:
-                self._core.count("outcomes_dropped", extra)
-
-    def _send(self, batch: list[PendingOutcome], timeout: float) -> Optional[Exception]:
-        try:
-            self._stub.ReportOutcome(rpb.ReportOutcomeRequest(outcomes=[o.pb() for o in batch]), timeout=timeout, metadata=self._md
-            )
-        except Exception as e:
-            return e
-        self._core.count("outcomes_sent", len(batch))
-        self._core.count("report_batches_sent")
-        return None
-
     def _flush(self, timeout: float) -> bool:
-        """Sends everything queued; says whether the queue emptied."""
+        """Drives the core's flush with blocking ReportOutcome calls."""
+        steps = flush(self._core, self._q)
+        err: Optional[BaseException] = None
         while True:
-            batch = self._take()
-            if not batch:
-                return True
-            err = self._send(batch, timeout)
-            if err is None:
-                continue
-            if report_is_transient(err):
-                self._putback(batch)
-                return False
-            # Refused for good: find the outcomes policyd refuses, one by one.
-            for i, o in enumerate(batch):
-                err = self._send([o], timeout)
-                if err is None:
-                    continue
-                if report_is_transient(err):
-                    self._putback(batch[i:])
-                    return False
-                self._core.count("outcomes_dropped")
-                self._core.log.error("policyd refused an outcome of call %s; dropped: %s", o.call.call_id, describe(err))
+            try:
+                batch = steps.send(err)
+            except StopIteration as done:
+                return bool(done.value)
+            try:
+                self._stub.ReportOutcome(report_request(batch), timeout=timeout, metadata=self._md)
+                err = None
+            except Exception as e:
+                err = e
 
     def drain(self, deadline: float) -> int:
-        """Sends everything still queued, after run has returned, until
-        ``deadline`` (time.monotonic). Returns the number of outcomes policyd
-        could not take, which are counted as dropped."""
+        """Sends everything still queued until ``deadline``
+        (time.monotonic); returns the number of outcomes policyd did not
+        take by then, which are counted as dropped and logged."""
         wait = threading.Event()
         while True:
             left = deadline - time.monotonic()
-            if self._flush(max(min(self._rpc_timeout, left), 0.001)):
+            if left > 0 and self._flush(min(self._rpc_timeout, left)):
                 return 0
             left = deadline - time.monotonic()
             if left <= 0:
-                with self._cond:
-                    lost = len(self._q)
-                    self._q.clear()
-                self._core.count("outcomes_dropped", lost)
-                self._core.log.warning("policyd_client: %d outcomes not reported", lost)
-                return lost
+                return self._q.give_up()
             wait.wait(min(0.05, left))

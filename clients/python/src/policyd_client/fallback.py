@@ -7,22 +7,25 @@ at 30 s, 3 attempts, a Retry-After hint never undercut (spread above it by
 max(10 %, 250 ms)), the deadline checked before the wait with the attempt
 timeout reserved, and a local token bucket so a fleet cut off from policyd
 cannot storm its upstreams. Like policyd's default policy (and unlike the Go
-client, see the package README), a hint is honoured up to one hour.
+client, see the package README), a hint is honoured up to one hour: every
+valid hint, however large, is capped there rather than ignored; a negative
+grpc-retry-pushback-ms stops (SERVER_PUSHBACK) and "-0" is zero.
 """
 
 from __future__ import annotations
 
+import email.utils
 import re
 import threading
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import timezone
 from typing import Callable, Optional
 
 from retrypolicy.v1 import types_pb2
 
 from .errors import ClassifiedFailure
 
-__all__ = ["LocalPolicy", "LocalBudget", "classify_local", "parse_retry_after"]
+__all__ = ["LocalPolicy", "LocalBudget", "classify_local", "parse_hints", "parse_retry_after"]
 
 Category = int  # a retrypolicy.v1.Category value
 
@@ -82,31 +85,81 @@ def classify_local(f: types_pb2.Failure, idempotent: bool, has_key: bool) -> tup
     return cat, reason
 
 
-_DELTA = re.compile(r"[0-9]+")
-_HTTP_DATE_FORMATS = (
-    "%a, %d %b %Y %H:%M:%S GMT",  # IMF-fixdate
-    "%A, %d-%b-%y %H:%M:%S GMT",  # RFC 850
-    "%a %b %d %H:%M:%S %Y",  # asctime
-)
+_INTEGER = re.compile(r"(-?)([0-9]+)")
+
+#: X-RateLimit-Reset values above this are Unix times, not counts of seconds.
+_UNIX_THRESHOLD = 1_000_000_000
+
+
+def _integer(value: str) -> Optional[int]:
+    """Parses a decimal integer of any size (ASCII digits, an optional
+    leading '-'); "-0" is 0. None for anything else."""
+    m = _INTEGER.fullmatch(value.strip())
+    if m is None:
+        return None
+    n = int(m.group(2))
+    return -n if m.group(1) else n
+
+
+def _http_date(value: str) -> Optional[float]:
+    """Parses an HTTP-date in any of the three RFC 9110 forms with
+    email.utils (locale independent) into Unix seconds; None for anything
+    else, including a zone other than GMT."""
+    if "," in value and not value.endswith(" GMT"):
+        return None
+    try:
+        t = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if t.tzinfo is None:  # asctime: UTC by definition
+        t = t.replace(tzinfo=timezone.utc)
+    return t.timestamp()
 
 
 def parse_retry_after(value: str, now: float) -> Optional[float]:
     """Parses a Retry-After value, delta-seconds or an HTTP-date in any of the
     three RFC 9110 forms, into seconds from ``now`` (Unix seconds); a date in
-    the past gives 0. Anything else gives None: the hint is ignored."""
+    the past gives 0. Any valid value counts, however large (the policy's
+    ``max_hint`` caps what is honoured); "-0" is 0. Anything else (a
+    negative delta, garbage) gives None: the hint is ignored."""
     v = value.strip()
     if not v:
         return None
-    if _DELTA.fullmatch(v):
-        n = int(v)
-        return float(n) if n <= 0xFFFFFFFF else None
-    for fmt in _HTTP_DATE_FORMATS:
-        try:
-            t = datetime.strptime(v, fmt).replace(tzinfo=timezone.utc)
-        except ValueError:
-            continue
-        return max(t.timestamp() - now, 0.0)
-    return None
+    if v[0] == "-" or v[0].isdigit():
+        n = _integer(v)
+        return float(n) if n is not None and n >= 0 else None
+    t = _http_date(v)
+    return None if t is None else max(t - now, 0.0)
+
+
+def parse_hints(pushback: Optional[types_pb2.Pushback], now: float) -> tuple[Optional[float], bool]:
+    """Combines a response's pushback headers as policy.ParseHints does:
+    returns (the largest valid wait in seconds or None, do-not-retry). A
+    negative grpc-retry-pushback-ms (but not "-0") means do not retry and
+    wins over everything; other negative or unparseable values are ignored.
+    Valid values are never refused for their size."""
+    if pushback is None:
+        return None, False
+    waits: list[float] = []
+    if pushback.retry_after:
+        ra = parse_retry_after(pushback.retry_after, now)
+        if ra is not None:
+            waits.append(ra)
+    if pushback.grpc_retry_pushback_ms:
+        ms = _integer(pushback.grpc_retry_pushback_ms)
+        if ms is not None and ms < 0:
+            return None, True
+        if ms is not None:
+            waits.append(ms / 1000)
+    if pushback.x_ratelimit_reset:
+        n = _integer(pushback.x_ratelimit_reset)
+        if n is not None and n >= 0:
+            waits.append(max(n - now, 0.0) if n > _UNIX_THRESHOLD else float(n))
+    if pushback.x_amz_retry_after:
+        ms = _integer(pushback.x_amz_retry_after)
+        if ms is not None and ms >= 0:
+            waits.append(ms / 1000)
+    return (max(waits) if waits else None), False
 
 
 class LocalBudget:
@@ -119,6 +172,10 @@ class LocalBudget:
         self.tokens = capacity
         self.per_second = per_second
         self._last: Optional[float] = None
+
+    def after_fork(self) -> None:
+        """Rebuilds the lock in a child after os.fork()."""
+        self._lock = threading.Lock()
 
     def take(self, now: float, cost: float) -> bool:
         """Withdraws ``cost`` tokens at ``now`` (Unix seconds) if there are
@@ -192,9 +249,11 @@ class LocalPolicy:
             return stop(types_pb2.STOP_REASON_NOT_IDEMPOTENT, types_pb2.DISPOSITION_DEAD_LETTER)
         if attempt >= self.max_attempts:
             return stop(types_pb2.STOP_REASON_ATTEMPTS_EXHAUSTED, types_pb2.DISPOSITION_DEAD_LETTER)
+        hint, do_not_retry = parse_hints(f.pushback, now)
+        if do_not_retry:
+            return stop(types_pb2.STOP_REASON_SERVER_PUSHBACK, types_pb2.DISPOSITION_DEAD_LETTER)
         nominal = min(self.base * self.factor ** (attempt - 1), self.cap)
         delay = self._rand() * nominal
-        hint = parse_retry_after(f.pushback.retry_after, now) if f.pushback is not None else None
         if hint is not None:
             hint = min(hint, self.max_hint)
             spread = max(hint / 10, 0.25)

@@ -1,0 +1,226 @@
+"""The retry loop, written once and without I/O: a generator that yields
+the effects one call needs (admit, invoke the user's function, sleep, ask
+for a decision, report an outcome) and is sent back what each effect
+produced. The sync client drives it with blocking calls on its thread; the
+asyncio client with awaits on its loop. Neither driver decides anything, so
+the two cannot drift apart (httpcore's approach).
+
+A driver answers each effect:
+
+- :class:`Admit`: the ``AdmitResponse``, or the exception the RPC raised;
+- :class:`Invoke`: an :class:`Invoked` (the value or the exception, the
+  latency, whether it overran its timeout, whether the call was cancelled);
+- :class:`Sleep`: True when the call was cancelled while it waited;
+- :class:`Decide`: the ``NextDelayResponse``, or the exception;
+- :class:`Report`: None (queueing never blocks).
+
+Cancellation that arrives as an exception (an asyncio task's) is thrown into
+the generator as :class:`CallCancelled`; it reports the call as
+DEADLINE_CUT and returns. A future idempotency claim is one more effect
+before the first :class:`Invoke`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generator, NamedTuple, Optional, Union
+
+from retrypolicy.v1 import retry_policy_service_pb2 as rpb
+
+from ._core import (
+    COOLDOWN,
+    CallState,
+    Core,
+    PendingOutcome,
+    admit_from_cache,
+    decision_from_pb,
+    from_duration,
+    stop_reason,
+)
+from ._model import Attempt, Cancelled, Disposition, Event, EventKind, Result, StopReason
+from .errors import ClassifiedFailure, classify_exception
+from .fallback import Decision
+
+
+class Admit(NamedTuple):
+    """Ask policyd's Admit whether the attempt may go ahead."""
+
+    request: rpb.AdmitRequest
+
+
+class Invoke(NamedTuple):
+    """Call the user's function for one attempt."""
+
+    attempt: Attempt
+
+
+class Invoked(NamedTuple):
+    """What one attempt of the user's function did."""
+
+    value: Any = None
+    error: Optional[Exception] = None
+    latency: float = 0.0
+    timed_out: bool = False
+    cancelled: bool = False
+
+
+class Sleep(NamedTuple):
+    """Wait ``seconds`` before going on (interruptible by cancellation)."""
+
+    seconds: float
+
+
+class Decide(NamedTuple):
+    """Send the queued outcomes, then ask policyd's NextDelay; both within
+    the decision timeout."""
+
+    request: rpb.NextDelayRequest
+
+
+class Report(NamedTuple):
+    """Queue an outcome for the reporter."""
+
+    outcome: PendingOutcome
+
+
+Effect = Union[Admit, Invoke, Sleep, Decide, Report]
+Loop = Generator[Effect, Any, Result[Any]]
+
+
+class CallCancelled(Exception):
+    """Thrown into the loop by a driver whose call was cancelled."""
+
+
+def run(core: Core, st: CallState[Any]) -> Loop:
+    """Runs one call to its end; see the module doc for the protocol."""
+    try:
+        res = yield from _attempts(core, st)
+    except CallCancelled:
+        if not st.ended:
+            st.error = Cancelled()
+            yield Report(st.end(Disposition.DEADLINE_CUT, StopReason.DEADLINE, st.attempts))
+        res = st.result()
+    if not res.ok and core.observed:
+        core.emit(Event(EventKind.STOPPED, target=st.info.target, call_id=st.info.call_id, attempt=res.attempts,
+                        reason=res.reason, disposition=res.disposition, stop_reason=res.stop_reason, local=res.local))
+    return res
+
+
+def _attempts(core: Core, st: CallState[Any]) -> Loop:
+    attempt = 0
+    while True:
+        attempt += 1
+        permit = yield from _admit(core, st, attempt)
+        if permit is None:
+            return st.result()
+        st.attempts = attempt
+        core.count("attempts")
+        a = st.attempt(attempt, core.now())
+        if core.observed:
+            core.emit(Event(EventKind.ATTEMPT_STARTED, target=st.info.target, call_id=st.info.call_id,
+                            attempt=attempt, delay=a.timeout))
+        got: Invoked = yield Invoke(a)
+        if got.error is None:
+            yield Report(st.succeed(attempt, permit, got.latency, got.value))
+            core.local.budget.deposit(0.2)
+            return st.result()
+        st.error = got.error
+        if got.cancelled:
+            yield Report(st.end(Disposition.DEADLINE_CUT, StopReason.DEADLINE, attempt))
+            return st.result()
+        f = classify_exception(got.error, timed_out=got.timed_out)
+        if f.unclassified:
+            # Nothing is known about this error: terminal, never retried blindly.
+            st.reason = f.reason
+            yield Report(st.end(Disposition.FAILED_TERMINAL, StopReason.TERMINAL, attempt))
+            return st.result()
+        dec = yield from _decide(core, st, attempt, f, permit)
+        st.reason = dec.reason
+        unrecorded = None
+        if dec.fallback:
+            st.local = True
+            unrecorded = f.failure  # policyd has not seen this failure: report it
+        if not dec.retry:
+            yield Report(st.end(Disposition.from_pb(dec.disposition), stop_reason(dec.stop_reason), attempt, unrecorded))
+            return st.result()
+        if unrecorded is not None:
+            yield Report(st.failure(attempt, unrecorded, permit, got.latency))
+        if dec.attempt_timeout > 0:
+            st.timeout = dec.attempt_timeout
+        st.prev = dec.delay
+        if core.observed:
+            core.emit(Event(EventKind.RETRY_SCHEDULED, target=st.info.target, call_id=st.info.call_id,
+                            attempt=attempt, delay=dec.delay, reason=dec.reason, local=dec.fallback))
+        if (yield Sleep(dec.delay)):
+            raise CallCancelled
+
+
+def _admit(core: Core, st: CallState[Any], attempt: int) -> Generator[Effect, Any, Optional[str]]:
+    """Says whether attempt may go ahead: its probe permit ("" for none),
+    or None when the call ended. It waits out a fleet-wide cool-down when
+    the deadline allows."""
+    while True:
+        now = core.now()
+        b = core.cache.lookup(st.info.target)
+        if b is not None:
+            verdict = admit_from_cache(b, now)
+            if verdict == "wait":
+                if not (yield from _cooldown(core, st, b.cooldown_until - now)):
+                    return None
+                continue
+            if verdict == "go":
+                return ""
+            if verdict == "open":
+                core.count("fast_fails")
+                st.reason = "breaker:open"
+                yield Report(st.end(Disposition.CIRCUIT_OPEN, StopReason.CIRCUIT_OPEN, st.attempts))
+                return None
+        if not core.reachable():
+            return ""  # policyd is away: the local policy admits
+        core.count("admit_rpcs")
+        resp = yield Admit(rpb.AdmitRequest(call=st.ref, attempt=attempt))
+        if isinstance(resp, BaseException):  # policyd away, slow, or the channel closed
+            core.failed(resp)
+            return ""
+        if resp.admitted:
+            return str(resp.permit_id)
+        if resp.reason == COOLDOWN:
+            if not (yield from _cooldown(core, st, from_duration(resp.retry_after))):
+                return None
+            continue
+        st.reason = resp.reason
+        yield Report(st.end(Disposition.CIRCUIT_OPEN, StopReason.CIRCUIT_OPEN, st.attempts))
+        return None
+
+
+def _cooldown(core: Core, st: CallState[Any], d: float) -> Generator[Effect, Any, bool]:
+    """Waits out a fleet-wide cool-down of d seconds (spread) before an
+    attempt, unless the attempt could then not finish by the deadline; says
+    whether to go on."""
+    d = core.spread(d)
+    if st.deadline is not None and core.now() + d + st.timeout > st.deadline:
+        st.reason = COOLDOWN
+        yield Report(st.end(Disposition.DEADLINE_CUT, StopReason.DEADLINE, st.attempts))
+        return False
+    if (yield Sleep(d)):
+        raise CallCancelled
+    return True
+
+
+def _decide(core: Core, st: CallState[Any], attempt: int, f: ClassifiedFailure, permit: str) -> Generator[Effect, Any, Decision]:
+    """Asks policyd what to do after a failed attempt, or decides locally
+    when policyd does not answer within the decision timeout."""
+    if core.reachable():
+        req = rpb.NextDelayRequest(call=st.ref, attempt=attempt, failure=f.failure, permit_id=permit)
+        if f.pushback is not None:
+            req.pushback.CopyFrom(f.pushback)
+        req.previous_delay.FromNanoseconds(int(st.prev * 1e9))
+        resp = yield Decide(req)
+        if not isinstance(resp, BaseException):
+            return decision_from_pb(resp)
+        core.failed(resp)
+    core.count("local_decisions")
+    dec = core.local.decide(core.now(), st.deadline, attempt, f, st.info.idempotent, st.info.key != "")
+    if core.observed:
+        core.emit(Event(EventKind.LOCAL_DECISION, target=st.info.target, call_id=st.info.call_id, attempt=attempt,
+                        delay=dec.delay, reason=dec.reason, local=True))
+    return dec

@@ -1,0 +1,109 @@
+package main
+
+import (
+	"encoding/json"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestAdminCLIPolish runs the admin commands against a real daemon, the way
+// an operator does, and checks what they print.
+func TestAdminCLIPolish(t *testing.T) {
+	dir := t.TempDir()
+	db := filepath.Join(dir, "policyd.db")
+	d := startDaemon(t, db)
+	d.conn(t)
+	cli := func(t *testing.T, in string, args ...string) (string, error) {
+		t.Helper()
+		out, err := runCLI(t, in, append(args, "--addr", d.addr)...)
+		return string(out), err
+	}
+
+	t.Run("tenant set shows no counters it does not have", func(t *testing.T) {
+		// Failed before the fix: set printed TOKENS 0.00 while get showed 100.00.
+		out, err := cli(t, dir, "tenant", "set", "acme", "--capacity", "100", "--ratio", "0.1")
+		if err != nil {
+			t.Fatalf("tenant set: %v: %s", err, out)
+		}
+		if strings.Contains(out, "TOKENS") || strings.Contains(out, "0.00") {
+			t.Errorf("tenant set printed counters it was not given:\n%s", out)
+		}
+		if !strings.Contains(out, "acme") || !strings.Contains(out, "100") {
+			t.Errorf("tenant set does not show the stored budget:\n%s", out)
+		}
+		out, err = cli(t, dir, "tenant", "get", "acme")
+		if err != nil || !strings.Contains(out, "100.00") {
+			t.Errorf("tenant get: got %v:\n%s\nwant 100.00 tokens", err, out)
+		}
+	})
+
+	t.Run("policy set and get print a table with names", func(t *testing.T) {
+		// Failed before the fix: both printed raw JSON, gRPC codes as numbers.
+		out, err := cli(t, dir, "policy", "set", "--tenant", "acme", "--target", "geocoder", "--max-attempts", "5",
+			"--base", "1s", "--cap", "20s", "--jitter", "equal")
+		if err != nil {
+			t.Fatalf("policy set: %v: %s", err, out)
+		}
+		for _, want := range []string{"max attempts", "5", "EQUAL", "1s", "20s", "UNAVAILABLE", "CONSECUTIVE", "acme", "geocoder"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("policy set: no %q in\n%s", want, out)
+			}
+		}
+		if strings.Contains(out, "{") {
+			t.Errorf("policy set printed JSON without --json:\n%s", out)
+		}
+		out, err = cli(t, dir, "policy", "get", "--tenant", "acme", "--target", "geocoder", "--effective")
+		if err != nil || !strings.Contains(out, "EQUAL") || !strings.Contains(out, "RESOURCE_EXHAUSTED") {
+			t.Errorf("policy get: got %v:\n%s", err, out)
+		}
+		out, err = cli(t, dir, "policy", "get", "--tenant", "acme", "--target", "geocoder", "--json")
+		var v struct {
+			Entry struct {
+				Policy struct {
+					Backoff struct{ Jitter string }
+				}
+			}
+		}
+		if err != nil || json.Unmarshal([]byte(out), &v) != nil || v.Entry.Policy.Backoff.Jitter != "JITTER_EQUAL" {
+			t.Errorf("policy get --json: got %v:\n%s\nwant JSON with the jitter's name", err, out)
+		}
+	})
+
+	t.Run("errors read without internal prefixes", func(t *testing.T) {
+		// Failed before the fix: "rpc error: code = NotFound desc = tenant
+		// \"ghost\": breakerstore: not found: budget of tenant \"ghost\"".
+		out, err := cli(t, dir, "tenant", "get", "ghost")
+		if err == nil {
+			t.Fatalf("tenant get ghost exited 0: %s", out)
+		}
+		if got, want := strings.TrimSpace(out), `policyd: tenant "ghost": not found (NotFound)`; got != want {
+			t.Errorf("got %q, want %q", got, want)
+		}
+	})
+
+	t.Run("a token file that is not there is named", func(t *testing.T) {
+		// Failed before the fix: from another directory the default file
+		// was skipped without a word and the daemon answered
+		// "rpc error: code = Unauthenticated ...".
+		elsewhere := t.TempDir()
+		out, err := cli(t, elsewhere, "breakers")
+		if err == nil {
+			t.Fatalf("breakers without a token exited 0: %s", out)
+		}
+		for _, want := range []string{"Unauthenticated", "policyd.db.admin-token", elsewhere, "--token-file"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("no %q in %q", want, out)
+			}
+		}
+		missing := filepath.Join(elsewhere, "nope.token")
+		out, err = cli(t, elsewhere, "breakers", "--token-file", missing)
+		if err == nil || !strings.Contains(out, "--token-file "+missing) || !strings.Contains(out, "no such file") {
+			t.Errorf("an explicit missing --token-file: got %v, %q; want an error naming it", err, out)
+		}
+		// Next to the database the default works.
+		if out, err := cli(t, dir, "breakers"); err != nil {
+			t.Errorf("breakers next to the database: %v: %s", err, out)
+		}
+	})
+}
