@@ -223,15 +223,24 @@ func (s *Store) adminBreaker(key policy.BreakerKey, op string, st policy.Breaker
 	return got.snapshot(key), nil
 }
 
-// Subscribe streams the current states of tenant's breakers (every known
-// tenant's when tenant is empty), then SnapshotDone, then every
-// transition and new cool-down made by any replica, in order per breaker.
-// The channel is closed when the subscriber falls behind (more than buffer
-// events waiting), when Redis cannot be read at subscription, or when
-// cancel is called. Tenants first seen after a subscription to all of
-// them are not included in it.
+// DefaultSubscriptionBuffer is the number of changes that may queue behind
+// a subscriber when Subscribe is given buffer <= 0.
+const DefaultSubscriptionBuffer = 64
+
+// Subscribe streams the current states of tenant's breakers and of the
+// target-scoped ones every tenant shares (every known tenant's when tenant
+// is empty), sorted by key, then SnapshotDone, then every transition and
+// new cool-down made by any replica, in order per breaker. buffer
+// (default DefaultSubscriptionBuffer) is the number of changes that may
+// queue behind a slow reader; the snapshot never counts against it. The
+// channel is closed when the reader falls further behind, when Redis
+// cannot be read at subscription, or when cancel is called. Tenants first
+// seen after a subscription to all of them are not included in it.
 func (s *Store) Subscribe(tenant string, buffer int) (<-chan policy.BreakerEvent, func()) {
-	sb := &sub{ch: make(chan policy.BreakerEvent, max(buffer, 1))}
+	if buffer <= 0 {
+		buffer = DefaultSubscriptionBuffer
+	}
+	sb := &sub{buffer: buffer}
 	var feeds []*feed
 	cancel := func() {
 		for _, f := range feeds {
@@ -242,12 +251,13 @@ func (s *Store) Subscribe(tenant string, buffer int) (<-chan policy.BreakerEvent
 	fail := func(err error) (<-chan policy.BreakerEvent, func()) {
 		s.log.Error("redisstore: subscription failed", "tenant", tenant, "err", err)
 		cancel()
+		sb.start(nil) // a closed channel
 		return sb.ch, cancel
 	}
 	if err := s.check(); err != nil {
 		return fail(err)
 	}
-	tenants := []string{tenant}
+	tenants := []string{"", tenant}
 	if tenant == "" {
 		var err error
 		if tenants, err = s.tenants(); err != nil {

@@ -131,11 +131,12 @@ func (f *feed) remove(sb *sub) {
 }
 
 // sub is one subscription. Until it goes live, changes wait in pending
-// (the current states go first); a subscriber that falls behind (a full
-// channel, or more pending changes than its buffer) is closed.
+// (the current states go first); a subscriber that falls behind (more
+// than buffer changes waiting) is closed.
 type sub struct {
 	mu      sync.Mutex
 	ch      chan policy.BreakerEvent
+	buffer  int
 	pending []policy.BreakerEvent
 	live    bool
 	closed  bool
@@ -148,7 +149,7 @@ func (sb *sub) send(ev policy.BreakerEvent) bool {
 	switch {
 	case sb.closed:
 		return false
-	case !sb.live && len(sb.pending) < cap(sb.ch):
+	case !sb.live && len(sb.pending) < sb.buffer:
 		sb.pending = append(sb.pending, ev)
 		return true
 	case sb.live:
@@ -159,16 +160,22 @@ func (sb *sub) send(ev policy.BreakerEvent) bool {
 		}
 	}
 	sb.closed = true
-	close(sb.ch)
+	if sb.ch != nil {
+		close(sb.ch)
+	}
 	return false
 }
 
-// start sends the current states, the end-of-snapshot marker and the
-// changes that came meanwhile, then goes live.
+// start makes the channel (room for the snapshot and buffer changes: the
+// snapshot never counts against the buffer), sends the current states,
+// the end-of-snapshot marker and the changes that came meanwhile, and goes
+// live.
 func (sb *sub) start(initial []policy.BreakerEvent) {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
+	sb.ch = make(chan policy.BreakerEvent, len(initial)+1+sb.buffer)
 	if sb.closed {
+		close(sb.ch)
 		return
 	}
 	for _, ev := range append(append(initial, policy.BreakerEvent{SnapshotDone: true}), sb.pending...) {
@@ -188,6 +195,8 @@ func (sb *sub) close() {
 	defer sb.mu.Unlock()
 	if !sb.closed {
 		sb.closed = true
-		close(sb.ch)
+		if sb.ch != nil {
+			close(sb.ch)
+		}
 	}
 }
