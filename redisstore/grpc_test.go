@@ -16,7 +16,7 @@ import (
 
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 	"github.com/policyd/policyd/redisstore"
-	"github.com/policyd/policyd/redisstore/internal/redistest"
+	"github.com/policyd/policyd/internal/redistest"
 	"github.com/policyd/policyd/server"
 )
 

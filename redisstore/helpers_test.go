@@ -7,7 +7,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/policyd/policyd/redisstore/internal/redistest"
+	"github.com/policyd/policyd/internal/redistest"
 )
 
 // standalone starts a Redis server for t, loads the library and returns a

@@ -8,7 +8,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/policyd/policyd/redisstore"
-	"github.com/policyd/policyd/redisstore/internal/redistest"
+	"github.com/policyd/policyd/internal/redistest"
 )
 
 // replicas opens n Stores over client c, closed when t ends.

@@ -82,9 +82,11 @@ func (o *observeConfig) start(ctx context.Context, store *breakerstore.Store, lo
 		reg.MustRegister(
 			collectors.NewGoCollector(),
 			collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-			storeCollector(store),
 			buildInfoCollector(readBuildVersion()),
 		)
+		if store != nil { // the bbolt store's write statistics; a Redis store has none yet
+			reg.MustRegister(storeCollector(store))
+		}
 		if loader != nil {
 			reg.MustRegister(reloadCollector(loader))
 		}
