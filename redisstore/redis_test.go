@@ -7,6 +7,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/redisstore"
 	"github.com/policyd/policyd/internal/redistest"
 )
@@ -60,4 +61,64 @@ func TestBehavioursCluster(t *testing.T) {
 	runBehaviours(t, func(t *testing.T, k int) Fleet {
 		return replicas(t, k, func() redis.UniversalClient { return redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs}) })
 	})
+}
+
+// TestFeedResumesAfterReconnect: while one replica makes transitions,
+// every client connection to Redis is killed again and again (CLIENT
+// KILL); a subscriber on another replica still sees every transition,
+// in order, none twice: its feed reads on from the last entry id it saw.
+func TestFeedResumesAfterReconnect(t *testing.T) {
+	srv := redistest.Standalone(t)
+	f := replicas(t, 2, func() redis.UniversalClient { return redis.NewClient(&redis.Options{Addr: srv.Addr}) })
+	killer := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = killer.Close() })
+	key := policy.BreakerKey{Tenant: "flaky", Target: "x"}
+	if _, err := f.Replicas[0].ForceBreaker(key, policy.BreakerClosed); err != nil {
+		t.Fatal(err)
+	}
+	events, cancel := f.Replicas[1].Subscribe("flaky", 1024)
+	defer cancel()
+	for ev := range events {
+		if ev.SnapshotDone {
+			break
+		}
+	}
+	const transitions = 20
+	var killed int64
+	for i := range transitions {
+		n, err := killer.ClientKillByFilter(context.Background(), "TYPE", "normal", "SKIPME", "yes").Result()
+		if err != nil {
+			t.Fatalf("CLIENT KILL: %v", err)
+		}
+		killed += n
+		for range 10 { // the killed connections fail once each; the next try reconnects
+			if i%2 == 0 {
+				_, err = f.Replicas[0].ForceBreaker(key, policy.BreakerOpen)
+			} else {
+				_, err = f.Replicas[0].ForceBreaker(key, policy.BreakerClosed)
+			}
+			if err == nil {
+				break
+			}
+		}
+		if err != nil {
+			t.Fatalf("ForceBreaker after the kill: %v", err)
+		}
+	}
+	if killed < transitions {
+		t.Fatalf("killed %d connections over %d rounds; the test needs the feed's among them", killed, transitions)
+	}
+	for want := uint64(2); want < 2+transitions; want++ {
+		select {
+		case ev, ok := <-events:
+			if !ok {
+				t.Fatalf("subscription closed before generation %d", want)
+			}
+			if ev.Snapshot.Generation != want {
+				t.Fatalf("event of generation %d, want %d (in order, none lost, none twice)", ev.Snapshot.Generation, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no event of generation %d within 10s", want)
+		}
+	}
 }
