@@ -15,8 +15,9 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
-	"github.com/policyd/policyd/redisstore"
+	"github.com/policyd/policyd/internal/enginetest"
 	"github.com/policyd/policyd/internal/redistest"
+	"github.com/policyd/policyd/redisstore"
 	"github.com/policyd/policyd/server"
 )
 
@@ -202,7 +203,7 @@ func TestReplicasOverGRPC(t *testing.T) {
 	if err != nil || msg.GetBreaker().GetState() != pb.BreakerState_BREAKER_STATE_OPEN {
 		t.Fatalf("WatchBreakers on replica 2 = %v, %v; want OPEN", msg, err)
 	}
-	eventually(t, "replica 1 refusing once its cache has the OPEN state", func() bool {
+	enginetest.Eventually(t, "replica 1 refusing once its cache has the OPEN state", func() bool {
 		a, err := r[1].workers.Admit(ctx, &pb.AdmitRequest{Call: call("doc-3"), Attempt: 1})
 		return err == nil && !a.GetAdmitted()
 	})
@@ -242,7 +243,7 @@ func TestReplicasOverGRPC(t *testing.T) {
 			t.Logf("QueryAudit(doc-1) on replica 1: %s", got)
 		}
 	}()
-	eventually(t, "doc-1's records from replicas 0 and 2 on replica 1", func() bool {
+	enginetest.Eventually(t, "doc-1's records from replicas 0 and 2 on replica 1", func() bool {
 		q, err := r[1].admin.QueryAudit(ctx, &pb.QueryAuditRequest{CallId: "doc-1"})
 		if err != nil {
 			t.Fatalf("QueryAudit: %v", err)

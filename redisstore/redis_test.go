@@ -7,15 +7,16 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/policyd/policyd/internal/enginetest"
+	"github.com/policyd/policyd/internal/redistest"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/redisstore"
-	"github.com/policyd/policyd/internal/redistest"
 )
 
 // replicas opens n Stores over client c, closed when t ends.
-func replicas(t *testing.T, n int, c func() redis.UniversalClient) Fleet {
+func replicas(t *testing.T, n int, c func() redis.UniversalClient) enginetest.Fleet {
 	t.Helper()
-	var f Fleet
+	var f enginetest.Fleet
 	var first redis.UniversalClient
 	for range n {
 		cl := c()
@@ -48,7 +49,7 @@ func replicas(t *testing.T, n int, c func() redis.UniversalClient) Fleet {
 }
 
 func TestBehavioursStandalone(t *testing.T) {
-	runBehaviours(t, func(t *testing.T, n int) Fleet {
+	enginetest.Run(t, func(t *testing.T, n int) enginetest.Fleet {
 		srv := redistest.Standalone(t)
 		return replicas(t, n, func() redis.UniversalClient { return redis.NewClient(&redis.Options{Addr: srv.Addr}) })
 	})
@@ -58,7 +59,7 @@ func TestBehavioursCluster(t *testing.T) {
 	// One cluster for every case (three servers take a while to join):
 	// no two cases share a key.
 	addrs := redistest.Cluster(t)
-	runBehaviours(t, func(t *testing.T, k int) Fleet {
+	enginetest.Run(t, func(t *testing.T, k int) enginetest.Fleet {
 		return replicas(t, k, func() redis.UniversalClient { return redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs}) })
 	})
 }

@@ -1,4 +1,9 @@
-package redisstore_test
+// Package enginetest is the table of behaviours the handlers rely on from
+// a state engine, across replicas, written against Engine and a
+// constructor only: every engine's tests run it (breakerstore with one
+// store standing for every replica, redisstore with replicas over one
+// Redis, standalone and Cluster), so no engine has a copy of its own.
+package enginetest
 
 import (
 	"fmt"
@@ -9,10 +14,6 @@ import (
 
 	"github.com/policyd/policyd/policy"
 )
-
-// This file is a table of the behaviours the handlers rely on, across
-// replicas, written against Engine and a constructor only, so it can
-// become the engines' shared contract suite: it names no engine.
 
 // Engine is the part of the store interface (server.Store) the behaviours
 // below drive.
@@ -44,9 +45,9 @@ type Fleet struct {
 // NewFleet builds a Fleet of n replicas for one test.
 type NewFleet func(t *testing.T, n int) Fleet
 
-// eventually polls cond until it holds, failing t after 5 s; what a
+// Eventually polls cond until it holds, failing t after 5 s; what a
 // replica learns from another arrives through the engine's feed.
-func eventually(t *testing.T, what string, cond func() bool) {
+func Eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	tick := time.NewTicker(time.Millisecond)
@@ -59,8 +60,9 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// runBehaviours runs every behaviour against fleets newFleet builds.
-func runBehaviours(t *testing.T, newFleet NewFleet) {
+// Run runs every behaviour against fleets newFleet builds, each case as a
+// subtest with a fleet of its own (three replicas).
+func Run(t *testing.T, newFleet NewFleet) {
 	tests := []struct {
 		name string
 		run  func(t *testing.T, f Fleet)
@@ -181,7 +183,7 @@ func budgetNeverBelowZero(t *testing.T, f Fleet) {
 		t.Fatalf("SetBudget: %v", err)
 	}
 	for i, r := range f.Replicas {
-		eventually(t, fmt.Sprintf("the budget on replica %d", i), func() bool {
+		Eventually(t, fmt.Sprintf("the budget on replica %d", i), func() bool {
 			st, err := r.Budget("tight")
 			return err == nil && !st.IsDefault && st.Budget.Capacity == 5
 		})
@@ -260,7 +262,7 @@ func adminWriteVisible(t *testing.T, f Fleet) {
 		t.Fatalf("SetPolicy: %v", err)
 	}
 	for i, r := range f.Replicas {
-		eventually(t, fmt.Sprintf("the policy on replica %d", i), func() bool {
+		Eventually(t, fmt.Sprintf("the policy on replica %d", i), func() bool {
 			got, _ := r.Resolve("acme", "pay")
 			return got.MaxAttempts == 7
 		})
@@ -275,7 +277,7 @@ func forcedElsewhere(t *testing.T, f Fleet) {
 	if _, err := f.Replicas[0].ForceBreaker(key, policy.BreakerOpen); err != nil {
 		t.Fatalf("ForceBreaker: %v", err)
 	}
-	eventually(t, "the forced OPEN on replica 1", func() bool {
+	Eventually(t, "the forced OPEN on replica 1", func() bool {
 		a, err := f.Replicas[1].Admit(key, policy.BreakerConfig{})
 		return err == nil && !a.Admitted && a.Reason == "breaker:forced_open"
 	})
