@@ -82,9 +82,9 @@ func (c *tripCounter) take() (int, map[string]int) {
 	return n, m
 }
 
-func newReplica(t *testing.T, addr string) *replica {
+func newReplica(t *testing.T, client func() redis.UniversalClient) *replica {
 	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: addr})
+	c := client()
 	trips := &tripCounter{cmds: map[string]int{}}
 	c.AddHook(trips)
 	t.Cleanup(func() { _ = c.Close() })
@@ -109,30 +109,56 @@ func newReplica(t *testing.T, addr string) *replica {
 	return &replica{store: st, workers: pb.NewRetryPolicyServiceClient(conn), admin: pb.NewAdminServiceClient(conn), trips: trips}
 }
 
-// commandCalls reads INFO commandstats: calls per command.
-func commandCalls(t *testing.T, c *redis.Client) map[string]int64 {
+// serverStats reads INFO commandstats of every server: calls per
+// command, summed.
+type serverStats []*redis.Client
+
+func (ss serverStats) calls(t *testing.T) map[string]int64 {
 	t.Helper()
-	info, err := c.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
 	out := map[string]int64{}
-	for _, line := range strings.Split(info, "\n") {
-		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
-		if !ok {
-			continue
+	for _, c := range ss {
+		info, err := c.Info(context.Background(), "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
 		}
-		n, _ := strconv.ParseInt(strings.SplitN(rest, ",", 2)[0], 10, 64)
-		out[strings.TrimPrefix(name, "cmdstat_")] = n
+		for _, line := range strings.Split(info, "\n") {
+			name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
+			if !ok {
+				continue
+			}
+			n, _ := strconv.ParseInt(strings.SplitN(rest, ",", 2)[0], 10, 64)
+			out[strings.TrimPrefix(name, "cmdstat_")] += n
+		}
 	}
 	return out
 }
 
+func statsOf(t *testing.T, addrs ...string) serverStats {
+	var ss serverStats
+	for _, a := range addrs {
+		c := redis.NewClient(&redis.Options{Addr: a})
+		t.Cleanup(func() { _ = c.Close() })
+		ss = append(ss, c)
+	}
+	return ss
+}
+
 func TestReplicasOverGRPC(t *testing.T) {
 	srv := redistest.Standalone(t)
-	stats := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	t.Cleanup(func() { _ = stats.Close() })
-	r := []*replica{newReplica(t, srv.Addr), newReplica(t, srv.Addr), newReplica(t, srv.Addr)}
+	replicasOverGRPC(t, statsOf(t, srv.Addr), func() redis.UniversalClient { return redis.NewClient(&redis.Options{Addr: srv.Addr}) })
+}
+
+func TestReplicasOverGRPCCluster(t *testing.T) {
+	addrs := redistest.Cluster(t)
+	replicasOverGRPC(t, statsOf(t, addrs...), func() redis.UniversalClient {
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	})
+}
+
+// replicasOverGRPC runs three replicas over the Redis client makes, whose
+// servers stats reads.
+func replicasOverGRPC(t *testing.T, stats serverStats, client func() redis.UniversalClient) {
+	r := []*replica{newReplica(t, client), newReplica(t, client), newReplica(t, client)}
 	ctx := context.Background()
 	two := uint32(2)
 	if _, err := r[0].admin.SetPolicy(ctx, &pb.SetPolicyRequest{Tenant: "acme", Target: "pay", Policy: &pb.Policy{
@@ -149,7 +175,7 @@ func TestReplicasOverGRPC(t *testing.T) {
 		t.Fatal(err)
 	}
 	r[1].trips.take()
-	before := commandCalls(t, stats)
+	before := stats.calls(t)
 	for i := range 1000 {
 		resp, err := r[1].workers.Admit(ctx, &pb.AdmitRequest{Call: call("c" + strconv.Itoa(i)), Attempt: 1})
 		if err != nil || !resp.GetAdmitted() {
@@ -159,7 +185,7 @@ func TestReplicasOverGRPC(t *testing.T) {
 	if n, by := r[1].trips.take(); n != 0 {
 		t.Errorf("1000 Admits on a CLOSED breaker made %d round trips (%v), want 0", n, by)
 	}
-	if fc := commandCalls(t, stats)["fcall"] - before["fcall"]; fc != 0 {
+	if fc := stats.calls(t)["fcall"] - before["fcall"]; fc != 0 {
 		t.Errorf("1000 Admits on a CLOSED breaker: %d FCALLs on the server, want 0", fc)
 	}
 
@@ -187,14 +213,14 @@ func TestReplicasOverGRPC(t *testing.T) {
 		t.Fatal(err)
 	}
 	r[0].trips.take()
-	before = commandCalls(t, stats)
+	before = stats.calls(t)
 	resp, err := r[0].workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call("doc-1"), Attempt: 1, Failure: fail503})
 	if err != nil || resp.GetDecision() != pb.Decision_DECISION_RETRY {
 		t.Fatalf("NextDelay = %v, %v; want RETRY", resp, err)
 	}
 	n, by := r[0].trips.take()
 	t.Logf("one NextDelay (RETRY): %d round trips %v; FCALLs on the server: %d",
-		n, by, commandCalls(t, stats)["fcall"]-before["fcall"])
+		n, by, stats.calls(t)["fcall"]-before["fcall"])
 
 	if _, err := r[1].workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call("doc-2"), Attempt: 1, Failure: fail503}); err != nil {
 		t.Fatal(err)
@@ -218,12 +244,12 @@ func TestReplicasOverGRPC(t *testing.T) {
 		t.Fatal(err)
 	}
 	r[2].trips.take()
-	before = commandCalls(t, stats)
+	before = stats.calls(t)
 	if _, err := r[2].workers.ReportOutcome(ctx, req); err != nil {
 		t.Fatalf("ReportOutcome: %v", err)
 	}
 	n, by = r[2].trips.take()
-	fc := commandCalls(t, stats)["fcall"] - before["fcall"]
+	fc := stats.calls(t)["fcall"] - before["fcall"]
 	t.Logf("one ReportOutcome of 100 outcomes: %d round trips %v; FCALLs on the server: %d", n, by, fc)
 	if n != 1 || fc != 1 {
 		t.Errorf("100 outcomes of one tenant took %d round trips and %d function calls, want 1 and 1", n, fc)
