@@ -24,36 +24,29 @@ var library string
 // libraryName is the name the library registers under.
 const libraryName = "policyd_v1"
 
-// loadLibrary loads the library onto every master (FUNCTION LOAD REPLACE)
-// and checks or writes the schema version.
+// loadLibrary checks the schema version (refusing another before touching
+// anything), loads the library onto every master (FUNCTION LOAD REPLACE)
+// and writes the version on a Redis without one.
 func loadLibrary(ctx context.Context, c redis.UniversalClient) error {
-	load := func(ctx context.Context, n *redis.Client) error {
+	v, err := c.Get(ctx, keySchema).Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+	case err != nil:
+		return fmt.Errorf("redisstore: read %s: %w", keySchema, err)
+	case v != schemaVersion:
+		return fmt.Errorf("%w: %s is %q, this policyd reads %q", ErrSchema, keySchema, v, schemaVersion)
+	}
+	err = eachMaster(ctx, c, func(ctx context.Context, n *redis.Client) error {
 		if err := n.FunctionLoadReplace(ctx, library).Err(); err != nil {
 			return fmt.Errorf("redisstore: FUNCTION LOAD %s on %s: %w", libraryName, n.Options().Addr, err)
 		}
 		return nil
-	}
-	var err error
-	switch c := c.(type) {
-	case *redis.ClusterClient:
-		err = c.ForEachMaster(ctx, load)
-	case *redis.Client:
-		err = load(ctx, c)
-	default:
-		err = c.FunctionLoadReplace(ctx, library).Err()
-	}
+	})
 	if err != nil {
 		return err
 	}
 	if err := c.SetNX(ctx, keySchema, schemaVersion, 0).Err(); err != nil {
 		return fmt.Errorf("redisstore: write %s: %w", keySchema, err)
-	}
-	v, err := c.Get(ctx, keySchema).Result()
-	if err != nil {
-		return fmt.Errorf("redisstore: read %s: %w", keySchema, err)
-	}
-	if v != schemaVersion {
-		return fmt.Errorf("%w: %s is %q, this policyd reads %q", ErrSchema, keySchema, v, schemaVersion)
 	}
 	return nil
 }
@@ -189,4 +182,6 @@ func fcall(ctx context.Context, c redis.UniversalClient, fn string, keys []strin
 	return a, nil
 }
 
+// errReply is a reply of the library that does not have the shape its
+// function returns: a library of another version, or a bug.
 var errReply = errors.New("redisstore: malformed reply from the library")

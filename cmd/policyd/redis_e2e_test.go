@@ -15,8 +15,8 @@ import (
 
 // TestTwoReplicasOnOneRedis runs two daemons with --store redis:// over one
 // Redis the test starts: a breaker forced OPEN through one replica's admin
-// API refuses on the other, and a failure decided on one is in the other's
-// audit trail.
+// API refuses on the other; then policyd check --store finds the keys
+// they wrote in order.
 func TestTwoReplicasOnOneRedis(t *testing.T) {
 	srv := redistest.Standalone(t)
 	dir := t.TempDir()
@@ -47,6 +47,9 @@ func TestTwoReplicasOnOneRedis(t *testing.T) {
 	}
 	if !strings.Contains(a.stderr.String(), `"store":"redis://`+srv.Addr) {
 		t.Errorf("replica a does not log its store: %s", a.stderr)
+	}
+	if out, err := runCLI(t, dir, "check", "--store", url); err != nil || !strings.Contains(string(out), url+": ok") {
+		t.Errorf("policyd check --store %s = %v: %s; want ok", url, err, out)
 	}
 }
 
