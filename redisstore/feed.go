@@ -10,18 +10,31 @@ import (
 	"github.com/policyd/policyd/policy"
 )
 
-// feed follows one tenant's event stream ({T}:events) from the id it
-// started at, in order: every entry updates the cache and goes to the
-// tenant's subscribers. A read that fails is retried from the last id
-// seen, so a reconnect misses nothing the stream still holds.
+// feed is one tenant's end of the event stream ({T}:events): its
+// subscribers. The stream itself is read by the tenant's feedGroup.
 type feed struct {
 	tenant string
 	mu     sync.Mutex
 	subs   map[*sub]struct{}
 }
 
-// follow returns the feed of tenant, starting it (at the stream's current
-// end) the first time: every transition after follow returns is seen.
+// feedGroup reads the event streams of several tenants with one blocking
+// XREAD, from the last id seen of each, in order: every entry updates the
+// cache and goes to the tenant's subscribers. A read that fails is retried
+// from the same ids, so a reconnect misses nothing the streams still hold.
+// On a standalone server one group reads every tenant; on a Cluster, where
+// one command's keys must share a slot, there is a group per slot in use.
+// Either way a replica holds one connection per group, not per tenant.
+type feedGroup struct {
+	mu      sync.Mutex
+	last    map[string]string // tenant -> the last entry id seen
+	feeds   map[string]*feed
+	started bool
+}
+
+// follow returns the feed of tenant, starting to read its stream (at its
+// current end) the first time: every transition after follow returns is
+// seen.
 func (s *Store) follow(tenant string) (*feed, error) {
 	s.mu.RLock()
 	f := s.feeds[tenant]
@@ -49,20 +62,46 @@ func (s *Store) follow(tenant string) (*feed, error) {
 	}
 	f = &feed{tenant: tenant, subs: map[*sub]struct{}{}}
 	s.feeds[tenant] = f
-	s.wg.Add(1)
-	go s.run(f, last)
+	gk := 0
+	if _, ok := s.c.(*redis.ClusterClient); ok {
+		gk = slotOf(tenant)
+	}
+	g := s.groups[gk]
+	if g == nil {
+		g = &feedGroup{last: map[string]string{}, feeds: map[string]*feed{}}
+		s.groups[gk] = g
+	}
+	g.mu.Lock()
+	g.last[tenant], g.feeds[tenant] = last, f
+	start := !g.started
+	g.started = true
+	g.mu.Unlock()
+	if start {
+		s.wg.Add(1)
+		go s.run(g)
+	}
 	return f, nil
 }
 
-// run reads f's stream from last until the store closes.
-func (s *Store) run(f *feed, last string) {
+// run reads g's streams until the store closes. A tenant added while a
+// read blocks joins the next one, at most FeedBlock later, from the id
+// follow noted: nothing is missed.
+func (s *Store) run(g *feedGroup) {
 	defer s.wg.Done()
-	defer f.closeAll()
-	key := keyEvents(f.tenant)
-	backoff := time.NewTimer(0)
-	<-backoff.C
+	defer g.closeAll()
+	var streams []string
 	for s.ctx.Err() == nil {
-		res, err := s.c.XRead(s.ctx, &redis.XReadArgs{Streams: []string{key, last}, Count: 512, Block: s.opts.FeedBlock}).Result()
+		g.mu.Lock()
+		n := len(g.last)
+		streams = streams[:0]
+		for t := range g.last {
+			streams = append(streams, keyEvents(t))
+		}
+		for t := range g.last {
+			streams = append(streams, g.last[t])
+		}
+		g.mu.Unlock()
+		res, err := s.c.XRead(s.ctx, &redis.XReadArgs{Streams: streams, Count: 512, Block: s.opts.FeedBlock}).Result()
 		switch {
 		case errors.Is(err, redis.Nil):
 			continue
@@ -70,30 +109,46 @@ func (s *Store) run(f *feed, last string) {
 			if s.ctx.Err() != nil {
 				return
 			}
-			s.log.Warn("redisstore: event stream read failed; retrying", "tenant", f.tenant, "err", err)
-			backoff.Reset(100 * time.Millisecond)
-			select {
-			case <-s.ctx.Done():
-				return
-			case <-backoff.C:
-			}
+			s.log.Warn("redisstore: event stream read failed; retrying", "streams", n, "err", err)
+			s.pause(100 * time.Millisecond)
 			continue
 		}
 		for _, str := range res {
+			tenant, ok := tenantOfEvents(str.Stream)
+			g.mu.Lock()
+			f := g.feeds[tenant]
+			g.mu.Unlock()
+			if !ok || f == nil {
+				continue
+			}
+			last := ""
 			for _, m := range str.Messages {
 				last = m.ID
 				target, _ := m.Values["target"].(string)
 				raw, _ := m.Values["state"].(string)
 				st, err := parseEventState(raw)
 				if err != nil {
-					s.log.Error("redisstore: bad event stream entry", "tenant", f.tenant, "id", m.ID, "err", err)
+					s.log.Error("redisstore: bad event stream entry", "tenant", tenant, "id", m.ID, "err", err)
 					continue
 				}
-				key := policy.BreakerKey{Tenant: f.tenant, Target: target}
+				key := policy.BreakerKey{Tenant: tenant, Target: target}
 				s.learn(key, st)
 				f.publish(policy.BreakerEvent{Snapshot: st.snapshot(key)})
 			}
+			if last != "" {
+				g.mu.Lock()
+				g.last[tenant] = last
+				g.mu.Unlock()
+			}
 		}
+	}
+}
+
+func (g *feedGroup) closeAll() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, f := range g.feeds {
+		f.closeAll()
 	}
 }
 

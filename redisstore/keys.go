@@ -40,3 +40,36 @@ func keyAudit(tenant string) string           { return tag(tenant) + ":audit" }
 func keyAttempt(tenant, call string) string   { return tag(tenant) + ":attempt:" + call }
 func keyRun(tenant, id string) string         { return tag(tenant) + ":run:" + id }
 func keyRunCalls(tenant, id string) string    { return tag(tenant) + ":runcalls:" + id }
+
+// tenantOfEvents returns the tenant whose events stream key is.
+func tenantOfEvents(key string) (string, bool) {
+	inner, ok := strings.CutSuffix(key, "}:events")
+	switch {
+	case !ok:
+		return "", false
+	case strings.HasPrefix(inner, "{="):
+		return inner[2:], true
+	case strings.HasPrefix(inner, "{#"):
+		b, err := hex.DecodeString(inner[2:])
+		return string(b), err == nil
+	}
+	return "", false
+}
+
+// slotOf returns the Redis Cluster hash slot of tenant's keys: CRC16
+// (XMODEM) of the tag's content, mod 16384.
+func slotOf(tenant string) int {
+	t := tag(tenant)
+	var crc uint16
+	for _, c := range []byte(t[1 : len(t)-1]) {
+		crc ^= uint16(c) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return int(crc) % 16384
+}

@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -59,6 +60,7 @@ func TestBehavioursCluster(t *testing.T) {
 	// One cluster for every case (three servers take a while to join):
 	// no two cases share a key.
 	addrs := redistest.Cluster(t)
+	redisstore.CheckSlots(t, addrs[0])
 	enginetest.Run(t, func(t *testing.T, k int) enginetest.Fleet {
 		return replicas(t, k, func() redis.UniversalClient { return redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs}) })
 	})
@@ -121,5 +123,35 @@ func TestFeedResumesAfterReconnect(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatalf("no event of generation %d within 10s", want)
 		}
+	}
+}
+
+// TestManyTenantsFewConnections: a replica following the event streams of
+// 40 tenants over a client of 4 pooled connections still answers, and
+// still sees every tenant's transitions: the feeds do not hold a
+// connection per tenant.
+func TestManyTenantsFewConnections(t *testing.T) {
+	srv := redistest.Standalone(t)
+	f := replicas(t, 2, func() redis.UniversalClient {
+		return redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 4, PoolTimeout: 2 * time.Second})
+	})
+	const tenants = 40
+	keys := make([]policy.BreakerKey, tenants)
+	for i := range keys {
+		keys[i] = policy.BreakerKey{Tenant: "t" + strconv.Itoa(i), Target: "x"}
+		if a, err := f.Replicas[1].Admit(keys[i], policy.BreakerConfig{}); err != nil || !a.Admitted {
+			t.Fatalf("Admit for tenant %d = %+v, %v", i, a, err)
+		}
+	}
+	for _, k := range keys {
+		if _, err := f.Replicas[0].ForceBreaker(k, policy.BreakerOpen); err != nil {
+			t.Fatalf("ForceBreaker(%v): %v", k, err)
+		}
+	}
+	for _, k := range keys {
+		enginetest.Eventually(t, "replica 1 refusing "+k.Tenant, func() bool {
+			a, err := f.Replicas[1].Admit(k, policy.BreakerConfig{})
+			return err == nil && !a.Admitted
+		})
 	}
 }

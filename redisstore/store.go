@@ -70,9 +70,10 @@ type Store struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu    sync.RWMutex
-	cache map[policy.BreakerKey]*cached
-	feeds map[string]*feed // by tenant
+	mu     sync.RWMutex
+	cache  map[policy.BreakerKey]*cached
+	feeds  map[string]*feed   // by tenant
+	groups map[int]*feedGroup // by hash slot on a Cluster, else one
 
 	audit         auditBuffer
 	admin         adminCache
@@ -122,7 +123,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{c: opts.Client, opts: opts, defBudget: def, log: opts.Log,
-		cache: map[policy.BreakerKey]*cached{}, feeds: map[string]*feed{}, defaultPolicy: policy.Default()}
+		cache: map[policy.BreakerKey]*cached{}, feeds: map[string]*feed{}, groups: map[int]*feedGroup{}, defaultPolicy: policy.Default()}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	last, err := s.loadAdmin()
 	if err != nil {
