@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -145,16 +146,66 @@ func decodeBudget(v string) (*policy.TenantBudget, error) {
 // in one MULTI, so every replica that follows the changes stream reloads
 // what changed.
 func (s *Store) adminWrite(kind, tenant, target string, write func(redis.Pipeliner)) error {
-	ctx, cancel := s.call()
+	ctx, cancel := s.adminCtx()
 	defer cancel()
-	_, err := s.c.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		write(p)
-		p.XAdd(ctx, &redis.XAddArgs{Stream: keyChanges, MaxLen: 10000, Approx: true,
-			Values: []any{"kind", kind, "tenant", tenant, "target", target}})
-		return nil
+	err := s.durably(ctx, keyChanges, func(c redis.Cmdable) error {
+		_, err := c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			write(p)
+			p.XAdd(ctx, &redis.XAddArgs{Stream: keyChanges, MaxLen: 10000, Approx: true,
+				Values: []any{"kind", kind, "tenant", tenant, "target", target}})
+			return nil
+		})
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("redisstore: admin write (%s %q/%q): %w", kind, tenant, target, err)
+	}
+	return nil
+}
+
+// adminCtx bounds an admin write: the store's timeout, plus the wait for
+// replicas when WaitReplicas asks for one.
+func (s *Store) adminCtx() (context.Context, context.CancelFunc) {
+	d := s.opts.Timeout
+	if s.opts.WaitReplicas > 0 {
+		d += s.opts.WaitTimeout
+	}
+	return context.WithTimeout(s.ctx, d)
+}
+
+// durably runs write, and with Options.WaitReplicas set waits (WAIT) until
+// that many replicas of the primary holding key have it: write then runs
+// on a connection of its own to that primary, since WAIT counts the
+// writes of its connection. Fewer replicas within WaitTimeout is
+// ErrNotReplicated; the write stays on the primary.
+func (s *Store) durably(ctx context.Context, key string, write func(redis.Cmdable) error) error {
+	if s.opts.WaitReplicas <= 0 {
+		return write(s.c)
+	}
+	var primary *redis.Client
+	switch c := s.c.(type) {
+	case *redis.ClusterClient:
+		var err error
+		if primary, err = c.MasterForKey(ctx, key); err != nil {
+			return err
+		}
+	case *redis.Client:
+		primary = c
+	default:
+		return fmt.Errorf("redisstore: WaitReplicas needs a *redis.Client or *redis.ClusterClient, not %T", s.c)
+	}
+	conn := primary.Conn()
+	defer conn.Close()
+	if err := write(conn); err != nil {
+		return err
+	}
+	n, err := conn.Wait(ctx, s.opts.WaitReplicas, s.opts.WaitTimeout).Result()
+	if err != nil {
+		return fmt.Errorf("redisstore: WAIT: %w", err)
+	}
+	if n < int64(s.opts.WaitReplicas) {
+		return fmt.Errorf("%w: acknowledged by %d of %d replicas within %v (the write is on the primary)",
+			ErrNotReplicated, n, s.opts.WaitReplicas, s.opts.WaitTimeout)
 	}
 	return nil
 }

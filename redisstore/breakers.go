@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/policyd/policyd/fleet"
 	"github.com/policyd/policyd/policy"
 )
@@ -213,13 +215,20 @@ func (s *Store) adminBreaker(key policy.BreakerKey, op string, st policy.Breaker
 	if _, err := s.follow(key.Tenant); err != nil {
 		return policy.BreakerSnapshot{}, fmt.Errorf("redisstore: follow tenant %q: %w", key.Tenant, err)
 	}
-	ctx, cancel := s.call()
+	ctx, cancel := s.adminCtx()
 	defer cancel()
-	_, got, err := adminCall(ctx, s.c, key, op, st)
+	var got state
+	err := s.durably(ctx, keyBreaker(key.Tenant, key.Target), func(c redis.Cmdable) error {
+		var err error
+		_, got, err = adminCall(ctx, c, key, op, st)
+		return err
+	})
+	if got.Generation > 0 {
+		s.learn(key, got) // applied on the primary, replicated or not
+	}
 	if err != nil {
 		return policy.BreakerSnapshot{}, err
 	}
-	s.learn(key, got)
 	return got.snapshot(key), nil
 }
 

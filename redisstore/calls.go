@@ -129,7 +129,7 @@ func cooldownCall(ctx context.Context, c redis.UniversalClient, key policy.Break
 
 // adminCall is policyd_admin_breaker: op "reset" (ErrNotFound for a
 // breaker never stored) or "force" to st.
-func adminCall(ctx context.Context, c redis.UniversalClient, key policy.BreakerKey, op string, st policy.BreakerState) (int64, state, error) {
+func adminCall(ctx context.Context, c redis.Cmdable, key policy.BreakerKey, op string, st policy.BreakerState) (int64, state, error) {
 	r, err := fcall(ctx, c, "policyd_admin_breaker", []string{keyBreaker(key.Tenant, key.Target), keyEvents(key.Tenant), keyIndex(key.Tenant)},
 		key.Target, op, int(st))
 	if err != nil {

@@ -21,6 +21,9 @@ var (
 	ErrInvalid error = &classErr{"redisstore: invalid argument", kindInvalid, policy.ErrInvalid}
 	// ErrClosed: every method after Close.
 	ErrClosed error = &classErr{"redisstore: store is closed", kindClosed, policy.ErrClosed}
+	// ErrNotReplicated: an admin write is on the primary but fewer than
+	// Options.WaitReplicas replicas acknowledged it in time.
+	ErrNotReplicated = errors.New("redisstore: admin write not replicated")
 	// ErrSchema: the server holds policyd keys of another schema version.
 	ErrSchema = errors.New("redisstore: unsupported schema version")
 )

@@ -167,7 +167,7 @@ func toString(x any) string {
 
 // fcall runs function fn of the library on keys with args and returns its
 // reply as an array; an error reply NOTFOUND becomes ErrNotFound.
-func fcall(ctx context.Context, c redis.UniversalClient, fn string, keys []string, args ...any) ([]any, error) {
+func fcall(ctx context.Context, c redis.Cmdable, fn string, keys []string, args ...any) ([]any, error) {
 	v, err := c.FCall(ctx, fn, keys, args...).Result()
 	if err != nil {
 		if redisNotFound(err) {

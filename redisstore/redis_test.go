@@ -2,7 +2,9 @@ package redisstore_test
 
 import (
 	"context"
+	"errors"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -153,5 +155,46 @@ func TestManyTenantsFewConnections(t *testing.T) {
 			a, err := f.Replicas[1].Admit(k, policy.BreakerConfig{})
 			return err == nil && !a.Admitted
 		})
+	}
+}
+
+// TestWaitReplicas: with WaitReplicas 1 an admin write returns once a
+// replica has it; with the replica gone it fails with ErrNotReplicated
+// after WaitTimeout, the write kept on the primary (and so seen by every
+// policyd replica, as the error says).
+func TestWaitReplicas(t *testing.T) {
+	primary := redistest.Standalone(t)
+	replica := redistest.Replica(t, primary)
+	c := redis.NewClient(&redis.Options{Addr: primary.Addr})
+	t.Cleanup(func() { _ = c.Close() })
+	s, err := redisstore.Open(context.Background(), redisstore.Options{Client: c, Timeout: time.Second,
+		WaitReplicas: 1, WaitTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	key := policy.BreakerKey{Tenant: "acme", Target: "pay"}
+	if _, err := s.ForceBreaker(key, policy.BreakerOpen); err != nil {
+		t.Fatalf("ForceBreaker with a replica up = %v, want nil", err)
+	}
+	rc := redis.NewClient(&redis.Options{Addr: replica.Addr})
+	t.Cleanup(func() { _ = rc.Close() })
+	if st, err := rc.HGet(context.Background(), "{=acme}:breaker:pay", "forced").Result(); err != nil || st != "1" {
+		t.Errorf("the replica has forced = %q (%v) once ForceBreaker returned, want 1", st, err)
+	}
+	if _, err := s.SetBudget(policy.TenantBudget{Tenant: "acme", Capacity: 10}); err != nil {
+		t.Errorf("SetBudget with a replica up = %v, want nil", err)
+	}
+	replica.Kill()
+	_, err = s.SetPolicy("acme", "pay", policy.Default())
+	if !errors.Is(err, redisstore.ErrNotReplicated) || !strings.Contains(err.Error(), "acknowledged by 0 of 1 replicas") {
+		t.Errorf("SetPolicy with the replica gone = %v, want ErrNotReplicated, 0 of 1", err)
+	}
+	enginetest.Eventually(t, "the unreplicated policy, on the primary", func() bool {
+		_, err := s.Policy("acme", "pay")
+		return err == nil
+	})
+	if _, err := s.ForceBreaker(key, policy.BreakerClosed); !errors.Is(err, redisstore.ErrNotReplicated) {
+		t.Errorf("ForceBreaker with the replica gone = %v, want ErrNotReplicated", err)
 	}
 }

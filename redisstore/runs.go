@@ -48,7 +48,7 @@ func (s *Store) OpenRun(r policy.Run) (policy.Run, error) {
 	}
 	r = policy.Run{ID: strings.Clone(r.ID), Tenant: strings.Clone(r.Tenant), Description: strings.Clone(r.Description),
 		Pool: r.Pool, Cutoff: r.Cutoff.Truncate(time.Microsecond), Created: now.Truncate(time.Microsecond)}
-	ctx, cancel := s.call()
+	ctx, cancel := s.adminCtx()
 	defer cancel()
 	ok, err := s.c.HSetNX(ctx, keyRuns, r.ID, r.Tenant).Result()
 	if err != nil {
@@ -57,8 +57,10 @@ func (s *Store) OpenRun(r policy.Run) (policy.Run, error) {
 	if !ok {
 		return policy.Run{}, fmt.Errorf("%w: run %q", ErrExists, r.ID)
 	}
-	if err := s.c.HSet(ctx, keyRun(r.Tenant, r.ID), "pool", r.Pool, "cutoff", r.Cutoff.UnixMicro(), "spent", 0,
-		"tenant", r.Tenant, "description", r.Description, "created", r.Created.UnixMicro()).Err(); err != nil {
+	if err := s.durably(ctx, keyRun(r.Tenant, r.ID), func(c redis.Cmdable) error {
+		return c.HSet(ctx, keyRun(r.Tenant, r.ID), "pool", r.Pool, "cutoff", r.Cutoff.UnixMicro(), "spent", 0,
+			"tenant", r.Tenant, "description", r.Description, "created", r.Created.UnixMicro()).Err()
+	}); err != nil {
 		return policy.Run{}, fmt.Errorf("redisstore: write run %q: %w", r.ID, err)
 	}
 	s.runTenants.Store(r.ID, r.Tenant)

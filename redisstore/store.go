@@ -46,6 +46,13 @@ type Options struct {
 	// AuditMaxRecords caps the records of one tenant's audit stream
 	// (trimmed approximately, MAXLEN ~); default 1,000,000.
 	AuditMaxRecords int
+	// WaitReplicas, when > 0, makes every admin write (policies, budgets,
+	// runs, breaker resets and forces) wait (WAIT) until that many
+	// replicas of its primary have it, for at most WaitTimeout (default
+	// 1s): a Sentinel or Cluster failover then cannot lose it. Replication
+	// stays asynchronous for everything else.
+	WaitReplicas int
+	WaitTimeout  time.Duration
 }
 
 // DefaultTenantBudget is the budget of tenants without an explicit one when
@@ -115,6 +122,9 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	}
 	if opts.AuditMaxRecords <= 0 {
 		opts.AuditMaxRecords = 1_000_000
+	}
+	if opts.WaitTimeout <= 0 {
+		opts.WaitTimeout = time.Second
 	}
 	def := fillBudget(opts.DefaultBudget, DefaultTenantBudget())
 	ctx, cancel := context.WithTimeout(ctx, 20*opts.Timeout)

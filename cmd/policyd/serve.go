@@ -23,6 +23,7 @@ type serveConfig struct {
 	DB            string
 	Store         string
 	StoreTimeout  time.Duration
+	WaitReplicas  int
 	FlushInterval time.Duration
 	Sync          string
 	SyncDelay     time.Duration
@@ -65,6 +66,7 @@ SIGINT or SIGTERM drains: health turns NOT_SERVING, every open stream
 	f.StringVar(&cfg.DB, "db", "policyd.db", "bbolt database file holding the shared state")
 	f.StringVar(&cfg.Store, "store", "", "where the shared state lives: bbolt:PATH (the default, --db), or a Redis that many replicas share: redis://[user:pass@]host:port[/db], rediss://... (TLS), redis+sentinel://master@h1:p1,h2:p2, redis+cluster://h1:p1,h2:p2")
 	f.DurationVar(&cfg.StoreTimeout, "store-timeout", 50*time.Millisecond, "with a Redis --store: the bound of every call to Redis")
+	f.IntVar(&cfg.WaitReplicas, "redis-wait-replicas", 0, "with a Redis --store: every admin write waits (WAIT, up to 1s) until this many replicas of its primary have it, so a failover cannot lose it")
 	f.DurationVar(&cfg.FlushInterval, "flush-interval", 100*time.Millisecond, "group-commit interval for counters; a crash loses at most this plus one commit of counting")
 	f.StringVar(&cfg.Sync, "sync", "group", "durability of decisions: group (counters flushed every --flush-interval) or always (every decision durable before its answer)")
 	f.DurationVar(&cfg.SyncDelay, "sync-batch-delay", 2*time.Millisecond, "with --sync=always: how long a commit waits for concurrent decisions to share its fsync")

@@ -155,9 +155,12 @@ func openStore(ctx context.Context, su storeURL, cfg serveConfig, opts breakerst
 		return nil, nil, fmt.Errorf("--tenants=declared: not supported yet with a Redis --store")
 	case cfg.StoreTimeout <= 0:
 		return nil, nil, fmt.Errorf("--store-timeout: must be > 0, got %s", cfg.StoreTimeout)
+	case cfg.WaitReplicas < 0:
+		return nil, nil, fmt.Errorf("--redis-wait-replicas: must be >= 0, got %d", cfg.WaitReplicas)
 	}
 	rs, err := redisstore.Open(ctx, redisstore.Options{Client: su.redis, Timeout: cfg.StoreTimeout, Log: opts.Logger,
-		FlushInterval: opts.FlushInterval, AuditRetention: opts.AuditRetention, AuditMaxRecords: opts.AuditMaxRecords})
+		FlushInterval: opts.FlushInterval, AuditRetention: opts.AuditRetention, AuditMaxRecords: opts.AuditMaxRecords,
+		WaitReplicas: cfg.WaitReplicas})
 	if err != nil {
 		_ = su.redis.Close()
 		return nil, nil, fmt.Errorf("--store %s: %w", su.shown, err)

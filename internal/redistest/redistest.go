@@ -31,6 +31,8 @@ type Server struct {
 	Addr string // host:port on 127.0.0.1
 	Dir  string // its working directory: AOF and cluster files
 	cmd  *exec.Cmd
+	// exited is closed when the process has exited.
+	exited chan struct{}
 }
 
 // Standalone starts a redis-server with appendonly yes and appendfsync
@@ -39,6 +41,25 @@ type Server struct {
 func Standalone(t testing.TB) *Server {
 	t.Helper()
 	return start(t, t.TempDir())
+}
+
+// Replica starts a standalone server (as Standalone) replicating primary,
+// and waits until its link to the primary is up.
+func Replica(t testing.TB, primary *Server) *Server {
+	t.Helper()
+	host, port, _ := net.SplitHostPort(primary.Addr)
+	s := start(t, t.TempDir(), "--replicaof", host, port)
+	waitFor(t, s.Addr, "master_link_status:up", func(c *conn) bool {
+		info, err := c.do("INFO", "replication")
+		return err == nil && strings.Contains(info, "master_link_status:up")
+	})
+	return s
+}
+
+// Kill ends the server at once (SIGKILL) and waits for it to exit.
+func (s *Server) Kill() {
+	_ = s.cmd.Process.Kill()
+	<-s.exited
 }
 
 // Cluster starts three redis-server processes with cluster mode on, joins
@@ -76,6 +97,7 @@ func start(t testing.TB, dir string, extra ...string) *Server {
 		"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
 		"--appendonly", "yes", "--appendfsync", "always", "--save", "",
 		"--daemonize", "no", "--protected-mode", "no", "--loglevel", "warning",
+		"--repl-diskless-sync-delay", "0", // a Replica syncs at once, not after 5 s
 	}
 	args = append(args, extra...)
 	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Dir: dir}
@@ -91,11 +113,9 @@ func start(t testing.TB, dir string, extra ...string) *Server {
 		t.Fatalf("start redis-server: %v", err)
 	}
 	exited := make(chan struct{})
+	s.exited = exited
 	go func() { _ = s.cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = s.cmd.Process.Kill()
-		<-exited
-	})
+	t.Cleanup(s.Kill)
 	waitFor(t, s.Addr, "PING", func(c *conn) bool {
 		select {
 		case <-exited:
