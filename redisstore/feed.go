@@ -89,18 +89,19 @@ func (s *Store) follow(tenant string) (*feed, error) {
 func (s *Store) run(g *feedGroup) {
 	defer s.wg.Done()
 	defer g.closeAll()
-	var streams []string
+	var streams, ids []string
 	for s.ctx.Err() == nil {
+		// One pass over the map: two would pair keys and ids in two
+		// different orders.
 		g.mu.Lock()
 		n := len(g.last)
-		streams = streams[:0]
-		for t := range g.last {
+		streams, ids = streams[:0], ids[:0]
+		for t, id := range g.last {
 			streams = append(streams, keyEvents(t))
-		}
-		for t := range g.last {
-			streams = append(streams, g.last[t])
+			ids = append(ids, id)
 		}
 		g.mu.Unlock()
+		streams = append(streams, ids...)
 		res, err := s.c.XRead(s.ctx, &redis.XReadArgs{Streams: streams, Count: 512, Block: s.opts.FeedBlock}).Result()
 		switch {
 		case errors.Is(err, redis.Nil):
