@@ -40,7 +40,7 @@ func (s *Store) Admit(key policy.BreakerKey, cfg policy.BreakerConfig) (policy.A
 	cfg = fleet.NormConfig(cfg)
 	ctx, cancel := s.call()
 	defer cancel()
-	_, a, st, err := admitCall(ctx, s.c, key, &cfg, newPermitID())
+	_, a, st, err := admitCall(ctx, s.c, key, &cfg, newPermitID(), s.opts.MaxBreakersPerTenant)
 	if err != nil {
 		return policy.Admission{}, err
 	}
@@ -83,7 +83,7 @@ func (s *Store) Record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy
 	cfg = fleet.NormConfig(cfg)
 	ctx, cancel := s.call()
 	defer cancel()
-	_, out, err := recordCall(ctx, s.c, key.Tenant, []recordGroup{{Key: key, Cfg: &cfg, Results: []result{{r, permitID}}}})
+	_, out, err := recordCall(ctx, s.c, key.Tenant, []recordGroup{{Key: key, Cfg: &cfg, Results: []result{{r, permitID}}}}, s.opts.MaxBreakersPerTenant)
 	if err != nil {
 		return policy.BreakerSnapshot{}, err
 	}
@@ -112,7 +112,7 @@ func (s *Store) ExtendCooldown(key policy.BreakerKey, cfg policy.BreakerConfig, 
 	cfg = fleet.NormConfig(cfg)
 	ctx, cancel := s.call()
 	defer cancel()
-	_, in, st, err := cooldownCall(ctx, s.c, key, &cfg, until)
+	_, in, st, err := cooldownCall(ctx, s.c, key, &cfg, until, s.opts.MaxBreakersPerTenant)
 	if err != nil {
 		return time.Time{}, err
 	}
@@ -220,7 +220,7 @@ func (s *Store) adminBreaker(key policy.BreakerKey, op string, st policy.Breaker
 	var got state
 	err := s.durably(ctx, keyBreaker(key.Tenant, key.Target), func(c redis.Cmdable) error {
 		var err error
-		_, got, err = adminCall(ctx, c, key, op, st)
+		_, got, err = adminCall(ctx, c, key, op, st, s.opts.MaxBreakersPerTenant)
 		return err
 	})
 	if got.Generation > 0 {

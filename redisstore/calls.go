@@ -17,9 +17,9 @@ import (
 // They hold no state; Store adds the cache, the feed and the defaults.
 
 // admitCall is policyd_admit on the breaker under key.
-func admitCall(ctx context.Context, c redis.UniversalClient, key policy.BreakerKey, cfg *policy.BreakerConfig, id fleet.PermitID) (now int64, a policy.Admission, st state, err error) {
+func admitCall(ctx context.Context, c redis.UniversalClient, key policy.BreakerKey, cfg *policy.BreakerConfig, id fleet.PermitID, maxBreakers int) (now int64, a policy.Admission, st state, err error) {
 	args := cfgArgs([]any{key.Target}, cfg)
-	args = append(args, id.String())
+	args = append(args, id.String(), maxBreakers)
 	r, err := fcall(ctx, c, "policyd_admit", []string{keyBreaker(key.Tenant, key.Target), keyEvents(key.Tenant), keyIndex(key.Tenant)}, args...)
 	if err != nil {
 		return 0, a, st, err
@@ -63,9 +63,9 @@ type recorded struct {
 
 // recordCall is policyd_record: every group's results, on breakers of one
 // tenant, in one call.
-func recordCall(ctx context.Context, c redis.UniversalClient, tenant string, groups []recordGroup) (int64, []recorded, error) {
+func recordCall(ctx context.Context, c redis.UniversalClient, tenant string, groups []recordGroup, maxBreakers int) (int64, []recorded, error) {
 	keys := []string{keyEvents(tenant), keyIndex(tenant)}
-	var args []any
+	args := []any{maxBreakers}
 	for _, g := range groups {
 		if g.Key.Tenant != tenant {
 			return 0, nil, fmt.Errorf("redisstore: record: breaker of tenant %q in a batch of %q", g.Key.Tenant, tenant)
@@ -111,9 +111,9 @@ func recordCall(ctx context.Context, c redis.UniversalClient, tenant string, gro
 
 // cooldownCall is policyd_cooldown: the breaker's cool-down moves to until
 // when that is later; it returns the end in force (Unix µs).
-func cooldownCall(ctx context.Context, c redis.UniversalClient, key policy.BreakerKey, cfg *policy.BreakerConfig, until time.Time) (now, inForce int64, st state, err error) {
+func cooldownCall(ctx context.Context, c redis.UniversalClient, key policy.BreakerKey, cfg *policy.BreakerConfig, until time.Time, maxBreakers int) (now, inForce int64, st state, err error) {
 	args := cfgArgs([]any{key.Target}, cfg)
-	args = append(args, until.UnixMicro())
+	args = append(args, until.UnixMicro(), maxBreakers)
 	r, err := fcall(ctx, c, "policyd_cooldown", []string{keyBreaker(key.Tenant, key.Target), keyEvents(key.Tenant), keyIndex(key.Tenant)}, args...)
 	if err != nil {
 		return 0, 0, st, err
@@ -129,9 +129,9 @@ func cooldownCall(ctx context.Context, c redis.UniversalClient, key policy.Break
 
 // adminCall is policyd_admin_breaker: op "reset" (ErrNotFound for a
 // breaker never stored) or "force" to st.
-func adminCall(ctx context.Context, c redis.Cmdable, key policy.BreakerKey, op string, st policy.BreakerState) (int64, state, error) {
+func adminCall(ctx context.Context, c redis.Cmdable, key policy.BreakerKey, op string, st policy.BreakerState, maxBreakers int) (int64, state, error) {
 	r, err := fcall(ctx, c, "policyd_admin_breaker", []string{keyBreaker(key.Tenant, key.Target), keyEvents(key.Tenant), keyIndex(key.Tenant)},
-		key.Target, op, int(st))
+		key.Target, op, int(st), maxBreakers)
 	if err != nil {
 		return 0, state{}, err
 	}

@@ -19,6 +19,8 @@ var (
 	ErrExists error = &classErr{"redisstore: already exists", kindExists, policy.ErrExists}
 	// ErrInvalid: a bad argument; the message names the field and the rule.
 	ErrInvalid error = &classErr{"redisstore: invalid argument", kindInvalid, policy.ErrInvalid}
+	// ErrTooManyBreakers: a new breaker past Options.MaxBreakersPerTenant.
+	ErrTooManyBreakers error = &classErr{"redisstore: too many breakers: over capacity", kindCapacity, policy.ErrCapacity}
 	// ErrClosed: every method after Close.
 	ErrClosed error = &classErr{"redisstore: store is closed", kindClosed, policy.ErrClosed}
 	// ErrNotReplicated: an admin write is on the primary but fewer than
@@ -35,6 +37,7 @@ const (
 	kindExists
 	kindInvalid
 	kindClosed
+	kindCapacity
 )
 
 // classErr is a sentinel of a kind; its methods expose the kind.
@@ -55,6 +58,9 @@ func (e *classErr) AlreadyExists() bool { return e.kind == kindExists }
 
 // Invalid reports whether e says an argument is bad.
 func (e *classErr) Invalid() bool { return e.kind == kindInvalid }
+
+// OverCapacity reports whether e says a cap was reached.
+func (e *classErr) OverCapacity() bool { return e.kind == kindCapacity }
 
 // Closed reports whether e says the store is closed.
 func (e *classErr) Closed() bool { return e.kind == kindClosed }

@@ -78,7 +78,7 @@ func runScenario(t *testing.T, key policy.BreakerKey, cfg policy.BreakerConfig, 
 			waitServerPast(t, c, snap)
 		case "admit":
 			id := newPermitID()
-			now, got, st, err := admitCall(ctx, c, key, sc, id)
+			now, got, st, err := admitCall(ctx, c, key, sc, id, 0)
 			if err != nil {
 				t.Fatalf("%s: %v", s.name, err)
 			}
@@ -97,7 +97,7 @@ func runScenario(t *testing.T, key policy.BreakerKey, cfg policy.BreakerConfig, 
 			case s.permit < 0:
 				permit = newPermitID().String()
 			}
-			now, out, err := recordCall(ctx, c, key.Tenant, []recordGroup{{Key: key, Cfg: sc, Results: []result{{s.result, permit}}}})
+			now, out, err := recordCall(ctx, c, key.Tenant, []recordGroup{{Key: key, Cfg: sc, Results: []result{{s.result, permit}}}}, 0)
 			if err != nil {
 				t.Fatalf("%s: %v", s.name, err)
 			}
@@ -113,7 +113,7 @@ func runScenario(t *testing.T, key policy.BreakerKey, cfg policy.BreakerConfig, 
 				t.Fatal(err)
 			}
 			until := tm.Add(s.until).Truncate(time.Microsecond)
-			now, inForce, st, err := cooldownCall(ctx, c, key, sc, until)
+			now, inForce, st, err := cooldownCall(ctx, c, key, sc, until, 0)
 			if err != nil {
 				t.Fatalf("%s: %v", s.name, err)
 			}
@@ -124,7 +124,7 @@ func runScenario(t *testing.T, key policy.BreakerKey, cfg policy.BreakerConfig, 
 			}
 			w.check(s.name, now, st)
 		case "reset", "force":
-			now, st, err := adminCall(ctx, c, key, s.op, s.state)
+			now, st, err := adminCall(ctx, c, key, s.op, s.state, 0)
 			if err != nil {
 				t.Fatalf("%s: %v", s.name, err)
 			}

@@ -170,16 +170,26 @@ func toString(x any) string {
 func fcall(ctx context.Context, c redis.Cmdable, fn string, keys []string, args ...any) ([]any, error) {
 	v, err := c.FCall(ctx, fn, keys, args...).Result()
 	if err != nil {
-		if redisNotFound(err) {
-			return nil, fmt.Errorf("%w: %s", ErrNotFound, strings.TrimPrefix(err.Error(), "NOTFOUND "))
-		}
-		return nil, fmt.Errorf("redisstore: %s: %w", fn, err)
+		return nil, libraryErr(fn, err)
 	}
 	a, ok := v.([]any)
 	if !ok {
 		return nil, fmt.Errorf("redisstore: %s: reply %v is not an array", fn, v)
 	}
 	return a, nil
+}
+
+// libraryErr classifies an error reply of function fn: NOTFOUND is
+// ErrNotFound, CAPACITY ErrTooManyBreakers, with the library's words.
+func libraryErr(fn string, err error) error {
+	msg := err.Error()
+	switch {
+	case strings.HasPrefix(msg, "NOTFOUND"):
+		return fmt.Errorf("%w: %s", ErrNotFound, strings.TrimPrefix(msg, "NOTFOUND "))
+	case strings.HasPrefix(msg, "CAPACITY"):
+		return fmt.Errorf("%w: %s", ErrTooManyBreakers, strings.TrimPrefix(msg, "CAPACITY "))
+	}
+	return fmt.Errorf("redisstore: %s: %w", fn, err)
 }
 
 // errReply is a reply of the library that does not have the shape its

@@ -201,7 +201,7 @@ func (s *Store) runOutcomes(ups []policy.OutcomeUpdate, batches map[string]*outc
 	_, _ = s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, t := range tenants {
 			bg, _ := s.budgetOf(t)
-			keys, args := batches[t].call(&bg)
+			keys, args := batches[t].call(&bg, s.opts.MaxBreakersPerTenant)
 			cmds[i] = p.FCall(ctx, "policyd_outcomes", keys, args...)
 		}
 		return nil
@@ -222,7 +222,7 @@ func (s *Store) runOutcomes(ups []policy.OutcomeUpdate, batches map[string]*outc
 
 // call returns the keys and arguments of b's policyd_outcomes call under
 // the tenant's budget bg.
-func (b *outcomeBatch) call(bg *policy.TenantBudget) ([]string, []any) {
+func (b *outcomeBatch) call(bg *policy.TenantBudget, maxBreakers int) ([]string, []any) {
 	t := b.tenant
 	keys := []string{keyEvents(t), keyIndex(t), keyBucket(t)}
 	for _, g := range b.groups {
@@ -233,6 +233,7 @@ func (b *outcomeBatch) call(bg *policy.TenantBudget) ([]string, []any) {
 	}
 	args := []any{len(b.groups), len(b.runs), b.deposit}
 	args = budgetArgs(args, bg)
+	args = append(args, maxBreakers)
 	for _, g := range b.groups {
 		args = append(args, g.key.Target)
 		args = cfgArgs(args, &g.cfg)
@@ -253,7 +254,7 @@ func (b *outcomeBatch) call(bg *policy.TenantBudget) ([]string, []any) {
 func (b *outcomeBatch) apply(s *Store, ups []policy.OutcomeUpdate, cmd *redis.Cmd) error {
 	v, err := cmd.Slice()
 	if err != nil {
-		return fmt.Errorf("redisstore: policyd_outcomes for tenant %q: %w", b.tenant, err)
+		return fmt.Errorf("tenant %q: %w", b.tenant, libraryErr("policyd_outcomes", err))
 	}
 	if len(v) != 1+3*len(b.groups)+len(b.finals)+1 {
 		return errReply

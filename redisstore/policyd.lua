@@ -85,6 +85,17 @@ local function load(key, now)
   return b
 end
 
+-- check_new refuses a breaker new to Redis once the tenant's index holds
+-- cap of them (cap 0: no cap), with an error reply CAPACITY.
+local function check_new(b, index, cap)
+  if b.fresh and cap > 0 then
+    local n = redis.call('SCARD', index)
+    if n >= cap then
+      error({err = 'CAPACITY tenant has ' .. int(n) .. ' breakers (cap ' .. int(cap) .. ')'})
+    end
+  end
+end
+
 -- store writes b to key and, for a breaker new in Redis, adds its target
 -- to the tenant's index of breakers.
 local function store(key, index, target, b)
@@ -208,13 +219,15 @@ local function settle(key, events, index, target, b, now, e)
 end
 
 -- admit is fleet.Breaker.Advance then Admit.
--- KEYS: breaker, events, index. ARGV: target, cfg (8), permit id (hex).
+-- KEYS: breaker, events, index. ARGV: target, cfg (8), permit id (hex),
+-- the tenant's cap of breakers.
 -- Returns {now, admitted, reason, permit, retry_after, event id, snapshot...}.
 local function admit(keys, args)
   local now = now_us()
   local c = cfg_at(args, 2)
   local newid = args[10]
   local b = load(keys[1], now)
+  check_new(b, keys[3], tonumber(args[11]))
   b.mode = c.mode
   local e = advance(b, now)
   local ok, reason, permit, after = 0, '', '', 0
@@ -292,12 +305,14 @@ end
 
 -- record applies results to breakers of one tenant, in order, each as
 -- Advance then Record, and publishes every transition.
--- KEYS: events, index, then one breaker per group. ARGV: per group: target,
+-- KEYS: events, index, then one breaker per group. ARGV: the tenant's cap
+-- of breakers, then per group: target,
 -- cfg (8), n, then n pairs (result, permit id or '').
 -- Returns {now, then per group: {event ids...}, {refused flags...}, snapshot}.
 local function record(keys, args)
   local now = now_us()
-  local out, a = {int(now)}, 1
+  local cap = tonumber(args[1])
+  local out, a = {int(now)}, 2
   for g = 3, #keys do
     local target = args[a]
     local c
@@ -305,6 +320,7 @@ local function record(keys, args)
     local n = tonumber(args[a])
     a = a + 1
     local b = load(keys[g], now)
+    check_new(b, keys[2], cap)
     b.mode = c.mode
     local events, refused, dirty = {}, {}, 0
     local e = advance(b, now)
@@ -332,13 +348,15 @@ local function record(keys, args)
 end
 
 -- cooldown is fleet.Breaker.Advance then ExtendCooldown.
--- KEYS: breaker, events, index. ARGV: target, cfg (8), until.
+-- KEYS: breaker, events, index. ARGV: target, cfg (8), until, the
+-- tenant's cap of breakers.
 -- Returns {now, until in force, event ids..., snapshot}.
 local function cooldown(keys, args)
   local now = now_us()
   local c = cfg_at(args, 2)
   local untl = tonumber(args[10])
   local b = load(keys[1], now)
+  check_new(b, keys[3], tonumber(args[11]))
   b.mode = c.mode
   local evs = {}
   local e = advance(b, now)
@@ -356,7 +374,8 @@ end
 
 -- admin is fleet.Breaker.Reset (op 'reset': the breaker must exist) or
 -- Force (op 'force', state OPEN, CLOSED or DISABLED).
--- KEYS: breaker, events, index. ARGV: target, op, state.
+-- KEYS: breaker, events, index. ARGV: target, op, state, the tenant's cap
+-- of breakers.
 -- Returns {now, event id, snapshot} or an error NOTFOUND.
 local function admin(keys, args)
   local now = now_us()
@@ -365,6 +384,7 @@ local function admin(keys, args)
     return redis.error_reply('NOTFOUND breaker')
   end
   local b = load(keys[1], now)
+  check_new(b, keys[3], tonumber(args[4]))
   if op == 'reset' then
     b.forced, b.cooldown = 0, 0
     to_state(b, now, CLOSED)
@@ -494,7 +514,8 @@ end
 -- skipped), then the deposit of its successes into its bucket (as
 -- deposit).
 -- KEYS: events, index, bucket, then G breakers, then R pairs (run, calls).
--- ARGV: G, R, successes, budget (6), then per group: target, cfg (8), n,
+-- ARGV: G, R, successes, budget (6), the tenant's cap of breakers, then
+-- per group: target, cfg (8), n,
 -- n pairs (result, permit id or ''), then F, then F finals: run index
 -- (1..R), the 1-based index among this call's results whose refusal
 -- cancels it (0: none), call id, ledger field, value.
@@ -504,7 +525,8 @@ local function outcomes(keys, args)
   local now = now_us()
   local ng, nr, successes = tonumber(args[1]), tonumber(args[2]), tonumber(args[3])
   local bg = budget_at(args, 4)
-  local a = 10
+  local cap = tonumber(args[10])
+  local a = 11
   local out, refused_all = {int(now)}, {}
   for g = 1, ng do
     local key = keys[3 + g]
@@ -514,6 +536,7 @@ local function outcomes(keys, args)
     local n = tonumber(args[a])
     a = a + 1
     local b = load(key, now)
+    check_new(b, keys[2], cap)
     b.mode = c.mode
     local events, refused, dirty = {}, {}, 0
     local e = advance(b, now)

@@ -198,3 +198,56 @@ func TestWaitReplicas(t *testing.T) {
 		t.Errorf("ForceBreaker with the replica gone = %v, want ErrNotReplicated", err)
 	}
 }
+
+// TestBreakersPerTenantCap: a tenant's breaker past
+// MaxBreakersPerTenant is refused with ErrTooManyBreakers (an
+// OverCapacity error), whichever call would create it and whichever
+// replica makes it; existing breakers and other tenants go on.
+func TestBreakersPerTenantCap(t *testing.T) {
+	srv := redistest.Standalone(t)
+	var r []*redisstore.Store
+	for range 2 {
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+		t.Cleanup(func() { _ = c.Close() })
+		s, err := redisstore.Open(context.Background(), redisstore.Options{Client: c, Timeout: time.Second, MaxBreakersPerTenant: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		r = append(r, s)
+	}
+	key := func(tenant string, i int) policy.BreakerKey {
+		return policy.BreakerKey{Tenant: tenant, Target: "t" + strconv.Itoa(i)}
+	}
+	for i := range 3 {
+		if _, err := r[i%2].Record(key("acme", i), policy.BreakerConfig{}, policy.ResultSuccess, ""); err != nil {
+			t.Fatalf("breaker %d of 3: %v", i, err)
+		}
+	}
+	cfg := policy.BreakerConfig{}
+	for name, create := range map[string]func() error{
+		"Admit":  func() error { _, err := r[0].Admit(key("acme", 3), cfg); return err },
+		"Record": func() error { _, err := r[1].Record(key("acme", 3), cfg, policy.ResultSuccess, ""); return err },
+		"ExtendCooldown": func() error {
+			_, err := r[0].ExtendCooldown(key("acme", 3), cfg, time.Now().Add(time.Minute))
+			return err
+		},
+		"ForceBreaker": func() error { _, err := r[1].ForceBreaker(key("acme", 3), policy.BreakerOpen); return err },
+		"ApplyOutcomes": func() error {
+			_, err := r[0].ApplyOutcomes([]policy.OutcomeUpdate{{Key: key("acme", 3), Result: policy.ResultSuccess}}, nil)
+			return err
+		},
+	} {
+		err := create()
+		var oc interface{ OverCapacity() bool }
+		if !errors.Is(err, redisstore.ErrTooManyBreakers) || !errors.As(err, &oc) || !strings.Contains(err.Error(), "cap 3") {
+			t.Errorf("%s of a 4th breaker = %v, want ErrTooManyBreakers naming the cap", name, err)
+		}
+	}
+	if _, err := r[0].Record(key("acme", 0), cfg, policy.ResultTransientFailure, ""); err != nil {
+		t.Errorf("an existing breaker at the cap: %v", err)
+	}
+	if _, err := r[0].Admit(key("beta", 0), cfg); err != nil {
+		t.Errorf("another tenant's first breaker: %v", err)
+	}
+}

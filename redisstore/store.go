@@ -46,6 +46,10 @@ type Options struct {
 	// AuditMaxRecords caps the records of one tenant's audit stream
 	// (trimmed approximately, MAXLEN ~); default 1,000,000.
 	AuditMaxRecords int
+	// MaxBreakersPerTenant caps the breakers of one tenant (the empty
+	// tenant of target-scoped breakers counts as one); a new one past it
+	// is ErrTooManyBreakers. Default 10000, as breakerstore's.
+	MaxBreakersPerTenant int
 	// WaitReplicas, when > 0, makes every admin write (policies, budgets,
 	// runs, breaker resets and forces) wait (WAIT) until that many
 	// replicas of its primary have it, for at most WaitTimeout (default
@@ -122,6 +126,9 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	}
 	if opts.AuditMaxRecords <= 0 {
 		opts.AuditMaxRecords = 1_000_000
+	}
+	if opts.MaxBreakersPerTenant <= 0 {
+		opts.MaxBreakersPerTenant = 10000
 	}
 	if opts.WaitTimeout <= 0 {
 		opts.WaitTimeout = time.Second

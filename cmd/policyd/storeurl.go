@@ -160,7 +160,7 @@ func openStore(ctx context.Context, su storeURL, cfg serveConfig, opts breakerst
 	}
 	rs, err := redisstore.Open(ctx, redisstore.Options{Client: su.redis, Timeout: cfg.StoreTimeout, Log: opts.Logger,
 		FlushInterval: opts.FlushInterval, AuditRetention: opts.AuditRetention, AuditMaxRecords: opts.AuditMaxRecords,
-		WaitReplicas: cfg.WaitReplicas})
+		WaitReplicas: cfg.WaitReplicas, MaxBreakersPerTenant: opts.MaxBreakersPerTenant})
 	if err != nil {
 		_ = su.redis.Close()
 		return nil, nil, fmt.Errorf("--store %s: %w", su.shown, err)
