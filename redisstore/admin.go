@@ -21,6 +21,7 @@ import (
 const (
 	changePolicy = "policy"
 	changeBudget = "budget"
+	changeTenant = "tenant" // a tenant new to the fleet
 )
 
 // adminCache is a replica's copy of the admin objects every decision reads
@@ -258,6 +259,16 @@ func (s *Store) reload(kind, tenant, target string) error {
 	ctx, cancel := s.call()
 	defer cancel()
 	switch kind {
+	case changeTenant:
+		s.mu.RLock()
+		watched := len(s.allSubs) > 0
+		s.mu.RUnlock()
+		if watched {
+			// New to the fleet: its stream holds only what happened since,
+			// which the subscribers to every tenant must see whole.
+			_, err := s.followFrom(tenant, "0-0")
+			return err
+		}
 	case changePolicy:
 		v, err := s.c.HGet(ctx, keyPolicies, policyField(tenant, target)).Result()
 		scope := policy.PolicyScope{Tenant: tenant, Target: target}

@@ -243,15 +243,22 @@ const DefaultSubscriptionBuffer = 64
 // (default DefaultSubscriptionBuffer) is the number of changes that may
 // queue behind a slow reader; the snapshot never counts against it. The
 // channel is closed when the reader falls further behind, when Redis
-// cannot be read at subscription, or when cancel is called. Tenants first
-// seen after a subscription to all of them are not included in it.
+// cannot be read at subscription, or when cancel is called. A
+// subscription to every tenant also follows the tenants that appear after
+// it, on any replica, from their first transition.
 func (s *Store) Subscribe(tenant string, buffer int) (<-chan policy.BreakerEvent, func()) {
 	if buffer <= 0 {
 		buffer = DefaultSubscriptionBuffer
 	}
 	sb := &sub{buffer: buffer}
-	var feeds []*feed
 	cancel := func() {
+		s.mu.Lock()
+		delete(s.allSubs, sb)
+		feeds := make([]*feed, 0, len(s.feeds))
+		for _, f := range s.feeds {
+			feeds = append(feeds, f)
+		}
+		s.mu.Unlock()
 		for _, f := range feeds {
 			f.remove(sb)
 		}
@@ -268,6 +275,11 @@ func (s *Store) Subscribe(tenant string, buffer int) (<-chan policy.BreakerEvent
 	}
 	tenants := []string{"", tenant}
 	if tenant == "" {
+		// Registered first, so a tenant followed from now on (one new to
+		// the fleet included) has it among its subscribers.
+		s.mu.Lock()
+		s.allSubs[sb] = struct{}{}
+		s.mu.Unlock()
 		var err error
 		if tenants, err = s.tenants(); err != nil {
 			return fail(err)
@@ -279,7 +291,6 @@ func (s *Store) Subscribe(tenant string, buffer int) (<-chan policy.BreakerEvent
 			return fail(err)
 		}
 		f.add(sb)
-		feeds = append(feeds, f)
 	}
 	var initial []policy.BreakerEvent
 	for _, t := range tenants {

@@ -34,8 +34,15 @@ type feedGroup struct {
 
 // follow returns the feed of tenant, starting to read its stream (at its
 // current end) the first time: every transition after follow returns is
-// seen.
+// seen. A tenant new to the whole fleet is announced on the changes
+// stream, so replicas with a subscription to every tenant follow it too.
 func (s *Store) follow(tenant string) (*feed, error) {
+	return s.followFrom(tenant, "")
+}
+
+// followFrom is follow, reading the stream from the entry after id from
+// instead of its end when from is set ("0-0": all of it).
+func (s *Store) followFrom(tenant, from string) (*feed, error) {
 	s.mu.RLock()
 	f := s.feeds[tenant]
 	s.mu.RUnlock()
@@ -44,16 +51,26 @@ func (s *Store) follow(tenant string) (*feed, error) {
 	}
 	ctx, cancel := s.call()
 	defer cancel()
-	if err := s.c.SAdd(ctx, keyTenants, tenant).Err(); err != nil {
-		return nil, err
-	}
-	last := "0-0"
-	msgs, err := s.c.XRevRangeN(ctx, keyEvents(tenant), "+", "-", 1).Result()
+	added, err := s.c.SAdd(ctx, keyTenants, tenant).Result()
 	if err != nil {
 		return nil, err
 	}
-	if len(msgs) == 1 {
-		last = msgs[0].ID
+	if added == 1 {
+		if err := s.c.XAdd(ctx, &redis.XAddArgs{Stream: keyChanges, MaxLen: 10000, Approx: true,
+			Values: []any{"kind", changeTenant, "tenant", tenant, "target", ""}}).Err(); err != nil {
+			return nil, err
+		}
+	}
+	last := from
+	if last == "" {
+		last = "0-0"
+		msgs, err := s.c.XRevRangeN(ctx, keyEvents(tenant), "+", "-", 1).Result()
+		if err != nil {
+			return nil, err
+		}
+		if len(msgs) == 1 {
+			last = msgs[0].ID
+		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -61,6 +78,9 @@ func (s *Store) follow(tenant string) (*feed, error) {
 		return f, nil
 	}
 	f = &feed{tenant: tenant, subs: map[*sub]struct{}{}}
+	for sb := range s.allSubs {
+		f.subs[sb] = struct{}{}
+	}
 	s.feeds[tenant] = f
 	gk := 0
 	if _, ok := s.c.(*redis.ClusterClient); ok {

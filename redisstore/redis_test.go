@@ -251,3 +251,31 @@ func TestBreakersPerTenantCap(t *testing.T) {
 		t.Errorf("another tenant's first breaker: %v", err)
 	}
 }
+
+// TestSubscribeAllSeesNewTenants: a subscription to every tenant on one
+// replica sees the transitions of a tenant that another replica uses for
+// the first time after it subscribed.
+func TestSubscribeAllSeesNewTenants(t *testing.T) {
+	srv := redistest.Standalone(t)
+	f := replicas(t, 2, func() redis.UniversalClient { return redis.NewClient(&redis.Options{Addr: srv.Addr}) })
+	events, cancel := f.Replicas[1].Subscribe("", 64)
+	defer cancel()
+	for ev := range events {
+		if ev.SnapshotDone {
+			break
+		}
+	}
+	key := policy.BreakerKey{Tenant: "newbie", Target: "x"}
+	cfg := policy.BreakerConfig{ConsecutiveFailures: 1, Cooldown: time.Hour}
+	if _, err := f.Replicas[0].Record(key, cfg, policy.ResultTransientFailure, ""); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case ev, ok := <-events:
+		if !ok || ev.Snapshot.Key != key || ev.Snapshot.State != policy.BreakerOpen {
+			t.Errorf("first event %+v (open %v), want newbie/x OPEN", ev, ok)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no event of the new tenant within 5s")
+	}
+}

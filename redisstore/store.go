@@ -81,10 +81,13 @@ type Store struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu     sync.RWMutex
-	cache  map[policy.BreakerKey]*cached
-	feeds  map[string]*feed   // by tenant
-	groups map[int]*feedGroup // by hash slot on a Cluster, else one
+	mu    sync.RWMutex
+	cache map[policy.BreakerKey]*cached
+	feeds map[string]*feed // by tenant
+	// allSubs are the subscriptions to every tenant: each joins the feed
+	// of every tenant followed later.
+	allSubs map[*sub]struct{}
+	groups  map[int]*feedGroup // by hash slot on a Cluster, else one
 
 	audit         auditBuffer
 	admin         adminCache
@@ -140,7 +143,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{c: opts.Client, opts: opts, defBudget: def, log: opts.Log,
-		cache: map[policy.BreakerKey]*cached{}, feeds: map[string]*feed{}, groups: map[int]*feedGroup{}, defaultPolicy: policy.Default()}
+		cache: map[policy.BreakerKey]*cached{}, feeds: map[string]*feed{}, groups: map[int]*feedGroup{}, allSubs: map[*sub]struct{}{}, defaultPolicy: policy.Default()}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	last, err := s.loadAdmin()
 	if err != nil {
