@@ -251,8 +251,10 @@ func replicasOverGRPC(t *testing.T, stats serverStats, client func() redis.Unive
 	n, by = r[2].trips.take()
 	fc := stats.calls(t)["fcall"] - before["fcall"]
 	t.Logf("one ReportOutcome of 100 outcomes: %d round trips %v; FCALLs on the server: %d", n, by, fc)
-	if n != 1 || fc != 1 {
-		t.Errorf("100 outcomes of one tenant took %d round trips and %d function calls, want 1 and 1", n, fc)
+	// The batch's audit records follow within the flush interval, in a
+	// pipeline of their own that may or may not land before take.
+	if by["fcall"] != 1 || fc != 1 {
+		t.Errorf("100 outcomes of one tenant took %d FCALLs (%d on the server), want 1", by["fcall"], fc)
 	}
 
 	// The audit trail of the fleet: doc-1's decision from replica 0 and

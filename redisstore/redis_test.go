@@ -165,16 +165,22 @@ func TestManyTenantsFewConnections(t *testing.T) {
 func TestWaitReplicas(t *testing.T) {
 	primary := redistest.Standalone(t)
 	replica := redistest.Replica(t, primary)
-	c := redis.NewClient(&redis.Options{Addr: primary.Addr})
-	t.Cleanup(func() { _ = c.Close() })
-	s, err := redisstore.Open(context.Background(), redisstore.Options{Client: c, Timeout: time.Second,
-		WaitReplicas: 1, WaitTimeout: 200 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
+	open := func(wait time.Duration) *redisstore.Store {
+		c := redis.NewClient(&redis.Options{Addr: primary.Addr})
+		t.Cleanup(func() { _ = c.Close() })
+		s, err := redisstore.Open(context.Background(), redisstore.Options{Client: c, Timeout: time.Second,
+			WaitReplicas: 1, WaitTimeout: wait})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		return s
 	}
-	t.Cleanup(func() { _ = s.Close() })
+	// A generous wait while the replica is up (the machine may be busy),
+	// a short one once it is gone.
+	patient, hasty := open(10*time.Second), open(100*time.Millisecond)
 	key := policy.BreakerKey{Tenant: "acme", Target: "pay"}
-	if _, err := s.ForceBreaker(key, policy.BreakerOpen); err != nil {
+	if _, err := patient.ForceBreaker(key, policy.BreakerOpen); err != nil {
 		t.Fatalf("ForceBreaker with a replica up = %v, want nil", err)
 	}
 	rc := redis.NewClient(&redis.Options{Addr: replica.Addr})
@@ -182,19 +188,19 @@ func TestWaitReplicas(t *testing.T) {
 	if st, err := rc.HGet(context.Background(), "{=acme}:breaker:pay", "forced").Result(); err != nil || st != "1" {
 		t.Errorf("the replica has forced = %q (%v) once ForceBreaker returned, want 1", st, err)
 	}
-	if _, err := s.SetBudget(policy.TenantBudget{Tenant: "acme", Capacity: 10}); err != nil {
+	if _, err := patient.SetBudget(policy.TenantBudget{Tenant: "acme", Capacity: 10}); err != nil {
 		t.Errorf("SetBudget with a replica up = %v, want nil", err)
 	}
 	replica.Kill()
-	_, err = s.SetPolicy("acme", "pay", policy.Default())
+	_, err := hasty.SetPolicy("acme", "pay", policy.Default())
 	if !errors.Is(err, redisstore.ErrNotReplicated) || !strings.Contains(err.Error(), "acknowledged by 0 of 1 replicas") {
 		t.Errorf("SetPolicy with the replica gone = %v, want ErrNotReplicated, 0 of 1", err)
 	}
 	enginetest.Eventually(t, "the unreplicated policy, on the primary", func() bool {
-		_, err := s.Policy("acme", "pay")
+		_, err := patient.Policy("acme", "pay")
 		return err == nil
 	})
-	if _, err := s.ForceBreaker(key, policy.BreakerClosed); !errors.Is(err, redisstore.ErrNotReplicated) {
+	if _, err := hasty.ForceBreaker(key, policy.BreakerClosed); !errors.Is(err, redisstore.ErrNotReplicated) {
 		t.Errorf("ForceBreaker with the replica gone = %v, want ErrNotReplicated", err)
 	}
 }
