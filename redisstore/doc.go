@@ -16,8 +16,16 @@
 // apply here: its client-side caching tracks keys, but a replica here
 // caches breaker states from the ordered per-tenant event stream (which it
 // needs anyway for WatchBreakers), and its auto-pipelining batches many
-// small commands, where this engine sends one function call per failure
-// decision and one per tenant per outcome flush.
+// small commands, where this engine sends few and large ones: a function
+// call per state change of a failure decision (a NextDelay is four round
+// trips today: the attempt check, the breaker, the spend, and the attempt
+// and audit records in one pipeline) and one per tenant per outcome
+// batch.
+//
+// A replica follows the event streams of the tenants it has used with one
+// blocking XREAD per group of them (one group on a standalone server, one
+// per hash slot in use on a Cluster), from the last entry id seen, so a
+// reconnect misses nothing the streams hold.
 //
 // Key layout, schema version 1. Every key of one tenant starts with the
 // tenant's hash tag, so the tenant's breakers, cool-downs, bucket and runs
@@ -35,8 +43,9 @@
 //	{policyd}:policies       hash    tenant 0x00 target -> PolicyEntry, JSON (admin object, Updated in ns)
 //	{policyd}:budgets        hash    tenant -> explicit TenantBudget, JSON (admin object)
 //	{policyd}:runs           hash    run id -> tenant: run ids are unique fleet-wide
-//	{policyd}:changes        stream  one entry per admin write: kind (policy, budget), tenant, target;
-//	                                 every replica follows it and reloads what changed; MAXLEN ~ 10000
+//	{policyd}:changes        stream  one entry per admin write: kind (policy, budget), tenant, target,
+//	                                 and per tenant new to the fleet (kind tenant); every replica
+//	                                 follows it and reloads what changed; MAXLEN ~ 10000
 //	{T}:breaker:TARGET       hash    fleet.Breaker: state, forced, mode, open_until, changed, gen,
 //	                                 cooldown, last_failure, consecutive, half_open_ok, slot_width,
 //	                                 slots ("epoch:calls:failures" x 10, space-separated), permits
