@@ -285,3 +285,34 @@ func TestSubscribeAllSeesNewTenants(t *testing.T) {
 		t.Fatal("no event of the new tenant within 5s")
 	}
 }
+
+// TestCloseEndsSubscriptions: Close closes every subscription's channel,
+// one to every tenant of a Redis with no tenant yet (it follows no
+// stream) included.
+func TestCloseEndsSubscriptions(t *testing.T) {
+	srv := redistest.Standalone(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = c.Close() })
+	s, err := redisstore.Open(context.Background(), redisstore.Options{Client: c, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, _ := s.Subscribe("", 8)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for name, ch := range map[string]<-chan policy.BreakerEvent{"every tenant": all} {
+		deadline := time.After(5 * time.Second)
+	drain:
+		for {
+			select {
+			case _, ok := <-ch:
+				if !ok {
+					break drain
+				}
+			case <-deadline:
+				t.Fatalf("the subscription to %s is still open 5s after Close", name)
+			}
+		}
+	}
+}

@@ -156,13 +156,19 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	return s, nil
 }
 
-// Close ends the feeds and subscriptions; the client stays open.
+// Close ends the feeds and closes every subscription's channel, writes
+// the audit records still buffered, and leaves the client open.
 func (s *Store) Close() error {
 	if s.closed.Swap(true) {
 		return nil
 	}
 	s.cancel()
 	s.wg.Wait()
+	s.mu.Lock()
+	for sb := range s.allSubs { // those that joined no feed yet
+		sb.close()
+	}
+	s.mu.Unlock()
 	s.flushAudit(context.Background())
 	return nil
 }
