@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -98,5 +99,19 @@ func TestStoreURLs(t *testing.T) {
 				t.Errorf("parseStore(%q) = %s shown %q, want %s %q", tt.in, kind, u.shown, tt.kind, tt.shown)
 			}
 		})
+	}
+}
+
+// TestReplicaWaitsForRedis: a replica started before its Redis retries
+// instead of exiting, and serves once Redis is up.
+func TestReplicaWaitsForRedis(t *testing.T) {
+	port := redistest.FreePort(t)
+	d := startDaemon(t, filepath.Join(t.TempDir(), "a.db"), "--store", "redis://127.0.0.1:"+strconv.Itoa(port))
+	d.stderr.waitFor(t, "Redis not ready; retrying", 2)
+	redistest.StandaloneOn(t, port)
+	conn := d.conn(t)
+	call := &pb.CallRef{Tenant: "acme", Target: "geo", CallId: "c1", Idempotent: true}
+	if r, err := pb.NewRetryPolicyServiceClient(conn).Admit(context.Background(), &pb.AdmitRequest{Call: call, Attempt: 1}); err != nil || !r.GetAdmitted() {
+		t.Fatalf("Admit once Redis is up: %v, %v; want admitted", r, err)
 	}
 }

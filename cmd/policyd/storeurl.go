@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -158,14 +160,29 @@ func openStore(ctx context.Context, su storeURL, cfg serveConfig, opts breakerst
 	case cfg.WaitReplicas < 0:
 		return nil, nil, fmt.Errorf("--redis-wait-replicas: must be >= 0, got %d", cfg.WaitReplicas)
 	}
-	rs, err := redisstore.Open(ctx, redisstore.Options{Client: su.redis, Timeout: cfg.StoreTimeout, Log: opts.Logger,
+	ropts := redisstore.Options{Client: su.redis, Timeout: cfg.StoreTimeout, Log: opts.Logger,
 		FlushInterval: opts.FlushInterval, AuditRetention: opts.AuditRetention, AuditMaxRecords: opts.AuditMaxRecords,
-		WaitReplicas: cfg.WaitReplicas, MaxBreakersPerTenant: opts.MaxBreakersPerTenant})
-	if err != nil {
-		_ = su.redis.Close()
-		return nil, nil, fmt.Errorf("--store %s: %w", su.shown, err)
+		WaitReplicas: cfg.WaitReplicas, MaxBreakersPerTenant: opts.MaxBreakersPerTenant}
+	// A replica started while Redis is down (or failing over) waits for
+	// it, with backoff, instead of exiting; a Redis of another schema is
+	// final.
+	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
+		rs, err := redisstore.Open(ctx, ropts)
+		if err == nil {
+			return redisState{rs, su.redis}, nil, nil
+		}
+		if errors.Is(err, redisstore.ErrSchema) {
+			_ = su.redis.Close()
+			return nil, nil, fmt.Errorf("--store %s: %w", su.shown, err)
+		}
+		opts.Logger.Warn("Redis not ready; retrying", "store", su.shown, "in", backoff.String(), "err", err)
+		select {
+		case <-ctx.Done():
+			_ = su.redis.Close()
+			return nil, nil, fmt.Errorf("--store %s: %w", su.shown, err)
+		case <-time.After(backoff):
+		}
 	}
-	return redisState{rs, su.redis}, nil, nil
 }
 
 // redisState closes the Redis client after the store.

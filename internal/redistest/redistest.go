@@ -91,8 +91,22 @@ func Cluster(t testing.TB) []string {
 // arguments, on a free port, and waits for PING.
 func start(t testing.TB, dir string, extra ...string) *Server {
 	t.Helper()
+	return startOn(t, freePort(t), dir, extra...)
+}
+
+// StandaloneOn is Standalone on a port the test chose (FreePort), for a
+// test that starts its Redis after what connects to it.
+func StandaloneOn(t testing.TB, port int) *Server {
+	t.Helper()
+	return startOn(t, port, t.TempDir())
+}
+
+// FreePort returns a loopback TCP port nobody listens on now.
+func FreePort(t testing.TB) int { return freePort(t) }
+
+func startOn(t testing.TB, port int, dir string, extra ...string) *Server {
+	t.Helper()
 	bin := need(t, "redis-server")
-	port := freePort(t)
 	args := []string{
 		"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
 		"--appendonly", "yes", "--appendfsync", "always", "--save", "",
