@@ -316,3 +316,43 @@ func TestCloseEndsSubscriptions(t *testing.T) {
 		}
 	}
 }
+
+// TestCallsAreBounded: with the server stopped (SIGSTOP), every call
+// returns an error once Timeout is over instead of waiting for Redis; the
+// same store works again once the server continues.
+func TestCallsAreBounded(t *testing.T) {
+	srv := redistest.Standalone(t)
+	// The socket's own timeouts are far longer than the test waits: only
+	// the store's Timeout can end the call in time.
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true,
+		ReadTimeout: time.Minute, WriteTimeout: time.Minute})
+	t.Cleanup(func() { _ = c.Close() })
+	s, err := redisstore.Open(context.Background(), redisstore.Options{Client: c, Timeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	key := policy.BreakerKey{Tenant: "acme", Target: "pay"}
+	if _, err := s.Record(key, policy.BreakerConfig{}, policy.ResultSuccess, ""); err != nil {
+		t.Fatal(err)
+	}
+	srv.Pause(t)
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Record(key, policy.BreakerConfig{}, policy.ResultTransientFailure, "")
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Record with Redis stopped = %v, want a deadline error", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Record with Redis stopped still waits after 10s")
+	}
+	srv.Resume(t)
+	enginetest.Eventually(t, "a Record once Redis continues", func() bool {
+		_, err := s.Record(key, policy.BreakerConfig{}, policy.ResultSuccess, "")
+		return err == nil
+	})
+}

@@ -16,8 +16,9 @@ import (
 // Options configures a Store.
 type Options struct {
 	// Client is the Redis the replicas share: a *redis.Client, a
-	// *redis.ClusterClient or a failover client. The Store does not close
-	// it.
+	// *redis.ClusterClient or a failover client, made with
+	// ContextTimeoutEnabled so that Timeout bounds its calls. The Store
+	// does not close it.
 	Client redis.UniversalClient
 	// Timeout bounds every call to Redis (policyd serve's --store-timeout);
 	// default 50ms. Open's own calls get twenty times as long.
@@ -136,6 +137,9 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if opts.WaitTimeout <= 0 {
 		opts.WaitTimeout = time.Second
 	}
+	if !contextTimeouts(opts.Client) {
+		opts.Log.Warn("redisstore: the Redis client ignores context deadlines (ContextTimeoutEnabled is off): Timeout does not bound its calls")
+	}
 	def := fillBudget(opts.DefaultBudget, DefaultTenantBudget())
 	ctx, cancel := context.WithTimeout(ctx, 20*opts.Timeout)
 	defer cancel()
@@ -154,6 +158,18 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	go s.followChanges(last)
 	go s.flusher()
 	return s, nil
+}
+
+// contextTimeouts reports whether c's calls end at their context's
+// deadline.
+func contextTimeouts(c redis.UniversalClient) bool {
+	switch c := c.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return true // unknown to us: assume so
 }
 
 // Close ends the feeds and closes every subscription's channel, writes

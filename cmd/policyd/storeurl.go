@@ -47,6 +47,7 @@ func parseStore(s, db string) (storeURL, error) {
 		if err != nil {
 			return storeURL{}, fmt.Errorf("--store: %w", err)
 		}
+		opts.ContextTimeoutEnabled = true // so --store-timeout bounds every call
 		return storeURL{redis: redis.NewClient(opts), shown: redact(s)}, nil
 	case ok && (scheme == "redis+sentinel" || scheme == "redis+cluster"):
 		return parseMultiHost(scheme, s)
@@ -104,12 +105,13 @@ func parseMultiHost(scheme, s string) (storeURL, error) {
 			db = n
 		}
 		u.redis = redis.NewFailoverClient(&redis.FailoverOptions{MasterName: master, SentinelAddrs: addrs,
-			Username: user, Password: pass, DB: db})
+			Username: user, Password: pass, DB: db, ContextTimeoutEnabled: true})
 	default:
 		if path != "" {
 			return storeURL{}, fmt.Errorf("--store: redis+cluster:// takes no database (Cluster has only 0), got /%s", path)
 		}
-		u.redis = redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, Username: user, Password: pass})
+		u.redis = redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, Username: user, Password: pass,
+			ContextTimeoutEnabled: true})
 	}
 	return u, nil
 }

@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -54,6 +55,24 @@ func Replica(t testing.TB, primary *Server) *Server {
 		return err == nil && strings.Contains(info, "master_link_status:up")
 	})
 	return s
+}
+
+// Pause stops the server (SIGSTOP): connections stay open and nothing is
+// answered, until Resume (SIGCONT). The test's cleanup resumes it.
+func (s *Server) Pause(t testing.TB) {
+	t.Helper()
+	if err := s.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatalf("SIGSTOP redis-server: %v", err)
+	}
+	t.Cleanup(func() { _ = s.cmd.Process.Signal(syscall.SIGCONT) })
+}
+
+// Resume continues a paused server (SIGCONT).
+func (s *Server) Resume(t testing.TB) {
+	t.Helper()
+	if err := s.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatalf("SIGCONT redis-server: %v", err)
+	}
 }
 
 // Kill ends the server at once (SIGKILL) and waits for it to exit.
