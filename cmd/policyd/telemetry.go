@@ -74,7 +74,10 @@ type telemetry struct {
 // exporter the flags ask for; loader, when not nil, is the policy file
 // whose reloads are reported, and auth says who may read the status page
 // off loopback. The caller must call stop.
-func (o *observeConfig) start(ctx context.Context, store *breakerstore.Store, loader *configLoader, auth *server.Auth, log *slog.Logger) (*telemetry, error) {
+// start serves the metrics and the status page of store when
+// --metrics-listen is set; bolt is the same store when it is the bbolt
+// engine (its write statistics), nil otherwise.
+func (o *observeConfig) start(ctx context.Context, store statuspage.Source, bolt *breakerstore.Store, loader *configLoader, auth *server.Auth, log *slog.Logger) (*telemetry, error) {
 	t := &telemetry{}
 	if o.MetricsListen != "" {
 		reg := prometheus.NewRegistry()
@@ -85,9 +88,11 @@ func (o *observeConfig) start(ctx context.Context, store *breakerstore.Store, lo
 		reg.MustRegister(
 			collectors.NewGoCollector(),
 			collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-			storeCollector(store),
 			buildInfoCollector(readBuildVersion()),
 		)
+		if bolt != nil { // the bbolt store's write statistics; a Redis store has none yet
+			reg.MustRegister(storeCollector(bolt))
+		}
 		if loader != nil {
 			reg.MustRegister(reloadCollector(loader))
 		}
@@ -100,7 +105,7 @@ func (o *observeConfig) start(ctx context.Context, store *breakerstore.Store, lo
 			ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelError),
 		}))
 		t.status = statuspage.New(statuspage.Config{
-			Source: store, Health: storeHealth(store), Logger: log,
+			Source: store, Health: storeHealth(bolt), Logger: log,
 			Open: statusOpen(o.MetricsListen, auth), Admin: auth.AdminToken,
 		})
 		t.status.Register(mux)
@@ -180,6 +185,9 @@ func statusOpen(metricsListen string, auth *server.Auth) bool {
 
 // storeHealth reports the store's counters to the status page.
 func storeHealth(store *breakerstore.Store) func() statuspage.StoreHealth {
+	if store == nil {
+		return func() statuspage.StoreHealth { return statuspage.StoreHealth{Engine: "redis"} }
+	}
 	return func() statuspage.StoreHealth {
 		st := store.Stats()
 		return statuspage.StoreHealth{Engine: "bbolt", Breakers: st.Breakers, Tenants: st.Tenants, Runs: st.Runs,
