@@ -29,31 +29,16 @@ type budgetRecord struct {
 }
 
 // DefaultTenantBudget returns the budget of tenants without an explicit one
-// when Options.DefaultBudget is zero: capacity 100 tokens, deposit ratio 0.2
-// tokens per success, a floor of 5 tokens per second, retry cost 1 token,
-// timeout cost 2 tokens. It is safe for concurrent use.
-func DefaultTenantBudget() policy.TenantBudget {
-	return policy.TenantBudget{Capacity: 100, DepositRatio: 0.2, MinPerSecond: 5, RetryCost: 1, TimeoutCost: 2}
-}
+// when Options.DefaultBudget is zero: fleet.DefaultBudget. It is safe for
+// concurrent use.
+func DefaultTenantBudget() policy.TenantBudget { return fleet.DefaultBudget() }
 
-// ValidateBudget checks every field of b and returns ErrInvalid (wrapping a
-// *policy.FieldError) naming the first bad one: capacity (finite, > 0),
-// deposit_ratio ([0, 1]), min_retries_per_second (finite, >= 0), retry_cost
-// (finite, > 0), timeout_cost (finite, >= retry_cost). Amounts are tokens,
-// the refill tokens per second. NaN and infinities are rejected. It is a pure
-// function, safe for concurrent use.
+// ValidateBudget checks every field of b by fleet.CheckBudget's rules and
+// returns ErrInvalid (wrapping a *policy.FieldError) naming the first bad
+// one, then the tenant name. It is a pure function, safe for concurrent use.
 func ValidateBudget(b policy.TenantBudget) error {
-	switch {
-	case !finite(b.Capacity) || b.Capacity <= 0:
-		return invalid("capacity", "must be finite and > 0")
-	case !(b.DepositRatio >= 0 && b.DepositRatio <= 1):
-		return invalid("deposit_ratio", "must be in [0, 1]")
-	case !finite(b.MinPerSecond) || b.MinPerSecond < 0:
-		return invalid("min_retries_per_second", "must be finite and >= 0")
-	case !finite(b.RetryCost) || b.RetryCost <= 0:
-		return invalid("retry_cost", "must be finite and > 0")
-	case !finite(b.TimeoutCost) || b.TimeoutCost < b.RetryCost:
-		return invalid("timeout_cost", "must be finite and >= retry_cost")
+	if fe := fleet.CheckBudget(b); fe != nil {
+		return fmt.Errorf("%w: %w", ErrInvalid, fe)
 	}
 	return checkName("tenant", b.Tenant, true)
 }
@@ -62,28 +47,7 @@ func ValidateBudget(b policy.TenantBudget) error {
 // validates the result, as SetBudget will; it writes nothing. Callers that
 // write several budgets all or nothing check them all first.
 func (s *Store) CheckBudget(b policy.TenantBudget) error {
-	return ValidateBudget(fillBudget(b, s.defBudget))
-}
-
-// fillBudget gives zero numeric fields of b the values of def; a zero
-// TimeoutCost becomes the larger of def's and b's RetryCost.
-func fillBudget(b, def policy.TenantBudget) policy.TenantBudget {
-	if b.Capacity == 0 {
-		b.Capacity = def.Capacity
-	}
-	if b.DepositRatio == 0 {
-		b.DepositRatio = def.DepositRatio
-	}
-	if b.MinPerSecond == 0 {
-		b.MinPerSecond = def.MinPerSecond
-	}
-	if b.RetryCost == 0 {
-		b.RetryCost = def.RetryCost
-	}
-	if b.TimeoutCost == 0 {
-		b.TimeoutCost = max(def.TimeoutCost, b.RetryCost)
-	}
-	return b
+	return ValidateBudget(fleet.FillBudget(b, s.defBudget))
 }
 
 // tokenBucket holds a tenant's budget state, whose rules live in
@@ -315,7 +279,7 @@ func (s *Store) SetBudget(b policy.TenantBudget) (policy.TenantBudget, error) {
 	if err := checkName("tenant", b.Tenant, false); err != nil {
 		return policy.TenantBudget{}, err
 	}
-	b = fillBudget(b, s.defBudget)
+	b = fleet.FillBudget(b, s.defBudget)
 	if err := ValidateBudget(b); err != nil {
 		return policy.TenantBudget{}, err
 	}

@@ -16,6 +16,7 @@ import (
 	"go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 
+	"github.com/policyd/policyd/fleet"
 	"github.com/policyd/policyd/policy"
 )
 
@@ -325,7 +326,7 @@ func Open(opts Options) (*Store, error) {
 	if opts.Sync > SyncAlways {
 		return nil, invalid("sync", "must be SyncGroup or SyncAlways")
 	}
-	def := fillBudget(opts.DefaultBudget, DefaultTenantBudget())
+	def := fleet.FillBudget(opts.DefaultBudget, DefaultTenantBudget())
 	def.Tenant = ""
 	if err := ValidateBudget(def); err != nil {
 		return nil, fmt.Errorf("default budget: %w", err)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/policyd/policyd/fleet"
 	"github.com/policyd/policyd/policy"
 )
 
@@ -354,31 +355,12 @@ func (s *Store) Policy(tenant, target string) (policy.PolicyEntry, error) {
 	return out, nil
 }
 
-// Resolve returns the policy for a call of tenant to target and the entry
-// of the scope it came from: tenant and target, then target only, then
-// tenant only, then policy.Default(). It reads the replica's cache without
+// Resolve returns the policy a call of tenant to target follows, by the
+// order fleet.ResolvePolicy gives, from the replica's cache without
 // locking or a round trip; the Policy shares its slices with the cache and
 // must not be modified.
 func (s *Store) Resolve(tenant, target string) (policy.Policy, policy.PolicyEntry) {
-	m := *s.admin.policies.Load()
-	if len(m) > 0 {
-		if tenant != "" && target != "" {
-			if e, ok := m[policy.PolicyScope{Tenant: tenant, Target: target}]; ok {
-				return e.Policy, *e
-			}
-		}
-		if target != "" {
-			if e, ok := m[policy.PolicyScope{Target: target}]; ok {
-				return e.Policy, *e
-			}
-		}
-		if tenant != "" {
-			if e, ok := m[policy.PolicyScope{Tenant: tenant}]; ok {
-				return e.Policy, *e
-			}
-		}
-	}
-	return s.defaultPolicy, policy.PolicyEntry{Policy: s.defaultPolicy}
+	return fleet.ResolvePolicy(*s.admin.policies.Load(), s.defaultPolicy, tenant, target)
 }
 
 // Policies returns up to limit entries (all when limit <= 0) sorted by

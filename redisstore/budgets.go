@@ -4,10 +4,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/policyd/policyd/fleet"
 	"github.com/policyd/policyd/policy"
 )
 
@@ -81,21 +81,11 @@ func (s *Store) Deposit(tenant string, successes int) {
 	}
 }
 
-// ValidateBudget checks every field of b as breakerstore.ValidateBudget
-// does, naming the first bad one.
+// ValidateBudget checks every field of b by fleet.CheckBudget's rules,
+// naming the first bad one, then the tenant name.
 func ValidateBudget(b policy.TenantBudget) error {
-	finite := func(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
-	switch {
-	case !finite(b.Capacity) || b.Capacity <= 0:
-		return invalid("capacity", "must be finite and > 0")
-	case !(b.DepositRatio >= 0 && b.DepositRatio <= 1):
-		return invalid("deposit_ratio", "must be in [0, 1]")
-	case !finite(b.MinPerSecond) || b.MinPerSecond < 0:
-		return invalid("min_retries_per_second", "must be finite and >= 0")
-	case !finite(b.RetryCost) || b.RetryCost <= 0:
-		return invalid("retry_cost", "must be finite and > 0")
-	case !finite(b.TimeoutCost) || b.TimeoutCost < b.RetryCost:
-		return invalid("timeout_cost", "must be finite and >= retry_cost")
+	if fe := fleet.CheckBudget(b); fe != nil {
+		return fmt.Errorf("%w: %w", ErrInvalid, fe)
 	}
 	return checkName("tenant", b.Tenant, false)
 }
@@ -107,7 +97,7 @@ func (s *Store) SetBudget(b policy.TenantBudget) (policy.TenantBudget, error) {
 	if err := s.check(); err != nil {
 		return policy.TenantBudget{}, err
 	}
-	b = fillBudget(b, s.defBudget)
+	b = fleet.FillBudget(b, s.defBudget)
 	if err := ValidateBudget(b); err != nil {
 		return policy.TenantBudget{}, err
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/policyd/policyd/fleet"
 	"github.com/policyd/policyd/policy"
 )
 
@@ -61,10 +62,8 @@ type Options struct {
 }
 
 // DefaultTenantBudget is the budget of tenants without an explicit one when
-// Options.DefaultBudget is zero: the numbers of breakerstore's default.
-func DefaultTenantBudget() policy.TenantBudget {
-	return policy.TenantBudget{Capacity: 100, DepositRatio: 0.2, MinPerSecond: 5, RetryCost: 1, TimeoutCost: 2}
-}
+// Options.DefaultBudget is zero: fleet.DefaultBudget, as in breakerstore.
+func DefaultTenantBudget() policy.TenantBudget { return fleet.DefaultBudget() }
 
 // Store is one replica's view of the fleet state in Redis: it forwards
 // every state change to the library's functions and keeps a cache of the
@@ -141,7 +140,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if !contextTimeouts(opts.Client) {
 		opts.Log.Warn("redisstore: the Redis client ignores context deadlines (ContextTimeoutEnabled is off): Timeout does not bound its calls")
 	}
-	def := fillBudget(opts.DefaultBudget, DefaultTenantBudget())
+	def := fleet.FillBudget(opts.DefaultBudget, DefaultTenantBudget())
 	ctx, cancel := context.WithTimeout(ctx, 20*opts.Timeout)
 	defer cancel()
 	if err := loadLibrary(ctx, opts.Client); err != nil {
@@ -252,27 +251,6 @@ func (s *Store) cachedState(key policy.BreakerKey) (*state, bool) {
 	}
 	st := e.st.Load()
 	return st, st != nil
-}
-
-// fillBudget gives zero numeric fields of b the values of def; a zero
-// TimeoutCost becomes the larger of def's and b's RetryCost.
-func fillBudget(b, def policy.TenantBudget) policy.TenantBudget {
-	if b.Capacity == 0 {
-		b.Capacity = def.Capacity
-	}
-	if b.DepositRatio == 0 {
-		b.DepositRatio = def.DepositRatio
-	}
-	if b.MinPerSecond == 0 {
-		b.MinPerSecond = def.MinPerSecond
-	}
-	if b.RetryCost == 0 {
-		b.RetryCost = def.RetryCost
-	}
-	if b.TimeoutCost == 0 {
-		b.TimeoutCost = max(def.TimeoutCost, b.RetryCost)
-	}
-	return b
 }
 
 // errClosed is returned by every method after Close.
