@@ -32,8 +32,10 @@
 //	tokens       tenant                     token bucket, binary: tokens, last refill, granted, refused, dry-run refusals
 //	policies     tenant 0x00 target         PolicyEntry, JSON (admin object); an empty tenant or target is a wider scope
 //	runs         run id                     run header, JSON: tenant, description, pool, cut-off, created (admin object)
-//	runstate     run id                     spent retries and ledger, binary: 9 x uint64 big-endian (the ledger
-//	                                        is recomputed from runcalls at open; both are written in one commit)
+//	runstate     run id                     spent retries and ledger, binary: 10 x uint64 big-endian, the last
+//	                                        counter dead_letter_deadline (a record of 9, written before it, is
+//	                                        read; the ledger is recomputed from runcalls at open; both are
+//	                                        written in one commit)
 //	runcalls     run id 0x00 call id        final disposition of one call, 2 bytes: policy.Disposition, policy.StopReason
 //	attempts     tenant 0x00 call id        fleet.Attempts, binary, version byte 1: the highest attempt decided for
 //	                                        the call, its expiry (the call's deadline or the policy's horizon,

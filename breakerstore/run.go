@@ -224,10 +224,10 @@ func (r *run) redirty() bool {
 	return true
 }
 
-// encodeState returns the runstate record: spent, then the 8 ledger
+// encodeState returns the runstate record: spent, then the 9 ledger
 // counters, each uint64 big-endian. r.mu must be held (or r unshared).
 func (r *run) encodeState() []byte {
-	v := make([]byte, 0, 72)
+	v := make([]byte, 0, runStateSize)
 	v = binary.BigEndian.AppendUint64(v, r.v.Spent)
 	for _, n := range ledgerCounters(&r.v.Ledger) {
 		v = binary.BigEndian.AppendUint64(v, n)
@@ -235,9 +235,17 @@ func (r *run) encodeState() []byte {
 	return v
 }
 
-func ledgerCounters(l *policy.Ledger) [8]uint64 {
-	return [8]uint64{l.Succeeded, l.FailedTerminal, l.DeadLetterExhausted, l.DeadLetterBudget,
-		l.DeadLetterNotIdempotent, l.DeadLetterPushback, l.CircuitOpen, l.DeadlineCut}
+// runStateSize is the size of a runstate record; runStateSizeV2a that of
+// one written before the dead_letter_deadline counter (8 counters), still
+// read: only spent is read back, the ledger is recomputed from runcalls.
+const (
+	runStateSize    = 80
+	runStateSizeV2a = 72
+)
+
+func ledgerCounters(l *policy.Ledger) [9]uint64 {
+	return [9]uint64{l.Succeeded, l.FailedTerminal, l.DeadLetterExhausted, l.DeadLetterBudget,
+		l.DeadLetterNotIdempotent, l.DeadLetterPushback, l.CircuitOpen, l.DeadlineCut, l.DeadLetterDeadline}
 }
 
 // write implements entity: the runstate record and the changed calls. With
@@ -291,8 +299,8 @@ func (s *Store) loadRuns(tx *bbolt.Tx) error {
 			v:      fleet.NewRun(h.Pool, h.Cutoff),
 		}
 		st := tx.Bucket(bucketRunState).Get(k)
-		if len(st) != 72 {
-			return corrupt(bucketRunState, k, fmt.Errorf("runstate record is %d bytes, want 72", len(st)))
+		if len(st) != runStateSize && len(st) != runStateSizeV2a {
+			return corrupt(bucketRunState, k, fmt.Errorf("runstate record is %d bytes, want %d", len(st), runStateSize))
 		}
 		r.v.Spent = binary.BigEndian.Uint64(st)
 		s.runs.put(r.hdr.ID, r)

@@ -92,8 +92,8 @@ func (r *Run) Restore(call string, f Final) bool {
 // LedgerSlot returns the counter of l a final disposition is counted under,
 // or nil for DispositionNone and unknown values: SUCCEEDED, FAILED_TERMINAL,
 // CIRCUIT_OPEN and DEADLINE_CUT have their own; DEAD_LETTER is split by stop
-// reason (budget, not idempotent, pushback, and attempts exhausted for the
-// rest).
+// reason (budget, not idempotent, pushback, the call's own deadline, and
+// attempts exhausted for the rest).
 func LedgerSlot(l *policy.Ledger, f Final) *uint64 {
 	switch f.Disposition {
 	case policy.DispositionSucceeded:
@@ -108,6 +108,8 @@ func LedgerSlot(l *policy.Ledger, f Final) *uint64 {
 			return &l.DeadLetterNotIdempotent
 		case policy.StopServerPushback:
 			return &l.DeadLetterPushback
+		case policy.StopDeadline:
+			return &l.DeadLetterDeadline
 		}
 		return &l.DeadLetterExhausted
 	case policy.DispositionCircuitOpen:

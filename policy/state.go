@@ -148,8 +148,9 @@ type Ledger struct {
 	DeadLetterBudget        uint64
 	DeadLetterNotIdempotent uint64
 	DeadLetterPushback      uint64
+	DeadLetterDeadline      uint64 // stopped by the call's own deadline
 	CircuitOpen             uint64
-	DeadlineCut             uint64
+	DeadlineCut             uint64 // ended by the run's cut-off
 }
 
 // Run is a batch run: a retry pool its calls share and a wall-clock cut-off.

@@ -534,7 +534,7 @@ func runToPB(r policy.Run) *pb.Run {
 			Succeeded: l.Succeeded, FailedTerminal: l.FailedTerminal,
 			DeadLetterExhausted: l.DeadLetterExhausted, DeadLetterBudget: l.DeadLetterBudget,
 			DeadLetterNotIdempotent: l.DeadLetterNotIdempotent, DeadLetterPushback: l.DeadLetterPushback,
-			CircuitOpen: l.CircuitOpen, DeadlineCut: l.DeadlineCut,
+			CircuitOpen: l.CircuitOpen, DeadlineCut: l.DeadlineCut, DeadLetterDeadline: l.DeadLetterDeadline,
 		},
 	}
 }

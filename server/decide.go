@@ -54,6 +54,7 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 	now := d.cfg.Clock.Now()
 	var run policy.Run
 	deadline := call.deadline
+	cutBinds := false // the run's cut-off comes before the call's own deadline
 	if call.runID != "" {
 		if run, err = d.runOf(ctx, "call.run_id", call.runID, call.tenant); err != nil {
 			return policy.Answer{}, "", err
@@ -61,7 +62,7 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 		// The run's cut-off is a deadline for every call of the run.
 		eff := policy.EffectiveDeadline(&p, now, call.origin, call.deadline)
 		if eff.IsZero() || run.Cutoff.Before(eff) {
-			deadline = run.Cutoff
+			deadline, cutBinds = run.Cutoff, true
 		}
 	}
 	dec := policy.Decide(&p, policy.Input{
@@ -96,9 +97,14 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 			return policy.Answer{}, "", err
 		}
 	}
-	if !dec.Retry && !run.Cutoff.IsZero() && !now.Before(run.Cutoff) &&
-		dec.Disposition != policy.DispositionFailedTerminal {
+	switch {
+	case dec.Retry:
+	case !run.Cutoff.IsZero() && !now.Before(run.Cutoff) && dec.Disposition != policy.DispositionFailedTerminal:
 		// Past the run's cut-off every stop is a cut.
+		dec.Disposition = policy.DispositionDeadlineCut
+	case dec.Stop == policy.StopDeadline && cutBinds:
+		// The next attempt would end after the run's cut-off: a cut, not
+		// the call's own deadline (DEAD_LETTER).
 		dec.Disposition = policy.DispositionDeadlineCut
 	}
 	ans.Retry, ans.Stop, ans.Disposition = dec.Retry, dec.Stop, dec.Disposition
@@ -180,7 +186,7 @@ func (d *Decisions) shared(ctx context.Context, u Changes, dec *policy.Decision,
 		ans.Note += "cooldown:fleet"
 	}
 	if !policy.FitsDeadline(now, dec.Deadline, dec.Delay, p.AttemptTimeout) {
-		stop(policy.StopDeadline, policy.DispositionDeadlineCut)
+		stop(policy.StopDeadline, policy.DispositionDeadLetter)
 		return nil
 	}
 	dec.Checks |= policy.CheckTenantBudget
@@ -251,6 +257,7 @@ func (d *Decisions) agrees(ctx context.Context, i int, it *outcomeItem, success,
 		Success:        success,
 		Now:            now.UnixNano(),
 		Horizon:        int64(fleet.Horizon(p)),
+		Skew:           int64(d.cfg.MaxClockSkew),
 		AttemptTimeout: int64(p.AttemptTimeout),
 	}
 	if !success && !alreadyRecorded {

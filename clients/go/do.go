@@ -26,8 +26,8 @@ type Disposition int
 const (
 	Succeeded      Disposition = iota + 1
 	FailedTerminal             // the upstream refused for good: fix the input
-	DeadLetter                 // retries ran out: may succeed later
-	DeadlineCut                // the deadline or the run's cut-off ended it
+	DeadLetter                 // retries ran out, or the call's own deadline (StopDeadline) passed: may succeed later
+	DeadlineCut                // the run's cut-off ended it
 	CircuitOpen                // the upstream's breaker refused it
 )
 
@@ -250,7 +250,7 @@ func (ci *callInfo) pb() *pb.CallRef {
 // outcomeRef is the call as an outcome with final disposition final names
 // it: the tenant, target, call id and run id, and, for a call that ended
 // otherwise than in success, its origin and deadline, which policyd checks a
-// DEADLINE_CUT against. The times and the key cost most of a CallRef to
+// DEAD_LETTER (DEADLINE) against. The times and the key cost most of a CallRef to
 // encode and decode, so they stay out of every other outcome.
 func (ci *callInfo) outcomeRef(final pb.Disposition) *pb.CallRef {
 	ref := &pb.CallRef{Tenant: ci.tenant, Target: ci.target, CallId: ci.id, RunId: ci.runID}
@@ -311,7 +311,7 @@ func (l *loop) run(fn func(context.Context, Attempt) error) Result {
 		}
 		l.res.Err = err
 		if l.ctx.Err() != nil {
-			return l.end(DeadlineCut, StopDeadline, attempt, nil)
+			return l.end(DeadLetter, StopDeadline, attempt, nil)
 		}
 		f := classifyError(err, timedOut)
 		if f.unclassified {
@@ -338,7 +338,7 @@ func (l *loop) run(fn func(context.Context, Attempt) error) Result {
 		l.prev = dec.delay
 		if err := l.c.cfg.Sleep(l.ctx, dec.delay); err != nil {
 			l.res.Err = err
-			return l.end(DeadlineCut, StopDeadline, attempt, nil)
+			return l.end(DeadLetter, StopDeadline, attempt, nil)
 		}
 	}
 }
@@ -394,7 +394,7 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 		if err != nil {
 			if l.ctx.Err() != nil {
 				l.res.Err = l.ctx.Err()
-				l.end(DeadlineCut, StopDeadline, attempt-1, nil)
+				l.end(DeadLetter, StopDeadline, attempt-1, nil)
 				return "", false
 			}
 			l.c.failed(err)
@@ -423,12 +423,12 @@ func (l *loop) waitFor(d time.Duration, attempt int) bool {
 	d += time.Duration(rand.Float64() * float64(max(d/10, 250*time.Millisecond)))
 	if !l.call.deadline.IsZero() && l.c.cfg.Now().Add(d+l.timeout).After(l.call.deadline) {
 		l.res.Reason = "cooldown:pushback"
-		l.end(DeadlineCut, StopDeadline, attempt-1, nil)
+		l.end(DeadLetter, StopDeadline, attempt-1, nil)
 		return false
 	}
 	if err := l.c.cfg.Sleep(l.ctx, d); err != nil {
 		l.res.Err = err
-		l.end(DeadlineCut, StopDeadline, attempt-1, nil)
+		l.end(DeadLetter, StopDeadline, attempt-1, nil)
 		return false
 	}
 	return true

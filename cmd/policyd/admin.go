@@ -672,6 +672,7 @@ func printRun(w io.Writer, r *pb.Run) {
 	fmt.Fprintf(tw, "dead letter: budget\t%d\n", l.GetDeadLetterBudget())
 	fmt.Fprintf(tw, "dead letter: not idempotent\t%d\n", l.GetDeadLetterNotIdempotent())
 	fmt.Fprintf(tw, "dead letter: server pushback\t%d\n", l.GetDeadLetterPushback())
+	fmt.Fprintf(tw, "dead letter: deadline\t%d\n", l.GetDeadLetterDeadline())
 	fmt.Fprintf(tw, "circuit open\t%d\n", l.GetCircuitOpen())
 	fmt.Fprintf(tw, "deadline cut\t%d\n", l.GetDeadlineCut())
 	tw.Flush()

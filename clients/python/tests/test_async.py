@@ -134,7 +134,7 @@ def test_attempt_timeout_is_enforced(policyd: Daemon, tenant: str, clock: FakeCl
     assert res.ok and res.attempts == 2 and res.reason == "transport:timeout"
 
 
-def test_cancelling_the_task_reports_a_deadline_cut(policyd: Daemon, tenant: str, clock: FakeClock) -> None:
+def test_cancelling_the_task_reports_a_dead_letter_deadline(policyd: Daemon, tenant: str, clock: FakeClock) -> None:
     run_id = "cancel-" + tenant
     policyd.open_run(run_id, tenant, pool=10)
 
@@ -154,7 +154,7 @@ def test_cancelling_the_task_reports_a_deadline_cut(policyd: Daemon, tenant: str
                 await task
 
     run(main)
-    assert policyd.run(run_id).ledger.deadline_cut == 1
+    assert policyd.run(run_id).ledger.dead_letter_deadline == 1
 
 
 def test_open_breaker_fails_fast(policyd: Daemon, tenant: str, clock: FakeClock) -> None:

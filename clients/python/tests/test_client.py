@@ -245,7 +245,7 @@ def test_cancel_ends_the_call_at_its_wait(policyd: Daemon, tenant: str, clock: F
     c = pc.Client(policyd.address, tenant=tenant, sleep=sleep, now=clock.now, watch=False, decision_timeout=5)
     try:
         res = c.call(pc.Call(target="geo", idempotent=True), script(S503)[0], cancel=cancel)
-        assert (res.disposition, res.stop_reason, res.attempts) == (pc.Disposition.DEADLINE_CUT, pc.StopReason.DEADLINE, 1)
+        assert (res.disposition, res.stop_reason, res.attempts) == (pc.Disposition.DEAD_LETTER, pc.StopReason.DEADLINE, 1)
         assert isinstance(res.error, pc.Cancelled)
     finally:
         c.close()
@@ -284,7 +284,7 @@ def test_fleet_cooldown_is_waited_out_spread_or_cut_by_the_deadline(policyd: Dae
         fn, seen = script()
         res = b.call(pc.Call(target="geo", idempotent=True, deadline=clock.now() + 20), fn)
         assert (res.disposition, res.stop_reason, res.reason, res.attempts, seen) == (
-            pc.Disposition.DEADLINE_CUT, pc.StopReason.DEADLINE, "cooldown:pushback", 0, [])
+            pc.Disposition.DEAD_LETTER, pc.StopReason.DEADLINE, "cooldown:pushback", 0, [])
         assert len(clock.waits) == 1 and 6 <= clock.waits[0] <= 7.7, clock.waits
     finally:
         b.close()

@@ -84,7 +84,7 @@ def test_unanswered_decisions_fall_back_to_the_local_policy(clock: FakeClock) ->
         pc.Disposition.DEAD_LETTER, pc.StopReason.ATTEMPTS_EXHAUSTED, True, 3)
 
 
-def test_a_cancel_thrown_in_reports_a_deadline_cut(clock: FakeClock) -> None:
+def test_a_cancel_thrown_in_reports_a_dead_letter_deadline(clock: FakeClock) -> None:
     c = core(clock)
     st = c.begin(pc.Call(target="geo", idempotent=True), lambda a: None)
     loop = _loop.run(c, st)
@@ -93,9 +93,9 @@ def test_a_cancel_thrown_in_reports_a_deadline_cut(clock: FakeClock) -> None:
     report = loop.throw(_loop.CallCancelled())  # the task running the call was cancelled
     assert isinstance(report, _loop.Report)
     assert (report.outcome.final, report.outcome.stop, report.outcome.attempt) == (
-        types_pb2.DISPOSITION_DEADLINE_CUT, types_pb2.STOP_REASON_DEADLINE, 1)
+        types_pb2.DISPOSITION_DEAD_LETTER, types_pb2.STOP_REASON_DEADLINE, 1)
     try:
         loop.send(None)
     except StopIteration as done:
         res = done.value
-    assert res.disposition is pc.Disposition.DEADLINE_CUT and isinstance(res.error, pc.Cancelled)
+    assert res.disposition is pc.Disposition.DEAD_LETTER and isinstance(res.error, pc.Cancelled)

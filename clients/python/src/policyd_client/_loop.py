@@ -16,7 +16,7 @@ A driver answers each effect:
 
 Cancellation that arrives as an exception (an asyncio task's) is thrown into
 the generator as :class:`CallCancelled`; it reports the call as
-DEADLINE_CUT and returns. A future idempotency claim is one more effect
+DEAD_LETTER (DEADLINE) and returns. A future idempotency claim is one more effect
 before the first :class:`Invoke`.
 """
 
@@ -97,7 +97,7 @@ def run(core: Core, st: CallState[Any]) -> Loop:
     except CallCancelled:
         if not st.ended:
             st.error = Cancelled()
-            yield Report(st.end(Disposition.DEADLINE_CUT, StopReason.DEADLINE, st.attempts))
+            yield Report(st.end(Disposition.DEAD_LETTER, StopReason.DEADLINE, st.attempts))
         res = st.result()
     if not res.ok and core.observed:
         core.emit(Event(EventKind.STOPPED, target=st.info.target, call_id=st.info.call_id, attempt=res.attempts,
@@ -125,7 +125,7 @@ def _attempts(core: Core, st: CallState[Any]) -> Loop:
             return st.result()
         st.error = got.error
         if got.cancelled:
-            yield Report(st.end(Disposition.DEADLINE_CUT, StopReason.DEADLINE, attempt))
+            yield Report(st.end(Disposition.DEAD_LETTER, StopReason.DEADLINE, attempt))
             return st.result()
         f = classify_exception(got.error, timed_out=got.timed_out)
         if f.unclassified:
@@ -199,7 +199,7 @@ def _cooldown(core: Core, st: CallState[Any], d: float) -> Generator[Effect, Any
     d = core.spread(d)
     if st.deadline is not None and core.now() + d + st.timeout > st.deadline:
         st.reason = COOLDOWN
-        yield Report(st.end(Disposition.DEADLINE_CUT, StopReason.DEADLINE, st.attempts))
+        yield Report(st.end(Disposition.DEAD_LETTER, StopReason.DEADLINE, st.attempts))
         return False
     if (yield Sleep(d)):
         raise CallCancelled

@@ -20,9 +20,11 @@ class Disposition(str, enum.Enum):
     SUCCEEDED = "succeeded"
     #: The upstream refused for good: fix the input.
     FAILED_TERMINAL = "failed_terminal"
-    #: Retries ran out (attempts, budget, pushback): it may succeed later.
+    #: Retries ran out (attempts, budget, pushback), or the call's own
+    #: deadline or its cancellation ended it (stop reason DEADLINE): it may
+    #: succeed later.
     DEAD_LETTER = "dead_letter"
-    #: The call's deadline, its cancellation or the run's cut-off ended it.
+    #: The run's cut-off ended it.
     DEADLINE_CUT = "deadline_cut"
     #: The upstream's breaker refused it.
     CIRCUIT_OPEN = "circuit_open"
@@ -230,5 +232,6 @@ EventHook = Callable[[Event], None]
 
 class Cancelled(Exception):
     """The call was cancelled (its ``cancel`` event was set) while it waited;
-    :attr:`Result.error` holds it and the disposition is DEADLINE_CUT."""
+    :attr:`Result.error` holds it and the disposition is DEAD_LETTER
+    (stop reason DEADLINE)."""
 

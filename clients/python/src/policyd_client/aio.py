@@ -308,8 +308,8 @@ class AsyncClient:
         per-attempt timeout (``asyncio.wait_for``): an attempt that overruns
         it is cancelled and counts as a transport timeout.
 
-        Cancelling the task running call() reports the call as DEADLINE_CUT
-        and re-raises CancelledError.
+        Cancelling the task running call() reports the call as DEAD_LETTER
+        (DEADLINE) and re-raises CancelledError.
         """
         if self._closed:
             raise RuntimeError("policyd_client: the client is closed")

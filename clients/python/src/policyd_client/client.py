@@ -245,7 +245,7 @@ class Client:
         while it is known OPEN), call ``fn(attempt)``, classify what it
         raised, ask NextDelay, wait, repeat. Outcomes are reported in the
         background. Setting ``cancel`` ends the call at its next wait with
-        DEADLINE_CUT.
+        DEAD_LETTER (stop reason DEADLINE).
 
         ``fn`` should apply ``attempt.timeout`` to the I/O it does; an attempt
         that overruns it counts as a timeout. Exceptions that are not

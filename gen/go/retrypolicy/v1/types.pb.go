@@ -457,10 +457,12 @@ const (
 	Disposition_DISPOSITION_SUCCEEDED Disposition = 1
 	// DISPOSITION_FAILED_TERMINAL: the upstream refused for good (fix the input).
 	Disposition_DISPOSITION_FAILED_TERMINAL Disposition = 2
-	// DISPOSITION_DEAD_LETTER: retries ran out (attempts, budget, pushback); the
-	// work may succeed later and belongs on a dead-letter queue.
+	// DISPOSITION_DEAD_LETTER: retries ran out (attempts, budget, pushback, or
+	// the call's own deadline: stop reason DEADLINE); the work may succeed
+	// later and belongs on a dead-letter queue.
 	Disposition_DISPOSITION_DEAD_LETTER Disposition = 3
-	// DISPOSITION_DEADLINE_CUT: the call's deadline or the run's cut-off ended it.
+	// DISPOSITION_DEADLINE_CUT: the run's cut-off ended it (only a run's
+	// cut-off; a call stopped by its own deadline is DEAD_LETTER, DEADLINE).
 	Disposition_DISPOSITION_DEADLINE_CUT Disposition = 4
 	// DISPOSITION_CIRCUIT_OPEN: the upstream's breaker refused it.
 	Disposition_DISPOSITION_CIRCUIT_OPEN Disposition = 5
@@ -2019,10 +2021,13 @@ type RunLedger struct {
 	DeadLetterPushback uint64 `protobuf:"varint,6,opt,name=dead_letter_pushback,json=deadLetterPushback,proto3" json:"dead_letter_pushback,omitempty"`
 	// circuit_open counts calls refused by an open breaker.
 	CircuitOpen uint64 `protobuf:"varint,7,opt,name=circuit_open,json=circuitOpen,proto3" json:"circuit_open,omitempty"`
-	// deadline_cut counts calls ended by their deadline or the run's cut-off.
-	DeadlineCut   uint64 `protobuf:"varint,8,opt,name=deadline_cut,json=deadlineCut,proto3" json:"deadline_cut,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// deadline_cut counts calls ended by the run's cut-off.
+	DeadlineCut uint64 `protobuf:"varint,8,opt,name=deadline_cut,json=deadlineCut,proto3" json:"deadline_cut,omitempty"`
+	// dead_letter_deadline counts calls stopped because their own deadline
+	// would pass (DEAD_LETTER, stop reason DEADLINE).
+	DeadLetterDeadline uint64 `protobuf:"varint,9,opt,name=dead_letter_deadline,json=deadLetterDeadline,proto3" json:"dead_letter_deadline,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *RunLedger) Reset() {
@@ -2107,6 +2112,13 @@ func (x *RunLedger) GetCircuitOpen() uint64 {
 func (x *RunLedger) GetDeadlineCut() uint64 {
 	if x != nil {
 		return x.DeadlineCut
+	}
+	return 0
+}
+
+func (x *RunLedger) GetDeadLetterDeadline() uint64 {
+	if x != nil {
+		return x.DeadLetterDeadline
 	}
 	return 0
 }
@@ -2493,7 +2505,7 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\x06target\x18\x02 \x01(\tR\x06target\x12.\n" +
 	"\x06policy\x18\x03 \x01(\v2\x16.retrypolicy.v1.PolicyR\x06policy\x12;\n" +
 	"\vupdate_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"updateTime\"\xe9\x02\n" +
+	"updateTime\"\x9b\x03\n" +
 	"\tRunLedger\x12\x1c\n" +
 	"\tsucceeded\x18\x01 \x01(\x04R\tsucceeded\x12'\n" +
 	"\x0ffailed_terminal\x18\x02 \x01(\x04R\x0efailedTerminal\x122\n" +
@@ -2502,7 +2514,8 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\x1adead_letter_not_idempotent\x18\x05 \x01(\x04R\x17deadLetterNotIdempotent\x120\n" +
 	"\x14dead_letter_pushback\x18\x06 \x01(\x04R\x12deadLetterPushback\x12!\n" +
 	"\fcircuit_open\x18\a \x01(\x04R\vcircuitOpen\x12!\n" +
-	"\fdeadline_cut\x18\b \x01(\x04R\vdeadlineCut\"\xc7\x02\n" +
+	"\fdeadline_cut\x18\b \x01(\x04R\vdeadlineCut\x120\n" +
+	"\x14dead_letter_deadline\x18\t \x01(\x04R\x12deadLetterDeadline\"\xc7\x02\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x1d\n" +
