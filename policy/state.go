@@ -74,7 +74,8 @@ type Admission struct {
 	State      BreakerState
 	PermitID   string        // set for a HALF_OPEN probe
 	RetryAfter time.Duration // when refused: how long until asking again makes sense
-	Reason     string        // breaker:closed, breaker:open, breaker:probe, breaker:probes_taken, cooldown:pushback, ...
+	Reason     string        // breaker:closed, breaker:open, breaker:probe, breaker:probes_taken, cooldown:pushback, run:cutoff, ...
+	RunCutoff  time.Time     // the cut-off of the call's run, when it names one
 }
 
 // Result is what an attempt's outcome means to a breaker.

@@ -673,7 +673,7 @@ func nextDelayToPB(ans *policy.Answer, why string) *pb.NextDelayResponse {
 func admissionToPB(a *policy.Admission) *pb.AdmitResponse {
 	return &pb.AdmitResponse{
 		Admitted: a.Admitted, State: enumToPB[pb.BreakerState](a.State), PermitId: a.PermitID,
-		RetryAfter: durationPB(a.RetryAfter), Reason: a.Reason,
+		RetryAfter: durationPB(a.RetryAfter), Reason: a.Reason, RunCutoffTime: timePB(a.RunCutoff),
 	}
 }
 

@@ -217,14 +217,36 @@ func (d *Decisions) shared(ctx context.Context, u Changes, dec *policy.Decision,
 	return nil
 }
 
-// decideAdmit is Admit's decision, in domain types: the shared breaker of
-// the call's policy admits or refuses (a refusal is a value, put in the
-// audit trail); an error is a status, mapped by errors.go.
+// decideAdmit is Admit's decision, in domain types: a call of a run past
+// its cut-off is refused (run:cutoff, the breaker not consulted);
+// otherwise the shared breaker of the call's policy admits or refuses (a
+// refusal is a value, put in the audit trail). The answer carries the
+// run's cut-off, so the client can hold it without asking again. An
+// unknown run is NOT_FOUND (tenant-scoped); any other error is a status,
+// mapped by errors.go.
 func (d *Decisions) decideAdmit(ctx context.Context, call callRef, attempt uint32) (policy.Admission, error) {
-	p, _ := d.store.Resolve(call.tenant, call.target)
-	a, err := d.store.Admit(policy.KeyFor(p.Breaker, call.tenant, call.target), p.Breaker)
-	if err != nil {
-		return policy.Admission{}, storeError(ctx, d.cfg.Logger, "breaker", err)
+	var a policy.Admission
+	if call.runID != "" {
+		// A call of a run past its cut-off is not attempted: the cut-off
+		// holds for calls started after it, not only for their retries.
+		run, err := d.runOf(ctx, "call.run_id", call.runID, call.tenant)
+		if err != nil {
+			return policy.Admission{}, err
+		}
+		if !d.cfg.Clock.Now().Before(run.Cutoff) {
+			a = policy.Admission{Reason: "run:cutoff", RunCutoff: run.Cutoff}
+		} else {
+			a.RunCutoff = run.Cutoff
+		}
+	}
+	if a.Reason == "" {
+		p, _ := d.store.Resolve(call.tenant, call.target)
+		b, err := d.store.Admit(policy.KeyFor(p.Breaker, call.tenant, call.target), p.Breaker)
+		if err != nil {
+			return policy.Admission{}, storeError(ctx, d.cfg.Logger, "breaker", err)
+		}
+		b.RunCutoff = a.RunCutoff
+		a = b
 	}
 	if !a.Admitted {
 		why := "refused: " + a.Reason

@@ -133,6 +133,7 @@ type Client struct {
 	workers  pb.RetryPolicyServiceClient
 	local    *localPolicy
 	breakers *breakerCache
+	runs     runCutoffs
 	out      *outcomes
 
 	// downUntil (unix nanos) is when to try policyd again after it failed

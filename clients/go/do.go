@@ -126,6 +126,10 @@ type Call struct {
 	RunID string
 	// Deadline bounds the whole call; ctx's deadline bounds it too.
 	Deadline time.Time
+	// Origin is when the work began (the event's original timestamp, say):
+	// policyd anchors the call's deadline (the policy's call deadline) to
+	// it. Zero means now, when Do starts.
+	Origin time.Time
 	// CallID names the call in the audit trail; default SubmissionID, or a
 	// random id.
 	CallID string
@@ -210,8 +214,12 @@ func (c *Client) Do(ctx context.Context, call Call, fn func(ctx context.Context,
 	if id == "" {
 		id = randomID()
 	}
+	origin := call.Origin
+	if origin.IsZero() {
+		origin = c.cfg.Now()
+	}
 	cs := &callState{info: callInfo{tenant: c.cfg.Tenant, target: call.Target, id: id, key: key, runID: call.RunID,
-		idempotent: call.Idempotent, origin: c.cfg.Now(), deadline: call.Deadline}}
+		idempotent: call.Idempotent, origin: origin, deadline: call.Deadline}}
 	ci := &cs.info
 	if d, ok := ctx.Deadline(); ok && (ci.deadline.IsZero() || d.Before(ci.deadline)) {
 		ci.deadline = d
@@ -270,6 +278,7 @@ type loop struct {
 	call    *callInfo
 	first   *attemptCtx   // for the first attempt; nil once used
 	ref     *pb.CallRef   // built for the first RPC, then reused
+	cutoff  time.Time     // the run's cut-off, once known
 	timeout time.Duration // for the next attempt
 	prev    time.Duration // the last delay
 	res     Result
@@ -360,9 +369,15 @@ func (l *loop) report(o outcome) {
 // one was handed out. It waits out a fleet-wide cool-down when the deadline
 // allows. ok false means the call ended (l.res is set).
 func (l *loop) admit(attempt int) (permit string, ok bool) {
+	cut, runKnown := l.runCut()
+	if cut {
+		l.res.Reason = "run:cutoff"
+		l.end(DeadlineCut, StopDeadline, attempt-1, nil)
+		return "", false
+	}
 	for {
 		b, known := l.c.breakers.lookup(l.call.target)
-		if known && b.cooldownUntil.IsZero() &&
+		if runKnown && known && b.cooldownUntil.IsZero() &&
 			(b.state == pb.BreakerState_BREAKER_STATE_CLOSED || b.state == pb.BreakerState_BREAKER_STATE_DISABLED) {
 			return "", true // the common case, without reading the clock
 		}
@@ -375,7 +390,7 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 					return "", false
 				}
 				continue
-			case b.state == pb.BreakerState_BREAKER_STATE_CLOSED || b.state == pb.BreakerState_BREAKER_STATE_DISABLED:
+			case runKnown && (b.state == pb.BreakerState_BREAKER_STATE_CLOSED || b.state == pb.BreakerState_BREAKER_STATE_DISABLED):
 				return "", true
 			case b.state == pb.BreakerState_BREAKER_STATE_OPEN && (b.forced || b.openUntil.After(now)):
 				l.c.stats.fastFails.Add(1)
@@ -400,6 +415,10 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 			l.c.failed(err)
 			return "", true
 		}
+		if c := resp.GetRunCutoffTime(); c != nil && l.call.runID != "" {
+			l.cutoff, runKnown = c.AsTime(), true
+			l.c.runs.learn(l.call.runID, l.cutoff)
+		}
 		if resp.GetAdmitted() {
 			return resp.GetPermitId(), true
 		}
@@ -410,6 +429,10 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 			continue
 		}
 		l.res.Reason = resp.GetReason()
+		if l.res.Reason == "run:cutoff" {
+			l.end(DeadlineCut, StopDeadline, attempt-1, nil)
+			return "", false
+		}
 		l.end(CircuitOpen, StopCircuitOpen, attempt-1, nil)
 		return "", false
 	}
@@ -421,9 +444,13 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 // workers held by one cool-down do not all call at the instant it ends.
 func (l *loop) waitFor(d time.Duration, attempt int) bool {
 	d += time.Duration(rand.Float64() * float64(max(d/10, 250*time.Millisecond)))
-	if !l.call.deadline.IsZero() && l.c.cfg.Now().Add(d+l.timeout).After(l.call.deadline) {
+	if deadline, cut := l.cutoffBinds(); !deadline.IsZero() && l.c.cfg.Now().Add(d+l.timeout).After(deadline) {
 		l.res.Reason = "cooldown:pushback"
-		l.end(DeadLetter, StopDeadline, attempt-1, nil)
+		disp := DeadLetter
+		if cut {
+			disp = DeadlineCut
+		}
+		l.end(disp, StopDeadline, attempt-1, nil)
 		return false
 	}
 	if err := l.c.cfg.Sleep(l.ctx, d); err != nil {
@@ -457,7 +484,12 @@ func (l *loop) next(attempt int, f failure, permit string, timedOut bool) decisi
 		}
 	}
 	l.c.stats.local.Add(1)
-	return l.c.local.decide(l.c.cfg.Now(), l.call.deadline, attempt, f, l.call.idempotent, l.call.key != "", timedOut, l.timeout)
+	deadline, cut := l.cutoffBinds()
+	dec := l.c.local.decide(l.c.cfg.Now(), deadline, attempt, f, l.call.idempotent, l.call.key != "", timedOut, l.timeout)
+	if cut && dec.stopReason == pb.StopReason_STOP_REASON_DEADLINE {
+		dec.disposition = pb.Disposition_DISPOSITION_DEADLINE_CUT // the run's cut-off bound, not the call's deadline
+	}
+	return dec
 }
 
 // failed notes a decision RPC that did not answer. Unreachable or slow

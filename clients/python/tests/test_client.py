@@ -353,3 +353,30 @@ def test_worker_token(dedicated: Any, tmp_path: Any, clock: FakeClock) -> None:
         assert res.ok and res.local
         res = c.call(pc.Call(target="geo", idempotent=True), script(S503)[0])
         assert res.local and c.stats().admit_rpcs == 4  # every attempt asked
+
+
+def test_a_runs_cutoff_holds_without_an_admit_per_call(policyd: Daemon, tenant: str) -> None:
+    # The first call of the run learns its cut-off from Admit; once the
+    # client's clock passes it, a call ends DEADLINE_CUT without its
+    # function being called and without asking Admit again, and the ledger
+    # counts it. (policyd's own clock is not past the cut-off yet: it
+    # accepts the cut within --max-clock-skew.)
+    run_id = "cutoff-" + tenant
+    policyd.open_run(run_id, tenant, pool=10, cutoff_in=60)
+    clock = FakeClock()
+    c = pc.Client(policyd.address, tenant=tenant, sleep=clock.sleep, now=clock.now, decision_timeout=5)
+    try:
+        fn, seen = script()
+        first = c.call(pc.Call(target="geo", idempotent=True, run_id=run_id, call_id="before"), fn)
+        assert first.ok and len(seen) == 1
+        clock.advance(61)
+        for i in range(3):
+            res = c.call(pc.Call(target="geo", idempotent=True, run_id=run_id, call_id=f"after-{i}"), fn)
+            assert (res.disposition, res.stop_reason, res.reason, res.attempts) == (
+                pc.Disposition.DEADLINE_CUT, pc.StopReason.DEADLINE, "run:cutoff", 0)
+        assert len(seen) == 1, seen
+        assert c.stats().admit_rpcs == 1
+    finally:
+        c.close()
+    ledger = policyd.run(run_id).ledger
+    assert (ledger.succeeded, ledger.deadline_cut) == (1, 3), ledger

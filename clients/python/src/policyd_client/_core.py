@@ -16,7 +16,7 @@ import time
 import weakref
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, Callable, Generator, Generic, NamedTuple, Optional, TypedDict, TypeVar, Union
+from typing import Any, Callable, Dict, Generator, Generic, NamedTuple, Optional, TypedDict, TypeVar, Union
 
 import grpc
 from google.protobuf import duration_pb2, timestamp_pb2
@@ -383,6 +383,22 @@ class Core:
         # When to ask policyd again after it failed to answer (Unix seconds
         # on self.now); until then decisions are local.
         self._down_until = 0.0
+        # The cut-off of each run the calls named, as Admit told it (Unix
+        # seconds), so the cut-off holds while Admit is skipped.
+        self._run_cutoffs: Dict[str, float] = {}
+
+    def run_cutoff(self, run_id: str) -> Optional[float]:
+        """Returns the run's cut-off, when Admit told it."""
+        with self._lock:
+            return self._run_cutoffs.get(run_id)
+
+    def learn_cutoff(self, run_id: str, cutoff: float) -> None:
+        """Remembers the run's cut-off (at most MAX_RUN_CUTOFFS runs; beyond
+        that the memory starts over, and a run forgotten costs one Admit)."""
+        with self._lock:
+            if run_id not in self._run_cutoffs and len(self._run_cutoffs) >= MAX_RUN_CUTOFFS:
+                self._run_cutoffs.clear()
+            self._run_cutoffs[run_id] = cutoff
 
     def after_fork(self) -> None:
         """Rebuilds the locks in a child after os.fork() (a parent thread may
@@ -485,7 +501,13 @@ class Core:
         if not key and call.submission_id:
             key = idempotency_key(call.submission_id, call.payload)
         call_id = call.call_id or call.submission_id or secrets.token_hex(12)
-        origin = self.now()
+        origin: float
+        if isinstance(call.origin, datetime):
+            if call.origin.tzinfo is None:
+                raise ValueError("policyd_client: Call.origin must be an aware datetime (or Unix seconds)")
+            origin = call.origin.timestamp()
+        else:
+            origin = self.now() if call.origin is None else float(call.origin)
         deadline: Optional[float]
         if isinstance(call.deadline, datetime):
             if call.deadline.tzinfo is None:
@@ -581,6 +603,8 @@ class CallState(Generic[T]):
     def __init__(self, info: CallInfo, timeout: float) -> None:
         self.info = info
         self.deadline = info.deadline
+        #: The run's cut-off (Unix seconds), once known.
+        self.cutoff: Optional[float] = None
         self._ref: Optional[types_pb2.CallRef] = None
         #: The per-attempt timeout for the next attempt, in seconds.
         self.timeout = timeout
@@ -673,6 +697,10 @@ def stop_reason(r: int) -> Optional[StopReason]:
 
 # Admit refusals that ask the caller to wait and ask again.
 COOLDOWN = "cooldown:pushback"
+#: Admit's reason for a call of a run past its cut-off.
+RUN_CUTOFF = "run:cutoff"
+#: How many runs' cut-offs a client remembers.
+MAX_RUN_CUTOFFS = 1024
 
 OPEN_STATES = (types_pb2.BREAKER_STATE_OPEN,)
 FLOWING_STATES = (types_pb2.BREAKER_STATE_CLOSED, types_pb2.BREAKER_STATE_DISABLED)

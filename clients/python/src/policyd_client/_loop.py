@@ -22,18 +22,22 @@ before the first :class:`Invoke`.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Generator, NamedTuple, Optional, Union
 
 from retrypolicy.v1 import retry_policy_service_pb2 as rpb
+from retrypolicy.v1 import types_pb2
 
 from ._core import (
     COOLDOWN,
+    RUN_CUTOFF,
     CallState,
     Core,
     PendingOutcome,
     admit_from_cache,
     decision_from_pb,
     from_duration,
+    from_timestamp,
     stop_reason,
 )
 from ._model import Attempt, Cancelled, Disposition, Event, EventKind, Result, StopReason
@@ -157,7 +161,19 @@ def _attempts(core: Core, st: CallState[Any]) -> Loop:
 def _admit(core: Core, st: CallState[Any], attempt: int) -> Generator[Effect, Any, Optional[str]]:
     """Says whether attempt may go ahead: its probe permit ("" for none),
     or None when the call ended. It waits out a fleet-wide cool-down when
-    the deadline allows."""
+    the deadline allows. A call of a run past its cut-off (by the client's
+    clock, the cut-off as Admit told it once per run) ends DEADLINE_CUT
+    without the attempt; until the cut-off is known, Admit is asked even
+    while the breaker is CLOSED."""
+    run_known = True
+    if st.info.run_id:
+        if st.cutoff is None:
+            st.cutoff = core.run_cutoff(st.info.run_id)
+        run_known = st.cutoff is not None
+        if st.cutoff is not None and core.now() >= st.cutoff:
+            st.reason = RUN_CUTOFF
+            yield Report(st.end(Disposition.DEADLINE_CUT, StopReason.DEADLINE, st.attempts))
+            return None
     while True:
         now = core.now()
         b = core.cache.lookup(st.info.target)
@@ -167,7 +183,7 @@ def _admit(core: Core, st: CallState[Any], attempt: int) -> Generator[Effect, An
                 if not (yield from _cooldown(core, st, b.cooldown_until - now)):
                     return None
                 continue
-            if verdict == "go":
+            if verdict == "go" and run_known:
                 return ""
             if verdict == "open":
                 core.count("fast_fails")
@@ -181,6 +197,10 @@ def _admit(core: Core, st: CallState[Any], attempt: int) -> Generator[Effect, An
         if isinstance(resp, BaseException):  # policyd away, slow, or the channel closed
             core.failed(resp)
             return ""
+        if st.info.run_id and resp.HasField("run_cutoff_time"):
+            st.cutoff = from_timestamp(resp.run_cutoff_time)
+            core.learn_cutoff(st.info.run_id, st.cutoff)
+            run_known = True
         if resp.admitted:
             return str(resp.permit_id)
         if resp.reason == COOLDOWN:
@@ -188,6 +208,9 @@ def _admit(core: Core, st: CallState[Any], attempt: int) -> Generator[Effect, An
                 return None
             continue
         st.reason = resp.reason
+        if resp.reason == RUN_CUTOFF:
+            yield Report(st.end(Disposition.DEADLINE_CUT, StopReason.DEADLINE, st.attempts))
+            return None
         yield Report(st.end(Disposition.CIRCUIT_OPEN, StopReason.CIRCUIT_OPEN, st.attempts))
         return None
 
@@ -197,9 +220,10 @@ def _cooldown(core: Core, st: CallState[Any], d: float) -> Generator[Effect, Any
     attempt, unless the attempt could then not finish by the deadline; says
     whether to go on."""
     d = core.spread(d)
-    if st.deadline is not None and core.now() + d + st.timeout > st.deadline:
+    deadline, cut = _binding_deadline(st)
+    if deadline is not None and core.now() + d + st.timeout > deadline:
         st.reason = COOLDOWN
-        yield Report(st.end(Disposition.DEAD_LETTER, StopReason.DEADLINE, st.attempts))
+        yield Report(st.end(Disposition.DEADLINE_CUT if cut else Disposition.DEAD_LETTER, StopReason.DEADLINE, st.attempts))
         return False
     if (yield Sleep(d)):
         raise CallCancelled
@@ -219,8 +243,19 @@ def _decide(core: Core, st: CallState[Any], attempt: int, f: ClassifiedFailure, 
             return decision_from_pb(resp)
         core.failed(resp)
     core.count("local_decisions")
-    dec = core.local.decide(core.now(), st.deadline, attempt, f, st.info.idempotent, st.info.key != "")
+    deadline, cut = _binding_deadline(st)
+    dec = core.local.decide(core.now(), deadline, attempt, f, st.info.idempotent, st.info.key != "")
+    if cut and dec.stop_reason == types_pb2.STOP_REASON_DEADLINE:
+        dec = dataclasses.replace(dec, disposition=types_pb2.DISPOSITION_DEADLINE_CUT)  # the run's cut-off bound
     if core.observed:
         core.emit(Event(EventKind.LOCAL_DECISION, target=st.info.target, call_id=st.info.call_id, attempt=attempt,
                         delay=dec.delay, reason=dec.reason, local=True))
     return dec
+
+
+def _binding_deadline(st: CallState[Any]) -> "tuple[Optional[float], bool]":
+    """The deadline a local decision holds to: the call's, or its run's
+    cut-off when that comes first (then True)."""
+    if st.cutoff is not None and (st.deadline is None or st.cutoff < st.deadline):
+        return st.cutoff, True
+    return st.deadline, False

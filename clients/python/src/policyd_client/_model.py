@@ -103,7 +103,9 @@ class Call:
     the call spends. ``deadline`` bounds the whole call: Unix seconds on the
     client's clock (its ``now``), or an aware ``datetime``. ``call_id`` names
     the call in policyd's audit trail; default the submission id, else a
-    random id.
+    random id. ``origin`` is when the work began (the event's original
+    timestamp; Unix seconds on the client's clock, or an aware
+    ``datetime``): policyd anchors the call's deadline to it; default now.
     """
 
     target: str
@@ -114,6 +116,7 @@ class Call:
     run_id: str = ""
     deadline: Union[float, datetime, None] = None
     call_id: str = ""
+    origin: Union[float, datetime, None] = None
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -761,8 +762,14 @@ type AdmitResponse struct {
 	// retry_after is how long to wait before asking again, when refused.
 	RetryAfter *durationpb.Duration `protobuf:"bytes,4,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
 	// reason says why: breaker:closed, breaker:open, breaker:probe,
-	// breaker:probes_taken, cooldown:pushback.
-	Reason        string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	// breaker:probes_taken, cooldown:pushback, run:cutoff (the call's run is
+	// past its cut-off: end the call DEADLINE_CUT without making the attempt).
+	Reason string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	// run_cutoff_time is the cut-off of the call's run, when the call names
+	// one. A client keeps it per run and checks it with its own clock before
+	// every attempt, so the cut-off holds while it skips Admit (a CLOSED
+	// breaker): one Admit per run and client tells it.
+	RunCutoffTime *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=run_cutoff_time,json=runCutoffTime,proto3" json:"run_cutoff_time,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -830,6 +837,13 @@ func (x *AdmitResponse) GetReason() string {
 		return x.Reason
 	}
 	return ""
+}
+
+func (x *AdmitResponse) GetRunCutoffTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RunCutoffTime
+	}
+	return nil
 }
 
 // WatchBreakersRequest subscribes to breaker state changes.
@@ -1098,7 +1112,7 @@ var File_retrypolicy_v1_retry_policy_service_proto protoreflect.FileDescriptor
 
 const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\n" +
-	")retrypolicy/v1/retry_policy_service.proto\x12\x0eretrypolicy.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1aretrypolicy/v1/types.proto\"q\n" +
+	")retrypolicy/v1/retry_policy_service.proto\x12\x0eretrypolicy.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1aretrypolicy/v1/types.proto\"q\n" +
 	"\x0fClassifyRequest\x12+\n" +
 	"\x04call\x18\x01 \x01(\v2\x17.retrypolicy.v1.CallRefR\x04call\x121\n" +
 	"\afailure\x18\x02 \x01(\v2\x17.retrypolicy.v1.FailureR\afailure\"~\n" +
@@ -1151,14 +1165,15 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\amessage\x18\x04 \x01(\tR\amessage\"U\n" +
 	"\fAdmitRequest\x12+\n" +
 	"\x04call\x18\x01 \x01(\v2\x17.retrypolicy.v1.CallRefR\x04call\x12\x18\n" +
-	"\aattempt\x18\x02 \x01(\rR\aattempt\"\xd0\x01\n" +
+	"\aattempt\x18\x02 \x01(\rR\aattempt\"\x94\x02\n" +
 	"\rAdmitResponse\x12\x1a\n" +
 	"\badmitted\x18\x01 \x01(\bR\badmitted\x122\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x1c.retrypolicy.v1.BreakerStateR\x05state\x12\x1b\n" +
 	"\tpermit_id\x18\x03 \x01(\tR\bpermitId\x12:\n" +
 	"\vretry_after\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"retryAfter\x12\x16\n" +
-	"\x06reason\x18\x05 \x01(\tR\x06reason\".\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x12B\n" +
+	"\x0frun_cutoff_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\rrunCutoffTime\".\n" +
 	"\x14WatchBreakersRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\"\x93\x01\n" +
 	"\x15WatchBreakersResponse\x121\n" +
@@ -1223,9 +1238,10 @@ var file_retrypolicy_v1_retry_policy_service_proto_goTypes = []any{
 	(StopReason)(0),               // 20: retrypolicy.v1.StopReason
 	(Disposition)(0),              // 21: retrypolicy.v1.Disposition
 	(BreakerState)(0),             // 22: retrypolicy.v1.BreakerState
-	(*Breaker)(nil),               // 23: retrypolicy.v1.Breaker
-	(*BackoffSettings)(nil),       // 24: retrypolicy.v1.BackoffSettings
-	(*BudgetPlan)(nil),            // 25: retrypolicy.v1.BudgetPlan
+	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
+	(*Breaker)(nil),               // 24: retrypolicy.v1.Breaker
+	(*BackoffSettings)(nil),       // 25: retrypolicy.v1.BackoffSettings
+	(*BudgetPlan)(nil),            // 26: retrypolicy.v1.BudgetPlan
 }
 var file_retrypolicy_v1_retry_policy_service_proto_depIdxs = []int32{
 	14, // 0: retrypolicy.v1.ClassifyRequest.call:type_name -> retrypolicy.v1.CallRef
@@ -1252,30 +1268,31 @@ var file_retrypolicy_v1_retry_policy_service_proto_depIdxs = []int32{
 	14, // 21: retrypolicy.v1.AdmitRequest.call:type_name -> retrypolicy.v1.CallRef
 	22, // 22: retrypolicy.v1.AdmitResponse.state:type_name -> retrypolicy.v1.BreakerState
 	18, // 23: retrypolicy.v1.AdmitResponse.retry_after:type_name -> google.protobuf.Duration
-	23, // 24: retrypolicy.v1.WatchBreakersResponse.breaker:type_name -> retrypolicy.v1.Breaker
-	18, // 25: retrypolicy.v1.PlanBudgetRequest.window:type_name -> google.protobuf.Duration
-	24, // 26: retrypolicy.v1.PlanBudgetRequest.backoff:type_name -> retrypolicy.v1.BackoffSettings
-	18, // 27: retrypolicy.v1.PlanBudgetRequest.attempt_timeout:type_name -> google.protobuf.Duration
-	18, // 28: retrypolicy.v1.PlanBudgetRequest.ttl_margin:type_name -> google.protobuf.Duration
-	25, // 29: retrypolicy.v1.PlanBudgetResponse.plan:type_name -> retrypolicy.v1.BudgetPlan
-	25, // 30: retrypolicy.v1.PlanBudgetResponse.hops:type_name -> retrypolicy.v1.BudgetPlan
-	0,  // 31: retrypolicy.v1.RetryPolicyService.Classify:input_type -> retrypolicy.v1.ClassifyRequest
-	2,  // 32: retrypolicy.v1.RetryPolicyService.NextDelay:input_type -> retrypolicy.v1.NextDelayRequest
-	5,  // 33: retrypolicy.v1.RetryPolicyService.ReportOutcome:input_type -> retrypolicy.v1.ReportOutcomeRequest
-	8,  // 34: retrypolicy.v1.RetryPolicyService.Admit:input_type -> retrypolicy.v1.AdmitRequest
-	10, // 35: retrypolicy.v1.RetryPolicyService.WatchBreakers:input_type -> retrypolicy.v1.WatchBreakersRequest
-	12, // 36: retrypolicy.v1.RetryPolicyService.PlanBudget:input_type -> retrypolicy.v1.PlanBudgetRequest
-	1,  // 37: retrypolicy.v1.RetryPolicyService.Classify:output_type -> retrypolicy.v1.ClassifyResponse
-	3,  // 38: retrypolicy.v1.RetryPolicyService.NextDelay:output_type -> retrypolicy.v1.NextDelayResponse
-	6,  // 39: retrypolicy.v1.RetryPolicyService.ReportOutcome:output_type -> retrypolicy.v1.ReportOutcomeResponse
-	9,  // 40: retrypolicy.v1.RetryPolicyService.Admit:output_type -> retrypolicy.v1.AdmitResponse
-	11, // 41: retrypolicy.v1.RetryPolicyService.WatchBreakers:output_type -> retrypolicy.v1.WatchBreakersResponse
-	13, // 42: retrypolicy.v1.RetryPolicyService.PlanBudget:output_type -> retrypolicy.v1.PlanBudgetResponse
-	37, // [37:43] is the sub-list for method output_type
-	31, // [31:37] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	23, // 24: retrypolicy.v1.AdmitResponse.run_cutoff_time:type_name -> google.protobuf.Timestamp
+	24, // 25: retrypolicy.v1.WatchBreakersResponse.breaker:type_name -> retrypolicy.v1.Breaker
+	18, // 26: retrypolicy.v1.PlanBudgetRequest.window:type_name -> google.protobuf.Duration
+	25, // 27: retrypolicy.v1.PlanBudgetRequest.backoff:type_name -> retrypolicy.v1.BackoffSettings
+	18, // 28: retrypolicy.v1.PlanBudgetRequest.attempt_timeout:type_name -> google.protobuf.Duration
+	18, // 29: retrypolicy.v1.PlanBudgetRequest.ttl_margin:type_name -> google.protobuf.Duration
+	26, // 30: retrypolicy.v1.PlanBudgetResponse.plan:type_name -> retrypolicy.v1.BudgetPlan
+	26, // 31: retrypolicy.v1.PlanBudgetResponse.hops:type_name -> retrypolicy.v1.BudgetPlan
+	0,  // 32: retrypolicy.v1.RetryPolicyService.Classify:input_type -> retrypolicy.v1.ClassifyRequest
+	2,  // 33: retrypolicy.v1.RetryPolicyService.NextDelay:input_type -> retrypolicy.v1.NextDelayRequest
+	5,  // 34: retrypolicy.v1.RetryPolicyService.ReportOutcome:input_type -> retrypolicy.v1.ReportOutcomeRequest
+	8,  // 35: retrypolicy.v1.RetryPolicyService.Admit:input_type -> retrypolicy.v1.AdmitRequest
+	10, // 36: retrypolicy.v1.RetryPolicyService.WatchBreakers:input_type -> retrypolicy.v1.WatchBreakersRequest
+	12, // 37: retrypolicy.v1.RetryPolicyService.PlanBudget:input_type -> retrypolicy.v1.PlanBudgetRequest
+	1,  // 38: retrypolicy.v1.RetryPolicyService.Classify:output_type -> retrypolicy.v1.ClassifyResponse
+	3,  // 39: retrypolicy.v1.RetryPolicyService.NextDelay:output_type -> retrypolicy.v1.NextDelayResponse
+	6,  // 40: retrypolicy.v1.RetryPolicyService.ReportOutcome:output_type -> retrypolicy.v1.ReportOutcomeResponse
+	9,  // 41: retrypolicy.v1.RetryPolicyService.Admit:output_type -> retrypolicy.v1.AdmitResponse
+	11, // 42: retrypolicy.v1.RetryPolicyService.WatchBreakers:output_type -> retrypolicy.v1.WatchBreakersResponse
+	13, // 43: retrypolicy.v1.RetryPolicyService.PlanBudget:output_type -> retrypolicy.v1.PlanBudgetResponse
+	38, // [38:44] is the sub-list for method output_type
+	32, // [32:38] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_retrypolicy_v1_retry_policy_service_proto_init() }

@@ -1,6 +1,7 @@
 import datetime
 
 from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from retrypolicy.v1 import types_pb2 as _types_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -131,18 +132,20 @@ class AdmitRequest(_message.Message):
     def __init__(self, call: _Optional[_Union[_types_pb2.CallRef, _Mapping]] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class AdmitResponse(_message.Message):
-    __slots__ = ("admitted", "state", "permit_id", "retry_after", "reason")
+    __slots__ = ("admitted", "state", "permit_id", "retry_after", "reason", "run_cutoff_time")
     ADMITTED_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     PERMIT_ID_FIELD_NUMBER: _ClassVar[int]
     RETRY_AFTER_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    RUN_CUTOFF_TIME_FIELD_NUMBER: _ClassVar[int]
     admitted: bool
     state: _types_pb2.BreakerState
     permit_id: str
     retry_after: _duration_pb2.Duration
     reason: str
-    def __init__(self, admitted: _Optional[bool] = ..., state: _Optional[_Union[_types_pb2.BreakerState, str]] = ..., permit_id: _Optional[str] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
+    run_cutoff_time: _timestamp_pb2.Timestamp
+    def __init__(self, admitted: _Optional[bool] = ..., state: _Optional[_Union[_types_pb2.BreakerState, str]] = ..., permit_id: _Optional[str] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., reason: _Optional[str] = ..., run_cutoff_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class WatchBreakersRequest(_message.Message):
     __slots__ = ("tenant",)
