@@ -31,12 +31,18 @@
 //	budgets      tenant                     explicit TenantBudget, JSON (admin object)
 //	tokens       tenant                     token bucket, binary: tokens, last refill, granted, refused, dry-run refusals
 //	policies     tenant 0x00 target         PolicyEntry, JSON (admin object); an empty tenant or target is a wider scope
-//	runs         run id                     run header, JSON: tenant, description, pool, cut-off, created (admin object)
+//	runs         run id                     run header, JSON: tenant, description, pool, cut-off, created, the run
+//	                                        it re-drives (admin object)
 //	runstate     run id                     spent retries and ledger, binary: 10 x uint64 big-endian, the last
 //	                                        counter dead_letter_deadline (a record of 9, written before it, is
 //	                                        read; the ledger is recomputed from runcalls at open; both are
 //	                                        written in one commit)
 //	runcalls     run id 0x00 call id        final disposition of one call, 2 bytes: policy.Disposition, policy.StopReason
+//	calltable    run id 0x00 call id        the run's call table for triage (fleet.CallRecord), binary, version
+//	                                        byte 1: disposition, stop reason, attempts, first and last attempt
+//	                                        times, then target, classification, detail, triage reference; at
+//	                                        most Options.MaxRunCalls a run; the layout is in calltable.go. New in
+//	                                        schema version 2 (created empty on open)
 //	attempts     tenant 0x00 call id        fleet.Attempts, binary, version byte 1: the highest attempt decided for
 //	                                        the call, its expiry (the call's deadline or the policy's horizon,
 //	                                        whichever is later), and the answer (verdict, delay, attempt timeout,

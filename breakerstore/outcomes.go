@@ -55,6 +55,11 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 					return i, err
 				}
 			}
+			if u.RunID != "" && u.Note != (policy.CallNote{}) {
+				if err := s.noteCall(u.RunID, u.CallID, u.Note, p); err != nil && !errors.Is(err, ErrNotFound) {
+					return i, err
+				}
+			}
 		}
 		for tenant, k := range deposits {
 			s.deposit(tenant, k, p)

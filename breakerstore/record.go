@@ -247,11 +247,13 @@ func (s *Store) deleteRecords(tx *bbolt.Tx, dels []delKey) error {
 			if err := tx.Bucket(bucketRunState).Delete(id); err != nil {
 				return err
 			}
-			calls := tx.Bucket(bucketRunCalls).Cursor()
 			prefix := joinKey(d.key.Tenant, "")
-			for ck, _ := calls.Seek(prefix); ck != nil && bytes.HasPrefix(ck, prefix); ck, _ = calls.Seek(prefix) {
-				if err := calls.Delete(); err != nil {
-					return err
+			for _, b := range [][]byte{bucketRunCalls, bucketCallTable} {
+				calls := tx.Bucket(b).Cursor()
+				for ck, _ := calls.Seek(prefix); ck != nil && bytes.HasPrefix(ck, prefix); ck, _ = calls.Seek(prefix) {
+					if err := calls.Delete(); err != nil {
+						return err
+					}
 				}
 			}
 			k = id

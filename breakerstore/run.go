@@ -33,6 +33,10 @@ type run struct {
 	// dirtyCalls are call ids changed since the last group commit, in order;
 	// a group commit drops the ones it wrote when it commits.
 	dirtyCalls []string
+	// table is the run's call table (calltable.go); dirtyTable the call
+	// ids changed in it since the last group commit, in order.
+	table      fleet.CallTable
+	dirtyTable []string
 	dirty      bool
 	deleted    bool // swept: past its retention, removed from the map
 }
@@ -45,6 +49,7 @@ type runHeader struct {
 	Pool        uint64 `json:"retry_pool"`
 	Cutoff      int64  `json:"cutoff_unix_nano"`
 	Created     int64  `json:"created_unix_nano"`
+	RedriveOf   string `json:"redrive_of,omitempty"`
 }
 
 // OpenRun creates a run. An empty r.ID is generated (hex, sorting by
@@ -73,10 +78,15 @@ func (s *Store) OpenRun(r policy.Run) (policy.Run, error) {
 	case !r.Cutoff.After(now):
 		return policy.Run{}, invalid("cutoff_time", "must be in the future")
 	}
+	if r.RedriveOf != "" {
+		if old, ok := s.runs.get(r.RedriveOf); !ok || old.hdr.Tenant != r.Tenant {
+			return policy.Run{}, fmt.Errorf("%w: run %q", ErrNotFound, r.RedriveOf)
+		}
+	}
 	r = policy.Run{ID: strings.Clone(r.ID), Tenant: strings.Clone(r.Tenant), Description: strings.Clone(r.Description),
-		Pool: r.Pool, Cutoff: r.Cutoff, Created: now}
+		Pool: r.Pool, Cutoff: r.Cutoff, Created: now, RedriveOf: strings.Clone(r.RedriveOf)}
 	hdr, err := json.Marshal(runHeader{ID: r.ID, Tenant: r.Tenant, Description: r.Description,
-		Pool: r.Pool, Cutoff: r.Cutoff.UnixNano(), Created: now.UnixNano()})
+		Pool: r.Pool, Cutoff: r.Cutoff.UnixNano(), Created: now.UnixNano(), RedriveOf: r.RedriveOf})
 	if err != nil {
 		return policy.Run{}, fmt.Errorf("breakerstore: encode run: %w", err)
 	}
@@ -89,7 +99,8 @@ func (s *Store) OpenRun(r policy.Run) (policy.Run, error) {
 		return policy.Run{}, fmt.Errorf("%w: %d runs kept (cap %d; runs are deleted %v after their cut-off)",
 			ErrTooManyRuns, n, s.opts.MaxRuns, s.opts.RunRetention)
 	}
-	rs := &run{hdr: r, cutoff: r.Cutoff.UnixNano(), v: fleet.NewRun(r.Pool, r.Cutoff.UnixNano())}
+	rs := &run{hdr: r, cutoff: r.Cutoff.UnixNano(), v: fleet.NewRun(r.Pool, r.Cutoff.UnixNano()),
+		table: fleet.NewCallTable(s.opts.MaxRunCalls)}
 	err = s.update("write run", func(tx *bbolt.Tx) error {
 		if tx.Bucket(bucketRuns).Get([]byte(r.ID)) != nil {
 			return fmt.Errorf("%w: run %q", ErrExists, r.ID)
@@ -278,7 +289,11 @@ func (r *run) write(tx *bbolt.Tx, clear bool) (int, error) {
 			r.mu.Unlock()
 		})
 	}
-	return 1 + written, nil
+	noted, err := r.writeTable(tx, clear)
+	if err != nil {
+		return 0, err
+	}
+	return 1 + written + noted, nil
 }
 
 // loadRuns reads the runs, runstate and runcalls buckets into memory. The
@@ -294,9 +309,10 @@ func (s *Store) loadRuns(tx *bbolt.Tx) error {
 		}
 		r := &run{
 			hdr: policy.Run{ID: h.ID, Tenant: h.Tenant, Description: h.Description, Pool: h.Pool,
-				Cutoff: time.Unix(0, h.Cutoff), Created: time.Unix(0, h.Created)},
+				Cutoff: time.Unix(0, h.Cutoff), Created: time.Unix(0, h.Created), RedriveOf: h.RedriveOf},
 			cutoff: h.Cutoff,
 			v:      fleet.NewRun(h.Pool, h.Cutoff),
+			table:  fleet.NewCallTable(s.opts.MaxRunCalls),
 		}
 		st := tx.Bucket(bucketRunState).Get(k)
 		if len(st) != runStateSize && len(st) != runStateSizeV2a {

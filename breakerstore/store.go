@@ -46,7 +46,7 @@ var (
 
 	allBuckets = [][]byte{bucketMeta, bucketBreakers, bucketBudgets, bucketTokens,
 		bucketPolicies, bucketRuns, bucketRunState, bucketRunCalls,
-		bucketAuditSeg, bucketAttempts}
+		bucketAuditSeg, bucketAttempts, bucketCallTable}
 )
 
 // Defaults of Options.
@@ -130,6 +130,10 @@ type Options struct {
 	// remembered (see CheckAttempt); past it the oldest record goes first.
 	// Default DefaultMaxAttemptRecords.
 	MaxAttemptRecords int
+	// MaxRunCalls caps the calls each run's call table keeps for
+	// RunCalls; the calls beyond it are counted, not kept. Default
+	// DefaultMaxRunCalls.
+	MaxRunCalls int
 	// RunRetention is how long a run is kept after its cut-off, with its
 	// ledger and per-call dispositions; then the flusher deletes it from
 	// memory and disk. Default 30 days.
@@ -285,6 +289,9 @@ func Open(opts Options) (*Store, error) {
 	}
 	if opts.MaxAttemptRecords <= 0 {
 		opts.MaxAttemptRecords = DefaultMaxAttemptRecords
+	}
+	if opts.MaxRunCalls <= 0 {
+		opts.MaxRunCalls = DefaultMaxRunCalls
 	}
 	if opts.RunRetention <= 0 {
 		opts.RunRetention = DefaultRunRetention
@@ -613,6 +620,7 @@ func (s *Store) loaders(tx *bbolt.Tx) []func() error {
 		func() error { return s.loadPolicies(tx) },
 		func() error { return s.loadBudgets(tx, now) },
 		func() error { return s.loadRuns(tx) },
+		func() error { return s.loadCallTables(tx) },
 		func() error { return s.loadAudit(tx) },
 		func() error { return s.loadAttempts(tx, now) },
 		func() error { return s.loadBreakers(tx, now) },

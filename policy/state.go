@@ -164,6 +164,7 @@ type Run struct {
 	Cutoff      time.Time
 	Created     time.Time
 	Ledger      Ledger
+	RedriveOf   string // the run whose dead-lettered and cut calls this one re-drives
 }
 
 // BreakerEvent is one message of a breaker subscription: the current states

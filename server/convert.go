@@ -165,6 +165,7 @@ func checkNamed[T any](path string, check func(field string) (T, error)) (T, err
 // callRef is a validated CallRef.
 type callRef struct {
 	tenant, target, callID, key, runID string
+	triageRef                          string
 	idempotent                         bool
 	origin, deadline                   time.Time
 }
@@ -191,6 +192,9 @@ func callFromPB(field string, c *pb.CallRef, needCallID bool) (callRef, error) {
 	if err = checkName(sub(field, ".run_id"), c.GetRunId(), maxRunIDLen, false); err != nil {
 		return out, err
 	}
+	if err = checkText(sub(field, ".triage_ref"), c.GetTriageRef(), policy.MaxTriageRefLen); err != nil {
+		return out, err
+	}
 	if out.origin, err = timestamp(sub(field, ".origin_time"), c.GetOriginTime()); err != nil {
 		return out, err
 	}
@@ -202,6 +206,7 @@ func callFromPB(field string, c *pb.CallRef, needCallID bool) (callRef, error) {
 	}
 	out.tenant, out.target, out.callID = c.GetTenant(), c.GetTarget(), c.GetCallId()
 	out.key, out.runID, out.idempotent = c.GetIdempotencyKey(), c.GetRunId(), c.GetIdempotent()
+	out.triageRef = c.GetTriageRef()
 	return out, nil
 }
 
@@ -536,6 +541,35 @@ func runToPB(r policy.Run) *pb.Run {
 			DeadLetterNotIdempotent: l.DeadLetterNotIdempotent, DeadLetterPushback: l.DeadLetterPushback,
 			CircuitOpen: l.CircuitOpen, DeadlineCut: l.DeadlineCut, DeadLetterDeadline: l.DeadLetterDeadline,
 		},
+		RedriveOf: r.RedriveOf,
+	}
+}
+
+// runCallFilterFromPB validates ListRunCalls's filter.
+func runCallFilterFromPB(req *pb.ListRunCallsRequest) (policy.RunCallFilter, error) {
+	var f policy.RunCallFilter
+	for i, d := range req.GetDispositions() {
+		v, err := enumFromPB[policy.Disposition]("dispositions", "["+strconv.Itoa(i)+"]", d, true)
+		if err != nil {
+			return f, err
+		}
+		f.Dispositions = append(f.Dispositions, v)
+	}
+	for i, s := range req.GetStopReasons() {
+		v, err := enumFromPB[policy.StopReason]("stop_reasons", "["+strconv.Itoa(i)+"]", s, false)
+		if err != nil {
+			return f, err
+		}
+		f.Stops = append(f.Stops, v)
+	}
+	return f, nil
+}
+
+func runCallToPB(c policy.RunCall) *pb.RunCall {
+	return &pb.RunCall{
+		CallId: c.CallID, Disposition: enumToPB[pb.Disposition](c.Disposition), StopReason: enumToPB[pb.StopReason](c.Stop),
+		Attempts: c.Attempts, LastClassification: c.Classification, LastDetail: c.Detail,
+		FirstAttemptTime: timePB(c.First), LastAttemptTime: timePB(c.Last), Target: c.Target, TriageRef: c.TriageRef,
 	}
 }
 

@@ -117,6 +117,11 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 	if err := u.RecordAttempt(ck, in.attempt, ans, time.Unix(0, fleet.Keep(&p, now.UnixNano(), dec.Deadline))); err != nil {
 		return policy.Answer{}, "", storeError(ctx, d.cfg.Logger, "attempt", err)
 	}
+	if call.runID != "" {
+		if err := u.NoteCall(call.runID, call.callID, decisionNote(&call, in.attempt, dec.Class.Reason, why, now)); err != nil {
+			return policy.Answer{}, "", storeError(ctx, d.cfg.Logger, "run calls", err)
+		}
+	}
 	if err := u.Commit(); err != nil {
 		return policy.Answer{}, "", storeError(ctx, d.cfg.Logger, "decision", err)
 	}
@@ -365,6 +370,7 @@ func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc 
 	trail := slices.Grow(sc.trail[:0], 2*len(items)) // at most two records an outcome
 	defer func() { sc.trail = trail }()
 	var runs map[string]string
+	var now time.Time // read once, for the first outcome of a run
 	deposits := map[string]int{}
 	for i := range items {
 		it := &items[i]
@@ -394,6 +400,12 @@ func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc 
 		start := len(trail)
 		trail = d.outcome(ctx, trail, it, class)
 		u.Audit = trail[start:len(trail):len(trail)]
+		if it.call.runID != "" {
+			if now.IsZero() {
+				now = d.cfg.Clock.Now()
+			}
+			u.RunID, u.CallID, u.Note = it.call.runID, it.call.callID, outcomeNote(it, class, now)
+		}
 		if it.final.Disposition != policy.DispositionNone && it.call.runID != "" {
 			u.RunID, u.CallID = it.call.runID, it.call.callID
 			u.Final, u.Stop = it.final.Disposition, it.final.Stop

@@ -51,6 +51,9 @@ type Changes = interface {
 	RecordAttempt(k policy.CallKey, attempt uint32, ans policy.Answer, keep time.Time) error
 	// AppendAudit adds audit records.
 	AppendAudit(recs ...policy.AuditRecord)
+	// NoteCall tells run runID's call table what the decision says of
+	// call callID (see Runs.NoteCall).
+	NoteCall(runID, callID string, n policy.CallNote) error
 	// Commit makes every change durable, in one transaction where the
 	// store commits before answering; nothing rolls back.
 	Commit() error
@@ -131,4 +134,13 @@ type Runs interface {
 	Run(id string) (policy.Run, error)
 	Runs(tenant, after string, limit int) ([]policy.Run, error)
 	RecordFinal(runID, callID string, d policy.Disposition, stop policy.StopReason) error
+	// NoteCall tells run runID's call table what a NextDelay decision or a
+	// final disposition says of call callID (fleet.CallRecord.Note has the
+	// rules); counter-grade durability, like the ledger. A call beyond the
+	// table's cap is counted, not kept.
+	NoteCall(runID, callID string, n policy.CallNote) error
+	// RunCalls returns up to limit calls of run runID's call table that f
+	// selects, sorted by call id, after the id after, and how many of the
+	// run's calls are beyond the table's cap.
+	RunCalls(runID string, f policy.RunCallFilter, after string, limit int) ([]policy.RunCall, uint64, error)
 }

@@ -133,7 +133,14 @@ type Call struct {
 	// CallID names the call in the audit trail; default SubmissionID, or a
 	// random id.
 	CallID string
+	// TriageRef is a reference for triage (the source document's URI, say),
+	// up to MaxTriageRefLen bytes: a call of a run carries it into the
+	// run's call table (policyd run calls), beside its disposition.
+	TriageRef string
 }
+
+// MaxTriageRefLen is the longest Call.TriageRef, in bytes.
+const MaxTriageRefLen = 1024
 
 // Attempt tells fn which attempt it is making.
 type Attempt struct {
@@ -183,6 +190,7 @@ var (
 	ErrNoTarget   = errors.New("policyclient: Call.Target is required")
 	ErrNilFunc    = errors.New("policyclient: fn must not be nil")
 	ErrBadPayload = errors.New("policyclient: Call.SubmissionID must not contain NUL")
+	ErrTriageRef  = errors.New("policyclient: Call.TriageRef must be at most 1024 bytes")
 )
 
 // Do runs fn until it succeeds or policyd (or, when policyd cannot answer in
@@ -202,6 +210,9 @@ func (c *Client) Do(ctx context.Context, call Call, fn func(ctx context.Context,
 	if strings.IndexByte(call.SubmissionID, 0) >= 0 {
 		return Result{}, ErrBadPayload
 	}
+	if len(call.TriageRef) > MaxTriageRefLen {
+		return Result{}, ErrTriageRef
+	}
 	c.stats.calls.Add(1)
 	key := call.IdempotencyKey
 	if key == "" && call.SubmissionID != "" {
@@ -219,7 +230,7 @@ func (c *Client) Do(ctx context.Context, call Call, fn func(ctx context.Context,
 		origin = c.cfg.Now()
 	}
 	cs := &callState{info: callInfo{tenant: c.cfg.Tenant, target: call.Target, id: id, key: key, runID: call.RunID,
-		idempotent: call.Idempotent, origin: origin, deadline: call.Deadline}}
+		idempotent: call.Idempotent, origin: origin, deadline: call.Deadline, triageRef: call.TriageRef}}
 	ci := &cs.info
 	if d, ok := ctx.Deadline(); ok && (ci.deadline.IsZero() || d.Before(ci.deadline)) {
 		ci.deadline = d
@@ -240,6 +251,7 @@ type callState struct {
 // Do builds it.
 type callInfo struct {
 	tenant, target, id, key, runID string
+	triageRef                      string
 	idempotent                     bool
 	origin, deadline               time.Time
 }
@@ -247,7 +259,7 @@ type callInfo struct {
 func (ci *callInfo) pb() *pb.CallRef {
 	ref := &pb.CallRef{
 		Tenant: ci.tenant, Target: ci.target, CallId: ci.id, Idempotent: ci.idempotent,
-		IdempotencyKey: ci.key, RunId: ci.runID, OriginTime: timestamppb.New(ci.origin),
+		IdempotencyKey: ci.key, RunId: ci.runID, OriginTime: timestamppb.New(ci.origin), TriageRef: ci.triageRef,
 	}
 	if !ci.deadline.IsZero() {
 		ref.DeadlineTime = timestamppb.New(ci.deadline)
@@ -263,7 +275,7 @@ func (ci *callInfo) pb() *pb.CallRef {
 func (ci *callInfo) outcomeRef(final pb.Disposition) *pb.CallRef {
 	ref := &pb.CallRef{Tenant: ci.tenant, Target: ci.target, CallId: ci.id, RunId: ci.runID}
 	if final != pb.Disposition_DISPOSITION_UNSPECIFIED && final != pb.Disposition_DISPOSITION_SUCCEEDED {
-		ref.OriginTime = timestamppb.New(ci.origin)
+		ref.OriginTime, ref.TriageRef = timestamppb.New(ci.origin), ci.triageRef
 		if !ci.deadline.IsZero() {
 			ref.DeadlineTime = timestamppb.New(ci.deadline)
 		}

@@ -644,6 +644,7 @@ func runCmd(c *clientFlags) *cobra.Command {
 	}
 	list.Flags().StringVar(&listTenant, "tenant", "", "only this tenant's runs")
 	cmd.AddCommand(open, get, list)
+	cmd.AddCommand(runCallsCmds(c)...)
 	return cmd
 }
 

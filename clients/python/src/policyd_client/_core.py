@@ -496,6 +496,8 @@ class Core:
             raise TypeError("policyd_client: fn must be callable")
         if "\x00" in call.submission_id:
             raise ValueError("policyd_client: Call.submission_id must not contain NUL")
+        if len(call.triage_ref.encode()) > MAX_TRIAGE_REF_LEN:
+            raise ValueError(f"policyd_client: Call.triage_ref must be at most {MAX_TRIAGE_REF_LEN} bytes")
         self.count("calls")
         key = call.idempotency_key
         if not key and call.submission_id:
@@ -517,7 +519,7 @@ class Core:
             deadline = None if call.deadline is None else float(call.deadline)
         info = CallInfo(
             tenant=self.settings.tenant, target=call.target, call_id=call_id, key=key, run_id=call.run_id,
-            idempotent=call.idempotent, origin=origin, deadline=deadline,
+            idempotent=call.idempotent, origin=origin, deadline=deadline, triage_ref=call.triage_ref,
         )
         return CallState(info, timeout=self.settings.attempt_timeout)
 
@@ -551,12 +553,14 @@ class CallInfo:
     idempotent: bool
     origin: float
     deadline: Optional[float]
+    triage_ref: str = ""
 
     def pb(self) -> types_pb2.CallRef:
         """Returns the call as the API spells it."""
         ref = types_pb2.CallRef(
             tenant=self.tenant, target=self.target, call_id=self.call_id, idempotent=self.idempotent,
             idempotency_key=self.key, run_id=self.run_id, origin_time=to_timestamp(self.origin),
+            triage_ref=self.triage_ref,
         )
         if self.deadline is not None:
             ref.deadline_time.CopyFrom(to_timestamp(self.deadline))
@@ -564,9 +568,11 @@ class CallInfo:
 
     def outcome_ref(self) -> types_pb2.CallRef:
         """Returns the call as an outcome names it: ReportOutcome reads only
-        the tenant, target, call id and run id, so the times and the key stay
-        out of every batch."""
-        return types_pb2.CallRef(tenant=self.tenant, target=self.target, call_id=self.call_id, run_id=self.run_id)
+        the tenant, target, call id, run id and triage reference (for the
+        run's call table), so the times and the key stay out of every
+        batch."""
+        return types_pb2.CallRef(tenant=self.tenant, target=self.target, call_id=self.call_id, run_id=self.run_id,
+                                 triage_ref=self.triage_ref)
 
 
 class PendingOutcome(NamedTuple):
@@ -699,6 +705,8 @@ def stop_reason(r: int) -> Optional[StopReason]:
 COOLDOWN = "cooldown:pushback"
 #: Admit's reason for a call of a run past its cut-off.
 RUN_CUTOFF = "run:cutoff"
+#: The longest Call.triage_ref, in bytes.
+MAX_TRIAGE_REF_LEN = 1024
 #: How many runs' cut-offs a client remembers.
 MAX_RUN_CUTOFFS = 1024
 

@@ -106,6 +106,9 @@ class Call:
     random id. ``origin`` is when the work began (the event's original
     timestamp; Unix seconds on the client's clock, or an aware
     ``datetime``): policyd anchors the call's deadline to it; default now.
+    ``triage_ref`` is a reference for triage (the source document's URI,
+    say), up to 1024 bytes: a call of a run carries it into the run's call
+    table (``policyd run calls``).
     """
 
     target: str
@@ -117,6 +120,7 @@ class Call:
     deadline: Union[float, datetime, None] = None
     call_id: str = ""
     origin: Union[float, datetime, None] = None
+    triage_ref: str = ""
 
 
 @dataclass(frozen=True)

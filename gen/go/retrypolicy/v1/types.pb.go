@@ -770,7 +770,11 @@ type CallRef struct {
 	OriginTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=origin_time,json=originTime,proto3" json:"origin_time,omitempty"`
 	// deadline_time is the absolute time by which the call must be finished.
 	// When unset, origin_time plus the policy's call deadline applies.
-	DeadlineTime  *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=deadline_time,json=deadlineTime,proto3" json:"deadline_time,omitempty"`
+	DeadlineTime *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=deadline_time,json=deadlineTime,proto3" json:"deadline_time,omitempty"`
+	// triage_ref is the caller's reference for triage (the source document's
+	// URI, say), up to 1024 bytes; a call of a run keeps the last one sent in
+	// the run's call table (ListRunCalls).
+	TriageRef     string `protobuf:"bytes,9,opt,name=triage_ref,json=triageRef,proto3" json:"triage_ref,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -859,6 +863,13 @@ func (x *CallRef) GetDeadlineTime() *timestamppb.Timestamp {
 		return x.DeadlineTime
 	}
 	return nil
+}
+
+func (x *CallRef) GetTriageRef() string {
+	if x != nil {
+		return x.TriageRef
+	}
+	return ""
 }
 
 // Failure describes how one attempt failed: exactly one kind is set.
@@ -2141,7 +2152,10 @@ type Run struct {
 	// ledger counts the final dispositions reported for the run's calls.
 	Ledger *RunLedger `protobuf:"bytes,7,opt,name=ledger,proto3" json:"ledger,omitempty"`
 	// description is the operator's free text.
-	Description   string `protobuf:"bytes,8,opt,name=description,proto3" json:"description,omitempty"`
+	Description string `protobuf:"bytes,8,opt,name=description,proto3" json:"description,omitempty"`
+	// redrive_of names the run this one re-drives the dead-lettered and cut
+	// calls of, if any.
+	RedriveOf     string `protobuf:"bytes,9,opt,name=redrive_of,json=redriveOf,proto3" json:"redrive_of,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2232,6 +2246,144 @@ func (x *Run) GetDescription() string {
 	return ""
 }
 
+func (x *Run) GetRedriveOf() string {
+	if x != nil {
+		return x.RedriveOf
+	}
+	return ""
+}
+
+// RunCall is one call of a run as the run's call table keeps it, for
+// triage: fed by NextDelay decisions and final dispositions.
+type RunCall struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// call_id names the call.
+	CallId string `protobuf:"bytes,1,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	// disposition is the final disposition reported; UNSPECIFIED while the
+	// call is not final.
+	Disposition Disposition `protobuf:"varint,2,opt,name=disposition,proto3,enum=retrypolicy.v1.Disposition" json:"disposition,omitempty"`
+	// stop_reason is the rule that ended it, when reported.
+	StopReason StopReason `protobuf:"varint,3,opt,name=stop_reason,json=stopReason,proto3,enum=retrypolicy.v1.StopReason" json:"stop_reason,omitempty"`
+	// attempts is the highest attempt policyd heard of.
+	Attempts uint32 `protobuf:"varint,4,opt,name=attempts,proto3" json:"attempts,omitempty"`
+	// last_classification is the classification of the last failure
+	// (transient:503).
+	LastClassification string `protobuf:"bytes,5,opt,name=last_classification,json=lastClassification,proto3" json:"last_classification,omitempty"`
+	// last_detail is policyd's explanation of the last decision or of the
+	// final disposition.
+	LastDetail string `protobuf:"bytes,6,opt,name=last_detail,json=lastDetail,proto3" json:"last_detail,omitempty"`
+	// first_attempt_time is when policyd first heard of an attempt.
+	FirstAttemptTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=first_attempt_time,json=firstAttemptTime,proto3" json:"first_attempt_time,omitempty"`
+	// last_attempt_time is when policyd last heard of it.
+	LastAttemptTime *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=last_attempt_time,json=lastAttemptTime,proto3" json:"last_attempt_time,omitempty"`
+	// target is the upstream the call ended on.
+	Target string `protobuf:"bytes,9,opt,name=target,proto3" json:"target,omitempty"`
+	// triage_ref is the caller's triage reference (CallRef.triage_ref).
+	TriageRef     string `protobuf:"bytes,10,opt,name=triage_ref,json=triageRef,proto3" json:"triage_ref,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunCall) Reset() {
+	*x = RunCall{}
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunCall) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunCall) ProtoMessage() {}
+
+func (x *RunCall) ProtoReflect() protoreflect.Message {
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunCall.ProtoReflect.Descriptor instead.
+func (*RunCall) Descriptor() ([]byte, []int) {
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *RunCall) GetCallId() string {
+	if x != nil {
+		return x.CallId
+	}
+	return ""
+}
+
+func (x *RunCall) GetDisposition() Disposition {
+	if x != nil {
+		return x.Disposition
+	}
+	return Disposition_DISPOSITION_UNSPECIFIED
+}
+
+func (x *RunCall) GetStopReason() StopReason {
+	if x != nil {
+		return x.StopReason
+	}
+	return StopReason_STOP_REASON_UNSPECIFIED
+}
+
+func (x *RunCall) GetAttempts() uint32 {
+	if x != nil {
+		return x.Attempts
+	}
+	return 0
+}
+
+func (x *RunCall) GetLastClassification() string {
+	if x != nil {
+		return x.LastClassification
+	}
+	return ""
+}
+
+func (x *RunCall) GetLastDetail() string {
+	if x != nil {
+		return x.LastDetail
+	}
+	return ""
+}
+
+func (x *RunCall) GetFirstAttemptTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.FirstAttemptTime
+	}
+	return nil
+}
+
+func (x *RunCall) GetLastAttemptTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastAttemptTime
+	}
+	return nil
+}
+
+func (x *RunCall) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+func (x *RunCall) GetTriageRef() string {
+	if x != nil {
+		return x.TriageRef
+	}
+	return ""
+}
+
 // AuditRecord is one write-once entry of the audit trail.
 type AuditRecord struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2268,7 +2420,7 @@ type AuditRecord struct {
 
 func (x *AuditRecord) Reset() {
 	*x = AuditRecord{}
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[15]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2280,7 +2432,7 @@ func (x *AuditRecord) String() string {
 func (*AuditRecord) ProtoMessage() {}
 
 func (x *AuditRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[15]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2293,7 +2445,7 @@ func (x *AuditRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditRecord.ProtoReflect.Descriptor instead.
 func (*AuditRecord) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{15}
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *AuditRecord) GetRecordTime() *timestamppb.Timestamp {
@@ -2391,7 +2543,7 @@ var File_retrypolicy_v1_types_proto protoreflect.FileDescriptor
 
 const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\n" +
-	"\x1aretrypolicy/v1/types.proto\x12\x0eretrypolicy.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb0\x02\n" +
+	"\x1aretrypolicy/v1/types.proto\x12\x0eretrypolicy.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcf\x02\n" +
 	"\aCallRef\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
 	"\x06target\x18\x02 \x01(\tR\x06target\x12\x17\n" +
@@ -2403,7 +2555,9 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\x06run_id\x18\x06 \x01(\tR\x05runId\x12;\n" +
 	"\vorigin_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"originTime\x12?\n" +
-	"\rdeadline_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\fdeadlineTime\"\xdd\x01\n" +
+	"\rdeadline_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\fdeadlineTime\x12\x1d\n" +
+	"\n" +
+	"triage_ref\x18\t \x01(\tR\ttriageRef\"\xdd\x01\n" +
 	"\aFailure\x12!\n" +
 	"\vhttp_status\x18\x01 \x01(\rH\x00R\n" +
 	"httpStatus\x12\x1d\n" +
@@ -2515,7 +2669,7 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\x14dead_letter_pushback\x18\x06 \x01(\x04R\x12deadLetterPushback\x12!\n" +
 	"\fcircuit_open\x18\a \x01(\x04R\vcircuitOpen\x12!\n" +
 	"\fdeadline_cut\x18\b \x01(\x04R\vdeadlineCut\x120\n" +
-	"\x14dead_letter_deadline\x18\t \x01(\x04R\x12deadLetterDeadline\"\xc7\x02\n" +
+	"\x14dead_letter_deadline\x18\t \x01(\x04R\x12deadLetterDeadline\"\xe6\x02\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x1d\n" +
@@ -2527,7 +2681,24 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\vcreate_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"createTime\x121\n" +
 	"\x06ledger\x18\a \x01(\v2\x19.retrypolicy.v1.RunLedgerR\x06ledger\x12 \n" +
-	"\vdescription\x18\b \x01(\tR\vdescription\"\x99\x04\n" +
+	"\vdescription\x18\b \x01(\tR\vdescription\x12\x1d\n" +
+	"\n" +
+	"redrive_of\x18\t \x01(\tR\tredriveOf\"\xd5\x03\n" +
+	"\aRunCall\x12\x17\n" +
+	"\acall_id\x18\x01 \x01(\tR\x06callId\x12=\n" +
+	"\vdisposition\x18\x02 \x01(\x0e2\x1b.retrypolicy.v1.DispositionR\vdisposition\x12;\n" +
+	"\vstop_reason\x18\x03 \x01(\x0e2\x1a.retrypolicy.v1.StopReasonR\n" +
+	"stopReason\x12\x1a\n" +
+	"\battempts\x18\x04 \x01(\rR\battempts\x12/\n" +
+	"\x13last_classification\x18\x05 \x01(\tR\x12lastClassification\x12\x1f\n" +
+	"\vlast_detail\x18\x06 \x01(\tR\n" +
+	"lastDetail\x12H\n" +
+	"\x12first_attempt_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x10firstAttemptTime\x12F\n" +
+	"\x11last_attempt_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x0flastAttemptTime\x12\x16\n" +
+	"\x06target\x18\t \x01(\tR\x06target\x12\x1d\n" +
+	"\n" +
+	"triage_ref\x18\n" +
+	" \x01(\tR\ttriageRef\"\x99\x04\n" +
 	"\vAuditRecord\x12;\n" +
 	"\vrecord_time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"recordTime\x120\n" +
@@ -2628,7 +2799,7 @@ func file_retrypolicy_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_retrypolicy_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 12)
-var file_retrypolicy_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_retrypolicy_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_retrypolicy_v1_types_proto_goTypes = []any{
 	(Category)(0),                 // 0: retrypolicy.v1.Category
 	(TransportError)(0),           // 1: retrypolicy.v1.TransportError
@@ -2657,58 +2828,63 @@ var file_retrypolicy_v1_types_proto_goTypes = []any{
 	(*PolicyEntry)(nil),           // 24: retrypolicy.v1.PolicyEntry
 	(*RunLedger)(nil),             // 25: retrypolicy.v1.RunLedger
 	(*Run)(nil),                   // 26: retrypolicy.v1.Run
-	(*AuditRecord)(nil),           // 27: retrypolicy.v1.AuditRecord
-	(*timestamppb.Timestamp)(nil), // 28: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 29: google.protobuf.Duration
+	(*RunCall)(nil),               // 27: retrypolicy.v1.RunCall
+	(*AuditRecord)(nil),           // 28: retrypolicy.v1.AuditRecord
+	(*timestamppb.Timestamp)(nil), // 29: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 30: google.protobuf.Duration
 }
 var file_retrypolicy_v1_types_proto_depIdxs = []int32{
-	28, // 0: retrypolicy.v1.CallRef.origin_time:type_name -> google.protobuf.Timestamp
-	28, // 1: retrypolicy.v1.CallRef.deadline_time:type_name -> google.protobuf.Timestamp
+	29, // 0: retrypolicy.v1.CallRef.origin_time:type_name -> google.protobuf.Timestamp
+	29, // 1: retrypolicy.v1.CallRef.deadline_time:type_name -> google.protobuf.Timestamp
 	1,  // 2: retrypolicy.v1.Failure.transport_error:type_name -> retrypolicy.v1.TransportError
 	2,  // 3: retrypolicy.v1.Failure.local_error:type_name -> retrypolicy.v1.LocalError
-	29, // 4: retrypolicy.v1.BackoffSettings.base_delay:type_name -> google.protobuf.Duration
-	29, // 5: retrypolicy.v1.BackoffSettings.max_delay:type_name -> google.protobuf.Duration
+	30, // 4: retrypolicy.v1.BackoffSettings.base_delay:type_name -> google.protobuf.Duration
+	30, // 5: retrypolicy.v1.BackoffSettings.max_delay:type_name -> google.protobuf.Duration
 	3,  // 6: retrypolicy.v1.BackoffSettings.jitter:type_name -> retrypolicy.v1.Jitter
 	4,  // 7: retrypolicy.v1.PushbackSettings.mode:type_name -> retrypolicy.v1.RetryAfterMode
-	29, // 8: retrypolicy.v1.PushbackSettings.min_spread:type_name -> google.protobuf.Duration
-	29, // 9: retrypolicy.v1.PushbackSettings.max_hint:type_name -> google.protobuf.Duration
+	30, // 8: retrypolicy.v1.PushbackSettings.min_spread:type_name -> google.protobuf.Duration
+	30, // 9: retrypolicy.v1.PushbackSettings.max_hint:type_name -> google.protobuf.Duration
 	9,  // 10: retrypolicy.v1.BreakerSettings.mode:type_name -> retrypolicy.v1.BreakerMode
 	10, // 11: retrypolicy.v1.BreakerSettings.scope:type_name -> retrypolicy.v1.BreakerScope
-	29, // 12: retrypolicy.v1.BreakerSettings.window:type_name -> google.protobuf.Duration
-	29, // 13: retrypolicy.v1.BreakerSettings.cooldown:type_name -> google.protobuf.Duration
-	29, // 14: retrypolicy.v1.BreakerSettings.probe_timeout:type_name -> google.protobuf.Duration
+	30, // 12: retrypolicy.v1.BreakerSettings.window:type_name -> google.protobuf.Duration
+	30, // 13: retrypolicy.v1.BreakerSettings.cooldown:type_name -> google.protobuf.Duration
+	30, // 14: retrypolicy.v1.BreakerSettings.probe_timeout:type_name -> google.protobuf.Duration
 	15, // 15: retrypolicy.v1.Policy.backoff:type_name -> retrypolicy.v1.BackoffSettings
 	16, // 16: retrypolicy.v1.Policy.pushback:type_name -> retrypolicy.v1.PushbackSettings
-	29, // 17: retrypolicy.v1.Policy.attempt_timeout:type_name -> google.protobuf.Duration
-	29, // 18: retrypolicy.v1.Policy.call_deadline:type_name -> google.protobuf.Duration
+	30, // 17: retrypolicy.v1.Policy.attempt_timeout:type_name -> google.protobuf.Duration
+	30, // 18: retrypolicy.v1.Policy.call_deadline:type_name -> google.protobuf.Duration
 	17, // 19: retrypolicy.v1.Policy.breaker:type_name -> retrypolicy.v1.BreakerSettings
-	29, // 20: retrypolicy.v1.BudgetPlan.delays:type_name -> google.protobuf.Duration
-	29, // 21: retrypolicy.v1.BudgetPlan.worst_case_total:type_name -> google.protobuf.Duration
-	29, // 22: retrypolicy.v1.BudgetPlan.idempotency_ttl:type_name -> google.protobuf.Duration
-	29, // 23: retrypolicy.v1.BudgetPlan.window:type_name -> google.protobuf.Duration
+	30, // 20: retrypolicy.v1.BudgetPlan.delays:type_name -> google.protobuf.Duration
+	30, // 21: retrypolicy.v1.BudgetPlan.worst_case_total:type_name -> google.protobuf.Duration
+	30, // 22: retrypolicy.v1.BudgetPlan.idempotency_ttl:type_name -> google.protobuf.Duration
+	30, // 23: retrypolicy.v1.BudgetPlan.window:type_name -> google.protobuf.Duration
 	20, // 24: retrypolicy.v1.Breaker.key:type_name -> retrypolicy.v1.BreakerKey
 	8,  // 25: retrypolicy.v1.Breaker.state:type_name -> retrypolicy.v1.BreakerState
-	28, // 26: retrypolicy.v1.Breaker.open_until_time:type_name -> google.protobuf.Timestamp
-	28, // 27: retrypolicy.v1.Breaker.change_time:type_name -> google.protobuf.Timestamp
-	28, // 28: retrypolicy.v1.Breaker.cooldown_until_time:type_name -> google.protobuf.Timestamp
+	29, // 26: retrypolicy.v1.Breaker.open_until_time:type_name -> google.protobuf.Timestamp
+	29, // 27: retrypolicy.v1.Breaker.change_time:type_name -> google.protobuf.Timestamp
+	29, // 28: retrypolicy.v1.Breaker.cooldown_until_time:type_name -> google.protobuf.Timestamp
 	9,  // 29: retrypolicy.v1.Breaker.mode:type_name -> retrypolicy.v1.BreakerMode
 	22, // 30: retrypolicy.v1.TenantBudgetStatus.budget:type_name -> retrypolicy.v1.TenantBudget
 	18, // 31: retrypolicy.v1.PolicyEntry.policy:type_name -> retrypolicy.v1.Policy
-	28, // 32: retrypolicy.v1.PolicyEntry.update_time:type_name -> google.protobuf.Timestamp
-	28, // 33: retrypolicy.v1.Run.cutoff_time:type_name -> google.protobuf.Timestamp
-	28, // 34: retrypolicy.v1.Run.create_time:type_name -> google.protobuf.Timestamp
+	29, // 32: retrypolicy.v1.PolicyEntry.update_time:type_name -> google.protobuf.Timestamp
+	29, // 33: retrypolicy.v1.Run.cutoff_time:type_name -> google.protobuf.Timestamp
+	29, // 34: retrypolicy.v1.Run.create_time:type_name -> google.protobuf.Timestamp
 	25, // 35: retrypolicy.v1.Run.ledger:type_name -> retrypolicy.v1.RunLedger
-	28, // 36: retrypolicy.v1.AuditRecord.record_time:type_name -> google.protobuf.Timestamp
-	11, // 37: retrypolicy.v1.AuditRecord.event:type_name -> retrypolicy.v1.AuditEvent
-	5,  // 38: retrypolicy.v1.AuditRecord.decision:type_name -> retrypolicy.v1.Decision
-	29, // 39: retrypolicy.v1.AuditRecord.delay:type_name -> google.protobuf.Duration
-	6,  // 40: retrypolicy.v1.AuditRecord.stop_reason:type_name -> retrypolicy.v1.StopReason
-	7,  // 41: retrypolicy.v1.AuditRecord.disposition:type_name -> retrypolicy.v1.Disposition
-	42, // [42:42] is the sub-list for method output_type
-	42, // [42:42] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	7,  // 36: retrypolicy.v1.RunCall.disposition:type_name -> retrypolicy.v1.Disposition
+	6,  // 37: retrypolicy.v1.RunCall.stop_reason:type_name -> retrypolicy.v1.StopReason
+	29, // 38: retrypolicy.v1.RunCall.first_attempt_time:type_name -> google.protobuf.Timestamp
+	29, // 39: retrypolicy.v1.RunCall.last_attempt_time:type_name -> google.protobuf.Timestamp
+	29, // 40: retrypolicy.v1.AuditRecord.record_time:type_name -> google.protobuf.Timestamp
+	11, // 41: retrypolicy.v1.AuditRecord.event:type_name -> retrypolicy.v1.AuditEvent
+	5,  // 42: retrypolicy.v1.AuditRecord.decision:type_name -> retrypolicy.v1.Decision
+	30, // 43: retrypolicy.v1.AuditRecord.delay:type_name -> google.protobuf.Duration
+	6,  // 44: retrypolicy.v1.AuditRecord.stop_reason:type_name -> retrypolicy.v1.StopReason
+	7,  // 45: retrypolicy.v1.AuditRecord.disposition:type_name -> retrypolicy.v1.Disposition
+	46, // [46:46] is the sub-list for method output_type
+	46, // [46:46] is the sub-list for method input_type
+	46, // [46:46] is the sub-list for extension type_name
+	46, // [46:46] is the sub-list for extension extendee
+	0,  // [0:46] is the sub-list for field type_name
 }
 
 func init() { file_retrypolicy_v1_types_proto_init() }
@@ -2732,7 +2908,7 @@ func file_retrypolicy_v1_types_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_retrypolicy_v1_types_proto_rawDesc), len(file_retrypolicy_v1_types_proto_rawDesc)),
 			NumEnums:      12,
-			NumMessages:   16,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -156,7 +156,7 @@ AUDIT_EVENT_OUTCOME: AuditEvent
 AUDIT_EVENT_FINAL: AuditEvent
 
 class CallRef(_message.Message):
-    __slots__ = ("tenant", "target", "call_id", "idempotent", "idempotency_key", "run_id", "origin_time", "deadline_time")
+    __slots__ = ("tenant", "target", "call_id", "idempotent", "idempotency_key", "run_id", "origin_time", "deadline_time", "triage_ref")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
@@ -165,6 +165,7 @@ class CallRef(_message.Message):
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_TIME_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_TIME_FIELD_NUMBER: _ClassVar[int]
+    TRIAGE_REF_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     target: str
     call_id: str
@@ -173,7 +174,8 @@ class CallRef(_message.Message):
     run_id: str
     origin_time: _timestamp_pb2.Timestamp
     deadline_time: _timestamp_pb2.Timestamp
-    def __init__(self, tenant: _Optional[str] = ..., target: _Optional[str] = ..., call_id: _Optional[str] = ..., idempotent: _Optional[bool] = ..., idempotency_key: _Optional[str] = ..., run_id: _Optional[str] = ..., origin_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., deadline_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    triage_ref: str
+    def __init__(self, tenant: _Optional[str] = ..., target: _Optional[str] = ..., call_id: _Optional[str] = ..., idempotent: _Optional[bool] = ..., idempotency_key: _Optional[str] = ..., run_id: _Optional[str] = ..., origin_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., deadline_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., triage_ref: _Optional[str] = ...) -> None: ...
 
 class Failure(_message.Message):
     __slots__ = ("http_status", "grpc_code", "transport_error", "local_error")
@@ -384,7 +386,7 @@ class RunLedger(_message.Message):
     def __init__(self, succeeded: _Optional[int] = ..., failed_terminal: _Optional[int] = ..., dead_letter_exhausted: _Optional[int] = ..., dead_letter_budget: _Optional[int] = ..., dead_letter_not_idempotent: _Optional[int] = ..., dead_letter_pushback: _Optional[int] = ..., circuit_open: _Optional[int] = ..., deadline_cut: _Optional[int] = ..., dead_letter_deadline: _Optional[int] = ...) -> None: ...
 
 class Run(_message.Message):
-    __slots__ = ("run_id", "tenant", "retry_pool", "retries_spent", "cutoff_time", "create_time", "ledger", "description")
+    __slots__ = ("run_id", "tenant", "retry_pool", "retries_spent", "cutoff_time", "create_time", "ledger", "description", "redrive_of")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     RETRY_POOL_FIELD_NUMBER: _ClassVar[int]
@@ -393,6 +395,7 @@ class Run(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     LEDGER_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    REDRIVE_OF_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     tenant: str
     retry_pool: int
@@ -401,7 +404,32 @@ class Run(_message.Message):
     create_time: _timestamp_pb2.Timestamp
     ledger: RunLedger
     description: str
-    def __init__(self, run_id: _Optional[str] = ..., tenant: _Optional[str] = ..., retry_pool: _Optional[int] = ..., retries_spent: _Optional[int] = ..., cutoff_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ledger: _Optional[_Union[RunLedger, _Mapping]] = ..., description: _Optional[str] = ...) -> None: ...
+    redrive_of: str
+    def __init__(self, run_id: _Optional[str] = ..., tenant: _Optional[str] = ..., retry_pool: _Optional[int] = ..., retries_spent: _Optional[int] = ..., cutoff_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ledger: _Optional[_Union[RunLedger, _Mapping]] = ..., description: _Optional[str] = ..., redrive_of: _Optional[str] = ...) -> None: ...
+
+class RunCall(_message.Message):
+    __slots__ = ("call_id", "disposition", "stop_reason", "attempts", "last_classification", "last_detail", "first_attempt_time", "last_attempt_time", "target", "triage_ref")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    DISPOSITION_FIELD_NUMBER: _ClassVar[int]
+    STOP_REASON_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    LAST_CLASSIFICATION_FIELD_NUMBER: _ClassVar[int]
+    LAST_DETAIL_FIELD_NUMBER: _ClassVar[int]
+    FIRST_ATTEMPT_TIME_FIELD_NUMBER: _ClassVar[int]
+    LAST_ATTEMPT_TIME_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    TRIAGE_REF_FIELD_NUMBER: _ClassVar[int]
+    call_id: str
+    disposition: Disposition
+    stop_reason: StopReason
+    attempts: int
+    last_classification: str
+    last_detail: str
+    first_attempt_time: _timestamp_pb2.Timestamp
+    last_attempt_time: _timestamp_pb2.Timestamp
+    target: str
+    triage_ref: str
+    def __init__(self, call_id: _Optional[str] = ..., disposition: _Optional[_Union[Disposition, str]] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ..., attempts: _Optional[int] = ..., last_classification: _Optional[str] = ..., last_detail: _Optional[str] = ..., first_attempt_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_attempt_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., target: _Optional[str] = ..., triage_ref: _Optional[str] = ...) -> None: ...
 
 class AuditRecord(_message.Message):
     __slots__ = ("record_time", "event", "tenant", "target", "call_id", "run_id", "attempt", "classification", "decision", "delay", "stop_reason", "disposition", "detail")
