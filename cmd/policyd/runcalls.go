@@ -164,7 +164,11 @@ func parseCallFilter(req *pb.ListRunCallsRequest, dispositions, stops []string) 
 	return nil
 }
 
-// enumName is an enum value's name without its prefix, lower case.
+// enumName is an enum value's name without its prefix, lower case; ""
+// for UNSPECIFIED.
 func enumName(name, prefix string) string {
-	return strings.ToLower(strings.TrimPrefix(name, prefix))
+	if n := strings.TrimPrefix(name, prefix); n != "UNSPECIFIED" {
+		return strings.ToLower(n)
+	}
+	return ""
 }
