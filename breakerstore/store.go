@@ -46,7 +46,7 @@ var (
 
 	allBuckets = [][]byte{bucketMeta, bucketBreakers, bucketBudgets, bucketTokens,
 		bucketPolicies, bucketRuns, bucketRunState, bucketRunCalls,
-		bucketAuditSeg, bucketAttempts, bucketCallTable}
+		bucketAuditSeg, bucketAttempts, bucketCallTable, bucketIdemKeys}
 )
 
 // Defaults of Options.
@@ -134,6 +134,10 @@ type Options struct {
 	// RunCalls; the calls beyond it are counted, not kept. Default
 	// DefaultMaxRunCalls.
 	MaxRunCalls int
+	// MaxKeysPerTenant caps a tenant's live idempotency records; ClaimKey
+	// of a new key beyond it fails with ErrTooManyKeys. Default
+	// DefaultMaxKeysPerTenant.
+	MaxKeysPerTenant int
 	// RunRetention is how long a run is kept after its cut-off, with its
 	// ledger and per-call dispositions; then the flusher deletes it from
 	// memory and disk. Default 30 days.
@@ -207,6 +211,7 @@ type Store struct {
 	runs shardMap[string, *run]
 
 	attempts   attemptTable
+	keys       keyTable // idempotency records (idem.go)
 	attemptSeq atomic.Uint64
 
 	policies      atomic.Pointer[policyMap]
@@ -292,6 +297,9 @@ func Open(opts Options) (*Store, error) {
 	}
 	if opts.MaxRunCalls <= 0 {
 		opts.MaxRunCalls = DefaultMaxRunCalls
+	}
+	if opts.MaxKeysPerTenant <= 0 {
+		opts.MaxKeysPerTenant = DefaultMaxKeysPerTenant
 	}
 	if opts.RunRetention <= 0 {
 		opts.RunRetention = DefaultRunRetention
@@ -386,6 +394,7 @@ func newStore(db *bbolt.DB, opts Options, def policy.TenantBudget) *Store {
 	s.buckets.init(maphash.String)
 	s.runs.init(maphash.String)
 	s.attempts.init(s.opts.MaxAttemptRecords)
+	s.keys.init()
 	s.policies.Store(&policyMap{m: map[policy.PolicyScope]*policy.PolicyEntry{}})
 	s.permitSeq.Store(randUint64())
 	s.lastSweep = s.now()
@@ -621,6 +630,7 @@ func (s *Store) loaders(tx *bbolt.Tx) []func() error {
 		func() error { return s.loadBudgets(tx, now) },
 		func() error { return s.loadRuns(tx) },
 		func() error { return s.loadCallTables(tx) },
+		func() error { return s.loadKeys(tx) },
 		func() error { return s.loadAudit(tx) },
 		func() error { return s.loadAttempts(tx, now) },
 		func() error { return s.loadBreakers(tx, now) },

@@ -29,6 +29,9 @@ type FinalReport struct {
 	// client ends a call DEADLINE_CUT by its own clock, checking the
 	// run's cut-off locally.
 	Skew int64
+	// KeyLost says the call's idempotency record has a lost outcome
+	// (KeyUnknown): a DEAD_LETTER (NOT_IDEMPOTENT) the ledger ordered.
+	KeyLost bool
 	// Horizon is how long a call can go on under its policy (Horizon);
 	// a breaker that closed within it may have refused the call.
 	Horizon int64
@@ -46,7 +49,10 @@ type FinalReport struct {
 //     transient, and never after policyd answered a transient failure with
 //     RETRY unless a later failure is reported;
 //   - DEAD_LETTER only with a transient failure (a server's pushback:
-//     any failure); DEAD_LETTER with stop reason DEADLINE only past the
+//     any failure, and after policyd answered a transient failure of
+//     the call with RETRY, and NOT_IDEMPOTENT when the call's idempotency
+//     record lost an attempt's outcome); DEAD_LETTER with stop reason
+//     DEADLINE only past the
 //     call's deadline, or with a deadline that a fleet-wide cool-down in
 //     force leaves no room before;
 //   - CIRCUIT_OPEN only while the call's breaker is not CLOSED or a
@@ -94,6 +100,11 @@ func CheckFinal(r *FinalReport) string {
 				return "DEAD_LETTER (DEADLINE) needs the call's deadline to have passed"
 			}
 		case r.Final.Stop == policy.StopServerPushback && r.Failure != 0:
+		case r.Final.Stop == policy.StopNotIdempotent && r.KeyLost:
+		case r.Failure == 0 && r.Decided && r.Answer.Category == policy.CategoryTransient:
+			// policyd answered the call's transient failure with RETRY; the
+			// retry did not happen (an idempotency key whose outcome was
+			// lost, say).
 		case r.Failure != policy.CategoryTransient:
 			return "DEAD_LETTER needs a STOP policyd decided for this call or a transient failure that justifies it"
 		}

@@ -225,6 +225,10 @@ func requestTenants(req any) []string {
 		return out
 	case *pb.WatchBreakersRequest:
 		return []string{r.GetTenant()}
+	case *pb.CompleteKeyRequest:
+		return []string{r.GetTenant()}
+	case *pb.GetKeyRequest:
+		return []string{r.GetTenant()}
 	}
 	return nil
 }

@@ -327,6 +327,10 @@ func policyFromPB(field string, p *pb.Policy) (policy.Policy, error) {
 	if out.AttemptTimeout, err = duration(field+".attempt_timeout", p.GetAttemptTimeout(), out.AttemptTimeout); err != nil {
 		return out, err
 	}
+	if out.IdempotencyTTL, err = duration(field+".idempotency_ttl", p.GetIdempotencyTtl(), out.IdempotencyTTL); err != nil {
+		return out, err
+	}
+	out.UpstreamDedupesByKey = p.GetUpstreamDedupesByKey()
 	if out.CallDeadline, err = duration(field+".call_deadline", p.GetCallDeadline(), out.CallDeadline); err != nil {
 		return out, err
 	}
@@ -428,6 +432,8 @@ func policyToPB(p policy.Policy) *pb.Policy {
 		},
 		MaxAttempts:           u32(p.MaxAttempts),
 		AttemptTimeout:        durationpb.New(p.AttemptTimeout),
+		IdempotencyTtl:        durationPB(p.IdempotencyTTL),
+		UpstreamDedupesByKey:  p.UpstreamDedupesByKey,
 		CallDeadline:          durationpb.New(p.CallDeadline),
 		TransientHttpStatuses: codes(p.TransientHTTP),
 		TerminalHttpStatuses:  codes(p.TerminalHTTP),
@@ -782,4 +788,23 @@ func planInputFromPB(req *pb.PlanBudgetRequest) (policy.PlanInput, int, error) {
 		return in, 0, invalidFrom("", err)
 	}
 	return in, int(req.GetHops()), nil
+}
+
+// keyRefFromPB validates a tenant and an idempotency key.
+func keyRefFromPB(tenant, key string) (policy.KeyRef, error) {
+	if err := checkName("tenant", tenant, maxTenantLen, true); err != nil {
+		return policy.KeyRef{}, err
+	}
+	if key == "" {
+		return policy.KeyRef{}, invalid("idempotency_key", "is required")
+	}
+	if err := checkText("idempotency_key", key, maxKeyLen); err != nil {
+		return policy.KeyRef{}, err
+	}
+	return policy.KeyRef{Tenant: tenant, Key: key}, nil
+}
+
+func keyRecordToPB(v *policy.KeyRecordView) *pb.IdempotencyRecord {
+	return &pb.IdempotencyRecord{Tenant: v.Ref.Tenant, IdempotencyKey: v.Ref.Key, State: enumToPB[pb.KeyState](v.State),
+		LeaseExpireTime: timePB(v.LeaseUntil), ExpireTime: timePB(v.Expires), ResultRef: v.ResultRef}
 }

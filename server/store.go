@@ -22,6 +22,7 @@ type Store interface {
 	Audit
 	Outcomes
 	Attempts
+	Keys
 	// Begin starts a batch for the state changes of one request
 	// (NextDelay's breaker failure, cool-down, retry spend, attempt record
 	// and audit record), so a store that makes changes durable before
@@ -57,6 +58,21 @@ type Changes = interface {
 	// Commit makes every change durable, in one transaction where the
 	// store commits before answering; nothing rolls back.
 	Commit() error
+}
+
+// Keys is the idempotency ledger: records keyed by tenant and idempotency
+// key (fleet.KeyRecord has the rules), every change durable (fsync'd)
+// before the method returns, like an admin write.
+type Keys interface {
+	// ClaimKey claims ref before an attempt; a new record beyond the
+	// tenant's cap is an error with OverCapacity() true.
+	ClaimKey(ref policy.KeyRef, c policy.KeyClaim) (policy.KeyAnswer, error)
+	// CompleteKey records how the attempt holding lease ended; an unknown
+	// key is NotFound, a lease not the key's current one
+	// FailedPrecondition. expires, when later, extends the record.
+	CompleteKey(ref policy.KeyRef, lease string, o policy.KeyOutcome, result string, expires time.Time) (policy.KeyRecordView, error)
+	// Key returns ref's record; an unknown or expired one is NotFound.
+	Key(ref policy.KeyRef) (policy.KeyRecordView, error)
 }
 
 // Attempts remembers per call the highest attempt decided and its answer.

@@ -133,6 +133,10 @@ type Call struct {
 	// CallID names the call in the audit trail; default SubmissionID, or a
 	// random id.
 	CallID string
+	// ClaimKey makes an idempotent call use the idempotency ledger too (a
+	// non-idempotent call with a key always does): see SetResultRef and
+	// Result.Deduplicated.
+	ClaimKey bool
 	// TriageRef is a reference for triage (the source document's URI, say),
 	// up to MaxTriageRefLen bytes: a call of a run carries it into the
 	// run's call table (policyd run calls), beside its disposition.
@@ -147,6 +151,7 @@ type Attempt struct {
 	Number         int    // from 1
 	CallID         string // the same on every attempt
 	IdempotencyKey string // the same on every attempt; send it to the upstream
+	result         *string
 }
 
 // Result is how a call ended.
@@ -164,6 +169,14 @@ type Result struct {
 	IdempotencyKey string
 	// Local is true when at least one decision was made without policyd.
 	Local bool
+	// Deduplicated is true when the idempotency ledger said an earlier
+	// attempt (another worker's, say) succeeded: fn was not called, and
+	// ResultRef is that attempt's result reference.
+	Deduplicated bool
+	// ResultRef is the result reference of the successful attempt
+	// (Attempt.SetResultRef), this call's or the one it was deduplicated
+	// against.
+	ResultRef string
 }
 
 // OK reports whether the call succeeded.
@@ -235,7 +248,8 @@ func (c *Client) Do(ctx context.Context, call Call, fn func(ctx context.Context,
 	if d, ok := ctx.Deadline(); ok && (ci.deadline.IsZero() || d.Before(ci.deadline)) {
 		ci.deadline = d
 	}
-	l := loop{c: c, ctx: ctx, call: ci, first: &cs.first, timeout: c.cfg.AttemptTimeout, res: Result{CallID: id, IdempotencyKey: key}}
+	l := loop{c: c, ctx: ctx, call: ci, first: &cs.first, timeout: c.cfg.AttemptTimeout, res: Result{CallID: id, IdempotencyKey: key},
+		claimAlways: call.ClaimKey}
 	return l.run(fn), nil
 }
 
@@ -275,7 +289,7 @@ func (ci *callInfo) pb() *pb.CallRef {
 func (ci *callInfo) outcomeRef(final pb.Disposition) *pb.CallRef {
 	ref := &pb.CallRef{Tenant: ci.tenant, Target: ci.target, CallId: ci.id, RunId: ci.runID}
 	if final != pb.Disposition_DISPOSITION_UNSPECIFIED && final != pb.Disposition_DISPOSITION_SUCCEEDED {
-		ref.OriginTime, ref.TriageRef = timestamppb.New(ci.origin), ci.triageRef
+		ref.OriginTime, ref.TriageRef, ref.IdempotencyKey = timestamppb.New(ci.origin), ci.triageRef, ci.key
 		if !ci.deadline.IsZero() {
 			ref.DeadlineTime = timestamppb.New(ci.deadline)
 		}
@@ -294,6 +308,9 @@ type loop struct {
 	timeout time.Duration // for the next attempt
 	prev    time.Duration // the last delay
 	res     Result
+	// claimAlways is Call.ClaimKey; resultRef what fn set (SetResultRef).
+	claimAlways bool
+	resultRef   string
 }
 
 // pbRef returns the call as the API spells it.
@@ -310,6 +327,12 @@ func (l *loop) run(fn func(context.Context, Attempt) error) Result {
 		if !ok {
 			return l.res
 		}
+		lease := ""
+		if l.usesLedger() {
+			if lease, ok = l.claim(attempt); !ok {
+				return l.res
+			}
+		}
 		l.res.Attempts = attempt
 		l.c.stats.attempts.Add(1)
 		start := l.c.cfg.Now()
@@ -319,11 +342,19 @@ func (l *loop) run(fn func(context.Context, Attempt) error) Result {
 		}
 		l.first = nil
 		actx.start(l.ctx, l.c.wall(start), l.timeout)
-		err := fn(actx, Attempt{Number: attempt, CallID: l.call.id, IdempotencyKey: l.call.key})
+		err := fn(actx, Attempt{Number: attempt, CallID: l.call.id, IdempotencyKey: l.call.key, result: &l.resultRef})
 		stop := l.c.cfg.Now()
 		timedOut := actx.end(l.c.wall(stop))
 		latency := stop.Sub(start)
+		if lease != "" {
+			var f failure
+			if err != nil {
+				f = classifyError(err, timedOut)
+			}
+			l.complete(lease, err, f)
+		}
 		if err == nil {
+			l.res.ResultRef = l.resultRef
 			l.res.Disposition, l.res.Err = Succeeded, nil
 			l.report(outcome{attempt: attempt, success: true, permit: permit, latency: latency,
 				final: pb.Disposition_DISPOSITION_SUCCEEDED})

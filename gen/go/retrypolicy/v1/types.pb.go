@@ -747,6 +747,132 @@ func (AuditEvent) EnumDescriptor() ([]byte, []int) {
 	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{11}
 }
 
+// KeyState is the state of an idempotency record as ClaimKey answers it.
+type KeyState int32
+
+const (
+	// KEY_STATE_UNSPECIFIED is not an answer.
+	KeyState_KEY_STATE_UNSPECIFIED KeyState = 0
+	// KEY_STATE_NEW: no attempt holds or has finished the key; the caller now
+	// holds its lease.
+	KeyState_KEY_STATE_NEW KeyState = 1
+	// KEY_STATE_IN_FLIGHT: another worker holds a live lease; wait
+	// (retry_after) or stop.
+	KeyState_KEY_STATE_IN_FLIGHT KeyState = 2
+	// KEY_STATE_SUCCEEDED: an attempt succeeded; here is its result
+	// reference; do not call the upstream.
+	KeyState_KEY_STATE_SUCCEEDED KeyState = 3
+	// KEY_STATE_UNKNOWN: a previous attempt's outcome was lost (a timeout, an
+	// expired lease). With a lease (the policy says the upstream deduplicates
+	// by key) the caller may retry; without one it must dead-letter the call.
+	KeyState_KEY_STATE_UNKNOWN KeyState = 4
+)
+
+// Enum value maps for KeyState.
+var (
+	KeyState_name = map[int32]string{
+		0: "KEY_STATE_UNSPECIFIED",
+		1: "KEY_STATE_NEW",
+		2: "KEY_STATE_IN_FLIGHT",
+		3: "KEY_STATE_SUCCEEDED",
+		4: "KEY_STATE_UNKNOWN",
+	}
+	KeyState_value = map[string]int32{
+		"KEY_STATE_UNSPECIFIED": 0,
+		"KEY_STATE_NEW":         1,
+		"KEY_STATE_IN_FLIGHT":   2,
+		"KEY_STATE_SUCCEEDED":   3,
+		"KEY_STATE_UNKNOWN":     4,
+	}
+)
+
+func (x KeyState) Enum() *KeyState {
+	p := new(KeyState)
+	*p = x
+	return p
+}
+
+func (x KeyState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (KeyState) Descriptor() protoreflect.EnumDescriptor {
+	return file_retrypolicy_v1_types_proto_enumTypes[12].Descriptor()
+}
+
+func (KeyState) Type() protoreflect.EnumType {
+	return &file_retrypolicy_v1_types_proto_enumTypes[12]
+}
+
+func (x KeyState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use KeyState.Descriptor instead.
+func (KeyState) EnumDescriptor() ([]byte, []int) {
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{12}
+}
+
+// KeyOutcome is how the attempt holding an idempotency key's lease ended.
+type KeyOutcome int32
+
+const (
+	// KEY_OUTCOME_UNSPECIFIED is invalid.
+	KeyOutcome_KEY_OUTCOME_UNSPECIFIED KeyOutcome = 0
+	// KEY_OUTCOME_SUCCEEDED: the upstream applied it; later claims get the
+	// result reference.
+	KeyOutcome_KEY_OUTCOME_SUCCEEDED KeyOutcome = 1
+	// KEY_OUTCOME_FAILED: the upstream did not apply it (a refusal before
+	// any effect); the key is free for a retry.
+	KeyOutcome_KEY_OUTCOME_FAILED KeyOutcome = 2
+	// KEY_OUTCOME_UNKNOWN: the outcome was lost (a timeout, a 504): the
+	// upstream may have applied it.
+	KeyOutcome_KEY_OUTCOME_UNKNOWN KeyOutcome = 3
+)
+
+// Enum value maps for KeyOutcome.
+var (
+	KeyOutcome_name = map[int32]string{
+		0: "KEY_OUTCOME_UNSPECIFIED",
+		1: "KEY_OUTCOME_SUCCEEDED",
+		2: "KEY_OUTCOME_FAILED",
+		3: "KEY_OUTCOME_UNKNOWN",
+	}
+	KeyOutcome_value = map[string]int32{
+		"KEY_OUTCOME_UNSPECIFIED": 0,
+		"KEY_OUTCOME_SUCCEEDED":   1,
+		"KEY_OUTCOME_FAILED":      2,
+		"KEY_OUTCOME_UNKNOWN":     3,
+	}
+)
+
+func (x KeyOutcome) Enum() *KeyOutcome {
+	p := new(KeyOutcome)
+	*p = x
+	return p
+}
+
+func (x KeyOutcome) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (KeyOutcome) Descriptor() protoreflect.EnumDescriptor {
+	return file_retrypolicy_v1_types_proto_enumTypes[13].Descriptor()
+}
+
+func (KeyOutcome) Type() protoreflect.EnumType {
+	return &file_retrypolicy_v1_types_proto_enumTypes[13]
+}
+
+func (x KeyOutcome) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use KeyOutcome.Descriptor instead.
+func (KeyOutcome) EnumDescriptor() ([]byte, []int) {
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{13}
+}
+
 // CallRef identifies one logical call (all of its attempts) and its limits.
 type CallRef struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1369,9 +1495,18 @@ type Policy struct {
 	// gRPC codes (UNAVAILABLE, RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED, ABORTED).
 	TransientGrpcCodes []uint32 `protobuf:"varint,8,rep,packed,name=transient_grpc_codes,json=transientGrpcCodes,proto3" json:"transient_grpc_codes,omitempty"`
 	// breaker configures the circuit breaker.
-	Breaker       *BreakerSettings `protobuf:"bytes,9,opt,name=breaker,proto3" json:"breaker,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Breaker *BreakerSettings `protobuf:"bytes,9,opt,name=breaker,proto3" json:"breaker,omitempty"`
+	// idempotency_ttl is how long an idempotency record (ClaimKey) is kept:
+	// the retry window plus a margin; never shorter than the call's
+	// remaining schedule. Default 24 h.
+	IdempotencyTtl *durationpb.Duration `protobuf:"bytes,10,opt,name=idempotency_ttl,json=idempotencyTtl,proto3" json:"idempotency_ttl,omitempty"`
+	// upstream_dedupes_by_key says the upstream deduplicates by the
+	// idempotency key, so a call whose previous attempt's outcome was lost
+	// (KEY_STATE_UNKNOWN) may be retried; without it such a call is
+	// dead-lettered.
+	UpstreamDedupesByKey bool `protobuf:"varint,11,opt,name=upstream_dedupes_by_key,json=upstreamDedupesByKey,proto3" json:"upstream_dedupes_by_key,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *Policy) Reset() {
@@ -1465,6 +1600,20 @@ func (x *Policy) GetBreaker() *BreakerSettings {
 		return x.Breaker
 	}
 	return nil
+}
+
+func (x *Policy) GetIdempotencyTtl() *durationpb.Duration {
+	if x != nil {
+		return x.IdempotencyTtl
+	}
+	return nil
+}
+
+func (x *Policy) GetUpstreamDedupesByKey() bool {
+	if x != nil {
+		return x.UpstreamDedupesByKey
+	}
+	return false
 }
 
 // BudgetPlan is the result of planning retries into a window.
@@ -2539,6 +2688,98 @@ func (x *AuditRecord) GetDetail() string {
 	return ""
 }
 
+// IdempotencyRecord is one idempotency key's record.
+type IdempotencyRecord struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tenant owns the key.
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// idempotency_key is the key.
+	IdempotencyKey string `protobuf:"bytes,2,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	// state is the record's state: IN_FLIGHT, SUCCEEDED, UNKNOWN, or NEW for
+	// a key released by a failed attempt.
+	State KeyState `protobuf:"varint,3,opt,name=state,proto3,enum=retrypolicy.v1.KeyState" json:"state,omitempty"`
+	// lease_expire_time is when the holder's lease ends, while IN_FLIGHT.
+	LeaseExpireTime *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=lease_expire_time,json=leaseExpireTime,proto3" json:"lease_expire_time,omitempty"`
+	// expire_time is when the record is forgotten.
+	ExpireTime *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=expire_time,json=expireTime,proto3" json:"expire_time,omitempty"`
+	// result_ref is the successful attempt's result reference.
+	ResultRef     string `protobuf:"bytes,6,opt,name=result_ref,json=resultRef,proto3" json:"result_ref,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *IdempotencyRecord) Reset() {
+	*x = IdempotencyRecord{}
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IdempotencyRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IdempotencyRecord) ProtoMessage() {}
+
+func (x *IdempotencyRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IdempotencyRecord.ProtoReflect.Descriptor instead.
+func (*IdempotencyRecord) Descriptor() ([]byte, []int) {
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *IdempotencyRecord) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *IdempotencyRecord) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
+func (x *IdempotencyRecord) GetState() KeyState {
+	if x != nil {
+		return x.State
+	}
+	return KeyState_KEY_STATE_UNSPECIFIED
+}
+
+func (x *IdempotencyRecord) GetLeaseExpireTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LeaseExpireTime
+	}
+	return nil
+}
+
+func (x *IdempotencyRecord) GetExpireTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpireTime
+	}
+	return nil
+}
+
+func (x *IdempotencyRecord) GetResultRef() string {
+	if x != nil {
+		return x.ResultRef
+	}
+	return ""
+}
+
 var File_retrypolicy_v1_types_proto protoreflect.FileDescriptor
 
 const file_retrypolicy_v1_types_proto_rawDesc = "" +
@@ -2600,7 +2841,7 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\r_failure_rateB\f\n" +
 	"\n" +
 	"_min_callsB\x13\n" +
-	"\x11_half_open_probes\"\x99\x04\n" +
+	"\x11_half_open_probes\"\x94\x05\n" +
 	"\x06Policy\x129\n" +
 	"\abackoff\x18\x01 \x01(\v2\x1f.retrypolicy.v1.BackoffSettingsR\abackoff\x12<\n" +
 	"\bpushback\x18\x02 \x01(\v2 .retrypolicy.v1.PushbackSettingsR\bpushback\x12&\n" +
@@ -2610,7 +2851,10 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\x17transient_http_statuses\x18\x06 \x03(\rR\x15transientHttpStatuses\x124\n" +
 	"\x16terminal_http_statuses\x18\a \x03(\rR\x14terminalHttpStatuses\x120\n" +
 	"\x14transient_grpc_codes\x18\b \x03(\rR\x12transientGrpcCodes\x129\n" +
-	"\abreaker\x18\t \x01(\v2\x1f.retrypolicy.v1.BreakerSettingsR\abreakerB\x0f\n" +
+	"\abreaker\x18\t \x01(\v2\x1f.retrypolicy.v1.BreakerSettingsR\abreaker\x12B\n" +
+	"\x0fidempotency_ttl\x18\n" +
+	" \x01(\v2\x19.google.protobuf.DurationR\x0eidempotencyTtl\x125\n" +
+	"\x17upstream_dedupes_by_key\x18\v \x01(\bR\x14upstreamDedupesByKeyB\x0f\n" +
 	"\r_max_attempts\"\x9e\x02\n" +
 	"\n" +
 	"BudgetPlan\x12!\n" +
@@ -2715,7 +2959,16 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\vstop_reason\x18\v \x01(\x0e2\x1a.retrypolicy.v1.StopReasonR\n" +
 	"stopReason\x12=\n" +
 	"\vdisposition\x18\f \x01(\x0e2\x1b.retrypolicy.v1.DispositionR\vdisposition\x12\x16\n" +
-	"\x06detail\x18\r \x01(\tR\x06detail*n\n" +
+	"\x06detail\x18\r \x01(\tR\x06detail\"\xa8\x02\n" +
+	"\x11IdempotencyRecord\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12'\n" +
+	"\x0fidempotency_key\x18\x02 \x01(\tR\x0eidempotencyKey\x12.\n" +
+	"\x05state\x18\x03 \x01(\x0e2\x18.retrypolicy.v1.KeyStateR\x05state\x12F\n" +
+	"\x11lease_expire_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x0fleaseExpireTime\x12;\n" +
+	"\vexpire_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"expireTime\x12\x1d\n" +
+	"\n" +
+	"result_ref\x18\x06 \x01(\tR\tresultRef*n\n" +
 	"\bCategory\x12\x18\n" +
 	"\x14CATEGORY_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12CATEGORY_TRANSIENT\x10\x01\x12\x15\n" +
@@ -2784,7 +3037,19 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\x11AUDIT_EVENT_ADMIT\x10\x01\x12\x18\n" +
 	"\x14AUDIT_EVENT_DECISION\x10\x02\x12\x17\n" +
 	"\x13AUDIT_EVENT_OUTCOME\x10\x03\x12\x15\n" +
-	"\x11AUDIT_EVENT_FINAL\x10\x04B@Z>github.com/policyd/policyd/gen/go/retrypolicy/v1;retrypolicyv1b\x06proto3"
+	"\x11AUDIT_EVENT_FINAL\x10\x04*\x81\x01\n" +
+	"\bKeyState\x12\x19\n" +
+	"\x15KEY_STATE_UNSPECIFIED\x10\x00\x12\x11\n" +
+	"\rKEY_STATE_NEW\x10\x01\x12\x17\n" +
+	"\x13KEY_STATE_IN_FLIGHT\x10\x02\x12\x17\n" +
+	"\x13KEY_STATE_SUCCEEDED\x10\x03\x12\x15\n" +
+	"\x11KEY_STATE_UNKNOWN\x10\x04*u\n" +
+	"\n" +
+	"KeyOutcome\x12\x1b\n" +
+	"\x17KEY_OUTCOME_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15KEY_OUTCOME_SUCCEEDED\x10\x01\x12\x16\n" +
+	"\x12KEY_OUTCOME_FAILED\x10\x02\x12\x17\n" +
+	"\x13KEY_OUTCOME_UNKNOWN\x10\x03B@Z>github.com/policyd/policyd/gen/go/retrypolicy/v1;retrypolicyv1b\x06proto3"
 
 var (
 	file_retrypolicy_v1_types_proto_rawDescOnce sync.Once
@@ -2798,8 +3063,8 @@ func file_retrypolicy_v1_types_proto_rawDescGZIP() []byte {
 	return file_retrypolicy_v1_types_proto_rawDescData
 }
 
-var file_retrypolicy_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 12)
-var file_retrypolicy_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_retrypolicy_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 14)
+var file_retrypolicy_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_retrypolicy_v1_types_proto_goTypes = []any{
 	(Category)(0),                 // 0: retrypolicy.v1.Category
 	(TransportError)(0),           // 1: retrypolicy.v1.TransportError
@@ -2813,78 +3078,85 @@ var file_retrypolicy_v1_types_proto_goTypes = []any{
 	(BreakerMode)(0),              // 9: retrypolicy.v1.BreakerMode
 	(BreakerScope)(0),             // 10: retrypolicy.v1.BreakerScope
 	(AuditEvent)(0),               // 11: retrypolicy.v1.AuditEvent
-	(*CallRef)(nil),               // 12: retrypolicy.v1.CallRef
-	(*Failure)(nil),               // 13: retrypolicy.v1.Failure
-	(*Pushback)(nil),              // 14: retrypolicy.v1.Pushback
-	(*BackoffSettings)(nil),       // 15: retrypolicy.v1.BackoffSettings
-	(*PushbackSettings)(nil),      // 16: retrypolicy.v1.PushbackSettings
-	(*BreakerSettings)(nil),       // 17: retrypolicy.v1.BreakerSettings
-	(*Policy)(nil),                // 18: retrypolicy.v1.Policy
-	(*BudgetPlan)(nil),            // 19: retrypolicy.v1.BudgetPlan
-	(*BreakerKey)(nil),            // 20: retrypolicy.v1.BreakerKey
-	(*Breaker)(nil),               // 21: retrypolicy.v1.Breaker
-	(*TenantBudget)(nil),          // 22: retrypolicy.v1.TenantBudget
-	(*TenantBudgetStatus)(nil),    // 23: retrypolicy.v1.TenantBudgetStatus
-	(*PolicyEntry)(nil),           // 24: retrypolicy.v1.PolicyEntry
-	(*RunLedger)(nil),             // 25: retrypolicy.v1.RunLedger
-	(*Run)(nil),                   // 26: retrypolicy.v1.Run
-	(*RunCall)(nil),               // 27: retrypolicy.v1.RunCall
-	(*AuditRecord)(nil),           // 28: retrypolicy.v1.AuditRecord
-	(*timestamppb.Timestamp)(nil), // 29: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 30: google.protobuf.Duration
+	(KeyState)(0),                 // 12: retrypolicy.v1.KeyState
+	(KeyOutcome)(0),               // 13: retrypolicy.v1.KeyOutcome
+	(*CallRef)(nil),               // 14: retrypolicy.v1.CallRef
+	(*Failure)(nil),               // 15: retrypolicy.v1.Failure
+	(*Pushback)(nil),              // 16: retrypolicy.v1.Pushback
+	(*BackoffSettings)(nil),       // 17: retrypolicy.v1.BackoffSettings
+	(*PushbackSettings)(nil),      // 18: retrypolicy.v1.PushbackSettings
+	(*BreakerSettings)(nil),       // 19: retrypolicy.v1.BreakerSettings
+	(*Policy)(nil),                // 20: retrypolicy.v1.Policy
+	(*BudgetPlan)(nil),            // 21: retrypolicy.v1.BudgetPlan
+	(*BreakerKey)(nil),            // 22: retrypolicy.v1.BreakerKey
+	(*Breaker)(nil),               // 23: retrypolicy.v1.Breaker
+	(*TenantBudget)(nil),          // 24: retrypolicy.v1.TenantBudget
+	(*TenantBudgetStatus)(nil),    // 25: retrypolicy.v1.TenantBudgetStatus
+	(*PolicyEntry)(nil),           // 26: retrypolicy.v1.PolicyEntry
+	(*RunLedger)(nil),             // 27: retrypolicy.v1.RunLedger
+	(*Run)(nil),                   // 28: retrypolicy.v1.Run
+	(*RunCall)(nil),               // 29: retrypolicy.v1.RunCall
+	(*AuditRecord)(nil),           // 30: retrypolicy.v1.AuditRecord
+	(*IdempotencyRecord)(nil),     // 31: retrypolicy.v1.IdempotencyRecord
+	(*timestamppb.Timestamp)(nil), // 32: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 33: google.protobuf.Duration
 }
 var file_retrypolicy_v1_types_proto_depIdxs = []int32{
-	29, // 0: retrypolicy.v1.CallRef.origin_time:type_name -> google.protobuf.Timestamp
-	29, // 1: retrypolicy.v1.CallRef.deadline_time:type_name -> google.protobuf.Timestamp
+	32, // 0: retrypolicy.v1.CallRef.origin_time:type_name -> google.protobuf.Timestamp
+	32, // 1: retrypolicy.v1.CallRef.deadline_time:type_name -> google.protobuf.Timestamp
 	1,  // 2: retrypolicy.v1.Failure.transport_error:type_name -> retrypolicy.v1.TransportError
 	2,  // 3: retrypolicy.v1.Failure.local_error:type_name -> retrypolicy.v1.LocalError
-	30, // 4: retrypolicy.v1.BackoffSettings.base_delay:type_name -> google.protobuf.Duration
-	30, // 5: retrypolicy.v1.BackoffSettings.max_delay:type_name -> google.protobuf.Duration
+	33, // 4: retrypolicy.v1.BackoffSettings.base_delay:type_name -> google.protobuf.Duration
+	33, // 5: retrypolicy.v1.BackoffSettings.max_delay:type_name -> google.protobuf.Duration
 	3,  // 6: retrypolicy.v1.BackoffSettings.jitter:type_name -> retrypolicy.v1.Jitter
 	4,  // 7: retrypolicy.v1.PushbackSettings.mode:type_name -> retrypolicy.v1.RetryAfterMode
-	30, // 8: retrypolicy.v1.PushbackSettings.min_spread:type_name -> google.protobuf.Duration
-	30, // 9: retrypolicy.v1.PushbackSettings.max_hint:type_name -> google.protobuf.Duration
+	33, // 8: retrypolicy.v1.PushbackSettings.min_spread:type_name -> google.protobuf.Duration
+	33, // 9: retrypolicy.v1.PushbackSettings.max_hint:type_name -> google.protobuf.Duration
 	9,  // 10: retrypolicy.v1.BreakerSettings.mode:type_name -> retrypolicy.v1.BreakerMode
 	10, // 11: retrypolicy.v1.BreakerSettings.scope:type_name -> retrypolicy.v1.BreakerScope
-	30, // 12: retrypolicy.v1.BreakerSettings.window:type_name -> google.protobuf.Duration
-	30, // 13: retrypolicy.v1.BreakerSettings.cooldown:type_name -> google.protobuf.Duration
-	30, // 14: retrypolicy.v1.BreakerSettings.probe_timeout:type_name -> google.protobuf.Duration
-	15, // 15: retrypolicy.v1.Policy.backoff:type_name -> retrypolicy.v1.BackoffSettings
-	16, // 16: retrypolicy.v1.Policy.pushback:type_name -> retrypolicy.v1.PushbackSettings
-	30, // 17: retrypolicy.v1.Policy.attempt_timeout:type_name -> google.protobuf.Duration
-	30, // 18: retrypolicy.v1.Policy.call_deadline:type_name -> google.protobuf.Duration
-	17, // 19: retrypolicy.v1.Policy.breaker:type_name -> retrypolicy.v1.BreakerSettings
-	30, // 20: retrypolicy.v1.BudgetPlan.delays:type_name -> google.protobuf.Duration
-	30, // 21: retrypolicy.v1.BudgetPlan.worst_case_total:type_name -> google.protobuf.Duration
-	30, // 22: retrypolicy.v1.BudgetPlan.idempotency_ttl:type_name -> google.protobuf.Duration
-	30, // 23: retrypolicy.v1.BudgetPlan.window:type_name -> google.protobuf.Duration
-	20, // 24: retrypolicy.v1.Breaker.key:type_name -> retrypolicy.v1.BreakerKey
-	8,  // 25: retrypolicy.v1.Breaker.state:type_name -> retrypolicy.v1.BreakerState
-	29, // 26: retrypolicy.v1.Breaker.open_until_time:type_name -> google.protobuf.Timestamp
-	29, // 27: retrypolicy.v1.Breaker.change_time:type_name -> google.protobuf.Timestamp
-	29, // 28: retrypolicy.v1.Breaker.cooldown_until_time:type_name -> google.protobuf.Timestamp
-	9,  // 29: retrypolicy.v1.Breaker.mode:type_name -> retrypolicy.v1.BreakerMode
-	22, // 30: retrypolicy.v1.TenantBudgetStatus.budget:type_name -> retrypolicy.v1.TenantBudget
-	18, // 31: retrypolicy.v1.PolicyEntry.policy:type_name -> retrypolicy.v1.Policy
-	29, // 32: retrypolicy.v1.PolicyEntry.update_time:type_name -> google.protobuf.Timestamp
-	29, // 33: retrypolicy.v1.Run.cutoff_time:type_name -> google.protobuf.Timestamp
-	29, // 34: retrypolicy.v1.Run.create_time:type_name -> google.protobuf.Timestamp
-	25, // 35: retrypolicy.v1.Run.ledger:type_name -> retrypolicy.v1.RunLedger
-	7,  // 36: retrypolicy.v1.RunCall.disposition:type_name -> retrypolicy.v1.Disposition
-	6,  // 37: retrypolicy.v1.RunCall.stop_reason:type_name -> retrypolicy.v1.StopReason
-	29, // 38: retrypolicy.v1.RunCall.first_attempt_time:type_name -> google.protobuf.Timestamp
-	29, // 39: retrypolicy.v1.RunCall.last_attempt_time:type_name -> google.protobuf.Timestamp
-	29, // 40: retrypolicy.v1.AuditRecord.record_time:type_name -> google.protobuf.Timestamp
-	11, // 41: retrypolicy.v1.AuditRecord.event:type_name -> retrypolicy.v1.AuditEvent
-	5,  // 42: retrypolicy.v1.AuditRecord.decision:type_name -> retrypolicy.v1.Decision
-	30, // 43: retrypolicy.v1.AuditRecord.delay:type_name -> google.protobuf.Duration
-	6,  // 44: retrypolicy.v1.AuditRecord.stop_reason:type_name -> retrypolicy.v1.StopReason
-	7,  // 45: retrypolicy.v1.AuditRecord.disposition:type_name -> retrypolicy.v1.Disposition
-	46, // [46:46] is the sub-list for method output_type
-	46, // [46:46] is the sub-list for method input_type
-	46, // [46:46] is the sub-list for extension type_name
-	46, // [46:46] is the sub-list for extension extendee
-	0,  // [0:46] is the sub-list for field type_name
+	33, // 12: retrypolicy.v1.BreakerSettings.window:type_name -> google.protobuf.Duration
+	33, // 13: retrypolicy.v1.BreakerSettings.cooldown:type_name -> google.protobuf.Duration
+	33, // 14: retrypolicy.v1.BreakerSettings.probe_timeout:type_name -> google.protobuf.Duration
+	17, // 15: retrypolicy.v1.Policy.backoff:type_name -> retrypolicy.v1.BackoffSettings
+	18, // 16: retrypolicy.v1.Policy.pushback:type_name -> retrypolicy.v1.PushbackSettings
+	33, // 17: retrypolicy.v1.Policy.attempt_timeout:type_name -> google.protobuf.Duration
+	33, // 18: retrypolicy.v1.Policy.call_deadline:type_name -> google.protobuf.Duration
+	19, // 19: retrypolicy.v1.Policy.breaker:type_name -> retrypolicy.v1.BreakerSettings
+	33, // 20: retrypolicy.v1.Policy.idempotency_ttl:type_name -> google.protobuf.Duration
+	33, // 21: retrypolicy.v1.BudgetPlan.delays:type_name -> google.protobuf.Duration
+	33, // 22: retrypolicy.v1.BudgetPlan.worst_case_total:type_name -> google.protobuf.Duration
+	33, // 23: retrypolicy.v1.BudgetPlan.idempotency_ttl:type_name -> google.protobuf.Duration
+	33, // 24: retrypolicy.v1.BudgetPlan.window:type_name -> google.protobuf.Duration
+	22, // 25: retrypolicy.v1.Breaker.key:type_name -> retrypolicy.v1.BreakerKey
+	8,  // 26: retrypolicy.v1.Breaker.state:type_name -> retrypolicy.v1.BreakerState
+	32, // 27: retrypolicy.v1.Breaker.open_until_time:type_name -> google.protobuf.Timestamp
+	32, // 28: retrypolicy.v1.Breaker.change_time:type_name -> google.protobuf.Timestamp
+	32, // 29: retrypolicy.v1.Breaker.cooldown_until_time:type_name -> google.protobuf.Timestamp
+	9,  // 30: retrypolicy.v1.Breaker.mode:type_name -> retrypolicy.v1.BreakerMode
+	24, // 31: retrypolicy.v1.TenantBudgetStatus.budget:type_name -> retrypolicy.v1.TenantBudget
+	20, // 32: retrypolicy.v1.PolicyEntry.policy:type_name -> retrypolicy.v1.Policy
+	32, // 33: retrypolicy.v1.PolicyEntry.update_time:type_name -> google.protobuf.Timestamp
+	32, // 34: retrypolicy.v1.Run.cutoff_time:type_name -> google.protobuf.Timestamp
+	32, // 35: retrypolicy.v1.Run.create_time:type_name -> google.protobuf.Timestamp
+	27, // 36: retrypolicy.v1.Run.ledger:type_name -> retrypolicy.v1.RunLedger
+	7,  // 37: retrypolicy.v1.RunCall.disposition:type_name -> retrypolicy.v1.Disposition
+	6,  // 38: retrypolicy.v1.RunCall.stop_reason:type_name -> retrypolicy.v1.StopReason
+	32, // 39: retrypolicy.v1.RunCall.first_attempt_time:type_name -> google.protobuf.Timestamp
+	32, // 40: retrypolicy.v1.RunCall.last_attempt_time:type_name -> google.protobuf.Timestamp
+	32, // 41: retrypolicy.v1.AuditRecord.record_time:type_name -> google.protobuf.Timestamp
+	11, // 42: retrypolicy.v1.AuditRecord.event:type_name -> retrypolicy.v1.AuditEvent
+	5,  // 43: retrypolicy.v1.AuditRecord.decision:type_name -> retrypolicy.v1.Decision
+	33, // 44: retrypolicy.v1.AuditRecord.delay:type_name -> google.protobuf.Duration
+	6,  // 45: retrypolicy.v1.AuditRecord.stop_reason:type_name -> retrypolicy.v1.StopReason
+	7,  // 46: retrypolicy.v1.AuditRecord.disposition:type_name -> retrypolicy.v1.Disposition
+	12, // 47: retrypolicy.v1.IdempotencyRecord.state:type_name -> retrypolicy.v1.KeyState
+	32, // 48: retrypolicy.v1.IdempotencyRecord.lease_expire_time:type_name -> google.protobuf.Timestamp
+	32, // 49: retrypolicy.v1.IdempotencyRecord.expire_time:type_name -> google.protobuf.Timestamp
+	50, // [50:50] is the sub-list for method output_type
+	50, // [50:50] is the sub-list for method input_type
+	50, // [50:50] is the sub-list for extension type_name
+	50, // [50:50] is the sub-list for extension extendee
+	0,  // [0:50] is the sub-list for field type_name
 }
 
 func init() { file_retrypolicy_v1_types_proto_init() }
@@ -2907,8 +3179,8 @@ func file_retrypolicy_v1_types_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_retrypolicy_v1_types_proto_rawDesc), len(file_retrypolicy_v1_types_proto_rawDesc)),
-			NumEnums:      12,
-			NumMessages:   17,
+			NumEnums:      14,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -186,3 +186,61 @@ class PlanBudgetResponse(_message.Message):
     plan: _types_pb2.BudgetPlan
     hops: _containers.RepeatedCompositeFieldContainer[_types_pb2.BudgetPlan]
     def __init__(self, plan: _Optional[_Union[_types_pb2.BudgetPlan, _Mapping]] = ..., hops: _Optional[_Iterable[_Union[_types_pb2.BudgetPlan, _Mapping]]] = ...) -> None: ...
+
+class ClaimKeyRequest(_message.Message):
+    __slots__ = ("call", "attempt")
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    call: _types_pb2.CallRef
+    attempt: int
+    def __init__(self, call: _Optional[_Union[_types_pb2.CallRef, _Mapping]] = ..., attempt: _Optional[int] = ...) -> None: ...
+
+class ClaimKeyResponse(_message.Message):
+    __slots__ = ("state", "lease_id", "lease_expire_time", "result_ref", "retry_after", "reason")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    RESULT_REF_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    state: _types_pb2.KeyState
+    lease_id: str
+    lease_expire_time: _timestamp_pb2.Timestamp
+    result_ref: str
+    retry_after: _duration_pb2.Duration
+    reason: str
+    def __init__(self, state: _Optional[_Union[_types_pb2.KeyState, str]] = ..., lease_id: _Optional[str] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., result_ref: _Optional[str] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class CompleteKeyRequest(_message.Message):
+    __slots__ = ("tenant", "idempotency_key", "lease_id", "outcome", "result_ref")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    RESULT_REF_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    idempotency_key: str
+    lease_id: str
+    outcome: _types_pb2.KeyOutcome
+    result_ref: str
+    def __init__(self, tenant: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., lease_id: _Optional[str] = ..., outcome: _Optional[_Union[_types_pb2.KeyOutcome, str]] = ..., result_ref: _Optional[str] = ...) -> None: ...
+
+class CompleteKeyResponse(_message.Message):
+    __slots__ = ("record",)
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    record: _types_pb2.IdempotencyRecord
+    def __init__(self, record: _Optional[_Union[_types_pb2.IdempotencyRecord, _Mapping]] = ...) -> None: ...
+
+class GetKeyRequest(_message.Message):
+    __slots__ = ("tenant", "idempotency_key")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    idempotency_key: str
+    def __init__(self, tenant: _Optional[str] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+
+class GetKeyResponse(_message.Message):
+    __slots__ = ("record",)
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    record: _types_pb2.IdempotencyRecord
+    def __init__(self, record: _Optional[_Union[_types_pb2.IdempotencyRecord, _Mapping]] = ...) -> None: ...

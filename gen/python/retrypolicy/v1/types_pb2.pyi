@@ -100,6 +100,21 @@ class AuditEvent(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     AUDIT_EVENT_DECISION: _ClassVar[AuditEvent]
     AUDIT_EVENT_OUTCOME: _ClassVar[AuditEvent]
     AUDIT_EVENT_FINAL: _ClassVar[AuditEvent]
+
+class KeyState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    KEY_STATE_UNSPECIFIED: _ClassVar[KeyState]
+    KEY_STATE_NEW: _ClassVar[KeyState]
+    KEY_STATE_IN_FLIGHT: _ClassVar[KeyState]
+    KEY_STATE_SUCCEEDED: _ClassVar[KeyState]
+    KEY_STATE_UNKNOWN: _ClassVar[KeyState]
+
+class KeyOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    KEY_OUTCOME_UNSPECIFIED: _ClassVar[KeyOutcome]
+    KEY_OUTCOME_SUCCEEDED: _ClassVar[KeyOutcome]
+    KEY_OUTCOME_FAILED: _ClassVar[KeyOutcome]
+    KEY_OUTCOME_UNKNOWN: _ClassVar[KeyOutcome]
 CATEGORY_UNSPECIFIED: Category
 CATEGORY_TRANSIENT: Category
 CATEGORY_TERMINAL: Category
@@ -154,6 +169,15 @@ AUDIT_EVENT_ADMIT: AuditEvent
 AUDIT_EVENT_DECISION: AuditEvent
 AUDIT_EVENT_OUTCOME: AuditEvent
 AUDIT_EVENT_FINAL: AuditEvent
+KEY_STATE_UNSPECIFIED: KeyState
+KEY_STATE_NEW: KeyState
+KEY_STATE_IN_FLIGHT: KeyState
+KEY_STATE_SUCCEEDED: KeyState
+KEY_STATE_UNKNOWN: KeyState
+KEY_OUTCOME_UNSPECIFIED: KeyOutcome
+KEY_OUTCOME_SUCCEEDED: KeyOutcome
+KEY_OUTCOME_FAILED: KeyOutcome
+KEY_OUTCOME_UNKNOWN: KeyOutcome
 
 class CallRef(_message.Message):
     __slots__ = ("tenant", "target", "call_id", "idempotent", "idempotency_key", "run_id", "origin_time", "deadline_time", "triage_ref")
@@ -248,7 +272,7 @@ class BreakerSettings(_message.Message):
     def __init__(self, mode: _Optional[_Union[BreakerMode, str]] = ..., scope: _Optional[_Union[BreakerScope, str]] = ..., consecutive_failures: _Optional[int] = ..., failure_rate: _Optional[float] = ..., window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., min_calls: _Optional[int] = ..., cooldown: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., half_open_probes: _Optional[int] = ..., probe_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class Policy(_message.Message):
-    __slots__ = ("backoff", "pushback", "max_attempts", "attempt_timeout", "call_deadline", "transient_http_statuses", "terminal_http_statuses", "transient_grpc_codes", "breaker")
+    __slots__ = ("backoff", "pushback", "max_attempts", "attempt_timeout", "call_deadline", "transient_http_statuses", "terminal_http_statuses", "transient_grpc_codes", "breaker", "idempotency_ttl", "upstream_dedupes_by_key")
     BACKOFF_FIELD_NUMBER: _ClassVar[int]
     PUSHBACK_FIELD_NUMBER: _ClassVar[int]
     MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
@@ -258,6 +282,8 @@ class Policy(_message.Message):
     TERMINAL_HTTP_STATUSES_FIELD_NUMBER: _ClassVar[int]
     TRANSIENT_GRPC_CODES_FIELD_NUMBER: _ClassVar[int]
     BREAKER_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_TTL_FIELD_NUMBER: _ClassVar[int]
+    UPSTREAM_DEDUPES_BY_KEY_FIELD_NUMBER: _ClassVar[int]
     backoff: BackoffSettings
     pushback: PushbackSettings
     max_attempts: int
@@ -267,7 +293,9 @@ class Policy(_message.Message):
     terminal_http_statuses: _containers.RepeatedScalarFieldContainer[int]
     transient_grpc_codes: _containers.RepeatedScalarFieldContainer[int]
     breaker: BreakerSettings
-    def __init__(self, backoff: _Optional[_Union[BackoffSettings, _Mapping]] = ..., pushback: _Optional[_Union[PushbackSettings, _Mapping]] = ..., max_attempts: _Optional[int] = ..., attempt_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., call_deadline: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., transient_http_statuses: _Optional[_Iterable[int]] = ..., terminal_http_statuses: _Optional[_Iterable[int]] = ..., transient_grpc_codes: _Optional[_Iterable[int]] = ..., breaker: _Optional[_Union[BreakerSettings, _Mapping]] = ...) -> None: ...
+    idempotency_ttl: _duration_pb2.Duration
+    upstream_dedupes_by_key: bool
+    def __init__(self, backoff: _Optional[_Union[BackoffSettings, _Mapping]] = ..., pushback: _Optional[_Union[PushbackSettings, _Mapping]] = ..., max_attempts: _Optional[int] = ..., attempt_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., call_deadline: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., transient_http_statuses: _Optional[_Iterable[int]] = ..., terminal_http_statuses: _Optional[_Iterable[int]] = ..., transient_grpc_codes: _Optional[_Iterable[int]] = ..., breaker: _Optional[_Union[BreakerSettings, _Mapping]] = ..., idempotency_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., upstream_dedupes_by_key: _Optional[bool] = ...) -> None: ...
 
 class BudgetPlan(_message.Message):
     __slots__ = ("max_attempts", "delays", "worst_case_total", "idempotency_ttl", "window")
@@ -460,3 +488,19 @@ class AuditRecord(_message.Message):
     disposition: Disposition
     detail: str
     def __init__(self, record_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., event: _Optional[_Union[AuditEvent, str]] = ..., tenant: _Optional[str] = ..., target: _Optional[str] = ..., call_id: _Optional[str] = ..., run_id: _Optional[str] = ..., attempt: _Optional[int] = ..., classification: _Optional[str] = ..., decision: _Optional[_Union[Decision, str]] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ..., disposition: _Optional[_Union[Disposition, str]] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class IdempotencyRecord(_message.Message):
+    __slots__ = ("tenant", "idempotency_key", "state", "lease_expire_time", "expire_time", "result_ref")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    RESULT_REF_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    idempotency_key: str
+    state: KeyState
+    lease_expire_time: _timestamp_pb2.Timestamp
+    expire_time: _timestamp_pb2.Timestamp
+    result_ref: str
+    def __init__(self, tenant: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., state: _Optional[_Union[KeyState, str]] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., result_ref: _Optional[str] = ...) -> None: ...
