@@ -380,3 +380,40 @@ def test_a_runs_cutoff_holds_without_an_admit_per_call(policyd: Daemon, tenant: 
         c.close()
     ledger = policyd.run(run_id).ledger
     assert (ledger.succeeded, ledger.deadline_cut) == (1, 3), ledger
+
+
+def test_the_idempotency_ledger_answers_a_second_worker(policyd: Daemon, tenant: str, clock: FakeClock) -> None:
+    # A non-idempotent call with a key claims it: the first worker's
+    # success is kept with its result reference (the string fn returns),
+    # and a second worker submitting the same document gets it without
+    # calling fn. A 504 after the upstream may have applied the write
+    # leaves the outcome unknown: the retry does not happen, the call is
+    # dead-lettered (the policy does not say the upstream deduplicates).
+    run_id = "ledger-" + tenant
+    policyd.open_run(run_id, tenant, pool=10)
+    c = pc.Client(policyd.address, tenant=tenant, sleep=clock.sleep, now=clock.now, decision_timeout=5)
+    try:
+        calls: list[int] = []
+
+        def submit(a: pc.Attempt) -> str:
+            calls.append(a.number)
+            return "rec-17"
+
+        first = c.call(pc.Call(target="grants", submission_id="doc-17", payload=b"{}", run_id=run_id, call_id="w1"), submit)
+        second = c.call(pc.Call(target="grants", submission_id="doc-17", payload=b"{}", run_id=run_id, call_id="w2"), submit)
+        assert first.ok and not first.deduplicated and first.value == "rec-17"
+        assert second.ok and second.deduplicated and second.value == "rec-17" and second.attempts == 0
+        assert calls == [1] and c.stats().deduplicated == 1
+
+        def lost(a: pc.Attempt) -> str:
+            calls.append(a.number)
+            raise pc.HTTPStatusError(504)
+
+        res = c.call(pc.Call(target="grants", submission_id="doc-18", payload=b"{}", run_id=run_id, call_id="w3"), lost)
+        assert (res.disposition, res.stop_reason, res.reason) == (
+            pc.Disposition.DEAD_LETTER, pc.StopReason.NOT_IDEMPOTENT, "idempotency:unknown")
+        assert calls == [1, 1], calls  # the 504'd write was not sent again
+    finally:
+        c.close()
+    ledger = policyd.run(run_id).ledger
+    assert (ledger.succeeded, ledger.dead_letter_not_idempotent) == (2, 1), ledger

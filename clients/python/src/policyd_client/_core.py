@@ -520,6 +520,7 @@ class Core:
         info = CallInfo(
             tenant=self.settings.tenant, target=call.target, call_id=call_id, key=key, run_id=call.run_id,
             idempotent=call.idempotent, origin=origin, deadline=deadline, triage_ref=call.triage_ref,
+            claim_key=call.claim_key,
         )
         return CallState(info, timeout=self.settings.attempt_timeout)
 
@@ -554,6 +555,7 @@ class CallInfo:
     origin: float
     deadline: Optional[float]
     triage_ref: str = ""
+    claim_key: bool = False
 
     def pb(self) -> types_pb2.CallRef:
         """Returns the call as the API spells it."""
@@ -572,7 +574,7 @@ class CallInfo:
         run's call table), so the times and the key stay out of every
         batch."""
         return types_pb2.CallRef(tenant=self.tenant, target=self.target, call_id=self.call_id, run_id=self.run_id,
-                                 triage_ref=self.triage_ref)
+                                 triage_ref=self.triage_ref, idempotency_key=self.key)
 
 
 class PendingOutcome(NamedTuple):
@@ -611,6 +613,8 @@ class CallState(Generic[T]):
         self.deadline = info.deadline
         #: The run's cut-off (Unix seconds), once known.
         self.cutoff: Optional[float] = None
+        #: The call was answered by the idempotency ledger.
+        self.deduplicated = False
         self._ref: Optional[types_pb2.CallRef] = None
         #: The per-attempt timeout for the next attempt, in seconds.
         self.timeout = timeout
@@ -649,7 +653,7 @@ class CallState(Generic[T]):
         return Result(
             disposition=self.disposition, stop_reason=self.stop_reason, reason=self.reason, attempts=self.attempts,
             error=self.error, call_id=self.info.call_id, idempotency_key=self.info.key, local=self.local,
-            value=self.value,
+            value=self.value, deduplicated=self.deduplicated,
         )
 
     def succeed(self, attempt: int, permit: str, latency: float, value: T) -> PendingOutcome:

@@ -80,13 +80,25 @@ class Decide(NamedTuple):
     request: rpb.NextDelayRequest
 
 
+class Claim(NamedTuple):
+    """Claim the call's idempotency key before an attempt (ClaimKey)."""
+
+    request: rpb.ClaimKeyRequest
+
+
+class Complete(NamedTuple):
+    """Record how the attempt holding the key's lease ended (CompleteKey)."""
+
+    request: rpb.CompleteKeyRequest
+
+
 class Report(NamedTuple):
     """Queue an outcome for the reporter."""
 
     outcome: PendingOutcome
 
 
-Effect = Union[Admit, Invoke, Sleep, Decide, Report]
+Effect = Union[Admit, Claim, Invoke, Complete, Sleep, Decide, Report]
 Loop = Generator[Effect, Any, Result[Any]]
 
 
@@ -116,6 +128,12 @@ def _attempts(core: Core, st: CallState[Any]) -> Loop:
         permit = yield from _admit(core, st, attempt)
         if permit is None:
             return st.result()
+        lease = ""
+        if st.info.key and (not st.info.idempotent or st.info.claim_key):
+            claimed = yield from _claim(core, st, attempt)
+            if claimed is None:
+                return st.result()
+            lease = claimed
         st.attempts = attempt
         core.count("attempts")
         a = st.attempt(attempt, core.now())
@@ -123,6 +141,8 @@ def _attempts(core: Core, st: CallState[Any]) -> Loop:
             core.emit(Event(EventKind.ATTEMPT_STARTED, target=st.info.target, call_id=st.info.call_id,
                             attempt=attempt, delay=a.timeout))
         got: Invoked = yield Invoke(a)
+        if lease:
+            yield Complete(_completion(st, lease, got))
         if got.error is None:
             yield Report(st.succeed(attempt, permit, got.latency, got.value))
             core.local.budget.deposit(0.2)
@@ -259,3 +279,60 @@ def _binding_deadline(st: CallState[Any]) -> "tuple[Optional[float], bool]":
     if st.cutoff is not None and (st.deadline is None or st.cutoff < st.deadline):
         return st.cutoff, True
     return st.deadline, False
+
+
+def _claim(core: Core, st: CallState[Any], attempt: int) -> Generator[Effect, Any, Optional[str]]:
+    """Claims the call's idempotency key before attempt: returns the lease
+    held ("" for none: policyd is away), or None when the call ended (the
+    ledger answered it with an earlier success, or the previous attempt's
+    outcome was lost and the upstream does not deduplicate)."""
+    while True:
+        if not core.reachable():
+            return ""
+        resp = yield Claim(rpb.ClaimKeyRequest(call=st.ref, attempt=attempt))
+        if isinstance(resp, BaseException):
+            core.failed(resp)
+            return ""
+        if resp.state == types_pb2.KEY_STATE_SUCCEEDED:
+            core.count("deduplicated")
+            st.deduplicated, st.reason = True, resp.reason
+            yield Report(st.succeed(attempt, "", 0.0, resp.result_ref))
+            return None
+        if resp.state == types_pb2.KEY_STATE_IN_FLIGHT:
+            if not (yield from _cooldown(core, st, from_duration(resp.retry_after))):
+                st.reason = resp.reason
+                return None
+            continue
+        if resp.state == types_pb2.KEY_STATE_UNKNOWN and not resp.lease_id:
+            st.reason = resp.reason
+            yield Report(st.end(Disposition.DEAD_LETTER, StopReason.NOT_IDEMPOTENT, st.attempts))
+            return None
+        return str(resp.lease_id)
+
+
+def _completion(st: CallState[Any], lease: str, got: Invoked) -> rpb.CompleteKeyRequest:
+    """The CompleteKey of an attempt: success (a string value is its result
+    reference), a failure whose outcome is lost (a timeout, a 504, a reset)
+    or one that was not applied."""
+    req = rpb.CompleteKeyRequest(tenant=st.info.tenant, idempotency_key=st.info.key, lease_id=lease)
+    if got.error is None:
+        req.outcome = types_pb2.KEY_OUTCOME_SUCCEEDED
+        if isinstance(got.value, str) and len(got.value.encode()) <= 1024:
+            req.result_ref = got.value
+        return req
+    req.outcome = types_pb2.KEY_OUTCOME_FAILED
+    f = classify_exception(got.error, timed_out=got.timed_out)
+    if f.unclassified or got.timed_out or f.failure is None or _outcome_lost(f.failure):
+        req.outcome = types_pb2.KEY_OUTCOME_UNKNOWN
+    return req
+
+
+def _outcome_lost(f: types_pb2.Failure) -> bool:
+    """Says whether a failure leaves unknown whether the upstream applied
+    the attempt: a timeout, a reset, a 504, gRPC DEADLINE_EXCEEDED or
+    UNKNOWN."""
+    kind = f.WhichOneof("kind")
+    return ((kind == "http_status" and f.http_status == 504)
+            or (kind == "grpc_code" and f.grpc_code in (2, 4))
+            or (kind == "transport_error" and f.transport_error in (
+                types_pb2.TRANSPORT_ERROR_TIMEOUT, types_pb2.TRANSPORT_ERROR_CONNECTION_RESET)))

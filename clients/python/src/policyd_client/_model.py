@@ -108,7 +108,11 @@ class Call:
     ``datetime``): policyd anchors the call's deadline to it; default now.
     ``triage_ref`` is a reference for triage (the source document's URI,
     say), up to 1024 bytes: a call of a run carries it into the run's call
-    table (``policyd run calls``).
+    table (``policyd run calls``). ``claim_key`` makes an idempotent call
+    use policyd's idempotency ledger too (a non-idempotent call with a key
+    always does): a string the function returns is kept as the result
+    reference, and a later call of the same key gets it as its ``value``
+    (``Result.deduplicated``) without the function being called.
     """
 
     target: str
@@ -121,6 +125,7 @@ class Call:
     call_id: str = ""
     origin: Union[float, datetime, None] = None
     triage_ref: str = ""
+    claim_key: bool = False
 
 
 @dataclass(frozen=True)
@@ -163,6 +168,9 @@ class Result(Generic[T]):
     idempotency_key: str = ""
     local: bool = False
     value: Optional[T] = None
+    #: True when the idempotency ledger said an earlier attempt succeeded:
+    #: the function was not called; ``value`` is its result reference.
+    deduplicated: bool = False
 
     @property
     def ok(self) -> bool:
@@ -180,6 +188,8 @@ class Stats:
     attempts: int = 0
     #: Admit RPCs sent (the CLOSED fast path sends none).
     admit_rpcs: int = 0
+    #: Calls the idempotency ledger answered with an earlier success.
+    deduplicated: int = 0
     #: Attempts refused locally from the breaker cache.
     fast_fails: int = 0
     #: Decisions made locally because policyd did not answer in time.

@@ -297,6 +297,17 @@ class Client:
                 return stub.Admit(effect.request, timeout=dt, metadata=self._md)
             except Exception as e:  # policyd away, slow, or the channel closed
                 return e
+        if isinstance(effect, _loop.Claim):
+            try:
+                return stub.ClaimKey(effect.request, timeout=dt, metadata=self._md)
+            except Exception as e:
+                return e
+        if isinstance(effect, _loop.Complete):
+            try:
+                return stub.CompleteKey(effect.request, timeout=dt, metadata=self._md)
+            except Exception as e:
+                self._core.log.warning("policyd_client: policyd did not record the idempotency key's outcome: %s", e)
+                return e
         # Decide: the successes queued before this failure reach the breaker
         # before it does (a consecutive-failure breaker must not count
         # failures "in a row" that had successes between them); both share
