@@ -82,3 +82,18 @@ type KeyRecordView struct {
 	Expires    time.Time
 	ResultRef  string
 }
+
+// Schedule is the longest a call can take under p without server hints:
+// every attempt's timeout and the nominal delays between them, capped by
+// the call deadline when p has one. An idempotency record must outlive it
+// (Validate refuses an IdempotencyTTL below it).
+func (p *Policy) Schedule() time.Duration {
+	s := time.Duration(max(p.MaxAttempts, 1)) * max(p.AttemptTimeout, 0)
+	for n := range max(p.MaxAttempts-1, 0) {
+		s += Nominal(p.Backoff, n)
+	}
+	if p.CallDeadline > 0 {
+		s = min(s, p.CallDeadline)
+	}
+	return s
+}

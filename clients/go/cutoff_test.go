@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/policyd/policyd/breakerstore"
@@ -184,4 +185,39 @@ func TestRunCutoffHolds(t *testing.T) {
 		}
 	}
 	t.Logf("%d documents: %d succeeded, %d DEADLINE_CUT (%d never attempted); ledger %v", docs, ok, cut, cutUnattempted, l)
+}
+
+// TestOriginAnchorsTheDeadline: a call's Origin (the event's time) anchors
+// the policy's call deadline, so an event almost a deadline old stops at
+// its first failure (DEAD_LETTER, DEADLINE) where a fresh one retries.
+func TestOriginAnchorsTheDeadline(t *testing.T) {
+	clock := &fakeClock{now: time.Date(2026, 11, 28, 22, 0, 0, 0, time.UTC)}
+	d := startDaemonAt(t, clock)
+	ctx := context.Background()
+	if _, err := d.admin.SetPolicy(ctx, &pb.SetPolicyRequest{Tenant: "acme", Target: "grants",
+		Policy: &pb.Policy{CallDeadline: durationpb.New(time.Hour)}}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := policyclient.New(d.conn, policyclient.Config{Tenant: "acme", Now: clock.Now, NoWatch: true,
+		Sleep:  func(ctx context.Context, _ time.Duration) error { return ctx.Err() },
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), DecisionTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	fn, _ := script(policyclient.HTTPError(503, nil))
+	for _, tt := range []struct {
+		name   string
+		origin time.Time
+		want   policyclient.Disposition
+		stop   policyclient.StopReason
+	}{
+		{"fresh", time.Time{}, policyclient.Succeeded, policyclient.StopNone},
+		{"59 min 55 s old", clock.Now().Add(-59*time.Minute - 55*time.Second), policyclient.DeadLetter, policyclient.StopDeadline},
+	} {
+		res, err := c.Do(ctx, policyclient.Call{Target: "grants", Idempotent: true, CallID: tt.name, Origin: tt.origin}, fn)
+		if err != nil || res.Disposition != tt.want || res.StopReason != tt.stop {
+			t.Errorf("%s: %v %v (%v), want %v %v", tt.name, res.Disposition, res.StopReason, err, tt.want, tt.stop)
+		}
+	}
 }

@@ -417,3 +417,21 @@ def test_the_idempotency_ledger_answers_a_second_worker(policyd: Daemon, tenant:
         c.close()
     ledger = policyd.run(run_id).ledger
     assert (ledger.succeeded, ledger.dead_letter_not_idempotent) == (2, 1), ledger
+
+
+def test_origin_anchors_the_deadline(policyd: Daemon, tenant: str, clock: FakeClock) -> None:
+    # An event almost a call deadline old stops at its first failure
+    # (DEAD_LETTER, DEADLINE) where a fresh one retries.
+    p = types_pb2.Policy()
+    p.call_deadline.FromSeconds(3600)
+    policyd.admin_call("SetPolicy", apb.SetPolicyRequest(tenant=tenant, target="grants", policy=p))
+    c = pc.Client(policyd.address, tenant=tenant, sleep=clock.sleep, now=clock.now, watch=False, decision_timeout=5)
+    try:
+        fn, _ = script(S503)
+        fresh = c.call(pc.Call(target="grants", idempotent=True, call_id="fresh"), fn)
+        fn, _ = script(S503)
+        old = c.call(pc.Call(target="grants", idempotent=True, call_id="old", origin=clock.now() - 3595), fn)
+        assert fresh.ok
+        assert (old.disposition, old.stop_reason) == (pc.Disposition.DEAD_LETTER, pc.StopReason.DEADLINE)
+    finally:
+        c.close()
