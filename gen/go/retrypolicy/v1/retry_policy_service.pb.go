@@ -769,7 +769,7 @@ type AdmitResponse struct {
 	// one. A client keeps it per run and checks it with its own clock before
 	// every attempt, so the cut-off holds while it skips Admit (a CLOSED
 	// breaker): one Admit per run and client tells it.
-	RunCutoffTime *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=run_cutoff_time,json=runCutoffTime,proto3" json:"run_cutoff_time,omitempty"`
+	RunCutoffTime *timestamppb.Timestamp `protobuf:"bytes,20,opt,name=run_cutoff_time,json=runCutoffTime,proto3" json:"run_cutoff_time,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1554,7 +1554,7 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\vretry_after\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"retryAfter\x12\x16\n" +
 	"\x06reason\x18\x05 \x01(\tR\x06reason\x12B\n" +
-	"\x0frun_cutoff_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\rrunCutoffTime\".\n" +
+	"\x0frun_cutoff_time\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\rrunCutoffTime\".\n" +
 	"\x14WatchBreakersRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\"\x93\x01\n" +
 	"\x15WatchBreakersResponse\x121\n" +

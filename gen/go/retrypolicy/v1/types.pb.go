@@ -1499,12 +1499,12 @@ type Policy struct {
 	// idempotency_ttl is how long an idempotency record (ClaimKey) is kept:
 	// the retry window plus a margin; never shorter than the call's
 	// remaining schedule. Default 24 h.
-	IdempotencyTtl *durationpb.Duration `protobuf:"bytes,10,opt,name=idempotency_ttl,json=idempotencyTtl,proto3" json:"idempotency_ttl,omitempty"`
+	IdempotencyTtl *durationpb.Duration `protobuf:"bytes,20,opt,name=idempotency_ttl,json=idempotencyTtl,proto3" json:"idempotency_ttl,omitempty"`
 	// upstream_dedupes_by_key says the upstream deduplicates by the
 	// idempotency key, so a call whose previous attempt's outcome was lost
 	// (KEY_STATE_UNKNOWN) may be retried; without it such a call is
 	// dead-lettered.
-	UpstreamDedupesByKey bool `protobuf:"varint,11,opt,name=upstream_dedupes_by_key,json=upstreamDedupesByKey,proto3" json:"upstream_dedupes_by_key,omitempty"`
+	UpstreamDedupesByKey bool `protobuf:"varint,21,opt,name=upstream_dedupes_by_key,json=upstreamDedupesByKey,proto3" json:"upstream_dedupes_by_key,omitempty"`
 	unknownFields        protoimpl.UnknownFields
 	sizeCache            protoimpl.SizeCache
 }
@@ -2852,9 +2852,8 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\x16terminal_http_statuses\x18\a \x03(\rR\x14terminalHttpStatuses\x120\n" +
 	"\x14transient_grpc_codes\x18\b \x03(\rR\x12transientGrpcCodes\x129\n" +
 	"\abreaker\x18\t \x01(\v2\x1f.retrypolicy.v1.BreakerSettingsR\abreaker\x12B\n" +
-	"\x0fidempotency_ttl\x18\n" +
-	" \x01(\v2\x19.google.protobuf.DurationR\x0eidempotencyTtl\x125\n" +
-	"\x17upstream_dedupes_by_key\x18\v \x01(\bR\x14upstreamDedupesByKeyB\x0f\n" +
+	"\x0fidempotency_ttl\x18\x14 \x01(\v2\x19.google.protobuf.DurationR\x0eidempotencyTtl\x125\n" +
+	"\x17upstream_dedupes_by_key\x18\x15 \x01(\bR\x14upstreamDedupesByKeyB\x0f\n" +
 	"\r_max_attempts\"\x9e\x02\n" +
 	"\n" +
 	"BudgetPlan\x12!\n" +
