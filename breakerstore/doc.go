@@ -53,7 +53,8 @@
 //	idemkeys     tenant 0x00 key            an idempotency record (fleet.KeyRecord), binary, version byte 1: state,
 //	                                        lease id, lease end, expiry, then the result reference; committed
 //	                                        (fsync'd) before ClaimKey and CompleteKey answer; the layout is in
-//	                                        idem.go. New in schema version 2 (created empty on open)
+//	                                        idem.go; expired ones deleted by the sweep. New in schema version 2
+//	                                        (created empty on open)
 //	meta         "auditseq"                 uint64 big-endian: the highest audit sequence number handed out
 //	auditseg     time seq                   a segment of up to 512 audit records: a header (count, last record's
 //	                                        time and seq, a Bloom filter over call ids and tenants) and the

@@ -221,3 +221,24 @@ func (s *Store) loadKeys(tx *bbolt.Tx) error {
 }
 
 func cloneString(s string) string { return string(append([]byte(nil), s...)) }
+
+// sweepKeys removes the expired idempotency records from memory and
+// returns them for deletion from disk. It runs inside the flush
+// transaction, so it only tries the table's lock: ClaimKey holds it while
+// it waits for a write transaction, and a busy table is swept next time.
+func (s *Store) sweepKeys(now int64) []delKey {
+	t := &s.keys
+	if !t.mu.TryLock() {
+		return nil
+	}
+	defer t.mu.Unlock()
+	var dels []delKey
+	for ref, r := range t.recs {
+		if now >= r.Expires {
+			delete(t.recs, ref)
+			t.perTenant[ref.Tenant]--
+			dels = append(dels, delKey{bucket: bucketIdemKeys, key: policy.BreakerKey{Tenant: ref.Tenant, Target: ref.Key}})
+		}
+	}
+	return dels
+}

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/policyd/policyd/breakerstore"
 	"github.com/policyd/policyd/fleet"
 	"github.com/policyd/policyd/policy"
 )
@@ -36,5 +37,12 @@ func TestKeysAreDurable(t *testing.T) {
 	e.clock.Advance(2 * time.Hour)
 	if _, err := s.Key(k1); err == nil {
 		t.Errorf("Key of an expired record: nil error, want not found")
+	}
+	// The flusher's sweep deletes expired records from disk too.
+	if err := s.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := breakerstore.KeyRecordsOnDisk(s); err != nil || n != 0 {
+		t.Errorf("%d idempotency records on disk after the sweep (%v), want none", n, err)
 	}
 }
