@@ -33,11 +33,12 @@
 //	policies     tenant 0x00 target         PolicyEntry, JSON (admin object); an empty tenant or target is a wider scope
 //	runs         run id                     run header, JSON: tenant, description, pool, cut-off, created, the run
 //	                                        it re-drives (admin object)
-//	runstate     run id                     spent retries and ledger, binary: 10 x uint64 big-endian, the last
-//	                                        counter dead_letter_deadline (a record of 9, written before it, is
-//	                                        read; the ledger is recomputed from runcalls at open; both are
-//	                                        written in one commit)
-//	runcalls     run id 0x00 call id        final disposition of one call, 2 bytes: policy.Disposition, policy.StopReason
+//	runstate     run id                     spent retries and ledger, binary: 11 x uint64 big-endian, the last
+//	                                        counters dead_letter_deadline and deduplicated (a record of 9,
+//	                                        written before them, is read; the ledger is recomputed from runcalls
+//	                                        at open; both are written in one commit)
+//	runcalls     run id 0x00 call id        final disposition of one call, 2 bytes: policy.Disposition, policy.StopReason,
+//	                                        and a third, 1, for a success the idempotency ledger answered
 //	calltable    run id 0x00 call id        the run's call table for triage (fleet.CallRecord), binary, version
 //	                                        byte 1: disposition, stop reason, attempts, first and last attempt
 //	                                        times, then target, classification, detail, triage reference; at

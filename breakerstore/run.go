@@ -183,19 +183,18 @@ func (s *Store) Runs(tenant, after string, limit int) ([]policy.Run, error) {
 // ErrInvalid for DispositionNone or an unknown disposition. The ledger is a
 // counter, flushed per the sync mode. It is safe for concurrent use.
 func (s *Store) RecordFinal(runID, callID string, d policy.Disposition, stop policy.StopReason) error {
-	return s.recordFinal(runID, callID, d, stop, nil)
+	return s.recordFinal(runID, callID, fleet.Final{Disposition: d, Stop: stop}, nil)
 }
 
 // recordFinal is RecordFinal; with SyncAlways the change joins p, when set,
 // instead of being committed on its own.
-func (s *Store) recordFinal(runID, callID string, d policy.Disposition, stop policy.StopReason, p *pending) error {
+func (s *Store) recordFinal(runID, callID string, f fleet.Final, p *pending) error {
 	if s.closed.Load() {
 		return ErrClosed
 	}
 	if err := checkName("call_id", callID, false); err != nil {
 		return err
 	}
-	f := fleet.Final{Disposition: d, Stop: stop}
 	var probe policy.Ledger
 	if fleet.LedgerSlot(&probe, f) == nil {
 		return invalid("disposition", "must be a final disposition")
@@ -235,7 +234,7 @@ func (r *run) redirty() bool {
 	return true
 }
 
-// encodeState returns the runstate record: spent, then the 9 ledger
+// encodeState returns the runstate record: spent, then the 10 ledger
 // counters, each uint64 big-endian. r.mu must be held (or r unshared).
 func (r *run) encodeState() []byte {
 	v := make([]byte, 0, runStateSize)
@@ -247,16 +246,17 @@ func (r *run) encodeState() []byte {
 }
 
 // runStateSize is the size of a runstate record; runStateSizeV2a that of
-// one written before the dead_letter_deadline counter (8 counters), still
-// read: only spent is read back, the ledger is recomputed from runcalls.
+// one written before the dead_letter_deadline and deduplicated counters
+// (8 counters), still read: only spent is read back, the ledger is
+// recomputed from runcalls.
 const (
-	runStateSize    = 80
+	runStateSize    = 88
 	runStateSizeV2a = 72
 )
 
-func ledgerCounters(l *policy.Ledger) [9]uint64 {
-	return [9]uint64{l.Succeeded, l.FailedTerminal, l.DeadLetterExhausted, l.DeadLetterBudget,
-		l.DeadLetterNotIdempotent, l.DeadLetterPushback, l.CircuitOpen, l.DeadlineCut, l.DeadLetterDeadline}
+func ledgerCounters(l *policy.Ledger) [10]uint64 {
+	return [10]uint64{l.Succeeded, l.FailedTerminal, l.DeadLetterExhausted, l.DeadLetterBudget,
+		l.DeadLetterNotIdempotent, l.DeadLetterPushback, l.CircuitOpen, l.DeadlineCut, l.DeadLetterDeadline, l.Deduplicated}
 }
 
 // write implements entity: the runstate record and the changed calls. With
@@ -277,7 +277,11 @@ func (r *run) write(tx *bbolt.Tx, clear bool) (int, error) {
 	written := 0
 	for _, id := range r.dirtyCalls {
 		f := r.v.Calls[id]
-		if err := calls.Put(joinKey(r.hdr.ID, id), []byte{byte(f.Disposition), byte(f.Stop)}); err != nil {
+		v := []byte{byte(f.Disposition), byte(f.Stop), 1}
+		if !f.Deduplicated {
+			v = v[:2]
+		}
+		if err := calls.Put(joinKey(r.hdr.ID, id), v); err != nil {
 			return 0, err
 		}
 		written++
@@ -327,14 +331,14 @@ func (s *Store) loadRuns(tx *bbolt.Tx) error {
 	}
 	return tx.Bucket(bucketRunCalls).ForEach(func(k, v []byte) error {
 		id, call, ok := splitKey(k)
-		if !ok || len(v) != 2 {
-			return corrupt(bucketRunCalls, k, errors.New("want key run 0x00 call and a 2-byte value"))
+		if !ok || (len(v) != 2 && (len(v) != 3 || v[2] != 1)) {
+			return corrupt(bucketRunCalls, k, errors.New("want key run 0x00 call and a 2-byte value (3 with the deduplicated mark 1)"))
 		}
 		r, ok := s.runs.get(id)
 		if !ok {
 			return corrupt(bucketRunCalls, k, fmt.Errorf("call of unknown run %q", id))
 		}
-		if !r.v.Restore(call, fleet.Final{Disposition: policy.Disposition(v[0]), Stop: policy.StopReason(v[1])}) {
+		if !r.v.Restore(call, fleet.Final{Disposition: policy.Disposition(v[0]), Stop: policy.StopReason(v[1]), Deduplicated: len(v) == 3}) {
 			return corrupt(bucketRunCalls, k, fmt.Errorf("disposition %d", v[0]))
 		}
 		return nil

@@ -20,6 +20,8 @@ type OutcomeUpdate struct {
 	CallID string
 	Final  Disposition
 	Stop   StopReason
+	// Deduplicated marks a SUCCEEDED the idempotency ledger answered.
+	Deduplicated bool
 	// Note, when not zero, is told to the run's call table (RunID set).
 	Note CallNote
 	// Refused is set by the store when the state's rules refused the

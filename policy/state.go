@@ -152,6 +152,7 @@ type Ledger struct {
 	DeadLetterDeadline      uint64 // stopped by the call's own deadline
 	CircuitOpen             uint64
 	DeadlineCut             uint64 // ended by the run's cut-off
+	Deduplicated            uint64 // of Succeeded, answered by the idempotency ledger
 }
 
 // Run is a batch run: a retry pool its calls share and a wall-clock cut-off.

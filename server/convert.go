@@ -546,6 +546,7 @@ func runToPB(r policy.Run) *pb.Run {
 			DeadLetterExhausted: l.DeadLetterExhausted, DeadLetterBudget: l.DeadLetterBudget,
 			DeadLetterNotIdempotent: l.DeadLetterNotIdempotent, DeadLetterPushback: l.DeadLetterPushback,
 			CircuitOpen: l.CircuitOpen, DeadlineCut: l.DeadlineCut, DeadLetterDeadline: l.DeadLetterDeadline,
+			Deduplicated: l.Deduplicated,
 		},
 		RedriveOf: r.RedriveOf,
 	}
@@ -751,6 +752,12 @@ func outcomeFromPB(field string, o *pb.Outcome, it *outcomeItem) error {
 	}
 	if it.success && fd != pb.Disposition_DISPOSITION_UNSPECIFIED && fd != pb.Disposition_DISPOSITION_SUCCEEDED {
 		return invalid(field+".final_disposition", "must be SUCCEEDED or unset when success is true")
+	}
+	if o.GetDeduplicated() {
+		if !it.success || fd != pb.Disposition_DISPOSITION_SUCCEEDED || call.key == "" {
+			return invalid(field+".deduplicated", "only with success, final_disposition SUCCEEDED and the call's idempotency key")
+		}
+		it.final.Deduplicated = true
 	}
 	return nil
 }

@@ -396,6 +396,12 @@ func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc 
 			}
 			class = c.Reason
 		}
+		if it.final.Deduplicated {
+			// A deduplicated success needs the key's record to say so.
+			if v, err := d.store.Key(policy.KeyRef{Tenant: it.call.tenant, Key: it.call.key}); err != nil || v.State != policy.KeySucceeded {
+				return 0, ups, invalid("outcomes["+strconv.Itoa(i)+"].deduplicated", "needs the call's idempotency key to have SUCCEEDED")
+			}
+		}
 		if fd := it.final.Disposition; fd != policy.DispositionNone && (fd != policy.DispositionSucceeded || !it.success) {
 			if err := d.agrees(ctx, i, it, it.success, it.alreadyRecorded, &p, u.Key); err != nil {
 				return 0, ups, err
@@ -412,7 +418,7 @@ func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc 
 		}
 		if it.final.Disposition != policy.DispositionNone && it.call.runID != "" {
 			u.RunID, u.CallID = it.call.runID, it.call.callID
-			u.Final, u.Stop = it.final.Disposition, it.final.Stop
+			u.Final, u.Stop, u.Deduplicated = it.final.Disposition, it.final.Stop, it.final.Deduplicated
 			if runs == nil {
 				runs = map[string]string{}
 			}

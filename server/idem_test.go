@@ -73,6 +73,18 @@ func TestIdempotencyKeys(t *testing.T) {
 	}
 	_, err = h.workers.ClaimKey(a, &pb.ClaimKeyRequest{Call: ref("k3"), Attempt: 1})
 	wantCode(t, err, codes.ResourceExhausted)
+	// A deduplicated success needs the key to have SUCCEEDED (k2 is in
+	// flight), and the key itself.
+	for _, tt := range []struct{ key, msg string }{
+		{"k2", "outcomes[0].deduplicated: needs the call's idempotency key to have SUCCEEDED"},
+		{"", "outcomes[0].deduplicated: only with success"},
+	} {
+		_, err = h.workers.ReportOutcome(a, &pb.ReportOutcomeRequest{Outcomes: []*pb.Outcome{{Call: ref(tt.key), Attempt: 1,
+			Success: true, FinalDisposition: pb.Disposition_DISPOSITION_SUCCEEDED, Deduplicated: true}}})
+		if msg := wantCode(t, err, codes.InvalidArgument); !strings.HasPrefix(msg, tt.msg) {
+			t.Errorf("deduplicated with key %q: %q, want %q", tt.key, msg, tt.msg)
+		}
+	}
 	_, err = h.workers.ClaimKey(a, &pb.ClaimKeyRequest{Call: call("acme", "grants", "c"), Attempt: 1})
 	if msg := wantCode(t, err, codes.InvalidArgument); !strings.HasPrefix(msg, "call.idempotency_key") {
 		t.Errorf("no key: %q", msg)

@@ -46,7 +46,7 @@ func (l *loop) claim(attempt int) (lease string, ok bool) {
 			l.c.stats.deduplicated.Add(1)
 			l.res.Disposition, l.res.Deduplicated, l.res.ResultRef, l.res.Err = Succeeded, true, resp.GetResultRef(), nil
 			l.res.Reason = resp.GetReason()
-			l.report(outcome{attempt: attempt, success: true, final: pb.Disposition_DISPOSITION_SUCCEEDED})
+			l.report(outcome{attempt: attempt, success: true, final: pb.Disposition_DISPOSITION_SUCCEEDED, deduplicated: true})
 			return "", false
 		case pb.KeyState_KEY_STATE_IN_FLIGHT:
 			// Another worker's attempt holds the key: wait for its end.

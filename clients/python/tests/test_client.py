@@ -416,7 +416,7 @@ def test_the_idempotency_ledger_answers_a_second_worker(policyd: Daemon, tenant:
     finally:
         c.close()
     ledger = policyd.run(run_id).ledger
-    assert (ledger.succeeded, ledger.dead_letter_not_idempotent) == (2, 1), ledger
+    assert (ledger.succeeded, ledger.deduplicated, ledger.dead_letter_not_idempotent) == (2, 1, 1), ledger
 
 
 def test_origin_anchors_the_deadline(policyd: Daemon, tenant: str, clock: FakeClock) -> None:

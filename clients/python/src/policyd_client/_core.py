@@ -590,12 +590,14 @@ class PendingOutcome(NamedTuple):
     latency: float = 0.0
     final: int = types_pb2.DISPOSITION_UNSPECIFIED
     stop: int = types_pb2.STOP_REASON_UNSPECIFIED
+    deduplicated: bool = False
 
     def pb(self) -> rpb.Outcome:
         """Returns the Outcome message."""
         o = rpb.Outcome(
             call=self.call.outcome_ref(), attempt=self.attempt, success=self.success, permit_id=self.permit,
             final_disposition=self.final, final_stop_reason=self.stop, already_recorded=self.already_recorded,  # type: ignore[arg-type]
+            deduplicated=self.deduplicated,
         )
         if self.failure is not None:
             o.failure.CopyFrom(self.failure)

@@ -296,7 +296,7 @@ def _claim(core: Core, st: CallState[Any], attempt: int) -> Generator[Effect, An
         if resp.state == types_pb2.KEY_STATE_SUCCEEDED:
             core.count("deduplicated")
             st.deduplicated, st.reason = True, resp.reason
-            yield Report(st.succeed(attempt, "", 0.0, resp.result_ref))
+            yield Report(st.succeed(attempt, "", 0.0, resp.result_ref)._replace(deduplicated=True))
             return None
         if resp.state == types_pb2.KEY_STATE_IN_FLIGHT:
             if not (yield from _cooldown(core, st, from_duration(resp.retry_after))):

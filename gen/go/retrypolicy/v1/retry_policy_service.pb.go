@@ -420,8 +420,12 @@ type Outcome struct {
 	// already_recorded is true when this failure was already told to NextDelay
 	// and must not be counted again by the breaker.
 	AlreadyRecorded bool `protobuf:"varint,9,opt,name=already_recorded,json=alreadyRecorded,proto3" json:"already_recorded,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// deduplicated says the idempotency ledger answered the call with an
+	// earlier attempt's success (ClaimKey SUCCEEDED): only with success and
+	// final_disposition SUCCEEDED; the run's ledger counts it.
+	Deduplicated  bool `protobuf:"varint,20,opt,name=deduplicated,proto3" json:"deduplicated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Outcome) Reset() {
@@ -513,6 +517,13 @@ func (x *Outcome) GetFinalStopReason() StopReason {
 func (x *Outcome) GetAlreadyRecorded() bool {
 	if x != nil {
 		return x.AlreadyRecorded
+	}
+	return false
+}
+
+func (x *Outcome) GetDeduplicated() bool {
+	if x != nil {
+		return x.Deduplicated
 	}
 	return false
 }
@@ -1523,7 +1534,7 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	" \x01(\x01R\x15tenantBudgetRemaining\x120\n" +
 	"\x14run_budget_remaining\x18\v \x01(\x04R\x12runBudgetRemaining\x12\x16\n" +
 	"\x06checks\x18\f \x03(\tR\x06checks\x12\x16\n" +
-	"\x06detail\x18\r \x01(\tR\x06detail\"\xac\x03\n" +
+	"\x06detail\x18\r \x01(\tR\x06detail\"\xd0\x03\n" +
 	"\aOutcome\x12+\n" +
 	"\x04call\x18\x01 \x01(\v2\x17.retrypolicy.v1.CallRefR\x04call\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\rR\aattempt\x12\x18\n" +
@@ -1533,7 +1544,8 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\tpermit_id\x18\x06 \x01(\tR\bpermitId\x12H\n" +
 	"\x11final_disposition\x18\a \x01(\x0e2\x1b.retrypolicy.v1.DispositionR\x10finalDisposition\x12F\n" +
 	"\x11final_stop_reason\x18\b \x01(\x0e2\x1a.retrypolicy.v1.StopReasonR\x0ffinalStopReason\x12)\n" +
-	"\x10already_recorded\x18\t \x01(\bR\x0falreadyRecorded\"K\n" +
+	"\x10already_recorded\x18\t \x01(\bR\x0falreadyRecorded\x12\"\n" +
+	"\fdeduplicated\x18\x14 \x01(\bR\fdeduplicated\"K\n" +
 	"\x14ReportOutcomeRequest\x123\n" +
 	"\boutcomes\x18\x01 \x03(\v2\x17.retrypolicy.v1.OutcomeR\boutcomes\"m\n" +
 	"\x15ReportOutcomeResponse\x12\x1a\n" +

@@ -2186,8 +2186,12 @@ type RunLedger struct {
 	// dead_letter_deadline counts calls stopped because their own deadline
 	// would pass (DEAD_LETTER, stop reason DEADLINE).
 	DeadLetterDeadline uint64 `protobuf:"varint,9,opt,name=dead_letter_deadline,json=deadLetterDeadline,proto3" json:"dead_letter_deadline,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// deduplicated counts, among the succeeded, the calls the idempotency
+	// ledger answered with an earlier attempt's success (the upstream not
+	// called).
+	Deduplicated  uint64 `protobuf:"varint,10,opt,name=deduplicated,proto3" json:"deduplicated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RunLedger) Reset() {
@@ -2279,6 +2283,13 @@ func (x *RunLedger) GetDeadlineCut() uint64 {
 func (x *RunLedger) GetDeadLetterDeadline() uint64 {
 	if x != nil {
 		return x.DeadLetterDeadline
+	}
+	return 0
+}
+
+func (x *RunLedger) GetDeduplicated() uint64 {
+	if x != nil {
+		return x.Deduplicated
 	}
 	return 0
 }
@@ -2902,7 +2913,7 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\x06target\x18\x02 \x01(\tR\x06target\x12.\n" +
 	"\x06policy\x18\x03 \x01(\v2\x16.retrypolicy.v1.PolicyR\x06policy\x12;\n" +
 	"\vupdate_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"updateTime\"\x9b\x03\n" +
+	"updateTime\"\xbf\x03\n" +
 	"\tRunLedger\x12\x1c\n" +
 	"\tsucceeded\x18\x01 \x01(\x04R\tsucceeded\x12'\n" +
 	"\x0ffailed_terminal\x18\x02 \x01(\x04R\x0efailedTerminal\x122\n" +
@@ -2912,7 +2923,9 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\x14dead_letter_pushback\x18\x06 \x01(\x04R\x12deadLetterPushback\x12!\n" +
 	"\fcircuit_open\x18\a \x01(\x04R\vcircuitOpen\x12!\n" +
 	"\fdeadline_cut\x18\b \x01(\x04R\vdeadlineCut\x120\n" +
-	"\x14dead_letter_deadline\x18\t \x01(\x04R\x12deadLetterDeadline\"\xe6\x02\n" +
+	"\x14dead_letter_deadline\x18\t \x01(\x04R\x12deadLetterDeadline\x12\"\n" +
+	"\fdeduplicated\x18\n" +
+	" \x01(\x04R\fdeduplicated\"\xe6\x02\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x1d\n" +

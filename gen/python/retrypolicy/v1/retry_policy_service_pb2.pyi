@@ -76,7 +76,7 @@ class NextDelayResponse(_message.Message):
     def __init__(self, decision: _Optional[_Union[_types_pb2.Decision, str]] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., stop_reason: _Optional[_Union[_types_pb2.StopReason, str]] = ..., disposition: _Optional[_Union[_types_pb2.Disposition, str]] = ..., category: _Optional[_Union[_types_pb2.Category, str]] = ..., classification: _Optional[str] = ..., pushback_note: _Optional[str] = ..., attempt_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., breaker_state: _Optional[_Union[_types_pb2.BreakerState, str]] = ..., tenant_budget_remaining: _Optional[float] = ..., run_budget_remaining: _Optional[int] = ..., checks: _Optional[_Iterable[str]] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class Outcome(_message.Message):
-    __slots__ = ("call", "attempt", "success", "failure", "latency", "permit_id", "final_disposition", "final_stop_reason", "already_recorded")
+    __slots__ = ("call", "attempt", "success", "failure", "latency", "permit_id", "final_disposition", "final_stop_reason", "already_recorded", "deduplicated")
     CALL_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     SUCCESS_FIELD_NUMBER: _ClassVar[int]
@@ -86,6 +86,7 @@ class Outcome(_message.Message):
     FINAL_DISPOSITION_FIELD_NUMBER: _ClassVar[int]
     FINAL_STOP_REASON_FIELD_NUMBER: _ClassVar[int]
     ALREADY_RECORDED_FIELD_NUMBER: _ClassVar[int]
+    DEDUPLICATED_FIELD_NUMBER: _ClassVar[int]
     call: _types_pb2.CallRef
     attempt: int
     success: bool
@@ -95,7 +96,8 @@ class Outcome(_message.Message):
     final_disposition: _types_pb2.Disposition
     final_stop_reason: _types_pb2.StopReason
     already_recorded: bool
-    def __init__(self, call: _Optional[_Union[_types_pb2.CallRef, _Mapping]] = ..., attempt: _Optional[int] = ..., success: _Optional[bool] = ..., failure: _Optional[_Union[_types_pb2.Failure, _Mapping]] = ..., latency: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., permit_id: _Optional[str] = ..., final_disposition: _Optional[_Union[_types_pb2.Disposition, str]] = ..., final_stop_reason: _Optional[_Union[_types_pb2.StopReason, str]] = ..., already_recorded: _Optional[bool] = ...) -> None: ...
+    deduplicated: bool
+    def __init__(self, call: _Optional[_Union[_types_pb2.CallRef, _Mapping]] = ..., attempt: _Optional[int] = ..., success: _Optional[bool] = ..., failure: _Optional[_Union[_types_pb2.Failure, _Mapping]] = ..., latency: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., permit_id: _Optional[str] = ..., final_disposition: _Optional[_Union[_types_pb2.Disposition, str]] = ..., final_stop_reason: _Optional[_Union[_types_pb2.StopReason, str]] = ..., already_recorded: _Optional[bool] = ..., deduplicated: _Optional[bool] = ...) -> None: ...
 
 class ReportOutcomeRequest(_message.Message):
     __slots__ = ("outcomes",)

@@ -392,7 +392,7 @@ class PolicyEntry(_message.Message):
     def __init__(self, tenant: _Optional[str] = ..., target: _Optional[str] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class RunLedger(_message.Message):
-    __slots__ = ("succeeded", "failed_terminal", "dead_letter_exhausted", "dead_letter_budget", "dead_letter_not_idempotent", "dead_letter_pushback", "circuit_open", "deadline_cut", "dead_letter_deadline")
+    __slots__ = ("succeeded", "failed_terminal", "dead_letter_exhausted", "dead_letter_budget", "dead_letter_not_idempotent", "dead_letter_pushback", "circuit_open", "deadline_cut", "dead_letter_deadline", "deduplicated")
     SUCCEEDED_FIELD_NUMBER: _ClassVar[int]
     FAILED_TERMINAL_FIELD_NUMBER: _ClassVar[int]
     DEAD_LETTER_EXHAUSTED_FIELD_NUMBER: _ClassVar[int]
@@ -402,6 +402,7 @@ class RunLedger(_message.Message):
     CIRCUIT_OPEN_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_CUT_FIELD_NUMBER: _ClassVar[int]
     DEAD_LETTER_DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    DEDUPLICATED_FIELD_NUMBER: _ClassVar[int]
     succeeded: int
     failed_terminal: int
     dead_letter_exhausted: int
@@ -411,7 +412,8 @@ class RunLedger(_message.Message):
     circuit_open: int
     deadline_cut: int
     dead_letter_deadline: int
-    def __init__(self, succeeded: _Optional[int] = ..., failed_terminal: _Optional[int] = ..., dead_letter_exhausted: _Optional[int] = ..., dead_letter_budget: _Optional[int] = ..., dead_letter_not_idempotent: _Optional[int] = ..., dead_letter_pushback: _Optional[int] = ..., circuit_open: _Optional[int] = ..., deadline_cut: _Optional[int] = ..., dead_letter_deadline: _Optional[int] = ...) -> None: ...
+    deduplicated: int
+    def __init__(self, succeeded: _Optional[int] = ..., failed_terminal: _Optional[int] = ..., dead_letter_exhausted: _Optional[int] = ..., dead_letter_budget: _Optional[int] = ..., dead_letter_not_idempotent: _Optional[int] = ..., dead_letter_pushback: _Optional[int] = ..., circuit_open: _Optional[int] = ..., deadline_cut: _Optional[int] = ..., dead_letter_deadline: _Optional[int] = ..., deduplicated: _Optional[int] = ...) -> None: ...
 
 class Run(_message.Message):
     __slots__ = ("run_id", "tenant", "retry_pool", "retries_spent", "cutoff_time", "create_time", "ledger", "description", "redrive_of")
