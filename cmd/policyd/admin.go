@@ -667,7 +667,7 @@ func printRun(w io.Writer, r *pb.Run) {
 	fmt.Fprintf(tw, "tenant\t%s\n", shown(r.GetTenant()))
 	fmt.Fprintf(tw, "cut-off\t%s\n", tsText(r.GetCutoffTime()))
 	fmt.Fprintf(tw, "retries spent\t%d of %d\n", r.GetRetriesSpent(), r.GetRetryPool())
-	fmt.Fprintf(tw, "succeeded\t%d\n", l.GetSucceeded())
+	fmt.Fprintf(tw, "succeeded\t%d (%d deduplicated by the idempotency ledger)\n", l.GetSucceeded(), l.GetDeduplicated())
 	fmt.Fprintf(tw, "failed terminal\t%d\n", l.GetFailedTerminal())
 	fmt.Fprintf(tw, "dead letter: attempts exhausted\t%d\n", l.GetDeadLetterExhausted())
 	fmt.Fprintf(tw, "dead letter: budget\t%d\n", l.GetDeadLetterBudget())
