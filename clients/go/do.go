@@ -342,7 +342,14 @@ func (l *loop) run(fn func(context.Context, Attempt) error) Result {
 		}
 		l.first = nil
 		actx.start(l.ctx, l.c.wall(start), l.timeout)
-		err := fn(actx, Attempt{Number: attempt, CallID: l.call.id, IdempotencyKey: l.call.key, result: &l.resultRef})
+		var ref *string // only a call holding a lease keeps a result reference
+		if lease != "" {
+			ref = new(string)
+		}
+		err := fn(actx, Attempt{Number: attempt, CallID: l.call.id, IdempotencyKey: l.call.key, result: ref})
+		if ref != nil {
+			l.resultRef = *ref
+		}
 		stop := l.c.cfg.Now()
 		timedOut := actx.end(l.c.wall(stop))
 		latency := stop.Sub(start)
