@@ -49,7 +49,13 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 				continue
 			}
 			if u.RunID != "" && u.Final != policy.DispositionNone {
-				if err := s.recordFinal(u.RunID, u.CallID, u.Final, u.Stop, p); err != nil {
+				if err := s.recordFinal(u.RunID, u.CallID, fleet.Final{Disposition: u.Final, Stop: u.Stop,
+					Deduplicated: u.Deduplicated}, p); err != nil {
+					return i, err
+				}
+			}
+			if u.RunID != "" && u.Note != (policy.CallNote{}) {
+				if err := s.noteCall(u.RunID, u.CallID, u.Note, p); err != nil && !errors.Is(err, ErrNotFound) {
 					return i, err
 				}
 			}

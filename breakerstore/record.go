@@ -207,6 +207,7 @@ func (s *Store) sweep(now int64) []delKey {
 	if s.attempts.expire(now) && s.attempts.markDirty() {
 		s.queue(&s.attempts)
 	}
+	dels = append(dels, s.sweepKeys(now)...)
 	keep := int64(s.opts.RunRetention)
 	for _, r := range s.runs.values() {
 		r.mu.Lock()
@@ -240,6 +241,15 @@ func (s *Store) deleteRecords(tx *bbolt.Tx, dels []delKey) error {
 				continue
 			}
 			k = []byte(d.key.Tenant)
+		case string(bucketIdemKeys):
+			// Only a record still expired on disk goes: one claimed anew
+			// since the sweep has a later expiry.
+			k = joinKey(d.key.Tenant, d.key.Target)
+			if v := tx.Bucket(bucketIdemKeys).Get(k); v != nil {
+				if r, err := decodeKeyRecord(v); err == nil && r.Expires > s.now() {
+					continue
+				}
+			}
 		case string(bucketRuns):
 			// A run goes whole: header, spend and ledger, and every
 			// call's disposition (keys "run id 0x00 call id").
@@ -247,11 +257,13 @@ func (s *Store) deleteRecords(tx *bbolt.Tx, dels []delKey) error {
 			if err := tx.Bucket(bucketRunState).Delete(id); err != nil {
 				return err
 			}
-			calls := tx.Bucket(bucketRunCalls).Cursor()
 			prefix := joinKey(d.key.Tenant, "")
-			for ck, _ := calls.Seek(prefix); ck != nil && bytes.HasPrefix(ck, prefix); ck, _ = calls.Seek(prefix) {
-				if err := calls.Delete(); err != nil {
-					return err
+			for _, b := range [][]byte{bucketRunCalls, bucketCallTable} {
+				calls := tx.Bucket(b).Cursor()
+				for ck, _ := calls.Seek(prefix); ck != nil && bytes.HasPrefix(ck, prefix); ck, _ = calls.Seek(prefix) {
+					if err := calls.Delete(); err != nil {
+						return err
+					}
 				}
 			}
 			k = id

@@ -47,7 +47,7 @@ var (
 
 	allBuckets = [][]byte{bucketMeta, bucketBreakers, bucketBudgets, bucketTokens,
 		bucketPolicies, bucketRuns, bucketRunState, bucketRunCalls,
-		bucketAuditSeg, bucketAttempts}
+		bucketAuditSeg, bucketAttempts, bucketCallTable, bucketIdemKeys}
 )
 
 // Defaults of Options.
@@ -131,6 +131,14 @@ type Options struct {
 	// remembered (see ClaimAttempt); past it the oldest record goes first.
 	// Default DefaultMaxAttemptRecords.
 	MaxAttemptRecords int
+	// MaxRunCalls caps the calls each run's call table keeps for
+	// RunCalls; the calls beyond it are counted, not kept. Default
+	// DefaultMaxRunCalls.
+	MaxRunCalls int
+	// MaxKeysPerTenant caps a tenant's live idempotency records; ClaimKey
+	// of a new key beyond it fails with ErrTooManyKeys. Default
+	// DefaultMaxKeysPerTenant.
+	MaxKeysPerTenant int
 	// RunRetention is how long a run is kept after its cut-off, with its
 	// ledger and per-call dispositions; then the flusher deletes it from
 	// memory and disk. Default 30 days.
@@ -206,6 +214,7 @@ type Store struct {
 	runs shardMap[string, *run]
 
 	attempts   attemptTable
+	keys       keyTable // idempotency records (idem.go)
 	attemptSeq atomic.Uint64
 
 	policies      atomic.Pointer[policyMap]
@@ -305,6 +314,12 @@ func Open(opts Options) (*Store, error) {
 	if opts.MaxAttemptRecords <= 0 {
 		opts.MaxAttemptRecords = DefaultMaxAttemptRecords
 	}
+	if opts.MaxRunCalls <= 0 {
+		opts.MaxRunCalls = DefaultMaxRunCalls
+	}
+	if opts.MaxKeysPerTenant <= 0 {
+		opts.MaxKeysPerTenant = DefaultMaxKeysPerTenant
+	}
 	if opts.RunRetention <= 0 {
 		opts.RunRetention = DefaultRunRetention
 	}
@@ -397,6 +412,7 @@ func newStore(db *bbolt.DB, opts Options, def policy.TenantBudget) *Store {
 	s.buckets.init(maphash.String)
 	s.runs.init(maphash.String)
 	s.attempts.init(s.opts.MaxAttemptRecords)
+	s.keys.init()
 	s.policies.Store(&policyMap{m: map[policy.PolicyScope]*policy.PolicyEntry{}})
 	s.group.lastSweep = s.now()
 	return s
@@ -630,6 +646,8 @@ func (s *Store) loaders(tx *bbolt.Tx) []func() error {
 		func() error { return s.loadPolicies(tx) },
 		func() error { return s.loadBudgets(tx, now) },
 		func() error { return s.loadRuns(tx) },
+		func() error { return s.loadCallTables(tx) },
+		func() error { return s.loadKeys(tx) },
 		func() error { return s.loadAudit(tx) },
 		func() error { return s.loadAttempts(tx, now) },
 		func() error { return s.loadBreakers(tx, now) },

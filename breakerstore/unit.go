@@ -27,6 +27,9 @@ type Changes = interface {
 	RecordAttempt(k policy.CallKey, attempt uint32, ans policy.Answer, keep time.Time) error
 	// AppendAudit adds audit records.
 	AppendAudit(recs ...policy.AuditRecord)
+	// NoteCall tells run runID's call table what the decision says of
+	// call callID (see Runs.NoteCall).
+	NoteCall(runID, callID string, n policy.CallNote) error
 	// Commit makes every change durable, in one transaction where the
 	// store commits before answering; nothing rolls back.
 	Commit() error
@@ -84,6 +87,11 @@ func (u *changeBatch) RecordAttempt(k policy.CallKey, attempt uint32, ans policy
 // AppendAudit is Store.AppendAudit within the batch.
 func (u *changeBatch) AppendAudit(recs ...policy.AuditRecord) {
 	u.s.appendAudit(u.p, recs)
+}
+
+// NoteCall is Store.NoteCall within the batch.
+func (u *changeBatch) NoteCall(runID, callID string, n policy.CallNote) error {
+	return u.s.noteCall(runID, callID, n, u.p)
 }
 
 // Commit makes everything the unit changed durable in one transaction

@@ -174,7 +174,19 @@ type Policy struct {
 	TransientGRPC []int
 
 	Breaker BreakerConfig
+
+	// IdempotencyTTL is how long an idempotency record is kept (ClaimKey),
+	// never less than the call's remaining schedule; 0 means
+	// DefaultIdempotencyTTL.
+	IdempotencyTTL time.Duration
+	// UpstreamDedupesByKey lets a call whose previous attempt's outcome was
+	// lost be retried with the same key; without it the call is
+	// dead-lettered.
+	UpstreamDedupesByKey bool
 }
+
+// DefaultIdempotencyTTL is the idempotency TTL of a policy that sets none.
+const DefaultIdempotencyTTL = 24 * time.Hour
 
 // Defaults of DESIGN.md.
 var (

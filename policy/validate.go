@@ -110,6 +110,12 @@ func (p *Policy) Validate() error {
 			return fieldErr("attempt_timeout", "must not exceed call_deadline")
 		}
 	}
+	if ttl := p.IdempotencyTTL; ttl != 0 {
+		if need := p.Schedule(); ttl < need {
+			return fieldErr("idempotency_ttl", "must be at least the policy's schedule ("+need.String()+
+				"): a record must outlive every retry of its call, got "+ttl.String())
+		}
+	}
 	if err := validateCodes("transient_http_statuses", p.TransientHTTP, httpFirst, httpLast); err != nil {
 		return err
 	}

@@ -17,6 +17,7 @@ type Changes = interface {
 	ExtendCooldown(key policy.BreakerKey, cfg policy.BreakerConfig, until time.Time) (time.Time, error)
 	SpendRetry(req policy.SpendRequest) (policy.Spend, error)
 	RecordAttempt(k policy.CallKey, attempt uint32, ans policy.Answer, keep time.Time) error
+	NoteCall(runID, callID string, n policy.CallNote) error
 	AppendAudit(recs ...policy.AuditRecord)
 	Commit() error
 }

@@ -187,6 +187,13 @@ func (a *Auth) check(ctx context.Context, method string, req any) error {
 		switch {
 		case id.admin || a.openAdmin:
 			return nil
+		case id.tenant != "" && method == adminPrefix+"ListRunCalls":
+			// A tenant lists its own runs' calls (the run's tenant is
+			// checked by the handler: another's is NOT_FOUND).
+			if r, ok := req.(*pb.ListRunCallsRequest); ok && r.GetTenant() == id.tenant {
+				return nil
+			}
+			return status.Error(codes.PermissionDenied, "tenant: a tenant token lists only its own tenant's run calls; set tenant to it")
 		case id.known:
 			return status.Error(codes.PermissionDenied, "admin calls need an admin credential; worker credentials do not grant them")
 		}
@@ -232,6 +239,10 @@ func requestTenants(req any) []string {
 		}
 		return out
 	case *pb.WatchBreakersRequest:
+		return []string{r.GetTenant()}
+	case *pb.CompleteKeyRequest:
+		return []string{r.GetTenant()}
+	case *pb.GetKeyRequest:
 		return []string{r.GetTenant()}
 	}
 	return nil

@@ -63,6 +63,7 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 	now := d.cfg.Clock.Now()
 	var run policy.Run
 	deadline := call.deadline
+	cutBinds := false // the run's cut-off comes before the call's own deadline
 	if call.runID != "" {
 		if run, err = d.runOf(ctx, "call.run_id", call.runID, call.tenant); err != nil {
 			return policy.Answer{}, "", err
@@ -70,7 +71,7 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 		// The run's cut-off is a deadline for every call of the run.
 		eff := policy.EffectiveDeadline(&p, now, call.origin, call.deadline)
 		if eff.IsZero() || run.Cutoff.Before(eff) {
-			deadline = run.Cutoff
+			deadline, cutBinds = run.Cutoff, true
 		}
 	}
 	dec := policy.Decide(&p, policy.Input{
@@ -105,9 +106,14 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 			return policy.Answer{}, "", err
 		}
 	}
-	if !dec.Retry && !run.Cutoff.IsZero() && !now.Before(run.Cutoff) &&
-		dec.Disposition != policy.DispositionFailedTerminal {
+	switch {
+	case dec.Retry:
+	case !run.Cutoff.IsZero() && !now.Before(run.Cutoff) && dec.Disposition != policy.DispositionFailedTerminal:
 		// Past the run's cut-off every stop is a cut.
+		dec.Disposition = policy.DispositionDeadlineCut
+	case dec.Stop == policy.StopDeadline && cutBinds:
+		// The next attempt would end after the run's cut-off: a cut, not
+		// the call's own deadline (DEAD_LETTER).
 		dec.Disposition = policy.DispositionDeadlineCut
 	}
 	ans.Retry, ans.Stop, ans.Disposition = dec.Retry, dec.Stop, dec.Disposition
@@ -120,6 +126,11 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 	claimed = false // RecordAttempt ends the claim, recorded or not
 	if err := u.RecordAttempt(ck, in.attempt, ans, time.Unix(0, fleet.Keep(&p, now.UnixNano(), dec.Deadline))); err != nil {
 		return policy.Answer{}, "", storeError(ctx, d.cfg.Logger, "attempt", err)
+	}
+	if call.runID != "" {
+		if err := u.NoteCall(call.runID, call.callID, decisionNote(&call, in.attempt, dec.Class.Reason, why, now)); err != nil {
+			return policy.Answer{}, "", storeError(ctx, d.cfg.Logger, "run calls", err)
+		}
 	}
 	if err := u.Commit(); err != nil {
 		return policy.Answer{}, "", storeError(ctx, d.cfg.Logger, "decision", err)
@@ -190,7 +201,7 @@ func (d *Decisions) shared(ctx context.Context, u Changes, dec *policy.Decision,
 		ans.Note += "cooldown:fleet"
 	}
 	if !policy.FitsDeadline(now, dec.Deadline, dec.Delay, p.AttemptTimeout) {
-		stop(policy.StopDeadline, policy.DispositionDeadlineCut)
+		stop(policy.StopDeadline, policy.DispositionDeadLetter)
 		return nil
 	}
 	dec.Checks |= policy.CheckTenantBudget
@@ -221,14 +232,36 @@ func (d *Decisions) shared(ctx context.Context, u Changes, dec *policy.Decision,
 	return nil
 }
 
-// decideAdmit is Admit's decision, in domain types: the shared breaker of
-// the call's policy admits or refuses (a refusal is a value, put in the
-// audit trail); an error is a status, mapped by errors.go.
+// decideAdmit is Admit's decision, in domain types: a call of a run past
+// its cut-off is refused (run:cutoff, the breaker not consulted);
+// otherwise the shared breaker of the call's policy admits or refuses (a
+// refusal is a value, put in the audit trail). The answer carries the
+// run's cut-off, so the client can hold it without asking again. An
+// unknown run is NOT_FOUND (tenant-scoped); any other error is a status,
+// mapped by errors.go.
 func (d *Decisions) decideAdmit(ctx context.Context, call callRef, attempt uint32) (policy.Admission, error) {
-	p, _ := d.store.Resolve(call.tenant, call.target)
-	a, err := d.store.Admit(policy.KeyFor(p.Breaker, call.tenant, call.target), p.Breaker)
-	if err != nil {
-		return policy.Admission{}, storeError(ctx, d.cfg.Logger, "breaker", err)
+	var a policy.Admission
+	if call.runID != "" {
+		// A call of a run past its cut-off is not attempted: the cut-off
+		// holds for calls started after it, not only for their retries.
+		run, err := d.runOf(ctx, "call.run_id", call.runID, call.tenant)
+		if err != nil {
+			return policy.Admission{}, err
+		}
+		if !d.cfg.Clock.Now().Before(run.Cutoff) {
+			a = policy.Admission{Reason: "run:cutoff", RunCutoff: run.Cutoff}
+		} else {
+			a.RunCutoff = run.Cutoff
+		}
+	}
+	if a.Reason == "" {
+		p, _ := d.store.Resolve(call.tenant, call.target)
+		b, err := d.store.Admit(policy.KeyFor(p.Breaker, call.tenant, call.target), p.Breaker)
+		if err != nil {
+			return policy.Admission{}, storeError(ctx, d.cfg.Logger, "breaker", err)
+		}
+		b.RunCutoff = a.RunCutoff
+		a = b
 	}
 	if !a.Admitted {
 		why := "refused: " + a.Reason
@@ -261,6 +294,7 @@ func (d *Decisions) agrees(ctx context.Context, i int, it *outcomeItem, success,
 		Success:        success,
 		Now:            now.UnixNano(),
 		Horizon:        int64(fleet.Horizon(p)),
+		Skew:           int64(d.cfg.MaxClockSkew),
 		AttemptTimeout: int64(p.AttemptTimeout),
 	}
 	if !success && !alreadyRecorded {
@@ -289,6 +323,10 @@ func (d *Decisions) agrees(ctx context.Context, i int, it *outcomeItem, success,
 			return err
 		}
 		r.Cutoff = run.Cutoff.UnixNano()
+	}
+	if it.final.Stop == policy.StopNotIdempotent && it.call.key != "" {
+		v, err := d.store.Key(policy.KeyRef{Tenant: it.call.tenant, Key: it.call.key})
+		r.KeyLost = err == nil && v.State == policy.KeyUnknown
 	}
 	if rule := fleet.CheckFinal(&r); rule != "" {
 		return invalid("outcomes["+strconv.Itoa(i)+"].final_disposition", rule)
@@ -346,6 +384,7 @@ func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc 
 	trail := slices.Grow(sc.trail[:0], 2*len(items)) // at most two records an outcome
 	defer func() { sc.trail = trail }()
 	var runs map[string]string
+	var now time.Time // read once, for the first outcome of a run
 	deposits := map[string]int{}
 	for i := range items {
 		it := &items[i]
@@ -367,6 +406,12 @@ func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc 
 			}
 			class = c.Reason
 		}
+		if it.final.Deduplicated {
+			// A deduplicated success needs the key's record to say so.
+			if v, err := d.store.Key(policy.KeyRef{Tenant: it.call.tenant, Key: it.call.key}); err != nil || v.State != policy.KeySucceeded {
+				return 0, ups, invalid("outcomes["+strconv.Itoa(i)+"].deduplicated", "needs the call's idempotency key to have SUCCEEDED")
+			}
+		}
 		if fd := it.final.Disposition; fd != policy.DispositionNone && (fd != policy.DispositionSucceeded || !it.success) {
 			if err := d.agrees(ctx, i, it, it.success, it.alreadyRecorded, &p, u.Key); err != nil {
 				return 0, ups, err
@@ -375,9 +420,15 @@ func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc 
 		start := len(trail)
 		trail = d.outcome(ctx, trail, it, class)
 		u.Audit = trail[start:len(trail):len(trail)]
+		if it.call.runID != "" {
+			if now.IsZero() {
+				now = d.cfg.Clock.Now()
+			}
+			u.RunID, u.CallID, u.Note = it.call.runID, it.call.callID, outcomeNote(it, class, now)
+		}
 		if it.final.Disposition != policy.DispositionNone && it.call.runID != "" {
 			u.RunID, u.CallID = it.call.runID, it.call.callID
-			u.Final, u.Stop = it.final.Disposition, it.final.Stop
+			u.Final, u.Stop, u.Deduplicated = it.final.Disposition, it.final.Stop, it.final.Deduplicated
 			if runs == nil {
 				runs = map[string]string{}
 			}

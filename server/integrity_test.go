@@ -280,8 +280,10 @@ func TestLyingLedgerIsRefused(t *testing.T) {
 			FinalDisposition: pb.Disposition_DISPOSITION_DEAD_LETTER, FinalStopReason: pb.StopReason_STOP_REASON_ATTEMPTS_EXHAUSTED}, "DEAD_LETTER needs"},
 		{"CIRCUIT_OPEN with the breaker CLOSED", b, &pb.Outcome{Call: ref("tenant-b", "y"), Attempt: 1, AlreadyRecorded: true,
 			FinalDisposition: pb.Disposition_DISPOSITION_CIRCUIT_OPEN}, "CIRCUIT_OPEN needs"},
-		{"DEADLINE_CUT before the deadline and the cut-off", b, &pb.Outcome{Call: deadline, Attempt: 1, Failure: http(503),
+		{"DEADLINE_CUT before the cut-off", b, &pb.Outcome{Call: deadline, Attempt: 1, Failure: http(503),
 			FinalDisposition: pb.Disposition_DISPOSITION_DEADLINE_CUT}, "DEADLINE_CUT needs"},
+		{"DEAD_LETTER (DEADLINE) before the deadline", b, &pb.Outcome{Call: deadline, Attempt: 1, Failure: http(503),
+			FinalDisposition: pb.Disposition_DISPOSITION_DEAD_LETTER, FinalStopReason: pb.StopReason_STOP_REASON_DEADLINE}, "DEAD_LETTER (DEADLINE) needs"},
 	}
 	for _, lie := range lies {
 		fine := &pb.Outcome{Call: lie.o.GetCall(), Attempt: 1, Success: true}
@@ -311,12 +313,13 @@ func TestLyingLedgerIsRefused(t *testing.T) {
 	}
 	h.clock.Advance(2 * time.Minute)
 	if _, err := h.workers.ReportOutcome(b, &pb.ReportOutcomeRequest{Outcomes: []*pb.Outcome{{Call: deadline, Attempt: 1,
-		Failure: http(503), FinalDisposition: pb.Disposition_DISPOSITION_DEADLINE_CUT}}}); err != nil {
-		t.Fatalf("a cut past the deadline: %v", err)
+		Failure: http(503), FinalDisposition: pb.Disposition_DISPOSITION_DEAD_LETTER,
+		FinalStopReason: pb.StopReason_STOP_REASON_DEADLINE}}}); err != nil {
+		t.Fatalf("a dead letter past the deadline: %v", err)
 	}
 	ra, _ := h.admin.GetRun(admin, &pb.GetRunRequest{RunId: "run-tenant-a"})
 	rb, _ := h.admin.GetRun(admin, &pb.GetRunRequest{RunId: "run-tenant-b"})
-	if ra.GetRun().GetLedger().GetDeadLetterExhausted() != 1 || rb.GetRun().GetLedger().GetDeadlineCut() != 1 {
-		t.Errorf("ledgers: %v and %v, want one DEAD_LETTER and one DEADLINE_CUT", ra.GetRun().GetLedger(), rb.GetRun().GetLedger())
+	if ra.GetRun().GetLedger().GetDeadLetterExhausted() != 1 || rb.GetRun().GetLedger().GetDeadLetterDeadline() != 1 {
+		t.Errorf("ledgers: %v and %v, want one DEAD_LETTER and one DEAD_LETTER (DEADLINE)", ra.GetRun().GetLedger(), rb.GetRun().GetLedger())
 	}
 }

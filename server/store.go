@@ -25,6 +25,7 @@ type Store interface {
 	Audit
 	Outcomes
 	Attempts
+	Keys
 	// Begin starts a batch for the state changes of one request
 	// (NextDelay's breaker failure, cool-down, retry spend, attempt record
 	// and audit record), so a store that makes changes durable before
@@ -54,9 +55,27 @@ type Changes = interface {
 	RecordAttempt(k policy.CallKey, attempt uint32, ans policy.Answer, keep time.Time) error
 	// AppendAudit adds audit records.
 	AppendAudit(recs ...policy.AuditRecord)
+	// NoteCall tells run runID's call table what the decision says of
+	// call callID (see Runs.NoteCall).
+	NoteCall(runID, callID string, n policy.CallNote) error
 	// Commit makes every change durable, in one transaction where the
 	// store commits before answering; nothing rolls back.
 	Commit() error
+}
+
+// Keys is the idempotency ledger: records keyed by tenant and idempotency
+// key (fleet.KeyRecord has the rules), every change durable (fsync'd)
+// before the method returns, like an admin write.
+type Keys interface {
+	// ClaimKey claims ref before an attempt; a new record beyond the
+	// tenant's cap is an error with OverCapacity() true.
+	ClaimKey(ref policy.KeyRef, c policy.KeyClaim) (policy.KeyAnswer, error)
+	// CompleteKey records how the attempt holding lease ended; an unknown
+	// key is NotFound, a lease not the key's current one
+	// FailedPrecondition. expires, when later, extends the record.
+	CompleteKey(ref policy.KeyRef, lease string, o policy.KeyOutcome, result string, expires time.Time) (policy.KeyRecordView, error)
+	// Key returns ref's record; an unknown or expired one is NotFound.
+	Key(ref policy.KeyRef) (policy.KeyRecordView, error)
 }
 
 // Attempts remembers per call the highest attempt decided and its answer.
@@ -143,4 +162,13 @@ type Runs interface {
 	Run(id string) (policy.Run, error)
 	Runs(tenant, after string, limit int) ([]policy.Run, error)
 	RecordFinal(runID, callID string, d policy.Disposition, stop policy.StopReason) error
+	// NoteCall tells run runID's call table what a NextDelay decision or a
+	// final disposition says of call callID (fleet.CallRecord.Note has the
+	// rules); counter-grade durability, like the ledger. A call beyond the
+	// table's cap is counted, not kept.
+	NoteCall(runID, callID string, n policy.CallNote) error
+	// RunCalls returns up to limit calls of run runID's call table that f
+	// selects, sorted by call id, after the id after, and how many of the
+	// run's calls are beyond the table's cap.
+	RunCalls(runID string, f policy.RunCallFilter, after string, limit int) ([]policy.RunCall, uint64, error)
 }

@@ -644,6 +644,7 @@ func runCmd(c *clientFlags) *cobra.Command {
 	}
 	list.Flags().StringVar(&listTenant, "tenant", "", "only this tenant's runs")
 	cmd.AddCommand(open, get, list)
+	cmd.AddCommand(runCallsCmds(c)...)
 	return cmd
 }
 
@@ -666,12 +667,13 @@ func printRun(w io.Writer, r *pb.Run) {
 	fmt.Fprintf(tw, "tenant\t%s\n", shown(r.GetTenant()))
 	fmt.Fprintf(tw, "cut-off\t%s\n", tsText(r.GetCutoffTime()))
 	fmt.Fprintf(tw, "retries spent\t%d of %d\n", r.GetRetriesSpent(), r.GetRetryPool())
-	fmt.Fprintf(tw, "succeeded\t%d\n", l.GetSucceeded())
+	fmt.Fprintf(tw, "succeeded\t%d (%d deduplicated by the idempotency ledger)\n", l.GetSucceeded(), l.GetDeduplicated())
 	fmt.Fprintf(tw, "failed terminal\t%d\n", l.GetFailedTerminal())
 	fmt.Fprintf(tw, "dead letter: attempts exhausted\t%d\n", l.GetDeadLetterExhausted())
 	fmt.Fprintf(tw, "dead letter: budget\t%d\n", l.GetDeadLetterBudget())
 	fmt.Fprintf(tw, "dead letter: not idempotent\t%d\n", l.GetDeadLetterNotIdempotent())
 	fmt.Fprintf(tw, "dead letter: server pushback\t%d\n", l.GetDeadLetterPushback())
+	fmt.Fprintf(tw, "dead letter: deadline\t%d\n", l.GetDeadLetterDeadline())
 	fmt.Fprintf(tw, "circuit open\t%d\n", l.GetCircuitOpen())
 	fmt.Fprintf(tw, "deadline cut\t%d\n", l.GetDeadlineCut())
 	tw.Flush()

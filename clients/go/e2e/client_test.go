@@ -70,18 +70,23 @@ func startDaemon(t testing.TB, wrap func(server.Store) server.Store) *daemon {
 
 // sleeps is the client's clock in tests: Sleep records the wait and moves
 // the clock on at once, so no test waits.
+// sleeps is the clients' Sleep and Now: a sleep returns at once and moves
+// the client's clock on by its length. The clock runs from the real one
+// (the daemons here tell real time), so a client that slept d is d ahead
+// of the daemon, never behind it: the fleet cool-downs the daemon stamps
+// end for the client when its sleep says they should.
 type sleeps struct {
-	mu  sync.Mutex
-	d   []time.Duration
-	now time.Time
+	mu    sync.Mutex
+	d     []time.Duration
+	slept time.Duration
 }
 
-func newSleeps() *sleeps { return &sleeps{now: time.Now()} }
+func newSleeps() *sleeps { return &sleeps{} }
 
 func (s *sleeps) Sleep(ctx context.Context, d time.Duration) error {
 	s.mu.Lock()
 	s.d = append(s.d, d)
-	s.now = s.now.Add(d)
+	s.slept += d
 	s.mu.Unlock()
 	return ctx.Err()
 }
@@ -89,7 +94,7 @@ func (s *sleeps) Sleep(ctx context.Context, d time.Duration) error {
 func (s *sleeps) Now() time.Time {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.now
+	return time.Now().Add(s.slept)
 }
 
 func (s *sleeps) all() []time.Duration {

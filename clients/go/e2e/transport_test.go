@@ -245,26 +245,37 @@ func TestTransportClosesABodyItNeverSent(t *testing.T) {
 }
 
 // TestTransportKeyIsTheSameFromEveryClient: two workers (two clients, two
-// transports) sending the same submission send the same key, so the
+// transports) sending the same submission derive the same key, so the
 // upstream deduplicates a request one worker sent before it died and
-// another sent again. The shared vectors pin the same key in Python.
+// another sent again (the shared vectors pin the same key in Python). With
+// policyd's idempotency ledger the second worker does not even send it: it
+// finds the key SUCCEEDED and ends deduplicated, its CallError saying so.
 func TestTransportKeyIsTheSameFromEveryClient(t *testing.T) {
 	d := startDaemon(t, nil)
 	up := startFlakyHTTP(t, reply{status: 200})
 	payload := []byte(`{"id":"doc-5"}`)
-	for range 2 {
+	var second error
+	for i := range 2 {
 		c, _ := newClient(t, d, nil)
 		hc := &http.Client{Transport: &policyclient.Transport{Client: c, Call: func(*http.Request) policyclient.Call {
 			return policyclient.Call{Target: "portal", SubmissionID: "doc-5", Payload: payload}
 		}}}
 		resp, err := hc.Post(up.srv.URL, "application/json", bytes.NewReader(payload))
+		if i == 1 {
+			second = err
+			continue
+		}
 		if err != nil {
 			t.Fatalf("Post: %v", err)
 		}
 		readAll(t, resp)
 	}
 	reqs := up.requests()
-	if len(reqs) != 2 || reqs[0].key == "" || reqs[0].key != reqs[1].key {
-		t.Errorf("keys: got %+v, want two equal, non-empty", reqs)
+	if want := policyclient.IdempotencyKey("doc-5", payload); len(reqs) != 1 || reqs[0].key != want {
+		t.Errorf("upstream saw %+v, want one request with key %s", reqs, want)
+	}
+	var ce *policyclient.CallError
+	if !errors.As(second, &ce) || !ce.Result.Deduplicated || ce.Result.Disposition != policyclient.Succeeded {
+		t.Errorf("second worker got %v, want a deduplicated success", second)
 	}
 }

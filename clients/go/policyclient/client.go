@@ -137,6 +137,7 @@ type Client struct {
 	workers  pb.RetryPolicyServiceClient
 	local    *localPolicy
 	breakers *breakerCache
+	runs     runCutoffs
 	out      *outcomes
 
 	// downUntil (unix nanos) is when to try policyd again after it failed
@@ -233,10 +234,12 @@ type Stats struct {
 	OutcomesSent      uint64
 	OutcomesDropped   uint64 // queue full, or policyd unreachable at Close
 	ReportBatchesSent uint64
+	Deduplicated      uint64 // calls the idempotency ledger answered with an earlier success, without fn
 }
 
 type counters struct {
 	calls, attempts, admits, fastFails, local atomic.Uint64
+	deduplicated                              atomic.Uint64
 	sent, dropped, batches                    atomic.Uint64
 }
 
@@ -245,7 +248,7 @@ func (c *Client) Stats() Stats {
 	s := &c.stats
 	return Stats{
 		Calls: s.calls.Load(), Attempts: s.attempts.Load(), AdmitRPCs: s.admits.Load(),
-		FastFails: s.fastFails.Load(), LocalDecisions: s.local.Load(),
+		FastFails: s.fastFails.Load(), LocalDecisions: s.local.Load(), Deduplicated: s.deduplicated.Load(),
 		OutcomesSent: s.sent.Load(), OutcomesDropped: s.dropped.Load(), ReportBatchesSent: s.batches.Load(),
 	}
 }

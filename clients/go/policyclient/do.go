@@ -26,8 +26,8 @@ type Disposition int
 const (
 	Succeeded      Disposition = iota + 1
 	FailedTerminal             // the upstream refused for good: fix the input
-	DeadLetter                 // retries ran out: may succeed later
-	DeadlineCut                // the deadline or the run's cut-off ended it
+	DeadLetter                 // retries ran out, or the call's own deadline (StopDeadline) passed: may succeed later
+	DeadlineCut                // the run's cut-off ended it
 	CircuitOpen                // the upstream's breaker refused it
 )
 
@@ -126,10 +126,25 @@ type Call struct {
 	RunID string
 	// Deadline bounds the whole call; ctx's deadline bounds it too.
 	Deadline time.Time
+	// Origin is when the work began (the event's original timestamp, say):
+	// policyd anchors the call's deadline (the policy's call deadline) to
+	// it. Zero means now, when Do starts.
+	Origin time.Time
 	// CallID names the call in the audit trail; default SubmissionID, or a
 	// random id.
 	CallID string
+	// ClaimKey makes an idempotent call use the idempotency ledger too (a
+	// non-idempotent call with a key always does): see SetResultRef and
+	// Result.Deduplicated.
+	ClaimKey bool
+	// TriageRef is a reference for triage (the source document's URI, say),
+	// up to MaxTriageRefLen bytes: a call of a run carries it into the
+	// run's call table (policyd run calls), beside its disposition.
+	TriageRef string
 }
+
+// MaxTriageRefLen is the longest Call.TriageRef, in bytes.
+const MaxTriageRefLen = 1024
 
 // Attempt tells fn which attempt it is making.
 type Attempt struct {
@@ -140,6 +155,7 @@ type Attempt struct {
 	// a fallback target policyd escalated the call to. Transport maps it to
 	// a host through Transport.Hosts.
 	Target string
+	result *string
 }
 
 // Result is how a call ended.
@@ -157,6 +173,14 @@ type Result struct {
 	IdempotencyKey string
 	// Local is true when at least one decision was made without policyd.
 	Local bool
+	// Deduplicated is true when the idempotency ledger said an earlier
+	// attempt (another worker's, say) succeeded: fn was not called, and
+	// ResultRef is that attempt's result reference.
+	Deduplicated bool
+	// ResultRef is the result reference of the successful attempt
+	// (Attempt.SetResultRef), this call's or the one it was deduplicated
+	// against.
+	ResultRef string
 }
 
 // OK reports whether the call succeeded.
@@ -183,6 +207,7 @@ var (
 	ErrNoTarget   = errors.New("policyclient: Call.Target is required")
 	ErrNilFunc    = errors.New("policyclient: fn must not be nil")
 	ErrBadPayload = errors.New("policyclient: Call.SubmissionID must not contain NUL")
+	ErrTriageRef  = errors.New("policyclient: Call.TriageRef must be at most 1024 bytes")
 )
 
 // Do runs fn until it succeeds or policyd (or, when policyd cannot answer in
@@ -202,6 +227,9 @@ func (c *Client) Do(ctx context.Context, call Call, fn func(ctx context.Context,
 	if strings.IndexByte(call.SubmissionID, 0) >= 0 {
 		return Result{}, ErrBadPayload
 	}
+	if len(call.TriageRef) > MaxTriageRefLen {
+		return Result{}, ErrTriageRef
+	}
 	c.stats.calls.Add(1)
 	key := call.IdempotencyKey
 	if key == "" && call.SubmissionID != "" {
@@ -214,13 +242,18 @@ func (c *Client) Do(ctx context.Context, call Call, fn func(ctx context.Context,
 	if id == "" {
 		id = randomID()
 	}
+	origin := call.Origin
+	if origin.IsZero() {
+		origin = c.cfg.Now()
+	}
 	cs := &callState{info: callInfo{tenant: c.cfg.Tenant, target: call.Target, id: id, key: key, runID: call.RunID,
-		idempotent: call.Idempotent, origin: c.cfg.Now(), deadline: call.Deadline}}
+		idempotent: call.Idempotent, origin: origin, deadline: call.Deadline, triageRef: call.TriageRef}}
 	ci := &cs.info
 	if d, ok := ctx.Deadline(); ok && (ci.deadline.IsZero() || d.Before(ci.deadline)) {
 		ci.deadline = d
 	}
-	l := loop{c: c, ctx: ctx, call: ci, first: &cs.first, timeout: c.cfg.AttemptTimeout, res: Result{CallID: id, IdempotencyKey: key}}
+	l := loop{c: c, ctx: ctx, call: ci, first: &cs.first, timeout: c.cfg.AttemptTimeout, res: Result{CallID: id, IdempotencyKey: key},
+		claimAlways: call.ClaimKey}
 	return l.run(fn), nil
 }
 
@@ -236,6 +269,7 @@ type callState struct {
 // Do builds it.
 type callInfo struct {
 	tenant, target, id, key, runID string
+	triageRef                      string
 	idempotent                     bool
 	origin, deadline               time.Time
 }
@@ -243,7 +277,7 @@ type callInfo struct {
 func (ci *callInfo) pb() *pb.CallRef {
 	ref := &pb.CallRef{
 		Tenant: ci.tenant, Target: ci.target, CallId: ci.id, Idempotent: ci.idempotent,
-		IdempotencyKey: ci.key, RunId: ci.runID, OriginTime: timestamppb.New(ci.origin),
+		IdempotencyKey: ci.key, RunId: ci.runID, OriginTime: timestamppb.New(ci.origin), TriageRef: ci.triageRef,
 	}
 	if !ci.deadline.IsZero() {
 		ref.DeadlineTime = timestamppb.New(ci.deadline)
@@ -254,12 +288,12 @@ func (ci *callInfo) pb() *pb.CallRef {
 // outcomeRef is the call as an outcome with final disposition final names
 // it: the tenant, target, call id and run id, and, for a call that ended
 // otherwise than in success, its origin and deadline, which policyd checks a
-// DEADLINE_CUT against. The times and the key cost most of a CallRef to
+// DEAD_LETTER (DEADLINE) against. The times and the key cost most of a CallRef to
 // encode and decode, so they stay out of every other outcome.
 func (ci *callInfo) outcomeRef(final pb.Disposition) *pb.CallRef {
 	ref := &pb.CallRef{Tenant: ci.tenant, Target: ci.target, CallId: ci.id, RunId: ci.runID}
 	if final != pb.Disposition_DISPOSITION_UNSPECIFIED && final != pb.Disposition_DISPOSITION_SUCCEEDED {
-		ref.OriginTime = timestamppb.New(ci.origin)
+		ref.OriginTime, ref.TriageRef, ref.IdempotencyKey = timestamppb.New(ci.origin), ci.triageRef, ci.key
 		if !ci.deadline.IsZero() {
 			ref.DeadlineTime = timestamppb.New(ci.deadline)
 		}
@@ -274,9 +308,13 @@ type loop struct {
 	call    *callInfo
 	first   *attemptCtx   // for the first attempt; nil once used
 	ref     *pb.CallRef   // built for the first RPC, then reused
+	cutoff  time.Time     // the run's cut-off, once known
 	timeout time.Duration // for the next attempt
 	prev    time.Duration // the last delay
 	res     Result
+	// claimAlways is Call.ClaimKey; resultRef what fn set (SetResultRef).
+	claimAlways bool
+	resultRef   string
 }
 
 // pbRef returns the call as the API spells it.
@@ -293,6 +331,12 @@ func (l *loop) run(fn func(context.Context, Attempt) error) Result {
 		if !ok {
 			return l.res
 		}
+		lease := ""
+		if l.usesLedger() {
+			if lease, ok = l.claim(attempt); !ok {
+				return l.res
+			}
+		}
 		l.res.Attempts = attempt
 		l.c.stats.attempts.Add(1)
 		if l.c.cfg.OnEvent != nil {
@@ -305,11 +349,26 @@ func (l *loop) run(fn func(context.Context, Attempt) error) Result {
 		}
 		l.first = nil
 		actx.start(l.ctx, l.c.wall(start), l.timeout)
-		err := fn(actx, Attempt{Number: attempt, CallID: l.call.id, IdempotencyKey: l.call.key, Target: l.call.target})
+		var ref *string // only a call holding a lease keeps a result reference
+		if lease != "" {
+			ref = new(string)
+		}
+		err := fn(actx, Attempt{Number: attempt, CallID: l.call.id, IdempotencyKey: l.call.key, Target: l.call.target, result: ref})
+		if ref != nil {
+			l.resultRef = *ref
+		}
 		stop := l.c.cfg.Now()
 		timedOut := actx.end(l.c.wall(stop))
 		latency := stop.Sub(start)
+		if lease != "" {
+			var f failure
+			if err != nil {
+				f = classifyError(err, timedOut)
+			}
+			l.complete(lease, err, f)
+		}
 		if err == nil {
+			l.res.ResultRef = l.resultRef
 			l.res.Disposition, l.res.Err = Succeeded, nil
 			l.report(outcome{attempt: attempt, success: true, permit: permit, latency: latency,
 				final: pb.Disposition_DISPOSITION_SUCCEEDED})
@@ -322,7 +381,7 @@ func (l *loop) run(fn func(context.Context, Attempt) error) Result {
 		}
 		l.res.Err = err
 		if l.ctx.Err() != nil {
-			return l.end(DeadlineCut, StopDeadline, attempt, nil)
+			return l.end(DeadLetter, StopDeadline, attempt, nil)
 		}
 		f := classifyError(err, timedOut)
 		if f.unclassified {
@@ -353,7 +412,7 @@ func (l *loop) run(fn func(context.Context, Attempt) error) Result {
 		}
 		if err := l.c.cfg.Sleep(l.ctx, dec.delay); err != nil {
 			l.res.Err = err
-			return l.end(DeadlineCut, StopDeadline, attempt, nil)
+			return l.end(DeadLetter, StopDeadline, attempt, nil)
 		}
 	}
 }
@@ -379,9 +438,15 @@ func (l *loop) report(o outcome) {
 // one was handed out. It waits out a fleet-wide cool-down when the deadline
 // allows. ok false means the call ended (l.res is set).
 func (l *loop) admit(attempt int) (permit string, ok bool) {
+	cut, runKnown := l.runCut()
+	if cut {
+		l.res.Reason = "run:cutoff"
+		l.end(DeadlineCut, StopDeadline, attempt-1, nil)
+		return "", false
+	}
 	for {
 		b, known := l.c.breakers.lookup(l.call.target)
-		if known && b.cooldownUntil.IsZero() &&
+		if runKnown && known && b.cooldownUntil.IsZero() &&
 			(b.state == pb.BreakerState_BREAKER_STATE_CLOSED || b.state == pb.BreakerState_BREAKER_STATE_DISABLED) {
 			return "", true // the common case, without reading the clock
 		}
@@ -394,7 +459,7 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 					return "", false
 				}
 				continue
-			case b.state == pb.BreakerState_BREAKER_STATE_CLOSED || b.state == pb.BreakerState_BREAKER_STATE_DISABLED:
+			case runKnown && (b.state == pb.BreakerState_BREAKER_STATE_CLOSED || b.state == pb.BreakerState_BREAKER_STATE_DISABLED):
 				return "", true
 			case b.state == pb.BreakerState_BREAKER_STATE_OPEN && (b.forced || b.openUntil.After(now)):
 				l.c.stats.fastFails.Add(1)
@@ -413,11 +478,15 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 		if err != nil {
 			if l.ctx.Err() != nil {
 				l.res.Err = l.ctx.Err()
-				l.end(DeadlineCut, StopDeadline, attempt-1, nil)
+				l.end(DeadLetter, StopDeadline, attempt-1, nil)
 				return "", false
 			}
 			l.c.failed(err)
 			return "", true
+		}
+		if c := resp.GetRunCutoffTime(); c != nil && l.call.runID != "" {
+			l.cutoff, runKnown = c.AsTime(), true
+			l.c.runs.learn(l.call.runID, l.cutoff)
 		}
 		if resp.GetAdmitted() {
 			return resp.GetPermitId(), true
@@ -429,6 +498,10 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 			continue
 		}
 		l.res.Reason = resp.GetReason()
+		if l.res.Reason == "run:cutoff" {
+			l.end(DeadlineCut, StopDeadline, attempt-1, nil)
+			return "", false
+		}
 		l.end(CircuitOpen, StopCircuitOpen, attempt-1, nil)
 		return "", false
 	}
@@ -440,14 +513,18 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 // workers held by one cool-down do not all call at the instant it ends.
 func (l *loop) waitFor(d time.Duration, attempt int) bool {
 	d += time.Duration(rand.Float64() * float64(max(d/10, 250*time.Millisecond)))
-	if !l.call.deadline.IsZero() && l.c.cfg.Now().Add(d+l.timeout).After(l.call.deadline) {
+	if deadline, cut := l.cutoffBinds(); !deadline.IsZero() && l.c.cfg.Now().Add(d+l.timeout).After(deadline) {
 		l.res.Reason = "cooldown:pushback"
-		l.end(DeadlineCut, StopDeadline, attempt-1, nil)
+		disp := DeadLetter
+		if cut {
+			disp = DeadlineCut
+		}
+		l.end(disp, StopDeadline, attempt-1, nil)
 		return false
 	}
 	if err := l.c.cfg.Sleep(l.ctx, d); err != nil {
 		l.res.Err = err
-		l.end(DeadlineCut, StopDeadline, attempt-1, nil)
+		l.end(DeadLetter, StopDeadline, attempt-1, nil)
 		return false
 	}
 	return true
@@ -479,7 +556,12 @@ func (l *loop) next(attempt int, f failure, permit string, timedOut bool) decisi
 	if l.c.cfg.OnEvent != nil {
 		l.c.emit(Event{Kind: EventLocalDecision, Target: l.call.target, CallID: l.call.id, Attempt: attempt})
 	}
-	return l.c.local.decide(l.c.cfg.Now(), l.call.deadline, attempt, f, l.call.idempotent, l.call.key != "", timedOut, l.timeout)
+	deadline, cut := l.cutoffBinds()
+	dec := l.c.local.decide(l.c.cfg.Now(), deadline, attempt, f, l.call.idempotent, l.call.key != "", timedOut, l.timeout)
+	if cut && dec.stopReason == pb.StopReason_STOP_REASON_DEADLINE {
+		dec.disposition = pb.Disposition_DISPOSITION_DEADLINE_CUT // the run's cut-off bound, not the call's deadline
+	}
+	return dec
 }
 
 // failed notes a decision RPC that did not answer. Unreachable or slow

@@ -116,7 +116,7 @@ func (p *localPolicy) decide(now, deadline time.Time, attempt int, f failure, id
 		delay = max(delay, hint+time.Duration(rand.Float64()*float64(spread)))
 	}
 	if !deadline.IsZero() && now.Add(delay+attemptTimeout).After(deadline) {
-		return d.stop(pb.StopReason_STOP_REASON_DEADLINE, pb.Disposition_DISPOSITION_DEADLINE_CUT)
+		return d.stop(pb.StopReason_STOP_REASON_DEADLINE, pb.Disposition_DISPOSITION_DEAD_LETTER)
 	}
 	cost := 1.0
 	if timeout {

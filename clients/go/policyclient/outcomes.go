@@ -26,6 +26,7 @@ type outcome struct {
 	latency         time.Duration
 	final           pb.Disposition
 	stop            pb.StopReason
+	deduplicated    bool // the idempotency ledger answered the call
 }
 
 func (o *outcome) pb() *pb.Outcome {
@@ -35,6 +36,9 @@ func (o *outcome) pb() *pb.Outcome {
 	}
 	if o.latency > 0 {
 		m.Latency = durationpb.New(o.latency)
+	}
+	if o.deduplicated {
+		m.Deduplicated, m.Call.IdempotencyKey = true, o.call.key
 	}
 	return m
 }

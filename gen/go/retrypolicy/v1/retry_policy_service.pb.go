@@ -420,8 +420,12 @@ type Outcome struct {
 	// already_recorded is true when this failure was already told to NextDelay
 	// and must not be counted again by the breaker.
 	AlreadyRecorded bool `protobuf:"varint,9,opt,name=already_recorded,json=alreadyRecorded,proto3" json:"already_recorded,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// deduplicated says the idempotency ledger answered the call with an
+	// earlier attempt's success (ClaimKey SUCCEEDED): only with success and
+	// final_disposition SUCCEEDED; the run's ledger counts it.
+	Deduplicated  bool `protobuf:"varint,20,opt,name=deduplicated,proto3" json:"deduplicated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Outcome) Reset() {
@@ -513,6 +517,13 @@ func (x *Outcome) GetFinalStopReason() StopReason {
 func (x *Outcome) GetAlreadyRecorded() bool {
 	if x != nil {
 		return x.AlreadyRecorded
+	}
+	return false
+}
+
+func (x *Outcome) GetDeduplicated() bool {
+	if x != nil {
+		return x.Deduplicated
 	}
 	return false
 }
@@ -762,8 +773,14 @@ type AdmitResponse struct {
 	// retry_after is how long to wait before asking again, when refused.
 	RetryAfter *durationpb.Duration `protobuf:"bytes,4,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
 	// reason says why: breaker:closed, breaker:open, breaker:probe,
-	// breaker:probes_taken, cooldown:pushback.
-	Reason        string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	// breaker:probes_taken, cooldown:pushback, run:cutoff (the call's run is
+	// past its cut-off: end the call DEADLINE_CUT without making the attempt).
+	Reason string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	// run_cutoff_time is the cut-off of the call's run, when the call names
+	// one. A client keeps it per run and checks it with its own clock before
+	// every attempt, so the cut-off holds while it skips Admit (a CLOSED
+	// breaker): one Admit per run and client tells it.
+	RunCutoffTime *timestamppb.Timestamp `protobuf:"bytes,20,opt,name=run_cutoff_time,json=runCutoffTime,proto3" json:"run_cutoff_time,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -831,6 +848,13 @@ func (x *AdmitResponse) GetReason() string {
 		return x.Reason
 	}
 	return ""
+}
+
+func (x *AdmitResponse) GetRunCutoffTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RunCutoffTime
+	}
+	return nil
 }
 
 // WatchBreakersRequest subscribes to breaker state changes.
@@ -1122,6 +1146,387 @@ func (x *PlanBudgetResponse) GetHops() []*BudgetPlan {
 	return nil
 }
 
+// ClaimKeyRequest claims a call's idempotency key.
+type ClaimKeyRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// call identifies the call; tenant, target, call_id and idempotency_key
+	// are required. Its deadline bounds the record's TTL from below.
+	Call *CallRef `protobuf:"bytes,1,opt,name=call,proto3" json:"call,omitempty"`
+	// attempt is the attempt about to be made, from 1.
+	Attempt       uint32 `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClaimKeyRequest) Reset() {
+	*x = ClaimKeyRequest{}
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClaimKeyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClaimKeyRequest) ProtoMessage() {}
+
+func (x *ClaimKeyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClaimKeyRequest.ProtoReflect.Descriptor instead.
+func (*ClaimKeyRequest) Descriptor() ([]byte, []int) {
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ClaimKeyRequest) GetCall() *CallRef {
+	if x != nil {
+		return x.Call
+	}
+	return nil
+}
+
+func (x *ClaimKeyRequest) GetAttempt() uint32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+// ClaimKeyResponse is the key's state for the caller.
+type ClaimKeyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// state is the key's state; see KeyState.
+	State KeyState `protobuf:"varint,1,opt,name=state,proto3,enum=retrypolicy.v1.KeyState" json:"state,omitempty"`
+	// lease_id is set when the caller now holds the key's lease: pass it to
+	// CompleteKey.
+	LeaseId string `protobuf:"bytes,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// lease_expire_time is when that lease ends.
+	LeaseExpireTime *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=lease_expire_time,json=leaseExpireTime,proto3" json:"lease_expire_time,omitempty"`
+	// result_ref is the successful attempt's result reference (SUCCEEDED).
+	ResultRef string `protobuf:"bytes,4,opt,name=result_ref,json=resultRef,proto3" json:"result_ref,omitempty"`
+	// retry_after is how long another worker's lease still runs (IN_FLIGHT).
+	RetryAfter *durationpb.Duration `protobuf:"bytes,5,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
+	// reason says why: idempotency:new, idempotency:in_flight,
+	// idempotency:succeeded, idempotency:unknown_retry (the upstream
+	// deduplicates), idempotency:unknown (dead-letter the call).
+	Reason        string `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClaimKeyResponse) Reset() {
+	*x = ClaimKeyResponse{}
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClaimKeyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClaimKeyResponse) ProtoMessage() {}
+
+func (x *ClaimKeyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClaimKeyResponse.ProtoReflect.Descriptor instead.
+func (*ClaimKeyResponse) Descriptor() ([]byte, []int) {
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ClaimKeyResponse) GetState() KeyState {
+	if x != nil {
+		return x.State
+	}
+	return KeyState_KEY_STATE_UNSPECIFIED
+}
+
+func (x *ClaimKeyResponse) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+func (x *ClaimKeyResponse) GetLeaseExpireTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LeaseExpireTime
+	}
+	return nil
+}
+
+func (x *ClaimKeyResponse) GetResultRef() string {
+	if x != nil {
+		return x.ResultRef
+	}
+	return ""
+}
+
+func (x *ClaimKeyResponse) GetRetryAfter() *durationpb.Duration {
+	if x != nil {
+		return x.RetryAfter
+	}
+	return nil
+}
+
+func (x *ClaimKeyResponse) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// CompleteKeyRequest records how the lease holder's attempt ended.
+type CompleteKeyRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tenant owns the key; required.
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// idempotency_key is the key; required.
+	IdempotencyKey string `protobuf:"bytes,2,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	// lease_id is the lease ClaimKey handed out; it must be the key's
+	// current one (else FAILED_PRECONDITION).
+	LeaseId string `protobuf:"bytes,3,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// outcome is how the attempt ended; required.
+	Outcome KeyOutcome `protobuf:"varint,4,opt,name=outcome,proto3,enum=retrypolicy.v1.KeyOutcome" json:"outcome,omitempty"`
+	// result_ref is the upstream's reference of what it made (its record
+	// id, say), up to 1024 bytes; with SUCCEEDED only.
+	ResultRef     string `protobuf:"bytes,5,opt,name=result_ref,json=resultRef,proto3" json:"result_ref,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompleteKeyRequest) Reset() {
+	*x = CompleteKeyRequest{}
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompleteKeyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompleteKeyRequest) ProtoMessage() {}
+
+func (x *CompleteKeyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompleteKeyRequest.ProtoReflect.Descriptor instead.
+func (*CompleteKeyRequest) Descriptor() ([]byte, []int) {
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *CompleteKeyRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *CompleteKeyRequest) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
+func (x *CompleteKeyRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+func (x *CompleteKeyRequest) GetOutcome() KeyOutcome {
+	if x != nil {
+		return x.Outcome
+	}
+	return KeyOutcome_KEY_OUTCOME_UNSPECIFIED
+}
+
+func (x *CompleteKeyRequest) GetResultRef() string {
+	if x != nil {
+		return x.ResultRef
+	}
+	return ""
+}
+
+// CompleteKeyResponse is the key's record after it.
+type CompleteKeyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// record is the key's record.
+	Record        *IdempotencyRecord `protobuf:"bytes,1,opt,name=record,proto3" json:"record,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompleteKeyResponse) Reset() {
+	*x = CompleteKeyResponse{}
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompleteKeyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompleteKeyResponse) ProtoMessage() {}
+
+func (x *CompleteKeyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompleteKeyResponse.ProtoReflect.Descriptor instead.
+func (*CompleteKeyResponse) Descriptor() ([]byte, []int) {
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *CompleteKeyResponse) GetRecord() *IdempotencyRecord {
+	if x != nil {
+		return x.Record
+	}
+	return nil
+}
+
+// GetKeyRequest names a key.
+type GetKeyRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tenant owns the key; required.
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// idempotency_key is the key; required.
+	IdempotencyKey string `protobuf:"bytes,2,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *GetKeyRequest) Reset() {
+	*x = GetKeyRequest{}
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetKeyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetKeyRequest) ProtoMessage() {}
+
+func (x *GetKeyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetKeyRequest.ProtoReflect.Descriptor instead.
+func (*GetKeyRequest) Descriptor() ([]byte, []int) {
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *GetKeyRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *GetKeyRequest) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
+// GetKeyResponse is a key's record.
+type GetKeyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// record is the key's record.
+	Record        *IdempotencyRecord `protobuf:"bytes,1,opt,name=record,proto3" json:"record,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetKeyResponse) Reset() {
+	*x = GetKeyResponse{}
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetKeyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetKeyResponse) ProtoMessage() {}
+
+func (x *GetKeyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetKeyResponse.ProtoReflect.Descriptor instead.
+func (*GetKeyResponse) Descriptor() ([]byte, []int) {
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *GetKeyResponse) GetRecord() *IdempotencyRecord {
+	if x != nil {
+		return x.Record
+	}
+	return nil
+}
+
 var File_retrypolicy_v1_retry_policy_service_proto protoreflect.FileDescriptor
 
 const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
@@ -1156,7 +1561,7 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	" \x01(\x01R\x15tenantBudgetRemaining\x120\n" +
 	"\x14run_budget_remaining\x18\v \x01(\x04R\x12runBudgetRemaining\x12\x16\n" +
 	"\x06checks\x18\f \x03(\tR\x06checks\x12\x16\n" +
-	"\x06detail\x18\r \x01(\tR\x06detail\"\xac\x03\n" +
+	"\x06detail\x18\r \x01(\tR\x06detail\"\xd0\x03\n" +
 	"\aOutcome\x12+\n" +
 	"\x04call\x18\x01 \x01(\v2\x17.retrypolicy.v1.CallRefR\x04call\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\rR\aattempt\x12\x18\n" +
@@ -1166,7 +1571,8 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\tpermit_id\x18\x06 \x01(\tR\bpermitId\x12H\n" +
 	"\x11final_disposition\x18\a \x01(\x0e2\x1b.retrypolicy.v1.DispositionR\x10finalDisposition\x12F\n" +
 	"\x11final_stop_reason\x18\b \x01(\x0e2\x1a.retrypolicy.v1.StopReasonR\x0ffinalStopReason\x12)\n" +
-	"\x10already_recorded\x18\t \x01(\bR\x0falreadyRecorded\"K\n" +
+	"\x10already_recorded\x18\t \x01(\bR\x0falreadyRecorded\x12\"\n" +
+	"\fdeduplicated\x18\x14 \x01(\bR\fdeduplicated\"K\n" +
 	"\x14ReportOutcomeRequest\x123\n" +
 	"\boutcomes\x18\x01 \x03(\v2\x17.retrypolicy.v1.OutcomeR\boutcomes\"m\n" +
 	"\x15ReportOutcomeResponse\x12\x1a\n" +
@@ -1179,14 +1585,15 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\amessage\x18\x04 \x01(\tR\amessage\"U\n" +
 	"\fAdmitRequest\x12+\n" +
 	"\x04call\x18\x01 \x01(\v2\x17.retrypolicy.v1.CallRefR\x04call\x12\x18\n" +
-	"\aattempt\x18\x02 \x01(\rR\aattempt\"\xd0\x01\n" +
+	"\aattempt\x18\x02 \x01(\rR\aattempt\"\x94\x02\n" +
 	"\rAdmitResponse\x12\x1a\n" +
 	"\badmitted\x18\x01 \x01(\bR\badmitted\x122\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x1c.retrypolicy.v1.BreakerStateR\x05state\x12\x1b\n" +
 	"\tpermit_id\x18\x03 \x01(\tR\bpermitId\x12:\n" +
 	"\vretry_after\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"retryAfter\x12\x16\n" +
-	"\x06reason\x18\x05 \x01(\tR\x06reason\".\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x12B\n" +
+	"\x0frun_cutoff_time\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\rrunCutoffTime\".\n" +
 	"\x14WatchBreakersRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\"\x93\x01\n" +
 	"\x15WatchBreakersResponse\x121\n" +
@@ -1207,13 +1614,42 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\r_max_attempts\"t\n" +
 	"\x12PlanBudgetResponse\x12.\n" +
 	"\x04plan\x18\x01 \x01(\v2\x1a.retrypolicy.v1.BudgetPlanR\x04plan\x12.\n" +
-	"\x04hops\x18\x02 \x03(\v2\x1a.retrypolicy.v1.BudgetPlanR\x04hops2\x9d\x04\n" +
+	"\x04hops\x18\x02 \x03(\v2\x1a.retrypolicy.v1.BudgetPlanR\x04hops\"X\n" +
+	"\x0fClaimKeyRequest\x12+\n" +
+	"\x04call\x18\x01 \x01(\v2\x17.retrypolicy.v1.CallRefR\x04call\x12\x18\n" +
+	"\aattempt\x18\x02 \x01(\rR\aattempt\"\x98\x02\n" +
+	"\x10ClaimKeyResponse\x12.\n" +
+	"\x05state\x18\x01 \x01(\x0e2\x18.retrypolicy.v1.KeyStateR\x05state\x12\x19\n" +
+	"\blease_id\x18\x02 \x01(\tR\aleaseId\x12F\n" +
+	"\x11lease_expire_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x0fleaseExpireTime\x12\x1d\n" +
+	"\n" +
+	"result_ref\x18\x04 \x01(\tR\tresultRef\x12:\n" +
+	"\vretry_after\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"retryAfter\x12\x16\n" +
+	"\x06reason\x18\x06 \x01(\tR\x06reason\"\xc5\x01\n" +
+	"\x12CompleteKeyRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12'\n" +
+	"\x0fidempotency_key\x18\x02 \x01(\tR\x0eidempotencyKey\x12\x19\n" +
+	"\blease_id\x18\x03 \x01(\tR\aleaseId\x124\n" +
+	"\aoutcome\x18\x04 \x01(\x0e2\x1a.retrypolicy.v1.KeyOutcomeR\aoutcome\x12\x1d\n" +
+	"\n" +
+	"result_ref\x18\x05 \x01(\tR\tresultRef\"P\n" +
+	"\x13CompleteKeyResponse\x129\n" +
+	"\x06record\x18\x01 \x01(\v2!.retrypolicy.v1.IdempotencyRecordR\x06record\"P\n" +
+	"\rGetKeyRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12'\n" +
+	"\x0fidempotency_key\x18\x02 \x01(\tR\x0eidempotencyKey\"K\n" +
+	"\x0eGetKeyResponse\x129\n" +
+	"\x06record\x18\x01 \x01(\v2!.retrypolicy.v1.IdempotencyRecordR\x06record2\x92\x06\n" +
 	"\x12RetryPolicyService\x12R\n" +
 	"\bClassify\x12\x1f.retrypolicy.v1.ClassifyRequest\x1a .retrypolicy.v1.ClassifyResponse\"\x03\x90\x02\x01\x12P\n" +
 	"\tNextDelay\x12 .retrypolicy.v1.NextDelayRequest\x1a!.retrypolicy.v1.NextDelayResponse\x12\\\n" +
 	"\rReportOutcome\x12$.retrypolicy.v1.ReportOutcomeRequest\x1a%.retrypolicy.v1.ReportOutcomeResponse\x12D\n" +
 	"\x05Admit\x12\x1c.retrypolicy.v1.AdmitRequest\x1a\x1d.retrypolicy.v1.AdmitResponse\x12c\n" +
-	"\rWatchBreakers\x12$.retrypolicy.v1.WatchBreakersRequest\x1a%.retrypolicy.v1.WatchBreakersResponse\"\x03\x90\x02\x010\x01\x12X\n" +
+	"\rWatchBreakers\x12$.retrypolicy.v1.WatchBreakersRequest\x1a%.retrypolicy.v1.WatchBreakersResponse\"\x03\x90\x02\x010\x01\x12M\n" +
+	"\bClaimKey\x12\x1f.retrypolicy.v1.ClaimKeyRequest\x1a .retrypolicy.v1.ClaimKeyResponse\x12V\n" +
+	"\vCompleteKey\x12\".retrypolicy.v1.CompleteKeyRequest\x1a#.retrypolicy.v1.CompleteKeyResponse\x12L\n" +
+	"\x06GetKey\x12\x1d.retrypolicy.v1.GetKeyRequest\x1a\x1e.retrypolicy.v1.GetKeyResponse\"\x03\x90\x02\x01\x12X\n" +
 	"\n" +
 	"PlanBudget\x12!.retrypolicy.v1.PlanBudgetRequest\x1a\".retrypolicy.v1.PlanBudgetResponse\"\x03\x90\x02\x01B@Z>github.com/policyd/policyd/gen/go/retrypolicy/v1;retrypolicyv1b\x06proto3"
 
@@ -1229,7 +1665,7 @@ func file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP() []byte {
 	return file_retrypolicy_v1_retry_policy_service_proto_rawDescData
 }
 
-var file_retrypolicy_v1_retry_policy_service_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_retrypolicy_v1_retry_policy_service_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_retrypolicy_v1_retry_policy_service_proto_goTypes = []any{
 	(*ClassifyRequest)(nil),       // 0: retrypolicy.v1.ClassifyRequest
 	(*ClassifyResponse)(nil),      // 1: retrypolicy.v1.ClassifyResponse
@@ -1245,70 +1681,93 @@ var file_retrypolicy_v1_retry_policy_service_proto_goTypes = []any{
 	(*WatchBreakersResponse)(nil), // 11: retrypolicy.v1.WatchBreakersResponse
 	(*PlanBudgetRequest)(nil),     // 12: retrypolicy.v1.PlanBudgetRequest
 	(*PlanBudgetResponse)(nil),    // 13: retrypolicy.v1.PlanBudgetResponse
-	(*CallRef)(nil),               // 14: retrypolicy.v1.CallRef
-	(*Failure)(nil),               // 15: retrypolicy.v1.Failure
-	(Category)(0),                 // 16: retrypolicy.v1.Category
-	(*Pushback)(nil),              // 17: retrypolicy.v1.Pushback
-	(*durationpb.Duration)(nil),   // 18: google.protobuf.Duration
-	(Decision)(0),                 // 19: retrypolicy.v1.Decision
-	(StopReason)(0),               // 20: retrypolicy.v1.StopReason
-	(Disposition)(0),              // 21: retrypolicy.v1.Disposition
-	(BreakerState)(0),             // 22: retrypolicy.v1.BreakerState
-	(*Breaker)(nil),               // 23: retrypolicy.v1.Breaker
-	(*BackoffSettings)(nil),       // 24: retrypolicy.v1.BackoffSettings
-	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
-	(*BudgetPlan)(nil),            // 26: retrypolicy.v1.BudgetPlan
+	(*ClaimKeyRequest)(nil),       // 14: retrypolicy.v1.ClaimKeyRequest
+	(*ClaimKeyResponse)(nil),      // 15: retrypolicy.v1.ClaimKeyResponse
+	(*CompleteKeyRequest)(nil),    // 16: retrypolicy.v1.CompleteKeyRequest
+	(*CompleteKeyResponse)(nil),   // 17: retrypolicy.v1.CompleteKeyResponse
+	(*GetKeyRequest)(nil),         // 18: retrypolicy.v1.GetKeyRequest
+	(*GetKeyResponse)(nil),        // 19: retrypolicy.v1.GetKeyResponse
+	(*CallRef)(nil),               // 20: retrypolicy.v1.CallRef
+	(*Failure)(nil),               // 21: retrypolicy.v1.Failure
+	(Category)(0),                 // 22: retrypolicy.v1.Category
+	(*Pushback)(nil),              // 23: retrypolicy.v1.Pushback
+	(*durationpb.Duration)(nil),   // 24: google.protobuf.Duration
+	(Decision)(0),                 // 25: retrypolicy.v1.Decision
+	(StopReason)(0),               // 26: retrypolicy.v1.StopReason
+	(Disposition)(0),              // 27: retrypolicy.v1.Disposition
+	(BreakerState)(0),             // 28: retrypolicy.v1.BreakerState
+	(*timestamppb.Timestamp)(nil), // 29: google.protobuf.Timestamp
+	(*Breaker)(nil),               // 30: retrypolicy.v1.Breaker
+	(*BackoffSettings)(nil),       // 31: retrypolicy.v1.BackoffSettings
+	(*BudgetPlan)(nil),            // 32: retrypolicy.v1.BudgetPlan
+	(KeyState)(0),                 // 33: retrypolicy.v1.KeyState
+	(KeyOutcome)(0),               // 34: retrypolicy.v1.KeyOutcome
+	(*IdempotencyRecord)(nil),     // 35: retrypolicy.v1.IdempotencyRecord
 }
 var file_retrypolicy_v1_retry_policy_service_proto_depIdxs = []int32{
-	14, // 0: retrypolicy.v1.ClassifyRequest.call:type_name -> retrypolicy.v1.CallRef
-	15, // 1: retrypolicy.v1.ClassifyRequest.failure:type_name -> retrypolicy.v1.Failure
-	16, // 2: retrypolicy.v1.ClassifyResponse.category:type_name -> retrypolicy.v1.Category
-	14, // 3: retrypolicy.v1.NextDelayRequest.call:type_name -> retrypolicy.v1.CallRef
-	15, // 4: retrypolicy.v1.NextDelayRequest.failure:type_name -> retrypolicy.v1.Failure
-	17, // 5: retrypolicy.v1.NextDelayRequest.pushback:type_name -> retrypolicy.v1.Pushback
-	18, // 6: retrypolicy.v1.NextDelayRequest.previous_delay:type_name -> google.protobuf.Duration
-	19, // 7: retrypolicy.v1.NextDelayResponse.decision:type_name -> retrypolicy.v1.Decision
-	18, // 8: retrypolicy.v1.NextDelayResponse.delay:type_name -> google.protobuf.Duration
-	20, // 9: retrypolicy.v1.NextDelayResponse.stop_reason:type_name -> retrypolicy.v1.StopReason
-	21, // 10: retrypolicy.v1.NextDelayResponse.disposition:type_name -> retrypolicy.v1.Disposition
-	16, // 11: retrypolicy.v1.NextDelayResponse.category:type_name -> retrypolicy.v1.Category
-	18, // 12: retrypolicy.v1.NextDelayResponse.attempt_timeout:type_name -> google.protobuf.Duration
-	22, // 13: retrypolicy.v1.NextDelayResponse.breaker_state:type_name -> retrypolicy.v1.BreakerState
-	14, // 14: retrypolicy.v1.Outcome.call:type_name -> retrypolicy.v1.CallRef
-	15, // 15: retrypolicy.v1.Outcome.failure:type_name -> retrypolicy.v1.Failure
-	18, // 16: retrypolicy.v1.Outcome.latency:type_name -> google.protobuf.Duration
-	21, // 17: retrypolicy.v1.Outcome.final_disposition:type_name -> retrypolicy.v1.Disposition
-	20, // 18: retrypolicy.v1.Outcome.final_stop_reason:type_name -> retrypolicy.v1.StopReason
+	20, // 0: retrypolicy.v1.ClassifyRequest.call:type_name -> retrypolicy.v1.CallRef
+	21, // 1: retrypolicy.v1.ClassifyRequest.failure:type_name -> retrypolicy.v1.Failure
+	22, // 2: retrypolicy.v1.ClassifyResponse.category:type_name -> retrypolicy.v1.Category
+	20, // 3: retrypolicy.v1.NextDelayRequest.call:type_name -> retrypolicy.v1.CallRef
+	21, // 4: retrypolicy.v1.NextDelayRequest.failure:type_name -> retrypolicy.v1.Failure
+	23, // 5: retrypolicy.v1.NextDelayRequest.pushback:type_name -> retrypolicy.v1.Pushback
+	24, // 6: retrypolicy.v1.NextDelayRequest.previous_delay:type_name -> google.protobuf.Duration
+	25, // 7: retrypolicy.v1.NextDelayResponse.decision:type_name -> retrypolicy.v1.Decision
+	24, // 8: retrypolicy.v1.NextDelayResponse.delay:type_name -> google.protobuf.Duration
+	26, // 9: retrypolicy.v1.NextDelayResponse.stop_reason:type_name -> retrypolicy.v1.StopReason
+	27, // 10: retrypolicy.v1.NextDelayResponse.disposition:type_name -> retrypolicy.v1.Disposition
+	22, // 11: retrypolicy.v1.NextDelayResponse.category:type_name -> retrypolicy.v1.Category
+	24, // 12: retrypolicy.v1.NextDelayResponse.attempt_timeout:type_name -> google.protobuf.Duration
+	28, // 13: retrypolicy.v1.NextDelayResponse.breaker_state:type_name -> retrypolicy.v1.BreakerState
+	20, // 14: retrypolicy.v1.Outcome.call:type_name -> retrypolicy.v1.CallRef
+	21, // 15: retrypolicy.v1.Outcome.failure:type_name -> retrypolicy.v1.Failure
+	24, // 16: retrypolicy.v1.Outcome.latency:type_name -> google.protobuf.Duration
+	27, // 17: retrypolicy.v1.Outcome.final_disposition:type_name -> retrypolicy.v1.Disposition
+	26, // 18: retrypolicy.v1.Outcome.final_stop_reason:type_name -> retrypolicy.v1.StopReason
 	4,  // 19: retrypolicy.v1.ReportOutcomeRequest.outcomes:type_name -> retrypolicy.v1.Outcome
 	7,  // 20: retrypolicy.v1.ReportOutcomeResponse.refused:type_name -> retrypolicy.v1.OutcomeRefusal
-	14, // 21: retrypolicy.v1.AdmitRequest.call:type_name -> retrypolicy.v1.CallRef
-	22, // 22: retrypolicy.v1.AdmitResponse.state:type_name -> retrypolicy.v1.BreakerState
-	18, // 23: retrypolicy.v1.AdmitResponse.retry_after:type_name -> google.protobuf.Duration
-	23, // 24: retrypolicy.v1.WatchBreakersResponse.breaker:type_name -> retrypolicy.v1.Breaker
-	18, // 25: retrypolicy.v1.PlanBudgetRequest.window:type_name -> google.protobuf.Duration
-	24, // 26: retrypolicy.v1.PlanBudgetRequest.backoff:type_name -> retrypolicy.v1.BackoffSettings
-	18, // 27: retrypolicy.v1.PlanBudgetRequest.attempt_timeout:type_name -> google.protobuf.Duration
-	18, // 28: retrypolicy.v1.PlanBudgetRequest.ttl_margin:type_name -> google.protobuf.Duration
-	25, // 29: retrypolicy.v1.PlanBudgetRequest.origin_time:type_name -> google.protobuf.Timestamp
-	26, // 30: retrypolicy.v1.PlanBudgetResponse.plan:type_name -> retrypolicy.v1.BudgetPlan
-	26, // 31: retrypolicy.v1.PlanBudgetResponse.hops:type_name -> retrypolicy.v1.BudgetPlan
-	0,  // 32: retrypolicy.v1.RetryPolicyService.Classify:input_type -> retrypolicy.v1.ClassifyRequest
-	2,  // 33: retrypolicy.v1.RetryPolicyService.NextDelay:input_type -> retrypolicy.v1.NextDelayRequest
-	5,  // 34: retrypolicy.v1.RetryPolicyService.ReportOutcome:input_type -> retrypolicy.v1.ReportOutcomeRequest
-	8,  // 35: retrypolicy.v1.RetryPolicyService.Admit:input_type -> retrypolicy.v1.AdmitRequest
-	10, // 36: retrypolicy.v1.RetryPolicyService.WatchBreakers:input_type -> retrypolicy.v1.WatchBreakersRequest
-	12, // 37: retrypolicy.v1.RetryPolicyService.PlanBudget:input_type -> retrypolicy.v1.PlanBudgetRequest
-	1,  // 38: retrypolicy.v1.RetryPolicyService.Classify:output_type -> retrypolicy.v1.ClassifyResponse
-	3,  // 39: retrypolicy.v1.RetryPolicyService.NextDelay:output_type -> retrypolicy.v1.NextDelayResponse
-	6,  // 40: retrypolicy.v1.RetryPolicyService.ReportOutcome:output_type -> retrypolicy.v1.ReportOutcomeResponse
-	9,  // 41: retrypolicy.v1.RetryPolicyService.Admit:output_type -> retrypolicy.v1.AdmitResponse
-	11, // 42: retrypolicy.v1.RetryPolicyService.WatchBreakers:output_type -> retrypolicy.v1.WatchBreakersResponse
-	13, // 43: retrypolicy.v1.RetryPolicyService.PlanBudget:output_type -> retrypolicy.v1.PlanBudgetResponse
-	38, // [38:44] is the sub-list for method output_type
-	32, // [32:38] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	20, // 21: retrypolicy.v1.AdmitRequest.call:type_name -> retrypolicy.v1.CallRef
+	28, // 22: retrypolicy.v1.AdmitResponse.state:type_name -> retrypolicy.v1.BreakerState
+	24, // 23: retrypolicy.v1.AdmitResponse.retry_after:type_name -> google.protobuf.Duration
+	29, // 24: retrypolicy.v1.AdmitResponse.run_cutoff_time:type_name -> google.protobuf.Timestamp
+	30, // 25: retrypolicy.v1.WatchBreakersResponse.breaker:type_name -> retrypolicy.v1.Breaker
+	24, // 26: retrypolicy.v1.PlanBudgetRequest.window:type_name -> google.protobuf.Duration
+	31, // 27: retrypolicy.v1.PlanBudgetRequest.backoff:type_name -> retrypolicy.v1.BackoffSettings
+	24, // 28: retrypolicy.v1.PlanBudgetRequest.attempt_timeout:type_name -> google.protobuf.Duration
+	24, // 29: retrypolicy.v1.PlanBudgetRequest.ttl_margin:type_name -> google.protobuf.Duration
+	29, // 30: retrypolicy.v1.PlanBudgetRequest.origin_time:type_name -> google.protobuf.Timestamp
+	32, // 31: retrypolicy.v1.PlanBudgetResponse.plan:type_name -> retrypolicy.v1.BudgetPlan
+	32, // 32: retrypolicy.v1.PlanBudgetResponse.hops:type_name -> retrypolicy.v1.BudgetPlan
+	20, // 33: retrypolicy.v1.ClaimKeyRequest.call:type_name -> retrypolicy.v1.CallRef
+	33, // 34: retrypolicy.v1.ClaimKeyResponse.state:type_name -> retrypolicy.v1.KeyState
+	29, // 35: retrypolicy.v1.ClaimKeyResponse.lease_expire_time:type_name -> google.protobuf.Timestamp
+	24, // 36: retrypolicy.v1.ClaimKeyResponse.retry_after:type_name -> google.protobuf.Duration
+	34, // 37: retrypolicy.v1.CompleteKeyRequest.outcome:type_name -> retrypolicy.v1.KeyOutcome
+	35, // 38: retrypolicy.v1.CompleteKeyResponse.record:type_name -> retrypolicy.v1.IdempotencyRecord
+	35, // 39: retrypolicy.v1.GetKeyResponse.record:type_name -> retrypolicy.v1.IdempotencyRecord
+	0,  // 40: retrypolicy.v1.RetryPolicyService.Classify:input_type -> retrypolicy.v1.ClassifyRequest
+	2,  // 41: retrypolicy.v1.RetryPolicyService.NextDelay:input_type -> retrypolicy.v1.NextDelayRequest
+	5,  // 42: retrypolicy.v1.RetryPolicyService.ReportOutcome:input_type -> retrypolicy.v1.ReportOutcomeRequest
+	8,  // 43: retrypolicy.v1.RetryPolicyService.Admit:input_type -> retrypolicy.v1.AdmitRequest
+	10, // 44: retrypolicy.v1.RetryPolicyService.WatchBreakers:input_type -> retrypolicy.v1.WatchBreakersRequest
+	14, // 45: retrypolicy.v1.RetryPolicyService.ClaimKey:input_type -> retrypolicy.v1.ClaimKeyRequest
+	16, // 46: retrypolicy.v1.RetryPolicyService.CompleteKey:input_type -> retrypolicy.v1.CompleteKeyRequest
+	18, // 47: retrypolicy.v1.RetryPolicyService.GetKey:input_type -> retrypolicy.v1.GetKeyRequest
+	12, // 48: retrypolicy.v1.RetryPolicyService.PlanBudget:input_type -> retrypolicy.v1.PlanBudgetRequest
+	1,  // 49: retrypolicy.v1.RetryPolicyService.Classify:output_type -> retrypolicy.v1.ClassifyResponse
+	3,  // 50: retrypolicy.v1.RetryPolicyService.NextDelay:output_type -> retrypolicy.v1.NextDelayResponse
+	6,  // 51: retrypolicy.v1.RetryPolicyService.ReportOutcome:output_type -> retrypolicy.v1.ReportOutcomeResponse
+	9,  // 52: retrypolicy.v1.RetryPolicyService.Admit:output_type -> retrypolicy.v1.AdmitResponse
+	11, // 53: retrypolicy.v1.RetryPolicyService.WatchBreakers:output_type -> retrypolicy.v1.WatchBreakersResponse
+	15, // 54: retrypolicy.v1.RetryPolicyService.ClaimKey:output_type -> retrypolicy.v1.ClaimKeyResponse
+	17, // 55: retrypolicy.v1.RetryPolicyService.CompleteKey:output_type -> retrypolicy.v1.CompleteKeyResponse
+	19, // 56: retrypolicy.v1.RetryPolicyService.GetKey:output_type -> retrypolicy.v1.GetKeyResponse
+	13, // 57: retrypolicy.v1.RetryPolicyService.PlanBudget:output_type -> retrypolicy.v1.PlanBudgetResponse
+	49, // [49:58] is the sub-list for method output_type
+	40, // [40:49] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_retrypolicy_v1_retry_policy_service_proto_init() }
@@ -1324,7 +1783,7 @@ func file_retrypolicy_v1_retry_policy_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_retrypolicy_v1_retry_policy_service_proto_rawDesc), len(file_retrypolicy_v1_retry_policy_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

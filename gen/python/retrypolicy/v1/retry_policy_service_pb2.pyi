@@ -76,7 +76,7 @@ class NextDelayResponse(_message.Message):
     def __init__(self, decision: _Optional[_Union[_types_pb2.Decision, str]] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., stop_reason: _Optional[_Union[_types_pb2.StopReason, str]] = ..., disposition: _Optional[_Union[_types_pb2.Disposition, str]] = ..., category: _Optional[_Union[_types_pb2.Category, str]] = ..., classification: _Optional[str] = ..., pushback_note: _Optional[str] = ..., attempt_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., breaker_state: _Optional[_Union[_types_pb2.BreakerState, str]] = ..., tenant_budget_remaining: _Optional[float] = ..., run_budget_remaining: _Optional[int] = ..., checks: _Optional[_Iterable[str]] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class Outcome(_message.Message):
-    __slots__ = ("call", "attempt", "success", "failure", "latency", "permit_id", "final_disposition", "final_stop_reason", "already_recorded")
+    __slots__ = ("call", "attempt", "success", "failure", "latency", "permit_id", "final_disposition", "final_stop_reason", "already_recorded", "deduplicated")
     CALL_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     SUCCESS_FIELD_NUMBER: _ClassVar[int]
@@ -86,6 +86,7 @@ class Outcome(_message.Message):
     FINAL_DISPOSITION_FIELD_NUMBER: _ClassVar[int]
     FINAL_STOP_REASON_FIELD_NUMBER: _ClassVar[int]
     ALREADY_RECORDED_FIELD_NUMBER: _ClassVar[int]
+    DEDUPLICATED_FIELD_NUMBER: _ClassVar[int]
     call: _types_pb2.CallRef
     attempt: int
     success: bool
@@ -95,7 +96,8 @@ class Outcome(_message.Message):
     final_disposition: _types_pb2.Disposition
     final_stop_reason: _types_pb2.StopReason
     already_recorded: bool
-    def __init__(self, call: _Optional[_Union[_types_pb2.CallRef, _Mapping]] = ..., attempt: _Optional[int] = ..., success: _Optional[bool] = ..., failure: _Optional[_Union[_types_pb2.Failure, _Mapping]] = ..., latency: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., permit_id: _Optional[str] = ..., final_disposition: _Optional[_Union[_types_pb2.Disposition, str]] = ..., final_stop_reason: _Optional[_Union[_types_pb2.StopReason, str]] = ..., already_recorded: _Optional[bool] = ...) -> None: ...
+    deduplicated: bool
+    def __init__(self, call: _Optional[_Union[_types_pb2.CallRef, _Mapping]] = ..., attempt: _Optional[int] = ..., success: _Optional[bool] = ..., failure: _Optional[_Union[_types_pb2.Failure, _Mapping]] = ..., latency: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., permit_id: _Optional[str] = ..., final_disposition: _Optional[_Union[_types_pb2.Disposition, str]] = ..., final_stop_reason: _Optional[_Union[_types_pb2.StopReason, str]] = ..., already_recorded: _Optional[bool] = ..., deduplicated: _Optional[bool] = ...) -> None: ...
 
 class ReportOutcomeRequest(_message.Message):
     __slots__ = ("outcomes",)
@@ -132,18 +134,20 @@ class AdmitRequest(_message.Message):
     def __init__(self, call: _Optional[_Union[_types_pb2.CallRef, _Mapping]] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class AdmitResponse(_message.Message):
-    __slots__ = ("admitted", "state", "permit_id", "retry_after", "reason")
+    __slots__ = ("admitted", "state", "permit_id", "retry_after", "reason", "run_cutoff_time")
     ADMITTED_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     PERMIT_ID_FIELD_NUMBER: _ClassVar[int]
     RETRY_AFTER_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    RUN_CUTOFF_TIME_FIELD_NUMBER: _ClassVar[int]
     admitted: bool
     state: _types_pb2.BreakerState
     permit_id: str
     retry_after: _duration_pb2.Duration
     reason: str
-    def __init__(self, admitted: _Optional[bool] = ..., state: _Optional[_Union[_types_pb2.BreakerState, str]] = ..., permit_id: _Optional[str] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
+    run_cutoff_time: _timestamp_pb2.Timestamp
+    def __init__(self, admitted: _Optional[bool] = ..., state: _Optional[_Union[_types_pb2.BreakerState, str]] = ..., permit_id: _Optional[str] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., reason: _Optional[str] = ..., run_cutoff_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class WatchBreakersRequest(_message.Message):
     __slots__ = ("tenant",)
@@ -188,3 +192,61 @@ class PlanBudgetResponse(_message.Message):
     plan: _types_pb2.BudgetPlan
     hops: _containers.RepeatedCompositeFieldContainer[_types_pb2.BudgetPlan]
     def __init__(self, plan: _Optional[_Union[_types_pb2.BudgetPlan, _Mapping]] = ..., hops: _Optional[_Iterable[_Union[_types_pb2.BudgetPlan, _Mapping]]] = ...) -> None: ...
+
+class ClaimKeyRequest(_message.Message):
+    __slots__ = ("call", "attempt")
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    call: _types_pb2.CallRef
+    attempt: int
+    def __init__(self, call: _Optional[_Union[_types_pb2.CallRef, _Mapping]] = ..., attempt: _Optional[int] = ...) -> None: ...
+
+class ClaimKeyResponse(_message.Message):
+    __slots__ = ("state", "lease_id", "lease_expire_time", "result_ref", "retry_after", "reason")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    RESULT_REF_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    state: _types_pb2.KeyState
+    lease_id: str
+    lease_expire_time: _timestamp_pb2.Timestamp
+    result_ref: str
+    retry_after: _duration_pb2.Duration
+    reason: str
+    def __init__(self, state: _Optional[_Union[_types_pb2.KeyState, str]] = ..., lease_id: _Optional[str] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., result_ref: _Optional[str] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class CompleteKeyRequest(_message.Message):
+    __slots__ = ("tenant", "idempotency_key", "lease_id", "outcome", "result_ref")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    RESULT_REF_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    idempotency_key: str
+    lease_id: str
+    outcome: _types_pb2.KeyOutcome
+    result_ref: str
+    def __init__(self, tenant: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., lease_id: _Optional[str] = ..., outcome: _Optional[_Union[_types_pb2.KeyOutcome, str]] = ..., result_ref: _Optional[str] = ...) -> None: ...
+
+class CompleteKeyResponse(_message.Message):
+    __slots__ = ("record",)
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    record: _types_pb2.IdempotencyRecord
+    def __init__(self, record: _Optional[_Union[_types_pb2.IdempotencyRecord, _Mapping]] = ...) -> None: ...
+
+class GetKeyRequest(_message.Message):
+    __slots__ = ("tenant", "idempotency_key")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    idempotency_key: str
+    def __init__(self, tenant: _Optional[str] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+
+class GetKeyResponse(_message.Message):
+    __slots__ = ("record",)
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    record: _types_pb2.IdempotencyRecord
+    def __init__(self, record: _Optional[_Union[_types_pb2.IdempotencyRecord, _Mapping]] = ...) -> None: ...
