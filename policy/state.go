@@ -81,11 +81,16 @@ type Admission struct {
 type Result uint8
 
 // Results. ResultTerminal means the upstream answered (a 4xx): it is up, so
-// the breaker treats it as a success.
+// the breaker treats it as a success. ResultPushback is a transient failure
+// that carried a pushback hint (Retry-After and the like): the upstream is
+// up and asked for time, which the fleet-wide cool-down grants, so the
+// breaker counts it neither as a failure nor as a success
+// (fleet.BreakerResult).
 const (
 	ResultSuccess Result = iota + 1
 	ResultTransientFailure
 	ResultTerminal
+	ResultPushback
 )
 
 // TenantBudget configures a tenant's retry token bucket: retries withdraw

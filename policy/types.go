@@ -157,6 +157,10 @@ type BreakerConfig struct {
 	Cooldown            time.Duration
 	HalfOpenProbes      int
 	ProbeTimeout        time.Duration
+	// CountPushback counts a transient failure that carried a pushback
+	// hint toward the breaker; by default it only sets the fleet-wide
+	// cool-down (fleet.BreakerResult).
+	CountPushback bool `json:",omitempty"`
 }
 
 // Policy is a complete retry policy. Every number of the decision rules is a

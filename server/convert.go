@@ -395,6 +395,7 @@ func breakerFromPB(field string, b *pb.BreakerSettings, def policy.BreakerConfig
 	if out.ProbeTimeout, err = duration(field+".probe_timeout", b.GetProbeTimeout(), out.ProbeTimeout); err != nil {
 		return out, err
 	}
+	out.CountPushback = b.GetCountPushback()
 	return out, nil
 }
 
@@ -437,6 +438,7 @@ func policyToPB(p policy.Policy) *pb.Policy {
 			Cooldown:            durationpb.New(p.Breaker.Cooldown),
 			HalfOpenProbes:      u32(p.Breaker.HalfOpenProbes),
 			ProbeTimeout:        durationpb.New(p.Breaker.ProbeTimeout),
+			CountPushback:       p.Breaker.CountPushback,
 		},
 	}
 }

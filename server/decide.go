@@ -73,12 +73,14 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 	})
 
 	// The breaker learns of every failure; a terminal answer means the
-	// upstream is up.
+	// upstream is up, and so does pushback (fleet.BreakerResult). The hint
+	// is read here too when Decide stopped before its pushback check.
 	key := policy.KeyFor(p.Breaker, call.tenant, call.target)
-	result := policy.ResultTerminal
-	if dec.Class.Category == policy.CategoryTransient {
-		result = policy.ResultTransientFailure
+	hint := dec.Hint
+	if !hint.Present && dec.Class.Category == policy.CategoryTransient && in.hints != (policy.Hints{}) {
+		hint = policy.ParseHints(in.hints, now, p.Pushback.MaxHint)
 	}
+	result := fleet.BreakerResult(dec.Class.Category, hint.Present, &p.Breaker)
 	// The changes of this decision are made durable together, at once with
 	// --sync=always (one commit, not one per change).
 	u := d.store.Begin()
@@ -89,6 +91,11 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 	dec.Checks |= policy.CheckBreaker
 	ans := policy.Answer{Breaker: snap.State, Note: dec.Hint.Note}
 
+	if !dec.Retry && result == policy.ResultPushback && hint.Delay > 0 {
+		// Not retried, but the upstream's request for time still holds the
+		// fleet back: the cool-down is what pushback counts toward.
+		d.shareHint(ctx, u, hint, &p, key, call, now)
+	}
 	if dec.Retry {
 		timeout := (f.Kind == policy.FailureTransport && f.Transport == policy.TransportTimeout) ||
 			(f.Kind == policy.FailureGRPC && f.Code == int(codes.DeadlineExceeded))
@@ -163,12 +170,8 @@ func (d *Decisions) shared(ctx context.Context, u Changes, dec *policy.Decision,
 	}
 	cooldown := snap.CooldownUntil
 	if dec.Hint.Present && dec.Hint.Delay > 0 {
-		h := min(dec.Hint.Delay, p.Pushback.MaxHint)
-		if until, err := u.ExtendCooldown(key, p.Breaker, now.Add(h)); err == nil {
+		if until, ok := d.shareHint(ctx, u, dec.Hint, p, key, call, now); ok {
 			cooldown = until
-		} else {
-			d.cfg.Logger.WarnContext(ctx, "cool-down not shared", "call_id", call.callID, "tenant", call.tenant,
-				"target", call.target, "err", err)
 		}
 	}
 	if wait := cooldown.Sub(now); wait > dec.Delay {
@@ -209,6 +212,21 @@ func (d *Decisions) shared(ctx context.Context, u Changes, dec *policy.Decision,
 		stop(spend.Stop, spend.Disposition)
 	}
 	return nil
+}
+
+// shareHint makes a server's pushback hint the fleet-wide cool-down of the
+// breaker under key (capped at p.Pushback.MaxHint) and returns the end in
+// force; ok is false, and the failure logged, when the store could not.
+func (d *Decisions) shareHint(ctx context.Context, u Changes, hint policy.Hint, p *policy.Policy, key policy.BreakerKey,
+	call callRef, now time.Time) (until time.Time, ok bool) {
+	h := min(hint.Delay, p.Pushback.MaxHint)
+	until, err := u.ExtendCooldown(key, p.Breaker, now.Add(h))
+	if err != nil {
+		d.cfg.Logger.WarnContext(ctx, "cool-down not shared", "call_id", call.callID, "tenant", call.tenant,
+			"target", call.target, "err", err)
+		return time.Time{}, false
+	}
+	return until, true
 }
 
 // decideAdmit is Admit's decision, in domain types: the shared breaker of

@@ -1231,7 +1231,12 @@ type BreakerSettings struct {
 	HalfOpenProbes *uint32 `protobuf:"varint,8,opt,name=half_open_probes,json=halfOpenProbes,proto3,oneof" json:"half_open_probes,omitempty"`
 	// probe_timeout is how long an unreported probe permit holds its slot
 	// before it expires; default 30s.
-	ProbeTimeout  *durationpb.Duration `protobuf:"bytes,9,opt,name=probe_timeout,json=probeTimeout,proto3" json:"probe_timeout,omitempty"`
+	ProbeTimeout *durationpb.Duration `protobuf:"bytes,9,opt,name=probe_timeout,json=probeTimeout,proto3" json:"probe_timeout,omitempty"`
+	// count_pushback counts a transient failure that carried a pushback hint
+	// (Retry-After, grpc-retry-pushback-ms, X-RateLimit-Reset,
+	// x-amz-retry-after) toward the breaker. By default such a failure only
+	// sets the fleet-wide cool-down: the upstream is up and asked for time.
+	CountPushback bool `protobuf:"varint,10,opt,name=count_pushback,json=countPushback,proto3" json:"count_pushback,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1327,6 +1332,13 @@ func (x *BreakerSettings) GetProbeTimeout() *durationpb.Duration {
 		return x.ProbeTimeout
 	}
 	return nil
+}
+
+func (x *BreakerSettings) GetCountPushback() bool {
+	if x != nil {
+		return x.CountPushback
+	}
+	return false
 }
 
 // Policy is a complete retry policy. Unset fields take the defaults named on
@@ -2419,7 +2431,7 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"min_spread\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\tminSpread\x124\n" +
 	"\bmax_hint\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\amaxHintB\x0f\n" +
-	"\r_spread_ratio\"\x9e\x04\n" +
+	"\r_spread_ratio\"\xc5\x04\n" +
 	"\x0fBreakerSettings\x12/\n" +
 	"\x04mode\x18\x01 \x01(\x0e2\x1b.retrypolicy.v1.BreakerModeR\x04mode\x122\n" +
 	"\x05scope\x18\x02 \x01(\x0e2\x1c.retrypolicy.v1.BreakerScopeR\x05scope\x126\n" +
@@ -2429,7 +2441,9 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\tmin_calls\x18\x06 \x01(\rH\x02R\bminCalls\x88\x01\x01\x125\n" +
 	"\bcooldown\x18\a \x01(\v2\x19.google.protobuf.DurationR\bcooldown\x12-\n" +
 	"\x10half_open_probes\x18\b \x01(\rH\x03R\x0ehalfOpenProbes\x88\x01\x01\x12>\n" +
-	"\rprobe_timeout\x18\t \x01(\v2\x19.google.protobuf.DurationR\fprobeTimeoutB\x17\n" +
+	"\rprobe_timeout\x18\t \x01(\v2\x19.google.protobuf.DurationR\fprobeTimeout\x12%\n" +
+	"\x0ecount_pushback\x18\n" +
+	" \x01(\bR\rcountPushbackB\x17\n" +
 	"\x15_consecutive_failuresB\x0f\n" +
 	"\r_failure_rateB\f\n" +
 	"\n" +

@@ -224,7 +224,7 @@ class PushbackSettings(_message.Message):
     def __init__(self, mode: _Optional[_Union[RetryAfterMode, str]] = ..., spread_ratio: _Optional[float] = ..., min_spread: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_hint: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class BreakerSettings(_message.Message):
-    __slots__ = ("mode", "scope", "consecutive_failures", "failure_rate", "window", "min_calls", "cooldown", "half_open_probes", "probe_timeout")
+    __slots__ = ("mode", "scope", "consecutive_failures", "failure_rate", "window", "min_calls", "cooldown", "half_open_probes", "probe_timeout", "count_pushback")
     MODE_FIELD_NUMBER: _ClassVar[int]
     SCOPE_FIELD_NUMBER: _ClassVar[int]
     CONSECUTIVE_FAILURES_FIELD_NUMBER: _ClassVar[int]
@@ -234,6 +234,7 @@ class BreakerSettings(_message.Message):
     COOLDOWN_FIELD_NUMBER: _ClassVar[int]
     HALF_OPEN_PROBES_FIELD_NUMBER: _ClassVar[int]
     PROBE_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    COUNT_PUSHBACK_FIELD_NUMBER: _ClassVar[int]
     mode: BreakerMode
     scope: BreakerScope
     consecutive_failures: int
@@ -243,7 +244,8 @@ class BreakerSettings(_message.Message):
     cooldown: _duration_pb2.Duration
     half_open_probes: int
     probe_timeout: _duration_pb2.Duration
-    def __init__(self, mode: _Optional[_Union[BreakerMode, str]] = ..., scope: _Optional[_Union[BreakerScope, str]] = ..., consecutive_failures: _Optional[int] = ..., failure_rate: _Optional[float] = ..., window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., min_calls: _Optional[int] = ..., cooldown: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., half_open_probes: _Optional[int] = ..., probe_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    count_pushback: bool
+    def __init__(self, mode: _Optional[_Union[BreakerMode, str]] = ..., scope: _Optional[_Union[BreakerScope, str]] = ..., consecutive_failures: _Optional[int] = ..., failure_rate: _Optional[float] = ..., window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., min_calls: _Optional[int] = ..., cooldown: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., half_open_probes: _Optional[int] = ..., probe_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., count_pushback: _Optional[bool] = ...) -> None: ...
 
 class Policy(_message.Message):
     __slots__ = ("backoff", "pushback", "max_attempts", "attempt_timeout", "call_deadline", "transient_http_statuses", "terminal_http_statuses", "transient_grpc_codes", "breaker")
