@@ -46,7 +46,7 @@ var (
 
 	allBuckets = [][]byte{bucketMeta, bucketBreakers, bucketBudgets, bucketTokens,
 		bucketPolicies, bucketRuns, bucketRunState, bucketRunCalls,
-		bucketAuditSeg, bucketAttempts}
+		bucketAuditSeg, bucketAttempts, bucketLeases}
 )
 
 // Defaults of Options.
@@ -204,6 +204,8 @@ type Store struct {
 
 	attempts   attemptTable
 	attemptSeq atomic.Uint64
+
+	pools shardMap[policy.BreakerKey, *leasePool] // concurrency ceilings (leases.go)
 
 	policies      atomic.Pointer[policyMap]
 	defaultPolicy policy.Policy
@@ -376,6 +378,7 @@ func newStore(db *bbolt.DB, opts Options, def policy.TenantBudget) *Store {
 		defaultPolicy: policy.Default(),
 	}
 	s.breakers.init(hashKey)
+	s.pools.init(hashKey)
 	s.buckets.init(maphash.String)
 	s.runs.init(maphash.String)
 	s.attempts.init(s.opts.MaxAttemptRecords)
@@ -616,6 +619,7 @@ func (s *Store) loaders(tx *bbolt.Tx) []func() error {
 		func() error { return s.loadAudit(tx) },
 		func() error { return s.loadAttempts(tx, now) },
 		func() error { return s.loadBreakers(tx, now) },
+		func() error { return s.loadLeases(tx) },
 	}
 }
 

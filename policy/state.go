@@ -75,6 +75,21 @@ type Admission struct {
 	PermitID   string        // set for a HALF_OPEN probe
 	RetryAfter time.Duration // when refused: how long until asking again makes sense
 	Reason     string        // breaker:closed, breaker:open, breaker:probe, breaker:probes_taken, cooldown:pushback, ...
+
+	// LeaseID is the concurrency lease handed out with the admission, when
+	// the policy has a ceiling (FlowConfig.MaxInFlight); LeaseExpiry is
+	// when it frees its slot unreturned.
+	LeaseID     string
+	LeaseExpiry time.Time
+	// FlowControlled is true when the policy has a fleet-wide ceiling, so
+	// every attempt must ask for admission.
+	FlowControlled bool
+}
+
+// PoolStatus is a concurrency ceiling's state at an instant.
+type PoolStatus struct {
+	InFlight int    // leases live
+	Stray    uint64 // releases of leases not held, ignored
 }
 
 // Result is what an attempt's outcome means to a breaker.
@@ -298,6 +313,10 @@ type Answer struct {
 	TenantTokens   float64
 	RunRemaining   uint64
 	Deadline       time.Time // the call's effective deadline (the run's cut-off included), zero if none
+	// FlowControlled is true when the call's policy has a fleet-wide
+	// ceiling; it is not remembered with the answer but set from the
+	// policy in force each time the answer is given.
+	FlowControlled bool
 }
 
 // CallKey names one call: call ids are scoped by tenant.

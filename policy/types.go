@@ -178,6 +178,45 @@ type Policy struct {
 	TransientGRPC []int
 
 	Breaker BreakerConfig
+
+	// Flow sets the fleet-wide ceilings; the zero value sets none.
+	Flow FlowConfig `json:",omitzero"`
+}
+
+// FlowConfig sets the fleet-wide ceilings of a target, keyed as its breaker
+// is (BreakerConfig.Scope).
+type FlowConfig struct {
+	// MaxInFlight is the concurrency ceiling: at most this many attempts
+	// hold a lease at once, fleet-wide; 0 means none.
+	MaxInFlight int `json:",omitempty"`
+	// LeaseSlack is added to the attempt timeout (to the breaker's probe
+	// timeout when that is 0) to give a lease's life; 0 means
+	// DefaultLeaseSlack.
+	LeaseSlack time.Duration `json:",omitempty"`
+}
+
+// DefaultLeaseSlack is the lease slack of a policy that sets none.
+const DefaultLeaseSlack = 5 * time.Second
+
+// MaxCeiling is the largest concurrency ceiling a policy may set.
+const MaxCeiling = 1_000_000
+
+// FlowControlled reports whether the policy has a fleet-wide ceiling, so
+// every attempt asks Admit, even while the breaker is CLOSED.
+func (p *Policy) FlowControlled() bool { return p.Flow.MaxInFlight > 0 }
+
+// LeaseTTL is the life of a concurrency lease under p: the attempt timeout
+// (the breaker's probe timeout when that is 0) plus the lease slack.
+func (p *Policy) LeaseTTL() time.Duration {
+	t := p.AttemptTimeout
+	if t <= 0 {
+		t = p.Breaker.ProbeTimeout
+	}
+	slack := p.Flow.LeaseSlack
+	if slack <= 0 {
+		slack = DefaultLeaseSlack
+	}
+	return t + slack
 }
 
 // Defaults of DESIGN.md.

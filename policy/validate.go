@@ -124,7 +124,20 @@ func (p *Policy) Validate() error {
 	if err := validateCodes("transient_grpc_codes", p.TransientGRPC, 1, grpcLast); err != nil {
 		return err
 	}
-	return validateBreaker(p.Breaker)
+	if err := validateBreaker(p.Breaker); err != nil {
+		return err
+	}
+	return validateFlow(p.Flow)
+}
+
+func validateFlow(f FlowConfig) error {
+	switch {
+	case f.MaxInFlight < 0 || f.MaxInFlight > MaxCeiling:
+		return fieldErr("flow.max_in_flight", "must be between 1 and "+itoa(MaxCeiling))
+	case f.LeaseSlack < 0:
+		return fieldErr("flow.lease_slack", "must be >= 0")
+	}
+	return nil
 }
 
 func validateBreaker(b BreakerConfig) error {

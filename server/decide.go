@@ -28,6 +28,7 @@ type nextDelayRequest struct {
 	hints   policy.Hints
 	prev    time.Duration // the previous delay
 	permit  string        // the HALF_OPEN probe permit the attempt used
+	lease   string        // the concurrency lease the attempt held
 }
 
 // decideNextDelay is NextDelay's decision, in domain types: an attempt
@@ -47,7 +48,9 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 		return policy.Answer{}, "", storeError(ctx, d.cfg.Logger, "attempt", err)
 	}
 	p, _ := d.store.Resolve(call.tenant, call.target)
+	d.releaseLease(ctx, &p, call, in.lease) // the attempt is over, whatever comes of it
 	if replay {
+		prior.FlowControlled = p.FlowControlled()
 		return prior, answerDetail(&prior, &p), nil
 	}
 
@@ -89,7 +92,7 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 		return policy.Answer{}, "", storeError(ctx, d.cfg.Logger, "breaker", err)
 	}
 	dec.Checks |= policy.CheckBreaker
-	ans := policy.Answer{Breaker: snap.State, Note: dec.Hint.Note}
+	ans := policy.Answer{Breaker: snap.State, Note: dec.Hint.Note, FlowControlled: p.FlowControlled()}
 
 	if !dec.Retry && result == policy.ResultPushback && hint.Delay > 0 {
 		// Not retried, but the upstream's request for time still holds the
@@ -234,7 +237,7 @@ func (d *Decisions) shareHint(ctx context.Context, u Changes, hint policy.Hint, 
 // audit trail); an error is a status, mapped by errors.go.
 func (d *Decisions) decideAdmit(ctx context.Context, call callRef, attempt uint32) (policy.Admission, error) {
 	p, _ := d.store.Resolve(call.tenant, call.target)
-	a, err := d.store.Admit(policy.KeyFor(p.Breaker, call.tenant, call.target), p.Breaker)
+	a, err := d.admit(&p, call)
 	if err != nil {
 		return policy.Admission{}, storeError(ctx, d.cfg.Logger, "breaker", err)
 	}
@@ -337,6 +340,7 @@ type outcomeItem struct {
 	failure         policy.Failure
 	latency         time.Duration
 	permit          string
+	lease           string
 	final           fleet.Final
 }
 

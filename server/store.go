@@ -22,6 +22,7 @@ type Store interface {
 	Audit
 	Outcomes
 	Attempts
+	Leases
 	// Begin starts a batch for the state changes of one request
 	// (NextDelay's breaker failure, cool-down, retry spend, attempt record
 	// and audit record), so a store that makes changes durable before
@@ -54,6 +55,28 @@ type Changes = interface {
 	// Commit makes every change durable, in one transaction where the
 	// store commits before answering; nothing rolls back.
 	Commit() error
+}
+
+// Leases holds the fleet-wide concurrency ceilings (policy.FlowConfig):
+// per breaker key, the leases live, each an unguessable id with an expiry.
+// At most the ceiling are live at once, and a lease past its expiry no
+// longer counts, so a crashed worker cannot leak one.
+type Leases interface {
+	// AdmitLease admits an attempt under a ceiling: it takes one of at
+	// most ceiling live leases under key, expiring after ttl, then asks
+	// the breaker under key as Admit does, returning the lease at once
+	// when the breaker refuses. A full ceiling refuses with reason
+	// concurrency:full and a RetryAfter of wait, or less when a lease
+	// expires sooner, without asking the breaker. An admitted Admission
+	// carries LeaseID and LeaseExpiry besides the breaker's answer.
+	AdmitLease(key policy.BreakerKey, cfg policy.BreakerConfig, ceiling int, ttl, wait time.Duration) (policy.Admission, error)
+	// ReleaseLease returns lease id under key and reports whether it was
+	// held; one not held (expired, returned before, never handed out) is
+	// ignored and counted, never an error.
+	ReleaseLease(key policy.BreakerKey, id string) (bool, error)
+	// Pool returns the ceiling's live leases and stray releases under key,
+	// the zero status when there are none.
+	Pool(key policy.BreakerKey) (policy.PoolStatus, error)
 }
 
 // Attempts remembers per call the highest attempt decided and its answer.

@@ -10,6 +10,7 @@ import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -160,7 +161,10 @@ type NextDelayRequest struct {
 	PreviousDelay *durationpb.Duration `protobuf:"bytes,5,opt,name=previous_delay,json=previousDelay,proto3" json:"previous_delay,omitempty"`
 	// permit_id is the HALF_OPEN probe permit the failed attempt used, if any;
 	// it releases the permit's slot.
-	PermitId      string `protobuf:"bytes,6,opt,name=permit_id,json=permitId,proto3" json:"permit_id,omitempty"`
+	PermitId string `protobuf:"bytes,6,opt,name=permit_id,json=permitId,proto3" json:"permit_id,omitempty"`
+	// lease_id is the concurrency lease the failed attempt held, if any; it
+	// is returned.
+	LeaseId       string `protobuf:"bytes,7,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -237,6 +241,13 @@ func (x *NextDelayRequest) GetPermitId() string {
 	return ""
 }
 
+func (x *NextDelayRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
 // NextDelayResponse is RETRY with a delay, or STOP with a reason.
 type NextDelayResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -268,9 +279,13 @@ type NextDelayResponse struct {
 	// tenant_budget, run_budget).
 	Checks []string `protobuf:"bytes,12,rep,name=checks,proto3" json:"checks,omitempty"`
 	// detail is a short human-readable explanation of the decision.
-	Detail        string `protobuf:"bytes,13,opt,name=detail,proto3" json:"detail,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Detail string `protobuf:"bytes,13,opt,name=detail,proto3" json:"detail,omitempty"`
+	// flow_controlled is true when the target's policy has a fleet-wide
+	// ceiling (flow.max_in_flight): every attempt must ask Admit for a lease,
+	// even while the breaker is CLOSED.
+	FlowControlled bool `protobuf:"varint,14,opt,name=flow_controlled,json=flowControlled,proto3" json:"flow_controlled,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *NextDelayResponse) Reset() {
@@ -394,6 +409,13 @@ func (x *NextDelayResponse) GetDetail() string {
 	return ""
 }
 
+func (x *NextDelayResponse) GetFlowControlled() bool {
+	if x != nil {
+		return x.FlowControlled
+	}
+	return false
+}
+
 // Outcome is the result of one attempt, reported after the fact.
 type Outcome struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -419,8 +441,11 @@ type Outcome struct {
 	// already_recorded is true when this failure was already told to NextDelay
 	// and must not be counted again by the breaker.
 	AlreadyRecorded bool `protobuf:"varint,9,opt,name=already_recorded,json=alreadyRecorded,proto3" json:"already_recorded,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// lease_id is the concurrency lease the attempt held, if any; it is
+	// returned.
+	LeaseId       string `protobuf:"bytes,10,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Outcome) Reset() {
@@ -516,6 +541,13 @@ func (x *Outcome) GetAlreadyRecorded() bool {
 	return false
 }
 
+func (x *Outcome) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
 // ReportOutcomeRequest carries a batch of outcomes.
 type ReportOutcomeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -570,9 +602,14 @@ type ReportOutcomeResponse struct {
 	Accepted uint32 `protobuf:"varint,1,opt,name=accepted,proto3" json:"accepted,omitempty"`
 	// refused lists the outcomes the fleet's state refused, in batch order;
 	// the rest of the batch was applied.
-	Refused       []*OutcomeRefusal `protobuf:"bytes,2,rep,name=refused,proto3" json:"refused,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Refused []*OutcomeRefusal `protobuf:"bytes,2,rep,name=refused,proto3" json:"refused,omitempty"`
+	// flow_controlled_targets lists, once each, the targets of the batch's
+	// outcomes whose policy has a fleet-wide ceiling (flow.max_in_flight), so
+	// a client that skips Admit while a breaker is CLOSED learns within one
+	// report that it must ask for leases; the batch's other targets have none.
+	FlowControlledTargets []string `protobuf:"bytes,3,rep,name=flow_controlled_targets,json=flowControlledTargets,proto3" json:"flow_controlled_targets,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *ReportOutcomeResponse) Reset() {
@@ -615,6 +652,13 @@ func (x *ReportOutcomeResponse) GetAccepted() uint32 {
 func (x *ReportOutcomeResponse) GetRefused() []*OutcomeRefusal {
 	if x != nil {
 		return x.Refused
+	}
+	return nil
+}
+
+func (x *ReportOutcomeResponse) GetFlowControlledTargets() []string {
+	if x != nil {
+		return x.FlowControlledTargets
 	}
 	return nil
 }
@@ -761,10 +805,22 @@ type AdmitResponse struct {
 	// retry_after is how long to wait before asking again, when refused.
 	RetryAfter *durationpb.Duration `protobuf:"bytes,4,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
 	// reason says why: breaker:closed, breaker:open, breaker:probe,
-	// breaker:probes_taken, cooldown:pushback.
-	Reason        string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// breaker:probes_taken, cooldown:pushback, concurrency:full (every lease
+	// of the ceiling is out; retry_after is how long to wait before asking
+	// again: the policy's backoff base delay, or less when a lease expires
+	// sooner).
+	Reason string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	// lease_id is set when the target has a concurrency ceiling and the
+	// attempt was admitted: 32 hex digits, unguessable. Return it with the
+	// attempt's outcome (NextDelay or ReportOutcome) or ReleaseLease.
+	LeaseId string `protobuf:"bytes,6,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// lease_expire_time is when an unreturned lease frees its slot.
+	LeaseExpireTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=lease_expire_time,json=leaseExpireTime,proto3" json:"lease_expire_time,omitempty"`
+	// flow_controlled is true when the target's policy has a fleet-wide
+	// ceiling: ask Admit before every attempt, even while CLOSED.
+	FlowControlled bool `protobuf:"varint,8,opt,name=flow_controlled,json=flowControlled,proto3" json:"flow_controlled,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *AdmitResponse) Reset() {
@@ -832,6 +888,130 @@ func (x *AdmitResponse) GetReason() string {
 	return ""
 }
 
+func (x *AdmitResponse) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+func (x *AdmitResponse) GetLeaseExpireTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LeaseExpireTime
+	}
+	return nil
+}
+
+func (x *AdmitResponse) GetFlowControlled() bool {
+	if x != nil {
+		return x.FlowControlled
+	}
+	return false
+}
+
+// ReleaseLeaseRequest returns a concurrency lease.
+type ReleaseLeaseRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// call identifies the call; tenant and target are required.
+	Call *CallRef `protobuf:"bytes,1,opt,name=call,proto3" json:"call,omitempty"`
+	// lease_id is the lease Admit handed out; required.
+	LeaseId       string `protobuf:"bytes,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseLeaseRequest) Reset() {
+	*x = ReleaseLeaseRequest{}
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseLeaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseLeaseRequest) ProtoMessage() {}
+
+func (x *ReleaseLeaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseLeaseRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseLeaseRequest) Descriptor() ([]byte, []int) {
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ReleaseLeaseRequest) GetCall() *CallRef {
+	if x != nil {
+		return x.Call
+	}
+	return nil
+}
+
+func (x *ReleaseLeaseRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+// ReleaseLeaseResponse says whether the lease was held.
+type ReleaseLeaseResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// released is true when the lease was live and is now returned; false
+	// when it was not held (expired, already returned, never handed out),
+	// which is ignored and counted, never an error.
+	Released      bool `protobuf:"varint,1,opt,name=released,proto3" json:"released,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseLeaseResponse) Reset() {
+	*x = ReleaseLeaseResponse{}
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseLeaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseLeaseResponse) ProtoMessage() {}
+
+func (x *ReleaseLeaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseLeaseResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseLeaseResponse) Descriptor() ([]byte, []int) {
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ReleaseLeaseResponse) GetReleased() bool {
+	if x != nil {
+		return x.Released
+	}
+	return false
+}
+
 // WatchBreakersRequest subscribes to breaker state changes.
 type WatchBreakersRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -844,7 +1024,7 @@ type WatchBreakersRequest struct {
 
 func (x *WatchBreakersRequest) Reset() {
 	*x = WatchBreakersRequest{}
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[10]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -856,7 +1036,7 @@ func (x *WatchBreakersRequest) String() string {
 func (*WatchBreakersRequest) ProtoMessage() {}
 
 func (x *WatchBreakersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[10]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -869,7 +1049,7 @@ func (x *WatchBreakersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchBreakersRequest.ProtoReflect.Descriptor instead.
 func (*WatchBreakersRequest) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{10}
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *WatchBreakersRequest) GetTenant() string {
@@ -896,7 +1076,7 @@ type WatchBreakersResponse struct {
 
 func (x *WatchBreakersResponse) Reset() {
 	*x = WatchBreakersResponse{}
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[11]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -908,7 +1088,7 @@ func (x *WatchBreakersResponse) String() string {
 func (*WatchBreakersResponse) ProtoMessage() {}
 
 func (x *WatchBreakersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[11]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -921,7 +1101,7 @@ func (x *WatchBreakersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchBreakersResponse.ProtoReflect.Descriptor instead.
 func (*WatchBreakersResponse) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{11}
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *WatchBreakersResponse) GetBreaker() *Breaker {
@@ -968,7 +1148,7 @@ type PlanBudgetRequest struct {
 
 func (x *PlanBudgetRequest) Reset() {
 	*x = PlanBudgetRequest{}
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[12]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -980,7 +1160,7 @@ func (x *PlanBudgetRequest) String() string {
 func (*PlanBudgetRequest) ProtoMessage() {}
 
 func (x *PlanBudgetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[12]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -993,7 +1173,7 @@ func (x *PlanBudgetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlanBudgetRequest.ProtoReflect.Descriptor instead.
 func (*PlanBudgetRequest) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{12}
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PlanBudgetRequest) GetWindow() *durationpb.Duration {
@@ -1052,7 +1232,7 @@ type PlanBudgetResponse struct {
 
 func (x *PlanBudgetResponse) Reset() {
 	*x = PlanBudgetResponse{}
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[13]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1064,7 +1244,7 @@ func (x *PlanBudgetResponse) String() string {
 func (*PlanBudgetResponse) ProtoMessage() {}
 
 func (x *PlanBudgetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[13]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1077,7 +1257,7 @@ func (x *PlanBudgetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlanBudgetResponse.ProtoReflect.Descriptor instead.
 func (*PlanBudgetResponse) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{13}
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PlanBudgetResponse) GetPlan() *BudgetPlan {
@@ -1098,21 +1278,22 @@ var File_retrypolicy_v1_retry_policy_service_proto protoreflect.FileDescriptor
 
 const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\n" +
-	")retrypolicy/v1/retry_policy_service.proto\x12\x0eretrypolicy.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1aretrypolicy/v1/types.proto\"q\n" +
+	")retrypolicy/v1/retry_policy_service.proto\x12\x0eretrypolicy.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1aretrypolicy/v1/types.proto\"q\n" +
 	"\x0fClassifyRequest\x12+\n" +
 	"\x04call\x18\x01 \x01(\v2\x17.retrypolicy.v1.CallRefR\x04call\x121\n" +
 	"\afailure\x18\x02 \x01(\v2\x17.retrypolicy.v1.FailureR\afailure\"~\n" +
 	"\x10ClassifyResponse\x12\x1c\n" +
 	"\tretryable\x18\x01 \x01(\bR\tretryable\x124\n" +
 	"\bcategory\x18\x02 \x01(\x0e2\x18.retrypolicy.v1.CategoryR\bcategory\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xa1\x02\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xbc\x02\n" +
 	"\x10NextDelayRequest\x12+\n" +
 	"\x04call\x18\x01 \x01(\v2\x17.retrypolicy.v1.CallRefR\x04call\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\rR\aattempt\x121\n" +
 	"\afailure\x18\x03 \x01(\v2\x17.retrypolicy.v1.FailureR\afailure\x124\n" +
 	"\bpushback\x18\x04 \x01(\v2\x18.retrypolicy.v1.PushbackR\bpushback\x12@\n" +
 	"\x0eprevious_delay\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\rpreviousDelay\x12\x1b\n" +
-	"\tpermit_id\x18\x06 \x01(\tR\bpermitId\"\x9a\x05\n" +
+	"\tpermit_id\x18\x06 \x01(\tR\bpermitId\x12\x19\n" +
+	"\blease_id\x18\a \x01(\tR\aleaseId\"\xc3\x05\n" +
 	"\x11NextDelayResponse\x124\n" +
 	"\bdecision\x18\x01 \x01(\x0e2\x18.retrypolicy.v1.DecisionR\bdecision\x12/\n" +
 	"\x05delay\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x05delay\x12;\n" +
@@ -1128,7 +1309,8 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	" \x01(\x01R\x15tenantBudgetRemaining\x120\n" +
 	"\x14run_budget_remaining\x18\v \x01(\x04R\x12runBudgetRemaining\x12\x16\n" +
 	"\x06checks\x18\f \x03(\tR\x06checks\x12\x16\n" +
-	"\x06detail\x18\r \x01(\tR\x06detail\"\xac\x03\n" +
+	"\x06detail\x18\r \x01(\tR\x06detail\x12'\n" +
+	"\x0fflow_controlled\x18\x0e \x01(\bR\x0eflowControlled\"\xc7\x03\n" +
 	"\aOutcome\x12+\n" +
 	"\x04call\x18\x01 \x01(\v2\x17.retrypolicy.v1.CallRefR\x04call\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\rR\aattempt\x12\x18\n" +
@@ -1138,12 +1320,15 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\tpermit_id\x18\x06 \x01(\tR\bpermitId\x12H\n" +
 	"\x11final_disposition\x18\a \x01(\x0e2\x1b.retrypolicy.v1.DispositionR\x10finalDisposition\x12F\n" +
 	"\x11final_stop_reason\x18\b \x01(\x0e2\x1a.retrypolicy.v1.StopReasonR\x0ffinalStopReason\x12)\n" +
-	"\x10already_recorded\x18\t \x01(\bR\x0falreadyRecorded\"K\n" +
+	"\x10already_recorded\x18\t \x01(\bR\x0falreadyRecorded\x12\x19\n" +
+	"\blease_id\x18\n" +
+	" \x01(\tR\aleaseId\"K\n" +
 	"\x14ReportOutcomeRequest\x123\n" +
-	"\boutcomes\x18\x01 \x03(\v2\x17.retrypolicy.v1.OutcomeR\boutcomes\"m\n" +
+	"\boutcomes\x18\x01 \x03(\v2\x17.retrypolicy.v1.OutcomeR\boutcomes\"\xa5\x01\n" +
 	"\x15ReportOutcomeResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\rR\baccepted\x128\n" +
-	"\arefused\x18\x02 \x03(\v2\x1e.retrypolicy.v1.OutcomeRefusalR\arefused\"j\n" +
+	"\arefused\x18\x02 \x03(\v2\x1e.retrypolicy.v1.OutcomeRefusalR\arefused\x126\n" +
+	"\x17flow_controlled_targets\x18\x03 \x03(\tR\x15flowControlledTargets\"j\n" +
 	"\x0eOutcomeRefusal\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x14\n" +
@@ -1151,14 +1336,22 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\amessage\x18\x04 \x01(\tR\amessage\"U\n" +
 	"\fAdmitRequest\x12+\n" +
 	"\x04call\x18\x01 \x01(\v2\x17.retrypolicy.v1.CallRefR\x04call\x12\x18\n" +
-	"\aattempt\x18\x02 \x01(\rR\aattempt\"\xd0\x01\n" +
+	"\aattempt\x18\x02 \x01(\rR\aattempt\"\xdc\x02\n" +
 	"\rAdmitResponse\x12\x1a\n" +
 	"\badmitted\x18\x01 \x01(\bR\badmitted\x122\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x1c.retrypolicy.v1.BreakerStateR\x05state\x12\x1b\n" +
 	"\tpermit_id\x18\x03 \x01(\tR\bpermitId\x12:\n" +
 	"\vretry_after\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"retryAfter\x12\x16\n" +
-	"\x06reason\x18\x05 \x01(\tR\x06reason\".\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x12\x19\n" +
+	"\blease_id\x18\x06 \x01(\tR\aleaseId\x12F\n" +
+	"\x11lease_expire_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x0fleaseExpireTime\x12'\n" +
+	"\x0fflow_controlled\x18\b \x01(\bR\x0eflowControlled\"]\n" +
+	"\x13ReleaseLeaseRequest\x12+\n" +
+	"\x04call\x18\x01 \x01(\v2\x17.retrypolicy.v1.CallRefR\x04call\x12\x19\n" +
+	"\blease_id\x18\x02 \x01(\tR\aleaseId\"2\n" +
+	"\x14ReleaseLeaseResponse\x12\x1a\n" +
+	"\breleased\x18\x01 \x01(\bR\breleased\".\n" +
 	"\x14WatchBreakersRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\"\x93\x01\n" +
 	"\x15WatchBreakersResponse\x121\n" +
@@ -1176,12 +1369,13 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\r_max_attempts\"t\n" +
 	"\x12PlanBudgetResponse\x12.\n" +
 	"\x04plan\x18\x01 \x01(\v2\x1a.retrypolicy.v1.BudgetPlanR\x04plan\x12.\n" +
-	"\x04hops\x18\x02 \x03(\v2\x1a.retrypolicy.v1.BudgetPlanR\x04hops2\x9d\x04\n" +
+	"\x04hops\x18\x02 \x03(\v2\x1a.retrypolicy.v1.BudgetPlanR\x04hops2\xf8\x04\n" +
 	"\x12RetryPolicyService\x12R\n" +
 	"\bClassify\x12\x1f.retrypolicy.v1.ClassifyRequest\x1a .retrypolicy.v1.ClassifyResponse\"\x03\x90\x02\x01\x12P\n" +
 	"\tNextDelay\x12 .retrypolicy.v1.NextDelayRequest\x1a!.retrypolicy.v1.NextDelayResponse\x12\\\n" +
 	"\rReportOutcome\x12$.retrypolicy.v1.ReportOutcomeRequest\x1a%.retrypolicy.v1.ReportOutcomeResponse\x12D\n" +
-	"\x05Admit\x12\x1c.retrypolicy.v1.AdmitRequest\x1a\x1d.retrypolicy.v1.AdmitResponse\x12c\n" +
+	"\x05Admit\x12\x1c.retrypolicy.v1.AdmitRequest\x1a\x1d.retrypolicy.v1.AdmitResponse\x12Y\n" +
+	"\fReleaseLease\x12#.retrypolicy.v1.ReleaseLeaseRequest\x1a$.retrypolicy.v1.ReleaseLeaseResponse\x12c\n" +
 	"\rWatchBreakers\x12$.retrypolicy.v1.WatchBreakersRequest\x1a%.retrypolicy.v1.WatchBreakersResponse\"\x03\x90\x02\x010\x01\x12X\n" +
 	"\n" +
 	"PlanBudget\x12!.retrypolicy.v1.PlanBudgetRequest\x1a\".retrypolicy.v1.PlanBudgetResponse\"\x03\x90\x02\x01B@Z>github.com/policyd/policyd/gen/go/retrypolicy/v1;retrypolicyv1b\x06proto3"
@@ -1198,7 +1392,7 @@ func file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP() []byte {
 	return file_retrypolicy_v1_retry_policy_service_proto_rawDescData
 }
 
-var file_retrypolicy_v1_retry_policy_service_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_retrypolicy_v1_retry_policy_service_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_retrypolicy_v1_retry_policy_service_proto_goTypes = []any{
 	(*ClassifyRequest)(nil),       // 0: retrypolicy.v1.ClassifyRequest
 	(*ClassifyResponse)(nil),      // 1: retrypolicy.v1.ClassifyResponse
@@ -1210,72 +1404,79 @@ var file_retrypolicy_v1_retry_policy_service_proto_goTypes = []any{
 	(*OutcomeRefusal)(nil),        // 7: retrypolicy.v1.OutcomeRefusal
 	(*AdmitRequest)(nil),          // 8: retrypolicy.v1.AdmitRequest
 	(*AdmitResponse)(nil),         // 9: retrypolicy.v1.AdmitResponse
-	(*WatchBreakersRequest)(nil),  // 10: retrypolicy.v1.WatchBreakersRequest
-	(*WatchBreakersResponse)(nil), // 11: retrypolicy.v1.WatchBreakersResponse
-	(*PlanBudgetRequest)(nil),     // 12: retrypolicy.v1.PlanBudgetRequest
-	(*PlanBudgetResponse)(nil),    // 13: retrypolicy.v1.PlanBudgetResponse
-	(*CallRef)(nil),               // 14: retrypolicy.v1.CallRef
-	(*Failure)(nil),               // 15: retrypolicy.v1.Failure
-	(Category)(0),                 // 16: retrypolicy.v1.Category
-	(*Pushback)(nil),              // 17: retrypolicy.v1.Pushback
-	(*durationpb.Duration)(nil),   // 18: google.protobuf.Duration
-	(Decision)(0),                 // 19: retrypolicy.v1.Decision
-	(StopReason)(0),               // 20: retrypolicy.v1.StopReason
-	(Disposition)(0),              // 21: retrypolicy.v1.Disposition
-	(BreakerState)(0),             // 22: retrypolicy.v1.BreakerState
-	(*Breaker)(nil),               // 23: retrypolicy.v1.Breaker
-	(*BackoffSettings)(nil),       // 24: retrypolicy.v1.BackoffSettings
-	(*BudgetPlan)(nil),            // 25: retrypolicy.v1.BudgetPlan
+	(*ReleaseLeaseRequest)(nil),   // 10: retrypolicy.v1.ReleaseLeaseRequest
+	(*ReleaseLeaseResponse)(nil),  // 11: retrypolicy.v1.ReleaseLeaseResponse
+	(*WatchBreakersRequest)(nil),  // 12: retrypolicy.v1.WatchBreakersRequest
+	(*WatchBreakersResponse)(nil), // 13: retrypolicy.v1.WatchBreakersResponse
+	(*PlanBudgetRequest)(nil),     // 14: retrypolicy.v1.PlanBudgetRequest
+	(*PlanBudgetResponse)(nil),    // 15: retrypolicy.v1.PlanBudgetResponse
+	(*CallRef)(nil),               // 16: retrypolicy.v1.CallRef
+	(*Failure)(nil),               // 17: retrypolicy.v1.Failure
+	(Category)(0),                 // 18: retrypolicy.v1.Category
+	(*Pushback)(nil),              // 19: retrypolicy.v1.Pushback
+	(*durationpb.Duration)(nil),   // 20: google.protobuf.Duration
+	(Decision)(0),                 // 21: retrypolicy.v1.Decision
+	(StopReason)(0),               // 22: retrypolicy.v1.StopReason
+	(Disposition)(0),              // 23: retrypolicy.v1.Disposition
+	(BreakerState)(0),             // 24: retrypolicy.v1.BreakerState
+	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
+	(*Breaker)(nil),               // 26: retrypolicy.v1.Breaker
+	(*BackoffSettings)(nil),       // 27: retrypolicy.v1.BackoffSettings
+	(*BudgetPlan)(nil),            // 28: retrypolicy.v1.BudgetPlan
 }
 var file_retrypolicy_v1_retry_policy_service_proto_depIdxs = []int32{
-	14, // 0: retrypolicy.v1.ClassifyRequest.call:type_name -> retrypolicy.v1.CallRef
-	15, // 1: retrypolicy.v1.ClassifyRequest.failure:type_name -> retrypolicy.v1.Failure
-	16, // 2: retrypolicy.v1.ClassifyResponse.category:type_name -> retrypolicy.v1.Category
-	14, // 3: retrypolicy.v1.NextDelayRequest.call:type_name -> retrypolicy.v1.CallRef
-	15, // 4: retrypolicy.v1.NextDelayRequest.failure:type_name -> retrypolicy.v1.Failure
-	17, // 5: retrypolicy.v1.NextDelayRequest.pushback:type_name -> retrypolicy.v1.Pushback
-	18, // 6: retrypolicy.v1.NextDelayRequest.previous_delay:type_name -> google.protobuf.Duration
-	19, // 7: retrypolicy.v1.NextDelayResponse.decision:type_name -> retrypolicy.v1.Decision
-	18, // 8: retrypolicy.v1.NextDelayResponse.delay:type_name -> google.protobuf.Duration
-	20, // 9: retrypolicy.v1.NextDelayResponse.stop_reason:type_name -> retrypolicy.v1.StopReason
-	21, // 10: retrypolicy.v1.NextDelayResponse.disposition:type_name -> retrypolicy.v1.Disposition
-	16, // 11: retrypolicy.v1.NextDelayResponse.category:type_name -> retrypolicy.v1.Category
-	18, // 12: retrypolicy.v1.NextDelayResponse.attempt_timeout:type_name -> google.protobuf.Duration
-	22, // 13: retrypolicy.v1.NextDelayResponse.breaker_state:type_name -> retrypolicy.v1.BreakerState
-	14, // 14: retrypolicy.v1.Outcome.call:type_name -> retrypolicy.v1.CallRef
-	15, // 15: retrypolicy.v1.Outcome.failure:type_name -> retrypolicy.v1.Failure
-	18, // 16: retrypolicy.v1.Outcome.latency:type_name -> google.protobuf.Duration
-	21, // 17: retrypolicy.v1.Outcome.final_disposition:type_name -> retrypolicy.v1.Disposition
-	20, // 18: retrypolicy.v1.Outcome.final_stop_reason:type_name -> retrypolicy.v1.StopReason
+	16, // 0: retrypolicy.v1.ClassifyRequest.call:type_name -> retrypolicy.v1.CallRef
+	17, // 1: retrypolicy.v1.ClassifyRequest.failure:type_name -> retrypolicy.v1.Failure
+	18, // 2: retrypolicy.v1.ClassifyResponse.category:type_name -> retrypolicy.v1.Category
+	16, // 3: retrypolicy.v1.NextDelayRequest.call:type_name -> retrypolicy.v1.CallRef
+	17, // 4: retrypolicy.v1.NextDelayRequest.failure:type_name -> retrypolicy.v1.Failure
+	19, // 5: retrypolicy.v1.NextDelayRequest.pushback:type_name -> retrypolicy.v1.Pushback
+	20, // 6: retrypolicy.v1.NextDelayRequest.previous_delay:type_name -> google.protobuf.Duration
+	21, // 7: retrypolicy.v1.NextDelayResponse.decision:type_name -> retrypolicy.v1.Decision
+	20, // 8: retrypolicy.v1.NextDelayResponse.delay:type_name -> google.protobuf.Duration
+	22, // 9: retrypolicy.v1.NextDelayResponse.stop_reason:type_name -> retrypolicy.v1.StopReason
+	23, // 10: retrypolicy.v1.NextDelayResponse.disposition:type_name -> retrypolicy.v1.Disposition
+	18, // 11: retrypolicy.v1.NextDelayResponse.category:type_name -> retrypolicy.v1.Category
+	20, // 12: retrypolicy.v1.NextDelayResponse.attempt_timeout:type_name -> google.protobuf.Duration
+	24, // 13: retrypolicy.v1.NextDelayResponse.breaker_state:type_name -> retrypolicy.v1.BreakerState
+	16, // 14: retrypolicy.v1.Outcome.call:type_name -> retrypolicy.v1.CallRef
+	17, // 15: retrypolicy.v1.Outcome.failure:type_name -> retrypolicy.v1.Failure
+	20, // 16: retrypolicy.v1.Outcome.latency:type_name -> google.protobuf.Duration
+	23, // 17: retrypolicy.v1.Outcome.final_disposition:type_name -> retrypolicy.v1.Disposition
+	22, // 18: retrypolicy.v1.Outcome.final_stop_reason:type_name -> retrypolicy.v1.StopReason
 	4,  // 19: retrypolicy.v1.ReportOutcomeRequest.outcomes:type_name -> retrypolicy.v1.Outcome
 	7,  // 20: retrypolicy.v1.ReportOutcomeResponse.refused:type_name -> retrypolicy.v1.OutcomeRefusal
-	14, // 21: retrypolicy.v1.AdmitRequest.call:type_name -> retrypolicy.v1.CallRef
-	22, // 22: retrypolicy.v1.AdmitResponse.state:type_name -> retrypolicy.v1.BreakerState
-	18, // 23: retrypolicy.v1.AdmitResponse.retry_after:type_name -> google.protobuf.Duration
-	23, // 24: retrypolicy.v1.WatchBreakersResponse.breaker:type_name -> retrypolicy.v1.Breaker
-	18, // 25: retrypolicy.v1.PlanBudgetRequest.window:type_name -> google.protobuf.Duration
-	24, // 26: retrypolicy.v1.PlanBudgetRequest.backoff:type_name -> retrypolicy.v1.BackoffSettings
-	18, // 27: retrypolicy.v1.PlanBudgetRequest.attempt_timeout:type_name -> google.protobuf.Duration
-	18, // 28: retrypolicy.v1.PlanBudgetRequest.ttl_margin:type_name -> google.protobuf.Duration
-	25, // 29: retrypolicy.v1.PlanBudgetResponse.plan:type_name -> retrypolicy.v1.BudgetPlan
-	25, // 30: retrypolicy.v1.PlanBudgetResponse.hops:type_name -> retrypolicy.v1.BudgetPlan
-	0,  // 31: retrypolicy.v1.RetryPolicyService.Classify:input_type -> retrypolicy.v1.ClassifyRequest
-	2,  // 32: retrypolicy.v1.RetryPolicyService.NextDelay:input_type -> retrypolicy.v1.NextDelayRequest
-	5,  // 33: retrypolicy.v1.RetryPolicyService.ReportOutcome:input_type -> retrypolicy.v1.ReportOutcomeRequest
-	8,  // 34: retrypolicy.v1.RetryPolicyService.Admit:input_type -> retrypolicy.v1.AdmitRequest
-	10, // 35: retrypolicy.v1.RetryPolicyService.WatchBreakers:input_type -> retrypolicy.v1.WatchBreakersRequest
-	12, // 36: retrypolicy.v1.RetryPolicyService.PlanBudget:input_type -> retrypolicy.v1.PlanBudgetRequest
-	1,  // 37: retrypolicy.v1.RetryPolicyService.Classify:output_type -> retrypolicy.v1.ClassifyResponse
-	3,  // 38: retrypolicy.v1.RetryPolicyService.NextDelay:output_type -> retrypolicy.v1.NextDelayResponse
-	6,  // 39: retrypolicy.v1.RetryPolicyService.ReportOutcome:output_type -> retrypolicy.v1.ReportOutcomeResponse
-	9,  // 40: retrypolicy.v1.RetryPolicyService.Admit:output_type -> retrypolicy.v1.AdmitResponse
-	11, // 41: retrypolicy.v1.RetryPolicyService.WatchBreakers:output_type -> retrypolicy.v1.WatchBreakersResponse
-	13, // 42: retrypolicy.v1.RetryPolicyService.PlanBudget:output_type -> retrypolicy.v1.PlanBudgetResponse
-	37, // [37:43] is the sub-list for method output_type
-	31, // [31:37] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	16, // 21: retrypolicy.v1.AdmitRequest.call:type_name -> retrypolicy.v1.CallRef
+	24, // 22: retrypolicy.v1.AdmitResponse.state:type_name -> retrypolicy.v1.BreakerState
+	20, // 23: retrypolicy.v1.AdmitResponse.retry_after:type_name -> google.protobuf.Duration
+	25, // 24: retrypolicy.v1.AdmitResponse.lease_expire_time:type_name -> google.protobuf.Timestamp
+	16, // 25: retrypolicy.v1.ReleaseLeaseRequest.call:type_name -> retrypolicy.v1.CallRef
+	26, // 26: retrypolicy.v1.WatchBreakersResponse.breaker:type_name -> retrypolicy.v1.Breaker
+	20, // 27: retrypolicy.v1.PlanBudgetRequest.window:type_name -> google.protobuf.Duration
+	27, // 28: retrypolicy.v1.PlanBudgetRequest.backoff:type_name -> retrypolicy.v1.BackoffSettings
+	20, // 29: retrypolicy.v1.PlanBudgetRequest.attempt_timeout:type_name -> google.protobuf.Duration
+	20, // 30: retrypolicy.v1.PlanBudgetRequest.ttl_margin:type_name -> google.protobuf.Duration
+	28, // 31: retrypolicy.v1.PlanBudgetResponse.plan:type_name -> retrypolicy.v1.BudgetPlan
+	28, // 32: retrypolicy.v1.PlanBudgetResponse.hops:type_name -> retrypolicy.v1.BudgetPlan
+	0,  // 33: retrypolicy.v1.RetryPolicyService.Classify:input_type -> retrypolicy.v1.ClassifyRequest
+	2,  // 34: retrypolicy.v1.RetryPolicyService.NextDelay:input_type -> retrypolicy.v1.NextDelayRequest
+	5,  // 35: retrypolicy.v1.RetryPolicyService.ReportOutcome:input_type -> retrypolicy.v1.ReportOutcomeRequest
+	8,  // 36: retrypolicy.v1.RetryPolicyService.Admit:input_type -> retrypolicy.v1.AdmitRequest
+	10, // 37: retrypolicy.v1.RetryPolicyService.ReleaseLease:input_type -> retrypolicy.v1.ReleaseLeaseRequest
+	12, // 38: retrypolicy.v1.RetryPolicyService.WatchBreakers:input_type -> retrypolicy.v1.WatchBreakersRequest
+	14, // 39: retrypolicy.v1.RetryPolicyService.PlanBudget:input_type -> retrypolicy.v1.PlanBudgetRequest
+	1,  // 40: retrypolicy.v1.RetryPolicyService.Classify:output_type -> retrypolicy.v1.ClassifyResponse
+	3,  // 41: retrypolicy.v1.RetryPolicyService.NextDelay:output_type -> retrypolicy.v1.NextDelayResponse
+	6,  // 42: retrypolicy.v1.RetryPolicyService.ReportOutcome:output_type -> retrypolicy.v1.ReportOutcomeResponse
+	9,  // 43: retrypolicy.v1.RetryPolicyService.Admit:output_type -> retrypolicy.v1.AdmitResponse
+	11, // 44: retrypolicy.v1.RetryPolicyService.ReleaseLease:output_type -> retrypolicy.v1.ReleaseLeaseResponse
+	13, // 45: retrypolicy.v1.RetryPolicyService.WatchBreakers:output_type -> retrypolicy.v1.WatchBreakersResponse
+	15, // 46: retrypolicy.v1.RetryPolicyService.PlanBudget:output_type -> retrypolicy.v1.PlanBudgetResponse
+	40, // [40:47] is the sub-list for method output_type
+	33, // [33:40] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_retrypolicy_v1_retry_policy_service_proto_init() }
@@ -1284,14 +1485,14 @@ func file_retrypolicy_v1_retry_policy_service_proto_init() {
 		return
 	}
 	file_retrypolicy_v1_types_proto_init()
-	file_retrypolicy_v1_retry_policy_service_proto_msgTypes[12].OneofWrappers = []any{}
+	file_retrypolicy_v1_retry_policy_service_proto_msgTypes[14].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_retrypolicy_v1_retry_policy_service_proto_rawDesc), len(file_retrypolicy_v1_retry_policy_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -23,6 +23,7 @@ const (
 	RetryPolicyService_NextDelay_FullMethodName     = "/retrypolicy.v1.RetryPolicyService/NextDelay"
 	RetryPolicyService_ReportOutcome_FullMethodName = "/retrypolicy.v1.RetryPolicyService/ReportOutcome"
 	RetryPolicyService_Admit_FullMethodName         = "/retrypolicy.v1.RetryPolicyService/Admit"
+	RetryPolicyService_ReleaseLease_FullMethodName  = "/retrypolicy.v1.RetryPolicyService/ReleaseLease"
 	RetryPolicyService_WatchBreakers_FullMethodName = "/retrypolicy.v1.RetryPolicyService/WatchBreakers"
 	RetryPolicyService_PlanBudget_FullMethodName    = "/retrypolicy.v1.RetryPolicyService/PlanBudget"
 )
@@ -48,6 +49,9 @@ type RetryPolicyServiceClient interface {
 	// Admit asks before an attempt whether the shared breaker lets it through.
 	// In HALF_OPEN it hands out at most N probe permits fleet-wide.
 	Admit(ctx context.Context, in *AdmitRequest, opts ...grpc.CallOption) (*AdmitResponse, error)
+	// ReleaseLease returns a concurrency lease without an outcome (the
+	// attempt was abandoned); releasing one not held is ignored and counted.
+	ReleaseLease(ctx context.Context, in *ReleaseLeaseRequest, opts ...grpc.CallOption) (*ReleaseLeaseResponse, error)
 	// WatchBreakers streams the current breaker states, then every change, so
 	// clients can skip Admit while a breaker is CLOSED and fail fast when OPEN.
 	WatchBreakers(ctx context.Context, in *WatchBreakersRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchBreakersResponse], error)
@@ -105,6 +109,16 @@ func (c *retryPolicyServiceClient) Admit(ctx context.Context, in *AdmitRequest, 
 	return out, nil
 }
 
+func (c *retryPolicyServiceClient) ReleaseLease(ctx context.Context, in *ReleaseLeaseRequest, opts ...grpc.CallOption) (*ReleaseLeaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReleaseLeaseResponse)
+	err := c.cc.Invoke(ctx, RetryPolicyService_ReleaseLease_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *retryPolicyServiceClient) WatchBreakers(ctx context.Context, in *WatchBreakersRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchBreakersResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &RetryPolicyService_ServiceDesc.Streams[0], RetryPolicyService_WatchBreakers_FullMethodName, cOpts...)
@@ -155,6 +169,9 @@ type RetryPolicyServiceServer interface {
 	// Admit asks before an attempt whether the shared breaker lets it through.
 	// In HALF_OPEN it hands out at most N probe permits fleet-wide.
 	Admit(context.Context, *AdmitRequest) (*AdmitResponse, error)
+	// ReleaseLease returns a concurrency lease without an outcome (the
+	// attempt was abandoned); releasing one not held is ignored and counted.
+	ReleaseLease(context.Context, *ReleaseLeaseRequest) (*ReleaseLeaseResponse, error)
 	// WatchBreakers streams the current breaker states, then every change, so
 	// clients can skip Admit while a breaker is CLOSED and fail fast when OPEN.
 	WatchBreakers(*WatchBreakersRequest, grpc.ServerStreamingServer[WatchBreakersResponse]) error
@@ -183,6 +200,9 @@ func (UnimplementedRetryPolicyServiceServer) ReportOutcome(context.Context, *Rep
 }
 func (UnimplementedRetryPolicyServiceServer) Admit(context.Context, *AdmitRequest) (*AdmitResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Admit not implemented")
+}
+func (UnimplementedRetryPolicyServiceServer) ReleaseLease(context.Context, *ReleaseLeaseRequest) (*ReleaseLeaseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReleaseLease not implemented")
 }
 func (UnimplementedRetryPolicyServiceServer) WatchBreakers(*WatchBreakersRequest, grpc.ServerStreamingServer[WatchBreakersResponse]) error {
 	return status.Error(codes.Unimplemented, "method WatchBreakers not implemented")
@@ -283,6 +303,24 @@ func _RetryPolicyService_Admit_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RetryPolicyService_ReleaseLease_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReleaseLeaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RetryPolicyServiceServer).ReleaseLease(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RetryPolicyService_ReleaseLease_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RetryPolicyServiceServer).ReleaseLease(ctx, req.(*ReleaseLeaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _RetryPolicyService_WatchBreakers_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(WatchBreakersRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -334,6 +372,10 @@ var RetryPolicyService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Admit",
 			Handler:    _RetryPolicyService_Admit_Handler,
+		},
+		{
+			MethodName: "ReleaseLease",
+			Handler:    _RetryPolicyService_ReleaseLease_Handler,
 		},
 		{
 			MethodName: "PlanBudget",

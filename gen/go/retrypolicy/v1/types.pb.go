@@ -1368,7 +1368,9 @@ type Policy struct {
 	// gRPC codes (UNAVAILABLE, RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED, ABORTED).
 	TransientGrpcCodes []uint32 `protobuf:"varint,8,rep,packed,name=transient_grpc_codes,json=transientGrpcCodes,proto3" json:"transient_grpc_codes,omitempty"`
 	// breaker configures the circuit breaker.
-	Breaker       *BreakerSettings `protobuf:"bytes,9,opt,name=breaker,proto3" json:"breaker,omitempty"`
+	Breaker *BreakerSettings `protobuf:"bytes,9,opt,name=breaker,proto3" json:"breaker,omitempty"`
+	// flow sets the fleet-wide ceilings of the target; none by default.
+	Flow          *FlowSettings `protobuf:"bytes,10,opt,name=flow,proto3" json:"flow,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1466,6 +1468,76 @@ func (x *Policy) GetBreaker() *BreakerSettings {
 	return nil
 }
 
+func (x *Policy) GetFlow() *FlowSettings {
+	if x != nil {
+		return x.Flow
+	}
+	return nil
+}
+
+// FlowSettings are the fleet-wide ceilings of a target, shared by every
+// worker of the fleet and keyed as the breaker is (per tenant and target,
+// or per target with breaker.scope BREAKER_SCOPE_TARGET).
+type FlowSettings struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// max_in_flight is the concurrency ceiling: at most this many attempts
+	// hold a lease at once, fleet-wide. Admit hands out a lease while fewer
+	// are live and refuses with reason concurrency:full otherwise; the
+	// attempt's outcome (NextDelay or ReportOutcome carrying lease_id) or
+	// ReleaseLease returns it. Unset: no ceiling; set, 1 to 1000000.
+	MaxInFlight *uint32 `protobuf:"varint,1,opt,name=max_in_flight,json=maxInFlight,proto3,oneof" json:"max_in_flight,omitempty"`
+	// lease_slack is added to attempt_timeout (to breaker.probe_timeout when
+	// attempt_timeout is 0) to give a lease's life, so a worker that crashed
+	// holding one cannot leak it; default 5s.
+	LeaseSlack    *durationpb.Duration `protobuf:"bytes,2,opt,name=lease_slack,json=leaseSlack,proto3" json:"lease_slack,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FlowSettings) Reset() {
+	*x = FlowSettings{}
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FlowSettings) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FlowSettings) ProtoMessage() {}
+
+func (x *FlowSettings) ProtoReflect() protoreflect.Message {
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FlowSettings.ProtoReflect.Descriptor instead.
+func (*FlowSettings) Descriptor() ([]byte, []int) {
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *FlowSettings) GetMaxInFlight() uint32 {
+	if x != nil && x.MaxInFlight != nil {
+		return *x.MaxInFlight
+	}
+	return 0
+}
+
+func (x *FlowSettings) GetLeaseSlack() *durationpb.Duration {
+	if x != nil {
+		return x.LeaseSlack
+	}
+	return nil
+}
+
 // BudgetPlan is the result of planning retries into a window.
 type BudgetPlan struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1487,7 +1559,7 @@ type BudgetPlan struct {
 
 func (x *BudgetPlan) Reset() {
 	*x = BudgetPlan{}
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[7]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1499,7 +1571,7 @@ func (x *BudgetPlan) String() string {
 func (*BudgetPlan) ProtoMessage() {}
 
 func (x *BudgetPlan) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[7]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1512,7 +1584,7 @@ func (x *BudgetPlan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BudgetPlan.ProtoReflect.Descriptor instead.
 func (*BudgetPlan) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{7}
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *BudgetPlan) GetMaxAttempts() uint32 {
@@ -1563,7 +1635,7 @@ type BreakerKey struct {
 
 func (x *BreakerKey) Reset() {
 	*x = BreakerKey{}
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[8]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1575,7 +1647,7 @@ func (x *BreakerKey) String() string {
 func (*BreakerKey) ProtoMessage() {}
 
 func (x *BreakerKey) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[8]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1588,7 +1660,7 @@ func (x *BreakerKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BreakerKey.ProtoReflect.Descriptor instead.
 func (*BreakerKey) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{8}
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *BreakerKey) GetTenant() string {
@@ -1631,14 +1703,20 @@ type Breaker struct {
 	// is in force.
 	CooldownUntilTime *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=cooldown_until_time,json=cooldownUntilTime,proto3" json:"cooldown_until_time,omitempty"`
 	// mode is the trip rule in force.
-	Mode          BreakerMode `protobuf:"varint,11,opt,name=mode,proto3,enum=retrypolicy.v1.BreakerMode" json:"mode,omitempty"`
+	Mode BreakerMode `protobuf:"varint,11,opt,name=mode,proto3,enum=retrypolicy.v1.BreakerMode" json:"mode,omitempty"`
+	// leases_in_flight counts the concurrency leases live under this key
+	// (flow.max_in_flight), handed out and neither returned nor expired.
+	LeasesInFlight uint32 `protobuf:"varint,12,opt,name=leases_in_flight,json=leasesInFlight,proto3" json:"leases_in_flight,omitempty"`
+	// stray_releases counts releases of leases not held under this key
+	// (expired, already returned or never handed out): ignored, not errors.
+	StrayReleases uint64 `protobuf:"varint,13,opt,name=stray_releases,json=strayReleases,proto3" json:"stray_releases,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Breaker) Reset() {
 	*x = Breaker{}
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[9]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1650,7 +1728,7 @@ func (x *Breaker) String() string {
 func (*Breaker) ProtoMessage() {}
 
 func (x *Breaker) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[9]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1663,7 +1741,7 @@ func (x *Breaker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Breaker.ProtoReflect.Descriptor instead.
 func (*Breaker) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{9}
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Breaker) GetKey() *BreakerKey {
@@ -1743,6 +1821,20 @@ func (x *Breaker) GetMode() BreakerMode {
 	return BreakerMode_BREAKER_MODE_UNSPECIFIED
 }
 
+func (x *Breaker) GetLeasesInFlight() uint32 {
+	if x != nil {
+		return x.LeasesInFlight
+	}
+	return 0
+}
+
+func (x *Breaker) GetStrayReleases() uint64 {
+	if x != nil {
+		return x.StrayReleases
+	}
+	return 0
+}
+
 // TenantBudget configures a tenant's retry token bucket. Retries withdraw
 // tokens; successes deposit deposit_ratio tokens, so retries stay under that
 // share of traffic; min_retries_per_second tokens are added over time, so a
@@ -1772,7 +1864,7 @@ type TenantBudget struct {
 
 func (x *TenantBudget) Reset() {
 	*x = TenantBudget{}
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[10]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1784,7 +1876,7 @@ func (x *TenantBudget) String() string {
 func (*TenantBudget) ProtoMessage() {}
 
 func (x *TenantBudget) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[10]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1797,7 +1889,7 @@ func (x *TenantBudget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantBudget.ProtoReflect.Descriptor instead.
 func (*TenantBudget) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{10}
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *TenantBudget) GetTenant() string {
@@ -1870,7 +1962,7 @@ type TenantBudgetStatus struct {
 
 func (x *TenantBudgetStatus) Reset() {
 	*x = TenantBudgetStatus{}
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[11]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1882,7 +1974,7 @@ func (x *TenantBudgetStatus) String() string {
 func (*TenantBudgetStatus) ProtoMessage() {}
 
 func (x *TenantBudgetStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[11]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1895,7 +1987,7 @@ func (x *TenantBudgetStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantBudgetStatus.ProtoReflect.Descriptor instead.
 func (*TenantBudgetStatus) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{11}
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *TenantBudgetStatus) GetBudget() *TenantBudget {
@@ -1957,7 +2049,7 @@ type PolicyEntry struct {
 
 func (x *PolicyEntry) Reset() {
 	*x = PolicyEntry{}
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[12]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1969,7 +2061,7 @@ func (x *PolicyEntry) String() string {
 func (*PolicyEntry) ProtoMessage() {}
 
 func (x *PolicyEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[12]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1982,7 +2074,7 @@ func (x *PolicyEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PolicyEntry.ProtoReflect.Descriptor instead.
 func (*PolicyEntry) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{12}
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PolicyEntry) GetTenant() string {
@@ -2039,7 +2131,7 @@ type RunLedger struct {
 
 func (x *RunLedger) Reset() {
 	*x = RunLedger{}
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[13]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2051,7 +2143,7 @@ func (x *RunLedger) String() string {
 func (*RunLedger) ProtoMessage() {}
 
 func (x *RunLedger) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[13]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2064,7 +2156,7 @@ func (x *RunLedger) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunLedger.ProtoReflect.Descriptor instead.
 func (*RunLedger) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{13}
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RunLedger) GetSucceeded() uint64 {
@@ -2148,7 +2240,7 @@ type Run struct {
 
 func (x *Run) Reset() {
 	*x = Run{}
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[14]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2160,7 +2252,7 @@ func (x *Run) String() string {
 func (*Run) ProtoMessage() {}
 
 func (x *Run) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[14]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2173,7 +2265,7 @@ func (x *Run) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Run.ProtoReflect.Descriptor instead.
 func (*Run) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{14}
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Run) GetRunId() string {
@@ -2268,7 +2360,7 @@ type AuditRecord struct {
 
 func (x *AuditRecord) Reset() {
 	*x = AuditRecord{}
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[15]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2280,7 +2372,7 @@ func (x *AuditRecord) String() string {
 func (*AuditRecord) ProtoMessage() {}
 
 func (x *AuditRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[15]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2293,7 +2385,7 @@ func (x *AuditRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditRecord.ProtoReflect.Descriptor instead.
 func (*AuditRecord) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{15}
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *AuditRecord) GetRecordTime() *timestamppb.Timestamp {
@@ -2448,7 +2540,7 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\r_failure_rateB\f\n" +
 	"\n" +
 	"_min_callsB\x13\n" +
-	"\x11_half_open_probes\"\x99\x04\n" +
+	"\x11_half_open_probes\"\xcb\x04\n" +
 	"\x06Policy\x129\n" +
 	"\abackoff\x18\x01 \x01(\v2\x1f.retrypolicy.v1.BackoffSettingsR\abackoff\x12<\n" +
 	"\bpushback\x18\x02 \x01(\v2 .retrypolicy.v1.PushbackSettingsR\bpushback\x12&\n" +
@@ -2458,8 +2550,15 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\x17transient_http_statuses\x18\x06 \x03(\rR\x15transientHttpStatuses\x124\n" +
 	"\x16terminal_http_statuses\x18\a \x03(\rR\x14terminalHttpStatuses\x120\n" +
 	"\x14transient_grpc_codes\x18\b \x03(\rR\x12transientGrpcCodes\x129\n" +
-	"\abreaker\x18\t \x01(\v2\x1f.retrypolicy.v1.BreakerSettingsR\abreakerB\x0f\n" +
-	"\r_max_attempts\"\x9e\x02\n" +
+	"\abreaker\x18\t \x01(\v2\x1f.retrypolicy.v1.BreakerSettingsR\abreaker\x120\n" +
+	"\x04flow\x18\n" +
+	" \x01(\v2\x1c.retrypolicy.v1.FlowSettingsR\x04flowB\x0f\n" +
+	"\r_max_attempts\"\x85\x01\n" +
+	"\fFlowSettings\x12'\n" +
+	"\rmax_in_flight\x18\x01 \x01(\rH\x00R\vmaxInFlight\x88\x01\x01\x12:\n" +
+	"\vlease_slack\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"leaseSlackB\x10\n" +
+	"\x0e_max_in_flight\"\x9e\x02\n" +
 	"\n" +
 	"BudgetPlan\x12!\n" +
 	"\fmax_attempts\x18\x01 \x01(\rR\vmaxAttempts\x121\n" +
@@ -2470,7 +2569,7 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"BreakerKey\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
-	"\x06target\x18\x02 \x01(\tR\x06target\"\xaa\x04\n" +
+	"\x06target\x18\x02 \x01(\tR\x06target\"\xfb\x04\n" +
 	"\aBreaker\x12,\n" +
 	"\x03key\x18\x01 \x01(\v2\x1a.retrypolicy.v1.BreakerKeyR\x03key\x122\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x1c.retrypolicy.v1.BreakerStateR\x05state\x12\x16\n" +
@@ -2484,7 +2583,9 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"changeTime\x12J\n" +
 	"\x13cooldown_until_time\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\x11cooldownUntilTime\x12/\n" +
-	"\x04mode\x18\v \x01(\x0e2\x1b.retrypolicy.v1.BreakerModeR\x04mode\"\xf7\x01\n" +
+	"\x04mode\x18\v \x01(\x0e2\x1b.retrypolicy.v1.BreakerModeR\x04mode\x12(\n" +
+	"\x10leases_in_flight\x18\f \x01(\rR\x0eleasesInFlight\x12%\n" +
+	"\x0estray_releases\x18\r \x01(\x04R\rstrayReleases\"\xf7\x01\n" +
 	"\fTenantBudget\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1a\n" +
 	"\bcapacity\x18\x02 \x01(\x01R\bcapacity\x12#\n" +
@@ -2629,7 +2730,7 @@ func file_retrypolicy_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_retrypolicy_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 12)
-var file_retrypolicy_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_retrypolicy_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_retrypolicy_v1_types_proto_goTypes = []any{
 	(Category)(0),                 // 0: retrypolicy.v1.Category
 	(TransportError)(0),           // 1: retrypolicy.v1.TransportError
@@ -2650,66 +2751,69 @@ var file_retrypolicy_v1_types_proto_goTypes = []any{
 	(*PushbackSettings)(nil),      // 16: retrypolicy.v1.PushbackSettings
 	(*BreakerSettings)(nil),       // 17: retrypolicy.v1.BreakerSettings
 	(*Policy)(nil),                // 18: retrypolicy.v1.Policy
-	(*BudgetPlan)(nil),            // 19: retrypolicy.v1.BudgetPlan
-	(*BreakerKey)(nil),            // 20: retrypolicy.v1.BreakerKey
-	(*Breaker)(nil),               // 21: retrypolicy.v1.Breaker
-	(*TenantBudget)(nil),          // 22: retrypolicy.v1.TenantBudget
-	(*TenantBudgetStatus)(nil),    // 23: retrypolicy.v1.TenantBudgetStatus
-	(*PolicyEntry)(nil),           // 24: retrypolicy.v1.PolicyEntry
-	(*RunLedger)(nil),             // 25: retrypolicy.v1.RunLedger
-	(*Run)(nil),                   // 26: retrypolicy.v1.Run
-	(*AuditRecord)(nil),           // 27: retrypolicy.v1.AuditRecord
-	(*timestamppb.Timestamp)(nil), // 28: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 29: google.protobuf.Duration
+	(*FlowSettings)(nil),          // 19: retrypolicy.v1.FlowSettings
+	(*BudgetPlan)(nil),            // 20: retrypolicy.v1.BudgetPlan
+	(*BreakerKey)(nil),            // 21: retrypolicy.v1.BreakerKey
+	(*Breaker)(nil),               // 22: retrypolicy.v1.Breaker
+	(*TenantBudget)(nil),          // 23: retrypolicy.v1.TenantBudget
+	(*TenantBudgetStatus)(nil),    // 24: retrypolicy.v1.TenantBudgetStatus
+	(*PolicyEntry)(nil),           // 25: retrypolicy.v1.PolicyEntry
+	(*RunLedger)(nil),             // 26: retrypolicy.v1.RunLedger
+	(*Run)(nil),                   // 27: retrypolicy.v1.Run
+	(*AuditRecord)(nil),           // 28: retrypolicy.v1.AuditRecord
+	(*timestamppb.Timestamp)(nil), // 29: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 30: google.protobuf.Duration
 }
 var file_retrypolicy_v1_types_proto_depIdxs = []int32{
-	28, // 0: retrypolicy.v1.CallRef.origin_time:type_name -> google.protobuf.Timestamp
-	28, // 1: retrypolicy.v1.CallRef.deadline_time:type_name -> google.protobuf.Timestamp
+	29, // 0: retrypolicy.v1.CallRef.origin_time:type_name -> google.protobuf.Timestamp
+	29, // 1: retrypolicy.v1.CallRef.deadline_time:type_name -> google.protobuf.Timestamp
 	1,  // 2: retrypolicy.v1.Failure.transport_error:type_name -> retrypolicy.v1.TransportError
 	2,  // 3: retrypolicy.v1.Failure.local_error:type_name -> retrypolicy.v1.LocalError
-	29, // 4: retrypolicy.v1.BackoffSettings.base_delay:type_name -> google.protobuf.Duration
-	29, // 5: retrypolicy.v1.BackoffSettings.max_delay:type_name -> google.protobuf.Duration
+	30, // 4: retrypolicy.v1.BackoffSettings.base_delay:type_name -> google.protobuf.Duration
+	30, // 5: retrypolicy.v1.BackoffSettings.max_delay:type_name -> google.protobuf.Duration
 	3,  // 6: retrypolicy.v1.BackoffSettings.jitter:type_name -> retrypolicy.v1.Jitter
 	4,  // 7: retrypolicy.v1.PushbackSettings.mode:type_name -> retrypolicy.v1.RetryAfterMode
-	29, // 8: retrypolicy.v1.PushbackSettings.min_spread:type_name -> google.protobuf.Duration
-	29, // 9: retrypolicy.v1.PushbackSettings.max_hint:type_name -> google.protobuf.Duration
+	30, // 8: retrypolicy.v1.PushbackSettings.min_spread:type_name -> google.protobuf.Duration
+	30, // 9: retrypolicy.v1.PushbackSettings.max_hint:type_name -> google.protobuf.Duration
 	9,  // 10: retrypolicy.v1.BreakerSettings.mode:type_name -> retrypolicy.v1.BreakerMode
 	10, // 11: retrypolicy.v1.BreakerSettings.scope:type_name -> retrypolicy.v1.BreakerScope
-	29, // 12: retrypolicy.v1.BreakerSettings.window:type_name -> google.protobuf.Duration
-	29, // 13: retrypolicy.v1.BreakerSettings.cooldown:type_name -> google.protobuf.Duration
-	29, // 14: retrypolicy.v1.BreakerSettings.probe_timeout:type_name -> google.protobuf.Duration
+	30, // 12: retrypolicy.v1.BreakerSettings.window:type_name -> google.protobuf.Duration
+	30, // 13: retrypolicy.v1.BreakerSettings.cooldown:type_name -> google.protobuf.Duration
+	30, // 14: retrypolicy.v1.BreakerSettings.probe_timeout:type_name -> google.protobuf.Duration
 	15, // 15: retrypolicy.v1.Policy.backoff:type_name -> retrypolicy.v1.BackoffSettings
 	16, // 16: retrypolicy.v1.Policy.pushback:type_name -> retrypolicy.v1.PushbackSettings
-	29, // 17: retrypolicy.v1.Policy.attempt_timeout:type_name -> google.protobuf.Duration
-	29, // 18: retrypolicy.v1.Policy.call_deadline:type_name -> google.protobuf.Duration
+	30, // 17: retrypolicy.v1.Policy.attempt_timeout:type_name -> google.protobuf.Duration
+	30, // 18: retrypolicy.v1.Policy.call_deadline:type_name -> google.protobuf.Duration
 	17, // 19: retrypolicy.v1.Policy.breaker:type_name -> retrypolicy.v1.BreakerSettings
-	29, // 20: retrypolicy.v1.BudgetPlan.delays:type_name -> google.protobuf.Duration
-	29, // 21: retrypolicy.v1.BudgetPlan.worst_case_total:type_name -> google.protobuf.Duration
-	29, // 22: retrypolicy.v1.BudgetPlan.idempotency_ttl:type_name -> google.protobuf.Duration
-	29, // 23: retrypolicy.v1.BudgetPlan.window:type_name -> google.protobuf.Duration
-	20, // 24: retrypolicy.v1.Breaker.key:type_name -> retrypolicy.v1.BreakerKey
-	8,  // 25: retrypolicy.v1.Breaker.state:type_name -> retrypolicy.v1.BreakerState
-	28, // 26: retrypolicy.v1.Breaker.open_until_time:type_name -> google.protobuf.Timestamp
-	28, // 27: retrypolicy.v1.Breaker.change_time:type_name -> google.protobuf.Timestamp
-	28, // 28: retrypolicy.v1.Breaker.cooldown_until_time:type_name -> google.protobuf.Timestamp
-	9,  // 29: retrypolicy.v1.Breaker.mode:type_name -> retrypolicy.v1.BreakerMode
-	22, // 30: retrypolicy.v1.TenantBudgetStatus.budget:type_name -> retrypolicy.v1.TenantBudget
-	18, // 31: retrypolicy.v1.PolicyEntry.policy:type_name -> retrypolicy.v1.Policy
-	28, // 32: retrypolicy.v1.PolicyEntry.update_time:type_name -> google.protobuf.Timestamp
-	28, // 33: retrypolicy.v1.Run.cutoff_time:type_name -> google.protobuf.Timestamp
-	28, // 34: retrypolicy.v1.Run.create_time:type_name -> google.protobuf.Timestamp
-	25, // 35: retrypolicy.v1.Run.ledger:type_name -> retrypolicy.v1.RunLedger
-	28, // 36: retrypolicy.v1.AuditRecord.record_time:type_name -> google.protobuf.Timestamp
-	11, // 37: retrypolicy.v1.AuditRecord.event:type_name -> retrypolicy.v1.AuditEvent
-	5,  // 38: retrypolicy.v1.AuditRecord.decision:type_name -> retrypolicy.v1.Decision
-	29, // 39: retrypolicy.v1.AuditRecord.delay:type_name -> google.protobuf.Duration
-	6,  // 40: retrypolicy.v1.AuditRecord.stop_reason:type_name -> retrypolicy.v1.StopReason
-	7,  // 41: retrypolicy.v1.AuditRecord.disposition:type_name -> retrypolicy.v1.Disposition
-	42, // [42:42] is the sub-list for method output_type
-	42, // [42:42] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	19, // 20: retrypolicy.v1.Policy.flow:type_name -> retrypolicy.v1.FlowSettings
+	30, // 21: retrypolicy.v1.FlowSettings.lease_slack:type_name -> google.protobuf.Duration
+	30, // 22: retrypolicy.v1.BudgetPlan.delays:type_name -> google.protobuf.Duration
+	30, // 23: retrypolicy.v1.BudgetPlan.worst_case_total:type_name -> google.protobuf.Duration
+	30, // 24: retrypolicy.v1.BudgetPlan.idempotency_ttl:type_name -> google.protobuf.Duration
+	30, // 25: retrypolicy.v1.BudgetPlan.window:type_name -> google.protobuf.Duration
+	21, // 26: retrypolicy.v1.Breaker.key:type_name -> retrypolicy.v1.BreakerKey
+	8,  // 27: retrypolicy.v1.Breaker.state:type_name -> retrypolicy.v1.BreakerState
+	29, // 28: retrypolicy.v1.Breaker.open_until_time:type_name -> google.protobuf.Timestamp
+	29, // 29: retrypolicy.v1.Breaker.change_time:type_name -> google.protobuf.Timestamp
+	29, // 30: retrypolicy.v1.Breaker.cooldown_until_time:type_name -> google.protobuf.Timestamp
+	9,  // 31: retrypolicy.v1.Breaker.mode:type_name -> retrypolicy.v1.BreakerMode
+	23, // 32: retrypolicy.v1.TenantBudgetStatus.budget:type_name -> retrypolicy.v1.TenantBudget
+	18, // 33: retrypolicy.v1.PolicyEntry.policy:type_name -> retrypolicy.v1.Policy
+	29, // 34: retrypolicy.v1.PolicyEntry.update_time:type_name -> google.protobuf.Timestamp
+	29, // 35: retrypolicy.v1.Run.cutoff_time:type_name -> google.protobuf.Timestamp
+	29, // 36: retrypolicy.v1.Run.create_time:type_name -> google.protobuf.Timestamp
+	26, // 37: retrypolicy.v1.Run.ledger:type_name -> retrypolicy.v1.RunLedger
+	29, // 38: retrypolicy.v1.AuditRecord.record_time:type_name -> google.protobuf.Timestamp
+	11, // 39: retrypolicy.v1.AuditRecord.event:type_name -> retrypolicy.v1.AuditEvent
+	5,  // 40: retrypolicy.v1.AuditRecord.decision:type_name -> retrypolicy.v1.Decision
+	30, // 41: retrypolicy.v1.AuditRecord.delay:type_name -> google.protobuf.Duration
+	6,  // 42: retrypolicy.v1.AuditRecord.stop_reason:type_name -> retrypolicy.v1.StopReason
+	7,  // 43: retrypolicy.v1.AuditRecord.disposition:type_name -> retrypolicy.v1.Disposition
+	44, // [44:44] is the sub-list for method output_type
+	44, // [44:44] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_retrypolicy_v1_types_proto_init() }
@@ -2727,13 +2831,14 @@ func file_retrypolicy_v1_types_proto_init() {
 	file_retrypolicy_v1_types_proto_msgTypes[4].OneofWrappers = []any{}
 	file_retrypolicy_v1_types_proto_msgTypes[5].OneofWrappers = []any{}
 	file_retrypolicy_v1_types_proto_msgTypes[6].OneofWrappers = []any{}
+	file_retrypolicy_v1_types_proto_msgTypes[7].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_retrypolicy_v1_types_proto_rawDesc), len(file_retrypolicy_v1_types_proto_rawDesc)),
 			NumEnums:      12,
-			NumMessages:   16,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

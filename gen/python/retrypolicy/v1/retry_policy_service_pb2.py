@@ -23,10 +23,11 @@ _sym_db = _symbol_database.Default()
 
 
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from retrypolicy.v1 import types_pb2 as retrypolicy_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)retrypolicy/v1/retry_policy_service.proto\x12\x0eretrypolicy.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1aretrypolicy/v1/types.proto\"b\n\x0f\x43lassifyRequest\x12%\n\x04\x63\x61ll\x18\x01 \x01(\x0b\x32\x17.retrypolicy.v1.CallRef\x12(\n\x07\x66\x61ilure\x18\x02 \x01(\x0b\x32\x17.retrypolicy.v1.Failure\"a\n\x10\x43lassifyResponse\x12\x11\n\tretryable\x18\x01 \x01(\x08\x12*\n\x08\x63\x61tegory\x18\x02 \x01(\x0e\x32\x18.retrypolicy.v1.Category\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\xe6\x01\n\x10NextDelayRequest\x12%\n\x04\x63\x61ll\x18\x01 \x01(\x0b\x32\x17.retrypolicy.v1.CallRef\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12(\n\x07\x66\x61ilure\x18\x03 \x01(\x0b\x32\x17.retrypolicy.v1.Failure\x12*\n\x08pushback\x18\x04 \x01(\x0b\x32\x18.retrypolicy.v1.Pushback\x12\x31\n\x0eprevious_delay\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x11\n\tpermit_id\x18\x06 \x01(\t\"\xef\x03\n\x11NextDelayResponse\x12*\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0e\x32\x18.retrypolicy.v1.Decision\x12(\n\x05\x64\x65lay\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12/\n\x0bstop_reason\x18\x03 \x01(\x0e\x32\x1a.retrypolicy.v1.StopReason\x12\x30\n\x0b\x64isposition\x18\x04 \x01(\x0e\x32\x1b.retrypolicy.v1.Disposition\x12*\n\x08\x63\x61tegory\x18\x05 \x01(\x0e\x32\x18.retrypolicy.v1.Category\x12\x16\n\x0e\x63lassification\x18\x06 \x01(\t\x12\x15\n\rpushback_note\x18\x07 \x01(\t\x12\x32\n\x0f\x61ttempt_timeout\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x33\n\rbreaker_state\x18\t \x01(\x0e\x32\x1c.retrypolicy.v1.BreakerState\x12\x1f\n\x17tenant_budget_remaining\x18\n \x01(\x01\x12\x1c\n\x14run_budget_remaining\x18\x0b \x01(\x04\x12\x0e\n\x06\x63hecks\x18\x0c \x03(\t\x12\x0e\n\x06\x64\x65tail\x18\r \x01(\t\"\xc4\x02\n\x07Outcome\x12%\n\x04\x63\x61ll\x18\x01 \x01(\x0b\x32\x17.retrypolicy.v1.CallRef\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12\x0f\n\x07success\x18\x03 \x01(\x08\x12(\n\x07\x66\x61ilure\x18\x04 \x01(\x0b\x32\x17.retrypolicy.v1.Failure\x12*\n\x07latency\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x11\n\tpermit_id\x18\x06 \x01(\t\x12\x36\n\x11\x66inal_disposition\x18\x07 \x01(\x0e\x32\x1b.retrypolicy.v1.Disposition\x12\x35\n\x11\x66inal_stop_reason\x18\x08 \x01(\x0e\x32\x1a.retrypolicy.v1.StopReason\x12\x18\n\x10\x61lready_recorded\x18\t \x01(\x08\"A\n\x14ReportOutcomeRequest\x12)\n\x08outcomes\x18\x01 \x03(\x0b\x32\x17.retrypolicy.v1.Outcome\"Z\n\x15ReportOutcomeResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12/\n\x07refused\x18\x02 \x03(\x0b\x32\x1e.retrypolicy.v1.OutcomeRefusal\"M\n\x0eOutcomeRefusal\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\x12\r\n\x05\x66ield\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\"F\n\x0c\x41\x64mitRequest\x12%\n\x04\x63\x61ll\x18\x01 \x01(\x0b\x32\x17.retrypolicy.v1.CallRef\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\"\xa1\x01\n\rAdmitResponse\x12\x10\n\x08\x61\x64mitted\x18\x01 \x01(\x08\x12+\n\x05state\x18\x02 \x01(\x0e\x32\x1c.retrypolicy.v1.BreakerState\x12\x11\n\tpermit_id\x18\x03 \x01(\t\x12.\n\x0bretry_after\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0e\n\x06reason\x18\x05 \x01(\t\"&\n\x14WatchBreakersRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\"n\n\x15WatchBreakersResponse\x12(\n\x07\x62reaker\x18\x01 \x01(\x0b\x32\x17.retrypolicy.v1.Breaker\x12\x10\n\x08snapshot\x18\x02 \x01(\x08\x12\x19\n\x11snapshot_complete\x18\x03 \x01(\x08\"\x8d\x02\n\x11PlanBudgetRequest\x12)\n\x06window\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x30\n\x07\x62\x61\x63koff\x18\x02 \x01(\x0b\x32\x1f.retrypolicy.v1.BackoffSettings\x12\x32\n\x0f\x61ttempt_timeout\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12-\n\nttl_margin\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x19\n\x0cmax_attempts\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\x0c\n\x04hops\x18\x06 \x01(\rB\x0f\n\r_max_attempts\"h\n\x12PlanBudgetResponse\x12(\n\x04plan\x18\x01 \x01(\x0b\x32\x1a.retrypolicy.v1.BudgetPlan\x12(\n\x04hops\x18\x02 \x03(\x0b\x32\x1a.retrypolicy.v1.BudgetPlan2\x9d\x04\n\x12RetryPolicyService\x12R\n\x08\x43lassify\x12\x1f.retrypolicy.v1.ClassifyRequest\x1a .retrypolicy.v1.ClassifyResponse\"\x03\x90\x02\x01\x12P\n\tNextDelay\x12 .retrypolicy.v1.NextDelayRequest\x1a!.retrypolicy.v1.NextDelayResponse\x12\\\n\rReportOutcome\x12$.retrypolicy.v1.ReportOutcomeRequest\x1a%.retrypolicy.v1.ReportOutcomeResponse\x12\x44\n\x05\x41\x64mit\x12\x1c.retrypolicy.v1.AdmitRequest\x1a\x1d.retrypolicy.v1.AdmitResponse\x12\x63\n\rWatchBreakers\x12$.retrypolicy.v1.WatchBreakersRequest\x1a%.retrypolicy.v1.WatchBreakersResponse\"\x03\x90\x02\x01\x30\x01\x12X\n\nPlanBudget\x12!.retrypolicy.v1.PlanBudgetRequest\x1a\".retrypolicy.v1.PlanBudgetResponse\"\x03\x90\x02\x01\x42@Z>github.com/policyd/policyd/gen/go/retrypolicy/v1;retrypolicyv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)retrypolicy/v1/retry_policy_service.proto\x12\x0eretrypolicy.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1aretrypolicy/v1/types.proto\"b\n\x0f\x43lassifyRequest\x12%\n\x04\x63\x61ll\x18\x01 \x01(\x0b\x32\x17.retrypolicy.v1.CallRef\x12(\n\x07\x66\x61ilure\x18\x02 \x01(\x0b\x32\x17.retrypolicy.v1.Failure\"a\n\x10\x43lassifyResponse\x12\x11\n\tretryable\x18\x01 \x01(\x08\x12*\n\x08\x63\x61tegory\x18\x02 \x01(\x0e\x32\x18.retrypolicy.v1.Category\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\xf8\x01\n\x10NextDelayRequest\x12%\n\x04\x63\x61ll\x18\x01 \x01(\x0b\x32\x17.retrypolicy.v1.CallRef\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12(\n\x07\x66\x61ilure\x18\x03 \x01(\x0b\x32\x17.retrypolicy.v1.Failure\x12*\n\x08pushback\x18\x04 \x01(\x0b\x32\x18.retrypolicy.v1.Pushback\x12\x31\n\x0eprevious_delay\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x11\n\tpermit_id\x18\x06 \x01(\t\x12\x10\n\x08lease_id\x18\x07 \x01(\t\"\x88\x04\n\x11NextDelayResponse\x12*\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0e\x32\x18.retrypolicy.v1.Decision\x12(\n\x05\x64\x65lay\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12/\n\x0bstop_reason\x18\x03 \x01(\x0e\x32\x1a.retrypolicy.v1.StopReason\x12\x30\n\x0b\x64isposition\x18\x04 \x01(\x0e\x32\x1b.retrypolicy.v1.Disposition\x12*\n\x08\x63\x61tegory\x18\x05 \x01(\x0e\x32\x18.retrypolicy.v1.Category\x12\x16\n\x0e\x63lassification\x18\x06 \x01(\t\x12\x15\n\rpushback_note\x18\x07 \x01(\t\x12\x32\n\x0f\x61ttempt_timeout\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x33\n\rbreaker_state\x18\t \x01(\x0e\x32\x1c.retrypolicy.v1.BreakerState\x12\x1f\n\x17tenant_budget_remaining\x18\n \x01(\x01\x12\x1c\n\x14run_budget_remaining\x18\x0b \x01(\x04\x12\x0e\n\x06\x63hecks\x18\x0c \x03(\t\x12\x0e\n\x06\x64\x65tail\x18\r \x01(\t\x12\x17\n\x0f\x66low_controlled\x18\x0e \x01(\x08\"\xd6\x02\n\x07Outcome\x12%\n\x04\x63\x61ll\x18\x01 \x01(\x0b\x32\x17.retrypolicy.v1.CallRef\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12\x0f\n\x07success\x18\x03 \x01(\x08\x12(\n\x07\x66\x61ilure\x18\x04 \x01(\x0b\x32\x17.retrypolicy.v1.Failure\x12*\n\x07latency\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x11\n\tpermit_id\x18\x06 \x01(\t\x12\x36\n\x11\x66inal_disposition\x18\x07 \x01(\x0e\x32\x1b.retrypolicy.v1.Disposition\x12\x35\n\x11\x66inal_stop_reason\x18\x08 \x01(\x0e\x32\x1a.retrypolicy.v1.StopReason\x12\x18\n\x10\x61lready_recorded\x18\t \x01(\x08\x12\x10\n\x08lease_id\x18\n \x01(\t\"A\n\x14ReportOutcomeRequest\x12)\n\x08outcomes\x18\x01 \x03(\x0b\x32\x17.retrypolicy.v1.Outcome\"{\n\x15ReportOutcomeResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12/\n\x07refused\x18\x02 \x03(\x0b\x32\x1e.retrypolicy.v1.OutcomeRefusal\x12\x1f\n\x17\x66low_controlled_targets\x18\x03 \x03(\t\"M\n\x0eOutcomeRefusal\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\x12\r\n\x05\x66ield\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\"F\n\x0c\x41\x64mitRequest\x12%\n\x04\x63\x61ll\x18\x01 \x01(\x0b\x32\x17.retrypolicy.v1.CallRef\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\"\x83\x02\n\rAdmitResponse\x12\x10\n\x08\x61\x64mitted\x18\x01 \x01(\x08\x12+\n\x05state\x18\x02 \x01(\x0e\x32\x1c.retrypolicy.v1.BreakerState\x12\x11\n\tpermit_id\x18\x03 \x01(\t\x12.\n\x0bretry_after\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x10\n\x08lease_id\x18\x06 \x01(\t\x12\x35\n\x11lease_expire_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0f\x66low_controlled\x18\x08 \x01(\x08\"N\n\x13ReleaseLeaseRequest\x12%\n\x04\x63\x61ll\x18\x01 \x01(\x0b\x32\x17.retrypolicy.v1.CallRef\x12\x10\n\x08lease_id\x18\x02 \x01(\t\"(\n\x14ReleaseLeaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"&\n\x14WatchBreakersRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\"n\n\x15WatchBreakersResponse\x12(\n\x07\x62reaker\x18\x01 \x01(\x0b\x32\x17.retrypolicy.v1.Breaker\x12\x10\n\x08snapshot\x18\x02 \x01(\x08\x12\x19\n\x11snapshot_complete\x18\x03 \x01(\x08\"\x8d\x02\n\x11PlanBudgetRequest\x12)\n\x06window\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x30\n\x07\x62\x61\x63koff\x18\x02 \x01(\x0b\x32\x1f.retrypolicy.v1.BackoffSettings\x12\x32\n\x0f\x61ttempt_timeout\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12-\n\nttl_margin\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x19\n\x0cmax_attempts\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\x0c\n\x04hops\x18\x06 \x01(\rB\x0f\n\r_max_attempts\"h\n\x12PlanBudgetResponse\x12(\n\x04plan\x18\x01 \x01(\x0b\x32\x1a.retrypolicy.v1.BudgetPlan\x12(\n\x04hops\x18\x02 \x03(\x0b\x32\x1a.retrypolicy.v1.BudgetPlan2\xf8\x04\n\x12RetryPolicyService\x12R\n\x08\x43lassify\x12\x1f.retrypolicy.v1.ClassifyRequest\x1a .retrypolicy.v1.ClassifyResponse\"\x03\x90\x02\x01\x12P\n\tNextDelay\x12 .retrypolicy.v1.NextDelayRequest\x1a!.retrypolicy.v1.NextDelayResponse\x12\\\n\rReportOutcome\x12$.retrypolicy.v1.ReportOutcomeRequest\x1a%.retrypolicy.v1.ReportOutcomeResponse\x12\x44\n\x05\x41\x64mit\x12\x1c.retrypolicy.v1.AdmitRequest\x1a\x1d.retrypolicy.v1.AdmitResponse\x12Y\n\x0cReleaseLease\x12#.retrypolicy.v1.ReleaseLeaseRequest\x1a$.retrypolicy.v1.ReleaseLeaseResponse\x12\x63\n\rWatchBreakers\x12$.retrypolicy.v1.WatchBreakersRequest\x1a%.retrypolicy.v1.WatchBreakersResponse\"\x03\x90\x02\x01\x30\x01\x12X\n\nPlanBudget\x12!.retrypolicy.v1.PlanBudgetRequest\x1a\".retrypolicy.v1.PlanBudgetResponse\"\x03\x90\x02\x01\x42@Z>github.com/policyd/policyd/gen/go/retrypolicy/v1;retrypolicyv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,34 +41,38 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RETRYPOLICYSERVICE'].methods_by_name['WatchBreakers']._serialized_options = b'\220\002\001'
   _globals['_RETRYPOLICYSERVICE'].methods_by_name['PlanBudget']._loaded_options = None
   _globals['_RETRYPOLICYSERVICE'].methods_by_name['PlanBudget']._serialized_options = b'\220\002\001'
-  _globals['_CLASSIFYREQUEST']._serialized_start=121
-  _globals['_CLASSIFYREQUEST']._serialized_end=219
-  _globals['_CLASSIFYRESPONSE']._serialized_start=221
-  _globals['_CLASSIFYRESPONSE']._serialized_end=318
-  _globals['_NEXTDELAYREQUEST']._serialized_start=321
-  _globals['_NEXTDELAYREQUEST']._serialized_end=551
-  _globals['_NEXTDELAYRESPONSE']._serialized_start=554
-  _globals['_NEXTDELAYRESPONSE']._serialized_end=1049
-  _globals['_OUTCOME']._serialized_start=1052
-  _globals['_OUTCOME']._serialized_end=1376
-  _globals['_REPORTOUTCOMEREQUEST']._serialized_start=1378
-  _globals['_REPORTOUTCOMEREQUEST']._serialized_end=1443
-  _globals['_REPORTOUTCOMERESPONSE']._serialized_start=1445
-  _globals['_REPORTOUTCOMERESPONSE']._serialized_end=1535
-  _globals['_OUTCOMEREFUSAL']._serialized_start=1537
-  _globals['_OUTCOMEREFUSAL']._serialized_end=1614
-  _globals['_ADMITREQUEST']._serialized_start=1616
-  _globals['_ADMITREQUEST']._serialized_end=1686
-  _globals['_ADMITRESPONSE']._serialized_start=1689
-  _globals['_ADMITRESPONSE']._serialized_end=1850
-  _globals['_WATCHBREAKERSREQUEST']._serialized_start=1852
-  _globals['_WATCHBREAKERSREQUEST']._serialized_end=1890
-  _globals['_WATCHBREAKERSRESPONSE']._serialized_start=1892
-  _globals['_WATCHBREAKERSRESPONSE']._serialized_end=2002
-  _globals['_PLANBUDGETREQUEST']._serialized_start=2005
-  _globals['_PLANBUDGETREQUEST']._serialized_end=2274
-  _globals['_PLANBUDGETRESPONSE']._serialized_start=2276
-  _globals['_PLANBUDGETRESPONSE']._serialized_end=2380
-  _globals['_RETRYPOLICYSERVICE']._serialized_start=2383
-  _globals['_RETRYPOLICYSERVICE']._serialized_end=2924
+  _globals['_CLASSIFYREQUEST']._serialized_start=154
+  _globals['_CLASSIFYREQUEST']._serialized_end=252
+  _globals['_CLASSIFYRESPONSE']._serialized_start=254
+  _globals['_CLASSIFYRESPONSE']._serialized_end=351
+  _globals['_NEXTDELAYREQUEST']._serialized_start=354
+  _globals['_NEXTDELAYREQUEST']._serialized_end=602
+  _globals['_NEXTDELAYRESPONSE']._serialized_start=605
+  _globals['_NEXTDELAYRESPONSE']._serialized_end=1125
+  _globals['_OUTCOME']._serialized_start=1128
+  _globals['_OUTCOME']._serialized_end=1470
+  _globals['_REPORTOUTCOMEREQUEST']._serialized_start=1472
+  _globals['_REPORTOUTCOMEREQUEST']._serialized_end=1537
+  _globals['_REPORTOUTCOMERESPONSE']._serialized_start=1539
+  _globals['_REPORTOUTCOMERESPONSE']._serialized_end=1662
+  _globals['_OUTCOMEREFUSAL']._serialized_start=1664
+  _globals['_OUTCOMEREFUSAL']._serialized_end=1741
+  _globals['_ADMITREQUEST']._serialized_start=1743
+  _globals['_ADMITREQUEST']._serialized_end=1813
+  _globals['_ADMITRESPONSE']._serialized_start=1816
+  _globals['_ADMITRESPONSE']._serialized_end=2075
+  _globals['_RELEASELEASEREQUEST']._serialized_start=2077
+  _globals['_RELEASELEASEREQUEST']._serialized_end=2155
+  _globals['_RELEASELEASERESPONSE']._serialized_start=2157
+  _globals['_RELEASELEASERESPONSE']._serialized_end=2197
+  _globals['_WATCHBREAKERSREQUEST']._serialized_start=2199
+  _globals['_WATCHBREAKERSREQUEST']._serialized_end=2237
+  _globals['_WATCHBREAKERSRESPONSE']._serialized_start=2239
+  _globals['_WATCHBREAKERSRESPONSE']._serialized_end=2349
+  _globals['_PLANBUDGETREQUEST']._serialized_start=2352
+  _globals['_PLANBUDGETREQUEST']._serialized_end=2621
+  _globals['_PLANBUDGETRESPONSE']._serialized_start=2623
+  _globals['_PLANBUDGETRESPONSE']._serialized_end=2727
+  _globals['_RETRYPOLICYSERVICE']._serialized_start=2730
+  _globals['_RETRYPOLICYSERVICE']._serialized_end=3362
 # @@protoc_insertion_point(module_scope)
