@@ -99,3 +99,27 @@ func withPool(b *pb.Breaker, s policy.PoolStatus) *pb.Breaker {
 	b.LeasesInFlight, b.StrayReleases = uint32(s.InFlight), s.Stray
 	return b
 }
+
+// flowTargets tells a watch of tenant, on the message that completes its
+// snapshot, which targets have a concurrency ceiling: each target a stored
+// policy names, by its effective policy for tenant, and every other target
+// by the tenant's (or the global) policy.
+func (w *watcher) flowTargets(tenant string, msg *pb.WatchBreakersResponse) {
+	entries, err := w.policies.Policies(policy.PolicyScope{}, 0)
+	if err != nil {
+		return // the Admit and NextDelay answers and the outcome reports tell instead
+	}
+	for _, e := range entries {
+		if e.Target == "" || (e.Tenant != "" && e.Tenant != tenant) ||
+			slices.Contains(msg.FlowControlledTargets, e.Target) || slices.Contains(msg.UncontrolledTargets, e.Target) {
+			continue
+		}
+		if p, _ := w.policies.Resolve(tenant, e.Target); p.FlowControlled() {
+			msg.FlowControlledTargets = append(msg.FlowControlledTargets, e.Target)
+		} else {
+			msg.UncontrolledTargets = append(msg.UncontrolledTargets, e.Target)
+		}
+	}
+	p, _ := w.policies.Resolve(tenant, "")
+	msg.OtherTargetsFlowControlled = p.FlowControlled()
+}

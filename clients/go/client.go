@@ -133,6 +133,7 @@ type Client struct {
 	workers  pb.RetryPolicyServiceClient
 	local    *localPolicy
 	breakers *breakerCache
+	flow     *flowCache
 	out      *outcomes
 
 	// downUntil (unix nanos) is when to try policyd again after it failed
@@ -184,6 +185,7 @@ func New(conn grpc.ClientConnInterface, cfg Config) (*Client, error) {
 		workers:  pb.NewRetryPolicyServiceClient(conn),
 		local:    newLocalPolicy(cfg),
 		breakers: newBreakerCache(cfg.Tenant),
+		flow:     newFlowCache(),
 		stop:     stop,
 	}
 	c.out = newOutcomes(c, cfg)

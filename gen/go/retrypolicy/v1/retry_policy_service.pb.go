@@ -1070,8 +1070,22 @@ type WatchBreakersResponse struct {
 	// snapshot; it carries no breaker. From then on the client's view is
 	// complete: a breaker it has not been told of is CLOSED.
 	SnapshotComplete bool `protobuf:"varint,3,opt,name=snapshot_complete,json=snapshotComplete,proto3" json:"snapshot_complete,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// flow_controlled_targets, on the snapshot_complete message, lists the
+	// targets named by a policy whose effective policy for the watched
+	// tenant has a fleet-wide ceiling (flow.max_in_flight): a client asks
+	// Admit before every attempt to them, even while CLOSED.
+	FlowControlledTargets []string `protobuf:"bytes,4,rep,name=flow_controlled_targets,json=flowControlledTargets,proto3" json:"flow_controlled_targets,omitempty"`
+	// uncontrolled_targets, on the snapshot_complete message, lists the
+	// targets named by a policy whose effective policy has no ceiling.
+	UncontrolledTargets []string `protobuf:"bytes,5,rep,name=uncontrolled_targets,json=uncontrolledTargets,proto3" json:"uncontrolled_targets,omitempty"`
+	// other_targets_flow_controlled, on the snapshot_complete message, says
+	// whether every target in neither list (those under the tenant's or the
+	// global policy) has a ceiling. Later changes reach a client through
+	// ReportOutcomeResponse.flow_controlled_targets and the Admit and
+	// NextDelay answers.
+	OtherTargetsFlowControlled bool `protobuf:"varint,6,opt,name=other_targets_flow_controlled,json=otherTargetsFlowControlled,proto3" json:"other_targets_flow_controlled,omitempty"`
+	unknownFields              protoimpl.UnknownFields
+	sizeCache                  protoimpl.SizeCache
 }
 
 func (x *WatchBreakersResponse) Reset() {
@@ -1121,6 +1135,27 @@ func (x *WatchBreakersResponse) GetSnapshot() bool {
 func (x *WatchBreakersResponse) GetSnapshotComplete() bool {
 	if x != nil {
 		return x.SnapshotComplete
+	}
+	return false
+}
+
+func (x *WatchBreakersResponse) GetFlowControlledTargets() []string {
+	if x != nil {
+		return x.FlowControlledTargets
+	}
+	return nil
+}
+
+func (x *WatchBreakersResponse) GetUncontrolledTargets() []string {
+	if x != nil {
+		return x.UncontrolledTargets
+	}
+	return nil
+}
+
+func (x *WatchBreakersResponse) GetOtherTargetsFlowControlled() bool {
+	if x != nil {
+		return x.OtherTargetsFlowControlled
 	}
 	return false
 }
@@ -1353,11 +1388,14 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\x14ReleaseLeaseResponse\x12\x1a\n" +
 	"\breleased\x18\x01 \x01(\bR\breleased\".\n" +
 	"\x14WatchBreakersRequest\x12\x16\n" +
-	"\x06tenant\x18\x01 \x01(\tR\x06tenant\"\x93\x01\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\"\xc1\x02\n" +
 	"\x15WatchBreakersResponse\x121\n" +
 	"\abreaker\x18\x01 \x01(\v2\x17.retrypolicy.v1.BreakerR\abreaker\x12\x1a\n" +
 	"\bsnapshot\x18\x02 \x01(\bR\bsnapshot\x12+\n" +
-	"\x11snapshot_complete\x18\x03 \x01(\bR\x10snapshotComplete\"\xcc\x02\n" +
+	"\x11snapshot_complete\x18\x03 \x01(\bR\x10snapshotComplete\x126\n" +
+	"\x17flow_controlled_targets\x18\x04 \x03(\tR\x15flowControlledTargets\x121\n" +
+	"\x14uncontrolled_targets\x18\x05 \x03(\tR\x13uncontrolledTargets\x12A\n" +
+	"\x1dother_targets_flow_controlled\x18\x06 \x01(\bR\x1aotherTargetsFlowControlled\"\xcc\x02\n" +
 	"\x11PlanBudgetRequest\x121\n" +
 	"\x06window\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x06window\x129\n" +
 	"\abackoff\x18\x02 \x01(\v2\x1f.retrypolicy.v1.BackoffSettingsR\abackoff\x12B\n" +

@@ -180,14 +180,20 @@ class WatchBreakersRequest(_message.Message):
     def __init__(self, tenant: _Optional[str] = ...) -> None: ...
 
 class WatchBreakersResponse(_message.Message):
-    __slots__ = ("breaker", "snapshot", "snapshot_complete")
+    __slots__ = ("breaker", "snapshot", "snapshot_complete", "flow_controlled_targets", "uncontrolled_targets", "other_targets_flow_controlled")
     BREAKER_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    FLOW_CONTROLLED_TARGETS_FIELD_NUMBER: _ClassVar[int]
+    UNCONTROLLED_TARGETS_FIELD_NUMBER: _ClassVar[int]
+    OTHER_TARGETS_FLOW_CONTROLLED_FIELD_NUMBER: _ClassVar[int]
     breaker: _types_pb2.Breaker
     snapshot: bool
     snapshot_complete: bool
-    def __init__(self, breaker: _Optional[_Union[_types_pb2.Breaker, _Mapping]] = ..., snapshot: _Optional[bool] = ..., snapshot_complete: _Optional[bool] = ...) -> None: ...
+    flow_controlled_targets: _containers.RepeatedScalarFieldContainer[str]
+    uncontrolled_targets: _containers.RepeatedScalarFieldContainer[str]
+    other_targets_flow_controlled: bool
+    def __init__(self, breaker: _Optional[_Union[_types_pb2.Breaker, _Mapping]] = ..., snapshot: _Optional[bool] = ..., snapshot_complete: _Optional[bool] = ..., flow_controlled_targets: _Optional[_Iterable[str]] = ..., uncontrolled_targets: _Optional[_Iterable[str]] = ..., other_targets_flow_controlled: _Optional[bool] = ...) -> None: ...
 
 class PlanBudgetRequest(_message.Message):
     __slots__ = ("window", "backoff", "attempt_timeout", "ttl_margin", "max_attempts", "hops")
