@@ -46,7 +46,7 @@ var (
 
 	allBuckets = [][]byte{bucketMeta, bucketBreakers, bucketBudgets, bucketTokens,
 		bucketPolicies, bucketRuns, bucketRunState, bucketRunCalls,
-		bucketAuditSeg, bucketAttempts, bucketLeases}
+		bucketAuditSeg, bucketAttempts, bucketFlow}
 )
 
 // Defaults of Options.
@@ -205,7 +205,7 @@ type Store struct {
 	attempts   attemptTable
 	attemptSeq atomic.Uint64
 
-	pools shardMap[policy.BreakerKey, *leasePool] // concurrency ceilings (leases.go)
+	pools shardMap[policy.BreakerKey, *leasePool] // fleet-wide ceilings (flow.go)
 
 	policies      atomic.Pointer[policyMap]
 	defaultPolicy policy.Policy
@@ -619,7 +619,7 @@ func (s *Store) loaders(tx *bbolt.Tx) []func() error {
 		func() error { return s.loadAudit(tx) },
 		func() error { return s.loadAttempts(tx, now) },
 		func() error { return s.loadBreakers(tx, now) },
-		func() error { return s.loadLeases(tx) },
+		func() error { return s.loadFlow(tx) },
 	}
 }
 

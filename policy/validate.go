@@ -137,6 +137,15 @@ func validateFlow(f FlowConfig) error {
 	case f.LeaseSlack < 0:
 		return fieldErr("flow.lease_slack", "must be >= 0")
 	}
+	if r := checkFloat(f.MaxRate); r != "" {
+		return fieldErr("flow.max_rate", r)
+	}
+	switch {
+	case f.MaxRate < 0 || f.MaxRate > 1e9:
+		return fieldErr("flow.max_rate", "must be > 0 and at most 1e9 per second")
+	case f.Burst < 0 || f.Burst > MaxCeiling:
+		return fieldErr("flow.burst", "must be between 1 and "+itoa(MaxCeiling))
+	}
 	return nil
 }
 

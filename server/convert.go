@@ -463,6 +463,22 @@ func flowFromPB(field string, f *pb.FlowSettings, def policy.FlowConfig) (policy
 	if out.LeaseSlack, err = duration(field+".lease_slack", f.GetLeaseSlack(), out.LeaseSlack); err != nil {
 		return out, err
 	}
+	if f.MaxRate != nil {
+		r := f.GetMaxRate()
+		if err := finite(field+".max_rate", r); err != nil {
+			return out, err
+		}
+		if r <= 0 {
+			return out, invalid(field+".max_rate", "must be > 0 attempts per second; leave it unset for no rate ceiling")
+		}
+		out.MaxRate = r
+	}
+	if f.Burst != nil {
+		if f.GetBurst() < 1 || f.GetBurst() > policy.MaxCeiling {
+			return out, invalid(field+".burst", "must be 1 to "+strconv.Itoa(policy.MaxCeiling))
+		}
+		out.Burst = int(f.GetBurst())
+	}
 	return out, nil
 }
 
@@ -475,6 +491,10 @@ func flowToPB(f policy.FlowConfig) *pb.FlowSettings {
 	if f.MaxInFlight > 0 {
 		n := uint32(f.MaxInFlight)
 		out.MaxInFlight = &n
+	}
+	if f.MaxRate > 0 {
+		r, b := f.MaxRate, uint32(max(f.Burst, 1))
+		out.MaxRate, out.Burst = &r, &b
 	}
 	return out
 }

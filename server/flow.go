@@ -16,16 +16,16 @@ import (
 // nothing.
 
 // admit is the admission of an attempt of call under p: the breaker's
-// alone, or, when p has a concurrency ceiling, a lease of the ceiling and
-// then the breaker's (Store.AdmitLease). A full ceiling asks the caller to
-// come back after the policy's backoff base delay, or sooner when a lease
-// expires sooner.
+// alone, or, when p has a ceiling, a rate slot and a lease, then the
+// breaker's (Store.AdmitFlow). A rate ceiling tells the exact wait; a full
+// concurrency ceiling asks the caller to come back after the policy's
+// backoff base delay, or sooner when a lease expires sooner.
 func (d *Decisions) admit(p *policy.Policy, call callRef) (policy.Admission, error) {
 	key := policy.KeyFor(p.Breaker, call.tenant, call.target)
 	if !p.FlowControlled() {
 		return d.store.Admit(key, p.Breaker)
 	}
-	a, err := d.store.AdmitLease(key, p.Breaker, p.Flow.MaxInFlight, p.LeaseTTL(), p.Backoff.Base)
+	a, err := d.store.AdmitFlow(key, p.Breaker, p.FlowLimits())
 	a.FlowControlled = true
 	d.cfg.Metrics.lease(call.target, a.LeaseID != "", a.Reason)
 	return a, err
@@ -101,25 +101,35 @@ func withPool(b *pb.Breaker, s policy.PoolStatus) *pb.Breaker {
 }
 
 // flowTargets tells a watch of tenant, on the message that completes its
-// snapshot, which targets have a concurrency ceiling: each target a stored
-// policy names, by its effective policy for tenant, and every other target
-// by the tenant's (or the global) policy.
+// snapshot, which targets have a ceiling: each target a stored policy
+// names, by its effective policy for tenant, and every other target by the
+// tenant's policy (the default policy has none). It resolves from one
+// listing of the stored policies, in the order Resolve applies (tenant and
+// target, then target, then tenant), rather than a Resolve per target.
 func (w *watcher) flowTargets(tenant string, msg *pb.WatchBreakersResponse) {
 	entries, err := w.policies.Policies(policy.PolicyScope{}, 0)
 	if err != nil {
 		return // the Admit and NextDelay answers and the outcome reports tell instead
 	}
+	byScope := make(map[policy.PolicyScope]*policy.Policy, len(entries))
+	for i := range entries {
+		byScope[policy.PolicyScope{Tenant: entries[i].Tenant, Target: entries[i].Target}] = &entries[i].Policy
+	}
+	other := tenant != "" && byScope[policy.PolicyScope{Tenant: tenant}] != nil && byScope[policy.PolicyScope{Tenant: tenant}].FlowControlled()
 	for _, e := range entries {
 		if e.Target == "" || (e.Tenant != "" && e.Tenant != tenant) ||
 			slices.Contains(msg.FlowControlledTargets, e.Target) || slices.Contains(msg.UncontrolledTargets, e.Target) {
 			continue
 		}
-		if p, _ := w.policies.Resolve(tenant, e.Target); p.FlowControlled() {
+		p := byScope[policy.PolicyScope{Tenant: tenant, Target: e.Target}]
+		if p == nil || tenant == "" {
+			p = byScope[policy.PolicyScope{Target: e.Target}]
+		}
+		if p != nil && p.FlowControlled() || p == nil && other {
 			msg.FlowControlledTargets = append(msg.FlowControlledTargets, e.Target)
 		} else {
 			msg.UncontrolledTargets = append(msg.UncontrolledTargets, e.Target)
 		}
 	}
-	p, _ := w.policies.Resolve(tenant, "")
-	msg.OtherTargetsFlowControlled = p.FlowControlled()
+	msg.OtherTargetsFlowControlled = other
 }

@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -140,6 +141,21 @@ func TestFlowBadInput(t *testing.T) {
 			_, err := h.admin.SetPolicy(ctx, &pb.SetPolicyRequest{Target: "portal", Policy: &pb.Policy{Flow: &pb.FlowSettings{LeaseSlack: durationOf(-time.Second)}}})
 			return err
 		}, "policy.flow.lease_slack"},
+		{"a rate of 0", func() error {
+			r := 0.0
+			_, err := h.admin.SetPolicy(ctx, &pb.SetPolicyRequest{Target: "portal", Policy: &pb.Policy{Flow: &pb.FlowSettings{MaxRate: &r}}})
+			return err
+		}, "policy.flow.max_rate"},
+		{"a NaN rate", func() error {
+			r := math.NaN()
+			_, err := h.admin.SetPolicy(ctx, &pb.SetPolicyRequest{Target: "portal", Policy: &pb.Policy{Flow: &pb.FlowSettings{MaxRate: &r}}})
+			return err
+		}, "policy.flow.max_rate"},
+		{"a burst of 0", func() error {
+			r := 5.0
+			_, err := h.admin.SetPolicy(ctx, &pb.SetPolicyRequest{Target: "portal", Policy: &pb.Policy{Flow: &pb.FlowSettings{MaxRate: &r, Burst: &zero}}})
+			return err
+		}, "policy.flow.burst"},
 		{"a release without a lease id", func() error {
 			_, err := h.workers.ReleaseLease(ctx, &pb.ReleaseLeaseRequest{Call: call("acme", "portal", "doc-1")})
 			return err
@@ -157,5 +173,49 @@ func TestFlowBadInput(t *testing.T) {
 				t.Fatalf("message %q does not name %s", msg, tt.field)
 			}
 		})
+	}
+}
+
+// TestRateCeiling: max_rate 2/s with burst 2 over gRPC: two admitted at
+// once, the third refused with the exact wait, admitted once it has passed.
+func TestRateCeiling(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	rate, burst := 2.0, uint32(2)
+	if _, err := h.admin.SetPolicy(ctx, &pb.SetPolicyRequest{Tenant: "acme", Target: "portal",
+		Policy: &pb.Policy{Flow: &pb.FlowSettings{MaxRate: &rate, Burst: &burst}}}); err != nil {
+		t.Fatalf("SetPolicy: %v", err)
+	}
+	admit := func() *pb.AdmitResponse {
+		t.Helper()
+		a, err := h.workers.Admit(ctx, &pb.AdmitRequest{Call: call("acme", "portal", "doc-1"), Attempt: 1})
+		if err != nil {
+			t.Fatalf("Admit: %v", err)
+		}
+		return a
+	}
+	for i := range 2 {
+		if a := admit(); !a.GetAdmitted() || !a.GetFlowControlled() || a.GetLeaseId() != "" {
+			t.Fatalf("burst %d: %v, want admitted, flow-controlled, no lease (no concurrency ceiling)", i, a)
+		}
+	}
+	a := admit()
+	if a.GetAdmitted() || a.GetReason() != "rate:limited" || a.GetRetryAfter().AsDuration() != 500*time.Millisecond {
+		t.Fatalf("past the burst: %v, want refused rate:limited after exactly 500ms", a)
+	}
+	h.clock.Advance(499 * time.Millisecond)
+	if a := admit(); a.GetAdmitted() || a.GetRetryAfter().AsDuration() != time.Millisecond {
+		t.Fatalf("1ms early: %v, want refused after exactly 1ms", a)
+	}
+	h.clock.Advance(time.Millisecond)
+	if a := admit(); !a.GetAdmitted() {
+		t.Fatalf("after the wait: %v, want admitted", a)
+	}
+	got, err := h.admin.GetPolicy(ctx, &pb.GetPolicyRequest{Tenant: "acme", Target: "portal"})
+	if err != nil {
+		t.Fatalf("GetPolicy: %v", err)
+	}
+	if f := got.GetEntry().GetPolicy().GetFlow(); f.GetMaxRate() != 2 || f.GetBurst() != 2 {
+		t.Fatalf("GetPolicy flow %v, want max_rate 2 burst 2", f)
 	}
 }

@@ -134,7 +134,7 @@ func NewMetrics(reg prometheus.Registerer, opts MetricsOptions) (*Metrics, error
 		}, []string{"service", "method", "code"}),
 		leases: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: metricLeases,
-			Help: "Concurrency leases by target and result: granted, full (the ceiling refused), refused (the breaker did), stray_release (a release of a lease not held, ignored).",
+			Help: "Concurrency leases by target and result: granted, full (the concurrency ceiling refused), rate_limited (the rate ceiling did), refused (the breaker did), stray_release (a release of a lease not held, ignored).",
 		}, []string{"target", "result"}),
 		grpc: grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
 			grpcprom.WithHistogramBuckets(rpcBuckets))),
@@ -213,6 +213,8 @@ func (m *Metrics) lease(target string, granted bool, reason string) {
 		result = "granted"
 	case reason == fleet.ReasonFull:
 		result = "full"
+	case reason == fleet.ReasonRate:
+		result = "rate_limited"
 	}
 	m.leases.WithLabelValues(m.targets.label(target), result).Inc()
 }

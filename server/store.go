@@ -57,19 +57,22 @@ type Changes = interface {
 	Commit() error
 }
 
-// Leases holds the fleet-wide concurrency ceilings (policy.FlowConfig):
-// per breaker key, the leases live, each an unguessable id with an expiry.
-// At most the ceiling are live at once, and a lease past its expiry no
-// longer counts, so a crashed worker cannot leak one.
+// Leases holds the fleet-wide ceilings (policy.FlowConfig) per breaker
+// key, by fleet.Flow's rules: the concurrency leases live, each an
+// unguessable id with an expiry (at most the ceiling live at once; a lease
+// past its expiry no longer counts, so a crashed worker cannot leak one),
+// and the GCRA rate account (never more than rate x time + burst).
 type Leases interface {
-	// AdmitLease admits an attempt under a ceiling: it takes one of at
-	// most ceiling live leases under key, expiring after ttl, then asks
-	// the breaker under key as Admit does, returning the lease at once
-	// when the breaker refuses. A full ceiling refuses with reason
-	// concurrency:full and a RetryAfter of wait, or less when a lease
-	// expires sooner, without asking the breaker. An admitted Admission
-	// carries LeaseID and LeaseExpiry besides the breaker's answer.
-	AdmitLease(key policy.BreakerKey, cfg policy.BreakerConfig, ceiling int, ttl, wait time.Duration) (policy.Admission, error)
+	// AdmitFlow admits an attempt under lim's ceilings: a rate slot, then
+	// one of at most lim.Ceiling live leases under key expiring after
+	// lim.LeaseTTL, then the breaker under key as Admit asks it; what was
+	// taken is given back at once when a later step refuses. A rate
+	// ceiling refuses with reason rate:limited and the exact wait, a full
+	// ceiling with concurrency:full and lim.FullWait (or less when a lease
+	// expires sooner), without asking the breaker. An admitted Admission
+	// carries LeaseID and LeaseExpiry (when there is a concurrency
+	// ceiling) besides the breaker's answer.
+	AdmitFlow(key policy.BreakerKey, cfg policy.BreakerConfig, lim policy.FlowLimits) (policy.Admission, error)
 	// ReleaseLease returns lease id under key and reports whether it was
 	// held; one not held (expired, returned before, never handed out) is
 	// ignored and counted, never an error.

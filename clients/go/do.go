@@ -416,7 +416,7 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 			l.lease = resp.GetLeaseId()
 			return resp.GetPermitId(), true
 		}
-		if r := resp.GetReason(); r == "cooldown:pushback" || r == "concurrency:full" {
+		if r := resp.GetReason(); r == "cooldown:pushback" || r == "concurrency:full" || r == "rate:limited" {
 			if !l.waitFor(resp.GetRetryAfter().AsDuration(), attempt, r) {
 				return "", false
 			}
@@ -432,9 +432,12 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 // d before an attempt, unless the attempt could then not finish by the
 // deadline. The wait is spread like policyd spreads a hint, over [d, d +
 // max(d/10, 250ms)], so the workers held by one cool-down do not all call
-// at the instant it ends.
+// at the instant it ends; a rate ceiling's wait is exact (policyd's GCRA
+// computed it for this request) and is not spread.
 func (l *loop) waitFor(d time.Duration, attempt int, reason string) bool {
-	d += time.Duration(rand.Float64() * float64(max(d/10, 250*time.Millisecond)))
+	if reason != "rate:limited" {
+		d += time.Duration(rand.Float64() * float64(max(d/10, 250*time.Millisecond)))
+	}
 	if !l.call.deadline.IsZero() && l.c.cfg.Now().Add(d+l.timeout).After(l.call.deadline) {
 		l.res.Reason = reason
 		l.end(DeadlineCut, StopDeadline, attempt-1, nil)

@@ -3,14 +3,26 @@ package policyclient_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"path/filepath"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/test/bufconn"
+
+	"github.com/policyd/policyd/breakerstore"
 	policyclient "github.com/policyd/policyd/clients/go"
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/server"
 )
 
 func setCeiling(t *testing.T, d *daemon, target string, n uint32) {
@@ -133,5 +145,53 @@ func TestCeilingSetLaterIsLearnt(t *testing.T) {
 	st, err := d.store.Pool(policy.BreakerKey{Tenant: "acme", Target: "portal"})
 	if err != nil || st.InFlight != 0 {
 		t.Fatalf("pool %+v, %v: want the lease returned by the outcome", st, err)
+	}
+}
+
+// TestRateCeilingIsWaitedOut: under max_rate 10/s (burst 1) a client's
+// calls wait the exact GCRA wait before their attempts, without counting
+// an attempt: 5 calls at one instant make 5 attempts and wait 100ms
+// before each but the first. The daemon and the client share one fake
+// clock, which the client's waits move.
+func TestRateCeilingIsWaitedOut(t *testing.T) {
+	sl := newSleeps()
+	store, err := breakerstore.Open(breakerstore.Options{Path: filepath.Join(t.TempDir(), "policyd.db"), FlushInterval: time.Hour, Clock: sl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := server.New(store, server.Config{Clock: sl, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	lis := bufconn.Listen(1 << 20)
+	go func() { _ = gs.Serve(lis) }()
+	conn, err := grpc.NewClient("passthrough:///policyd",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(); gs.Stop(); store.Close() })
+	rate := 10.0
+	if _, err := pb.NewAdminServiceClient(conn).SetPolicy(context.Background(), &pb.SetPolicyRequest{Tenant: "acme", Target: "portal",
+		Policy: &pb.Policy{Flow: &pb.FlowSettings{MaxRate: &rate}}}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := policyclient.New(conn, policyclient.Config{Tenant: "acme", Sleep: sl.Sleep, Now: sl.Now, DecisionTimeout: 2 * time.Second,
+		NoWatch: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(context.Background()) })
+	for i := range 5 {
+		res, err := c.Do(context.Background(), policyclient.Call{Target: "portal", SubmissionID: fmt.Sprint("doc-", i)},
+			func(context.Context, policyclient.Attempt) error { return nil })
+		if err != nil || !res.OK() || res.Attempts != 1 {
+			t.Fatalf("call %d: %+v, %v; want success in 1 attempt", i, res, err)
+		}
+	}
+	want := []time.Duration{100 * time.Millisecond, 100 * time.Millisecond, 100 * time.Millisecond, 100 * time.Millisecond}
+	if got := sl.all(); !slices.Equal(got, want) {
+		t.Fatalf("waits %v, want %v", got, want)
+	}
+	if st := c.Stats(); st.Attempts != 5 {
+		t.Fatalf("%d attempts counted, want 5: waiting for the rate is no attempt", st.Attempts)
 	}
 }

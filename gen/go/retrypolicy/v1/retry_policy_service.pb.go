@@ -808,7 +808,8 @@ type AdmitResponse struct {
 	// breaker:probes_taken, cooldown:pushback, concurrency:full (every lease
 	// of the ceiling is out; retry_after is how long to wait before asking
 	// again: the policy's backoff base delay, or less when a lease expires
-	// sooner).
+	// sooner), rate:limited (the rate ceiling; retry_after is the exact wait).
+	// A client waits out the last two without counting an attempt.
 	Reason string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
 	// lease_id is set when the target has a concurrency ceiling and the
 	// attempt was admitted: 32 hex digits, unguessable. Return it with the
@@ -817,7 +818,8 @@ type AdmitResponse struct {
 	// lease_expire_time is when an unreturned lease frees its slot.
 	LeaseExpireTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=lease_expire_time,json=leaseExpireTime,proto3" json:"lease_expire_time,omitempty"`
 	// flow_controlled is true when the target's policy has a fleet-wide
-	// ceiling: ask Admit before every attempt, even while CLOSED.
+	// ceiling (concurrency or rate): ask Admit before every attempt, even
+	// while CLOSED.
 	FlowControlled bool `protobuf:"varint,8,opt,name=flow_controlled,json=flowControlled,proto3" json:"flow_controlled,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache

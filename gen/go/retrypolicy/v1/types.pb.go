@@ -1489,7 +1489,16 @@ type FlowSettings struct {
 	// lease_slack is added to attempt_timeout (to breaker.probe_timeout when
 	// attempt_timeout is 0) to give a lease's life, so a worker that crashed
 	// holding one cannot leak it; default 5s.
-	LeaseSlack    *durationpb.Duration `protobuf:"bytes,2,opt,name=lease_slack,json=leaseSlack,proto3" json:"lease_slack,omitempty"`
+	LeaseSlack *durationpb.Duration `protobuf:"bytes,2,opt,name=lease_slack,json=leaseSlack,proto3" json:"lease_slack,omitempty"`
+	// max_rate is the rate ceiling, in attempts per second fleet-wide, kept
+	// by GCRA: Admit refuses an attempt that would exceed it with reason
+	// rate:limited and retry_after the exact wait; over any span t at most
+	// t x max_rate + burst attempts are admitted. Unset: no rate ceiling;
+	// set, > 0 and finite.
+	MaxRate *float64 `protobuf:"fixed64,3,opt,name=max_rate,json=maxRate,proto3,oneof" json:"max_rate,omitempty"`
+	// burst is how many attempts the rate ceiling admits at once; default 1;
+	// 1 to 1000000.
+	Burst         *uint32 `protobuf:"varint,4,opt,name=burst,proto3,oneof" json:"burst,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1536,6 +1545,20 @@ func (x *FlowSettings) GetLeaseSlack() *durationpb.Duration {
 		return x.LeaseSlack
 	}
 	return nil
+}
+
+func (x *FlowSettings) GetMaxRate() float64 {
+	if x != nil && x.MaxRate != nil {
+		return *x.MaxRate
+	}
+	return 0
+}
+
+func (x *FlowSettings) GetBurst() uint32 {
+	if x != nil && x.Burst != nil {
+		return *x.Burst
+	}
+	return 0
 }
 
 // BudgetPlan is the result of planning retries into a window.
@@ -2553,12 +2576,16 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\abreaker\x18\t \x01(\v2\x1f.retrypolicy.v1.BreakerSettingsR\abreaker\x120\n" +
 	"\x04flow\x18\n" +
 	" \x01(\v2\x1c.retrypolicy.v1.FlowSettingsR\x04flowB\x0f\n" +
-	"\r_max_attempts\"\x85\x01\n" +
+	"\r_max_attempts\"\xd7\x01\n" +
 	"\fFlowSettings\x12'\n" +
 	"\rmax_in_flight\x18\x01 \x01(\rH\x00R\vmaxInFlight\x88\x01\x01\x12:\n" +
 	"\vlease_slack\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\n" +
-	"leaseSlackB\x10\n" +
-	"\x0e_max_in_flight\"\x9e\x02\n" +
+	"leaseSlack\x12\x1e\n" +
+	"\bmax_rate\x18\x03 \x01(\x01H\x01R\amaxRate\x88\x01\x01\x12\x19\n" +
+	"\x05burst\x18\x04 \x01(\rH\x02R\x05burst\x88\x01\x01B\x10\n" +
+	"\x0e_max_in_flightB\v\n" +
+	"\t_max_rateB\b\n" +
+	"\x06_burst\"\x9e\x02\n" +
 	"\n" +
 	"BudgetPlan\x12!\n" +
 	"\fmax_attempts\x18\x01 \x01(\rR\vmaxAttempts\x121\n" +

@@ -272,12 +272,16 @@ class Policy(_message.Message):
     def __init__(self, backoff: _Optional[_Union[BackoffSettings, _Mapping]] = ..., pushback: _Optional[_Union[PushbackSettings, _Mapping]] = ..., max_attempts: _Optional[int] = ..., attempt_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., call_deadline: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., transient_http_statuses: _Optional[_Iterable[int]] = ..., terminal_http_statuses: _Optional[_Iterable[int]] = ..., transient_grpc_codes: _Optional[_Iterable[int]] = ..., breaker: _Optional[_Union[BreakerSettings, _Mapping]] = ..., flow: _Optional[_Union[FlowSettings, _Mapping]] = ...) -> None: ...
 
 class FlowSettings(_message.Message):
-    __slots__ = ("max_in_flight", "lease_slack")
+    __slots__ = ("max_in_flight", "lease_slack", "max_rate", "burst")
     MAX_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     LEASE_SLACK_FIELD_NUMBER: _ClassVar[int]
+    MAX_RATE_FIELD_NUMBER: _ClassVar[int]
+    BURST_FIELD_NUMBER: _ClassVar[int]
     max_in_flight: int
     lease_slack: _duration_pb2.Duration
-    def __init__(self, max_in_flight: _Optional[int] = ..., lease_slack: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    max_rate: float
+    burst: int
+    def __init__(self, max_in_flight: _Optional[int] = ..., lease_slack: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_rate: _Optional[float] = ..., burst: _Optional[int] = ...) -> None: ...
 
 class BudgetPlan(_message.Message):
     __slots__ = ("max_attempts", "delays", "worst_case_total", "idempotency_ttl", "window")

@@ -23,13 +23,13 @@ func TestLeasesKeepTheCeiling(t *testing.T) {
 	var cfg policy.BreakerConfig
 	var leases []string
 	for i := range 3 {
-		a := must(s.AdmitLease(portal, cfg, 3, 10*time.Second, time.Second)).get(t)
+		a := must(s.AdmitFlow(portal, cfg, policy.FlowLimits{Ceiling: 3, LeaseTTL: 10 * time.Second, FullWait: time.Second})).get(t)
 		if !a.Admitted || a.LeaseID == "" || a.Reason != fleet.ReasonClosed {
 			t.Fatalf("lease %d: got %+v, want admitted by a CLOSED breaker with a lease", i, a)
 		}
 		leases = append(leases, a.LeaseID)
 	}
-	a := must(s.AdmitLease(portal, cfg, 3, 10*time.Second, time.Second)).get(t)
+	a := must(s.AdmitFlow(portal, cfg, policy.FlowLimits{Ceiling: 3, LeaseTTL: 10 * time.Second, FullWait: time.Second})).get(t)
 	if a.Admitted || a.Reason != fleet.ReasonFull || a.RetryAfter != time.Second {
 		t.Fatalf("fourth: got %+v, want refused %s after 1s", a, fleet.ReasonFull)
 	}
@@ -50,10 +50,10 @@ func TestLeasesKeepTheCeiling(t *testing.T) {
 	}
 	// The leases survive a restart, and so does the ceiling they fill.
 	s = e.reopen(s)
-	if a := must(s.AdmitLease(portal, cfg, 3, 10*time.Second, time.Second)).get(t); !a.Admitted {
+	if a := must(s.AdmitFlow(portal, cfg, policy.FlowLimits{Ceiling: 3, LeaseTTL: 10 * time.Second, FullWait: time.Second})).get(t); !a.Admitted {
 		t.Fatalf("third slot after reopen: %+v, want admitted", a)
 	}
-	if a := must(s.AdmitLease(portal, cfg, 3, 10*time.Second, time.Second)).get(t); a.Admitted {
+	if a := must(s.AdmitFlow(portal, cfg, policy.FlowLimits{Ceiling: 3, LeaseTTL: 10 * time.Second, FullWait: time.Second})).get(t); a.Admitted {
 		t.Fatalf("fourth after reopen: %+v, want refused: the leases were persisted", a)
 	}
 	// Unreturned leases expire: a crashed worker cannot leak them.
@@ -68,7 +68,7 @@ func TestLeaseIsReturnedWhenTheBreakerRefuses(t *testing.T) {
 	cfg := policy.BreakerConfig{ConsecutiveFailures: 1}
 	record(t, s, portal, cfg, policy.ResultTransientFailure, 1)
 	for range 5 {
-		a := must(s.AdmitLease(portal, cfg, 1, 10*time.Second, time.Second)).get(t)
+		a := must(s.AdmitFlow(portal, cfg, policy.FlowLimits{Ceiling: 1, LeaseTTL: 10 * time.Second, FullWait: time.Second})).get(t)
 		if a.Admitted || a.Reason != fleet.ReasonOpen || a.LeaseID != "" {
 			t.Fatalf("OPEN breaker: got %+v, want refused breaker:open without a lease", a)
 		}
@@ -89,7 +89,7 @@ func TestLeasesUnderConcurrency(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for range 200 {
-				a, err := s.AdmitLease(portal, policy.BreakerConfig{}, 5, time.Minute, time.Millisecond)
+				a, err := s.AdmitFlow(portal, policy.BreakerConfig{}, policy.FlowLimits{Ceiling: 5, LeaseTTL: time.Minute, FullWait: time.Millisecond})
 				if err != nil {
 					t.Error(err)
 					return
@@ -114,10 +114,10 @@ func TestLeasesUnderConcurrency(t *testing.T) {
 	}
 }
 
-func TestDamagedLeasesRecordIsRefused(t *testing.T) {
+func TestDamagedFlowRecordIsRefused(t *testing.T) {
 	e := newEnv(t)
 	s := e.open()
-	must(s.AdmitLease(portal, policy.BreakerConfig{}, 3, time.Minute, time.Second)).get(t)
+	must(s.AdmitFlow(portal, policy.BreakerConfig{}, policy.FlowLimits{Ceiling: 3, LeaseTTL: time.Minute, FullWait: time.Second})).get(t)
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -126,14 +126,62 @@ func TestDamagedLeasesRecordIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := db.Update(func(tx *bbolt.Tx) error {
-		return tx.Bucket([]byte("leases")).Put([]byte("acme\x00portal"), []byte{1, 0, 0})
+		return tx.Bucket([]byte("flow")).Put([]byte("acme\x00portal"), []byte{1, 0, 0})
 	}); err != nil {
 		t.Fatal(err)
 	}
 	db.Close()
 	_, err = breakerstore.Open(e.opts)
 	t.Logf("Open: %v", err)
-	if !errors.Is(err, breakerstore.ErrCorrupt) || !strings.Contains(err.Error(), "bucket leases") || !strings.Contains(err.Error(), e.opts.Path) {
-		t.Fatalf("Open of a damaged leases record: %v, want ErrCorrupt naming the file and the bucket", err)
+	if !errors.Is(err, breakerstore.ErrCorrupt) || !strings.Contains(err.Error(), "bucket flow") || !strings.Contains(err.Error(), e.opts.Path) {
+		t.Fatalf("Open of a damaged flow record: %v, want ErrCorrupt naming the file and the bucket", err)
+	}
+}
+
+// TestRateCeilingIsGCRA: a rate of 2/s with a burst of 3 admits 3 at once,
+// then one each 500ms, telling each refusal the exact wait; the account
+// survives a restart, and a refusal by the breaker gives its slot back.
+func TestRateCeilingIsGCRA(t *testing.T) {
+	e := newEnv(t)
+	s := e.open()
+	lim := policy.FlowLimits{Interval: 500 * time.Millisecond, Burst: 3}
+	var cfg policy.BreakerConfig
+	for i := range 3 {
+		if a := must(s.AdmitFlow(portal, cfg, lim)).get(t); !a.Admitted || a.LeaseID != "" {
+			t.Fatalf("burst %d: %+v, want admitted without a lease", i, a)
+		}
+	}
+	a := must(s.AdmitFlow(portal, cfg, lim)).get(t)
+	if a.Admitted || a.Reason != fleet.ReasonRate || a.RetryAfter != 500*time.Millisecond {
+		t.Fatalf("past the burst: %+v, want refused %s after exactly 500ms", a, fleet.ReasonRate)
+	}
+	e.clock.Advance(200 * time.Millisecond)
+	if a := must(s.AdmitFlow(portal, cfg, lim)).get(t); a.Admitted || a.RetryAfter != 300*time.Millisecond {
+		t.Fatalf("200ms later: %+v, want refused after exactly 300ms", a)
+	}
+	s = e.reopen(s)
+	e.clock.Advance(300 * time.Millisecond)
+	if a := must(s.AdmitFlow(portal, cfg, lim)).get(t); !a.Admitted {
+		t.Fatalf("after the wait (across a restart): %+v, want admitted", a)
+	}
+	if a := must(s.AdmitFlow(portal, cfg, lim)).get(t); a.Admitted {
+		t.Fatalf("at once again: %+v, want refused: the account was persisted", a)
+	}
+	// A breaker that refuses takes no slot.
+	e.clock.Advance(time.Second)
+	open := policy.BreakerConfig{ConsecutiveFailures: 1}
+	record(t, s, portal, open, policy.ResultTransientFailure, 1)
+	for range 10 {
+		if a := must(s.AdmitFlow(portal, open, lim)).get(t); a.Admitted || a.Reason != fleet.ReasonOpen {
+			t.Fatalf("OPEN breaker: %+v, want refused breaker:open", a)
+		}
+	}
+	if _, err := s.ResetBreaker(portal); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if a := must(s.AdmitFlow(portal, cfg, lim)).get(t); !a.Admitted {
+			t.Fatalf("after the refusals, slot %d: %+v, want admitted: refused attempts gave theirs back", i, a)
+		}
 	}
 }

@@ -8,17 +8,17 @@ import (
 	"github.com/policyd/policyd/policy"
 )
 
-// BenchmarkAdmitLease measures an attempt's cost under a concurrency
-// ceiling: a lease taken through AdmitLease and returned through
+// BenchmarkAdmitFlow measures an attempt's cost under a concurrency
+// ceiling: a lease taken through AdmitFlow and returned through
 // ReleaseLease, serially and from every core on one key (the contended
 // case: every worker of the fleet against one upstream's ceiling).
-func BenchmarkAdmitLease(b *testing.B) {
+func BenchmarkAdmitFlow(b *testing.B) {
 	key := policy.BreakerKey{Tenant: "acme", Target: "payments"}
 	b.Run("serial", func(b *testing.B) {
 		s := benchStore(b, breakerstore.SyncGroup)
 		b.ReportAllocs()
 		for b.Loop() {
-			a, err := s.AdmitLease(key, consecutive, 64, time.Minute, time.Second)
+			a, err := s.AdmitFlow(key, consecutive, policy.FlowLimits{Ceiling: 64, LeaseTTL: time.Minute, FullWait: time.Second})
 			if err != nil || !a.Admitted {
 				b.Fatal(a, err)
 			}
@@ -32,7 +32,7 @@ func BenchmarkAdmitLease(b *testing.B) {
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				a, err := s.AdmitLease(key, consecutive, 1<<20, time.Minute, time.Second)
+				a, err := s.AdmitFlow(key, consecutive, policy.FlowLimits{Ceiling: 1 << 20, LeaseTTL: time.Minute, FullWait: time.Second})
 				if err != nil || !a.Admitted {
 					b.Error(a, err)
 					return
