@@ -49,14 +49,29 @@ type attemptShard struct {
 	_    [32]byte
 }
 
-// attemptEntry is one call's record; its shard's mu guards it.
+// attemptEntry is one call's record; its shard's mu guards it. An entry
+// made by ClaimAttempt for a call never decided has the zero Attempts until
+// its answer is recorded; it is not written, evicted or expired while
+// claimed.
 type attemptEntry struct {
-	sh    *attemptShard
-	key   policy.CallKey
-	v     fleet.Attempts
-	seq   uint64 // matches the fifo entry that inserted it
-	dirty bool
-	gone  bool // dropped from the table: nothing to write
+	sh      *attemptShard
+	key     policy.CallKey
+	v       fleet.Attempts
+	seq     uint64 // matches the fifo entry that inserted it
+	dirty   bool
+	gone    bool          // dropped from the table: nothing to write
+	claimed bool          // a request is deciding the call's next attempt
+	wake    chan struct{} // closed when the claim ends; made by the first request to wait for it
+}
+
+// endClaim ends e's claim and wakes the requests waiting for it; sh.mu is
+// held.
+func (e *attemptEntry) endClaim() {
+	e.claimed = false
+	if e.wake != nil {
+		close(e.wake)
+		e.wake = nil
+	}
 }
 
 // write implements entity.
@@ -112,28 +127,68 @@ func (t *attemptTable) shard(k policy.CallKey) *attemptShard {
 	return &t.shards[h.Sum64()%attemptShards]
 }
 
-// CheckAttempt says what a NextDelay for attempt of call k must get (see
-// fleet.Attempts.Check): the answer to replay, with replay true, for the
-// same attempt again; a *fleet.Refusal naming attempt for a lower one or
-// any after a STOP; else nothing, and the attempt is decided afresh. It is
-// safe for concurrent use and allocation-free but for a refusal.
-func (s *Store) CheckAttempt(k policy.CallKey, attempt uint32) (ans policy.Answer, replay bool, err error) {
+// ClaimAttempt is the attempts check and the claim on deciding, in one step
+// per call (see fleet.Attempts.Check): for the same attempt again it
+// returns the answer recorded, with replay true; for a lower attempt, or
+// any after a STOP, a *fleet.Refusal naming attempt; otherwise the caller
+// holds the call's claim and decides the attempt, then records the answer
+// through Changes.RecordAttempt or, when the decision fails, lets go with
+// ReleaseAttempt. While the claim is held, a ClaimAttempt of the same call
+// (a duplicate RPC, say) waits for it to end and then answers as above, so
+// one attempt is decided once and every duplicate replays its answer. It
+// is safe for concurrent use, and allocation-free but for a refusal, a
+// call not seen before (its record) and a wait.
+func (s *Store) ClaimAttempt(k policy.CallKey, attempt uint32) (ans policy.Answer, replay bool, err error) {
 	if s.closed.Load() {
 		return policy.Answer{}, false, ErrClosed
 	}
+	t := &s.attempts
+	sh := t.shard(k)
+	for {
+		now := s.now()
+		sh.mu.Lock()
+		e, ok := sh.m[k]
+		if !ok {
+			e = t.insert(sh, k, s.attemptSeq.Add(1))
+			e.claimed = true
+			sh.mu.Unlock()
+			return policy.Answer{}, false, nil
+		}
+		if e.claimed {
+			if e.wake == nil {
+				e.wake = make(chan struct{})
+			}
+			wake := e.wake
+			sh.mu.Unlock()
+			<-wake
+			continue
+		}
+		replay, err = e.v.Check(now, attempt)
+		if replay {
+			ans = e.v.Answer
+		}
+		e.claimed = !replay && err == nil
+		sh.mu.Unlock()
+		return ans, replay, err
+	}
+}
+
+// ReleaseAttempt ends the claim ClaimAttempt gave on call k without an
+// answer recorded (the decision failed), so a request waiting for it
+// decides instead. It is safe for concurrent use.
+func (s *Store) ReleaseAttempt(k policy.CallKey) {
 	sh := s.attempts.shard(k)
-	now := s.now()
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e, ok := sh.m[k]
-	if !ok {
-		return policy.Answer{}, false, nil
+	if !ok || !e.claimed {
+		return
 	}
-	replay, err = e.v.Check(now, attempt)
-	if replay {
-		ans = e.v.Answer
+	e.endClaim()
+	if e.v.Attempt == 0 {
+		delete(sh.m, k) // never decided, never written: nothing to delete on disk
+		e.gone = true
 	}
-	return ans, replay, err
 }
 
 // LastAnswer returns the answer policyd gave to the highest attempt of call
@@ -144,38 +199,64 @@ func (s *Store) LastAnswer(k policy.CallKey) (policy.Answer, bool) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e, ok := sh.m[k]
-	if !ok || now >= e.v.Expiry {
+	if !ok || e.v.Attempt == 0 || now >= e.v.Expiry {
 		return policy.Answer{}, false
 	}
 	return e.v.Answer, true
 }
 
+// insert adds a record of call k, not yet decided, to sh; sh.mu is held.
+func (t *attemptTable) insert(sh *attemptShard, k policy.CallKey, seq uint64) *attemptEntry {
+	k = cloneCallKey(k)
+	e := &attemptEntry{sh: sh, key: k, seq: seq}
+	sh.m[k] = e
+	sh.fifo = append(sh.fifo, fifoEntry{key: k, seq: seq})
+	return e
+}
+
+// evict drops the oldest records of sh, claimed ones aside, until it holds
+// at most the cap, and reports whether any went; sh.mu is held.
+func (t *attemptTable) evict(sh *attemptShard) bool {
+	evicted := false
+	for n := len(sh.fifo); len(sh.m) > t.cap && n > 0; n-- {
+		old := sh.fifo[0]
+		sh.fifo = sh.fifo[1:]
+		switch oe, ok := sh.m[old.key]; {
+		case !ok || oe.seq != old.seq:
+			// gone already
+		case oe.claimed:
+			sh.fifo = append(sh.fifo, old) // being decided: keep it
+		default:
+			sh.drop(oe)
+			evicted = true
+		}
+	}
+	return evicted
+}
+
 // recordAttempt remembers ans as the answer to attempt of call k, kept
-// until keep (Unix ns), evicting the oldest record of its shard past the
-// cap. It is a counter change: flushed per the sync mode, or joining p.
+// until keep (Unix ns), and ends the call's claim (see ClaimAttempt); a
+// call decided for the first time evicts the oldest record of its shard
+// past the cap. It is a counter change: flushed per the sync mode, or
+// joining p.
 func (s *Store) recordAttempt(k policy.CallKey, attempt uint32, ans policy.Answer, keep int64, p *pending) error {
 	if s.closed.Load() {
+		s.ReleaseAttempt(k)
 		return ErrClosed
 	}
 	t := &s.attempts
 	sh := t.shard(k)
 	sh.mu.Lock()
 	e, ok := sh.m[k]
-	evicted := false
 	if !ok {
-		k = cloneCallKey(k)
-		for len(sh.m) >= t.cap && len(sh.fifo) > 0 {
-			old := sh.fifo[0]
-			sh.fifo = sh.fifo[1:]
-			if oe, ok := sh.m[old.key]; ok && oe.seq == old.seq {
-				sh.drop(oe)
-				evicted = true
-			}
-		}
-		e = &attemptEntry{sh: sh, key: k, seq: s.attemptSeq.Add(1)}
-		sh.m[k] = e
-		sh.fifo = append(sh.fifo, fifoEntry{key: k, seq: e.seq})
+		e = t.insert(sh, k, s.attemptSeq.Add(1))
 	}
+	evicted := false
+	if e.v.Attempt == 0 {
+		e.claimed = true // the record being made is not the one to evict
+		evicted = t.evict(sh)
+	}
+	e.endClaim()
 	changed := e.v.Decided(attempt, ans, keep) != 0
 	newlyDirty := changed && !e.dirty
 	if newlyDirty {
@@ -188,7 +269,7 @@ func (s *Store) recordAttempt(k policy.CallKey, attempt uint32, ans policy.Answe
 	if !changed {
 		return nil
 	}
-	return s.touchedIn(p, e, newlyDirty)
+	return s.changed(p, e, newlyDirty)
 }
 
 // cloneCallKey copies k's strings into one allocation, so the table does not
@@ -206,7 +287,7 @@ func (t *attemptTable) expire(now int64) bool {
 		sh := &t.shards[i]
 		sh.mu.Lock()
 		for _, e := range sh.m {
-			if now >= e.v.Expiry {
+			if now >= e.v.Expiry && !e.claimed {
 				sh.drop(e)
 				dropped = true
 			}

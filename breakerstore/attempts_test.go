@@ -45,15 +45,15 @@ func TestAttemptsSurviveARestartAndExpire(t *testing.T) {
 				}
 			}
 			s = e.crashAndReopen(s)
-			got, replay, err := s.CheckAttempt(a, 2)
+			got, replay, err := s.ClaimAttempt(a, 2)
 			if err != nil || !replay || got != ans {
 				t.Fatalf("attempt 2 after a restart: %+v, %v, %v; want the answer replayed", got, replay, err)
 			}
 			var r *fleet.Refusal
-			if _, _, err := s.CheckAttempt(a, 1); !errors.As(err, &r) || r.Field != "attempt" {
+			if _, _, err := s.ClaimAttempt(a, 1); !errors.As(err, &r) || r.Field != "attempt" {
 				t.Fatalf("attempt 1 after 2: %v, want a refusal naming attempt", err)
 			}
-			if _, replay, err := s.CheckAttempt(policy.CallKey{Tenant: "other", CallID: "c1"}, 1); replay || err != nil {
+			if _, replay, err := s.ClaimAttempt(policy.CallKey{Tenant: "other", CallID: "c1"}, 1); replay || err != nil {
 				t.Fatalf("another tenant's call of the same id: %v, %v; want a fresh decision", replay, err)
 			}
 			e.clock.Advance(time.Hour)
@@ -61,7 +61,7 @@ func TestAttemptsSurviveARestartAndExpire(t *testing.T) {
 				t.Fatal(err)
 			}
 			s = e.reopen(s)
-			if _, replay, err := s.CheckAttempt(a, 1); replay || err != nil {
+			if _, replay, err := s.ClaimAttempt(a, 1); replay || err != nil {
 				t.Fatalf("attempt 1 after the record expired: %v, %v; want a fresh decision", replay, err)
 			}
 			if err := s.View(func(tx *bbolt.Tx) error {
@@ -88,14 +88,14 @@ func TestAttemptsAreBounded(t *testing.T) {
 	s = e.reopen(s)
 	kept := 0
 	for i := range 10 * max {
-		if _, replay, _ := s.CheckAttempt(policy.CallKey{Tenant: "acme", CallID: fmt.Sprint("c", i)}, 1); replay {
+		if _, replay, _ := s.ClaimAttempt(policy.CallKey{Tenant: "acme", CallID: fmt.Sprint("c", i)}, 1); replay {
 			kept++
 		}
 	}
 	if kept == 0 || kept > max {
 		t.Errorf("records kept of %d: %d, want 1 to %d", 10*max, kept, max)
 	}
-	if _, replay, _ := s.CheckAttempt(policy.CallKey{Tenant: "acme", CallID: fmt.Sprint("c", 10*max-1)}, 1); !replay {
+	if _, replay, _ := s.ClaimAttempt(policy.CallKey{Tenant: "acme", CallID: fmt.Sprint("c", 10*max-1)}, 1); !replay {
 		t.Errorf("the newest record was evicted")
 	}
 	if err := s.View(func(tx *bbolt.Tx) error {

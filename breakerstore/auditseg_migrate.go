@@ -6,6 +6,8 @@ import (
 
 	"go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
+
+	"github.com/policyd/policyd/breakerstore/internal/auditseg"
 )
 
 // migration moves a file of schema version from to from+1, inside Open's
@@ -31,7 +33,7 @@ var migrations = []migration{
 }
 
 // migrateAudit moves the audit records of the previous layout (bucket
-// audit: a key per record, time and sequence number, valued encodeAudit's
+// audit: a key per record, time and sequence number, valued auditseg.EncodeRecord's
 // body; and the index buckets auditcall and audittenant) into segments,
 // in key order, and deletes the three buckets. It runs in Open's first
 // transaction, so a file is either moved in full or not at all. A record
@@ -45,25 +47,25 @@ func (s *Store) migrateAudit(tx *bbolt.Tx) (int, error) {
 	old := tx.Bucket(bucketAudit)
 	moved := 0
 	if old != nil {
-		var w segEncoder
+		var w auditseg.Encoder
 		seg := tx.Bucket(bucketAuditSeg)
-		chunk := make([]segEntry, 0, segMax)
+		chunk := make([]auditseg.Entry, 0, auditseg.Max)
 		var top uint64
 		c := old.Cursor()
 		for k, v := c.First(); ; k, v = c.Next() {
 			if k != nil {
-				if _, err := decodeAudit(k, v); err != nil {
+				if _, err := auditseg.DecodeRecord(k, v); err != nil {
 					s.log.Error("breakerstore: undecodable audit record not moved into segments", "err", corrupt(bucketAudit, k, err))
 					continue
 				}
-				e := segEntry{key: keyOf(k), body: v}
-				top = max(top, e.key.seq)
+				e := auditseg.Entry{Key: auditseg.KeyOf(k), Body: v}
+				top = max(top, e.Key.Seq)
 				chunk = append(chunk, e)
 			}
-			if len(chunk) == segMax || k == nil && len(chunk) > 0 {
+			if len(chunk) == auditseg.Max || k == nil && len(chunk) > 0 {
 				// The bodies point into the file's memory, valid for
 				// the transaction; the segments copy them.
-				if err := w.insert(seg, chunk); err != nil {
+				if err := insertSegments(&w, seg, chunk); err != nil {
 					return 0, err
 				}
 				moved += len(chunk)

@@ -258,7 +258,7 @@ func BenchmarkAuditFlush(b *testing.B) {
 }
 
 // BenchmarkAttempts is the attempts-per-call part of a NextDelay, in
-// memory (SyncGroup): CheckAttempt, then the record of the answer through
+// memory (SyncGroup): ClaimAttempt, then the record of the answer through
 // a batch. "next" decides attempt after attempt of one call (the steady
 // state of a retrying call); "new" a call never seen per iteration, which
 // must copy its key and make its record, and whose record the background
@@ -274,7 +274,7 @@ func BenchmarkAttempts(b *testing.B) {
 		attempt := uint32(0)
 		for b.Loop() {
 			attempt++
-			if _, replay, err := s.CheckAttempt(k, attempt); err != nil || replay {
+			if _, replay, err := s.ClaimAttempt(k, attempt); err != nil || replay {
 				b.Fatal(replay, err)
 			}
 			u := s.Begin()
@@ -295,7 +295,7 @@ func BenchmarkAttempts(b *testing.B) {
 		for b.Loop() {
 			k := keys[i%len(keys)]
 			i++
-			if _, _, err := s.CheckAttempt(k, 1); err != nil {
+			if _, _, err := s.ClaimAttempt(k, 1); err != nil {
 				b.Fatal(err)
 			}
 			u := s.Begin()

@@ -28,7 +28,7 @@ const (
 
 // breaker holds one fleet-wide circuit breaker's state, whose rules live in
 // fleet.Breaker; mu guards every field but key and pub. Lock order: a bbolt
-// write transaction, then mu, then Store.subMu; never a shard lock while
+// write transaction, then mu, then Store.subs.mu; never a shard lock while
 // holding mu.
 type breaker struct {
 	mu         sync.Mutex
@@ -223,31 +223,24 @@ func (s *Store) ForceBreaker(key policy.BreakerKey, st policy.BreakerState) (pol
 	})
 }
 
-// adminBreaker applies fn to the breaker under key inside a durable write
-// transaction and returns its snapshot. If the commit fails the change stays
-// in memory, is retried by the flusher, and the error is returned.
+// adminBreaker applies fn to the breaker under key and commits the
+// breaker in a transaction of its own before it returns its snapshot. If
+// the commit fails the change stays in memory, is retried by the flusher,
+// and the error is returned.
 func (s *Store) adminBreaker(key policy.BreakerKey, create bool, fn func(b *breaker, now int64) fleet.Effect) (policy.BreakerSnapshot, error) {
 	s.adminMu.Lock()
 	defer s.adminMu.Unlock()
-	var snap policy.BreakerSnapshot
-	var applied *breaker
-	err := s.update("write breaker", func(tx *bbolt.Tx) error {
-		now := s.now()
-		b, err := s.lockBreaker(key, create, now)
-		if err != nil {
-			return err
-		}
-		defer b.mu.Unlock()
-		b.published(s, now, fn(b, now))
-		b.dirty = false
-		applied = b
-		snap = b.snapshot(now)
-		return b.put(tx)
-	})
+	now := s.now()
+	b, err := s.lockBreaker(key, create, now)
 	if err != nil {
-		if applied != nil && applied.redirty() {
-			s.queue(applied)
-		}
+		return policy.BreakerSnapshot{}, err
+	}
+	b.published(s, now, fn(b, now))
+	snap := b.snapshot(now)
+	b.mu.Unlock()
+	p := &pending{kind: commitAlone, floor: reservePages, op: "write breaker"}
+	p.add(b)
+	if err := s.commit(p); err != nil {
 		return policy.BreakerSnapshot{}, err
 	}
 	return snap, nil
@@ -282,19 +275,19 @@ func (s *Store) newBreaker(key policy.BreakerKey, now int64) (*breaker, error) {
 	if err := checkBreakerKey(key); err != nil {
 		return nil, err
 	}
-	s.countMu.Lock()
-	n := s.perTenant[key.Tenant]
+	s.tenants.mu.Lock()
+	n := s.tenants.breakers[key.Tenant]
 	if n >= s.opts.MaxBreakersPerTenant {
-		s.countMu.Unlock()
+		s.tenants.mu.Unlock()
 		return nil, fmt.Errorf("%w: tenant %q has %d breakers (cap %d)", ErrTooManyBreakers, key.Tenant, n, s.opts.MaxBreakersPerTenant)
 	}
 	if err := s.admitAutoLocked(key.Tenant); err != nil {
-		s.countMu.Unlock()
+		s.tenants.mu.Unlock()
 		return nil, err
 	}
 	key = policy.BreakerKey{Tenant: strings.Clone(key.Tenant), Target: strings.Clone(key.Target)}
-	s.perTenant[key.Tenant] = n + 1
-	s.countMu.Unlock()
+	s.tenants.breakers[key.Tenant] = n + 1
+	s.tenants.mu.Unlock()
 	b := &breaker{key: key, v: fleet.NewBreaker(now), lastActive: now}
 	snap := b.snapshot(now)
 	b.pub.Store(&snap)
@@ -314,32 +307,21 @@ func (s *Store) settle(b *breaker, e fleet.Effect, p *pending) error {
 	b.mu.Unlock()
 	switch {
 	case e.Has(fleet.Transitioned):
-		return s.persistTransition(b, newlyDirty)
+		if newlyDirty {
+			s.queue(b) // the counters changed too; the flusher clears the mark
+		}
+		tr := &pending{kind: commitAlone, floor: counterPages, op: "write breaker transition"}
+		tr.add(b)
+		if err := s.commit(tr); err != nil {
+			// Left to the flusher; only SyncAlways reports it.
+			s.log.Error("breakerstore: breaker transition not committed; retrying in the next flush",
+				"tenant", b.key.Tenant, "target", b.key.Target, "err", err)
+			if s.opts.Sync == SyncAlways {
+				return err
+			}
+		}
 	case e.Has(fleet.Mutated):
-		return s.touchedIn(p, b, newlyDirty)
-	}
-	return nil
-}
-
-// persistTransition commits b's state after a transition. A failure is
-// logged and left to the flusher; only SyncAlways reports it.
-func (s *Store) persistTransition(b *breaker, newlyDirty bool) error {
-	err := s.updateTx("write breaker transition", counterPages, func(tx *bbolt.Tx) error {
-		_, err := b.write(tx, false)
-		return err
-	})
-	if newlyDirty {
-		s.queue(b) // the counters changed too; the flusher clears the mark
-	}
-	if err != nil {
-		s.log.Error("breakerstore: breaker transition not committed; retrying in the next flush",
-			"tenant", b.key.Tenant, "target", b.key.Target, "err", err)
-		if !newlyDirty && b.redirty() {
-			s.queue(b)
-		}
-		if s.opts.Sync == SyncAlways {
-			return err
-		}
+		return s.changed(p, b, newlyDirty)
 	}
 	return nil
 }

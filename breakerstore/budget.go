@@ -29,31 +29,16 @@ type budgetRecord struct {
 }
 
 // DefaultTenantBudget returns the budget of tenants without an explicit one
-// when Options.DefaultBudget is zero: capacity 100 tokens, deposit ratio 0.2
-// tokens per success, a floor of 5 tokens per second, retry cost 1 token,
-// timeout cost 2 tokens. It is safe for concurrent use.
-func DefaultTenantBudget() policy.TenantBudget {
-	return policy.TenantBudget{Capacity: 100, DepositRatio: 0.2, MinPerSecond: 5, RetryCost: 1, TimeoutCost: 2}
-}
+// when Options.DefaultBudget is zero: fleet.DefaultBudget. It is safe for
+// concurrent use.
+func DefaultTenantBudget() policy.TenantBudget { return fleet.DefaultBudget() }
 
-// ValidateBudget checks every field of b and returns ErrInvalid (wrapping a
-// *policy.FieldError) naming the first bad one: capacity (finite, > 0),
-// deposit_ratio ([0, 1]), min_retries_per_second (finite, >= 0), retry_cost
-// (finite, > 0), timeout_cost (finite, >= retry_cost). Amounts are tokens,
-// the refill tokens per second. NaN and infinities are rejected. It is a pure
-// function, safe for concurrent use.
+// ValidateBudget checks every field of b by fleet.CheckBudget's rules and
+// returns ErrInvalid (wrapping a *policy.FieldError) naming the first bad
+// one, then the tenant name. It is a pure function, safe for concurrent use.
 func ValidateBudget(b policy.TenantBudget) error {
-	switch {
-	case !finite(b.Capacity) || b.Capacity <= 0:
-		return invalid("capacity", "must be finite and > 0")
-	case !(b.DepositRatio >= 0 && b.DepositRatio <= 1):
-		return invalid("deposit_ratio", "must be in [0, 1]")
-	case !finite(b.MinPerSecond) || b.MinPerSecond < 0:
-		return invalid("min_retries_per_second", "must be finite and >= 0")
-	case !finite(b.RetryCost) || b.RetryCost <= 0:
-		return invalid("retry_cost", "must be finite and > 0")
-	case !finite(b.TimeoutCost) || b.TimeoutCost < b.RetryCost:
-		return invalid("timeout_cost", "must be finite and >= retry_cost")
+	if fe := fleet.CheckBudget(b); fe != nil {
+		return fmt.Errorf("%w: %w", ErrInvalid, fe)
 	}
 	return checkName("tenant", b.Tenant, true)
 }
@@ -62,28 +47,7 @@ func ValidateBudget(b policy.TenantBudget) error {
 // validates the result, as SetBudget will; it writes nothing. Callers that
 // write several budgets all or nothing check them all first.
 func (s *Store) CheckBudget(b policy.TenantBudget) error {
-	return ValidateBudget(fillBudget(b, s.defBudget))
-}
-
-// fillBudget gives zero numeric fields of b the values of def; a zero
-// TimeoutCost becomes the larger of def's and b's RetryCost.
-func fillBudget(b, def policy.TenantBudget) policy.TenantBudget {
-	if b.Capacity == 0 {
-		b.Capacity = def.Capacity
-	}
-	if b.DepositRatio == 0 {
-		b.DepositRatio = def.DepositRatio
-	}
-	if b.MinPerSecond == 0 {
-		b.MinPerSecond = def.MinPerSecond
-	}
-	if b.RetryCost == 0 {
-		b.RetryCost = def.RetryCost
-	}
-	if b.TimeoutCost == 0 {
-		b.TimeoutCost = max(def.TimeoutCost, b.RetryCost)
-	}
-	return b
+	return ValidateBudget(fleet.FillBudget(b, s.defBudget))
 }
 
 // tokenBucket holds a tenant's budget state, whose rules live in
@@ -194,55 +158,21 @@ func (s *Store) spendRetry(req policy.SpendRequest, p *pending) (policy.Spend, e
 	if !charged {
 		return out, nil // refused by the run: nothing to commit
 	}
-	if p != nil && s.opts.Sync == SyncAlways {
-		// Both join p, which commits them with the rest of its request.
-		_ = s.touchedIn(p, tb, bucketDirty)
-		if out.Granted && r != nil {
-			_ = s.touchedIn(p, r, runDirty)
-		}
-		return out, nil
+	// Both join one commit: p's, or with SyncAlways and no p one of their own.
+	own := p == nil && s.opts.Sync == SyncAlways
+	if own {
+		p = shared()
 	}
-	if err := s.touched2(tb, bucketDirty, r, runDirty, out.Granted && r != nil); err != nil {
-		return policy.Spend{}, err
+	_ = s.changed(p, tb, bucketDirty)
+	if out.Granted && r != nil {
+		_ = s.changed(p, r, runDirty)
+	}
+	if own {
+		if err := s.commit(p); err != nil {
+			return policy.Spend{}, err
+		}
 	}
 	return out, nil
-}
-
-// touched2 is touched for a bucket and, when withRun, a run, sharing one
-// SyncAlways commit.
-func (s *Store) touched2(tb *tokenBucket, tbNew bool, r *run, rNew, withRun bool) error {
-	if s.opts.Sync != SyncAlways || !withRun {
-		if withRun && rNew {
-			s.queue(r)
-		}
-		return s.touched(tb, tbNew)
-	}
-	var n int
-	err := s.db.Batch(func(tx *bbolt.Tx) error {
-		if err := s.roomLeft(counterPages); err != nil {
-			return err
-		}
-		s.noteBatchTx(tx)
-		n1, err := tb.write(tx, false)
-		if err != nil {
-			return err
-		}
-		n2, err := r.write(tx, false)
-		n = n1 + n2
-		return err
-	})
-	if tbNew {
-		s.queue(tb)
-	}
-	if rNew {
-		s.queue(r)
-	}
-	if err != nil {
-		return s.writeErr("commit", err)
-	}
-	s.syncMutations.Add(1)
-	s.records.Add(uint64(n))
-	return nil
 }
 
 // Deposit credits a tenant's bucket with DepositRatio tokens per success, up
@@ -273,7 +203,7 @@ func (s *Store) deposit(tenant string, successes int, p *pending) {
 	tb.lastActive = now
 	newlyDirty := tb.markDirty()
 	tb.mu.Unlock()
-	if err := s.touchedIn(p, tb, newlyDirty); err != nil {
+	if err := s.changed(p, tb, newlyDirty); err != nil {
 		s.log.Error("breakerstore: deposit not committed; retrying in the next flush", "tenant", tenant, "err", err)
 	}
 }
@@ -349,7 +279,7 @@ func (s *Store) SetBudget(b policy.TenantBudget) (policy.TenantBudget, error) {
 	if err := checkName("tenant", b.Tenant, false); err != nil {
 		return policy.TenantBudget{}, err
 	}
-	b = fillBudget(b, s.defBudget)
+	b = fleet.FillBudget(b, s.defBudget)
 	if err := ValidateBudget(b); err != nil {
 		return policy.TenantBudget{}, err
 	}
@@ -372,7 +302,7 @@ func (s *Store) SetBudget(b policy.TenantBudget) (policy.TenantBudget, error) {
 	newlyDirty := tb.markDirty()
 	tb.mu.Unlock()
 	s.setDeclared(b.Tenant, true)
-	if err := s.touched(tb, newlyDirty); err != nil {
+	if err := s.changed(nil, tb, newlyDirty); err != nil {
 		return policy.TenantBudget{}, err
 	}
 	return b, nil
@@ -409,7 +339,7 @@ func (s *Store) DeleteBudget(tenant string) error {
 	newlyDirty := tb.markDirty()
 	tb.mu.Unlock()
 	s.setDeclared(tenant, false)
-	return s.touched(tb, newlyDirty)
+	return s.changed(nil, tb, newlyDirty)
 }
 
 // setConfig switches the bucket to cfg (nil: the default). Tokens are

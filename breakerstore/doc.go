@@ -31,10 +31,19 @@
 //	budgets      tenant                     explicit TenantBudget, JSON (admin object)
 //	tokens       tenant                     token bucket, binary: tokens, last refill, granted, refused, dry-run refusals
 //	policies     tenant 0x00 target         PolicyEntry, JSON (admin object); an empty tenant or target is a wider scope
-//	runs         run id                     run header, JSON: tenant, description, pool, cut-off, created (admin object)
-//	runstate     run id                     spent retries and ledger, binary: 9 x uint64 big-endian (the ledger
-//	                                        is recomputed from runcalls at open; both are written in one commit)
-//	runcalls     run id 0x00 call id        final disposition of one call, 2 bytes: policy.Disposition, policy.StopReason
+//	runs         run id                     run header, JSON: tenant, description, pool, cut-off, created, the run
+//	                                        it re-drives (admin object)
+//	runstate     run id                     spent retries and ledger, binary: 11 x uint64 big-endian, the last
+//	                                        counters dead_letter_deadline and deduplicated (a record of 9,
+//	                                        written before them, is read; the ledger is recomputed from runcalls
+//	                                        at open; both are written in one commit)
+//	runcalls     run id 0x00 call id        final disposition of one call, 2 bytes: policy.Disposition, policy.StopReason,
+//	                                        and a third, 1, for a success the idempotency ledger answered
+//	calltable    run id 0x00 call id        the run's call table for triage (fleet.CallRecord), binary, version
+//	                                        byte 1: disposition, stop reason, attempts, first and last attempt
+//	                                        times, then target, classification, detail, triage reference; at
+//	                                        most Options.MaxRunCalls a run; the layout is in calltable.go. New in
+//	                                        schema version 2 (created empty on open)
 //	attempts     tenant 0x00 call id        fleet.Attempts, binary, version byte 1: the highest attempt decided for
 //	                                        the call, its expiry (the call's deadline or the policy's horizon,
 //	                                        whichever is later), and the answer (verdict, delay, attempt timeout,
@@ -42,6 +51,11 @@
 //	                                        left, classification, pushback note); at most Options.MaxAttemptRecords,
 //	                                        oldest dropped first, expired ones deleted by the sweep; the layout is
 //	                                        in attempts.go. New in schema version 2 (created empty on upgrade).
+//	idemkeys     tenant 0x00 key            an idempotency record (fleet.KeyRecord), binary, version byte 1: state,
+//	                                        lease id, lease end, expiry, then the result reference; committed
+//	                                        (fsync'd) before ClaimKey and CompleteKey answer; the layout is in
+//	                                        idem.go; expired ones deleted by the sweep. New in schema version 2
+//	                                        (created empty on open)
 //	flow         tenant 0x00 target         fleet.Flow, binary, version byte 1: the rate account's TAT (Unix ns),
 //	                                        stray lease releases (uint64), lease count (uint32), then per lease
 //	                                        its 128-bit id and expiry (Unix ns); the key is the breaker's; deleted
@@ -53,7 +67,7 @@
 //	                                        records, each a key delta and a binary body of version byte 1: event,
 //	                                        verdict, stop reason, disposition, attempt (uvarint), delay ns
 //	                                        (varint), then tenant, target, call id, run id, classification,
-//	                                        detail (uvarint length + bytes); the full format is in auditseg.go
+//	                                        detail (uvarint length + bytes); the full format is in internal/auditseg
 //
 // An audit record's key is its Unix nanoseconds and a sequence number, both
 // uint64 big-endian, so the trail sorts by time, then by order of append; a

@@ -150,7 +150,7 @@ func (s *Store) settlePool(lp *leasePool, e fleet.Effect) error {
 	if e == 0 {
 		return nil
 	}
-	return s.touched(lp, newlyDirty)
+	return s.changed(nil, lp, newlyDirty)
 }
 
 // redirty implements entity.

@@ -3,8 +3,6 @@ package breakerstore
 import (
 	"errors"
 
-	"go.etcd.io/bbolt"
-
 	"github.com/policyd/policyd/fleet"
 	"github.com/policyd/policyd/policy"
 )
@@ -30,7 +28,7 @@ import (
 func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]int) (int, error) {
 	var p *pending
 	if s.opts.Sync == SyncAlways {
-		p = &pending{}
+		p = shared()
 	}
 	now := s.now() // one reading of the clock for the batch
 	trail := make([][]policy.AuditRecord, 0, len(ups))
@@ -51,7 +49,13 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 				continue
 			}
 			if u.RunID != "" && u.Final != policy.DispositionNone {
-				if err := s.recordFinal(u.RunID, u.CallID, u.Final, u.Stop, p); err != nil {
+				if err := s.recordFinal(u.RunID, u.CallID, fleet.Final{Disposition: u.Final, Stop: u.Stop,
+					Deduplicated: u.Deduplicated}, p); err != nil {
+					return i, err
+				}
+			}
+			if u.RunID != "" && u.Note != (policy.CallNote{}) {
+				if err := s.noteCall(u.RunID, u.CallID, u.Note, p); err != nil && !errors.Is(err, ErrNotFound) {
 					return i, err
 				}
 			}
@@ -63,84 +67,11 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 	}()
 	s.appendAudit(p, trail...)
 	if p != nil {
-		if cerr := s.commitPending(p); err == nil {
+		if cerr := s.commit(p); err == nil {
 			err = cerr
 		}
 	}
 	return n, err
-}
-
-// pending gathers the SyncAlways commits of one ApplyOutcomes so that
-// commitPending makes them in one transaction.
-type pending struct {
-	ents      []entity
-	seen      map[entity]struct{}
-	mutations int
-	audit     []policy.AuditRecord
-}
-
-func (p *pending) add(e entity) {
-	p.mutations++
-	if p.seen == nil {
-		p.seen = map[entity]struct{}{}
-	}
-	if _, ok := p.seen[e]; !ok {
-		p.seen[e] = struct{}{}
-		p.ents = append(p.ents, e)
-	}
-}
-
-// touchedIn is touched, except that with SyncAlways and p set the commit
-// joins p, to be made by commitPending, instead of happening now.
-func (s *Store) touchedIn(p *pending, e entity, newlyDirty bool) error {
-	if p == nil || s.opts.Sync != SyncAlways {
-		return s.touched(e, newlyDirty)
-	}
-	if newlyDirty {
-		// As in touched: the flusher writes it again, harmlessly.
-		s.queue(e)
-	}
-	p.add(e)
-	return nil
-}
-
-// commitPending writes the current state of p's entities and p's audit
-// records in one Batch transaction. On failure the entities are left to
-// the flusher and the audit records wait in its buffer.
-func (s *Store) commitPending(p *pending) error {
-	if len(p.ents) == 0 && len(p.audit) == 0 {
-		return nil
-	}
-	var n int
-	err := s.db.Batch(func(tx *bbolt.Tx) error {
-		if err := s.roomLeft(counterPages); err != nil {
-			return err
-		}
-		s.noteBatchTx(tx)
-		n = 0
-		for _, e := range p.ents {
-			k, err := e.write(tx, false)
-			if err != nil {
-				return err
-			}
-			n += k
-		}
-		return writeAudit(tx, p.audit)
-	})
-	if len(p.audit) > 0 {
-		s.auditSynced(p.audit, err)
-	}
-	if err != nil {
-		for _, e := range p.ents {
-			if e.redirty() {
-				s.queue(e)
-			}
-		}
-		return s.writeErr("commit", err)
-	}
-	s.syncMutations.Add(uint64(p.mutations))
-	s.records.Add(uint64(n))
-	return nil
 }
 
 // refusal reports whether err is the state's rules refusing a request (a

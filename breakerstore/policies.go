@@ -11,6 +11,7 @@ import (
 
 	"go.etcd.io/bbolt"
 
+	"github.com/policyd/policyd/fleet"
 	"github.com/policyd/policyd/policy"
 )
 
@@ -85,32 +86,12 @@ func (s *Store) Policy(tenant, target string) (policy.PolicyEntry, error) {
 	return out, nil
 }
 
-// Resolve returns the policy for a call of tenant to target and the entry of
-// the scope it came from: tenant and target, then target only, then tenant
-// only, then the built-in policy.Default() (an entry with empty Tenant and
-// Target and a zero Updated). It reads an immutable map without locking and
-// does not allocate; the returned Policy shares its slices with the store
-// and must not be modified. It is safe for concurrent use, also after Close.
+// Resolve returns the policy a call of tenant to target follows, by the
+// order fleet.ResolvePolicy gives, without locking; the Policy shares its
+// slices with the store and must not be modified. It is safe for
+// concurrent use.
 func (s *Store) Resolve(tenant, target string) (policy.Policy, policy.PolicyEntry) {
-	m := s.policies.Load().m
-	if len(m) > 0 {
-		if tenant != "" && target != "" {
-			if e, ok := m[policy.PolicyScope{Tenant: tenant, Target: target}]; ok {
-				return e.Policy, *e
-			}
-		}
-		if target != "" {
-			if e, ok := m[policy.PolicyScope{Target: target}]; ok {
-				return e.Policy, *e
-			}
-		}
-		if tenant != "" {
-			if e, ok := m[policy.PolicyScope{Tenant: tenant}]; ok {
-				return e.Policy, *e
-			}
-		}
-	}
-	return s.defaultPolicy, policy.PolicyEntry{Policy: s.defaultPolicy}
+	return fleet.ResolvePolicy(s.policies.Load().m, s.defaultPolicy, tenant, target)
 }
 
 // Policies returns up to limit entries (all when limit <= 0) sorted by scope

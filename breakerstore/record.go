@@ -151,7 +151,7 @@ func (s *Store) loadBreakers(tx *bbolt.Tx, now int64) error {
 		snap := b.snapshot(now)
 		b.pub.Store(&snap)
 		s.breakers.put(b.key, b)
-		s.perTenant[tenant]++
+		s.tenants.breakers[tenant]++
 		return nil
 	})
 }
@@ -180,12 +180,12 @@ func (s *Store) sweep(now int64) []delKey {
 			continue
 		}
 		s.breakers.deleteIf(b.key, func(v *breaker) bool { return v == b })
-		s.countMu.Lock()
-		if s.perTenant[b.key.Tenant]--; s.perTenant[b.key.Tenant] <= 0 {
-			delete(s.perTenant, b.key.Tenant)
+		s.tenants.mu.Lock()
+		if s.tenants.breakers[b.key.Tenant]--; s.tenants.breakers[b.key.Tenant] <= 0 {
+			delete(s.tenants.breakers, b.key.Tenant)
 			s.forgetAutoLocked(b.key.Tenant)
 		}
-		s.countMu.Unlock()
+		s.tenants.mu.Unlock()
 		dels = append(dels, delKey{bucket: bucketBreakers, key: b.key})
 	}
 	for _, tb := range s.buckets.values() {
@@ -199,14 +199,15 @@ func (s *Store) sweep(now int64) []delKey {
 			continue
 		}
 		s.buckets.deleteIf(tb.tenant, func(v *tokenBucket) bool { return v == tb })
-		s.countMu.Lock()
+		s.tenants.mu.Lock()
 		s.forgetAutoLocked(tb.tenant)
-		s.countMu.Unlock()
+		s.tenants.mu.Unlock()
 		dels = append(dels, delKey{bucket: bucketTokens, key: policy.BreakerKey{Tenant: tb.tenant}})
 	}
 	if s.attempts.expire(now) && s.attempts.markDirty() {
 		s.queue(&s.attempts)
 	}
+	dels = append(dels, s.sweepKeys(now)...)
 	keep := int64(s.opts.RunRetention)
 	for _, r := range s.runs.values() {
 		r.mu.Lock()
@@ -240,6 +241,15 @@ func (s *Store) deleteRecords(tx *bbolt.Tx, dels []delKey) error {
 				continue
 			}
 			k = []byte(d.key.Tenant)
+		case string(bucketIdemKeys):
+			// Only a record still expired on disk goes: one claimed anew
+			// since the sweep has a later expiry.
+			k = joinKey(d.key.Tenant, d.key.Target)
+			if v := tx.Bucket(bucketIdemKeys).Get(k); v != nil {
+				if r, err := decodeKeyRecord(v); err == nil && r.Expires > s.now() {
+					continue
+				}
+			}
 		case string(bucketRuns):
 			// A run goes whole: header, spend and ledger, and every
 			// call's disposition (keys "run id 0x00 call id").
@@ -247,11 +257,13 @@ func (s *Store) deleteRecords(tx *bbolt.Tx, dels []delKey) error {
 			if err := tx.Bucket(bucketRunState).Delete(id); err != nil {
 				return err
 			}
-			calls := tx.Bucket(bucketRunCalls).Cursor()
 			prefix := joinKey(d.key.Tenant, "")
-			for ck, _ := calls.Seek(prefix); ck != nil && bytes.HasPrefix(ck, prefix); ck, _ = calls.Seek(prefix) {
-				if err := calls.Delete(); err != nil {
-					return err
+			for _, b := range [][]byte{bucketRunCalls, bucketCallTable} {
+				calls := tx.Bucket(b).Cursor()
+				for ck, _ := calls.Seek(prefix); ck != nil && bytes.HasPrefix(ck, prefix); ck, _ = calls.Seek(prefix) {
+					if err := calls.Delete(); err != nil {
+						return err
+					}
 				}
 			}
 			k = id

@@ -33,6 +33,10 @@ type run struct {
 	// dirtyCalls are call ids changed since the last group commit, in order;
 	// a group commit drops the ones it wrote when it commits.
 	dirtyCalls []string
+	// table is the run's call table (calltable.go); dirtyTable the call
+	// ids changed in it since the last group commit, in order.
+	table      fleet.CallTable
+	dirtyTable []string
 	dirty      bool
 	deleted    bool // swept: past its retention, removed from the map
 }
@@ -45,6 +49,7 @@ type runHeader struct {
 	Pool        uint64 `json:"retry_pool"`
 	Cutoff      int64  `json:"cutoff_unix_nano"`
 	Created     int64  `json:"created_unix_nano"`
+	RedriveOf   string `json:"redrive_of,omitempty"`
 }
 
 // OpenRun creates a run. An empty r.ID is generated (hex, sorting by
@@ -73,10 +78,15 @@ func (s *Store) OpenRun(r policy.Run) (policy.Run, error) {
 	case !r.Cutoff.After(now):
 		return policy.Run{}, invalid("cutoff_time", "must be in the future")
 	}
+	if r.RedriveOf != "" {
+		if old, ok := s.runs.get(r.RedriveOf); !ok || old.hdr.Tenant != r.Tenant {
+			return policy.Run{}, fmt.Errorf("%w: run %q", ErrNotFound, r.RedriveOf)
+		}
+	}
 	r = policy.Run{ID: strings.Clone(r.ID), Tenant: strings.Clone(r.Tenant), Description: strings.Clone(r.Description),
-		Pool: r.Pool, Cutoff: r.Cutoff, Created: now}
+		Pool: r.Pool, Cutoff: r.Cutoff, Created: now, RedriveOf: strings.Clone(r.RedriveOf)}
 	hdr, err := json.Marshal(runHeader{ID: r.ID, Tenant: r.Tenant, Description: r.Description,
-		Pool: r.Pool, Cutoff: r.Cutoff.UnixNano(), Created: now.UnixNano()})
+		Pool: r.Pool, Cutoff: r.Cutoff.UnixNano(), Created: now.UnixNano(), RedriveOf: r.RedriveOf})
 	if err != nil {
 		return policy.Run{}, fmt.Errorf("breakerstore: encode run: %w", err)
 	}
@@ -89,7 +99,8 @@ func (s *Store) OpenRun(r policy.Run) (policy.Run, error) {
 		return policy.Run{}, fmt.Errorf("%w: %d runs kept (cap %d; runs are deleted %v after their cut-off)",
 			ErrTooManyRuns, n, s.opts.MaxRuns, s.opts.RunRetention)
 	}
-	rs := &run{hdr: r, cutoff: r.Cutoff.UnixNano(), v: fleet.NewRun(r.Pool, r.Cutoff.UnixNano())}
+	rs := &run{hdr: r, cutoff: r.Cutoff.UnixNano(), v: fleet.NewRun(r.Pool, r.Cutoff.UnixNano()),
+		table: fleet.NewCallTable(s.opts.MaxRunCalls)}
 	err = s.update("write run", func(tx *bbolt.Tx) error {
 		if tx.Bucket(bucketRuns).Get([]byte(r.ID)) != nil {
 			return fmt.Errorf("%w: run %q", ErrExists, r.ID)
@@ -113,13 +124,6 @@ func newRunID(now time.Time) string {
 	binary.BigEndian.PutUint64(b[:8], uint64(now.UnixNano()))
 	_, _ = rand.Read(b[8:])
 	return hex.EncodeToString(b[:])
-}
-
-// randUint64 returns a random number from crypto/rand.
-func randUint64() uint64 {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	return binary.BigEndian.Uint64(b[:])
 }
 
 // Run returns the run with id and its ledger, or ErrNotFound. It is safe for
@@ -172,19 +176,18 @@ func (s *Store) Runs(tenant, after string, limit int) ([]policy.Run, error) {
 // ErrInvalid for DispositionNone or an unknown disposition. The ledger is a
 // counter, flushed per the sync mode. It is safe for concurrent use.
 func (s *Store) RecordFinal(runID, callID string, d policy.Disposition, stop policy.StopReason) error {
-	return s.recordFinal(runID, callID, d, stop, nil)
+	return s.recordFinal(runID, callID, fleet.Final{Disposition: d, Stop: stop}, nil)
 }
 
 // recordFinal is RecordFinal; with SyncAlways the change joins p, when set,
 // instead of being committed on its own.
-func (s *Store) recordFinal(runID, callID string, d policy.Disposition, stop policy.StopReason, p *pending) error {
+func (s *Store) recordFinal(runID, callID string, f fleet.Final, p *pending) error {
 	if s.closed.Load() {
 		return ErrClosed
 	}
 	if err := checkName("call_id", callID, false); err != nil {
 		return err
 	}
-	f := fleet.Final{Disposition: d, Stop: stop}
 	var probe policy.Ledger
 	if fleet.LedgerSlot(&probe, f) == nil {
 		return invalid("disposition", "must be a final disposition")
@@ -202,7 +205,7 @@ func (s *Store) recordFinal(runID, callID string, d policy.Disposition, stop pol
 	r.dirtyCalls = append(r.dirtyCalls, kept)
 	newlyDirty := r.markDirty()
 	r.mu.Unlock()
-	return s.touchedIn(p, r, newlyDirty)
+	return s.changed(p, r, newlyDirty)
 }
 
 func (r *run) markDirty() bool {
@@ -224,10 +227,10 @@ func (r *run) redirty() bool {
 	return true
 }
 
-// encodeState returns the runstate record: spent, then the 8 ledger
+// encodeState returns the runstate record: spent, then the 10 ledger
 // counters, each uint64 big-endian. r.mu must be held (or r unshared).
 func (r *run) encodeState() []byte {
-	v := make([]byte, 0, 72)
+	v := make([]byte, 0, runStateSize)
 	v = binary.BigEndian.AppendUint64(v, r.v.Spent)
 	for _, n := range ledgerCounters(&r.v.Ledger) {
 		v = binary.BigEndian.AppendUint64(v, n)
@@ -235,9 +238,18 @@ func (r *run) encodeState() []byte {
 	return v
 }
 
-func ledgerCounters(l *policy.Ledger) [8]uint64 {
-	return [8]uint64{l.Succeeded, l.FailedTerminal, l.DeadLetterExhausted, l.DeadLetterBudget,
-		l.DeadLetterNotIdempotent, l.DeadLetterPushback, l.CircuitOpen, l.DeadlineCut}
+// runStateSize is the size of a runstate record; runStateSizeV2a that of
+// one written before the dead_letter_deadline and deduplicated counters
+// (8 counters), still read: only spent is read back, the ledger is
+// recomputed from runcalls.
+const (
+	runStateSize    = 88
+	runStateSizeV2a = 72
+)
+
+func ledgerCounters(l *policy.Ledger) [10]uint64 {
+	return [10]uint64{l.Succeeded, l.FailedTerminal, l.DeadLetterExhausted, l.DeadLetterBudget,
+		l.DeadLetterNotIdempotent, l.DeadLetterPushback, l.CircuitOpen, l.DeadlineCut, l.DeadLetterDeadline, l.Deduplicated}
 }
 
 // write implements entity: the runstate record and the changed calls. With
@@ -258,7 +270,11 @@ func (r *run) write(tx *bbolt.Tx, clear bool) (int, error) {
 	written := 0
 	for _, id := range r.dirtyCalls {
 		f := r.v.Calls[id]
-		if err := calls.Put(joinKey(r.hdr.ID, id), []byte{byte(f.Disposition), byte(f.Stop)}); err != nil {
+		v := []byte{byte(f.Disposition), byte(f.Stop), 1}
+		if !f.Deduplicated {
+			v = v[:2]
+		}
+		if err := calls.Put(joinKey(r.hdr.ID, id), v); err != nil {
 			return 0, err
 		}
 		written++
@@ -270,7 +286,11 @@ func (r *run) write(tx *bbolt.Tx, clear bool) (int, error) {
 			r.mu.Unlock()
 		})
 	}
-	return 1 + written, nil
+	noted, err := r.writeTable(tx, clear)
+	if err != nil {
+		return 0, err
+	}
+	return 1 + written + noted, nil
 }
 
 // loadRuns reads the runs, runstate and runcalls buckets into memory. The
@@ -286,13 +306,14 @@ func (s *Store) loadRuns(tx *bbolt.Tx) error {
 		}
 		r := &run{
 			hdr: policy.Run{ID: h.ID, Tenant: h.Tenant, Description: h.Description, Pool: h.Pool,
-				Cutoff: time.Unix(0, h.Cutoff), Created: time.Unix(0, h.Created)},
+				Cutoff: time.Unix(0, h.Cutoff), Created: time.Unix(0, h.Created), RedriveOf: h.RedriveOf},
 			cutoff: h.Cutoff,
 			v:      fleet.NewRun(h.Pool, h.Cutoff),
+			table:  fleet.NewCallTable(s.opts.MaxRunCalls),
 		}
 		st := tx.Bucket(bucketRunState).Get(k)
-		if len(st) != 72 {
-			return corrupt(bucketRunState, k, fmt.Errorf("runstate record is %d bytes, want 72", len(st)))
+		if len(st) != runStateSize && len(st) != runStateSizeV2a {
+			return corrupt(bucketRunState, k, fmt.Errorf("runstate record is %d bytes, want %d", len(st), runStateSize))
 		}
 		r.v.Spent = binary.BigEndian.Uint64(st)
 		s.runs.put(r.hdr.ID, r)
@@ -303,14 +324,14 @@ func (s *Store) loadRuns(tx *bbolt.Tx) error {
 	}
 	return tx.Bucket(bucketRunCalls).ForEach(func(k, v []byte) error {
 		id, call, ok := splitKey(k)
-		if !ok || len(v) != 2 {
-			return corrupt(bucketRunCalls, k, errors.New("want key run 0x00 call and a 2-byte value"))
+		if !ok || (len(v) != 2 && (len(v) != 3 || v[2] != 1)) {
+			return corrupt(bucketRunCalls, k, errors.New("want key run 0x00 call and a 2-byte value (3 with the deduplicated mark 1)"))
 		}
 		r, ok := s.runs.get(id)
 		if !ok {
 			return corrupt(bucketRunCalls, k, fmt.Errorf("call of unknown run %q", id))
 		}
-		if !r.v.Restore(call, fleet.Final{Disposition: policy.Disposition(v[0]), Stop: policy.StopReason(v[1])}) {
+		if !r.v.Restore(call, fleet.Final{Disposition: policy.Disposition(v[0]), Stop: policy.StopReason(v[1]), Deduplicated: len(v) == 3}) {
 			return corrupt(bucketRunCalls, k, fmt.Errorf("disposition %d", v[0]))
 		}
 		return nil

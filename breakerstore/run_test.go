@@ -23,7 +23,8 @@ func TestLedgerMapping(t *testing.T) {
 		{"dead letter, budget", policy.DispositionDeadLetter, policy.StopBudgetExhausted, policy.Ledger{DeadLetterBudget: 1}},
 		{"dead letter, not idempotent", policy.DispositionDeadLetter, policy.StopNotIdempotent, policy.Ledger{DeadLetterNotIdempotent: 1}},
 		{"dead letter, pushback", policy.DispositionDeadLetter, policy.StopServerPushback, policy.Ledger{DeadLetterPushback: 1}},
-		{"dead letter, other reason", policy.DispositionDeadLetter, policy.StopDeadline, policy.Ledger{DeadLetterExhausted: 1}},
+		{"dead letter, deadline", policy.DispositionDeadLetter, policy.StopDeadline, policy.Ledger{DeadLetterDeadline: 1}},
+		{"dead letter, other reason", policy.DispositionDeadLetter, policy.StopCircuitOpen, policy.Ledger{DeadLetterExhausted: 1}},
 		{"circuit open", policy.DispositionCircuitOpen, policy.StopCircuitOpen, policy.Ledger{CircuitOpen: 1}},
 		{"deadline cut", policy.DispositionDeadlineCut, policy.StopDeadline, policy.Ledger{DeadlineCut: 1}},
 	}

@@ -16,6 +16,7 @@ import (
 	"go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 
+	"github.com/policyd/policyd/fleet"
 	"github.com/policyd/policyd/policy"
 )
 
@@ -46,7 +47,7 @@ var (
 
 	allBuckets = [][]byte{bucketMeta, bucketBreakers, bucketBudgets, bucketTokens,
 		bucketPolicies, bucketRuns, bucketRunState, bucketRunCalls,
-		bucketAuditSeg, bucketAttempts, bucketFlow}
+		bucketAuditSeg, bucketAttempts, bucketCallTable, bucketIdemKeys, bucketFlow}
 )
 
 // Defaults of Options.
@@ -127,9 +128,17 @@ type Options struct {
 	// ErrTooManyRuns. Default 10000.
 	MaxRuns int
 	// MaxAttemptRecords caps the calls whose last decided attempt is
-	// remembered (see CheckAttempt); past it the oldest record goes first.
+	// remembered (see ClaimAttempt); past it the oldest record goes first.
 	// Default DefaultMaxAttemptRecords.
 	MaxAttemptRecords int
+	// MaxRunCalls caps the calls each run's call table keeps for
+	// RunCalls; the calls beyond it are counted, not kept. Default
+	// DefaultMaxRunCalls.
+	MaxRunCalls int
+	// MaxKeysPerTenant caps a tenant's live idempotency records; ClaimKey
+	// of a new key beyond it fails with ErrTooManyKeys. Default
+	// DefaultMaxKeysPerTenant.
+	MaxKeysPerTenant int
 	// RunRetention is how long a run is kept after its cut-off, with its
 	// ledger and per-call dispositions; then the flusher deletes it from
 	// memory and disk. Default 30 days.
@@ -159,6 +168,9 @@ type Options struct {
 	// it AppendAudit drops records (counted in Stats.AuditDropped) rather
 	// than block. Default DefaultAuditBuffer.
 	AuditBuffer int
+	// AuditSink, when set, is handed every audit record within its commit
+	// (see AuditSink); nil keeps the trail in bbolt only.
+	AuditSink AuditSink
 }
 
 // Stats counts the store's writes since Open, for benchmarks and metrics.
@@ -176,6 +188,8 @@ type Stats struct {
 	AuditBuffered  int    // audit records waiting for a group commit
 	AuditDropped   uint64 // audit records dropped: buffer full or unindexable
 	AuditDeleted   uint64 // audit records deleted by retention
+
+	AuditSinkErrors uint64 // commits refused because the AuditSink failed
 }
 
 // Store is policyd's shared state. All methods are safe for concurrent use.
@@ -191,11 +205,8 @@ type Store struct {
 	stop      chan struct{}
 	done      chan struct{}
 
-	breakers  shardMap[policy.BreakerKey, *breaker]
-	countMu   sync.Mutex
-	perTenant map[string]int      // breakers per tenant, guarded by countMu
-	auto      map[string]struct{} // automatic tenants (tenants.go), guarded by countMu
-	declared  declaredSet         // declared tenants (tenants.go)
+	breakers shardMap[policy.BreakerKey, *breaker] // the breaker table
+	tenants  tenantBook
 
 	buckets   shardMap[string, *tokenBucket]
 	defBudget policy.TenantBudget
@@ -203,6 +214,7 @@ type Store struct {
 	runs shardMap[string, *run]
 
 	attempts   attemptTable
+	keys       keyTable // idempotency records (idem.go)
 	attemptSeq atomic.Uint64
 
 	pools shardMap[policy.BreakerKey, *leasePool] // fleet-wide ceilings (flow.go)
@@ -212,44 +224,60 @@ type Store struct {
 
 	adminMu sync.Mutex // serialises admin writes so disk and memory agree
 
-	dirtyMu sync.Mutex
-	dirty   []entity
-
-	flushMu    sync.Mutex // serialises flushes; guards lastSweep and pendingDel
-	lastSweep  int64
-	pendingDel []delKey
-
-	subMu sync.RWMutex
-	subs  []*subscriber
-
-	permitSeq atomic.Uint64
-
-	auditMu         sync.Mutex           // guards the audit fields below
-	auditBuf        []policy.AuditRecord // appended, waiting for a group commit
-	auditSeq        uint64               // the last sequence number handed out
-	auditLast       int64                // the last time stamped, Unix ns
-	auditCount      int                  // records on disk
-	auditOldest     int64                // time of the oldest record on disk, Unix ns
-	auditDropLogged uint64               // drops already logged; guarded by flushMu
-
-	auditDropped, auditDeleted atomic.Uint64
-
-	batchMu     sync.Mutex
-	lastBatchTx *bbolt.Tx
-
-	commits, groupCommits, syncCommits, syncMutations, records, flushErrors atomic.Uint64
+	group groupCommit
+	subs  subscriptions
+	trail auditTrail
+	stats writeStats
 
 	capped atomic.Bool // a write hit Options.MaxSize: see roomLeft
 }
 
-// entity is a piece of state with counters that are flushed in group commits.
-type entity interface {
-	// write puts the entity's current state in tx, locking the entity; with
-	// clear it also clears the dirty mark. It returns the records written.
-	write(tx *bbolt.Tx, clear bool) (int, error)
-	// redirty marks the entity dirty again after a failed commit and reports
-	// whether the caller must queue it (it was clean and still exists).
-	redirty() bool
+// tenantBook counts what each tenant holds, for the caps (tenants.go).
+type tenantBook struct {
+	mu       sync.Mutex
+	breakers map[string]int      // breakers per tenant, guarded by mu
+	auto     map[string]struct{} // automatic tenants, guarded by mu
+	declared declaredSet         // declared tenants
+}
+
+// groupCommit is the flusher's queue and bookkeeping: the entities
+// changed since the last group commit and the records the sweep dropped.
+type groupCommit struct {
+	dirtyMu sync.Mutex
+	dirty   []entity
+
+	flushMu    sync.Mutex // serialises flushes; guards lastSweep, pendingDel and auditTrail.dropLogged
+	lastSweep  int64
+	pendingDel []delKey
+}
+
+// subscriptions are the WatchBreakers subscribers (subscribe.go).
+type subscriptions struct {
+	mu   sync.RWMutex
+	list []*subscriber
+}
+
+// auditTrail is the audit trail's state in memory: the records waiting
+// for a group commit and what is on disk (audit.go).
+type auditTrail struct {
+	mu         sync.Mutex           // guards the fields below but dropLogged
+	buf        []policy.AuditRecord // appended, waiting for a group commit
+	seq        uint64               // the last sequence number handed out
+	last       int64                // the last time stamped, Unix ns
+	count      int                  // records on disk
+	oldest     int64                // time of the oldest record on disk, Unix ns
+	dropLogged uint64               // drops already logged; guarded by groupCommit.flushMu
+
+	dropped, deleted atomic.Uint64
+	sinkErrors       atomic.Uint64 // commits the AuditSink refused
+}
+
+// writeStats counts the store's commits for Stats (commit.go).
+type writeStats struct {
+	commits, groupCommits, syncCommits, syncMutations, records, flushErrors atomic.Uint64
+
+	batchMu     sync.Mutex
+	lastBatchTx *bbolt.Tx // the Batch transaction counted last
 }
 
 // Open opens or creates the database at opts.Path, loads all state into
@@ -288,6 +316,12 @@ func Open(opts Options) (*Store, error) {
 	if opts.MaxAttemptRecords <= 0 {
 		opts.MaxAttemptRecords = DefaultMaxAttemptRecords
 	}
+	if opts.MaxRunCalls <= 0 {
+		opts.MaxRunCalls = DefaultMaxRunCalls
+	}
+	if opts.MaxKeysPerTenant <= 0 {
+		opts.MaxKeysPerTenant = DefaultMaxKeysPerTenant
+	}
 	if opts.RunRetention <= 0 {
 		opts.RunRetention = DefaultRunRetention
 	}
@@ -309,7 +343,7 @@ func Open(opts Options) (*Store, error) {
 	if opts.Sync > SyncAlways {
 		return nil, invalid("sync", "must be SyncGroup or SyncAlways")
 	}
-	def := fillBudget(opts.DefaultBudget, DefaultTenantBudget())
+	def := fleet.FillBudget(opts.DefaultBudget, DefaultTenantBudget())
 	def.Tenant = ""
 	if err := ValidateBudget(def); err != nil {
 		return nil, fmt.Errorf("default budget: %w", err)
@@ -372,8 +406,7 @@ func newStore(db *bbolt.DB, opts Options, def policy.TenantBudget) *Store {
 		log:           opts.Logger,
 		stop:          make(chan struct{}),
 		done:          make(chan struct{}),
-		perTenant:     make(map[string]int),
-		auto:          make(map[string]struct{}),
+		tenants:       tenantBook{breakers: make(map[string]int), auto: make(map[string]struct{})},
 		defBudget:     def,
 		defaultPolicy: policy.Default(),
 	}
@@ -382,9 +415,9 @@ func newStore(db *bbolt.DB, opts Options, def policy.TenantBudget) *Store {
 	s.buckets.init(maphash.String)
 	s.runs.init(maphash.String)
 	s.attempts.init(s.opts.MaxAttemptRecords)
+	s.keys.init()
 	s.policies.Store(&policyMap{m: map[policy.PolicyScope]*policy.PolicyEntry{}})
-	s.permitSeq.Store(randUint64())
-	s.lastSweep = s.now()
+	s.group.lastSweep = s.now()
 	return s
 }
 
@@ -616,6 +649,8 @@ func (s *Store) loaders(tx *bbolt.Tx) []func() error {
 		func() error { return s.loadPolicies(tx) },
 		func() error { return s.loadBudgets(tx, now) },
 		func() error { return s.loadRuns(tx) },
+		func() error { return s.loadCallTables(tx) },
+		func() error { return s.loadKeys(tx) },
 		func() error { return s.loadAudit(tx) },
 		func() error { return s.loadAttempts(tx, now) },
 		func() error { return s.loadBreakers(tx, now) },
@@ -656,21 +691,22 @@ func (s *Store) Flush() error {
 // Stats returns the write counters since Open. It is safe for concurrent use.
 func (s *Store) Stats() Stats {
 	st := Stats{
-		Commits:        s.commits.Load(),
-		GroupCommits:   s.groupCommits.Load(),
-		SyncCommits:    s.syncCommits.Load(),
-		SyncMutations:  s.syncMutations.Load(),
-		RecordsFlushed: s.records.Load(),
-		FlushErrors:    s.flushErrors.Load(),
+		Commits:        s.stats.commits.Load(),
+		GroupCommits:   s.stats.groupCommits.Load(),
+		SyncCommits:    s.stats.syncCommits.Load(),
+		SyncMutations:  s.stats.syncMutations.Load(),
+		RecordsFlushed: s.stats.records.Load(),
+		FlushErrors:    s.stats.flushErrors.Load(),
 		Breakers:       s.breakers.len(),
 		Tenants:        s.buckets.len(),
 		Runs:           s.runs.len(),
-		AuditDropped:   s.auditDropped.Load(),
-		AuditDeleted:   s.auditDeleted.Load(),
+		AuditDropped:   s.trail.dropped.Load(),
+		AuditDeleted:   s.trail.deleted.Load(),
 	}
-	s.auditMu.Lock()
-	st.AuditRecords, st.AuditBuffered = s.auditCount, len(s.auditBuf)
-	s.auditMu.Unlock()
+	st.AuditSinkErrors = s.trail.sinkErrors.Load()
+	s.trail.mu.Lock()
+	st.AuditRecords, st.AuditBuffered = s.trail.count, len(s.trail.buf)
+	s.trail.mu.Unlock()
 	return st
 }
 
@@ -717,272 +753,55 @@ func (s *Store) sweepEvery() int64 {
 // records are queued again and the error is logged; decisions keep being
 // served from memory.
 func (s *Store) flush(forceSweep bool) error {
-	s.flushMu.Lock()
-	defer s.flushMu.Unlock()
+	s.group.flushMu.Lock()
+	defer s.group.flushMu.Unlock()
 
 	now := s.now()
-	if forceSweep || now-s.lastSweep >= s.sweepEvery() {
+	if forceSweep || now-s.group.lastSweep >= s.sweepEvery() {
 		// Safe outside the transaction: deleteRecords skips keys that are
 		// back in memory, and their writes commit after this transaction.
-		s.pendingDel = append(s.pendingDel, s.sweep(now)...)
-		s.lastSweep = now
+		s.group.pendingDel = append(s.group.pendingDel, s.sweep(now)...)
+		s.group.lastSweep = now
 	}
 
 	s.logAuditDrops()
-	s.dirtyMu.Lock()
-	batch := s.dirty
-	s.dirty = nil
-	s.dirtyMu.Unlock()
+	s.group.dirtyMu.Lock()
+	batch := s.group.dirty
+	s.group.dirty = nil
+	s.group.dirtyMu.Unlock()
 	audit := s.takeAudit()
 	auditDue := len(audit) > 0 || s.auditSweepDue(now)
-	if len(batch) == 0 && len(s.pendingDel) == 0 && !auditDue {
+	if len(batch) == 0 && len(s.group.pendingDel) == 0 && !auditDue {
 		return nil
 	}
-	s.auditMu.Lock()
-	count := s.auditCount
-	s.auditMu.Unlock()
+	s.trail.mu.Lock()
+	count := s.trail.count
+	s.trail.mu.Unlock()
 
-	var written, deleted int
+	var deleted int
 	var oldest int64
-	err := s.db.Update(func(tx *bbolt.Tx) error {
-		written = 0
-		if err := s.roomLeft(counterPages); err != nil {
-			return err
-		}
-		if err := s.deleteRecords(tx, s.pendingDel); err != nil {
-			return err
-		}
-		for _, e := range batch {
-			n, err := e.write(tx, true)
-			if err != nil {
+	err := s.commit(&pending{kind: commitGroup, floor: counterPages, op: "flush counters", ents: batch, audit: audit,
+		step: func(tx *bbolt.Tx) error {
+			if err := s.deleteRecords(tx, s.group.pendingDel); err != nil {
 				return err
 			}
-			written += n
-		}
-		if !auditDue {
-			return nil
-		}
-		var err error
-		deleted, oldest, err = s.flushAudit(tx, audit, now, count)
-		written += len(audit)
-		return err
-	})
-	if err != nil {
-		err = s.writeErr("flush counters", err)
-		s.flushErrors.Add(1)
-		s.log.Error("breakerstore: group commit failed; will retry", "err", err, "records", len(batch), "audit_records", len(audit))
-		for _, e := range batch {
-			if e.redirty() {
-				s.queue(e)
+			if !auditDue {
+				return nil
 			}
-		}
-		s.requeueAudit(audit)
+			var err error
+			deleted, oldest, err = s.flushAudit(tx, audit, now, count)
+			return err
+		}})
+	if err != nil {
+		s.stats.flushErrors.Add(1)
+		s.log.Error("breakerstore: group commit failed; will retry", "err", err, "records", len(batch), "audit_records", len(audit))
 		return err
 	}
 	if auditDue {
 		s.auditCommitted(len(audit), deleted, oldest)
 	}
-	s.pendingDel = nil
-	s.commits.Add(1)
-	s.groupCommits.Add(1)
-	s.records.Add(uint64(written))
+	s.group.pendingDel = nil
 	return nil
-}
-
-// queue adds a newly dirty entity to the next group commit.
-func (s *Store) queue(e entity) {
-	s.dirtyMu.Lock()
-	s.dirty = append(s.dirty, e)
-	s.dirtyMu.Unlock()
-}
-
-// touched makes a counter mutation of e durable as the sync mode requires:
-// in SyncGroup newlyDirty entities are queued for the next group commit; in
-// SyncAlways e is committed through db.Batch before touched returns. The
-// Batch function writes e's current state, so it is idempotent.
-func (s *Store) touched(e entity, newlyDirty bool) error {
-	if s.opts.Sync != SyncAlways {
-		if newlyDirty {
-			s.queue(e)
-		}
-		return nil
-	}
-	var n int
-	err := s.db.Batch(func(tx *bbolt.Tx) error {
-		if err := s.roomLeft(counterPages); err != nil {
-			return err
-		}
-		s.noteBatchTx(tx)
-		var err error
-		n, err = e.write(tx, false)
-		return err
-	})
-	if err != nil {
-		if newlyDirty || e.redirty() {
-			s.queue(e)
-		}
-		return s.writeErr("commit", err)
-	}
-	if newlyDirty {
-		// The entity was marked dirty by the mutation; the flusher will write
-		// it again, harmlessly.
-		s.queue(e)
-	}
-	s.syncMutations.Add(1)
-	s.records.Add(uint64(n))
-	return nil
-}
-
-// noteBatchTx counts each distinct Batch transaction once, at its commit.
-func (s *Store) noteBatchTx(tx *bbolt.Tx) {
-	s.batchMu.Lock()
-	if s.lastBatchTx != tx {
-		s.lastBatchTx = tx
-		tx.OnCommit(func() {
-			s.commits.Add(1)
-			s.syncCommits.Add(1)
-		})
-	}
-	s.batchMu.Unlock()
-}
-
-// update runs fn in a durable write transaction and counts the commit.
-func (s *Store) update(op string, fn func(tx *bbolt.Tx) error) error {
-	return s.updateTx(op, reservePages, fn)
-}
-
-// updateFreeing is update for a deletion: in a file at its size cap it may
-// use the pages roomLeft keeps free.
-func (s *Store) updateFreeing(op string, fn func(tx *bbolt.Tx) error) error {
-	return s.updateTx(op, -1, fn)
-}
-
-// updateTx is update with the floor of free pages roomLeft checks.
-func (s *Store) updateTx(op string, floor int, fn func(tx *bbolt.Tx) error) error {
-	if s.closed.Load() {
-		return ErrClosed
-	}
-	err := s.db.Update(func(tx *bbolt.Tx) error {
-		if err := s.roomLeft(floor); err != nil {
-			return err
-		}
-		return fn(tx)
-	})
-	if err != nil {
-		for _, passthrough := range []error{ErrInvalid, ErrNotFound, ErrExists, ErrTooManyBreakers, ErrDiskFull} {
-			if errors.Is(err, passthrough) {
-				return err
-			}
-		}
-		return s.writeErr(op, err)
-	}
-	s.commits.Add(1)
-	return nil
-}
-
-// shardMap is a map split into 64 independently locked shards so that
-// lookups of different keys do not contend.
-type shardMap[K comparable, V any] struct {
-	seed   maphash.Seed
-	hash   func(maphash.Seed, K) uint64
-	shards [64]mapShard[K, V]
-}
-
-type mapShard[K comparable, V any] struct {
-	mu sync.RWMutex
-	m  map[K]V
-	_  [32]byte // keeps shards on separate cache lines
-}
-
-func (sm *shardMap[K, V]) init(hash func(maphash.Seed, K) uint64) {
-	sm.seed = maphash.MakeSeed()
-	sm.hash = hash
-	for i := range sm.shards {
-		sm.shards[i].m = make(map[K]V)
-	}
-}
-
-func (sm *shardMap[K, V]) shard(k K) *mapShard[K, V] {
-	return &sm.shards[sm.hash(sm.seed, k)&63]
-}
-
-func (sm *shardMap[K, V]) get(k K) (V, bool) {
-	sh := sm.shard(k)
-	sh.mu.RLock()
-	v, ok := sh.m[k]
-	sh.mu.RUnlock()
-	return v, ok
-}
-
-// getOrCreate returns the value under k, calling create under the shard's
-// write lock when there is none.
-func (sm *shardMap[K, V]) getOrCreate(k K, create func() (V, error)) (V, error) {
-	sh := sm.shard(k)
-	sh.mu.RLock()
-	v, ok := sh.m[k]
-	sh.mu.RUnlock()
-	if ok {
-		return v, nil
-	}
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if v, ok := sh.m[k]; ok {
-		return v, nil
-	}
-	v, err := create()
-	if err != nil {
-		return v, err
-	}
-	sh.m[k] = v
-	return v, nil
-}
-
-func (sm *shardMap[K, V]) put(k K, v V) {
-	sh := sm.shard(k)
-	sh.mu.Lock()
-	sh.m[k] = v
-	sh.mu.Unlock()
-}
-
-// deleteIf removes k when pred holds for its value, and reports whether it did.
-func (sm *shardMap[K, V]) deleteIf(k K, pred func(V) bool) bool {
-	sh := sm.shard(k)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if v, ok := sh.m[k]; ok && pred(v) {
-		delete(sh.m, k)
-		return true
-	}
-	return false
-}
-
-// values returns every value; callers must not hold a shard lock.
-func (sm *shardMap[K, V]) values() []V {
-	var out []V
-	for i := range sm.shards {
-		sh := &sm.shards[i]
-		sh.mu.RLock()
-		for _, v := range sh.m {
-			out = append(out, v)
-		}
-		sh.mu.RUnlock()
-	}
-	return out
-}
-
-func (sm *shardMap[K, V]) len() int {
-	n := 0
-	for i := range sm.shards {
-		sh := &sm.shards[i]
-		sh.mu.RLock()
-		n += len(sh.m)
-		sh.mu.RUnlock()
-	}
-	return n
-}
-
-func hashKey(seed maphash.Seed, k policy.BreakerKey) uint64 {
-	return maphash.String(seed, k.Tenant)*31 ^ maphash.String(seed, k.Target)
 }
 
 // toTime converts Unix nanoseconds to a time; 0 is the zero time.

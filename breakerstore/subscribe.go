@@ -85,8 +85,8 @@ func (s *Store) Subscribe(tenant string, buffer int) (events <-chan policy.Break
 		sub.close()
 		return sub.ch, func() {}
 	}
-	s.subMu.Lock()
-	defer s.subMu.Unlock()
+	s.subs.mu.Lock()
+	defer s.subs.mu.Unlock()
 	var initial []policy.BreakerSnapshot
 	for _, b := range s.breakers.values() {
 		if sub.wants(b.key) {
@@ -99,54 +99,54 @@ func (s *Store) Subscribe(tenant string, buffer int) (events <-chan policy.Break
 		sub.ch <- policy.BreakerEvent{Snapshot: snap, Initial: true}
 	}
 	sub.ch <- policy.BreakerEvent{SnapshotDone: true}
-	s.subs = append(s.subs, sub)
+	s.subs.list = append(s.subs.list, sub)
 	return sub.ch, func() { s.unsubscribe(sub) }
 }
 
 // unsubscribe closes sub's channel and forgets it.
 func (s *Store) unsubscribe(sub *subscriber) {
 	sub.close()
-	s.subMu.Lock()
-	s.subs = slices.DeleteFunc(s.subs, func(x *subscriber) bool { return x == sub })
-	s.subMu.Unlock()
+	s.subs.mu.Lock()
+	s.subs.list = slices.DeleteFunc(s.subs.list, func(x *subscriber) bool { return x == sub })
+	s.subs.mu.Unlock()
 }
 
 // publish records b's state as its latest change and sends it to the
 // subscribers that follow b. b.mu must be held, which orders the changes of
-// one breaker; Subscribe reads pub under subMu, so a change is either in a
+// one breaker; Subscribe reads pub under subs.mu, so a change is either in a
 // new subscriber's snapshot or delivered after it.
 func (b *breaker) publish(s *Store, now int64) {
 	snap := b.snapshot(now)
 	b.pub.Store(&snap)
 	dropped := false
-	s.subMu.RLock()
-	for _, sub := range s.subs {
+	s.subs.mu.RLock()
+	for _, sub := range s.subs.list {
 		if sub.wants(snap.Key) && !sub.send(policy.BreakerEvent{Snapshot: snap}) {
 			dropped = true
 		}
 	}
-	s.subMu.RUnlock()
+	s.subs.mu.RUnlock()
 	if dropped {
-		s.subMu.Lock()
-		s.subs = slices.DeleteFunc(s.subs, (*subscriber).isClosed)
-		s.subMu.Unlock()
+		s.subs.mu.Lock()
+		s.subs.list = slices.DeleteFunc(s.subs.list, (*subscriber).isClosed)
+		s.subs.mu.Unlock()
 	}
 }
 
 // Subscribers returns the number of live subscriptions: those neither
 // cancelled nor dropped for falling behind. It is safe for concurrent use.
 func (s *Store) Subscribers() int {
-	s.subMu.RLock()
-	defer s.subMu.RUnlock()
-	return len(s.subs)
+	s.subs.mu.RLock()
+	defer s.subs.mu.RUnlock()
+	return len(s.subs.list)
 }
 
 // closeSubs closes every subscription; used by Store.Close.
 func (s *Store) closeSubs() {
-	s.subMu.Lock()
-	defer s.subMu.Unlock()
-	for _, sub := range s.subs {
+	s.subs.mu.Lock()
+	defer s.subs.mu.Unlock()
+	for _, sub := range s.subs.list {
 		sub.close()
 	}
-	s.subs = nil
+	s.subs.list = nil
 }

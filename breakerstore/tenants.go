@@ -22,7 +22,7 @@ type declaredSet = sync.Map
 // Declared reports whether tenant has an explicit budget. It is safe for
 // concurrent use and takes no lock on the way of a read.
 func (s *Store) Declared(tenant string) bool {
-	_, ok := s.declared.Load(tenant)
+	_, ok := s.tenants.declared.Load(tenant)
 	return ok
 }
 
@@ -30,73 +30,73 @@ func (s *Store) Declared(tenant string) bool {
 // writes call it under adminMu.
 func (s *Store) setDeclared(tenant string, declared bool) {
 	if declared {
-		s.declared.Store(strings.Clone(tenant), struct{}{})
+		s.tenants.declared.Store(strings.Clone(tenant), struct{}{})
 	} else {
-		s.declared.Delete(tenant)
+		s.tenants.declared.Delete(tenant)
 	}
-	s.countMu.Lock()
+	s.tenants.mu.Lock()
 	if declared {
-		delete(s.auto, tenant)
+		delete(s.tenants.auto, tenant)
 	} else {
-		s.auto[tenant] = struct{}{} // it keeps its token bucket
+		s.tenants.auto[tenant] = struct{}{} // it keeps its token bucket
 	}
-	s.countMu.Unlock()
+	s.tenants.mu.Unlock()
 }
 
 // admitAutoLocked admits state for tenant created by a worker call: a
 // declared tenant, or one that has automatic state already, passes; a new
 // one counts against Options.MaxAutoTenants and gets ErrTooManyAutoTenants
 // beyond it. The empty tenant of target-scoped breakers always passes.
-// countMu must be held; it must not be taken under a bucket shard's lock.
+// s.tenants.mu must be held; it must not be taken under a bucket shard's lock.
 func (s *Store) admitAutoLocked(tenant string) error {
 	if tenant == "" || s.Declared(tenant) {
 		return nil
 	}
-	if _, ok := s.auto[tenant]; ok {
+	if _, ok := s.tenants.auto[tenant]; ok {
 		return nil
 	}
-	if n := len(s.auto); n >= s.opts.MaxAutoTenants {
+	if n := len(s.tenants.auto); n >= s.opts.MaxAutoTenants {
 		return fmt.Errorf("%w: %d undeclared tenants have state (cap %d); declare the tenant with a budget to admit it",
 			ErrTooManyAutoTenants, n, s.opts.MaxAutoTenants)
 	}
-	s.auto[strings.Clone(tenant)] = struct{}{}
+	s.tenants.auto[strings.Clone(tenant)] = struct{}{}
 	return nil
 }
 
-// admitAuto is admitAutoLocked taking countMu.
+// admitAuto is admitAutoLocked taking s.tenants.mu.
 func (s *Store) admitAuto(tenant string) error {
-	s.countMu.Lock()
-	defer s.countMu.Unlock()
+	s.tenants.mu.Lock()
+	defer s.tenants.mu.Unlock()
 	return s.admitAutoLocked(tenant)
 }
 
 // forgetAutoLocked stops counting tenant once it has neither breakers nor a
-// token bucket. countMu must be held.
+// token bucket. s.tenants.mu must be held.
 func (s *Store) forgetAutoLocked(tenant string) {
-	if s.perTenant[tenant] > 0 {
+	if s.tenants.breakers[tenant] > 0 {
 		return
 	}
 	if _, ok := s.buckets.get(tenant); ok {
 		return
 	}
-	delete(s.auto, tenant)
+	delete(s.tenants.auto, tenant)
 }
 
 // countTenants sets up the declared and automatic tenants of the records
 // just loaded.
 func (s *Store) countTenants() {
-	s.countMu.Lock()
-	defer s.countMu.Unlock()
+	s.tenants.mu.Lock()
+	defer s.tenants.mu.Unlock()
 	for _, tb := range s.buckets.values() {
 		if tb.cfg != nil {
-			s.declared.Store(tb.tenant, struct{}{})
+			s.tenants.declared.Store(tb.tenant, struct{}{})
 		} else {
-			s.auto[tb.tenant] = struct{}{}
+			s.tenants.auto[tb.tenant] = struct{}{}
 		}
 	}
-	for t := range s.perTenant {
+	for t := range s.tenants.breakers {
 		if t != "" && !s.Declared(t) {
-			s.auto[t] = struct{}{}
+			s.tenants.auto[t] = struct{}{}
 		}
 	}
 }

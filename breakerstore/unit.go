@@ -23,10 +23,13 @@ type Changes = interface {
 	SpendRetry(req policy.SpendRequest) (policy.Spend, error)
 	// RecordAttempt remembers ans as the answer to attempt of call k until
 	// keep at least, so the same attempt replays it and a lower one is
-	// refused.
+	// refused, and ends the call's claim (Attempts.ClaimAttempt).
 	RecordAttempt(k policy.CallKey, attempt uint32, ans policy.Answer, keep time.Time) error
 	// AppendAudit adds audit records.
 	AppendAudit(recs ...policy.AuditRecord)
+	// NoteCall tells run runID's call table what the decision says of
+	// call callID (see Runs.NoteCall).
+	NoteCall(runID, callID string, n policy.CallNote) error
 	// Commit makes every change durable, in one transaction where the
 	// store commits before answering; nothing rolls back.
 	Commit() error
@@ -54,7 +57,7 @@ var _ Changes = (*changeBatch)(nil)
 func (s *Store) Begin() Changes {
 	u := &changeBatch{s: s}
 	if s.opts.Sync == SyncAlways {
-		u.p = &pending{}
+		u.p = shared()
 	}
 	return u
 }
@@ -75,7 +78,8 @@ func (u *changeBatch) SpendRetry(req policy.SpendRequest) (policy.Spend, error) 
 }
 
 // RecordAttempt remembers ans as the answer to attempt of call k, kept until
-// keep at least (see Store.CheckAttempt), within the batch.
+// keep at least (see Store.ClaimAttempt), within the batch, and ends the
+// call's claim.
 func (u *changeBatch) RecordAttempt(k policy.CallKey, attempt uint32, ans policy.Answer, keep time.Time) error {
 	return u.s.recordAttempt(k, attempt, ans, keep.UnixNano(), u.p)
 }
@@ -83,6 +87,11 @@ func (u *changeBatch) RecordAttempt(k policy.CallKey, attempt uint32, ans policy
 // AppendAudit is Store.AppendAudit within the batch.
 func (u *changeBatch) AppendAudit(recs ...policy.AuditRecord) {
 	u.s.appendAudit(u.p, recs)
+}
+
+// NoteCall is Store.NoteCall within the batch.
+func (u *changeBatch) NoteCall(runID, callID string, n policy.CallNote) error {
+	return u.s.noteCall(runID, callID, n, u.p)
 }
 
 // Commit makes everything the unit changed durable in one transaction
@@ -94,6 +103,6 @@ func (u *changeBatch) Commit() error {
 		return nil
 	}
 	p := u.p
-	u.p = &pending{}
-	return u.s.commitPending(p)
+	u.p = shared()
+	return u.s.commit(p)
 }

@@ -42,7 +42,7 @@ func (a *Attempts) Check(now int64, attempt uint32) (replay bool, err error) {
 
 // Decided records the answer to attempt, kept until expiry (Unix ns). It
 // never rewinds: an attempt below the one recorded changes nothing (Check
-// refuses those before they are decided; two racing RPCs may both get here).
+// refuses those before they are decided).
 func (a *Attempts) Decided(attempt uint32, ans policy.Answer, expiry int64) Effect {
 	if attempt < a.Attempt {
 		return 0

@@ -25,6 +25,13 @@ type FinalReport struct {
 	Now          int64
 	Deadline     int64 // the call's deadline
 	Cutoff       int64 // the run's cut-off
+	// Skew is how far the reporter's clock may run ahead of now (ns): a
+	// client ends a call DEADLINE_CUT by its own clock, checking the
+	// run's cut-off locally.
+	Skew int64
+	// KeyLost says the call's idempotency record has a lost outcome
+	// (KeyUnknown): a DEAD_LETTER (NOT_IDEMPOTENT) the ledger ordered.
+	KeyLost bool
 	// Horizon is how long a call can go on under its policy (Horizon);
 	// a breaker that closed within it may have refused the call.
 	Horizon int64
@@ -42,21 +49,25 @@ type FinalReport struct {
 //     transient, and never after policyd answered a transient failure with
 //     RETRY unless a later failure is reported;
 //   - DEAD_LETTER only with a transient failure (a server's pushback:
-//     any failure);
+//     any failure, and after policyd answered a transient failure of
+//     the call with RETRY, and NOT_IDEMPOTENT when the call's idempotency
+//     record lost an attempt's outcome); DEAD_LETTER with stop reason
+//     DEADLINE only past the
+//     call's deadline, or with a deadline that a fleet-wide cool-down in
+//     force leaves no room before;
 //   - CIRCUIT_OPEN only while the call's breaker is not CLOSED or a
 //     fleet-wide cool-down refuses admission, or within the policy's
 //     horizon after either;
-//   - DEADLINE_CUT only past the run's cut-off or the call's deadline, or
-//     with a deadline that a fleet-wide cool-down in force leaves no room
-//     before.
+//   - DEADLINE_CUT only for a call of a run, past the run's cut-off (by a
+//     clock up to Skew ahead), or with a cut-off that a fleet-wide
+//     cool-down in force leaves no room before: only a run's cut-off cuts.
 //
 // Two cases cannot be checked and are accepted: FAILED_TERMINAL for a call
 // policyd never saw fail, reported with no failure (the Go client reports
-// an error of no kind it knows that way), and DEADLINE_CUT for a call
-// whose deadline policyd does not know (neither the outcome nor a decision
-// carried one), before its run's cut-off: a caller that cancels a call
-// cuts it at a deadline of its own (both clients report a cancelled call
-// so).
+// an error of no kind it knows that way), and DEAD_LETTER (DEADLINE) for a
+// call whose deadline policyd does not know (neither the outcome nor a
+// decision carried one): a caller that cancels a call ends it at a
+// deadline of its own (both clients report a cancelled call so).
 func CheckFinal(r *FinalReport) string {
 	d := r.Final.Disposition
 	switch {
@@ -84,7 +95,16 @@ func CheckFinal(r *FinalReport) string {
 		}
 	case policy.DispositionDeadLetter:
 		switch {
+		case r.Final.Stop == policy.StopDeadline:
+			if !r.fitsNoMore(r.Deadline) {
+				return "DEAD_LETTER (DEADLINE) needs the call's deadline to have passed"
+			}
 		case r.Final.Stop == policy.StopServerPushback && r.Failure != 0:
+		case r.Final.Stop == policy.StopNotIdempotent && r.KeyLost:
+		case r.Failure == 0 && r.Decided && r.Answer.Category == policy.CategoryTransient:
+			// policyd answered the call's transient failure with RETRY; the
+			// retry did not happen (an idempotency key whose outcome was
+			// lost, say).
 		case r.Failure != policy.CategoryTransient:
 			return "DEAD_LETTER needs a STOP policyd decided for this call or a transient failure that justifies it"
 		}
@@ -99,15 +119,27 @@ func CheckFinal(r *FinalReport) string {
 		}
 	case policy.DispositionDeadlineCut:
 		switch {
-		case r.Cutoff != 0 && r.Now >= r.Cutoff:
-		case r.Deadline == 0:
-			// A caller that cancels cuts the call at a deadline of its
-			// own, which policyd cannot know.
-		case r.Now >= r.Deadline:
-		case r.CooldownEnd > r.Now && r.CooldownEnd+r.AttemptTimeout > r.Deadline:
+		case r.Cutoff == 0:
+			return "DEADLINE_CUT needs a run's cut-off; a call stopped by its own deadline is DEAD_LETTER (DEADLINE)"
+		case r.Now+r.Skew >= r.Cutoff:
+		case r.CooldownEnd > r.Now && r.CooldownEnd+r.AttemptTimeout > r.Cutoff:
 		default:
-			return "DEADLINE_CUT needs the run's cut-off or the call's deadline to have passed"
+			return "DEADLINE_CUT needs the run's cut-off to have passed"
 		}
 	}
 	return ""
+}
+
+// fitsNoMore reports whether no attempt fits before deadline at r.Now: it
+// has passed, a fleet-wide cool-down in force leaves no room before it, or
+// it is unknown (zero: a caller that cancels ends the call at a deadline
+// of its own, which policyd cannot know).
+func (r *FinalReport) fitsNoMore(deadline int64) bool {
+	switch {
+	case deadline == 0, r.Now >= deadline:
+		return true
+	case r.CooldownEnd > r.Now && r.CooldownEnd+r.AttemptTimeout > deadline:
+		return true
+	}
+	return false
 }

@@ -41,11 +41,18 @@ func TestCheckFinal(t *testing.T) {
 			Breaker: policy.BreakerClosed, CooldownEnd: 10, Now: 100, Horizon: 50}, "CIRCUIT_OPEN needs"},
 		{"CIRCUIT_OPEN with no breaker", fleet.FinalReport{Final: fin(policy.DispositionCircuitOpen, 0)}, "CIRCUIT_OPEN needs"},
 		{"DEADLINE_CUT past the cut-off", fleet.FinalReport{Final: fin(policy.DispositionDeadlineCut, 0), Cutoff: 50, Now: 50}, ""},
-		{"DEADLINE_CUT past the deadline", fleet.FinalReport{Final: fin(policy.DispositionDeadlineCut, 0), Deadline: 50, Cutoff: 500, Now: 60}, ""},
-		{"DEADLINE_CUT before the deadline", fleet.FinalReport{Final: fin(policy.DispositionDeadlineCut, 0), Deadline: 50, Cutoff: 500, Now: 40}, "DEADLINE_CUT needs"},
-		{"DEADLINE_CUT when a cool-down leaves no room", fleet.FinalReport{Final: fin(policy.DispositionDeadlineCut, 0), Deadline: 50, Now: 40,
+		{"DEADLINE_CUT by a clock within the skew", fleet.FinalReport{Final: fin(policy.DispositionDeadlineCut, 0), Cutoff: 50, Now: 45, Skew: 5}, ""},
+		{"DEADLINE_CUT past the deadline, before the cut-off", fleet.FinalReport{Final: fin(policy.DispositionDeadlineCut, 0), Deadline: 50, Cutoff: 500, Now: 60},
+			"DEADLINE_CUT needs the run's cut-off"},
+		{"DEADLINE_CUT without a run", fleet.FinalReport{Final: fin(policy.DispositionDeadlineCut, 0), Deadline: 50, Now: 60}, "DEADLINE_CUT needs a run's cut-off"},
+		{"DEADLINE_CUT when a cool-down leaves no room before the cut-off", fleet.FinalReport{Final: fin(policy.DispositionDeadlineCut, 0), Cutoff: 50, Now: 40,
 			CooldownEnd: 45, AttemptTimeout: 10}, ""},
-		{"DEADLINE_CUT of a cancelled call without deadline", fleet.FinalReport{Final: fin(policy.DispositionDeadlineCut, 0), Cutoff: 500, Now: 40}, ""},
+		{"DEAD_LETTER (DEADLINE) past the deadline", fleet.FinalReport{Final: fin(policy.DispositionDeadLetter, policy.StopDeadline), Deadline: 50, Cutoff: 500, Now: 60}, ""},
+		{"DEAD_LETTER (DEADLINE) before the deadline", fleet.FinalReport{Final: fin(policy.DispositionDeadLetter, policy.StopDeadline), Deadline: 50, Cutoff: 500, Now: 40},
+			"DEAD_LETTER (DEADLINE) needs"},
+		{"DEAD_LETTER (DEADLINE) when a cool-down leaves no room", fleet.FinalReport{Final: fin(policy.DispositionDeadLetter, policy.StopDeadline), Deadline: 50, Now: 40,
+			CooldownEnd: 45, AttemptTimeout: 10}, ""},
+		{"DEAD_LETTER (DEADLINE) of a cancelled call without deadline", fleet.FinalReport{Final: fin(policy.DispositionDeadLetter, policy.StopDeadline), Cutoff: 500, Now: 40}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -10,6 +10,9 @@ import (
 type Final struct {
 	Disposition policy.Disposition
 	Stop        policy.StopReason
+	// Deduplicated marks a success the idempotency ledger answered; the
+	// ledger counts it in Deduplicated as well as in Succeeded.
+	Deduplicated bool
 }
 
 // Run is a batch run's live state: a retry pool of Pool retries its calls
@@ -65,11 +68,11 @@ func (r *Run) RecordFinal(call string, f Final) (kept string, changed, ok bool) 
 		return call, false, true
 	}
 	if had {
-		*LedgerSlot(&r.Ledger, prev)--
+		r.uncount(prev)
 	} else {
 		call = strings.Clone(call)
 	}
-	*LedgerSlot(&r.Ledger, f)++
+	r.count(f)
 	r.Calls[call] = f
 	return call, true, true
 }
@@ -82,18 +85,33 @@ func (r *Run) Restore(call string, f Final) bool {
 		return false
 	}
 	if prev, had := r.Calls[call]; had {
-		*LedgerSlot(&r.Ledger, prev)--
+		r.uncount(prev)
 	}
-	*slot++
+	r.count(f)
 	r.Calls[call] = f
 	return true
+}
+
+// count adds f to the ledger; uncount takes it away.
+func (r *Run) count(f Final) {
+	*LedgerSlot(&r.Ledger, f)++
+	if f.Deduplicated {
+		r.Ledger.Deduplicated++
+	}
+}
+
+func (r *Run) uncount(f Final) {
+	*LedgerSlot(&r.Ledger, f)--
+	if f.Deduplicated {
+		r.Ledger.Deduplicated--
+	}
 }
 
 // LedgerSlot returns the counter of l a final disposition is counted under,
 // or nil for DispositionNone and unknown values: SUCCEEDED, FAILED_TERMINAL,
 // CIRCUIT_OPEN and DEADLINE_CUT have their own; DEAD_LETTER is split by stop
-// reason (budget, not idempotent, pushback, and attempts exhausted for the
-// rest).
+// reason (budget, not idempotent, pushback, the call's own deadline, and
+// attempts exhausted for the rest).
 func LedgerSlot(l *policy.Ledger, f Final) *uint64 {
 	switch f.Disposition {
 	case policy.DispositionSucceeded:
@@ -108,6 +126,8 @@ func LedgerSlot(l *policy.Ledger, f Final) *uint64 {
 			return &l.DeadLetterNotIdempotent
 		case policy.StopServerPushback:
 			return &l.DeadLetterPushback
+		case policy.StopDeadline:
+			return &l.DeadLetterDeadline
 		}
 		return &l.DeadLetterExhausted
 	case policy.DispositionCircuitOpen:

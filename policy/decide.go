@@ -112,7 +112,9 @@ func (d *Decision) stop(r StopReason, disp Disposition) Decision {
 //     RetryAfterOverride mode the spread hint alone;
 //  5. deadline, checked before the wait: when the next attempt, started after
 //     the delay with p.AttemptTimeout reserved, would end after the effective
-//     deadline, the call stops with StopDeadline and DispositionDeadlineCut.
+//     deadline, the call stops with StopDeadline and DispositionDeadLetter
+//     (the server makes it DispositionDeadlineCut when the deadline that
+//     bound was its run's cut-off).
 //     So does a hint longer than p.Pushback.MaxHint whose uncapped wait would
 //     pass the deadline: the server would refuse an earlier attempt anyway.
 //
@@ -157,7 +159,7 @@ func Decide(p *Policy, in Input) Decision {
 	}
 	d.Checks |= CheckDeadline
 	if !FitsDeadline(in.Now, d.Deadline, need, p.AttemptTimeout) {
-		return d.stop(StopDeadline, DispositionDeadlineCut)
+		return d.stop(StopDeadline, DispositionDeadLetter)
 	}
 	d.Retry, d.Delay = true, delay
 	d.AttemptTimeout = max(p.AttemptTimeout, 0)

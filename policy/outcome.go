@@ -20,6 +20,10 @@ type OutcomeUpdate struct {
 	CallID string
 	Final  Disposition
 	Stop   StopReason
+	// Deduplicated marks a SUCCEEDED the idempotency ledger answered.
+	Deduplicated bool
+	// Note, when not zero, is told to the run's call table (RunID set).
+	Note CallNote
 	// Refused is set by the store when the state's rules refused the
 	// update (a probe permit that is not live): its result and final
 	// disposition were not applied, its audit records were, and the rest

@@ -15,36 +15,106 @@ type PlanInput struct {
 	Backoff Backoff
 	// AttemptTimeout is reserved for every attempt, >= 0.
 	AttemptTimeout time.Duration
-	// TTLMargin is added to the window for the idempotency-key TTL, >= 0.
+	// TTLMargin is added to the remaining window for the idempotency-key
+	// TTL, >= 0; 0 means the default, DefaultTTLMargin(Window,
+	// AttemptTimeout), so that the TTL always outlives the window.
 	TTLMargin time.Duration
 	// MaxAttempts caps the plan, 1 to 100; 0 means 100.
 	MaxAttempts int
+	// Origin, when not zero, is when the window began (the event's origin
+	// time): the plan fits what is left of the window at Now, Window less
+	// Now-Origin. An Origin after Now counts as Now; how far after is the
+	// caller's rule to check.
+	Origin time.Time
+	// Now is the time the plan is made at; it is read only with Origin.
+	Now time.Time
+	// Reserve is the fraction of the remaining window kept as headroom, in
+	// [0, 1): the schedule fits Remaining * (1 - Reserve).
+	Reserve float64
 }
 
 // Plan is the result of planning retries into a window.
 type Plan struct {
 	// Window is the window planned for.
 	Window time.Duration
+	// Remaining is what is left of the window at the time of planning:
+	// Window less the time since the origin, never below zero; Window when
+	// there is no origin.
+	Remaining time.Duration
+	// Usable is the part of Remaining the schedule fits: Remaining * (1 -
+	// reserve), rounded down.
+	Usable time.Duration
 	// MaxAttempts is the largest attempt count, counting the first, whose
-	// timeouts and nominal delays fit the window.
+	// timeouts and nominal delays fit Usable; 0 when not even one does, with
+	// Reason saying why.
 	MaxAttempts int
+	// Reason is empty when MaxAttempts > 0, else PlanWindowSpent or
+	// PlanNoRoom.
+	Reason string
 	// AttemptTimeout is the timeout reserved for every attempt; for an inner
 	// hop of SplitHops, the one derived for that hop.
 	AttemptTimeout time.Duration
 	// Delays is the nominal delay before each retry: MaxAttempts-1 entries.
 	Delays []time.Duration
 	// WorstCase is the nominal delays plus every attempt's timeout: the
-	// longest the call can take, <= Window.
+	// longest the call can take, <= Usable.
 	WorstCase time.Duration
-	// IdempotencyTTL is how long the upstream must remember an idempotency
-	// key: Window + TTLMargin, never jittered.
+	// IdempotencyTTL is how long, from the time of planning, the upstream
+	// must remember an idempotency key: Remaining plus the TTL margin (the
+	// default margin when none is given), never jittered, and always longer
+	// than Remaining.
 	IdempotencyTTL time.Duration
 }
 
+// Reasons a Plan has no attempt.
+const (
+	// PlanWindowSpent: the window has passed since the origin.
+	PlanWindowSpent = "window:spent"
+	// PlanNoRoom: what is left of the window, less the reserve, is shorter
+	// than one attempt timeout.
+	PlanNoRoom = "window:no_room"
+)
+
+// DefaultTTLMargin is the idempotency-key TTL margin PlanBudget adds when
+// none is given: the largest of one attempt timeout, a tenth of the window
+// and one millisecond. A late retry that started just before the window
+// closed thus still finds its key.
+func DefaultTTLMargin(window, attemptTimeout time.Duration) time.Duration {
+	return max(attemptTimeout, window/10, time.Millisecond)
+}
+
+// remaining returns what is left of in's window at in.Now, and the part of
+// it outside the reserve.
+func (in PlanInput) remaining() (remaining, usable time.Duration) {
+	remaining = in.Window
+	if !in.Origin.IsZero() {
+		if elapsed := in.Now.Sub(in.Origin); elapsed >= in.Window {
+			return 0, 0
+		} else if elapsed > 0 {
+			remaining -= elapsed
+		}
+	}
+	if in.Reserve == 0 {
+		return remaining, remaining
+	}
+	// A product that rounds to remaining or above (a tiny reserve, or
+	// remaining near the largest Duration, where float64 rounds up) keeps
+	// remaining: converting it could overflow.
+	u := float64(remaining) * (1 - in.Reserve)
+	if u >= float64(remaining) {
+		return remaining, remaining
+	}
+	return remaining, min(remaining, time.Duration(u))
+}
+
 // PlanBudget returns the largest attempt count m (1 to in.MaxAttempts, or 100)
-// with m*in.AttemptTimeout + Nominal(0) + ... + Nominal(m-2) <= in.Window,
-// with its schedule. It returns a *FieldError when in is invalid or when even
-// one attempt does not fit ("attempt_timeout: must not exceed window").
+// with m*in.AttemptTimeout + Nominal(0) + ... + Nominal(m-2) <= U, with its
+// schedule. U, the usable window, is what is left of in.Window at in.Now
+// when in.Origin is set (all of it otherwise), times 1 - in.Reserve. When the
+// window is spent or U is shorter than one attempt timeout, the plan has no
+// attempt and a Reason; this is an answer, not an error. PlanBudget returns a
+// *FieldError when in is invalid or when even the whole window does not fit
+// one attempt ("attempt_timeout: must not exceed window").
 func PlanBudget(in PlanInput) (Plan, error) {
 	if err := in.Validate(); err != nil {
 		return Plan{}, err
@@ -52,15 +122,35 @@ func PlanBudget(in PlanInput) (Plan, error) {
 	if in.AttemptTimeout > in.Window {
 		return Plan{}, fieldErr("attempt_timeout", "must not exceed window")
 	}
+	margin := in.TTLMargin
+	if margin == 0 {
+		margin = DefaultTTLMargin(in.Window, in.AttemptTimeout) // Validate rules out overflow
+	}
+	remaining, usable := in.remaining()
+	plan := Plan{
+		Window:         in.Window,
+		Remaining:      remaining,
+		Usable:         usable,
+		AttemptTimeout: in.AttemptTimeout,
+		IdempotencyTTL: remaining + margin, // Validate rules out overflow
+	}
+	switch {
+	case remaining == 0:
+		plan.Reason, plan.Delays = PlanWindowSpent, []time.Duration{}
+		return plan, nil
+	case in.AttemptTimeout > usable:
+		plan.Reason, plan.Delays = PlanNoRoom, []time.Duration{}
+		return plan, nil
+	}
 	limit := in.MaxAttempts
 	if limit == 0 {
 		limit = maxAttemptsCap
 	}
 	m, total := 1, in.AttemptTimeout
 	for m < limit {
-		// total <= Window, so Window-total never overflows; comparing with
+		// total <= usable, so usable-total never overflows; comparing with
 		// what is left keeps sums near the largest Duration exact.
-		left := in.Window - total
+		left := usable - total
 		step := Nominal(in.Backoff, m-1)
 		if step > left || in.AttemptTimeout > left-step {
 			break
@@ -71,14 +161,8 @@ func PlanBudget(in PlanInput) (Plan, error) {
 	for n := range delays {
 		delays[n] = Nominal(in.Backoff, n)
 	}
-	return Plan{
-		Window:         in.Window,
-		MaxAttempts:    m,
-		AttemptTimeout: in.AttemptTimeout,
-		Delays:         delays,
-		WorstCase:      total,
-		IdempotencyTTL: in.Window + in.TTLMargin, // Validate rules out overflow
-	}, nil
+	plan.MaxAttempts, plan.Delays, plan.WorstCase = m, delays, total
+	return plan, nil
 }
 
 // maxHops is the most hops SplitHops plans.
@@ -99,7 +183,9 @@ func mulDiv(a, b, c time.Duration) time.Duration {
 // strictly smaller than the one before. Inner hops cap the backoff's base and
 // max delay at their window. SplitHops returns one Plan per hop, or a
 // *FieldError naming the field at fault, e.g. when the attempt timeout is too
-// short to leave an inner hop room for one attempt. hops is 1 to 16.
+// short to leave an inner hop room for one attempt. hops is 1 to 16. The
+// origin and the reserve shape hop 1's schedule only: an inner hop's window
+// is one attempt of the hop before, whole.
 func SplitHops(in PlanInput, hops int) ([]Plan, error) {
 	if hops < 1 || hops > maxHops {
 		return nil, fieldErr("hops", "must be between 1 and 16")
@@ -123,6 +209,7 @@ func SplitHops(in PlanInput, hops int) ([]Plan, error) {
 			}
 			hop.Backoff.Base = min(hop.Backoff.Base, inner)
 			hop.Backoff.Max = min(hop.Backoff.Max, inner)
+			hop.Origin, hop.Reserve = time.Time{}, 0
 		}
 		p, err := PlanBudget(hop)
 		if err != nil {

@@ -2,6 +2,7 @@ package policy_test
 
 import (
 	"errors"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -62,15 +63,17 @@ func TestPlanBudget(t *testing.T) {
 		ttl       time.Duration
 	}{
 		{"short window", policy.PlanInput{Window: 10 * time.Second, Backoff: short, AttemptTimeout: 2 * time.Second},
-			3, []time.Duration{500 * ms, time.Second}, 7500 * ms, 10 * time.Second},
+			3, []time.Duration{500 * ms, time.Second}, 7500 * ms, 12 * time.Second}, // default margin: one attempt timeout
 		{"capped by max attempts", policy.PlanInput{Window: 10 * time.Second, Backoff: short, AttemptTimeout: 2 * time.Second, MaxAttempts: 2},
-			2, []time.Duration{500 * ms}, 4500 * ms, 10 * time.Second},
+			2, []time.Duration{500 * ms}, 4500 * ms, 12 * time.Second},
 		{"no attempt timeout", policy.PlanInput{Window: time.Second, Backoff: policy.Backoff{Base: 100 * ms, Factor: 2, Max: time.Second}},
-			4, []time.Duration{100 * ms, 200 * ms, 400 * ms}, 700 * ms, time.Second},
+			4, []time.Duration{100 * ms, 200 * ms, 400 * ms}, 700 * ms, 1100 * ms}, // default margin: a tenth of the window
 		{"one attempt fills the window", policy.PlanInput{Window: time.Minute, Backoff: def, AttemptTimeout: time.Minute, TTLMargin: time.Hour},
 			1, []time.Duration{}, time.Minute, time.Hour + time.Minute},
 		{"capped at 100 attempts", policy.PlanInput{Window: 72 * time.Hour, Backoff: policy.Backoff{Base: ms, Factor: 2, Max: ms}},
-			100, slices.Repeat([]time.Duration{ms}, 99), 99 * ms, 72 * time.Hour},
+			100, slices.Repeat([]time.Duration{ms}, 99), 99 * ms, 72*time.Hour + 432*time.Minute},
+		{"tiny window", policy.PlanInput{Window: 5 * time.Nanosecond, Backoff: policy.Backoff{Base: 1, Factor: 2, Max: 1}, MaxAttempts: 1},
+			1, []time.Duration{}, 0, 5*time.Nanosecond + ms}, // default margin: at least 1ms
 		{"largest ttl", policy.PlanInput{Window: time.Hour, Backoff: def, AttemptTimeout: time.Hour, TTLMargin: maxDuration - time.Hour},
 			1, []time.Duration{}, time.Hour, maxDuration},
 	}
@@ -98,6 +101,13 @@ func TestPlanBudgetErrors(t *testing.T) {
 		{"no window", policy.PlanInput{Backoff: def}, "window: must be > 0"},
 		{"max delay beyond window", policy.PlanInput{Window: 10 * time.Second, Backoff: def}, "backoff.max_delay: must not exceed window"},
 		{"invalid backoff", policy.PlanInput{Window: time.Minute, Backoff: policy.Backoff{Base: time.Second, Factor: 1, Max: time.Second}}, "backoff.factor: must be > 1"},
+		{"negative reserve", policy.PlanInput{Window: time.Minute, Backoff: policy.Backoff{Base: time.Second, Factor: 2, Max: time.Second}, Reserve: -0.1}, "reserve: must be in [0, 1)"},
+		{"reserve of one", policy.PlanInput{Window: time.Minute, Backoff: policy.Backoff{Base: time.Second, Factor: 2, Max: time.Second}, Reserve: 1}, "reserve: must be in [0, 1)"},
+		{"NaN reserve", policy.PlanInput{Window: time.Minute, Backoff: policy.Backoff{Base: time.Second, Factor: 2, Max: time.Second}, Reserve: math.NaN()}, "reserve: must be in [0, 1)"},
+		{"infinite reserve", policy.PlanInput{Window: time.Minute, Backoff: policy.Backoff{Base: time.Second, Factor: 2, Max: time.Second}, Reserve: math.Inf(-1)}, "reserve: must be in [0, 1)"},
+		{"no room for the default margin", policy.PlanInput{Window: maxDuration, Backoff: def}, "window: too long for window + the default ttl_margin to be a duration; give ttl_margin"},
+		{"origin without now", policy.PlanInput{Window: time.Minute, Backoff: policy.Backoff{Base: time.Second, Factor: 2, Max: time.Second}, Origin: time.Unix(1, 0)},
+			"origin_time: needs the time of planning (Now)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -118,15 +128,27 @@ func randomPlanInput(r *rand.Rand) policy.PlanInput {
 		Window:         window,
 		Backoff:        policy.Backoff{Base: base, Factor: 1 + 99*r.Float64() + 1e-9, Max: base + time.Duration(r.Int64N(int64(window-base)+1))},
 		AttemptTimeout: time.Duration(r.Int64N(int64(window) / int64(1+r.IntN(50)))),
-		TTLMargin:      time.Duration(r.Int64N(int64(24 * time.Hour))),
+		TTLMargin:      time.Duration(r.Int64N(int64(24*time.Hour))) * time.Duration(r.IntN(2)),
 		MaxAttempts:    r.IntN(101),
 	}
+}
+
+// withRemaining gives in, half the time, an origin up to 1.2 windows before
+// (or a little after) a fixed now, and a reserve.
+func withRemaining(r *rand.Rand, in policy.PlanInput) policy.PlanInput {
+	if r.IntN(2) == 0 {
+		return in
+	}
+	in.Now = time.Date(2026, 11, 28, 10, 0, 0, 0, time.UTC)
+	in.Origin = in.Now.Add(-time.Duration(r.Int64N(int64(in.Window)/5*6)) + time.Duration(r.Int64N(int64(time.Minute))))
+	in.Reserve = []float64{0, 0.5, 0.999, r.Float64()}[r.IntN(4)]
+	return in
 }
 
 func TestPlanBudgetProperties(t *testing.T) {
 	r := rand.New(rand.NewPCG(11, 12))
 	for range 20000 {
-		in := randomPlanInput(r)
+		in := withRemaining(r, randomPlanInput(r))
 		got, err := policy.PlanBudget(in)
 		if err != nil {
 			t.Fatalf("PlanBudget(%+v) error = %v, want nil", in, err)
@@ -138,8 +160,39 @@ func TestPlanBudgetProperties(t *testing.T) {
 // checkPlan checks the invariants of a plan made for in.
 func checkPlan(t *testing.T, in policy.PlanInput, got policy.Plan) {
 	t.Helper()
-	if got.WorstCase > in.Window {
-		t.Fatalf("PlanBudget(%+v).WorstCase = %v, want <= window %v", in, got.WorstCase, in.Window)
+	remaining := in.Window
+	if elapsed := in.Now.Sub(in.Origin); !in.Origin.IsZero() && elapsed > 0 {
+		remaining = max(in.Window-elapsed, 0)
+	}
+	if got.Remaining != remaining {
+		t.Fatalf("PlanBudget(%+v).Remaining = %v, want %v", in, got.Remaining, remaining)
+	}
+	reserved := float64(remaining) * (1 - in.Reserve)
+	if got.Usable > remaining || float64(got.Usable) > reserved || float64(got.Usable) < reserved-float64(remaining)*1e-15-1 {
+		t.Fatalf("PlanBudget(%+v).Usable = %v, want remaining %v * (1 - %v) = %v", in, got.Usable, remaining, in.Reserve, reserved)
+	}
+	margin := in.TTLMargin
+	if margin == 0 {
+		margin = max(in.AttemptTimeout, in.Window/10, time.Millisecond)
+	}
+	if got.IdempotencyTTL != remaining+margin || got.IdempotencyTTL <= remaining {
+		t.Fatalf("PlanBudget(%+v).IdempotencyTTL = %v, want remaining %v + margin %v, > remaining", in, got.IdempotencyTTL, remaining, margin)
+	}
+	if got.MaxAttempts == 0 {
+		want := policy.PlanNoRoom
+		if remaining == 0 {
+			want = policy.PlanWindowSpent
+		}
+		if got.Reason != want || len(got.Delays) != 0 || got.WorstCase != 0 || in.AttemptTimeout <= got.Usable && remaining > 0 {
+			t.Fatalf("PlanBudget(%+v) = %+v: no attempt, want reason %q, no delays, and no room for one", in, got, want)
+		}
+		return
+	}
+	if got.Reason != "" {
+		t.Fatalf("PlanBudget(%+v).Reason = %q with %d attempts, want none", in, got.Reason, got.MaxAttempts)
+	}
+	if got.WorstCase > got.Usable {
+		t.Fatalf("PlanBudget(%+v).WorstCase = %v, want <= usable %v", in, got.WorstCase, got.Usable)
 	}
 	if got.MaxAttempts < 1 || (in.MaxAttempts > 0 && got.MaxAttempts > in.MaxAttempts) || got.MaxAttempts > 100 {
 		t.Fatalf("PlanBudget(%+v).MaxAttempts = %d, want in [1, cap]", in, got.MaxAttempts)
@@ -163,12 +216,59 @@ func checkPlan(t *testing.T, in policy.PlanInput, got policy.Plan) {
 	}
 	// One more attempt must not fit (compared with what is left, so that sums
 	// near the largest Duration do not overflow).
-	left, step := in.Window-sum, policy.Nominal(in.Backoff, got.MaxAttempts-1)
+	left, step := got.Usable-sum, policy.Nominal(in.Backoff, got.MaxAttempts-1)
 	if got.MaxAttempts < limit && step <= left && in.AttemptTimeout <= left-step {
 		t.Fatalf("PlanBudget(%+v).MaxAttempts = %d, but %d attempts fit too", in, got.MaxAttempts, got.MaxAttempts+1)
 	}
-	if got.IdempotencyTTL < in.Window || (in.TTLMargin > 0 && got.IdempotencyTTL <= in.Window) {
-		t.Fatalf("PlanBudget(%+v).IdempotencyTTL = %v, want window %v + margin %v", in, got.IdempotencyTTL, in.Window, in.TTLMargin)
+}
+
+func TestPlanBudgetRemaining(t *testing.T) {
+	now := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
+	in := policy.PlanInput{
+		Window:         72 * time.Hour,
+		Backoff:        policy.Backoff{Base: 2 * time.Second, Factor: 2, Max: time.Hour},
+		AttemptTimeout: 30 * time.Second,
+		TTLMargin:      6 * time.Hour,
+		Now:            now,
+	}
+	// m attempts take m*30s + (2^m - 2)s while the delays double (m <= 12),
+	// then 3630s more each: see TestPlanBudgetKnownSchedule.
+	tests := []struct {
+		name      string
+		since     time.Duration // now - origin; 0 for no origin
+		reserve   float64
+		attempts  int
+		worstCase time.Duration
+		usable    time.Duration
+		ttl       time.Duration
+		reason    string
+	}{
+		{"71h into 72h", 71 * time.Hour, 0, 11, 2376 * time.Second, time.Hour, 7 * time.Hour, ""}, // 12 would take 4454s
+		{"reserve half", 0, 0.5, 46, 127874 * time.Second, 36 * time.Hour, 78 * time.Hour, ""},    // 4454s + 34*3630s <= 129600s
+		{"71h in, reserve half", 71 * time.Hour, 0.5, 10, 1322 * time.Second, 30 * time.Minute, 7 * time.Hour, ""},
+		{"origin ahead of now", -time.Minute, 0, 82, 258554 * time.Second, 72 * time.Hour, 78 * time.Hour, ""},
+		{"10s left", 72*time.Hour - 10*time.Second, 0, 0, 0, 10 * time.Second, 6*time.Hour + 10*time.Second, policy.PlanNoRoom},
+		{"reserve leaves no room", 72*time.Hour - time.Minute, 0.75, 0, 0, 15 * time.Second, 6*time.Hour + time.Minute, policy.PlanNoRoom},
+		{"window spent", 72 * time.Hour, 0, 0, 0, 0, 6 * time.Hour, policy.PlanWindowSpent},
+		{"long spent", 100 * time.Hour, 0.5, 0, 0, 0, 6 * time.Hour, policy.PlanWindowSpent},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			in := in
+			if tt.since != 0 {
+				in.Origin = now.Add(-tt.since)
+			}
+			in.Reserve = tt.reserve
+			got, err := policy.PlanBudget(in)
+			if err != nil {
+				t.Fatalf("PlanBudget(%+v) error = %v, want nil", in, err)
+			}
+			if got.MaxAttempts != tt.attempts || got.WorstCase != tt.worstCase || got.Usable != tt.usable || got.IdempotencyTTL != tt.ttl || got.Reason != tt.reason {
+				t.Errorf("PlanBudget() = %d attempts, worst case %v, usable %v, TTL %v, reason %q; want %d, %v, %v, %v, %q",
+					got.MaxAttempts, got.WorstCase, got.Usable, got.IdempotencyTTL, got.Reason, tt.attempts, tt.worstCase, tt.usable, tt.ttl, tt.reason)
+			}
+			checkPlan(t, in, got)
+		})
 	}
 }
 
@@ -233,7 +333,7 @@ func TestSplitHopsProperties(t *testing.T) {
 	r := rand.New(rand.NewPCG(13, 14))
 	planned := 0
 	for range 5000 {
-		in := randomPlanInput(r)
+		in := withRemaining(r, randomPlanInput(r))
 		in.AttemptTimeout = in.Window/time.Duration(1+r.IntN(4)) - time.Duration(r.Int64N(int64(in.Window/10)))
 		hops := 1 + r.IntN(16)
 		plans, err := policy.SplitHops(in, hops)
@@ -250,6 +350,9 @@ func TestSplitHopsProperties(t *testing.T) {
 		}
 		for i, p := range plans {
 			hop := in
+			if i > 0 {
+				hop.Origin, hop.Reserve = time.Time{}, 0
+			}
 			hop.Window = p.Window
 			hop.AttemptTimeout = p.AttemptTimeout
 			hop.Backoff.Base = min(hop.Backoff.Base, p.Window)

@@ -74,7 +74,8 @@ type Admission struct {
 	State      BreakerState
 	PermitID   string        // set for a HALF_OPEN probe
 	RetryAfter time.Duration // when refused: how long until asking again makes sense
-	Reason     string        // breaker:closed, breaker:open, breaker:probe, breaker:probes_taken, cooldown:pushback, ...
+	Reason     string        // breaker:closed, breaker:open, breaker:probe, breaker:probes_taken, cooldown:pushback, run:cutoff, concurrency:full, rate:limited, ...
+	RunCutoff  time.Time     // the cut-off of the call's run, when it names one
 
 	// LeaseID is the concurrency lease handed out with the admission, when
 	// the policy has a ceiling (FlowConfig.MaxInFlight); LeaseExpiry is
@@ -168,8 +169,10 @@ type Ledger struct {
 	DeadLetterBudget        uint64
 	DeadLetterNotIdempotent uint64
 	DeadLetterPushback      uint64
+	DeadLetterDeadline      uint64 // stopped by the call's own deadline
 	CircuitOpen             uint64
-	DeadlineCut             uint64
+	DeadlineCut             uint64 // ended by the run's cut-off
+	Deduplicated            uint64 // of Succeeded, answered by the idempotency ledger
 }
 
 // Run is a batch run: a retry pool its calls share and a wall-clock cut-off.
@@ -182,6 +185,7 @@ type Run struct {
 	Cutoff      time.Time
 	Created     time.Time
 	Ledger      Ledger
+	RedriveOf   string // the run whose dead-lettered and cut calls this one re-drives
 }
 
 // BreakerEvent is one message of a breaker subscription: the current states

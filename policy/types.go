@@ -179,6 +179,14 @@ type Policy struct {
 
 	Breaker BreakerConfig
 
+	// IdempotencyTTL is how long an idempotency record is kept (ClaimKey),
+	// never less than the call's remaining schedule; 0 means
+	// DefaultIdempotencyTTL.
+	IdempotencyTTL time.Duration
+	// UpstreamDedupesByKey lets a call whose previous attempt's outcome was
+	// lost be retried with the same key; without it the call is
+	// dead-lettered.
+	UpstreamDedupesByKey bool
 	// Flow sets the fleet-wide ceilings; the zero value sets none.
 	Flow FlowConfig `json:",omitzero"`
 }
@@ -249,6 +257,9 @@ func (p *Policy) LeaseTTL() time.Duration {
 	}
 	return t + slack
 }
+
+// DefaultIdempotencyTTL is the idempotency TTL of a policy that sets none.
+const DefaultIdempotencyTTL = 24 * time.Hour
 
 // Defaults of DESIGN.md.
 var (

@@ -110,6 +110,12 @@ func (p *Policy) Validate() error {
 			return fieldErr("attempt_timeout", "must not exceed call_deadline")
 		}
 	}
+	if ttl := p.IdempotencyTTL; ttl != 0 {
+		if need := p.Schedule(); ttl < need {
+			return fieldErr("idempotency_ttl", "must be at least the policy's schedule ("+need.String()+
+				"): a record must outlive every retry of its call, got "+ttl.String())
+		}
+	}
 	if err := validateCodes("transient_http_statuses", p.TransientHTTP, httpFirst, httpLast); err != nil {
 		return err
 	}
@@ -184,8 +190,10 @@ const maxAttemptsCap = 100
 // Validate checks a plan request and returns the first rule broken as a
 // *FieldError, or nil: window > 0; the backoff as for a policy, with base and
 // max delay not exceeding the window; attempt_timeout >= 0; ttl_margin >= 0
-// and small enough that window + ttl_margin is a Duration; max_attempts 0 (meaning 100) to 100. The backoff's jitter is not checked:
-// plans use nominal delays and ignore it.
+// and small enough that window + ttl_margin (the default one when 0) is a
+// Duration; max_attempts 0 (meaning 100) to 100; reserve in [0, 1); Now set
+// when Origin is. The backoff's jitter is not checked: plans use nominal
+// delays and ignore it.
 func (in PlanInput) Validate() error {
 	if in.Window <= 0 {
 		return fieldErr("window", "must be > 0")
@@ -204,8 +212,14 @@ func (in PlanInput) Validate() error {
 		return fieldErr("ttl_margin", "must be >= 0")
 	case in.TTLMargin > maxDuration-in.Window:
 		return fieldErr("ttl_margin", "must not make window + ttl_margin overflow a duration")
+	case in.TTLMargin == 0 && DefaultTTLMargin(in.Window, in.AttemptTimeout) > maxDuration-in.Window:
+		return fieldErr("window", "too long for window + the default ttl_margin to be a duration; give ttl_margin")
 	case in.MaxAttempts < 0 || in.MaxAttempts > maxAttemptsCap:
 		return fieldErr("max_attempts", "must be between 0 and 100")
+	case !(in.Reserve >= 0 && in.Reserve < 1): // NaN fails both
+		return fieldErr("reserve", "must be in [0, 1)")
+	case !in.Origin.IsZero() && in.Now.IsZero():
+		return fieldErr("origin_time", "needs the time of planning (Now)")
 	}
 	return nil
 }

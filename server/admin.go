@@ -6,6 +6,9 @@ import (
 	"strconv"
 	"strings"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 	"github.com/policyd/policyd/policy"
 )
@@ -294,6 +297,9 @@ func (a *Admin) OpenRun(ctx context.Context, req *pb.OpenRunRequest) (*pb.OpenRu
 	if err := checkText("description", req.GetDescription(), maxDescLen); err != nil {
 		return nil, err
 	}
+	if err := checkName("redrive_of", req.GetRedriveOf(), maxRunIDLen, false); err != nil {
+		return nil, err
+	}
 	if req.GetRetryPool() == 0 {
 		return nil, invalid("retry_pool", "must be > 0")
 	}
@@ -307,9 +313,16 @@ func (a *Admin) OpenRun(ctx context.Context, req *pb.OpenRunRequest) (*pb.OpenRu
 	if !cutoff.After(a.cfg.Clock.Now()) {
 		return nil, invalid("cutoff_time", "must be in the future")
 	}
+	if id := req.GetRedriveOf(); id != "" {
+		if old, err := a.store.Run(id); notFound(err) || (err == nil && old.Tenant != req.GetTenant()) {
+			return nil, status.Error(codes.NotFound, "redrive_of: run "+strconv.Quote(id)+" not found for tenant "+strconv.Quote(req.GetTenant()))
+		} else if err != nil {
+			return nil, storeError(ctx, a.cfg.Logger, "run", err)
+		}
+	}
 	r, err := a.store.OpenRun(policy.Run{
 		ID: req.GetRunId(), Tenant: req.GetTenant(), Description: req.GetDescription(),
-		Pool: req.GetRetryPool(), Cutoff: cutoff,
+		Pool: req.GetRetryPool(), Cutoff: cutoff, RedriveOf: req.GetRedriveOf(),
 	})
 	if err != nil {
 		return nil, storeError(ctx, a.cfg.Logger, "run", err)

@@ -196,7 +196,7 @@ func TestRunLedgerThroughReportOutcome(t *testing.T) {
 			Latency: durationpb.New(time.Millisecond), Failure: f}
 		return o
 	}
-	cut := out("g", http(503), pb.Disposition_DISPOSITION_DEADLINE_CUT, pb.StopReason_STOP_REASON_DEADLINE)
+	cut := out("g", http(503), pb.Disposition_DISPOSITION_DEAD_LETTER, pb.StopReason_STOP_REASON_DEADLINE)
 	cut.Call.DeadlineTime = timestampIn(h, -time.Second)
 	open := out("f", nil, pb.Disposition_DISPOSITION_CIRCUIT_OPEN, pb.StopReason_STOP_REASON_CIRCUIT_OPEN)
 	open.Success, open.AlreadyRecorded, open.Call.Target = false, true, "down"
@@ -219,7 +219,7 @@ func TestRunLedgerThroughReportOutcome(t *testing.T) {
 		t.Fatalf("GetRun: %v", err)
 	}
 	l := run.GetRun().GetLedger()
-	got := []uint64{l.GetSucceeded(), l.GetFailedTerminal(), l.GetDeadLetterExhausted(), l.GetDeadLetterBudget(), l.GetCircuitOpen(), l.GetDeadlineCut()}
+	got := []uint64{l.GetSucceeded(), l.GetFailedTerminal(), l.GetDeadLetterExhausted(), l.GetDeadLetterBudget(), l.GetCircuitOpen(), l.GetDeadLetterDeadline()}
 	if fmt.Sprint(got) != "[2 1 1 1 1 1]" {
 		t.Errorf("ledger: got %v, want [2 1 1 1 1 1]", got)
 	}

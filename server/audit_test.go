@@ -151,7 +151,7 @@ func TestQueryAuditRejectsBadInput(t *testing.T) {
 		field string
 	}{
 		{"neither call id nor tenant", &pb.QueryAuditRequest{}, "call_id"},
-		{"only a time range", &pb.QueryAuditRequest{StartTime: start}, "call_id"},
+		{"only an end time", &pb.QueryAuditRequest{EndTime: start}, "call_id"}, // a start time alone selects every tenant: TestQueryAuditByTimeAlone
 		{"call id too long", &pb.QueryAuditRequest{CallId: strings.Repeat("x", 129)}, "call_id"},
 		{"control character in tenant", &pb.QueryAuditRequest{Tenant: "a\x01b"}, "tenant"},
 		{"page size over 1000", &pb.QueryAuditRequest{CallId: "c", PageSize: 1001}, "page_size"},

@@ -89,6 +89,21 @@ func NewAuth(cfg AuthConfig) *Auth {
 	return a
 }
 
+// AdminToken reports whether tok is one of the admin tokens, compared as
+// calls' tokens are. It is for other listeners of the daemon (the status
+// page) that take the same credential; it is safe for concurrent use.
+func (a *Auth) AdminToken(tok string) bool {
+	sum := sha256.Sum256([]byte(tok))
+	ok := false
+	for _, at := range a.adminTokens {
+		ok = subtle.ConstantTimeCompare(sum[:], at[:]) == 1 || ok
+	}
+	return ok
+}
+
+// OpenAdmin reports whether admin calls need no credential (AuthConfig.OpenAdmin).
+func (a *Auth) OpenAdmin() bool { return a.openAdmin }
+
 // identity is who a call comes from.
 type identity struct {
 	admin  bool
@@ -172,6 +187,13 @@ func (a *Auth) check(ctx context.Context, method string, req any) error {
 		switch {
 		case id.admin || a.openAdmin:
 			return nil
+		case id.tenant != "" && method == adminPrefix+"ListRunCalls":
+			// A tenant lists its own runs' calls (the run's tenant is
+			// checked by the handler: another's is NOT_FOUND).
+			if r, ok := req.(*pb.ListRunCallsRequest); ok && r.GetTenant() == id.tenant {
+				return nil
+			}
+			return status.Error(codes.PermissionDenied, "tenant: a tenant token lists only its own tenant's run calls; set tenant to it")
 		case id.known:
 			return status.Error(codes.PermissionDenied, "admin calls need an admin credential; worker credentials do not grant them")
 		}
@@ -217,6 +239,10 @@ func requestTenants(req any) []string {
 		}
 		return out
 	case *pb.WatchBreakersRequest:
+		return []string{r.GetTenant()}
+	case *pb.CompleteKeyRequest:
+		return []string{r.GetTenant()}
+	case *pb.GetKeyRequest:
 		return []string{r.GetTenant()}
 	}
 	return nil

@@ -165,6 +165,7 @@ func checkNamed[T any](path string, check func(field string) (T, error)) (T, err
 // callRef is a validated CallRef.
 type callRef struct {
 	tenant, target, callID, key, runID string
+	triageRef                          string
 	idempotent                         bool
 	origin, deadline                   time.Time
 }
@@ -191,6 +192,9 @@ func callFromPB(field string, c *pb.CallRef, needCallID bool) (callRef, error) {
 	if err = checkName(sub(field, ".run_id"), c.GetRunId(), maxRunIDLen, false); err != nil {
 		return out, err
 	}
+	if err = checkText(sub(field, ".triage_ref"), c.GetTriageRef(), policy.MaxTriageRefLen); err != nil {
+		return out, err
+	}
 	if out.origin, err = timestamp(sub(field, ".origin_time"), c.GetOriginTime()); err != nil {
 		return out, err
 	}
@@ -202,6 +206,7 @@ func callFromPB(field string, c *pb.CallRef, needCallID bool) (callRef, error) {
 	}
 	out.tenant, out.target, out.callID = c.GetTenant(), c.GetTarget(), c.GetCallId()
 	out.key, out.runID, out.idempotent = c.GetIdempotencyKey(), c.GetRunId(), c.GetIdempotent()
+	out.triageRef = c.GetTriageRef()
 	return out, nil
 }
 
@@ -322,6 +327,10 @@ func policyFromPB(field string, p *pb.Policy) (policy.Policy, error) {
 	if out.AttemptTimeout, err = duration(field+".attempt_timeout", p.GetAttemptTimeout(), out.AttemptTimeout); err != nil {
 		return out, err
 	}
+	if out.IdempotencyTTL, err = duration(field+".idempotency_ttl", p.GetIdempotencyTtl(), out.IdempotencyTTL); err != nil {
+		return out, err
+	}
+	out.UpstreamDedupesByKey = p.GetUpstreamDedupesByKey()
 	if out.CallDeadline, err = duration(field+".call_deadline", p.GetCallDeadline(), out.CallDeadline); err != nil {
 		return out, err
 	}
@@ -429,6 +438,8 @@ func policyToPB(p policy.Policy) *pb.Policy {
 		},
 		MaxAttempts:           u32(p.MaxAttempts),
 		AttemptTimeout:        durationpb.New(p.AttemptTimeout),
+		IdempotencyTtl:        durationPB(p.IdempotencyTTL),
+		UpstreamDedupesByKey:  p.UpstreamDedupesByKey,
 		CallDeadline:          durationpb.New(p.CallDeadline),
 		TransientHttpStatuses: codes(p.TransientHTTP),
 		TerminalHttpStatuses:  codes(p.TerminalHTTP),
@@ -592,8 +603,38 @@ func runToPB(r policy.Run) *pb.Run {
 			Succeeded: l.Succeeded, FailedTerminal: l.FailedTerminal,
 			DeadLetterExhausted: l.DeadLetterExhausted, DeadLetterBudget: l.DeadLetterBudget,
 			DeadLetterNotIdempotent: l.DeadLetterNotIdempotent, DeadLetterPushback: l.DeadLetterPushback,
-			CircuitOpen: l.CircuitOpen, DeadlineCut: l.DeadlineCut,
+			CircuitOpen: l.CircuitOpen, DeadlineCut: l.DeadlineCut, DeadLetterDeadline: l.DeadLetterDeadline,
+			Deduplicated: l.Deduplicated,
 		},
+		RedriveOf: r.RedriveOf,
+	}
+}
+
+// runCallFilterFromPB validates ListRunCalls's filter.
+func runCallFilterFromPB(req *pb.ListRunCallsRequest) (policy.RunCallFilter, error) {
+	var f policy.RunCallFilter
+	for i, d := range req.GetDispositions() {
+		v, err := enumFromPB[policy.Disposition]("dispositions", "["+strconv.Itoa(i)+"]", d, true)
+		if err != nil {
+			return f, err
+		}
+		f.Dispositions = append(f.Dispositions, v)
+	}
+	for i, s := range req.GetStopReasons() {
+		v, err := enumFromPB[policy.StopReason]("stop_reasons", "["+strconv.Itoa(i)+"]", s, false)
+		if err != nil {
+			return f, err
+		}
+		f.Stops = append(f.Stops, v)
+	}
+	return f, nil
+}
+
+func runCallToPB(c policy.RunCall) *pb.RunCall {
+	return &pb.RunCall{
+		CallId: c.CallID, Disposition: enumToPB[pb.Disposition](c.Disposition), StopReason: enumToPB[pb.StopReason](c.Stop),
+		Attempts: c.Attempts, LastClassification: c.Classification, LastDetail: c.Detail,
+		FirstAttemptTime: timePB(c.First), LastAttemptTime: timePB(c.Last), Target: c.Target, TriageRef: c.TriageRef,
 	}
 }
 
@@ -608,6 +649,9 @@ func planToPB(p policy.Plan) *pb.BudgetPlan {
 		WorstCaseTotal: durationpb.New(p.WorstCase),
 		IdempotencyTtl: durationpb.New(p.IdempotencyTTL),
 		Window:         durationpb.New(p.Window),
+		Remaining:      durationpb.New(p.Remaining),
+		Usable:         durationpb.New(p.Usable),
+		Reason:         p.Reason,
 	}
 }
 
@@ -622,8 +666,8 @@ func pageSize(field string, n uint32) (int, error) {
 	return int(n), nil
 }
 
-// auditQueryFromPB validates a QueryAuditRequest: call_id or tenant (or
-// both), an optional time range, a page size of at most maxPageSize and a
+// auditQueryFromPB validates a QueryAuditRequest: call_id, tenant or
+// start_time (any of them), an optional time range, a page size of at most maxPageSize and a
 // page token this server issued.
 func auditQueryFromPB(req *pb.QueryAuditRequest) (policy.AuditQuery, error) {
 	var q policy.AuditQuery
@@ -633,8 +677,8 @@ func auditQueryFromPB(req *pb.QueryAuditRequest) (policy.AuditQuery, error) {
 	if err := checkName("tenant", req.GetTenant(), maxTenantLen, false); err != nil {
 		return q, err
 	}
-	if req.GetCallId() == "" && req.GetTenant() == "" {
-		return q, invalid("call_id", "call_id or tenant is required")
+	if req.GetCallId() == "" && req.GetTenant() == "" && req.GetStartTime() == nil {
+		return q, invalid("call_id", "call_id, tenant or start_time is required")
 	}
 	var err error
 	if q.Start, err = timestamp("start_time", req.GetStartTime()); err != nil {
@@ -732,7 +776,7 @@ func nextDelayToPB(ans *policy.Answer, why string) *pb.NextDelayResponse {
 func admissionToPB(a *policy.Admission) *pb.AdmitResponse {
 	return &pb.AdmitResponse{
 		Admitted: a.Admitted, State: enumToPB[pb.BreakerState](a.State), PermitId: a.PermitID,
-		RetryAfter: durationPB(a.RetryAfter), Reason: a.Reason,
+		RetryAfter: durationPB(a.RetryAfter), Reason: a.Reason, RunCutoffTime: timePB(a.RunCutoff),
 		LeaseId: a.LeaseID, LeaseExpireTime: timePB(a.LeaseExpiry), FlowControlled: a.FlowControlled,
 	}
 }
@@ -775,6 +819,12 @@ func outcomeFromPB(field string, o *pb.Outcome, it *outcomeItem) error {
 	if it.success && fd != pb.Disposition_DISPOSITION_UNSPECIFIED && fd != pb.Disposition_DISPOSITION_SUCCEEDED {
 		return invalid(field+".final_disposition", "must be SUCCEEDED or unset when success is true")
 	}
+	if o.GetDeduplicated() {
+		if !it.success || fd != pb.Disposition_DISPOSITION_SUCCEEDED || call.key == "" {
+			return invalid(field+".deduplicated", "only with success, final_disposition SUCCEEDED and the call's idempotency key")
+		}
+		it.final.Deduplicated = true
+	}
 	return nil
 }
 
@@ -811,4 +861,23 @@ func planInputFromPB(req *pb.PlanBudgetRequest) (policy.PlanInput, int, error) {
 		return in, 0, invalidFrom("", err)
 	}
 	return in, int(req.GetHops()), nil
+}
+
+// keyRefFromPB validates a tenant and an idempotency key.
+func keyRefFromPB(tenant, key string) (policy.KeyRef, error) {
+	if err := checkName("tenant", tenant, maxTenantLen, true); err != nil {
+		return policy.KeyRef{}, err
+	}
+	if key == "" {
+		return policy.KeyRef{}, invalid("idempotency_key", "is required")
+	}
+	if err := checkText("idempotency_key", key, maxKeyLen); err != nil {
+		return policy.KeyRef{}, err
+	}
+	return policy.KeyRef{Tenant: tenant, Key: key}, nil
+}
+
+func keyRecordToPB(v *policy.KeyRecordView) *pb.IdempotencyRecord {
+	return &pb.IdempotencyRecord{Tenant: v.Ref.Tenant, IdempotencyKey: v.Ref.Key, State: enumToPB[pb.KeyState](v.State),
+		LeaseExpireTime: timePB(v.LeaseUntil), ExpireTime: timePB(v.Expires), ResultRef: v.ResultRef}
 }

@@ -15,6 +15,8 @@ import (
 // must have its domain twin.
 var domainName = map[protoreflect.FullName]func(n uint8) string{
 	"retrypolicy.v1.Category":       func(n uint8) string { return policy.Category(n).String() },
+	"retrypolicy.v1.KeyState":       func(n uint8) string { return policy.KeyState(n).String() },
+	"retrypolicy.v1.KeyOutcome":     func(n uint8) string { return policy.KeyOutcome(n).String() },
 	"retrypolicy.v1.TransportError": func(n uint8) string { return policy.TransportKind(n).String() },
 	"retrypolicy.v1.LocalError":     func(n uint8) string { return policy.LocalKind(n).String() },
 	"retrypolicy.v1.Jitter":         func(n uint8) string { return policy.Jitter(n).String() },

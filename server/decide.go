@@ -33,7 +33,8 @@ type nextDelayRequest struct {
 
 // decideNextDelay is NextDelay's decision, in domain types: an attempt
 // already decided gets its answer again (a lower one, or any after a STOP,
-// is refused); otherwise the stateless rules of policy, the breaker
+// is refused), and a duplicate of one being decided waits for its answer;
+// otherwise the stateless rules of policy, the breaker
 // (which learns of the failure), the cool-down, the deadline again, the
 // budgets and the run's cut-off decide, and the changes commit together
 // in one store unit. It returns the answer and its explanation; an error
@@ -43,7 +44,7 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 	// An attempt already decided gets its answer again; a lower one, or
 	// any after a STOP, is refused.
 	ck := policy.CallKey{Tenant: call.tenant, CallID: call.callID}
-	prior, replay, err := d.store.CheckAttempt(ck, in.attempt)
+	prior, replay, err := d.store.ClaimAttempt(ck, in.attempt)
 	if err != nil {
 		return policy.Answer{}, "", storeError(ctx, d.cfg.Logger, "attempt", err)
 	}
@@ -53,10 +54,19 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 		prior.FlowControlled = p.FlowControlled()
 		return prior, answerDetail(&prior, &p), nil
 	}
+	// This request holds the call's claim until it records its answer; a
+	// duplicate waits for that and replays it. Returning before, it lets go.
+	claimed := true
+	defer func() {
+		if claimed {
+			d.store.ReleaseAttempt(ck)
+		}
+	}()
 
 	now := d.cfg.Clock.Now()
 	var run policy.Run
 	deadline := call.deadline
+	cutBinds := false // the run's cut-off comes before the call's own deadline
 	if call.runID != "" {
 		if run, err = d.runOf(ctx, "call.run_id", call.runID, call.tenant); err != nil {
 			return policy.Answer{}, "", err
@@ -64,7 +74,7 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 		// The run's cut-off is a deadline for every call of the run.
 		eff := policy.EffectiveDeadline(&p, now, call.origin, call.deadline)
 		if eff.IsZero() || run.Cutoff.Before(eff) {
-			deadline = run.Cutoff
+			deadline, cutBinds = run.Cutoff, true
 		}
 	}
 	dec := policy.Decide(&p, policy.Input{
@@ -106,9 +116,14 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 			return policy.Answer{}, "", err
 		}
 	}
-	if !dec.Retry && !run.Cutoff.IsZero() && !now.Before(run.Cutoff) &&
-		dec.Disposition != policy.DispositionFailedTerminal {
+	switch {
+	case dec.Retry:
+	case !run.Cutoff.IsZero() && !now.Before(run.Cutoff) && dec.Disposition != policy.DispositionFailedTerminal:
 		// Past the run's cut-off every stop is a cut.
+		dec.Disposition = policy.DispositionDeadlineCut
+	case dec.Stop == policy.StopDeadline && cutBinds:
+		// The next attempt would end after the run's cut-off: a cut, not
+		// the call's own deadline (DEAD_LETTER).
 		dec.Disposition = policy.DispositionDeadlineCut
 	}
 	ans.Retry, ans.Stop, ans.Disposition = dec.Retry, dec.Stop, dec.Disposition
@@ -118,8 +133,14 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 	ans.Category, ans.Class, ans.Checks, ans.Deadline = dec.Class.Category, dec.Class.Reason, dec.Checks, dec.Deadline
 	why := detail(&dec, &p)
 	d.decided(ctx, u, call, in.attempt, &dec, why, snap.State)
+	claimed = false // RecordAttempt ends the claim, recorded or not
 	if err := u.RecordAttempt(ck, in.attempt, ans, time.Unix(0, fleet.Keep(&p, now.UnixNano(), dec.Deadline))); err != nil {
 		return policy.Answer{}, "", storeError(ctx, d.cfg.Logger, "attempt", err)
+	}
+	if call.runID != "" {
+		if err := u.NoteCall(call.runID, call.callID, decisionNote(&call, in.attempt, dec.Class.Reason, why, now)); err != nil {
+			return policy.Answer{}, "", storeError(ctx, d.cfg.Logger, "run calls", err)
+		}
 	}
 	if err := u.Commit(); err != nil {
 		return policy.Answer{}, "", storeError(ctx, d.cfg.Logger, "decision", err)
@@ -186,7 +207,7 @@ func (d *Decisions) shared(ctx context.Context, u Changes, dec *policy.Decision,
 		ans.Note += "cooldown:fleet"
 	}
 	if !policy.FitsDeadline(now, dec.Deadline, dec.Delay, p.AttemptTimeout) {
-		stop(policy.StopDeadline, policy.DispositionDeadlineCut)
+		stop(policy.StopDeadline, policy.DispositionDeadLetter)
 		return nil
 	}
 	dec.Checks |= policy.CheckTenantBudget
@@ -232,14 +253,36 @@ func (d *Decisions) shareHint(ctx context.Context, u Changes, hint policy.Hint, 
 	return until, true
 }
 
-// decideAdmit is Admit's decision, in domain types: the shared breaker of
-// the call's policy admits or refuses (a refusal is a value, put in the
-// audit trail); an error is a status, mapped by errors.go.
+// decideAdmit is Admit's decision, in domain types: a call of a run past
+// its cut-off is refused (run:cutoff, the breaker not consulted);
+// otherwise the shared breaker of the call's policy admits or refuses (a
+// refusal is a value, put in the audit trail). The answer carries the
+// run's cut-off, so the client can hold it without asking again. An
+// unknown run is NOT_FOUND (tenant-scoped); any other error is a status,
+// mapped by errors.go.
 func (d *Decisions) decideAdmit(ctx context.Context, call callRef, attempt uint32) (policy.Admission, error) {
-	p, _ := d.store.Resolve(call.tenant, call.target)
-	a, err := d.admit(&p, call)
-	if err != nil {
-		return policy.Admission{}, storeError(ctx, d.cfg.Logger, "breaker", err)
+	var a policy.Admission
+	if call.runID != "" {
+		// A call of a run past its cut-off is not attempted: the cut-off
+		// holds for calls started after it, not only for their retries.
+		run, err := d.runOf(ctx, "call.run_id", call.runID, call.tenant)
+		if err != nil {
+			return policy.Admission{}, err
+		}
+		if !d.cfg.Clock.Now().Before(run.Cutoff) {
+			a = policy.Admission{Reason: "run:cutoff", RunCutoff: run.Cutoff}
+		} else {
+			a.RunCutoff = run.Cutoff
+		}
+	}
+	if a.Reason == "" {
+		p, _ := d.store.Resolve(call.tenant, call.target)
+		b, err := d.admit(&p, call)
+		if err != nil {
+			return policy.Admission{}, storeError(ctx, d.cfg.Logger, "breaker", err)
+		}
+		b.RunCutoff = a.RunCutoff
+		a = b
 	}
 	if !a.Admitted {
 		why := "refused: " + a.Reason
@@ -272,6 +315,7 @@ func (d *Decisions) agrees(ctx context.Context, i int, it *outcomeItem, success,
 		Success:        success,
 		Now:            now.UnixNano(),
 		Horizon:        int64(fleet.Horizon(p)),
+		Skew:           int64(d.cfg.MaxClockSkew),
 		AttemptTimeout: int64(p.AttemptTimeout),
 	}
 	if !success && !alreadyRecorded {
@@ -300,6 +344,10 @@ func (d *Decisions) agrees(ctx context.Context, i int, it *outcomeItem, success,
 			return err
 		}
 		r.Cutoff = run.Cutoff.UnixNano()
+	}
+	if it.final.Stop == policy.StopNotIdempotent && it.call.key != "" {
+		v, err := d.store.Key(policy.KeyRef{Tenant: it.call.tenant, Key: it.call.key})
+		r.KeyLost = err == nil && v.State == policy.KeyUnknown
 	}
 	if rule := fleet.CheckFinal(&r); rule != "" {
 		return invalid("outcomes["+strconv.Itoa(i)+"].final_disposition", rule)
@@ -358,6 +406,7 @@ func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc 
 	trail := slices.Grow(sc.trail[:0], 2*len(items)) // at most two records an outcome
 	defer func() { sc.trail = trail }()
 	var runs map[string]string
+	var now time.Time // read once, for the first outcome of a run
 	deposits := map[string]int{}
 	for i := range items {
 		it := &items[i]
@@ -379,6 +428,12 @@ func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc 
 			}
 			class = c.Reason
 		}
+		if it.final.Deduplicated {
+			// A deduplicated success needs the key's record to say so.
+			if v, err := d.store.Key(policy.KeyRef{Tenant: it.call.tenant, Key: it.call.key}); err != nil || v.State != policy.KeySucceeded {
+				return 0, ups, invalid("outcomes["+strconv.Itoa(i)+"].deduplicated", "needs the call's idempotency key to have SUCCEEDED")
+			}
+		}
 		if fd := it.final.Disposition; fd != policy.DispositionNone && (fd != policy.DispositionSucceeded || !it.success) {
 			if err := d.agrees(ctx, i, it, it.success, it.alreadyRecorded, &p, u.Key); err != nil {
 				return 0, ups, err
@@ -387,9 +442,15 @@ func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc 
 		start := len(trail)
 		trail = d.outcome(ctx, trail, it, class)
 		u.Audit = trail[start:len(trail):len(trail)]
+		if it.call.runID != "" {
+			if now.IsZero() {
+				now = d.cfg.Clock.Now()
+			}
+			u.RunID, u.CallID, u.Note = it.call.runID, it.call.callID, outcomeNote(it, class, now)
+		}
 		if it.final.Disposition != policy.DispositionNone && it.call.runID != "" {
 			u.RunID, u.CallID = it.call.runID, it.call.callID
-			u.Final, u.Stop = it.final.Disposition, it.final.Stop
+			u.Final, u.Stop, u.Deduplicated = it.final.Disposition, it.final.Stop, it.final.Deduplicated
 			if runs == nil {
 				runs = map[string]string{}
 			}

@@ -263,6 +263,9 @@ func (d *Decisions) PlanBudget(_ context.Context, req *pb.PlanBudgetRequest) (*p
 	if err != nil {
 		return nil, err
 	}
+	if in, err = d.planRemaining(req, in); err != nil {
+		return nil, err
+	}
 	if hops <= 1 {
 		plan, err := policy.PlanBudget(in)
 		if err != nil {

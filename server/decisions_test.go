@@ -144,11 +144,11 @@ func TestNextDelayStops(t *testing.T) {
 		{"deadline from origin", &pb.NextDelayRequest{Call: &pb.CallRef{Tenant: "acme", Target: "dl", CallId: "d", Idempotent: true,
 			OriginTime: timestamppb.New(now.Add(-15 * time.Second))},
 			Attempt: 1, Failure: http(503)},
-			pb.StopReason_STOP_REASON_DEADLINE, pb.Disposition_DISPOSITION_DEADLINE_CUT},
+			pb.StopReason_STOP_REASON_DEADLINE, pb.Disposition_DISPOSITION_DEAD_LETTER},
 		{"explicit deadline", &pb.NextDelayRequest{Call: &pb.CallRef{Tenant: "acme", Target: "geo", CallId: "e", Idempotent: true,
 			DeadlineTime: timestamppb.New(now.Add(5 * time.Second))},
 			Attempt: 1, Failure: http(503)},
-			pb.StopReason_STOP_REASON_DEADLINE, pb.Disposition_DISPOSITION_DEADLINE_CUT},
+			pb.StopReason_STOP_REASON_DEADLINE, pb.Disposition_DISPOSITION_DEAD_LETTER},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

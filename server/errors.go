@@ -64,6 +64,8 @@ func storeError(ctx context.Context, log *slog.Logger, what string, err error) e
 		return status.Error(codes.ResourceExhausted, fromClass(err, policy.ErrCapacity))
 	case has(err, closer.Closed):
 		return status.Error(codes.Unavailable, "policyd is shutting down")
+	case has(err, unsupporter.Unsupported):
+		return status.Error(codes.Unimplemented, what+": "+err.Error())
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
@@ -83,6 +85,7 @@ type (
 	invalider      interface{ Invalid() bool }            // an argument is bad
 	overCapacityer interface{ OverCapacity() bool }       // a cap is reached: too many, disk full
 	closer         interface{ Closed() bool }             // the store is closing or closed
+	unsupporter    interface{ Unsupported() bool }        // the engine does not offer the operation
 )
 
 // has reports whether err, or an error it wraps, has the behaviour B and

@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -181,6 +182,54 @@ func TestRewoundAttemptIsRefused(t *testing.T) {
 	}
 }
 
+// TestDuplicateAttemptsAreDecidedOnce: 64 concurrent NextDelays of one
+// attempt of one call (a client retrying the RPC while the first is in
+// flight) get one answer, and the retry is spent once. Before the attempt
+// check and its record were one claim, several could be decided, each
+// with its own jittered delay and its own spend.
+func TestDuplicateAttemptsAreDecidedOnce(t *testing.T) {
+	h := twoTenants(t)
+	a := withToken("tok-a")
+	const n = 64
+	answers := make([]*pb.NextDelayResponse, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			r, err := h.workers.NextDelay(a, &pb.NextDelayRequest{Call: call("tenant-a", "geo", "dup"), Attempt: 1, Failure: http(503)})
+			if err != nil {
+				t.Errorf("NextDelay %d: %v", i, err)
+			}
+			answers[i] = r
+		})
+	}
+	wg.Wait()
+	for i, r := range answers {
+		if !proto.Equal(r, answers[0]) {
+			t.Fatalf("answer %d: %v, want the same as answer 0: %v", i, r, answers[0])
+		}
+	}
+	if st, err := h.store.Budget("tenant-a"); err != nil || st.Granted != 1 {
+		t.Errorf("tenant-a's budget: %d granted, %v; want the one retry spent once", st.Granted, err)
+	}
+}
+
+// TestFailedDecisionLetsGoOfTheAttempt: a NextDelay refused after it
+// claimed its attempt (its run does not exist) lets go of the claim, so the
+// same attempt asked again is decided, not left waiting.
+func TestFailedDecisionLetsGoOfTheAttempt(t *testing.T) {
+	h := twoTenants(t)
+	ref := call("tenant-a", "geo", "lost-run")
+	ref.RunId = "no-such-run"
+	_, err := h.workers.NextDelay(withToken("tok-a"), &pb.NextDelayRequest{Call: ref, Attempt: 1, Failure: http(503)})
+	wantCode(t, err, codes.NotFound)
+	ctx, cancel := context.WithTimeout(withToken("tok-a"), 10*time.Second)
+	defer cancel()
+	r, err := h.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call("tenant-a", "geo", "lost-run"), Attempt: 1, Failure: http(503)})
+	if err != nil || r.GetDecision() != pb.Decision_DECISION_RETRY {
+		t.Fatalf("the attempt again, without the run: %v, %v; want RETRY", r, err)
+	}
+}
+
 // TestLyingLedgerIsRefused: a final disposition that contradicts the
 // outcome or what policyd decided for the call is INVALID_ARGUMENT naming
 // outcomes[i].final_disposition, and the ledger is unchanged; the truth is
@@ -231,8 +280,10 @@ func TestLyingLedgerIsRefused(t *testing.T) {
 			FinalDisposition: pb.Disposition_DISPOSITION_DEAD_LETTER, FinalStopReason: pb.StopReason_STOP_REASON_ATTEMPTS_EXHAUSTED}, "DEAD_LETTER needs"},
 		{"CIRCUIT_OPEN with the breaker CLOSED", b, &pb.Outcome{Call: ref("tenant-b", "y"), Attempt: 1, AlreadyRecorded: true,
 			FinalDisposition: pb.Disposition_DISPOSITION_CIRCUIT_OPEN}, "CIRCUIT_OPEN needs"},
-		{"DEADLINE_CUT before the deadline and the cut-off", b, &pb.Outcome{Call: deadline, Attempt: 1, Failure: http(503),
+		{"DEADLINE_CUT before the cut-off", b, &pb.Outcome{Call: deadline, Attempt: 1, Failure: http(503),
 			FinalDisposition: pb.Disposition_DISPOSITION_DEADLINE_CUT}, "DEADLINE_CUT needs"},
+		{"DEAD_LETTER (DEADLINE) before the deadline", b, &pb.Outcome{Call: deadline, Attempt: 1, Failure: http(503),
+			FinalDisposition: pb.Disposition_DISPOSITION_DEAD_LETTER, FinalStopReason: pb.StopReason_STOP_REASON_DEADLINE}, "DEAD_LETTER (DEADLINE) needs"},
 	}
 	for _, lie := range lies {
 		fine := &pb.Outcome{Call: lie.o.GetCall(), Attempt: 1, Success: true}
@@ -262,12 +313,13 @@ func TestLyingLedgerIsRefused(t *testing.T) {
 	}
 	h.clock.Advance(2 * time.Minute)
 	if _, err := h.workers.ReportOutcome(b, &pb.ReportOutcomeRequest{Outcomes: []*pb.Outcome{{Call: deadline, Attempt: 1,
-		Failure: http(503), FinalDisposition: pb.Disposition_DISPOSITION_DEADLINE_CUT}}}); err != nil {
-		t.Fatalf("a cut past the deadline: %v", err)
+		Failure: http(503), FinalDisposition: pb.Disposition_DISPOSITION_DEAD_LETTER,
+		FinalStopReason: pb.StopReason_STOP_REASON_DEADLINE}}}); err != nil {
+		t.Fatalf("a dead letter past the deadline: %v", err)
 	}
 	ra, _ := h.admin.GetRun(admin, &pb.GetRunRequest{RunId: "run-tenant-a"})
 	rb, _ := h.admin.GetRun(admin, &pb.GetRunRequest{RunId: "run-tenant-b"})
-	if ra.GetRun().GetLedger().GetDeadLetterExhausted() != 1 || rb.GetRun().GetLedger().GetDeadlineCut() != 1 {
-		t.Errorf("ledgers: %v and %v, want one DEAD_LETTER and one DEADLINE_CUT", ra.GetRun().GetLedger(), rb.GetRun().GetLedger())
+	if ra.GetRun().GetLedger().GetDeadLetterExhausted() != 1 || rb.GetRun().GetLedger().GetDeadLetterDeadline() != 1 {
+		t.Errorf("ledgers: %v and %v, want one DEAD_LETTER and one DEAD_LETTER (DEADLINE)", ra.GetRun().GetLedger(), rb.GetRun().GetLedger())
 	}
 }

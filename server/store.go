@@ -13,7 +13,10 @@ import (
 // errors.go: an error (or one it wraps) with a NotFound, AlreadyExists,
 // Invalid, OverCapacity, Closed or FailedPrecondition method returning true
 // is of that class; any other is a failure of the store (INTERNAL, logged).
-// Implementations must be safe for concurrent use.
+// Implementations must be safe for concurrent use. The behaviours the
+// handlers rely on (probes, budgets, cool-downs, transitions, durability,
+// subscriptions, attempts, permits) are the contract suite in package
+// storetest, which every implementation's tests run.
 type Store interface {
 	Policies
 	Breakers
@@ -23,6 +26,7 @@ type Store interface {
 	Outcomes
 	Attempts
 	Leases
+	Keys
 	// Begin starts a batch for the state changes of one request
 	// (NextDelay's breaker failure, cool-down, retry spend, attempt record
 	// and audit record), so a store that makes changes durable before
@@ -48,10 +52,13 @@ type Changes = interface {
 	SpendRetry(req policy.SpendRequest) (policy.Spend, error)
 	// RecordAttempt remembers ans as the answer to attempt of call k until
 	// keep at least, so the same attempt replays it and a lower one is
-	// refused.
+	// refused, and ends the call's claim (Attempts.ClaimAttempt).
 	RecordAttempt(k policy.CallKey, attempt uint32, ans policy.Answer, keep time.Time) error
 	// AppendAudit adds audit records.
 	AppendAudit(recs ...policy.AuditRecord)
+	// NoteCall tells run runID's call table what the decision says of
+	// call callID (see Runs.NoteCall).
+	NoteCall(runID, callID string, n policy.CallNote) error
 	// Commit makes every change durable, in one transaction where the
 	// store commits before answering; nothing rolls back.
 	Commit() error
@@ -82,14 +89,38 @@ type Leases interface {
 	Pool(key policy.BreakerKey) (policy.PoolStatus, error)
 }
 
+// Keys is the idempotency ledger: records keyed by tenant and idempotency
+// key (fleet.KeyRecord has the rules), every change durable (fsync'd)
+// before the method returns, like an admin write.
+type Keys interface {
+	// ClaimKey claims ref before an attempt; a new record beyond the
+	// tenant's cap is an error with OverCapacity() true.
+	ClaimKey(ref policy.KeyRef, c policy.KeyClaim) (policy.KeyAnswer, error)
+	// CompleteKey records how the attempt holding lease ended; an unknown
+	// key is NotFound, a lease not the key's current one
+	// FailedPrecondition. expires, when later, extends the record.
+	CompleteKey(ref policy.KeyRef, lease string, o policy.KeyOutcome, result string, expires time.Time) (policy.KeyRecordView, error)
+	// Key returns ref's record; an unknown or expired one is NotFound.
+	Key(ref policy.KeyRef) (policy.KeyRecordView, error)
+}
+
 // Attempts remembers per call the highest attempt decided and its answer.
 type Attempts interface {
-	// CheckAttempt says what a NextDelay for attempt of call k must get:
-	// replay true and the answer given before for the same attempt; an
-	// error with the behaviour FailedPrecondition() bool naming attempt for
-	// a lower attempt or any after a STOP; else nothing, and the attempt
-	// is decided afresh (and recorded through the unit).
-	CheckAttempt(k policy.CallKey, attempt uint32) (ans policy.Answer, replay bool, err error)
+	// ClaimAttempt says what a NextDelay for attempt of call k must get,
+	// and claims the deciding of it, in one step per call: replay true and
+	// the answer recorded for the same attempt; an error with the
+	// behaviour FailedPrecondition() bool naming attempt for a lower
+	// attempt or any after a STOP; else the caller holds the call's claim,
+	// decides the attempt and records the answer through the batch
+	// (Changes.RecordAttempt, which ends the claim) or, if the decision
+	// fails before that, calls ReleaseAttempt. A ClaimAttempt of a call
+	// whose claim is held waits for it to end and then answers as above,
+	// so concurrent duplicates of one attempt are decided once and all get
+	// the one answer.
+	ClaimAttempt(k policy.CallKey, attempt uint32) (ans policy.Answer, replay bool, err error)
+	// ReleaseAttempt ends the claim on call k that ClaimAttempt gave,
+	// without an answer; a request waiting for it decides instead.
+	ReleaseAttempt(k policy.CallKey)
 	// LastAnswer returns the answer to the highest attempt of call k
 	// decided, while it is remembered.
 	LastAnswer(k policy.CallKey) (policy.Answer, bool)
@@ -157,4 +188,13 @@ type Runs interface {
 	Run(id string) (policy.Run, error)
 	Runs(tenant, after string, limit int) ([]policy.Run, error)
 	RecordFinal(runID, callID string, d policy.Disposition, stop policy.StopReason) error
+	// NoteCall tells run runID's call table what a NextDelay decision or a
+	// final disposition says of call callID (fleet.CallRecord.Note has the
+	// rules); counter-grade durability, like the ledger. A call beyond the
+	// table's cap is counted, not kept.
+	NoteCall(runID, callID string, n policy.CallNote) error
+	// RunCalls returns up to limit calls of run runID's call table that f
+	// selects, sorted by call id, after the id after, and how many of the
+	// run's calls are beyond the table's cap.
+	RunCalls(runID string, f policy.RunCallFilter, after string, limit int) ([]policy.RunCall, uint64, error)
 }

@@ -115,6 +115,8 @@ func TestBadInput(t *testing.T) {
 		{"policy infinite factor", setPolicy(&pb.Policy{Backoff: &pb.BackoffSettings{Factor: &inf}}), codes.InvalidArgument, "policy.backoff.factor"},
 		{"policy max attempts 0", setPolicy(&pb.Policy{MaxAttempts: &zero}), codes.InvalidArgument, "policy.max_attempts"},
 		{"policy negative timeout", setPolicy(&pb.Policy{AttemptTimeout: neg}), codes.InvalidArgument, "policy.attempt_timeout"},
+		{"policy idempotency TTL shorter than the schedule", setPolicy(&pb.Policy{IdempotencyTtl: durationpb.New(time.Second)}),
+			codes.InvalidArgument, "policy.idempotency_ttl: must be at least the policy's schedule (31.5s)"},
 		{"policy unknown jitter", setPolicy(&pb.Policy{Backoff: &pb.BackoffSettings{Jitter: 42}}), codes.InvalidArgument, "policy.backoff.jitter"},
 		{"policy probes 0", setPolicy(&pb.Policy{Breaker: &pb.BreakerSettings{HalfOpenProbes: &zero}}), codes.InvalidArgument, "policy.breaker.half_open_probes"},
 		{"policy min calls 0", setPolicy(&pb.Policy{Breaker: &pb.BreakerSettings{MinCalls: &zero}}), codes.InvalidArgument, "policy.breaker.min_calls"},

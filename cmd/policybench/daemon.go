@@ -17,7 +17,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	policyclient "github.com/policyd/policyd/clients/go"
+	"github.com/policyd/policyd/clients/go/policyclient"
 )
 
 // buildPolicyd compiles the daemon into dir and returns the binary's path.

@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/policyd/policyd/breakerstore"
-	policyclient "github.com/policyd/policyd/clients/go"
+	"github.com/policyd/policyd/clients/go/policyclient"
 	"github.com/policyd/policyd/server"
 )
 

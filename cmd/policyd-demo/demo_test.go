@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	policyclient "github.com/policyd/policyd/clients/go"
+	"github.com/policyd/policyd/clients/go/policyclient"
 )
 
 // testLog writes to the test's log.

@@ -25,7 +25,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	policyclient "github.com/policyd/policyd/clients/go"
+	"github.com/policyd/policyd/clients/go/policyclient"
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 )
 

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"time"
 
-	policyclient "github.com/policyd/policyd/clients/go"
+	"github.com/policyd/policyd/clients/go/policyclient"
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 )
 

@@ -26,7 +26,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	policyclient "github.com/policyd/policyd/clients/go"
+	"github.com/policyd/policyd/clients/go/policyclient"
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 )
 
@@ -692,6 +692,7 @@ func runCmd(c *clientFlags) *cobra.Command {
 	}
 	list.Flags().StringVar(&listTenant, "tenant", "", "only this tenant's runs")
 	cmd.AddCommand(open, get, list)
+	cmd.AddCommand(runCallsCmds(c)...)
 	return cmd
 }
 
@@ -714,12 +715,13 @@ func printRun(w io.Writer, r *pb.Run) {
 	fmt.Fprintf(tw, "tenant\t%s\n", shown(r.GetTenant()))
 	fmt.Fprintf(tw, "cut-off\t%s\n", tsText(r.GetCutoffTime()))
 	fmt.Fprintf(tw, "retries spent\t%d of %d\n", r.GetRetriesSpent(), r.GetRetryPool())
-	fmt.Fprintf(tw, "succeeded\t%d\n", l.GetSucceeded())
+	fmt.Fprintf(tw, "succeeded\t%d (%d deduplicated by the idempotency ledger)\n", l.GetSucceeded(), l.GetDeduplicated())
 	fmt.Fprintf(tw, "failed terminal\t%d\n", l.GetFailedTerminal())
 	fmt.Fprintf(tw, "dead letter: attempts exhausted\t%d\n", l.GetDeadLetterExhausted())
 	fmt.Fprintf(tw, "dead letter: budget\t%d\n", l.GetDeadLetterBudget())
 	fmt.Fprintf(tw, "dead letter: not idempotent\t%d\n", l.GetDeadLetterNotIdempotent())
 	fmt.Fprintf(tw, "dead letter: server pushback\t%d\n", l.GetDeadLetterPushback())
+	fmt.Fprintf(tw, "dead letter: deadline\t%d\n", l.GetDeadLetterDeadline())
 	fmt.Fprintf(tw, "circuit open\t%d\n", l.GetCircuitOpen())
 	fmt.Fprintf(tw, "deadline cut\t%d\n", l.GetDeadlineCut())
 	tw.Flush()
@@ -787,6 +789,7 @@ Records not yet written to disk are included. They are kept for the daemon's
 	f.StringVar(&since, "since", "", "only records from this time on: a duration ago (1h) or an RFC 3339 time")
 	f.StringVar(&until, "until", "", "only records before this time: a duration ago (10m) or an RFC 3339 time")
 	f.IntVar(&limit, "limit", 1000, "most records to show")
+	cmd.AddCommand(auditVerifyCmd(), auditExportCmd(c))
 	return cmd
 }
 

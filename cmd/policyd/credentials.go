@@ -97,42 +97,53 @@ func (c *securityConfig) checkPrivate(path string, log *slog.Logger) error {
 
 // auth loads the credentials the flags name. Unless --open-admin is set,
 // an admin token always exists: the named file, or <db>.admin-token, which
-// is created (mode 0600) with a random token when missing.
-func (c *securityConfig) auth(db string, log *slog.Logger) (*server.Auth, error) {
+// is created (mode 0600) with a random token when missing. created names
+// the token file auth made, empty when it made none: the caller removes it
+// if the daemon then fails to start, so a failed start leaves no token.
+func (c *securityConfig) auth(db string, log *slog.Logger) (_ *server.Auth, created string, err error) {
+	a, created, err := c.loadAuth(db, log)
+	if err != nil && created != "" {
+		os.Remove(created)
+		created = ""
+	}
+	return a, created, err
+}
+
+func (c *securityConfig) loadAuth(db string, log *slog.Logger) (_ *server.Auth, created string, _ error) {
 	cfg := server.AuthConfig{OpenAdmin: c.OpenAdmin, Logger: log}
 	adminPath := ""
 	if !c.OpenAdmin || c.AdminTokenFile != "" {
 		path := c.AdminTokenFile
 		if path == "" {
 			path = db + ".admin-token"
-			created, err := ensureToken(path)
+			made, err := ensureToken(path)
 			if err != nil {
-				return nil, fmt.Errorf("--admin-token-file: %w", err)
+				return nil, "", fmt.Errorf("--admin-token-file: %w", err)
 			}
-			if created {
-				log.Info("created the admin token", "file", path)
+			if made {
+				created = path
 			}
 		}
 		if err := c.checkPrivate(path, log); err != nil {
-			return nil, fmt.Errorf("--admin-token-file: %w", err)
+			return nil, created, fmt.Errorf("--admin-token-file: %w", err)
 		}
 		tok, err := readToken(path)
 		if err != nil {
-			return nil, fmt.Errorf("--admin-token-file: %w", err)
+			return nil, created, fmt.Errorf("--admin-token-file: %w", err)
 		}
 		cfg.AdminTokens, adminPath = []string{tok}, path
 	}
 	if c.TenantTokensFile != "" {
 		if err := c.checkPrivate(c.TenantTokensFile, log); err != nil {
-			return nil, fmt.Errorf("--tenant-tokens-file: %w", err)
+			return nil, created, fmt.Errorf("--tenant-tokens-file: %w", err)
 		}
 		m, err := readTenantTokens(c.TenantTokensFile)
 		if err != nil {
-			return nil, fmt.Errorf("--tenant-tokens-file: %w", err)
+			return nil, created, fmt.Errorf("--tenant-tokens-file: %w", err)
 		}
 		for _, admin := range cfg.AdminTokens {
 			if tenant, ok := m[admin]; ok {
-				return nil, fmt.Errorf("--tenant-tokens-file: %s: the token of tenant %q is the admin token of %s, which would make that tenant an admin; give it a token of its own",
+				return nil, created, fmt.Errorf("--tenant-tokens-file: %s: the token of tenant %q is the admin token of %s, which would make that tenant an admin; give it a token of its own",
 					c.TenantTokensFile, tenant, adminPath)
 			}
 		}
@@ -141,11 +152,11 @@ func (c *securityConfig) auth(db string, log *slog.Logger) (*server.Auth, error)
 	if c.AdminCA != "" {
 		pool, err := loadPool(c.AdminCA)
 		if err != nil {
-			return nil, fmt.Errorf("--admin-ca: %w", err)
+			return nil, created, fmt.Errorf("--admin-ca: %w", err)
 		}
 		cfg.AdminCAs = pool
 	}
-	return server.NewAuth(cfg), nil
+	return server.NewAuth(cfg), created, nil
 }
 
 // serverOptions returns the transport credentials the flags ask for.

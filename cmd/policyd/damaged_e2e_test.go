@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -91,4 +92,39 @@ func runRefused(t *testing.T, args ...string) (int, string, time.Duration) {
 		t.Errorf("%s said %d lines, want one: %s", args[0], strings.Count(text, "\n")+1, text)
 	}
 	return exit.ExitCode(), text, took
+}
+
+// TestFailedStartLeavesNoAdminToken starts `policyd serve` on a fresh
+// database in ways that fail after the state file opened (a --listen address
+// already taken, a --config file that does not parse): the daemon exits
+// non-zero and the admin token file it would have created is not left
+// behind. Before the fix the token file stayed.
+func TestFailedStartLeavesNoAdminToken(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	badConfig := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(badConfig, []byte("tenants: [{tenant: acme, capacity: -1}]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		args []string
+	}{
+		{"listen address taken", []string{"--listen", taken.Addr().String()}},
+		{"bad config file", []string{"--listen", freeAddr(t), "--config", badConfig}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			db := filepath.Join(t.TempDir(), "policyd.db")
+			code, line, _ := runRefused(t, append([]string{"serve", "--db", db}, c.args...)...)
+			if code == 0 {
+				t.Fatalf("serve exited 0 (%q), want a refusal", line)
+			}
+			if _, err := os.Stat(db + ".admin-token"); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("serve left an admin token file (stat: %v), want none", err)
+			}
+		})
+	}
 }

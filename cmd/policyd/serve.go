@@ -21,6 +21,9 @@ import (
 type serveConfig struct {
 	Listen        string
 	DB            string
+	Store         string
+	StoreTimeout  time.Duration
+	WaitReplicas  int
 	FlushInterval time.Duration
 	Sync          string
 	SyncDelay     time.Duration
@@ -30,6 +33,7 @@ type serveConfig struct {
 	Limits        limitsConfig
 	Config        string
 	Observe       observeConfig
+	AuditSink     auditSinkConfig
 	MaxDBBytes    int
 	GCPercent     int
 }
@@ -61,6 +65,9 @@ SIGINT or SIGTERM drains: health turns NOT_SERVING, every open stream
 	f := cmd.Flags()
 	f.StringVar(&cfg.Listen, "listen", "127.0.0.1:50051", "address to serve gRPC on")
 	f.StringVar(&cfg.DB, "db", "policyd.db", "bbolt database file holding the shared state")
+	f.StringVar(&cfg.Store, "store", "", "where the shared state lives: bbolt:PATH (the default, --db), or a Redis that many replicas share: redis://[user:pass@]host:port[/db], rediss://... (TLS), redis+sentinel://master@h1:p1,h2:p2, redis+cluster://h1:p1,h2:p2")
+	f.DurationVar(&cfg.StoreTimeout, "store-timeout", 50*time.Millisecond, "with a Redis --store: the bound of every call to Redis")
+	f.IntVar(&cfg.WaitReplicas, "redis-wait-replicas", 0, "with a Redis --store: every admin write waits (WAIT, up to 1s) until this many replicas of its primary have it, so a failover cannot lose it")
 	f.DurationVar(&cfg.FlushInterval, "flush-interval", 100*time.Millisecond, "group-commit interval for counters; a crash loses at most this plus one commit of counting")
 	f.StringVar(&cfg.Sync, "sync", "group", "durability of decisions: group (counters flushed every --flush-interval) or always (every decision durable before its answer)")
 	f.DurationVar(&cfg.SyncDelay, "sync-batch-delay", 2*time.Millisecond, "with --sync=always: how long a commit waits for concurrent decisions to share its fsync")
@@ -69,6 +76,7 @@ SIGINT or SIGTERM drains: health turns NOT_SERVING, every open stream
 	cfg.Security.register(cmd)
 	cfg.Limits.register(cmd)
 	cfg.Observe.register(cmd)
+	cfg.AuditSink.register(cmd)
 	f.StringVar(&cfg.Config, "config", "", "policy file (YAML or JSON) of tenant budgets and policies, loaded at start and on SIGHUP, all or nothing")
 	f.IntVar(&cfg.GCPercent, "gc-percent", defaultGCPercent, "the Go garbage collector's target (GOGC), unless the GOGC environment variable is set: policyd's live heap is a few MB and every request allocates, so Go's default of 100 collects many times a second; 400 spends a few tens of MB to save CPU on every decision")
 	f.IntVar(&cfg.MaxDBBytes, "max-db-bytes", 0, "cap the state file at this many bytes (0: no cap); past it admin writes fail with RESOURCE_EXHAUSTED while decisions are still served from memory. For tests of a full disk (policybench diskfull)")
@@ -118,8 +126,17 @@ func serve(ctx context.Context, cfg serveConfig) error {
 		return err
 	}
 
-	store, err := breakerstore.Open(breakerstore.Options{
-		Path: cfg.DB, FlushInterval: cfg.FlushInterval, Sync: sync, MaxBatchDelay: cfg.SyncDelay, Logger: log, MaxSize: cfg.MaxDBBytes,
+	sink, closeSink, err := cfg.AuditSink.open(log)
+	if err != nil {
+		return err
+	}
+	defer closeSink() // after the store's last commit
+	su, err := parseStore(cfg.Store, cfg.DB)
+	if err != nil {
+		return err
+	}
+	store, bolt, err := openStore(ctx, su, cfg, breakerstore.Options{
+		Path: su.bboltPath, FlushInterval: cfg.FlushInterval, Sync: sync, MaxBatchDelay: cfg.SyncDelay, Logger: log, MaxSize: cfg.MaxDBBytes,
 		MaxBreakersPerTenant: cfg.Limits.MaxBreakersPerTenant,
 		MaxTenants:           cfg.Limits.MaxTenants,
 		MaxAutoTenants:       cfg.Limits.MaxAutoTenants,
@@ -127,6 +144,7 @@ func serve(ctx context.Context, cfg serveConfig) error {
 		MaxAttemptRecords:    cfg.Limits.MaxAttemptRecords,
 		RunRetention:         cfg.Limits.RunRetention,
 		AuditRetention:       cfg.Observe.AuditRetention, AuditMaxRecords: cfg.Observe.AuditMaxRecords,
+		AuditSink: sink,
 	})
 	if err != nil {
 		return err
@@ -137,15 +155,22 @@ func serve(ctx context.Context, cfg serveConfig) error {
 		}
 	}()
 	// The credentials load after the store opened, so a refused state file
-	// leaves no new admin token file behind.
-	auth, err := cfg.Security.auth(cfg.DB, log)
+	// leaves no new admin token file behind; a token made here is removed
+	// again if the daemon fails to start.
+	auth, newToken, err := cfg.Security.auth(cfg.DB, log)
 	if err != nil {
 		return err
 	}
+	started := false
+	defer func() {
+		if !started && newToken != "" {
+			os.Remove(newToken)
+		}
+	}()
 
 	var loader *configLoader
 	if cfg.Config != "" {
-		loader = &configLoader{path: cfg.Config, store: store}
+		loader = &configLoader{path: cfg.Config, store: bolt}
 		nb, np, err := loader.load()
 		if err != nil {
 			return err
@@ -157,21 +182,21 @@ func serve(ctx context.Context, cfg serveConfig) error {
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
-	tel, err := cfg.Observe.start(ctx, store, loader, log)
+	tel, err := cfg.Observe.start(ctx, store, bolt, loader, auth, log)
 	if err != nil {
 		return err
 	}
 	defer tel.stop(log)
 	srv := server.New(store, server.Config{Logger: log, Auth: auth, Shedder: cfg.Limits.shedder(), Metrics: tel.metrics,
 		StreamWorkers: cfg.Limits.streamWorkers(), MaxClockSkew: cfg.Limits.MaxClockSkew,
-		DeclaredTenants: cfg.Limits.declaredTenants(store)},
+		DeclaredTenants: cfg.Limits.declaredTenants(bolt)},
 		append(append(tlsOpts, cfg.Limits.serverOptions()...), tel.opts...)...)
 
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
-	log.Info("policyd serving", "listen", lis.Addr().String(), "db", cfg.DB,
+	log.Info("policyd serving", "listen", lis.Addr().String(), "store", su.shown,
 		"sync", cfg.Sync, "flush_interval", cfg.FlushInterval.String())
 
 	hup := make(chan os.Signal, 1)
@@ -184,6 +209,10 @@ func serve(ctx context.Context, cfg serveConfig) error {
 			return err
 		}
 		defer stopWatch()
+	}
+	started = true
+	if newToken != "" {
+		log.Info("created the admin token", "file", newToken)
 	}
 wait:
 	for {

@@ -24,6 +24,7 @@ import (
 
 	"github.com/policyd/policyd/breakerstore"
 	"github.com/policyd/policyd/server"
+	"github.com/policyd/policyd/statuspage"
 )
 
 // observeConfig is what `policyd serve` is told about the audit trail,
@@ -42,7 +43,7 @@ func (o *observeConfig) register(cmd *cobra.Command) {
 	f.IntVar(&o.AuditMaxRecords, "audit-max-records", breakerstore.DefaultAuditMaxRecords,
 		"most audit records kept; the oldest are deleted past it")
 	f.StringVar(&o.MetricsListen, "metrics-listen", "",
-		"serve Prometheus metrics on http://ADDR/metrics, e.g. 127.0.0.1:9464 (empty: off)")
+		"serve Prometheus metrics on http://ADDR/metrics and the live status page on /status (and /status.json), e.g. 127.0.0.1:9464 (empty: off); off loopback the status page needs the admin token")
 	f.StringVar(&o.OTLPEndpoint, "otlp-endpoint", "",
 		"export OpenTelemetry traces of every RPC over OTLP/gRPC to this collector: host:port (plaintext) or an http:// or https:// URL (empty: off)")
 }
@@ -64,14 +65,19 @@ type telemetry struct {
 	metrics *server.Metrics
 	opts    []grpc.ServerOption
 	http    *http.Server
+	status  *statuspage.Page
 	served  chan error
 	tracer  *sdktrace.TracerProvider
 }
 
-// start opens the metrics listener and the trace exporter the flags ask
-// for; loader, when not nil, is the policy file whose reloads are
-// reported. The caller must call stop.
-func (o *observeConfig) start(ctx context.Context, store *breakerstore.Store, loader *configLoader, log *slog.Logger) (*telemetry, error) {
+// start opens the metrics listener (with the status page) and the trace
+// exporter the flags ask for; loader, when not nil, is the policy file
+// whose reloads are reported, and auth says who may read the status page
+// off loopback. The caller must call stop.
+// start serves the metrics and the status page of store when
+// --metrics-listen is set; bolt is the same store when it is the bbolt
+// engine (its write statistics), nil otherwise.
+func (o *observeConfig) start(ctx context.Context, store statuspage.Source, bolt *breakerstore.Store, loader *configLoader, auth *server.Auth, log *slog.Logger) (*telemetry, error) {
 	t := &telemetry{}
 	if o.MetricsListen != "" {
 		reg := prometheus.NewRegistry()
@@ -82,9 +88,11 @@ func (o *observeConfig) start(ctx context.Context, store *breakerstore.Store, lo
 		reg.MustRegister(
 			collectors.NewGoCollector(),
 			collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-			storeCollector(store),
 			buildInfoCollector(readBuildVersion()),
 		)
+		if bolt != nil { // the bbolt store's write statistics; a Redis store has none yet
+			reg.MustRegister(storeCollector(bolt))
+		}
 		if loader != nil {
 			reg.MustRegister(reloadCollector(loader))
 		}
@@ -96,11 +104,16 @@ func (o *observeConfig) start(ctx context.Context, store *breakerstore.Store, lo
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{
 			ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelError),
 		}))
+		t.status = statuspage.New(statuspage.Config{
+			Source: store, Health: storeHealth(bolt), Logger: log,
+			Open: statusOpen(o.MetricsListen, auth), Admin: auth.AdminToken,
+		})
+		t.status.Register(mux)
 		t.metrics = m
 		t.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		t.served = make(chan error, 1)
 		go func() { t.served <- t.http.Serve(lis) }()
-		log.Info("metrics serving", "listen", lis.Addr().String(), "path", "/metrics")
+		log.Info("metrics serving", "listen", lis.Addr().String(), "path", "/metrics", "status_page", "/status")
 	}
 	if o.OTLPEndpoint != "" {
 		opt := []otlptracegrpc.Option{otlptracegrpc.WithEndpoint(o.OTLPEndpoint), otlptracegrpc.WithInsecure()}
@@ -131,6 +144,7 @@ func (t *telemetry) stop(log *slog.Logger) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if t.http != nil {
+		t.status.Close() // ends the event streams, which Shutdown would wait for
 		if err := t.http.Shutdown(ctx); err != nil {
 			log.Warn("metrics endpoint did not stop cleanly", "err", err)
 		}
@@ -148,7 +162,7 @@ func (t *telemetry) stop(log *slog.Logger) {
 // storeCollector exposes the store's own counters.
 func storeCollector(store *breakerstore.Store) prometheus.Collector {
 	return collectorFunc{
-		descs: []*prometheus.Desc{descAuditRecords, descAuditBuffered, descAuditDropped, descAuditDeleted, descFlushErrors, descCommits},
+		descs: []*prometheus.Desc{descAuditRecords, descAuditBuffered, descAuditDropped, descAuditDeleted, descFlushErrors, descCommits, descAuditSinkErrors},
 		collect: func(ch chan<- prometheus.Metric) {
 			st := store.Stats()
 			ch <- prometheus.MustNewConstMetric(descAuditRecords, prometheus.GaugeValue, float64(st.AuditRecords))
@@ -157,7 +171,28 @@ func storeCollector(store *breakerstore.Store) prometheus.Collector {
 			ch <- prometheus.MustNewConstMetric(descAuditDeleted, prometheus.CounterValue, float64(st.AuditDeleted))
 			ch <- prometheus.MustNewConstMetric(descFlushErrors, prometheus.CounterValue, float64(st.FlushErrors))
 			ch <- prometheus.MustNewConstMetric(descCommits, prometheus.CounterValue, float64(st.Commits))
+			ch <- prometheus.MustNewConstMetric(descAuditSinkErrors, prometheus.CounterValue, float64(st.AuditSinkErrors))
 		},
+	}
+}
+
+// statusOpen reports whether the status page on the metrics listener
+// needs no credential: the listener is on loopback, or admin calls are open
+// (--open-admin). Otherwise it needs the admin token.
+func statusOpen(metricsListen string, auth *server.Auth) bool {
+	return loopback(metricsListen) || auth.OpenAdmin()
+}
+
+// storeHealth reports the store's counters to the status page.
+func storeHealth(store *breakerstore.Store) func() statuspage.StoreHealth {
+	if store == nil {
+		return func() statuspage.StoreHealth { return statuspage.StoreHealth{Engine: "redis"} }
+	}
+	return func() statuspage.StoreHealth {
+		st := store.Stats()
+		return statuspage.StoreHealth{Engine: "bbolt", Breakers: st.Breakers, Tenants: st.Tenants, Runs: st.Runs,
+			Commits: st.Commits, FlushErrors: st.FlushErrors,
+			AuditRecords: st.AuditRecords, AuditBuffered: st.AuditBuffered, AuditDropped: st.AuditDropped}
 	}
 }
 

@@ -82,9 +82,9 @@ class Daemon:
         self.admin_call("SetTenantBudget", apb.SetTenantBudgetRequest(
             budget=types_pb2.TenantBudget(tenant=tenant, capacity=capacity)))
 
-    def open_run(self, run_id: str, tenant: str, pool: int) -> None:
+    def open_run(self, run_id: str, tenant: str, pool: int, cutoff_in: int = 3600) -> None:
         cutoff = timestamp_pb2.Timestamp()
-        cutoff.FromSeconds(int(time.time()) + 3600)
+        cutoff.FromSeconds(int(time.time()) + cutoff_in)
         self.admin_call("OpenRun", apb.OpenRunRequest(run_id=run_id, tenant=tenant, retry_pool=pool, cutoff_time=cutoff))
 
     def run(self, run_id: str) -> types_pb2.Run:

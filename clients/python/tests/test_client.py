@@ -245,7 +245,7 @@ def test_cancel_ends_the_call_at_its_wait(policyd: Daemon, tenant: str, clock: F
     c = pc.Client(policyd.address, tenant=tenant, sleep=sleep, now=clock.now, watch=False, decision_timeout=5)
     try:
         res = c.call(pc.Call(target="geo", idempotent=True), script(S503)[0], cancel=cancel)
-        assert (res.disposition, res.stop_reason, res.attempts) == (pc.Disposition.DEADLINE_CUT, pc.StopReason.DEADLINE, 1)
+        assert (res.disposition, res.stop_reason, res.attempts) == (pc.Disposition.DEAD_LETTER, pc.StopReason.DEADLINE, 1)
         assert isinstance(res.error, pc.Cancelled)
     finally:
         c.close()
@@ -284,7 +284,7 @@ def test_fleet_cooldown_is_waited_out_spread_or_cut_by_the_deadline(policyd: Dae
         fn, seen = script()
         res = b.call(pc.Call(target="geo", idempotent=True, deadline=clock.now() + 20), fn)
         assert (res.disposition, res.stop_reason, res.reason, res.attempts, seen) == (
-            pc.Disposition.DEADLINE_CUT, pc.StopReason.DEADLINE, "cooldown:pushback", 0, [])
+            pc.Disposition.DEAD_LETTER, pc.StopReason.DEADLINE, "cooldown:pushback", 0, [])
         assert len(clock.waits) == 1 and 6 <= clock.waits[0] <= 7.7, clock.waits
     finally:
         b.close()
@@ -353,3 +353,85 @@ def test_worker_token(dedicated: Any, tmp_path: Any, clock: FakeClock) -> None:
         assert res.ok and res.local
         res = c.call(pc.Call(target="geo", idempotent=True), script(S503)[0])
         assert res.local and c.stats().admit_rpcs == 4  # every attempt asked
+
+
+def test_a_runs_cutoff_holds_without_an_admit_per_call(policyd: Daemon, tenant: str) -> None:
+    # The first call of the run learns its cut-off from Admit; once the
+    # client's clock passes it, a call ends DEADLINE_CUT without its
+    # function being called and without asking Admit again, and the ledger
+    # counts it. (policyd's own clock is not past the cut-off yet: it
+    # accepts the cut within --max-clock-skew.)
+    run_id = "cutoff-" + tenant
+    policyd.open_run(run_id, tenant, pool=10, cutoff_in=60)
+    clock = FakeClock()
+    c = pc.Client(policyd.address, tenant=tenant, sleep=clock.sleep, now=clock.now, decision_timeout=5)
+    try:
+        fn, seen = script()
+        first = c.call(pc.Call(target="geo", idempotent=True, run_id=run_id, call_id="before"), fn)
+        assert first.ok and len(seen) == 1
+        clock.advance(61)
+        for i in range(3):
+            res = c.call(pc.Call(target="geo", idempotent=True, run_id=run_id, call_id=f"after-{i}"), fn)
+            assert (res.disposition, res.stop_reason, res.reason, res.attempts) == (
+                pc.Disposition.DEADLINE_CUT, pc.StopReason.DEADLINE, "run:cutoff", 0)
+        assert len(seen) == 1, seen
+        assert c.stats().admit_rpcs == 1
+    finally:
+        c.close()
+    ledger = policyd.run(run_id).ledger
+    assert (ledger.succeeded, ledger.deadline_cut) == (1, 3), ledger
+
+
+def test_the_idempotency_ledger_answers_a_second_worker(policyd: Daemon, tenant: str, clock: FakeClock) -> None:
+    # A non-idempotent call with a key claims it: the first worker's
+    # success is kept with its result reference (the string fn returns),
+    # and a second worker submitting the same document gets it without
+    # calling fn. A 504 after the upstream may have applied the write
+    # leaves the outcome unknown: the retry does not happen, the call is
+    # dead-lettered (the policy does not say the upstream deduplicates).
+    run_id = "ledger-" + tenant
+    policyd.open_run(run_id, tenant, pool=10)
+    c = pc.Client(policyd.address, tenant=tenant, sleep=clock.sleep, now=clock.now, decision_timeout=5)
+    try:
+        calls: list[int] = []
+
+        def submit(a: pc.Attempt) -> str:
+            calls.append(a.number)
+            return "rec-17"
+
+        first = c.call(pc.Call(target="grants", submission_id="doc-17", payload=b"{}", run_id=run_id, call_id="w1"), submit)
+        second = c.call(pc.Call(target="grants", submission_id="doc-17", payload=b"{}", run_id=run_id, call_id="w2"), submit)
+        assert first.ok and not first.deduplicated and first.value == "rec-17"
+        assert second.ok and second.deduplicated and second.value == "rec-17" and second.attempts == 0
+        assert calls == [1] and c.stats().deduplicated == 1
+
+        def lost(a: pc.Attempt) -> str:
+            calls.append(a.number)
+            raise pc.HTTPStatusError(504)
+
+        res = c.call(pc.Call(target="grants", submission_id="doc-18", payload=b"{}", run_id=run_id, call_id="w3"), lost)
+        assert (res.disposition, res.stop_reason, res.reason) == (
+            pc.Disposition.DEAD_LETTER, pc.StopReason.NOT_IDEMPOTENT, "idempotency:unknown")
+        assert calls == [1, 1], calls  # the 504'd write was not sent again
+    finally:
+        c.close()
+    ledger = policyd.run(run_id).ledger
+    assert (ledger.succeeded, ledger.deduplicated, ledger.dead_letter_not_idempotent) == (2, 1, 1), ledger
+
+
+def test_origin_anchors_the_deadline(policyd: Daemon, tenant: str, clock: FakeClock) -> None:
+    # An event almost a call deadline old stops at its first failure
+    # (DEAD_LETTER, DEADLINE) where a fresh one retries.
+    p = types_pb2.Policy()
+    p.call_deadline.FromSeconds(3600)
+    policyd.admin_call("SetPolicy", apb.SetPolicyRequest(tenant=tenant, target="grants", policy=p))
+    c = pc.Client(policyd.address, tenant=tenant, sleep=clock.sleep, now=clock.now, watch=False, decision_timeout=5)
+    try:
+        fn, _ = script(S503)
+        fresh = c.call(pc.Call(target="grants", idempotent=True, call_id="fresh"), fn)
+        fn, _ = script(S503)
+        old = c.call(pc.Call(target="grants", idempotent=True, call_id="old", origin=clock.now() - 3595), fn)
+        assert fresh.ok
+        assert (old.disposition, old.stop_reason) == (pc.Disposition.DEAD_LETTER, pc.StopReason.DEADLINE)
+    finally:
+        c.close()

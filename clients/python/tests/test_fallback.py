@@ -65,7 +65,7 @@ def test_local_retry_after_is_never_undercut(nowhere: str, make_client: Any, clo
 def test_local_deadline_reserves_the_attempt_timeout(nowhere: str, make_client: Any, clock: FakeClock) -> None:
     c = make_client(nowhere, "acme", attempt_timeout=10.0)
     res = c.call(pc.Call(target="geo", idempotent=True, deadline=clock.now() + 5), script(S503)[0])
-    assert (res.disposition, res.stop_reason, res.local) == (pc.Disposition.DEADLINE_CUT, pc.StopReason.DEADLINE, True)
+    assert (res.disposition, res.stop_reason, res.local) == (pc.Disposition.DEAD_LETTER, pc.StopReason.DEADLINE, True)
     assert clock.waits == []  # it did not sleep for an attempt that could not happen
 
 

@@ -84,7 +84,7 @@ def test_unanswered_decisions_fall_back_to_the_local_policy(clock: FakeClock) ->
         pc.Disposition.DEAD_LETTER, pc.StopReason.ATTEMPTS_EXHAUSTED, True, 3)
 
 
-def test_a_cancel_thrown_in_reports_a_deadline_cut(clock: FakeClock) -> None:
+def test_a_cancel_thrown_in_reports_a_dead_letter_deadline(clock: FakeClock) -> None:
     c = core(clock)
     st = c.begin(pc.Call(target="geo", idempotent=True), lambda a: None)
     loop = _loop.run(c, st)
@@ -93,9 +93,35 @@ def test_a_cancel_thrown_in_reports_a_deadline_cut(clock: FakeClock) -> None:
     report = loop.throw(_loop.CallCancelled())  # the task running the call was cancelled
     assert isinstance(report, _loop.Report)
     assert (report.outcome.final, report.outcome.stop, report.outcome.attempt) == (
-        types_pb2.DISPOSITION_DEADLINE_CUT, types_pb2.STOP_REASON_DEADLINE, 1)
+        types_pb2.DISPOSITION_DEAD_LETTER, types_pb2.STOP_REASON_DEADLINE, 1)
     try:
         loop.send(None)
     except StopIteration as done:
         res = done.value
-    assert res.disposition is pc.Disposition.DEADLINE_CUT and isinstance(res.error, pc.Cancelled)
+    assert res.disposition is pc.Disposition.DEAD_LETTER and isinstance(res.error, pc.Cancelled)
+
+
+def test_a_keyed_non_idempotent_call_claims_and_completes(clock: FakeClock) -> None:
+    c = core(clock)
+    st = c.begin(pc.Call(target="geo", submission_id="doc-1"), lambda a: None)
+
+    def answer(effect: Any) -> Any:
+        if isinstance(effect, _loop.Admit):
+            return rpb.AdmitResponse(admitted=True)
+        if isinstance(effect, _loop.Claim):
+            return rpb.ClaimKeyResponse(state=types_pb2.KEY_STATE_NEW, lease_id="a1")
+        if isinstance(effect, _loop.Invoke):
+            return _loop.Invoked(value="rec-1")
+        if isinstance(effect, _loop.Complete):
+            assert (effect.request.lease_id, effect.request.outcome, effect.request.result_ref) == (
+                "a1", types_pb2.KEY_OUTCOME_SUCCEEDED, "rec-1")
+        return None
+
+    seen, res = drive(_loop.run(c, st), answer)
+    assert seen == ["Admit", "Claim", "Invoke", "Complete", "Report"], seen
+    assert res.ok and res.value == "rec-1"
+
+    st = c.begin(pc.Call(target="geo", submission_id="doc-1", call_id="again"), lambda a: None)
+    seen, res = drive(_loop.run(c, st), lambda e: rpb.AdmitResponse(admitted=True) if isinstance(e, _loop.Admit)
+                      else rpb.ClaimKeyResponse(state=types_pb2.KEY_STATE_SUCCEEDED, result_ref="rec-1"))
+    assert seen == ["Admit", "Claim", "Report"] and res.deduplicated and res.value == "rec-1", (seen, res)

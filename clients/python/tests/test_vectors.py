@@ -1,5 +1,5 @@
 """The shared vectors of testdata/vectors.json, which the Go client checks
-too (clients/go/vectors_test.go): idempotency keys, classification by the
+too (clients/go/policyclient/vectors_test.go, clients/go/e2e/vectors_test.go): idempotency keys, classification by the
 real daemon and by the local fallback, and how scripted calls end through
 the real daemon with both clients."""
 
@@ -9,6 +9,7 @@ import asyncio
 from datetime import datetime
 from typing import Any
 
+import grpc
 import pytest
 
 from retrypolicy.v1 import retry_policy_service_pb2 as rpb
@@ -18,7 +19,7 @@ from retrypolicy.v1 import types_pb2
 import policyd_client as pc
 from policyd_client.fallback import LocalBudget, LocalPolicy
 
-from conftest import Daemon, FakeClock, ascript, failure_pb, load_vectors, native_error, script
+from conftest import Daemon, FakeClock, FakeRpcError, ascript, failure_pb, load_vectors, native_error, script
 
 V = load_vectors()
 
@@ -108,3 +109,34 @@ def test_pushback_hints_local(v: dict[str, Any]) -> None:
         assert (d.retry, d.stop_reason) == (False, types_pb2.STOP_REASON_SERVER_PUSHBACK), d
     else:
         assert (d.retry, d.delay) == (True, float(v["hint_seconds"])), d
+
+
+def _check_adapter_verdict(v: dict[str, Any], err: Exception) -> None:
+    # How the client reads an adapter's failure (http_responses,
+    # grpc_statuses): the local fallback's classification, and its decision
+    # after one failure: stop on a do-not-retry or a failure not retryable,
+    # else wait the hint (no jitter, no spread; 0 without a hint).
+    f = pc.classify_exception(err)
+    cat, reason = pc.classify_local(f.failure, v["idempotent"], False)
+    assert (types_pb2.Category.Name(cat), reason) == ("CATEGORY_" + v["category"], v["reason"])
+    policy = LocalPolicy(10.0, LocalBudget(20, 2), rand=lambda: 0.0)
+    d = policy.decide(datetime(2026, 3, 1, 12).timestamp(), None, 1, f, v["idempotent"], False)
+    if v["do_not_retry"]:
+        assert (d.retry, d.stop_reason) == (False, types_pb2.STOP_REASON_SERVER_PUSHBACK), d
+    elif v["retryable"]:
+        assert (d.retry, d.delay) == (True, float(v["hint_seconds"])), d
+    else:
+        assert not d.retry, d
+
+
+@pytest.mark.parametrize("v", V["http_responses"], ids=_id)
+def test_http_responses_local(v: dict[str, Any]) -> None:
+    _check_adapter_verdict(v, pc.HTTPStatusError(v["status"], v["headers"]))
+
+
+_GRPC_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+@pytest.mark.parametrize("v", V["grpc_statuses"], ids=_id)
+def test_grpc_statuses_local(v: dict[str, Any]) -> None:
+    _check_adapter_verdict(v, FakeRpcError(_GRPC_CODES[v["code"]], tuple(v["trailers"].items())))

@@ -10,9 +10,16 @@ stop, waits, and reports outcomes in the background in batches. When policyd
 cannot be reached, or does not answer within the decision timeout, the client
 decides with a local copy of the default policy and a local retry budget, and
 goes back to policyd once it answers again: the decision service never stalls
-a worker. It mirrors the Go client in clients/go.
+a worker. It mirrors the Go client in clients/go/policyclient.
 
 The generated stubs ship with it as the ``retrypolicy.v1`` package.
+
+Adapters put the same loop where a worker already is, each in a module of
+its own that imports its library only when imported (extras ``[httpx]``,
+``[requests]``, ``[tenacity]``, ``[celery]``): :mod:`policyd_client.httpx`
+(``Transport``, ``AsyncTransport``), :mod:`policyd_client.requests`
+(``HTTPAdapter``), :mod:`policyd_client.tenacity` (``Policy``,
+``AsyncPolicy``) and :mod:`policyd_client.celery` (``PolicydTask``).
 """
 
 from ._core import Options, Settings, current_attempt

@@ -16,7 +16,7 @@ import time
 import weakref
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, Callable, Generator, Generic, NamedTuple, Optional, TypedDict, TypeVar, Union
+from typing import Any, Callable, Dict, Generator, Generic, NamedTuple, Optional, TypedDict, TypeVar, Union
 
 import grpc
 from google.protobuf import duration_pb2, timestamp_pb2
@@ -412,6 +412,22 @@ class Core:
         # When to ask policyd again after it failed to answer (Unix seconds
         # on self.now); until then decisions are local.
         self._down_until = 0.0
+        # The cut-off of each run the calls named, as Admit told it (Unix
+        # seconds), so the cut-off holds while Admit is skipped.
+        self._run_cutoffs: Dict[str, float] = {}
+
+    def run_cutoff(self, run_id: str) -> Optional[float]:
+        """Returns the run's cut-off, when Admit told it."""
+        with self._lock:
+            return self._run_cutoffs.get(run_id)
+
+    def learn_cutoff(self, run_id: str, cutoff: float) -> None:
+        """Remembers the run's cut-off (at most MAX_RUN_CUTOFFS runs; beyond
+        that the memory starts over, and a run forgotten costs one Admit)."""
+        with self._lock:
+            if run_id not in self._run_cutoffs and len(self._run_cutoffs) >= MAX_RUN_CUTOFFS:
+                self._run_cutoffs.clear()
+            self._run_cutoffs[run_id] = cutoff
 
     def after_fork(self) -> None:
         """Rebuilds the locks in a child after os.fork() (a parent thread may
@@ -509,12 +525,20 @@ class Core:
             raise TypeError("policyd_client: fn must be callable")
         if "\x00" in call.submission_id:
             raise ValueError("policyd_client: Call.submission_id must not contain NUL")
+        if len(call.triage_ref.encode()) > MAX_TRIAGE_REF_LEN:
+            raise ValueError(f"policyd_client: Call.triage_ref must be at most {MAX_TRIAGE_REF_LEN} bytes")
         self.count("calls")
         key = call.idempotency_key
         if not key and call.submission_id:
             key = idempotency_key(call.submission_id, call.payload)
         call_id = call.call_id or call.submission_id or secrets.token_hex(12)
-        origin = self.now()
+        origin: float
+        if isinstance(call.origin, datetime):
+            if call.origin.tzinfo is None:
+                raise ValueError("policyd_client: Call.origin must be an aware datetime (or Unix seconds)")
+            origin = call.origin.timestamp()
+        else:
+            origin = self.now() if call.origin is None else float(call.origin)
         deadline: Optional[float]
         if isinstance(call.deadline, datetime):
             if call.deadline.tzinfo is None:
@@ -524,7 +548,8 @@ class Core:
             deadline = None if call.deadline is None else float(call.deadline)
         info = CallInfo(
             tenant=self.settings.tenant, target=call.target, call_id=call_id, key=key, run_id=call.run_id,
-            idempotent=call.idempotent, origin=origin, deadline=deadline,
+            idempotent=call.idempotent, origin=origin, deadline=deadline, triage_ref=call.triage_ref,
+            claim_key=call.claim_key,
         )
         return CallState(info, timeout=self.settings.attempt_timeout)
 
@@ -558,12 +583,15 @@ class CallInfo:
     idempotent: bool
     origin: float
     deadline: Optional[float]
+    triage_ref: str = ""
+    claim_key: bool = False
 
     def pb(self) -> types_pb2.CallRef:
         """Returns the call as the API spells it."""
         ref = types_pb2.CallRef(
             tenant=self.tenant, target=self.target, call_id=self.call_id, idempotent=self.idempotent,
             idempotency_key=self.key, run_id=self.run_id, origin_time=to_timestamp(self.origin),
+            triage_ref=self.triage_ref,
         )
         if self.deadline is not None:
             ref.deadline_time.CopyFrom(to_timestamp(self.deadline))
@@ -571,9 +599,11 @@ class CallInfo:
 
     def outcome_ref(self) -> types_pb2.CallRef:
         """Returns the call as an outcome names it: ReportOutcome reads only
-        the tenant, target, call id and run id, so the times and the key stay
-        out of every batch."""
-        return types_pb2.CallRef(tenant=self.tenant, target=self.target, call_id=self.call_id, run_id=self.run_id)
+        the tenant, target, call id, run id and triage reference (for the
+        run's call table), so the times and the key stay out of every
+        batch."""
+        return types_pb2.CallRef(tenant=self.tenant, target=self.target, call_id=self.call_id, run_id=self.run_id,
+                                 triage_ref=self.triage_ref, idempotency_key=self.key)
 
 
 class PendingOutcome(NamedTuple):
@@ -590,12 +620,14 @@ class PendingOutcome(NamedTuple):
     latency: float = 0.0
     final: int = types_pb2.DISPOSITION_UNSPECIFIED
     stop: int = types_pb2.STOP_REASON_UNSPECIFIED
+    deduplicated: bool = False
 
     def pb(self) -> rpb.Outcome:
         """Returns the Outcome message."""
         o = rpb.Outcome(
             call=self.call.outcome_ref(), attempt=self.attempt, success=self.success, permit_id=self.permit, lease_id=self.lease,
             final_disposition=self.final, final_stop_reason=self.stop, already_recorded=self.already_recorded,  # type: ignore[arg-type]
+            deduplicated=self.deduplicated,
         )
         if self.failure is not None:
             o.failure.CopyFrom(self.failure)
@@ -611,6 +643,10 @@ class CallState(Generic[T]):
     def __init__(self, info: CallInfo, timeout: float) -> None:
         self.info = info
         self.deadline = info.deadline
+        #: The run's cut-off (Unix seconds), once known.
+        self.cutoff: Optional[float] = None
+        #: The call was answered by the idempotency ledger.
+        self.deduplicated = False
         self._ref: Optional[types_pb2.CallRef] = None
         #: The per-attempt timeout for the next attempt, in seconds.
         self.timeout = timeout
@@ -657,7 +693,7 @@ class CallState(Generic[T]):
         return Result(
             disposition=self.disposition, stop_reason=self.stop_reason, reason=self.reason, attempts=self.attempts,
             error=self.error, call_id=self.info.call_id, idempotency_key=self.info.key, local=self.local,
-            value=self.value,
+            value=self.value, deduplicated=self.deduplicated,
         )
 
     def succeed(self, attempt: int, permit: str, latency: float, value: T) -> PendingOutcome:
@@ -713,6 +749,12 @@ def stop_reason(r: int) -> Optional[StopReason]:
 COOLDOWN = "cooldown:pushback"
 CEILING_FULL = "concurrency:full"
 RATE_LIMITED = "rate:limited"
+#: Admit's reason for a call of a run past its cut-off.
+RUN_CUTOFF = "run:cutoff"
+#: The longest Call.triage_ref, in bytes.
+MAX_TRIAGE_REF_LEN = 1024
+#: How many runs' cut-offs a client remembers.
+MAX_RUN_CUTOFFS = 1024
 
 OPEN_STATES = (types_pb2.BREAKER_STATE_OPEN,)
 FLOWING_STATES = (types_pb2.BREAKER_STATE_CLOSED, types_pb2.BREAKER_STATE_DISABLED)

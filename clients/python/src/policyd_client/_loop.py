@@ -16,26 +16,30 @@ A driver answers each effect:
 
 Cancellation that arrives as an exception (an asyncio task's) is thrown into
 the generator as :class:`CallCancelled`; it reports the call as
-DEADLINE_CUT and returns. A future idempotency claim is one more effect
+DEAD_LETTER (DEADLINE) and returns. A future idempotency claim is one more effect
 before the first :class:`Invoke`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Generator, NamedTuple, Optional, Union
 
 from retrypolicy.v1 import retry_policy_service_pb2 as rpb
+from retrypolicy.v1 import types_pb2
 
 from ._core import (
     CEILING_FULL,
     COOLDOWN,
     RATE_LIMITED,
+    RUN_CUTOFF,
     CallState,
     Core,
     PendingOutcome,
     admit_from_cache,
     decision_from_pb,
     from_duration,
+    from_timestamp,
     stop_reason,
 )
 from ._model import Attempt, Cancelled, Disposition, Event, EventKind, Result, StopReason
@@ -78,13 +82,25 @@ class Decide(NamedTuple):
     request: rpb.NextDelayRequest
 
 
+class Claim(NamedTuple):
+    """Claim the call's idempotency key before an attempt (ClaimKey)."""
+
+    request: rpb.ClaimKeyRequest
+
+
+class Complete(NamedTuple):
+    """Record how the attempt holding the key's lease ended (CompleteKey)."""
+
+    request: rpb.CompleteKeyRequest
+
+
 class Report(NamedTuple):
     """Queue an outcome for the reporter."""
 
     outcome: PendingOutcome
 
 
-Effect = Union[Admit, Invoke, Sleep, Decide, Report]
+Effect = Union[Admit, Claim, Invoke, Complete, Sleep, Decide, Report]
 Loop = Generator[Effect, Any, Result[Any]]
 
 
@@ -99,7 +115,7 @@ def run(core: Core, st: CallState[Any]) -> Loop:
     except CallCancelled:
         if not st.ended:
             st.error = Cancelled()
-            yield Report(st.end(Disposition.DEADLINE_CUT, StopReason.DEADLINE, st.attempts))
+            yield Report(st.end(Disposition.DEAD_LETTER, StopReason.DEADLINE, st.attempts))
         res = st.result()
     if not res.ok and core.observed:
         core.emit(Event(EventKind.STOPPED, target=st.info.target, call_id=st.info.call_id, attempt=res.attempts,
@@ -108,12 +124,18 @@ def run(core: Core, st: CallState[Any]) -> Loop:
 
 
 def _attempts(core: Core, st: CallState[Any]) -> Loop:
-    attempt = 0
+    attempt = st.attempts  # 0, or those an earlier process made (a Celery retry)
     while True:
         attempt += 1
         permit = yield from _admit(core, st, attempt)
         if permit is None:
             return st.result()
+        lease = ""
+        if st.info.key and (not st.info.idempotent or st.info.claim_key):
+            claimed = yield from _claim(core, st, attempt)
+            if claimed is None:
+                return st.result()
+            lease = claimed
         st.attempts = attempt
         core.count("attempts")
         a = st.attempt(attempt, core.now())
@@ -121,13 +143,15 @@ def _attempts(core: Core, st: CallState[Any]) -> Loop:
             core.emit(Event(EventKind.ATTEMPT_STARTED, target=st.info.target, call_id=st.info.call_id,
                             attempt=attempt, delay=a.timeout))
         got: Invoked = yield Invoke(a)
+        if lease:
+            yield Complete(_completion(st, lease, got))
         if got.error is None:
             yield Report(st.succeed(attempt, permit, got.latency, got.value))
             core.local.budget.deposit(0.2)
             return st.result()
         st.error = got.error
         if got.cancelled:
-            yield Report(st.end(Disposition.DEADLINE_CUT, StopReason.DEADLINE, attempt))
+            yield Report(st.end(Disposition.DEAD_LETTER, StopReason.DEADLINE, attempt))
             return st.result()
         f = classify_exception(got.error, timed_out=got.timed_out)
         if f.unclassified:
@@ -159,7 +183,19 @@ def _attempts(core: Core, st: CallState[Any]) -> Loop:
 def _admit(core: Core, st: CallState[Any], attempt: int) -> Generator[Effect, Any, Optional[str]]:
     """Says whether attempt may go ahead: its probe permit ("" for none),
     or None when the call ended. It waits out a fleet-wide cool-down when
-    the deadline allows."""
+    the deadline allows. A call of a run past its cut-off (by the client's
+    clock, the cut-off as Admit told it once per run) ends DEADLINE_CUT
+    without the attempt; until the cut-off is known, Admit is asked even
+    while the breaker is CLOSED."""
+    run_known = True
+    if st.info.run_id:
+        if st.cutoff is None:
+            st.cutoff = core.run_cutoff(st.info.run_id)
+        run_known = st.cutoff is not None
+        if st.cutoff is not None and core.now() >= st.cutoff:
+            st.reason = RUN_CUTOFF
+            yield Report(st.end(Disposition.DEADLINE_CUT, StopReason.DEADLINE, st.attempts))
+            return None
     while True:
         now = core.now()
         b = core.cache.lookup(st.info.target)
@@ -170,7 +206,7 @@ def _admit(core: Core, st: CallState[Any], attempt: int) -> Generator[Effect, An
                 if not (yield from _cooldown(core, st, b.cooldown_until - now)):
                     return None
                 continue
-            if verdict == "go" and not flow:
+            if verdict == "go" and run_known and not flow:
                 return ""
             if verdict == "open":
                 core.count("fast_fails")
@@ -185,6 +221,10 @@ def _admit(core: Core, st: CallState[Any], attempt: int) -> Generator[Effect, An
             core.failed(resp)
             return ""
         core.cache.learn_flow(st.info.target, resp.flow_controlled)
+        if st.info.run_id and resp.HasField("run_cutoff_time"):
+            st.cutoff = from_timestamp(resp.run_cutoff_time)
+            core.learn_cutoff(st.info.run_id, st.cutoff)
+            run_known = True
         if resp.admitted:
             st.lease = str(resp.lease_id)
             return str(resp.permit_id)
@@ -194,6 +234,9 @@ def _admit(core: Core, st: CallState[Any], attempt: int) -> Generator[Effect, An
                 return None
             continue
         st.reason = resp.reason
+        if resp.reason == RUN_CUTOFF:
+            yield Report(st.end(Disposition.DEADLINE_CUT, StopReason.DEADLINE, st.attempts))
+            return None
         yield Report(st.end(Disposition.CIRCUIT_OPEN, StopReason.CIRCUIT_OPEN, st.attempts))
         return None
 
@@ -205,9 +248,10 @@ def _cooldown(core: Core, st: CallState[Any], d: float, reason: str = COOLDOWN) 
     to go on."""
     if reason != RATE_LIMITED:
         d = core.spread(d)
-    if st.deadline is not None and core.now() + d + st.timeout > st.deadline:
+    deadline, cut = _binding_deadline(st)
+    if deadline is not None and core.now() + d + st.timeout > deadline:
         st.reason = reason
-        yield Report(st.end(Disposition.DEADLINE_CUT, StopReason.DEADLINE, st.attempts))
+        yield Report(st.end(Disposition.DEADLINE_CUT if cut else Disposition.DEAD_LETTER, StopReason.DEADLINE, st.attempts))
         return False
     if (yield Sleep(d)):
         raise CallCancelled
@@ -229,8 +273,76 @@ def _decide(core: Core, st: CallState[Any], attempt: int, f: ClassifiedFailure, 
             return decision_from_pb(resp)
         core.failed(resp)
     core.count("local_decisions")
-    dec = core.local.decide(core.now(), st.deadline, attempt, f, st.info.idempotent, st.info.key != "")
+    deadline, cut = _binding_deadline(st)
+    dec = core.local.decide(core.now(), deadline, attempt, f, st.info.idempotent, st.info.key != "")
+    if cut and dec.stop_reason == types_pb2.STOP_REASON_DEADLINE:
+        dec = dataclasses.replace(dec, disposition=types_pb2.DISPOSITION_DEADLINE_CUT)  # the run's cut-off bound
     if core.observed:
         core.emit(Event(EventKind.LOCAL_DECISION, target=st.info.target, call_id=st.info.call_id, attempt=attempt,
                         delay=dec.delay, reason=dec.reason, local=True))
     return dec
+
+
+def _binding_deadline(st: CallState[Any]) -> "tuple[Optional[float], bool]":
+    """The deadline a local decision holds to: the call's, or its run's
+    cut-off when that comes first (then True)."""
+    if st.cutoff is not None and (st.deadline is None or st.cutoff < st.deadline):
+        return st.cutoff, True
+    return st.deadline, False
+
+
+def _claim(core: Core, st: CallState[Any], attempt: int) -> Generator[Effect, Any, Optional[str]]:
+    """Claims the call's idempotency key before attempt: returns the lease
+    held ("" for none: policyd is away), or None when the call ended (the
+    ledger answered it with an earlier success, or the previous attempt's
+    outcome was lost and the upstream does not deduplicate)."""
+    while True:
+        if not core.reachable():
+            return ""
+        resp = yield Claim(rpb.ClaimKeyRequest(call=st.ref, attempt=attempt))
+        if isinstance(resp, BaseException):
+            core.failed(resp)
+            return ""
+        if resp.state == types_pb2.KEY_STATE_SUCCEEDED:
+            core.count("deduplicated")
+            st.deduplicated, st.reason = True, resp.reason
+            yield Report(st.succeed(attempt, "", 0.0, resp.result_ref)._replace(deduplicated=True))
+            return None
+        if resp.state == types_pb2.KEY_STATE_IN_FLIGHT:
+            if not (yield from _cooldown(core, st, from_duration(resp.retry_after))):
+                st.reason = resp.reason
+                return None
+            continue
+        if resp.state == types_pb2.KEY_STATE_UNKNOWN and not resp.lease_id:
+            st.reason = resp.reason
+            yield Report(st.end(Disposition.DEAD_LETTER, StopReason.NOT_IDEMPOTENT, st.attempts))
+            return None
+        return str(resp.lease_id)
+
+
+def _completion(st: CallState[Any], lease: str, got: Invoked) -> rpb.CompleteKeyRequest:
+    """The CompleteKey of an attempt: success (a string value is its result
+    reference), a failure whose outcome is lost (a timeout, a 504, a reset)
+    or one that was not applied."""
+    req = rpb.CompleteKeyRequest(tenant=st.info.tenant, idempotency_key=st.info.key, lease_id=lease)
+    if got.error is None:
+        req.outcome = types_pb2.KEY_OUTCOME_SUCCEEDED
+        if isinstance(got.value, str) and len(got.value.encode()) <= 1024:
+            req.result_ref = got.value
+        return req
+    req.outcome = types_pb2.KEY_OUTCOME_FAILED
+    f = classify_exception(got.error, timed_out=got.timed_out)
+    if f.unclassified or got.timed_out or f.failure is None or _outcome_lost(f.failure):
+        req.outcome = types_pb2.KEY_OUTCOME_UNKNOWN
+    return req
+
+
+def _outcome_lost(f: types_pb2.Failure) -> bool:
+    """Says whether a failure leaves unknown whether the upstream applied
+    the attempt: a timeout, a reset, a 504, gRPC DEADLINE_EXCEEDED or
+    UNKNOWN."""
+    kind = f.WhichOneof("kind")
+    return ((kind == "http_status" and f.http_status == 504)
+            or (kind == "grpc_code" and f.grpc_code in (2, 4))
+            or (kind == "transport_error" and f.transport_error in (
+                types_pb2.TRANSPORT_ERROR_TIMEOUT, types_pb2.TRANSPORT_ERROR_CONNECTION_RESET)))

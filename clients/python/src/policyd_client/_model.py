@@ -20,9 +20,11 @@ class Disposition(str, enum.Enum):
     SUCCEEDED = "succeeded"
     #: The upstream refused for good: fix the input.
     FAILED_TERMINAL = "failed_terminal"
-    #: Retries ran out (attempts, budget, pushback): it may succeed later.
+    #: Retries ran out (attempts, budget, pushback), or the call's own
+    #: deadline or its cancellation ended it (stop reason DEADLINE): it may
+    #: succeed later.
     DEAD_LETTER = "dead_letter"
-    #: The call's deadline, its cancellation or the run's cut-off ended it.
+    #: The run's cut-off ended it.
     DEADLINE_CUT = "deadline_cut"
     #: The upstream's breaker refused it.
     CIRCUIT_OPEN = "circuit_open"
@@ -101,7 +103,16 @@ class Call:
     the call spends. ``deadline`` bounds the whole call: Unix seconds on the
     client's clock (its ``now``), or an aware ``datetime``. ``call_id`` names
     the call in policyd's audit trail; default the submission id, else a
-    random id.
+    random id. ``origin`` is when the work began (the event's original
+    timestamp; Unix seconds on the client's clock, or an aware
+    ``datetime``): policyd anchors the call's deadline to it; default now.
+    ``triage_ref`` is a reference for triage (the source document's URI,
+    say), up to 1024 bytes: a call of a run carries it into the run's call
+    table (``policyd run calls``). ``claim_key`` makes an idempotent call
+    use policyd's idempotency ledger too (a non-idempotent call with a key
+    always does): a string the function returns is kept as the result
+    reference, and a later call of the same key gets it as its ``value``
+    (``Result.deduplicated``) without the function being called.
     """
 
     target: str
@@ -112,6 +123,9 @@ class Call:
     run_id: str = ""
     deadline: Union[float, datetime, None] = None
     call_id: str = ""
+    origin: Union[float, datetime, None] = None
+    triage_ref: str = ""
+    claim_key: bool = False
 
 
 @dataclass(frozen=True)
@@ -154,6 +168,9 @@ class Result(Generic[T]):
     idempotency_key: str = ""
     local: bool = False
     value: Optional[T] = None
+    #: True when the idempotency ledger said an earlier attempt succeeded:
+    #: the function was not called; ``value`` is its result reference.
+    deduplicated: bool = False
 
     @property
     def ok(self) -> bool:
@@ -171,6 +188,8 @@ class Stats:
     attempts: int = 0
     #: Admit RPCs sent (the CLOSED fast path sends none).
     admit_rpcs: int = 0
+    #: Calls the idempotency ledger answered with an earlier success.
+    deduplicated: int = 0
     #: Attempts refused locally from the breaker cache.
     fast_fails: int = 0
     #: Decisions made locally because policyd did not answer in time.
@@ -230,5 +249,6 @@ EventHook = Callable[[Event], None]
 
 class Cancelled(Exception):
     """The call was cancelled (its ``cancel`` event was set) while it waited;
-    :attr:`Result.error` holds it and the disposition is DEADLINE_CUT."""
+    :attr:`Result.error` holds it and the disposition is DEAD_LETTER
+    (stop reason DEADLINE)."""
 

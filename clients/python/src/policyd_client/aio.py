@@ -75,6 +75,12 @@ class _ThreadedStub:
     async def NextDelay(self, req: rpb.NextDelayRequest, **kw: Any) -> rpb.NextDelayResponse:
         return await asyncio.to_thread(self._stub.NextDelay, req, **kw)
 
+    async def ClaimKey(self, req: rpb.ClaimKeyRequest, **kw: Any) -> rpb.ClaimKeyResponse:
+        return await asyncio.to_thread(self._stub.ClaimKey, req, **kw)
+
+    async def CompleteKey(self, req: rpb.CompleteKeyRequest, **kw: Any) -> rpb.CompleteKeyResponse:
+        return await asyncio.to_thread(self._stub.CompleteKey, req, **kw)
+
     async def ReportOutcome(self, req: rpb.ReportOutcomeRequest, **kw: Any) -> rpb.ReportOutcomeResponse:
         return await asyncio.to_thread(self._stub.ReportOutcome, req, **kw)
 
@@ -308,8 +314,8 @@ class AsyncClient:
         per-attempt timeout (``asyncio.wait_for``): an attempt that overruns
         it is cancelled and counts as a transport timeout.
 
-        Cancelling the task running call() reports the call as DEADLINE_CUT
-        and re-raises CancelledError.
+        Cancelling the task running call() reports the call as DEAD_LETTER
+        (DEADLINE) and re-raises CancelledError.
         """
         if self._closed:
             raise RuntimeError("policyd_client: the client is closed")
@@ -365,6 +371,17 @@ class AsyncClient:
             try:
                 return await stub.Admit(effect.request, timeout=dt, metadata=self._md)
             except Exception as e:
+                return e
+        if isinstance(effect, _loop.Claim):
+            try:
+                return await stub.ClaimKey(effect.request, timeout=dt, metadata=self._md)
+            except Exception as e:
+                return e
+        if isinstance(effect, _loop.Complete):
+            try:
+                return await stub.CompleteKey(effect.request, timeout=dt, metadata=self._md)
+            except Exception as e:
+                self._core.log.warning("policyd_client: policyd did not record the idempotency key's outcome: %s", e)
                 return e
         # Decide: successes queued before this failure reach the breaker
         # first; both share the decision timeout.

@@ -245,7 +245,7 @@ class Client:
         while it is known OPEN), call ``fn(attempt)``, classify what it
         raised, ask NextDelay, wait, repeat. Outcomes are reported in the
         background. Setting ``cancel`` ends the call at its next wait with
-        DEADLINE_CUT.
+        DEAD_LETTER (stop reason DEADLINE).
 
         ``fn`` should apply ``attempt.timeout`` to the I/O it does; an attempt
         that overruns it counts as a timeout. Exceptions that are not
@@ -296,6 +296,17 @@ class Client:
             try:
                 return stub.Admit(effect.request, timeout=dt, metadata=self._md)
             except Exception as e:  # policyd away, slow, or the channel closed
+                return e
+        if isinstance(effect, _loop.Claim):
+            try:
+                return stub.ClaimKey(effect.request, timeout=dt, metadata=self._md)
+            except Exception as e:
+                return e
+        if isinstance(effect, _loop.Complete):
+            try:
+                return stub.CompleteKey(effect.request, timeout=dt, metadata=self._md)
+            except Exception as e:
+                self._core.log.warning("policyd_client: policyd did not record the idempotency key's outcome: %s", e)
                 return e
         # Decide: the successes queued before this failure reach the breaker
         # before it does (a consecutive-failure breaker must not count

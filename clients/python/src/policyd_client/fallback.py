@@ -259,7 +259,7 @@ class LocalPolicy:
             spread = max(hint / 10, 0.25)
             delay = max(delay, hint + self._rand() * spread)
         if deadline is not None and now + delay + self.attempt_timeout > deadline:
-            return stop(types_pb2.STOP_REASON_DEADLINE, types_pb2.DISPOSITION_DEADLINE_CUT)
+            return stop(types_pb2.STOP_REASON_DEADLINE, types_pb2.DISPOSITION_DEAD_LETTER)
         if not self.budget.take(now, 2.0 if f.is_timeout else 1.0):
             return stop(types_pb2.STOP_REASON_BUDGET_EXHAUSTED, types_pb2.DISPOSITION_DEAD_LETTER)
         return Decision(True, delay, reason=reason, attempt_timeout=self.attempt_timeout, fallback=True)

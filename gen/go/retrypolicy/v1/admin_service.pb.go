@@ -1252,7 +1252,10 @@ type OpenRunRequest struct {
 	// cutoff_time is the wall-clock cut-off; required, in the future.
 	CutoffTime *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=cutoff_time,json=cutoffTime,proto3" json:"cutoff_time,omitempty"`
 	// description is free text for operators, up to 1024 bytes.
-	Description   string `protobuf:"bytes,5,opt,name=description,proto3" json:"description,omitempty"`
+	Description string `protobuf:"bytes,5,opt,name=description,proto3" json:"description,omitempty"`
+	// redrive_of, when set, names the run of the same tenant this one
+	// re-drives (its dead-lettered and cut calls); it must exist.
+	RedriveOf     string `protobuf:"bytes,6,opt,name=redrive_of,json=redriveOf,proto3" json:"redrive_of,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1318,6 +1321,13 @@ func (x *OpenRunRequest) GetCutoffTime() *timestamppb.Timestamp {
 func (x *OpenRunRequest) GetDescription() string {
 	if x != nil {
 		return x.Description
+	}
+	return ""
+}
+
+func (x *OpenRunRequest) GetRedriveOf() string {
+	if x != nil {
+		return x.RedriveOf
 	}
 	return ""
 }
@@ -1579,8 +1589,168 @@ func (x *ListRunsResponse) GetNextPageToken() string {
 	return ""
 }
 
-// QueryAuditRequest selects audit records. At least call_id or tenant is
-// required.
+// ListRunCallsRequest selects calls of one run.
+type ListRunCallsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// run_id names the run; required.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// tenant, when set, must own the run (else NOT_FOUND); a tenant token
+	// must set it to its own tenant.
+	Tenant string `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// dispositions, when set, lists only calls with one of these final
+	// dispositions (UNSPECIFIED: calls not final yet).
+	Dispositions []Disposition `protobuf:"varint,3,rep,packed,name=dispositions,proto3,enum=retrypolicy.v1.Disposition" json:"dispositions,omitempty"`
+	// stop_reasons, when set, lists only calls with one of these stop
+	// reasons.
+	StopReasons []StopReason `protobuf:"varint,4,rep,packed,name=stop_reasons,json=stopReasons,proto3,enum=retrypolicy.v1.StopReason" json:"stop_reasons,omitempty"`
+	// page_size caps the answer, 0 to 1000; 0 means 100.
+	PageSize uint32 `protobuf:"varint,5,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// page_token continues a previous listing.
+	PageToken     string `protobuf:"bytes,6,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListRunCallsRequest) Reset() {
+	*x = ListRunCallsRequest{}
+	mi := &file_retrypolicy_v1_admin_service_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListRunCallsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListRunCallsRequest) ProtoMessage() {}
+
+func (x *ListRunCallsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_retrypolicy_v1_admin_service_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListRunCallsRequest.ProtoReflect.Descriptor instead.
+func (*ListRunCallsRequest) Descriptor() ([]byte, []int) {
+	return file_retrypolicy_v1_admin_service_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *ListRunCallsRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *ListRunCallsRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ListRunCallsRequest) GetDispositions() []Disposition {
+	if x != nil {
+		return x.Dispositions
+	}
+	return nil
+}
+
+func (x *ListRunCallsRequest) GetStopReasons() []StopReason {
+	if x != nil {
+		return x.StopReasons
+	}
+	return nil
+}
+
+func (x *ListRunCallsRequest) GetPageSize() uint32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListRunCallsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ListRunCallsResponse is one page of a run's calls.
+type ListRunCallsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// calls are in call id order.
+	Calls []*RunCall `protobuf:"bytes,1,rep,name=calls,proto3" json:"calls,omitempty"`
+	// next_page_token continues the listing; empty at the end.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	// untracked counts the run's calls beyond its call table's cap, which are
+	// in its ledger but not listed.
+	Untracked     uint64 `protobuf:"varint,3,opt,name=untracked,proto3" json:"untracked,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListRunCallsResponse) Reset() {
+	*x = ListRunCallsResponse{}
+	mi := &file_retrypolicy_v1_admin_service_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListRunCallsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListRunCallsResponse) ProtoMessage() {}
+
+func (x *ListRunCallsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_retrypolicy_v1_admin_service_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListRunCallsResponse.ProtoReflect.Descriptor instead.
+func (*ListRunCallsResponse) Descriptor() ([]byte, []int) {
+	return file_retrypolicy_v1_admin_service_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *ListRunCallsResponse) GetCalls() []*RunCall {
+	if x != nil {
+		return x.Calls
+	}
+	return nil
+}
+
+func (x *ListRunCallsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+func (x *ListRunCallsResponse) GetUntracked() uint64 {
+	if x != nil {
+		return x.Untracked
+	}
+	return 0
+}
+
+// QueryAuditRequest selects audit records. At least call_id, tenant or
+// start_time is required; start_time alone selects every tenant's records
+// (what `policyd audit export` pages through).
 type QueryAuditRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// call_id, when set, selects one call's records.
@@ -1601,7 +1771,7 @@ type QueryAuditRequest struct {
 
 func (x *QueryAuditRequest) Reset() {
 	*x = QueryAuditRequest{}
-	mi := &file_retrypolicy_v1_admin_service_proto_msgTypes[30]
+	mi := &file_retrypolicy_v1_admin_service_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1613,7 +1783,7 @@ func (x *QueryAuditRequest) String() string {
 func (*QueryAuditRequest) ProtoMessage() {}
 
 func (x *QueryAuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_admin_service_proto_msgTypes[30]
+	mi := &file_retrypolicy_v1_admin_service_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1626,7 +1796,7 @@ func (x *QueryAuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryAuditRequest.ProtoReflect.Descriptor instead.
 func (*QueryAuditRequest) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_admin_service_proto_rawDescGZIP(), []int{30}
+	return file_retrypolicy_v1_admin_service_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *QueryAuditRequest) GetCallId() string {
@@ -1684,7 +1854,7 @@ type QueryAuditResponse struct {
 
 func (x *QueryAuditResponse) Reset() {
 	*x = QueryAuditResponse{}
-	mi := &file_retrypolicy_v1_admin_service_proto_msgTypes[31]
+	mi := &file_retrypolicy_v1_admin_service_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1696,7 +1866,7 @@ func (x *QueryAuditResponse) String() string {
 func (*QueryAuditResponse) ProtoMessage() {}
 
 func (x *QueryAuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_admin_service_proto_msgTypes[31]
+	mi := &file_retrypolicy_v1_admin_service_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1709,7 +1879,7 @@ func (x *QueryAuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryAuditResponse.ProtoReflect.Descriptor instead.
 func (*QueryAuditResponse) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_admin_service_proto_rawDescGZIP(), []int{31}
+	return file_retrypolicy_v1_admin_service_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *QueryAuditResponse) GetRecords() []*AuditRecord {
@@ -1793,7 +1963,7 @@ const file_retrypolicy_v1_admin_service_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\v2\x1a.retrypolicy.v1.BreakerKeyR\x03key\x122\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x1c.retrypolicy.v1.BreakerStateR\x05state\"I\n" +
 	"\x14ForceBreakerResponse\x121\n" +
-	"\abreaker\x18\x01 \x01(\v2\x17.retrypolicy.v1.BreakerR\abreaker\"\xbd\x01\n" +
+	"\abreaker\x18\x01 \x01(\v2\x17.retrypolicy.v1.BreakerR\abreaker\"\xdc\x01\n" +
 	"\x0eOpenRunRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x1d\n" +
@@ -1801,7 +1971,9 @@ const file_retrypolicy_v1_admin_service_proto_rawDesc = "" +
 	"retry_pool\x18\x03 \x01(\x04R\tretryPool\x12;\n" +
 	"\vcutoff_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"cutoffTime\x12 \n" +
-	"\vdescription\x18\x05 \x01(\tR\vdescription\"8\n" +
+	"\vdescription\x18\x05 \x01(\tR\vdescription\x12\x1d\n" +
+	"\n" +
+	"redrive_of\x18\x06 \x01(\tR\tredriveOf\"8\n" +
 	"\x0fOpenRunResponse\x12%\n" +
 	"\x03run\x18\x01 \x01(\v2\x13.retrypolicy.v1.RunR\x03run\"&\n" +
 	"\rGetRunRequest\x12\x15\n" +
@@ -1815,7 +1987,19 @@ const file_retrypolicy_v1_admin_service_proto_rawDesc = "" +
 	"page_token\x18\x03 \x01(\tR\tpageToken\"c\n" +
 	"\x10ListRunsResponse\x12'\n" +
 	"\x04runs\x18\x01 \x03(\v2\x13.retrypolicy.v1.RunR\x04runs\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xf2\x01\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x80\x02\n" +
+	"\x13ListRunCallsRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
+	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12?\n" +
+	"\fdispositions\x18\x03 \x03(\x0e2\x1b.retrypolicy.v1.DispositionR\fdispositions\x12=\n" +
+	"\fstop_reasons\x18\x04 \x03(\x0e2\x1a.retrypolicy.v1.StopReasonR\vstopReasons\x12\x1b\n" +
+	"\tpage_size\x18\x05 \x01(\rR\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x06 \x01(\tR\tpageToken\"\x8b\x01\n" +
+	"\x14ListRunCallsResponse\x12-\n" +
+	"\x05calls\x18\x01 \x03(\v2\x17.retrypolicy.v1.RunCallR\x05calls\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12\x1c\n" +
+	"\tuntracked\x18\x03 \x01(\x04R\tuntracked\"\xf2\x01\n" +
 	"\x11QueryAuditRequest\x12\x17\n" +
 	"\acall_id\x18\x01 \x01(\tR\x06callId\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x129\n" +
@@ -1827,7 +2011,7 @@ const file_retrypolicy_v1_admin_service_proto_rawDesc = "" +
 	"page_token\x18\x06 \x01(\tR\tpageToken\"s\n" +
 	"\x12QueryAuditResponse\x125\n" +
 	"\arecords\x18\x01 \x03(\v2\x1b.retrypolicy.v1.AuditRecordR\arecords\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken2\xe7\v\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken2\xc7\f\n" +
 	"\fAdminService\x12b\n" +
 	"\x0fSetTenantBudget\x12&.retrypolicy.v1.SetTenantBudgetRequest\x1a'.retrypolicy.v1.SetTenantBudgetResponse\x12g\n" +
 	"\x0fGetTenantBudget\x12&.retrypolicy.v1.GetTenantBudgetRequest\x1a'.retrypolicy.v1.GetTenantBudgetResponse\"\x03\x90\x02\x01\x12m\n" +
@@ -1844,7 +2028,8 @@ const file_retrypolicy_v1_admin_service_proto_rawDesc = "" +
 	"\fForceBreaker\x12#.retrypolicy.v1.ForceBreakerRequest\x1a$.retrypolicy.v1.ForceBreakerResponse\"\x03\x90\x02\x02\x12J\n" +
 	"\aOpenRun\x12\x1e.retrypolicy.v1.OpenRunRequest\x1a\x1f.retrypolicy.v1.OpenRunResponse\x12L\n" +
 	"\x06GetRun\x12\x1d.retrypolicy.v1.GetRunRequest\x1a\x1e.retrypolicy.v1.GetRunResponse\"\x03\x90\x02\x01\x12R\n" +
-	"\bListRuns\x12\x1f.retrypolicy.v1.ListRunsRequest\x1a .retrypolicy.v1.ListRunsResponse\"\x03\x90\x02\x01\x12X\n" +
+	"\bListRuns\x12\x1f.retrypolicy.v1.ListRunsRequest\x1a .retrypolicy.v1.ListRunsResponse\"\x03\x90\x02\x01\x12^\n" +
+	"\fListRunCalls\x12#.retrypolicy.v1.ListRunCallsRequest\x1a$.retrypolicy.v1.ListRunCallsResponse\"\x03\x90\x02\x01\x12X\n" +
 	"\n" +
 	"QueryAudit\x12!.retrypolicy.v1.QueryAuditRequest\x1a\".retrypolicy.v1.QueryAuditResponse\"\x03\x90\x02\x01B@Z>github.com/policyd/policyd/gen/go/retrypolicy/v1;retrypolicyv1b\x06proto3"
 
@@ -1860,7 +2045,7 @@ func file_retrypolicy_v1_admin_service_proto_rawDescGZIP() []byte {
 	return file_retrypolicy_v1_admin_service_proto_rawDescData
 }
 
-var file_retrypolicy_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_retrypolicy_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_retrypolicy_v1_admin_service_proto_goTypes = []any{
 	(*SetTenantBudgetRequest)(nil),     // 0: retrypolicy.v1.SetTenantBudgetRequest
 	(*SetTenantBudgetResponse)(nil),    // 1: retrypolicy.v1.SetTenantBudgetResponse
@@ -1892,81 +2077,91 @@ var file_retrypolicy_v1_admin_service_proto_goTypes = []any{
 	(*GetRunResponse)(nil),             // 27: retrypolicy.v1.GetRunResponse
 	(*ListRunsRequest)(nil),            // 28: retrypolicy.v1.ListRunsRequest
 	(*ListRunsResponse)(nil),           // 29: retrypolicy.v1.ListRunsResponse
-	(*QueryAuditRequest)(nil),          // 30: retrypolicy.v1.QueryAuditRequest
-	(*QueryAuditResponse)(nil),         // 31: retrypolicy.v1.QueryAuditResponse
-	(*TenantBudget)(nil),               // 32: retrypolicy.v1.TenantBudget
-	(*TenantBudgetStatus)(nil),         // 33: retrypolicy.v1.TenantBudgetStatus
-	(*Policy)(nil),                     // 34: retrypolicy.v1.Policy
-	(*PolicyEntry)(nil),                // 35: retrypolicy.v1.PolicyEntry
-	(BreakerState)(0),                  // 36: retrypolicy.v1.BreakerState
-	(*Breaker)(nil),                    // 37: retrypolicy.v1.Breaker
-	(*BreakerKey)(nil),                 // 38: retrypolicy.v1.BreakerKey
-	(*timestamppb.Timestamp)(nil),      // 39: google.protobuf.Timestamp
-	(*Run)(nil),                        // 40: retrypolicy.v1.Run
-	(*AuditRecord)(nil),                // 41: retrypolicy.v1.AuditRecord
+	(*ListRunCallsRequest)(nil),        // 30: retrypolicy.v1.ListRunCallsRequest
+	(*ListRunCallsResponse)(nil),       // 31: retrypolicy.v1.ListRunCallsResponse
+	(*QueryAuditRequest)(nil),          // 32: retrypolicy.v1.QueryAuditRequest
+	(*QueryAuditResponse)(nil),         // 33: retrypolicy.v1.QueryAuditResponse
+	(*TenantBudget)(nil),               // 34: retrypolicy.v1.TenantBudget
+	(*TenantBudgetStatus)(nil),         // 35: retrypolicy.v1.TenantBudgetStatus
+	(*Policy)(nil),                     // 36: retrypolicy.v1.Policy
+	(*PolicyEntry)(nil),                // 37: retrypolicy.v1.PolicyEntry
+	(BreakerState)(0),                  // 38: retrypolicy.v1.BreakerState
+	(*Breaker)(nil),                    // 39: retrypolicy.v1.Breaker
+	(*BreakerKey)(nil),                 // 40: retrypolicy.v1.BreakerKey
+	(*timestamppb.Timestamp)(nil),      // 41: google.protobuf.Timestamp
+	(*Run)(nil),                        // 42: retrypolicy.v1.Run
+	(Disposition)(0),                   // 43: retrypolicy.v1.Disposition
+	(StopReason)(0),                    // 44: retrypolicy.v1.StopReason
+	(*RunCall)(nil),                    // 45: retrypolicy.v1.RunCall
+	(*AuditRecord)(nil),                // 46: retrypolicy.v1.AuditRecord
 }
 var file_retrypolicy_v1_admin_service_proto_depIdxs = []int32{
-	32, // 0: retrypolicy.v1.SetTenantBudgetRequest.budget:type_name -> retrypolicy.v1.TenantBudget
-	32, // 1: retrypolicy.v1.SetTenantBudgetResponse.budget:type_name -> retrypolicy.v1.TenantBudget
-	33, // 2: retrypolicy.v1.GetTenantBudgetResponse.status:type_name -> retrypolicy.v1.TenantBudgetStatus
-	33, // 3: retrypolicy.v1.ListTenantBudgetsResponse.budgets:type_name -> retrypolicy.v1.TenantBudgetStatus
-	34, // 4: retrypolicy.v1.SetPolicyRequest.policy:type_name -> retrypolicy.v1.Policy
-	35, // 5: retrypolicy.v1.SetPolicyResponse.entry:type_name -> retrypolicy.v1.PolicyEntry
-	35, // 6: retrypolicy.v1.GetPolicyResponse.entry:type_name -> retrypolicy.v1.PolicyEntry
-	35, // 7: retrypolicy.v1.ListPoliciesResponse.entries:type_name -> retrypolicy.v1.PolicyEntry
-	36, // 8: retrypolicy.v1.ListBreakersRequest.state:type_name -> retrypolicy.v1.BreakerState
-	37, // 9: retrypolicy.v1.ListBreakersResponse.breakers:type_name -> retrypolicy.v1.Breaker
-	38, // 10: retrypolicy.v1.GetBreakerRequest.key:type_name -> retrypolicy.v1.BreakerKey
-	37, // 11: retrypolicy.v1.GetBreakerResponse.breaker:type_name -> retrypolicy.v1.Breaker
-	38, // 12: retrypolicy.v1.ResetBreakerRequest.key:type_name -> retrypolicy.v1.BreakerKey
-	37, // 13: retrypolicy.v1.ResetBreakerResponse.breaker:type_name -> retrypolicy.v1.Breaker
-	38, // 14: retrypolicy.v1.ForceBreakerRequest.key:type_name -> retrypolicy.v1.BreakerKey
-	36, // 15: retrypolicy.v1.ForceBreakerRequest.state:type_name -> retrypolicy.v1.BreakerState
-	37, // 16: retrypolicy.v1.ForceBreakerResponse.breaker:type_name -> retrypolicy.v1.Breaker
-	39, // 17: retrypolicy.v1.OpenRunRequest.cutoff_time:type_name -> google.protobuf.Timestamp
-	40, // 18: retrypolicy.v1.OpenRunResponse.run:type_name -> retrypolicy.v1.Run
-	40, // 19: retrypolicy.v1.GetRunResponse.run:type_name -> retrypolicy.v1.Run
-	40, // 20: retrypolicy.v1.ListRunsResponse.runs:type_name -> retrypolicy.v1.Run
-	39, // 21: retrypolicy.v1.QueryAuditRequest.start_time:type_name -> google.protobuf.Timestamp
-	39, // 22: retrypolicy.v1.QueryAuditRequest.end_time:type_name -> google.protobuf.Timestamp
-	41, // 23: retrypolicy.v1.QueryAuditResponse.records:type_name -> retrypolicy.v1.AuditRecord
-	0,  // 24: retrypolicy.v1.AdminService.SetTenantBudget:input_type -> retrypolicy.v1.SetTenantBudgetRequest
-	2,  // 25: retrypolicy.v1.AdminService.GetTenantBudget:input_type -> retrypolicy.v1.GetTenantBudgetRequest
-	4,  // 26: retrypolicy.v1.AdminService.ListTenantBudgets:input_type -> retrypolicy.v1.ListTenantBudgetsRequest
-	6,  // 27: retrypolicy.v1.AdminService.DeleteTenantBudget:input_type -> retrypolicy.v1.DeleteTenantBudgetRequest
-	8,  // 28: retrypolicy.v1.AdminService.SetPolicy:input_type -> retrypolicy.v1.SetPolicyRequest
-	10, // 29: retrypolicy.v1.AdminService.GetPolicy:input_type -> retrypolicy.v1.GetPolicyRequest
-	12, // 30: retrypolicy.v1.AdminService.ListPolicies:input_type -> retrypolicy.v1.ListPoliciesRequest
-	14, // 31: retrypolicy.v1.AdminService.DeletePolicy:input_type -> retrypolicy.v1.DeletePolicyRequest
-	16, // 32: retrypolicy.v1.AdminService.ListBreakers:input_type -> retrypolicy.v1.ListBreakersRequest
-	18, // 33: retrypolicy.v1.AdminService.GetBreaker:input_type -> retrypolicy.v1.GetBreakerRequest
-	20, // 34: retrypolicy.v1.AdminService.ResetBreaker:input_type -> retrypolicy.v1.ResetBreakerRequest
-	22, // 35: retrypolicy.v1.AdminService.ForceBreaker:input_type -> retrypolicy.v1.ForceBreakerRequest
-	24, // 36: retrypolicy.v1.AdminService.OpenRun:input_type -> retrypolicy.v1.OpenRunRequest
-	26, // 37: retrypolicy.v1.AdminService.GetRun:input_type -> retrypolicy.v1.GetRunRequest
-	28, // 38: retrypolicy.v1.AdminService.ListRuns:input_type -> retrypolicy.v1.ListRunsRequest
-	30, // 39: retrypolicy.v1.AdminService.QueryAudit:input_type -> retrypolicy.v1.QueryAuditRequest
-	1,  // 40: retrypolicy.v1.AdminService.SetTenantBudget:output_type -> retrypolicy.v1.SetTenantBudgetResponse
-	3,  // 41: retrypolicy.v1.AdminService.GetTenantBudget:output_type -> retrypolicy.v1.GetTenantBudgetResponse
-	5,  // 42: retrypolicy.v1.AdminService.ListTenantBudgets:output_type -> retrypolicy.v1.ListTenantBudgetsResponse
-	7,  // 43: retrypolicy.v1.AdminService.DeleteTenantBudget:output_type -> retrypolicy.v1.DeleteTenantBudgetResponse
-	9,  // 44: retrypolicy.v1.AdminService.SetPolicy:output_type -> retrypolicy.v1.SetPolicyResponse
-	11, // 45: retrypolicy.v1.AdminService.GetPolicy:output_type -> retrypolicy.v1.GetPolicyResponse
-	13, // 46: retrypolicy.v1.AdminService.ListPolicies:output_type -> retrypolicy.v1.ListPoliciesResponse
-	15, // 47: retrypolicy.v1.AdminService.DeletePolicy:output_type -> retrypolicy.v1.DeletePolicyResponse
-	17, // 48: retrypolicy.v1.AdminService.ListBreakers:output_type -> retrypolicy.v1.ListBreakersResponse
-	19, // 49: retrypolicy.v1.AdminService.GetBreaker:output_type -> retrypolicy.v1.GetBreakerResponse
-	21, // 50: retrypolicy.v1.AdminService.ResetBreaker:output_type -> retrypolicy.v1.ResetBreakerResponse
-	23, // 51: retrypolicy.v1.AdminService.ForceBreaker:output_type -> retrypolicy.v1.ForceBreakerResponse
-	25, // 52: retrypolicy.v1.AdminService.OpenRun:output_type -> retrypolicy.v1.OpenRunResponse
-	27, // 53: retrypolicy.v1.AdminService.GetRun:output_type -> retrypolicy.v1.GetRunResponse
-	29, // 54: retrypolicy.v1.AdminService.ListRuns:output_type -> retrypolicy.v1.ListRunsResponse
-	31, // 55: retrypolicy.v1.AdminService.QueryAudit:output_type -> retrypolicy.v1.QueryAuditResponse
-	40, // [40:56] is the sub-list for method output_type
-	24, // [24:40] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	34, // 0: retrypolicy.v1.SetTenantBudgetRequest.budget:type_name -> retrypolicy.v1.TenantBudget
+	34, // 1: retrypolicy.v1.SetTenantBudgetResponse.budget:type_name -> retrypolicy.v1.TenantBudget
+	35, // 2: retrypolicy.v1.GetTenantBudgetResponse.status:type_name -> retrypolicy.v1.TenantBudgetStatus
+	35, // 3: retrypolicy.v1.ListTenantBudgetsResponse.budgets:type_name -> retrypolicy.v1.TenantBudgetStatus
+	36, // 4: retrypolicy.v1.SetPolicyRequest.policy:type_name -> retrypolicy.v1.Policy
+	37, // 5: retrypolicy.v1.SetPolicyResponse.entry:type_name -> retrypolicy.v1.PolicyEntry
+	37, // 6: retrypolicy.v1.GetPolicyResponse.entry:type_name -> retrypolicy.v1.PolicyEntry
+	37, // 7: retrypolicy.v1.ListPoliciesResponse.entries:type_name -> retrypolicy.v1.PolicyEntry
+	38, // 8: retrypolicy.v1.ListBreakersRequest.state:type_name -> retrypolicy.v1.BreakerState
+	39, // 9: retrypolicy.v1.ListBreakersResponse.breakers:type_name -> retrypolicy.v1.Breaker
+	40, // 10: retrypolicy.v1.GetBreakerRequest.key:type_name -> retrypolicy.v1.BreakerKey
+	39, // 11: retrypolicy.v1.GetBreakerResponse.breaker:type_name -> retrypolicy.v1.Breaker
+	40, // 12: retrypolicy.v1.ResetBreakerRequest.key:type_name -> retrypolicy.v1.BreakerKey
+	39, // 13: retrypolicy.v1.ResetBreakerResponse.breaker:type_name -> retrypolicy.v1.Breaker
+	40, // 14: retrypolicy.v1.ForceBreakerRequest.key:type_name -> retrypolicy.v1.BreakerKey
+	38, // 15: retrypolicy.v1.ForceBreakerRequest.state:type_name -> retrypolicy.v1.BreakerState
+	39, // 16: retrypolicy.v1.ForceBreakerResponse.breaker:type_name -> retrypolicy.v1.Breaker
+	41, // 17: retrypolicy.v1.OpenRunRequest.cutoff_time:type_name -> google.protobuf.Timestamp
+	42, // 18: retrypolicy.v1.OpenRunResponse.run:type_name -> retrypolicy.v1.Run
+	42, // 19: retrypolicy.v1.GetRunResponse.run:type_name -> retrypolicy.v1.Run
+	42, // 20: retrypolicy.v1.ListRunsResponse.runs:type_name -> retrypolicy.v1.Run
+	43, // 21: retrypolicy.v1.ListRunCallsRequest.dispositions:type_name -> retrypolicy.v1.Disposition
+	44, // 22: retrypolicy.v1.ListRunCallsRequest.stop_reasons:type_name -> retrypolicy.v1.StopReason
+	45, // 23: retrypolicy.v1.ListRunCallsResponse.calls:type_name -> retrypolicy.v1.RunCall
+	41, // 24: retrypolicy.v1.QueryAuditRequest.start_time:type_name -> google.protobuf.Timestamp
+	41, // 25: retrypolicy.v1.QueryAuditRequest.end_time:type_name -> google.protobuf.Timestamp
+	46, // 26: retrypolicy.v1.QueryAuditResponse.records:type_name -> retrypolicy.v1.AuditRecord
+	0,  // 27: retrypolicy.v1.AdminService.SetTenantBudget:input_type -> retrypolicy.v1.SetTenantBudgetRequest
+	2,  // 28: retrypolicy.v1.AdminService.GetTenantBudget:input_type -> retrypolicy.v1.GetTenantBudgetRequest
+	4,  // 29: retrypolicy.v1.AdminService.ListTenantBudgets:input_type -> retrypolicy.v1.ListTenantBudgetsRequest
+	6,  // 30: retrypolicy.v1.AdminService.DeleteTenantBudget:input_type -> retrypolicy.v1.DeleteTenantBudgetRequest
+	8,  // 31: retrypolicy.v1.AdminService.SetPolicy:input_type -> retrypolicy.v1.SetPolicyRequest
+	10, // 32: retrypolicy.v1.AdminService.GetPolicy:input_type -> retrypolicy.v1.GetPolicyRequest
+	12, // 33: retrypolicy.v1.AdminService.ListPolicies:input_type -> retrypolicy.v1.ListPoliciesRequest
+	14, // 34: retrypolicy.v1.AdminService.DeletePolicy:input_type -> retrypolicy.v1.DeletePolicyRequest
+	16, // 35: retrypolicy.v1.AdminService.ListBreakers:input_type -> retrypolicy.v1.ListBreakersRequest
+	18, // 36: retrypolicy.v1.AdminService.GetBreaker:input_type -> retrypolicy.v1.GetBreakerRequest
+	20, // 37: retrypolicy.v1.AdminService.ResetBreaker:input_type -> retrypolicy.v1.ResetBreakerRequest
+	22, // 38: retrypolicy.v1.AdminService.ForceBreaker:input_type -> retrypolicy.v1.ForceBreakerRequest
+	24, // 39: retrypolicy.v1.AdminService.OpenRun:input_type -> retrypolicy.v1.OpenRunRequest
+	26, // 40: retrypolicy.v1.AdminService.GetRun:input_type -> retrypolicy.v1.GetRunRequest
+	28, // 41: retrypolicy.v1.AdminService.ListRuns:input_type -> retrypolicy.v1.ListRunsRequest
+	30, // 42: retrypolicy.v1.AdminService.ListRunCalls:input_type -> retrypolicy.v1.ListRunCallsRequest
+	32, // 43: retrypolicy.v1.AdminService.QueryAudit:input_type -> retrypolicy.v1.QueryAuditRequest
+	1,  // 44: retrypolicy.v1.AdminService.SetTenantBudget:output_type -> retrypolicy.v1.SetTenantBudgetResponse
+	3,  // 45: retrypolicy.v1.AdminService.GetTenantBudget:output_type -> retrypolicy.v1.GetTenantBudgetResponse
+	5,  // 46: retrypolicy.v1.AdminService.ListTenantBudgets:output_type -> retrypolicy.v1.ListTenantBudgetsResponse
+	7,  // 47: retrypolicy.v1.AdminService.DeleteTenantBudget:output_type -> retrypolicy.v1.DeleteTenantBudgetResponse
+	9,  // 48: retrypolicy.v1.AdminService.SetPolicy:output_type -> retrypolicy.v1.SetPolicyResponse
+	11, // 49: retrypolicy.v1.AdminService.GetPolicy:output_type -> retrypolicy.v1.GetPolicyResponse
+	13, // 50: retrypolicy.v1.AdminService.ListPolicies:output_type -> retrypolicy.v1.ListPoliciesResponse
+	15, // 51: retrypolicy.v1.AdminService.DeletePolicy:output_type -> retrypolicy.v1.DeletePolicyResponse
+	17, // 52: retrypolicy.v1.AdminService.ListBreakers:output_type -> retrypolicy.v1.ListBreakersResponse
+	19, // 53: retrypolicy.v1.AdminService.GetBreaker:output_type -> retrypolicy.v1.GetBreakerResponse
+	21, // 54: retrypolicy.v1.AdminService.ResetBreaker:output_type -> retrypolicy.v1.ResetBreakerResponse
+	23, // 55: retrypolicy.v1.AdminService.ForceBreaker:output_type -> retrypolicy.v1.ForceBreakerResponse
+	25, // 56: retrypolicy.v1.AdminService.OpenRun:output_type -> retrypolicy.v1.OpenRunResponse
+	27, // 57: retrypolicy.v1.AdminService.GetRun:output_type -> retrypolicy.v1.GetRunResponse
+	29, // 58: retrypolicy.v1.AdminService.ListRuns:output_type -> retrypolicy.v1.ListRunsResponse
+	31, // 59: retrypolicy.v1.AdminService.ListRunCalls:output_type -> retrypolicy.v1.ListRunCallsResponse
+	33, // 60: retrypolicy.v1.AdminService.QueryAudit:output_type -> retrypolicy.v1.QueryAuditResponse
+	44, // [44:61] is the sub-list for method output_type
+	27, // [27:44] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_retrypolicy_v1_admin_service_proto_init() }
@@ -1981,7 +2176,7 @@ func file_retrypolicy_v1_admin_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_retrypolicy_v1_admin_service_proto_rawDesc), len(file_retrypolicy_v1_admin_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   32,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

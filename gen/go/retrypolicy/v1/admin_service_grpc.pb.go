@@ -34,6 +34,7 @@ const (
 	AdminService_OpenRun_FullMethodName            = "/retrypolicy.v1.AdminService/OpenRun"
 	AdminService_GetRun_FullMethodName             = "/retrypolicy.v1.AdminService/GetRun"
 	AdminService_ListRuns_FullMethodName           = "/retrypolicy.v1.AdminService/ListRuns"
+	AdminService_ListRunCalls_FullMethodName       = "/retrypolicy.v1.AdminService/ListRunCalls"
 	AdminService_QueryAudit_FullMethodName         = "/retrypolicy.v1.AdminService/QueryAudit"
 )
 
@@ -76,6 +77,11 @@ type AdminServiceClient interface {
 	GetRun(ctx context.Context, in *GetRunRequest, opts ...grpc.CallOption) (*GetRunResponse, error)
 	// ListRuns lists runs, optionally of one tenant.
 	ListRuns(ctx context.Context, in *ListRunsRequest, opts ...grpc.CallOption) (*ListRunsResponse, error)
+	// ListRunCalls lists a run's calls from its call table, optionally only
+	// those of some dispositions or stop reasons: the dead-letter list for
+	// triage. A tenant token may call it for its own tenant's runs (set
+	// tenant); another tenant's run is NOT_FOUND, as an unknown one.
+	ListRunCalls(ctx context.Context, in *ListRunCallsRequest, opts ...grpc.CallOption) (*ListRunCallsResponse, error)
 	// QueryAudit returns audit records by call id, tenant and time range, in
 	// the order they were recorded.
 	QueryAudit(ctx context.Context, in *QueryAuditRequest, opts ...grpc.CallOption) (*QueryAuditResponse, error)
@@ -239,6 +245,16 @@ func (c *adminServiceClient) ListRuns(ctx context.Context, in *ListRunsRequest, 
 	return out, nil
 }
 
+func (c *adminServiceClient) ListRunCalls(ctx context.Context, in *ListRunCallsRequest, opts ...grpc.CallOption) (*ListRunCallsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListRunCallsResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListRunCalls_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *adminServiceClient) QueryAudit(ctx context.Context, in *QueryAuditRequest, opts ...grpc.CallOption) (*QueryAuditResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(QueryAuditResponse)
@@ -288,6 +304,11 @@ type AdminServiceServer interface {
 	GetRun(context.Context, *GetRunRequest) (*GetRunResponse, error)
 	// ListRuns lists runs, optionally of one tenant.
 	ListRuns(context.Context, *ListRunsRequest) (*ListRunsResponse, error)
+	// ListRunCalls lists a run's calls from its call table, optionally only
+	// those of some dispositions or stop reasons: the dead-letter list for
+	// triage. A tenant token may call it for its own tenant's runs (set
+	// tenant); another tenant's run is NOT_FOUND, as an unknown one.
+	ListRunCalls(context.Context, *ListRunCallsRequest) (*ListRunCallsResponse, error)
 	// QueryAudit returns audit records by call id, tenant and time range, in
 	// the order they were recorded.
 	QueryAudit(context.Context, *QueryAuditRequest) (*QueryAuditResponse, error)
@@ -345,6 +366,9 @@ func (UnimplementedAdminServiceServer) GetRun(context.Context, *GetRunRequest) (
 }
 func (UnimplementedAdminServiceServer) ListRuns(context.Context, *ListRunsRequest) (*ListRunsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListRuns not implemented")
+}
+func (UnimplementedAdminServiceServer) ListRunCalls(context.Context, *ListRunCallsRequest) (*ListRunCallsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListRunCalls not implemented")
 }
 func (UnimplementedAdminServiceServer) QueryAudit(context.Context, *QueryAuditRequest) (*QueryAuditResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method QueryAudit not implemented")
@@ -640,6 +664,24 @@ func _AdminService_ListRuns_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_ListRunCalls_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListRunCallsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListRunCalls(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListRunCalls_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListRunCalls(ctx, req.(*ListRunCallsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _AdminService_QueryAudit_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(QueryAuditRequest)
 	if err := dec(in); err != nil {
@@ -724,6 +766,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListRuns",
 			Handler:    _AdminService_ListRuns_Handler,
+		},
+		{
+			MethodName: "ListRunCalls",
+			Handler:    _AdminService_ListRunCalls_Handler,
 		},
 		{
 			MethodName: "QueryAudit",

@@ -443,7 +443,11 @@ type Outcome struct {
 	AlreadyRecorded bool `protobuf:"varint,9,opt,name=already_recorded,json=alreadyRecorded,proto3" json:"already_recorded,omitempty"`
 	// lease_id is the concurrency lease the attempt held, if any; it is
 	// returned.
-	LeaseId       string `protobuf:"bytes,10,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	LeaseId string `protobuf:"bytes,10,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// deduplicated says the idempotency ledger answered the call with an
+	// earlier attempt's success (ClaimKey SUCCEEDED): only with success and
+	// final_disposition SUCCEEDED; the run's ledger counts it.
+	Deduplicated  bool `protobuf:"varint,20,opt,name=deduplicated,proto3" json:"deduplicated,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -546,6 +550,13 @@ func (x *Outcome) GetLeaseId() string {
 		return x.LeaseId
 	}
 	return ""
+}
+
+func (x *Outcome) GetDeduplicated() bool {
+	if x != nil {
+		return x.Deduplicated
+	}
+	return false
 }
 
 // ReportOutcomeRequest carries a batch of outcomes.
@@ -811,6 +822,11 @@ type AdmitResponse struct {
 	// sooner), rate:limited (the rate ceiling; retry_after is the exact wait).
 	// A client waits out the last two without counting an attempt.
 	Reason string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	// run_cutoff_time is the cut-off of the call's run, when the call names
+	// one. A client keeps it per run and checks it with its own clock before
+	// every attempt, so the cut-off holds while it skips Admit (a CLOSED
+	// breaker): one Admit per run and client tells it.
+	RunCutoffTime *timestamppb.Timestamp `protobuf:"bytes,20,opt,name=run_cutoff_time,json=runCutoffTime,proto3" json:"run_cutoff_time,omitempty"`
 	// lease_id is set when the target has a concurrency ceiling and the
 	// attempt was admitted: 32 hex digits, unguessable. Return it with the
 	// attempt's outcome (NextDelay or ReportOutcome) or ReleaseLease.
@@ -888,6 +904,13 @@ func (x *AdmitResponse) GetReason() string {
 		return x.Reason
 	}
 	return ""
+}
+
+func (x *AdmitResponse) GetRunCutoffTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RunCutoffTime
+	}
+	return nil
 }
 
 func (x *AdmitResponse) GetLeaseId() string {
@@ -1172,13 +1195,26 @@ type PlanBudgetRequest struct {
 	Backoff *BackoffSettings `protobuf:"bytes,2,opt,name=backoff,proto3" json:"backoff,omitempty"`
 	// attempt_timeout is reserved for every attempt; >= 0.
 	AttemptTimeout *durationpb.Duration `protobuf:"bytes,3,opt,name=attempt_timeout,json=attemptTimeout,proto3" json:"attempt_timeout,omitempty"`
-	// ttl_margin is added to the window for the idempotency-key TTL; >= 0.
+	// ttl_margin is added to the remaining window for the idempotency-key TTL;
+	// >= 0. Unset or zero takes the default, the largest of attempt_timeout, a
+	// tenth of the window and 1 ms, so the TTL is always strictly longer than
+	// the window.
 	TtlMargin *durationpb.Duration `protobuf:"bytes,4,opt,name=ttl_margin,json=ttlMargin,proto3" json:"ttl_margin,omitempty"`
 	// max_attempts, when set, caps the plan; 1 to 100.
 	MaxAttempts *uint32 `protobuf:"varint,5,opt,name=max_attempts,json=maxAttempts,proto3,oneof" json:"max_attempts,omitempty"`
 	// hops is the number of chained hops to split the window over (the caller
 	// being hop 1); 0 or 1 plans a single hop; at most 16.
-	Hops          uint32 `protobuf:"varint,6,opt,name=hops,proto3" json:"hops,omitempty"`
+	Hops uint32 `protobuf:"varint,6,opt,name=hops,proto3" json:"hops,omitempty"`
+	// origin_time, when set, is when the window began (the event's original
+	// timestamp): the plan fits what is left of the window now, window less
+	// the time since origin_time. At most --max-clock-skew after the daemon's
+	// clock (INVALID_ARGUMENT beyond). A spent window is answered with no
+	// attempt and a reason, not an error. With hops, it shapes hop 1 only.
+	OriginTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=origin_time,json=originTime,proto3" json:"origin_time,omitempty"`
+	// reserve is the fraction of the remaining window kept as headroom, in
+	// [0, 1) (INVALID_ARGUMENT otherwise, NaN included): the schedule fits
+	// remaining * (1 - reserve). 0 keeps none. With hops, it shapes hop 1 only.
+	Reserve       float64 `protobuf:"fixed64,8,opt,name=reserve,proto3" json:"reserve,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1255,6 +1291,20 @@ func (x *PlanBudgetRequest) GetHops() uint32 {
 	return 0
 }
 
+func (x *PlanBudgetRequest) GetOriginTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.OriginTime
+	}
+	return nil
+}
+
+func (x *PlanBudgetRequest) GetReserve() float64 {
+	if x != nil {
+		return x.Reserve
+	}
+	return 0
+}
+
 // PlanBudgetResponse is the plan for the window, and for each inner hop.
 type PlanBudgetResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1311,6 +1361,387 @@ func (x *PlanBudgetResponse) GetHops() []*BudgetPlan {
 	return nil
 }
 
+// ClaimKeyRequest claims a call's idempotency key.
+type ClaimKeyRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// call identifies the call; tenant, target, call_id and idempotency_key
+	// are required. Its deadline bounds the record's TTL from below.
+	Call *CallRef `protobuf:"bytes,1,opt,name=call,proto3" json:"call,omitempty"`
+	// attempt is the attempt about to be made, from 1.
+	Attempt       uint32 `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClaimKeyRequest) Reset() {
+	*x = ClaimKeyRequest{}
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClaimKeyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClaimKeyRequest) ProtoMessage() {}
+
+func (x *ClaimKeyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClaimKeyRequest.ProtoReflect.Descriptor instead.
+func (*ClaimKeyRequest) Descriptor() ([]byte, []int) {
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ClaimKeyRequest) GetCall() *CallRef {
+	if x != nil {
+		return x.Call
+	}
+	return nil
+}
+
+func (x *ClaimKeyRequest) GetAttempt() uint32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+// ClaimKeyResponse is the key's state for the caller.
+type ClaimKeyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// state is the key's state; see KeyState.
+	State KeyState `protobuf:"varint,1,opt,name=state,proto3,enum=retrypolicy.v1.KeyState" json:"state,omitempty"`
+	// lease_id is set when the caller now holds the key's lease: pass it to
+	// CompleteKey.
+	LeaseId string `protobuf:"bytes,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// lease_expire_time is when that lease ends.
+	LeaseExpireTime *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=lease_expire_time,json=leaseExpireTime,proto3" json:"lease_expire_time,omitempty"`
+	// result_ref is the successful attempt's result reference (SUCCEEDED).
+	ResultRef string `protobuf:"bytes,4,opt,name=result_ref,json=resultRef,proto3" json:"result_ref,omitempty"`
+	// retry_after is how long another worker's lease still runs (IN_FLIGHT).
+	RetryAfter *durationpb.Duration `protobuf:"bytes,5,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
+	// reason says why: idempotency:new, idempotency:in_flight,
+	// idempotency:succeeded, idempotency:unknown_retry (the upstream
+	// deduplicates), idempotency:unknown (dead-letter the call).
+	Reason        string `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClaimKeyResponse) Reset() {
+	*x = ClaimKeyResponse{}
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClaimKeyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClaimKeyResponse) ProtoMessage() {}
+
+func (x *ClaimKeyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClaimKeyResponse.ProtoReflect.Descriptor instead.
+func (*ClaimKeyResponse) Descriptor() ([]byte, []int) {
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ClaimKeyResponse) GetState() KeyState {
+	if x != nil {
+		return x.State
+	}
+	return KeyState_KEY_STATE_UNSPECIFIED
+}
+
+func (x *ClaimKeyResponse) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+func (x *ClaimKeyResponse) GetLeaseExpireTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LeaseExpireTime
+	}
+	return nil
+}
+
+func (x *ClaimKeyResponse) GetResultRef() string {
+	if x != nil {
+		return x.ResultRef
+	}
+	return ""
+}
+
+func (x *ClaimKeyResponse) GetRetryAfter() *durationpb.Duration {
+	if x != nil {
+		return x.RetryAfter
+	}
+	return nil
+}
+
+func (x *ClaimKeyResponse) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// CompleteKeyRequest records how the lease holder's attempt ended.
+type CompleteKeyRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tenant owns the key; required.
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// idempotency_key is the key; required.
+	IdempotencyKey string `protobuf:"bytes,2,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	// lease_id is the lease ClaimKey handed out; it must be the key's
+	// current one (else FAILED_PRECONDITION).
+	LeaseId string `protobuf:"bytes,3,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// outcome is how the attempt ended; required.
+	Outcome KeyOutcome `protobuf:"varint,4,opt,name=outcome,proto3,enum=retrypolicy.v1.KeyOutcome" json:"outcome,omitempty"`
+	// result_ref is the upstream's reference of what it made (its record
+	// id, say), up to 1024 bytes; with SUCCEEDED only.
+	ResultRef     string `protobuf:"bytes,5,opt,name=result_ref,json=resultRef,proto3" json:"result_ref,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompleteKeyRequest) Reset() {
+	*x = CompleteKeyRequest{}
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompleteKeyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompleteKeyRequest) ProtoMessage() {}
+
+func (x *CompleteKeyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompleteKeyRequest.ProtoReflect.Descriptor instead.
+func (*CompleteKeyRequest) Descriptor() ([]byte, []int) {
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *CompleteKeyRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *CompleteKeyRequest) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
+func (x *CompleteKeyRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+func (x *CompleteKeyRequest) GetOutcome() KeyOutcome {
+	if x != nil {
+		return x.Outcome
+	}
+	return KeyOutcome_KEY_OUTCOME_UNSPECIFIED
+}
+
+func (x *CompleteKeyRequest) GetResultRef() string {
+	if x != nil {
+		return x.ResultRef
+	}
+	return ""
+}
+
+// CompleteKeyResponse is the key's record after it.
+type CompleteKeyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// record is the key's record.
+	Record        *IdempotencyRecord `protobuf:"bytes,1,opt,name=record,proto3" json:"record,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompleteKeyResponse) Reset() {
+	*x = CompleteKeyResponse{}
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompleteKeyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompleteKeyResponse) ProtoMessage() {}
+
+func (x *CompleteKeyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompleteKeyResponse.ProtoReflect.Descriptor instead.
+func (*CompleteKeyResponse) Descriptor() ([]byte, []int) {
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *CompleteKeyResponse) GetRecord() *IdempotencyRecord {
+	if x != nil {
+		return x.Record
+	}
+	return nil
+}
+
+// GetKeyRequest names a key.
+type GetKeyRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tenant owns the key; required.
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// idempotency_key is the key; required.
+	IdempotencyKey string `protobuf:"bytes,2,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *GetKeyRequest) Reset() {
+	*x = GetKeyRequest{}
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetKeyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetKeyRequest) ProtoMessage() {}
+
+func (x *GetKeyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetKeyRequest.ProtoReflect.Descriptor instead.
+func (*GetKeyRequest) Descriptor() ([]byte, []int) {
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *GetKeyRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *GetKeyRequest) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
+// GetKeyResponse is a key's record.
+type GetKeyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// record is the key's record.
+	Record        *IdempotencyRecord `protobuf:"bytes,1,opt,name=record,proto3" json:"record,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetKeyResponse) Reset() {
+	*x = GetKeyResponse{}
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetKeyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetKeyResponse) ProtoMessage() {}
+
+func (x *GetKeyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetKeyResponse.ProtoReflect.Descriptor instead.
+func (*GetKeyResponse) Descriptor() ([]byte, []int) {
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *GetKeyResponse) GetRecord() *IdempotencyRecord {
+	if x != nil {
+		return x.Record
+	}
+	return nil
+}
+
 var File_retrypolicy_v1_retry_policy_service_proto protoreflect.FileDescriptor
 
 const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
@@ -1347,7 +1778,7 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\x14run_budget_remaining\x18\v \x01(\x04R\x12runBudgetRemaining\x12\x16\n" +
 	"\x06checks\x18\f \x03(\tR\x06checks\x12\x16\n" +
 	"\x06detail\x18\r \x01(\tR\x06detail\x12'\n" +
-	"\x0fflow_controlled\x18\x0e \x01(\bR\x0eflowControlled\"\xc7\x03\n" +
+	"\x0fflow_controlled\x18\x0e \x01(\bR\x0eflowControlled\"\xeb\x03\n" +
 	"\aOutcome\x12+\n" +
 	"\x04call\x18\x01 \x01(\v2\x17.retrypolicy.v1.CallRefR\x04call\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\rR\aattempt\x12\x18\n" +
@@ -1359,7 +1790,8 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\x11final_stop_reason\x18\b \x01(\x0e2\x1a.retrypolicy.v1.StopReasonR\x0ffinalStopReason\x12)\n" +
 	"\x10already_recorded\x18\t \x01(\bR\x0falreadyRecorded\x12\x19\n" +
 	"\blease_id\x18\n" +
-	" \x01(\tR\aleaseId\"K\n" +
+	" \x01(\tR\aleaseId\x12\"\n" +
+	"\fdeduplicated\x18\x14 \x01(\bR\fdeduplicated\"K\n" +
 	"\x14ReportOutcomeRequest\x123\n" +
 	"\boutcomes\x18\x01 \x03(\v2\x17.retrypolicy.v1.OutcomeR\boutcomes\"\xa5\x01\n" +
 	"\x15ReportOutcomeResponse\x12\x1a\n" +
@@ -1373,14 +1805,15 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\amessage\x18\x04 \x01(\tR\amessage\"U\n" +
 	"\fAdmitRequest\x12+\n" +
 	"\x04call\x18\x01 \x01(\v2\x17.retrypolicy.v1.CallRefR\x04call\x12\x18\n" +
-	"\aattempt\x18\x02 \x01(\rR\aattempt\"\xdc\x02\n" +
+	"\aattempt\x18\x02 \x01(\rR\aattempt\"\xa0\x03\n" +
 	"\rAdmitResponse\x12\x1a\n" +
 	"\badmitted\x18\x01 \x01(\bR\badmitted\x122\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x1c.retrypolicy.v1.BreakerStateR\x05state\x12\x1b\n" +
 	"\tpermit_id\x18\x03 \x01(\tR\bpermitId\x12:\n" +
 	"\vretry_after\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"retryAfter\x12\x16\n" +
-	"\x06reason\x18\x05 \x01(\tR\x06reason\x12\x19\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x12B\n" +
+	"\x0frun_cutoff_time\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\rrunCutoffTime\x12\x19\n" +
 	"\blease_id\x18\x06 \x01(\tR\aleaseId\x12F\n" +
 	"\x11lease_expire_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x0fleaseExpireTime\x12'\n" +
 	"\x0fflow_controlled\x18\b \x01(\bR\x0eflowControlled\"]\n" +
@@ -1397,7 +1830,7 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\x11snapshot_complete\x18\x03 \x01(\bR\x10snapshotComplete\x126\n" +
 	"\x17flow_controlled_targets\x18\x04 \x03(\tR\x15flowControlledTargets\x121\n" +
 	"\x14uncontrolled_targets\x18\x05 \x03(\tR\x13uncontrolledTargets\x12A\n" +
-	"\x1dother_targets_flow_controlled\x18\x06 \x01(\bR\x1aotherTargetsFlowControlled\"\xcc\x02\n" +
+	"\x1dother_targets_flow_controlled\x18\x06 \x01(\bR\x1aotherTargetsFlowControlled\"\xa3\x03\n" +
 	"\x11PlanBudgetRequest\x121\n" +
 	"\x06window\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x06window\x129\n" +
 	"\abackoff\x18\x02 \x01(\v2\x1f.retrypolicy.v1.BackoffSettingsR\abackoff\x12B\n" +
@@ -1405,18 +1838,50 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\n" +
 	"ttl_margin\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\tttlMargin\x12&\n" +
 	"\fmax_attempts\x18\x05 \x01(\rH\x00R\vmaxAttempts\x88\x01\x01\x12\x12\n" +
-	"\x04hops\x18\x06 \x01(\rR\x04hopsB\x0f\n" +
+	"\x04hops\x18\x06 \x01(\rR\x04hops\x12;\n" +
+	"\vorigin_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"originTime\x12\x18\n" +
+	"\areserve\x18\b \x01(\x01R\areserveB\x0f\n" +
 	"\r_max_attempts\"t\n" +
 	"\x12PlanBudgetResponse\x12.\n" +
 	"\x04plan\x18\x01 \x01(\v2\x1a.retrypolicy.v1.BudgetPlanR\x04plan\x12.\n" +
-	"\x04hops\x18\x02 \x03(\v2\x1a.retrypolicy.v1.BudgetPlanR\x04hops2\xf8\x04\n" +
+	"\x04hops\x18\x02 \x03(\v2\x1a.retrypolicy.v1.BudgetPlanR\x04hops\"X\n" +
+	"\x0fClaimKeyRequest\x12+\n" +
+	"\x04call\x18\x01 \x01(\v2\x17.retrypolicy.v1.CallRefR\x04call\x12\x18\n" +
+	"\aattempt\x18\x02 \x01(\rR\aattempt\"\x98\x02\n" +
+	"\x10ClaimKeyResponse\x12.\n" +
+	"\x05state\x18\x01 \x01(\x0e2\x18.retrypolicy.v1.KeyStateR\x05state\x12\x19\n" +
+	"\blease_id\x18\x02 \x01(\tR\aleaseId\x12F\n" +
+	"\x11lease_expire_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x0fleaseExpireTime\x12\x1d\n" +
+	"\n" +
+	"result_ref\x18\x04 \x01(\tR\tresultRef\x12:\n" +
+	"\vretry_after\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"retryAfter\x12\x16\n" +
+	"\x06reason\x18\x06 \x01(\tR\x06reason\"\xc5\x01\n" +
+	"\x12CompleteKeyRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12'\n" +
+	"\x0fidempotency_key\x18\x02 \x01(\tR\x0eidempotencyKey\x12\x19\n" +
+	"\blease_id\x18\x03 \x01(\tR\aleaseId\x124\n" +
+	"\aoutcome\x18\x04 \x01(\x0e2\x1a.retrypolicy.v1.KeyOutcomeR\aoutcome\x12\x1d\n" +
+	"\n" +
+	"result_ref\x18\x05 \x01(\tR\tresultRef\"P\n" +
+	"\x13CompleteKeyResponse\x129\n" +
+	"\x06record\x18\x01 \x01(\v2!.retrypolicy.v1.IdempotencyRecordR\x06record\"P\n" +
+	"\rGetKeyRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12'\n" +
+	"\x0fidempotency_key\x18\x02 \x01(\tR\x0eidempotencyKey\"K\n" +
+	"\x0eGetKeyResponse\x129\n" +
+	"\x06record\x18\x01 \x01(\v2!.retrypolicy.v1.IdempotencyRecordR\x06record2\xed\x06\n" +
 	"\x12RetryPolicyService\x12R\n" +
 	"\bClassify\x12\x1f.retrypolicy.v1.ClassifyRequest\x1a .retrypolicy.v1.ClassifyResponse\"\x03\x90\x02\x01\x12P\n" +
 	"\tNextDelay\x12 .retrypolicy.v1.NextDelayRequest\x1a!.retrypolicy.v1.NextDelayResponse\x12\\\n" +
 	"\rReportOutcome\x12$.retrypolicy.v1.ReportOutcomeRequest\x1a%.retrypolicy.v1.ReportOutcomeResponse\x12D\n" +
 	"\x05Admit\x12\x1c.retrypolicy.v1.AdmitRequest\x1a\x1d.retrypolicy.v1.AdmitResponse\x12Y\n" +
 	"\fReleaseLease\x12#.retrypolicy.v1.ReleaseLeaseRequest\x1a$.retrypolicy.v1.ReleaseLeaseResponse\x12c\n" +
-	"\rWatchBreakers\x12$.retrypolicy.v1.WatchBreakersRequest\x1a%.retrypolicy.v1.WatchBreakersResponse\"\x03\x90\x02\x010\x01\x12X\n" +
+	"\rWatchBreakers\x12$.retrypolicy.v1.WatchBreakersRequest\x1a%.retrypolicy.v1.WatchBreakersResponse\"\x03\x90\x02\x010\x01\x12M\n" +
+	"\bClaimKey\x12\x1f.retrypolicy.v1.ClaimKeyRequest\x1a .retrypolicy.v1.ClaimKeyResponse\x12V\n" +
+	"\vCompleteKey\x12\".retrypolicy.v1.CompleteKeyRequest\x1a#.retrypolicy.v1.CompleteKeyResponse\x12L\n" +
+	"\x06GetKey\x12\x1d.retrypolicy.v1.GetKeyRequest\x1a\x1e.retrypolicy.v1.GetKeyResponse\"\x03\x90\x02\x01\x12X\n" +
 	"\n" +
 	"PlanBudget\x12!.retrypolicy.v1.PlanBudgetRequest\x1a\".retrypolicy.v1.PlanBudgetResponse\"\x03\x90\x02\x01B@Z>github.com/policyd/policyd/gen/go/retrypolicy/v1;retrypolicyv1b\x06proto3"
 
@@ -1432,7 +1897,7 @@ func file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP() []byte {
 	return file_retrypolicy_v1_retry_policy_service_proto_rawDescData
 }
 
-var file_retrypolicy_v1_retry_policy_service_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_retrypolicy_v1_retry_policy_service_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_retrypolicy_v1_retry_policy_service_proto_goTypes = []any{
 	(*ClassifyRequest)(nil),       // 0: retrypolicy.v1.ClassifyRequest
 	(*ClassifyResponse)(nil),      // 1: retrypolicy.v1.ClassifyResponse
@@ -1450,73 +1915,97 @@ var file_retrypolicy_v1_retry_policy_service_proto_goTypes = []any{
 	(*WatchBreakersResponse)(nil), // 13: retrypolicy.v1.WatchBreakersResponse
 	(*PlanBudgetRequest)(nil),     // 14: retrypolicy.v1.PlanBudgetRequest
 	(*PlanBudgetResponse)(nil),    // 15: retrypolicy.v1.PlanBudgetResponse
-	(*CallRef)(nil),               // 16: retrypolicy.v1.CallRef
-	(*Failure)(nil),               // 17: retrypolicy.v1.Failure
-	(Category)(0),                 // 18: retrypolicy.v1.Category
-	(*Pushback)(nil),              // 19: retrypolicy.v1.Pushback
-	(*durationpb.Duration)(nil),   // 20: google.protobuf.Duration
-	(Decision)(0),                 // 21: retrypolicy.v1.Decision
-	(StopReason)(0),               // 22: retrypolicy.v1.StopReason
-	(Disposition)(0),              // 23: retrypolicy.v1.Disposition
-	(BreakerState)(0),             // 24: retrypolicy.v1.BreakerState
-	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
-	(*Breaker)(nil),               // 26: retrypolicy.v1.Breaker
-	(*BackoffSettings)(nil),       // 27: retrypolicy.v1.BackoffSettings
-	(*BudgetPlan)(nil),            // 28: retrypolicy.v1.BudgetPlan
+	(*ClaimKeyRequest)(nil),       // 16: retrypolicy.v1.ClaimKeyRequest
+	(*ClaimKeyResponse)(nil),      // 17: retrypolicy.v1.ClaimKeyResponse
+	(*CompleteKeyRequest)(nil),    // 18: retrypolicy.v1.CompleteKeyRequest
+	(*CompleteKeyResponse)(nil),   // 19: retrypolicy.v1.CompleteKeyResponse
+	(*GetKeyRequest)(nil),         // 20: retrypolicy.v1.GetKeyRequest
+	(*GetKeyResponse)(nil),        // 21: retrypolicy.v1.GetKeyResponse
+	(*CallRef)(nil),               // 22: retrypolicy.v1.CallRef
+	(*Failure)(nil),               // 23: retrypolicy.v1.Failure
+	(Category)(0),                 // 24: retrypolicy.v1.Category
+	(*Pushback)(nil),              // 25: retrypolicy.v1.Pushback
+	(*durationpb.Duration)(nil),   // 26: google.protobuf.Duration
+	(Decision)(0),                 // 27: retrypolicy.v1.Decision
+	(StopReason)(0),               // 28: retrypolicy.v1.StopReason
+	(Disposition)(0),              // 29: retrypolicy.v1.Disposition
+	(BreakerState)(0),             // 30: retrypolicy.v1.BreakerState
+	(*timestamppb.Timestamp)(nil), // 31: google.protobuf.Timestamp
+	(*Breaker)(nil),               // 32: retrypolicy.v1.Breaker
+	(*BackoffSettings)(nil),       // 33: retrypolicy.v1.BackoffSettings
+	(*BudgetPlan)(nil),            // 34: retrypolicy.v1.BudgetPlan
+	(KeyState)(0),                 // 35: retrypolicy.v1.KeyState
+	(KeyOutcome)(0),               // 36: retrypolicy.v1.KeyOutcome
+	(*IdempotencyRecord)(nil),     // 37: retrypolicy.v1.IdempotencyRecord
 }
 var file_retrypolicy_v1_retry_policy_service_proto_depIdxs = []int32{
-	16, // 0: retrypolicy.v1.ClassifyRequest.call:type_name -> retrypolicy.v1.CallRef
-	17, // 1: retrypolicy.v1.ClassifyRequest.failure:type_name -> retrypolicy.v1.Failure
-	18, // 2: retrypolicy.v1.ClassifyResponse.category:type_name -> retrypolicy.v1.Category
-	16, // 3: retrypolicy.v1.NextDelayRequest.call:type_name -> retrypolicy.v1.CallRef
-	17, // 4: retrypolicy.v1.NextDelayRequest.failure:type_name -> retrypolicy.v1.Failure
-	19, // 5: retrypolicy.v1.NextDelayRequest.pushback:type_name -> retrypolicy.v1.Pushback
-	20, // 6: retrypolicy.v1.NextDelayRequest.previous_delay:type_name -> google.protobuf.Duration
-	21, // 7: retrypolicy.v1.NextDelayResponse.decision:type_name -> retrypolicy.v1.Decision
-	20, // 8: retrypolicy.v1.NextDelayResponse.delay:type_name -> google.protobuf.Duration
-	22, // 9: retrypolicy.v1.NextDelayResponse.stop_reason:type_name -> retrypolicy.v1.StopReason
-	23, // 10: retrypolicy.v1.NextDelayResponse.disposition:type_name -> retrypolicy.v1.Disposition
-	18, // 11: retrypolicy.v1.NextDelayResponse.category:type_name -> retrypolicy.v1.Category
-	20, // 12: retrypolicy.v1.NextDelayResponse.attempt_timeout:type_name -> google.protobuf.Duration
-	24, // 13: retrypolicy.v1.NextDelayResponse.breaker_state:type_name -> retrypolicy.v1.BreakerState
-	16, // 14: retrypolicy.v1.Outcome.call:type_name -> retrypolicy.v1.CallRef
-	17, // 15: retrypolicy.v1.Outcome.failure:type_name -> retrypolicy.v1.Failure
-	20, // 16: retrypolicy.v1.Outcome.latency:type_name -> google.protobuf.Duration
-	23, // 17: retrypolicy.v1.Outcome.final_disposition:type_name -> retrypolicy.v1.Disposition
-	22, // 18: retrypolicy.v1.Outcome.final_stop_reason:type_name -> retrypolicy.v1.StopReason
+	22, // 0: retrypolicy.v1.ClassifyRequest.call:type_name -> retrypolicy.v1.CallRef
+	23, // 1: retrypolicy.v1.ClassifyRequest.failure:type_name -> retrypolicy.v1.Failure
+	24, // 2: retrypolicy.v1.ClassifyResponse.category:type_name -> retrypolicy.v1.Category
+	22, // 3: retrypolicy.v1.NextDelayRequest.call:type_name -> retrypolicy.v1.CallRef
+	23, // 4: retrypolicy.v1.NextDelayRequest.failure:type_name -> retrypolicy.v1.Failure
+	25, // 5: retrypolicy.v1.NextDelayRequest.pushback:type_name -> retrypolicy.v1.Pushback
+	26, // 6: retrypolicy.v1.NextDelayRequest.previous_delay:type_name -> google.protobuf.Duration
+	27, // 7: retrypolicy.v1.NextDelayResponse.decision:type_name -> retrypolicy.v1.Decision
+	26, // 8: retrypolicy.v1.NextDelayResponse.delay:type_name -> google.protobuf.Duration
+	28, // 9: retrypolicy.v1.NextDelayResponse.stop_reason:type_name -> retrypolicy.v1.StopReason
+	29, // 10: retrypolicy.v1.NextDelayResponse.disposition:type_name -> retrypolicy.v1.Disposition
+	24, // 11: retrypolicy.v1.NextDelayResponse.category:type_name -> retrypolicy.v1.Category
+	26, // 12: retrypolicy.v1.NextDelayResponse.attempt_timeout:type_name -> google.protobuf.Duration
+	30, // 13: retrypolicy.v1.NextDelayResponse.breaker_state:type_name -> retrypolicy.v1.BreakerState
+	22, // 14: retrypolicy.v1.Outcome.call:type_name -> retrypolicy.v1.CallRef
+	23, // 15: retrypolicy.v1.Outcome.failure:type_name -> retrypolicy.v1.Failure
+	26, // 16: retrypolicy.v1.Outcome.latency:type_name -> google.protobuf.Duration
+	29, // 17: retrypolicy.v1.Outcome.final_disposition:type_name -> retrypolicy.v1.Disposition
+	28, // 18: retrypolicy.v1.Outcome.final_stop_reason:type_name -> retrypolicy.v1.StopReason
 	4,  // 19: retrypolicy.v1.ReportOutcomeRequest.outcomes:type_name -> retrypolicy.v1.Outcome
 	7,  // 20: retrypolicy.v1.ReportOutcomeResponse.refused:type_name -> retrypolicy.v1.OutcomeRefusal
-	16, // 21: retrypolicy.v1.AdmitRequest.call:type_name -> retrypolicy.v1.CallRef
-	24, // 22: retrypolicy.v1.AdmitResponse.state:type_name -> retrypolicy.v1.BreakerState
-	20, // 23: retrypolicy.v1.AdmitResponse.retry_after:type_name -> google.protobuf.Duration
-	25, // 24: retrypolicy.v1.AdmitResponse.lease_expire_time:type_name -> google.protobuf.Timestamp
-	16, // 25: retrypolicy.v1.ReleaseLeaseRequest.call:type_name -> retrypolicy.v1.CallRef
-	26, // 26: retrypolicy.v1.WatchBreakersResponse.breaker:type_name -> retrypolicy.v1.Breaker
-	20, // 27: retrypolicy.v1.PlanBudgetRequest.window:type_name -> google.protobuf.Duration
-	27, // 28: retrypolicy.v1.PlanBudgetRequest.backoff:type_name -> retrypolicy.v1.BackoffSettings
-	20, // 29: retrypolicy.v1.PlanBudgetRequest.attempt_timeout:type_name -> google.protobuf.Duration
-	20, // 30: retrypolicy.v1.PlanBudgetRequest.ttl_margin:type_name -> google.protobuf.Duration
-	28, // 31: retrypolicy.v1.PlanBudgetResponse.plan:type_name -> retrypolicy.v1.BudgetPlan
-	28, // 32: retrypolicy.v1.PlanBudgetResponse.hops:type_name -> retrypolicy.v1.BudgetPlan
-	0,  // 33: retrypolicy.v1.RetryPolicyService.Classify:input_type -> retrypolicy.v1.ClassifyRequest
-	2,  // 34: retrypolicy.v1.RetryPolicyService.NextDelay:input_type -> retrypolicy.v1.NextDelayRequest
-	5,  // 35: retrypolicy.v1.RetryPolicyService.ReportOutcome:input_type -> retrypolicy.v1.ReportOutcomeRequest
-	8,  // 36: retrypolicy.v1.RetryPolicyService.Admit:input_type -> retrypolicy.v1.AdmitRequest
-	10, // 37: retrypolicy.v1.RetryPolicyService.ReleaseLease:input_type -> retrypolicy.v1.ReleaseLeaseRequest
-	12, // 38: retrypolicy.v1.RetryPolicyService.WatchBreakers:input_type -> retrypolicy.v1.WatchBreakersRequest
-	14, // 39: retrypolicy.v1.RetryPolicyService.PlanBudget:input_type -> retrypolicy.v1.PlanBudgetRequest
-	1,  // 40: retrypolicy.v1.RetryPolicyService.Classify:output_type -> retrypolicy.v1.ClassifyResponse
-	3,  // 41: retrypolicy.v1.RetryPolicyService.NextDelay:output_type -> retrypolicy.v1.NextDelayResponse
-	6,  // 42: retrypolicy.v1.RetryPolicyService.ReportOutcome:output_type -> retrypolicy.v1.ReportOutcomeResponse
-	9,  // 43: retrypolicy.v1.RetryPolicyService.Admit:output_type -> retrypolicy.v1.AdmitResponse
-	11, // 44: retrypolicy.v1.RetryPolicyService.ReleaseLease:output_type -> retrypolicy.v1.ReleaseLeaseResponse
-	13, // 45: retrypolicy.v1.RetryPolicyService.WatchBreakers:output_type -> retrypolicy.v1.WatchBreakersResponse
-	15, // 46: retrypolicy.v1.RetryPolicyService.PlanBudget:output_type -> retrypolicy.v1.PlanBudgetResponse
-	40, // [40:47] is the sub-list for method output_type
-	33, // [33:40] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	22, // 21: retrypolicy.v1.AdmitRequest.call:type_name -> retrypolicy.v1.CallRef
+	30, // 22: retrypolicy.v1.AdmitResponse.state:type_name -> retrypolicy.v1.BreakerState
+	26, // 23: retrypolicy.v1.AdmitResponse.retry_after:type_name -> google.protobuf.Duration
+	31, // 24: retrypolicy.v1.AdmitResponse.run_cutoff_time:type_name -> google.protobuf.Timestamp
+	31, // 25: retrypolicy.v1.AdmitResponse.lease_expire_time:type_name -> google.protobuf.Timestamp
+	22, // 26: retrypolicy.v1.ReleaseLeaseRequest.call:type_name -> retrypolicy.v1.CallRef
+	32, // 27: retrypolicy.v1.WatchBreakersResponse.breaker:type_name -> retrypolicy.v1.Breaker
+	26, // 28: retrypolicy.v1.PlanBudgetRequest.window:type_name -> google.protobuf.Duration
+	33, // 29: retrypolicy.v1.PlanBudgetRequest.backoff:type_name -> retrypolicy.v1.BackoffSettings
+	26, // 30: retrypolicy.v1.PlanBudgetRequest.attempt_timeout:type_name -> google.protobuf.Duration
+	26, // 31: retrypolicy.v1.PlanBudgetRequest.ttl_margin:type_name -> google.protobuf.Duration
+	31, // 32: retrypolicy.v1.PlanBudgetRequest.origin_time:type_name -> google.protobuf.Timestamp
+	34, // 33: retrypolicy.v1.PlanBudgetResponse.plan:type_name -> retrypolicy.v1.BudgetPlan
+	34, // 34: retrypolicy.v1.PlanBudgetResponse.hops:type_name -> retrypolicy.v1.BudgetPlan
+	22, // 35: retrypolicy.v1.ClaimKeyRequest.call:type_name -> retrypolicy.v1.CallRef
+	35, // 36: retrypolicy.v1.ClaimKeyResponse.state:type_name -> retrypolicy.v1.KeyState
+	31, // 37: retrypolicy.v1.ClaimKeyResponse.lease_expire_time:type_name -> google.protobuf.Timestamp
+	26, // 38: retrypolicy.v1.ClaimKeyResponse.retry_after:type_name -> google.protobuf.Duration
+	36, // 39: retrypolicy.v1.CompleteKeyRequest.outcome:type_name -> retrypolicy.v1.KeyOutcome
+	37, // 40: retrypolicy.v1.CompleteKeyResponse.record:type_name -> retrypolicy.v1.IdempotencyRecord
+	37, // 41: retrypolicy.v1.GetKeyResponse.record:type_name -> retrypolicy.v1.IdempotencyRecord
+	0,  // 42: retrypolicy.v1.RetryPolicyService.Classify:input_type -> retrypolicy.v1.ClassifyRequest
+	2,  // 43: retrypolicy.v1.RetryPolicyService.NextDelay:input_type -> retrypolicy.v1.NextDelayRequest
+	5,  // 44: retrypolicy.v1.RetryPolicyService.ReportOutcome:input_type -> retrypolicy.v1.ReportOutcomeRequest
+	8,  // 45: retrypolicy.v1.RetryPolicyService.Admit:input_type -> retrypolicy.v1.AdmitRequest
+	10, // 46: retrypolicy.v1.RetryPolicyService.ReleaseLease:input_type -> retrypolicy.v1.ReleaseLeaseRequest
+	12, // 47: retrypolicy.v1.RetryPolicyService.WatchBreakers:input_type -> retrypolicy.v1.WatchBreakersRequest
+	16, // 48: retrypolicy.v1.RetryPolicyService.ClaimKey:input_type -> retrypolicy.v1.ClaimKeyRequest
+	18, // 49: retrypolicy.v1.RetryPolicyService.CompleteKey:input_type -> retrypolicy.v1.CompleteKeyRequest
+	20, // 50: retrypolicy.v1.RetryPolicyService.GetKey:input_type -> retrypolicy.v1.GetKeyRequest
+	14, // 51: retrypolicy.v1.RetryPolicyService.PlanBudget:input_type -> retrypolicy.v1.PlanBudgetRequest
+	1,  // 52: retrypolicy.v1.RetryPolicyService.Classify:output_type -> retrypolicy.v1.ClassifyResponse
+	3,  // 53: retrypolicy.v1.RetryPolicyService.NextDelay:output_type -> retrypolicy.v1.NextDelayResponse
+	6,  // 54: retrypolicy.v1.RetryPolicyService.ReportOutcome:output_type -> retrypolicy.v1.ReportOutcomeResponse
+	9,  // 55: retrypolicy.v1.RetryPolicyService.Admit:output_type -> retrypolicy.v1.AdmitResponse
+	11, // 56: retrypolicy.v1.RetryPolicyService.ReleaseLease:output_type -> retrypolicy.v1.ReleaseLeaseResponse
+	13, // 57: retrypolicy.v1.RetryPolicyService.WatchBreakers:output_type -> retrypolicy.v1.WatchBreakersResponse
+	17, // 58: retrypolicy.v1.RetryPolicyService.ClaimKey:output_type -> retrypolicy.v1.ClaimKeyResponse
+	19, // 59: retrypolicy.v1.RetryPolicyService.CompleteKey:output_type -> retrypolicy.v1.CompleteKeyResponse
+	21, // 60: retrypolicy.v1.RetryPolicyService.GetKey:output_type -> retrypolicy.v1.GetKeyResponse
+	15, // 61: retrypolicy.v1.RetryPolicyService.PlanBudget:output_type -> retrypolicy.v1.PlanBudgetResponse
+	52, // [52:62] is the sub-list for method output_type
+	42, // [42:52] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_retrypolicy_v1_retry_policy_service_proto_init() }
@@ -1532,7 +2021,7 @@ func file_retrypolicy_v1_retry_policy_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_retrypolicy_v1_retry_policy_service_proto_rawDesc), len(file_retrypolicy_v1_retry_policy_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   16,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

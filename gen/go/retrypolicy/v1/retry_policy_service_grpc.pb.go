@@ -25,6 +25,9 @@ const (
 	RetryPolicyService_Admit_FullMethodName         = "/retrypolicy.v1.RetryPolicyService/Admit"
 	RetryPolicyService_ReleaseLease_FullMethodName  = "/retrypolicy.v1.RetryPolicyService/ReleaseLease"
 	RetryPolicyService_WatchBreakers_FullMethodName = "/retrypolicy.v1.RetryPolicyService/WatchBreakers"
+	RetryPolicyService_ClaimKey_FullMethodName      = "/retrypolicy.v1.RetryPolicyService/ClaimKey"
+	RetryPolicyService_CompleteKey_FullMethodName   = "/retrypolicy.v1.RetryPolicyService/CompleteKey"
+	RetryPolicyService_GetKey_FullMethodName        = "/retrypolicy.v1.RetryPolicyService/GetKey"
 	RetryPolicyService_PlanBudget_FullMethodName    = "/retrypolicy.v1.RetryPolicyService/PlanBudget"
 )
 
@@ -55,6 +58,16 @@ type RetryPolicyServiceClient interface {
 	// WatchBreakers streams the current breaker states, then every change, so
 	// clients can skip Admit while a breaker is CLOSED and fail fast when OPEN.
 	WatchBreakers(ctx context.Context, in *WatchBreakersRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchBreakersResponse], error)
+	// ClaimKey claims a call's idempotency key before an attempt: NEW (a
+	// lease until the attempt timeout plus slack), IN_FLIGHT (another
+	// worker's live lease), SUCCEEDED (the result reference: do not call
+	// the upstream) or UNKNOWN (a lost outcome). Durable before it answers.
+	ClaimKey(ctx context.Context, in *ClaimKeyRequest, opts ...grpc.CallOption) (*ClaimKeyResponse, error)
+	// CompleteKey records how the attempt holding a key's lease ended.
+	// Durable before it answers.
+	CompleteKey(ctx context.Context, in *CompleteKeyRequest, opts ...grpc.CallOption) (*CompleteKeyResponse, error)
+	// GetKey returns a key's record.
+	GetKey(ctx context.Context, in *GetKeyRequest, opts ...grpc.CallOption) (*GetKeyResponse, error)
 	// PlanBudget fits retries into a time window, offline: the attempt count,
 	// the schedule, the worst case and the idempotency-key TTL, optionally split
 	// across chained hops.
@@ -138,6 +151,36 @@ func (c *retryPolicyServiceClient) WatchBreakers(ctx context.Context, in *WatchB
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type RetryPolicyService_WatchBreakersClient = grpc.ServerStreamingClient[WatchBreakersResponse]
 
+func (c *retryPolicyServiceClient) ClaimKey(ctx context.Context, in *ClaimKeyRequest, opts ...grpc.CallOption) (*ClaimKeyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ClaimKeyResponse)
+	err := c.cc.Invoke(ctx, RetryPolicyService_ClaimKey_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *retryPolicyServiceClient) CompleteKey(ctx context.Context, in *CompleteKeyRequest, opts ...grpc.CallOption) (*CompleteKeyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CompleteKeyResponse)
+	err := c.cc.Invoke(ctx, RetryPolicyService_CompleteKey_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *retryPolicyServiceClient) GetKey(ctx context.Context, in *GetKeyRequest, opts ...grpc.CallOption) (*GetKeyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetKeyResponse)
+	err := c.cc.Invoke(ctx, RetryPolicyService_GetKey_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *retryPolicyServiceClient) PlanBudget(ctx context.Context, in *PlanBudgetRequest, opts ...grpc.CallOption) (*PlanBudgetResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(PlanBudgetResponse)
@@ -175,6 +218,16 @@ type RetryPolicyServiceServer interface {
 	// WatchBreakers streams the current breaker states, then every change, so
 	// clients can skip Admit while a breaker is CLOSED and fail fast when OPEN.
 	WatchBreakers(*WatchBreakersRequest, grpc.ServerStreamingServer[WatchBreakersResponse]) error
+	// ClaimKey claims a call's idempotency key before an attempt: NEW (a
+	// lease until the attempt timeout plus slack), IN_FLIGHT (another
+	// worker's live lease), SUCCEEDED (the result reference: do not call
+	// the upstream) or UNKNOWN (a lost outcome). Durable before it answers.
+	ClaimKey(context.Context, *ClaimKeyRequest) (*ClaimKeyResponse, error)
+	// CompleteKey records how the attempt holding a key's lease ended.
+	// Durable before it answers.
+	CompleteKey(context.Context, *CompleteKeyRequest) (*CompleteKeyResponse, error)
+	// GetKey returns a key's record.
+	GetKey(context.Context, *GetKeyRequest) (*GetKeyResponse, error)
 	// PlanBudget fits retries into a time window, offline: the attempt count,
 	// the schedule, the worst case and the idempotency-key TTL, optionally split
 	// across chained hops.
@@ -206,6 +259,15 @@ func (UnimplementedRetryPolicyServiceServer) ReleaseLease(context.Context, *Rele
 }
 func (UnimplementedRetryPolicyServiceServer) WatchBreakers(*WatchBreakersRequest, grpc.ServerStreamingServer[WatchBreakersResponse]) error {
 	return status.Error(codes.Unimplemented, "method WatchBreakers not implemented")
+}
+func (UnimplementedRetryPolicyServiceServer) ClaimKey(context.Context, *ClaimKeyRequest) (*ClaimKeyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ClaimKey not implemented")
+}
+func (UnimplementedRetryPolicyServiceServer) CompleteKey(context.Context, *CompleteKeyRequest) (*CompleteKeyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CompleteKey not implemented")
+}
+func (UnimplementedRetryPolicyServiceServer) GetKey(context.Context, *GetKeyRequest) (*GetKeyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetKey not implemented")
 }
 func (UnimplementedRetryPolicyServiceServer) PlanBudget(context.Context, *PlanBudgetRequest) (*PlanBudgetResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method PlanBudget not implemented")
@@ -332,6 +394,60 @@ func _RetryPolicyService_WatchBreakers_Handler(srv interface{}, stream grpc.Serv
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type RetryPolicyService_WatchBreakersServer = grpc.ServerStreamingServer[WatchBreakersResponse]
 
+func _RetryPolicyService_ClaimKey_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ClaimKeyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RetryPolicyServiceServer).ClaimKey(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RetryPolicyService_ClaimKey_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RetryPolicyServiceServer).ClaimKey(ctx, req.(*ClaimKeyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RetryPolicyService_CompleteKey_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CompleteKeyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RetryPolicyServiceServer).CompleteKey(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RetryPolicyService_CompleteKey_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RetryPolicyServiceServer).CompleteKey(ctx, req.(*CompleteKeyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RetryPolicyService_GetKey_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetKeyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RetryPolicyServiceServer).GetKey(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RetryPolicyService_GetKey_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RetryPolicyServiceServer).GetKey(ctx, req.(*GetKeyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _RetryPolicyService_PlanBudget_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(PlanBudgetRequest)
 	if err := dec(in); err != nil {
@@ -376,6 +492,18 @@ var RetryPolicyService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReleaseLease",
 			Handler:    _RetryPolicyService_ReleaseLease_Handler,
+		},
+		{
+			MethodName: "ClaimKey",
+			Handler:    _RetryPolicyService_ClaimKey_Handler,
+		},
+		{
+			MethodName: "CompleteKey",
+			Handler:    _RetryPolicyService_CompleteKey_Handler,
+		},
+		{
+			MethodName: "GetKey",
+			Handler:    _RetryPolicyService_GetKey_Handler,
 		},
 		{
 			MethodName: "PlanBudget",

@@ -457,10 +457,12 @@ const (
 	Disposition_DISPOSITION_SUCCEEDED Disposition = 1
 	// DISPOSITION_FAILED_TERMINAL: the upstream refused for good (fix the input).
 	Disposition_DISPOSITION_FAILED_TERMINAL Disposition = 2
-	// DISPOSITION_DEAD_LETTER: retries ran out (attempts, budget, pushback); the
-	// work may succeed later and belongs on a dead-letter queue.
+	// DISPOSITION_DEAD_LETTER: retries ran out (attempts, budget, pushback, or
+	// the call's own deadline: stop reason DEADLINE); the work may succeed
+	// later and belongs on a dead-letter queue.
 	Disposition_DISPOSITION_DEAD_LETTER Disposition = 3
-	// DISPOSITION_DEADLINE_CUT: the call's deadline or the run's cut-off ended it.
+	// DISPOSITION_DEADLINE_CUT: the run's cut-off ended it (only a run's
+	// cut-off; a call stopped by its own deadline is DEAD_LETTER, DEADLINE).
 	Disposition_DISPOSITION_DEADLINE_CUT Disposition = 4
 	// DISPOSITION_CIRCUIT_OPEN: the upstream's breaker refused it.
 	Disposition_DISPOSITION_CIRCUIT_OPEN Disposition = 5
@@ -745,6 +747,132 @@ func (AuditEvent) EnumDescriptor() ([]byte, []int) {
 	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{11}
 }
 
+// KeyState is the state of an idempotency record as ClaimKey answers it.
+type KeyState int32
+
+const (
+	// KEY_STATE_UNSPECIFIED is not an answer.
+	KeyState_KEY_STATE_UNSPECIFIED KeyState = 0
+	// KEY_STATE_NEW: no attempt holds or has finished the key; the caller now
+	// holds its lease.
+	KeyState_KEY_STATE_NEW KeyState = 1
+	// KEY_STATE_IN_FLIGHT: another worker holds a live lease; wait
+	// (retry_after) or stop.
+	KeyState_KEY_STATE_IN_FLIGHT KeyState = 2
+	// KEY_STATE_SUCCEEDED: an attempt succeeded; here is its result
+	// reference; do not call the upstream.
+	KeyState_KEY_STATE_SUCCEEDED KeyState = 3
+	// KEY_STATE_UNKNOWN: a previous attempt's outcome was lost (a timeout, an
+	// expired lease). With a lease (the policy says the upstream deduplicates
+	// by key) the caller may retry; without one it must dead-letter the call.
+	KeyState_KEY_STATE_UNKNOWN KeyState = 4
+)
+
+// Enum value maps for KeyState.
+var (
+	KeyState_name = map[int32]string{
+		0: "KEY_STATE_UNSPECIFIED",
+		1: "KEY_STATE_NEW",
+		2: "KEY_STATE_IN_FLIGHT",
+		3: "KEY_STATE_SUCCEEDED",
+		4: "KEY_STATE_UNKNOWN",
+	}
+	KeyState_value = map[string]int32{
+		"KEY_STATE_UNSPECIFIED": 0,
+		"KEY_STATE_NEW":         1,
+		"KEY_STATE_IN_FLIGHT":   2,
+		"KEY_STATE_SUCCEEDED":   3,
+		"KEY_STATE_UNKNOWN":     4,
+	}
+)
+
+func (x KeyState) Enum() *KeyState {
+	p := new(KeyState)
+	*p = x
+	return p
+}
+
+func (x KeyState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (KeyState) Descriptor() protoreflect.EnumDescriptor {
+	return file_retrypolicy_v1_types_proto_enumTypes[12].Descriptor()
+}
+
+func (KeyState) Type() protoreflect.EnumType {
+	return &file_retrypolicy_v1_types_proto_enumTypes[12]
+}
+
+func (x KeyState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use KeyState.Descriptor instead.
+func (KeyState) EnumDescriptor() ([]byte, []int) {
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{12}
+}
+
+// KeyOutcome is how the attempt holding an idempotency key's lease ended.
+type KeyOutcome int32
+
+const (
+	// KEY_OUTCOME_UNSPECIFIED is invalid.
+	KeyOutcome_KEY_OUTCOME_UNSPECIFIED KeyOutcome = 0
+	// KEY_OUTCOME_SUCCEEDED: the upstream applied it; later claims get the
+	// result reference.
+	KeyOutcome_KEY_OUTCOME_SUCCEEDED KeyOutcome = 1
+	// KEY_OUTCOME_FAILED: the upstream did not apply it (a refusal before
+	// any effect); the key is free for a retry.
+	KeyOutcome_KEY_OUTCOME_FAILED KeyOutcome = 2
+	// KEY_OUTCOME_UNKNOWN: the outcome was lost (a timeout, a 504): the
+	// upstream may have applied it.
+	KeyOutcome_KEY_OUTCOME_UNKNOWN KeyOutcome = 3
+)
+
+// Enum value maps for KeyOutcome.
+var (
+	KeyOutcome_name = map[int32]string{
+		0: "KEY_OUTCOME_UNSPECIFIED",
+		1: "KEY_OUTCOME_SUCCEEDED",
+		2: "KEY_OUTCOME_FAILED",
+		3: "KEY_OUTCOME_UNKNOWN",
+	}
+	KeyOutcome_value = map[string]int32{
+		"KEY_OUTCOME_UNSPECIFIED": 0,
+		"KEY_OUTCOME_SUCCEEDED":   1,
+		"KEY_OUTCOME_FAILED":      2,
+		"KEY_OUTCOME_UNKNOWN":     3,
+	}
+)
+
+func (x KeyOutcome) Enum() *KeyOutcome {
+	p := new(KeyOutcome)
+	*p = x
+	return p
+}
+
+func (x KeyOutcome) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (KeyOutcome) Descriptor() protoreflect.EnumDescriptor {
+	return file_retrypolicy_v1_types_proto_enumTypes[13].Descriptor()
+}
+
+func (KeyOutcome) Type() protoreflect.EnumType {
+	return &file_retrypolicy_v1_types_proto_enumTypes[13]
+}
+
+func (x KeyOutcome) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use KeyOutcome.Descriptor instead.
+func (KeyOutcome) EnumDescriptor() ([]byte, []int) {
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{13}
+}
+
 // CallRef identifies one logical call (all of its attempts) and its limits.
 type CallRef struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -768,7 +896,11 @@ type CallRef struct {
 	OriginTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=origin_time,json=originTime,proto3" json:"origin_time,omitempty"`
 	// deadline_time is the absolute time by which the call must be finished.
 	// When unset, origin_time plus the policy's call deadline applies.
-	DeadlineTime  *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=deadline_time,json=deadlineTime,proto3" json:"deadline_time,omitempty"`
+	DeadlineTime *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=deadline_time,json=deadlineTime,proto3" json:"deadline_time,omitempty"`
+	// triage_ref is the caller's reference for triage (the source document's
+	// URI, say), up to 1024 bytes; a call of a run keeps the last one sent in
+	// the run's call table (ListRunCalls).
+	TriageRef     string `protobuf:"bytes,9,opt,name=triage_ref,json=triageRef,proto3" json:"triage_ref,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -857,6 +989,13 @@ func (x *CallRef) GetDeadlineTime() *timestamppb.Timestamp {
 		return x.DeadlineTime
 	}
 	return nil
+}
+
+func (x *CallRef) GetTriageRef() string {
+	if x != nil {
+		return x.TriageRef
+	}
+	return ""
 }
 
 // Failure describes how one attempt failed: exactly one kind is set.
@@ -1369,6 +1508,15 @@ type Policy struct {
 	TransientGrpcCodes []uint32 `protobuf:"varint,8,rep,packed,name=transient_grpc_codes,json=transientGrpcCodes,proto3" json:"transient_grpc_codes,omitempty"`
 	// breaker configures the circuit breaker.
 	Breaker *BreakerSettings `protobuf:"bytes,9,opt,name=breaker,proto3" json:"breaker,omitempty"`
+	// idempotency_ttl is how long an idempotency record (ClaimKey) is kept:
+	// the retry window plus a margin; never shorter than the call's
+	// remaining schedule. Default 24 h.
+	IdempotencyTtl *durationpb.Duration `protobuf:"bytes,20,opt,name=idempotency_ttl,json=idempotencyTtl,proto3" json:"idempotency_ttl,omitempty"`
+	// upstream_dedupes_by_key says the upstream deduplicates by the
+	// idempotency key, so a call whose previous attempt's outcome was lost
+	// (KEY_STATE_UNKNOWN) may be retried; without it such a call is
+	// dead-lettered.
+	UpstreamDedupesByKey bool `protobuf:"varint,21,opt,name=upstream_dedupes_by_key,json=upstreamDedupesByKey,proto3" json:"upstream_dedupes_by_key,omitempty"`
 	// flow sets the fleet-wide ceilings of the target; none by default.
 	Flow          *FlowSettings `protobuf:"bytes,10,opt,name=flow,proto3" json:"flow,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -1468,6 +1616,20 @@ func (x *Policy) GetBreaker() *BreakerSettings {
 	return nil
 }
 
+func (x *Policy) GetIdempotencyTtl() *durationpb.Duration {
+	if x != nil {
+		return x.IdempotencyTtl
+	}
+	return nil
+}
+
+func (x *Policy) GetUpstreamDedupesByKey() bool {
+	if x != nil {
+		return x.UpstreamDedupesByKey
+	}
+	return false
+}
+
 func (x *Policy) GetFlow() *FlowSettings {
 	if x != nil {
 		return x.Flow
@@ -1565,17 +1727,30 @@ func (x *FlowSettings) GetBurst() uint32 {
 type BudgetPlan struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// max_attempts is the largest attempt count (counting the first) whose
-	// nominal delays plus per-attempt timeouts fit the window.
+	// nominal delays plus per-attempt timeouts fit the usable window; 0 when
+	// not even one does, and reason says why.
 	MaxAttempts uint32 `protobuf:"varint,1,opt,name=max_attempts,json=maxAttempts,proto3" json:"max_attempts,omitempty"`
 	// delays is the nominal delay before each retry (max_attempts - 1 entries).
 	Delays []*durationpb.Duration `protobuf:"bytes,2,rep,name=delays,proto3" json:"delays,omitempty"`
 	// worst_case_total is the nominal delays plus every attempt's timeout.
 	WorstCaseTotal *durationpb.Duration `protobuf:"bytes,3,opt,name=worst_case_total,json=worstCaseTotal,proto3" json:"worst_case_total,omitempty"`
-	// idempotency_ttl is how long the upstream must remember an idempotency
-	// key: the window plus the margin, never jittered.
+	// idempotency_ttl is how long, from now, the upstream must remember an
+	// idempotency key: the remaining window plus the margin, never jittered,
+	// always longer than the remaining window.
 	IdempotencyTtl *durationpb.Duration `protobuf:"bytes,4,opt,name=idempotency_ttl,json=idempotencyTtl,proto3" json:"idempotency_ttl,omitempty"`
 	// window is the window this plan was made for.
-	Window        *durationpb.Duration `protobuf:"bytes,5,opt,name=window,proto3" json:"window,omitempty"`
+	Window *durationpb.Duration `protobuf:"bytes,5,opt,name=window,proto3" json:"window,omitempty"`
+	// remaining is what is left of the window now: the window less the time
+	// since the request's origin_time, never below zero; the whole window
+	// without an origin_time.
+	Remaining *durationpb.Duration `protobuf:"bytes,6,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	// usable is the part of remaining the schedule fits: remaining * (1 -
+	// reserve).
+	Usable *durationpb.Duration `protobuf:"bytes,7,opt,name=usable,proto3" json:"usable,omitempty"`
+	// reason is empty when max_attempts > 0; else "window:spent" (the window
+	// has passed since origin_time) or "window:no_room" (usable is shorter
+	// than one attempt_timeout).
+	Reason        string `protobuf:"bytes,8,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1643,6 +1818,27 @@ func (x *BudgetPlan) GetWindow() *durationpb.Duration {
 		return x.Window
 	}
 	return nil
+}
+
+func (x *BudgetPlan) GetRemaining() *durationpb.Duration {
+	if x != nil {
+		return x.Remaining
+	}
+	return nil
+}
+
+func (x *BudgetPlan) GetUsable() *durationpb.Duration {
+	if x != nil {
+		return x.Usable
+	}
+	return nil
+}
+
+func (x *BudgetPlan) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
 }
 
 // BreakerKey names one breaker.
@@ -2146,8 +2342,15 @@ type RunLedger struct {
 	DeadLetterPushback uint64 `protobuf:"varint,6,opt,name=dead_letter_pushback,json=deadLetterPushback,proto3" json:"dead_letter_pushback,omitempty"`
 	// circuit_open counts calls refused by an open breaker.
 	CircuitOpen uint64 `protobuf:"varint,7,opt,name=circuit_open,json=circuitOpen,proto3" json:"circuit_open,omitempty"`
-	// deadline_cut counts calls ended by their deadline or the run's cut-off.
-	DeadlineCut   uint64 `protobuf:"varint,8,opt,name=deadline_cut,json=deadlineCut,proto3" json:"deadline_cut,omitempty"`
+	// deadline_cut counts calls ended by the run's cut-off.
+	DeadlineCut uint64 `protobuf:"varint,8,opt,name=deadline_cut,json=deadlineCut,proto3" json:"deadline_cut,omitempty"`
+	// dead_letter_deadline counts calls stopped because their own deadline
+	// would pass (DEAD_LETTER, stop reason DEADLINE).
+	DeadLetterDeadline uint64 `protobuf:"varint,9,opt,name=dead_letter_deadline,json=deadLetterDeadline,proto3" json:"dead_letter_deadline,omitempty"`
+	// deduplicated counts, among the succeeded, the calls the idempotency
+	// ledger answered with an earlier attempt's success (the upstream not
+	// called).
+	Deduplicated  uint64 `protobuf:"varint,10,opt,name=deduplicated,proto3" json:"deduplicated,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2238,6 +2441,20 @@ func (x *RunLedger) GetDeadlineCut() uint64 {
 	return 0
 }
 
+func (x *RunLedger) GetDeadLetterDeadline() uint64 {
+	if x != nil {
+		return x.DeadLetterDeadline
+	}
+	return 0
+}
+
+func (x *RunLedger) GetDeduplicated() uint64 {
+	if x != nil {
+		return x.Deduplicated
+	}
+	return 0
+}
+
 // Run is a batch run: a retry pool shared by its calls and a cut-off time.
 type Run struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2256,7 +2473,10 @@ type Run struct {
 	// ledger counts the final dispositions reported for the run's calls.
 	Ledger *RunLedger `protobuf:"bytes,7,opt,name=ledger,proto3" json:"ledger,omitempty"`
 	// description is the operator's free text.
-	Description   string `protobuf:"bytes,8,opt,name=description,proto3" json:"description,omitempty"`
+	Description string `protobuf:"bytes,8,opt,name=description,proto3" json:"description,omitempty"`
+	// redrive_of names the run this one re-drives the dead-lettered and cut
+	// calls of, if any.
+	RedriveOf     string `protobuf:"bytes,9,opt,name=redrive_of,json=redriveOf,proto3" json:"redrive_of,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2347,6 +2567,144 @@ func (x *Run) GetDescription() string {
 	return ""
 }
 
+func (x *Run) GetRedriveOf() string {
+	if x != nil {
+		return x.RedriveOf
+	}
+	return ""
+}
+
+// RunCall is one call of a run as the run's call table keeps it, for
+// triage: fed by NextDelay decisions and final dispositions.
+type RunCall struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// call_id names the call.
+	CallId string `protobuf:"bytes,1,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	// disposition is the final disposition reported; UNSPECIFIED while the
+	// call is not final.
+	Disposition Disposition `protobuf:"varint,2,opt,name=disposition,proto3,enum=retrypolicy.v1.Disposition" json:"disposition,omitempty"`
+	// stop_reason is the rule that ended it, when reported.
+	StopReason StopReason `protobuf:"varint,3,opt,name=stop_reason,json=stopReason,proto3,enum=retrypolicy.v1.StopReason" json:"stop_reason,omitempty"`
+	// attempts is the highest attempt policyd heard of.
+	Attempts uint32 `protobuf:"varint,4,opt,name=attempts,proto3" json:"attempts,omitempty"`
+	// last_classification is the classification of the last failure
+	// (transient:503).
+	LastClassification string `protobuf:"bytes,5,opt,name=last_classification,json=lastClassification,proto3" json:"last_classification,omitempty"`
+	// last_detail is policyd's explanation of the last decision or of the
+	// final disposition.
+	LastDetail string `protobuf:"bytes,6,opt,name=last_detail,json=lastDetail,proto3" json:"last_detail,omitempty"`
+	// first_attempt_time is when policyd first heard of an attempt.
+	FirstAttemptTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=first_attempt_time,json=firstAttemptTime,proto3" json:"first_attempt_time,omitempty"`
+	// last_attempt_time is when policyd last heard of it.
+	LastAttemptTime *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=last_attempt_time,json=lastAttemptTime,proto3" json:"last_attempt_time,omitempty"`
+	// target is the upstream the call ended on.
+	Target string `protobuf:"bytes,9,opt,name=target,proto3" json:"target,omitempty"`
+	// triage_ref is the caller's triage reference (CallRef.triage_ref).
+	TriageRef     string `protobuf:"bytes,10,opt,name=triage_ref,json=triageRef,proto3" json:"triage_ref,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunCall) Reset() {
+	*x = RunCall{}
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunCall) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunCall) ProtoMessage() {}
+
+func (x *RunCall) ProtoReflect() protoreflect.Message {
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunCall.ProtoReflect.Descriptor instead.
+func (*RunCall) Descriptor() ([]byte, []int) {
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *RunCall) GetCallId() string {
+	if x != nil {
+		return x.CallId
+	}
+	return ""
+}
+
+func (x *RunCall) GetDisposition() Disposition {
+	if x != nil {
+		return x.Disposition
+	}
+	return Disposition_DISPOSITION_UNSPECIFIED
+}
+
+func (x *RunCall) GetStopReason() StopReason {
+	if x != nil {
+		return x.StopReason
+	}
+	return StopReason_STOP_REASON_UNSPECIFIED
+}
+
+func (x *RunCall) GetAttempts() uint32 {
+	if x != nil {
+		return x.Attempts
+	}
+	return 0
+}
+
+func (x *RunCall) GetLastClassification() string {
+	if x != nil {
+		return x.LastClassification
+	}
+	return ""
+}
+
+func (x *RunCall) GetLastDetail() string {
+	if x != nil {
+		return x.LastDetail
+	}
+	return ""
+}
+
+func (x *RunCall) GetFirstAttemptTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.FirstAttemptTime
+	}
+	return nil
+}
+
+func (x *RunCall) GetLastAttemptTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastAttemptTime
+	}
+	return nil
+}
+
+func (x *RunCall) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+func (x *RunCall) GetTriageRef() string {
+	if x != nil {
+		return x.TriageRef
+	}
+	return ""
+}
+
 // AuditRecord is one write-once entry of the audit trail.
 type AuditRecord struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2383,7 +2741,7 @@ type AuditRecord struct {
 
 func (x *AuditRecord) Reset() {
 	*x = AuditRecord{}
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[16]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2395,7 +2753,7 @@ func (x *AuditRecord) String() string {
 func (*AuditRecord) ProtoMessage() {}
 
 func (x *AuditRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[16]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2408,7 +2766,7 @@ func (x *AuditRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditRecord.ProtoReflect.Descriptor instead.
 func (*AuditRecord) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{16}
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *AuditRecord) GetRecordTime() *timestamppb.Timestamp {
@@ -2502,11 +2860,103 @@ func (x *AuditRecord) GetDetail() string {
 	return ""
 }
 
+// IdempotencyRecord is one idempotency key's record.
+type IdempotencyRecord struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tenant owns the key.
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// idempotency_key is the key.
+	IdempotencyKey string `protobuf:"bytes,2,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	// state is the record's state: IN_FLIGHT, SUCCEEDED, UNKNOWN, or NEW for
+	// a key released by a failed attempt.
+	State KeyState `protobuf:"varint,3,opt,name=state,proto3,enum=retrypolicy.v1.KeyState" json:"state,omitempty"`
+	// lease_expire_time is when the holder's lease ends, while IN_FLIGHT.
+	LeaseExpireTime *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=lease_expire_time,json=leaseExpireTime,proto3" json:"lease_expire_time,omitempty"`
+	// expire_time is when the record is forgotten.
+	ExpireTime *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=expire_time,json=expireTime,proto3" json:"expire_time,omitempty"`
+	// result_ref is the successful attempt's result reference.
+	ResultRef     string `protobuf:"bytes,6,opt,name=result_ref,json=resultRef,proto3" json:"result_ref,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *IdempotencyRecord) Reset() {
+	*x = IdempotencyRecord{}
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IdempotencyRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IdempotencyRecord) ProtoMessage() {}
+
+func (x *IdempotencyRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IdempotencyRecord.ProtoReflect.Descriptor instead.
+func (*IdempotencyRecord) Descriptor() ([]byte, []int) {
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *IdempotencyRecord) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *IdempotencyRecord) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
+func (x *IdempotencyRecord) GetState() KeyState {
+	if x != nil {
+		return x.State
+	}
+	return KeyState_KEY_STATE_UNSPECIFIED
+}
+
+func (x *IdempotencyRecord) GetLeaseExpireTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LeaseExpireTime
+	}
+	return nil
+}
+
+func (x *IdempotencyRecord) GetExpireTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpireTime
+	}
+	return nil
+}
+
+func (x *IdempotencyRecord) GetResultRef() string {
+	if x != nil {
+		return x.ResultRef
+	}
+	return ""
+}
+
 var File_retrypolicy_v1_types_proto protoreflect.FileDescriptor
 
 const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\n" +
-	"\x1aretrypolicy/v1/types.proto\x12\x0eretrypolicy.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb0\x02\n" +
+	"\x1aretrypolicy/v1/types.proto\x12\x0eretrypolicy.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcf\x02\n" +
 	"\aCallRef\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
 	"\x06target\x18\x02 \x01(\tR\x06target\x12\x17\n" +
@@ -2518,7 +2968,9 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\x06run_id\x18\x06 \x01(\tR\x05runId\x12;\n" +
 	"\vorigin_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"originTime\x12?\n" +
-	"\rdeadline_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\fdeadlineTime\"\xdd\x01\n" +
+	"\rdeadline_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\fdeadlineTime\x12\x1d\n" +
+	"\n" +
+	"triage_ref\x18\t \x01(\tR\ttriageRef\"\xdd\x01\n" +
 	"\aFailure\x12!\n" +
 	"\vhttp_status\x18\x01 \x01(\rH\x00R\n" +
 	"httpStatus\x12\x1d\n" +
@@ -2563,7 +3015,7 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\r_failure_rateB\f\n" +
 	"\n" +
 	"_min_callsB\x13\n" +
-	"\x11_half_open_probes\"\xcb\x04\n" +
+	"\x11_half_open_probes\"\xc6\x05\n" +
 	"\x06Policy\x129\n" +
 	"\abackoff\x18\x01 \x01(\v2\x1f.retrypolicy.v1.BackoffSettingsR\abackoff\x12<\n" +
 	"\bpushback\x18\x02 \x01(\v2 .retrypolicy.v1.PushbackSettingsR\bpushback\x12&\n" +
@@ -2573,7 +3025,9 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\x17transient_http_statuses\x18\x06 \x03(\rR\x15transientHttpStatuses\x124\n" +
 	"\x16terminal_http_statuses\x18\a \x03(\rR\x14terminalHttpStatuses\x120\n" +
 	"\x14transient_grpc_codes\x18\b \x03(\rR\x12transientGrpcCodes\x129\n" +
-	"\abreaker\x18\t \x01(\v2\x1f.retrypolicy.v1.BreakerSettingsR\abreaker\x120\n" +
+	"\abreaker\x18\t \x01(\v2\x1f.retrypolicy.v1.BreakerSettingsR\abreaker\x12B\n" +
+	"\x0fidempotency_ttl\x18\x14 \x01(\v2\x19.google.protobuf.DurationR\x0eidempotencyTtl\x125\n" +
+	"\x17upstream_dedupes_by_key\x18\x15 \x01(\bR\x14upstreamDedupesByKey\x120\n" +
 	"\x04flow\x18\n" +
 	" \x01(\v2\x1c.retrypolicy.v1.FlowSettingsR\x04flowB\x0f\n" +
 	"\r_max_attempts\"\xd7\x01\n" +
@@ -2585,14 +3039,17 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\x05burst\x18\x04 \x01(\rH\x02R\x05burst\x88\x01\x01B\x10\n" +
 	"\x0e_max_in_flightB\v\n" +
 	"\t_max_rateB\b\n" +
-	"\x06_burst\"\x9e\x02\n" +
+	"\x06_burst\"\xa2\x03\n" +
 	"\n" +
 	"BudgetPlan\x12!\n" +
 	"\fmax_attempts\x18\x01 \x01(\rR\vmaxAttempts\x121\n" +
 	"\x06delays\x18\x02 \x03(\v2\x19.google.protobuf.DurationR\x06delays\x12C\n" +
 	"\x10worst_case_total\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x0eworstCaseTotal\x12B\n" +
 	"\x0fidempotency_ttl\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x0eidempotencyTtl\x121\n" +
-	"\x06window\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x06window\"<\n" +
+	"\x06window\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x06window\x127\n" +
+	"\tremaining\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\tremaining\x121\n" +
+	"\x06usable\x18\a \x01(\v2\x19.google.protobuf.DurationR\x06usable\x12\x16\n" +
+	"\x06reason\x18\b \x01(\tR\x06reason\"<\n" +
 	"\n" +
 	"BreakerKey\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
@@ -2635,7 +3092,7 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\x06target\x18\x02 \x01(\tR\x06target\x12.\n" +
 	"\x06policy\x18\x03 \x01(\v2\x16.retrypolicy.v1.PolicyR\x06policy\x12;\n" +
 	"\vupdate_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"updateTime\"\xe9\x02\n" +
+	"updateTime\"\xbf\x03\n" +
 	"\tRunLedger\x12\x1c\n" +
 	"\tsucceeded\x18\x01 \x01(\x04R\tsucceeded\x12'\n" +
 	"\x0ffailed_terminal\x18\x02 \x01(\x04R\x0efailedTerminal\x122\n" +
@@ -2644,7 +3101,10 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\x1adead_letter_not_idempotent\x18\x05 \x01(\x04R\x17deadLetterNotIdempotent\x120\n" +
 	"\x14dead_letter_pushback\x18\x06 \x01(\x04R\x12deadLetterPushback\x12!\n" +
 	"\fcircuit_open\x18\a \x01(\x04R\vcircuitOpen\x12!\n" +
-	"\fdeadline_cut\x18\b \x01(\x04R\vdeadlineCut\"\xc7\x02\n" +
+	"\fdeadline_cut\x18\b \x01(\x04R\vdeadlineCut\x120\n" +
+	"\x14dead_letter_deadline\x18\t \x01(\x04R\x12deadLetterDeadline\x12\"\n" +
+	"\fdeduplicated\x18\n" +
+	" \x01(\x04R\fdeduplicated\"\xe6\x02\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x1d\n" +
@@ -2656,7 +3116,24 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\vcreate_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"createTime\x121\n" +
 	"\x06ledger\x18\a \x01(\v2\x19.retrypolicy.v1.RunLedgerR\x06ledger\x12 \n" +
-	"\vdescription\x18\b \x01(\tR\vdescription\"\x99\x04\n" +
+	"\vdescription\x18\b \x01(\tR\vdescription\x12\x1d\n" +
+	"\n" +
+	"redrive_of\x18\t \x01(\tR\tredriveOf\"\xd5\x03\n" +
+	"\aRunCall\x12\x17\n" +
+	"\acall_id\x18\x01 \x01(\tR\x06callId\x12=\n" +
+	"\vdisposition\x18\x02 \x01(\x0e2\x1b.retrypolicy.v1.DispositionR\vdisposition\x12;\n" +
+	"\vstop_reason\x18\x03 \x01(\x0e2\x1a.retrypolicy.v1.StopReasonR\n" +
+	"stopReason\x12\x1a\n" +
+	"\battempts\x18\x04 \x01(\rR\battempts\x12/\n" +
+	"\x13last_classification\x18\x05 \x01(\tR\x12lastClassification\x12\x1f\n" +
+	"\vlast_detail\x18\x06 \x01(\tR\n" +
+	"lastDetail\x12H\n" +
+	"\x12first_attempt_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x10firstAttemptTime\x12F\n" +
+	"\x11last_attempt_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x0flastAttemptTime\x12\x16\n" +
+	"\x06target\x18\t \x01(\tR\x06target\x12\x1d\n" +
+	"\n" +
+	"triage_ref\x18\n" +
+	" \x01(\tR\ttriageRef\"\x99\x04\n" +
 	"\vAuditRecord\x12;\n" +
 	"\vrecord_time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"recordTime\x120\n" +
@@ -2673,7 +3150,16 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\vstop_reason\x18\v \x01(\x0e2\x1a.retrypolicy.v1.StopReasonR\n" +
 	"stopReason\x12=\n" +
 	"\vdisposition\x18\f \x01(\x0e2\x1b.retrypolicy.v1.DispositionR\vdisposition\x12\x16\n" +
-	"\x06detail\x18\r \x01(\tR\x06detail*n\n" +
+	"\x06detail\x18\r \x01(\tR\x06detail\"\xa8\x02\n" +
+	"\x11IdempotencyRecord\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12'\n" +
+	"\x0fidempotency_key\x18\x02 \x01(\tR\x0eidempotencyKey\x12.\n" +
+	"\x05state\x18\x03 \x01(\x0e2\x18.retrypolicy.v1.KeyStateR\x05state\x12F\n" +
+	"\x11lease_expire_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x0fleaseExpireTime\x12;\n" +
+	"\vexpire_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"expireTime\x12\x1d\n" +
+	"\n" +
+	"result_ref\x18\x06 \x01(\tR\tresultRef*n\n" +
 	"\bCategory\x12\x18\n" +
 	"\x14CATEGORY_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12CATEGORY_TRANSIENT\x10\x01\x12\x15\n" +
@@ -2742,7 +3228,19 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\x11AUDIT_EVENT_ADMIT\x10\x01\x12\x18\n" +
 	"\x14AUDIT_EVENT_DECISION\x10\x02\x12\x17\n" +
 	"\x13AUDIT_EVENT_OUTCOME\x10\x03\x12\x15\n" +
-	"\x11AUDIT_EVENT_FINAL\x10\x04B@Z>github.com/policyd/policyd/gen/go/retrypolicy/v1;retrypolicyv1b\x06proto3"
+	"\x11AUDIT_EVENT_FINAL\x10\x04*\x81\x01\n" +
+	"\bKeyState\x12\x19\n" +
+	"\x15KEY_STATE_UNSPECIFIED\x10\x00\x12\x11\n" +
+	"\rKEY_STATE_NEW\x10\x01\x12\x17\n" +
+	"\x13KEY_STATE_IN_FLIGHT\x10\x02\x12\x17\n" +
+	"\x13KEY_STATE_SUCCEEDED\x10\x03\x12\x15\n" +
+	"\x11KEY_STATE_UNKNOWN\x10\x04*u\n" +
+	"\n" +
+	"KeyOutcome\x12\x1b\n" +
+	"\x17KEY_OUTCOME_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15KEY_OUTCOME_SUCCEEDED\x10\x01\x12\x16\n" +
+	"\x12KEY_OUTCOME_FAILED\x10\x02\x12\x17\n" +
+	"\x13KEY_OUTCOME_UNKNOWN\x10\x03B@Z>github.com/policyd/policyd/gen/go/retrypolicy/v1;retrypolicyv1b\x06proto3"
 
 var (
 	file_retrypolicy_v1_types_proto_rawDescOnce sync.Once
@@ -2756,8 +3254,8 @@ func file_retrypolicy_v1_types_proto_rawDescGZIP() []byte {
 	return file_retrypolicy_v1_types_proto_rawDescData
 }
 
-var file_retrypolicy_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 12)
-var file_retrypolicy_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_retrypolicy_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 14)
+var file_retrypolicy_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_retrypolicy_v1_types_proto_goTypes = []any{
 	(Category)(0),                 // 0: retrypolicy.v1.Category
 	(TransportError)(0),           // 1: retrypolicy.v1.TransportError
@@ -2771,76 +3269,90 @@ var file_retrypolicy_v1_types_proto_goTypes = []any{
 	(BreakerMode)(0),              // 9: retrypolicy.v1.BreakerMode
 	(BreakerScope)(0),             // 10: retrypolicy.v1.BreakerScope
 	(AuditEvent)(0),               // 11: retrypolicy.v1.AuditEvent
-	(*CallRef)(nil),               // 12: retrypolicy.v1.CallRef
-	(*Failure)(nil),               // 13: retrypolicy.v1.Failure
-	(*Pushback)(nil),              // 14: retrypolicy.v1.Pushback
-	(*BackoffSettings)(nil),       // 15: retrypolicy.v1.BackoffSettings
-	(*PushbackSettings)(nil),      // 16: retrypolicy.v1.PushbackSettings
-	(*BreakerSettings)(nil),       // 17: retrypolicy.v1.BreakerSettings
-	(*Policy)(nil),                // 18: retrypolicy.v1.Policy
-	(*FlowSettings)(nil),          // 19: retrypolicy.v1.FlowSettings
-	(*BudgetPlan)(nil),            // 20: retrypolicy.v1.BudgetPlan
-	(*BreakerKey)(nil),            // 21: retrypolicy.v1.BreakerKey
-	(*Breaker)(nil),               // 22: retrypolicy.v1.Breaker
-	(*TenantBudget)(nil),          // 23: retrypolicy.v1.TenantBudget
-	(*TenantBudgetStatus)(nil),    // 24: retrypolicy.v1.TenantBudgetStatus
-	(*PolicyEntry)(nil),           // 25: retrypolicy.v1.PolicyEntry
-	(*RunLedger)(nil),             // 26: retrypolicy.v1.RunLedger
-	(*Run)(nil),                   // 27: retrypolicy.v1.Run
-	(*AuditRecord)(nil),           // 28: retrypolicy.v1.AuditRecord
-	(*timestamppb.Timestamp)(nil), // 29: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 30: google.protobuf.Duration
+	(KeyState)(0),                 // 12: retrypolicy.v1.KeyState
+	(KeyOutcome)(0),               // 13: retrypolicy.v1.KeyOutcome
+	(*CallRef)(nil),               // 14: retrypolicy.v1.CallRef
+	(*Failure)(nil),               // 15: retrypolicy.v1.Failure
+	(*Pushback)(nil),              // 16: retrypolicy.v1.Pushback
+	(*BackoffSettings)(nil),       // 17: retrypolicy.v1.BackoffSettings
+	(*PushbackSettings)(nil),      // 18: retrypolicy.v1.PushbackSettings
+	(*BreakerSettings)(nil),       // 19: retrypolicy.v1.BreakerSettings
+	(*Policy)(nil),                // 20: retrypolicy.v1.Policy
+	(*FlowSettings)(nil),          // 21: retrypolicy.v1.FlowSettings
+	(*BudgetPlan)(nil),            // 22: retrypolicy.v1.BudgetPlan
+	(*BreakerKey)(nil),            // 23: retrypolicy.v1.BreakerKey
+	(*Breaker)(nil),               // 24: retrypolicy.v1.Breaker
+	(*TenantBudget)(nil),          // 25: retrypolicy.v1.TenantBudget
+	(*TenantBudgetStatus)(nil),    // 26: retrypolicy.v1.TenantBudgetStatus
+	(*PolicyEntry)(nil),           // 27: retrypolicy.v1.PolicyEntry
+	(*RunLedger)(nil),             // 28: retrypolicy.v1.RunLedger
+	(*Run)(nil),                   // 29: retrypolicy.v1.Run
+	(*RunCall)(nil),               // 30: retrypolicy.v1.RunCall
+	(*AuditRecord)(nil),           // 31: retrypolicy.v1.AuditRecord
+	(*IdempotencyRecord)(nil),     // 32: retrypolicy.v1.IdempotencyRecord
+	(*timestamppb.Timestamp)(nil), // 33: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 34: google.protobuf.Duration
 }
 var file_retrypolicy_v1_types_proto_depIdxs = []int32{
-	29, // 0: retrypolicy.v1.CallRef.origin_time:type_name -> google.protobuf.Timestamp
-	29, // 1: retrypolicy.v1.CallRef.deadline_time:type_name -> google.protobuf.Timestamp
+	33, // 0: retrypolicy.v1.CallRef.origin_time:type_name -> google.protobuf.Timestamp
+	33, // 1: retrypolicy.v1.CallRef.deadline_time:type_name -> google.protobuf.Timestamp
 	1,  // 2: retrypolicy.v1.Failure.transport_error:type_name -> retrypolicy.v1.TransportError
 	2,  // 3: retrypolicy.v1.Failure.local_error:type_name -> retrypolicy.v1.LocalError
-	30, // 4: retrypolicy.v1.BackoffSettings.base_delay:type_name -> google.protobuf.Duration
-	30, // 5: retrypolicy.v1.BackoffSettings.max_delay:type_name -> google.protobuf.Duration
+	34, // 4: retrypolicy.v1.BackoffSettings.base_delay:type_name -> google.protobuf.Duration
+	34, // 5: retrypolicy.v1.BackoffSettings.max_delay:type_name -> google.protobuf.Duration
 	3,  // 6: retrypolicy.v1.BackoffSettings.jitter:type_name -> retrypolicy.v1.Jitter
 	4,  // 7: retrypolicy.v1.PushbackSettings.mode:type_name -> retrypolicy.v1.RetryAfterMode
-	30, // 8: retrypolicy.v1.PushbackSettings.min_spread:type_name -> google.protobuf.Duration
-	30, // 9: retrypolicy.v1.PushbackSettings.max_hint:type_name -> google.protobuf.Duration
+	34, // 8: retrypolicy.v1.PushbackSettings.min_spread:type_name -> google.protobuf.Duration
+	34, // 9: retrypolicy.v1.PushbackSettings.max_hint:type_name -> google.protobuf.Duration
 	9,  // 10: retrypolicy.v1.BreakerSettings.mode:type_name -> retrypolicy.v1.BreakerMode
 	10, // 11: retrypolicy.v1.BreakerSettings.scope:type_name -> retrypolicy.v1.BreakerScope
-	30, // 12: retrypolicy.v1.BreakerSettings.window:type_name -> google.protobuf.Duration
-	30, // 13: retrypolicy.v1.BreakerSettings.cooldown:type_name -> google.protobuf.Duration
-	30, // 14: retrypolicy.v1.BreakerSettings.probe_timeout:type_name -> google.protobuf.Duration
-	15, // 15: retrypolicy.v1.Policy.backoff:type_name -> retrypolicy.v1.BackoffSettings
-	16, // 16: retrypolicy.v1.Policy.pushback:type_name -> retrypolicy.v1.PushbackSettings
-	30, // 17: retrypolicy.v1.Policy.attempt_timeout:type_name -> google.protobuf.Duration
-	30, // 18: retrypolicy.v1.Policy.call_deadline:type_name -> google.protobuf.Duration
-	17, // 19: retrypolicy.v1.Policy.breaker:type_name -> retrypolicy.v1.BreakerSettings
-	19, // 20: retrypolicy.v1.Policy.flow:type_name -> retrypolicy.v1.FlowSettings
-	30, // 21: retrypolicy.v1.FlowSettings.lease_slack:type_name -> google.protobuf.Duration
-	30, // 22: retrypolicy.v1.BudgetPlan.delays:type_name -> google.protobuf.Duration
-	30, // 23: retrypolicy.v1.BudgetPlan.worst_case_total:type_name -> google.protobuf.Duration
-	30, // 24: retrypolicy.v1.BudgetPlan.idempotency_ttl:type_name -> google.protobuf.Duration
-	30, // 25: retrypolicy.v1.BudgetPlan.window:type_name -> google.protobuf.Duration
-	21, // 26: retrypolicy.v1.Breaker.key:type_name -> retrypolicy.v1.BreakerKey
-	8,  // 27: retrypolicy.v1.Breaker.state:type_name -> retrypolicy.v1.BreakerState
-	29, // 28: retrypolicy.v1.Breaker.open_until_time:type_name -> google.protobuf.Timestamp
-	29, // 29: retrypolicy.v1.Breaker.change_time:type_name -> google.protobuf.Timestamp
-	29, // 30: retrypolicy.v1.Breaker.cooldown_until_time:type_name -> google.protobuf.Timestamp
-	9,  // 31: retrypolicy.v1.Breaker.mode:type_name -> retrypolicy.v1.BreakerMode
-	23, // 32: retrypolicy.v1.TenantBudgetStatus.budget:type_name -> retrypolicy.v1.TenantBudget
-	18, // 33: retrypolicy.v1.PolicyEntry.policy:type_name -> retrypolicy.v1.Policy
-	29, // 34: retrypolicy.v1.PolicyEntry.update_time:type_name -> google.protobuf.Timestamp
-	29, // 35: retrypolicy.v1.Run.cutoff_time:type_name -> google.protobuf.Timestamp
-	29, // 36: retrypolicy.v1.Run.create_time:type_name -> google.protobuf.Timestamp
-	26, // 37: retrypolicy.v1.Run.ledger:type_name -> retrypolicy.v1.RunLedger
-	29, // 38: retrypolicy.v1.AuditRecord.record_time:type_name -> google.protobuf.Timestamp
-	11, // 39: retrypolicy.v1.AuditRecord.event:type_name -> retrypolicy.v1.AuditEvent
-	5,  // 40: retrypolicy.v1.AuditRecord.decision:type_name -> retrypolicy.v1.Decision
-	30, // 41: retrypolicy.v1.AuditRecord.delay:type_name -> google.protobuf.Duration
-	6,  // 42: retrypolicy.v1.AuditRecord.stop_reason:type_name -> retrypolicy.v1.StopReason
-	7,  // 43: retrypolicy.v1.AuditRecord.disposition:type_name -> retrypolicy.v1.Disposition
-	44, // [44:44] is the sub-list for method output_type
-	44, // [44:44] is the sub-list for method input_type
-	44, // [44:44] is the sub-list for extension type_name
-	44, // [44:44] is the sub-list for extension extendee
-	0,  // [0:44] is the sub-list for field type_name
+	34, // 12: retrypolicy.v1.BreakerSettings.window:type_name -> google.protobuf.Duration
+	34, // 13: retrypolicy.v1.BreakerSettings.cooldown:type_name -> google.protobuf.Duration
+	34, // 14: retrypolicy.v1.BreakerSettings.probe_timeout:type_name -> google.protobuf.Duration
+	17, // 15: retrypolicy.v1.Policy.backoff:type_name -> retrypolicy.v1.BackoffSettings
+	18, // 16: retrypolicy.v1.Policy.pushback:type_name -> retrypolicy.v1.PushbackSettings
+	34, // 17: retrypolicy.v1.Policy.attempt_timeout:type_name -> google.protobuf.Duration
+	34, // 18: retrypolicy.v1.Policy.call_deadline:type_name -> google.protobuf.Duration
+	19, // 19: retrypolicy.v1.Policy.breaker:type_name -> retrypolicy.v1.BreakerSettings
+	34, // 20: retrypolicy.v1.Policy.idempotency_ttl:type_name -> google.protobuf.Duration
+	21, // 21: retrypolicy.v1.Policy.flow:type_name -> retrypolicy.v1.FlowSettings
+	34, // 22: retrypolicy.v1.FlowSettings.lease_slack:type_name -> google.protobuf.Duration
+	34, // 23: retrypolicy.v1.BudgetPlan.delays:type_name -> google.protobuf.Duration
+	34, // 24: retrypolicy.v1.BudgetPlan.worst_case_total:type_name -> google.protobuf.Duration
+	34, // 25: retrypolicy.v1.BudgetPlan.idempotency_ttl:type_name -> google.protobuf.Duration
+	34, // 26: retrypolicy.v1.BudgetPlan.window:type_name -> google.protobuf.Duration
+	34, // 27: retrypolicy.v1.BudgetPlan.remaining:type_name -> google.protobuf.Duration
+	34, // 28: retrypolicy.v1.BudgetPlan.usable:type_name -> google.protobuf.Duration
+	23, // 29: retrypolicy.v1.Breaker.key:type_name -> retrypolicy.v1.BreakerKey
+	8,  // 30: retrypolicy.v1.Breaker.state:type_name -> retrypolicy.v1.BreakerState
+	33, // 31: retrypolicy.v1.Breaker.open_until_time:type_name -> google.protobuf.Timestamp
+	33, // 32: retrypolicy.v1.Breaker.change_time:type_name -> google.protobuf.Timestamp
+	33, // 33: retrypolicy.v1.Breaker.cooldown_until_time:type_name -> google.protobuf.Timestamp
+	9,  // 34: retrypolicy.v1.Breaker.mode:type_name -> retrypolicy.v1.BreakerMode
+	25, // 35: retrypolicy.v1.TenantBudgetStatus.budget:type_name -> retrypolicy.v1.TenantBudget
+	20, // 36: retrypolicy.v1.PolicyEntry.policy:type_name -> retrypolicy.v1.Policy
+	33, // 37: retrypolicy.v1.PolicyEntry.update_time:type_name -> google.protobuf.Timestamp
+	33, // 38: retrypolicy.v1.Run.cutoff_time:type_name -> google.protobuf.Timestamp
+	33, // 39: retrypolicy.v1.Run.create_time:type_name -> google.protobuf.Timestamp
+	28, // 40: retrypolicy.v1.Run.ledger:type_name -> retrypolicy.v1.RunLedger
+	7,  // 41: retrypolicy.v1.RunCall.disposition:type_name -> retrypolicy.v1.Disposition
+	6,  // 42: retrypolicy.v1.RunCall.stop_reason:type_name -> retrypolicy.v1.StopReason
+	33, // 43: retrypolicy.v1.RunCall.first_attempt_time:type_name -> google.protobuf.Timestamp
+	33, // 44: retrypolicy.v1.RunCall.last_attempt_time:type_name -> google.protobuf.Timestamp
+	33, // 45: retrypolicy.v1.AuditRecord.record_time:type_name -> google.protobuf.Timestamp
+	11, // 46: retrypolicy.v1.AuditRecord.event:type_name -> retrypolicy.v1.AuditEvent
+	5,  // 47: retrypolicy.v1.AuditRecord.decision:type_name -> retrypolicy.v1.Decision
+	34, // 48: retrypolicy.v1.AuditRecord.delay:type_name -> google.protobuf.Duration
+	6,  // 49: retrypolicy.v1.AuditRecord.stop_reason:type_name -> retrypolicy.v1.StopReason
+	7,  // 50: retrypolicy.v1.AuditRecord.disposition:type_name -> retrypolicy.v1.Disposition
+	12, // 51: retrypolicy.v1.IdempotencyRecord.state:type_name -> retrypolicy.v1.KeyState
+	33, // 52: retrypolicy.v1.IdempotencyRecord.lease_expire_time:type_name -> google.protobuf.Timestamp
+	33, // 53: retrypolicy.v1.IdempotencyRecord.expire_time:type_name -> google.protobuf.Timestamp
+	54, // [54:54] is the sub-list for method output_type
+	54, // [54:54] is the sub-list for method input_type
+	54, // [54:54] is the sub-list for extension type_name
+	54, // [54:54] is the sub-list for extension extendee
+	0,  // [0:54] is the sub-list for field type_name
 }
 
 func init() { file_retrypolicy_v1_types_proto_init() }
@@ -2864,8 +3376,8 @@ func file_retrypolicy_v1_types_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_retrypolicy_v1_types_proto_rawDesc), len(file_retrypolicy_v1_types_proto_rawDesc)),
-			NumEnums:      12,
-			NumMessages:   17,
+			NumEnums:      14,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -179,18 +179,20 @@ class ForceBreakerResponse(_message.Message):
     def __init__(self, breaker: _Optional[_Union[_types_pb2.Breaker, _Mapping]] = ...) -> None: ...
 
 class OpenRunRequest(_message.Message):
-    __slots__ = ("run_id", "tenant", "retry_pool", "cutoff_time", "description")
+    __slots__ = ("run_id", "tenant", "retry_pool", "cutoff_time", "description", "redrive_of")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     RETRY_POOL_FIELD_NUMBER: _ClassVar[int]
     CUTOFF_TIME_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    REDRIVE_OF_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     tenant: str
     retry_pool: int
     cutoff_time: _timestamp_pb2.Timestamp
     description: str
-    def __init__(self, run_id: _Optional[str] = ..., tenant: _Optional[str] = ..., retry_pool: _Optional[int] = ..., cutoff_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., description: _Optional[str] = ...) -> None: ...
+    redrive_of: str
+    def __init__(self, run_id: _Optional[str] = ..., tenant: _Optional[str] = ..., retry_pool: _Optional[int] = ..., cutoff_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., description: _Optional[str] = ..., redrive_of: _Optional[str] = ...) -> None: ...
 
 class OpenRunResponse(_message.Message):
     __slots__ = ("run",)
@@ -227,6 +229,32 @@ class ListRunsResponse(_message.Message):
     runs: _containers.RepeatedCompositeFieldContainer[_types_pb2.Run]
     next_page_token: str
     def __init__(self, runs: _Optional[_Iterable[_Union[_types_pb2.Run, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class ListRunCallsRequest(_message.Message):
+    __slots__ = ("run_id", "tenant", "dispositions", "stop_reasons", "page_size", "page_token")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    DISPOSITIONS_FIELD_NUMBER: _ClassVar[int]
+    STOP_REASONS_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    tenant: str
+    dispositions: _containers.RepeatedScalarFieldContainer[_types_pb2.Disposition]
+    stop_reasons: _containers.RepeatedScalarFieldContainer[_types_pb2.StopReason]
+    page_size: int
+    page_token: str
+    def __init__(self, run_id: _Optional[str] = ..., tenant: _Optional[str] = ..., dispositions: _Optional[_Iterable[_Union[_types_pb2.Disposition, str]]] = ..., stop_reasons: _Optional[_Iterable[_Union[_types_pb2.StopReason, str]]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListRunCallsResponse(_message.Message):
+    __slots__ = ("calls", "next_page_token", "untracked")
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    UNTRACKED_FIELD_NUMBER: _ClassVar[int]
+    calls: _containers.RepeatedCompositeFieldContainer[_types_pb2.RunCall]
+    next_page_token: str
+    untracked: int
+    def __init__(self, calls: _Optional[_Iterable[_Union[_types_pb2.RunCall, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., untracked: _Optional[int] = ...) -> None: ...
 
 class QueryAuditRequest(_message.Message):
     __slots__ = ("call_id", "tenant", "start_time", "end_time", "page_size", "page_token")

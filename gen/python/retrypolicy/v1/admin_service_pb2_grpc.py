@@ -113,6 +113,11 @@ class AdminServiceStub:
                 request_serializer=retrypolicy_dot_v1_dot_admin__service__pb2.ListRunsRequest.SerializeToString,
                 response_deserializer=retrypolicy_dot_v1_dot_admin__service__pb2.ListRunsResponse.FromString,
                 _registered_method=True)
+        self.ListRunCalls = channel.unary_unary(
+                '/retrypolicy.v1.AdminService/ListRunCalls',
+                request_serializer=retrypolicy_dot_v1_dot_admin__service__pb2.ListRunCallsRequest.SerializeToString,
+                response_deserializer=retrypolicy_dot_v1_dot_admin__service__pb2.ListRunCallsResponse.FromString,
+                _registered_method=True)
         self.QueryAudit = channel.unary_unary(
                 '/retrypolicy.v1.AdminService/QueryAudit',
                 request_serializer=retrypolicy_dot_v1_dot_admin__service__pb2.QueryAuditRequest.SerializeToString,
@@ -232,6 +237,16 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListRunCalls(self, request, context):
+        """ListRunCalls lists a run's calls from its call table, optionally only
+        those of some dispositions or stop reasons: the dead-letter list for
+        triage. A tenant token may call it for its own tenant's runs (set
+        tenant); another tenant's run is NOT_FOUND, as an unknown one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def QueryAudit(self, request, context):
         """QueryAudit returns audit records by call id, tenant and time range, in
         the order they were recorded.
@@ -317,6 +332,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ListRuns,
                     request_deserializer=retrypolicy_dot_v1_dot_admin__service__pb2.ListRunsRequest.FromString,
                     response_serializer=retrypolicy_dot_v1_dot_admin__service__pb2.ListRunsResponse.SerializeToString,
+            ),
+            'ListRunCalls': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRunCalls,
+                    request_deserializer=retrypolicy_dot_v1_dot_admin__service__pb2.ListRunCallsRequest.FromString,
+                    response_serializer=retrypolicy_dot_v1_dot_admin__service__pb2.ListRunCallsResponse.SerializeToString,
             ),
             'QueryAudit': grpc.unary_unary_rpc_method_handler(
                     servicer.QueryAudit,
@@ -733,6 +753,33 @@ class AdminService:
             '/retrypolicy.v1.AdminService/ListRuns',
             retrypolicy_dot_v1_dot_admin__service__pb2.ListRunsRequest.SerializeToString,
             retrypolicy_dot_v1_dot_admin__service__pb2.ListRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRunCalls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/retrypolicy.v1.AdminService/ListRunCalls',
+            retrypolicy_dot_v1_dot_admin__service__pb2.ListRunCallsRequest.SerializeToString,
+            retrypolicy_dot_v1_dot_admin__service__pb2.ListRunCallsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -80,7 +80,7 @@ class NextDelayResponse(_message.Message):
     def __init__(self, decision: _Optional[_Union[_types_pb2.Decision, str]] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., stop_reason: _Optional[_Union[_types_pb2.StopReason, str]] = ..., disposition: _Optional[_Union[_types_pb2.Disposition, str]] = ..., category: _Optional[_Union[_types_pb2.Category, str]] = ..., classification: _Optional[str] = ..., pushback_note: _Optional[str] = ..., attempt_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., breaker_state: _Optional[_Union[_types_pb2.BreakerState, str]] = ..., tenant_budget_remaining: _Optional[float] = ..., run_budget_remaining: _Optional[int] = ..., checks: _Optional[_Iterable[str]] = ..., detail: _Optional[str] = ..., flow_controlled: _Optional[bool] = ...) -> None: ...
 
 class Outcome(_message.Message):
-    __slots__ = ("call", "attempt", "success", "failure", "latency", "permit_id", "final_disposition", "final_stop_reason", "already_recorded", "lease_id")
+    __slots__ = ("call", "attempt", "success", "failure", "latency", "permit_id", "final_disposition", "final_stop_reason", "already_recorded", "lease_id", "deduplicated")
     CALL_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     SUCCESS_FIELD_NUMBER: _ClassVar[int]
@@ -91,6 +91,7 @@ class Outcome(_message.Message):
     FINAL_STOP_REASON_FIELD_NUMBER: _ClassVar[int]
     ALREADY_RECORDED_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    DEDUPLICATED_FIELD_NUMBER: _ClassVar[int]
     call: _types_pb2.CallRef
     attempt: int
     success: bool
@@ -101,7 +102,8 @@ class Outcome(_message.Message):
     final_stop_reason: _types_pb2.StopReason
     already_recorded: bool
     lease_id: str
-    def __init__(self, call: _Optional[_Union[_types_pb2.CallRef, _Mapping]] = ..., attempt: _Optional[int] = ..., success: _Optional[bool] = ..., failure: _Optional[_Union[_types_pb2.Failure, _Mapping]] = ..., latency: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., permit_id: _Optional[str] = ..., final_disposition: _Optional[_Union[_types_pb2.Disposition, str]] = ..., final_stop_reason: _Optional[_Union[_types_pb2.StopReason, str]] = ..., already_recorded: _Optional[bool] = ..., lease_id: _Optional[str] = ...) -> None: ...
+    deduplicated: bool
+    def __init__(self, call: _Optional[_Union[_types_pb2.CallRef, _Mapping]] = ..., attempt: _Optional[int] = ..., success: _Optional[bool] = ..., failure: _Optional[_Union[_types_pb2.Failure, _Mapping]] = ..., latency: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., permit_id: _Optional[str] = ..., final_disposition: _Optional[_Union[_types_pb2.Disposition, str]] = ..., final_stop_reason: _Optional[_Union[_types_pb2.StopReason, str]] = ..., already_recorded: _Optional[bool] = ..., lease_id: _Optional[str] = ..., deduplicated: _Optional[bool] = ...) -> None: ...
 
 class ReportOutcomeRequest(_message.Message):
     __slots__ = ("outcomes",)
@@ -140,12 +142,13 @@ class AdmitRequest(_message.Message):
     def __init__(self, call: _Optional[_Union[_types_pb2.CallRef, _Mapping]] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class AdmitResponse(_message.Message):
-    __slots__ = ("admitted", "state", "permit_id", "retry_after", "reason", "lease_id", "lease_expire_time", "flow_controlled")
+    __slots__ = ("admitted", "state", "permit_id", "retry_after", "reason", "run_cutoff_time", "lease_id", "lease_expire_time", "flow_controlled")
     ADMITTED_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     PERMIT_ID_FIELD_NUMBER: _ClassVar[int]
     RETRY_AFTER_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    RUN_CUTOFF_TIME_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
     FLOW_CONTROLLED_FIELD_NUMBER: _ClassVar[int]
@@ -154,10 +157,11 @@ class AdmitResponse(_message.Message):
     permit_id: str
     retry_after: _duration_pb2.Duration
     reason: str
+    run_cutoff_time: _timestamp_pb2.Timestamp
     lease_id: str
     lease_expire_time: _timestamp_pb2.Timestamp
     flow_controlled: bool
-    def __init__(self, admitted: _Optional[bool] = ..., state: _Optional[_Union[_types_pb2.BreakerState, str]] = ..., permit_id: _Optional[str] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., reason: _Optional[str] = ..., lease_id: _Optional[str] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., flow_controlled: _Optional[bool] = ...) -> None: ...
+    def __init__(self, admitted: _Optional[bool] = ..., state: _Optional[_Union[_types_pb2.BreakerState, str]] = ..., permit_id: _Optional[str] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., reason: _Optional[str] = ..., run_cutoff_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_id: _Optional[str] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., flow_controlled: _Optional[bool] = ...) -> None: ...
 
 class ReleaseLeaseRequest(_message.Message):
     __slots__ = ("call", "lease_id")
@@ -196,20 +200,24 @@ class WatchBreakersResponse(_message.Message):
     def __init__(self, breaker: _Optional[_Union[_types_pb2.Breaker, _Mapping]] = ..., snapshot: _Optional[bool] = ..., snapshot_complete: _Optional[bool] = ..., flow_controlled_targets: _Optional[_Iterable[str]] = ..., uncontrolled_targets: _Optional[_Iterable[str]] = ..., other_targets_flow_controlled: _Optional[bool] = ...) -> None: ...
 
 class PlanBudgetRequest(_message.Message):
-    __slots__ = ("window", "backoff", "attempt_timeout", "ttl_margin", "max_attempts", "hops")
+    __slots__ = ("window", "backoff", "attempt_timeout", "ttl_margin", "max_attempts", "hops", "origin_time", "reserve")
     WINDOW_FIELD_NUMBER: _ClassVar[int]
     BACKOFF_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     TTL_MARGIN_FIELD_NUMBER: _ClassVar[int]
     MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     HOPS_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_TIME_FIELD_NUMBER: _ClassVar[int]
+    RESERVE_FIELD_NUMBER: _ClassVar[int]
     window: _duration_pb2.Duration
     backoff: _types_pb2.BackoffSettings
     attempt_timeout: _duration_pb2.Duration
     ttl_margin: _duration_pb2.Duration
     max_attempts: int
     hops: int
-    def __init__(self, window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., backoff: _Optional[_Union[_types_pb2.BackoffSettings, _Mapping]] = ..., attempt_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., ttl_margin: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_attempts: _Optional[int] = ..., hops: _Optional[int] = ...) -> None: ...
+    origin_time: _timestamp_pb2.Timestamp
+    reserve: float
+    def __init__(self, window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., backoff: _Optional[_Union[_types_pb2.BackoffSettings, _Mapping]] = ..., attempt_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., ttl_margin: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_attempts: _Optional[int] = ..., hops: _Optional[int] = ..., origin_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reserve: _Optional[float] = ...) -> None: ...
 
 class PlanBudgetResponse(_message.Message):
     __slots__ = ("plan", "hops")
@@ -218,3 +226,61 @@ class PlanBudgetResponse(_message.Message):
     plan: _types_pb2.BudgetPlan
     hops: _containers.RepeatedCompositeFieldContainer[_types_pb2.BudgetPlan]
     def __init__(self, plan: _Optional[_Union[_types_pb2.BudgetPlan, _Mapping]] = ..., hops: _Optional[_Iterable[_Union[_types_pb2.BudgetPlan, _Mapping]]] = ...) -> None: ...
+
+class ClaimKeyRequest(_message.Message):
+    __slots__ = ("call", "attempt")
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    call: _types_pb2.CallRef
+    attempt: int
+    def __init__(self, call: _Optional[_Union[_types_pb2.CallRef, _Mapping]] = ..., attempt: _Optional[int] = ...) -> None: ...
+
+class ClaimKeyResponse(_message.Message):
+    __slots__ = ("state", "lease_id", "lease_expire_time", "result_ref", "retry_after", "reason")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    RESULT_REF_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    state: _types_pb2.KeyState
+    lease_id: str
+    lease_expire_time: _timestamp_pb2.Timestamp
+    result_ref: str
+    retry_after: _duration_pb2.Duration
+    reason: str
+    def __init__(self, state: _Optional[_Union[_types_pb2.KeyState, str]] = ..., lease_id: _Optional[str] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., result_ref: _Optional[str] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class CompleteKeyRequest(_message.Message):
+    __slots__ = ("tenant", "idempotency_key", "lease_id", "outcome", "result_ref")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    RESULT_REF_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    idempotency_key: str
+    lease_id: str
+    outcome: _types_pb2.KeyOutcome
+    result_ref: str
+    def __init__(self, tenant: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., lease_id: _Optional[str] = ..., outcome: _Optional[_Union[_types_pb2.KeyOutcome, str]] = ..., result_ref: _Optional[str] = ...) -> None: ...
+
+class CompleteKeyResponse(_message.Message):
+    __slots__ = ("record",)
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    record: _types_pb2.IdempotencyRecord
+    def __init__(self, record: _Optional[_Union[_types_pb2.IdempotencyRecord, _Mapping]] = ...) -> None: ...
+
+class GetKeyRequest(_message.Message):
+    __slots__ = ("tenant", "idempotency_key")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    idempotency_key: str
+    def __init__(self, tenant: _Optional[str] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+
+class GetKeyResponse(_message.Message):
+    __slots__ = ("record",)
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    record: _types_pb2.IdempotencyRecord
+    def __init__(self, record: _Optional[_Union[_types_pb2.IdempotencyRecord, _Mapping]] = ...) -> None: ...

@@ -68,6 +68,21 @@ class RetryPolicyServiceStub:
                 request_serializer=retrypolicy_dot_v1_dot_retry__policy__service__pb2.WatchBreakersRequest.SerializeToString,
                 response_deserializer=retrypolicy_dot_v1_dot_retry__policy__service__pb2.WatchBreakersResponse.FromString,
                 _registered_method=True)
+        self.ClaimKey = channel.unary_unary(
+                '/retrypolicy.v1.RetryPolicyService/ClaimKey',
+                request_serializer=retrypolicy_dot_v1_dot_retry__policy__service__pb2.ClaimKeyRequest.SerializeToString,
+                response_deserializer=retrypolicy_dot_v1_dot_retry__policy__service__pb2.ClaimKeyResponse.FromString,
+                _registered_method=True)
+        self.CompleteKey = channel.unary_unary(
+                '/retrypolicy.v1.RetryPolicyService/CompleteKey',
+                request_serializer=retrypolicy_dot_v1_dot_retry__policy__service__pb2.CompleteKeyRequest.SerializeToString,
+                response_deserializer=retrypolicy_dot_v1_dot_retry__policy__service__pb2.CompleteKeyResponse.FromString,
+                _registered_method=True)
+        self.GetKey = channel.unary_unary(
+                '/retrypolicy.v1.RetryPolicyService/GetKey',
+                request_serializer=retrypolicy_dot_v1_dot_retry__policy__service__pb2.GetKeyRequest.SerializeToString,
+                response_deserializer=retrypolicy_dot_v1_dot_retry__policy__service__pb2.GetKeyResponse.FromString,
+                _registered_method=True)
         self.PlanBudget = channel.unary_unary(
                 '/retrypolicy.v1.RetryPolicyService/PlanBudget',
                 request_serializer=retrypolicy_dot_v1_dot_retry__policy__service__pb2.PlanBudgetRequest.SerializeToString,
@@ -130,6 +145,31 @@ class RetryPolicyServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ClaimKey(self, request, context):
+        """ClaimKey claims a call's idempotency key before an attempt: NEW (a
+        lease until the attempt timeout plus slack), IN_FLIGHT (another
+        worker's live lease), SUCCEEDED (the result reference: do not call
+        the upstream) or UNKNOWN (a lost outcome). Durable before it answers.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CompleteKey(self, request, context):
+        """CompleteKey records how the attempt holding a key's lease ended.
+        Durable before it answers.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetKey(self, request, context):
+        """GetKey returns a key's record.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def PlanBudget(self, request, context):
         """PlanBudget fits retries into a time window, offline: the attempt count,
         the schedule, the worst case and the idempotency-key TTL, optionally split
@@ -171,6 +211,21 @@ def add_RetryPolicyServiceServicer_to_server(servicer, server):
                     servicer.WatchBreakers,
                     request_deserializer=retrypolicy_dot_v1_dot_retry__policy__service__pb2.WatchBreakersRequest.FromString,
                     response_serializer=retrypolicy_dot_v1_dot_retry__policy__service__pb2.WatchBreakersResponse.SerializeToString,
+            ),
+            'ClaimKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClaimKey,
+                    request_deserializer=retrypolicy_dot_v1_dot_retry__policy__service__pb2.ClaimKeyRequest.FromString,
+                    response_serializer=retrypolicy_dot_v1_dot_retry__policy__service__pb2.ClaimKeyResponse.SerializeToString,
+            ),
+            'CompleteKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompleteKey,
+                    request_deserializer=retrypolicy_dot_v1_dot_retry__policy__service__pb2.CompleteKeyRequest.FromString,
+                    response_serializer=retrypolicy_dot_v1_dot_retry__policy__service__pb2.CompleteKeyResponse.SerializeToString,
+            ),
+            'GetKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetKey,
+                    request_deserializer=retrypolicy_dot_v1_dot_retry__policy__service__pb2.GetKeyRequest.FromString,
+                    response_serializer=retrypolicy_dot_v1_dot_retry__policy__service__pb2.GetKeyResponse.SerializeToString,
             ),
             'PlanBudget': grpc.unary_unary_rpc_method_handler(
                     servicer.PlanBudget,
@@ -344,6 +399,87 @@ class RetryPolicyService:
             '/retrypolicy.v1.RetryPolicyService/WatchBreakers',
             retrypolicy_dot_v1_dot_retry__policy__service__pb2.WatchBreakersRequest.SerializeToString,
             retrypolicy_dot_v1_dot_retry__policy__service__pb2.WatchBreakersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClaimKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/retrypolicy.v1.RetryPolicyService/ClaimKey',
+            retrypolicy_dot_v1_dot_retry__policy__service__pb2.ClaimKeyRequest.SerializeToString,
+            retrypolicy_dot_v1_dot_retry__policy__service__pb2.ClaimKeyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompleteKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/retrypolicy.v1.RetryPolicyService/CompleteKey',
+            retrypolicy_dot_v1_dot_retry__policy__service__pb2.CompleteKeyRequest.SerializeToString,
+            retrypolicy_dot_v1_dot_retry__policy__service__pb2.CompleteKeyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/retrypolicy.v1.RetryPolicyService/GetKey',
+            retrypolicy_dot_v1_dot_retry__policy__service__pb2.GetKeyRequest.SerializeToString,
+            retrypolicy_dot_v1_dot_retry__policy__service__pb2.GetKeyResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -100,6 +100,21 @@ class AuditEvent(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     AUDIT_EVENT_DECISION: _ClassVar[AuditEvent]
     AUDIT_EVENT_OUTCOME: _ClassVar[AuditEvent]
     AUDIT_EVENT_FINAL: _ClassVar[AuditEvent]
+
+class KeyState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    KEY_STATE_UNSPECIFIED: _ClassVar[KeyState]
+    KEY_STATE_NEW: _ClassVar[KeyState]
+    KEY_STATE_IN_FLIGHT: _ClassVar[KeyState]
+    KEY_STATE_SUCCEEDED: _ClassVar[KeyState]
+    KEY_STATE_UNKNOWN: _ClassVar[KeyState]
+
+class KeyOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    KEY_OUTCOME_UNSPECIFIED: _ClassVar[KeyOutcome]
+    KEY_OUTCOME_SUCCEEDED: _ClassVar[KeyOutcome]
+    KEY_OUTCOME_FAILED: _ClassVar[KeyOutcome]
+    KEY_OUTCOME_UNKNOWN: _ClassVar[KeyOutcome]
 CATEGORY_UNSPECIFIED: Category
 CATEGORY_TRANSIENT: Category
 CATEGORY_TERMINAL: Category
@@ -154,9 +169,18 @@ AUDIT_EVENT_ADMIT: AuditEvent
 AUDIT_EVENT_DECISION: AuditEvent
 AUDIT_EVENT_OUTCOME: AuditEvent
 AUDIT_EVENT_FINAL: AuditEvent
+KEY_STATE_UNSPECIFIED: KeyState
+KEY_STATE_NEW: KeyState
+KEY_STATE_IN_FLIGHT: KeyState
+KEY_STATE_SUCCEEDED: KeyState
+KEY_STATE_UNKNOWN: KeyState
+KEY_OUTCOME_UNSPECIFIED: KeyOutcome
+KEY_OUTCOME_SUCCEEDED: KeyOutcome
+KEY_OUTCOME_FAILED: KeyOutcome
+KEY_OUTCOME_UNKNOWN: KeyOutcome
 
 class CallRef(_message.Message):
-    __slots__ = ("tenant", "target", "call_id", "idempotent", "idempotency_key", "run_id", "origin_time", "deadline_time")
+    __slots__ = ("tenant", "target", "call_id", "idempotent", "idempotency_key", "run_id", "origin_time", "deadline_time", "triage_ref")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
@@ -165,6 +189,7 @@ class CallRef(_message.Message):
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_TIME_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_TIME_FIELD_NUMBER: _ClassVar[int]
+    TRIAGE_REF_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     target: str
     call_id: str
@@ -173,7 +198,8 @@ class CallRef(_message.Message):
     run_id: str
     origin_time: _timestamp_pb2.Timestamp
     deadline_time: _timestamp_pb2.Timestamp
-    def __init__(self, tenant: _Optional[str] = ..., target: _Optional[str] = ..., call_id: _Optional[str] = ..., idempotent: _Optional[bool] = ..., idempotency_key: _Optional[str] = ..., run_id: _Optional[str] = ..., origin_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., deadline_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    triage_ref: str
+    def __init__(self, tenant: _Optional[str] = ..., target: _Optional[str] = ..., call_id: _Optional[str] = ..., idempotent: _Optional[bool] = ..., idempotency_key: _Optional[str] = ..., run_id: _Optional[str] = ..., origin_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., deadline_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., triage_ref: _Optional[str] = ...) -> None: ...
 
 class Failure(_message.Message):
     __slots__ = ("http_status", "grpc_code", "transport_error", "local_error")
@@ -248,7 +274,7 @@ class BreakerSettings(_message.Message):
     def __init__(self, mode: _Optional[_Union[BreakerMode, str]] = ..., scope: _Optional[_Union[BreakerScope, str]] = ..., consecutive_failures: _Optional[int] = ..., failure_rate: _Optional[float] = ..., window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., min_calls: _Optional[int] = ..., cooldown: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., half_open_probes: _Optional[int] = ..., probe_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., count_pushback: _Optional[bool] = ...) -> None: ...
 
 class Policy(_message.Message):
-    __slots__ = ("backoff", "pushback", "max_attempts", "attempt_timeout", "call_deadline", "transient_http_statuses", "terminal_http_statuses", "transient_grpc_codes", "breaker", "flow")
+    __slots__ = ("backoff", "pushback", "max_attempts", "attempt_timeout", "call_deadline", "transient_http_statuses", "terminal_http_statuses", "transient_grpc_codes", "breaker", "idempotency_ttl", "upstream_dedupes_by_key", "flow")
     BACKOFF_FIELD_NUMBER: _ClassVar[int]
     PUSHBACK_FIELD_NUMBER: _ClassVar[int]
     MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
@@ -258,6 +284,8 @@ class Policy(_message.Message):
     TERMINAL_HTTP_STATUSES_FIELD_NUMBER: _ClassVar[int]
     TRANSIENT_GRPC_CODES_FIELD_NUMBER: _ClassVar[int]
     BREAKER_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_TTL_FIELD_NUMBER: _ClassVar[int]
+    UPSTREAM_DEDUPES_BY_KEY_FIELD_NUMBER: _ClassVar[int]
     FLOW_FIELD_NUMBER: _ClassVar[int]
     backoff: BackoffSettings
     pushback: PushbackSettings
@@ -268,8 +296,10 @@ class Policy(_message.Message):
     terminal_http_statuses: _containers.RepeatedScalarFieldContainer[int]
     transient_grpc_codes: _containers.RepeatedScalarFieldContainer[int]
     breaker: BreakerSettings
+    idempotency_ttl: _duration_pb2.Duration
+    upstream_dedupes_by_key: bool
     flow: FlowSettings
-    def __init__(self, backoff: _Optional[_Union[BackoffSettings, _Mapping]] = ..., pushback: _Optional[_Union[PushbackSettings, _Mapping]] = ..., max_attempts: _Optional[int] = ..., attempt_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., call_deadline: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., transient_http_statuses: _Optional[_Iterable[int]] = ..., terminal_http_statuses: _Optional[_Iterable[int]] = ..., transient_grpc_codes: _Optional[_Iterable[int]] = ..., breaker: _Optional[_Union[BreakerSettings, _Mapping]] = ..., flow: _Optional[_Union[FlowSettings, _Mapping]] = ...) -> None: ...
+    def __init__(self, backoff: _Optional[_Union[BackoffSettings, _Mapping]] = ..., pushback: _Optional[_Union[PushbackSettings, _Mapping]] = ..., max_attempts: _Optional[int] = ..., attempt_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., call_deadline: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., transient_http_statuses: _Optional[_Iterable[int]] = ..., terminal_http_statuses: _Optional[_Iterable[int]] = ..., transient_grpc_codes: _Optional[_Iterable[int]] = ..., breaker: _Optional[_Union[BreakerSettings, _Mapping]] = ..., idempotency_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., upstream_dedupes_by_key: _Optional[bool] = ..., flow: _Optional[_Union[FlowSettings, _Mapping]] = ...) -> None: ...
 
 class FlowSettings(_message.Message):
     __slots__ = ("max_in_flight", "lease_slack", "max_rate", "burst")
@@ -284,18 +314,24 @@ class FlowSettings(_message.Message):
     def __init__(self, max_in_flight: _Optional[int] = ..., lease_slack: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_rate: _Optional[float] = ..., burst: _Optional[int] = ...) -> None: ...
 
 class BudgetPlan(_message.Message):
-    __slots__ = ("max_attempts", "delays", "worst_case_total", "idempotency_ttl", "window")
+    __slots__ = ("max_attempts", "delays", "worst_case_total", "idempotency_ttl", "window", "remaining", "usable", "reason")
     MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     DELAYS_FIELD_NUMBER: _ClassVar[int]
     WORST_CASE_TOTAL_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_TTL_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
+    REMAINING_FIELD_NUMBER: _ClassVar[int]
+    USABLE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     max_attempts: int
     delays: _containers.RepeatedCompositeFieldContainer[_duration_pb2.Duration]
     worst_case_total: _duration_pb2.Duration
     idempotency_ttl: _duration_pb2.Duration
     window: _duration_pb2.Duration
-    def __init__(self, max_attempts: _Optional[int] = ..., delays: _Optional[_Iterable[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]]] = ..., worst_case_total: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., idempotency_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    remaining: _duration_pb2.Duration
+    usable: _duration_pb2.Duration
+    reason: str
+    def __init__(self, max_attempts: _Optional[int] = ..., delays: _Optional[_Iterable[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]]] = ..., worst_case_total: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., idempotency_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., remaining: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., usable: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class BreakerKey(_message.Message):
     __slots__ = ("tenant", "target")
@@ -382,7 +418,7 @@ class PolicyEntry(_message.Message):
     def __init__(self, tenant: _Optional[str] = ..., target: _Optional[str] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class RunLedger(_message.Message):
-    __slots__ = ("succeeded", "failed_terminal", "dead_letter_exhausted", "dead_letter_budget", "dead_letter_not_idempotent", "dead_letter_pushback", "circuit_open", "deadline_cut")
+    __slots__ = ("succeeded", "failed_terminal", "dead_letter_exhausted", "dead_letter_budget", "dead_letter_not_idempotent", "dead_letter_pushback", "circuit_open", "deadline_cut", "dead_letter_deadline", "deduplicated")
     SUCCEEDED_FIELD_NUMBER: _ClassVar[int]
     FAILED_TERMINAL_FIELD_NUMBER: _ClassVar[int]
     DEAD_LETTER_EXHAUSTED_FIELD_NUMBER: _ClassVar[int]
@@ -391,6 +427,8 @@ class RunLedger(_message.Message):
     DEAD_LETTER_PUSHBACK_FIELD_NUMBER: _ClassVar[int]
     CIRCUIT_OPEN_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_CUT_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTER_DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    DEDUPLICATED_FIELD_NUMBER: _ClassVar[int]
     succeeded: int
     failed_terminal: int
     dead_letter_exhausted: int
@@ -399,10 +437,12 @@ class RunLedger(_message.Message):
     dead_letter_pushback: int
     circuit_open: int
     deadline_cut: int
-    def __init__(self, succeeded: _Optional[int] = ..., failed_terminal: _Optional[int] = ..., dead_letter_exhausted: _Optional[int] = ..., dead_letter_budget: _Optional[int] = ..., dead_letter_not_idempotent: _Optional[int] = ..., dead_letter_pushback: _Optional[int] = ..., circuit_open: _Optional[int] = ..., deadline_cut: _Optional[int] = ...) -> None: ...
+    dead_letter_deadline: int
+    deduplicated: int
+    def __init__(self, succeeded: _Optional[int] = ..., failed_terminal: _Optional[int] = ..., dead_letter_exhausted: _Optional[int] = ..., dead_letter_budget: _Optional[int] = ..., dead_letter_not_idempotent: _Optional[int] = ..., dead_letter_pushback: _Optional[int] = ..., circuit_open: _Optional[int] = ..., deadline_cut: _Optional[int] = ..., dead_letter_deadline: _Optional[int] = ..., deduplicated: _Optional[int] = ...) -> None: ...
 
 class Run(_message.Message):
-    __slots__ = ("run_id", "tenant", "retry_pool", "retries_spent", "cutoff_time", "create_time", "ledger", "description")
+    __slots__ = ("run_id", "tenant", "retry_pool", "retries_spent", "cutoff_time", "create_time", "ledger", "description", "redrive_of")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     RETRY_POOL_FIELD_NUMBER: _ClassVar[int]
@@ -411,6 +451,7 @@ class Run(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     LEDGER_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    REDRIVE_OF_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     tenant: str
     retry_pool: int
@@ -419,7 +460,32 @@ class Run(_message.Message):
     create_time: _timestamp_pb2.Timestamp
     ledger: RunLedger
     description: str
-    def __init__(self, run_id: _Optional[str] = ..., tenant: _Optional[str] = ..., retry_pool: _Optional[int] = ..., retries_spent: _Optional[int] = ..., cutoff_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ledger: _Optional[_Union[RunLedger, _Mapping]] = ..., description: _Optional[str] = ...) -> None: ...
+    redrive_of: str
+    def __init__(self, run_id: _Optional[str] = ..., tenant: _Optional[str] = ..., retry_pool: _Optional[int] = ..., retries_spent: _Optional[int] = ..., cutoff_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ledger: _Optional[_Union[RunLedger, _Mapping]] = ..., description: _Optional[str] = ..., redrive_of: _Optional[str] = ...) -> None: ...
+
+class RunCall(_message.Message):
+    __slots__ = ("call_id", "disposition", "stop_reason", "attempts", "last_classification", "last_detail", "first_attempt_time", "last_attempt_time", "target", "triage_ref")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    DISPOSITION_FIELD_NUMBER: _ClassVar[int]
+    STOP_REASON_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    LAST_CLASSIFICATION_FIELD_NUMBER: _ClassVar[int]
+    LAST_DETAIL_FIELD_NUMBER: _ClassVar[int]
+    FIRST_ATTEMPT_TIME_FIELD_NUMBER: _ClassVar[int]
+    LAST_ATTEMPT_TIME_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    TRIAGE_REF_FIELD_NUMBER: _ClassVar[int]
+    call_id: str
+    disposition: Disposition
+    stop_reason: StopReason
+    attempts: int
+    last_classification: str
+    last_detail: str
+    first_attempt_time: _timestamp_pb2.Timestamp
+    last_attempt_time: _timestamp_pb2.Timestamp
+    target: str
+    triage_ref: str
+    def __init__(self, call_id: _Optional[str] = ..., disposition: _Optional[_Union[Disposition, str]] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ..., attempts: _Optional[int] = ..., last_classification: _Optional[str] = ..., last_detail: _Optional[str] = ..., first_attempt_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_attempt_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., target: _Optional[str] = ..., triage_ref: _Optional[str] = ...) -> None: ...
 
 class AuditRecord(_message.Message):
     __slots__ = ("record_time", "event", "tenant", "target", "call_id", "run_id", "attempt", "classification", "decision", "delay", "stop_reason", "disposition", "detail")
@@ -450,3 +516,19 @@ class AuditRecord(_message.Message):
     disposition: Disposition
     detail: str
     def __init__(self, record_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., event: _Optional[_Union[AuditEvent, str]] = ..., tenant: _Optional[str] = ..., target: _Optional[str] = ..., call_id: _Optional[str] = ..., run_id: _Optional[str] = ..., attempt: _Optional[int] = ..., classification: _Optional[str] = ..., decision: _Optional[_Union[Decision, str]] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ..., disposition: _Optional[_Union[Disposition, str]] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class IdempotencyRecord(_message.Message):
+    __slots__ = ("tenant", "idempotency_key", "state", "lease_expire_time", "expire_time", "result_ref")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    RESULT_REF_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    idempotency_key: str
+    state: KeyState
+    lease_expire_time: _timestamp_pb2.Timestamp
+    expire_time: _timestamp_pb2.Timestamp
+    result_ref: str
+    def __init__(self, tenant: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., state: _Optional[_Union[KeyState, str]] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., result_ref: _Optional[str] = ...) -> None: ...

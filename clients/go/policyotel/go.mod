@@ -1,0 +1,36 @@
+module github.com/policyd/policyd/clients/go/policyotel
+
+go 1.26.0
+
+require (
+	github.com/policyd/policyd/clients/go/policyclient v0.0.0-00010101000000-000000000000
+	go.opentelemetry.io/otel v1.47.0
+	go.opentelemetry.io/otel/metric v1.47.0
+	go.opentelemetry.io/otel/sdk/metric v1.47.0
+)
+
+require (
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/go-logr/logr v1.4.4 // indirect
+	github.com/go-logr/stdr v1.2.2 // indirect
+	github.com/google/uuid v1.6.0 // indirect
+	github.com/policyd/policyd/gen/go v0.0.0-00010101000000-000000000000 // indirect
+	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
+	go.opentelemetry.io/otel/log v1.47.0 // indirect
+	go.opentelemetry.io/otel/sdk v1.47.0 // indirect
+	go.opentelemetry.io/otel/trace v1.47.0 // indirect
+	golang.org/x/net v0.60.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+	golang.org/x/text v0.42.0 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20260928230214-8a89bd6388cc // indirect
+	google.golang.org/grpc v1.85.0 // indirect
+	google.golang.org/protobuf v1.36.12 // indirect
+)
+
+// The client and the stubs are developed in this repository. A release
+// tags them and requires those versions here (a worker's build ignores
+// these replaces).
+replace (
+	github.com/policyd/policyd/clients/go/policyclient => ../policyclient
+	github.com/policyd/policyd/gen/go => ../../../gen/go
+)

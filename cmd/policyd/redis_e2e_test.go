@@ -1,0 +1,117 @@
+package main
+
+import (
+	"context"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
+	"github.com/policyd/policyd/internal/redistest"
+)
+
+// TestTwoReplicasOnOneRedis runs two daemons with --store redis:// over one
+// Redis the test starts: a breaker forced OPEN through one replica's admin
+// API refuses on the other; then policyd check --store finds the keys
+// they wrote in order.
+func TestTwoReplicasOnOneRedis(t *testing.T) {
+	srv := redistest.Standalone(t)
+	dir := t.TempDir()
+	url := "redis://" + srv.Addr
+	a := startDaemon(t, filepath.Join(dir, "a.db"), "--store", url)
+	b := startDaemon(t, filepath.Join(dir, "b.db"), "--store", url)
+	ca, cb := a.conn(t), b.conn(t)
+	ctx := context.Background()
+	call := &pb.CallRef{Tenant: "acme", Target: "geo", CallId: "c1", Idempotent: true}
+	if r, err := pb.NewRetryPolicyServiceClient(cb).Admit(ctx, &pb.AdmitRequest{Call: call, Attempt: 1}); err != nil || !r.GetAdmitted() {
+		t.Fatalf("Admit on replica b: %v, %v; want admitted", r, err)
+	}
+	if _, err := pb.NewAdminServiceClient(ca).ForceBreaker(ctx, &pb.ForceBreakerRequest{
+		Key: &pb.BreakerKey{Tenant: "acme", Target: "geo"}, State: pb.BreakerState_BREAKER_STATE_OPEN}); err != nil {
+		t.Fatalf("ForceBreaker on replica a: %v; it said: %s", err, a.stderr)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for ; ; <-tick.C {
+		r, err := pb.NewRetryPolicyServiceClient(cb).Admit(ctx, &pb.AdmitRequest{Call: call, Attempt: 1})
+		if err == nil && !r.GetAdmitted() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replica b still admits 5s after the breaker was forced OPEN on a: %v, %v", r, err)
+		}
+	}
+	if !strings.Contains(a.stderr.String(), `"store":"redis://`+srv.Addr) {
+		t.Errorf("replica a does not log its store: %s", a.stderr)
+	}
+	if out, err := runCLI(t, dir, "check", "--store", url); err != nil || !strings.Contains(string(out), url+": ok") {
+		t.Errorf("policyd check --store %s = %v: %s; want ok", url, err, out)
+	}
+}
+
+func TestStoreURLs(t *testing.T) {
+	tests := []struct {
+		in, kind, shown, err string
+	}{
+		{in: "", kind: "bbolt", shown: "bbolt:policyd.db"},
+		{in: "bbolt:/var/lib/x.db", kind: "bbolt", shown: "bbolt:/var/lib/x.db"},
+		{in: "redis://u:secret@127.0.0.1:6379/2", kind: "*redis.Client", shown: "redis://u:xxxxx@127.0.0.1:6379/2"},
+		{in: "rediss://127.0.0.1:6380", kind: "*redis.Client", shown: "rediss://127.0.0.1:6380"},
+		{in: "redis+sentinel://mymaster@127.0.0.1:26379,127.0.0.1:26380", kind: "*redis.Client"},
+		{in: "redis+sentinel://u:secret@mymaster@127.0.0.1:26379/1", kind: "*redis.Client", shown: "redis+sentinel://u:xxxxx@mymaster@127.0.0.1:26379/1"},
+		{in: "redis+cluster://127.0.0.1:7000,127.0.0.1:7001", kind: "*redis.ClusterClient"},
+		{in: "bbolt:", err: "--store: bbolt:PATH needs a path"},
+		{in: "mysql://x", err: "--store: must be bbolt:PATH, redis://"},
+		{in: "redis+sentinel://127.0.0.1:26379", err: "needs the master's name"},
+		{in: "redis+cluster://127.0.0.1", err: "every address must be host:port"},
+		{in: "redis+cluster://127.0.0.1:7000/3", err: "takes no database"},
+		{in: "redis+sentinel://m@127.0.0.1:26379/x", err: "the database must be a number"},
+		{in: "redis://127.0.0.1:6379/notadb", err: "--store: redis: invalid database number"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			u, err := parseStore(tt.in, "policyd.db")
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("parseStore(%q) = %v, want an error containing %q", tt.in, err, tt.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("parseStore(%q) = %v", tt.in, err)
+			}
+			kind := "bbolt"
+			if u.redis != nil {
+				defer u.redis.Close()
+				switch u.redis.(type) {
+				case *redis.Client:
+					kind = "*redis.Client"
+				case *redis.ClusterClient:
+					kind = "*redis.ClusterClient"
+				}
+			}
+			if kind != tt.kind || (tt.shown != "" && u.shown != tt.shown) {
+				t.Errorf("parseStore(%q) = %s shown %q, want %s %q", tt.in, kind, u.shown, tt.kind, tt.shown)
+			}
+		})
+	}
+}
+
+// TestReplicaWaitsForRedis: a replica started before its Redis retries
+// instead of exiting, and serves once Redis is up.
+func TestReplicaWaitsForRedis(t *testing.T) {
+	port := redistest.FreePort(t)
+	d := startDaemon(t, filepath.Join(t.TempDir(), "a.db"), "--store", "redis://127.0.0.1:"+strconv.Itoa(port))
+	d.stderr.waitFor(t, "Redis not ready; retrying", 2)
+	redistest.StandaloneOn(t, port)
+	conn := d.conn(t)
+	call := &pb.CallRef{Tenant: "acme", Target: "geo", CallId: "c1", Idempotent: true}
+	if r, err := pb.NewRetryPolicyServiceClient(conn).Admit(context.Background(), &pb.AdmitRequest{Call: call, Attempt: 1}); err != nil || !r.GetAdmitted() {
+		t.Fatalf("Admit once Redis is up: %v, %v; want admitted", r, err)
+	}
+}

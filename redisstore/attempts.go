@@ -1,0 +1,132 @@
+package redisstore
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/policyd/policyd/fleet"
+	"github.com/policyd/policyd/policy"
+)
+
+// attemptOf reads call k's fleet.Attempts ({T}:attempt:CALLID, expiring
+// with the record); the zero value when there is none.
+func (s *Store) attemptOf(k policy.CallKey) (fleet.Attempts, error) {
+	ctx, cancel := s.call()
+	defer cancel()
+	h, err := s.c.HGetAll(ctx, keyAttempt(k.Tenant, k.CallID)).Result()
+	if err != nil {
+		return fleet.Attempts{}, fmt.Errorf("redisstore: read attempt of %q/%q: %w", k.Tenant, k.CallID, err)
+	}
+	if len(h) == 0 {
+		return fleet.Attempts{}, nil
+	}
+	n, err1 := strconv.ParseUint(h["attempt"], 10, 32)
+	exp, err2 := strconv.ParseInt(h["expiry"], 10, 64)
+	var a fleet.Attempts
+	err3 := json.Unmarshal([]byte(h["answer"]), &a.Answer)
+	if err1 != nil || err2 != nil || err3 != nil {
+		return fleet.Attempts{}, fmt.Errorf("redisstore: attempt record of %q/%q is damaged", k.Tenant, k.CallID)
+	}
+	a.Attempt, a.Expiry = uint32(n), exp*int64(time.Millisecond)
+	return a, nil
+}
+
+// CheckAttempt says what a NextDelay for attempt of call k must get, by
+// fleet.Attempts.Check: replay and the answer given before for the same
+// attempt, a *fleet.Refusal for a lower one or any after a STOP, else
+// nothing. It costs one round trip.
+func (s *Store) CheckAttempt(k policy.CallKey, attempt uint32) (policy.Answer, bool, error) {
+	if err := s.check(); err != nil {
+		return policy.Answer{}, false, err
+	}
+	a, err := s.attemptOf(k)
+	if err != nil {
+		return policy.Answer{}, false, err
+	}
+	replay, err := a.Check(s.opts.Clock().UnixNano(), attempt)
+	if replay {
+		return a.Answer, true, nil
+	}
+	return policy.Answer{}, false, err
+}
+
+// LastAnswer returns the answer to the highest attempt of call k decided,
+// while it is remembered.
+func (s *Store) LastAnswer(k policy.CallKey) (policy.Answer, bool) {
+	if s.check() != nil {
+		return policy.Answer{}, false
+	}
+	a, err := s.attemptOf(k)
+	if err != nil || a.Attempt == 0 || s.opts.Clock().UnixNano() >= a.Expiry {
+		return policy.Answer{}, false
+	}
+	return a.Answer, true
+}
+
+// pendingAttempt is a RecordAttempt waiting for its Commit.
+type pendingAttempt struct {
+	k       policy.CallKey
+	attempt uint32
+	ans     policy.Answer
+	keep    time.Time
+}
+
+// queueAttempt adds the policyd_attempt call of a to p.
+func queueAttempt(ctx context.Context, p redis.Pipeliner, a pendingAttempt) error {
+	v, err := json.Marshal(a.ans)
+	if err != nil {
+		return fmt.Errorf("redisstore: encode answer: %w", err)
+	}
+	p.FCall(ctx, "policyd_attempt", []string{keyAttempt(a.k.Tenant, a.k.CallID)}, a.attempt, v, a.keep.UnixMilli()+1)
+	return nil
+}
+
+// claims are the calls of this replica whose attempt is being decided: a
+// NextDelay of the same call waits for the first one's answer instead of
+// deciding again. They are local to the replica; across replicas the
+// attempt record itself (policyd_attempt, never rewound) keeps a call's
+// answers in order.
+type claims struct {
+	mu sync.Mutex
+	m  map[policy.CallKey]chan struct{} // closed when the claim ends
+}
+
+// ClaimAttempt is server.Attempts.ClaimAttempt: CheckAttempt under the
+// call's claim on this replica. A claim that does not decide (a replay or
+// a refusal) ends at once.
+func (s *Store) ClaimAttempt(k policy.CallKey, attempt uint32) (policy.Answer, bool, error) {
+	for {
+		s.claims.mu.Lock()
+		if s.claims.m == nil {
+			s.claims.m = map[policy.CallKey]chan struct{}{}
+		}
+		if wait, held := s.claims.m[k]; held {
+			s.claims.mu.Unlock()
+			<-wait
+			continue
+		}
+		s.claims.m[k] = make(chan struct{})
+		s.claims.mu.Unlock()
+		ans, replay, err := s.CheckAttempt(k, attempt)
+		if replay || err != nil {
+			s.ReleaseAttempt(k)
+		}
+		return ans, replay, err
+	}
+}
+
+// ReleaseAttempt ends the claim ClaimAttempt gave on call k, if any.
+func (s *Store) ReleaseAttempt(k policy.CallKey) {
+	s.claims.mu.Lock()
+	if done, held := s.claims.m[k]; held {
+		delete(s.claims.m, k)
+		close(done)
+	}
+	s.claims.mu.Unlock()
+}

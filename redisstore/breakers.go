@@ -1,0 +1,353 @@
+package redisstore
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/policyd/policyd/fleet"
+	"github.com/policyd/policyd/policy"
+)
+
+// Admit asks whether the breaker under key lets an attempt through. A
+// breaker this replica knows to be CLOSED (forced or not) with no
+// cool-down in force, DISABLED, or forced OPEN is answered from the cache,
+// with no round trip; every other case is one call of policyd_admit,
+// which hands out at most cfg.HalfOpenProbes permits per HALF_OPEN
+// generation across all replicas. The cache lags the engine by the event
+// stream's delivery: a breaker another replica just opened may admit here
+// a few milliseconds longer. A refusal is an Admission with Admitted
+// false, not an error. It is safe for concurrent use.
+func (s *Store) Admit(key policy.BreakerKey, cfg policy.BreakerConfig) (policy.Admission, error) {
+	if err := s.check(); err != nil {
+		return policy.Admission{}, err
+	}
+	if st, ok := s.cachedState(key); ok {
+		if a, ok := cachedAdmit(st, s.opts.Clock().UnixMicro()); ok {
+			return a, nil
+		}
+	}
+	if err := checkBreakerKey(key); err != nil {
+		return policy.Admission{}, err
+	}
+	if _, err := s.follow(key.Tenant); err != nil {
+		return policy.Admission{}, fmt.Errorf("redisstore: follow tenant %q: %w", key.Tenant, err)
+	}
+	cfg = fleet.NormConfig(cfg)
+	ctx, cancel := s.call()
+	defer cancel()
+	_, a, st, err := admitCall(ctx, s.c, key, &cfg, newPermitID(), s.opts.MaxBreakersPerTenant)
+	if err != nil {
+		return policy.Admission{}, err
+	}
+	s.learn(key, st)
+	return a, nil
+}
+
+// cachedAdmit answers an Admit from a cached state at now (Unix µs, the
+// replica's clock), when the answer does not depend on the engine: ok is
+// false when it must ask.
+func cachedAdmit(st *state, now int64) (policy.Admission, bool) {
+	switch {
+	case st.State == policy.BreakerDisabled:
+		return policy.Admission{Admitted: true, State: policy.BreakerDisabled, Reason: fleet.ReasonDisabled}, true
+	case st.Forced && st.State == policy.BreakerOpen:
+		return policy.Admission{State: policy.BreakerOpen, Reason: fleet.ReasonForcedOpen}, true
+	case st.State == policy.BreakerClosed && (st.Forced || st.Cooldown <= now):
+		return policy.Admission{Admitted: true, State: policy.BreakerClosed, Reason: fleet.ReasonClosed}, true
+	}
+	return policy.Admission{}, false
+}
+
+// Record reports one attempt's result to the breaker under key (one call of
+// policyd_record) and returns its state afterwards, by fleet.Breaker's
+// rules: in HALF_OPEN only a live permit of the generation settles a
+// probe; a permit that is not live returns the state and fleet.ErrPermit.
+func (s *Store) Record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy.Result, permitID string) (policy.BreakerSnapshot, error) {
+	if err := s.check(); err != nil {
+		return policy.BreakerSnapshot{}, err
+	}
+	if r < policy.ResultSuccess || r > policy.ResultTerminal {
+		return policy.BreakerSnapshot{}, invalid("result", "must be success, transient failure or terminal")
+	}
+	if err := checkBreakerKey(key); err != nil {
+		return policy.BreakerSnapshot{}, err
+	}
+	if _, err := s.follow(key.Tenant); err != nil {
+		return policy.BreakerSnapshot{}, fmt.Errorf("redisstore: follow tenant %q: %w", key.Tenant, err)
+	}
+	cfg = fleet.NormConfig(cfg)
+	ctx, cancel := s.call()
+	defer cancel()
+	_, out, err := recordCall(ctx, s.c, key.Tenant, []recordGroup{{Key: key, Cfg: &cfg, Results: []result{{r, permitID}}}}, s.opts.MaxBreakersPerTenant)
+	if err != nil {
+		return policy.BreakerSnapshot{}, err
+	}
+	s.learn(key, out[0].State)
+	snap := out[0].State.snapshot(key)
+	if out[0].Refused[0] {
+		return snap, fleet.ErrPermit
+	}
+	return snap, nil
+}
+
+// ExtendCooldown moves the fleet-wide pushback cool-down of the breaker
+// under key to until (to the microsecond) when that is later, and returns
+// the end in force. A cool-down that starts is published on the tenant's
+// event stream.
+func (s *Store) ExtendCooldown(key policy.BreakerKey, cfg policy.BreakerConfig, until time.Time) (time.Time, error) {
+	if err := s.check(); err != nil {
+		return time.Time{}, err
+	}
+	if err := checkBreakerKey(key); err != nil {
+		return time.Time{}, err
+	}
+	if _, err := s.follow(key.Tenant); err != nil {
+		return time.Time{}, fmt.Errorf("redisstore: follow tenant %q: %w", key.Tenant, err)
+	}
+	cfg = fleet.NormConfig(cfg)
+	ctx, cancel := s.call()
+	defer cancel()
+	_, in, st, err := cooldownCall(ctx, s.c, key, &cfg, until, s.opts.MaxBreakersPerTenant)
+	if err != nil {
+		return time.Time{}, err
+	}
+	s.learn(key, st)
+	return fromUS(in), nil
+}
+
+// Breaker returns the state of the breaker under key at the server's time,
+// or ErrNotFound.
+func (s *Store) Breaker(key policy.BreakerKey) (policy.BreakerSnapshot, error) {
+	if err := s.check(); err != nil {
+		return policy.BreakerSnapshot{}, err
+	}
+	ctx, cancel := s.call()
+	defer cancel()
+	st, err := readCall(ctx, s.c, key)
+	if err != nil {
+		return policy.BreakerSnapshot{}, err
+	}
+	return st.snapshot(key), nil
+}
+
+// Breakers returns up to limit breakers (all when limit <= 0) sorted by
+// key, after the key after; tenant "" lists every tenant's, state 0 any
+// state. It reads every breaker of the tenants listed (an admin call).
+func (s *Store) Breakers(tenant string, state policy.BreakerState, after policy.BreakerKey, limit int) ([]policy.BreakerSnapshot, error) {
+	if err := s.check(); err != nil {
+		return nil, err
+	}
+	tenants := []string{tenant}
+	if tenant == "" {
+		var err error
+		if tenants, err = s.tenants(); err != nil {
+			return nil, err
+		}
+	}
+	var out []policy.BreakerSnapshot
+	for _, t := range tenants {
+		snaps, err := s.tenantBreakers(t)
+		if err != nil {
+			return nil, err
+		}
+		for _, sn := range snaps {
+			if (state == policy.BreakerStateUnspecified || sn.State == state) &&
+				(after == policy.BreakerKey{} || keyCompare(after, sn.Key) < 0) {
+				out = append(out, sn)
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b policy.BreakerSnapshot) int { return keyCompare(a.Key, b.Key) })
+	if limit > 0 && len(out) > limit {
+		out = out[:limit]
+	}
+	return out, nil
+}
+
+// tenantBreakers reads the state of every breaker of tenant.
+func (s *Store) tenantBreakers(tenant string) ([]policy.BreakerSnapshot, error) {
+	ctx, cancel := s.call()
+	defer cancel()
+	targets, err := s.c.SMembers(ctx, keyIndex(tenant)).Result()
+	if err != nil {
+		return nil, fmt.Errorf("redisstore: breakers of %q: %w", tenant, err)
+	}
+	out := make([]policy.BreakerSnapshot, 0, len(targets))
+	for _, target := range targets {
+		key := policy.BreakerKey{Tenant: tenant, Target: target}
+		st, err := readCall(ctx, s.c, key)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, st.snapshot(key))
+	}
+	return out, nil
+}
+
+// ResetBreaker puts the breaker under key back to CLOSED, unforced, with
+// its counters, permits and cool-down cleared; ErrNotFound for a breaker
+// never stored.
+func (s *Store) ResetBreaker(key policy.BreakerKey) (policy.BreakerSnapshot, error) {
+	return s.adminBreaker(key, "reset", 0)
+}
+
+// ForceBreaker pins the breaker under key (creating it) to st: OPEN, CLOSED
+// or DISABLED, until ResetBreaker.
+func (s *Store) ForceBreaker(key policy.BreakerKey, st policy.BreakerState) (policy.BreakerSnapshot, error) {
+	if st != policy.BreakerOpen && st != policy.BreakerClosed && st != policy.BreakerDisabled {
+		return policy.BreakerSnapshot{}, invalid("state", "must be OPEN, CLOSED or DISABLED")
+	}
+	return s.adminBreaker(key, "force", st)
+}
+
+func (s *Store) adminBreaker(key policy.BreakerKey, op string, st policy.BreakerState) (policy.BreakerSnapshot, error) {
+	if err := s.check(); err != nil {
+		return policy.BreakerSnapshot{}, err
+	}
+	if err := checkBreakerKey(key); err != nil {
+		return policy.BreakerSnapshot{}, err
+	}
+	if _, err := s.follow(key.Tenant); err != nil {
+		return policy.BreakerSnapshot{}, fmt.Errorf("redisstore: follow tenant %q: %w", key.Tenant, err)
+	}
+	ctx, cancel := s.adminCtx()
+	defer cancel()
+	var got state
+	err := s.durably(ctx, keyBreaker(key.Tenant, key.Target), func(c redis.Cmdable) error {
+		var err error
+		_, got, err = adminCall(ctx, c, key, op, st, s.opts.MaxBreakersPerTenant)
+		return err
+	})
+	if got.Generation > 0 {
+		s.learn(key, got) // applied on the primary, replicated or not
+	}
+	if err != nil {
+		return policy.BreakerSnapshot{}, err
+	}
+	return got.snapshot(key), nil
+}
+
+// DefaultSubscriptionBuffer is the number of changes that may queue behind
+// a subscriber when Subscribe is given buffer <= 0.
+const DefaultSubscriptionBuffer = 64
+
+// Subscribe streams the current states of tenant's breakers and of the
+// target-scoped ones every tenant shares (every known tenant's when tenant
+// is empty), sorted by key, then SnapshotDone, then every transition and
+// new cool-down made by any replica, in order per breaker. buffer
+// (default DefaultSubscriptionBuffer) is the number of changes that may
+// queue behind a slow reader; the snapshot never counts against it. The
+// channel is closed when the reader falls further behind, when Redis
+// cannot be read at subscription, or when cancel is called. A
+// subscription to every tenant also follows the tenants that appear after
+// it, on any replica, from their first transition.
+func (s *Store) Subscribe(tenant string, buffer int) (<-chan policy.BreakerEvent, func()) {
+	if buffer <= 0 {
+		buffer = DefaultSubscriptionBuffer
+	}
+	sb := &sub{buffer: buffer}
+	cancel := func() {
+		s.mu.Lock()
+		delete(s.allSubs, sb)
+		feeds := make([]*feed, 0, len(s.feeds))
+		for _, f := range s.feeds {
+			feeds = append(feeds, f)
+		}
+		s.mu.Unlock()
+		for _, f := range feeds {
+			f.remove(sb)
+		}
+		sb.close()
+	}
+	fail := func(err error) (<-chan policy.BreakerEvent, func()) {
+		s.log.Error("redisstore: subscription failed", "tenant", tenant, "err", err)
+		cancel()
+		sb.start(nil) // a closed channel
+		return sb.ch, cancel
+	}
+	if err := s.check(); err != nil {
+		return fail(err)
+	}
+	tenants := []string{"", tenant}
+	if tenant == "" {
+		// Registered first, so a tenant followed from now on (one new to
+		// the fleet included) has it among its subscribers.
+		s.mu.Lock()
+		s.allSubs[sb] = struct{}{}
+		s.mu.Unlock()
+		var err error
+		if tenants, err = s.tenants(); err != nil {
+			return fail(err)
+		}
+	}
+	for _, t := range tenants {
+		f, err := s.follow(t)
+		if err != nil {
+			return fail(err)
+		}
+		f.add(sb)
+	}
+	var initial []policy.BreakerEvent
+	for _, t := range tenants {
+		snaps, err := s.tenantBreakers(t)
+		if err != nil {
+			return fail(err)
+		}
+		for _, sn := range snaps {
+			initial = append(initial, policy.BreakerEvent{Snapshot: sn, Initial: true})
+		}
+	}
+	slices.SortFunc(initial, func(a, b policy.BreakerEvent) int { return keyCompare(a.Snapshot.Key, b.Snapshot.Key) })
+	sb.start(initial)
+	return sb.ch, cancel
+}
+
+// tenants returns the tenants any replica has used.
+func (s *Store) tenants() ([]string, error) {
+	ctx, cancel := s.call()
+	defer cancel()
+	t, err := s.c.SMembers(ctx, keyTenants).Result()
+	if err != nil {
+		return nil, fmt.Errorf("redisstore: read %s: %w", keyTenants, err)
+	}
+	slices.Sort(t)
+	return t, nil
+}
+
+func keyCompare(a, b policy.BreakerKey) int {
+	if c := cmp.Compare(a.Tenant, b.Tenant); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.Target, b.Target)
+}
+
+// maxNameLen is the longest tenant, target, run or call id accepted.
+const maxNameLen = 1024
+
+// checkName validates a name, as breakerstore does: at most 1024 bytes,
+// no NUL, non-empty unless empty is allowed.
+func checkName(field, v string, empty bool) error {
+	switch {
+	case v == "" && !empty:
+		return invalid(field, "must not be empty")
+	case len(v) > maxNameLen:
+		return invalid(field, "must be at most 1024 bytes")
+	case strings.IndexByte(v, 0) >= 0:
+		return invalid(field, "must not contain a NUL (0x00) byte")
+	}
+	return nil
+}
+
+// checkBreakerKey validates a breaker key: any tenant (including ""), a
+// non-empty target.
+func checkBreakerKey(k policy.BreakerKey) error {
+	if err := checkName("tenant", k.Tenant, true); err != nil {
+		return err
+	}
+	return checkName("target", k.Target, false)
+}

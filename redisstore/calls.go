@@ -1,0 +1,267 @@
+package redisstore
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/policyd/policyd/fleet"
+	"github.com/policyd/policyd/policy"
+)
+
+// This file holds one Go function per library function: arguments in,
+// domain values out, and the server time (Unix µs) the change was made at.
+// They hold no state; Store adds the cache, the feed and the defaults.
+
+// admitCall is policyd_admit on the breaker under key.
+func admitCall(ctx context.Context, c redis.UniversalClient, key policy.BreakerKey, cfg *policy.BreakerConfig, id fleet.PermitID, maxBreakers int) (now int64, a policy.Admission, st state, err error) {
+	args := cfgArgs([]any{key.Target}, cfg)
+	args = append(args, id.String(), maxBreakers)
+	r, err := fcall(ctx, c, "policyd_admit", []string{keyBreaker(key.Tenant, key.Target), keyEvents(key.Tenant), keyIndex(key.Tenant)}, args...)
+	if err != nil {
+		return 0, a, st, err
+	}
+	if len(r) != 17 {
+		return 0, a, st, errReply
+	}
+	now, err = toInt(r[0])
+	if err != nil {
+		return 0, a, st, err
+	}
+	ok, _ := toInt(r[1])
+	after, _ := toInt(r[4])
+	if st, err = parseState(r[6:]); err != nil {
+		return 0, a, st, err
+	}
+	a = policy.Admission{Admitted: ok == 1, State: st.State, PermitID: toString(r[3]),
+		RetryAfter: time.Duration(after) * time.Microsecond, Reason: toString(r[2])}
+	return now, a, st, nil
+}
+
+// result is one result to record on a breaker.
+type result struct {
+	Result policy.Result
+	Permit string
+}
+
+// recordGroup is the results of one breaker for recordCall.
+type recordGroup struct {
+	Key     policy.BreakerKey
+	Cfg     *policy.BreakerConfig
+	Results []result
+}
+
+// recorded is what recordCall reports per group.
+type recorded struct {
+	Events  []string // stream ids of the transitions published
+	Refused []bool   // per result: its permit was not live (fleet.ErrPermit)
+	State   state
+}
+
+// recordCall is policyd_record: every group's results, on breakers of one
+// tenant, in one call.
+func recordCall(ctx context.Context, c redis.UniversalClient, tenant string, groups []recordGroup, maxBreakers int) (int64, []recorded, error) {
+	keys := []string{keyEvents(tenant), keyIndex(tenant)}
+	args := []any{maxBreakers}
+	for _, g := range groups {
+		if g.Key.Tenant != tenant {
+			return 0, nil, fmt.Errorf("redisstore: record: breaker of tenant %q in a batch of %q", g.Key.Tenant, tenant)
+		}
+		keys = append(keys, keyBreaker(tenant, g.Key.Target))
+		args = append(args, g.Key.Target)
+		args = cfgArgs(args, g.Cfg)
+		args = append(args, len(g.Results))
+		for _, r := range g.Results {
+			args = append(args, int(r.Result), r.Permit)
+		}
+	}
+	r, err := fcall(ctx, c, "policyd_record", keys, args...)
+	if err != nil {
+		return 0, nil, err
+	}
+	if len(r) != 1+3*len(groups) {
+		return 0, nil, errReply
+	}
+	now, err := toInt(r[0])
+	if err != nil {
+		return 0, nil, err
+	}
+	out := make([]recorded, len(groups))
+	for i := range groups {
+		evs, _ := r[1+3*i].([]any)
+		flags, _ := r[2+3*i].([]any)
+		for _, e := range evs {
+			if s := toString(e); s != "" {
+				out[i].Events = append(out[i].Events, s)
+			}
+		}
+		for _, f := range flags {
+			n, _ := toInt(f)
+			out[i].Refused = append(out[i].Refused, n == 1)
+		}
+		if out[i].State, err = parseState(r[3+3*i]); err != nil {
+			return 0, nil, err
+		}
+	}
+	return now, out, nil
+}
+
+// cooldownCall is policyd_cooldown: the breaker's cool-down moves to until
+// when that is later; it returns the end in force (Unix µs).
+func cooldownCall(ctx context.Context, c redis.UniversalClient, key policy.BreakerKey, cfg *policy.BreakerConfig, until time.Time, maxBreakers int) (now, inForce int64, st state, err error) {
+	args := cfgArgs([]any{key.Target}, cfg)
+	args = append(args, until.UnixMicro(), maxBreakers)
+	r, err := fcall(ctx, c, "policyd_cooldown", []string{keyBreaker(key.Tenant, key.Target), keyEvents(key.Tenant), keyIndex(key.Tenant)}, args...)
+	if err != nil {
+		return 0, 0, st, err
+	}
+	if len(r) != 4 {
+		return 0, 0, st, errReply
+	}
+	now, _ = toInt(r[0])
+	inForce, _ = toInt(r[1])
+	st, err = parseState(r[3])
+	return now, inForce, st, err
+}
+
+// adminCall is policyd_admin_breaker: op "reset" (ErrNotFound for a
+// breaker never stored) or "force" to st.
+func adminCall(ctx context.Context, c redis.Cmdable, key policy.BreakerKey, op string, st policy.BreakerState, maxBreakers int) (int64, state, error) {
+	r, err := fcall(ctx, c, "policyd_admin_breaker", []string{keyBreaker(key.Tenant, key.Target), keyEvents(key.Tenant), keyIndex(key.Tenant)},
+		key.Target, op, int(st), maxBreakers)
+	if err != nil {
+		return 0, state{}, err
+	}
+	if len(r) != 3 {
+		return 0, state{}, errReply
+	}
+	now, _ := toInt(r[0])
+	s, err := parseState(r[2])
+	return now, s, err
+}
+
+// spendCall is policyd_spend: one retry from tenant's bucket under budget
+// b and, when runID is set, from the run's pool.
+func spendCall(ctx context.Context, c redis.UniversalClient, tenant string, b *policy.TenantBudget, timeout bool, runID string) (int64, policy.Spend, error) {
+	runKey := keyRun(tenant, "")
+	hasRun := 0
+	if runID != "" {
+		runKey, hasRun = keyRun(tenant, runID), 1
+	}
+	to := 0
+	if timeout {
+		to = 1
+	}
+	args := budgetArgs(nil, b)
+	args = append(args, to, hasRun)
+	r, err := fcall(ctx, c, "policyd_spend", []string{keyBucket(tenant), runKey}, args...)
+	if err != nil {
+		return 0, policy.Spend{}, err
+	}
+	if len(r) != 7 {
+		return 0, policy.Spend{}, errReply
+	}
+	now, _ := toInt(r[0])
+	granted, _ := toInt(r[1])
+	stop, _ := toInt(r[2])
+	disp, _ := toInt(r[3])
+	tokens, err := toFloat(r[4])
+	if err != nil {
+		return 0, policy.Spend{}, err
+	}
+	left, _ := toInt(r[5])
+	dry, _ := toInt(r[6])
+	return now, policy.Spend{Granted: granted == 1, Stop: policy.StopReason(stop), Disposition: policy.Disposition(disp),
+		TenantTokens: tokens, RunRemaining: uint64(left), HasRun: runID != "", DryRunRefused: dry == 1}, nil
+}
+
+// depositCall is policyd_deposit of successes into tenant's bucket.
+func depositCall(ctx context.Context, c redis.UniversalClient, tenant string, b *policy.TenantBudget, successes int) (int64, float64, error) {
+	args := budgetArgs(nil, b)
+	args = append(args, successes)
+	r, err := fcall(ctx, c, "policyd_deposit", []string{keyBucket(tenant)}, args...)
+	if err != nil {
+		return 0, 0, err
+	}
+	if len(r) != 2 {
+		return 0, 0, errReply
+	}
+	now, _ := toInt(r[0])
+	tokens, err := toFloat(r[1])
+	return now, tokens, err
+}
+
+// ledgerFields names the run hash's ledger counters, in policy.Ledger's
+// field order.
+var ledgerFields = [...]string{"succeeded", "failed_terminal", "dl_exhausted", "dl_budget",
+	"dl_not_idempotent", "dl_pushback", "circuit_open", "deadline_cut"}
+
+// ledgerField returns the run hash field counting f, or "" for a
+// disposition the ledger has no counter for.
+func ledgerField(f fleet.Final) string {
+	var l policy.Ledger
+	slot := fleet.LedgerSlot(&l, f)
+	if slot == nil {
+		return ""
+	}
+	for i, p := range ledgerCounters(&l) {
+		if p == slot {
+			return ledgerFields[i]
+		}
+	}
+	return ""
+}
+
+// ledgerCounters returns pointers to l's counters in ledgerFields' order.
+func ledgerCounters(l *policy.Ledger) [8]*uint64 {
+	return [8]*uint64{&l.Succeeded, &l.FailedTerminal, &l.DeadLetterExhausted, &l.DeadLetterBudget,
+		&l.DeadLetterNotIdempotent, &l.DeadLetterPushback, &l.CircuitOpen, &l.DeadlineCut}
+}
+
+// finalCall is policyd_final: call's final disposition f in run runID of
+// tenant; it reports whether the ledger changed.
+func finalCall(ctx context.Context, c redis.UniversalClient, tenant, runID, call string, f fleet.Final) (bool, error) {
+	field := ledgerField(f)
+	if field == "" {
+		return false, invalid("disposition", "must be a final disposition")
+	}
+	v := fmt.Sprintf("%d:%d/%s", f.Disposition, f.Stop, field)
+	r, err := c.FCall(ctx, "policyd_final", []string{keyRun(tenant, runID), keyRunCalls(tenant, runID)}, call, field, v).Int()
+	if err != nil {
+		if redisNotFound(err) {
+			return false, fmt.Errorf("%w: run %q", ErrNotFound, runID)
+		}
+		return false, fmt.Errorf("redisstore: policyd_final: %w", err)
+	}
+	return r == 1, nil
+}
+
+func redisNotFound(err error) bool {
+	return err != nil && len(err.Error()) >= 8 && err.Error()[:8] == "NOTFOUND"
+}
+
+// newPermitID draws a probe permit id: 128 bits from crypto/rand.
+func newPermitID() fleet.PermitID {
+	var id fleet.PermitID
+	_, _ = rand.Read(id[:])
+	return id
+}
+
+// readCall is policyd_read: the breaker under key at the server's time,
+// or ErrNotFound.
+func readCall(ctx context.Context, c redis.UniversalClient, key policy.BreakerKey) (state, error) {
+	r, err := c.FCallRO(ctx, "policyd_read", []string{keyBreaker(key.Tenant, key.Target)}).Slice()
+	if err != nil {
+		if redisNotFound(err) {
+			return state{}, fmt.Errorf("%w: breaker %q/%q", ErrNotFound, key.Tenant, key.Target)
+		}
+		return state{}, fmt.Errorf("redisstore: policyd_read: %w", err)
+	}
+	if len(r) != 2 {
+		return state{}, errReply
+	}
+	return parseState(r[1])
+}

@@ -1,0 +1,118 @@
+package redisstore
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/policyd/policyd/policy"
+)
+
+// Changes is a batch of the state changes of one request (server.Changes
+// spells the same interface). It is an alias of an interface literal so
+// the two are one type without an import.
+type Changes = interface {
+	Record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy.Result, permitID string) (policy.BreakerSnapshot, error)
+	ExtendCooldown(key policy.BreakerKey, cfg policy.BreakerConfig, until time.Time) (time.Time, error)
+	SpendRetry(req policy.SpendRequest) (policy.Spend, error)
+	RecordAttempt(k policy.CallKey, attempt uint32, ans policy.Answer, keep time.Time) error
+	NoteCall(runID, callID string, n policy.CallNote) error
+	AppendAudit(recs ...policy.AuditRecord)
+	Commit() error
+}
+
+// changes holds the writes of one request that need no answer (the
+// attempt record, the audit records) until Commit sends them in one
+// pipeline; the breaker, cool-down and spend calls answer at once, each
+// one function call. It belongs to one goroutine.
+type changes struct {
+	s        *Store
+	attempts []pendingAttempt
+	audit    []policy.AuditRecord
+}
+
+// Begin starts a batch of changes for one request.
+func (s *Store) Begin() Changes { return &changes{s: s} }
+
+// Record is Store.Record.
+func (c *changes) Record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy.Result, permitID string) (policy.BreakerSnapshot, error) {
+	return c.s.Record(key, cfg, r, permitID)
+}
+
+// ExtendCooldown is Store.ExtendCooldown.
+func (c *changes) ExtendCooldown(key policy.BreakerKey, cfg policy.BreakerConfig, until time.Time) (time.Time, error) {
+	return c.s.ExtendCooldown(key, cfg, until)
+}
+
+// SpendRetry is Store.SpendRetry.
+func (c *changes) SpendRetry(req policy.SpendRequest) (policy.Spend, error) {
+	return c.s.SpendRetry(req)
+}
+
+// RecordAttempt remembers ans as the answer to attempt of call k until
+// keep at least (fleet.Attempts.Decided: never rewound), at Commit.
+func (c *changes) RecordAttempt(k policy.CallKey, attempt uint32, ans policy.Answer, keep time.Time) error {
+	if err := checkName("call_id", k.CallID, false); err != nil {
+		c.s.ReleaseAttempt(k)
+		return err
+	}
+	c.attempts = append(c.attempts, pendingAttempt{k: k, attempt: attempt, ans: ans, keep: keep})
+	return nil
+}
+
+// AppendAudit adds records to the trail at Commit.
+func (c *changes) AppendAudit(recs ...policy.AuditRecord) {
+	now := c.s.opts.Clock()
+	for _, r := range recs {
+		if r.Time.IsZero() {
+			r.Time = now
+		}
+		c.audit = append(c.audit, r)
+	}
+}
+
+// Commit writes the attempt records and audit records in one pipeline;
+// with the server's appendfsync always they are durable when it returns.
+func (c *changes) Commit() error {
+	if len(c.attempts) == 0 && len(c.audit) == 0 {
+		return nil
+	}
+	s := c.s
+	// Each recorded attempt's claim ends once its record is written (or
+	// failed to be), so a waiting duplicate reads the answer.
+	for _, a := range c.attempts {
+		defer s.ReleaseAttempt(a.k)
+	}
+	if err := s.check(); err != nil {
+		return err
+	}
+	ctx, cancel := s.call()
+	defer cancel()
+	var qerr error
+	cmds, err := s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, a := range c.attempts {
+			if err := queueAttempt(ctx, p, a); err != nil {
+				qerr = err
+			}
+		}
+		for i := range c.audit {
+			p.XAdd(ctx, &redis.XAddArgs{Stream: keyAudit(c.audit[i].Tenant), MaxLen: int64(s.opts.AuditMaxRecords),
+				Approx: true, Values: auditValues(&c.audit[i])})
+		}
+		return nil
+	})
+	c.attempts, c.audit = nil, nil
+	if qerr != nil {
+		return qerr
+	}
+	if err != nil {
+		for _, cmd := range cmds {
+			if cmd.Err() != nil {
+				return fmt.Errorf("redisstore: commit: %w", cmd.Err())
+			}
+		}
+		return fmt.Errorf("redisstore: commit: %w", err)
+	}
+	return nil
+}

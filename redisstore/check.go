@@ -1,0 +1,125 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Check verifies the policyd keys of a Redis without changing them: the
+// schema version, that the library policyd_v1 is loaded on every master,
+// and the shape of every key under a policyd hash tag (its type, and for
+// breakers, buckets and runs that every numeric field parses). It returns
+// nil, or one error listing every problem found, each naming its key.
+func Check(ctx context.Context, c redis.UniversalClient) error {
+	var problems []string
+	add := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+	v, err := c.Get(ctx, keySchema).Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return fmt.Errorf("redisstore: %s is missing: no policyd state here", keySchema)
+	case err != nil:
+		return fmt.Errorf("redisstore: read %s: %w", keySchema, err)
+	case v != schemaVersion:
+		return fmt.Errorf("%w: %s is %q, this policyd reads %q", ErrSchema, keySchema, v, schemaVersion)
+	}
+	err = eachMaster(ctx, c, func(ctx context.Context, n *redis.Client) error {
+		libs, err := n.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: libraryName}).Result()
+		if err != nil {
+			return err
+		}
+		if len(libs) == 0 {
+			add("%s: library %s not loaded (a replica loads it at start)", n.Options().Addr, libraryName)
+		}
+		iter := n.Scan(ctx, 0, "{*", 1000).Iterator()
+		for iter.Next(ctx) {
+			checkKey(ctx, n, iter.Val(), add)
+		}
+		return iter.Err()
+	})
+	if err != nil {
+		return fmt.Errorf("redisstore: check: %w", err)
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("redisstore: %d problems: %s", len(problems), strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// eachMaster runs fn on every master of a Cluster, or on the one server.
+func eachMaster(ctx context.Context, c redis.UniversalClient, fn func(context.Context, *redis.Client) error) error {
+	switch c := c.(type) {
+	case *redis.ClusterClient:
+		return c.ForEachMaster(ctx, fn)
+	case *redis.Client:
+		return fn(ctx, c)
+	}
+	return fmt.Errorf("client %T: want a *redis.Client or *redis.ClusterClient", c)
+}
+
+// keyShapes maps the part of a key after its tag to the type it must have
+// and the fields that must be integers.
+var keyShapes = []struct {
+	prefix string
+	typ    string
+	ints   []string
+}{
+	{":breaker:", "hash", []string{"state", "forced", "mode", "open_until", "changed", "gen", "cooldown", "consecutive"}},
+	{":breakers", "set", nil},
+	{":events", "stream", nil},
+	{":bucket", "hash", []string{"last", "granted", "refused", "dry"}},
+	{":runcalls:", "hash", nil},
+	{":run:", "hash", []string{"pool", "cutoff", "spent"}},
+	{":attempt:", "hash", []string{"attempt", "expiry"}},
+	{":audit", "stream", nil},
+	{":schema", "string", nil},
+	{":tenants", "set", nil},
+	{":policies", "hash", nil},
+	{":budgets", "hash", nil},
+	{":runs", "hash", nil},
+	{":changes", "stream", nil},
+}
+
+// checkKey checks one key's type and integer fields.
+func checkKey(ctx context.Context, n *redis.Client, key string, add func(string, ...any)) {
+	end := strings.Index(key, "}")
+	if end < 0 || (!strings.HasPrefix(key, "{=") && !strings.HasPrefix(key, "{#") && !strings.HasPrefix(key, "{policyd}")) {
+		return // not one of policyd's
+	}
+	rest := key[end+1:]
+	for _, s := range keyShapes {
+		if !strings.HasPrefix(rest, s.prefix) {
+			continue
+		}
+		typ, err := n.Type(ctx, key).Result()
+		if err != nil {
+			add("%s: %v", key, err)
+			return
+		}
+		if typ != s.typ {
+			add("%s: is a %s, want a %s", key, typ, s.typ)
+			return
+		}
+		if len(s.ints) > 0 {
+			vals, err := n.HMGet(ctx, key, s.ints...).Result()
+			if err != nil {
+				add("%s: %v", key, err)
+				return
+			}
+			for i, v := range vals {
+				if v == nil {
+					continue // written on first use
+				}
+				if _, err := strconv.ParseInt(v.(string), 10, 64); err != nil {
+					add("%s: field %s is %q, want an integer", key, s.ints[i], v)
+				}
+			}
+		}
+		return
+	}
+	add("%s: not a key of schema %s", key, schemaVersion)
+}

@@ -1,0 +1,65 @@
+package redisstore_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/policyd/policyd/internal/redistest"
+	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/redisstore"
+)
+
+func TestCheck(t *testing.T) {
+	srv := redistest.Standalone(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := context.Background()
+	if err := redisstore.Check(ctx, c); err == nil || !strings.Contains(err.Error(), "{policyd}:schema is missing") {
+		t.Fatalf("Check of an empty Redis = %v, want the schema key missing", err)
+	}
+	s, err := redisstore.Open(ctx, redisstore.Options{Client: c, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := policy.BreakerKey{Tenant: "acme", Target: "pay"}
+	if _, err := s.Record(key, policy.BreakerConfig{}, policy.ResultTransientFailure, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.OpenRun(policy.Run{ID: "r1", Tenant: "acme", Pool: 3, Cutoff: time.Now().Add(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.SpendRetry(policy.SpendRequest{Tenant: "acme", RunID: "r1"}); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if err := redisstore.Check(ctx, c); err != nil {
+		t.Fatalf("Check of a store just written = %v, want nil", err)
+	}
+
+	c.HSet(ctx, "{=acme}:breaker:pay", "gen", "two")
+	c.Del(ctx, "{=acme}:bucket")
+	c.Set(ctx, "{=acme}:bucket", "x", 0)
+	c.Set(ctx, "{=acme}:mystery", "x", 0)
+	err = redisstore.Check(ctx, c)
+	for _, want := range []string{
+		`{=acme}:breaker:pay: field gen is "two", want an integer`,
+		"{=acme}:bucket: is a string, want a hash",
+		"{=acme}:mystery: not a key of schema 1",
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Check of damaged keys = %v, want it to say %q", err, want)
+		}
+	}
+
+	c.Set(ctx, "{policyd}:schema", "9", 0)
+	if err := redisstore.Check(ctx, c); err == nil || !strings.Contains(err.Error(), `{policyd}:schema is "9", this policyd reads "1"`) {
+		t.Errorf("Check of another schema = %v, want both versions named", err)
+	}
+	if _, err := redisstore.Open(ctx, redisstore.Options{Client: c}); err == nil || !strings.Contains(err.Error(), `is "9"`) {
+		t.Errorf("Open of another schema = %v, want a refusal naming both versions", err)
+	}
+}

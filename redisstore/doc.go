@@ -1,0 +1,72 @@
+// Package redisstore is policyd's Redis engine: fleet state (breakers,
+// cool-downs, tenant token buckets, run pools and ledgers) held in one
+// Redis (7.x standalone, Sentinel or Cluster; Valkey too: only commands of
+// Debian's redis-server are used) that many stateless policyd replicas
+// share. The rules of that state live in package fleet as Go values; here
+// every change that must be atomic is one call of a Redis Function of the
+// library in policyd.lua, which mirrors fleet's methods line for line at
+// the server's TIME, so no replica's clock and no lock around a caller's
+// call takes part in a decision. The tests run the same scenarios through
+// fleet and through the library and compare them step by step.
+//
+// The client is github.com/redis/go-redis/v9: one UniversalClient type
+// covers standalone, Sentinel (failover) and Cluster with the URL forms
+// policyd accepts, it has FCALL and FUNCTION LOAD, and it is the client the
+// Redis project maintains as its Go reference. rueidis' strengths do not
+// apply here: its client-side caching tracks keys, but a replica here
+// caches breaker states from the ordered per-tenant event stream (which it
+// needs anyway for WatchBreakers), and its auto-pipelining batches many
+// small commands, where this engine sends few and large ones: a function
+// call per state change of a failure decision (a NextDelay is four round
+// trips today: the attempt check, the breaker, the spend, and the attempt
+// and audit records in one pipeline) and one per tenant per outcome
+// batch.
+//
+// A replica follows the event streams of the tenants it has used with one
+// blocking XREAD per group of them (one group on a standalone server, one
+// per hash slot in use on a Cluster), from the last entry id seen, so a
+// reconnect misses nothing the streams hold.
+//
+// Key layout, schema version 1. Every key of one tenant starts with the
+// tenant's hash tag, so the tenant's breakers, cool-downs, bucket and runs
+// live in one slot and one function call decides over all of them, also
+// on Redis Cluster. The tag is "{=" tenant "}" for a name without braces,
+// else "{#" hex(tenant) "}"; the empty tenant of target-scoped breakers is
+// "{#}". The fleet-wide admin objects share the tag {policyd}, which no
+// tenant's tag can be, so an admin write and its change entry commit in
+// one MULTI. Times are Unix microseconds (Lua numbers are doubles, exact to
+// 2^53: Unix nanoseconds are not), integers in decimal, unless noted.
+//
+//	key                      type    value
+//	{policyd}:schema         string  "1"; written at first start, another value refuses to start
+//	{policyd}:tenants        set     every tenant a replica has used (the empty one included)
+//	{policyd}:policies       hash    tenant 0x00 target -> PolicyEntry, JSON (admin object, Updated in ns)
+//	{policyd}:budgets        hash    tenant -> explicit TenantBudget, JSON (admin object)
+//	{policyd}:runs           hash    run id -> tenant: run ids are unique fleet-wide
+//	{policyd}:changes        stream  one entry per admin write: kind (policy, budget), tenant, target,
+//	                                 and per tenant new to the fleet (kind tenant); every replica
+//	                                 follows it and reloads what changed; MAXLEN ~ 10000
+//	{T}:breaker:TARGET       hash    fleet.Breaker: state, forced, mode, open_until, changed, gen,
+//	                                 cooldown, last_failure, consecutive, half_open_ok, slot_width,
+//	                                 slots ("epoch:calls:failures" x 10, space-separated), permits
+//	                                 ("hexid:expiry", space-separated)
+//	{T}:breakers             set     the tenant's breaker targets
+//	{T}:events               stream  one entry per breaker transition or new cool-down of the tenant,
+//	                                 in order: target, state (the 11-number snapshot); MAXLEN ~ 100000
+//	{T}:bucket               hash    fleet.Bucket: tokens (%.17g), last, granted, refused, dry
+//	{T}:run:ID               hash    pool, cutoff, spent, tenant, description, created, and the ledger
+//	                                 counters (succeeded, failed_terminal, dl_exhausted, dl_budget,
+//	                                 dl_not_idempotent, dl_pushback, circuit_open, deadline_cut)
+//	{T}:runcalls:ID          hash    call id -> "disposition:stop/ledger field" of its final disposition
+//	{T}:attempt:CALL         hash    fleet.Attempts: attempt, answer (policy.Answer, JSON), expiry (Unix
+//	                                 ms); the key expires then (PEXPIREAT)
+//	{T}:audit                stream  the tenant's audit records, one entry each: t (ns), ev, tenant,
+//	                                 target, call, run, attempt, class, verdict, delay (ns), stop, disp,
+//	                                 detail; trimmed to AuditMaxRecords (MAXLEN ~) and AuditRetention
+//	                                 (MINID ~) at each flush. A record's Seq is its entry id packed as
+//	                                 milliseconds << 20 | sequence.
+//
+// The library's name carries its version (policyd_v1): a layout change
+// bumps both the schema key and the library name, so replicas of two
+// versions never run each other's code over one layout.
+package redisstore

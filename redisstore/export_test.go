@@ -1,0 +1,4 @@
+package redisstore
+
+// CheckSlots is checkSlots, for the external tests that start a Cluster.
+var CheckSlots = checkSlots

@@ -1,0 +1,278 @@
+package redisstore
+
+import (
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/policyd/policyd/policy"
+)
+
+// feed is one tenant's end of the event stream ({T}:events): its
+// subscribers. The stream itself is read by the tenant's feedGroup.
+type feed struct {
+	tenant string
+	mu     sync.Mutex
+	subs   map[*sub]struct{}
+}
+
+// feedGroup reads the event streams of several tenants with one blocking
+// XREAD, from the last id seen of each, in order: every entry updates the
+// cache and goes to the tenant's subscribers. A read that fails is retried
+// from the same ids, so a reconnect misses nothing the streams still hold.
+// On a standalone server one group reads every tenant; on a Cluster, where
+// one command's keys must share a slot, there is a group per slot in use.
+// Either way a replica holds one connection per group, not per tenant.
+type feedGroup struct {
+	mu      sync.Mutex
+	last    map[string]string // tenant -> the last entry id seen
+	feeds   map[string]*feed
+	started bool
+}
+
+// follow returns the feed of tenant, starting to read its stream (at its
+// current end) the first time: every transition after follow returns is
+// seen. A tenant new to the whole fleet is announced on the changes
+// stream, so replicas with a subscription to every tenant follow it too.
+func (s *Store) follow(tenant string) (*feed, error) {
+	return s.followFrom(tenant, "")
+}
+
+// followFrom is follow, reading the stream from the entry after id from
+// instead of its end when from is set ("0-0": all of it).
+func (s *Store) followFrom(tenant, from string) (*feed, error) {
+	s.mu.RLock()
+	f := s.feeds[tenant]
+	s.mu.RUnlock()
+	if f != nil {
+		return f, nil
+	}
+	ctx, cancel := s.call()
+	defer cancel()
+	added, err := s.c.SAdd(ctx, keyTenants, tenant).Result()
+	if err != nil {
+		return nil, err
+	}
+	if added == 1 {
+		if err := s.c.XAdd(ctx, &redis.XAddArgs{Stream: keyChanges, MaxLen: 10000, Approx: true,
+			Values: []any{"kind", changeTenant, "tenant", tenant, "target", ""}}).Err(); err != nil {
+			return nil, err
+		}
+	}
+	last := from
+	if last == "" {
+		last = "0-0"
+		msgs, err := s.c.XRevRangeN(ctx, keyEvents(tenant), "+", "-", 1).Result()
+		if err != nil {
+			return nil, err
+		}
+		if len(msgs) == 1 {
+			last = msgs[0].ID
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if f = s.feeds[tenant]; f != nil {
+		return f, nil
+	}
+	f = &feed{tenant: tenant, subs: map[*sub]struct{}{}}
+	for sb := range s.allSubs {
+		f.subs[sb] = struct{}{}
+	}
+	s.feeds[tenant] = f
+	gk := 0
+	if _, ok := s.c.(*redis.ClusterClient); ok {
+		gk = slotOf(tenant)
+	}
+	g := s.groups[gk]
+	if g == nil {
+		g = &feedGroup{last: map[string]string{}, feeds: map[string]*feed{}}
+		s.groups[gk] = g
+	}
+	g.mu.Lock()
+	g.last[tenant], g.feeds[tenant] = last, f
+	start := !g.started
+	g.started = true
+	g.mu.Unlock()
+	if start {
+		s.wg.Add(1)
+		go s.run(g)
+	}
+	return f, nil
+}
+
+// run reads g's streams until the store closes. A tenant added while a
+// read blocks joins the next one, at most FeedBlock later, from the id
+// follow noted: nothing is missed.
+func (s *Store) run(g *feedGroup) {
+	defer s.wg.Done()
+	defer g.closeAll()
+	var streams, ids []string
+	for s.ctx.Err() == nil {
+		// One pass over the map: two would pair keys and ids in two
+		// different orders.
+		g.mu.Lock()
+		n := len(g.last)
+		streams, ids = streams[:0], ids[:0]
+		for t, id := range g.last {
+			streams = append(streams, keyEvents(t))
+			ids = append(ids, id)
+		}
+		g.mu.Unlock()
+		streams = append(streams, ids...)
+		res, err := s.c.XRead(s.ctx, &redis.XReadArgs{Streams: streams, Count: 512, Block: s.opts.FeedBlock}).Result()
+		switch {
+		case errors.Is(err, redis.Nil):
+			continue
+		case err != nil:
+			if s.ctx.Err() != nil {
+				return
+			}
+			s.log.Warn("redisstore: event stream read failed; retrying", "streams", n, "err", err)
+			s.pause(100 * time.Millisecond)
+			continue
+		}
+		for _, str := range res {
+			tenant, ok := tenantOfEvents(str.Stream)
+			g.mu.Lock()
+			f := g.feeds[tenant]
+			g.mu.Unlock()
+			if !ok || f == nil {
+				continue
+			}
+			last := ""
+			for _, m := range str.Messages {
+				last = m.ID
+				target, _ := m.Values["target"].(string)
+				raw, _ := m.Values["state"].(string)
+				st, err := parseEventState(raw)
+				if err != nil {
+					s.log.Error("redisstore: bad event stream entry", "tenant", tenant, "id", m.ID, "err", err)
+					continue
+				}
+				key := policy.BreakerKey{Tenant: tenant, Target: target}
+				s.learn(key, st)
+				f.publish(policy.BreakerEvent{Snapshot: st.snapshot(key)})
+			}
+			if last != "" {
+				g.mu.Lock()
+				g.last[tenant] = last
+				g.mu.Unlock()
+			}
+		}
+	}
+}
+
+func (g *feedGroup) closeAll() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, f := range g.feeds {
+		f.closeAll()
+	}
+}
+
+// publish sends ev to every subscriber; one that falls behind is closed
+// and dropped.
+func (f *feed) publish(ev policy.BreakerEvent) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for sb := range f.subs {
+		if !sb.send(ev) {
+			delete(f.subs, sb)
+		}
+	}
+}
+
+func (f *feed) closeAll() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for sb := range f.subs {
+		sb.close()
+		delete(f.subs, sb)
+	}
+}
+
+func (f *feed) add(sb *sub) {
+	f.mu.Lock()
+	f.subs[sb] = struct{}{}
+	f.mu.Unlock()
+}
+
+func (f *feed) remove(sb *sub) {
+	f.mu.Lock()
+	delete(f.subs, sb)
+	f.mu.Unlock()
+}
+
+// sub is one subscription. Until it goes live, changes wait in pending
+// (the current states go first); a subscriber that falls behind (more
+// than buffer changes waiting) is closed.
+type sub struct {
+	mu      sync.Mutex
+	ch      chan policy.BreakerEvent
+	buffer  int
+	pending []policy.BreakerEvent
+	live    bool
+	closed  bool
+}
+
+// send delivers ev or reports false when the subscriber is closed.
+func (sb *sub) send(ev policy.BreakerEvent) bool {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	switch {
+	case sb.closed:
+		return false
+	case !sb.live && len(sb.pending) < sb.buffer:
+		sb.pending = append(sb.pending, ev)
+		return true
+	case sb.live:
+		select {
+		case sb.ch <- ev:
+			return true
+		default:
+		}
+	}
+	sb.closed = true
+	if sb.ch != nil {
+		close(sb.ch)
+	}
+	return false
+}
+
+// start makes the channel (room for the snapshot and buffer changes: the
+// snapshot never counts against the buffer), sends the current states,
+// the end-of-snapshot marker and the changes that came meanwhile, and goes
+// live.
+func (sb *sub) start(initial []policy.BreakerEvent) {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	sb.ch = make(chan policy.BreakerEvent, len(initial)+1+sb.buffer)
+	if sb.closed {
+		close(sb.ch)
+		return
+	}
+	for _, ev := range append(append(initial, policy.BreakerEvent{SnapshotDone: true}), sb.pending...) {
+		select {
+		case sb.ch <- ev:
+		default:
+			sb.closed = true
+			close(sb.ch)
+			return
+		}
+	}
+	sb.pending, sb.live = nil, true
+}
+
+func (sb *sub) close() {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if !sb.closed {
+		sb.closed = true
+		if sb.ch != nil {
+			close(sb.ch)
+		}
+	}
+}

@@ -1,0 +1,197 @@
+package redisstore
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/policyd/policyd/policy"
+)
+
+// library is the Redis Functions library every state change runs in; its
+// name carries its version, so two versions can be told apart on a
+// server and a replica of one never runs the other's code.
+//
+//go:embed policyd.lua
+var library string
+
+// libraryName is the name the library registers under.
+const libraryName = "policyd_v1"
+
+// loadLibrary checks the schema version (refusing another before touching
+// anything), loads the library onto every master (FUNCTION LOAD REPLACE)
+// and writes the version on a Redis without one.
+func loadLibrary(ctx context.Context, c redis.UniversalClient) error {
+	v, err := c.Get(ctx, keySchema).Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+	case err != nil:
+		return fmt.Errorf("redisstore: read %s: %w", keySchema, err)
+	case v != schemaVersion:
+		return fmt.Errorf("%w: %s is %q, this policyd reads %q", ErrSchema, keySchema, v, schemaVersion)
+	}
+	err = eachMaster(ctx, c, func(ctx context.Context, n *redis.Client) error {
+		if err := n.FunctionLoadReplace(ctx, library).Err(); err != nil {
+			return fmt.Errorf("redisstore: FUNCTION LOAD %s on %s: %w", libraryName, n.Options().Addr, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if err := c.SetNX(ctx, keySchema, schemaVersion, 0).Err(); err != nil {
+		return fmt.Errorf("redisstore: write %s: %w", keySchema, err)
+	}
+	return nil
+}
+
+// us converts a duration to whole microseconds, at least 1 for a positive
+// one: the library's unit.
+func us(d time.Duration) int64 {
+	if d > 0 && d < time.Microsecond {
+		return 1
+	}
+	return int64(d / time.Microsecond)
+}
+
+// fromUS converts Unix microseconds to a time, zero for 0.
+func fromUS(t int64) time.Time {
+	if t == 0 {
+		return time.Time{}
+	}
+	return time.UnixMicro(t)
+}
+
+// cfgArgs appends cfg (normalized) as the library's 8 breaker arguments.
+func cfgArgs(args []any, cfg *policy.BreakerConfig) []any {
+	return append(args, int(cfg.Mode), cfg.ConsecutiveFailures, strconv.FormatFloat(cfg.FailureRate, 'g', -1, 64),
+		us(cfg.Window), cfg.MinCalls, us(cfg.Cooldown), cfg.HalfOpenProbes, us(cfg.ProbeTimeout))
+}
+
+// budgetArgs appends b as the library's 6 budget arguments.
+func budgetArgs(args []any, b *policy.TenantBudget) []any {
+	dry := 0
+	if b.DryRun {
+		dry = 1
+	}
+	f := func(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }
+	return append(args, f(b.Capacity), f(b.DepositRatio), f(b.MinPerSecond), f(b.RetryCost), f(b.TimeoutCost), dry)
+}
+
+// state is a breaker as the library reports it (times in Unix µs).
+type state struct {
+	State          policy.BreakerState
+	Forced         bool
+	Mode           policy.BreakerMode
+	OpenUntil      int64
+	Changed        int64
+	Generation     uint64
+	Cooldown       int64
+	Consecutive    int
+	WindowCalls    uint64
+	WindowFailures uint64
+	Permits        int
+}
+
+// parseState reads the library's 11-number breaker snapshot.
+func parseState(v any) (state, error) {
+	a, ok := v.([]any)
+	if !ok || len(a) != 11 {
+		return state{}, fmt.Errorf("redisstore: breaker snapshot %v: want 11 numbers", v)
+	}
+	var n [11]int64
+	for i, x := range a {
+		var err error
+		if n[i], err = toInt(x); err != nil {
+			return state{}, fmt.Errorf("redisstore: breaker snapshot field %d: %w", i, err)
+		}
+	}
+	return state{
+		State: policy.BreakerState(n[0]), Forced: n[1] == 1, Mode: policy.BreakerMode(n[2]),
+		OpenUntil: n[3], Changed: n[4], Generation: uint64(n[5]), Cooldown: n[6],
+		Consecutive: int(n[7]), WindowCalls: uint64(n[8]), WindowFailures: uint64(n[9]), Permits: int(n[10]),
+	}, nil
+}
+
+// parseEventState reads a snapshot as the events stream carries it: the 11
+// numbers separated by spaces.
+func parseEventState(s string) (state, error) {
+	f := strings.Fields(s)
+	a := make([]any, len(f))
+	for i := range f {
+		a[i] = f[i]
+	}
+	return parseState(a)
+}
+
+// snapshot converts st to the API's snapshot of the breaker under key.
+func (st state) snapshot(key policy.BreakerKey) policy.BreakerSnapshot {
+	return policy.BreakerSnapshot{
+		Key: key, State: st.State, Forced: st.Forced, OpenUntil: fromUS(st.OpenUntil),
+		ConsecutiveFailures: st.Consecutive, WindowCalls: st.WindowCalls, WindowFailures: st.WindowFailures,
+		ProbesInFlight: st.Permits, Changed: fromUS(st.Changed), CooldownUntil: fromUS(st.Cooldown),
+		Mode: st.Mode, Generation: st.Generation,
+	}
+}
+
+func toInt(x any) (int64, error) {
+	switch v := x.(type) {
+	case int64:
+		return v, nil
+	case string:
+		return strconv.ParseInt(v, 10, 64)
+	}
+	return 0, fmt.Errorf("%v (%T) is not an integer", x, x)
+}
+
+func toFloat(x any) (float64, error) {
+	switch v := x.(type) {
+	case int64:
+		return float64(v), nil
+	case string:
+		return strconv.ParseFloat(v, 64)
+	}
+	return 0, fmt.Errorf("%v (%T) is not a number", x, x)
+}
+
+func toString(x any) string {
+	s, _ := x.(string)
+	return s
+}
+
+// fcall runs function fn of the library on keys with args and returns its
+// reply as an array; an error reply NOTFOUND becomes ErrNotFound.
+func fcall(ctx context.Context, c redis.Cmdable, fn string, keys []string, args ...any) ([]any, error) {
+	v, err := c.FCall(ctx, fn, keys, args...).Result()
+	if err != nil {
+		return nil, libraryErr(fn, err)
+	}
+	a, ok := v.([]any)
+	if !ok {
+		return nil, fmt.Errorf("redisstore: %s: reply %v is not an array", fn, v)
+	}
+	return a, nil
+}
+
+// libraryErr classifies an error reply of function fn: NOTFOUND is
+// ErrNotFound, CAPACITY ErrTooManyBreakers, with the library's words.
+func libraryErr(fn string, err error) error {
+	msg := err.Error()
+	switch {
+	case strings.HasPrefix(msg, "NOTFOUND"):
+		return fmt.Errorf("%w: %s", ErrNotFound, strings.TrimPrefix(msg, "NOTFOUND "))
+	case strings.HasPrefix(msg, "CAPACITY"):
+		return fmt.Errorf("%w: %s", ErrTooManyBreakers, strings.TrimPrefix(msg, "CAPACITY "))
+	}
+	return fmt.Errorf("redisstore: %s: %w", fn, err)
+}
+
+// errReply is a reply of the library that does not have the shape its
+// function returns: a library of another version, or a bug.
+var errReply = errors.New("redisstore: malformed reply from the library")

@@ -1,0 +1,297 @@
+package redisstore
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/policyd/policyd/fleet"
+	"github.com/policyd/policyd/policy"
+)
+
+// outcomeBatch is one tenant's part of an outcome flush: one call of
+// policyd_outcomes.
+type outcomeBatch struct {
+	tenant   string
+	groups   []*outcomeGroup
+	byKey    map[policy.BreakerKey]*outcomeGroup
+	runs     []string       // run ids, in the order of their keys
+	runIndex map[string]int // run id -> 1-based index
+	finals   []outcomeFinal
+	deposit  int
+	results  int // results so far, to number them as the library does
+}
+
+type outcomeGroup struct {
+	key     policy.BreakerKey
+	cfg     policy.BreakerConfig
+	results []result
+	updates []int // the update each result came from
+}
+
+type outcomeFinal struct {
+	update int
+	run    int // 1-based index into runs
+	cond   int // 1-based result index whose refusal cancels it, 0 for none
+	call   string
+	f      fleet.Final
+}
+
+// ApplyOutcomes applies a batch of reported outcomes: each one's result to
+// its breaker, its audit records, and its final disposition to its run's
+// ledger (skipped when its result's permit was refused, as Refused then
+// says), then deposits[tenant] successes, with one call of
+// policyd_outcomes per tenant (all of them sent in one pipeline): never
+// one per outcome. Updates are checked first, in order; it applies those
+// before the first bad one and returns their number with its error. When
+// a call fails, it returns the number of updates before the first one that
+// call held; updates of other tenants' calls after it may have been
+// applied.
+func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]int) (int, error) {
+	if err := s.check(); err != nil {
+		return 0, err
+	}
+	limit, firstErr := len(ups), error(nil)
+	runTenant := make([]string, len(ups))
+	for i := range ups {
+		u := &ups[i]
+		u.Refused = nil
+		err := func() error {
+			if u.Result != 0 {
+				if u.Result < policy.ResultSuccess || u.Result > policy.ResultTerminal {
+					return invalid("result", "must be success, transient failure or terminal")
+				}
+				if err := checkBreakerKey(u.Key); err != nil {
+					return err
+				}
+			}
+			if u.RunID == "" || u.Final == policy.DispositionNone {
+				return nil
+			}
+			if err := checkName("call_id", u.CallID, false); err != nil {
+				return err
+			}
+			if ledgerField(fleet.Final{Disposition: u.Final, Stop: u.Stop}) == "" {
+				return invalid("disposition", "must be a final disposition")
+			}
+			t, err := s.runTenant(u.RunID)
+			runTenant[i] = t
+			return err
+		}()
+		if err != nil {
+			limit, firstErr = i, err
+			break
+		}
+	}
+	batches := map[string]*outcomeBatch{}
+	batch := func(tenant string) *outcomeBatch {
+		b := batches[tenant]
+		if b == nil {
+			b = &outcomeBatch{tenant: tenant, byKey: map[policy.BreakerKey]*outcomeGroup{}, runIndex: map[string]int{}}
+			batches[tenant] = b
+		}
+		return b
+	}
+	for i := range ups[:limit] {
+		u := &ups[i]
+		if u.Result == 0 {
+			continue
+		}
+		b := batch(u.Key.Tenant)
+		g := b.byKey[u.Key]
+		if g == nil {
+			g = &outcomeGroup{key: u.Key, cfg: fleet.NormConfig(u.Breaker)}
+			b.byKey[u.Key] = g
+			b.groups = append(b.groups, g)
+		}
+		g.results = append(g.results, result{u.Result, u.PermitID})
+		g.updates = append(g.updates, i)
+	}
+	// Number the results as the library does (group by group) and send
+	// each final with the result it depends on when both are in one call.
+	resultNo := make([]int, limit)
+	for _, b := range batches {
+		for _, g := range b.groups {
+			for _, i := range g.updates {
+				b.results++
+				resultNo[i] = b.results
+			}
+		}
+	}
+	var crossTenant []int // finals whose result is in another tenant's call
+	for i := range ups[:limit] {
+		u := &ups[i]
+		if u.RunID == "" || u.Final == policy.DispositionNone {
+			continue
+		}
+		if u.Result != 0 && u.Key.Tenant != runTenant[i] {
+			crossTenant = append(crossTenant, i)
+			continue
+		}
+		cond := 0
+		if u.Result != 0 {
+			cond = resultNo[i]
+		}
+		batch(runTenant[i]).addFinal(i, u.RunID, cond, u.CallID, fleet.Final{Disposition: u.Final, Stop: u.Stop})
+	}
+	if firstErr == nil {
+		for tenant, n := range deposits {
+			if n > 0 && tenant != "" {
+				batch(tenant).deposit += n
+			}
+		}
+	}
+	if n, err := s.runOutcomes(ups, batches); err != nil {
+		return min(n, limit), err
+	}
+	if len(crossTenant) > 0 {
+		second := map[string]*outcomeBatch{}
+		for _, i := range crossTenant {
+			if ups[i].Refused != nil {
+				continue
+			}
+			b := second[runTenant[i]]
+			if b == nil {
+				b = &outcomeBatch{tenant: runTenant[i], byKey: map[policy.BreakerKey]*outcomeGroup{}, runIndex: map[string]int{}}
+				second[runTenant[i]] = b
+			}
+			b.addFinal(i, ups[i].RunID, 0, ups[i].CallID, fleet.Final{Disposition: ups[i].Final, Stop: ups[i].Stop})
+		}
+		if n, err := s.runOutcomes(ups, second); err != nil {
+			return min(n, limit), err
+		}
+	}
+	var trail []policy.AuditRecord
+	for i := range ups[:limit] {
+		trail = append(trail, ups[i].Audit...)
+	}
+	s.AppendAudit(trail...)
+	return limit, firstErr
+}
+
+func (b *outcomeBatch) addFinal(update int, run string, cond int, call string, f fleet.Final) {
+	ri := b.runIndex[run]
+	if ri == 0 {
+		b.runs = append(b.runs, run)
+		ri = len(b.runs)
+		b.runIndex[run] = ri
+	}
+	b.finals = append(b.finals, outcomeFinal{update: update, run: ri, cond: cond, call: call, f: f})
+}
+
+// runOutcomes sends every batch's policyd_outcomes call in one pipeline
+// and applies the replies to ups and the cache. On failure it returns the
+// lowest update index of a failed call.
+func (s *Store) runOutcomes(ups []policy.OutcomeUpdate, batches map[string]*outcomeBatch) (int, error) {
+	if len(batches) == 0 {
+		return len(ups), nil
+	}
+	tenants := make([]string, 0, len(batches))
+	for t := range batches {
+		tenants = append(tenants, t)
+		if _, err := s.follow(t); err != nil {
+			return 0, fmt.Errorf("redisstore: follow tenant %q: %w", t, err)
+		}
+	}
+	slices.Sort(tenants)
+	ctx, cancel := s.call()
+	defer cancel()
+	cmds := make([]*redis.Cmd, len(tenants))
+	_, _ = s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, t := range tenants {
+			bg, _ := s.budgetOf(t)
+			keys, args := batches[t].call(&bg, s.opts.MaxBreakersPerTenant)
+			cmds[i] = p.FCall(ctx, "policyd_outcomes", keys, args...)
+		}
+		return nil
+	})
+	failed := len(ups)
+	var firstErr error
+	for i, t := range tenants {
+		b := batches[t]
+		if err := b.apply(s, ups, cmds[i]); err != nil {
+			lo := b.lowest(len(ups))
+			if firstErr == nil || lo < failed {
+				failed, firstErr = lo, err
+			}
+		}
+	}
+	return failed, firstErr
+}
+
+// call returns the keys and arguments of b's policyd_outcomes call under
+// the tenant's budget bg.
+func (b *outcomeBatch) call(bg *policy.TenantBudget, maxBreakers int) ([]string, []any) {
+	t := b.tenant
+	keys := []string{keyEvents(t), keyIndex(t), keyBucket(t)}
+	for _, g := range b.groups {
+		keys = append(keys, keyBreaker(t, g.key.Target))
+	}
+	for _, r := range b.runs {
+		keys = append(keys, keyRun(t, r), keyRunCalls(t, r))
+	}
+	args := []any{len(b.groups), len(b.runs), b.deposit}
+	args = budgetArgs(args, bg)
+	args = append(args, maxBreakers)
+	for _, g := range b.groups {
+		args = append(args, g.key.Target)
+		args = cfgArgs(args, &g.cfg)
+		args = append(args, len(g.results))
+		for _, r := range g.results {
+			args = append(args, int(r.Result), r.Permit)
+		}
+	}
+	args = append(args, len(b.finals))
+	for _, f := range b.finals {
+		field := ledgerField(f.f)
+		args = append(args, f.run, f.cond, f.call, field, fmt.Sprintf("%d:%d/%s", f.f.Disposition, f.f.Stop, field))
+	}
+	return keys, args
+}
+
+// apply reads b's reply: refusals into ups, states into the cache.
+func (b *outcomeBatch) apply(s *Store, ups []policy.OutcomeUpdate, cmd *redis.Cmd) error {
+	v, err := cmd.Slice()
+	if err != nil {
+		return fmt.Errorf("tenant %q: %w", b.tenant, libraryErr("policyd_outcomes", err))
+	}
+	if len(v) != 1+3*len(b.groups)+len(b.finals)+1 {
+		return errReply
+	}
+	for gi, g := range b.groups {
+		flags, _ := v[2+3*gi].([]any)
+		if len(flags) != len(g.results) {
+			return errReply
+		}
+		for j, f := range flags {
+			if n, _ := toInt(f); n == 1 {
+				ups[g.updates[j]].Refused = fleet.ErrPermit
+			}
+		}
+		st, err := parseState(v[3+3*gi])
+		if err != nil {
+			return err
+		}
+		s.learn(g.key, st)
+	}
+	for fi, f := range b.finals {
+		if n, _ := toInt(v[1+3*len(b.groups)+fi]); n == -1 {
+			return fmt.Errorf("%w: run %q", ErrNotFound, ups[f.update].RunID)
+		}
+	}
+	return nil
+}
+
+// lowest returns the lowest update index b holds, n for a batch of a
+// deposit only (deposits come after every update).
+func (b *outcomeBatch) lowest(n int) int {
+	lo := n
+	for _, g := range b.groups {
+		lo = min(lo, g.updates[0])
+	}
+	for _, f := range b.finals {
+		lo = min(lo, f.update)
+	}
+	return lo
+}

@@ -1,0 +1,621 @@
+#!lua name=policyd_v1
+
+-- policyd's fleet state changes as Redis Functions: every change that must
+-- be atomic is one call of one function here, on the keys of one tenant
+-- (one hash tag, one slot), at the server's TIME. The rules are those of
+-- the Go package fleet, line for line; redisstore's tests run the same
+-- scenarios through both and compare. Times are Unix microseconds (Lua
+-- numbers are doubles: exact up to 2^53, and Unix ns are not), written
+-- with string.format('%d') because tostring keeps 14 digits only.
+--
+-- Numbers are policy's: states 1 CLOSED 2 OPEN 3 HALF_OPEN 4 DISABLED;
+-- modes 1 CONSECUTIVE 2 FAILURE_RATE; results 1 success 2 transient
+-- failure 3 terminal; stops 4 DEADLINE 5 BUDGET_EXHAUSTED; dispositions
+-- 3 DEAD_LETTER 4 DEADLINE_CUT.
+
+local CLOSED, OPEN, HALF_OPEN, DISABLED = 1, 2, 3, 4
+local FAILURE_RATE = 2
+local TRANSIENT = 2
+local SLOTS = 10
+local EVENTS_MAXLEN = '100000'
+
+-- effects, as fleet.Effect
+local MUTATED, TRANSITIONED, COOLDOWN_STARTED = 1, 2, 4
+
+local function int(x) return string.format('%d', x) end
+local function float(x) return string.format('%.17g', x) end
+
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- idiv is floor(a / b) for non-negative integers below 2^53, exact.
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
+  return q
+end
+
+local function has(e, f) return e % (2 * f) >= f end
+
+-- union is the bitwise or of two effects.
+local function union(a, b)
+  local r = 0
+  for _, f in ipairs({MUTATED, TRANSITIONED, COOLDOWN_STARTED}) do
+    if has(a, f) or has(b, f) then r = r + f end
+  end
+  return r
+end
+
+
+-- cfg reads a breaker configuration (fleet.NormConfig already applied by
+-- the caller) of 8 arguments from args at i.
+local function cfg_at(args, i)
+  return {
+    mode = tonumber(args[i]), consecutive = tonumber(args[i + 1]), rate = tonumber(args[i + 2]),
+    window = tonumber(args[i + 3]), min_calls = tonumber(args[i + 4]), cooldown = tonumber(args[i + 5]),
+    probes = tonumber(args[i + 6]), probe_timeout = tonumber(args[i + 7]),
+  }, i + 8
+end
+
+-- load reads the breaker hash at key; a missing one is fleet.NewBreaker(now),
+-- fresh, and stored by the call that created it, as an engine holding Go
+-- values keeps a breaker from its first use.
+local function load(key, now)
+  local h = redis.call('HGETALL', key)
+  local b = {state = CLOSED, forced = 0, mode = 0, open_until = 0, changed = now, gen = 0,
+    cooldown = 0, last_failure = 0, consecutive = 0, half_open_ok = 0, slot_width = 0,
+    slots = {}, permits = {}, fresh = #h == 0}
+  for i = 1, #h, 2 do
+    local f, v = h[i], h[i + 1]
+    if f == 'slots' then
+      for e, c, x in string.gmatch(v, '(%d+):(%d+):(%d+)') do
+        b.slots[#b.slots + 1] = {epoch = tonumber(e), calls = tonumber(c), failures = tonumber(x)}
+      end
+    elseif f == 'permits' then
+      for id, exp in string.gmatch(v, '(%x+):(%d+)') do
+        b.permits[#b.permits + 1] = {id = id, expiry = tonumber(exp)}
+      end
+    elseif f ~= 'fresh' then
+      b[f] = tonumber(v)
+    end
+  end
+  for s = #b.slots + 1, SLOTS do b.slots[s] = {epoch = 0, calls = 0, failures = 0} end
+  return b
+end
+
+-- check_new refuses a breaker new to Redis once the tenant's index holds
+-- cap of them (cap 0: no cap), with an error reply CAPACITY.
+local function check_new(b, index, cap)
+  if b.fresh and cap > 0 then
+    local n = redis.call('SCARD', index)
+    if n >= cap then
+      error({err = 'CAPACITY tenant has ' .. int(n) .. ' breakers (cap ' .. int(cap) .. ')'})
+    end
+  end
+end
+
+-- store writes b to key and, for a breaker new in Redis, adds its target
+-- to the tenant's index of breakers.
+local function store(key, index, target, b)
+  if b.fresh then redis.call('SADD', index, target) end
+  local slots, permits = {}, {}
+  for s = 1, SLOTS do
+    local sl = b.slots[s]
+    slots[s] = int(sl.epoch) .. ':' .. int(sl.calls) .. ':' .. int(sl.failures)
+  end
+  for i, p in ipairs(b.permits) do permits[i] = p.id .. ':' .. int(p.expiry) end
+  redis.call('HSET', key, 'state', int(b.state), 'forced', int(b.forced), 'mode', int(b.mode),
+    'open_until', int(b.open_until), 'changed', int(b.changed), 'gen', int(b.gen),
+    'cooldown', int(b.cooldown), 'last_failure', int(b.last_failure),
+    'consecutive', int(b.consecutive), 'half_open_ok', int(b.half_open_ok),
+    'slot_width', int(b.slot_width), 'slots', table.concat(slots, ' '),
+    'permits', table.concat(permits, ' '))
+end
+
+-- clear_slots gives b a new, empty window (a new table: Force keeps the
+-- old one to put back).
+local function clear_slots(b)
+  b.slots = {}
+  for s = 1, SLOTS do b.slots[s] = {epoch = 0, calls = 0, failures = 0} end
+end
+
+-- to_state is fleet.Breaker.toState.
+local function to_state(b, now, st)
+  b.state, b.changed, b.gen = st, now, b.gen + 1
+  b.permits, b.half_open_ok, b.consecutive = {}, 0, 0
+  clear_slots(b)
+  if st ~= OPEN then b.open_until = 0 end
+end
+
+local function advance(b, now)
+  if b.state == OPEN and b.forced == 0 and now >= b.open_until then
+    to_state(b, now, HALF_OPEN)
+    return TRANSITIONED + MUTATED
+  end
+  return 0
+end
+
+local function window(b, now)
+  if b.slot_width == 0 then return 0, 0 end
+  local cur = idiv(now, b.slot_width)
+  local calls, failures = 0, 0
+  for s = 1, SLOTS do
+    local sl = b.slots[s]
+    if sl.epoch > cur - SLOTS and sl.epoch <= cur then
+      calls, failures = calls + sl.calls, failures + sl.failures
+    end
+  end
+  return calls, failures
+end
+
+local function live_permits(b, now)
+  local n = 0
+  for _, p in ipairs(b.permits) do if p.expiry > now then n = n + 1 end end
+  return n
+end
+
+local function expire_permits(b, now)
+  local kept = {}
+  for _, p in ipairs(b.permits) do if p.expiry > now then kept[#kept + 1] = p end end
+  local changed = #kept ~= #b.permits
+  b.permits = kept
+  return changed
+end
+
+local function count(b, now, c, failure)
+  if failure then
+    if b.last_failure ~= 0 and now - b.last_failure > c.window then b.consecutive = 0 end
+    b.consecutive = b.consecutive + 1
+    b.last_failure = now
+  else
+    b.consecutive = 0
+  end
+  local width = math.max(idiv(c.window, SLOTS), 1)
+  if width ~= b.slot_width then
+    b.slot_width = width
+    clear_slots(b)
+  end
+  local epoch = idiv(now, width)
+  local sl = b.slots[epoch % SLOTS + 1]
+  if sl.epoch ~= epoch then sl.epoch, sl.calls, sl.failures = epoch, 0, 0 end
+  sl.calls = sl.calls + 1
+  if failure then sl.failures = sl.failures + 1 end
+end
+
+local function should_trip(b, now, c)
+  if c.mode == FAILURE_RATE then
+    local calls, failures = window(b, now)
+    return calls >= c.min_calls and failures >= c.rate * calls
+  end
+  return b.consecutive >= c.consecutive
+end
+
+local function trip(b, now, c)
+  b.open_until = now + c.cooldown
+  to_state(b, now, OPEN)
+end
+
+-- snapshot is the breaker as the engine caches and reports it: 11 integers.
+local function snapshot(b, now)
+  local calls, failures = window(b, now)
+  return {int(b.state), int(b.forced), int(b.mode), int(b.open_until), int(b.changed), int(b.gen),
+    int(b.cooldown), int(b.consecutive), int(calls), int(failures), int(live_permits(b, now))}
+end
+
+-- settle persists b when e says it changed and appends its new state to
+-- the tenant's event stream on a transition or a new cool-down; it returns
+-- the stream entry id, or '' when nothing was published.
+local function settle(key, events, index, target, b, now, e)
+  if e == 0 and not b.fresh then return '' end
+  store(key, index, target, b)
+  b.fresh = false
+  if has(e, TRANSITIONED) or has(e, COOLDOWN_STARTED) then
+    return redis.call('XADD', events, 'MAXLEN', '~', EVENTS_MAXLEN, '*',
+      'target', target, 'state', table.concat(snapshot(b, now), ' '))
+  end
+  return ''
+end
+
+-- admit is fleet.Breaker.Advance then Admit.
+-- KEYS: breaker, events, index. ARGV: target, cfg (8), permit id (hex),
+-- the tenant's cap of breakers.
+-- Returns {now, admitted, reason, permit, retry_after, event id, snapshot...}.
+local function admit(keys, args)
+  local now = now_us()
+  local c = cfg_at(args, 2)
+  local newid = args[10]
+  local b = load(keys[1], now)
+  check_new(b, keys[3], tonumber(args[11]))
+  b.mode = c.mode
+  local e = advance(b, now)
+  local ok, reason, permit, after = 0, '', '', 0
+  if b.state == DISABLED then
+    ok, reason = 1, 'breaker:disabled'
+  elseif b.forced == 1 and b.state == OPEN then
+    reason = 'breaker:forced_open'
+  elseif b.forced == 1 then
+    ok, reason = 1, 'breaker:closed'
+  elseif b.cooldown > now then
+    reason, after = 'cooldown:pushback', b.cooldown - now
+  elseif b.state == OPEN then
+    reason, after = 'breaker:open', b.open_until - now
+  elseif b.state == HALF_OPEN then
+    if expire_permits(b, now) then e = union(e, MUTATED) end
+    if #b.permits < c.probes then
+      b.permits[#b.permits + 1] = {id = newid, expiry = now + c.probe_timeout}
+      ok, reason, permit = 1, 'breaker:probe', newid
+      e = union(e, MUTATED)
+    else
+      local earliest = b.permits[1].expiry
+      for i = 2, #b.permits do earliest = math.min(earliest, b.permits[i].expiry) end
+      reason, after = 'breaker:probes_taken', earliest - now
+    end
+  else
+    ok, reason = 1, 'breaker:closed'
+  end
+  local ev = settle(keys[1], keys[2], keys[3], args[1], b, now, e)
+  local out = {int(now), ok, reason, permit, int(after), ev}
+  for _, v in ipairs(snapshot(b, now)) do out[#out + 1] = v end
+  return out
+end
+
+-- record1 is fleet.Breaker.Record for one result; it returns the effect
+-- and 1 when the permit was refused (fleet.ErrPermit).
+local function record1(b, now, c, r, permit)
+  local e, i = 0, 0
+  if permit ~= '' then
+    for j, p in ipairs(b.permits) do if p.id == permit then i = j break end end
+    if i > 0 and b.permits[i].expiry <= now then i = 0 end
+  end
+  if b.state == HALF_OPEN and b.forced == 0 then
+    if permit == '' then return 0, 0 end
+    if i == 0 then return 0, 1 end
+  end
+  if i > 0 then
+    table.remove(b.permits, i)
+    e = MUTATED
+  end
+  local failure = r == TRANSIENT
+  if b.state == DISABLED or b.state == OPEN then return e, 0 end
+  if b.forced == 1 then
+    count(b, now, c, failure)
+    return MUTATED, 0
+  end
+  if b.state == HALF_OPEN then
+    if failure then
+      trip(b, now, c)
+      return TRANSITIONED + MUTATED, 0
+    end
+    b.half_open_ok = b.half_open_ok + 1
+    if b.half_open_ok >= c.probes then
+      to_state(b, now, CLOSED)
+      return TRANSITIONED + MUTATED, 0
+    end
+    return MUTATED, 0
+  end
+  count(b, now, c, failure)
+  if failure and should_trip(b, now, c) then
+    trip(b, now, c)
+    return TRANSITIONED + MUTATED, 0
+  end
+  return MUTATED, 0
+end
+
+-- record applies results to breakers of one tenant, in order, each as
+-- Advance then Record, and publishes every transition.
+-- KEYS: events, index, then one breaker per group. ARGV: the tenant's cap
+-- of breakers, then per group: target,
+-- cfg (8), n, then n pairs (result, permit id or '').
+-- Returns {now, then per group: {event ids...}, {refused flags...}, snapshot}.
+local function record(keys, args)
+  local now = now_us()
+  local cap = tonumber(args[1])
+  local out, a = {int(now)}, 2
+  for g = 3, #keys do
+    local target = args[a]
+    local c
+    c, a = cfg_at(args, a + 1)
+    local n = tonumber(args[a])
+    a = a + 1
+    local b = load(keys[g], now)
+    check_new(b, keys[2], cap)
+    b.mode = c.mode
+    local events, refused, dirty = {}, {}, 0
+    local e = advance(b, now)
+    if has(e, TRANSITIONED) then
+      events[#events + 1] = settle(keys[g], keys[1], keys[2], target, b, now, e)
+      e = 0
+    end
+    dirty = union(dirty, e)
+    for _ = 1, n do
+      local e2, bad = record1(b, now, c, tonumber(args[a]), args[a + 1])
+      a = a + 2
+      refused[#refused + 1] = bad
+      if has(e2, TRANSITIONED) then
+        events[#events + 1] = settle(keys[g], keys[1], keys[2], target, b, now, e2)
+      else
+        dirty = union(dirty, e2)
+      end
+    end
+    if dirty ~= 0 or b.fresh then store(keys[g], keys[2], target, b) end
+    out[#out + 1] = events
+    out[#out + 1] = refused
+    out[#out + 1] = snapshot(b, now)
+  end
+  return out
+end
+
+-- cooldown is fleet.Breaker.Advance then ExtendCooldown.
+-- KEYS: breaker, events, index. ARGV: target, cfg (8), until, the
+-- tenant's cap of breakers.
+-- Returns {now, until in force, event ids..., snapshot}.
+local function cooldown(keys, args)
+  local now = now_us()
+  local c = cfg_at(args, 2)
+  local untl = tonumber(args[10])
+  local b = load(keys[1], now)
+  check_new(b, keys[3], tonumber(args[11]))
+  b.mode = c.mode
+  local evs = {}
+  local e = advance(b, now)
+  if e ~= 0 then evs[#evs + 1] = settle(keys[1], keys[2], keys[3], args[1], b, now, e) end
+  if untl > b.cooldown then
+    e = MUTATED
+    if b.cooldown <= now and untl > now then e = e + COOLDOWN_STARTED end
+    b.cooldown = untl
+    local ev = settle(keys[1], keys[2], keys[3], args[1], b, now, e)
+    if ev ~= '' then evs[#evs + 1] = ev end
+  end
+  if b.fresh then store(keys[1], keys[3], args[1], b) end
+  return {int(now), int(b.cooldown), evs, snapshot(b, now)}
+end
+
+-- admin is fleet.Breaker.Reset (op 'reset': the breaker must exist) or
+-- Force (op 'force', state OPEN, CLOSED or DISABLED).
+-- KEYS: breaker, events, index. ARGV: target, op, state, the tenant's cap
+-- of breakers.
+-- Returns {now, event id, snapshot} or an error NOTFOUND.
+local function admin(keys, args)
+  local now = now_us()
+  local op = args[2]
+  if op == 'reset' and redis.call('EXISTS', keys[1]) == 0 then
+    return redis.error_reply('NOTFOUND breaker')
+  end
+  local b = load(keys[1], now)
+  check_new(b, keys[3], tonumber(args[4]))
+  if op == 'reset' then
+    b.forced, b.cooldown = 0, 0
+    to_state(b, now, CLOSED)
+  else
+    local st = tonumber(args[3])
+    b.forced, b.cooldown, b.open_until = 1, 0, 0
+    local cons, slots = b.consecutive, b.slots
+    to_state(b, now, st)
+    if st == CLOSED then b.consecutive, b.slots = cons, slots end
+  end
+  local ev = settle(keys[1], keys[2], keys[3], args[1], b, now, TRANSITIONED + MUTATED)
+  return {int(now), ev, snapshot(b, now)}
+end
+
+-- bucket_load reads a tenant's token bucket (fleet.NewBucket when absent).
+local function bucket_load(key, cap, now)
+  local h = redis.call('HGETALL', key)
+  local k = {tokens = cap, last = now, granted = 0, refused = 0, dry = 0}
+  for i = 1, #h, 2 do k[h[i]] = tonumber(h[i + 1]) end
+  return k
+end
+
+local function bucket_store(key, k)
+  redis.call('HSET', key, 'tokens', float(k.tokens), 'last', int(k.last), 'granted', int(k.granted),
+    'refused', int(k.refused), 'dry', int(k.dry))
+end
+
+-- budget_at reads a budget of 6 arguments: capacity, deposit ratio, floor
+-- per second, retry cost, timeout cost, dry run (0 or 1).
+local function budget_at(args, i)
+  return {cap = tonumber(args[i]), ratio = tonumber(args[i + 1]), per_second = tonumber(args[i + 2]),
+    cost = tonumber(args[i + 3]), timeout_cost = tonumber(args[i + 4]), dry_run = args[i + 5] == '1'}
+end
+
+local function refill(k, now, bg)
+  if now > k.last then
+    k.tokens = k.tokens + bg.per_second * (now - k.last) / 1e6
+    k.last = now
+  end
+  k.tokens = math.min(k.tokens, bg.cap)
+end
+
+-- spend is breakerstore's SpendRetry: the run's refusal first (cut-off,
+-- then pool), then fleet.Bucket.Withdraw, then the run's pool.
+-- KEYS: bucket, run (a key of the tenant with no run when ARGV[8] is 0).
+-- ARGV: budget (6), timeout (0 or 1), has run (0 or 1).
+-- Returns {now, granted, stop, disposition, tokens, run remaining, dry run refused}.
+local function spend(keys, args)
+  local now = now_us()
+  local bg = budget_at(args, 1)
+  local timeout, has_run = args[7] == '1', args[8] == '1'
+  local stop, disp, remaining = 0, 0, 0
+  local pool, spent = 0, 0
+  if has_run then
+    local r = redis.call('HMGET', keys[2], 'pool', 'cutoff', 'spent')
+    if not r[1] then return redis.error_reply('NOTFOUND run') end
+    pool, spent = tonumber(r[1]), tonumber(r[3])
+    if now >= tonumber(r[2]) then
+      stop, disp = 4, 4
+    elseif spent >= pool then
+      stop, disp = 5, 3
+    end
+  end
+  local k = bucket_load(keys[1], bg.cap, now)
+  refill(k, now, bg)
+  local granted, dry = 0, 0
+  if stop == 0 then
+    local cost = timeout and bg.timeout_cost or bg.cost
+    if k.tokens >= cost then
+      k.tokens, k.granted, granted = k.tokens - cost, k.granted + 1, 1
+    elseif bg.dry_run then
+      k.tokens = math.max(k.tokens - cost, 0)
+      k.granted, k.dry, granted, dry = k.granted + 1, k.dry + 1, 1, 1
+    else
+      k.refused = k.refused + 1
+      stop, disp = 5, 3
+    end
+    bucket_store(keys[1], k)
+    if granted == 1 and has_run then
+      spent = redis.call('HINCRBY', keys[2], 'spent', 1)
+    end
+  end
+  if has_run then remaining = pool - math.min(spent, pool) end
+  return {int(now), granted, stop, disp, float(k.tokens), int(remaining), dry}
+end
+
+-- deposit is fleet.Bucket.Deposit of successes.
+-- KEYS: bucket. ARGV: budget (6), successes.
+-- Returns {now, tokens}.
+local function deposit(keys, args)
+  local now = now_us()
+  local bg = budget_at(args, 1)
+  local k = bucket_load(keys[1], bg.cap, now)
+  refill(k, now, bg)
+  k.tokens = math.min(k.tokens + bg.ratio * tonumber(args[7]), bg.cap)
+  bucket_store(keys[1], k)
+  return {int(now), float(k.tokens)}
+end
+
+-- record_final is final's rule on run and calls keys: 1 when the ledger
+-- changed, 0 when not, nil for a run that does not exist.
+local function record_final(run, calls, call, field, value)
+  if redis.call('EXISTS', run) == 0 then return nil end
+  local prev = redis.call('HGET', calls, call)
+  if prev == value then return 0 end
+  if prev then redis.call('HINCRBY', run, string.match(prev, '^[^/]*/(.*)$'), -1) end
+  redis.call('HINCRBY', run, field, 1)
+  redis.call('HSET', calls, call, value)
+  return 1
+end
+
+-- final is fleet.Run.RecordFinal: the same report twice counts once, a
+-- changed disposition moves the count from its old ledger slot to the new.
+-- KEYS: run, its calls hash. ARGV: call id, ledger slot (the run hash's
+-- field counting the disposition, as fleet.LedgerSlot picks it), the
+-- calls hash's value "disposition:stop/slot". Returns 1 when the ledger
+-- changed, else 0, or an error NOTFOUND.
+local function final(keys, args)
+  local r = record_final(keys[1], keys[2], args[1], args[2], args[3])
+  if r == nil then return redis.error_reply('NOTFOUND run') end
+  return r
+end
+
+-- outcomes applies one flush of a tenant's reported outcomes in one call:
+-- the results on its breakers (as record), then the final dispositions in
+-- its runs' ledgers (as final; one whose result had its permit refused is
+-- skipped), then the deposit of its successes into its bucket (as
+-- deposit).
+-- KEYS: events, index, bucket, then G breakers, then R pairs (run, calls).
+-- ARGV: G, R, successes, budget (6), the tenant's cap of breakers, then
+-- per group: target, cfg (8), n,
+-- n pairs (result, permit id or ''), then F, then F finals: run index
+-- (1..R), the 1-based index among this call's results whose refusal
+-- cancels it (0: none), call id, ledger field, value.
+-- Returns {now, per group: {event ids}, {refused flags}, snapshot, then
+-- per final 1 (changed), 0 (unchanged), -1 (no such run), then tokens}.
+local function outcomes(keys, args)
+  local now = now_us()
+  local ng, nr, successes = tonumber(args[1]), tonumber(args[2]), tonumber(args[3])
+  local bg = budget_at(args, 4)
+  local cap = tonumber(args[10])
+  local a = 11
+  local out, refused_all = {int(now)}, {}
+  for g = 1, ng do
+    local key = keys[3 + g]
+    local target = args[a]
+    local c
+    c, a = cfg_at(args, a + 1)
+    local n = tonumber(args[a])
+    a = a + 1
+    local b = load(key, now)
+    check_new(b, keys[2], cap)
+    b.mode = c.mode
+    local events, refused, dirty = {}, {}, 0
+    local e = advance(b, now)
+    if has(e, TRANSITIONED) then
+      events[#events + 1] = settle(key, keys[1], keys[2], target, b, now, e)
+      e = 0
+    end
+    dirty = union(dirty, e)
+    for _ = 1, n do
+      local e2, bad = record1(b, now, c, tonumber(args[a]), args[a + 1])
+      a = a + 2
+      refused[#refused + 1] = bad
+      refused_all[#refused_all + 1] = bad
+      if has(e2, TRANSITIONED) then
+        events[#events + 1] = settle(key, keys[1], keys[2], target, b, now, e2)
+      else
+        dirty = union(dirty, e2)
+      end
+    end
+    if dirty ~= 0 or b.fresh then store(key, keys[2], target, b) end
+    out[#out + 1] = events
+    out[#out + 1] = refused
+    out[#out + 1] = snapshot(b, now)
+  end
+  local nf = tonumber(args[a])
+  a = a + 1
+  for _ = 1, nf do
+    local ri, cond = tonumber(args[a]), tonumber(args[a + 1])
+    local run, calls = keys[3 + ng + 2 * ri - 1], keys[3 + ng + 2 * ri]
+    local r = 0
+    if cond == 0 or refused_all[cond] == 0 then
+      r = record_final(run, calls, args[a + 2], args[a + 3], args[a + 4])
+      if r == nil then r = -1 end
+    end
+    out[#out + 1] = r
+    a = a + 5
+  end
+  local tokens = ''
+  if successes > 0 then
+    local k = bucket_load(keys[3], bg.cap, now)
+    refill(k, now, bg)
+    k.tokens = math.min(k.tokens + bg.ratio * successes, bg.cap)
+    bucket_store(keys[3], k)
+    tokens = float(k.tokens)
+  end
+  out[#out + 1] = tokens
+  return out
+end
+
+-- attempt is fleet.Attempts.Decided: the answer to attempt of a call,
+-- never rewinding (a lower attempt than the one stored changes nothing),
+-- kept until expiry at least. KEYS: the call's attempt key. ARGV: attempt,
+-- answer (opaque to the library), expiry (Unix ms). Returns 1 when stored.
+local function attempt(keys, args)
+  local cur = tonumber(redis.call('HGET', keys[1], 'attempt') or '0')
+  local n, expiry = tonumber(args[1]), tonumber(args[3])
+  if n < cur then return 0 end
+  local old = tonumber(redis.call('HGET', keys[1], 'expiry') or '0')
+  expiry = math.max(expiry, old)
+  redis.call('HSET', keys[1], 'attempt', int(n), 'answer', args[2], 'expiry', int(expiry))
+  redis.call('PEXPIREAT', keys[1], int(expiry))
+  return 1
+end
+
+-- read returns a breaker's snapshot at the server's time without
+-- changing it. KEYS: breaker. Returns {now, snapshot} or NOTFOUND.
+local function read(keys)
+  if redis.call('EXISTS', keys[1]) == 0 then return redis.error_reply('NOTFOUND breaker') end
+  local now = now_us()
+  return {int(now), snapshot(load(keys[1], now), now)}
+end
+
+redis.register_function{function_name = 'policyd_read', callback = read, flags = {'no-writes'}}
+redis.register_function('policyd_admit', admit)
+redis.register_function('policyd_record', record)
+redis.register_function('policyd_cooldown', cooldown)
+redis.register_function('policyd_admin_breaker', admin)
+redis.register_function('policyd_spend', spend)
+redis.register_function('policyd_deposit', deposit)
+redis.register_function('policyd_final', final)
+redis.register_function('policyd_outcomes', outcomes)
+redis.register_function('policyd_attempt', attempt)

@@ -1,0 +1,170 @@
+package redisstore
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/policyd/policyd/fleet"
+	"github.com/policyd/policyd/policy"
+)
+
+// maxDescriptionLen caps a run's description, as breakerstore does.
+const maxDescriptionLen = 4096
+
+// OpenRun creates a batch run (an id is drawn when r.ID is empty): a retry
+// pool of r.Pool retries its calls share until r.Cutoff. The id is unique
+// across the fleet ({policyd}:runs), ErrExists otherwise.
+func (s *Store) OpenRun(r policy.Run) (policy.Run, error) {
+	if err := s.check(); err != nil {
+		return policy.Run{}, err
+	}
+	now := s.opts.Clock()
+	if r.ID == "" {
+		var b [12]byte
+		binary.BigEndian.PutUint64(b[:8], uint64(now.UnixNano()))
+		_, _ = rand.Read(b[8:])
+		r.ID = hex.EncodeToString(b[:])
+	} else if err := checkName("run_id", r.ID, false); err != nil {
+		return policy.Run{}, err
+	}
+	if err := checkName("tenant", r.Tenant, false); err != nil {
+		return policy.Run{}, err
+	}
+	switch {
+	case len(r.Description) > maxDescriptionLen:
+		return policy.Run{}, invalid("description", "must be at most 4096 bytes")
+	case r.Pool == 0:
+		return policy.Run{}, invalid("retry_pool", "must be > 0")
+	case !r.Cutoff.After(now):
+		return policy.Run{}, invalid("cutoff_time", "must be in the future")
+	}
+	r = policy.Run{ID: strings.Clone(r.ID), Tenant: strings.Clone(r.Tenant), Description: strings.Clone(r.Description),
+		Pool: r.Pool, Cutoff: r.Cutoff.Truncate(time.Microsecond), Created: now.Truncate(time.Microsecond)}
+	ctx, cancel := s.adminCtx()
+	defer cancel()
+	ok, err := s.c.HSetNX(ctx, keyRuns, r.ID, r.Tenant).Result()
+	if err != nil {
+		return policy.Run{}, fmt.Errorf("redisstore: write %s: %w", keyRuns, err)
+	}
+	if !ok {
+		return policy.Run{}, fmt.Errorf("%w: run %q", ErrExists, r.ID)
+	}
+	if err := s.durably(ctx, keyRun(r.Tenant, r.ID), func(c redis.Cmdable) error {
+		return c.HSet(ctx, keyRun(r.Tenant, r.ID), "pool", r.Pool, "cutoff", r.Cutoff.UnixMicro(), "spent", 0,
+			"tenant", r.Tenant, "description", r.Description, "created", r.Created.UnixMicro()).Err()
+	}); err != nil {
+		return policy.Run{}, fmt.Errorf("redisstore: write run %q: %w", r.ID, err)
+	}
+	s.runTenants.Store(r.ID, r.Tenant)
+	return r, nil
+}
+
+// runTenant returns the tenant of run id, or ErrNotFound.
+func (s *Store) runTenant(id string) (string, error) {
+	if t, ok := s.runTenants.Load(id); ok {
+		return t.(string), nil
+	}
+	ctx, cancel := s.call()
+	defer cancel()
+	t, err := s.c.HGet(ctx, keyRuns, id).Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return "", fmt.Errorf("%w: run %q", ErrNotFound, id)
+	case err != nil:
+		return "", fmt.Errorf("redisstore: read %s: %w", keyRuns, err)
+	}
+	s.runTenants.Store(id, t)
+	return t, nil
+}
+
+// Run returns the run id with its spend and ledger, or ErrNotFound.
+func (s *Store) Run(id string) (policy.Run, error) {
+	if err := s.check(); err != nil {
+		return policy.Run{}, err
+	}
+	tenant, err := s.runTenant(id)
+	if err != nil {
+		return policy.Run{}, err
+	}
+	ctx, cancel := s.call()
+	defer cancel()
+	h, err := s.c.HGetAll(ctx, keyRun(tenant, id)).Result()
+	if err != nil {
+		return policy.Run{}, fmt.Errorf("redisstore: read run %q: %w", id, err)
+	}
+	if len(h) == 0 {
+		return policy.Run{}, fmt.Errorf("%w: run %q", ErrNotFound, id)
+	}
+	num := func(f string) int64 { n, _ := toInt(h[f]); return n }
+	r := policy.Run{ID: id, Tenant: tenant, Description: h["description"], Pool: uint64(num("pool")),
+		Spent: uint64(num("spent")), Cutoff: fromUS(num("cutoff")), Created: fromUS(num("created"))}
+	for i, p := range ledgerCounters(&r.Ledger) {
+		*p = uint64(num(ledgerFields[i]))
+	}
+	return r, nil
+}
+
+// Runs returns up to limit runs (all when limit <= 0) of tenant (every
+// tenant's when empty) sorted by id, after the id after.
+func (s *Store) Runs(tenant, after string, limit int) ([]policy.Run, error) {
+	if err := s.check(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := s.call()
+	all, err := s.c.HGetAll(ctx, keyRuns).Result()
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("redisstore: read %s: %w", keyRuns, err)
+	}
+	var ids []string
+	for id, t := range all {
+		if (tenant == "" || t == tenant) && (after == "" || id > after) {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	if limit > 0 && len(ids) > limit {
+		ids = ids[:limit]
+	}
+	out := make([]policy.Run, 0, len(ids))
+	for _, id := range ids {
+		r, err := s.Run(id)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// RecordFinal records call's final disposition in run runID's ledger by
+// fleet.Run.RecordFinal's rule (one call of policyd_final): the same
+// report twice counts once; a changed one moves the count.
+func (s *Store) RecordFinal(runID, callID string, d policy.Disposition, stop policy.StopReason) error {
+	if err := s.check(); err != nil {
+		return err
+	}
+	if err := checkName("call_id", callID, false); err != nil {
+		return err
+	}
+	f := fleet.Final{Disposition: d, Stop: stop}
+	if ledgerField(f) == "" {
+		return invalid("disposition", "must be a final disposition")
+	}
+	tenant, err := s.runTenant(runID)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := s.call()
+	defer cancel()
+	_, err = finalCall(ctx, s.c, tenant, runID, callID, f)
+	return err
+}

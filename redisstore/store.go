@@ -1,0 +1,262 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/policyd/policyd/fleet"
+	"github.com/policyd/policyd/policy"
+)
+
+// Options configures a Store.
+type Options struct {
+	// Client is the Redis the replicas share: a *redis.Client, a
+	// *redis.ClusterClient or a failover client, made with
+	// ContextTimeoutEnabled so that Timeout bounds its calls. The Store
+	// does not close it.
+	Client redis.UniversalClient
+	// Timeout bounds every call to Redis (policyd serve's --store-timeout);
+	// default 50ms. Open's own calls get twenty times as long.
+	Timeout time.Duration
+	// DefaultBudget applies to tenants without an explicit budget; zero
+	// numeric fields take DefaultTenantBudget's values.
+	DefaultBudget policy.TenantBudget
+	// Clock is the replica's clock, used only to judge whether a cached
+	// cool-down is over (the engine decides with the server's TIME);
+	// default time.Now.
+	Clock func() time.Time
+	// Log receives the feed's errors; default slog.Default().
+	Log *slog.Logger
+	// FeedBlock is how long one XREAD of a feed blocks; Close waits up to
+	// that long for the feeds to end. Default 100ms.
+	FeedBlock time.Duration
+	// FlushInterval is how often buffered audit records are written;
+	// default 100ms.
+	FlushInterval time.Duration
+	// MaxAuditBuffer caps the audit records waiting for a flush; default
+	// 100,000.
+	MaxAuditBuffer int
+	// AuditRetention is how long audit records are kept (streams are
+	// trimmed by entry id at each flush); default 7 days.
+	AuditRetention time.Duration
+	// AuditMaxRecords caps the records of one tenant's audit stream
+	// (trimmed approximately, MAXLEN ~); default 1,000,000.
+	AuditMaxRecords int
+	// MaxBreakersPerTenant caps the breakers of one tenant (the empty
+	// tenant of target-scoped breakers counts as one); a new one past it
+	// is ErrTooManyBreakers. Default 10000, as breakerstore's.
+	MaxBreakersPerTenant int
+	// WaitReplicas, when > 0, makes every admin write (policies, budgets,
+	// runs, breaker resets and forces) wait (WAIT) until that many
+	// replicas of its primary have it, for at most WaitTimeout (default
+	// 1s): a Sentinel or Cluster failover then cannot lose it. Replication
+	// stays asynchronous for everything else.
+	WaitReplicas int
+	WaitTimeout  time.Duration
+}
+
+// DefaultTenantBudget is the budget of tenants without an explicit one when
+// Options.DefaultBudget is zero: fleet.DefaultBudget, as in breakerstore.
+func DefaultTenantBudget() policy.TenantBudget { return fleet.DefaultBudget() }
+
+// Store is one replica's view of the fleet state in Redis: it forwards
+// every state change to the library's functions and keeps a cache of the
+// tenant's breaker states, kept current by the tenant's event stream, from
+// which it answers Admit on a CLOSED breaker without a round trip. It is
+// safe for concurrent use.
+type Store struct {
+	c         redis.UniversalClient
+	opts      Options
+	defBudget policy.TenantBudget
+	log       *slog.Logger
+	closed    atomic.Bool
+
+	ctx    context.Context // ends the feeds
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu     sync.RWMutex
+	cache  map[policy.BreakerKey]*cached
+	claims claims           // calls whose attempt this replica is deciding
+	feeds  map[string]*feed // by tenant
+	// allSubs are the subscriptions to every tenant: each joins the feed
+	// of every tenant followed later.
+	allSubs map[*sub]struct{}
+	groups  map[int]*feedGroup // by hash slot on a Cluster, else one
+
+	audit         auditBuffer
+	admin         adminCache
+	defaultPolicy policy.Policy
+	runTenants    sync.Map // run id -> tenant: a run never changes tenant
+}
+
+// cached is one breaker's last known state.
+type cached struct {
+	st atomic.Pointer[state]
+}
+
+// Open loads the library onto the server (every master of a Cluster),
+// checks the schema version and returns a Store.
+func Open(ctx context.Context, opts Options) (*Store, error) {
+	if opts.Client == nil {
+		return nil, errors.New("redisstore: Options.Client is nil")
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = 50 * time.Millisecond
+	}
+	if opts.Clock == nil {
+		opts.Clock = time.Now
+	}
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	if opts.FeedBlock <= 0 {
+		opts.FeedBlock = 100 * time.Millisecond
+	}
+	if opts.FlushInterval <= 0 {
+		opts.FlushInterval = 100 * time.Millisecond
+	}
+	if opts.MaxAuditBuffer <= 0 {
+		opts.MaxAuditBuffer = 100_000
+	}
+	if opts.AuditRetention <= 0 {
+		opts.AuditRetention = 7 * 24 * time.Hour
+	}
+	if opts.AuditMaxRecords <= 0 {
+		opts.AuditMaxRecords = 1_000_000
+	}
+	if opts.MaxBreakersPerTenant <= 0 {
+		opts.MaxBreakersPerTenant = 10000
+	}
+	if opts.WaitTimeout <= 0 {
+		opts.WaitTimeout = time.Second
+	}
+	if !contextTimeouts(opts.Client) {
+		opts.Log.Warn("redisstore: the Redis client ignores context deadlines (ContextTimeoutEnabled is off): Timeout does not bound its calls")
+	}
+	def := fleet.FillBudget(opts.DefaultBudget, DefaultTenantBudget())
+	ctx, cancel := context.WithTimeout(ctx, 20*opts.Timeout)
+	defer cancel()
+	if err := loadLibrary(ctx, opts.Client); err != nil {
+		return nil, err
+	}
+	s := &Store{c: opts.Client, opts: opts, defBudget: def, log: opts.Log,
+		cache: map[policy.BreakerKey]*cached{}, feeds: map[string]*feed{}, groups: map[int]*feedGroup{}, allSubs: map[*sub]struct{}{}, defaultPolicy: policy.Default()}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	last, err := s.loadAdmin()
+	if err != nil {
+		s.cancel()
+		return nil, err
+	}
+	s.wg.Add(2)
+	go s.followChanges(last)
+	go s.flusher()
+	return s, nil
+}
+
+// contextTimeouts reports whether c's calls end at their context's
+// deadline.
+func contextTimeouts(c redis.UniversalClient) bool {
+	switch c := c.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return true // unknown to us: assume so
+}
+
+// Close ends the feeds and closes every subscription's channel, writes
+// the audit records still buffered, and leaves the client open.
+func (s *Store) Close() error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	s.cancel()
+	s.wg.Wait()
+	s.mu.Lock()
+	for sb := range s.allSubs { // those that joined no feed yet
+		sb.close()
+	}
+	s.mu.Unlock()
+	s.flushAudit(context.Background())
+	return nil
+}
+
+// flusher writes buffered audit records every FlushInterval until Close.
+func (s *Store) flusher() {
+	defer s.wg.Done()
+	t := time.NewTicker(s.opts.FlushInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+			s.flushAudit(s.ctx)
+		}
+	}
+}
+
+// call returns a context bounded by the store's timeout.
+func (s *Store) call() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(s.ctx, s.opts.Timeout)
+}
+
+// learn merges st, a state of the breaker under key the engine reported,
+// into the cache: a later generation replaces the cached one, the same
+// generation keeps the later cool-down, an earlier one is stale.
+func (s *Store) learn(key policy.BreakerKey, st state) {
+	s.mu.RLock()
+	e := s.cache[key]
+	s.mu.RUnlock()
+	if e == nil {
+		s.mu.Lock()
+		if e = s.cache[key]; e == nil {
+			e = &cached{}
+			s.cache[key] = e
+		}
+		s.mu.Unlock()
+	}
+	for {
+		old := e.st.Load()
+		next := st
+		if old != nil {
+			switch {
+			case st.Generation < old.Generation:
+				return
+			case st.Generation == old.Generation && st.Cooldown < old.Cooldown:
+				next.Cooldown = old.Cooldown
+			}
+		}
+		if e.st.CompareAndSwap(old, &next) {
+			return
+		}
+	}
+}
+
+// cachedState returns the cached state of the breaker under key.
+func (s *Store) cachedState(key policy.BreakerKey) (*state, bool) {
+	s.mu.RLock()
+	e := s.cache[key]
+	s.mu.RUnlock()
+	if e == nil {
+		return nil, false
+	}
+	st := e.st.Load()
+	return st, st != nil
+}
+
+// errClosed is returned by every method after Close.
+func (s *Store) check() error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	return nil
+}
