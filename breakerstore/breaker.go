@@ -88,8 +88,8 @@ func (s *Store) record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy
 	if s.closed.Load() {
 		return policy.BreakerSnapshot{}, ErrClosed
 	}
-	if r < policy.ResultSuccess || r > policy.ResultTerminal {
-		return policy.BreakerSnapshot{}, invalid("result", "must be success, transient failure or terminal")
+	if r < policy.ResultSuccess || r > policy.ResultPushback {
+		return policy.BreakerSnapshot{}, invalid("result", "must be success, transient failure, terminal or pushback")
 	}
 	cfg = fleet.NormConfig(cfg)
 	b, err := s.lockBreaker(key, true, now)

@@ -56,6 +56,11 @@
 //	                                        (fsync'd) before ClaimKey and CompleteKey answer; the layout is in
 //	                                        idem.go; expired ones deleted by the sweep. New in schema version 2
 //	                                        (created empty on open)
+//	flow         tenant 0x00 target         fleet.Flow, binary, version byte 1: the rate account's TAT (Unix ns),
+//	                                        stray lease releases (uint64), lease count (uint32), then per lease
+//	                                        its 128-bit id and expiry (Unix ns); the key is the breaker's; deleted
+//	                                        when it holds nothing; the layout is in flow.go. New in schema
+//	                                        version 2 (created empty on upgrade).
 //	meta         "auditseq"                 uint64 big-endian: the highest audit sequence number handed out
 //	auditseg     time seq                   a segment of up to 512 audit records: a header (count, last record's
 //	                                        time and seq, a Bloom filter over call ids and tenants) and the

@@ -47,7 +47,7 @@ var (
 
 	allBuckets = [][]byte{bucketMeta, bucketBreakers, bucketBudgets, bucketTokens,
 		bucketPolicies, bucketRuns, bucketRunState, bucketRunCalls,
-		bucketAuditSeg, bucketAttempts, bucketCallTable, bucketIdemKeys}
+		bucketAuditSeg, bucketAttempts, bucketCallTable, bucketIdemKeys, bucketFlow}
 )
 
 // Defaults of Options.
@@ -216,6 +216,8 @@ type Store struct {
 	attempts   attemptTable
 	keys       keyTable // idempotency records (idem.go)
 	attemptSeq atomic.Uint64
+
+	pools shardMap[policy.BreakerKey, *leasePool] // fleet-wide ceilings (flow.go)
 
 	policies      atomic.Pointer[policyMap]
 	defaultPolicy policy.Policy
@@ -409,6 +411,7 @@ func newStore(db *bbolt.DB, opts Options, def policy.TenantBudget) *Store {
 		defaultPolicy: policy.Default(),
 	}
 	s.breakers.init(hashKey)
+	s.pools.init(hashKey)
 	s.buckets.init(maphash.String)
 	s.runs.init(maphash.String)
 	s.attempts.init(s.opts.MaxAttemptRecords)
@@ -651,6 +654,7 @@ func (s *Store) loaders(tx *bbolt.Tx) []func() error {
 		func() error { return s.loadAudit(tx) },
 		func() error { return s.loadAttempts(tx, now) },
 		func() error { return s.loadBreakers(tx, now) },
+		func() error { return s.loadFlow(tx) },
 	}
 }
 

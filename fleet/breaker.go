@@ -147,7 +147,8 @@ func (b *Breaker) Admit(now int64, cfg *policy.BreakerConfig, newID func() Permi
 
 // Record applies one attempt's result at now (after Advance). Only
 // policy.ResultTransientFailure counts as a failure. Past cfg's threshold
-// it trips the breaker OPEN for cfg.Cooldown.
+// it trips the breaker OPEN for cfg.Cooldown. policy.ResultPushback counts
+// nothing: it only releases the permit it carries (see BreakerResult).
 //
 // In HALF_OPEN only a probe settles the breaker: a result carrying a live
 // permit of this generation releases it and counts (a failure reopens the
@@ -179,6 +180,11 @@ func (b *Breaker) Record(now int64, cfg *policy.BreakerConfig, r policy.Result, 
 	if i >= 0 {
 		b.Permits = slices.Delete(b.Permits, i, i+1)
 		e = Mutated
+	}
+	if r == policy.ResultPushback {
+		// The upstream is up and asked for time: the cool-down handles it.
+		// A probe answered so frees its permit and settles nothing.
+		return e, nil
 	}
 	failure := r == policy.ResultTransientFailure
 	switch {

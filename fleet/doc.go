@@ -19,6 +19,9 @@
 //	                                              a disposition agrees with what was decided
 //	attempts per call    Attempts   attempts.go   never rewound: the same attempt replays its answer, a lower one
 //	                                              is refused
+//	concurrency ceiling  Pool       lease.go      at most the ceiling live at once; leases expire; a release of a
+//	                                              lease not held is ignored and counted
+//	breaker result       (func)     pushback.go   a pushback-bearing failure counts nothing unless the policy says so
 //
 // Every method is allocation-free unless its doc comment says otherwise,
 // so an engine can apply them on the hot path (Admit, NextDelay,

@@ -74,19 +74,39 @@ type Admission struct {
 	State      BreakerState
 	PermitID   string        // set for a HALF_OPEN probe
 	RetryAfter time.Duration // when refused: how long until asking again makes sense
-	Reason     string        // breaker:closed, breaker:open, breaker:probe, breaker:probes_taken, cooldown:pushback, run:cutoff, ...
+	Reason     string        // breaker:closed, breaker:open, breaker:probe, breaker:probes_taken, cooldown:pushback, run:cutoff, concurrency:full, rate:limited, ...
 	RunCutoff  time.Time     // the cut-off of the call's run, when it names one
+
+	// LeaseID is the concurrency lease handed out with the admission, when
+	// the policy has a ceiling (FlowConfig.MaxInFlight); LeaseExpiry is
+	// when it frees its slot unreturned.
+	LeaseID     string
+	LeaseExpiry time.Time
+	// FlowControlled is true when the policy has a fleet-wide ceiling, so
+	// every attempt must ask for admission.
+	FlowControlled bool
+}
+
+// PoolStatus is a concurrency ceiling's state at an instant.
+type PoolStatus struct {
+	InFlight int    // leases live
+	Stray    uint64 // releases of leases not held, ignored
 }
 
 // Result is what an attempt's outcome means to a breaker.
 type Result uint8
 
 // Results. ResultTerminal means the upstream answered (a 4xx): it is up, so
-// the breaker treats it as a success.
+// the breaker treats it as a success. ResultPushback is a transient failure
+// that carried a pushback hint (Retry-After and the like): the upstream is
+// up and asked for time, which the fleet-wide cool-down grants, so the
+// breaker counts it neither as a failure nor as a success
+// (fleet.BreakerResult).
 const (
 	ResultSuccess Result = iota + 1
 	ResultTransientFailure
 	ResultTerminal
+	ResultPushback
 )
 
 // TenantBudget configures a tenant's retry token bucket: retries withdraw
@@ -297,6 +317,10 @@ type Answer struct {
 	TenantTokens   float64
 	RunRemaining   uint64
 	Deadline       time.Time // the call's effective deadline (the run's cut-off included), zero if none
+	// FlowControlled is true when the call's policy has a fleet-wide
+	// ceiling; it is not remembered with the answer but set from the
+	// policy in force each time the answer is given.
+	FlowControlled bool
 }
 
 // CallKey names one call: call ids are scoped by tenant.

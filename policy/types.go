@@ -157,6 +157,10 @@ type BreakerConfig struct {
 	Cooldown            time.Duration
 	HalfOpenProbes      int
 	ProbeTimeout        time.Duration
+	// CountPushback counts a transient failure that carried a pushback
+	// hint toward the breaker; by default it only sets the fleet-wide
+	// cool-down (fleet.BreakerResult).
+	CountPushback bool `json:",omitempty"`
 }
 
 // Policy is a complete retry policy. Every number of the decision rules is a
@@ -183,6 +187,75 @@ type Policy struct {
 	// lost be retried with the same key; without it the call is
 	// dead-lettered.
 	UpstreamDedupesByKey bool
+	// Flow sets the fleet-wide ceilings; the zero value sets none.
+	Flow FlowConfig `json:",omitzero"`
+}
+
+// FlowConfig sets the fleet-wide ceilings of a target, keyed as its breaker
+// is (BreakerConfig.Scope).
+type FlowConfig struct {
+	// MaxInFlight is the concurrency ceiling: at most this many attempts
+	// hold a lease at once, fleet-wide; 0 means none.
+	MaxInFlight int `json:",omitempty"`
+	// LeaseSlack is added to the attempt timeout (to the breaker's probe
+	// timeout when that is 0) to give a lease's life; 0 means
+	// DefaultLeaseSlack.
+	LeaseSlack time.Duration `json:",omitempty"`
+	// MaxRate is the rate ceiling, in attempts per second fleet-wide, kept
+	// by GCRA; 0 means none.
+	MaxRate float64 `json:",omitempty"`
+	// Burst is how many attempts the rate ceiling admits at once; 0 means 1.
+	Burst int `json:",omitempty"`
+}
+
+// FlowLimits are a policy's ceilings as an engine applies them (see
+// Policy.FlowLimits): Ceiling leases at most (0: no concurrency ceiling),
+// each living LeaseTTL, a full ceiling answering "ask again after
+// FullWait"; one attempt per Interval with Burst at once (Interval 0: no
+// rate ceiling).
+type FlowLimits struct {
+	Ceiling  int
+	LeaseTTL time.Duration
+	FullWait time.Duration
+	Interval time.Duration
+	Burst    int
+}
+
+// FlowLimits returns p's ceilings for an engine: the concurrency ceiling
+// with its lease life (LeaseTTL) and the backoff base delay as the wait
+// of a full ceiling, and the rate ceiling as an emission interval
+// (1/MaxRate) and burst.
+func (p *Policy) FlowLimits() FlowLimits {
+	l := FlowLimits{Ceiling: p.Flow.MaxInFlight, LeaseTTL: p.LeaseTTL(), FullWait: p.Backoff.Base, Burst: max(p.Flow.Burst, 1)}
+	if p.Flow.MaxRate > 0 {
+		l.Interval = max(time.Duration(float64(time.Second)/p.Flow.MaxRate), 1)
+	}
+	return l
+}
+
+// DefaultLeaseSlack is the lease slack of a policy that sets none.
+const DefaultLeaseSlack = 5 * time.Second
+
+// MaxCeiling is the largest concurrency ceiling a policy may set.
+const MaxCeiling = 1_000_000
+
+// FlowControlled reports whether the policy has a fleet-wide ceiling
+// (concurrency or rate), so
+// every attempt asks Admit, even while the breaker is CLOSED.
+func (p *Policy) FlowControlled() bool { return p.Flow.MaxInFlight > 0 || p.Flow.MaxRate > 0 }
+
+// LeaseTTL is the life of a concurrency lease under p: the attempt timeout
+// (the breaker's probe timeout when that is 0) plus the lease slack.
+func (p *Policy) LeaseTTL() time.Duration {
+	t := p.AttemptTimeout
+	if t <= 0 {
+		t = p.Breaker.ProbeTimeout
+	}
+	slack := p.Flow.LeaseSlack
+	if slack <= 0 {
+		slack = DefaultLeaseSlack
+	}
+	return t + slack
 }
 
 // DefaultIdempotencyTTL is the idempotency TTL of a policy that sets none.

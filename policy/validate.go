@@ -130,7 +130,29 @@ func (p *Policy) Validate() error {
 	if err := validateCodes("transient_grpc_codes", p.TransientGRPC, 1, grpcLast); err != nil {
 		return err
 	}
-	return validateBreaker(p.Breaker)
+	if err := validateBreaker(p.Breaker); err != nil {
+		return err
+	}
+	return validateFlow(p.Flow)
+}
+
+func validateFlow(f FlowConfig) error {
+	switch {
+	case f.MaxInFlight < 0 || f.MaxInFlight > MaxCeiling:
+		return fieldErr("flow.max_in_flight", "must be between 1 and "+itoa(MaxCeiling))
+	case f.LeaseSlack < 0:
+		return fieldErr("flow.lease_slack", "must be >= 0")
+	}
+	if r := checkFloat(f.MaxRate); r != "" {
+		return fieldErr("flow.max_rate", r)
+	}
+	switch {
+	case f.MaxRate < 0 || f.MaxRate > 1e9:
+		return fieldErr("flow.max_rate", "must be > 0 and at most 1e9 per second")
+	case f.Burst < 0 || f.Burst > MaxCeiling:
+		return fieldErr("flow.burst", "must be between 1 and "+itoa(MaxCeiling))
+	}
+	return nil
 }
 
 func validateBreaker(b BreakerConfig) error {

@@ -7,8 +7,9 @@ import (
 )
 
 // unsupported is what this engine does not hold yet: the per-run call
-// tables (ListRunCalls) and the idempotency ledger (ClaimKey, CompleteKey,
-// GetKey) live on the bbolt engine only in this version. The server
+// tables (ListRunCalls), the idempotency ledger (ClaimKey, CompleteKey,
+// GetKey) and the fleet-wide ceilings (leases and rate accounts; SetPolicy
+// refuses a policy with one) live on the bbolt engine only in this version. The server
 // answers UNIMPLEMENTED, naming what is missing, rather than pretending.
 type unsupported string
 
@@ -46,4 +47,22 @@ func (s *Store) CompleteKey(ref policy.KeyRef, lease string, o policy.KeyOutcome
 // Key is not supported on this engine yet.
 func (s *Store) Key(ref policy.KeyRef) (policy.KeyRecordView, error) {
 	return policy.KeyRecordView{}, unsupported("the idempotency ledger")
+}
+
+// AdmitFlow is Admit for a policy without ceilings, the only kind SetPolicy
+// stores on this engine; lim with a ceiling is not supported yet.
+func (s *Store) AdmitFlow(key policy.BreakerKey, cfg policy.BreakerConfig, lim policy.FlowLimits) (policy.Admission, error) {
+	if lim.Ceiling > 0 || lim.Interval > 0 {
+		return policy.Admission{}, unsupported("a fleet-wide ceiling (flow.max_in_flight, flow.max_rate)")
+	}
+	return s.Admit(key, cfg)
+}
+
+// ReleaseLease holds no leases on this engine: every release is of a lease
+// not held, which is ignored, never an error.
+func (s *Store) ReleaseLease(key policy.BreakerKey, id string) (bool, error) { return false, nil }
+
+// Pool is the zero status: this engine holds no leases yet.
+func (s *Store) Pool(key policy.BreakerKey) (policy.PoolStatus, error) {
+	return policy.PoolStatus{}, nil
 }

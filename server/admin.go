@@ -247,7 +247,11 @@ func (a *Admin) GetBreaker(ctx context.Context, req *pb.GetBreakerRequest) (*pb.
 	if err != nil {
 		return nil, storeError(ctx, a.cfg.Logger, "breaker", err)
 	}
-	return &pb.GetBreakerResponse{Breaker: breakerToPB(s)}, nil
+	pool, err := a.store.Pool(key)
+	if err != nil {
+		return nil, storeError(ctx, a.cfg.Logger, "breaker", err)
+	}
+	return &pb.GetBreakerResponse{Breaker: withPool(breakerToPB(s), pool)}, nil
 }
 
 // ResetBreaker closes a breaker and clears its counters and pin.

@@ -361,6 +361,11 @@ func policyFromPB(field string, p *pb.Policy) (policy.Policy, error) {
 			return out, err
 		}
 	}
+	if f := p.GetFlow(); f != nil {
+		if out.Flow, err = flowFromPB(field+".flow", f, out.Flow); err != nil {
+			return out, err
+		}
+	}
 	if err := out.Validate(); err != nil {
 		return out, invalidFrom(field+".", err)
 	}
@@ -404,6 +409,7 @@ func breakerFromPB(field string, b *pb.BreakerSettings, def policy.BreakerConfig
 	if out.ProbeTimeout, err = duration(field+".probe_timeout", b.GetProbeTimeout(), out.ProbeTimeout); err != nil {
 		return out, err
 	}
+	out.CountPushback = b.GetCountPushback()
 	return out, nil
 }
 
@@ -448,8 +454,60 @@ func policyToPB(p policy.Policy) *pb.Policy {
 			Cooldown:            durationpb.New(p.Breaker.Cooldown),
 			HalfOpenProbes:      u32(p.Breaker.HalfOpenProbes),
 			ProbeTimeout:        durationpb.New(p.Breaker.ProbeTimeout),
+			CountPushback:       p.Breaker.CountPushback,
 		},
+		Flow: flowToPB(p.Flow),
 	}
+}
+
+// flowFromPB converts FlowSettings over def. A ceiling that is set must be
+// at least 1: leaving it unset is how a policy has none.
+func flowFromPB(field string, f *pb.FlowSettings, def policy.FlowConfig) (policy.FlowConfig, error) {
+	out := def
+	var err error
+	if f.MaxInFlight != nil {
+		if f.GetMaxInFlight() < 1 || f.GetMaxInFlight() > policy.MaxCeiling {
+			return out, invalid(field+".max_in_flight", "must be 1 to "+strconv.Itoa(policy.MaxCeiling)+"; leave it unset for no ceiling")
+		}
+		out.MaxInFlight = int(f.GetMaxInFlight())
+	}
+	if out.LeaseSlack, err = duration(field+".lease_slack", f.GetLeaseSlack(), out.LeaseSlack); err != nil {
+		return out, err
+	}
+	if f.MaxRate != nil {
+		r := f.GetMaxRate()
+		if err := finite(field+".max_rate", r); err != nil {
+			return out, err
+		}
+		if r <= 0 {
+			return out, invalid(field+".max_rate", "must be > 0 attempts per second; leave it unset for no rate ceiling")
+		}
+		out.MaxRate = r
+	}
+	if f.Burst != nil {
+		if f.GetBurst() < 1 || f.GetBurst() > policy.MaxCeiling {
+			return out, invalid(field+".burst", "must be 1 to "+strconv.Itoa(policy.MaxCeiling))
+		}
+		out.Burst = int(f.GetBurst())
+	}
+	return out, nil
+}
+
+// flowToPB converts a FlowConfig; nil when it sets nothing.
+func flowToPB(f policy.FlowConfig) *pb.FlowSettings {
+	if f == (policy.FlowConfig{}) {
+		return nil
+	}
+	out := &pb.FlowSettings{LeaseSlack: durationpb.New(f.LeaseSlack)}
+	if f.MaxInFlight > 0 {
+		n := uint32(f.MaxInFlight)
+		out.MaxInFlight = &n
+	}
+	if f.MaxRate > 0 {
+		r, b := f.MaxRate, uint32(max(f.Burst, 1))
+		out.MaxRate, out.Burst = &r, &b
+	}
+	return out
 }
 
 func policyEntryToPB(e policy.PolicyEntry) *pb.PolicyEntry {
@@ -700,6 +758,7 @@ func nextDelayToPB(ans *policy.Answer, why string) *pb.NextDelayResponse {
 		Detail:                why,
 		TenantBudgetRemaining: ans.TenantTokens,
 		RunBudgetRemaining:    ans.RunRemaining,
+		FlowControlled:        ans.FlowControlled,
 	}
 	if ans.Retry {
 		resp.Decision = pb.Decision_DECISION_RETRY
@@ -718,6 +777,7 @@ func admissionToPB(a *policy.Admission) *pb.AdmitResponse {
 	return &pb.AdmitResponse{
 		Admitted: a.Admitted, State: enumToPB[pb.BreakerState](a.State), PermitId: a.PermitID,
 		RetryAfter: durationPB(a.RetryAfter), Reason: a.Reason, RunCutoffTime: timePB(a.RunCutoff),
+		LeaseId: a.LeaseID, LeaseExpireTime: timePB(a.LeaseExpiry), FlowControlled: a.FlowControlled,
 	}
 }
 
@@ -739,8 +799,11 @@ func outcomeFromPB(field string, o *pb.Outcome, it *outcomeItem) error {
 	if err := checkName(sub(field, ".permit_id"), o.GetPermitId(), maxCallIDLen, false); err != nil {
 		return err
 	}
+	if err := checkName(sub(field, ".lease_id"), o.GetLeaseId(), maxCallIDLen, false); err != nil {
+		return err
+	}
 	it.call, it.attempt, it.success, it.alreadyRecorded = call, o.GetAttempt(), o.GetSuccess(), o.GetAlreadyRecorded()
-	it.latency, it.permit = max(latency, 0), o.GetPermitId()
+	it.latency, it.permit, it.lease = max(latency, 0), o.GetPermitId(), o.GetLeaseId()
 	if !it.success && !it.alreadyRecorded {
 		if it.failure, err = failureFromPB(sub(field, ".failure"), o.GetFailure()); err != nil {
 			return err

@@ -28,6 +28,7 @@ type nextDelayRequest struct {
 	hints   policy.Hints
 	prev    time.Duration // the previous delay
 	permit  string        // the HALF_OPEN probe permit the attempt used
+	lease   string        // the concurrency lease the attempt held
 }
 
 // decideNextDelay is NextDelay's decision, in domain types: an attempt
@@ -48,7 +49,9 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 		return policy.Answer{}, "", storeError(ctx, d.cfg.Logger, "attempt", err)
 	}
 	p, _ := d.store.Resolve(call.tenant, call.target)
+	d.releaseLease(ctx, &p, call, in.lease) // the attempt is over, whatever comes of it
 	if replay {
+		prior.FlowControlled = p.FlowControlled()
 		return prior, answerDetail(&prior, &p), nil
 	}
 	// This request holds the call's claim until it records its answer; a
@@ -83,12 +86,14 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 	})
 
 	// The breaker learns of every failure; a terminal answer means the
-	// upstream is up.
+	// upstream is up, and so does pushback (fleet.BreakerResult). The hint
+	// is read here too when Decide stopped before its pushback check.
 	key := policy.KeyFor(p.Breaker, call.tenant, call.target)
-	result := policy.ResultTerminal
-	if dec.Class.Category == policy.CategoryTransient {
-		result = policy.ResultTransientFailure
+	hint := dec.Hint
+	if !hint.Present && dec.Class.Category == policy.CategoryTransient && in.hints != (policy.Hints{}) {
+		hint = policy.ParseHints(in.hints, now, p.Pushback.MaxHint)
 	}
+	result := fleet.BreakerResult(dec.Class.Category, hint.Present, &p.Breaker)
 	// The changes of this decision are made durable together, at once with
 	// --sync=always (one commit, not one per change).
 	u := d.store.Begin()
@@ -97,8 +102,13 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 		return policy.Answer{}, "", storeError(ctx, d.cfg.Logger, "breaker", err)
 	}
 	dec.Checks |= policy.CheckBreaker
-	ans := policy.Answer{Breaker: snap.State, Note: dec.Hint.Note}
+	ans := policy.Answer{Breaker: snap.State, Note: dec.Hint.Note, FlowControlled: p.FlowControlled()}
 
+	if !dec.Retry && result == policy.ResultPushback && hint.Delay > 0 {
+		// Not retried, but the upstream's request for time still holds the
+		// fleet back: the cool-down is what pushback counts toward.
+		d.shareHint(ctx, u, hint, &p, key, call, now)
+	}
 	if dec.Retry {
 		timeout := (f.Kind == policy.FailureTransport && f.Transport == policy.TransportTimeout) ||
 			(f.Kind == policy.FailureGRPC && f.Code == int(codes.DeadlineExceeded))
@@ -184,12 +194,8 @@ func (d *Decisions) shared(ctx context.Context, u Changes, dec *policy.Decision,
 	}
 	cooldown := snap.CooldownUntil
 	if dec.Hint.Present && dec.Hint.Delay > 0 {
-		h := min(dec.Hint.Delay, p.Pushback.MaxHint)
-		if until, err := u.ExtendCooldown(key, p.Breaker, now.Add(h)); err == nil {
+		if until, ok := d.shareHint(ctx, u, dec.Hint, p, key, call, now); ok {
 			cooldown = until
-		} else {
-			d.cfg.Logger.WarnContext(ctx, "cool-down not shared", "call_id", call.callID, "tenant", call.tenant,
-				"target", call.target, "err", err)
 		}
 	}
 	if wait := cooldown.Sub(now); wait > dec.Delay {
@@ -232,6 +238,21 @@ func (d *Decisions) shared(ctx context.Context, u Changes, dec *policy.Decision,
 	return nil
 }
 
+// shareHint makes a server's pushback hint the fleet-wide cool-down of the
+// breaker under key (capped at p.Pushback.MaxHint) and returns the end in
+// force; ok is false, and the failure logged, when the store could not.
+func (d *Decisions) shareHint(ctx context.Context, u Changes, hint policy.Hint, p *policy.Policy, key policy.BreakerKey,
+	call callRef, now time.Time) (until time.Time, ok bool) {
+	h := min(hint.Delay, p.Pushback.MaxHint)
+	until, err := u.ExtendCooldown(key, p.Breaker, now.Add(h))
+	if err != nil {
+		d.cfg.Logger.WarnContext(ctx, "cool-down not shared", "call_id", call.callID, "tenant", call.tenant,
+			"target", call.target, "err", err)
+		return time.Time{}, false
+	}
+	return until, true
+}
+
 // decideAdmit is Admit's decision, in domain types: a call of a run past
 // its cut-off is refused (run:cutoff, the breaker not consulted);
 // otherwise the shared breaker of the call's policy admits or refuses (a
@@ -256,7 +277,7 @@ func (d *Decisions) decideAdmit(ctx context.Context, call callRef, attempt uint3
 	}
 	if a.Reason == "" {
 		p, _ := d.store.Resolve(call.tenant, call.target)
-		b, err := d.store.Admit(policy.KeyFor(p.Breaker, call.tenant, call.target), p.Breaker)
+		b, err := d.admit(&p, call)
 		if err != nil {
 			return policy.Admission{}, storeError(ctx, d.cfg.Logger, "breaker", err)
 		}
@@ -367,6 +388,7 @@ type outcomeItem struct {
 	failure         policy.Failure
 	latency         time.Duration
 	permit          string
+	lease           string
 	final           fleet.Final
 }
 

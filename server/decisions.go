@@ -136,12 +136,15 @@ func (d *Decisions) NextDelay(ctx context.Context, req *pb.NextDelayRequest) (*p
 	if err := checkName("permit_id", req.GetPermitId(), maxCallIDLen, false); err != nil {
 		return nil, err
 	}
+	if err := checkName("lease_id", req.GetLeaseId(), maxCallIDLen, false); err != nil {
+		return nil, err
+	}
 
 	if err := checkOrigin("call.origin_time", call.origin, d.cfg.Clock.Now(), d.cfg.MaxClockSkew); err != nil {
 		return nil, err
 	}
 	ans, why, err := d.decideNextDelay(ctx, &nextDelayRequest{call: call, attempt: req.GetAttempt(), failure: f,
-		hints: hints, prev: prev, permit: req.GetPermitId()})
+		hints: hints, prev: prev, permit: req.GetPermitId(), lease: req.GetLeaseId()})
 	if err != nil {
 		return nil, err
 	}
@@ -192,6 +195,7 @@ func (d *Decisions) ReportOutcome(ctx context.Context, req *pb.ReportOutcomeRequ
 		}
 	}
 	resp.Accepted -= uint32(len(resp.Refused))
+	resp.FlowControlledTargets = d.settleLeases(ctx, items[:n])
 	return resp, nil
 }
 

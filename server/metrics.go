@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
+	"github.com/policyd/policyd/fleet"
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 	"github.com/policyd/policyd/policy"
 )
@@ -27,6 +28,7 @@ const (
 	metricWatchResets  = "policyd_breaker_watch_resets_total"
 	metricBudgetTokens = "policyd_budget_tokens"
 	metricRPCDuration  = "policyd_rpc_duration_seconds"
+	metricLeases       = "policyd_leases_total"
 )
 
 // otherLabel replaces a target or tenant label past the cardinality cap.
@@ -90,6 +92,7 @@ type Metrics struct {
 	attempts     *prometheus.HistogramVec
 	budgetTokens *prometheus.GaugeVec
 	rpcDuration  *prometheus.HistogramVec
+	leases       *prometheus.CounterVec
 	grpc         *grpcprom.ServerMetrics
 	breakers     *breakerCollector
 	targets      *labelCap
@@ -129,13 +132,17 @@ func NewMetrics(reg prometheus.Registerer, opts MetricsOptions) (*Metrics, error
 			Help:    "Time to answer an RPC (for streams: how long the stream lasted), by service, method and status code.",
 			Buckets: rpcBuckets,
 		}, []string{"service", "method", "code"}),
+		leases: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: metricLeases,
+			Help: "Concurrency leases by target and result: granted, full (the concurrency ceiling refused), rate_limited (the rate ceiling did), refused (the breaker did), stray_release (a release of a lease not held, ignored).",
+		}, []string{"target", "result"}),
 		grpc: grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
 			grpcprom.WithHistogramBuckets(rpcBuckets))),
 		targets: newLabelCap(opts.MaxTargets),
 		tenants: newLabelCap(opts.MaxTenants),
 	}
 	m.breakers = newBreakerCollector(opts.WatchBuffer, m.tenants, m.targets)
-	for _, c := range []prometheus.Collector{m.decisions, m.attempts, m.budgetTokens, m.rpcDuration, m.grpc, m.breakers} {
+	for _, c := range []prometheus.Collector{m.decisions, m.attempts, m.budgetTokens, m.rpcDuration, m.leases, m.grpc, m.breakers} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -193,6 +200,31 @@ func (m *Metrics) successes(outs []*pb.Outcome) {
 		}
 		obs.Observe(float64(o.GetAttempt()))
 	}
+}
+
+// lease counts an admission under a concurrency ceiling.
+func (m *Metrics) lease(target string, granted bool, reason string) {
+	if m == nil {
+		return
+	}
+	result := "refused"
+	switch {
+	case granted:
+		result = "granted"
+	case reason == fleet.ReasonFull:
+		result = "full"
+	case reason == fleet.ReasonRate:
+		result = "rate_limited"
+	}
+	m.leases.WithLabelValues(m.targets.label(target), result).Inc()
+}
+
+// strayRelease counts a release of a lease not held.
+func (m *Metrics) strayRelease(target string) {
+	if m == nil {
+		return
+	}
+	m.leases.WithLabelValues(m.targets.label(target), "stray_release").Inc()
 }
 
 // tokens sets the tokens left in tenant's budget.

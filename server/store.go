@@ -25,6 +25,7 @@ type Store interface {
 	Audit
 	Outcomes
 	Attempts
+	Leases
 	Keys
 	// Begin starts a batch for the state changes of one request
 	// (NextDelay's breaker failure, cool-down, retry spend, attempt record
@@ -61,6 +62,31 @@ type Changes = interface {
 	// Commit makes every change durable, in one transaction where the
 	// store commits before answering; nothing rolls back.
 	Commit() error
+}
+
+// Leases holds the fleet-wide ceilings (policy.FlowConfig) per breaker
+// key, by fleet.Flow's rules: the concurrency leases live, each an
+// unguessable id with an expiry (at most the ceiling live at once; a lease
+// past its expiry no longer counts, so a crashed worker cannot leak one),
+// and the GCRA rate account (never more than rate x time + burst).
+type Leases interface {
+	// AdmitFlow admits an attempt under lim's ceilings: a rate slot, then
+	// one of at most lim.Ceiling live leases under key expiring after
+	// lim.LeaseTTL, then the breaker under key as Admit asks it; what was
+	// taken is given back at once when a later step refuses. A rate
+	// ceiling refuses with reason rate:limited and the exact wait, a full
+	// ceiling with concurrency:full and lim.FullWait (or less when a lease
+	// expires sooner), without asking the breaker. An admitted Admission
+	// carries LeaseID and LeaseExpiry (when there is a concurrency
+	// ceiling) besides the breaker's answer.
+	AdmitFlow(key policy.BreakerKey, cfg policy.BreakerConfig, lim policy.FlowLimits) (policy.Admission, error)
+	// ReleaseLease returns lease id under key and reports whether it was
+	// held; one not held (expired, returned before, never handed out) is
+	// ignored and counted, never an error.
+	ReleaseLease(key policy.BreakerKey, id string) (bool, error)
+	// Pool returns the ceiling's live leases and stray releases under key,
+	// the zero status when there are none.
+	Pool(key policy.BreakerKey) (policy.PoolStatus, error)
 }
 
 // Keys is the idempotency ledger: records keyed by tenant and idempotency

@@ -24,7 +24,8 @@ func (w workers) WatchBreakers(req *pb.WatchBreakersRequest, stream grpc.ServerS
 
 // watcher serves breaker watches from the store's subscriptions.
 type watcher struct {
-	store Breakers
+	store    Breakers
+	policies Policies // which targets have a ceiling, told with the snapshot
 	// buffer is the number of changes that may queue behind a client that
 	// does not read; the snapshot never counts against it.
 	buffer int
@@ -57,7 +58,11 @@ func (w *watcher) serve(req *pb.WatchBreakersRequest, stream grpc.ServerStreamin
 		for {
 			select {
 			case ev := <-out:
-				if err := stream.Send(watchMessage(ev)); err != nil {
+				msg := watchMessage(ev)
+				if ev.SnapshotDone {
+					w.flowTargets(req.GetTenant(), msg)
+				}
+				if err := stream.Send(msg); err != nil {
 					sent <- err
 					return
 				}

@@ -299,6 +299,9 @@ func policyCmd(c *clientFlags) *cobra.Command {
 	}
 	var (
 		maxAttempts, threshold, probes   uint32
+		maxInFlight, burst               uint32
+		maxRate                          float64
+		countPushback                    bool
 		base, maxDelay, attemptTO, dline time.Duration
 		cooldown                         time.Duration
 		factor                           float64
@@ -360,6 +363,23 @@ func policyCmd(c *clientFlags) *cobra.Command {
 			if fl.Changed("probes") {
 				p.Breaker.HalfOpenProbes = &probes
 			}
+			if fl.Changed("count-pushback") {
+				p.Breaker.CountPushback = countPushback
+			}
+			if fl.Changed("max-in-flight") || fl.Changed("max-rate") || fl.Changed("burst") {
+				if p.Flow == nil {
+					p.Flow = &pb.FlowSettings{}
+				}
+				if fl.Changed("max-in-flight") {
+					p.Flow.MaxInFlight = &maxInFlight
+				}
+				if fl.Changed("max-rate") {
+					p.Flow.MaxRate = &maxRate
+				}
+				if fl.Changed("burst") {
+					p.Flow.Burst = &burst
+				}
+			}
 			if fl.Changed("breaker-mode") {
 				v, ok := pb.BreakerMode_value["BREAKER_MODE_"+strings.ToUpper(strings.ReplaceAll(mode, "-", "_"))]
 				if !ok {
@@ -394,6 +414,10 @@ func policyCmd(c *clientFlags) *cobra.Command {
 	f.Uint32Var(&probes, "probes", 1, "HALF_OPEN probe permits handed out fleet-wide")
 	f.StringVar(&mode, "breaker-mode", "consecutive", "consecutive or failure-rate")
 	f.StringVar(&bscope, "breaker-scope", "tenant-target", "tenant-target or target")
+	f.BoolVar(&countPushback, "count-pushback", false, "count failures that carried a pushback hint toward the breaker")
+	f.Uint32Var(&maxInFlight, "max-in-flight", 0, "fleet-wide concurrency ceiling, in attempts (unset: none)")
+	f.Float64Var(&maxRate, "max-rate", 0, "fleet-wide rate ceiling, in attempts per second (unset: none)")
+	f.Uint32Var(&burst, "burst", 1, "attempts the rate ceiling admits at once")
 
 	get := &cobra.Command{
 		Use: "get", Short: "Show the policy of a scope (--effective: the one that applies)", Args: cobra.NoArgs,
@@ -463,8 +487,27 @@ func printPolicy(w io.Writer, e *pb.PolicyEntry) {
 		{"breaker opens after", fmt.Sprintf("%d failures in a row, or a %g failure rate over %s (at least %d calls)",
 			br.GetConsecutiveFailures(), br.GetFailureRate(), dur(br.GetWindow()), br.GetMinCalls())},
 		{"breaker cool-down", fmt.Sprintf("%s, then %d probe permits (each within %s)", dur(br.GetCooldown()), br.GetHalfOpenProbes(), dur(br.GetProbeTimeout()))},
+		{"flow ceilings", flowText(p.GetFlow())},
 	}
 	table(w, "FIELD\tVALUE", rows)
+}
+
+// flowText describes a policy's fleet-wide ceilings, or "none".
+func flowText(f *pb.FlowSettings) string {
+	if f == nil {
+		return "none"
+	}
+	var parts []string
+	if f.MaxInFlight != nil {
+		parts = append(parts, fmt.Sprintf("at most %d in flight (lease slack %s)", f.GetMaxInFlight(), f.GetLeaseSlack().AsDuration()))
+	}
+	if f.MaxRate != nil {
+		parts = append(parts, fmt.Sprintf("at most %g per second, burst %d", f.GetMaxRate(), max(f.GetBurst(), 1)))
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, "; ")
 }
 
 // joinCodes lists codes by name, or "-" for none.
@@ -555,7 +598,12 @@ func breakerCmd(c *clientFlags) *cobra.Command {
 	cmd := &cobra.Command{Use: "breaker", Short: "Inspect, reset or force one breaker"}
 	var tenant string
 	key := func(target string) *pb.BreakerKey { return &pb.BreakerKey{Tenant: tenant, Target: target} }
-	one := func(w io.Writer, b *pb.Breaker) { printBreakers(w, []*pb.Breaker{b}) }
+	one := func(w io.Writer, b *pb.Breaker) {
+		printBreakers(w, []*pb.Breaker{b})
+		if b.GetLeasesInFlight() > 0 || b.GetStrayReleases() > 0 {
+			fmt.Fprintf(w, "concurrency leases in flight: %d; releases of leases not held: %d\n", b.GetLeasesInFlight(), b.GetStrayReleases())
+		}
+	}
 	get := &cobra.Command{
 		Use: "get TARGET", Short: "Show one breaker", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {

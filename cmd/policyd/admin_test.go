@@ -70,6 +70,21 @@ func TestAdminCLIPolish(t *testing.T) {
 		}
 	})
 
+	t.Run("policy set takes and shows the flow ceilings", func(t *testing.T) {
+		out, err := cli(t, dir, "policy", "set", "--tenant", "acme", "--target", "portal", "--max-in-flight", "12",
+			"--max-rate", "50", "--burst", "5")
+		if err != nil {
+			t.Fatalf("policy set: %v: %s", err, out)
+		}
+		if !strings.Contains(out, "at most 12 in flight") || !strings.Contains(out, "at most 50 per second, burst 5") {
+			t.Errorf("policy set does not show the ceilings:\n%s", out)
+		}
+		out, err = cli(t, dir, "policy", "set", "--tenant", "acme", "--target", "portal", "--max-in-flight", "0")
+		if err == nil || !strings.Contains(out, "flow.max_in_flight") {
+			t.Errorf("policy set --max-in-flight 0: got %v:\n%s\nwant a refusal naming flow.max_in_flight", err, out)
+		}
+	})
+
 	t.Run("errors read without internal prefixes", func(t *testing.T) {
 		// Failed before the fix: "rpc error: code = NotFound desc = tenant
 		// \"ghost\": breakerstore: not found: budget of tenant \"ghost\"".

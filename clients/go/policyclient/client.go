@@ -137,6 +137,7 @@ type Client struct {
 	workers  pb.RetryPolicyServiceClient
 	local    *localPolicy
 	breakers *breakerCache
+	flow     *flowCache
 	runs     runCutoffs
 	out      *outcomes
 
@@ -189,6 +190,7 @@ func New(conn grpc.ClientConnInterface, cfg Config) (*Client, error) {
 		workers:  pb.NewRetryPolicyServiceClient(conn),
 		local:    newLocalPolicy(cfg),
 		breakers: newBreakerCache(cfg.Tenant),
+		flow:     newFlowCache(),
 		stop:     stop,
 	}
 	c.out = newOutcomes(c, cfg)

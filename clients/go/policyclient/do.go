@@ -311,6 +311,7 @@ type loop struct {
 	cutoff  time.Time     // the run's cut-off, once known
 	timeout time.Duration // for the next attempt
 	prev    time.Duration // the last delay
+	lease   string        // the concurrency lease the attempt holds; returned by the next report or NextDelay
 	res     Result
 	// claimAlways is Call.ClaimKey; resultRef what fn set (SetResultRef).
 	claimAlways bool
@@ -429,14 +430,23 @@ func (l *loop) end(d Disposition, stop StopReason, attempt int, unrecorded *pb.F
 	return l.res
 }
 
+// report queues o, which returns the lease the attempt held, if any: the
+// batcher is then asked to send at once, so the lease's slot is free for
+// another worker without waiting for a tick.
 func (l *loop) report(o outcome) {
 	o.call = l.call
+	o.lease, l.lease = l.lease, ""
 	l.c.out.add(o)
+	if o.lease != "" {
+		l.c.out.kick()
+	}
 }
 
 // admit asks whether attempt may go ahead; it returns a probe permit when
-// one was handed out. It waits out a fleet-wide cool-down when the deadline
-// allows. ok false means the call ended (l.res is set).
+// one was handed out, and keeps the concurrency lease, when the target has
+// a ceiling, in l.lease. It waits out a fleet-wide cool-down, and a full
+// ceiling, when the deadline allows: neither wait counts an attempt or
+// spends budget. ok false means the call ended (l.res is set).
 func (l *loop) admit(attempt int) (permit string, ok bool) {
 	cut, runKnown := l.runCut()
 	if cut {
@@ -446,7 +456,8 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 	}
 	for {
 		b, known := l.c.breakers.lookup(l.call.target)
-		if runKnown && known && b.cooldownUntil.IsZero() &&
+		flow := l.c.flow.controlled(l.call.target)
+		if runKnown && known && !flow && b.cooldownUntil.IsZero() &&
 			(b.state == pb.BreakerState_BREAKER_STATE_CLOSED || b.state == pb.BreakerState_BREAKER_STATE_DISABLED) {
 			return "", true // the common case, without reading the clock
 		}
@@ -455,11 +466,11 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 			switch {
 			case b.cooldownUntil.After(now):
 				// Another worker was told to back off: wait with it.
-				if !l.waitFor(b.cooldownUntil.Sub(now), attempt) {
+				if !l.waitFor(b.cooldownUntil.Sub(now), attempt, "cooldown:pushback") {
 					return "", false
 				}
 				continue
-			case runKnown && (b.state == pb.BreakerState_BREAKER_STATE_CLOSED || b.state == pb.BreakerState_BREAKER_STATE_DISABLED):
+			case runKnown && !flow && (b.state == pb.BreakerState_BREAKER_STATE_CLOSED || b.state == pb.BreakerState_BREAKER_STATE_DISABLED):
 				return "", true
 			case b.state == pb.BreakerState_BREAKER_STATE_OPEN && (b.forced || b.openUntil.After(now)):
 				l.c.stats.fastFails.Add(1)
@@ -484,15 +495,17 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 			l.c.failed(err)
 			return "", true
 		}
+		l.c.flow.learn(l.call.target, resp.GetFlowControlled())
 		if c := resp.GetRunCutoffTime(); c != nil && l.call.runID != "" {
 			l.cutoff, runKnown = c.AsTime(), true
 			l.c.runs.learn(l.call.runID, l.cutoff)
 		}
 		if resp.GetAdmitted() {
+			l.lease = resp.GetLeaseId()
 			return resp.GetPermitId(), true
 		}
-		if resp.GetReason() == "cooldown:pushback" {
-			if !l.waitFor(resp.GetRetryAfter().AsDuration(), attempt) {
+		if r := resp.GetReason(); r == "cooldown:pushback" || r == "concurrency:full" || r == "rate:limited" {
+			if !l.waitFor(resp.GetRetryAfter().AsDuration(), attempt, r) {
 				return "", false
 			}
 			continue
@@ -507,14 +520,18 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 	}
 }
 
-// waitFor waits out a fleet-wide cool-down of d before an attempt, unless
-// the attempt could then not finish by the deadline. The wait is spread
-// like policyd spreads a hint, over [d, d + max(d/10, 250ms)], so the
-// workers held by one cool-down do not all call at the instant it ends.
-func (l *loop) waitFor(d time.Duration, attempt int) bool {
-	d += time.Duration(rand.Float64() * float64(max(d/10, 250*time.Millisecond)))
+// waitFor waits out a fleet-wide cool-down or a full ceiling (reason) of
+// d before an attempt, unless the attempt could then not finish by the
+// deadline. The wait is spread like policyd spreads a hint, over [d, d +
+// max(d/10, 250ms)], so the workers held by one cool-down do not all call
+// at the instant it ends; a rate ceiling's wait is exact (policyd's GCRA
+// computed it for this request) and is not spread.
+func (l *loop) waitFor(d time.Duration, attempt int, reason string) bool {
+	if reason != "rate:limited" {
+		d += time.Duration(rand.Float64() * float64(max(d/10, 250*time.Millisecond)))
+	}
 	if deadline, cut := l.cutoffBinds(); !deadline.IsZero() && l.c.cfg.Now().Add(d+l.timeout).After(deadline) {
-		l.res.Reason = "cooldown:pushback"
+		l.res.Reason = reason
 		disp := DeadLetter
 		if cut {
 			disp = DeadlineCut
@@ -538,10 +555,12 @@ func (l *loop) next(attempt int, f failure, permit string, timedOut bool) decisi
 		l.c.out.flushNow(ctx)
 		resp, err := l.c.workers.NextDelay(ctx, &pb.NextDelayRequest{
 			Call: l.pbRef(), Attempt: uint32(attempt), Failure: f.pb, Pushback: f.pushback,
-			PreviousDelay: durationpb.New(l.prev), PermitId: permit,
+			PreviousDelay: durationpb.New(l.prev), PermitId: permit, LeaseId: l.lease,
 		})
 		cancel()
 		if err == nil {
+			l.lease = "" // NextDelay returned it
+			l.c.flow.learn(l.call.target, resp.GetFlowControlled())
 			return decision{
 				retry: resp.GetDecision() == pb.Decision_DECISION_RETRY, delay: resp.GetDelay().AsDuration(),
 				stopReason: resp.GetStopReason(), disposition: resp.GetDisposition(),

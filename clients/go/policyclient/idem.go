@@ -50,7 +50,7 @@ func (l *loop) claim(attempt int) (lease string, ok bool) {
 			return "", false
 		case pb.KeyState_KEY_STATE_IN_FLIGHT:
 			// Another worker's attempt holds the key: wait for its end.
-			if !l.waitFor(resp.GetRetryAfter().AsDuration(), attempt) {
+			if !l.waitFor(resp.GetRetryAfter().AsDuration(), attempt, resp.GetReason()) {
 				l.res.Reason = resp.GetReason()
 				return "", false
 			}

@@ -23,6 +23,7 @@ type outcome struct {
 	alreadyRecorded bool
 	failure         *pb.Failure
 	permit          string
+	lease           string
 	latency         time.Duration
 	final           pb.Disposition
 	stop            pb.StopReason
@@ -32,7 +33,7 @@ type outcome struct {
 func (o *outcome) pb() *pb.Outcome {
 	m := &pb.Outcome{
 		Call: o.call.outcomeRef(o.final), Attempt: uint32(o.attempt), Success: o.success, Failure: o.failure,
-		PermitId: o.permit, FinalDisposition: o.final, FinalStopReason: o.stop, AlreadyRecorded: o.alreadyRecorded,
+		PermitId: o.permit, LeaseId: o.lease, FinalDisposition: o.final, FinalStopReason: o.stop, AlreadyRecorded: o.alreadyRecorded,
 	}
 	if o.latency > 0 {
 		m.Latency = durationpb.New(o.latency)
@@ -106,6 +107,15 @@ func (o *outcomes) add(out outcome) {
 		case o.wake <- struct{}{}:
 		default: // already signalled
 		}
+	}
+}
+
+// kick asks the batcher to send what is queued soon, without waiting: an
+// outcome that returns a concurrency lease should not sit out a tick.
+func (o *outcomes) kick() {
+	select {
+	case o.wake <- struct{}{}:
+	default: // already signalled
 	}
 }
 
@@ -211,10 +221,11 @@ var errPaused = errors.New("policyclient: reporting paused after a failure")
 // an error only for a failure that may pass (the batch stays pending).
 func (o *outcomes) send(ctx context.Context, batch []*pb.Outcome) error {
 	sctx, cancel := context.WithTimeout(ctx, 4*o.c.cfg.DecisionTimeout)
-	_, err := o.c.workers.ReportOutcome(sctx, &pb.ReportOutcomeRequest{Outcomes: batch})
+	resp, err := o.c.workers.ReportOutcome(sctx, &pb.ReportOutcomeRequest{Outcomes: batch})
 	cancel()
 	switch {
 	case err == nil:
+		o.c.flow.reported(batch, resp)
 		o.c.stats.sent.Add(uint64(len(batch)))
 		o.c.stats.batches.Add(1)
 		return nil

@@ -156,6 +156,7 @@ func (b *breakerCache) follow(ctx context.Context, c *Client) bool {
 		}
 		switch {
 		case msg.GetSnapshotComplete():
+			c.flow.snapshot(msg)
 			b.mu.Lock()
 			b.m = fresh
 			b.live.Store(true)

@@ -290,6 +290,13 @@ class BreakerCache:
         self._cond = threading.Condition()
         self._live = False
         self._m: dict[tuple[str, str], CachedBreaker] = {}
+        # Which targets have a fleet-wide ceiling (a policy's flow settings):
+        # from the snapshot, then from Admit and NextDelay answers. Before
+        # the first snapshot every target is taken to have one, so the first
+        # Admit tells.
+        self._flow: dict[str, bool] = {}
+        self._flow_known = False
+        self._flow_other = False
         #: Called (on the updating thread) after every change; the asyncio
         #: client wakes its waiters with it.
         self.on_change: Optional[Callable[[], None]] = None
@@ -300,6 +307,7 @@ class BreakerCache:
         self._cond = threading.Condition()
         self._live = False
         self._m = {}
+        self._flow, self._flow_known, self._flow_other = {}, False, False
 
     @property
     def live(self) -> bool:
@@ -316,6 +324,27 @@ class BreakerCache:
             if b is None:
                 b = self._m.get(("", target))
             return b if b is not None else _CLOSED
+
+    def flow_controlled(self, target: str) -> bool:
+        """Says whether attempts to target must ask Admit for a lease or a
+        rate slot, even while the breaker is CLOSED."""
+        with self._cond:
+            v = self._flow.get(target)
+            if v is not None:
+                return v
+            return not self._flow_known or self._flow_other
+
+    def learn_flow(self, target: str, controlled: bool) -> None:
+        """Records what an Admit or NextDelay answer said of target."""
+        with self._cond:
+            self._flow[target] = controlled
+
+    def flow_snapshot(self, msg: rpb.WatchBreakersResponse) -> None:
+        """Installs the flow-controlled targets of a snapshot_complete message."""
+        fresh = {t: True for t in msg.flow_controlled_targets}
+        fresh.update({t: False for t in msg.uncontrolled_targets})
+        with self._cond:
+            self._flow, self._flow_known, self._flow_other = fresh, True, msg.other_targets_flow_controlled
 
     def replace(self, fresh: dict[tuple[str, str], CachedBreaker]) -> None:
         """Installs a complete snapshot; the cache answers from now on."""
@@ -587,6 +616,7 @@ class PendingOutcome(NamedTuple):
     already_recorded: bool = False
     failure: Optional[types_pb2.Failure] = None
     permit: str = ""
+    lease: str = ""
     latency: float = 0.0
     final: int = types_pb2.DISPOSITION_UNSPECIFIED
     stop: int = types_pb2.STOP_REASON_UNSPECIFIED
@@ -595,7 +625,7 @@ class PendingOutcome(NamedTuple):
     def pb(self) -> rpb.Outcome:
         """Returns the Outcome message."""
         o = rpb.Outcome(
-            call=self.call.outcome_ref(), attempt=self.attempt, success=self.success, permit_id=self.permit,
+            call=self.call.outcome_ref(), attempt=self.attempt, success=self.success, permit_id=self.permit, lease_id=self.lease,
             final_disposition=self.final, final_stop_reason=self.stop, already_recorded=self.already_recorded,  # type: ignore[arg-type]
             deduplicated=self.deduplicated,
         )
@@ -629,6 +659,14 @@ class CallState(Generic[T]):
         self.error: Optional[BaseException] = None
         self.local = False
         self.value: Optional[T] = None
+        #: The concurrency lease the attempt holds; the next outcome or
+        #: NextDelay returns it.
+        self.lease = ""
+
+    def take_lease(self) -> str:
+        """Returns the lease held, which the caller returns, and forgets it."""
+        lease, self.lease = self.lease, ""
+        return lease
 
     @property
     def ref(self) -> types_pb2.CallRef:
@@ -661,13 +699,13 @@ class CallState(Generic[T]):
     def succeed(self, attempt: int, permit: str, latency: float, value: T) -> PendingOutcome:
         """Ends the call with success; returns the outcome to report."""
         self.disposition, self.error, self.value = Disposition.SUCCEEDED, None, value
-        return PendingOutcome(self.info, attempt, success=True, permit=permit, latency=latency,
+        return PendingOutcome(self.info, attempt, success=True, permit=permit, lease=self.take_lease(), latency=latency,
                               final=types_pb2.DISPOSITION_SUCCEEDED)
 
     def failure(self, attempt: int, failure: types_pb2.Failure, permit: str, latency: float) -> PendingOutcome:
         """Returns the outcome of a failed attempt policyd has not seen (it was
         decided locally)."""
-        return PendingOutcome(self.info, attempt, failure=failure, permit=permit, latency=latency)
+        return PendingOutcome(self.info, attempt, failure=failure, permit=permit, lease=self.take_lease(), latency=latency)
 
     def end(
         self,
@@ -682,7 +720,7 @@ class CallState(Generic[T]):
         was already recorded by NextDelay."""
         self.disposition, self.stop_reason = disposition, stop
         return PendingOutcome(
-            self.info, max(attempt, 1), already_recorded=unrecorded is None, failure=unrecorded,
+            self.info, max(attempt, 1), already_recorded=unrecorded is None, failure=unrecorded, lease=self.take_lease(),
             final=disposition.to_pb(), stop=stop.to_pb() if stop is not None else types_pb2.STOP_REASON_UNSPECIFIED,
         )
 
@@ -709,6 +747,8 @@ def stop_reason(r: int) -> Optional[StopReason]:
 
 # Admit refusals that ask the caller to wait and ask again.
 COOLDOWN = "cooldown:pushback"
+CEILING_FULL = "concurrency:full"
+RATE_LIMITED = "rate:limited"
 #: Admit's reason for a call of a run past its cut-off.
 RUN_CUTOFF = "run:cutoff"
 #: The longest Call.triage_ref, in bytes.
@@ -748,6 +788,7 @@ class WatchSession:
     def feed(self, msg: rpb.WatchBreakersResponse) -> None:
         """Applies one message of the stream."""
         if msg.snapshot_complete:
+            self._cache.flow_snapshot(msg)
             self._cache.replace(self._fresh)
             self.complete = True
             return

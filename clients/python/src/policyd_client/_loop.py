@@ -29,7 +29,9 @@ from retrypolicy.v1 import retry_policy_service_pb2 as rpb
 from retrypolicy.v1 import types_pb2
 
 from ._core import (
+    CEILING_FULL,
     COOLDOWN,
+    RATE_LIMITED,
     RUN_CUTOFF,
     CallState,
     Core,
@@ -197,13 +199,14 @@ def _admit(core: Core, st: CallState[Any], attempt: int) -> Generator[Effect, An
     while True:
         now = core.now()
         b = core.cache.lookup(st.info.target)
+        flow = core.cache.flow_controlled(st.info.target)
         if b is not None:
             verdict = admit_from_cache(b, now)
             if verdict == "wait":
                 if not (yield from _cooldown(core, st, b.cooldown_until - now)):
                     return None
                 continue
-            if verdict == "go" and run_known:
+            if verdict == "go" and run_known and not flow:
                 return ""
             if verdict == "open":
                 core.count("fast_fails")
@@ -217,14 +220,17 @@ def _admit(core: Core, st: CallState[Any], attempt: int) -> Generator[Effect, An
         if isinstance(resp, BaseException):  # policyd away, slow, or the channel closed
             core.failed(resp)
             return ""
+        core.cache.learn_flow(st.info.target, resp.flow_controlled)
         if st.info.run_id and resp.HasField("run_cutoff_time"):
             st.cutoff = from_timestamp(resp.run_cutoff_time)
             core.learn_cutoff(st.info.run_id, st.cutoff)
             run_known = True
         if resp.admitted:
+            st.lease = str(resp.lease_id)
             return str(resp.permit_id)
-        if resp.reason == COOLDOWN:
-            if not (yield from _cooldown(core, st, from_duration(resp.retry_after))):
+        if resp.reason in (COOLDOWN, CEILING_FULL, RATE_LIMITED):
+            # Waiting for a cool-down or a ceiling counts no attempt.
+            if not (yield from _cooldown(core, st, from_duration(resp.retry_after), resp.reason)):
                 return None
             continue
         st.reason = resp.reason
@@ -235,14 +241,16 @@ def _admit(core: Core, st: CallState[Any], attempt: int) -> Generator[Effect, An
         return None
 
 
-def _cooldown(core: Core, st: CallState[Any], d: float) -> Generator[Effect, Any, bool]:
-    """Waits out a fleet-wide cool-down of d seconds (spread) before an
-    attempt, unless the attempt could then not finish by the deadline; says
-    whether to go on."""
-    d = core.spread(d)
+def _cooldown(core: Core, st: CallState[Any], d: float, reason: str = COOLDOWN) -> Generator[Effect, Any, bool]:
+    """Waits out a fleet-wide cool-down or a full ceiling (reason) of d
+    seconds (spread; a rate ceiling's exact wait is not) before an attempt,
+    unless the attempt could then not finish by the deadline; says whether
+    to go on."""
+    if reason != RATE_LIMITED:
+        d = core.spread(d)
     deadline, cut = _binding_deadline(st)
     if deadline is not None and core.now() + d + st.timeout > deadline:
-        st.reason = COOLDOWN
+        st.reason = reason
         yield Report(st.end(Disposition.DEADLINE_CUT if cut else Disposition.DEAD_LETTER, StopReason.DEADLINE, st.attempts))
         return False
     if (yield Sleep(d)):
@@ -254,12 +262,14 @@ def _decide(core: Core, st: CallState[Any], attempt: int, f: ClassifiedFailure, 
     """Asks policyd what to do after a failed attempt, or decides locally
     when policyd does not answer within the decision timeout."""
     if core.reachable():
-        req = rpb.NextDelayRequest(call=st.ref, attempt=attempt, failure=f.failure, permit_id=permit)
+        req = rpb.NextDelayRequest(call=st.ref, attempt=attempt, failure=f.failure, permit_id=permit, lease_id=st.lease)
         if f.pushback is not None:
             req.pushback.CopyFrom(f.pushback)
         req.previous_delay.FromNanoseconds(int(st.prev * 1e9))
         resp = yield Decide(req)
         if not isinstance(resp, BaseException):
+            st.lease = ""  # NextDelay returned it
+            core.cache.learn_flow(st.info.target, resp.flow_controlled)
             return decision_from_pb(resp)
         core.failed(resp)
     core.count("local_decisions")

@@ -161,7 +161,10 @@ type NextDelayRequest struct {
 	PreviousDelay *durationpb.Duration `protobuf:"bytes,5,opt,name=previous_delay,json=previousDelay,proto3" json:"previous_delay,omitempty"`
 	// permit_id is the HALF_OPEN probe permit the failed attempt used, if any;
 	// it releases the permit's slot.
-	PermitId      string `protobuf:"bytes,6,opt,name=permit_id,json=permitId,proto3" json:"permit_id,omitempty"`
+	PermitId string `protobuf:"bytes,6,opt,name=permit_id,json=permitId,proto3" json:"permit_id,omitempty"`
+	// lease_id is the concurrency lease the failed attempt held, if any; it
+	// is returned.
+	LeaseId       string `protobuf:"bytes,7,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -238,6 +241,13 @@ func (x *NextDelayRequest) GetPermitId() string {
 	return ""
 }
 
+func (x *NextDelayRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
 // NextDelayResponse is RETRY with a delay, or STOP with a reason.
 type NextDelayResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -269,9 +279,13 @@ type NextDelayResponse struct {
 	// tenant_budget, run_budget).
 	Checks []string `protobuf:"bytes,12,rep,name=checks,proto3" json:"checks,omitempty"`
 	// detail is a short human-readable explanation of the decision.
-	Detail        string `protobuf:"bytes,13,opt,name=detail,proto3" json:"detail,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Detail string `protobuf:"bytes,13,opt,name=detail,proto3" json:"detail,omitempty"`
+	// flow_controlled is true when the target's policy has a fleet-wide
+	// ceiling (flow.max_in_flight): every attempt must ask Admit for a lease,
+	// even while the breaker is CLOSED.
+	FlowControlled bool `protobuf:"varint,14,opt,name=flow_controlled,json=flowControlled,proto3" json:"flow_controlled,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *NextDelayResponse) Reset() {
@@ -395,6 +409,13 @@ func (x *NextDelayResponse) GetDetail() string {
 	return ""
 }
 
+func (x *NextDelayResponse) GetFlowControlled() bool {
+	if x != nil {
+		return x.FlowControlled
+	}
+	return false
+}
+
 // Outcome is the result of one attempt, reported after the fact.
 type Outcome struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -420,6 +441,9 @@ type Outcome struct {
 	// already_recorded is true when this failure was already told to NextDelay
 	// and must not be counted again by the breaker.
 	AlreadyRecorded bool `protobuf:"varint,9,opt,name=already_recorded,json=alreadyRecorded,proto3" json:"already_recorded,omitempty"`
+	// lease_id is the concurrency lease the attempt held, if any; it is
+	// returned.
+	LeaseId string `protobuf:"bytes,10,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
 	// deduplicated says the idempotency ledger answered the call with an
 	// earlier attempt's success (ClaimKey SUCCEEDED): only with success and
 	// final_disposition SUCCEEDED; the run's ledger counts it.
@@ -521,6 +545,13 @@ func (x *Outcome) GetAlreadyRecorded() bool {
 	return false
 }
 
+func (x *Outcome) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
 func (x *Outcome) GetDeduplicated() bool {
 	if x != nil {
 		return x.Deduplicated
@@ -582,9 +613,14 @@ type ReportOutcomeResponse struct {
 	Accepted uint32 `protobuf:"varint,1,opt,name=accepted,proto3" json:"accepted,omitempty"`
 	// refused lists the outcomes the fleet's state refused, in batch order;
 	// the rest of the batch was applied.
-	Refused       []*OutcomeRefusal `protobuf:"bytes,2,rep,name=refused,proto3" json:"refused,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Refused []*OutcomeRefusal `protobuf:"bytes,2,rep,name=refused,proto3" json:"refused,omitempty"`
+	// flow_controlled_targets lists, once each, the targets of the batch's
+	// outcomes whose policy has a fleet-wide ceiling (flow.max_in_flight), so
+	// a client that skips Admit while a breaker is CLOSED learns within one
+	// report that it must ask for leases; the batch's other targets have none.
+	FlowControlledTargets []string `protobuf:"bytes,3,rep,name=flow_controlled_targets,json=flowControlledTargets,proto3" json:"flow_controlled_targets,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *ReportOutcomeResponse) Reset() {
@@ -627,6 +663,13 @@ func (x *ReportOutcomeResponse) GetAccepted() uint32 {
 func (x *ReportOutcomeResponse) GetRefused() []*OutcomeRefusal {
 	if x != nil {
 		return x.Refused
+	}
+	return nil
+}
+
+func (x *ReportOutcomeResponse) GetFlowControlledTargets() []string {
+	if x != nil {
+		return x.FlowControlledTargets
 	}
 	return nil
 }
@@ -774,15 +817,30 @@ type AdmitResponse struct {
 	RetryAfter *durationpb.Duration `protobuf:"bytes,4,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
 	// reason says why: breaker:closed, breaker:open, breaker:probe,
 	// breaker:probes_taken, cooldown:pushback, run:cutoff (the call's run is
-	// past its cut-off: end the call DEADLINE_CUT without making the attempt).
+	// past its cut-off: end the call DEADLINE_CUT without making the attempt),
+	// concurrency:full (every lease of the ceiling is out; retry_after is how
+	// long to wait before asking again: the policy's backoff base delay, or
+	// less when a lease expires sooner), rate:limited (the rate ceiling;
+	// retry_after is the exact wait). A client waits out the last two without
+	// counting an attempt.
 	Reason string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
 	// run_cutoff_time is the cut-off of the call's run, when the call names
 	// one. A client keeps it per run and checks it with its own clock before
 	// every attempt, so the cut-off holds while it skips Admit (a CLOSED
 	// breaker): one Admit per run and client tells it.
 	RunCutoffTime *timestamppb.Timestamp `protobuf:"bytes,20,opt,name=run_cutoff_time,json=runCutoffTime,proto3" json:"run_cutoff_time,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// lease_id is set when the target has a concurrency ceiling and the
+	// attempt was admitted: 32 hex digits, unguessable. Return it with the
+	// attempt's outcome (NextDelay or ReportOutcome) or ReleaseLease.
+	LeaseId string `protobuf:"bytes,6,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// lease_expire_time is when an unreturned lease frees its slot.
+	LeaseExpireTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=lease_expire_time,json=leaseExpireTime,proto3" json:"lease_expire_time,omitempty"`
+	// flow_controlled is true when the target's policy has a fleet-wide
+	// ceiling (concurrency or rate): ask Admit before every attempt, even
+	// while CLOSED.
+	FlowControlled bool `protobuf:"varint,8,opt,name=flow_controlled,json=flowControlled,proto3" json:"flow_controlled,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *AdmitResponse) Reset() {
@@ -857,6 +915,130 @@ func (x *AdmitResponse) GetRunCutoffTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *AdmitResponse) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+func (x *AdmitResponse) GetLeaseExpireTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LeaseExpireTime
+	}
+	return nil
+}
+
+func (x *AdmitResponse) GetFlowControlled() bool {
+	if x != nil {
+		return x.FlowControlled
+	}
+	return false
+}
+
+// ReleaseLeaseRequest returns a concurrency lease.
+type ReleaseLeaseRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// call identifies the call; tenant and target are required.
+	Call *CallRef `protobuf:"bytes,1,opt,name=call,proto3" json:"call,omitempty"`
+	// lease_id is the lease Admit handed out; required.
+	LeaseId       string `protobuf:"bytes,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseLeaseRequest) Reset() {
+	*x = ReleaseLeaseRequest{}
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseLeaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseLeaseRequest) ProtoMessage() {}
+
+func (x *ReleaseLeaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseLeaseRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseLeaseRequest) Descriptor() ([]byte, []int) {
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ReleaseLeaseRequest) GetCall() *CallRef {
+	if x != nil {
+		return x.Call
+	}
+	return nil
+}
+
+func (x *ReleaseLeaseRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+// ReleaseLeaseResponse says whether the lease was held.
+type ReleaseLeaseResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// released is true when the lease was live and is now returned; false
+	// when it was not held (expired, already returned, never handed out),
+	// which is ignored and counted, never an error.
+	Released      bool `protobuf:"varint,1,opt,name=released,proto3" json:"released,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseLeaseResponse) Reset() {
+	*x = ReleaseLeaseResponse{}
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseLeaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseLeaseResponse) ProtoMessage() {}
+
+func (x *ReleaseLeaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseLeaseResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseLeaseResponse) Descriptor() ([]byte, []int) {
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ReleaseLeaseResponse) GetReleased() bool {
+	if x != nil {
+		return x.Released
+	}
+	return false
+}
+
 // WatchBreakersRequest subscribes to breaker state changes.
 type WatchBreakersRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -869,7 +1051,7 @@ type WatchBreakersRequest struct {
 
 func (x *WatchBreakersRequest) Reset() {
 	*x = WatchBreakersRequest{}
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[10]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -881,7 +1063,7 @@ func (x *WatchBreakersRequest) String() string {
 func (*WatchBreakersRequest) ProtoMessage() {}
 
 func (x *WatchBreakersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[10]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -894,7 +1076,7 @@ func (x *WatchBreakersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchBreakersRequest.ProtoReflect.Descriptor instead.
 func (*WatchBreakersRequest) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{10}
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *WatchBreakersRequest) GetTenant() string {
@@ -915,13 +1097,27 @@ type WatchBreakersResponse struct {
 	// snapshot; it carries no breaker. From then on the client's view is
 	// complete: a breaker it has not been told of is CLOSED.
 	SnapshotComplete bool `protobuf:"varint,3,opt,name=snapshot_complete,json=snapshotComplete,proto3" json:"snapshot_complete,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// flow_controlled_targets, on the snapshot_complete message, lists the
+	// targets named by a policy whose effective policy for the watched
+	// tenant has a fleet-wide ceiling (flow.max_in_flight): a client asks
+	// Admit before every attempt to them, even while CLOSED.
+	FlowControlledTargets []string `protobuf:"bytes,4,rep,name=flow_controlled_targets,json=flowControlledTargets,proto3" json:"flow_controlled_targets,omitempty"`
+	// uncontrolled_targets, on the snapshot_complete message, lists the
+	// targets named by a policy whose effective policy has no ceiling.
+	UncontrolledTargets []string `protobuf:"bytes,5,rep,name=uncontrolled_targets,json=uncontrolledTargets,proto3" json:"uncontrolled_targets,omitempty"`
+	// other_targets_flow_controlled, on the snapshot_complete message, says
+	// whether every target in neither list (those under the tenant's or the
+	// global policy) has a ceiling. Later changes reach a client through
+	// ReportOutcomeResponse.flow_controlled_targets and the Admit and
+	// NextDelay answers.
+	OtherTargetsFlowControlled bool `protobuf:"varint,6,opt,name=other_targets_flow_controlled,json=otherTargetsFlowControlled,proto3" json:"other_targets_flow_controlled,omitempty"`
+	unknownFields              protoimpl.UnknownFields
+	sizeCache                  protoimpl.SizeCache
 }
 
 func (x *WatchBreakersResponse) Reset() {
 	*x = WatchBreakersResponse{}
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[11]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -933,7 +1129,7 @@ func (x *WatchBreakersResponse) String() string {
 func (*WatchBreakersResponse) ProtoMessage() {}
 
 func (x *WatchBreakersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[11]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -946,7 +1142,7 @@ func (x *WatchBreakersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchBreakersResponse.ProtoReflect.Descriptor instead.
 func (*WatchBreakersResponse) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{11}
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *WatchBreakersResponse) GetBreaker() *Breaker {
@@ -966,6 +1162,27 @@ func (x *WatchBreakersResponse) GetSnapshot() bool {
 func (x *WatchBreakersResponse) GetSnapshotComplete() bool {
 	if x != nil {
 		return x.SnapshotComplete
+	}
+	return false
+}
+
+func (x *WatchBreakersResponse) GetFlowControlledTargets() []string {
+	if x != nil {
+		return x.FlowControlledTargets
+	}
+	return nil
+}
+
+func (x *WatchBreakersResponse) GetUncontrolledTargets() []string {
+	if x != nil {
+		return x.UncontrolledTargets
+	}
+	return nil
+}
+
+func (x *WatchBreakersResponse) GetOtherTargetsFlowControlled() bool {
+	if x != nil {
+		return x.OtherTargetsFlowControlled
 	}
 	return false
 }
@@ -1006,7 +1223,7 @@ type PlanBudgetRequest struct {
 
 func (x *PlanBudgetRequest) Reset() {
 	*x = PlanBudgetRequest{}
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[12]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1018,7 +1235,7 @@ func (x *PlanBudgetRequest) String() string {
 func (*PlanBudgetRequest) ProtoMessage() {}
 
 func (x *PlanBudgetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[12]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1031,7 +1248,7 @@ func (x *PlanBudgetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlanBudgetRequest.ProtoReflect.Descriptor instead.
 func (*PlanBudgetRequest) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{12}
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PlanBudgetRequest) GetWindow() *durationpb.Duration {
@@ -1104,7 +1321,7 @@ type PlanBudgetResponse struct {
 
 func (x *PlanBudgetResponse) Reset() {
 	*x = PlanBudgetResponse{}
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[13]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1116,7 +1333,7 @@ func (x *PlanBudgetResponse) String() string {
 func (*PlanBudgetResponse) ProtoMessage() {}
 
 func (x *PlanBudgetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[13]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1129,7 +1346,7 @@ func (x *PlanBudgetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlanBudgetResponse.ProtoReflect.Descriptor instead.
 func (*PlanBudgetResponse) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{13}
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PlanBudgetResponse) GetPlan() *BudgetPlan {
@@ -1160,7 +1377,7 @@ type ClaimKeyRequest struct {
 
 func (x *ClaimKeyRequest) Reset() {
 	*x = ClaimKeyRequest{}
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[14]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1172,7 +1389,7 @@ func (x *ClaimKeyRequest) String() string {
 func (*ClaimKeyRequest) ProtoMessage() {}
 
 func (x *ClaimKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[14]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1185,7 +1402,7 @@ func (x *ClaimKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClaimKeyRequest.ProtoReflect.Descriptor instead.
 func (*ClaimKeyRequest) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{14}
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ClaimKeyRequest) GetCall() *CallRef {
@@ -1226,7 +1443,7 @@ type ClaimKeyResponse struct {
 
 func (x *ClaimKeyResponse) Reset() {
 	*x = ClaimKeyResponse{}
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[15]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1238,7 +1455,7 @@ func (x *ClaimKeyResponse) String() string {
 func (*ClaimKeyResponse) ProtoMessage() {}
 
 func (x *ClaimKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[15]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1251,7 +1468,7 @@ func (x *ClaimKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClaimKeyResponse.ProtoReflect.Descriptor instead.
 func (*ClaimKeyResponse) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{15}
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ClaimKeyResponse) GetState() KeyState {
@@ -1317,7 +1534,7 @@ type CompleteKeyRequest struct {
 
 func (x *CompleteKeyRequest) Reset() {
 	*x = CompleteKeyRequest{}
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[16]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1329,7 +1546,7 @@ func (x *CompleteKeyRequest) String() string {
 func (*CompleteKeyRequest) ProtoMessage() {}
 
 func (x *CompleteKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[16]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1342,7 +1559,7 @@ func (x *CompleteKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteKeyRequest.ProtoReflect.Descriptor instead.
 func (*CompleteKeyRequest) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{16}
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CompleteKeyRequest) GetTenant() string {
@@ -1391,7 +1608,7 @@ type CompleteKeyResponse struct {
 
 func (x *CompleteKeyResponse) Reset() {
 	*x = CompleteKeyResponse{}
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[17]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1403,7 +1620,7 @@ func (x *CompleteKeyResponse) String() string {
 func (*CompleteKeyResponse) ProtoMessage() {}
 
 func (x *CompleteKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[17]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1416,7 +1633,7 @@ func (x *CompleteKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteKeyResponse.ProtoReflect.Descriptor instead.
 func (*CompleteKeyResponse) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{17}
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CompleteKeyResponse) GetRecord() *IdempotencyRecord {
@@ -1439,7 +1656,7 @@ type GetKeyRequest struct {
 
 func (x *GetKeyRequest) Reset() {
 	*x = GetKeyRequest{}
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[18]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1451,7 +1668,7 @@ func (x *GetKeyRequest) String() string {
 func (*GetKeyRequest) ProtoMessage() {}
 
 func (x *GetKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[18]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1464,7 +1681,7 @@ func (x *GetKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetKeyRequest.ProtoReflect.Descriptor instead.
 func (*GetKeyRequest) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{18}
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetKeyRequest) GetTenant() string {
@@ -1492,7 +1709,7 @@ type GetKeyResponse struct {
 
 func (x *GetKeyResponse) Reset() {
 	*x = GetKeyResponse{}
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[19]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1504,7 +1721,7 @@ func (x *GetKeyResponse) String() string {
 func (*GetKeyResponse) ProtoMessage() {}
 
 func (x *GetKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[19]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1517,7 +1734,7 @@ func (x *GetKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetKeyResponse.ProtoReflect.Descriptor instead.
 func (*GetKeyResponse) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{19}
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GetKeyResponse) GetRecord() *IdempotencyRecord {
@@ -1538,14 +1755,15 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\x10ClassifyResponse\x12\x1c\n" +
 	"\tretryable\x18\x01 \x01(\bR\tretryable\x124\n" +
 	"\bcategory\x18\x02 \x01(\x0e2\x18.retrypolicy.v1.CategoryR\bcategory\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xa1\x02\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xbc\x02\n" +
 	"\x10NextDelayRequest\x12+\n" +
 	"\x04call\x18\x01 \x01(\v2\x17.retrypolicy.v1.CallRefR\x04call\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\rR\aattempt\x121\n" +
 	"\afailure\x18\x03 \x01(\v2\x17.retrypolicy.v1.FailureR\afailure\x124\n" +
 	"\bpushback\x18\x04 \x01(\v2\x18.retrypolicy.v1.PushbackR\bpushback\x12@\n" +
 	"\x0eprevious_delay\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\rpreviousDelay\x12\x1b\n" +
-	"\tpermit_id\x18\x06 \x01(\tR\bpermitId\"\x9a\x05\n" +
+	"\tpermit_id\x18\x06 \x01(\tR\bpermitId\x12\x19\n" +
+	"\blease_id\x18\a \x01(\tR\aleaseId\"\xc3\x05\n" +
 	"\x11NextDelayResponse\x124\n" +
 	"\bdecision\x18\x01 \x01(\x0e2\x18.retrypolicy.v1.DecisionR\bdecision\x12/\n" +
 	"\x05delay\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x05delay\x12;\n" +
@@ -1561,7 +1779,8 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	" \x01(\x01R\x15tenantBudgetRemaining\x120\n" +
 	"\x14run_budget_remaining\x18\v \x01(\x04R\x12runBudgetRemaining\x12\x16\n" +
 	"\x06checks\x18\f \x03(\tR\x06checks\x12\x16\n" +
-	"\x06detail\x18\r \x01(\tR\x06detail\"\xd0\x03\n" +
+	"\x06detail\x18\r \x01(\tR\x06detail\x12'\n" +
+	"\x0fflow_controlled\x18\x0e \x01(\bR\x0eflowControlled\"\xeb\x03\n" +
 	"\aOutcome\x12+\n" +
 	"\x04call\x18\x01 \x01(\v2\x17.retrypolicy.v1.CallRefR\x04call\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\rR\aattempt\x12\x18\n" +
@@ -1571,13 +1790,16 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\tpermit_id\x18\x06 \x01(\tR\bpermitId\x12H\n" +
 	"\x11final_disposition\x18\a \x01(\x0e2\x1b.retrypolicy.v1.DispositionR\x10finalDisposition\x12F\n" +
 	"\x11final_stop_reason\x18\b \x01(\x0e2\x1a.retrypolicy.v1.StopReasonR\x0ffinalStopReason\x12)\n" +
-	"\x10already_recorded\x18\t \x01(\bR\x0falreadyRecorded\x12\"\n" +
+	"\x10already_recorded\x18\t \x01(\bR\x0falreadyRecorded\x12\x19\n" +
+	"\blease_id\x18\n" +
+	" \x01(\tR\aleaseId\x12\"\n" +
 	"\fdeduplicated\x18\x14 \x01(\bR\fdeduplicated\"K\n" +
 	"\x14ReportOutcomeRequest\x123\n" +
-	"\boutcomes\x18\x01 \x03(\v2\x17.retrypolicy.v1.OutcomeR\boutcomes\"m\n" +
+	"\boutcomes\x18\x01 \x03(\v2\x17.retrypolicy.v1.OutcomeR\boutcomes\"\xa5\x01\n" +
 	"\x15ReportOutcomeResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\rR\baccepted\x128\n" +
-	"\arefused\x18\x02 \x03(\v2\x1e.retrypolicy.v1.OutcomeRefusalR\arefused\"j\n" +
+	"\arefused\x18\x02 \x03(\v2\x1e.retrypolicy.v1.OutcomeRefusalR\arefused\x126\n" +
+	"\x17flow_controlled_targets\x18\x03 \x03(\tR\x15flowControlledTargets\"j\n" +
 	"\x0eOutcomeRefusal\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x14\n" +
@@ -1585,7 +1807,7 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\amessage\x18\x04 \x01(\tR\amessage\"U\n" +
 	"\fAdmitRequest\x12+\n" +
 	"\x04call\x18\x01 \x01(\v2\x17.retrypolicy.v1.CallRefR\x04call\x12\x18\n" +
-	"\aattempt\x18\x02 \x01(\rR\aattempt\"\x94\x02\n" +
+	"\aattempt\x18\x02 \x01(\rR\aattempt\"\xa0\x03\n" +
 	"\rAdmitResponse\x12\x1a\n" +
 	"\badmitted\x18\x01 \x01(\bR\badmitted\x122\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x1c.retrypolicy.v1.BreakerStateR\x05state\x12\x1b\n" +
@@ -1593,13 +1815,24 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\vretry_after\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"retryAfter\x12\x16\n" +
 	"\x06reason\x18\x05 \x01(\tR\x06reason\x12B\n" +
-	"\x0frun_cutoff_time\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\rrunCutoffTime\".\n" +
+	"\x0frun_cutoff_time\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\rrunCutoffTime\x12\x19\n" +
+	"\blease_id\x18\x06 \x01(\tR\aleaseId\x12F\n" +
+	"\x11lease_expire_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x0fleaseExpireTime\x12'\n" +
+	"\x0fflow_controlled\x18\b \x01(\bR\x0eflowControlled\"]\n" +
+	"\x13ReleaseLeaseRequest\x12+\n" +
+	"\x04call\x18\x01 \x01(\v2\x17.retrypolicy.v1.CallRefR\x04call\x12\x19\n" +
+	"\blease_id\x18\x02 \x01(\tR\aleaseId\"2\n" +
+	"\x14ReleaseLeaseResponse\x12\x1a\n" +
+	"\breleased\x18\x01 \x01(\bR\breleased\".\n" +
 	"\x14WatchBreakersRequest\x12\x16\n" +
-	"\x06tenant\x18\x01 \x01(\tR\x06tenant\"\x93\x01\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\"\xc1\x02\n" +
 	"\x15WatchBreakersResponse\x121\n" +
 	"\abreaker\x18\x01 \x01(\v2\x17.retrypolicy.v1.BreakerR\abreaker\x12\x1a\n" +
 	"\bsnapshot\x18\x02 \x01(\bR\bsnapshot\x12+\n" +
-	"\x11snapshot_complete\x18\x03 \x01(\bR\x10snapshotComplete\"\xa3\x03\n" +
+	"\x11snapshot_complete\x18\x03 \x01(\bR\x10snapshotComplete\x126\n" +
+	"\x17flow_controlled_targets\x18\x04 \x03(\tR\x15flowControlledTargets\x121\n" +
+	"\x14uncontrolled_targets\x18\x05 \x03(\tR\x13uncontrolledTargets\x12A\n" +
+	"\x1dother_targets_flow_controlled\x18\x06 \x01(\bR\x1aotherTargetsFlowControlled\"\xa3\x03\n" +
 	"\x11PlanBudgetRequest\x121\n" +
 	"\x06window\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x06window\x129\n" +
 	"\abackoff\x18\x02 \x01(\v2\x1f.retrypolicy.v1.BackoffSettingsR\abackoff\x12B\n" +
@@ -1640,12 +1873,13 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12'\n" +
 	"\x0fidempotency_key\x18\x02 \x01(\tR\x0eidempotencyKey\"K\n" +
 	"\x0eGetKeyResponse\x129\n" +
-	"\x06record\x18\x01 \x01(\v2!.retrypolicy.v1.IdempotencyRecordR\x06record2\x92\x06\n" +
+	"\x06record\x18\x01 \x01(\v2!.retrypolicy.v1.IdempotencyRecordR\x06record2\xed\x06\n" +
 	"\x12RetryPolicyService\x12R\n" +
 	"\bClassify\x12\x1f.retrypolicy.v1.ClassifyRequest\x1a .retrypolicy.v1.ClassifyResponse\"\x03\x90\x02\x01\x12P\n" +
 	"\tNextDelay\x12 .retrypolicy.v1.NextDelayRequest\x1a!.retrypolicy.v1.NextDelayResponse\x12\\\n" +
 	"\rReportOutcome\x12$.retrypolicy.v1.ReportOutcomeRequest\x1a%.retrypolicy.v1.ReportOutcomeResponse\x12D\n" +
-	"\x05Admit\x12\x1c.retrypolicy.v1.AdmitRequest\x1a\x1d.retrypolicy.v1.AdmitResponse\x12c\n" +
+	"\x05Admit\x12\x1c.retrypolicy.v1.AdmitRequest\x1a\x1d.retrypolicy.v1.AdmitResponse\x12Y\n" +
+	"\fReleaseLease\x12#.retrypolicy.v1.ReleaseLeaseRequest\x1a$.retrypolicy.v1.ReleaseLeaseResponse\x12c\n" +
 	"\rWatchBreakers\x12$.retrypolicy.v1.WatchBreakersRequest\x1a%.retrypolicy.v1.WatchBreakersResponse\"\x03\x90\x02\x010\x01\x12M\n" +
 	"\bClaimKey\x12\x1f.retrypolicy.v1.ClaimKeyRequest\x1a .retrypolicy.v1.ClaimKeyResponse\x12V\n" +
 	"\vCompleteKey\x12\".retrypolicy.v1.CompleteKeyRequest\x1a#.retrypolicy.v1.CompleteKeyResponse\x12L\n" +
@@ -1665,7 +1899,7 @@ func file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP() []byte {
 	return file_retrypolicy_v1_retry_policy_service_proto_rawDescData
 }
 
-var file_retrypolicy_v1_retry_policy_service_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_retrypolicy_v1_retry_policy_service_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_retrypolicy_v1_retry_policy_service_proto_goTypes = []any{
 	(*ClassifyRequest)(nil),       // 0: retrypolicy.v1.ClassifyRequest
 	(*ClassifyResponse)(nil),      // 1: retrypolicy.v1.ClassifyResponse
@@ -1677,97 +1911,103 @@ var file_retrypolicy_v1_retry_policy_service_proto_goTypes = []any{
 	(*OutcomeRefusal)(nil),        // 7: retrypolicy.v1.OutcomeRefusal
 	(*AdmitRequest)(nil),          // 8: retrypolicy.v1.AdmitRequest
 	(*AdmitResponse)(nil),         // 9: retrypolicy.v1.AdmitResponse
-	(*WatchBreakersRequest)(nil),  // 10: retrypolicy.v1.WatchBreakersRequest
-	(*WatchBreakersResponse)(nil), // 11: retrypolicy.v1.WatchBreakersResponse
-	(*PlanBudgetRequest)(nil),     // 12: retrypolicy.v1.PlanBudgetRequest
-	(*PlanBudgetResponse)(nil),    // 13: retrypolicy.v1.PlanBudgetResponse
-	(*ClaimKeyRequest)(nil),       // 14: retrypolicy.v1.ClaimKeyRequest
-	(*ClaimKeyResponse)(nil),      // 15: retrypolicy.v1.ClaimKeyResponse
-	(*CompleteKeyRequest)(nil),    // 16: retrypolicy.v1.CompleteKeyRequest
-	(*CompleteKeyResponse)(nil),   // 17: retrypolicy.v1.CompleteKeyResponse
-	(*GetKeyRequest)(nil),         // 18: retrypolicy.v1.GetKeyRequest
-	(*GetKeyResponse)(nil),        // 19: retrypolicy.v1.GetKeyResponse
-	(*CallRef)(nil),               // 20: retrypolicy.v1.CallRef
-	(*Failure)(nil),               // 21: retrypolicy.v1.Failure
-	(Category)(0),                 // 22: retrypolicy.v1.Category
-	(*Pushback)(nil),              // 23: retrypolicy.v1.Pushback
-	(*durationpb.Duration)(nil),   // 24: google.protobuf.Duration
-	(Decision)(0),                 // 25: retrypolicy.v1.Decision
-	(StopReason)(0),               // 26: retrypolicy.v1.StopReason
-	(Disposition)(0),              // 27: retrypolicy.v1.Disposition
-	(BreakerState)(0),             // 28: retrypolicy.v1.BreakerState
-	(*timestamppb.Timestamp)(nil), // 29: google.protobuf.Timestamp
-	(*Breaker)(nil),               // 30: retrypolicy.v1.Breaker
-	(*BackoffSettings)(nil),       // 31: retrypolicy.v1.BackoffSettings
-	(*BudgetPlan)(nil),            // 32: retrypolicy.v1.BudgetPlan
-	(KeyState)(0),                 // 33: retrypolicy.v1.KeyState
-	(KeyOutcome)(0),               // 34: retrypolicy.v1.KeyOutcome
-	(*IdempotencyRecord)(nil),     // 35: retrypolicy.v1.IdempotencyRecord
+	(*ReleaseLeaseRequest)(nil),   // 10: retrypolicy.v1.ReleaseLeaseRequest
+	(*ReleaseLeaseResponse)(nil),  // 11: retrypolicy.v1.ReleaseLeaseResponse
+	(*WatchBreakersRequest)(nil),  // 12: retrypolicy.v1.WatchBreakersRequest
+	(*WatchBreakersResponse)(nil), // 13: retrypolicy.v1.WatchBreakersResponse
+	(*PlanBudgetRequest)(nil),     // 14: retrypolicy.v1.PlanBudgetRequest
+	(*PlanBudgetResponse)(nil),    // 15: retrypolicy.v1.PlanBudgetResponse
+	(*ClaimKeyRequest)(nil),       // 16: retrypolicy.v1.ClaimKeyRequest
+	(*ClaimKeyResponse)(nil),      // 17: retrypolicy.v1.ClaimKeyResponse
+	(*CompleteKeyRequest)(nil),    // 18: retrypolicy.v1.CompleteKeyRequest
+	(*CompleteKeyResponse)(nil),   // 19: retrypolicy.v1.CompleteKeyResponse
+	(*GetKeyRequest)(nil),         // 20: retrypolicy.v1.GetKeyRequest
+	(*GetKeyResponse)(nil),        // 21: retrypolicy.v1.GetKeyResponse
+	(*CallRef)(nil),               // 22: retrypolicy.v1.CallRef
+	(*Failure)(nil),               // 23: retrypolicy.v1.Failure
+	(Category)(0),                 // 24: retrypolicy.v1.Category
+	(*Pushback)(nil),              // 25: retrypolicy.v1.Pushback
+	(*durationpb.Duration)(nil),   // 26: google.protobuf.Duration
+	(Decision)(0),                 // 27: retrypolicy.v1.Decision
+	(StopReason)(0),               // 28: retrypolicy.v1.StopReason
+	(Disposition)(0),              // 29: retrypolicy.v1.Disposition
+	(BreakerState)(0),             // 30: retrypolicy.v1.BreakerState
+	(*timestamppb.Timestamp)(nil), // 31: google.protobuf.Timestamp
+	(*Breaker)(nil),               // 32: retrypolicy.v1.Breaker
+	(*BackoffSettings)(nil),       // 33: retrypolicy.v1.BackoffSettings
+	(*BudgetPlan)(nil),            // 34: retrypolicy.v1.BudgetPlan
+	(KeyState)(0),                 // 35: retrypolicy.v1.KeyState
+	(KeyOutcome)(0),               // 36: retrypolicy.v1.KeyOutcome
+	(*IdempotencyRecord)(nil),     // 37: retrypolicy.v1.IdempotencyRecord
 }
 var file_retrypolicy_v1_retry_policy_service_proto_depIdxs = []int32{
-	20, // 0: retrypolicy.v1.ClassifyRequest.call:type_name -> retrypolicy.v1.CallRef
-	21, // 1: retrypolicy.v1.ClassifyRequest.failure:type_name -> retrypolicy.v1.Failure
-	22, // 2: retrypolicy.v1.ClassifyResponse.category:type_name -> retrypolicy.v1.Category
-	20, // 3: retrypolicy.v1.NextDelayRequest.call:type_name -> retrypolicy.v1.CallRef
-	21, // 4: retrypolicy.v1.NextDelayRequest.failure:type_name -> retrypolicy.v1.Failure
-	23, // 5: retrypolicy.v1.NextDelayRequest.pushback:type_name -> retrypolicy.v1.Pushback
-	24, // 6: retrypolicy.v1.NextDelayRequest.previous_delay:type_name -> google.protobuf.Duration
-	25, // 7: retrypolicy.v1.NextDelayResponse.decision:type_name -> retrypolicy.v1.Decision
-	24, // 8: retrypolicy.v1.NextDelayResponse.delay:type_name -> google.protobuf.Duration
-	26, // 9: retrypolicy.v1.NextDelayResponse.stop_reason:type_name -> retrypolicy.v1.StopReason
-	27, // 10: retrypolicy.v1.NextDelayResponse.disposition:type_name -> retrypolicy.v1.Disposition
-	22, // 11: retrypolicy.v1.NextDelayResponse.category:type_name -> retrypolicy.v1.Category
-	24, // 12: retrypolicy.v1.NextDelayResponse.attempt_timeout:type_name -> google.protobuf.Duration
-	28, // 13: retrypolicy.v1.NextDelayResponse.breaker_state:type_name -> retrypolicy.v1.BreakerState
-	20, // 14: retrypolicy.v1.Outcome.call:type_name -> retrypolicy.v1.CallRef
-	21, // 15: retrypolicy.v1.Outcome.failure:type_name -> retrypolicy.v1.Failure
-	24, // 16: retrypolicy.v1.Outcome.latency:type_name -> google.protobuf.Duration
-	27, // 17: retrypolicy.v1.Outcome.final_disposition:type_name -> retrypolicy.v1.Disposition
-	26, // 18: retrypolicy.v1.Outcome.final_stop_reason:type_name -> retrypolicy.v1.StopReason
+	22, // 0: retrypolicy.v1.ClassifyRequest.call:type_name -> retrypolicy.v1.CallRef
+	23, // 1: retrypolicy.v1.ClassifyRequest.failure:type_name -> retrypolicy.v1.Failure
+	24, // 2: retrypolicy.v1.ClassifyResponse.category:type_name -> retrypolicy.v1.Category
+	22, // 3: retrypolicy.v1.NextDelayRequest.call:type_name -> retrypolicy.v1.CallRef
+	23, // 4: retrypolicy.v1.NextDelayRequest.failure:type_name -> retrypolicy.v1.Failure
+	25, // 5: retrypolicy.v1.NextDelayRequest.pushback:type_name -> retrypolicy.v1.Pushback
+	26, // 6: retrypolicy.v1.NextDelayRequest.previous_delay:type_name -> google.protobuf.Duration
+	27, // 7: retrypolicy.v1.NextDelayResponse.decision:type_name -> retrypolicy.v1.Decision
+	26, // 8: retrypolicy.v1.NextDelayResponse.delay:type_name -> google.protobuf.Duration
+	28, // 9: retrypolicy.v1.NextDelayResponse.stop_reason:type_name -> retrypolicy.v1.StopReason
+	29, // 10: retrypolicy.v1.NextDelayResponse.disposition:type_name -> retrypolicy.v1.Disposition
+	24, // 11: retrypolicy.v1.NextDelayResponse.category:type_name -> retrypolicy.v1.Category
+	26, // 12: retrypolicy.v1.NextDelayResponse.attempt_timeout:type_name -> google.protobuf.Duration
+	30, // 13: retrypolicy.v1.NextDelayResponse.breaker_state:type_name -> retrypolicy.v1.BreakerState
+	22, // 14: retrypolicy.v1.Outcome.call:type_name -> retrypolicy.v1.CallRef
+	23, // 15: retrypolicy.v1.Outcome.failure:type_name -> retrypolicy.v1.Failure
+	26, // 16: retrypolicy.v1.Outcome.latency:type_name -> google.protobuf.Duration
+	29, // 17: retrypolicy.v1.Outcome.final_disposition:type_name -> retrypolicy.v1.Disposition
+	28, // 18: retrypolicy.v1.Outcome.final_stop_reason:type_name -> retrypolicy.v1.StopReason
 	4,  // 19: retrypolicy.v1.ReportOutcomeRequest.outcomes:type_name -> retrypolicy.v1.Outcome
 	7,  // 20: retrypolicy.v1.ReportOutcomeResponse.refused:type_name -> retrypolicy.v1.OutcomeRefusal
-	20, // 21: retrypolicy.v1.AdmitRequest.call:type_name -> retrypolicy.v1.CallRef
-	28, // 22: retrypolicy.v1.AdmitResponse.state:type_name -> retrypolicy.v1.BreakerState
-	24, // 23: retrypolicy.v1.AdmitResponse.retry_after:type_name -> google.protobuf.Duration
-	29, // 24: retrypolicy.v1.AdmitResponse.run_cutoff_time:type_name -> google.protobuf.Timestamp
-	30, // 25: retrypolicy.v1.WatchBreakersResponse.breaker:type_name -> retrypolicy.v1.Breaker
-	24, // 26: retrypolicy.v1.PlanBudgetRequest.window:type_name -> google.protobuf.Duration
-	31, // 27: retrypolicy.v1.PlanBudgetRequest.backoff:type_name -> retrypolicy.v1.BackoffSettings
-	24, // 28: retrypolicy.v1.PlanBudgetRequest.attempt_timeout:type_name -> google.protobuf.Duration
-	24, // 29: retrypolicy.v1.PlanBudgetRequest.ttl_margin:type_name -> google.protobuf.Duration
-	29, // 30: retrypolicy.v1.PlanBudgetRequest.origin_time:type_name -> google.protobuf.Timestamp
-	32, // 31: retrypolicy.v1.PlanBudgetResponse.plan:type_name -> retrypolicy.v1.BudgetPlan
-	32, // 32: retrypolicy.v1.PlanBudgetResponse.hops:type_name -> retrypolicy.v1.BudgetPlan
-	20, // 33: retrypolicy.v1.ClaimKeyRequest.call:type_name -> retrypolicy.v1.CallRef
-	33, // 34: retrypolicy.v1.ClaimKeyResponse.state:type_name -> retrypolicy.v1.KeyState
-	29, // 35: retrypolicy.v1.ClaimKeyResponse.lease_expire_time:type_name -> google.protobuf.Timestamp
-	24, // 36: retrypolicy.v1.ClaimKeyResponse.retry_after:type_name -> google.protobuf.Duration
-	34, // 37: retrypolicy.v1.CompleteKeyRequest.outcome:type_name -> retrypolicy.v1.KeyOutcome
-	35, // 38: retrypolicy.v1.CompleteKeyResponse.record:type_name -> retrypolicy.v1.IdempotencyRecord
-	35, // 39: retrypolicy.v1.GetKeyResponse.record:type_name -> retrypolicy.v1.IdempotencyRecord
-	0,  // 40: retrypolicy.v1.RetryPolicyService.Classify:input_type -> retrypolicy.v1.ClassifyRequest
-	2,  // 41: retrypolicy.v1.RetryPolicyService.NextDelay:input_type -> retrypolicy.v1.NextDelayRequest
-	5,  // 42: retrypolicy.v1.RetryPolicyService.ReportOutcome:input_type -> retrypolicy.v1.ReportOutcomeRequest
-	8,  // 43: retrypolicy.v1.RetryPolicyService.Admit:input_type -> retrypolicy.v1.AdmitRequest
-	10, // 44: retrypolicy.v1.RetryPolicyService.WatchBreakers:input_type -> retrypolicy.v1.WatchBreakersRequest
-	14, // 45: retrypolicy.v1.RetryPolicyService.ClaimKey:input_type -> retrypolicy.v1.ClaimKeyRequest
-	16, // 46: retrypolicy.v1.RetryPolicyService.CompleteKey:input_type -> retrypolicy.v1.CompleteKeyRequest
-	18, // 47: retrypolicy.v1.RetryPolicyService.GetKey:input_type -> retrypolicy.v1.GetKeyRequest
-	12, // 48: retrypolicy.v1.RetryPolicyService.PlanBudget:input_type -> retrypolicy.v1.PlanBudgetRequest
-	1,  // 49: retrypolicy.v1.RetryPolicyService.Classify:output_type -> retrypolicy.v1.ClassifyResponse
-	3,  // 50: retrypolicy.v1.RetryPolicyService.NextDelay:output_type -> retrypolicy.v1.NextDelayResponse
-	6,  // 51: retrypolicy.v1.RetryPolicyService.ReportOutcome:output_type -> retrypolicy.v1.ReportOutcomeResponse
-	9,  // 52: retrypolicy.v1.RetryPolicyService.Admit:output_type -> retrypolicy.v1.AdmitResponse
-	11, // 53: retrypolicy.v1.RetryPolicyService.WatchBreakers:output_type -> retrypolicy.v1.WatchBreakersResponse
-	15, // 54: retrypolicy.v1.RetryPolicyService.ClaimKey:output_type -> retrypolicy.v1.ClaimKeyResponse
-	17, // 55: retrypolicy.v1.RetryPolicyService.CompleteKey:output_type -> retrypolicy.v1.CompleteKeyResponse
-	19, // 56: retrypolicy.v1.RetryPolicyService.GetKey:output_type -> retrypolicy.v1.GetKeyResponse
-	13, // 57: retrypolicy.v1.RetryPolicyService.PlanBudget:output_type -> retrypolicy.v1.PlanBudgetResponse
-	49, // [49:58] is the sub-list for method output_type
-	40, // [40:49] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	22, // 21: retrypolicy.v1.AdmitRequest.call:type_name -> retrypolicy.v1.CallRef
+	30, // 22: retrypolicy.v1.AdmitResponse.state:type_name -> retrypolicy.v1.BreakerState
+	26, // 23: retrypolicy.v1.AdmitResponse.retry_after:type_name -> google.protobuf.Duration
+	31, // 24: retrypolicy.v1.AdmitResponse.run_cutoff_time:type_name -> google.protobuf.Timestamp
+	31, // 25: retrypolicy.v1.AdmitResponse.lease_expire_time:type_name -> google.protobuf.Timestamp
+	22, // 26: retrypolicy.v1.ReleaseLeaseRequest.call:type_name -> retrypolicy.v1.CallRef
+	32, // 27: retrypolicy.v1.WatchBreakersResponse.breaker:type_name -> retrypolicy.v1.Breaker
+	26, // 28: retrypolicy.v1.PlanBudgetRequest.window:type_name -> google.protobuf.Duration
+	33, // 29: retrypolicy.v1.PlanBudgetRequest.backoff:type_name -> retrypolicy.v1.BackoffSettings
+	26, // 30: retrypolicy.v1.PlanBudgetRequest.attempt_timeout:type_name -> google.protobuf.Duration
+	26, // 31: retrypolicy.v1.PlanBudgetRequest.ttl_margin:type_name -> google.protobuf.Duration
+	31, // 32: retrypolicy.v1.PlanBudgetRequest.origin_time:type_name -> google.protobuf.Timestamp
+	34, // 33: retrypolicy.v1.PlanBudgetResponse.plan:type_name -> retrypolicy.v1.BudgetPlan
+	34, // 34: retrypolicy.v1.PlanBudgetResponse.hops:type_name -> retrypolicy.v1.BudgetPlan
+	22, // 35: retrypolicy.v1.ClaimKeyRequest.call:type_name -> retrypolicy.v1.CallRef
+	35, // 36: retrypolicy.v1.ClaimKeyResponse.state:type_name -> retrypolicy.v1.KeyState
+	31, // 37: retrypolicy.v1.ClaimKeyResponse.lease_expire_time:type_name -> google.protobuf.Timestamp
+	26, // 38: retrypolicy.v1.ClaimKeyResponse.retry_after:type_name -> google.protobuf.Duration
+	36, // 39: retrypolicy.v1.CompleteKeyRequest.outcome:type_name -> retrypolicy.v1.KeyOutcome
+	37, // 40: retrypolicy.v1.CompleteKeyResponse.record:type_name -> retrypolicy.v1.IdempotencyRecord
+	37, // 41: retrypolicy.v1.GetKeyResponse.record:type_name -> retrypolicy.v1.IdempotencyRecord
+	0,  // 42: retrypolicy.v1.RetryPolicyService.Classify:input_type -> retrypolicy.v1.ClassifyRequest
+	2,  // 43: retrypolicy.v1.RetryPolicyService.NextDelay:input_type -> retrypolicy.v1.NextDelayRequest
+	5,  // 44: retrypolicy.v1.RetryPolicyService.ReportOutcome:input_type -> retrypolicy.v1.ReportOutcomeRequest
+	8,  // 45: retrypolicy.v1.RetryPolicyService.Admit:input_type -> retrypolicy.v1.AdmitRequest
+	10, // 46: retrypolicy.v1.RetryPolicyService.ReleaseLease:input_type -> retrypolicy.v1.ReleaseLeaseRequest
+	12, // 47: retrypolicy.v1.RetryPolicyService.WatchBreakers:input_type -> retrypolicy.v1.WatchBreakersRequest
+	16, // 48: retrypolicy.v1.RetryPolicyService.ClaimKey:input_type -> retrypolicy.v1.ClaimKeyRequest
+	18, // 49: retrypolicy.v1.RetryPolicyService.CompleteKey:input_type -> retrypolicy.v1.CompleteKeyRequest
+	20, // 50: retrypolicy.v1.RetryPolicyService.GetKey:input_type -> retrypolicy.v1.GetKeyRequest
+	14, // 51: retrypolicy.v1.RetryPolicyService.PlanBudget:input_type -> retrypolicy.v1.PlanBudgetRequest
+	1,  // 52: retrypolicy.v1.RetryPolicyService.Classify:output_type -> retrypolicy.v1.ClassifyResponse
+	3,  // 53: retrypolicy.v1.RetryPolicyService.NextDelay:output_type -> retrypolicy.v1.NextDelayResponse
+	6,  // 54: retrypolicy.v1.RetryPolicyService.ReportOutcome:output_type -> retrypolicy.v1.ReportOutcomeResponse
+	9,  // 55: retrypolicy.v1.RetryPolicyService.Admit:output_type -> retrypolicy.v1.AdmitResponse
+	11, // 56: retrypolicy.v1.RetryPolicyService.ReleaseLease:output_type -> retrypolicy.v1.ReleaseLeaseResponse
+	13, // 57: retrypolicy.v1.RetryPolicyService.WatchBreakers:output_type -> retrypolicy.v1.WatchBreakersResponse
+	17, // 58: retrypolicy.v1.RetryPolicyService.ClaimKey:output_type -> retrypolicy.v1.ClaimKeyResponse
+	19, // 59: retrypolicy.v1.RetryPolicyService.CompleteKey:output_type -> retrypolicy.v1.CompleteKeyResponse
+	21, // 60: retrypolicy.v1.RetryPolicyService.GetKey:output_type -> retrypolicy.v1.GetKeyResponse
+	15, // 61: retrypolicy.v1.RetryPolicyService.PlanBudget:output_type -> retrypolicy.v1.PlanBudgetResponse
+	52, // [52:62] is the sub-list for method output_type
+	42, // [42:52] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_retrypolicy_v1_retry_policy_service_proto_init() }
@@ -1776,14 +2016,14 @@ func file_retrypolicy_v1_retry_policy_service_proto_init() {
 		return
 	}
 	file_retrypolicy_v1_types_proto_init()
-	file_retrypolicy_v1_retry_policy_service_proto_msgTypes[12].OneofWrappers = []any{}
+	file_retrypolicy_v1_retry_policy_service_proto_msgTypes[14].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_retrypolicy_v1_retry_policy_service_proto_rawDesc), len(file_retrypolicy_v1_retry_policy_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   20,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

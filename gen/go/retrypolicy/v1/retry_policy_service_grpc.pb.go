@@ -23,6 +23,7 @@ const (
 	RetryPolicyService_NextDelay_FullMethodName     = "/retrypolicy.v1.RetryPolicyService/NextDelay"
 	RetryPolicyService_ReportOutcome_FullMethodName = "/retrypolicy.v1.RetryPolicyService/ReportOutcome"
 	RetryPolicyService_Admit_FullMethodName         = "/retrypolicy.v1.RetryPolicyService/Admit"
+	RetryPolicyService_ReleaseLease_FullMethodName  = "/retrypolicy.v1.RetryPolicyService/ReleaseLease"
 	RetryPolicyService_WatchBreakers_FullMethodName = "/retrypolicy.v1.RetryPolicyService/WatchBreakers"
 	RetryPolicyService_ClaimKey_FullMethodName      = "/retrypolicy.v1.RetryPolicyService/ClaimKey"
 	RetryPolicyService_CompleteKey_FullMethodName   = "/retrypolicy.v1.RetryPolicyService/CompleteKey"
@@ -51,6 +52,9 @@ type RetryPolicyServiceClient interface {
 	// Admit asks before an attempt whether the shared breaker lets it through.
 	// In HALF_OPEN it hands out at most N probe permits fleet-wide.
 	Admit(ctx context.Context, in *AdmitRequest, opts ...grpc.CallOption) (*AdmitResponse, error)
+	// ReleaseLease returns a concurrency lease without an outcome (the
+	// attempt was abandoned); releasing one not held is ignored and counted.
+	ReleaseLease(ctx context.Context, in *ReleaseLeaseRequest, opts ...grpc.CallOption) (*ReleaseLeaseResponse, error)
 	// WatchBreakers streams the current breaker states, then every change, so
 	// clients can skip Admit while a breaker is CLOSED and fail fast when OPEN.
 	WatchBreakers(ctx context.Context, in *WatchBreakersRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchBreakersResponse], error)
@@ -112,6 +116,16 @@ func (c *retryPolicyServiceClient) Admit(ctx context.Context, in *AdmitRequest, 
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(AdmitResponse)
 	err := c.cc.Invoke(ctx, RetryPolicyService_Admit_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *retryPolicyServiceClient) ReleaseLease(ctx context.Context, in *ReleaseLeaseRequest, opts ...grpc.CallOption) (*ReleaseLeaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReleaseLeaseResponse)
+	err := c.cc.Invoke(ctx, RetryPolicyService_ReleaseLease_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -198,6 +212,9 @@ type RetryPolicyServiceServer interface {
 	// Admit asks before an attempt whether the shared breaker lets it through.
 	// In HALF_OPEN it hands out at most N probe permits fleet-wide.
 	Admit(context.Context, *AdmitRequest) (*AdmitResponse, error)
+	// ReleaseLease returns a concurrency lease without an outcome (the
+	// attempt was abandoned); releasing one not held is ignored and counted.
+	ReleaseLease(context.Context, *ReleaseLeaseRequest) (*ReleaseLeaseResponse, error)
 	// WatchBreakers streams the current breaker states, then every change, so
 	// clients can skip Admit while a breaker is CLOSED and fail fast when OPEN.
 	WatchBreakers(*WatchBreakersRequest, grpc.ServerStreamingServer[WatchBreakersResponse]) error
@@ -236,6 +253,9 @@ func (UnimplementedRetryPolicyServiceServer) ReportOutcome(context.Context, *Rep
 }
 func (UnimplementedRetryPolicyServiceServer) Admit(context.Context, *AdmitRequest) (*AdmitResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Admit not implemented")
+}
+func (UnimplementedRetryPolicyServiceServer) ReleaseLease(context.Context, *ReleaseLeaseRequest) (*ReleaseLeaseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReleaseLease not implemented")
 }
 func (UnimplementedRetryPolicyServiceServer) WatchBreakers(*WatchBreakersRequest, grpc.ServerStreamingServer[WatchBreakersResponse]) error {
 	return status.Error(codes.Unimplemented, "method WatchBreakers not implemented")
@@ -345,6 +365,24 @@ func _RetryPolicyService_Admit_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RetryPolicyService_ReleaseLease_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReleaseLeaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RetryPolicyServiceServer).ReleaseLease(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RetryPolicyService_ReleaseLease_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RetryPolicyServiceServer).ReleaseLease(ctx, req.(*ReleaseLeaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _RetryPolicyService_WatchBreakers_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(WatchBreakersRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -450,6 +488,10 @@ var RetryPolicyService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Admit",
 			Handler:    _RetryPolicyService_Admit_Handler,
+		},
+		{
+			MethodName: "ReleaseLease",
+			Handler:    _RetryPolicyService_ReleaseLease_Handler,
 		},
 		{
 			MethodName: "ClaimKey",

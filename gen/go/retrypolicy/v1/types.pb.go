@@ -1370,7 +1370,12 @@ type BreakerSettings struct {
 	HalfOpenProbes *uint32 `protobuf:"varint,8,opt,name=half_open_probes,json=halfOpenProbes,proto3,oneof" json:"half_open_probes,omitempty"`
 	// probe_timeout is how long an unreported probe permit holds its slot
 	// before it expires; default 30s.
-	ProbeTimeout  *durationpb.Duration `protobuf:"bytes,9,opt,name=probe_timeout,json=probeTimeout,proto3" json:"probe_timeout,omitempty"`
+	ProbeTimeout *durationpb.Duration `protobuf:"bytes,9,opt,name=probe_timeout,json=probeTimeout,proto3" json:"probe_timeout,omitempty"`
+	// count_pushback counts a transient failure that carried a pushback hint
+	// (Retry-After, grpc-retry-pushback-ms, X-RateLimit-Reset,
+	// x-amz-retry-after) toward the breaker. By default such a failure only
+	// sets the fleet-wide cool-down: the upstream is up and asked for time.
+	CountPushback bool `protobuf:"varint,10,opt,name=count_pushback,json=countPushback,proto3" json:"count_pushback,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1468,6 +1473,13 @@ func (x *BreakerSettings) GetProbeTimeout() *durationpb.Duration {
 	return nil
 }
 
+func (x *BreakerSettings) GetCountPushback() bool {
+	if x != nil {
+		return x.CountPushback
+	}
+	return false
+}
+
 // Policy is a complete retry policy. Unset fields take the defaults named on
 // each field; every number of the decision rules is one of these fields.
 type Policy struct {
@@ -1505,8 +1517,10 @@ type Policy struct {
 	// (KEY_STATE_UNKNOWN) may be retried; without it such a call is
 	// dead-lettered.
 	UpstreamDedupesByKey bool `protobuf:"varint,21,opt,name=upstream_dedupes_by_key,json=upstreamDedupesByKey,proto3" json:"upstream_dedupes_by_key,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// flow sets the fleet-wide ceilings of the target; none by default.
+	Flow          *FlowSettings `protobuf:"bytes,10,opt,name=flow,proto3" json:"flow,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Policy) Reset() {
@@ -1616,6 +1630,99 @@ func (x *Policy) GetUpstreamDedupesByKey() bool {
 	return false
 }
 
+func (x *Policy) GetFlow() *FlowSettings {
+	if x != nil {
+		return x.Flow
+	}
+	return nil
+}
+
+// FlowSettings are the fleet-wide ceilings of a target, shared by every
+// worker of the fleet and keyed as the breaker is (per tenant and target,
+// or per target with breaker.scope BREAKER_SCOPE_TARGET).
+type FlowSettings struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// max_in_flight is the concurrency ceiling: at most this many attempts
+	// hold a lease at once, fleet-wide. Admit hands out a lease while fewer
+	// are live and refuses with reason concurrency:full otherwise; the
+	// attempt's outcome (NextDelay or ReportOutcome carrying lease_id) or
+	// ReleaseLease returns it. Unset: no ceiling; set, 1 to 1000000.
+	MaxInFlight *uint32 `protobuf:"varint,1,opt,name=max_in_flight,json=maxInFlight,proto3,oneof" json:"max_in_flight,omitempty"`
+	// lease_slack is added to attempt_timeout (to breaker.probe_timeout when
+	// attempt_timeout is 0) to give a lease's life, so a worker that crashed
+	// holding one cannot leak it; default 5s.
+	LeaseSlack *durationpb.Duration `protobuf:"bytes,2,opt,name=lease_slack,json=leaseSlack,proto3" json:"lease_slack,omitempty"`
+	// max_rate is the rate ceiling, in attempts per second fleet-wide, kept
+	// by GCRA: Admit refuses an attempt that would exceed it with reason
+	// rate:limited and retry_after the exact wait; over any span t at most
+	// t x max_rate + burst attempts are admitted. Unset: no rate ceiling;
+	// set, > 0 and finite.
+	MaxRate *float64 `protobuf:"fixed64,3,opt,name=max_rate,json=maxRate,proto3,oneof" json:"max_rate,omitempty"`
+	// burst is how many attempts the rate ceiling admits at once; default 1;
+	// 1 to 1000000.
+	Burst         *uint32 `protobuf:"varint,4,opt,name=burst,proto3,oneof" json:"burst,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FlowSettings) Reset() {
+	*x = FlowSettings{}
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FlowSettings) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FlowSettings) ProtoMessage() {}
+
+func (x *FlowSettings) ProtoReflect() protoreflect.Message {
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FlowSettings.ProtoReflect.Descriptor instead.
+func (*FlowSettings) Descriptor() ([]byte, []int) {
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *FlowSettings) GetMaxInFlight() uint32 {
+	if x != nil && x.MaxInFlight != nil {
+		return *x.MaxInFlight
+	}
+	return 0
+}
+
+func (x *FlowSettings) GetLeaseSlack() *durationpb.Duration {
+	if x != nil {
+		return x.LeaseSlack
+	}
+	return nil
+}
+
+func (x *FlowSettings) GetMaxRate() float64 {
+	if x != nil && x.MaxRate != nil {
+		return *x.MaxRate
+	}
+	return 0
+}
+
+func (x *FlowSettings) GetBurst() uint32 {
+	if x != nil && x.Burst != nil {
+		return *x.Burst
+	}
+	return 0
+}
+
 // BudgetPlan is the result of planning retries into a window.
 type BudgetPlan struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1650,7 +1757,7 @@ type BudgetPlan struct {
 
 func (x *BudgetPlan) Reset() {
 	*x = BudgetPlan{}
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[7]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1662,7 +1769,7 @@ func (x *BudgetPlan) String() string {
 func (*BudgetPlan) ProtoMessage() {}
 
 func (x *BudgetPlan) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[7]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1675,7 +1782,7 @@ func (x *BudgetPlan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BudgetPlan.ProtoReflect.Descriptor instead.
 func (*BudgetPlan) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{7}
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *BudgetPlan) GetMaxAttempts() uint32 {
@@ -1747,7 +1854,7 @@ type BreakerKey struct {
 
 func (x *BreakerKey) Reset() {
 	*x = BreakerKey{}
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[8]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1759,7 +1866,7 @@ func (x *BreakerKey) String() string {
 func (*BreakerKey) ProtoMessage() {}
 
 func (x *BreakerKey) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[8]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1772,7 +1879,7 @@ func (x *BreakerKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BreakerKey.ProtoReflect.Descriptor instead.
 func (*BreakerKey) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{8}
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *BreakerKey) GetTenant() string {
@@ -1815,14 +1922,20 @@ type Breaker struct {
 	// is in force.
 	CooldownUntilTime *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=cooldown_until_time,json=cooldownUntilTime,proto3" json:"cooldown_until_time,omitempty"`
 	// mode is the trip rule in force.
-	Mode          BreakerMode `protobuf:"varint,11,opt,name=mode,proto3,enum=retrypolicy.v1.BreakerMode" json:"mode,omitempty"`
+	Mode BreakerMode `protobuf:"varint,11,opt,name=mode,proto3,enum=retrypolicy.v1.BreakerMode" json:"mode,omitempty"`
+	// leases_in_flight counts the concurrency leases live under this key
+	// (flow.max_in_flight), handed out and neither returned nor expired.
+	LeasesInFlight uint32 `protobuf:"varint,12,opt,name=leases_in_flight,json=leasesInFlight,proto3" json:"leases_in_flight,omitempty"`
+	// stray_releases counts releases of leases not held under this key
+	// (expired, already returned or never handed out): ignored, not errors.
+	StrayReleases uint64 `protobuf:"varint,13,opt,name=stray_releases,json=strayReleases,proto3" json:"stray_releases,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Breaker) Reset() {
 	*x = Breaker{}
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[9]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1834,7 +1947,7 @@ func (x *Breaker) String() string {
 func (*Breaker) ProtoMessage() {}
 
 func (x *Breaker) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[9]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1847,7 +1960,7 @@ func (x *Breaker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Breaker.ProtoReflect.Descriptor instead.
 func (*Breaker) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{9}
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Breaker) GetKey() *BreakerKey {
@@ -1927,6 +2040,20 @@ func (x *Breaker) GetMode() BreakerMode {
 	return BreakerMode_BREAKER_MODE_UNSPECIFIED
 }
 
+func (x *Breaker) GetLeasesInFlight() uint32 {
+	if x != nil {
+		return x.LeasesInFlight
+	}
+	return 0
+}
+
+func (x *Breaker) GetStrayReleases() uint64 {
+	if x != nil {
+		return x.StrayReleases
+	}
+	return 0
+}
+
 // TenantBudget configures a tenant's retry token bucket. Retries withdraw
 // tokens; successes deposit deposit_ratio tokens, so retries stay under that
 // share of traffic; min_retries_per_second tokens are added over time, so a
@@ -1956,7 +2083,7 @@ type TenantBudget struct {
 
 func (x *TenantBudget) Reset() {
 	*x = TenantBudget{}
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[10]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1968,7 +2095,7 @@ func (x *TenantBudget) String() string {
 func (*TenantBudget) ProtoMessage() {}
 
 func (x *TenantBudget) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[10]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1981,7 +2108,7 @@ func (x *TenantBudget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantBudget.ProtoReflect.Descriptor instead.
 func (*TenantBudget) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{10}
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *TenantBudget) GetTenant() string {
@@ -2054,7 +2181,7 @@ type TenantBudgetStatus struct {
 
 func (x *TenantBudgetStatus) Reset() {
 	*x = TenantBudgetStatus{}
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[11]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2066,7 +2193,7 @@ func (x *TenantBudgetStatus) String() string {
 func (*TenantBudgetStatus) ProtoMessage() {}
 
 func (x *TenantBudgetStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[11]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2079,7 +2206,7 @@ func (x *TenantBudgetStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantBudgetStatus.ProtoReflect.Descriptor instead.
 func (*TenantBudgetStatus) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{11}
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *TenantBudgetStatus) GetBudget() *TenantBudget {
@@ -2141,7 +2268,7 @@ type PolicyEntry struct {
 
 func (x *PolicyEntry) Reset() {
 	*x = PolicyEntry{}
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[12]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2153,7 +2280,7 @@ func (x *PolicyEntry) String() string {
 func (*PolicyEntry) ProtoMessage() {}
 
 func (x *PolicyEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[12]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2166,7 +2293,7 @@ func (x *PolicyEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PolicyEntry.ProtoReflect.Descriptor instead.
 func (*PolicyEntry) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{12}
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PolicyEntry) GetTenant() string {
@@ -2230,7 +2357,7 @@ type RunLedger struct {
 
 func (x *RunLedger) Reset() {
 	*x = RunLedger{}
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[13]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2242,7 +2369,7 @@ func (x *RunLedger) String() string {
 func (*RunLedger) ProtoMessage() {}
 
 func (x *RunLedger) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[13]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2255,7 +2382,7 @@ func (x *RunLedger) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunLedger.ProtoReflect.Descriptor instead.
 func (*RunLedger) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{13}
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RunLedger) GetSucceeded() uint64 {
@@ -2356,7 +2483,7 @@ type Run struct {
 
 func (x *Run) Reset() {
 	*x = Run{}
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[14]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2368,7 +2495,7 @@ func (x *Run) String() string {
 func (*Run) ProtoMessage() {}
 
 func (x *Run) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[14]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2381,7 +2508,7 @@ func (x *Run) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Run.ProtoReflect.Descriptor instead.
 func (*Run) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{14}
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Run) GetRunId() string {
@@ -2480,7 +2607,7 @@ type RunCall struct {
 
 func (x *RunCall) Reset() {
 	*x = RunCall{}
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[15]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2492,7 +2619,7 @@ func (x *RunCall) String() string {
 func (*RunCall) ProtoMessage() {}
 
 func (x *RunCall) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[15]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2505,7 +2632,7 @@ func (x *RunCall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCall.ProtoReflect.Descriptor instead.
 func (*RunCall) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{15}
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RunCall) GetCallId() string {
@@ -2614,7 +2741,7 @@ type AuditRecord struct {
 
 func (x *AuditRecord) Reset() {
 	*x = AuditRecord{}
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[16]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2626,7 +2753,7 @@ func (x *AuditRecord) String() string {
 func (*AuditRecord) ProtoMessage() {}
 
 func (x *AuditRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[16]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2639,7 +2766,7 @@ func (x *AuditRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditRecord.ProtoReflect.Descriptor instead.
 func (*AuditRecord) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{16}
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *AuditRecord) GetRecordTime() *timestamppb.Timestamp {
@@ -2755,7 +2882,7 @@ type IdempotencyRecord struct {
 
 func (x *IdempotencyRecord) Reset() {
 	*x = IdempotencyRecord{}
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[17]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2767,7 +2894,7 @@ func (x *IdempotencyRecord) String() string {
 func (*IdempotencyRecord) ProtoMessage() {}
 
 func (x *IdempotencyRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[17]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2780,7 +2907,7 @@ func (x *IdempotencyRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IdempotencyRecord.ProtoReflect.Descriptor instead.
 func (*IdempotencyRecord) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{17}
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *IdempotencyRecord) GetTenant() string {
@@ -2871,7 +2998,7 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"min_spread\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\tminSpread\x124\n" +
 	"\bmax_hint\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\amaxHintB\x0f\n" +
-	"\r_spread_ratio\"\x9e\x04\n" +
+	"\r_spread_ratio\"\xc5\x04\n" +
 	"\x0fBreakerSettings\x12/\n" +
 	"\x04mode\x18\x01 \x01(\x0e2\x1b.retrypolicy.v1.BreakerModeR\x04mode\x122\n" +
 	"\x05scope\x18\x02 \x01(\x0e2\x1c.retrypolicy.v1.BreakerScopeR\x05scope\x126\n" +
@@ -2881,12 +3008,14 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\tmin_calls\x18\x06 \x01(\rH\x02R\bminCalls\x88\x01\x01\x125\n" +
 	"\bcooldown\x18\a \x01(\v2\x19.google.protobuf.DurationR\bcooldown\x12-\n" +
 	"\x10half_open_probes\x18\b \x01(\rH\x03R\x0ehalfOpenProbes\x88\x01\x01\x12>\n" +
-	"\rprobe_timeout\x18\t \x01(\v2\x19.google.protobuf.DurationR\fprobeTimeoutB\x17\n" +
+	"\rprobe_timeout\x18\t \x01(\v2\x19.google.protobuf.DurationR\fprobeTimeout\x12%\n" +
+	"\x0ecount_pushback\x18\n" +
+	" \x01(\bR\rcountPushbackB\x17\n" +
 	"\x15_consecutive_failuresB\x0f\n" +
 	"\r_failure_rateB\f\n" +
 	"\n" +
 	"_min_callsB\x13\n" +
-	"\x11_half_open_probes\"\x94\x05\n" +
+	"\x11_half_open_probes\"\xc6\x05\n" +
 	"\x06Policy\x129\n" +
 	"\abackoff\x18\x01 \x01(\v2\x1f.retrypolicy.v1.BackoffSettingsR\abackoff\x12<\n" +
 	"\bpushback\x18\x02 \x01(\v2 .retrypolicy.v1.PushbackSettingsR\bpushback\x12&\n" +
@@ -2898,8 +3027,19 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\x14transient_grpc_codes\x18\b \x03(\rR\x12transientGrpcCodes\x129\n" +
 	"\abreaker\x18\t \x01(\v2\x1f.retrypolicy.v1.BreakerSettingsR\abreaker\x12B\n" +
 	"\x0fidempotency_ttl\x18\x14 \x01(\v2\x19.google.protobuf.DurationR\x0eidempotencyTtl\x125\n" +
-	"\x17upstream_dedupes_by_key\x18\x15 \x01(\bR\x14upstreamDedupesByKeyB\x0f\n" +
-	"\r_max_attempts\"\xa2\x03\n" +
+	"\x17upstream_dedupes_by_key\x18\x15 \x01(\bR\x14upstreamDedupesByKey\x120\n" +
+	"\x04flow\x18\n" +
+	" \x01(\v2\x1c.retrypolicy.v1.FlowSettingsR\x04flowB\x0f\n" +
+	"\r_max_attempts\"\xd7\x01\n" +
+	"\fFlowSettings\x12'\n" +
+	"\rmax_in_flight\x18\x01 \x01(\rH\x00R\vmaxInFlight\x88\x01\x01\x12:\n" +
+	"\vlease_slack\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"leaseSlack\x12\x1e\n" +
+	"\bmax_rate\x18\x03 \x01(\x01H\x01R\amaxRate\x88\x01\x01\x12\x19\n" +
+	"\x05burst\x18\x04 \x01(\rH\x02R\x05burst\x88\x01\x01B\x10\n" +
+	"\x0e_max_in_flightB\v\n" +
+	"\t_max_rateB\b\n" +
+	"\x06_burst\"\xa2\x03\n" +
 	"\n" +
 	"BudgetPlan\x12!\n" +
 	"\fmax_attempts\x18\x01 \x01(\rR\vmaxAttempts\x121\n" +
@@ -2913,7 +3053,7 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"BreakerKey\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
-	"\x06target\x18\x02 \x01(\tR\x06target\"\xaa\x04\n" +
+	"\x06target\x18\x02 \x01(\tR\x06target\"\xfb\x04\n" +
 	"\aBreaker\x12,\n" +
 	"\x03key\x18\x01 \x01(\v2\x1a.retrypolicy.v1.BreakerKeyR\x03key\x122\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x1c.retrypolicy.v1.BreakerStateR\x05state\x12\x16\n" +
@@ -2927,7 +3067,9 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"changeTime\x12J\n" +
 	"\x13cooldown_until_time\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\x11cooldownUntilTime\x12/\n" +
-	"\x04mode\x18\v \x01(\x0e2\x1b.retrypolicy.v1.BreakerModeR\x04mode\"\xf7\x01\n" +
+	"\x04mode\x18\v \x01(\x0e2\x1b.retrypolicy.v1.BreakerModeR\x04mode\x12(\n" +
+	"\x10leases_in_flight\x18\f \x01(\rR\x0eleasesInFlight\x12%\n" +
+	"\x0estray_releases\x18\r \x01(\x04R\rstrayReleases\"\xf7\x01\n" +
 	"\fTenantBudget\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1a\n" +
 	"\bcapacity\x18\x02 \x01(\x01R\bcapacity\x12#\n" +
@@ -3113,7 +3255,7 @@ func file_retrypolicy_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_retrypolicy_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 14)
-var file_retrypolicy_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_retrypolicy_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_retrypolicy_v1_types_proto_goTypes = []any{
 	(Category)(0),                 // 0: retrypolicy.v1.Category
 	(TransportError)(0),           // 1: retrypolicy.v1.TransportError
@@ -3136,78 +3278,81 @@ var file_retrypolicy_v1_types_proto_goTypes = []any{
 	(*PushbackSettings)(nil),      // 18: retrypolicy.v1.PushbackSettings
 	(*BreakerSettings)(nil),       // 19: retrypolicy.v1.BreakerSettings
 	(*Policy)(nil),                // 20: retrypolicy.v1.Policy
-	(*BudgetPlan)(nil),            // 21: retrypolicy.v1.BudgetPlan
-	(*BreakerKey)(nil),            // 22: retrypolicy.v1.BreakerKey
-	(*Breaker)(nil),               // 23: retrypolicy.v1.Breaker
-	(*TenantBudget)(nil),          // 24: retrypolicy.v1.TenantBudget
-	(*TenantBudgetStatus)(nil),    // 25: retrypolicy.v1.TenantBudgetStatus
-	(*PolicyEntry)(nil),           // 26: retrypolicy.v1.PolicyEntry
-	(*RunLedger)(nil),             // 27: retrypolicy.v1.RunLedger
-	(*Run)(nil),                   // 28: retrypolicy.v1.Run
-	(*RunCall)(nil),               // 29: retrypolicy.v1.RunCall
-	(*AuditRecord)(nil),           // 30: retrypolicy.v1.AuditRecord
-	(*IdempotencyRecord)(nil),     // 31: retrypolicy.v1.IdempotencyRecord
-	(*timestamppb.Timestamp)(nil), // 32: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 33: google.protobuf.Duration
+	(*FlowSettings)(nil),          // 21: retrypolicy.v1.FlowSettings
+	(*BudgetPlan)(nil),            // 22: retrypolicy.v1.BudgetPlan
+	(*BreakerKey)(nil),            // 23: retrypolicy.v1.BreakerKey
+	(*Breaker)(nil),               // 24: retrypolicy.v1.Breaker
+	(*TenantBudget)(nil),          // 25: retrypolicy.v1.TenantBudget
+	(*TenantBudgetStatus)(nil),    // 26: retrypolicy.v1.TenantBudgetStatus
+	(*PolicyEntry)(nil),           // 27: retrypolicy.v1.PolicyEntry
+	(*RunLedger)(nil),             // 28: retrypolicy.v1.RunLedger
+	(*Run)(nil),                   // 29: retrypolicy.v1.Run
+	(*RunCall)(nil),               // 30: retrypolicy.v1.RunCall
+	(*AuditRecord)(nil),           // 31: retrypolicy.v1.AuditRecord
+	(*IdempotencyRecord)(nil),     // 32: retrypolicy.v1.IdempotencyRecord
+	(*timestamppb.Timestamp)(nil), // 33: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 34: google.protobuf.Duration
 }
 var file_retrypolicy_v1_types_proto_depIdxs = []int32{
-	32, // 0: retrypolicy.v1.CallRef.origin_time:type_name -> google.protobuf.Timestamp
-	32, // 1: retrypolicy.v1.CallRef.deadline_time:type_name -> google.protobuf.Timestamp
+	33, // 0: retrypolicy.v1.CallRef.origin_time:type_name -> google.protobuf.Timestamp
+	33, // 1: retrypolicy.v1.CallRef.deadline_time:type_name -> google.protobuf.Timestamp
 	1,  // 2: retrypolicy.v1.Failure.transport_error:type_name -> retrypolicy.v1.TransportError
 	2,  // 3: retrypolicy.v1.Failure.local_error:type_name -> retrypolicy.v1.LocalError
-	33, // 4: retrypolicy.v1.BackoffSettings.base_delay:type_name -> google.protobuf.Duration
-	33, // 5: retrypolicy.v1.BackoffSettings.max_delay:type_name -> google.protobuf.Duration
+	34, // 4: retrypolicy.v1.BackoffSettings.base_delay:type_name -> google.protobuf.Duration
+	34, // 5: retrypolicy.v1.BackoffSettings.max_delay:type_name -> google.protobuf.Duration
 	3,  // 6: retrypolicy.v1.BackoffSettings.jitter:type_name -> retrypolicy.v1.Jitter
 	4,  // 7: retrypolicy.v1.PushbackSettings.mode:type_name -> retrypolicy.v1.RetryAfterMode
-	33, // 8: retrypolicy.v1.PushbackSettings.min_spread:type_name -> google.protobuf.Duration
-	33, // 9: retrypolicy.v1.PushbackSettings.max_hint:type_name -> google.protobuf.Duration
+	34, // 8: retrypolicy.v1.PushbackSettings.min_spread:type_name -> google.protobuf.Duration
+	34, // 9: retrypolicy.v1.PushbackSettings.max_hint:type_name -> google.protobuf.Duration
 	9,  // 10: retrypolicy.v1.BreakerSettings.mode:type_name -> retrypolicy.v1.BreakerMode
 	10, // 11: retrypolicy.v1.BreakerSettings.scope:type_name -> retrypolicy.v1.BreakerScope
-	33, // 12: retrypolicy.v1.BreakerSettings.window:type_name -> google.protobuf.Duration
-	33, // 13: retrypolicy.v1.BreakerSettings.cooldown:type_name -> google.protobuf.Duration
-	33, // 14: retrypolicy.v1.BreakerSettings.probe_timeout:type_name -> google.protobuf.Duration
+	34, // 12: retrypolicy.v1.BreakerSettings.window:type_name -> google.protobuf.Duration
+	34, // 13: retrypolicy.v1.BreakerSettings.cooldown:type_name -> google.protobuf.Duration
+	34, // 14: retrypolicy.v1.BreakerSettings.probe_timeout:type_name -> google.protobuf.Duration
 	17, // 15: retrypolicy.v1.Policy.backoff:type_name -> retrypolicy.v1.BackoffSettings
 	18, // 16: retrypolicy.v1.Policy.pushback:type_name -> retrypolicy.v1.PushbackSettings
-	33, // 17: retrypolicy.v1.Policy.attempt_timeout:type_name -> google.protobuf.Duration
-	33, // 18: retrypolicy.v1.Policy.call_deadline:type_name -> google.protobuf.Duration
+	34, // 17: retrypolicy.v1.Policy.attempt_timeout:type_name -> google.protobuf.Duration
+	34, // 18: retrypolicy.v1.Policy.call_deadline:type_name -> google.protobuf.Duration
 	19, // 19: retrypolicy.v1.Policy.breaker:type_name -> retrypolicy.v1.BreakerSettings
-	33, // 20: retrypolicy.v1.Policy.idempotency_ttl:type_name -> google.protobuf.Duration
-	33, // 21: retrypolicy.v1.BudgetPlan.delays:type_name -> google.protobuf.Duration
-	33, // 22: retrypolicy.v1.BudgetPlan.worst_case_total:type_name -> google.protobuf.Duration
-	33, // 23: retrypolicy.v1.BudgetPlan.idempotency_ttl:type_name -> google.protobuf.Duration
-	33, // 24: retrypolicy.v1.BudgetPlan.window:type_name -> google.protobuf.Duration
-	33, // 25: retrypolicy.v1.BudgetPlan.remaining:type_name -> google.protobuf.Duration
-	33, // 26: retrypolicy.v1.BudgetPlan.usable:type_name -> google.protobuf.Duration
-	22, // 27: retrypolicy.v1.Breaker.key:type_name -> retrypolicy.v1.BreakerKey
-	8,  // 28: retrypolicy.v1.Breaker.state:type_name -> retrypolicy.v1.BreakerState
-	32, // 29: retrypolicy.v1.Breaker.open_until_time:type_name -> google.protobuf.Timestamp
-	32, // 30: retrypolicy.v1.Breaker.change_time:type_name -> google.protobuf.Timestamp
-	32, // 31: retrypolicy.v1.Breaker.cooldown_until_time:type_name -> google.protobuf.Timestamp
-	9,  // 32: retrypolicy.v1.Breaker.mode:type_name -> retrypolicy.v1.BreakerMode
-	24, // 33: retrypolicy.v1.TenantBudgetStatus.budget:type_name -> retrypolicy.v1.TenantBudget
-	20, // 34: retrypolicy.v1.PolicyEntry.policy:type_name -> retrypolicy.v1.Policy
-	32, // 35: retrypolicy.v1.PolicyEntry.update_time:type_name -> google.protobuf.Timestamp
-	32, // 36: retrypolicy.v1.Run.cutoff_time:type_name -> google.protobuf.Timestamp
-	32, // 37: retrypolicy.v1.Run.create_time:type_name -> google.protobuf.Timestamp
-	27, // 38: retrypolicy.v1.Run.ledger:type_name -> retrypolicy.v1.RunLedger
-	7,  // 39: retrypolicy.v1.RunCall.disposition:type_name -> retrypolicy.v1.Disposition
-	6,  // 40: retrypolicy.v1.RunCall.stop_reason:type_name -> retrypolicy.v1.StopReason
-	32, // 41: retrypolicy.v1.RunCall.first_attempt_time:type_name -> google.protobuf.Timestamp
-	32, // 42: retrypolicy.v1.RunCall.last_attempt_time:type_name -> google.protobuf.Timestamp
-	32, // 43: retrypolicy.v1.AuditRecord.record_time:type_name -> google.protobuf.Timestamp
-	11, // 44: retrypolicy.v1.AuditRecord.event:type_name -> retrypolicy.v1.AuditEvent
-	5,  // 45: retrypolicy.v1.AuditRecord.decision:type_name -> retrypolicy.v1.Decision
-	33, // 46: retrypolicy.v1.AuditRecord.delay:type_name -> google.protobuf.Duration
-	6,  // 47: retrypolicy.v1.AuditRecord.stop_reason:type_name -> retrypolicy.v1.StopReason
-	7,  // 48: retrypolicy.v1.AuditRecord.disposition:type_name -> retrypolicy.v1.Disposition
-	12, // 49: retrypolicy.v1.IdempotencyRecord.state:type_name -> retrypolicy.v1.KeyState
-	32, // 50: retrypolicy.v1.IdempotencyRecord.lease_expire_time:type_name -> google.protobuf.Timestamp
-	32, // 51: retrypolicy.v1.IdempotencyRecord.expire_time:type_name -> google.protobuf.Timestamp
-	52, // [52:52] is the sub-list for method output_type
-	52, // [52:52] is the sub-list for method input_type
-	52, // [52:52] is the sub-list for extension type_name
-	52, // [52:52] is the sub-list for extension extendee
-	0,  // [0:52] is the sub-list for field type_name
+	34, // 20: retrypolicy.v1.Policy.idempotency_ttl:type_name -> google.protobuf.Duration
+	21, // 21: retrypolicy.v1.Policy.flow:type_name -> retrypolicy.v1.FlowSettings
+	34, // 22: retrypolicy.v1.FlowSettings.lease_slack:type_name -> google.protobuf.Duration
+	34, // 23: retrypolicy.v1.BudgetPlan.delays:type_name -> google.protobuf.Duration
+	34, // 24: retrypolicy.v1.BudgetPlan.worst_case_total:type_name -> google.protobuf.Duration
+	34, // 25: retrypolicy.v1.BudgetPlan.idempotency_ttl:type_name -> google.protobuf.Duration
+	34, // 26: retrypolicy.v1.BudgetPlan.window:type_name -> google.protobuf.Duration
+	34, // 27: retrypolicy.v1.BudgetPlan.remaining:type_name -> google.protobuf.Duration
+	34, // 28: retrypolicy.v1.BudgetPlan.usable:type_name -> google.protobuf.Duration
+	23, // 29: retrypolicy.v1.Breaker.key:type_name -> retrypolicy.v1.BreakerKey
+	8,  // 30: retrypolicy.v1.Breaker.state:type_name -> retrypolicy.v1.BreakerState
+	33, // 31: retrypolicy.v1.Breaker.open_until_time:type_name -> google.protobuf.Timestamp
+	33, // 32: retrypolicy.v1.Breaker.change_time:type_name -> google.protobuf.Timestamp
+	33, // 33: retrypolicy.v1.Breaker.cooldown_until_time:type_name -> google.protobuf.Timestamp
+	9,  // 34: retrypolicy.v1.Breaker.mode:type_name -> retrypolicy.v1.BreakerMode
+	25, // 35: retrypolicy.v1.TenantBudgetStatus.budget:type_name -> retrypolicy.v1.TenantBudget
+	20, // 36: retrypolicy.v1.PolicyEntry.policy:type_name -> retrypolicy.v1.Policy
+	33, // 37: retrypolicy.v1.PolicyEntry.update_time:type_name -> google.protobuf.Timestamp
+	33, // 38: retrypolicy.v1.Run.cutoff_time:type_name -> google.protobuf.Timestamp
+	33, // 39: retrypolicy.v1.Run.create_time:type_name -> google.protobuf.Timestamp
+	28, // 40: retrypolicy.v1.Run.ledger:type_name -> retrypolicy.v1.RunLedger
+	7,  // 41: retrypolicy.v1.RunCall.disposition:type_name -> retrypolicy.v1.Disposition
+	6,  // 42: retrypolicy.v1.RunCall.stop_reason:type_name -> retrypolicy.v1.StopReason
+	33, // 43: retrypolicy.v1.RunCall.first_attempt_time:type_name -> google.protobuf.Timestamp
+	33, // 44: retrypolicy.v1.RunCall.last_attempt_time:type_name -> google.protobuf.Timestamp
+	33, // 45: retrypolicy.v1.AuditRecord.record_time:type_name -> google.protobuf.Timestamp
+	11, // 46: retrypolicy.v1.AuditRecord.event:type_name -> retrypolicy.v1.AuditEvent
+	5,  // 47: retrypolicy.v1.AuditRecord.decision:type_name -> retrypolicy.v1.Decision
+	34, // 48: retrypolicy.v1.AuditRecord.delay:type_name -> google.protobuf.Duration
+	6,  // 49: retrypolicy.v1.AuditRecord.stop_reason:type_name -> retrypolicy.v1.StopReason
+	7,  // 50: retrypolicy.v1.AuditRecord.disposition:type_name -> retrypolicy.v1.Disposition
+	12, // 51: retrypolicy.v1.IdempotencyRecord.state:type_name -> retrypolicy.v1.KeyState
+	33, // 52: retrypolicy.v1.IdempotencyRecord.lease_expire_time:type_name -> google.protobuf.Timestamp
+	33, // 53: retrypolicy.v1.IdempotencyRecord.expire_time:type_name -> google.protobuf.Timestamp
+	54, // [54:54] is the sub-list for method output_type
+	54, // [54:54] is the sub-list for method input_type
+	54, // [54:54] is the sub-list for extension type_name
+	54, // [54:54] is the sub-list for extension extendee
+	0,  // [0:54] is the sub-list for field type_name
 }
 
 func init() { file_retrypolicy_v1_types_proto_init() }
@@ -3225,13 +3370,14 @@ func file_retrypolicy_v1_types_proto_init() {
 	file_retrypolicy_v1_types_proto_msgTypes[4].OneofWrappers = []any{}
 	file_retrypolicy_v1_types_proto_msgTypes[5].OneofWrappers = []any{}
 	file_retrypolicy_v1_types_proto_msgTypes[6].OneofWrappers = []any{}
+	file_retrypolicy_v1_types_proto_msgTypes[7].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_retrypolicy_v1_types_proto_rawDesc), len(file_retrypolicy_v1_types_proto_rawDesc)),
 			NumEnums:      14,
-			NumMessages:   18,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -30,23 +30,25 @@ class ClassifyResponse(_message.Message):
     def __init__(self, retryable: _Optional[bool] = ..., category: _Optional[_Union[_types_pb2.Category, str]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class NextDelayRequest(_message.Message):
-    __slots__ = ("call", "attempt", "failure", "pushback", "previous_delay", "permit_id")
+    __slots__ = ("call", "attempt", "failure", "pushback", "previous_delay", "permit_id", "lease_id")
     CALL_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
     PUSHBACK_FIELD_NUMBER: _ClassVar[int]
     PREVIOUS_DELAY_FIELD_NUMBER: _ClassVar[int]
     PERMIT_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     call: _types_pb2.CallRef
     attempt: int
     failure: _types_pb2.Failure
     pushback: _types_pb2.Pushback
     previous_delay: _duration_pb2.Duration
     permit_id: str
-    def __init__(self, call: _Optional[_Union[_types_pb2.CallRef, _Mapping]] = ..., attempt: _Optional[int] = ..., failure: _Optional[_Union[_types_pb2.Failure, _Mapping]] = ..., pushback: _Optional[_Union[_types_pb2.Pushback, _Mapping]] = ..., previous_delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., permit_id: _Optional[str] = ...) -> None: ...
+    lease_id: str
+    def __init__(self, call: _Optional[_Union[_types_pb2.CallRef, _Mapping]] = ..., attempt: _Optional[int] = ..., failure: _Optional[_Union[_types_pb2.Failure, _Mapping]] = ..., pushback: _Optional[_Union[_types_pb2.Pushback, _Mapping]] = ..., previous_delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., permit_id: _Optional[str] = ..., lease_id: _Optional[str] = ...) -> None: ...
 
 class NextDelayResponse(_message.Message):
-    __slots__ = ("decision", "delay", "stop_reason", "disposition", "category", "classification", "pushback_note", "attempt_timeout", "breaker_state", "tenant_budget_remaining", "run_budget_remaining", "checks", "detail")
+    __slots__ = ("decision", "delay", "stop_reason", "disposition", "category", "classification", "pushback_note", "attempt_timeout", "breaker_state", "tenant_budget_remaining", "run_budget_remaining", "checks", "detail", "flow_controlled")
     DECISION_FIELD_NUMBER: _ClassVar[int]
     DELAY_FIELD_NUMBER: _ClassVar[int]
     STOP_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +62,7 @@ class NextDelayResponse(_message.Message):
     RUN_BUDGET_REMAINING_FIELD_NUMBER: _ClassVar[int]
     CHECKS_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    FLOW_CONTROLLED_FIELD_NUMBER: _ClassVar[int]
     decision: _types_pb2.Decision
     delay: _duration_pb2.Duration
     stop_reason: _types_pb2.StopReason
@@ -73,10 +76,11 @@ class NextDelayResponse(_message.Message):
     run_budget_remaining: int
     checks: _containers.RepeatedScalarFieldContainer[str]
     detail: str
-    def __init__(self, decision: _Optional[_Union[_types_pb2.Decision, str]] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., stop_reason: _Optional[_Union[_types_pb2.StopReason, str]] = ..., disposition: _Optional[_Union[_types_pb2.Disposition, str]] = ..., category: _Optional[_Union[_types_pb2.Category, str]] = ..., classification: _Optional[str] = ..., pushback_note: _Optional[str] = ..., attempt_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., breaker_state: _Optional[_Union[_types_pb2.BreakerState, str]] = ..., tenant_budget_remaining: _Optional[float] = ..., run_budget_remaining: _Optional[int] = ..., checks: _Optional[_Iterable[str]] = ..., detail: _Optional[str] = ...) -> None: ...
+    flow_controlled: bool
+    def __init__(self, decision: _Optional[_Union[_types_pb2.Decision, str]] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., stop_reason: _Optional[_Union[_types_pb2.StopReason, str]] = ..., disposition: _Optional[_Union[_types_pb2.Disposition, str]] = ..., category: _Optional[_Union[_types_pb2.Category, str]] = ..., classification: _Optional[str] = ..., pushback_note: _Optional[str] = ..., attempt_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., breaker_state: _Optional[_Union[_types_pb2.BreakerState, str]] = ..., tenant_budget_remaining: _Optional[float] = ..., run_budget_remaining: _Optional[int] = ..., checks: _Optional[_Iterable[str]] = ..., detail: _Optional[str] = ..., flow_controlled: _Optional[bool] = ...) -> None: ...
 
 class Outcome(_message.Message):
-    __slots__ = ("call", "attempt", "success", "failure", "latency", "permit_id", "final_disposition", "final_stop_reason", "already_recorded", "deduplicated")
+    __slots__ = ("call", "attempt", "success", "failure", "latency", "permit_id", "final_disposition", "final_stop_reason", "already_recorded", "lease_id", "deduplicated")
     CALL_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     SUCCESS_FIELD_NUMBER: _ClassVar[int]
@@ -86,6 +90,7 @@ class Outcome(_message.Message):
     FINAL_DISPOSITION_FIELD_NUMBER: _ClassVar[int]
     FINAL_STOP_REASON_FIELD_NUMBER: _ClassVar[int]
     ALREADY_RECORDED_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     DEDUPLICATED_FIELD_NUMBER: _ClassVar[int]
     call: _types_pb2.CallRef
     attempt: int
@@ -96,8 +101,9 @@ class Outcome(_message.Message):
     final_disposition: _types_pb2.Disposition
     final_stop_reason: _types_pb2.StopReason
     already_recorded: bool
+    lease_id: str
     deduplicated: bool
-    def __init__(self, call: _Optional[_Union[_types_pb2.CallRef, _Mapping]] = ..., attempt: _Optional[int] = ..., success: _Optional[bool] = ..., failure: _Optional[_Union[_types_pb2.Failure, _Mapping]] = ..., latency: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., permit_id: _Optional[str] = ..., final_disposition: _Optional[_Union[_types_pb2.Disposition, str]] = ..., final_stop_reason: _Optional[_Union[_types_pb2.StopReason, str]] = ..., already_recorded: _Optional[bool] = ..., deduplicated: _Optional[bool] = ...) -> None: ...
+    def __init__(self, call: _Optional[_Union[_types_pb2.CallRef, _Mapping]] = ..., attempt: _Optional[int] = ..., success: _Optional[bool] = ..., failure: _Optional[_Union[_types_pb2.Failure, _Mapping]] = ..., latency: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., permit_id: _Optional[str] = ..., final_disposition: _Optional[_Union[_types_pb2.Disposition, str]] = ..., final_stop_reason: _Optional[_Union[_types_pb2.StopReason, str]] = ..., already_recorded: _Optional[bool] = ..., lease_id: _Optional[str] = ..., deduplicated: _Optional[bool] = ...) -> None: ...
 
 class ReportOutcomeRequest(_message.Message):
     __slots__ = ("outcomes",)
@@ -106,12 +112,14 @@ class ReportOutcomeRequest(_message.Message):
     def __init__(self, outcomes: _Optional[_Iterable[_Union[Outcome, _Mapping]]] = ...) -> None: ...
 
 class ReportOutcomeResponse(_message.Message):
-    __slots__ = ("accepted", "refused")
+    __slots__ = ("accepted", "refused", "flow_controlled_targets")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
+    FLOW_CONTROLLED_TARGETS_FIELD_NUMBER: _ClassVar[int]
     accepted: int
     refused: _containers.RepeatedCompositeFieldContainer[OutcomeRefusal]
-    def __init__(self, accepted: _Optional[int] = ..., refused: _Optional[_Iterable[_Union[OutcomeRefusal, _Mapping]]] = ...) -> None: ...
+    flow_controlled_targets: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, accepted: _Optional[int] = ..., refused: _Optional[_Iterable[_Union[OutcomeRefusal, _Mapping]]] = ..., flow_controlled_targets: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class OutcomeRefusal(_message.Message):
     __slots__ = ("index", "code", "field", "message")
@@ -134,20 +142,40 @@ class AdmitRequest(_message.Message):
     def __init__(self, call: _Optional[_Union[_types_pb2.CallRef, _Mapping]] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class AdmitResponse(_message.Message):
-    __slots__ = ("admitted", "state", "permit_id", "retry_after", "reason", "run_cutoff_time")
+    __slots__ = ("admitted", "state", "permit_id", "retry_after", "reason", "run_cutoff_time", "lease_id", "lease_expire_time", "flow_controlled")
     ADMITTED_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     PERMIT_ID_FIELD_NUMBER: _ClassVar[int]
     RETRY_AFTER_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     RUN_CUTOFF_TIME_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    FLOW_CONTROLLED_FIELD_NUMBER: _ClassVar[int]
     admitted: bool
     state: _types_pb2.BreakerState
     permit_id: str
     retry_after: _duration_pb2.Duration
     reason: str
     run_cutoff_time: _timestamp_pb2.Timestamp
-    def __init__(self, admitted: _Optional[bool] = ..., state: _Optional[_Union[_types_pb2.BreakerState, str]] = ..., permit_id: _Optional[str] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., reason: _Optional[str] = ..., run_cutoff_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    lease_id: str
+    lease_expire_time: _timestamp_pb2.Timestamp
+    flow_controlled: bool
+    def __init__(self, admitted: _Optional[bool] = ..., state: _Optional[_Union[_types_pb2.BreakerState, str]] = ..., permit_id: _Optional[str] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., reason: _Optional[str] = ..., run_cutoff_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_id: _Optional[str] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., flow_controlled: _Optional[bool] = ...) -> None: ...
+
+class ReleaseLeaseRequest(_message.Message):
+    __slots__ = ("call", "lease_id")
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    call: _types_pb2.CallRef
+    lease_id: str
+    def __init__(self, call: _Optional[_Union[_types_pb2.CallRef, _Mapping]] = ..., lease_id: _Optional[str] = ...) -> None: ...
+
+class ReleaseLeaseResponse(_message.Message):
+    __slots__ = ("released",)
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    released: bool
+    def __init__(self, released: _Optional[bool] = ...) -> None: ...
 
 class WatchBreakersRequest(_message.Message):
     __slots__ = ("tenant",)
@@ -156,14 +184,20 @@ class WatchBreakersRequest(_message.Message):
     def __init__(self, tenant: _Optional[str] = ...) -> None: ...
 
 class WatchBreakersResponse(_message.Message):
-    __slots__ = ("breaker", "snapshot", "snapshot_complete")
+    __slots__ = ("breaker", "snapshot", "snapshot_complete", "flow_controlled_targets", "uncontrolled_targets", "other_targets_flow_controlled")
     BREAKER_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    FLOW_CONTROLLED_TARGETS_FIELD_NUMBER: _ClassVar[int]
+    UNCONTROLLED_TARGETS_FIELD_NUMBER: _ClassVar[int]
+    OTHER_TARGETS_FLOW_CONTROLLED_FIELD_NUMBER: _ClassVar[int]
     breaker: _types_pb2.Breaker
     snapshot: bool
     snapshot_complete: bool
-    def __init__(self, breaker: _Optional[_Union[_types_pb2.Breaker, _Mapping]] = ..., snapshot: _Optional[bool] = ..., snapshot_complete: _Optional[bool] = ...) -> None: ...
+    flow_controlled_targets: _containers.RepeatedScalarFieldContainer[str]
+    uncontrolled_targets: _containers.RepeatedScalarFieldContainer[str]
+    other_targets_flow_controlled: bool
+    def __init__(self, breaker: _Optional[_Union[_types_pb2.Breaker, _Mapping]] = ..., snapshot: _Optional[bool] = ..., snapshot_complete: _Optional[bool] = ..., flow_controlled_targets: _Optional[_Iterable[str]] = ..., uncontrolled_targets: _Optional[_Iterable[str]] = ..., other_targets_flow_controlled: _Optional[bool] = ...) -> None: ...
 
 class PlanBudgetRequest(_message.Message):
     __slots__ = ("window", "backoff", "attempt_timeout", "ttl_margin", "max_attempts", "hops", "origin_time", "reserve")

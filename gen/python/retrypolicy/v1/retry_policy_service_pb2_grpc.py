@@ -58,6 +58,11 @@ class RetryPolicyServiceStub:
                 request_serializer=retrypolicy_dot_v1_dot_retry__policy__service__pb2.AdmitRequest.SerializeToString,
                 response_deserializer=retrypolicy_dot_v1_dot_retry__policy__service__pb2.AdmitResponse.FromString,
                 _registered_method=True)
+        self.ReleaseLease = channel.unary_unary(
+                '/retrypolicy.v1.RetryPolicyService/ReleaseLease',
+                request_serializer=retrypolicy_dot_v1_dot_retry__policy__service__pb2.ReleaseLeaseRequest.SerializeToString,
+                response_deserializer=retrypolicy_dot_v1_dot_retry__policy__service__pb2.ReleaseLeaseResponse.FromString,
+                _registered_method=True)
         self.WatchBreakers = channel.unary_stream(
                 '/retrypolicy.v1.RetryPolicyService/WatchBreakers',
                 request_serializer=retrypolicy_dot_v1_dot_retry__policy__service__pb2.WatchBreakersRequest.SerializeToString,
@@ -119,6 +124,14 @@ class RetryPolicyServiceServicer:
     def Admit(self, request, context):
         """Admit asks before an attempt whether the shared breaker lets it through.
         In HALF_OPEN it hands out at most N probe permits fleet-wide.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseLease(self, request, context):
+        """ReleaseLease returns a concurrency lease without an outcome (the
+        attempt was abandoned); releasing one not held is ignored and counted.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -188,6 +201,11 @@ def add_RetryPolicyServiceServicer_to_server(servicer, server):
                     servicer.Admit,
                     request_deserializer=retrypolicy_dot_v1_dot_retry__policy__service__pb2.AdmitRequest.FromString,
                     response_serializer=retrypolicy_dot_v1_dot_retry__policy__service__pb2.AdmitResponse.SerializeToString,
+            ),
+            'ReleaseLease': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseLease,
+                    request_deserializer=retrypolicy_dot_v1_dot_retry__policy__service__pb2.ReleaseLeaseRequest.FromString,
+                    response_serializer=retrypolicy_dot_v1_dot_retry__policy__service__pb2.ReleaseLeaseResponse.SerializeToString,
             ),
             'WatchBreakers': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchBreakers,
@@ -327,6 +345,33 @@ class RetryPolicyService:
             '/retrypolicy.v1.RetryPolicyService/Admit',
             retrypolicy_dot_v1_dot_retry__policy__service__pb2.AdmitRequest.SerializeToString,
             retrypolicy_dot_v1_dot_retry__policy__service__pb2.AdmitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseLease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/retrypolicy.v1.RetryPolicyService/ReleaseLease',
+            retrypolicy_dot_v1_dot_retry__policy__service__pb2.ReleaseLeaseRequest.SerializeToString,
+            retrypolicy_dot_v1_dot_retry__policy__service__pb2.ReleaseLeaseResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -250,7 +250,7 @@ class PushbackSettings(_message.Message):
     def __init__(self, mode: _Optional[_Union[RetryAfterMode, str]] = ..., spread_ratio: _Optional[float] = ..., min_spread: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_hint: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class BreakerSettings(_message.Message):
-    __slots__ = ("mode", "scope", "consecutive_failures", "failure_rate", "window", "min_calls", "cooldown", "half_open_probes", "probe_timeout")
+    __slots__ = ("mode", "scope", "consecutive_failures", "failure_rate", "window", "min_calls", "cooldown", "half_open_probes", "probe_timeout", "count_pushback")
     MODE_FIELD_NUMBER: _ClassVar[int]
     SCOPE_FIELD_NUMBER: _ClassVar[int]
     CONSECUTIVE_FAILURES_FIELD_NUMBER: _ClassVar[int]
@@ -260,6 +260,7 @@ class BreakerSettings(_message.Message):
     COOLDOWN_FIELD_NUMBER: _ClassVar[int]
     HALF_OPEN_PROBES_FIELD_NUMBER: _ClassVar[int]
     PROBE_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    COUNT_PUSHBACK_FIELD_NUMBER: _ClassVar[int]
     mode: BreakerMode
     scope: BreakerScope
     consecutive_failures: int
@@ -269,10 +270,11 @@ class BreakerSettings(_message.Message):
     cooldown: _duration_pb2.Duration
     half_open_probes: int
     probe_timeout: _duration_pb2.Duration
-    def __init__(self, mode: _Optional[_Union[BreakerMode, str]] = ..., scope: _Optional[_Union[BreakerScope, str]] = ..., consecutive_failures: _Optional[int] = ..., failure_rate: _Optional[float] = ..., window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., min_calls: _Optional[int] = ..., cooldown: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., half_open_probes: _Optional[int] = ..., probe_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    count_pushback: bool
+    def __init__(self, mode: _Optional[_Union[BreakerMode, str]] = ..., scope: _Optional[_Union[BreakerScope, str]] = ..., consecutive_failures: _Optional[int] = ..., failure_rate: _Optional[float] = ..., window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., min_calls: _Optional[int] = ..., cooldown: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., half_open_probes: _Optional[int] = ..., probe_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., count_pushback: _Optional[bool] = ...) -> None: ...
 
 class Policy(_message.Message):
-    __slots__ = ("backoff", "pushback", "max_attempts", "attempt_timeout", "call_deadline", "transient_http_statuses", "terminal_http_statuses", "transient_grpc_codes", "breaker", "idempotency_ttl", "upstream_dedupes_by_key")
+    __slots__ = ("backoff", "pushback", "max_attempts", "attempt_timeout", "call_deadline", "transient_http_statuses", "terminal_http_statuses", "transient_grpc_codes", "breaker", "idempotency_ttl", "upstream_dedupes_by_key", "flow")
     BACKOFF_FIELD_NUMBER: _ClassVar[int]
     PUSHBACK_FIELD_NUMBER: _ClassVar[int]
     MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
@@ -284,6 +286,7 @@ class Policy(_message.Message):
     BREAKER_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_TTL_FIELD_NUMBER: _ClassVar[int]
     UPSTREAM_DEDUPES_BY_KEY_FIELD_NUMBER: _ClassVar[int]
+    FLOW_FIELD_NUMBER: _ClassVar[int]
     backoff: BackoffSettings
     pushback: PushbackSettings
     max_attempts: int
@@ -295,7 +298,20 @@ class Policy(_message.Message):
     breaker: BreakerSettings
     idempotency_ttl: _duration_pb2.Duration
     upstream_dedupes_by_key: bool
-    def __init__(self, backoff: _Optional[_Union[BackoffSettings, _Mapping]] = ..., pushback: _Optional[_Union[PushbackSettings, _Mapping]] = ..., max_attempts: _Optional[int] = ..., attempt_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., call_deadline: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., transient_http_statuses: _Optional[_Iterable[int]] = ..., terminal_http_statuses: _Optional[_Iterable[int]] = ..., transient_grpc_codes: _Optional[_Iterable[int]] = ..., breaker: _Optional[_Union[BreakerSettings, _Mapping]] = ..., idempotency_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., upstream_dedupes_by_key: _Optional[bool] = ...) -> None: ...
+    flow: FlowSettings
+    def __init__(self, backoff: _Optional[_Union[BackoffSettings, _Mapping]] = ..., pushback: _Optional[_Union[PushbackSettings, _Mapping]] = ..., max_attempts: _Optional[int] = ..., attempt_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., call_deadline: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., transient_http_statuses: _Optional[_Iterable[int]] = ..., terminal_http_statuses: _Optional[_Iterable[int]] = ..., transient_grpc_codes: _Optional[_Iterable[int]] = ..., breaker: _Optional[_Union[BreakerSettings, _Mapping]] = ..., idempotency_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., upstream_dedupes_by_key: _Optional[bool] = ..., flow: _Optional[_Union[FlowSettings, _Mapping]] = ...) -> None: ...
+
+class FlowSettings(_message.Message):
+    __slots__ = ("max_in_flight", "lease_slack", "max_rate", "burst")
+    MAX_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SLACK_FIELD_NUMBER: _ClassVar[int]
+    MAX_RATE_FIELD_NUMBER: _ClassVar[int]
+    BURST_FIELD_NUMBER: _ClassVar[int]
+    max_in_flight: int
+    lease_slack: _duration_pb2.Duration
+    max_rate: float
+    burst: int
+    def __init__(self, max_in_flight: _Optional[int] = ..., lease_slack: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_rate: _Optional[float] = ..., burst: _Optional[int] = ...) -> None: ...
 
 class BudgetPlan(_message.Message):
     __slots__ = ("max_attempts", "delays", "worst_case_total", "idempotency_ttl", "window", "remaining", "usable", "reason")
@@ -326,7 +342,7 @@ class BreakerKey(_message.Message):
     def __init__(self, tenant: _Optional[str] = ..., target: _Optional[str] = ...) -> None: ...
 
 class Breaker(_message.Message):
-    __slots__ = ("key", "state", "forced", "open_until_time", "consecutive_failures", "window_calls", "window_failures", "probes_in_flight", "change_time", "cooldown_until_time", "mode")
+    __slots__ = ("key", "state", "forced", "open_until_time", "consecutive_failures", "window_calls", "window_failures", "probes_in_flight", "change_time", "cooldown_until_time", "mode", "leases_in_flight", "stray_releases")
     KEY_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     FORCED_FIELD_NUMBER: _ClassVar[int]
@@ -338,6 +354,8 @@ class Breaker(_message.Message):
     CHANGE_TIME_FIELD_NUMBER: _ClassVar[int]
     COOLDOWN_UNTIL_TIME_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
+    LEASES_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    STRAY_RELEASES_FIELD_NUMBER: _ClassVar[int]
     key: BreakerKey
     state: BreakerState
     forced: bool
@@ -349,7 +367,9 @@ class Breaker(_message.Message):
     change_time: _timestamp_pb2.Timestamp
     cooldown_until_time: _timestamp_pb2.Timestamp
     mode: BreakerMode
-    def __init__(self, key: _Optional[_Union[BreakerKey, _Mapping]] = ..., state: _Optional[_Union[BreakerState, str]] = ..., forced: _Optional[bool] = ..., open_until_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., consecutive_failures: _Optional[int] = ..., window_calls: _Optional[int] = ..., window_failures: _Optional[int] = ..., probes_in_flight: _Optional[int] = ..., change_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cooldown_until_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., mode: _Optional[_Union[BreakerMode, str]] = ...) -> None: ...
+    leases_in_flight: int
+    stray_releases: int
+    def __init__(self, key: _Optional[_Union[BreakerKey, _Mapping]] = ..., state: _Optional[_Union[BreakerState, str]] = ..., forced: _Optional[bool] = ..., open_until_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., consecutive_failures: _Optional[int] = ..., window_calls: _Optional[int] = ..., window_failures: _Optional[int] = ..., probes_in_flight: _Optional[int] = ..., change_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cooldown_until_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., mode: _Optional[_Union[BreakerMode, str]] = ..., leases_in_flight: _Optional[int] = ..., stray_releases: _Optional[int] = ...) -> None: ...
 
 class TenantBudget(_message.Message):
     __slots__ = ("tenant", "capacity", "deposit_ratio", "min_retries_per_second", "retry_cost", "timeout_cost", "dry_run")

@@ -1,0 +1,135 @@
+package server
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+
+	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
+	"github.com/policyd/policyd/policy"
+)
+
+// Flow control in domain types: the concurrency ceiling's leases, handed
+// out by Admit and returned by the attempt's outcome (NextDelay,
+// ReportOutcome) or ReleaseLease. A policy without a ceiling takes none of
+// these paths: its Admit is the breaker's alone and its outcomes release
+// nothing.
+
+// admit is the admission of an attempt of call under p: the breaker's
+// alone, or, when p has a ceiling, a rate slot and a lease, then the
+// breaker's (Store.AdmitFlow). A rate ceiling tells the exact wait; a full
+// concurrency ceiling asks the caller to come back after the policy's
+// backoff base delay, or sooner when a lease expires sooner.
+func (d *Decisions) admit(p *policy.Policy, call callRef) (policy.Admission, error) {
+	key := policy.KeyFor(p.Breaker, call.tenant, call.target)
+	if !p.FlowControlled() {
+		return d.store.Admit(key, p.Breaker)
+	}
+	a, err := d.store.AdmitFlow(key, p.Breaker, p.FlowLimits())
+	a.FlowControlled = true
+	d.cfg.Metrics.lease(call.target, a.LeaseID != "", a.Reason)
+	return a, err
+}
+
+// releaseLease returns lease, when set, to the ceiling of call under p. A
+// lease not held is ignored and counted; a store that cannot release it
+// is logged, and the lease expires on its own.
+func (d *Decisions) releaseLease(ctx context.Context, p *policy.Policy, call callRef, lease string) bool {
+	if lease == "" {
+		return false
+	}
+	held, err := d.store.ReleaseLease(policy.KeyFor(p.Breaker, call.tenant, call.target), lease)
+	if err != nil {
+		d.cfg.Logger.WarnContext(ctx, "lease not released; it expires on its own", "call_id", call.callID,
+			"tenant", call.tenant, "target", call.target, "err", err)
+		return false
+	}
+	if !held {
+		d.cfg.Metrics.strayRelease(call.target)
+		if d.cfg.Logger.Enabled(ctx, slog.LevelDebug) {
+			d.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "release of a lease not held, ignored",
+				slog.String("call_id", call.callID), slog.String("tenant", call.tenant), slog.String("target", call.target))
+		}
+	}
+	return held
+}
+
+// settleLeases returns the leases the outcomes of a batch carry and lists,
+// once each, the batch's targets whose policy has a concurrency ceiling,
+// so a client that skips Admit while a breaker is CLOSED learns of one
+// within a report. Consecutive outcomes of one tenant and target (most of
+// a batch) resolve their policy once.
+func (d *Decisions) settleLeases(ctx context.Context, items []outcomeItem) []string {
+	var flow []string
+	var p policy.Policy
+	var last callRef
+	for i := range items {
+		it := &items[i]
+		if i == 0 || it.call.tenant != last.tenant || it.call.target != last.target {
+			p, _ = d.store.Resolve(it.call.tenant, it.call.target)
+			last = it.call
+			if p.FlowControlled() && !slices.Contains(flow, it.call.target) {
+				flow = append(flow, it.call.target)
+			}
+		}
+		d.releaseLease(ctx, &p, it.call, it.lease)
+	}
+	return flow
+}
+
+// ReleaseLease returns a concurrency lease without an outcome. Releasing a
+// lease not held is not an error: the answer says released false.
+func (d *Decisions) ReleaseLease(ctx context.Context, req *pb.ReleaseLeaseRequest) (*pb.ReleaseLeaseResponse, error) {
+	call, err := checkNamed("call", func(field string) (callRef, error) { return callFromPB(field, req.GetCall(), false) })
+	if err != nil {
+		return nil, err
+	}
+	if req.GetLeaseId() == "" {
+		return nil, invalid("lease_id", "is required")
+	}
+	if err := checkName("lease_id", req.GetLeaseId(), maxCallIDLen, false); err != nil {
+		return nil, err
+	}
+	p, _ := d.store.Resolve(call.tenant, call.target)
+	return &pb.ReleaseLeaseResponse{Released: d.releaseLease(ctx, &p, call, req.GetLeaseId())}, nil
+}
+
+// withPool adds a ceiling's state to a breaker's message.
+func withPool(b *pb.Breaker, s policy.PoolStatus) *pb.Breaker {
+	b.LeasesInFlight, b.StrayReleases = uint32(s.InFlight), s.Stray
+	return b
+}
+
+// flowTargets tells a watch of tenant, on the message that completes its
+// snapshot, which targets have a ceiling: each target a stored policy
+// names, by its effective policy for tenant, and every other target by the
+// tenant's policy (the default policy has none). It resolves from one
+// listing of the stored policies, in the order Resolve applies (tenant and
+// target, then target, then tenant), rather than a Resolve per target.
+func (w *watcher) flowTargets(tenant string, msg *pb.WatchBreakersResponse) {
+	entries, err := w.policies.Policies(policy.PolicyScope{}, 0)
+	if err != nil {
+		return // the Admit and NextDelay answers and the outcome reports tell instead
+	}
+	byScope := make(map[policy.PolicyScope]*policy.Policy, len(entries))
+	for i := range entries {
+		byScope[policy.PolicyScope{Tenant: entries[i].Tenant, Target: entries[i].Target}] = &entries[i].Policy
+	}
+	other := tenant != "" && byScope[policy.PolicyScope{Tenant: tenant}] != nil && byScope[policy.PolicyScope{Tenant: tenant}].FlowControlled()
+	for _, e := range entries {
+		if e.Target == "" || (e.Tenant != "" && e.Tenant != tenant) ||
+			slices.Contains(msg.FlowControlledTargets, e.Target) || slices.Contains(msg.UncontrolledTargets, e.Target) {
+			continue
+		}
+		p := byScope[policy.PolicyScope{Tenant: tenant, Target: e.Target}]
+		if p == nil || tenant == "" {
+			p = byScope[policy.PolicyScope{Target: e.Target}]
+		}
+		if p != nil && p.FlowControlled() || p == nil && other {
+			msg.FlowControlledTargets = append(msg.FlowControlledTargets, e.Target)
+		} else {
+			msg.UncontrolledTargets = append(msg.UncontrolledTargets, e.Target)
+		}
+	}
+	msg.OtherTargetsFlowControlled = other
+}
