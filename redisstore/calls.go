@@ -222,21 +222,41 @@ func ledgerCounters(l *policy.Ledger) [8]*uint64 {
 }
 
 // finalCall is policyd_final: call's final disposition f in run runID of
-// tenant; it reports whether the ledger changed.
+// tenant; it reports whether the ledger changed, and refuses a disposition
+// other than the one in force (fleet.AlreadyFinal: the first wins).
 func finalCall(ctx context.Context, c redis.UniversalClient, tenant, runID, call string, f fleet.Final) (bool, error) {
 	field := ledgerField(f)
 	if field == "" {
 		return false, invalid("disposition", "must be a final disposition")
 	}
 	v := fmt.Sprintf("%d:%d/%s", f.Disposition, f.Stop, field)
-	r, err := c.FCall(ctx, "policyd_final", []string{keyRun(tenant, runID), keyRunCalls(tenant, runID)}, call, field, v).Int()
+	r, err := c.FCall(ctx, "policyd_final", []string{keyRun(tenant, runID), keyRunCalls(tenant, runID)}, call, field, v).Result()
 	if err != nil {
 		if redisNotFound(err) {
 			return false, fmt.Errorf("%w: run %q", ErrNotFound, runID)
 		}
 		return false, fmt.Errorf("redisstore: policyd_final: %w", err)
 	}
-	return r == 1, nil
+	if err := finalRefusal(r); err != nil {
+		return false, err
+	}
+	n, err := toInt(r)
+	return n == 1, err
+}
+
+// finalRefusal returns the refusal a reply of record_final carries: the
+// value in force, "disposition:stop/slot", when the call is final already
+// with another disposition; nil for any other reply.
+func finalRefusal(reply any) error {
+	s, ok := reply.(string)
+	if !ok {
+		return nil
+	}
+	var d, stop uint8
+	if _, err := fmt.Sscanf(s, "%d:%d/", &d, &stop); err != nil {
+		return fmt.Errorf("redisstore: final disposition in force %q: %w", s, errReply)
+	}
+	return fleet.AlreadyFinal(fleet.Final{Disposition: policy.Disposition(d), Stop: policy.StopReason(stop)})
 }
 
 func redisNotFound(err error) bool {

@@ -484,24 +484,28 @@ local function deposit(keys, args)
   return {int(now), float(k.tokens)}
 end
 
--- record_final is final's rule on run and calls keys: 1 when the ledger
--- changed, 0 when not, nil for a run that does not exist.
+-- record_final is fleet.Run.RecordFinal on run and calls keys: the first
+-- final disposition of a call id wins. It returns 1 when the ledger
+-- changed, 0 for the same report again, the value in force
+-- ("disposition:stop/slot") for a different one, which changes nothing,
+-- and nil for a run that does not exist.
 local function record_final(run, calls, call, field, value)
   if redis.call('EXISTS', run) == 0 then return nil end
   local prev = redis.call('HGET', calls, call)
   if prev == value then return 0 end
-  if prev then redis.call('HINCRBY', run, string.match(prev, '^[^/]*/(.*)$'), -1) end
+  if prev then return prev end
   redis.call('HINCRBY', run, field, 1)
   redis.call('HSET', calls, call, value)
   return 1
 end
 
 -- final is fleet.Run.RecordFinal: the same report twice counts once, a
--- changed disposition moves the count from its old ledger slot to the new.
+-- different one later is refused (the first wins).
 -- KEYS: run, its calls hash. ARGV: call id, ledger slot (the run hash's
 -- field counting the disposition, as fleet.LedgerSlot picks it), the
 -- calls hash's value "disposition:stop/slot". Returns 1 when the ledger
--- changed, else 0, or an error NOTFOUND.
+-- changed, 0 when not, the value in force for a refused one, or an error
+-- NOTFOUND.
 local function final(keys, args)
   local r = record_final(keys[1], keys[2], args[1], args[2], args[3])
   if r == nil then return redis.error_reply('NOTFOUND run') end
@@ -520,7 +524,8 @@ end
 -- (1..R), the 1-based index among this call's results whose refusal
 -- cancels it (0: none), call id, ledger field, value.
 -- Returns {now, per group: {event ids}, {refused flags}, snapshot, then
--- per final 1 (changed), 0 (unchanged), -1 (no such run), then tokens}.
+-- per final 1 (changed), 0 (unchanged), -1 (no such run) or the value in
+-- force (refused: the first wins), then tokens}.
 local function outcomes(keys, args)
   local now = now_us()
   local ng, nr, successes = tonumber(args[1]), tonumber(args[2]), tonumber(args[3])

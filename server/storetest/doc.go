@@ -14,7 +14,9 @@
 //	cooldown        a cool-down only moves later, also under concurrent extensions
 //	transitions     a transition happens once per generation: one OPEN for 64 concurrent failing workers, one
 //	                HALF_OPEN for 64 concurrent Admits, one re-OPEN for concurrent probe failures
-//	final           a call's final disposition is counted once in its run's ledger, however many reports race
+//	final           a call's final disposition is counted once in its run's ledger, however many reports race,
+//	                and the first wins: a later different one is refused (naming final_disposition and the
+//	                disposition in force, also as a batch's refused item), the ledger unchanged
 //	durability      admin writes (policies, budgets, runs, forced and reset breakers, deletions) and breaker
 //	                transitions survive a crash: a store reopened without a final flush has them
 //	subscriptions   a subscriber gets the snapshot, then every transition of its tenant's breakers in order,

@@ -475,7 +475,10 @@ func generations(snaps []policy.BreakerSnapshot) string {
 }
 
 // testFinal: a call's final disposition counts once in its run's ledger,
-// whether one report repeats or many race.
+// whether one report repeats or many race, and the first final disposition
+// of a call id wins: a later different one is refused (a precondition
+// failure naming final_disposition and the disposition in force, also as
+// an outcome batch's refused item) and leaves the ledger unchanged.
 func testFinal(t *testing.T, e *env) {
 	run, err := e.s.OpenRun(policy.Run{Tenant: "acme", Pool: 10, Cutoff: e.clock.Now().Add(time.Hour)})
 	if err != nil {
@@ -487,6 +490,11 @@ func testFinal(t *testing.T, e *env) {
 		{Disposition: policy.DispositionFailedTerminal, Stop: policy.StopTerminal},
 		{Disposition: policy.DispositionCircuitOpen, Stop: policy.StopCircuitOpen},
 	}
+	var (
+		mu      sync.Mutex
+		kept    = map[fleet.Final]int{} // reports of the contested call taken
+		refused = map[fleet.Final]int{}
+	)
 	race(workers, func(i int) {
 		// Seven calls get the same report eight times each; one gets every
 		// disposition at once, twice each.
@@ -498,10 +506,26 @@ func testFinal(t *testing.T, e *env) {
 		if i%2 == 0 {
 			err = e.s.RecordFinal(run.ID, call, f.Disposition, f.Stop)
 		} else {
-			_, err = e.s.ApplyOutcomes([]policy.OutcomeUpdate{{RunID: run.ID, CallID: call, Final: f.Disposition, Stop: f.Stop}}, nil)
+			ups := []policy.OutcomeUpdate{{RunID: run.ID, CallID: call, Final: f.Disposition, Stop: f.Stop}}
+			if _, err = e.s.ApplyOutcomes(ups, nil); err == nil {
+				err = ups[0].Refused
+			}
 		}
-		if err != nil {
+		switch {
+		case call != "contested" && err != nil:
 			t.Errorf("final %+v of %s = %v, want nil", f, call, err)
+		case call != "contested":
+		case err == nil:
+			mu.Lock()
+			kept[f]++
+			mu.Unlock()
+		case failedPrecondition(err) && strings.Contains(err.Error(), "final_disposition") &&
+			strings.Contains(err.Error(), "already final as"):
+			mu.Lock()
+			refused[f]++
+			mu.Unlock()
+		default:
+			t.Errorf("final %+v of the contested call = %v, want nil or a precondition failure naming final_disposition", f, err)
 		}
 	})
 	r, err := e.s.Run(run.ID)
@@ -513,6 +537,48 @@ func testFinal(t *testing.T, e *env) {
 		l.DeadLetterPushback + l.CircuitOpen + l.DeadlineCut
 	if total != 8 || l.Succeeded < 7 {
 		t.Errorf("ledger of 8 calls, 7 reported SUCCEEDED 8 times each and one 8 ways at once: got %+v (%d counted), want each call once", l, total)
+	}
+	if len(kept) != 1 {
+		t.Fatalf("the contested call's reports taken: %v, want those of one disposition only (the first wins)", kept)
+	}
+	var first fleet.Final
+	for f := range kept {
+		first = f
+	}
+	if refused[first] != 0 || len(refused) != len(finals)-1 {
+		t.Errorf("the contested call: refused %v with %+v kept, want every other disposition refused", refused, first)
+	}
+
+	// Once final, a call's disposition stays: a later different one is
+	// refused naming the one in force, the same one is taken again.
+	before := l
+	for i, f := range finals[1:] {
+		err := e.s.RecordFinal(run.ID, "call-1", f.Disposition, f.Stop)
+		if !failedPrecondition(err) || !strings.Contains(err.Error(), "final_disposition") ||
+			!strings.Contains(err.Error(), "already final as SUCCEEDED") {
+			t.Errorf("RecordFinal(%+v) of a SUCCEEDED call = %v, want a precondition failure naming final_disposition, already final as SUCCEEDED", f, err)
+		}
+		ups := []policy.OutcomeUpdate{{RunID: run.ID, CallID: "call-1", Final: f.Disposition, Stop: f.Stop},
+			{RunID: run.ID, CallID: fmt.Sprint("late-", i), Final: f.Disposition, Stop: f.Stop}}
+		n, err := e.s.ApplyOutcomes(ups, nil)
+		if err != nil || n != 2 || !failedPrecondition(ups[0].Refused) || ups[1].Refused != nil {
+			t.Errorf("ApplyOutcomes(%+v of a SUCCEEDED call, then a new call) = %d, %v, refused %v and %v; want 2, nil, the first refused",
+				f, n, err, ups[0].Refused, ups[1].Refused)
+		}
+	}
+	if err := e.s.RecordFinal(run.ID, "call-1", policy.DispositionSucceeded, policy.StopNone); err != nil {
+		t.Errorf("RecordFinal of the same disposition again = %v, want nil", err)
+	}
+	r, err = e.s.Run(run.ID)
+	if err != nil {
+		t.Fatalf("Run = %v, want nil", err)
+	}
+	want := before
+	want.DeadLetterExhausted++
+	want.FailedTerminal++
+	want.CircuitOpen++
+	if r.Ledger != want {
+		t.Errorf("after refused reports and three new calls: ledger %+v, want %+v (only the new calls counted)", r.Ledger, want)
 	}
 }
 
