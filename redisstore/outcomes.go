@@ -204,7 +204,7 @@ func (s *Store) runOutcomes(ups []policy.OutcomeUpdate, batches map[string]*outc
 		for i, t := range tenants {
 			bg, _ := s.budgetOf(t)
 			keys, args := batches[t].call(&bg, s.opts.MaxBreakersPerTenant)
-			cmds[i] = p.FCall(ctx, "policyd_outcomes", keys, args...)
+			cmds[i] = s.lib.on(p).run(ctx, "policyd_outcomes", keys, args...)
 		}
 		return nil
 	})

@@ -166,6 +166,6 @@ func (s *Store) RecordFinal(runID, callID string, d policy.Disposition, stop pol
 	}
 	ctx, cancel := s.call()
 	defer cancel()
-	_, err = finalCall(ctx, s.c, tenant, runID, callID, f)
+	_, err = finalCall(ctx, s.lib, tenant, runID, callID, f)
 	return err
 }
