@@ -12,12 +12,13 @@ import (
 
 // TestContract runs the engine contract suite against a bbolt file, in
 // both sync modes. The group commit never fires on its own (its interval
-// is an hour), so what survives restart, a crash without the final
-// flush, is what the store committed before it answered.
+// is an hour), so what survives Restart, a crash without the final flush,
+// is what the store committed before it answered. The one embedded store
+// stands for every replica.
 func TestContract(t *testing.T) {
 	for _, mode := range []breakerstore.SyncMode{breakerstore.SyncGroup, breakerstore.SyncAlways} {
 		t.Run("sync="+mode.String(), func(t *testing.T) {
-			storetest.Run(t, func(t *testing.T, clock *storetest.Clock) (server.Store, func() server.Store) {
+			storetest.Run(t, func(t *testing.T, clock *storetest.Clock) storetest.Engine {
 				opts := breakerstore.Options{
 					Path:          filepath.Join(t.TempDir(), "policyd.db"),
 					FlushInterval: time.Hour,
@@ -35,13 +36,13 @@ func TestContract(t *testing.T) {
 					return s
 				}
 				s := open()
-				return s, func() server.Store {
+				return storetest.Engine{Store: s, Restart: func() server.Store {
 					if err := s.Crash(); err != nil {
 						t.Fatalf("Crash() = %v, want nil", err)
 					}
 					s = open()
 					return s
-				}
+				}}
 			})
 		})
 	}

@@ -11,7 +11,7 @@ import (
 // Result to its breaker as Record does, its Audit records as AppendAudit
 // does, and its final disposition to its run's ledger as RecordFinal does;
 // then deposits[tenant] successes as Deposit does. An update the state's
-// rules refuse (fleet.ErrPermit) gets the refusal in its Refused field and
+// rules refuse (fleet.ErrPermit, fleet.AlreadyFinal) gets the refusal in its Refused field and
 // only its audit records applied; the rest of the batch goes on. It stops at
 // the first other error and returns the number of updates applied in full (the audit
 // records of those, and of the one that failed after its result was
@@ -51,7 +51,10 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 			if u.RunID != "" && u.Final != policy.DispositionNone {
 				if err := s.recordFinal(u.RunID, u.CallID, fleet.Final{Disposition: u.Final, Stop: u.Stop,
 					Deduplicated: u.Deduplicated}, p); err != nil {
-					return i, err
+					if !refusal(err) {
+						return i, err
+					}
+					u.Refused = err
 				}
 			}
 			if u.RunID != "" && u.Note != (policy.CallNote{}) {

@@ -170,9 +170,11 @@ func (s *Store) Runs(tenant, after string, limit int) ([]policy.Run, error) {
 }
 
 // RecordFinal records the final disposition of call callID in run runID's
-// ledger (see policy.Ledger for the mapping of DEAD_LETTER stop reasons). It is
-// idempotent per call id: the same report twice counts once, and a changed
-// disposition moves the count. It returns ErrNotFound for an unknown run,
+// ledger (see policy.Ledger for the mapping of DEAD_LETTER stop reasons). The
+// first final disposition of a call id wins: the same report twice counts
+// once, and a different one is refused with a *fleet.Refusal naming
+// final_disposition (fleet.AlreadyFinal), the ledger unchanged. It returns
+// ErrNotFound for an unknown run,
 // ErrInvalid for DispositionNone or an unknown disposition. The ledger is a
 // counter, flushed per the sync mode. It is safe for concurrent use.
 func (s *Store) RecordFinal(runID, callID string, d policy.Disposition, stop policy.StopReason) error {
@@ -197,9 +199,12 @@ func (s *Store) recordFinal(runID, callID string, f fleet.Final, p *pending) err
 		return fmt.Errorf("%w: run %q", ErrNotFound, runID)
 	}
 	r.mu.Lock()
-	kept, changed, _ := r.v.RecordFinal(callID, f)
+	kept, changed, _, refused := r.v.RecordFinal(callID, f)
 	if !changed {
 		r.mu.Unlock()
+		if refused != nil {
+			return refused
+		}
 		return nil
 	}
 	r.dirtyCalls = append(r.dirtyCalls, kept)

@@ -43,7 +43,11 @@ func TestLedgerMapping(t *testing.T) {
 	}
 }
 
-func TestRecordFinalIdempotent(t *testing.T) {
+// TestRecordFinalFirstWins: the first final disposition of a call id wins
+// (DESIGN.md's invariant table): the same report again counts once, a
+// different one is refused naming final_disposition and the disposition
+// in force, the ledger unchanged, also after a crash and a reopen.
+func TestRecordFinalFirstWins(t *testing.T) {
 	e := newEnv(t)
 	s := e.open()
 	r := must(s.OpenRun(policy.Run{ID: "batch-7", Tenant: "t", Pool: 10, Cutoff: e.clock.Now().Add(time.Hour)})).get(t)
@@ -53,19 +57,26 @@ func TestRecordFinalIdempotent(t *testing.T) {
 		stop policy.StopReason
 	}
 	steps := []struct {
-		name   string
-		report report
-		want   policy.Ledger
+		name    string
+		report  report
+		refused string // in the refusal's message; "" for none
+		want    policy.Ledger
 	}{
-		{"first report", report{"a", policy.DispositionDeadLetter, policy.StopAttemptsExhausted}, policy.Ledger{DeadLetterExhausted: 1}},
-		{"same report again", report{"a", policy.DispositionDeadLetter, policy.StopAttemptsExhausted}, policy.Ledger{DeadLetterExhausted: 1}},
-		{"another call", report{"b", policy.DispositionSucceeded, policy.StopNone}, policy.Ledger{DeadLetterExhausted: 1, Succeeded: 1}},
-		{"changed disposition moves the count", report{"a", policy.DispositionSucceeded, policy.StopNone}, policy.Ledger{Succeeded: 2}},
-		{"changed stop reason moves the count", report{"b", policy.DispositionDeadLetter, policy.StopBudgetExhausted}, policy.Ledger{Succeeded: 1, DeadLetterBudget: 1}},
+		{"first report", report{"a", policy.DispositionDeadLetter, policy.StopAttemptsExhausted}, "", policy.Ledger{DeadLetterExhausted: 1}},
+		{"same report again", report{"a", policy.DispositionDeadLetter, policy.StopAttemptsExhausted}, "", policy.Ledger{DeadLetterExhausted: 1}},
+		{"another call", report{"b", policy.DispositionSucceeded, policy.StopNone}, "", policy.Ledger{DeadLetterExhausted: 1, Succeeded: 1}},
+		{"a changed disposition is refused", report{"a", policy.DispositionSucceeded, policy.StopNone},
+			"already final as DEAD_LETTER (ATTEMPTS_EXHAUSTED)", policy.Ledger{DeadLetterExhausted: 1, Succeeded: 1}},
+		{"a changed stop reason is refused", report{"a", policy.DispositionDeadLetter, policy.StopBudgetExhausted},
+			"already final as DEAD_LETTER (ATTEMPTS_EXHAUSTED)", policy.Ledger{DeadLetterExhausted: 1, Succeeded: 1}},
 	}
 	for _, st := range steps {
-		if err := s.RecordFinal(r.ID, st.report.call, st.report.d, st.report.stop); err != nil {
+		err := s.RecordFinal(r.ID, st.report.call, st.report.d, st.report.stop)
+		switch {
+		case st.refused == "" && err != nil:
 			t.Fatalf("%s: %v", st.name, err)
+		case st.refused != "" && (!failedPrecondition(err) || !strings.Contains(err.Error(), "final_disposition: "+st.refused)):
+			t.Errorf("%s: RecordFinal = %v, want a precondition failure naming final_disposition, %q", st.name, err, st.refused)
 		}
 		if got := must(s.Run(r.ID)).get(t).Ledger; got != st.want {
 			t.Errorf("%s: ledger got %+v, want %+v", st.name, got, st.want)
@@ -79,11 +90,11 @@ func TestRecordFinalIdempotent(t *testing.T) {
 		_ = s.RecordFinal(r.ID, st.report.call, st.report.d, st.report.stop)
 	}
 	s = e.reopen(s)
-	if err := s.RecordFinal(r.ID, "b", policy.DispositionDeadLetter, policy.StopBudgetExhausted); err != nil {
-		t.Fatal(err)
+	if err := s.RecordFinal(r.ID, "b", policy.DispositionDeadLetter, policy.StopBudgetExhausted); !failedPrecondition(err) {
+		t.Errorf("after reopen: a changed disposition of b = %v, want refused", err)
 	}
 	if got, want := must(s.Run(r.ID)).get(t).Ledger, steps[len(steps)-1].want; got != want {
-		t.Errorf("ledger after reopen and a repeated report: got %+v, want %+v", got, want)
+		t.Errorf("ledger after reopen and a refused report: got %+v, want %+v", got, want)
 	}
 
 	err := s.RecordFinal("no-such-run", "a", policy.DispositionSucceeded, policy.StopNone)
@@ -92,6 +103,13 @@ func TestRecordFinalIdempotent(t *testing.T) {
 	wantErr(t, "RecordFinal(DispositionNone)", err, breakerstore.ErrInvalid)
 	err = s.RecordFinal(r.ID, "", policy.DispositionSucceeded, policy.StopNone)
 	wantErr(t, "RecordFinal without a call id", err, breakerstore.ErrInvalid)
+}
+
+// failedPrecondition reports whether err has the class the server answers
+// FAILED_PRECONDITION.
+func failedPrecondition(err error) bool {
+	var p interface{ FailedPrecondition() bool }
+	return errors.As(err, &p) && p.FailedPrecondition()
 }
 
 func TestRunPoolAndCutoff(t *testing.T) {

@@ -3,8 +3,12 @@
 // the time (now, Unix nanoseconds) and, where the rule needs chance, the
 // random draw, change the value in place and report what happened. There
 // is no I/O, no lock and no clock here; an engine (breakerstore over bbolt,
-// later one over Redis) holds the values, guards them, persists them and
-// publishes their changes, and applies these methods to change them.
+// redisstore over Redis, whose Lua library mirrors these methods) holds
+// the values, guards them, persists them and publishes their changes, and
+// applies these methods to change them. That every engine keeps the
+// invariants below, also across replicas, is the one contract suite's
+// business (server/storetest), run on bbolt, Redis standalone and Redis
+// Cluster.
 //
 // Where each kind's rules live:
 //
@@ -15,7 +19,8 @@
 //	                                              forced states
 //	pushback cool-down   Cooldown   cooldown.go   only moves later
 //	tenant budget        Bucket     bucket.go     tokens never below zero (dry run aside); deposits capped at capacity
-//	run pool and ledger  Run        run.go        never overspent; the first final disposition of a call wins;
+//	run pool and ledger  Run        run.go        never overspent; the first final disposition of a call id wins
+//	                                              (a later different one is refused: AlreadyFinal);
 //	                                              a disposition agrees with what was decided
 //	attempts per call    Attempts   attempts.go   never rewound: the same attempt replays its answer, a lower one
 //	                                              is refused

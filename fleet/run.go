@@ -52,29 +52,39 @@ func (r *Run) Spend() { r.Spent++ }
 // Remaining returns the retries left in the pool.
 func (r *Run) Remaining() uint64 { return r.Pool - min(r.Spent, r.Pool) }
 
-// RecordFinal records call's final disposition f in the ledger. The same
-// report twice counts once, and a changed disposition moves the count. It
-// returns the call id as the run keeps it (a copy when new, so the map does
-// not pin the caller's buffer) and whether the ledger changed; ok is false
-// for a disposition the ledger has no counter for (DispositionNone, an
-// unknown value), which changes nothing.
-func (r *Run) RecordFinal(call string, f Final) (kept string, changed, ok bool) {
+// RecordFinal records call's final disposition f in the ledger. The first
+// final disposition of a call id wins: the same report again counts once
+// and changes nothing, and a different one is refused with
+// AlreadyFinal(prev), the ledger unchanged. It returns the call id as the
+// run keeps it (a copy when new, so the map does not pin the caller's
+// buffer) and whether the ledger changed; ok is false for a disposition
+// the ledger has no counter for (DispositionNone, an unknown value), which
+// changes nothing.
+func (r *Run) RecordFinal(call string, f Final) (kept string, changed, ok bool, refused *Refusal) {
 	var probe policy.Ledger
 	if LedgerSlot(&probe, f) == nil {
-		return "", false, false
+		return "", false, false, nil
 	}
-	prev, had := r.Calls[call]
-	if had && prev == f {
-		return call, false, true
+	if prev, had := r.Calls[call]; had {
+		if prev != f {
+			return call, false, true, AlreadyFinal(prev)
+		}
+		return call, false, true, nil
 	}
-	if had {
-		r.uncount(prev)
-	} else {
-		call = strings.Clone(call)
-	}
+	call = strings.Clone(call)
 	r.count(f)
 	r.Calls[call] = f
-	return call, true, true
+	return call, true, true, nil
+}
+
+// AlreadyFinal is the refusal of a final disposition for a call whose
+// first one, prev, is counted already.
+func AlreadyFinal(prev Final) *Refusal {
+	rule := "already final as " + prev.Disposition.String()
+	if prev.Stop != policy.StopNone {
+		rule += " (" + prev.Stop.String() + ")"
+	}
+	return &Refusal{Field: "final_disposition", Rule: rule + "; the first final disposition of a call id wins"}
 }
 
 // Restore counts a final disposition read back from disk; ok is false when

@@ -8,8 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/policyd/policyd/fleet"
 	"github.com/policyd/policyd/policy"
 )
@@ -77,13 +75,13 @@ type pendingAttempt struct {
 	keep    time.Time
 }
 
-// queueAttempt adds the policyd_attempt call of a to p.
-func queueAttempt(ctx context.Context, p redis.Pipeliner, a pendingAttempt) error {
+// queueAttempt adds the policyd_attempt call of a to l's pipeline.
+func queueAttempt(ctx context.Context, l lib, a pendingAttempt) error {
 	v, err := json.Marshal(a.ans)
 	if err != nil {
 		return fmt.Errorf("redisstore: encode answer: %w", err)
 	}
-	p.FCall(ctx, "policyd_attempt", []string{keyAttempt(a.k.Tenant, a.k.CallID)}, a.attempt, v, a.keep.UnixMilli()+1)
+	l.run(ctx, "policyd_attempt", []string{keyAttempt(a.k.Tenant, a.k.CallID)}, a.attempt, v, a.keep.UnixMilli()+1)
 	return nil
 }
 

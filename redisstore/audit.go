@@ -86,7 +86,9 @@ func (s *Store) flushAudit(ctx context.Context) {
 func (s *Store) writeAudit(ctx context.Context, recs []policy.AuditRecord) error {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
-	oldest := strconv.FormatInt(s.opts.Clock().Add(-s.opts.AuditRetention).UnixMilli(), 10)
+	// Entry ids are the server's time, whatever Options.Clock says: trim
+	// by the wall clock.
+	oldest := strconv.FormatInt(time.Now().Add(-s.opts.AuditRetention).UnixMilli(), 10)
 	trimmed := map[string]bool{}
 	_, err := s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i := range recs {

@@ -40,7 +40,7 @@ func (s *Store) Admit(key policy.BreakerKey, cfg policy.BreakerConfig) (policy.A
 	cfg = fleet.NormConfig(cfg)
 	ctx, cancel := s.call()
 	defer cancel()
-	_, a, st, err := admitCall(ctx, s.c, key, &cfg, newPermitID(), s.opts.MaxBreakersPerTenant)
+	_, a, st, err := admitCall(ctx, s.lib, key, &cfg, newPermitID(), s.opts.MaxBreakersPerTenant)
 	if err != nil {
 		return policy.Admission{}, err
 	}
@@ -83,7 +83,7 @@ func (s *Store) Record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy
 	cfg = fleet.NormConfig(cfg)
 	ctx, cancel := s.call()
 	defer cancel()
-	_, out, err := recordCall(ctx, s.c, key.Tenant, []recordGroup{{Key: key, Cfg: &cfg, Results: []result{{r, permitID}}}}, s.opts.MaxBreakersPerTenant)
+	_, out, err := recordCall(ctx, s.lib, key.Tenant, []recordGroup{{Key: key, Cfg: &cfg, Results: []result{{r, permitID}}}}, s.opts.MaxBreakersPerTenant)
 	if err != nil {
 		return policy.BreakerSnapshot{}, err
 	}
@@ -112,7 +112,7 @@ func (s *Store) ExtendCooldown(key policy.BreakerKey, cfg policy.BreakerConfig, 
 	cfg = fleet.NormConfig(cfg)
 	ctx, cancel := s.call()
 	defer cancel()
-	_, in, st, err := cooldownCall(ctx, s.c, key, &cfg, until, s.opts.MaxBreakersPerTenant)
+	_, in, st, err := cooldownCall(ctx, s.lib, key, &cfg, until, s.opts.MaxBreakersPerTenant)
 	if err != nil {
 		return time.Time{}, err
 	}
@@ -128,7 +128,7 @@ func (s *Store) Breaker(key policy.BreakerKey) (policy.BreakerSnapshot, error) {
 	}
 	ctx, cancel := s.call()
 	defer cancel()
-	st, err := readCall(ctx, s.c, key)
+	st, err := readCall(ctx, s.lib, key)
 	if err != nil {
 		return policy.BreakerSnapshot{}, err
 	}
@@ -180,7 +180,7 @@ func (s *Store) tenantBreakers(tenant string) ([]policy.BreakerSnapshot, error) 
 	out := make([]policy.BreakerSnapshot, 0, len(targets))
 	for _, target := range targets {
 		key := policy.BreakerKey{Tenant: tenant, Target: target}
-		st, err := readCall(ctx, s.c, key)
+		st, err := readCall(ctx, s.lib, key)
 		if err != nil {
 			return nil, err
 		}
@@ -220,7 +220,7 @@ func (s *Store) adminBreaker(key policy.BreakerKey, op string, st policy.Breaker
 	var got state
 	err := s.durably(ctx, keyBreaker(key.Tenant, key.Target), func(c redis.Cmdable) error {
 		var err error
-		_, got, err = adminCall(ctx, c, key, op, st, s.opts.MaxBreakersPerTenant)
+		_, got, err = adminCall(ctx, s.lib.on(c), key, op, st, s.opts.MaxBreakersPerTenant)
 		return err
 	})
 	if got.Generation > 0 {

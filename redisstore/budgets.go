@@ -62,7 +62,7 @@ func (s *Store) SpendRetry(req policy.SpendRequest) (policy.Spend, error) {
 	b, _ := s.budgetOf(tenant)
 	ctx, cancel := s.call()
 	defer cancel()
-	_, sp, err := spendCall(ctx, s.c, tenant, &b, req.Timeout, req.RunID)
+	_, sp, err := spendCall(ctx, s.lib, tenant, &b, req.Timeout, req.RunID)
 	return sp, err
 }
 
@@ -76,7 +76,7 @@ func (s *Store) Deposit(tenant string, successes int) {
 	b, _ := s.budgetOf(tenant)
 	ctx, cancel := s.call()
 	defer cancel()
-	if _, _, err := depositCall(ctx, s.c, tenant, &b, successes); err != nil {
+	if _, _, err := depositCall(ctx, s.lib, tenant, &b, successes); err != nil {
 		s.log.Warn("redisstore: deposit lost", "tenant", tenant, "successes", successes, "err", err)
 	}
 }

@@ -6,21 +6,20 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/policyd/policyd/fleet"
 	"github.com/policyd/policyd/policy"
 )
 
 // This file holds one Go function per library function: arguments in,
-// domain values out, and the server time (Unix µs) the change was made at.
+// domain values out, and the time (Unix µs) the change was made at: the
+// server's, or the engine's clock when it has one (lib).
 // They hold no state; Store adds the cache, the feed and the defaults.
 
 // admitCall is policyd_admit on the breaker under key.
-func admitCall(ctx context.Context, c redis.UniversalClient, key policy.BreakerKey, cfg *policy.BreakerConfig, id fleet.PermitID, maxBreakers int) (now int64, a policy.Admission, st state, err error) {
+func admitCall(ctx context.Context, l lib, key policy.BreakerKey, cfg *policy.BreakerConfig, id fleet.PermitID, maxBreakers int) (now int64, a policy.Admission, st state, err error) {
 	args := cfgArgs([]any{key.Target}, cfg)
 	args = append(args, id.String(), maxBreakers)
-	r, err := fcall(ctx, c, "policyd_admit", []string{keyBreaker(key.Tenant, key.Target), keyEvents(key.Tenant), keyIndex(key.Tenant)}, args...)
+	r, err := l.fcall(ctx, "policyd_admit", []string{keyBreaker(key.Tenant, key.Target), keyEvents(key.Tenant), keyIndex(key.Tenant)}, args...)
 	if err != nil {
 		return 0, a, st, err
 	}
@@ -63,7 +62,7 @@ type recorded struct {
 
 // recordCall is policyd_record: every group's results, on breakers of one
 // tenant, in one call.
-func recordCall(ctx context.Context, c redis.UniversalClient, tenant string, groups []recordGroup, maxBreakers int) (int64, []recorded, error) {
+func recordCall(ctx context.Context, l lib, tenant string, groups []recordGroup, maxBreakers int) (int64, []recorded, error) {
 	keys := []string{keyEvents(tenant), keyIndex(tenant)}
 	args := []any{maxBreakers}
 	for _, g := range groups {
@@ -78,7 +77,7 @@ func recordCall(ctx context.Context, c redis.UniversalClient, tenant string, gro
 			args = append(args, int(r.Result), r.Permit)
 		}
 	}
-	r, err := fcall(ctx, c, "policyd_record", keys, args...)
+	r, err := l.fcall(ctx, "policyd_record", keys, args...)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -111,10 +110,10 @@ func recordCall(ctx context.Context, c redis.UniversalClient, tenant string, gro
 
 // cooldownCall is policyd_cooldown: the breaker's cool-down moves to until
 // when that is later; it returns the end in force (Unix µs).
-func cooldownCall(ctx context.Context, c redis.UniversalClient, key policy.BreakerKey, cfg *policy.BreakerConfig, until time.Time, maxBreakers int) (now, inForce int64, st state, err error) {
+func cooldownCall(ctx context.Context, l lib, key policy.BreakerKey, cfg *policy.BreakerConfig, until time.Time, maxBreakers int) (now, inForce int64, st state, err error) {
 	args := cfgArgs([]any{key.Target}, cfg)
 	args = append(args, until.UnixMicro(), maxBreakers)
-	r, err := fcall(ctx, c, "policyd_cooldown", []string{keyBreaker(key.Tenant, key.Target), keyEvents(key.Tenant), keyIndex(key.Tenant)}, args...)
+	r, err := l.fcall(ctx, "policyd_cooldown", []string{keyBreaker(key.Tenant, key.Target), keyEvents(key.Tenant), keyIndex(key.Tenant)}, args...)
 	if err != nil {
 		return 0, 0, st, err
 	}
@@ -129,8 +128,8 @@ func cooldownCall(ctx context.Context, c redis.UniversalClient, key policy.Break
 
 // adminCall is policyd_admin_breaker: op "reset" (ErrNotFound for a
 // breaker never stored) or "force" to st.
-func adminCall(ctx context.Context, c redis.Cmdable, key policy.BreakerKey, op string, st policy.BreakerState, maxBreakers int) (int64, state, error) {
-	r, err := fcall(ctx, c, "policyd_admin_breaker", []string{keyBreaker(key.Tenant, key.Target), keyEvents(key.Tenant), keyIndex(key.Tenant)},
+func adminCall(ctx context.Context, l lib, key policy.BreakerKey, op string, st policy.BreakerState, maxBreakers int) (int64, state, error) {
+	r, err := l.fcall(ctx, "policyd_admin_breaker", []string{keyBreaker(key.Tenant, key.Target), keyEvents(key.Tenant), keyIndex(key.Tenant)},
 		key.Target, op, int(st), maxBreakers)
 	if err != nil {
 		return 0, state{}, err
@@ -145,7 +144,7 @@ func adminCall(ctx context.Context, c redis.Cmdable, key policy.BreakerKey, op s
 
 // spendCall is policyd_spend: one retry from tenant's bucket under budget
 // b and, when runID is set, from the run's pool.
-func spendCall(ctx context.Context, c redis.UniversalClient, tenant string, b *policy.TenantBudget, timeout bool, runID string) (int64, policy.Spend, error) {
+func spendCall(ctx context.Context, l lib, tenant string, b *policy.TenantBudget, timeout bool, runID string) (int64, policy.Spend, error) {
 	runKey := keyRun(tenant, "")
 	hasRun := 0
 	if runID != "" {
@@ -157,7 +156,7 @@ func spendCall(ctx context.Context, c redis.UniversalClient, tenant string, b *p
 	}
 	args := budgetArgs(nil, b)
 	args = append(args, to, hasRun)
-	r, err := fcall(ctx, c, "policyd_spend", []string{keyBucket(tenant), runKey}, args...)
+	r, err := l.fcall(ctx, "policyd_spend", []string{keyBucket(tenant), runKey}, args...)
 	if err != nil {
 		return 0, policy.Spend{}, err
 	}
@@ -179,10 +178,10 @@ func spendCall(ctx context.Context, c redis.UniversalClient, tenant string, b *p
 }
 
 // depositCall is policyd_deposit of successes into tenant's bucket.
-func depositCall(ctx context.Context, c redis.UniversalClient, tenant string, b *policy.TenantBudget, successes int) (int64, float64, error) {
+func depositCall(ctx context.Context, l lib, tenant string, b *policy.TenantBudget, successes int) (int64, float64, error) {
 	args := budgetArgs(nil, b)
 	args = append(args, successes)
-	r, err := fcall(ctx, c, "policyd_deposit", []string{keyBucket(tenant)}, args...)
+	r, err := l.fcall(ctx, "policyd_deposit", []string{keyBucket(tenant)}, args...)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -222,21 +221,41 @@ func ledgerCounters(l *policy.Ledger) [8]*uint64 {
 }
 
 // finalCall is policyd_final: call's final disposition f in run runID of
-// tenant; it reports whether the ledger changed.
-func finalCall(ctx context.Context, c redis.UniversalClient, tenant, runID, call string, f fleet.Final) (bool, error) {
+// tenant; it reports whether the ledger changed, and refuses a disposition
+// other than the one in force (fleet.AlreadyFinal: the first wins).
+func finalCall(ctx context.Context, l lib, tenant, runID, call string, f fleet.Final) (bool, error) {
 	field := ledgerField(f)
 	if field == "" {
 		return false, invalid("disposition", "must be a final disposition")
 	}
 	v := fmt.Sprintf("%d:%d/%s", f.Disposition, f.Stop, field)
-	r, err := c.FCall(ctx, "policyd_final", []string{keyRun(tenant, runID), keyRunCalls(tenant, runID)}, call, field, v).Int()
+	r, err := l.run(ctx, "policyd_final", []string{keyRun(tenant, runID), keyRunCalls(tenant, runID)}, call, field, v).Result()
 	if err != nil {
 		if redisNotFound(err) {
 			return false, fmt.Errorf("%w: run %q", ErrNotFound, runID)
 		}
 		return false, fmt.Errorf("redisstore: policyd_final: %w", err)
 	}
-	return r == 1, nil
+	if err := finalRefusal(r); err != nil {
+		return false, err
+	}
+	n, err := toInt(r)
+	return n == 1, err
+}
+
+// finalRefusal returns the refusal a reply of record_final carries: the
+// value in force, "disposition:stop/slot", when the call is final already
+// with another disposition; nil for any other reply.
+func finalRefusal(reply any) error {
+	s, ok := reply.(string)
+	if !ok {
+		return nil
+	}
+	var d, stop uint8
+	if _, err := fmt.Sscanf(s, "%d:%d/", &d, &stop); err != nil {
+		return fmt.Errorf("redisstore: final disposition in force %q: %w", s, errReply)
+	}
+	return fleet.AlreadyFinal(fleet.Final{Disposition: policy.Disposition(d), Stop: policy.StopReason(stop)})
 }
 
 func redisNotFound(err error) bool {
@@ -250,10 +269,10 @@ func newPermitID() fleet.PermitID {
 	return id
 }
 
-// readCall is policyd_read: the breaker under key at the server's time,
+// readCall is policyd_read: the breaker under key at the call's time,
 // or ErrNotFound.
-func readCall(ctx context.Context, c redis.UniversalClient, key policy.BreakerKey) (state, error) {
-	r, err := c.FCallRO(ctx, "policyd_read", []string{keyBreaker(key.Tenant, key.Target)}).Slice()
+func readCall(ctx context.Context, l lib, key policy.BreakerKey) (state, error) {
+	r, err := l.runRO(ctx, "policyd_read", []string{keyBreaker(key.Tenant, key.Target)}).Slice()
 	if err != nil {
 		if redisNotFound(err) {
 			return state{}, fmt.Errorf("%w: breaker %q/%q", ErrNotFound, key.Tenant, key.Target)

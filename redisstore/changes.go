@@ -92,7 +92,7 @@ func (c *changes) Commit() error {
 	var qerr error
 	cmds, err := s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, a := range c.attempts {
-			if err := queueAttempt(ctx, p, a); err != nil {
+			if err := queueAttempt(ctx, s.lib.on(p), a); err != nil {
 				qerr = err
 			}
 		}

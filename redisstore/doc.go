@@ -9,6 +9,19 @@
 // call takes part in a decision. The tests run the same scenarios through
 // fleet and through the library and compare them step by step.
 //
+// Time. Every function of the library takes the caller's clock as its
+// first argument, put there by the one Go helper every call goes through
+// (lib.run) and taken off by the one Lua helper every function is
+// registered with (register), so no function can decide at another time
+// than the others: the argument is empty in production (Options.Clock
+// nil), and the function reads the server's TIME; when Options.Clock is
+// set it is that clock's time in Unix µs, and the function decides at it.
+// That is how the contract suite (server/storetest) moves a fake clock
+// over a real Redis without sleeping: replicas of one test share its
+// clock. Two things stay on the server's own clock either way: the expiry
+// of attempt records (PEXPIREAT) and the audit streams' entry ids (and so
+// their trimming by age).
+//
 // The client is github.com/redis/go-redis/v9: one UniversalClient type
 // covers standalone, Sentinel (failover) and Cluster with the URL forms
 // policyd accepts, it has FCALL and FUNCTION LOAD, and it is the client the

@@ -78,7 +78,7 @@ func runScenario(t *testing.T, key policy.BreakerKey, cfg policy.BreakerConfig, 
 			waitServerPast(t, c, snap)
 		case "admit":
 			id := newPermitID()
-			now, got, st, err := admitCall(ctx, c, key, sc, id, 0)
+			now, got, st, err := admitCall(ctx, lib{c: c}, key, sc, id, 0)
 			if err != nil {
 				t.Fatalf("%s: %v", s.name, err)
 			}
@@ -97,7 +97,7 @@ func runScenario(t *testing.T, key policy.BreakerKey, cfg policy.BreakerConfig, 
 			case s.permit < 0:
 				permit = newPermitID().String()
 			}
-			now, out, err := recordCall(ctx, c, key.Tenant, []recordGroup{{Key: key, Cfg: sc, Results: []result{{s.result, permit}}}}, 0)
+			now, out, err := recordCall(ctx, lib{c: c}, key.Tenant, []recordGroup{{Key: key, Cfg: sc, Results: []result{{s.result, permit}}}}, 0)
 			if err != nil {
 				t.Fatalf("%s: %v", s.name, err)
 			}
@@ -113,7 +113,7 @@ func runScenario(t *testing.T, key policy.BreakerKey, cfg policy.BreakerConfig, 
 				t.Fatal(err)
 			}
 			until := tm.Add(s.until).Truncate(time.Microsecond)
-			now, inForce, st, err := cooldownCall(ctx, c, key, sc, until, 0)
+			now, inForce, st, err := cooldownCall(ctx, lib{c: c}, key, sc, until, 0)
 			if err != nil {
 				t.Fatalf("%s: %v", s.name, err)
 			}
@@ -124,7 +124,7 @@ func runScenario(t *testing.T, key policy.BreakerKey, cfg policy.BreakerConfig, 
 			}
 			w.check(s.name, now, st)
 		case "reset", "force":
-			now, st, err := adminCall(ctx, c, key, s.op, s.state, 0)
+			now, st, err := adminCall(ctx, lib{c: c}, key, s.op, s.state, 0)
 			if err != nil {
 				t.Fatalf("%s: %v", s.name, err)
 			}
@@ -250,7 +250,7 @@ func TestBucketMirrorsFleet(t *testing.T) {
 		bg := b
 		bg.DryRun = op.dry
 		if op.deposit > 0 {
-			now, tokens, err := depositCall(ctx, c, "acme", &bg, op.deposit)
+			now, tokens, err := depositCall(ctx, lib{c: c}, "acme", &bg, op.deposit)
 			if err != nil {
 				t.Fatalf("%s: %v", op.name, err)
 			}
@@ -263,7 +263,7 @@ func TestBucketMirrorsFleet(t *testing.T) {
 			}
 			continue
 		}
-		now, sp, err := spendCall(ctx, c, "acme", &bg, op.timeout, "")
+		now, sp, err := spendCall(ctx, lib{c: c}, "acme", &bg, op.timeout, "")
 		if err != nil {
 			t.Fatalf("%s: %v", op.name, err)
 		}
@@ -293,15 +293,18 @@ func TestRunLedgerMirrorsFleet(t *testing.T) {
 		call string
 		f    fleet.Final
 	}{
-		{"a", succeeded}, {"a", succeeded}, {"b", budget}, {"b", succeeded},
+		{"a", succeeded}, {"a", succeeded}, {"b", budget}, {"b", succeeded}, {"a", budget},
 		{"d", fleet.Final{Disposition: policy.DispositionDeadLetter}},
 	}
 	for i, s := range steps {
-		got, err := finalCall(ctx, c, "acme", "r1", s.call, s.f)
-		if err != nil {
+		got, err := finalCall(ctx, lib{c: c}, "acme", "r1", s.call, s.f)
+		_, want, _, refused := v.RecordFinal(s.call, s.f)
+		switch {
+		case refused != nil && (err == nil || err.Error() != refused.Error()):
+			t.Errorf("step %d: redis %v, fleet refused %v", i, err, refused)
+		case refused == nil && err != nil:
 			t.Fatalf("step %d: %v", i, err)
 		}
-		_, want, _ := v.RecordFinal(s.call, s.f)
 		if got != want {
 			t.Errorf("step %d: redis changed %v, fleet %v", i, got, want)
 		}
@@ -320,7 +323,7 @@ func TestRunLedgerMirrorsFleet(t *testing.T) {
 			t.Errorf("step %d: redis ledger %+v, fleet %+v", i, l, v.Ledger)
 		}
 	}
-	if _, err := finalCall(ctx, c, "acme", "nope", "a", succeeded); err == nil {
+	if _, err := finalCall(ctx, lib{c: c}, "acme", "nope", "a", succeeded); err == nil {
 		t.Errorf("final of an unknown run = nil, want ErrNotFound")
 	}
 }
@@ -337,7 +340,7 @@ func TestRunPoolNeverOverspent(t *testing.T) {
 		{Granted: true, RunRemaining: 0, HasRun: true},
 		{Stop: policy.StopBudgetExhausted, Disposition: policy.DispositionDeadLetter, RunRemaining: 0, HasRun: true},
 	} {
-		_, got, err := spendCall(ctx, c, "acme", &b, false, "r1")
+		_, got, err := spendCall(ctx, lib{c: c}, "acme", &b, false, "r1")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -349,7 +352,7 @@ func TestRunPoolNeverOverspent(t *testing.T) {
 	if err := c.HSet(ctx, keyRun("acme", "r2"), "pool", 2, "cutoff", 1, "spent", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	_, got, err := spendCall(ctx, c, "acme", &b, false, "r2")
+	_, got, err := spendCall(ctx, lib{c: c}, "acme", &b, false, "r2")
 	if err != nil || got.Stop != policy.StopDeadline || got.Disposition != policy.DispositionDeadlineCut {
 		t.Errorf("spend past the cut-off: %+v %v, want DEADLINE DEADLINE_CUT", got, err)
 	}

@@ -165,10 +165,42 @@ func toString(x any) string {
 	return s
 }
 
+// lib calls the library's functions on c. Every call goes through run or
+// runRO, which put the clock argument first: "" for the server's TIME (a
+// nil clock: production), else clock's time in Unix µs (Options.Clock), so
+// every function of one engine decides at one clock and none can forget
+// it; the library takes the argument off in its register (policyd.lua).
+type lib struct {
+	c     redis.Cmdable
+	clock func() time.Time // nil: the server's TIME
+}
+
+// on returns l calling on c (a pipeline, a transaction), with l's clock.
+func (l lib) on(c redis.Cmdable) lib { return lib{c: c, clock: l.clock} }
+
+// run calls function fn on keys with args, after the clock argument.
+func (l lib) run(ctx context.Context, fn string, keys []string, args ...any) *redis.Cmd {
+	return l.c.FCall(ctx, fn, keys, l.withClock(args)...)
+}
+
+// runRO is run for a read-only function (FCALL_RO).
+func (l lib) runRO(ctx context.Context, fn string, keys []string, args ...any) *redis.Cmd {
+	return l.c.FCallRO(ctx, fn, keys, l.withClock(args)...)
+}
+
+// withClock returns args after the clock argument.
+func (l lib) withClock(args []any) []any {
+	now := ""
+	if l.clock != nil {
+		now = strconv.FormatInt(l.clock().UnixMicro(), 10)
+	}
+	return append([]any{now}, args...)
+}
+
 // fcall runs function fn of the library on keys with args and returns its
 // reply as an array; an error reply NOTFOUND becomes ErrNotFound.
-func fcall(ctx context.Context, c redis.Cmdable, fn string, keys []string, args ...any) ([]any, error) {
-	v, err := c.FCall(ctx, fn, keys, args...).Result()
+func (l lib) fcall(ctx context.Context, fn string, keys []string, args ...any) ([]any, error) {
+	v, err := l.run(ctx, fn, keys, args...).Result()
 	if err != nil {
 		return nil, libraryErr(fn, err)
 	}

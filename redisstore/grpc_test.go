@@ -15,7 +15,6 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
-	"github.com/policyd/policyd/internal/enginetest"
 	"github.com/policyd/policyd/internal/redistest"
 	"github.com/policyd/policyd/redisstore"
 	"github.com/policyd/policyd/server"
@@ -229,7 +228,7 @@ func replicasOverGRPC(t *testing.T, stats serverStats, client func() redis.Unive
 	if err != nil || msg.GetBreaker().GetState() != pb.BreakerState_BREAKER_STATE_OPEN {
 		t.Fatalf("WatchBreakers on replica 2 = %v, %v; want OPEN", msg, err)
 	}
-	enginetest.Eventually(t, "replica 1 refusing once its cache has the OPEN state", func() bool {
+	eventually(t, "replica 1 refusing once its cache has the OPEN state", func() bool {
 		a, err := r[1].workers.Admit(ctx, &pb.AdmitRequest{Call: call("doc-3"), Attempt: 1})
 		return err == nil && !a.GetAdmitted()
 	})
@@ -271,7 +270,7 @@ func replicasOverGRPC(t *testing.T, stats serverStats, client func() redis.Unive
 			t.Logf("QueryAudit(doc-1) on replica 1: %s", got)
 		}
 	}()
-	enginetest.Eventually(t, "doc-1's records from replicas 0 and 2 on replica 1", func() bool {
+	eventually(t, "doc-1's records from replicas 0 and 2 on replica 1", func() bool {
 		q, err := r[1].admin.QueryAudit(ctx, &pb.QueryAuditRequest{CallId: "doc-1"})
 		if err != nil {
 			t.Fatalf("QueryAudit: %v", err)

@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 
@@ -41,7 +42,8 @@ type outcomeFinal struct {
 // ApplyOutcomes applies a batch of reported outcomes: each one's result to
 // its breaker, its audit records, and its final disposition to its run's
 // ledger (skipped when its result's permit was refused, as Refused then
-// says), then deposits[tenant] successes, with one call of
+// says; refused in Refused when the call is final already with another
+// disposition, fleet.AlreadyFinal), then deposits[tenant] successes, with one call of
 // policyd_outcomes per tenant (all of them sent in one pipeline): never
 // one per outcome. Updates are checked first, in order; it applies those
 // before the first bad one and returns their number with its error. When
@@ -202,7 +204,7 @@ func (s *Store) runOutcomes(ups []policy.OutcomeUpdate, batches map[string]*outc
 		for i, t := range tenants {
 			bg, _ := s.budgetOf(t)
 			keys, args := batches[t].call(&bg, s.opts.MaxBreakersPerTenant)
-			cmds[i] = p.FCall(ctx, "policyd_outcomes", keys, args...)
+			cmds[i] = s.lib.on(p).run(ctx, "policyd_outcomes", keys, args...)
 		}
 		return nil
 	})
@@ -276,7 +278,15 @@ func (b *outcomeBatch) apply(s *Store, ups []policy.OutcomeUpdate, cmd *redis.Cm
 		s.learn(g.key, st)
 	}
 	for fi, f := range b.finals {
-		if n, _ := toInt(v[1+3*len(b.groups)+fi]); n == -1 {
+		r := v[1+3*len(b.groups)+fi]
+		if err := finalRefusal(r); err != nil {
+			if !refusal(err) {
+				return err
+			}
+			ups[f.update].Refused = err
+			continue
+		}
+		if n, _ := toInt(r); n == -1 {
 			return fmt.Errorf("%w: run %q", ErrNotFound, ups[f.update].RunID)
 		}
 	}
@@ -294,4 +304,11 @@ func (b *outcomeBatch) lowest(n int) int {
 		lo = min(lo, f.update)
 	}
 	return lo
+}
+
+// refusal reports whether err is a refusal of the state's rules
+// (fleet.Refusal): an update's answer, not the batch's failure.
+func refusal(err error) bool {
+	var r *fleet.Refusal
+	return errors.As(err, &r)
 }

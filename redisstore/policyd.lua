@@ -2,7 +2,8 @@
 
 -- policyd's fleet state changes as Redis Functions: every change that must
 -- be atomic is one call of one function here, on the keys of one tenant
--- (one hash tag, one slot), at the server's TIME. The rules are those of
+-- (one hash tag, one slot), at the server's TIME (or at the caller's
+-- clock, when the engine was given one: see register). The rules are those of
 -- the Go package fleet, line for line; redisstore's tests run the same
 -- scenarios through both and compare. Times are Unix microseconds (Lua
 -- numbers are doubles: exact up to 2^53, and Unix ns are not), written
@@ -25,7 +26,12 @@ local MUTATED, TRANSITIONED, COOLDOWN_STARTED = 1, 2, 4
 local function int(x) return string.format('%d', x) end
 local function float(x) return string.format('%.17g', x) end
 
-local function now_us()
+-- clock_us is the time a call decides at, Unix µs: the server's TIME
+-- when the caller's clock argument is empty (production), else that
+-- argument (an engine told to use a clock of its own: the contract suite's
+-- fake clock).
+local function clock_us(arg)
+  if arg ~= '' then return tonumber(arg) end
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
@@ -222,8 +228,7 @@ end
 -- KEYS: breaker, events, index. ARGV: target, cfg (8), permit id (hex),
 -- the tenant's cap of breakers.
 -- Returns {now, admitted, reason, permit, retry_after, event id, snapshot...}.
-local function admit(keys, args)
-  local now = now_us()
+local function admit(keys, args, now)
   local c = cfg_at(args, 2)
   local newid = args[10]
   local b = load(keys[1], now)
@@ -309,8 +314,7 @@ end
 -- of breakers, then per group: target,
 -- cfg (8), n, then n pairs (result, permit id or '').
 -- Returns {now, then per group: {event ids...}, {refused flags...}, snapshot}.
-local function record(keys, args)
-  local now = now_us()
+local function record(keys, args, now)
   local cap = tonumber(args[1])
   local out, a = {int(now)}, 2
   for g = 3, #keys do
@@ -351,8 +355,7 @@ end
 -- KEYS: breaker, events, index. ARGV: target, cfg (8), until, the
 -- tenant's cap of breakers.
 -- Returns {now, until in force, event ids..., snapshot}.
-local function cooldown(keys, args)
-  local now = now_us()
+local function cooldown(keys, args, now)
   local c = cfg_at(args, 2)
   local untl = tonumber(args[10])
   local b = load(keys[1], now)
@@ -377,8 +380,7 @@ end
 -- KEYS: breaker, events, index. ARGV: target, op, state, the tenant's cap
 -- of breakers.
 -- Returns {now, event id, snapshot} or an error NOTFOUND.
-local function admin(keys, args)
-  local now = now_us()
+local function admin(keys, args, now)
   local op = args[2]
   if op == 'reset' and redis.call('EXISTS', keys[1]) == 0 then
     return redis.error_reply('NOTFOUND breaker')
@@ -432,8 +434,7 @@ end
 -- KEYS: bucket, run (a key of the tenant with no run when ARGV[8] is 0).
 -- ARGV: budget (6), timeout (0 or 1), has run (0 or 1).
 -- Returns {now, granted, stop, disposition, tokens, run remaining, dry run refused}.
-local function spend(keys, args)
-  local now = now_us()
+local function spend(keys, args, now)
   local bg = budget_at(args, 1)
   local timeout, has_run = args[7] == '1', args[8] == '1'
   local stop, disp, remaining = 0, 0, 0
@@ -474,8 +475,7 @@ end
 -- deposit is fleet.Bucket.Deposit of successes.
 -- KEYS: bucket. ARGV: budget (6), successes.
 -- Returns {now, tokens}.
-local function deposit(keys, args)
-  local now = now_us()
+local function deposit(keys, args, now)
   local bg = budget_at(args, 1)
   local k = bucket_load(keys[1], bg.cap, now)
   refill(k, now, bg)
@@ -484,25 +484,29 @@ local function deposit(keys, args)
   return {int(now), float(k.tokens)}
 end
 
--- record_final is final's rule on run and calls keys: 1 when the ledger
--- changed, 0 when not, nil for a run that does not exist.
+-- record_final is fleet.Run.RecordFinal on run and calls keys: the first
+-- final disposition of a call id wins. It returns 1 when the ledger
+-- changed, 0 for the same report again, the value in force
+-- ("disposition:stop/slot") for a different one, which changes nothing,
+-- and nil for a run that does not exist.
 local function record_final(run, calls, call, field, value)
   if redis.call('EXISTS', run) == 0 then return nil end
   local prev = redis.call('HGET', calls, call)
   if prev == value then return 0 end
-  if prev then redis.call('HINCRBY', run, string.match(prev, '^[^/]*/(.*)$'), -1) end
+  if prev then return prev end
   redis.call('HINCRBY', run, field, 1)
   redis.call('HSET', calls, call, value)
   return 1
 end
 
 -- final is fleet.Run.RecordFinal: the same report twice counts once, a
--- changed disposition moves the count from its old ledger slot to the new.
+-- different one later is refused (the first wins).
 -- KEYS: run, its calls hash. ARGV: call id, ledger slot (the run hash's
 -- field counting the disposition, as fleet.LedgerSlot picks it), the
 -- calls hash's value "disposition:stop/slot". Returns 1 when the ledger
--- changed, else 0, or an error NOTFOUND.
-local function final(keys, args)
+-- changed, 0 when not, the value in force for a refused one, or an error
+-- NOTFOUND.
+local function final(keys, args, now)
   local r = record_final(keys[1], keys[2], args[1], args[2], args[3])
   if r == nil then return redis.error_reply('NOTFOUND run') end
   return r
@@ -520,9 +524,9 @@ end
 -- (1..R), the 1-based index among this call's results whose refusal
 -- cancels it (0: none), call id, ledger field, value.
 -- Returns {now, per group: {event ids}, {refused flags}, snapshot, then
--- per final 1 (changed), 0 (unchanged), -1 (no such run), then tokens}.
-local function outcomes(keys, args)
-  local now = now_us()
+-- per final 1 (changed), 0 (unchanged), -1 (no such run) or the value in
+-- force (refused: the first wins), then tokens}.
+local function outcomes(keys, args, now)
   local ng, nr, successes = tonumber(args[1]), tonumber(args[2]), tonumber(args[3])
   local bg = budget_at(args, 4)
   local cap = tonumber(args[10])
@@ -590,7 +594,7 @@ end
 -- never rewinding (a lower attempt than the one stored changes nothing),
 -- kept until expiry at least. KEYS: the call's attempt key. ARGV: attempt,
 -- answer (opaque to the library), expiry (Unix ms). Returns 1 when stored.
-local function attempt(keys, args)
+local function attempt(keys, args, now)
   local cur = tonumber(redis.call('HGET', keys[1], 'attempt') or '0')
   local n, expiry = tonumber(args[1]), tonumber(args[3])
   if n < cur then return 0 end
@@ -601,21 +605,31 @@ local function attempt(keys, args)
   return 1
 end
 
--- read returns a breaker's snapshot at the server's time without
+-- read returns a breaker's snapshot at the call's time without
 -- changing it. KEYS: breaker. Returns {now, snapshot} or NOTFOUND.
-local function read(keys)
+local function read(keys, _, now)
   if redis.call('EXISTS', keys[1]) == 0 then return redis.error_reply('NOTFOUND breaker') end
-  local now = now_us()
   return {int(now), snapshot(load(keys[1], now), now)}
 end
 
-redis.register_function{function_name = 'policyd_read', callback = read, flags = {'no-writes'}}
-redis.register_function('policyd_admit', admit)
-redis.register_function('policyd_record', record)
-redis.register_function('policyd_cooldown', cooldown)
-redis.register_function('policyd_admin_breaker', admin)
-redis.register_function('policyd_spend', spend)
-redis.register_function('policyd_deposit', deposit)
-redis.register_function('policyd_final', final)
-redis.register_function('policyd_outcomes', outcomes)
-redis.register_function('policyd_attempt', attempt)
+-- register registers fn as a function of the library: every function's
+-- first argument is the caller's clock ('' or Unix µs, see clock_us), taken
+-- off before fn sees the rest, so no function can decide at another time
+-- than the call's. fn gets keys, the other arguments and now.
+local function register(name, fn, flags)
+  redis.register_function{function_name = name, flags = flags, callback = function(keys, args)
+    local now = clock_us(table.remove(args, 1))
+    return fn(keys, args, now)
+  end}
+end
+
+register('policyd_read', read, {'no-writes'})
+register('policyd_admit', admit)
+register('policyd_record', record)
+register('policyd_cooldown', cooldown)
+register('policyd_admin_breaker', admin)
+register('policyd_spend', spend)
+register('policyd_deposit', deposit)
+register('policyd_final', final)
+register('policyd_outcomes', outcomes)
+register('policyd_attempt', attempt)

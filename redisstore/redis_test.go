@@ -10,62 +10,41 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/policyd/policyd/internal/enginetest"
 	"github.com/policyd/policyd/internal/redistest"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/redisstore"
 )
 
-// replicas opens n Stores over client c, closed when t ends.
-func replicas(t *testing.T, n int, c func() redis.UniversalClient) enginetest.Fleet {
+// replicas opens n Stores over clients c makes, closed when t ends.
+func replicas(t *testing.T, n int, c func() redis.UniversalClient) []*redisstore.Store {
 	t.Helper()
-	var f enginetest.Fleet
-	var first redis.UniversalClient
+	var out []*redisstore.Store
 	for range n {
 		cl := c()
-		if first == nil {
-			first = cl
-		}
 		t.Cleanup(func() { _ = cl.Close() })
 		s, err := redisstore.Open(context.Background(), redisstore.Options{Client: cl, Timeout: 2 * time.Second})
 		if err != nil {
 			t.Fatalf("Open: %v", err)
 		}
 		t.Cleanup(func() { _ = s.Close() })
-		f.Replicas = append(f.Replicas, s)
+		out = append(out, s)
 	}
-	f.WaitPast = func(tm time.Time) {
-		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
-		for time.Now().Before(deadline) {
-			now, err := first.Time(context.Background()).Result()
-			if err != nil {
-				t.Fatalf("TIME: %v", err)
-			}
-			if now.After(tm) {
-				return
-			}
+	return out
+}
+
+// eventually polls cond until it holds, failing t after 5 s; what a
+// replica learns from another arrives through the engine's feed.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 5s", what)
 		}
-		t.Fatalf("the server's clock did not pass %v", tm)
+		<-tick.C
 	}
-	return f
-}
-
-func TestBehavioursStandalone(t *testing.T) {
-	enginetest.Run(t, func(t *testing.T, n int) enginetest.Fleet {
-		srv := redistest.Standalone(t)
-		return replicas(t, n, func() redis.UniversalClient { return redis.NewClient(&redis.Options{Addr: srv.Addr}) })
-	})
-}
-
-func TestBehavioursCluster(t *testing.T) {
-	// One cluster for every case (three servers take a while to join):
-	// no two cases share a key.
-	addrs := redistest.Cluster(t)
-	redisstore.CheckSlots(t, addrs[0])
-	enginetest.Run(t, func(t *testing.T, k int) enginetest.Fleet {
-		return replicas(t, k, func() redis.UniversalClient { return redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs}) })
-	})
 }
 
 // TestFeedResumesAfterReconnect: while one replica makes transitions,
@@ -78,10 +57,10 @@ func TestFeedResumesAfterReconnect(t *testing.T) {
 	killer := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	t.Cleanup(func() { _ = killer.Close() })
 	key := policy.BreakerKey{Tenant: "flaky", Target: "x"}
-	if _, err := f.Replicas[0].ForceBreaker(key, policy.BreakerClosed); err != nil {
+	if _, err := f[0].ForceBreaker(key, policy.BreakerClosed); err != nil {
 		t.Fatal(err)
 	}
-	events, cancel := f.Replicas[1].Subscribe("flaky", 1024)
+	events, cancel := f[1].Subscribe("flaky", 1024)
 	defer cancel()
 	for ev := range events {
 		if ev.SnapshotDone {
@@ -98,9 +77,9 @@ func TestFeedResumesAfterReconnect(t *testing.T) {
 		killed += n
 		for range 10 { // the killed connections fail once each; the next try reconnects
 			if i%2 == 0 {
-				_, err = f.Replicas[0].ForceBreaker(key, policy.BreakerOpen)
+				_, err = f[0].ForceBreaker(key, policy.BreakerOpen)
 			} else {
-				_, err = f.Replicas[0].ForceBreaker(key, policy.BreakerClosed)
+				_, err = f[0].ForceBreaker(key, policy.BreakerClosed)
 			}
 			if err == nil {
 				break
@@ -141,18 +120,18 @@ func TestManyTenantsFewConnections(t *testing.T) {
 	keys := make([]policy.BreakerKey, tenants)
 	for i := range keys {
 		keys[i] = policy.BreakerKey{Tenant: "t" + strconv.Itoa(i), Target: "x"}
-		if a, err := f.Replicas[1].Admit(keys[i], policy.BreakerConfig{}); err != nil || !a.Admitted {
+		if a, err := f[1].Admit(keys[i], policy.BreakerConfig{}); err != nil || !a.Admitted {
 			t.Fatalf("Admit for tenant %d = %+v, %v", i, a, err)
 		}
 	}
 	for _, k := range keys {
-		if _, err := f.Replicas[0].ForceBreaker(k, policy.BreakerOpen); err != nil {
+		if _, err := f[0].ForceBreaker(k, policy.BreakerOpen); err != nil {
 			t.Fatalf("ForceBreaker(%v): %v", k, err)
 		}
 	}
 	for _, k := range keys {
-		enginetest.Eventually(t, "replica 1 refusing "+k.Tenant, func() bool {
-			a, err := f.Replicas[1].Admit(k, policy.BreakerConfig{})
+		eventually(t, "replica 1 refusing "+k.Tenant, func() bool {
+			a, err := f[1].Admit(k, policy.BreakerConfig{})
 			return err == nil && !a.Admitted
 		})
 	}
@@ -196,7 +175,7 @@ func TestWaitReplicas(t *testing.T) {
 	if !errors.Is(err, redisstore.ErrNotReplicated) || !strings.Contains(err.Error(), "acknowledged by 0 of 1 replicas") {
 		t.Errorf("SetPolicy with the replica gone = %v, want ErrNotReplicated, 0 of 1", err)
 	}
-	enginetest.Eventually(t, "the unreplicated policy, on the primary", func() bool {
+	eventually(t, "the unreplicated policy, on the primary", func() bool {
 		_, err := patient.Policy("acme", "pay")
 		return err == nil
 	})
@@ -264,7 +243,7 @@ func TestBreakersPerTenantCap(t *testing.T) {
 func TestSubscribeAllSeesNewTenants(t *testing.T) {
 	srv := redistest.Standalone(t)
 	f := replicas(t, 2, func() redis.UniversalClient { return redis.NewClient(&redis.Options{Addr: srv.Addr}) })
-	events, cancel := f.Replicas[1].Subscribe("", 64)
+	events, cancel := f[1].Subscribe("", 64)
 	defer cancel()
 	for ev := range events {
 		if ev.SnapshotDone {
@@ -273,7 +252,7 @@ func TestSubscribeAllSeesNewTenants(t *testing.T) {
 	}
 	key := policy.BreakerKey{Tenant: "newbie", Target: "x"}
 	cfg := policy.BreakerConfig{ConsecutiveFailures: 1, Cooldown: time.Hour}
-	if _, err := f.Replicas[0].Record(key, cfg, policy.ResultTransientFailure, ""); err != nil {
+	if _, err := f[0].Record(key, cfg, policy.ResultTransientFailure, ""); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -351,7 +330,7 @@ func TestCallsAreBounded(t *testing.T) {
 		t.Fatal("Record with Redis stopped still waits after 10s")
 	}
 	srv.Resume(t)
-	enginetest.Eventually(t, "a Record once Redis continues", func() bool {
+	eventually(t, "a Record once Redis continues", func() bool {
 		_, err := s.Record(key, policy.BreakerConfig{}, policy.ResultSuccess, "")
 		return err == nil
 	})

@@ -146,8 +146,9 @@ func (s *Store) Runs(tenant, after string, limit int) ([]policy.Run, error) {
 }
 
 // RecordFinal records call's final disposition in run runID's ledger by
-// fleet.Run.RecordFinal's rule (one call of policyd_final): the same
-// report twice counts once; a changed one moves the count.
+// fleet.Run.RecordFinal's rule (one call of policyd_final): the first
+// final disposition of a call id wins; the same report twice counts once,
+// a different one is refused (fleet.AlreadyFinal) and changes nothing.
 func (s *Store) RecordFinal(runID, callID string, d policy.Disposition, stop policy.StopReason) error {
 	if err := s.check(); err != nil {
 		return err
@@ -165,6 +166,6 @@ func (s *Store) RecordFinal(runID, callID string, d policy.Disposition, stop pol
 	}
 	ctx, cancel := s.call()
 	defer cancel()
-	_, err = finalCall(ctx, s.c, tenant, runID, callID, f)
+	_, err = finalCall(ctx, s.lib, tenant, runID, callID, f)
 	return err
 }

@@ -27,9 +27,15 @@ type Options struct {
 	// DefaultBudget applies to tenants without an explicit budget; zero
 	// numeric fields take DefaultTenantBudget's values.
 	DefaultBudget policy.TenantBudget
-	// Clock is the replica's clock, used only to judge whether a cached
-	// cool-down is over (the engine decides with the server's TIME);
-	// default time.Now.
+	// Clock, when set, is the time every decision is made at: each call of
+	// the library passes it (Unix µs) and the functions use it instead of
+	// the server's TIME; the replica judges its cached cool-downs, audit
+	// times and attempt expiries by it too. Nil (production) means the
+	// server's TIME decides and the replica's own clock (time.Now) judges
+	// the cache. Tests set it to move time without sleeping (the contract
+	// suite's fake clock); replicas sharing one Redis must then share one
+	// clock. Key expiry (PEXPIREAT of attempt records) and audit stream
+	// entry ids stay the server's own clock.
 	Clock func() time.Time
 	// Log receives the feed's errors; default slog.Default().
 	Log *slog.Logger
@@ -72,6 +78,7 @@ func DefaultTenantBudget() policy.TenantBudget { return fleet.DefaultBudget() }
 // safe for concurrent use.
 type Store struct {
 	c         redis.UniversalClient
+	lib       lib // s.c with the clock of every library call
 	opts      Options
 	defBudget policy.TenantBudget
 	log       *slog.Logger
@@ -110,6 +117,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if opts.Timeout <= 0 {
 		opts.Timeout = 50 * time.Millisecond
 	}
+	fixed := opts.Clock // nil: the server's TIME decides
 	if opts.Clock == nil {
 		opts.Clock = time.Now
 	}
@@ -146,7 +154,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if err := loadLibrary(ctx, opts.Client); err != nil {
 		return nil, err
 	}
-	s := &Store{c: opts.Client, opts: opts, defBudget: def, log: opts.Log,
+	s := &Store{c: opts.Client, lib: lib{c: opts.Client, clock: fixed}, opts: opts, defBudget: def, log: opts.Log,
 		cache: map[policy.BreakerKey]*cached{}, feeds: map[string]*feed{}, groups: map[int]*feedGroup{}, allSubs: map[*sub]struct{}{}, defaultPolicy: policy.Default()}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	last, err := s.loadAdmin()

@@ -323,3 +323,49 @@ func TestLyingLedgerIsRefused(t *testing.T) {
 		t.Errorf("ledgers: %v and %v, want one DEAD_LETTER and one DEAD_LETTER (DEADLINE)", ra.GetRun().GetLedger(), rb.GetRun().GetLedger())
 	}
 }
+
+// TestFirstFinalDispositionWins: once a call's final disposition is in its
+// run's ledger, a later different one (each agreeing with its own outcome)
+// is refused in the batch, FAILED_PRECONDITION naming
+// outcomes[i].final_disposition and the disposition in force, and the
+// ledger is unchanged; the same one again is taken and counts once; the
+// rest of the batch applies. Before, the later one moved the count.
+func TestFirstFinalDispositionWins(t *testing.T) {
+	h := twoTenants(t)
+	admin, b := withToken("admin-secret"), withToken("tok-b")
+	if _, err := h.admin.OpenRun(admin, &pb.OpenRunRequest{RunId: "run-b", Tenant: "tenant-b", RetryPool: 10,
+		CutoffTime: timestampIn(h, time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	ref := func(id string) *pb.CallRef {
+		c := call("tenant-b", "geo", id)
+		c.RunId = "run-b"
+		return c
+	}
+	succeeded := &pb.Outcome{Call: ref("q"), Attempt: 1, Success: true, FinalDisposition: pb.Disposition_DISPOSITION_SUCCEEDED}
+	if _, err := h.workers.ReportOutcome(b, &pb.ReportOutcomeRequest{Outcomes: []*pb.Outcome{succeeded}}); err != nil {
+		t.Fatalf("the first final disposition: %v", err)
+	}
+	later := &pb.Outcome{Call: ref("q"), Attempt: 2, Failure: http(503), FinalDisposition: pb.Disposition_DISPOSITION_DEAD_LETTER,
+		FinalStopReason: pb.StopReason_STOP_REASON_ATTEMPTS_EXHAUSTED}
+	other := &pb.Outcome{Call: ref("r"), Attempt: 1, Success: true, FinalDisposition: pb.Disposition_DISPOSITION_SUCCEEDED}
+	resp, err := h.workers.ReportOutcome(b, &pb.ReportOutcomeRequest{Outcomes: []*pb.Outcome{other, later, succeeded}})
+	if err != nil {
+		t.Fatalf("ReportOutcome with a later disposition: %v", err)
+	}
+	if resp.GetAccepted() != 2 || len(resp.GetRefused()) != 1 {
+		t.Fatalf("accepted %d, refused %v; want 2 and the second outcome", resp.GetAccepted(), resp.GetRefused())
+	}
+	r := resp.GetRefused()[0]
+	if r.GetIndex() != 1 || codes.Code(r.GetCode()) != codes.FailedPrecondition || r.GetField() != "outcomes[1].final_disposition" ||
+		!strings.HasPrefix(r.GetMessage(), "outcomes[1].final_disposition: already final as SUCCEEDED") {
+		t.Fatalf("refusal %v; want outcome 1, FAILED_PRECONDITION, outcomes[1].final_disposition: already final as SUCCEEDED", r)
+	}
+	run, err := h.admin.GetRun(admin, &pb.GetRunRequest{RunId: "run-b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := run.GetRun().GetLedger(); l.GetSucceeded() != 2 || l.GetDeadLetterExhausted() != 0 {
+		t.Errorf("ledger %v, want 2 succeeded (q once, r) and no DEAD_LETTER", l)
+	}
+}

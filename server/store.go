@@ -14,9 +14,12 @@ import (
 // Invalid, OverCapacity, Closed or FailedPrecondition method returning true
 // is of that class; any other is a failure of the store (INTERNAL, logged).
 // Implementations must be safe for concurrent use. The behaviours the
-// handlers rely on (probes, budgets, cool-downs, transitions, durability,
-// subscriptions, attempts, permits) are the contract suite in package
-// storetest, which every implementation's tests run.
+// handlers rely on (probes, budgets, cool-downs, transitions, the first
+// final disposition winning, durability, subscriptions, attempts, permits,
+// and what one replica's writes show on another) are the one contract
+// suite, package storetest, which every implementation's tests run
+// unchanged: breakerstore's on bbolt, redisstore's on Redis standalone and
+// on Redis Cluster.
 type Store interface {
 	Policies
 	Breakers

@@ -34,6 +34,9 @@ type Server struct {
 	cmd  *exec.Cmd
 	// exited is closed when the process has exited.
 	exited chan struct{}
+	port   int
+	extra  []string
+	owner  testing.TB // the test whose end stops the server
 }
 
 // Standalone starts a redis-server with appendonly yes and appendfsync
@@ -88,8 +91,20 @@ func (s *Server) Kill() {
 func Cluster(t testing.TB) []string {
 	t.Helper()
 	var addrs []string
+	for _, s := range ClusterNodes(t) {
+		addrs = append(addrs, s.Addr)
+	}
+	return addrs
+}
+
+// ClusterNodes is Cluster, returning the nodes' servers.
+func ClusterNodes(t testing.TB) []*Server {
+	t.Helper()
+	var nodes []*Server
+	var addrs []string
 	for range 3 {
 		s := start(t, t.TempDir(), "--cluster-enabled", "yes", "--cluster-node-timeout", "5000")
+		nodes = append(nodes, s)
 		addrs = append(addrs, s.Addr)
 	}
 	args := append([]string{"--cluster", "create"}, addrs...)
@@ -97,13 +112,44 @@ func Cluster(t testing.TB) []string {
 	if out, err := exec.Command(need(t, "redis-cli"), args...).CombinedOutput(); err != nil {
 		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
 	}
-	for _, a := range addrs {
-		waitFor(t, a, "CLUSTER INFO cluster_state:ok", func(c *conn) bool {
+	clusterOK(t, nodes)
+	return nodes
+}
+
+// clusterOK waits until every node reports cluster_state:ok.
+func clusterOK(t testing.TB, nodes []*Server) {
+	t.Helper()
+	for _, s := range nodes {
+		waitFor(t, s.Addr, "CLUSTER INFO cluster_state:ok", func(c *conn) bool {
 			info, err := c.do("CLUSTER", "INFO")
 			return err == nil && strings.Contains(info, "cluster_state:ok")
 		})
 	}
-	return addrs
+}
+
+// Restart kills the server (SIGKILL, as a crash would) and starts it again
+// on the same port and directory, so it loads what its append-only file
+// holds; it waits until it answers PING. The server still stops when the
+// test that started it ends; t (the calling test) only reports failures.
+func (s *Server) Restart(t testing.TB) {
+	t.Helper()
+	s.Kill()
+	n := launch(t, s.owner, s.port, s.Dir, s.extra...)
+	s.cmd, s.exited = n.cmd, n.exited
+}
+
+// RestartCluster restarts every node of a cluster (Restart) and waits
+// until each reports cluster_state:ok again.
+func RestartCluster(t testing.TB, nodes []*Server) {
+	t.Helper()
+	for _, s := range nodes {
+		s.Kill()
+	}
+	for _, s := range nodes {
+		n := launch(t, s.owner, s.port, s.Dir, s.extra...)
+		s.cmd, s.exited = n.cmd, n.exited
+	}
+	clusterOK(t, nodes)
 }
 
 // start runs redis-server in dir with the durable settings and extra
@@ -125,6 +171,13 @@ func FreePort(t testing.TB) int { return freePort(t) }
 
 func startOn(t testing.TB, port int, dir string, extra ...string) *Server {
 	t.Helper()
+	return launch(t, t, port, dir, extra...)
+}
+
+// launch starts redis-server as startOn does, reporting failures to t and
+// stopping it when owner ends.
+func launch(t, owner testing.TB, port int, dir string, extra ...string) *Server {
+	t.Helper()
 	bin := need(t, "redis-server")
 	args := []string{
 		"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
@@ -133,8 +186,8 @@ func startOn(t testing.TB, port int, dir string, extra ...string) *Server {
 		"--repl-diskless-sync-delay", "0", // a Replica syncs at once, not after 5 s
 	}
 	args = append(args, extra...)
-	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Dir: dir}
-	logf, err := os.Create(filepath.Join(dir, "redis.log"))
+	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Dir: dir, port: port, extra: extra, owner: owner}
+	logf, err := os.OpenFile(filepath.Join(dir, "redis.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		t.Fatalf("redis log: %v", err)
 	}
@@ -148,7 +201,7 @@ func startOn(t testing.TB, port int, dir string, extra ...string) *Server {
 	exited := make(chan struct{})
 	s.exited = exited
 	go func() { _ = s.cmd.Wait(); close(exited) }()
-	t.Cleanup(s.Kill)
+	owner.Cleanup(s.Kill)
 	waitFor(t, s.Addr, "PING", func(c *conn) bool {
 		select {
 		case <-exited:

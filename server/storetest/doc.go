@@ -1,20 +1,28 @@
-// Package storetest is the contract suite of server.Store: the behaviours
-// of fleet state that the handlers rely on, written once and run against
-// every engine, so that a second engine is held to the first one's
-// guarantees without a copy of the tests.
+// Package storetest is the one contract suite of server.Store: the
+// behaviours of fleet state that the handlers rely on, within one engine
+// and across replicas sharing one engine, written once and run unchanged
+// against every engine: bbolt (breakerstore), Redis standalone and Redis
+// Cluster (redisstore). No engine has a suite of its own.
 //
 // It lives beside server because it tests the interface server declares
 // and consumes; an engine's own tests import it (test code only, so no
 // engine imports server in what it ships). The behaviours, one subtest
-// each:
+// each; "over the replicas" means the concurrent calls are spread over
+// three replicas (Engine.Replica), for an embedded engine three times the
+// one store:
 //
-//	probes          exactly HalfOpenProbes of 64 concurrent Admits in HALF_OPEN get a permit, each distinct
+//	probes          exactly HalfOpenProbes of 64 concurrent Admits in HALF_OPEN, over the replicas, get a
+//	                permit, each distinct
 //	budgets         a tenant budget and a run pool are never overspent under concurrent spends, deposits and
-//	                a moving clock (property style: several random seeds)
+//	                a moving clock, over the replicas (property style: several random seeds)
 //	cooldown        a cool-down only moves later, also under concurrent extensions
 //	transitions     a transition happens once per generation: one OPEN for 64 concurrent failing workers, one
-//	                HALF_OPEN for 64 concurrent Admits, one re-OPEN for concurrent probe failures
+//	                HALF_OPEN for 64 concurrent Admits, one re-OPEN for concurrent probe failures, over the
+//	                replicas
 //	final           a call's final disposition is counted once in its run's ledger, however many reports race
+//	                from the replicas, and the first wins: a later different one is refused (naming
+//	                final_disposition and the disposition in force, also as a batch's refused item), the
+//	                ledger unchanged; the same one again is taken
 //	durability      admin writes (policies, budgets, runs, forced and reset breakers, deletions) and breaker
 //	                transitions survive a crash: a store reopened without a final flush has them
 //	subscriptions   a subscriber gets the snapshot, then every transition of its tenant's breakers in order,
@@ -27,12 +35,19 @@
 //	permits         a probe permit settles only its own breaker's current HALF_OPEN generation: another
 //	                breaker's, an earlier generation's, an expired or an invented permit is refused and changes
 //	                nothing
+//	replicas        an admin write (policy, budget) on one replica shows on every replica; a breaker forced
+//	                OPEN on one refuses on another that had it CLOSED; concurrent cool-down extensions from
+//	                every replica keep the latest; a subscriber on one replica sees the transitions the others
+//	                make, in order
 //
 // Time is the suite's Clock, handed to the engine at Open; the suite moves
-// it, never sleeps. Events of a subscription may arrive asynchronously (an
-// engine over a network delivers them later than the change): the suite
-// waits for each event it expects, bounded, and counts transitions by the
-// breaker's Generation rather than by the absence of events.
+// it, never sleeps. An engine over a server decides at that clock too
+// (redisstore's Options.Clock passes it to every function call instead of
+// the server's TIME). Events of a subscription and what one replica learns
+// from another may arrive asynchronously (an engine over a network
+// delivers them later than the change): the suite waits for each event or
+// state it expects, bounded, and counts transitions by the breaker's
+// Generation rather than by the absence of events.
 //
 // The suite reads what it changed back through the same store right after
 // the call that changed it returns (a run's ledger after ApplyOutcomes, a
@@ -42,18 +57,22 @@
 // Deposits that lag are safe: the budget bound only tightens.
 //
 // How an engine runs it: one test in the engine's package calls Run with
-// an Open that starts the engine over fresh state and a restart that stops
-// it the way a crash would. breakerstore does it in contract_test.go (a
-// bbolt file in t.TempDir(), restart without the final flush); an engine
-// over a server (Redis, say) starts its server in the test, as STYLE.md
-// asks, gives every test its own keyspace (a database or a key prefix),
-// and restarts by dropping its client without flushing and connecting a
-// new one (or by restarting the server on its append-only file):
+// an Open that starts the engine over fresh state and returns an Engine:
+// the store, a Restart that stops it the way a crash would, and, for an
+// engine many processes share, a Replica constructor. breakerstore does it
+// in contract_test.go (a bbolt file in t.TempDir(), Restart without the
+// final flush, no Replica); redisstore in contract_test.go (one
+// redis-server on AOF, or one 3-master Cluster, shared by the subtests,
+// each starting from FLUSHALL; Restart kills the server and starts it
+// again on its append-only file; Replica opens another Store on another
+// client):
 //
 //	func TestContract(t *testing.T) {
-//		storetest.Run(t, func(t *testing.T, clock *storetest.Clock) (server.Store, func() server.Store) {
+//		storetest.Run(t, func(t *testing.T, clock *storetest.Clock) storetest.Engine {
 //			s := openEngine(t, clock)
-//			return s, func() server.Store { s.crash(); return openEngine(t, clock) }
+//			return storetest.Engine{Store: s,
+//				Restart: func() server.Store { s.crash(); return openEngine(t, clock) },
+//				Replica: func() server.Store { return openEngine(t, clock) }}
 //		})
 //	}
 package storetest

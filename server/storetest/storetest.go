@@ -42,13 +42,29 @@ func (c *Clock) Advance(d time.Duration) {
 	c.mu.Unlock()
 }
 
-// Open starts the engine under test for one test, over fresh, empty state
-// that no other test sees, telling time by clock; whatever it starts ends
-// when the test does (t.Cleanup). restart stops that store the way a crash
-// would (nothing more is flushed; the store is not used again) and returns
-// a store over what survived, as a process started after the crash would
-// see it, telling time by the same clock.
-type Open func(t *testing.T, clock *Clock) (s server.Store, restart func() server.Store)
+// Engine is one test's engine under test, as Open starts it.
+type Engine struct {
+	// Store is the engine over fresh, empty state that no other test sees.
+	Store server.Store
+	// Restart stops Store the way a crash would (nothing more is flushed;
+	// the store is not used again) and returns a store over what
+	// survived, as a process started after the crash would see it, telling
+	// time by the same clock.
+	Restart func() server.Store
+	// Replica, when set, returns another replica over the same fleet
+	// state (another process sharing the engine), telling time by the same
+	// clock; whatever it starts ends with the test. Nil for an embedded
+	// engine: Store then stands for every replica.
+	Replica func() server.Store
+}
+
+// Open starts the engine under test for one test, telling time by clock;
+// whatever it starts ends when the test does (t.Cleanup).
+type Open func(t *testing.T, clock *Clock) Engine
+
+// replicas is how many replicas the behaviours across replicas spread
+// their calls over.
+const replicas = 3
 
 // Run runs the contract suite against the engine open starts, one subtest
 // per behaviour (see the package doc), each with an engine of its own.
@@ -67,22 +83,36 @@ func Run(t *testing.T, open Open) {
 		{"attempts", testAttempts},
 		{"duplicates", testDuplicates},
 		{"permits", testPermits},
+		{"replicas", testReplicas},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := NewClock()
-			s, restart := open(t, c)
-			tt.run(t, &env{clock: c, s: s, restart: restart})
+			en := open(t, c)
+			e := &env{clock: c, s: en.Store, restart: en.Restart}
+			e.replicas = []server.Store{en.Store}
+			for len(e.replicas) < replicas {
+				r := en.Store
+				if en.Replica != nil {
+					r = en.Replica()
+				}
+				e.replicas = append(e.replicas, r)
+			}
+			tt.run(t, e)
 		})
 	}
 }
 
 // env is one subtest's engine.
 type env struct {
-	clock   *Clock
-	s       server.Store
-	restart func() server.Store
+	clock    *Clock
+	s        server.Store
+	restart  func() server.Store
+	replicas []server.Store // s first; s every time for an embedded engine
 }
+
+// on returns the replica the i-th worker calls.
+func (e *env) on(i int) server.Store { return e.replicas[i%len(e.replicas)] }
 
 // workers is how many goroutines race in the concurrent behaviours.
 const workers = 64
@@ -113,7 +143,12 @@ func race(n int, fn func(i int)) {
 // record tells the breaker under key one result through a batch, as
 // NextDelay does.
 func (e *env) record(key policy.BreakerKey, r policy.Result, permit string) (policy.BreakerSnapshot, error) {
-	u := e.s.Begin()
+	return e.recordOn(e.s, key, r, permit)
+}
+
+// recordOn is record through replica s.
+func (e *env) recordOn(s server.Store, key policy.BreakerKey, r policy.Result, permit string) (policy.BreakerSnapshot, error) {
+	u := s.Begin()
 	snap, err := u.Record(key, breaker, r, permit)
 	if err != nil {
 		return snap, err
@@ -189,9 +224,9 @@ func notFound(err error) bool {
 	return errors.As(err, &n) && n.NotFound()
 }
 
-// testProbes: in HALF_OPEN exactly HalfOpenProbes of 64 concurrent Admits
-// are let through, each with a permit of its own; the rest are refused with
-// the time to ask again.
+// testProbes: in HALF_OPEN exactly HalfOpenProbes of 64 concurrent Admits,
+// spread over the replicas, are let through, each with a permit of its
+// own; the rest are refused with the time to ask again.
 func testProbes(t *testing.T, e *env) {
 	key := policy.BreakerKey{Tenant: "acme", Target: "payments"}
 	e.trip(t, key)
@@ -201,8 +236,8 @@ func testProbes(t *testing.T, e *env) {
 		permits = map[string]int{}
 		refused []policy.Admission
 	)
-	race(workers, func(int) {
-		a, err := e.s.Admit(key, breaker)
+	race(workers, func(i int) {
+		a, err := e.on(i).Admit(key, breaker)
 		if err != nil {
 			t.Errorf("Admit = %v, want nil", err)
 			return
@@ -241,7 +276,7 @@ func testProbes(t *testing.T, e *env) {
 }
 
 // testBudgets: concurrent spends (with and without a run, some of them
-// timeouts), deposits and clock moves never spend more from a tenant's
+// timeouts), deposits and clock moves, spread over the replicas, never spend more from a tenant's
 // bucket than its capacity, its deposits and its refill allow, never take
 // it below zero, and never spend a run's pool past its size; every granted
 // run spend is counted in the run.
@@ -250,6 +285,10 @@ func testBudgets(t *testing.T, e *env) {
 	if _, err := e.s.SetBudget(budget); err != nil {
 		t.Fatalf("SetBudget = %v, want nil", err)
 	}
+	e.everywhere(t, "the budget", func(r server.Store) bool {
+		st, err := r.Budget("acme")
+		return err == nil && !st.IsDefault && st.Budget.Capacity == budget.Capacity
+	})
 	start := e.clock.Now()
 	for seed := range uint64(4) {
 		const pool = 60
@@ -277,7 +316,7 @@ func testBudgets(t *testing.T, e *env) {
 					if rng.IntN(2) == 0 {
 						req.RunID = run.ID
 					}
-					u := e.s.Begin()
+					u := e.on(g).Begin()
 					sp, err := u.SpendRetry(req)
 					if err == nil {
 						err = u.Commit()
@@ -305,7 +344,7 @@ func testBudgets(t *testing.T, e *env) {
 				case p < 85:
 					n := 1 + rng.IntN(3)
 					deposits.Add(int64(n))
-					e.s.Deposit("acme", n)
+					e.on(g).Deposit("acme", n)
 				default:
 					e.clock.Advance(time.Duration(rng.IntN(200)) * time.Millisecond)
 				}
@@ -404,14 +443,15 @@ func testCooldown(t *testing.T, e *env) {
 
 // testTransitions: a transition happens once per generation: 64 workers
 // failing at once open the breaker once; 64 Admits after the cool-down
-// move it to HALF_OPEN once; probes failing at once reopen it once. Each
-// shows as one generation more and one event.
+// move it to HALF_OPEN once; probes failing at once reopen it once, the
+// calls spread over the replicas. Each shows as one generation more and one
+// event.
 func testTransitions(t *testing.T, e *env) {
 	key := policy.BreakerKey{Tenant: "acme", Target: "payments"}
 	w := subscribe(t, e.s, "acme")
-	race(workers, func(int) {
+	race(workers, func(i int) {
 		for range 10 {
-			if _, err := e.record(key, policy.ResultTransientFailure, ""); err != nil {
+			if _, err := e.recordOn(e.on(i), key, policy.ResultTransientFailure, ""); err != nil {
 				t.Errorf("Record = %v, want nil", err)
 				return
 			}
@@ -422,8 +462,8 @@ func testTransitions(t *testing.T, e *env) {
 	e.clock.Advance(breaker.Cooldown)
 	var mu sync.Mutex
 	var permits []string
-	race(workers, func(int) {
-		a, err := e.s.Admit(key, breaker)
+	race(workers, func(i int) {
+		a, err := e.on(i).Admit(key, breaker)
 		if err != nil {
 			t.Errorf("Admit = %v, want nil", err)
 			return
@@ -439,7 +479,7 @@ func testTransitions(t *testing.T, e *env) {
 	race(len(permits), func(i int) {
 		// The first failure reopens the breaker; the others carry permits
 		// of a generation that has ended, and may be refused for it.
-		if _, err := e.record(key, policy.ResultTransientFailure, permits[i]); err != nil && !failedPrecondition(err) {
+		if _, err := e.recordOn(e.on(i), key, policy.ResultTransientFailure, permits[i]); err != nil && !failedPrecondition(err) {
 			t.Errorf("Record(probe failure) = %v, want nil or a precondition failure", err)
 		}
 	})
@@ -475,7 +515,11 @@ func generations(snaps []policy.BreakerSnapshot) string {
 }
 
 // testFinal: a call's final disposition counts once in its run's ledger,
-// whether one report repeats or many race.
+// whether one report repeats or many race (from every replica), and the
+// first final disposition
+// of a call id wins: a later different one is refused (a precondition
+// failure naming final_disposition and the disposition in force, also as
+// an outcome batch's refused item) and leaves the ledger unchanged.
 func testFinal(t *testing.T, e *env) {
 	run, err := e.s.OpenRun(policy.Run{Tenant: "acme", Pool: 10, Cutoff: e.clock.Now().Add(time.Hour)})
 	if err != nil {
@@ -487,6 +531,11 @@ func testFinal(t *testing.T, e *env) {
 		{Disposition: policy.DispositionFailedTerminal, Stop: policy.StopTerminal},
 		{Disposition: policy.DispositionCircuitOpen, Stop: policy.StopCircuitOpen},
 	}
+	var (
+		mu      sync.Mutex
+		kept    = map[fleet.Final]int{} // reports of the contested call taken
+		refused = map[fleet.Final]int{}
+	)
 	race(workers, func(i int) {
 		// Seven calls get the same report eight times each; one gets every
 		// disposition at once, twice each.
@@ -496,12 +545,28 @@ func testFinal(t *testing.T, e *env) {
 		}
 		var err error
 		if i%2 == 0 {
-			err = e.s.RecordFinal(run.ID, call, f.Disposition, f.Stop)
+			err = e.on(i/2).RecordFinal(run.ID, call, f.Disposition, f.Stop)
 		} else {
-			_, err = e.s.ApplyOutcomes([]policy.OutcomeUpdate{{RunID: run.ID, CallID: call, Final: f.Disposition, Stop: f.Stop}}, nil)
+			ups := []policy.OutcomeUpdate{{RunID: run.ID, CallID: call, Final: f.Disposition, Stop: f.Stop}}
+			if _, err = e.on(i/2).ApplyOutcomes(ups, nil); err == nil {
+				err = ups[0].Refused
+			}
 		}
-		if err != nil {
+		switch {
+		case call != "contested" && err != nil:
 			t.Errorf("final %+v of %s = %v, want nil", f, call, err)
+		case call != "contested":
+		case err == nil:
+			mu.Lock()
+			kept[f]++
+			mu.Unlock()
+		case failedPrecondition(err) && strings.Contains(err.Error(), "final_disposition") &&
+			strings.Contains(err.Error(), "already final as"):
+			mu.Lock()
+			refused[f]++
+			mu.Unlock()
+		default:
+			t.Errorf("final %+v of the contested call = %v, want nil or a precondition failure naming final_disposition", f, err)
 		}
 	})
 	r, err := e.s.Run(run.ID)
@@ -513,6 +578,48 @@ func testFinal(t *testing.T, e *env) {
 		l.DeadLetterPushback + l.CircuitOpen + l.DeadlineCut
 	if total != 8 || l.Succeeded < 7 {
 		t.Errorf("ledger of 8 calls, 7 reported SUCCEEDED 8 times each and one 8 ways at once: got %+v (%d counted), want each call once", l, total)
+	}
+	if len(kept) != 1 {
+		t.Fatalf("the contested call's reports taken: %v, want those of one disposition only (the first wins)", kept)
+	}
+	var first fleet.Final
+	for f := range kept {
+		first = f
+	}
+	if refused[first] != 0 || len(refused) != len(finals)-1 {
+		t.Errorf("the contested call: refused %v with %+v kept, want every other disposition refused", refused, first)
+	}
+
+	// Once final, a call's disposition stays: a later different one is
+	// refused naming the one in force, the same one is taken again.
+	before := l
+	for i, f := range finals[1:] {
+		err := e.s.RecordFinal(run.ID, "call-1", f.Disposition, f.Stop)
+		if !failedPrecondition(err) || !strings.Contains(err.Error(), "final_disposition") ||
+			!strings.Contains(err.Error(), "already final as SUCCEEDED") {
+			t.Errorf("RecordFinal(%+v) of a SUCCEEDED call = %v, want a precondition failure naming final_disposition, already final as SUCCEEDED", f, err)
+		}
+		ups := []policy.OutcomeUpdate{{RunID: run.ID, CallID: "call-1", Final: f.Disposition, Stop: f.Stop},
+			{RunID: run.ID, CallID: fmt.Sprint("late-", i), Final: f.Disposition, Stop: f.Stop}}
+		n, err := e.s.ApplyOutcomes(ups, nil)
+		if err != nil || n != 2 || !failedPrecondition(ups[0].Refused) || ups[1].Refused != nil {
+			t.Errorf("ApplyOutcomes(%+v of a SUCCEEDED call, then a new call) = %d, %v, refused %v and %v; want 2, nil, the first refused",
+				f, n, err, ups[0].Refused, ups[1].Refused)
+		}
+	}
+	if err := e.s.RecordFinal(run.ID, "call-1", policy.DispositionSucceeded, policy.StopNone); err != nil {
+		t.Errorf("RecordFinal of the same disposition again = %v, want nil", err)
+	}
+	r, err = e.s.Run(run.ID)
+	if err != nil {
+		t.Fatalf("Run = %v, want nil", err)
+	}
+	want := before
+	want.DeadLetterExhausted++
+	want.FailedTerminal++
+	want.CircuitOpen++
+	if r.Ledger != want {
+		t.Errorf("after refused reports and three new calls: ledger %+v, want %+v (only the new calls counted)", r.Ledger, want)
 	}
 }
 
@@ -862,6 +969,126 @@ func testPermits(t *testing.T, e *env) {
 	}
 	if got := e.snapshot(t, b); got.State != policy.BreakerHalfOpen {
 		t.Errorf("b after a refused probe failure: %v, want HALF_OPEN", got.State)
+	}
+}
+
+// testReplicas: what one replica writes the others see: an admin write
+// (a policy, a budget) reaches every replica's answers; a breaker forced
+// OPEN on one replica refuses on another that had it CLOSED; concurrent
+// cool-down extensions from every replica keep the latest; a subscriber
+// on one replica sees the transitions the others make, in order. For an
+// embedded engine the one store is every replica.
+func testReplicas(t *testing.T, e *env) {
+	p := policy.Default()
+	p.MaxAttempts = 7
+	if _, err := e.on(0).SetPolicy("acme", "pay", p); err != nil {
+		t.Fatalf("SetPolicy = %v, want nil", err)
+	}
+	e.everywhere(t, "the policy", func(r server.Store) bool {
+		got, _ := r.Resolve("acme", "pay")
+		return got.MaxAttempts == 7
+	})
+	budget := policy.TenantBudget{Tenant: "beta", Capacity: 5, DepositRatio: 0.1, MinPerSecond: 1, RetryCost: 1, TimeoutCost: 1}
+	if _, err := e.on(0).SetBudget(budget); err != nil {
+		t.Fatalf("SetBudget = %v, want nil", err)
+	}
+	e.everywhere(t, "the budget", func(r server.Store) bool {
+		st, err := r.Budget("beta")
+		return err == nil && !st.IsDefault && st.Budget.Capacity == 5
+	})
+
+	forced := policy.BreakerKey{Tenant: "acme", Target: "forced"}
+	if a, err := e.on(1).Admit(forced, breaker); err != nil || !a.Admitted {
+		t.Fatalf("Admit of a new breaker = %+v, %v; want admitted", a, err)
+	}
+	if _, err := e.on(0).ForceBreaker(forced, policy.BreakerOpen); err != nil {
+		t.Fatalf("ForceBreaker(OPEN) = %v, want nil", err)
+	}
+	eventually(t, "the forced OPEN refusing on replica 1", func() bool {
+		a, err := e.on(1).Admit(forced, breaker)
+		return err == nil && !a.Admitted && a.Reason == fleet.ReasonForcedOpen
+	})
+
+	cool := policy.BreakerKey{Tenant: "acme", Target: "cool"}
+	now := e.clock.Now()
+	race(30, func(i int) {
+		until := now.Add(time.Duration(1+(i*7)%30) * time.Second)
+		u := e.on(i).Begin()
+		in, err := u.ExtendCooldown(cool, breaker, until)
+		if err == nil {
+			err = u.Commit()
+		}
+		if err != nil || in.Before(until) {
+			t.Errorf("ExtendCooldown(+%v) = +%v, %v; want at least that", until.Sub(now), in.Sub(now), err)
+		}
+	})
+	if got := e.snapshot(t, cool).CooldownUntil; !got.Equal(now.Add(30 * time.Second)) {
+		t.Errorf("after extensions from every replica: cool-down until +%v, want the latest, +30s", got.Sub(now))
+	}
+	for i := range e.replicas {
+		if a, err := e.on(i).Admit(cool, breaker); err != nil || a.Admitted || a.Reason != fleet.ReasonPushback {
+			t.Errorf("Admit on replica %d during the cool-down = %+v, %v; want refused %q", i, a, err, fleet.ReasonPushback)
+		}
+	}
+
+	watched := policy.BreakerKey{Tenant: "gamma", Target: "x"}
+	w := subscribe(t, e.on(2), "gamma")
+	for range breaker.ConsecutiveFailures {
+		if _, err := e.recordOn(e.on(0), watched, policy.ResultTransientFailure, ""); err != nil {
+			t.Fatalf("Record(failure) on replica 0 = %v, want nil", err)
+		}
+	}
+	e.clock.Advance(breaker.Cooldown)
+	var probes []string
+	for range breaker.HalfOpenProbes {
+		a, err := e.on(1).Admit(watched, breaker)
+		if err != nil || !a.Admitted || a.PermitID == "" {
+			t.Fatalf("Admit on replica 1 after the cool-down = %+v, %v; want a probe permit", a, err)
+		}
+		probes = append(probes, a.PermitID)
+	}
+	for _, permit := range probes {
+		if _, err := e.recordOn(e.on(0), watched, policy.ResultSuccess, permit); err != nil {
+			t.Fatalf("Record(probe success) on replica 0 = %v, want nil", err)
+		}
+	}
+	var got []policy.BreakerSnapshot
+	for _, snap := range w.until(t, watched, 3) {
+		if n := len(got); n == 0 || got[n-1].Generation != snap.Generation {
+			got = append(got, snap)
+		}
+	}
+	want := []policy.BreakerState{policy.BreakerOpen, policy.BreakerHalfOpen, policy.BreakerClosed}
+	ok := len(got) == len(want)
+	for i := 0; ok && i < len(got); i++ {
+		ok = got[i].State == want[i] && got[i].Generation == uint64(i+1)
+	}
+	if !ok {
+		t.Errorf("replica 2's subscriber saw %s of replicas 0 and 1, want %v, one generation each, in order", generations(got), want)
+	}
+}
+
+// everywhere waits until cond holds on every replica.
+func (e *env) everywhere(t *testing.T, what string, cond func(server.Store) bool) {
+	t.Helper()
+	for i, r := range e.replicas {
+		eventually(t, fmt.Sprintf("%s on replica %d", what, i), func() bool { return cond(r) })
+	}
+}
+
+// eventually polls cond until it holds, failing t after eventWait: what a
+// replica learns from another arrives through the engine's feed, later
+// than the change.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(eventWait)
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, eventWait)
+		}
+		<-tick.C
 	}
 }
 
