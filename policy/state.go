@@ -75,6 +75,7 @@ type Admission struct {
 	PermitID   string        // set for a HALF_OPEN probe
 	RetryAfter time.Duration // when refused: how long until asking again makes sense
 	Reason     string        // breaker:closed, breaker:open, breaker:probe, breaker:probes_taken, cooldown:pushback, ...
+	Degraded   bool          // decided from the replica's last known state: the shared engine did not answer
 }
 
 // Result is what an attempt's outcome means to a breaker.
@@ -129,6 +130,7 @@ type Spend struct {
 	RunRemaining  uint64
 	HasRun        bool
 	DryRunRefused bool
+	Degraded      bool // decided from the replica's share of the last known budget: the engine did not answer
 }
 
 // PolicyEntry is a policy stored at a scope; empty Tenant or Target match
@@ -293,6 +295,7 @@ type Answer struct {
 	TenantTokens   float64
 	RunRemaining   uint64
 	Deadline       time.Time // the call's effective deadline (the run's cut-off included), zero if none
+	Degraded       bool      // decided in a shared engine's degraded mode (the engine did not answer)
 }
 
 // CallKey names one call: call ids are scoped by tenant.

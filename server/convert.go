@@ -659,6 +659,7 @@ func nextDelayToPB(ans *policy.Answer, why string) *pb.NextDelayResponse {
 		Detail:                why,
 		TenantBudgetRemaining: ans.TenantTokens,
 		RunBudgetRemaining:    ans.RunRemaining,
+		Degraded:              ans.Degraded,
 	}
 	if ans.Retry {
 		resp.Decision = pb.Decision_DECISION_RETRY
@@ -676,7 +677,7 @@ func nextDelayToPB(ans *policy.Answer, why string) *pb.NextDelayResponse {
 func admissionToPB(a *policy.Admission) *pb.AdmitResponse {
 	return &pb.AdmitResponse{
 		Admitted: a.Admitted, State: enumToPB[pb.BreakerState](a.State), PermitId: a.PermitID,
-		RetryAfter: durationPB(a.RetryAfter), Reason: a.Reason,
+		RetryAfter: durationPB(a.RetryAfter), Reason: a.Reason, Degraded: a.Degraded,
 	}
 }
 

@@ -64,6 +64,8 @@ func storeError(ctx context.Context, log *slog.Logger, what string, err error) e
 		return status.Error(codes.ResourceExhausted, fromClass(err, policy.ErrCapacity))
 	case has(err, closer.Closed):
 		return status.Error(codes.Unavailable, "policyd is shutting down")
+	case unavailable(err):
+		return status.Error(codes.Unavailable, what+": the store is unavailable, try again later")
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
@@ -83,6 +85,7 @@ type (
 	invalider      interface{ Invalid() bool }            // an argument is bad
 	overCapacityer interface{ OverCapacity() bool }       // a cap is reached: too many, disk full
 	closer         interface{ Closed() bool }             // the store is closing or closed
+	unavailabler   interface{ Unavailable() bool }        // the store's engine did not answer or is down
 )
 
 // has reports whether err, or an error it wraps, has the behaviour B and
@@ -100,3 +103,6 @@ func notFound(err error) bool { return has(err, notFounder.NotFound) }
 
 // overCapacity reports whether err says a cap is reached.
 func overCapacity(err error) bool { return has(err, overCapacityer.OverCapacity) }
+
+// unavailable reports whether err says the store's engine is out of reach.
+func unavailable(err error) bool { return has(err, unavailabler.Unavailable) }

@@ -269,7 +269,13 @@ type NextDelayResponse struct {
 	// tenant_budget, run_budget).
 	Checks []string `protobuf:"bytes,12,rep,name=checks,proto3" json:"checks,omitempty"`
 	// detail is a short human-readable explanation of the decision.
-	Detail        string `protobuf:"bytes,13,opt,name=detail,proto3" json:"detail,omitempty"`
+	Detail string `protobuf:"bytes,13,opt,name=detail,proto3" json:"detail,omitempty"`
+	// degraded is true when a replica decided without its shared store (the
+	// store did not answer within --store-timeout, or is considered down):
+	// from the replica's last known breaker state and its share of the
+	// budgets. The answer holds; fleet-wide counts may drift until the store
+	// is back.
+	Degraded      bool `protobuf:"varint,14,opt,name=degraded,proto3" json:"degraded,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -393,6 +399,13 @@ func (x *NextDelayResponse) GetDetail() string {
 		return x.Detail
 	}
 	return ""
+}
+
+func (x *NextDelayResponse) GetDegraded() bool {
+	if x != nil {
+		return x.Degraded
+	}
+	return false
 }
 
 // Outcome is the result of one attempt, reported after the fact.
@@ -763,7 +776,11 @@ type AdmitResponse struct {
 	RetryAfter *durationpb.Duration `protobuf:"bytes,4,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
 	// reason says why: breaker:closed, breaker:open, breaker:probe,
 	// breaker:probes_taken, cooldown:pushback.
-	Reason        string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	Reason string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	// degraded is true when a replica decided without its shared store, from
+	// its last known state of the breaker (HALF_OPEN: its share of the
+	// probes).
+	Degraded      bool `protobuf:"varint,6,opt,name=degraded,proto3" json:"degraded,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -831,6 +848,13 @@ func (x *AdmitResponse) GetReason() string {
 		return x.Reason
 	}
 	return ""
+}
+
+func (x *AdmitResponse) GetDegraded() bool {
+	if x != nil {
+		return x.Degraded
+	}
+	return false
 }
 
 // WatchBreakersRequest subscribes to breaker state changes.
@@ -1140,7 +1164,7 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\afailure\x18\x03 \x01(\v2\x17.retrypolicy.v1.FailureR\afailure\x124\n" +
 	"\bpushback\x18\x04 \x01(\v2\x18.retrypolicy.v1.PushbackR\bpushback\x12@\n" +
 	"\x0eprevious_delay\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\rpreviousDelay\x12\x1b\n" +
-	"\tpermit_id\x18\x06 \x01(\tR\bpermitId\"\x9a\x05\n" +
+	"\tpermit_id\x18\x06 \x01(\tR\bpermitId\"\xb6\x05\n" +
 	"\x11NextDelayResponse\x124\n" +
 	"\bdecision\x18\x01 \x01(\x0e2\x18.retrypolicy.v1.DecisionR\bdecision\x12/\n" +
 	"\x05delay\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x05delay\x12;\n" +
@@ -1156,7 +1180,8 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	" \x01(\x01R\x15tenantBudgetRemaining\x120\n" +
 	"\x14run_budget_remaining\x18\v \x01(\x04R\x12runBudgetRemaining\x12\x16\n" +
 	"\x06checks\x18\f \x03(\tR\x06checks\x12\x16\n" +
-	"\x06detail\x18\r \x01(\tR\x06detail\"\xac\x03\n" +
+	"\x06detail\x18\r \x01(\tR\x06detail\x12\x1a\n" +
+	"\bdegraded\x18\x0e \x01(\bR\bdegraded\"\xac\x03\n" +
 	"\aOutcome\x12+\n" +
 	"\x04call\x18\x01 \x01(\v2\x17.retrypolicy.v1.CallRefR\x04call\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\rR\aattempt\x12\x18\n" +
@@ -1179,14 +1204,15 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\amessage\x18\x04 \x01(\tR\amessage\"U\n" +
 	"\fAdmitRequest\x12+\n" +
 	"\x04call\x18\x01 \x01(\v2\x17.retrypolicy.v1.CallRefR\x04call\x12\x18\n" +
-	"\aattempt\x18\x02 \x01(\rR\aattempt\"\xd0\x01\n" +
+	"\aattempt\x18\x02 \x01(\rR\aattempt\"\xec\x01\n" +
 	"\rAdmitResponse\x12\x1a\n" +
 	"\badmitted\x18\x01 \x01(\bR\badmitted\x122\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x1c.retrypolicy.v1.BreakerStateR\x05state\x12\x1b\n" +
 	"\tpermit_id\x18\x03 \x01(\tR\bpermitId\x12:\n" +
 	"\vretry_after\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"retryAfter\x12\x16\n" +
-	"\x06reason\x18\x05 \x01(\tR\x06reason\".\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x12\x1a\n" +
+	"\bdegraded\x18\x06 \x01(\bR\bdegraded\".\n" +
 	"\x14WatchBreakersRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\"\x93\x01\n" +
 	"\x15WatchBreakersResponse\x121\n" +
