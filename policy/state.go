@@ -76,6 +76,7 @@ type Admission struct {
 	RetryAfter time.Duration // when refused: how long until asking again makes sense
 	Reason     string        // breaker:closed, breaker:open, breaker:probe, breaker:probes_taken, cooldown:pushback, run:cutoff, concurrency:full, rate:limited, ...
 	RunCutoff  time.Time     // the cut-off of the call's run, when it names one
+	Degraded   bool          // decided from the replica's last known state: the shared engine did not answer
 
 	// LeaseID is the concurrency lease handed out with the admission, when
 	// the policy has a ceiling (FlowConfig.MaxInFlight); LeaseExpiry is
@@ -150,6 +151,7 @@ type Spend struct {
 	RunRemaining  uint64
 	HasRun        bool
 	DryRunRefused bool
+	Degraded      bool // decided from the replica's share of the last known budget: the engine did not answer
 }
 
 // PolicyEntry is a policy stored at a scope; empty Tenant or Target match
@@ -321,6 +323,7 @@ type Answer struct {
 	// ceiling; it is not remembered with the answer but set from the
 	// policy in force each time the answer is given.
 	FlowControlled bool
+	Degraded       bool // decided in a shared engine's degraded mode (the engine did not answer)
 }
 
 // CallKey names one call: call ids are scoped by tenant.

@@ -225,7 +225,9 @@ func (s *Store) followChanges(last string) {
 			if s.ctx.Err() != nil {
 				return
 			}
-			s.log.Warn("redisstore: changes stream read failed; retrying", "err", err)
+			if s.health.up() {
+				s.log.Warn("redisstore: changes stream read failed; retrying", "err", err)
+			}
 			s.pause(100 * time.Millisecond)
 			continue
 		}

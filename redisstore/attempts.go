@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -44,6 +45,10 @@ func (s *Store) CheckAttempt(k policy.CallKey, attempt uint32) (policy.Answer, b
 		return policy.Answer{}, false, err
 	}
 	a, err := s.attemptOf(k)
+	if errors.Is(err, ErrUnavailable) {
+		// Degraded: the call's history is out of reach; decide afresh.
+		return policy.Answer{}, false, nil
+	}
 	if err != nil {
 		return policy.Answer{}, false, err
 	}

@@ -69,7 +69,9 @@ func (s *Store) flushAudit(ctx context.Context) {
 		return
 	}
 	if err := s.writeAudit(ctx, recs); err != nil {
-		s.log.Warn("redisstore: audit records not written; retrying", "records", len(recs), "err", err)
+		if s.health.up() { // while down, the transition was logged
+			s.log.Warn("redisstore: audit records not written; retrying", "records", len(recs), "err", err)
+		}
 		b.mu.Lock()
 		b.recs = append(recs, b.recs...)
 		if over := len(b.recs) - s.opts.MaxAuditBuffer; over > 0 {

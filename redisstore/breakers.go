@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -34,18 +35,34 @@ func (s *Store) Admit(key policy.BreakerKey, cfg policy.BreakerConfig) (policy.A
 	if err := checkBreakerKey(key); err != nil {
 		return policy.Admission{}, err
 	}
+	cfg = fleet.NormConfig(cfg)
+	if !s.health.up() {
+		return s.degradedAdmit(key, cfg), nil
+	}
 	if _, err := s.follow(key.Tenant); err != nil {
+		if errors.Is(err, ErrUnavailable) {
+			return s.degradedAdmit(key, cfg), nil
+		}
 		return policy.Admission{}, fmt.Errorf("redisstore: follow tenant %q: %w", key.Tenant, err)
 	}
-	cfg = fleet.NormConfig(cfg)
 	ctx, cancel := s.call()
 	defer cancel()
 	_, a, st, err := admitCall(ctx, s.lib, key, &cfg, newPermitID(), s.opts.MaxBreakersPerTenant)
+	if errors.Is(err, ErrUnavailable) {
+		return s.degradedAdmit(key, cfg), nil
+	}
 	if err != nil {
 		return policy.Admission{}, err
 	}
 	s.learn(key, st)
 	return a, nil
+}
+
+// degradedAdmit is Admit while the engine does not answer: the local copy
+// of the breaker decides (see degraded).
+func (s *Store) degradedAdmit(key policy.BreakerKey, cfg policy.BreakerConfig) policy.Admission {
+	st, _ := s.cachedState(key)
+	return s.degraded.admit(key, cfg, st, s.opts.Clock().UnixNano())
 }
 
 // cachedAdmit answers an Admit from a cached state at now (Unix µs, the
@@ -77,13 +94,26 @@ func (s *Store) Record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy
 	if err := checkBreakerKey(key); err != nil {
 		return policy.BreakerSnapshot{}, err
 	}
+	cfg = fleet.NormConfig(cfg)
+	degraded := func() (policy.BreakerSnapshot, error) {
+		st, _ := s.cachedState(key)
+		return s.degraded.record(key, cfg, st, r, permitID, s.opts.Clock().UnixNano())
+	}
+	if !s.health.up() {
+		return degraded()
+	}
 	if _, err := s.follow(key.Tenant); err != nil {
+		if errors.Is(err, ErrUnavailable) {
+			return degraded()
+		}
 		return policy.BreakerSnapshot{}, fmt.Errorf("redisstore: follow tenant %q: %w", key.Tenant, err)
 	}
-	cfg = fleet.NormConfig(cfg)
 	ctx, cancel := s.call()
 	defer cancel()
 	_, out, err := recordCall(ctx, s.lib, key.Tenant, []recordGroup{{Key: key, Cfg: &cfg, Results: []result{{r, permitID}}}}, s.opts.MaxBreakersPerTenant)
+	if errors.Is(err, ErrUnavailable) {
+		return degraded()
+	}
 	if err != nil {
 		return policy.BreakerSnapshot{}, err
 	}

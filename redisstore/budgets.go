@@ -60,9 +60,18 @@ func (s *Store) SpendRetry(req policy.SpendRequest) (policy.Spend, error) {
 		return policy.Spend{}, invalid("tenant", "must not be empty")
 	}
 	b, _ := s.budgetOf(tenant)
+	if !s.health.up() {
+		return s.degraded.spend(tenant, &b, req.Timeout, req.RunID), nil
+	}
 	ctx, cancel := s.call()
 	defer cancel()
 	_, sp, err := spendCall(ctx, s.lib, tenant, &b, req.Timeout, req.RunID)
+	if errors.Is(err, ErrUnavailable) {
+		return s.degraded.spend(tenant, &b, req.Timeout, req.RunID), nil
+	}
+	if err == nil {
+		s.degraded.saw(tenant, req.RunID, &sp)
+	}
 	return sp, err
 }
 

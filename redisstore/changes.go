@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -102,9 +103,16 @@ func (c *changes) Commit() error {
 		}
 		return nil
 	})
+	audit := c.audit
 	c.attempts, c.audit = nil, nil
 	if qerr != nil {
 		return qerr
+	}
+	if errors.Is(err, ErrUnavailable) {
+		// Degraded: the audit records wait in the buffer for the engine;
+		// the attempt records are lost (a retried NextDelay decides again).
+		s.AppendAudit(audit...)
+		return nil
 	}
 	if err != nil {
 		for _, cmd := range cmds {

@@ -82,6 +82,8 @@ var keyShapes = []struct {
 	{":budgets", "hash", nil},
 	{":runs", "hash", nil},
 	{":changes", "stream", nil},
+	{":replicas", "zset", nil},
+	{":applied", "set", nil},
 }
 
 // checkKey checks one key's type and integer fields.

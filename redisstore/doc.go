@@ -71,6 +71,10 @@
 //	                                 counters (succeeded, failed_terminal, dl_exhausted, dl_budget,
 //	                                 dl_not_idempotent, dl_pushback, circuit_open, deadline_cut)
 //	{T}:runcalls:ID          hash    call id -> "disposition:stop/ledger field" of its final disposition
+//	{T}:applied              set     ids of the outcome batches applied (policyd_outcomes skips a
+//	                                 batch id it holds: a replay); expires 10 minutes after the last
+//	{policyd}:replicas       zset    replica id -> last heartbeat (Unix ms); the live ones divide
+//	                                 probes, tokens and pools in degraded mode
 //	{T}:attempt:CALL         hash    fleet.Attempts: attempt, answer (policy.Answer, JSON), expiry (Unix
 //	                                 ms); the key expires then (PEXPIREAT)
 //	{T}:audit                stream  the tenant's audit records, one entry each: t (ns), ev, tenant,

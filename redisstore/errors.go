@@ -23,6 +23,11 @@ var (
 	ErrTooManyBreakers error = &classErr{"redisstore: too many breakers: over capacity", kindCapacity, policy.ErrCapacity}
 	// ErrClosed: every method after Close.
 	ErrClosed error = &classErr{"redisstore: store is closed", kindClosed, policy.ErrClosed}
+	// ErrUnavailable: Redis did not answer within Options.Timeout, or the
+	// Store considers it down (after Options.DownAfter failures in a row,
+	// for Options.DownFor between probes). Decisions then go on in
+	// degraded mode; admin writes and reads fail with it.
+	ErrUnavailable error = &classErr{"redisstore: engine unavailable", kindUnavailable, nil}
 	// ErrNotReplicated: an admin write is on the primary but fewer than
 	// Options.WaitReplicas replicas acknowledged it in time.
 	ErrNotReplicated = errors.New("redisstore: admin write not replicated")
@@ -38,6 +43,7 @@ const (
 	kindInvalid
 	kindClosed
 	kindCapacity
+	kindUnavailable
 )
 
 // classErr is a sentinel of a kind; its methods expose the kind.
@@ -61,6 +67,9 @@ func (e *classErr) Invalid() bool { return e.kind == kindInvalid }
 
 // OverCapacity reports whether e says a cap was reached.
 func (e *classErr) OverCapacity() bool { return e.kind == kindCapacity }
+
+// Unavailable reports whether e says the engine did not answer.
+func (e *classErr) Unavailable() bool { return e.kind == kindUnavailable }
 
 // Closed reports whether e says the store is closed.
 func (e *classErr) Closed() bool { return e.kind == kindClosed }

@@ -130,7 +130,9 @@ func (s *Store) run(g *feedGroup) {
 			if s.ctx.Err() != nil {
 				return
 			}
-			s.log.Warn("redisstore: event stream read failed; retrying", "streams", n, "err", err)
+			if s.health.up() { // while down, the transition was logged
+				s.log.Warn("redisstore: event stream read failed; retrying", "streams", n, "err", err)
+			}
 			s.pause(100 * time.Millisecond)
 			continue
 		}

@@ -32,7 +32,7 @@ type replica struct {
 
 // tripCounter counts a client's round trips to Redis (a command, or a
 // pipeline of them) and the commands by name, leaving out the feeds'
-// XREADs, which run whether or not anyone calls, and the handshake of a
+// XREADs and heartbeats, which run whether or not anyone calls, and the handshake of a
 // new pooled connection (HELLO, CLIENT SETINFO).
 type tripCounter struct {
 	mu    sync.Mutex
@@ -59,7 +59,9 @@ func (c *tripCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 		c.mu.Lock()
 		counted := false
 		for _, cmd := range cmds {
-			if name := cmd.Name(); name != "hello" && name != "client" {
+			// The heartbeat (zadd, zremrangebyscore, zcard) runs whether
+			// or not anyone calls, as the feeds do.
+			if name := cmd.Name(); name != "hello" && name != "client" && name != "zadd" && name != "zremrangebyscore" && name != "zcard" {
 				c.cmds[name]++
 				counted = true
 			}

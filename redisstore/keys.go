@@ -40,6 +40,7 @@ func keyAudit(tenant string) string           { return tag(tenant) + ":audit" }
 func keyAttempt(tenant, call string) string   { return tag(tenant) + ":attempt:" + call }
 func keyRun(tenant, id string) string         { return tag(tenant) + ":run:" + id }
 func keyRunCalls(tenant, id string) string    { return tag(tenant) + ":runcalls:" + id }
+func keyApplied(tenant string) string         { return tag(tenant) + ":applied" }
 
 // tenantOfEvents returns the tenant whose events stream key is.
 func tenantOfEvents(key string) (string, bool) {

@@ -14,6 +14,7 @@ import (
 // outcomeBatch is one tenant's part of an outcome flush: one call of
 // policyd_outcomes.
 type outcomeBatch struct {
+	id       string // the batch id the library applies at most once
 	tenant   string
 	groups   []*outcomeGroup
 	byKey    map[policy.BreakerKey]*outcomeGroup
@@ -90,7 +91,7 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 	batch := func(tenant string) *outcomeBatch {
 		b := batches[tenant]
 		if b == nil {
-			b = &outcomeBatch{tenant: tenant, byKey: map[policy.BreakerKey]*outcomeGroup{}, runIndex: map[string]int{}}
+			b = &outcomeBatch{id: newPermitID().String(), tenant: tenant, byKey: map[policy.BreakerKey]*outcomeGroup{}, runIndex: map[string]int{}}
 			batches[tenant] = b
 		}
 		return b
@@ -155,7 +156,7 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 			}
 			b := second[runTenant[i]]
 			if b == nil {
-				b = &outcomeBatch{tenant: runTenant[i], byKey: map[policy.BreakerKey]*outcomeGroup{}, runIndex: map[string]int{}}
+				b = &outcomeBatch{id: newPermitID().String(), tenant: runTenant[i], byKey: map[policy.BreakerKey]*outcomeGroup{}, runIndex: map[string]int{}}
 				second[runTenant[i]] = b
 			}
 			b.addFinal(i, ups[i].RunID, 0, ups[i].CallID, fleet.Final{Disposition: ups[i].Final, Stop: ups[i].Stop})
@@ -184,15 +185,25 @@ func (b *outcomeBatch) addFinal(update int, run string, cond int, call string, f
 
 // runOutcomes sends every batch's policyd_outcomes call in one pipeline
 // and applies the replies to ups and the cache. On failure it returns the
-// lowest update index of a failed call.
+// lowest update index of a failed call. A batch the engine does not answer
+// for (ErrUnavailable) is queued for replay, not a failure: its updates'
+// permits are not checked (Refused stays nil).
 func (s *Store) runOutcomes(ups []policy.OutcomeUpdate, batches map[string]*outcomeBatch) (int, error) {
 	if len(batches) == 0 {
+		return len(ups), nil
+	}
+	if !s.health.up() {
+		s.queueOutcomes(len(ups), batches)
 		return len(ups), nil
 	}
 	tenants := make([]string, 0, len(batches))
 	for t := range batches {
 		tenants = append(tenants, t)
 		if _, err := s.follow(t); err != nil {
+			if errors.Is(err, ErrUnavailable) {
+				s.queueOutcomes(len(ups), batches)
+				return len(ups), nil
+			}
 			return 0, fmt.Errorf("redisstore: follow tenant %q: %w", t, err)
 		}
 	}
@@ -213,6 +224,10 @@ func (s *Store) runOutcomes(ups []policy.OutcomeUpdate, batches map[string]*outc
 	for i, t := range tenants {
 		b := batches[t]
 		if err := b.apply(s, ups, cmds[i]); err != nil {
+			if errors.Is(err, ErrUnavailable) {
+				s.queueOutcomes(len(ups), map[string]*outcomeBatch{t: b})
+				continue
+			}
 			lo := b.lowest(len(ups))
 			if firstErr == nil || lo < failed {
 				failed, firstErr = lo, err
@@ -233,6 +248,9 @@ func (b *outcomeBatch) call(bg *policy.TenantBudget, maxBreakers int) ([]string,
 	for _, r := range b.runs {
 		keys = append(keys, keyRun(t, r), keyRunCalls(t, r))
 	}
+	if b.id != "" {
+		keys = append(keys, keyApplied(t))
+	}
 	args := []any{len(b.groups), len(b.runs), b.deposit}
 	args = budgetArgs(args, bg)
 	args = append(args, maxBreakers)
@@ -249,6 +267,7 @@ func (b *outcomeBatch) call(bg *policy.TenantBudget, maxBreakers int) ([]string,
 		field := ledgerField(f.f)
 		args = append(args, f.run, f.cond, f.call, field, fmt.Sprintf("%d:%d/%s", f.f.Disposition, f.f.Stop, field))
 	}
+	args = append(args, b.id)
 	return keys, args
 }
 
@@ -257,6 +276,9 @@ func (b *outcomeBatch) apply(s *Store, ups []policy.OutcomeUpdate, cmd *redis.Cm
 	v, err := cmd.Slice()
 	if err != nil {
 		return fmt.Errorf("tenant %q: %w", b.tenant, libraryErr("policyd_outcomes", err))
+	}
+	if len(v) == 1 && toString(v[0]) == "applied" {
+		return nil // a replay of a batch the engine has
 	}
 	if len(v) != 1+3*len(b.groups)+len(b.finals)+1 {
 		return errReply

@@ -19,6 +19,9 @@ local FAILURE_RATE = 2
 local TRANSIENT = 2
 local SLOTS = 10
 local EVENTS_MAXLEN = '100000'
+-- how long a tenant's applied set keeps a batch id (s): longer than any
+-- replay takes once the engine answers again
+local APPLIED_TTL = 600
 
 -- effects, as fleet.Effect
 local MUTATED, TRANSITIONED, COOLDOWN_STARTED = 1, 2, 4
@@ -522,11 +525,17 @@ end
 -- per group: target, cfg (8), n,
 -- n pairs (result, permit id or ''), then F, then F finals: run index
 -- (1..R), the 1-based index among this call's results whose refusal
--- cancels it (0: none), call id, ledger field, value.
+-- cancels it (0: none), call id, ledger field, value, and last the
+-- batch id; KEYS end with the tenant's applied set when it is not ''.
 -- Returns {now, per group: {event ids}, {refused flags}, snapshot, then
 -- per final 1 (changed), 0 (unchanged), -1 (no such run) or the value in
--- force (refused: the first wins), then tokens}.
+-- force (refused: the first wins), then tokens}, or {'applied'} for a batch
+-- id applied before (a replay): nothing changes.
 local function outcomes(keys, args, now)
+  local batch = args[#args]
+  if batch ~= '' and redis.call('SISMEMBER', keys[#keys], batch) == 1 then
+    return {'applied'}
+  end
   local ng, nr, successes = tonumber(args[1]), tonumber(args[2]), tonumber(args[3])
   local bg = budget_at(args, 4)
   local cap = tonumber(args[10])
@@ -587,6 +596,10 @@ local function outcomes(keys, args, now)
     tokens = float(k.tokens)
   end
   out[#out + 1] = tokens
+  if batch ~= '' then
+    redis.call('SADD', keys[#keys], batch)
+    redis.call('EXPIRE', keys[#keys], APPLIED_TTL)
+  end
   return out
 end
 

@@ -297,8 +297,9 @@ func TestCloseEndsSubscriptions(t *testing.T) {
 }
 
 // TestCallsAreBounded: with the server stopped (SIGSTOP), every call
-// returns an error once Timeout is over instead of waiting for Redis; the
-// same store works again once the server continues.
+// returns once Timeout is over instead of waiting for Redis (a read with
+// ErrUnavailable; a decision would answer degraded); the same store works
+// again once the server continues.
 func TestCallsAreBounded(t *testing.T) {
 	srv := redistest.Standalone(t)
 	// The socket's own timeouts are far longer than the test waits: only
@@ -318,20 +319,20 @@ func TestCallsAreBounded(t *testing.T) {
 	srv.Pause(t)
 	done := make(chan error, 1)
 	go func() {
-		_, err := s.Record(key, policy.BreakerConfig{}, policy.ResultTransientFailure, "")
+		_, err := s.Breaker(key)
 		done <- err
 	}()
 	select {
 	case err := <-done:
-		if !errors.Is(err, context.DeadlineExceeded) {
-			t.Errorf("Record with Redis stopped = %v, want a deadline error", err)
+		if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, redisstore.ErrUnavailable) {
+			t.Errorf("Breaker with Redis stopped = %v, want ErrUnavailable of a deadline", err)
 		}
 	case <-time.After(10 * time.Second):
-		t.Fatal("Record with Redis stopped still waits after 10s")
+		t.Fatal("Breaker with Redis stopped still waits after 10s")
 	}
 	srv.Resume(t)
-	eventually(t, "a Record once Redis continues", func() bool {
-		_, err := s.Record(key, policy.BreakerConfig{}, policy.ResultSuccess, "")
+	eventually(t, "a read once Redis continues", func() bool {
+		_, err := s.Breaker(key)
 		return err == nil
 	})
 }

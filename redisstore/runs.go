@@ -97,6 +97,11 @@ func (s *Store) Run(id string) (policy.Run, error) {
 	ctx, cancel := s.call()
 	defer cancel()
 	h, err := s.c.HGetAll(ctx, keyRun(tenant, id)).Result()
+	if errors.Is(err, ErrUnavailable) {
+		if r, ok := s.degraded.run(id); ok {
+			return r, nil // as last read: what degraded mode decides from
+		}
+	}
 	if err != nil {
 		return policy.Run{}, fmt.Errorf("redisstore: read run %q: %w", id, err)
 	}
@@ -109,6 +114,7 @@ func (s *Store) Run(id string) (policy.Run, error) {
 	for i, p := range ledgerCounters(&r.Ledger) {
 		*p = uint64(num(ledgerFields[i]))
 	}
+	s.degraded.sawRun(r)
 	return r, nil
 }
 

@@ -65,6 +65,20 @@ type Options struct {
 	// stays asynchronous for everything else.
 	WaitReplicas int
 	WaitTimeout  time.Duration
+	// DownAfter is how many calls to Redis in a row must fail (time out or
+	// find no connection) before the Store considers the engine down and
+	// decides in degraded mode (see Up); default 3. DownFor is how long it
+	// then waits before each probe call; default 1s.
+	DownAfter int
+	DownFor   time.Duration
+	// Heartbeat is how often the replica refreshes its entry in the
+	// fleet's replica set, whose count divides probes, tokens and pools in
+	// degraded mode; default 1s.
+	Heartbeat time.Duration
+	// MaxQueuedBatches caps the outcome batches queued while the engine is
+	// down; past it the oldest is dropped (and counted, Dropped). Default
+	// 10,000.
+	MaxQueuedBatches int
 }
 
 // DefaultTenantBudget is the budget of tenants without an explicit one when
@@ -101,6 +115,12 @@ type Store struct {
 	admin         adminCache
 	defaultPolicy policy.Policy
 	runTenants    sync.Map // run id -> tenant: a run never changes tenant
+
+	id        string // this replica's id in the replica set
+	health    *health
+	degraded  *degraded
+	queue     batchQueue
+	recovered chan struct{} // signalled when the engine comes back
 }
 
 // cached is one breaker's last known state.
@@ -145,6 +165,18 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if opts.WaitTimeout <= 0 {
 		opts.WaitTimeout = time.Second
 	}
+	if opts.DownAfter <= 0 {
+		opts.DownAfter = 3
+	}
+	if opts.DownFor <= 0 {
+		opts.DownFor = time.Second
+	}
+	if opts.Heartbeat <= 0 {
+		opts.Heartbeat = time.Second
+	}
+	if opts.MaxQueuedBatches <= 0 {
+		opts.MaxQueuedBatches = 10_000
+	}
 	if !contextTimeouts(opts.Client) {
 		opts.Log.Warn("redisstore: the Redis client ignores context deadlines (ContextTimeoutEnabled is off): Timeout does not bound its calls")
 	}
@@ -155,16 +187,22 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{c: opts.Client, lib: lib{c: opts.Client, clock: fixed}, opts: opts, defBudget: def, log: opts.Log,
-		cache: map[policy.BreakerKey]*cached{}, feeds: map[string]*feed{}, groups: map[int]*feedGroup{}, allSubs: map[*sub]struct{}{}, defaultPolicy: policy.Default()}
+		cache: map[policy.BreakerKey]*cached{}, feeds: map[string]*feed{}, groups: map[int]*feedGroup{}, allSubs: map[*sub]struct{}{}, defaultPolicy: policy.Default(),
+		id: newPermitID().String(), degraded: newDegraded(), recovered: make(chan struct{}, 1)}
+	s.health = &health{clock: opts.Clock, changed: s.engineChanged, b: engineBreaker{Threshold: opts.DownAfter, Cooldown: opts.DownFor}}
+	s.queue.max = opts.MaxQueuedBatches
+	opts.Client.AddHook(s.health.hook())
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	last, err := s.loadAdmin()
 	if err != nil {
 		s.cancel()
 		return nil, err
 	}
-	s.wg.Add(2)
+	s.wg.Add(4)
 	go s.followChanges(last)
 	go s.flusher()
+	go s.heartbeats()
+	go s.replayer()
 	return s, nil
 }
 
@@ -188,6 +226,7 @@ func (s *Store) Close() error {
 	}
 	s.cancel()
 	s.wg.Wait()
+	s.health.off.Store(true)
 	s.mu.Lock()
 	for sb := range s.allSubs { // those that joined no feed yet
 		sb.close()

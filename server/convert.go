@@ -759,6 +759,7 @@ func nextDelayToPB(ans *policy.Answer, why string) *pb.NextDelayResponse {
 		TenantBudgetRemaining: ans.TenantTokens,
 		RunBudgetRemaining:    ans.RunRemaining,
 		FlowControlled:        ans.FlowControlled,
+		Degraded:              ans.Degraded,
 	}
 	if ans.Retry {
 		resp.Decision = pb.Decision_DECISION_RETRY
@@ -778,6 +779,7 @@ func admissionToPB(a *policy.Admission) *pb.AdmitResponse {
 		Admitted: a.Admitted, State: enumToPB[pb.BreakerState](a.State), PermitId: a.PermitID,
 		RetryAfter: durationPB(a.RetryAfter), Reason: a.Reason, RunCutoffTime: timePB(a.RunCutoff),
 		LeaseId: a.LeaseID, LeaseExpireTime: timePB(a.LeaseExpiry), FlowControlled: a.FlowControlled,
+		Degraded: a.Degraded,
 	}
 }
 

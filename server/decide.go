@@ -131,6 +131,7 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 		ans.Delay, ans.AttemptTimeout = dec.Delay, dec.AttemptTimeout
 	}
 	ans.Category, ans.Class, ans.Checks, ans.Deadline = dec.Class.Category, dec.Class.Reason, dec.Checks, dec.Deadline
+	ans.Degraded = ans.Degraded || d.degraded()
 	why := detail(&dec, &p)
 	d.decided(ctx, u, call, in.attempt, &dec, why, snap.State)
 	claimed = false // RecordAttempt ends the claim, recorded or not
@@ -232,6 +233,7 @@ func (d *Decisions) shared(ctx context.Context, u Changes, dec *policy.Decision,
 	d.cfg.Metrics.tokens(call.tenant, spend.TenantTokens)
 	ans.TenantTokens = spend.TenantTokens
 	ans.RunRemaining = spend.RunRemaining
+	ans.Degraded = spend.Degraded
 	if !spend.Granted {
 		stop(spend.Stop, spend.Disposition)
 	}
@@ -284,6 +286,7 @@ func (d *Decisions) decideAdmit(ctx context.Context, call callRef, attempt uint3
 		b.RunCutoff = a.RunCutoff
 		a = b
 	}
+	a.Degraded = a.Degraded || d.degraded()
 	if !a.Admitted {
 		why := "refused: " + a.Reason
 		if a.RetryAfter > 0 {

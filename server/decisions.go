@@ -87,12 +87,21 @@ type Decisions struct {
 	pb.UnimplementedRetryPolicyServiceServer
 	store Store
 	cfg   Config
+	up    upReporter // the store's, nil for an engine that is always up
 }
+
+// upReporter is a store that can be out of reach: a shared engine that
+// decides in degraded mode while Up is false (redisstore).
+type upReporter interface{ Up() bool }
 
 // NewDecisions returns the worker-facing service.
 func NewDecisions(store Store, cfg Config) *Decisions {
-	return &Decisions{store: store, cfg: cfg.withDefaults()}
+	up, _ := store.(upReporter)
+	return &Decisions{store: store, cfg: cfg.withDefaults(), up: up}
 }
+
+// degraded reports whether the store is deciding in degraded mode.
+func (d *Decisions) degraded() bool { return d.up != nil && !d.up.Up() }
 
 // Classify says whether a failure is worth retrying under the policy of the
 // call's tenant and target.

@@ -66,6 +66,8 @@ func storeError(ctx context.Context, log *slog.Logger, what string, err error) e
 		return status.Error(codes.Unavailable, "policyd is shutting down")
 	case has(err, unsupporter.Unsupported):
 		return status.Error(codes.Unimplemented, what+": "+err.Error())
+	case unavailable(err):
+		return status.Error(codes.Unavailable, what+": the store is unavailable, try again later")
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
@@ -86,6 +88,7 @@ type (
 	overCapacityer interface{ OverCapacity() bool }       // a cap is reached: too many, disk full
 	closer         interface{ Closed() bool }             // the store is closing or closed
 	unsupporter    interface{ Unsupported() bool }        // the engine does not offer the operation
+	unavailabler   interface{ Unavailable() bool }        // the store's engine did not answer or is down
 )
 
 // has reports whether err, or an error it wraps, has the behaviour B and
@@ -103,3 +106,6 @@ func notFound(err error) bool { return has(err, notFounder.NotFound) }
 
 // overCapacity reports whether err says a cap is reached.
 func overCapacity(err error) bool { return has(err, overCapacityer.OverCapacity) }
+
+// unavailable reports whether err says the store's engine is out of reach.
+func unavailable(err error) bool { return has(err, unavailabler.Unavailable) }

@@ -93,6 +93,9 @@ func (o *observeConfig) start(ctx context.Context, store statuspage.Source, bolt
 		if bolt != nil { // the bbolt store's write statistics; a Redis store has none yet
 			reg.MustRegister(storeCollector(bolt))
 		}
+		if e, ok := store.(engineHealth); ok { // the Redis engine's
+			reg.MustRegister(engineCollector(e))
+		}
 		if loader != nil {
 			reg.MustRegister(reloadCollector(loader))
 		}
@@ -240,6 +243,37 @@ var (
 	descReloadTime = prometheus.NewDesc("policyd_config_last_reload_success_timestamp_seconds",
 		"When the policy file was last applied, in seconds since the Unix epoch.", nil, nil)
 )
+
+// engineHealth is a shared engine's health: whether it answers, and the
+// outcome batches waiting for it (redisstore.Store).
+type engineHealth interface {
+	Up() bool
+	Queued() int
+	Dropped() uint64
+}
+
+var (
+	descStoreUp      = prometheus.NewDesc("policyd_store_up", "1 while the shared store answers, 0 while decisions run in degraded mode.", nil, nil)
+	descQueued       = prometheus.NewDesc("policyd_store_queued_batches", "Outcome batches waiting for the shared store to answer again.", nil, nil)
+	descQueueDropped = prometheus.NewDesc("policyd_store_dropped_batches_total", "Outcome batches dropped because the queue was full while the shared store was down.", nil, nil)
+)
+
+// engineCollector is policyd_store_up and the outcome queue's gauge and
+// counter of a shared engine, read at scrape.
+func engineCollector(e engineHealth) prometheus.Collector {
+	return collectorFunc{
+		descs: []*prometheus.Desc{descStoreUp, descQueued, descQueueDropped},
+		collect: func(ch chan<- prometheus.Metric) {
+			up := 0.0
+			if e.Up() {
+				up = 1
+			}
+			ch <- prometheus.MustNewConstMetric(descStoreUp, prometheus.GaugeValue, up)
+			ch <- prometheus.MustNewConstMetric(descQueued, prometheus.GaugeValue, float64(e.Queued()))
+			ch <- prometheus.MustNewConstMetric(descQueueDropped, prometheus.CounterValue, float64(e.Dropped()))
+		},
+	}
+}
 
 // collectorFunc is a prometheus.Collector made of its descriptions and a
 // function.

@@ -284,8 +284,14 @@ type NextDelayResponse struct {
 	// ceiling (flow.max_in_flight): every attempt must ask Admit for a lease,
 	// even while the breaker is CLOSED.
 	FlowControlled bool `protobuf:"varint,14,opt,name=flow_controlled,json=flowControlled,proto3" json:"flow_controlled,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// degraded is true when a replica decided without its shared store (the
+	// store did not answer within --store-timeout, or is considered down):
+	// from the replica's last known breaker state and its share of the
+	// budgets. The answer holds; fleet-wide counts may drift until the store
+	// is back.
+	Degraded      bool `protobuf:"varint,15,opt,name=degraded,proto3" json:"degraded,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NextDelayResponse) Reset() {
@@ -412,6 +418,13 @@ func (x *NextDelayResponse) GetDetail() string {
 func (x *NextDelayResponse) GetFlowControlled() bool {
 	if x != nil {
 		return x.FlowControlled
+	}
+	return false
+}
+
+func (x *NextDelayResponse) GetDegraded() bool {
+	if x != nil {
+		return x.Degraded
 	}
 	return false
 }
@@ -839,8 +852,12 @@ type AdmitResponse struct {
 	// ceiling (concurrency or rate): ask Admit before every attempt, even
 	// while CLOSED.
 	FlowControlled bool `protobuf:"varint,8,opt,name=flow_controlled,json=flowControlled,proto3" json:"flow_controlled,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// degraded is true when a replica decided without its shared store, from
+	// its last known state of the breaker (HALF_OPEN: its share of the
+	// probes).
+	Degraded      bool `protobuf:"varint,9,opt,name=degraded,proto3" json:"degraded,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AdmitResponse) Reset() {
@@ -932,6 +949,13 @@ func (x *AdmitResponse) GetLeaseExpireTime() *timestamppb.Timestamp {
 func (x *AdmitResponse) GetFlowControlled() bool {
 	if x != nil {
 		return x.FlowControlled
+	}
+	return false
+}
+
+func (x *AdmitResponse) GetDegraded() bool {
+	if x != nil {
+		return x.Degraded
 	}
 	return false
 }
@@ -1763,7 +1787,7 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\bpushback\x18\x04 \x01(\v2\x18.retrypolicy.v1.PushbackR\bpushback\x12@\n" +
 	"\x0eprevious_delay\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\rpreviousDelay\x12\x1b\n" +
 	"\tpermit_id\x18\x06 \x01(\tR\bpermitId\x12\x19\n" +
-	"\blease_id\x18\a \x01(\tR\aleaseId\"\xc3\x05\n" +
+	"\blease_id\x18\a \x01(\tR\aleaseId\"\xdf\x05\n" +
 	"\x11NextDelayResponse\x124\n" +
 	"\bdecision\x18\x01 \x01(\x0e2\x18.retrypolicy.v1.DecisionR\bdecision\x12/\n" +
 	"\x05delay\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x05delay\x12;\n" +
@@ -1780,7 +1804,8 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\x14run_budget_remaining\x18\v \x01(\x04R\x12runBudgetRemaining\x12\x16\n" +
 	"\x06checks\x18\f \x03(\tR\x06checks\x12\x16\n" +
 	"\x06detail\x18\r \x01(\tR\x06detail\x12'\n" +
-	"\x0fflow_controlled\x18\x0e \x01(\bR\x0eflowControlled\"\xeb\x03\n" +
+	"\x0fflow_controlled\x18\x0e \x01(\bR\x0eflowControlled\x12\x1a\n" +
+	"\bdegraded\x18\x0f \x01(\bR\bdegraded\"\xeb\x03\n" +
 	"\aOutcome\x12+\n" +
 	"\x04call\x18\x01 \x01(\v2\x17.retrypolicy.v1.CallRefR\x04call\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\rR\aattempt\x12\x18\n" +
@@ -1807,7 +1832,7 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\amessage\x18\x04 \x01(\tR\amessage\"U\n" +
 	"\fAdmitRequest\x12+\n" +
 	"\x04call\x18\x01 \x01(\v2\x17.retrypolicy.v1.CallRefR\x04call\x12\x18\n" +
-	"\aattempt\x18\x02 \x01(\rR\aattempt\"\xa0\x03\n" +
+	"\aattempt\x18\x02 \x01(\rR\aattempt\"\xbc\x03\n" +
 	"\rAdmitResponse\x12\x1a\n" +
 	"\badmitted\x18\x01 \x01(\bR\badmitted\x122\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x1c.retrypolicy.v1.BreakerStateR\x05state\x12\x1b\n" +
@@ -1818,7 +1843,8 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\x0frun_cutoff_time\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\rrunCutoffTime\x12\x19\n" +
 	"\blease_id\x18\x06 \x01(\tR\aleaseId\x12F\n" +
 	"\x11lease_expire_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x0fleaseExpireTime\x12'\n" +
-	"\x0fflow_controlled\x18\b \x01(\bR\x0eflowControlled\"]\n" +
+	"\x0fflow_controlled\x18\b \x01(\bR\x0eflowControlled\x12\x1a\n" +
+	"\bdegraded\x18\t \x01(\bR\bdegraded\"]\n" +
 	"\x13ReleaseLeaseRequest\x12+\n" +
 	"\x04call\x18\x01 \x01(\v2\x17.retrypolicy.v1.CallRefR\x04call\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\tR\aleaseId\"2\n" +

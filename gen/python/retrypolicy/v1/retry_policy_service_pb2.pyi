@@ -48,7 +48,7 @@ class NextDelayRequest(_message.Message):
     def __init__(self, call: _Optional[_Union[_types_pb2.CallRef, _Mapping]] = ..., attempt: _Optional[int] = ..., failure: _Optional[_Union[_types_pb2.Failure, _Mapping]] = ..., pushback: _Optional[_Union[_types_pb2.Pushback, _Mapping]] = ..., previous_delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., permit_id: _Optional[str] = ..., lease_id: _Optional[str] = ...) -> None: ...
 
 class NextDelayResponse(_message.Message):
-    __slots__ = ("decision", "delay", "stop_reason", "disposition", "category", "classification", "pushback_note", "attempt_timeout", "breaker_state", "tenant_budget_remaining", "run_budget_remaining", "checks", "detail", "flow_controlled")
+    __slots__ = ("decision", "delay", "stop_reason", "disposition", "category", "classification", "pushback_note", "attempt_timeout", "breaker_state", "tenant_budget_remaining", "run_budget_remaining", "checks", "detail", "flow_controlled", "degraded")
     DECISION_FIELD_NUMBER: _ClassVar[int]
     DELAY_FIELD_NUMBER: _ClassVar[int]
     STOP_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -63,6 +63,7 @@ class NextDelayResponse(_message.Message):
     CHECKS_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
     FLOW_CONTROLLED_FIELD_NUMBER: _ClassVar[int]
+    DEGRADED_FIELD_NUMBER: _ClassVar[int]
     decision: _types_pb2.Decision
     delay: _duration_pb2.Duration
     stop_reason: _types_pb2.StopReason
@@ -77,7 +78,8 @@ class NextDelayResponse(_message.Message):
     checks: _containers.RepeatedScalarFieldContainer[str]
     detail: str
     flow_controlled: bool
-    def __init__(self, decision: _Optional[_Union[_types_pb2.Decision, str]] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., stop_reason: _Optional[_Union[_types_pb2.StopReason, str]] = ..., disposition: _Optional[_Union[_types_pb2.Disposition, str]] = ..., category: _Optional[_Union[_types_pb2.Category, str]] = ..., classification: _Optional[str] = ..., pushback_note: _Optional[str] = ..., attempt_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., breaker_state: _Optional[_Union[_types_pb2.BreakerState, str]] = ..., tenant_budget_remaining: _Optional[float] = ..., run_budget_remaining: _Optional[int] = ..., checks: _Optional[_Iterable[str]] = ..., detail: _Optional[str] = ..., flow_controlled: _Optional[bool] = ...) -> None: ...
+    degraded: bool
+    def __init__(self, decision: _Optional[_Union[_types_pb2.Decision, str]] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., stop_reason: _Optional[_Union[_types_pb2.StopReason, str]] = ..., disposition: _Optional[_Union[_types_pb2.Disposition, str]] = ..., category: _Optional[_Union[_types_pb2.Category, str]] = ..., classification: _Optional[str] = ..., pushback_note: _Optional[str] = ..., attempt_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., breaker_state: _Optional[_Union[_types_pb2.BreakerState, str]] = ..., tenant_budget_remaining: _Optional[float] = ..., run_budget_remaining: _Optional[int] = ..., checks: _Optional[_Iterable[str]] = ..., detail: _Optional[str] = ..., flow_controlled: _Optional[bool] = ..., degraded: _Optional[bool] = ...) -> None: ...
 
 class Outcome(_message.Message):
     __slots__ = ("call", "attempt", "success", "failure", "latency", "permit_id", "final_disposition", "final_stop_reason", "already_recorded", "lease_id", "deduplicated")
@@ -142,7 +144,7 @@ class AdmitRequest(_message.Message):
     def __init__(self, call: _Optional[_Union[_types_pb2.CallRef, _Mapping]] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class AdmitResponse(_message.Message):
-    __slots__ = ("admitted", "state", "permit_id", "retry_after", "reason", "run_cutoff_time", "lease_id", "lease_expire_time", "flow_controlled")
+    __slots__ = ("admitted", "state", "permit_id", "retry_after", "reason", "run_cutoff_time", "lease_id", "lease_expire_time", "flow_controlled", "degraded")
     ADMITTED_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     PERMIT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -152,6 +154,7 @@ class AdmitResponse(_message.Message):
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
     FLOW_CONTROLLED_FIELD_NUMBER: _ClassVar[int]
+    DEGRADED_FIELD_NUMBER: _ClassVar[int]
     admitted: bool
     state: _types_pb2.BreakerState
     permit_id: str
@@ -161,7 +164,8 @@ class AdmitResponse(_message.Message):
     lease_id: str
     lease_expire_time: _timestamp_pb2.Timestamp
     flow_controlled: bool
-    def __init__(self, admitted: _Optional[bool] = ..., state: _Optional[_Union[_types_pb2.BreakerState, str]] = ..., permit_id: _Optional[str] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., reason: _Optional[str] = ..., run_cutoff_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_id: _Optional[str] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., flow_controlled: _Optional[bool] = ...) -> None: ...
+    degraded: bool
+    def __init__(self, admitted: _Optional[bool] = ..., state: _Optional[_Union[_types_pb2.BreakerState, str]] = ..., permit_id: _Optional[str] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., reason: _Optional[str] = ..., run_cutoff_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_id: _Optional[str] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., flow_controlled: _Optional[bool] = ..., degraded: _Optional[bool] = ...) -> None: ...
 
 class ReleaseLeaseRequest(_message.Message):
     __slots__ = ("call", "lease_id")

@@ -1,0 +1,374 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/policyd/policyd/fleet"
+	"github.com/policyd/policyd/policy"
+)
+
+// Degraded mode. While the engine is down (health), a replica decides
+// from what it last knew, and says so on every answer (Degraded):
+//
+//   - breakers: the cached state, copied once into a fleet.Breaker that
+//     this replica alone then drives: an OPEN breaker half-opens when its
+//     cool-down ends, failures may open a CLOSED one, and HALF_OPEN hands
+//     out at most ceil(N / live replicas) probes of its own;
+//   - budgets and pools: a share of the tokens and of the pool's retries
+//     last seen (divided by the live replicas last counted), spent
+//     locally, then BUDGET_EXHAUSTED; a tenant or run this replica never
+//     spent from has nothing to share, so its retries are refused;
+//   - outcomes: queued (Options.MaxQueuedBatches), replayed when the
+//     engine is back, each batch at most once (its id is in the tenant's
+//     applied set).
+//
+// When the engine comes back the local copies are dropped: the engine's
+// state is again the one every answer comes from.
+type degraded struct {
+	mu       sync.Mutex
+	breakers map[policy.BreakerKey]*fleet.Breaker
+	spent    map[string]float64 // tenant -> tokens spent while down
+	runSpent map[string]uint64  // run id -> retries spent while down
+	// Last known, kept while up.
+	tokens  map[string]float64    // tenant -> tokens after its last spend
+	runs    map[string]uint64     // run id -> retries left after its last spend or read
+	runInfo map[string]policy.Run // run id -> the run as last read
+	live    int                   // live replicas, this one included
+}
+
+func newDegraded() *degraded {
+	return &degraded{breakers: map[policy.BreakerKey]*fleet.Breaker{}, spent: map[string]float64{},
+		runSpent: map[string]uint64{}, tokens: map[string]float64{}, runs: map[string]uint64{}, live: 1}
+}
+
+// reset drops the local copies: the engine is up again.
+func (d *degraded) reset() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	clear(d.breakers)
+	clear(d.spent)
+	clear(d.runSpent)
+}
+
+// saw remembers a spend's result while up.
+func (d *degraded) saw(tenant, run string, sp *policy.Spend) {
+	d.mu.Lock()
+	d.tokens[tenant] = sp.TenantTokens
+	if run != "" && sp.HasRun {
+		d.runs[run] = sp.RunRemaining
+	}
+	d.mu.Unlock()
+}
+
+// replicas returns the live replicas last counted, at least 1.
+func (d *degraded) replicas() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return max(d.live, 1)
+}
+
+// breaker returns the local copy of the breaker under key, made from st
+// (nil: never seen, a new CLOSED breaker) on first use. d.mu is held.
+func (d *degraded) breaker(key policy.BreakerKey, st *state, now int64) *fleet.Breaker {
+	b := d.breakers[key]
+	if b != nil {
+		return b
+	}
+	nb := fleet.NewBreaker(now)
+	if st != nil {
+		nb.State, nb.Forced, nb.Mode, nb.Generation = st.State, st.Forced, st.Mode, st.Generation
+		nb.OpenUntil, nb.Changed = st.OpenUntil*1000, st.Changed*1000
+		nb.Cooldown.Until, nb.Consecutive = st.Cooldown*1000, st.Consecutive
+	}
+	d.breakers[key] = &nb
+	return &nb
+}
+
+// admit is Admit in degraded mode at now (Unix ns).
+func (d *degraded) admit(key policy.BreakerKey, cfg policy.BreakerConfig, st *state, now int64) policy.Admission {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	b := d.breaker(key, st, now)
+	cfg.HalfOpenProbes = probeShare(cfg.HalfOpenProbes, d.live)
+	b.Advance(now)
+	a, _ := b.Admit(now, &cfg, newPermitID)
+	a.Degraded = true
+	return a
+}
+
+// probeShare is ceil(n / live): this replica's share of n probes.
+func probeShare(n, live int) int {
+	live = max(live, 1)
+	return max((n+live-1)/live, 1)
+}
+
+// record is Record in degraded mode at now (Unix ns).
+func (d *degraded) record(key policy.BreakerKey, cfg policy.BreakerConfig, st *state, r policy.Result, permit string, now int64) (policy.BreakerSnapshot, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	b := d.breaker(key, st, now)
+	cfg.HalfOpenProbes = probeShare(cfg.HalfOpenProbes, d.live)
+	b.Advance(now)
+	_, err := b.Record(now, &cfg, r, permit)
+	calls, failures := b.Window(now)
+	snap := policy.BreakerSnapshot{Key: key, State: b.State, Forced: b.Forced, Mode: b.Mode, Generation: b.Generation,
+		ConsecutiveFailures: b.Consecutive, WindowCalls: calls, WindowFailures: failures}
+	if b.OpenUntil > 0 {
+		snap.OpenUntil = time.Unix(0, b.OpenUntil)
+	}
+	if b.Cooldown.Until > 0 {
+		snap.CooldownUntil = time.Unix(0, b.Cooldown.Until)
+	}
+	return snap, err
+}
+
+// spend is SpendRetry in degraded mode: this replica's share of the last
+// known tokens and pool.
+func (d *degraded) spend(tenant string, b *policy.TenantBudget, timeout bool, run string) policy.Spend {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	live := float64(max(d.live, 1))
+	cost := b.RetryCost
+	if timeout {
+		cost = b.TimeoutCost
+	}
+	sp := policy.Spend{Degraded: true, HasRun: run != ""}
+	left := d.tokens[tenant]/live - d.spent[tenant]
+	sp.TenantTokens = max(left, 0)
+	if run != "" {
+		share := d.runs[run] / uint64(live)
+		used := d.runSpent[run]
+		if used >= share {
+			sp.Stop, sp.Disposition = policy.StopBudgetExhausted, policy.DispositionDeadLetter
+			return sp
+		}
+		sp.RunRemaining = share - used
+	}
+	if left < cost {
+		if !b.DryRun {
+			sp.Stop, sp.Disposition = policy.StopBudgetExhausted, policy.DispositionDeadLetter
+			return sp
+		}
+		sp.DryRunRefused = true
+	} else {
+		d.spent[tenant] += cost
+		sp.TenantTokens = left - cost
+	}
+	if run != "" {
+		d.runSpent[run]++
+		sp.RunRemaining--
+	}
+	sp.Granted = true
+	return sp
+}
+
+// Up reports whether the engine is considered up: false from
+// Options.DownAfter failed calls in a row until a probe succeeds. While
+// it is false the Store answers in degraded mode.
+func (s *Store) Up() bool { return s.health.up() }
+
+// engineChanged logs a transition of the engine and, when it comes back,
+// drops the degraded copies and replays the queued batches.
+func (s *Store) engineChanged(up bool) {
+	s.degraded.reset() // local copies start from the cache at each transition
+	if !up {
+		s.log.Warn("redisstore: engine down: deciding in degraded mode from this replica's last known state",
+			"after_failures", s.health.threshold(), "probe_every", s.opts.DownFor)
+		return
+	}
+	s.log.Info("redisstore: engine up: degraded mode over")
+	select {
+	case s.recovered <- struct{}{}:
+	default:
+	}
+}
+
+// keyReplicas is the sorted set of replica ids by last heartbeat (Unix ms).
+const keyReplicas = "{policyd}:replicas"
+
+// heartbeat refreshes this replica's entry and counts the live ones: those
+// seen within three heartbeat intervals.
+func (s *Store) heartbeat(ctx context.Context) {
+	now := s.opts.Clock().UnixMilli()
+	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+	defer cancel()
+	var n *redis.IntCmd
+	_, err := s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.ZAdd(ctx, keyReplicas, redis.Z{Score: float64(now), Member: s.id})
+		p.ZRemRangeByScore(ctx, keyReplicas, "-inf", strconv.FormatInt(now-3*s.opts.Heartbeat.Milliseconds(), 10))
+		n = p.ZCard(ctx, keyReplicas)
+		return nil
+	})
+	if err != nil {
+		if !errors.Is(err, ErrUnavailable) {
+			s.log.Warn("redisstore: heartbeat", "err", err)
+		}
+		return
+	}
+	s.degraded.mu.Lock()
+	s.degraded.live = max(int(n.Val()), 1)
+	s.degraded.mu.Unlock()
+}
+
+// heartbeats runs heartbeat every Options.Heartbeat until Close.
+func (s *Store) heartbeats() {
+	defer s.wg.Done()
+	s.heartbeat(s.ctx)
+	t := time.NewTicker(s.opts.Heartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+			s.heartbeat(s.ctx)
+		}
+	}
+}
+
+// queuedBatch is an outcome batch the engine did not take: n is the
+// number of updates of the ApplyOutcomes call it came from, which its
+// update indexes refer to.
+type queuedBatch struct {
+	b *outcomeBatch
+	n int
+}
+
+// batchQueue holds the outcome batches waiting for the engine, oldest
+// first, at most max of them; past it the oldest is dropped and counted.
+type batchQueue struct {
+	mu      sync.Mutex
+	max     int
+	batches []queuedBatch
+	sending int // popped, not yet done
+	dropped atomic.Uint64
+}
+
+func (q *batchQueue) push(b *outcomeBatch, n int) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.batches) >= q.max {
+		q.batches = q.batches[1:]
+		q.dropped.Add(1)
+	}
+	q.batches = append(q.batches, queuedBatch{b, n})
+}
+
+// pop returns the oldest batch, or false.
+func (q *batchQueue) pop() (queuedBatch, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.batches) == 0 {
+		return queuedBatch{}, false
+	}
+	b := q.batches[0]
+	q.batches = q.batches[1:]
+	q.sending++
+	return b, true
+}
+
+// done ends the sending of a popped batch.
+func (q *batchQueue) done() {
+	q.mu.Lock()
+	q.sending--
+	q.mu.Unlock()
+}
+
+func (q *batchQueue) len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.batches) + q.sending
+}
+
+// Queued returns the outcome batches waiting for the engine to answer,
+// the one being replayed included.
+func (s *Store) Queued() int { return s.queue.len() }
+
+// Dropped returns the outcome batches dropped so far because the queue
+// was full (Options.MaxQueuedBatches): their results, deposits and
+// ledger entries are lost.
+func (s *Store) Dropped() uint64 { return s.queue.dropped.Load() }
+
+// queueOutcomes queues batches for replay; while the engine is down their
+// results also drive this replica's local copies of the breakers.
+func (s *Store) queueOutcomes(n int, batches map[string]*outcomeBatch) {
+	down := !s.health.up()
+	now := s.opts.Clock().UnixNano()
+	for _, b := range batches {
+		if down {
+			for _, g := range b.groups {
+				st, _ := s.cachedState(g.key)
+				for _, r := range g.results {
+					_, _ = s.degraded.record(g.key, g.cfg, st, r.Result, r.Permit, now)
+				}
+			}
+		}
+		s.queue.push(b, n)
+	}
+}
+
+// replayer sends the queued batches once the engine answers again: at
+// each recovery, and every FlushInterval for batches queued after a lone
+// timeout. A batch the engine applied already (its call timed out but
+// ran) is skipped by the library.
+func (s *Store) replayer() {
+	defer s.wg.Done()
+	t := time.NewTicker(s.opts.FlushInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-s.recovered:
+		case <-t.C:
+		}
+		s.replay()
+	}
+}
+
+// replay sends queued batches, oldest first, until the queue is empty or
+// the engine stops answering.
+func (s *Store) replay() {
+	for s.health.up() {
+		q, ok := s.queue.pop()
+		if !ok {
+			return
+		}
+		// A batch the engine does not answer for goes back in the queue.
+		_, err := s.runOutcomes(make([]policy.OutcomeUpdate, q.n), map[string]*outcomeBatch{q.b.tenant: q.b})
+		s.queue.done()
+		if err != nil {
+			s.log.Warn("redisstore: replayed outcome batch refused: dropped", "tenant", q.b.tenant, "err", err)
+			s.queue.dropped.Add(1)
+		}
+	}
+}
+
+// sawRun remembers a run as last read, and its retries left when no spend
+// told of them yet.
+func (d *degraded) sawRun(r policy.Run) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.runInfo == nil {
+		d.runInfo = map[string]policy.Run{}
+	}
+	d.runInfo[r.ID] = r
+	if _, ok := d.runs[r.ID]; !ok && r.Pool >= r.Spent {
+		d.runs[r.ID] = r.Pool - r.Spent
+	}
+}
+
+// run returns the run id as last read.
+func (d *degraded) run(id string) (policy.Run, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	r, ok := d.runInfo[id]
+	return r, ok
+}

@@ -1,0 +1,175 @@
+package redisstore_test
+
+import (
+	"context"
+	"net"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+
+	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
+	"github.com/policyd/policyd/internal/redistest"
+	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/redisstore"
+	"github.com/policyd/policyd/server"
+)
+
+// boundedReplica is a replica whose calls to Redis end at the store's
+// Timeout (ContextTimeoutEnabled, socket timeouts far longer), as policyd
+// serve makes them.
+func boundedReplica(t *testing.T, addr string) *replica {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true,
+		ReadTimeout: time.Minute, WriteTimeout: time.Minute})
+	t.Cleanup(func() { _ = c.Close() })
+	st, err := redisstore.Open(context.Background(), redisstore.Options{Client: c, Timeout: 50 * time.Millisecond,
+		DownAfter: 2, DownFor: 20 * time.Millisecond, Heartbeat: 10 * time.Millisecond, FlushInterval: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	gs := server.New(st, server.Config{})
+	lis := bufconn.Listen(1 << 20)
+	go func() { _ = gs.Serve(lis) }()
+	conn, err := grpc.NewClient("passthrough:///bufnet",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = conn.Close()
+		gs.Stop()
+		_ = st.Close()
+	})
+	return &replica{store: st, workers: pb.NewRetryPolicyServiceClient(conn), admin: pb.NewAdminServiceClient(conn)}
+}
+
+// TestDegradedWhileRedisPaused stops Redis (SIGSTOP) under two replicas:
+// decisions go on, flagged degraded, from each replica's last known state;
+// the run's pool is not overspent (each replica spends half of what it
+// last knew); admin writes are UNAVAILABLE; outcomes queue. After SIGCONT
+// the queue replays once (the breaker and the ledger count each outcome
+// once) and answers are no longer degraded.
+func TestDegradedWhileRedisPaused(t *testing.T) {
+	srv := redistest.Standalone(t)
+	r := []*replica{boundedReplica(t, srv.Addr), boundedReplica(t, srv.Addr)}
+	ctx := context.Background()
+	for i := range r {
+		eventually(t, "both replicas in the replica set", func() bool { return r[i].store.LiveReplicas() == 2 })
+	}
+	const pool = 10
+	if _, err := r[0].store.OpenRun(policy.Run{ID: "batch-1", Tenant: "acme", Pool: pool, Cutoff: time.Now().Add(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	call := func(id string) *pb.CallRef {
+		return &pb.CallRef{Tenant: "acme", Target: "pay", CallId: id, Idempotent: true, RunId: "batch-1"}
+	}
+	fail503 := &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 503}}
+	// Each replica spends one retry while Redis answers: what it knows.
+	for i := range r {
+		resp, err := r[i].workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call("warm-" + strconv.Itoa(i)), Attempt: 1, Failure: fail503})
+		if err != nil || resp.GetDecision() != pb.Decision_DECISION_RETRY || resp.GetDegraded() {
+			t.Fatalf("replica %d: NextDelay before the pause = %v, %v; want RETRY, not degraded", i, resp, err)
+		}
+	}
+	left := uint64(pool - 2)
+
+	srv.Pause(t)
+	// The first calls find Redis silent and bring the engine down.
+	granted := uint64(0)
+	for i := range r {
+		n := 0
+		eventually(t, "the engine down on replica "+strconv.Itoa(i), func() bool {
+			n++
+			resp, err := r[i].workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call("trip-" + strconv.Itoa(i) + "-" + strconv.Itoa(n)), Attempt: 1,
+				Failure: fail503})
+			if err != nil {
+				t.Fatalf("NextDelay with Redis stopped: %v (want a degraded answer)", err)
+			}
+			if resp.GetDecision() == pb.Decision_DECISION_RETRY {
+				granted++
+			}
+			return !r[i].store.Up() && resp.GetDegraded()
+		})
+	}
+	for i := range r {
+		for j := range 20 {
+			resp, err := r[i].workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call("d-" + strconv.Itoa(i) + "-" + strconv.Itoa(j)), Attempt: 1,
+				Failure: fail503})
+			if err != nil {
+				t.Fatalf("NextDelay degraded: %v", err)
+			}
+			if !resp.GetDegraded() {
+				t.Fatalf("NextDelay with the engine down = %v: not flagged degraded", resp)
+			}
+			switch {
+			case resp.GetDecision() == pb.Decision_DECISION_RETRY:
+				granted++
+			case resp.GetStopReason() != pb.StopReason_STOP_REASON_BUDGET_EXHAUSTED && resp.GetStopReason() != pb.StopReason_STOP_REASON_CIRCUIT_OPEN:
+				t.Fatalf("NextDelay degraded = %v, want RETRY or a stop by the pool or the breaker", resp)
+			}
+		}
+		a, err := r[i].workers.Admit(ctx, &pb.AdmitRequest{Call: call("admit-" + strconv.Itoa(i)), Attempt: 1})
+		if err != nil || !a.GetDegraded() {
+			t.Fatalf("Admit with the engine down = %v, %v; want an answer flagged degraded", a, err)
+		}
+	}
+	// The trip calls count too: all the pause's grants together stay
+	// within what the pool held.
+	t.Logf("retries granted during the pause: %d, pool left before it: %d", granted, left)
+	if granted > left {
+		t.Errorf("replicas granted %d retries from a pool of %d left", granted, left)
+	}
+	_, err := r[0].admin.SetTenantBudget(ctx, &pb.SetTenantBudgetRequest{Budget: &pb.TenantBudget{Tenant: "acme", Capacity: 5}})
+	if status.Code(err) != codes.Unavailable {
+		t.Errorf("SetTenantBudget with the engine down = %v, want UNAVAILABLE", err)
+	}
+	// Outcomes queue: ten successes of another breaker, each ending its call.
+	out := &pb.ReportOutcomeRequest{}
+	for i := range 10 {
+		out.Outcomes = append(out.Outcomes, &pb.Outcome{Call: &pb.CallRef{Tenant: "acme", Target: "ledger", CallId: "o" + strconv.Itoa(i),
+			Idempotent: true, RunId: "batch-1"}, Attempt: 1, Success: true, FinalDisposition: pb.Disposition_DISPOSITION_SUCCEEDED})
+	}
+	if _, err := r[1].workers.ReportOutcome(ctx, out); err != nil {
+		t.Fatalf("ReportOutcome with the engine down: %v", err)
+	}
+	if r[1].store.Queued() == 0 {
+		t.Fatal("no outcome batch queued with the engine down")
+	}
+
+	srv.Resume(t)
+	eventually(t, "the queue replayed", func() bool { return r[1].store.Up() && r[1].store.Queued() == 0 })
+	eventually(t, "the engine up on replica 0", r[0].store.Up)
+	run, err := r[0].store.Run("batch-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("after SIGCONT: run spent %d of %d, ledger succeeded %d", run.Spent, run.Pool, run.Ledger.Succeeded)
+	if run.Spent > run.Pool {
+		t.Errorf("run spent %d of a pool of %d", run.Spent, run.Pool)
+	}
+	if run.Ledger.Succeeded != 10 {
+		t.Errorf("ledger counts %d successes, want 10 (each outcome once)", run.Ledger.Succeeded)
+	}
+	b, err := r[0].store.Breaker(policy.BreakerKey{Tenant: "acme", Target: "ledger"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.WindowCalls != 10 {
+		t.Errorf("breaker acme/ledger counted %d calls, want 10 (the batch applied once)", b.WindowCalls)
+	}
+	if r[1].store.Dropped() != 0 {
+		t.Errorf("%d batches dropped", r[1].store.Dropped())
+	}
+	resp, err := r[0].workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call("after"), Attempt: 1, Failure: fail503})
+	if err != nil || resp.GetDegraded() {
+		t.Errorf("NextDelay after SIGCONT = %v, %v; want an answer not degraded", resp, err)
+	}
+}

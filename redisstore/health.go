@@ -1,0 +1,176 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// engineBreaker is the Store's breaker around Redis itself, a value type
+// driven by the caller's clock: after Threshold consecutive failed calls
+// (a timeout, a refused or broken connection: not a Redis error reply,
+// which proves the server answered) the engine is down for Cooldown; then
+// one call goes through as a probe, and its success brings the engine up
+// again, its failure keeps it down for another Cooldown. Other calls made
+// while down fail at once with ErrUnavailable.
+//
+// It is not sony/gobreaker: gobreaker reads time.Now itself, so its
+// cool-down cannot be driven by Options.Clock in tests, and its
+// generations and counts are more than this needs. The zero value is up.
+type engineBreaker struct {
+	Threshold int
+	Cooldown  time.Duration
+
+	failures  int       // consecutive, while up
+	down      bool      // the engine is considered down
+	downUntil time.Time // while down: no call before then
+	probing   bool      // while down: a probe is out
+}
+
+// allow reports whether a call may go to Redis at now; while down it lets
+// one probe through per cool-down.
+func (b *engineBreaker) allow(now time.Time) bool {
+	if !b.down {
+		return true
+	}
+	if b.probing || now.Before(b.downUntil) {
+		return false
+	}
+	b.probing = true
+	return true
+}
+
+// done records a call's result at now; it reports whether the engine's
+// state changed (up to down or down to up).
+func (b *engineBreaker) done(now time.Time, failed bool) bool {
+	if !b.down {
+		if !failed {
+			b.failures = 0
+			return false
+		}
+		b.failures++
+		if b.failures < max(b.Threshold, 1) {
+			return false
+		}
+		b.down, b.downUntil, b.failures = true, now.Add(b.Cooldown), 0
+		return true
+	}
+	if !b.probing {
+		return false // a call let through before the engine went down
+	}
+	b.probing = false
+	if failed {
+		b.downUntil = now.Add(b.Cooldown)
+		return false
+	}
+	b.down = false
+	return true
+}
+
+// health guards the Store's Redis client with an engineBreaker, as a
+// go-redis hook, so that every call of the Store (and of its feeds) is
+// refused at once while the engine is down.
+type health struct {
+	clock func() time.Time
+	// changed is called, outside the lock, after each transition.
+	changed func(up bool)
+
+	off atomic.Bool // the Store is closed: calls pass unguarded
+
+	mu sync.Mutex
+	b  engineBreaker
+}
+
+// threshold is the failures in a row that bring the engine down.
+func (h *health) threshold() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.b.Threshold
+}
+
+// up reports whether the engine is considered up.
+func (h *health) up() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return !h.b.down
+}
+
+// guard runs call when the breaker allows it and records its result; a
+// refusal, a timeout or a connection failure is ErrUnavailable wrapping
+// the cause.
+func (h *health) guard(ctx context.Context, call func() error) error {
+	if h.off.Load() {
+		return call()
+	}
+	h.mu.Lock()
+	ok := h.b.allow(h.clock())
+	h.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("%w: down after repeated failures", ErrUnavailable)
+	}
+	err := call()
+	failed := engineFailure(ctx, err)
+	h.mu.Lock()
+	changed := h.b.done(h.clock(), failed)
+	up := !h.b.down
+	h.mu.Unlock()
+	if changed && h.changed != nil {
+		h.changed(up)
+	}
+	if failed && !errors.Is(err, ErrUnavailable) {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return err
+}
+
+// engineFailure reports whether err says the engine did not answer: not
+// nil, not redis.Nil, not an error reply, and not a cancellation of the
+// caller's own.
+func engineFailure(ctx context.Context, err error) bool {
+	if err == nil || errors.Is(err, redis.Nil) {
+		return false
+	}
+	var reply redis.Error
+	if errors.As(err, &reply) {
+		return false
+	}
+	if errors.Is(err, context.Canceled) && ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return false // the caller gave up (the Store closing)
+	}
+	return true
+}
+
+// hook is the go-redis hook that puts every command and pipeline of the
+// client through guard. Blocking reads (the feeds' XREAD) count too: a
+// server that answers none of them is down.
+func (h *health) hook() redis.Hook { return healthHook{h} }
+
+type healthHook struct{ h *health }
+
+func (k healthHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (k healthHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		return k.h.guard(ctx, func() error { return next(ctx, cmd) })
+	}
+}
+
+func (k healthHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := k.h.guard(ctx, func() error { return next(ctx, cmds) })
+		if errors.Is(err, ErrUnavailable) {
+			for _, c := range cmds {
+				var reply redis.Error
+				if !errors.As(c.Err(), &reply) {
+					c.SetErr(err)
+				}
+			}
+		}
+		return err
+	}
+}

@@ -1,0 +1,108 @@
+package redisstore
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/policyd/policyd/fleet"
+	"github.com/policyd/policyd/policy"
+)
+
+// TestEngineBreaker drives the breaker around Redis on a fake clock: down
+// after Threshold failures in a row, nothing through during the
+// cool-down, then one probe at a time until one succeeds.
+func TestEngineBreaker(t *testing.T) {
+	now := time.Unix(1000, 0)
+	b := engineBreaker{Threshold: 3, Cooldown: time.Second}
+	call := func(failed bool) (allowed, changed bool) {
+		if !b.allow(now) {
+			return false, false
+		}
+		return true, b.done(now, failed)
+	}
+	for i := range 2 {
+		if ok, ch := call(true); !ok || ch {
+			t.Fatalf("failure %d: allowed %v changed %v, want allowed and still up", i+1, ok, ch)
+		}
+	}
+	if ok, _ := call(false); !ok || b.down {
+		t.Fatal("a success resets the count: the engine must stay up")
+	}
+	for i := range 3 {
+		_, ch := call(true)
+		if want := i == 2; ch != want || b.down != want {
+			t.Fatalf("failure %d after the success: changed %v down %v, want %v", i+1, ch, b.down, want)
+		}
+	}
+	if b.allow(now.Add(999 * time.Millisecond)) {
+		t.Fatal("a call went through during the cool-down")
+	}
+	now = now.Add(time.Second)
+	if !b.allow(now) {
+		t.Fatal("no probe after the cool-down")
+	}
+	if b.allow(now) {
+		t.Fatal("a second call went through while the probe is out")
+	}
+	if b.done(now, true) || !b.down {
+		t.Fatal("a failed probe must keep the engine down")
+	}
+	if b.allow(now.Add(500 * time.Millisecond)) {
+		t.Fatal("a failed probe must start another cool-down")
+	}
+	now = now.Add(time.Second)
+	if !b.allow(now) || !b.done(now, false) || b.down {
+		t.Fatal("a successful probe must bring the engine up")
+	}
+	if !b.allow(now) {
+		t.Fatal("calls must go through once up")
+	}
+}
+
+// TestProbeShare: ceil(N / live), at least one.
+func TestProbeShare(t *testing.T) {
+	for _, c := range []struct{ n, live, want int }{{1, 3, 1}, {3, 3, 1}, {4, 3, 2}, {5, 2, 3}, {2, 0, 2}, {6, 1, 6}} {
+		if got := probeShare(c.n, c.live); got != c.want {
+			t.Errorf("probeShare(%d, %d) = %d, want %d", c.n, c.live, got, c.want)
+		}
+	}
+}
+
+// TestReplayedBatchAppliedOnce: policyd_outcomes applies a batch id once;
+// the same batch sent again (a replay of a call that timed out but ran)
+// changes nothing.
+func TestReplayedBatchAppliedOnce(t *testing.T) {
+	c := standalone(t)
+	ctx := context.Background()
+	key := policy.BreakerKey{Tenant: "acme", Target: "pay"}
+	b := &outcomeBatch{id: "batch-1", tenant: "acme", deposit: 1}
+	b.groups = []*outcomeGroup{{key: key, cfg: fleet.NormConfig(policy.BreakerConfig{}),
+		results: []result{{policy.ResultSuccess, ""}, {policy.ResultTransientFailure, ""}}, updates: []int{0, 1}}}
+	bg := DefaultTenantBudget()
+	keys, args := b.call(&bg, 100)
+	l := lib{c: c}
+	first, err := l.fcall(ctx, "policyd_outcomes", keys, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := l.fcall(ctx, "policyd_outcomes", keys, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(first) == 1 || len(again) != 1 || toString(again[0]) != "applied" {
+		t.Fatalf("first reply %v, replay %v; want a full reply, then {applied}", first, again)
+	}
+	st, err := readCall(ctx, l, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.WindowCalls != 2 || st.WindowFailures != 1 {
+		t.Errorf("after a batch and its replay the window counts %d calls, %d failures; want 2, 1", st.WindowCalls, st.WindowFailures)
+	}
+	b.id = "batch-2"
+	keys, args = b.call(&bg, 100)
+	if r, err := l.fcall(ctx, "policyd_outcomes", keys, args...); err != nil || len(r) == 1 {
+		t.Fatalf("another batch id = %v, %v; want it applied", r, err)
+	}
+}
