@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 
@@ -133,7 +134,7 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 		if u.Result != 0 {
 			cond = resultNo[i]
 		}
-		batch(runTenant[i]).addFinal(i, u.RunID, cond, u.CallID, fleet.Final{Disposition: u.Final, Stop: u.Stop})
+		batch(runTenant[i]).addFinal(i, u.RunID, cond, u.CallID, fleet.Final{Disposition: u.Final, Stop: u.Stop, Deduplicated: u.Deduplicated})
 	}
 	if firstErr == nil {
 		for tenant, n := range deposits {
@@ -156,11 +157,14 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 				b = &outcomeBatch{tenant: runTenant[i], byKey: map[policy.BreakerKey]*outcomeGroup{}, runIndex: map[string]int{}}
 				second[runTenant[i]] = b
 			}
-			b.addFinal(i, ups[i].RunID, 0, ups[i].CallID, fleet.Final{Disposition: ups[i].Final, Stop: ups[i].Stop})
+			b.addFinal(i, ups[i].RunID, 0, ups[i].CallID, fleet.Final{Disposition: ups[i].Final, Stop: ups[i].Stop, Deduplicated: ups[i].Deduplicated})
 		}
 		if n, err := s.runOutcomes(ups, second); err != nil {
 			return min(n, limit), err
 		}
+	}
+	if err := s.noteOutcomes(ups[:limit]); err != nil {
+		return limit, err
 	}
 	var trail []policy.AuditRecord
 	for i := range ups[:limit] {
@@ -245,7 +249,7 @@ func (b *outcomeBatch) call(bg *policy.TenantBudget, maxBreakers int) ([]string,
 	args = append(args, len(b.finals))
 	for _, f := range b.finals {
 		field := ledgerField(f.f)
-		args = append(args, f.run, f.cond, f.call, field, fmt.Sprintf("%d:%d/%s", f.f.Disposition, f.f.Stop, field))
+		args = append(args, f.run, f.cond, f.call, field, finalValue(f.f, field))
 	}
 	return keys, args
 }
@@ -294,4 +298,42 @@ func (b *outcomeBatch) lowest(n int) int {
 		lo = min(lo, f.update)
 	}
 	return lo
+}
+
+// noteOutcomes tells the runs' call tables the notes of the updates
+// applied (not refused), in one pipeline; a note of an unknown run is
+// dropped, as breakerstore drops it.
+func (s *Store) noteOutcomes(ups []policy.OutcomeUpdate) error {
+	var notes []pendingNote
+	for i := range ups {
+		u := &ups[i]
+		if u.Refused != nil || u.RunID == "" || u.Note == (policy.CallNote{}) {
+			continue
+		}
+		p, err := s.pendingNote(u.RunID, u.CallID, u.Note)
+		switch {
+		case errors.Is(err, ErrNotFound):
+			continue
+		case err != nil:
+			return err
+		}
+		notes = append(notes, p)
+	}
+	if len(notes) == 0 {
+		return nil
+	}
+	ctx, cancel := s.call()
+	defer cancel()
+	cmds, err := s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		queueNotes(ctx, p, notes, s.opts.MaxRunCalls)
+		return nil
+	})
+	if err != nil {
+		for _, cmd := range cmds {
+			if e := cmd.Err(); e != nil && !redisNotFound(e) {
+				return fmt.Errorf("redisstore: note calls: %w", e)
+			}
+		}
+	}
+	return nil
 }
