@@ -178,7 +178,7 @@ func testKeysCap(t *testing.T, open openOnce) {
 	acme := tenant(t, "acme")
 	now := time.Now()
 	long := policy.KeyClaim{LeaseUntil: now.Add(time.Minute), Expires: now.Add(time.Hour)}
-	short := policy.KeyClaim{LeaseUntil: now.Add(time.Millisecond), Expires: now.Add(3 * time.Millisecond)}
+	short := policy.KeyClaim{LeaseUntil: now.Add(time.Millisecond), Expires: now.Add(300 * time.Millisecond)}
 	if _, err := s.ClaimKey(policy.KeyRef{Tenant: acme, Key: "k1"}, long); err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +195,7 @@ func testKeysCap(t *testing.T, open openOnce) {
 	if _, err := s.ClaimKey(policy.KeyRef{Tenant: tenant(t, "beta"), Key: "k3"}, long); err != nil {
 		t.Errorf("another tenant's key = %v, want nil: the cap is per tenant", err)
 	}
-	waitPast(now.Add(3 * time.Millisecond))
+	waitPast(now.Add(300 * time.Millisecond))
 	if a, err := s.ClaimKey(policy.KeyRef{Tenant: acme, Key: "k3"}, long); err != nil || a.State != policy.KeyNew {
 		t.Errorf("third key once one expired = %+v, %v; want NEW", a, err)
 	}
