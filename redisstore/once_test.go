@@ -86,6 +86,7 @@ func runOnce(t *testing.T, open openOnce) {
 		{"call table", testCallTable},
 		{"ledger counters", testLedgerCounters},
 		{"redrive of", testRedriveOf},
+		{"a refused outcome notes nothing", testRefusedNotes},
 	} {
 		t.Run(tt.name, func(t *testing.T) { tt.run(t, open) })
 	}
@@ -320,5 +321,42 @@ func testRedriveOf(t *testing.T, open openOnce) {
 	}
 	if _, err := s.OpenRun(policy.Run{Tenant: acme, Pool: 1, Cutoff: time.Now().Add(time.Hour), RedriveOf: "nope"}); !notFound(err) {
 		t.Errorf("OpenRun re-driving an unknown run = %v, want NotFound", err)
+	}
+}
+
+func testRefusedNotes(t *testing.T, open openOnce) {
+	s, waitPast := open(t, 0, 0)
+	acme := tenant(t, "acme")
+	run, err := s.OpenRun(policy.Run{Tenant: acme, Pool: 10, Cutoff: time.Now().Add(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := policy.BreakerKey{Tenant: acme, Target: "pay"}
+	cfg := policy.BreakerConfig{ConsecutiveFailures: 1, Cooldown: time.Microsecond, HalfOpenProbes: 1, ProbeTimeout: time.Minute}
+	snap, err := s.Record(key, cfg, policy.ResultTransientFailure, "")
+	if err != nil || snap.State != policy.BreakerOpen {
+		t.Fatalf("Record = %+v, %v; want OPEN", snap, err)
+	}
+	waitPast(snap.OpenUntil)
+	a, err := s.Admit(key, cfg)
+	if err != nil || a.PermitID == "" {
+		t.Fatalf("Admit = %+v, %v; want a probe permit", a, err)
+	}
+	note := policy.CallNote{Attempt: 1, Detail: "attempt succeeded", Disposition: policy.DispositionSucceeded}
+	ups := []policy.OutcomeUpdate{
+		{Key: key, Breaker: cfg, Result: policy.ResultSuccess, PermitID: "0123456789abcdef0123456789abcdef",
+			RunID: run.ID, CallID: "forged", Final: policy.DispositionSucceeded, Note: note},
+		{Key: key, Breaker: cfg, Result: policy.ResultSuccess, PermitID: a.PermitID,
+			RunID: run.ID, CallID: "probe", Final: policy.DispositionSucceeded, Note: note},
+	}
+	if n, err := s.ApplyOutcomes(ups, nil); err != nil || n != 2 {
+		t.Fatalf("ApplyOutcomes = %d, %v", n, err)
+	}
+	if ups[0].Refused == nil || ups[1].Refused != nil {
+		t.Fatalf("refused %v and %v, want the forged permit refused only", ups[0].Refused, ups[1].Refused)
+	}
+	calls, _, err := s.RunCalls(run.ID, policy.RunCallFilter{}, "", 0)
+	if err != nil || len(calls) != 1 || calls[0].CallID != "probe" {
+		t.Errorf("RunCalls = %+v, %v; want the probe's call only", calls, err)
 	}
 }

@@ -143,7 +143,13 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 			}
 		}
 	}
-	if n, err := s.runOutcomes(ups, batches); err != nil {
+	// A note whose update's result cannot be refused (no permit) goes in
+	// the outcomes' pipeline; the others once their refusal is known.
+	early, err := s.outcomeNotes(ups[:limit], func(u *policy.OutcomeUpdate) bool { return u.Result == 0 || u.PermitID == "" })
+	if err != nil {
+		return 0, err
+	}
+	if n, err := s.runOutcomes(ups, batches, early); err != nil {
 		return min(n, limit), err
 	}
 	if len(crossTenant) > 0 {
@@ -159,12 +165,20 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 			}
 			b.addFinal(i, ups[i].RunID, 0, ups[i].CallID, fleet.Final{Disposition: ups[i].Final, Stop: ups[i].Stop, Deduplicated: ups[i].Deduplicated})
 		}
-		if n, err := s.runOutcomes(ups, second); err != nil {
+		if n, err := s.runOutcomes(ups, second, nil); err != nil {
 			return min(n, limit), err
 		}
 	}
-	if err := s.noteOutcomes(ups[:limit]); err != nil {
+	late, err := s.outcomeNotes(ups[:limit], func(u *policy.OutcomeUpdate) bool {
+		return u.Result != 0 && u.PermitID != "" && u.Refused == nil
+	})
+	if err != nil {
 		return limit, err
+	}
+	if len(late) > 0 {
+		if _, err := s.runOutcomes(ups, nil, late); err != nil {
+			return limit, err
+		}
 	}
 	var trail []policy.AuditRecord
 	for i := range ups[:limit] {
@@ -184,11 +198,12 @@ func (b *outcomeBatch) addFinal(update int, run string, cond int, call string, f
 	b.finals = append(b.finals, outcomeFinal{update: update, run: ri, cond: cond, call: call, f: f})
 }
 
-// runOutcomes sends every batch's policyd_outcomes call in one pipeline
-// and applies the replies to ups and the cache. On failure it returns the
-// lowest update index of a failed call.
-func (s *Store) runOutcomes(ups []policy.OutcomeUpdate, batches map[string]*outcomeBatch) (int, error) {
-	if len(batches) == 0 {
+// runOutcomes sends every batch's policyd_outcomes call and the call
+// notes in one pipeline and applies the replies to ups and the cache. On
+// failure it returns the lowest update index of a failed call; a note of
+// a run gone since is dropped.
+func (s *Store) runOutcomes(ups []policy.OutcomeUpdate, batches map[string]*outcomeBatch, notes []pendingNote) (int, error) {
+	if len(batches) == 0 && len(notes) == 0 {
 		return len(ups), nil
 	}
 	tenants := make([]string, 0, len(batches))
@@ -202,12 +217,13 @@ func (s *Store) runOutcomes(ups []policy.OutcomeUpdate, batches map[string]*outc
 	ctx, cancel := s.call()
 	defer cancel()
 	cmds := make([]*redis.Cmd, len(tenants))
-	_, _ = s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+	all, _ := s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, t := range tenants {
 			bg, _ := s.budgetOf(t)
 			keys, args := batches[t].call(&bg, s.opts.MaxBreakersPerTenant)
 			cmds[i] = p.FCall(ctx, "policyd_outcomes", keys, args...)
 		}
+		queueNotes(ctx, p, notes, s.opts.MaxRunCalls)
 		return nil
 	})
 	failed := len(ups)
@@ -219,6 +235,11 @@ func (s *Store) runOutcomes(ups []policy.OutcomeUpdate, batches map[string]*outc
 			if firstErr == nil || lo < failed {
 				failed, firstErr = lo, err
 			}
+		}
+	}
+	for _, cmd := range all[min(len(tenants), len(all)):] {
+		if err := cmd.Err(); err != nil && !redisNotFound(err) && firstErr == nil {
+			failed, firstErr = len(ups), fmt.Errorf("redisstore: note calls: %w", err)
 		}
 	}
 	return failed, firstErr
@@ -300,14 +321,14 @@ func (b *outcomeBatch) lowest(n int) int {
 	return lo
 }
 
-// noteOutcomes tells the runs' call tables the notes of the updates
-// applied (not refused), in one pipeline; a note of an unknown run is
-// dropped, as breakerstore drops it.
-func (s *Store) noteOutcomes(ups []policy.OutcomeUpdate) error {
+// outcomeNotes returns the pending notes of the updates of ups that
+// which selects and that carry a note of a run; a note of an unknown run
+// is dropped, as breakerstore drops it.
+func (s *Store) outcomeNotes(ups []policy.OutcomeUpdate, which func(*policy.OutcomeUpdate) bool) ([]pendingNote, error) {
 	var notes []pendingNote
 	for i := range ups {
 		u := &ups[i]
-		if u.Refused != nil || u.RunID == "" || u.Note == (policy.CallNote{}) {
+		if u.RunID == "" || u.CallID == "" || u.Note == (policy.CallNote{}) || !which(u) {
 			continue
 		}
 		p, err := s.pendingNote(u.RunID, u.CallID, u.Note)
@@ -315,25 +336,9 @@ func (s *Store) noteOutcomes(ups []policy.OutcomeUpdate) error {
 		case errors.Is(err, ErrNotFound):
 			continue
 		case err != nil:
-			return err
+			return nil, err
 		}
 		notes = append(notes, p)
 	}
-	if len(notes) == 0 {
-		return nil
-	}
-	ctx, cancel := s.call()
-	defer cancel()
-	cmds, err := s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		queueNotes(ctx, p, notes, s.opts.MaxRunCalls)
-		return nil
-	})
-	if err != nil {
-		for _, cmd := range cmds {
-			if e := cmd.Err(); e != nil && !redisNotFound(e) {
-				return fmt.Errorf("redisstore: note calls: %w", e)
-			}
-		}
-	}
-	return nil
+	return notes, nil
 }
