@@ -196,7 +196,7 @@ func depositCall(ctx context.Context, l lib, tenant string, b *policy.TenantBudg
 // ledgerFields names the run hash's ledger counters, in policy.Ledger's
 // field order.
 var ledgerFields = [...]string{"succeeded", "failed_terminal", "dl_exhausted", "dl_budget",
-	"dl_not_idempotent", "dl_pushback", "circuit_open", "deadline_cut"}
+	"dl_not_idempotent", "dl_pushback", "circuit_open", "deadline_cut", "dl_deadline", "deduplicated"}
 
 // ledgerField returns the run hash field counting f, or "" for a
 // disposition the ledger has no counter for.
@@ -215,9 +215,21 @@ func ledgerField(f fleet.Final) string {
 }
 
 // ledgerCounters returns pointers to l's counters in ledgerFields' order.
-func ledgerCounters(l *policy.Ledger) [8]*uint64 {
-	return [8]*uint64{&l.Succeeded, &l.FailedTerminal, &l.DeadLetterExhausted, &l.DeadLetterBudget,
-		&l.DeadLetterNotIdempotent, &l.DeadLetterPushback, &l.CircuitOpen, &l.DeadlineCut}
+func ledgerCounters(l *policy.Ledger) [10]*uint64 {
+	return [10]*uint64{&l.Succeeded, &l.FailedTerminal, &l.DeadLetterExhausted, &l.DeadLetterBudget,
+		&l.DeadLetterNotIdempotent, &l.DeadLetterPushback, &l.CircuitOpen, &l.DeadlineCut,
+		&l.DeadLetterDeadline, &l.Deduplicated}
+}
+
+// finalValue is f as the runcalls hash keeps it: "disposition:stop/slot",
+// and "/dedup" after it for a success the idempotency ledger answered
+// (counted in deduplicated as well as in its slot).
+func finalValue(f fleet.Final, field string) string {
+	v := fmt.Sprintf("%d:%d/%s", f.Disposition, f.Stop, field)
+	if f.Deduplicated {
+		v += "/dedup"
+	}
+	return v
 }
 
 // finalCall is policyd_final: call's final disposition f in run runID of
@@ -228,7 +240,7 @@ func finalCall(ctx context.Context, l lib, tenant, runID, call string, f fleet.F
 	if field == "" {
 		return false, invalid("disposition", "must be a final disposition")
 	}
-	v := fmt.Sprintf("%d:%d/%s", f.Disposition, f.Stop, field)
+	v := finalValue(f, field)
 	r, err := l.run(ctx, "policyd_final", []string{keyRun(tenant, runID), keyRunCalls(tenant, runID)}, call, field, v).Result()
 	if err != nil {
 		if redisNotFound(err) {

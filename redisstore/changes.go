@@ -30,6 +30,7 @@ type Changes = interface {
 type changes struct {
 	s        *Store
 	attempts []pendingAttempt
+	notes    []pendingNote
 	audit    []policy.AuditRecord
 }
 
@@ -73,10 +74,11 @@ func (c *changes) AppendAudit(recs ...policy.AuditRecord) {
 	}
 }
 
-// Commit writes the attempt records and audit records in one pipeline;
+// Commit writes the attempt records, call notes and audit records in one
+// pipeline;
 // with the server's appendfsync always they are durable when it returns.
 func (c *changes) Commit() error {
-	if len(c.attempts) == 0 && len(c.audit) == 0 {
+	if len(c.attempts) == 0 && len(c.audit) == 0 && len(c.notes) == 0 {
 		return nil
 	}
 	s := c.s
@@ -97,6 +99,7 @@ func (c *changes) Commit() error {
 				qerr = err
 			}
 		}
+		queueNotes(ctx, s.lib.on(p), c.notes, s.opts.MaxRunCalls)
 		for i := range c.audit {
 			p.XAdd(ctx, &redis.XAddArgs{Stream: keyAudit(c.audit[i].Tenant), MaxLen: int64(s.opts.AuditMaxRecords),
 				Approx: true, Values: auditValues(&c.audit[i])})
@@ -104,7 +107,7 @@ func (c *changes) Commit() error {
 		return nil
 	})
 	audit := c.audit
-	c.attempts, c.audit = nil, nil
+	c.attempts, c.notes, c.audit = nil, nil, nil
 	if qerr != nil {
 		return qerr
 	}

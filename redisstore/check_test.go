@@ -35,6 +35,12 @@ func TestCheck(t *testing.T) {
 	if _, err := s.SpendRetry(policy.SpendRequest{Tenant: "acme", RunID: "r1"}); err != nil {
 		t.Fatal(err)
 	}
+	if err := s.NoteCall("r1", "c1", policy.CallNote{Target: "pay", Attempt: 1, Time: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.ClaimKey(policy.KeyRef{Tenant: "acme", Key: "k"}, policy.KeyClaim{LeaseUntil: time.Now().Add(time.Minute), Expires: time.Now().Add(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
 	s.Close()
 	if err := redisstore.Check(ctx, c); err != nil {
 		t.Fatalf("Check of a store just written = %v, want nil", err)

@@ -342,7 +342,7 @@ func (s *Store) replay() {
 			return
 		}
 		// A batch the engine does not answer for goes back in the queue.
-		_, err := s.runOutcomes(make([]policy.OutcomeUpdate, q.n), map[string]*outcomeBatch{q.b.tenant: q.b})
+		_, err := s.runOutcomes(make([]policy.OutcomeUpdate, q.n), map[string]*outcomeBatch{q.b.tenant: q.b}, nil)
 		s.queue.done()
 		if err != nil {
 			s.log.Warn("redisstore: replayed outcome batch refused: dropped", "tenant", q.b.tenant, "err", err)

@@ -1,5 +1,6 @@
 // Package redisstore is policyd's Redis engine: fleet state (breakers,
-// cool-downs, tenant token buckets, run pools and ledgers) held in one
+// cool-downs, tenant token buckets, run pools, ledgers and call tables,
+// the idempotency ledger) held in one
 // Redis (7.x standalone, Sentinel or Cluster; Valkey too: only commands of
 // Debian's redis-server are used) that many stateless policyd replicas
 // share. The rules of that state live in package fleet as Go values; here
@@ -67,10 +68,24 @@
 //	{T}:events               stream  one entry per breaker transition or new cool-down of the tenant,
 //	                                 in order: target, state (the 11-number snapshot); MAXLEN ~ 100000
 //	{T}:bucket               hash    fleet.Bucket: tokens (%.17g), last, granted, refused, dry
-//	{T}:run:ID               hash    pool, cutoff, spent, tenant, description, created, and the ledger
-//	                                 counters (succeeded, failed_terminal, dl_exhausted, dl_budget,
-//	                                 dl_not_idempotent, dl_pushback, circuit_open, deadline_cut)
-//	{T}:runcalls:ID          hash    call id -> "disposition:stop/ledger field" of its final disposition
+//	{T}:run:ID               hash    pool, cutoff, spent, tenant, description, created, redrive_of (the
+//	                                 run it re-drives, "" for none), calls_untracked (calls beyond the
+//	                                 call table's cap), and the ledger counters (succeeded,
+//	                                 failed_terminal, dl_exhausted, dl_budget, dl_not_idempotent,
+//	                                 dl_pushback, dl_deadline, circuit_open, deadline_cut, and
+//	                                 deduplicated: of succeeded, those the idempotency ledger answered)
+//	{T}:runcalls:ID          hash    call id -> "disposition:stop/ledger field" of its final disposition,
+//	                                 "/dedup" after it for a deduplicated success
+//	{T}:calls:ID             hash    the run's call table (fleet.CallTable, at most Options.MaxRunCalls):
+//	                                 call id -> "1 disposition stop attempts first last" and the byte
+//	                                 lengths of target, classification, detail and triage reference,
+//	                                 a newline, then those four strings (times in µs, 0 for none)
+//	{T}:callids:ID           zset    the call table's ids, score 0, for listing in id order (BYLEX)
+//	{T}:idem:KEY             hash    fleet.KeyRecord of idempotency key KEY: state, lease (hex, "" for
+//	                                 none), lease_until, expires, result; the key expires then
+//	                                 (PEXPIREAT, rounded up to the ms); written like an admin write
+//	{T}:idemkeys             zset    the tenant's idempotency keys by expiry (score, µs): the live ones
+//	                                 count against Options.MaxKeysPerTenant
 //	{T}:applied              set     ids of the outcome batches applied (policyd_outcomes skips a
 //	                                 batch id it holds: a replay); expires 10 minutes after the last
 //	{policyd}:replicas       zset    replica id -> last heartbeat (Unix ms); the live ones divide
@@ -82,6 +97,10 @@
 //	                                 detail; trimmed to AuditMaxRecords (MAXLEN ~) and AuditRetention
 //	                                 (MINID ~) at each flush. A record's Seq is its entry id packed as
 //	                                 milliseconds << 20 | sequence.
+//
+// The call tables, the idempotency keys and the run hash's redrive_of,
+// calls_untracked, dl_deadline and deduplicated are new in schema version
+// 1, before its release.
 //
 // The library's name carries its version (policyd_v1): a layout change
 // bumps both the schema key and the library name, so replicas of two

@@ -21,6 +21,9 @@ var (
 	ErrInvalid error = &classErr{"redisstore: invalid argument", kindInvalid, policy.ErrInvalid}
 	// ErrTooManyBreakers: a new breaker past Options.MaxBreakersPerTenant.
 	ErrTooManyBreakers error = &classErr{"redisstore: too many breakers: over capacity", kindCapacity, policy.ErrCapacity}
+	// ErrTooManyKeys: a new idempotency record past
+	// Options.MaxKeysPerTenant live ones of its tenant.
+	ErrTooManyKeys error = &classErr{"redisstore: too many idempotency keys: over capacity", kindCapacity, policy.ErrCapacity}
 	// ErrClosed: every method after Close.
 	ErrClosed error = &classErr{"redisstore: store is closed", kindClosed, policy.ErrClosed}
 	// ErrUnavailable: Redis did not answer within Options.Timeout, or the

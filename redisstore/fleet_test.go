@@ -289,12 +289,16 @@ func TestRunLedgerMirrorsFleet(t *testing.T) {
 	v := fleet.NewRun(10, 0)
 	succeeded := fleet.Final{Disposition: policy.DispositionSucceeded}
 	budget := fleet.Final{Disposition: policy.DispositionDeadLetter, Stop: policy.StopBudgetExhausted}
+	deduplicated := fleet.Final{Disposition: policy.DispositionSucceeded, Deduplicated: true}
 	steps := []struct {
 		call string
 		f    fleet.Final
 	}{
 		{"a", succeeded}, {"a", succeeded}, {"b", budget}, {"b", succeeded}, {"a", budget},
 		{"d", fleet.Final{Disposition: policy.DispositionDeadLetter}},
+		{"e", fleet.Final{Disposition: policy.DispositionDeadLetter, Stop: policy.StopDeadline}},
+		{"f", deduplicated}, {"f", deduplicated}, {"f", succeeded},
+		{"g", deduplicated}, {"g", budget}, {"a", deduplicated},
 	}
 	for i, s := range steps {
 		got, err := finalCall(ctx, lib{c: c}, "acme", "r1", s.call, s.f)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/policyd/policyd/fleet"
 	"github.com/policyd/policyd/policy"
 )
 
@@ -212,7 +213,8 @@ func (l lib) fcall(ctx context.Context, fn string, keys []string, args ...any) (
 }
 
 // libraryErr classifies an error reply of function fn: NOTFOUND is
-// ErrNotFound, CAPACITY ErrTooManyBreakers, with the library's words.
+// ErrNotFound, CAPACITY ErrTooManyBreakers, KEYS_CAPACITY ErrTooManyKeys,
+// with the library's words; LEASE is fleet.ErrLease.
 func libraryErr(fn string, err error) error {
 	msg := err.Error()
 	switch {
@@ -220,6 +222,10 @@ func libraryErr(fn string, err error) error {
 		return fmt.Errorf("%w: %s", ErrNotFound, strings.TrimPrefix(msg, "NOTFOUND "))
 	case strings.HasPrefix(msg, "CAPACITY"):
 		return fmt.Errorf("%w: %s", ErrTooManyBreakers, strings.TrimPrefix(msg, "CAPACITY "))
+	case strings.HasPrefix(msg, "KEYS_CAPACITY"):
+		return fmt.Errorf("%w: %s", ErrTooManyKeys, strings.TrimPrefix(msg, "KEYS_CAPACITY "))
+	case strings.HasPrefix(msg, "LEASE"):
+		return fleet.ErrLease
 	}
 	return fmt.Errorf("redisstore: %s: %w", fn, err)
 }

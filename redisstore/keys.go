@@ -41,6 +41,10 @@ func keyAttempt(tenant, call string) string   { return tag(tenant) + ":attempt:"
 func keyRun(tenant, id string) string         { return tag(tenant) + ":run:" + id }
 func keyRunCalls(tenant, id string) string    { return tag(tenant) + ":runcalls:" + id }
 func keyApplied(tenant string) string         { return tag(tenant) + ":applied" }
+func keyCallTable(tenant, id string) string   { return tag(tenant) + ":calls:" + id }
+func keyCallIDs(tenant, id string) string     { return tag(tenant) + ":callids:" + id }
+func keyIdem(tenant, key string) string       { return tag(tenant) + ":idem:" + key }
+func keyIdemIndex(tenant string) string       { return tag(tenant) + ":idemkeys" }
 
 // tenantOfEvents returns the tenant whose events stream key is.
 func tenantOfEvents(key string) (string, bool) {

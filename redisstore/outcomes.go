@@ -136,7 +136,7 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 		if u.Result != 0 {
 			cond = resultNo[i]
 		}
-		batch(runTenant[i]).addFinal(i, u.RunID, cond, u.CallID, fleet.Final{Disposition: u.Final, Stop: u.Stop})
+		batch(runTenant[i]).addFinal(i, u.RunID, cond, u.CallID, fleet.Final{Disposition: u.Final, Stop: u.Stop, Deduplicated: u.Deduplicated})
 	}
 	if firstErr == nil {
 		for tenant, n := range deposits {
@@ -145,7 +145,13 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 			}
 		}
 	}
-	if n, err := s.runOutcomes(ups, batches); err != nil {
+	// A note whose update's result cannot be refused (no permit) goes in
+	// the outcomes' pipeline; the others once their refusal is known.
+	early, err := s.outcomeNotes(ups[:limit], func(u *policy.OutcomeUpdate) bool { return u.Result == 0 || u.PermitID == "" })
+	if err != nil {
+		return 0, err
+	}
+	if n, err := s.runOutcomes(ups, batches, early); err != nil {
 		return min(n, limit), err
 	}
 	if len(crossTenant) > 0 {
@@ -159,10 +165,21 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 				b = &outcomeBatch{id: newPermitID().String(), tenant: runTenant[i], byKey: map[policy.BreakerKey]*outcomeGroup{}, runIndex: map[string]int{}}
 				second[runTenant[i]] = b
 			}
-			b.addFinal(i, ups[i].RunID, 0, ups[i].CallID, fleet.Final{Disposition: ups[i].Final, Stop: ups[i].Stop})
+			b.addFinal(i, ups[i].RunID, 0, ups[i].CallID, fleet.Final{Disposition: ups[i].Final, Stop: ups[i].Stop, Deduplicated: ups[i].Deduplicated})
 		}
-		if n, err := s.runOutcomes(ups, second); err != nil {
+		if n, err := s.runOutcomes(ups, second, nil); err != nil {
 			return min(n, limit), err
+		}
+	}
+	late, err := s.outcomeNotes(ups[:limit], func(u *policy.OutcomeUpdate) bool {
+		return u.Result != 0 && u.PermitID != "" && u.Refused == nil
+	})
+	if err != nil {
+		return limit, err
+	}
+	if len(late) > 0 {
+		if _, err := s.runOutcomes(ups, nil, late); err != nil {
+			return limit, err
 		}
 	}
 	var trail []policy.AuditRecord
@@ -183,13 +200,14 @@ func (b *outcomeBatch) addFinal(update int, run string, cond int, call string, f
 	b.finals = append(b.finals, outcomeFinal{update: update, run: ri, cond: cond, call: call, f: f})
 }
 
-// runOutcomes sends every batch's policyd_outcomes call in one pipeline
-// and applies the replies to ups and the cache. On failure it returns the
-// lowest update index of a failed call. A batch the engine does not answer
-// for (ErrUnavailable) is queued for replay, not a failure: its updates'
-// permits are not checked (Refused stays nil).
-func (s *Store) runOutcomes(ups []policy.OutcomeUpdate, batches map[string]*outcomeBatch) (int, error) {
-	if len(batches) == 0 {
+// runOutcomes sends every batch's policyd_outcomes call and the call
+// notes in one pipeline and applies the replies to ups and the cache. On
+// failure it returns the lowest update index of a failed call; a note of
+// a run gone since is dropped. A batch the engine does not answer for
+// (ErrUnavailable) is queued for replay, not a failure: its updates'
+// permits are not checked (Refused stays nil), and its notes are lost.
+func (s *Store) runOutcomes(ups []policy.OutcomeUpdate, batches map[string]*outcomeBatch, notes []pendingNote) (int, error) {
+	if len(batches) == 0 && len(notes) == 0 {
 		return len(ups), nil
 	}
 	if !s.health.up() {
@@ -211,12 +229,13 @@ func (s *Store) runOutcomes(ups []policy.OutcomeUpdate, batches map[string]*outc
 	ctx, cancel := s.call()
 	defer cancel()
 	cmds := make([]*redis.Cmd, len(tenants))
-	_, _ = s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+	all, _ := s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, t := range tenants {
 			bg, _ := s.budgetOf(t)
 			keys, args := batches[t].call(&bg, s.opts.MaxBreakersPerTenant)
 			cmds[i] = s.lib.on(p).run(ctx, "policyd_outcomes", keys, args...)
 		}
+		queueNotes(ctx, s.lib.on(p), notes, s.opts.MaxRunCalls)
 		return nil
 	})
 	failed := len(ups)
@@ -232,6 +251,11 @@ func (s *Store) runOutcomes(ups []policy.OutcomeUpdate, batches map[string]*outc
 			if firstErr == nil || lo < failed {
 				failed, firstErr = lo, err
 			}
+		}
+	}
+	for _, cmd := range all[min(len(tenants), len(all)):] {
+		if err := cmd.Err(); err != nil && !redisNotFound(err) && firstErr == nil {
+			failed, firstErr = len(ups), fmt.Errorf("redisstore: note calls: %w", err)
 		}
 	}
 	return failed, firstErr
@@ -265,7 +289,7 @@ func (b *outcomeBatch) call(bg *policy.TenantBudget, maxBreakers int) ([]string,
 	args = append(args, len(b.finals))
 	for _, f := range b.finals {
 		field := ledgerField(f.f)
-		args = append(args, f.run, f.cond, f.call, field, fmt.Sprintf("%d:%d/%s", f.f.Disposition, f.f.Stop, field))
+		args = append(args, f.run, f.cond, f.call, field, finalValue(f.f, field))
 	}
 	args = append(args, b.id)
 	return keys, args
@@ -333,4 +357,26 @@ func (b *outcomeBatch) lowest(n int) int {
 func refusal(err error) bool {
 	var r *fleet.Refusal
 	return errors.As(err, &r)
+}
+
+// outcomeNotes returns the pending notes of the updates of ups that
+// which selects and that carry a note of a run; a note of an unknown run
+// is dropped, as breakerstore drops it.
+func (s *Store) outcomeNotes(ups []policy.OutcomeUpdate, which func(*policy.OutcomeUpdate) bool) ([]pendingNote, error) {
+	var notes []pendingNote
+	for i := range ups {
+		u := &ups[i]
+		if u.RunID == "" || u.CallID == "" || u.Note == (policy.CallNote{}) || !which(u) {
+			continue
+		}
+		p, err := s.pendingNote(u.RunID, u.CallID, u.Note)
+		switch {
+		case errors.Is(err, ErrNotFound):
+			continue
+		case err != nil:
+			return nil, err
+		}
+		notes = append(notes, p)
+	}
+	return notes, nil
 }

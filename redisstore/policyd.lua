@@ -491,13 +491,16 @@ end
 -- final disposition of a call id wins. It returns 1 when the ledger
 -- changed, 0 for the same report again, the value in force
 -- ("disposition:stop/slot") for a different one, which changes nothing,
--- and nil for a run that does not exist.
+-- and nil for a run that does not exist. A value ending in /dedup (a
+-- success the idempotency ledger answered) counts in deduplicated too, as
+-- fleet.Run.count does.
 local function record_final(run, calls, call, field, value)
   if redis.call('EXISTS', run) == 0 then return nil end
   local prev = redis.call('HGET', calls, call)
   if prev == value then return 0 end
   if prev then return prev end
   redis.call('HINCRBY', run, field, 1)
+  if string.sub(value, -6) == '/dedup' then redis.call('HINCRBY', run, 'deduplicated', 1) end
   redis.call('HSET', calls, call, value)
   return 1
 end
@@ -625,6 +628,185 @@ local function read(keys, _, now)
   return {int(now), snapshot(load(keys[1], now), now)}
 end
 
+-- The idempotency ledger: fleet.KeyRecord in a hash per key (state,
+-- lease, lease_until, expires, result), expiring with the record
+-- (PEXPIREAT, rounded up to the millisecond), and the tenant's live keys
+-- in a sorted set by expiry, for the per-tenant cap. States are policy's:
+-- 1 NEW 2 IN_FLIGHT 3 SUCCEEDED 4 UNKNOWN; outcomes 1 SUCCEEDED 2 FAILED
+-- 3 UNKNOWN. A lease id is drawn by the caller (crypto/rand); '' is none.
+local KEY_NEW, KEY_IN_FLIGHT, KEY_SUCCEEDED, KEY_UNKNOWN = 1, 2, 3, 4
+
+-- key_load reads an idempotency record, nil when there is none.
+local function key_load(key)
+  local h = redis.call('HMGET', key, 'state', 'lease', 'lease_until', 'expires', 'result')
+  if not h[1] then return nil end
+  return {state = tonumber(h[1]), lease = h[2] or '', lease_until = tonumber(h[3]),
+    expires = tonumber(h[4]), result = h[5] or ''}
+end
+
+-- key_store writes r to key, its expiry, and its place in the index.
+local function key_store(key, index, member, r)
+  redis.call('HSET', key, 'state', int(r.state), 'lease', r.lease, 'lease_until', int(r.lease_until),
+    'expires', int(r.expires), 'result', r.result)
+  redis.call('PEXPIREAT', key, int(idiv(r.expires + 999, 1000)))
+  redis.call('ZADD', index, int(r.expires), member)
+end
+
+-- key_claim is fleet.KeyRecord.Claim at the server's time; a record new
+-- to the tenant (none, or one expired) beyond cap live ones (cap 0: no
+-- cap) is an error KEYS_CAPACITY, once the expired ones left the index.
+-- KEYS: record, the tenant's index. ARGV: idempotency key, lease id,
+-- lease end, expiry (Unix µs), dedupes (0 or 1), cap.
+-- Returns {now, state, lease id ('' unless the claim took it), lease end,
+-- result reference, retry after (µs), reason}.
+local function key_claim(keys, args, now)
+  local lease, untl, expires, cap = args[2], tonumber(args[3]), tonumber(args[4]), tonumber(args[6])
+  local r = key_load(keys[1])
+  local function take(st, reason)
+    local exp = expires
+    if r then exp = math.max(expires, r.expires) end
+    key_store(keys[1], keys[2], args[1], {state = KEY_IN_FLIGHT, lease = lease, lease_until = untl, expires = exp, result = ''})
+    return {int(now), st, lease, int(untl), '', 0, reason}
+  end
+  if not r or now >= r.expires then
+    redis.call('ZREMRANGEBYSCORE', keys[2], '-inf', int(now))
+    local n = redis.call('ZCARD', keys[2])
+    if cap > 0 and n >= cap then
+      error({err = 'KEYS_CAPACITY tenant has ' .. int(n) .. ' idempotency keys (cap ' .. int(cap) .. ')'})
+    end
+    r = nil
+    return take(KEY_NEW, 'idempotency:new')
+  end
+  if r.state == KEY_NEW then
+    return take(KEY_NEW, 'idempotency:new')
+  elseif r.state == KEY_SUCCEEDED then
+    return {int(now), KEY_SUCCEEDED, '', 0, r.result, 0, 'idempotency:succeeded'}
+  elseif r.state == KEY_IN_FLIGHT and now < r.lease_until then
+    return {int(now), KEY_IN_FLIGHT, '', 0, '', int(r.lease_until - now), 'idempotency:in_flight'}
+  elseif args[5] == '1' then
+    return take(KEY_UNKNOWN, 'idempotency:unknown_retry')
+  end
+  if r.state ~= KEY_UNKNOWN or r.lease ~= '' then
+    r.state, r.lease, r.lease_until = KEY_UNKNOWN, '', 0
+    key_store(keys[1], keys[2], args[1], r)
+  end
+  return {int(now), KEY_UNKNOWN, '', 0, '', 0, 'idempotency:unknown'}
+end
+
+-- key_view is a record as the engine reports it: {now, state, lease end,
+-- expiry, result reference}.
+local function key_view(now, r)
+  return {int(now), r.state, int(r.lease_until), int(r.expires), r.result}
+end
+
+-- key_complete is fleet.KeyRecord.Complete at the server's time: an
+-- unknown or expired record is an error NOTFOUND, a lease not the
+-- record's current one an error LEASE.
+-- KEYS: record, the tenant's index. ARGV: idempotency key, lease id,
+-- outcome, result reference, expiry (Unix µs, 0 for none).
+-- Returns the record's view (key_view).
+local function key_complete(keys, args, now)
+  local r = key_load(keys[1])
+  if not r or now >= r.expires then return redis.error_reply('NOTFOUND idempotency key') end
+  local lease, o = args[2], tonumber(args[3])
+  if r.state ~= KEY_IN_FLIGHT or r.lease ~= lease or lease == '' then
+    return redis.error_reply('LEASE not the current lease')
+  end
+  if o == 1 then
+    r.state, r.result = KEY_SUCCEEDED, args[4]
+  elseif o == 2 then
+    r.state = KEY_NEW
+  else
+    r.state = KEY_UNKNOWN
+  end
+  r.lease, r.lease_until, r.expires = '', 0, math.max(r.expires, tonumber(args[5]))
+  key_store(keys[1], keys[2], args[1], r)
+  return key_view(now, r)
+end
+
+-- key_read returns a record's view at the server's time without changing
+-- it, or an error NOTFOUND for none or an expired one. KEYS: record.
+local function key_read(keys, _, now)
+  local r = key_load(keys[1])
+  if not r or now >= r.expires then return redis.error_reply('NOTFOUND idempotency key') end
+  return key_view(now, r)
+end
+
+-- A run's call table (fleet.CallTable): one hash per run of call id ->
+-- record, "1 disposition stop attempts first last" and the lengths of
+-- target, classification, detail and triage reference, a newline, then
+-- those four strings; a sorted set of the call ids (score 0) for listing
+-- in id order; the run hash's calls_untracked counts the calls beyond the
+-- cap.
+
+local function call_decode(v)
+  local nl = string.find(v, '\n', 1, true)
+  local h = {}
+  for n in string.gmatch(string.sub(v, 1, nl - 1), '%d+') do h[#h + 1] = tonumber(n) end
+  local s, at = {}, nl + 1
+  for i = 7, 10 do
+    s[#s + 1] = string.sub(v, at, at + h[i] - 1)
+    at = at + h[i]
+  end
+  return {disposition = h[2], stop = h[3], attempts = h[4], first = h[5], last = h[6],
+    target = s[1], class = s[2], detail = s[3], triage = s[4]}
+end
+
+local function call_encode(c)
+  return '1 ' .. int(c.disposition) .. ' ' .. int(c.stop) .. ' ' .. int(c.attempts) .. ' ' .. int(c.first) ..
+    ' ' .. int(c.last) .. ' ' .. int(#c.target) .. ' ' .. int(#c.class) .. ' ' .. int(#c.detail) .. ' ' ..
+    int(#c.triage) .. '\n' .. c.target .. c.class .. c.detail .. c.triage
+end
+
+-- call_apply is fleet.CallRecord.Note: the attempt count never goes back;
+-- first and last only widen; the classification follows the highest
+-- attempt, the detail the latest note of the highest attempt or a final
+-- disposition; a final disposition replaces the one kept; a non-empty
+-- target or triage reference replaces the one kept. n.time 0 is none.
+local function call_apply(c, n)
+  local current = n.attempt >= c.attempts
+  if n.attempt > c.attempts then c.attempts = n.attempt end
+  if n.time ~= 0 then
+    if c.first == 0 or n.time < c.first then c.first = n.time end
+    c.last = math.max(c.last, n.time)
+  end
+  if current and n.class ~= '' then c.class = n.class end
+  local final = n.disposition ~= 0
+  if (current or final) and n.detail ~= '' then c.detail = n.detail end
+  if final then c.disposition, c.stop = n.disposition, n.stop end
+  if n.target ~= '' then c.target = n.target end
+  if n.triage ~= '' then c.triage = n.triage end
+end
+
+-- note_call is fleet.CallTable.Note: a new call beyond cap is counted in
+-- the run's calls_untracked, not kept.
+-- KEYS: run, its call table, its call ids. ARGV: call id, cap, target,
+-- triage reference, attempt, classification, detail, disposition, stop,
+-- time (Unix µs, 0 for none).
+-- Returns 1 when the table changed, else 0, or an error NOTFOUND.
+local function note_call(keys, args)
+  if redis.call('EXISTS', keys[1]) == 0 then return redis.error_reply('NOTFOUND run') end
+  local call = args[1]
+  local prev = redis.call('HGET', keys[2], call)
+  local c
+  if prev then
+    c = call_decode(prev)
+  else
+    if redis.call('HLEN', keys[2]) >= tonumber(args[2]) then
+      redis.call('HINCRBY', keys[1], 'calls_untracked', 1)
+      return 0
+    end
+    c = {disposition = 0, stop = 0, attempts = 0, first = 0, last = 0, target = '', class = '', detail = '', triage = ''}
+  end
+  call_apply(c, {target = args[3], triage = args[4], attempt = tonumber(args[5]), class = args[6],
+    detail = args[7], disposition = tonumber(args[8]), stop = tonumber(args[9]), time = tonumber(args[10])})
+  local v = call_encode(c)
+  if v == prev then return 0 end
+  redis.call('HSET', keys[2], call, v)
+  if not prev then redis.call('ZADD', keys[3], 0, call) end
+  return 1
+end
+
 -- register registers fn as a function of the library: every function's
 -- first argument is the caller's clock ('' or Unix µs, see clock_us), taken
 -- off before fn sees the rest, so no function can decide at another time
@@ -646,3 +828,7 @@ register('policyd_deposit', deposit)
 register('policyd_final', final)
 register('policyd_outcomes', outcomes)
 register('policyd_attempt', attempt)
+register('policyd_key_claim', key_claim)
+register('policyd_key_complete', key_complete)
+register('policyd_key_read', key_read, {'no-writes'})
+register('policyd_note_call', note_call)

@@ -170,8 +170,20 @@ func TestWaitReplicas(t *testing.T) {
 	if _, err := patient.SetBudget(policy.TenantBudget{Tenant: "acme", Capacity: 10}); err != nil {
 		t.Errorf("SetBudget with a replica up = %v, want nil", err)
 	}
+	ref := policy.KeyRef{Tenant: "acme", Key: "doc-1"}
+	claim := policy.KeyClaim{LeaseUntil: time.Now().Add(time.Minute), Expires: time.Now().Add(time.Hour)}
+	a, err := patient.ClaimKey(ref, claim)
+	if err != nil {
+		t.Fatalf("ClaimKey with a replica up = %v, want nil", err)
+	}
+	if l, err := rc.HGet(context.Background(), "{=acme}:idem:doc-1", "lease").Result(); err != nil || l != a.LeaseID {
+		t.Errorf("the replica has lease %q (%v) once ClaimKey returned, want %q", l, err, a.LeaseID)
+	}
 	replica.Kill()
-	_, err := hasty.SetPolicy("acme", "pay", policy.Default())
+	if _, err := hasty.CompleteKey(ref, a.LeaseID, policy.KeyOutcomeSucceeded, "r", time.Time{}); !errors.Is(err, redisstore.ErrNotReplicated) {
+		t.Errorf("CompleteKey with the replica gone = %v, want ErrNotReplicated", err)
+	}
+	_, err = hasty.SetPolicy("acme", "pay", policy.Default())
 	if !errors.Is(err, redisstore.ErrNotReplicated) || !strings.Contains(err.Error(), "acknowledged by 0 of 1 replicas") {
 		t.Errorf("SetPolicy with the replica gone = %v, want ErrNotReplicated, 0 of 1", err)
 	}

@@ -21,7 +21,9 @@ const maxDescriptionLen = 4096
 
 // OpenRun creates a batch run (an id is drawn when r.ID is empty): a retry
 // pool of r.Pool retries its calls share until r.Cutoff. The id is unique
-// across the fleet ({policyd}:runs), ErrExists otherwise.
+// across the fleet ({policyd}:runs), ErrExists otherwise. r.RedriveOf, when
+// set, must be a run of the same tenant (ErrNotFound otherwise, the same
+// answer for another tenant's) and is kept with the run.
 func (s *Store) OpenRun(r policy.Run) (policy.Run, error) {
 	if err := s.check(); err != nil {
 		return policy.Run{}, err
@@ -46,8 +48,17 @@ func (s *Store) OpenRun(r policy.Run) (policy.Run, error) {
 	case !r.Cutoff.After(now):
 		return policy.Run{}, invalid("cutoff_time", "must be in the future")
 	}
+	if r.RedriveOf != "" {
+		if t, err := s.runTenant(r.RedriveOf); err != nil || t != r.Tenant {
+			if err != nil && !errors.Is(err, ErrNotFound) {
+				return policy.Run{}, err
+			}
+			return policy.Run{}, fmt.Errorf("%w: run %q", ErrNotFound, r.RedriveOf)
+		}
+	}
 	r = policy.Run{ID: strings.Clone(r.ID), Tenant: strings.Clone(r.Tenant), Description: strings.Clone(r.Description),
-		Pool: r.Pool, Cutoff: r.Cutoff.Truncate(time.Microsecond), Created: now.Truncate(time.Microsecond)}
+		Pool: r.Pool, Cutoff: r.Cutoff.Truncate(time.Microsecond), Created: now.Truncate(time.Microsecond),
+		RedriveOf: strings.Clone(r.RedriveOf)}
 	ctx, cancel := s.adminCtx()
 	defer cancel()
 	ok, err := s.c.HSetNX(ctx, keyRuns, r.ID, r.Tenant).Result()
@@ -59,7 +70,7 @@ func (s *Store) OpenRun(r policy.Run) (policy.Run, error) {
 	}
 	if err := s.durably(ctx, keyRun(r.Tenant, r.ID), func(c redis.Cmdable) error {
 		return c.HSet(ctx, keyRun(r.Tenant, r.ID), "pool", r.Pool, "cutoff", r.Cutoff.UnixMicro(), "spent", 0,
-			"tenant", r.Tenant, "description", r.Description, "created", r.Created.UnixMicro()).Err()
+			"tenant", r.Tenant, "description", r.Description, "created", r.Created.UnixMicro(), "redrive_of", r.RedriveOf).Err()
 	}); err != nil {
 		return policy.Run{}, fmt.Errorf("redisstore: write run %q: %w", r.ID, err)
 	}
@@ -110,7 +121,7 @@ func (s *Store) Run(id string) (policy.Run, error) {
 	}
 	num := func(f string) int64 { n, _ := toInt(h[f]); return n }
 	r := policy.Run{ID: id, Tenant: tenant, Description: h["description"], Pool: uint64(num("pool")),
-		Spent: uint64(num("spent")), Cutoff: fromUS(num("cutoff")), Created: fromUS(num("created"))}
+		Spent: uint64(num("spent")), Cutoff: fromUS(num("cutoff")), Created: fromUS(num("created")), RedriveOf: h["redrive_of"]}
 	for i, p := range ledgerCounters(&r.Ledger) {
 		*p = uint64(num(ledgerFields[i]))
 	}

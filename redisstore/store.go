@@ -58,8 +58,14 @@ type Options struct {
 	// tenant of target-scoped breakers counts as one); a new one past it
 	// is ErrTooManyBreakers. Default 10000, as breakerstore's.
 	MaxBreakersPerTenant int
+	// MaxRunCalls caps the calls of one run's call table; a new call past
+	// it is counted, not kept. Default DefaultMaxRunCalls.
+	MaxRunCalls int
+	// MaxKeysPerTenant caps the live idempotency records of one tenant; a
+	// new one past it is ErrTooManyKeys. Default DefaultMaxKeysPerTenant.
+	MaxKeysPerTenant int
 	// WaitReplicas, when > 0, makes every admin write (policies, budgets,
-	// runs, breaker resets and forces) wait (WAIT) until that many
+	// runs, breaker resets and forces, idempotency claims and completions) wait (WAIT) until that many
 	// replicas of its primary have it, for at most WaitTimeout (default
 	// 1s): a Sentinel or Cluster failover then cannot lose it. Replication
 	// stays asynchronous for everything else.
@@ -161,6 +167,12 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	}
 	if opts.MaxBreakersPerTenant <= 0 {
 		opts.MaxBreakersPerTenant = 10000
+	}
+	if opts.MaxRunCalls <= 0 {
+		opts.MaxRunCalls = DefaultMaxRunCalls
+	}
+	if opts.MaxKeysPerTenant <= 0 {
+		opts.MaxKeysPerTenant = DefaultMaxKeysPerTenant
 	}
 	if opts.WaitTimeout <= 0 {
 		opts.WaitTimeout = time.Second

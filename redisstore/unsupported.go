@@ -1,15 +1,10 @@
 package redisstore
 
-import (
-	"time"
+import "github.com/policyd/policyd/policy"
 
-	"github.com/policyd/policyd/policy"
-)
-
-// unsupported is what this engine does not hold yet: the per-run call
-// tables (ListRunCalls), the idempotency ledger (ClaimKey, CompleteKey,
-// GetKey) and the fleet-wide ceilings (leases and rate accounts; SetPolicy
-// refuses a policy with one) live on the bbolt engine only in this version. The server
+// unsupported is what this engine does not hold yet: the fleet-wide
+// ceilings (leases and rate accounts; SetPolicy refuses a policy with one)
+// live on the bbolt engine only in this version. The server
 // answers UNIMPLEMENTED, naming what is missing, rather than pretending.
 type unsupported string
 
@@ -20,34 +15,6 @@ func (u unsupported) Error() string {
 
 // Unsupported reports that the engine does not offer the operation.
 func (unsupported) Unsupported() bool { return true }
-
-// NoteCall keeps nothing: the Redis engine has no per-run call table yet,
-// so ListRunCalls answers UNIMPLEMENTED while the run's ledger still counts
-// every final disposition.
-func (s *Store) NoteCall(runID, callID string, n policy.CallNote) error { return nil }
-
-// NoteCall is Store.NoteCall.
-func (c *changes) NoteCall(runID, callID string, n policy.CallNote) error { return nil }
-
-// RunCalls is not supported on this engine yet.
-func (s *Store) RunCalls(runID string, f policy.RunCallFilter, after string, limit int) ([]policy.RunCall, uint64, error) {
-	return nil, 0, unsupported("listing a run's calls")
-}
-
-// ClaimKey is not supported on this engine yet.
-func (s *Store) ClaimKey(ref policy.KeyRef, c policy.KeyClaim) (policy.KeyAnswer, error) {
-	return policy.KeyAnswer{}, unsupported("the idempotency ledger")
-}
-
-// CompleteKey is not supported on this engine yet.
-func (s *Store) CompleteKey(ref policy.KeyRef, lease string, o policy.KeyOutcome, result string, expires time.Time) (policy.KeyRecordView, error) {
-	return policy.KeyRecordView{}, unsupported("the idempotency ledger")
-}
-
-// Key is not supported on this engine yet.
-func (s *Store) Key(ref policy.KeyRef) (policy.KeyRecordView, error) {
-	return policy.KeyRecordView{}, unsupported("the idempotency ledger")
-}
 
 // AdmitFlow is Admit for a policy without ceilings, the only kind SetPolicy
 // stores on this engine; lim with a ceiling is not supported yet.
