@@ -153,13 +153,15 @@ type Client struct {
 
 // Dial connects to policyd at addr and returns a Client that owns the
 // connection: over TLS when cfg.TLS is set, else plaintext (policyd's
-// loopback default), sending cfg.Token when set. opts are added last.
+// loopback default), sending cfg.Token when set, with ServiceConfig (so
+// "dns:///name:port" spreads calls over every replica the name resolves to;
+// DialReplicas takes a list). opts are added last.
 func Dial(addr string, cfg Config, opts ...grpc.DialOption) (*Client, error) {
 	transport := insecure.NewCredentials()
 	if cfg.TLS != nil {
 		transport = credentials.NewTLS(cfg.TLS)
 	}
-	base := []grpc.DialOption{grpc.WithTransportCredentials(transport)}
+	base := []grpc.DialOption{grpc.WithTransportCredentials(transport), grpc.WithDefaultServiceConfig(ServiceConfig)}
 	if cfg.Token != "" {
 		base = append(base, grpc.WithPerRPCCredentials(BearerToken(cfg.Token)))
 	}

@@ -23,6 +23,7 @@ its own that imports its library only when imported (extras ``[httpx]``,
 """
 
 from ._core import Options, Settings, current_attempt
+from ._dial import SERVICE_CONFIG
 from ._model import (
     Attempt,
     BreakerState,
@@ -51,6 +52,7 @@ from .fallback import classify_local, parse_hints, parse_retry_after
 from .key import idempotency_key
 
 __all__ = [
+    "SERVICE_CONFIG",
     "AsyncClient",
     "Attempt",
     "BreakerState",

@@ -17,6 +17,7 @@ from retrypolicy.v1 import retry_policy_service_pb2 as rpb
 from retrypolicy.v1 import retry_policy_service_pb2_grpc as rpb_grpc
 
 from . import _loop
+from ._dial import Address, channel_options, target
 from ._core import (
     _CURRENT,
     Core,
@@ -134,7 +135,7 @@ class AsyncClient:
 
     def __init__(
         self,
-        address: Optional[str] = None,
+        address: Optional[Address] = None,
         *,
         tenant: str,
         channel: Optional[grpc.aio.Channel] = None,
@@ -155,7 +156,7 @@ class AsyncClient:
         self._now = self._core.now
         self._sleep: AsyncSleep = sleep or asyncio.sleep
         self._reconnect_sleep: AsyncSleep = reconnect_sleep or asyncio.sleep
-        self._address = address
+        self._address = None if address is None else target(address)  # a bad list fails here
         self._owned = channel is None
         self._credentials = credentials
         self._md = bearer(token)
@@ -202,18 +203,18 @@ class AsyncClient:
             if not self._owned:
                 raise RuntimeError(_FORKED_AIO)
             if self._credentials is not None:
-                self._channel = grpc.secure_channel(self._address, self._credentials)  # type: ignore[arg-type]
+                self._channel = grpc.secure_channel(self._address, self._credentials, options=channel_options())  # type: ignore[arg-type]
             else:
-                self._channel = grpc.insecure_channel(self._address)  # type: ignore[arg-type]
+                self._channel = grpc.insecure_channel(self._address, options=channel_options())  # type: ignore[arg-type]
             stub = _ThreadedStub(self._channel)
         else:
             global _aio_used
             _aio_used = True
             if self._channel is None:
                 if self._credentials is not None:
-                    self._channel = grpc.aio.secure_channel(self._address, self._credentials)  # type: ignore[arg-type]
+                    self._channel = grpc.aio.secure_channel(self._address, self._credentials, options=channel_options())  # type: ignore[arg-type]
                 else:
-                    self._channel = grpc.aio.insecure_channel(self._address)  # type: ignore[arg-type]
+                    self._channel = grpc.aio.insecure_channel(self._address, options=channel_options())  # type: ignore[arg-type]
             stub = rpb_grpc.RetryPolicyServiceStub(self._channel)
         self._started = True
         self._changed = asyncio.Event()

@@ -16,6 +16,7 @@ from retrypolicy.v1 import retry_policy_service_pb2 as rpb
 from retrypolicy.v1 import retry_policy_service_pb2_grpc as rpb_grpc
 
 from . import _loop
+from ._dial import Address, channel_options, target
 from ._core import (
     _CURRENT,
     Core,
@@ -58,10 +59,13 @@ class Client:
     outcomes it still holds. Safe to make before ``os.fork()``: it dials
     policyd on first use, in each process that uses it.
 
-    Give either ``address`` (``host:port``; the client dials it and owns the
-    channel: plaintext, policyd's loopback default, or TLS with
-    ``credentials``, e.g. ``grpc.ssl_channel_credentials(...)``) or
-    ``channel`` (which the caller keeps owning). ``token`` is the tenant's
+    Give either ``address`` (``host:port``; a list of replicas'
+    ``ip:port``, or ``dns:///name:port`` for replicas behind one name, over
+    which calls are spread as :data:`policyd_client.SERVICE_CONFIG` says; the
+    client dials it and owns the channel: plaintext, policyd's loopback
+    default, or TLS with ``credentials``, e.g.
+    ``grpc.ssl_channel_credentials(...)``) or ``channel`` (which the caller
+    keeps owning). ``token`` is the tenant's
     worker token, when policyd requires one: it is sent with every RPC as
     ``authorization: Bearer <token>``. The keyword ``options``
     (``decision_timeout``, ``attempt_timeout``, ``retry_unreachable_after``,
@@ -81,7 +85,7 @@ class Client:
 
     def __init__(
         self,
-        address: Optional[str] = None,
+        address: Optional[Address] = None,
         *,
         tenant: str,
         channel: Optional[grpc.Channel] = None,
@@ -102,7 +106,7 @@ class Client:
         self._now = self._core.now
         self._sleep: SyncSleep = sleep or _sleep
         self._reconnect_sleep: SyncSleep = reconnect_sleep or _sleep
-        self._address = address
+        self._address = None if address is None else target(address)  # a bad list fails here
         self._credentials = credentials
         self._owned = channel is None
         self._md = bearer(token)
@@ -138,9 +142,9 @@ class Client:
             if self._reporter is None:
                 if self._channel is None:
                     if self._credentials is not None:
-                        self._channel = grpc.secure_channel(self._address, self._credentials)  # type: ignore[arg-type]
+                        self._channel = grpc.secure_channel(self._address, self._credentials, options=channel_options())  # type: ignore[arg-type]
                     else:
-                        self._channel = grpc.insecure_channel(self._address)  # type: ignore[arg-type]
+                        self._channel = grpc.insecure_channel(self._address, options=channel_options())  # type: ignore[arg-type]
                 self._stub = rpb_grpc.RetryPolicyServiceStub(self._channel)
                 reporter = _Reporter(self._stub, self._core, self._md)
                 self._threads = [threading.Thread(target=reporter.run, name="policyd-outcomes", daemon=True)]
