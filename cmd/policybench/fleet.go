@@ -36,6 +36,9 @@ type replicaFleet struct {
 // startFleet starts Redis in dir and n replicas of bin on it.
 func startFleet(ctx context.Context, dir, bin string, n int, storeTimeout time.Duration) (*replicaFleet, error) {
 	f := &replicaFleet{dir: dir, bin: bin, storeTimeout: storeTimeout, tokenFile: filepath.Join(dir, "admin-token")}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
 	raw := make([]byte, 16)
 	_, _ = rand.Read(raw)
 	f.token = hex.EncodeToString(raw)

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
@@ -122,7 +123,8 @@ func runReplicaSweep(ctx context.Context, cfg replicaSweepConfig, out, log io.Wr
 	fmt.Fprintln(log, "replicas-sweep: transition propagation")
 	prop, err := measurePropagation(ctx, fl, cfg.Transitions)
 	if err != nil {
-		return fmt.Errorf("propagation: %w", err)
+		fmt.Fprintf(out, "propagation not measured: %v\n", err)
+		prop = &propagation{FromAck: new(hist), FromSend: new(hist)}
 	}
 	printFleetSweep(out, cfg, one, three, prop)
 	return nil
@@ -211,13 +213,16 @@ type propagation struct {
 	Samples           int
 	FromAck, FromSend *hist // measured from the RPC's answer, and from its sending
 	Missed            int   // transitions a subscriber did not receive within 2s
+	NoSnapshot        int   // subscribers that had no snapshot_complete within 10s
 }
 
 // measurePropagation forces a breaker OPEN and CLOSED n times in turn
 // through replica 0 and times each transition's arrival at subscribers
 // on replicas 1 and 2.
 func measurePropagation(ctx context.Context, fl *replicaFleet, n int) (*propagation, error) {
-	const tenant, target = "prop", "p-target"
+	// A tenant of its own, quiet but for these transitions (a benchmark
+	// tenant's cycling breakers fill a subscriber's queue).
+	const tenant, target = "prop", "propagation"
 	aconn, err := dial(fl.reps[0].addr, fl.token)
 	if err != nil {
 		return nil, err
@@ -235,6 +240,8 @@ func measurePropagation(ctx context.Context, fl *replicaFleet, n int) (*propagat
 	}
 	sctx, stop := context.WithCancel(ctx)
 	defer stop()
+	p := &propagation{FromAck: new(hist), FromSend: new(hist)}
+	var streamErr atomic.Value
 	var subs []chan arrival
 	for _, d := range fl.reps[1:] {
 		conn, err := dial(d.addr, "")
@@ -242,6 +249,12 @@ func measurePropagation(ctx context.Context, fl *replicaFleet, n int) (*propagat
 			return nil, err
 		}
 		defer conn.Close()
+		// The replica uses the tenant before the subscription, so it
+		// follows the tenant's events.
+		if _, err := pb.NewRetryPolicyServiceClient(conn).Admit(ctx, &pb.AdmitRequest{
+			Call: &pb.CallRef{Tenant: tenant, Target: target, CallId: "prop-" + d.addr, Idempotent: true}, Attempt: 1}); err != nil {
+			return nil, fmt.Errorf("Admit on %s: %w", d.addr, err)
+		}
 		st, err := pb.NewRetryPolicyServiceClient(conn).WatchBreakers(sctx, &pb.WatchBreakersRequest{Tenant: tenant})
 		if err != nil {
 			return nil, err
@@ -254,6 +267,7 @@ func measurePropagation(ctx context.Context, fl *replicaFleet, n int) (*propagat
 			for {
 				resp, err := st.Recv()
 				if err != nil {
+					streamErr.Store(err.Error())
 					return
 				}
 				if resp.GetSnapshotComplete() && !once {
@@ -270,11 +284,10 @@ func measurePropagation(ctx context.Context, fl *replicaFleet, n int) (*propagat
 		select {
 		case <-ready:
 		case <-time.After(10 * time.Second):
-			return nil, errors.New("no WatchBreakers snapshot within 10s")
+			p.NoSnapshot++
 		}
 		subs = append(subs, ch)
 	}
-	p := &propagation{FromAck: new(hist), FromSend: new(hist)}
 	for i := range n {
 		want := pb.BreakerState_BREAKER_STATE_OPEN
 		if i%2 == 1 {
@@ -292,7 +305,8 @@ func measurePropagation(ctx context.Context, fl *replicaFleet, n int) (*propagat
 				select {
 				case a, ok := <-ch:
 					if !ok {
-						return nil, errors.New("a WatchBreakers stream ended")
+						msg, _ := streamErr.Load().(string)
+						return nil, fmt.Errorf("a WatchBreakers stream ended after %d arrivals: %s", p.Samples, msg)
 					}
 					if a.state != want {
 						continue
@@ -354,8 +368,8 @@ func printFleetSweep(out io.Writer, cfg replicaSweepConfig, one, three []fleetRo
 			}
 		}
 	}
-	fmt.Fprintf(out, "\ntransition propagation (ForceBreaker on replica 0 -> WatchBreakers on replicas 1 and 2): %d arrivals, %d missed (2s)\n",
-		prop.Samples, prop.Missed)
+	fmt.Fprintf(out, "\ntransition propagation (ForceBreaker on replica 0 -> WatchBreakers on replicas 1 and 2): %d arrivals, %d missed (2s); subscribers without a snapshot_complete within 10s: %d\n",
+		prop.Samples, prop.Missed, prop.NoSnapshot)
 	fmt.Fprintf(out, "  from the RPC's answer: p50 %s p99 %s max %s; from its sending: p50 %s p99 %s max %s\n",
 		fmtUs(us(prop.FromAck.quantile(0.5))), fmtUs(us(prop.FromAck.quantile(0.99))), fmtUs(us(time.Duration(prop.FromAck.max))),
 		fmtUs(us(prop.FromSend.quantile(0.5))), fmtUs(us(prop.FromSend.quantile(0.99))), fmtUs(us(time.Duration(prop.FromSend.max))))
@@ -410,7 +424,7 @@ func goals(out io.Writer, one, three []fleetRow, prop *propagation) {
 	perReq("report", 0.01)
 	p99 := time.Duration(prop.FromSend.quantile(0.99))
 	fmt.Fprintf(out, "  transition reaches the other replicas' subscribers within 50ms p99: %s (from sending)  %s\n",
-		fmtUs(us(p99)), verdict(prop.Missed == 0 && p99 <= 50*time.Millisecond))
+		fmtUs(us(p99)), verdict(prop.Samples > 0 && prop.Missed == 0 && p99 <= 50*time.Millisecond))
 }
 
 func safeDiv(a, b float64) float64 {
