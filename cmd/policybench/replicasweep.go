@@ -251,8 +251,11 @@ func measurePropagation(ctx context.Context, fl *replicaFleet, n int) (*propagat
 		defer conn.Close()
 		// The replica uses the tenant before the subscription, so it
 		// follows the tenant's events.
-		if _, err := pb.NewRetryPolicyServiceClient(conn).Admit(ctx, &pb.AdmitRequest{
-			Call: &pb.CallRef{Tenant: tenant, Target: target, CallId: "prop-" + d.addr, Idempotent: true}, Attempt: 1}); err != nil {
+		if err := retryRead(ctx, func(ctx context.Context) error {
+			_, err := pb.NewRetryPolicyServiceClient(conn).Admit(ctx, &pb.AdmitRequest{
+				Call: &pb.CallRef{Tenant: tenant, Target: target, CallId: "prop-" + d.addr, Idempotent: true}, Attempt: 1})
+			return err
+		}); err != nil {
 			return nil, fmt.Errorf("Admit on %s: %w", d.addr, err)
 		}
 		st, err := pb.NewRetryPolicyServiceClient(conn).WatchBreakers(sctx, &pb.WatchBreakersRequest{Tenant: tenant})
