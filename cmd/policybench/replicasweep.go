@@ -214,6 +214,7 @@ type propagation struct {
 	FromAck, FromSend *hist // measured from the RPC's answer, and from its sending
 	Missed            int   // transitions a subscriber did not receive within 2s
 	NoSnapshot        int   // subscribers that had no snapshot_complete within 10s
+	ForceErrors       int   // ForceBreaker calls that failed (not timed)
 }
 
 // measurePropagation forces a breaker OPEN and CLOSED n times in turn
@@ -230,8 +231,11 @@ func measurePropagation(ctx context.Context, fl *replicaFleet, n int) (*propagat
 	defer aconn.Close()
 	admin := pb.NewAdminServiceClient(aconn)
 	// The breaker and the tenant exist before anyone subscribes.
-	if _, err := admin.ForceBreaker(ctx, &pb.ForceBreakerRequest{Key: &pb.BreakerKey{Tenant: tenant, Target: target},
-		State: pb.BreakerState_BREAKER_STATE_CLOSED}); err != nil {
+	if err := retryRead(ctx, func(ctx context.Context) error {
+		_, err := admin.ForceBreaker(ctx, &pb.ForceBreakerRequest{Key: &pb.BreakerKey{Tenant: tenant, Target: target},
+			State: pb.BreakerState_BREAKER_STATE_CLOSED})
+		return err
+	}); err != nil {
 		return nil, err
 	}
 	type arrival struct {
@@ -298,7 +302,16 @@ func measurePropagation(ctx context.Context, fl *replicaFleet, n int) (*propagat
 		}
 		sent := time.Now()
 		if _, err := admin.ForceBreaker(ctx, &pb.ForceBreakerRequest{Key: &pb.BreakerKey{Tenant: tenant, Target: target}, State: want}); err != nil {
-			return nil, fmt.Errorf("ForceBreaker: %w", err)
+			// Ended at --store-timeout, the transition may or may not
+			// have been made: drain what arrives and force it again.
+			p.ForceErrors++
+			sleepCtx(ctx, 100*time.Millisecond)
+			for _, ch := range subs {
+				for len(ch) > 0 {
+					<-ch
+				}
+			}
+			continue
 		}
 		acked := time.Now()
 		for _, ch := range subs {
@@ -371,8 +384,8 @@ func printFleetSweep(out io.Writer, cfg replicaSweepConfig, one, three []fleetRo
 			}
 		}
 	}
-	fmt.Fprintf(out, "\ntransition propagation (ForceBreaker on replica 0 -> WatchBreakers on replicas 1 and 2): %d arrivals, %d missed (2s); subscribers without a snapshot_complete within 10s: %d\n",
-		prop.Samples, prop.Missed, prop.NoSnapshot)
+	fmt.Fprintf(out, "\ntransition propagation (ForceBreaker on replica 0 -> WatchBreakers on replicas 1 and 2): %d arrivals, %d missed (2s); ForceBreaker errors %d; subscribers without a snapshot_complete within 10s: %d\n",
+		prop.Samples, prop.Missed, prop.ForceErrors, prop.NoSnapshot)
 	fmt.Fprintf(out, "  from the RPC's answer: p50 %s p99 %s max %s; from its sending: p50 %s p99 %s max %s\n",
 		fmtUs(us(prop.FromAck.quantile(0.5))), fmtUs(us(prop.FromAck.quantile(0.99))), fmtUs(us(time.Duration(prop.FromAck.max))),
 		fmtUs(us(prop.FromSend.quantile(0.5))), fmtUs(us(prop.FromSend.quantile(0.99))), fmtUs(us(time.Duration(prop.FromSend.max))))
