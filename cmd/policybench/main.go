@@ -8,6 +8,8 @@
 //	go run ./cmd/policybench crash --duration 60s
 //	go run ./cmd/policybench diskfull
 //	go run ./cmd/policybench soak --duration 10m
+//	go run ./cmd/policybench replicas
+//	go run ./cmd/policybench replicas-sweep
 package main
 
 import (
