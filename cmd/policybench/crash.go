@@ -377,7 +377,9 @@ func adminWriter(ctx context.Context, m *crashModel, admin pb.AdminServiceClient
 }
 
 // tripper opens one new breaker after another with transient failures,
-// recording each once a NextDelay answer says it is OPEN.
+// recording each once a NextDelay answer says it is OPEN. Each failure is
+// a call of its own: policyd decides a repeated attempt of one call once,
+// and counts its failure once.
 func tripper(ctx context.Context, m *crashModel, workers pb.RetryPolicyServiceClient) {
 	for ctx.Err() == nil {
 		m.mu.Lock()
@@ -386,7 +388,7 @@ func tripper(ctx context.Context, m *crashModel, workers pb.RetryPolicyServiceCl
 		m.mu.Unlock()
 		for i := 1; i <= 5; i++ {
 			resp, err := workers.NextDelay(ctx, &pb.NextDelayRequest{
-				Call:    &pb.CallRef{Tenant: crashTripTenant, Target: target, CallId: target, Idempotent: true},
+				Call:    &pb.CallRef{Tenant: crashTripTenant, Target: target, CallId: fmt.Sprint(target, "-", i), Idempotent: true},
 				Attempt: 1, Failure: httpFailure(503)})
 			if err != nil {
 				return

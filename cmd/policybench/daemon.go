@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"strings"
@@ -16,6 +17,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
 
 	"github.com/policyd/policyd/clients/go/policyclient"
 )
@@ -54,11 +57,14 @@ type daemon struct {
 // daemonLog keeps the daemon's JSON log lines (the last 200) and tells
 // startDaemon when it is serving.
 type daemonLog struct {
-	mu      sync.Mutex
-	lines   []string
-	counts  map[string]int // by msg
-	serving chan string
-	metrics chan string
+	mu     sync.Mutex
+	lines  []string
+	counts map[string]int // by msg
+	// failures are the distinct causes of "store failure" lines (the
+	// first few), by how often each came.
+	failures map[string]int
+	serving  chan string
+	metrics  chan string
 }
 
 func (l *daemonLog) consume(r io.Reader) {
@@ -69,6 +75,8 @@ func (l *daemonLog) consume(r io.Reader) {
 		var rec struct {
 			Msg    string `json:"msg"`
 			Listen string `json:"listen"`
+			Op     string `json:"op"`
+			Err    string `json:"err"`
 		}
 		_ = json.Unmarshal([]byte(line), &rec)
 		l.mu.Lock()
@@ -77,6 +85,12 @@ func (l *daemonLog) consume(r io.Reader) {
 			l.lines = l.lines[len(l.lines)-200:]
 		}
 		l.counts[rec.Msg]++
+		if rec.Msg == "store failure" {
+			k := rec.Op + ": " + rec.Err
+			if _, ok := l.failures[k]; ok || len(l.failures) < 20 {
+				l.failures[k]++
+			}
+		}
 		l.mu.Unlock()
 		switch rec.Msg {
 		case "policyd serving":
@@ -100,6 +114,14 @@ func (l *daemonLog) count(msg string) int {
 	return l.counts[msg]
 }
 
+// storeFailures returns the distinct causes of the daemon's INTERNAL
+// answers ("store failure" lines) with their counts.
+func (l *daemonLog) storeFailures() map[string]int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return maps.Clone(l.failures)
+}
+
 func (l *daemonLog) tail(n int) string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -120,7 +142,7 @@ func startDaemon(bin, db string, extra ...string) (*daemon, error) {
 	}
 	cmd.Stdout = io.Discard
 	d := &daemon{cmd: cmd, db: db, exited: make(chan struct{}),
-		log: &daemonLog{counts: map[string]int{}, serving: make(chan string, 1), metrics: make(chan string, 1)}}
+		log: &daemonLog{counts: map[string]int{}, failures: map[string]int{}, serving: make(chan string, 1), metrics: make(chan string, 1)}}
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
@@ -181,13 +203,27 @@ func readToken(path string) (string, error) {
 }
 
 // dial opens one plaintext loopback connection; token, when set, is sent
-// as a bearer token with every call.
-func dial(addr, token string) (*grpc.ClientConn, error) {
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+// as a bearer token with every call. addr may list several replicas,
+// comma-separated: the connection then spreads calls over them (gRPC
+// round_robin) and leaves one that stops answering. extra options are
+// added to the defaults.
+func dial(addr, token string, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
+	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, extra...)
 	if token != "" {
 		opts = append(opts, grpc.WithPerRPCCredentials(policyclient.BearerToken(token)))
 	}
-	return grpc.NewClient(addr, opts...)
+	addrs := strings.Split(addr, ",")
+	if len(addrs) == 1 {
+		return grpc.NewClient(addr, opts...)
+	}
+	r := manual.NewBuilderWithScheme("policybench")
+	var st resolver.State
+	for _, a := range addrs {
+		st.Addresses = append(st.Addresses, resolver.Address{Addr: strings.TrimSpace(a)})
+	}
+	r.InitialState(st)
+	opts = append(opts, grpc.WithResolvers(r), grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`))
+	return grpc.NewClient(r.Scheme()+":///replicas", opts...)
 }
 
 // runCheck runs `policyd check --db db` and returns its output.

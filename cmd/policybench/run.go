@@ -72,6 +72,14 @@ type window struct {
 // none) for policyd's commit counter.
 func measure(ctx context.Context, n int, warmup, d time.Duration, seed uint64, serverPID int, metrics string,
 	loop func(ctx context.Context, c *caller)) window {
+	return measureAround(ctx, n, warmup, d, seed, serverPID, metrics, loop, nil)
+}
+
+// measureAround is measure calling around(true) just before the window
+// opens and around(false) just after it closes (nil: nothing), for
+// readings of other processes over the same window.
+func measureAround(ctx context.Context, n int, warmup, d time.Duration, seed uint64, serverPID int, metrics string,
+	loop func(ctx context.Context, c *caller), around func(open bool)) window {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var on atomic.Bool
@@ -95,11 +103,17 @@ func measure(ctx context.Context, n int, warmup, d time.Duration, seed uint64, s
 	}
 	self0, _ = cpuTime(os.Getpid())
 	commits0 := commitsOf(ctx, metrics)
+	if around != nil {
+		around(true)
+	}
 	t0 := time.Now()
 	on.Store(true)
 	sleepCtx(ctx, d)
 	on.Store(false)
 	w.elapsed = time.Since(t0)
+	if around != nil {
+		around(false)
+	}
 	if serverPID > 0 {
 		if srv1, err := cpuTime(serverPID); err == nil {
 			w.serverCPU = srv1 - srv0

@@ -91,7 +91,7 @@ in the run. It takes about a minute.`,
 	f.IntVar(&cfg.Docs, "docs", cfg.Docs, "documents in the batch")
 	f.IntVar(&cfg.Workers, "workers", cfg.Workers, "concurrent workers")
 	f.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the documents and of the upstream's faults")
-	f.StringVar(&cfg.Addr, "addr", "", "use the policyd at this address instead of one started in the demo process")
+	f.StringVar(&cfg.Addr, "addr", "", "use the policyd at this address instead of one started in the demo process (several replicas of one store: comma-separated)")
 	f.BoolVar(&cfg.JSON, "json", false, "print the summary as JSON (progress goes to stderr)")
 	f.DurationVar(&cfg.Cutoff, "cutoff", cfg.Cutoff, "the run's cut-off, from its opening")
 	return cmd

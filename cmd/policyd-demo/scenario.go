@@ -12,6 +12,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -20,6 +21,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -173,7 +176,7 @@ func runDemo(ctx context.Context, cfg demoConfig, progress io.Writer) (*demoSumm
 			return nil, err
 		}
 	}
-	conn, err := grpc.NewClient(addr, opts...)
+	conn, err := dialPolicyd(addr, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("--addr: %w", err)
 	}
@@ -424,4 +427,22 @@ func netOutcome(ctx context.Context, err error) string {
 		return "reset"
 	}
 	return "error"
+}
+
+// dialPolicyd connects to addr, which may list several policyd replicas
+// sharing one store, comma-separated: calls are then spread over them
+// (gRPC round_robin) and move off a replica that stops answering.
+func dialPolicyd(addr string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
+	addrs := strings.Split(addr, ",")
+	if len(addrs) == 1 {
+		return grpc.NewClient(addr, opts...)
+	}
+	r := manual.NewBuilderWithScheme("policyd-demo")
+	var st resolver.State
+	for _, a := range addrs {
+		st.Addresses = append(st.Addresses, resolver.Address{Addr: strings.TrimSpace(a)})
+	}
+	r.InitialState(st)
+	opts = append(opts, grpc.WithResolvers(r), grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`))
+	return grpc.NewClient(r.Scheme()+":///replicas", opts...)
 }

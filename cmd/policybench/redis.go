@@ -1,0 +1,158 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// redisProc is a redis-server process policybench started on a loopback
+// port in its own directory, with appendonly yes and appendfsync always
+// and no RDB snapshots: the durability the fault tests hold policyd to.
+// It can be killed and started again on the same port and AOF.
+type redisProc struct {
+	bin    string
+	port   int
+	dir    string
+	cmd    *exec.Cmd
+	exited chan struct{}
+	client *redis.Client // for INFO and direct reads of the keys
+}
+
+// startRedis starts redis-server (from PATH) in dir on a free loopback
+// port and waits until it answers PING.
+func startRedis(ctx context.Context, dir string) (*redisProc, error) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return nil, fmt.Errorf("redis-server not found on PATH (Debian: apt-get install redis-server): %w", err)
+	}
+	port, err := freeLoopbackPort()
+	if err != nil {
+		return nil, err
+	}
+	r := &redisProc{bin: bin, port: port, dir: dir}
+	r.client = redis.NewClient(&redis.Options{Addr: r.addr(), DialTimeout: time.Second, ReadTimeout: 2 * time.Second,
+		MaxRetries: -1, PoolSize: 2})
+	return r, r.start(ctx)
+}
+
+func (r *redisProc) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(r.port)) }
+
+// url is the --store value of policyd for this server.
+func (r *redisProc) url() string { return "redis://" + r.addr() }
+
+// start runs the server (again) on its port and directory, so a restart
+// after a kill replays the AOF.
+func (r *redisProc) start(ctx context.Context) error {
+	logf, err := os.OpenFile(filepath.Join(r.dir, "redis.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	r.cmd = exec.Command(r.bin, "--port", strconv.Itoa(r.port), "--bind", "127.0.0.1", "--dir", r.dir,
+		"--appendonly", "yes", "--appendfsync", "always", "--save", "",
+		"--daemonize", "no", "--protected-mode", "no", "--loglevel", "warning")
+	r.cmd.Dir = r.dir
+	r.cmd.Stdout, r.cmd.Stderr = logf, logf
+	if err := r.cmd.Start(); err != nil {
+		return fmt.Errorf("start redis-server: %w", err)
+	}
+	exited := make(chan struct{})
+	r.exited = exited
+	go func() { _ = r.cmd.Wait(); close(exited) }()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		err := r.client.Ping(pctx).Err()
+		cancel()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-exited:
+			return fmt.Errorf("redis-server on %s exited at start:\n%s", r.addr(), r.log())
+		default:
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			r.kill()
+			return fmt.Errorf("redis-server on %s: no PING within 20s: %v", r.addr(), err)
+		}
+		sleepCtx(ctx, 20*time.Millisecond)
+	}
+}
+
+func (r *redisProc) pid() int { return r.cmd.Process.Pid }
+
+// kill ends the server at once (SIGKILL) and waits for it to exit.
+func (r *redisProc) kill() {
+	_ = r.cmd.Process.Signal(syscall.SIGCONT) // a stopped process is killed too, but let it go
+	_ = r.cmd.Process.Kill()
+	<-r.exited
+}
+
+// pause stops the server (SIGSTOP); resume continues it (SIGCONT).
+func (r *redisProc) pause() error  { return r.cmd.Process.Signal(syscall.SIGSTOP) }
+func (r *redisProc) resume() error { return r.cmd.Process.Signal(syscall.SIGCONT) }
+
+// close kills the server and closes the helper's client.
+func (r *redisProc) close() {
+	r.kill()
+	_ = r.client.Close()
+}
+
+func (r *redisProc) log() string {
+	b, _ := os.ReadFile(filepath.Join(r.dir, "redis.log"))
+	return string(b)
+}
+
+// commandStats reads INFO commandstats: calls per command.
+func (r *redisProc) commandStats(ctx context.Context) (map[string]uint64, error) {
+	info, err := r.client.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return nil, err
+	}
+	return parseCommandStats(info), nil
+}
+
+// parseCommandStats reads the calls of each command from the text of INFO
+// commandstats: lines "cmdstat_NAME:calls=N,usec=...".
+func parseCommandStats(info string) map[string]uint64 {
+	out := map[string]uint64{}
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok {
+			continue
+		}
+		name, ok = strings.CutPrefix(name, "cmdstat_")
+		if !ok {
+			continue
+		}
+		for _, kv := range strings.Split(rest, ",") {
+			if v, ok := strings.CutPrefix(kv, "calls="); ok {
+				if n, err := strconv.ParseUint(v, 10, 64); err == nil {
+					out[name] = n
+				}
+			}
+		}
+	}
+	return out
+}
+
+// freeLoopbackPort returns a loopback TCP port nobody listens on now.
+func freeLoopbackPort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

@@ -1,0 +1,713 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/policyd/policyd/clients/go/policyclient"
+	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
+)
+
+// replicasConfig is what `policybench replicas` is told by its flags.
+type replicasConfig struct {
+	Policyd      string
+	Demo         string
+	StoreTimeout time.Duration
+	Scenarios    []string
+	Load         time.Duration // load before and after each fault
+	Pause        time.Duration // how long Redis stays stopped
+	Clients      int
+	Keep         bool
+}
+
+// allScenarios are the fault scenarios, in the order they run.
+var allScenarios = []string{"kill-replica", "kill-redis", "stop-redis", "demo"}
+
+func replicasCmd() *cobra.Command {
+	var cfg replicasConfig
+	cmd := &cobra.Command{
+		Use:   "replicas",
+		Short: "Three policyd replicas on one Redis under load, through four faults",
+		Long: `replicas builds policyd, starts redis-server (appendonly yes, appendfsync
+always) on a free loopback port in a temporary directory and three policyd
+replicas on it (--store redis://...), drives load through them (Go clients,
+each connection spread over the replicas by gRPC round_robin), and runs the
+fault scenarios, each bounded in time, each printing its verdict:
+
+  kill-replica  SIGKILL one replica under load: the calls go on through the
+                other two. Counted: RPCs slower than the clients' decision
+                timeout, RPC errors, and calls the Go client decided locally
+                (Result.Local).
+  kill-redis    SIGKILL Redis under load and admin writes, restart it on its
+                AOF: every admin write (SetTenantBudget, DeleteTenantBudget,
+                SetPolicy, ForceBreaker) and breaker transition acknowledged
+                before the kill is found again, through every replica and in
+                Redis itself; no acknowledged retry spend is refunded.
+  stop-redis    SIGSTOP Redis for --pause under load: every decision counted
+                as answered or failed, with its latency; after SIGCONT a
+                tenant budget and a run pool that were spent throughout are
+                not overspent, and the replicas agree on the breakers.
+  demo          policyd-demo's batch (300 documents) through the three
+                replicas and through one bbolt daemon: each run's ledger
+                reconciles with what its workers saw.
+
+It exits non-zero when a scenario finds a violation of a durability or
+consistency rule; the latency goals are reported, not enforced.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runReplicas(cmd.Context(), cfg, cmd.OutOrStdout())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Policyd, "policyd", "", "policyd binary (default: go build ./cmd/policyd)")
+	f.StringVar(&cfg.Demo, "demo", "", "policyd-demo binary for the demo scenario (default: go build ./cmd/policyd-demo)")
+	f.DurationVar(&cfg.StoreTimeout, "store-timeout", 50*time.Millisecond, "the replicas' --store-timeout")
+	f.StringSliceVar(&cfg.Scenarios, "scenarios", allScenarios, "scenarios to run: "+strings.Join(allScenarios, ","))
+	f.DurationVar(&cfg.Load, "load", 3*time.Second, "load before and after each fault")
+	f.DurationVar(&cfg.Pause, "pause", 10*time.Second, "stop-redis: how long Redis stays stopped")
+	f.IntVar(&cfg.Clients, "clients", 6, "Go clients (one connection each, over every replica) driving the load")
+	f.BoolVar(&cfg.Keep, "keep", false, "keep the temporary directory (AOF, logs) at the end")
+	return cmd
+}
+
+func runReplicas(ctx context.Context, cfg replicasConfig, out io.Writer) error {
+	for _, s := range cfg.Scenarios {
+		if !slices.Contains(allScenarios, s) {
+			return fmt.Errorf("--scenarios: unknown scenario %q (want some of %s)", s, strings.Join(allScenarios, ","))
+		}
+	}
+	if cfg.Clients < 1 || cfg.Load <= 0 || cfg.Pause <= 0 {
+		return errors.New("--clients must be >= 1, --load and --pause > 0")
+	}
+	// Every scenario is bounded; so is the whole run.
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	dir, err := os.MkdirTemp("", "policybench-replicas")
+	if err != nil {
+		return err
+	}
+	if !cfg.Keep {
+		defer os.RemoveAll(dir)
+	} else {
+		fmt.Fprintln(out, "keeping", dir)
+	}
+	bin, err := policydBinary(cfg.Policyd, dir)
+	if err != nil {
+		return err
+	}
+	fl, err := startFleet(ctx, dir, bin, 3, cfg.StoreTimeout)
+	if err != nil {
+		return err
+	}
+	defer fl.stop()
+	fmt.Fprintf(out, "replicas: redis-server %s (AOF always, pid %d); policyd replicas %s (--store-timeout %s, pids %v)\n",
+		fl.redis.addr(), fl.redis.pid(), fl.addrs(), cfg.StoreTimeout, fl.pids())
+	aconn, err := dial(fl.addrs(), fl.token)
+	if err != nil {
+		return err
+	}
+	defer aconn.Close()
+	if err := crashSetup(ctx, pb.NewAdminServiceClient(aconn)); err != nil {
+		return fmt.Errorf("setup: %w", err)
+	}
+	var failed []string
+	defer func() { printStoreFailures(out, fl) }()
+	for _, s := range cfg.Scenarios {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		fmt.Fprintf(out, "\n== %s\n", s)
+		var err error
+		switch s {
+		case "kill-replica":
+			err = scenarioKillReplica(ctx, cfg, fl, out)
+		case "kill-redis":
+			err = scenarioKillRedis(ctx, cfg, fl, out)
+		case "stop-redis":
+			err = scenarioStopRedis(ctx, cfg, fl, out)
+		case "demo":
+			err = scenarioDemo(ctx, cfg, fl, dir, out)
+		}
+		if err != nil {
+			fmt.Fprintf(out, "verdict: FAIL: %v\n", err)
+			failed = append(failed, s)
+		}
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("scenarios failed: %s", strings.Join(failed, ", "))
+	}
+	return nil
+}
+
+// clientLoad is Go clients calling through every replica: each client's
+// connection is recorded by rec; calls counts Do calls and local those
+// with a decision made without policyd.
+type clientLoad struct {
+	calls, local, failed atomic.Int64
+	clients              []*policyclient.Client
+	conns                []*grpc.ClientConn
+	cancel               context.CancelFunc
+	wg                   sync.WaitGroup
+}
+
+// decisionTimeout is the Go client's default DecisionTimeout, which the
+// load's clients keep.
+const decisionTimeout = 250 * time.Millisecond
+
+// loadPace is the pause of a load worker between its calls: unpaced, the
+// Go clients' cached CLOSED breakers let a worker make a call every few
+// microseconds and the load generator takes the CPU the replicas need.
+const loadPace = 2 * time.Millisecond
+
+// startClientLoad starts n clients (tenants bench-t0..) with 4 workers
+// each, calling targets of which 5% of attempts fail with a 503, one call
+// every loadPace. The workers do not sleep the delays they are given.
+func startClientLoad(ctx context.Context, n int, addrs string, rec *rpcRecorder) (*clientLoad, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	l := &clientLoad{cancel: cancel}
+	noSleep := func(ctx context.Context, _ time.Duration) error { return ctx.Err() }
+	for i := range n {
+		conn, err := dial(addrs, "", rec.interceptor())
+		if err != nil {
+			l.stop()
+			return nil, err
+		}
+		l.conns = append(l.conns, conn)
+		c, err := policyclient.New(conn, policyclient.Config{Tenant: tenantName(i % (benchTenants - 1)), Sleep: noSleep,
+			Logger: discardLogger})
+		if err != nil {
+			l.stop()
+			return nil, err
+		}
+		l.clients = append(l.clients, c)
+		for w := range 4 {
+			l.wg.Add(1)
+			go func() {
+				defer l.wg.Done()
+				g := newGen(i*4+w, uint64(i))
+				for seq := 0; ctx.Err() == nil; seq++ {
+					target := healthyName(g.rng.IntN(benchHealthy))
+					res, err := c.Do(ctx, policyclient.Call{Target: target, Idempotent: true,
+						CallID: fmt.Sprintf("load-%d-%d-%x-%d", i, w, g.epoch, seq)},
+						func(context.Context, policyclient.Attempt) error {
+							if g.rng.Float64() < 0.05 {
+								return policyclient.HTTPError(503, nil)
+							}
+							return nil
+						})
+					if err != nil || ctx.Err() != nil {
+						continue
+					}
+					l.calls.Add(1)
+					if res.Local {
+						l.local.Add(1)
+					}
+					if !res.OK() {
+						l.failed.Add(1)
+					}
+					sleepCtx(ctx, loadPace)
+				}
+			}()
+		}
+	}
+	return l, nil
+}
+
+// stop ends the workers and closes the clients (flushing their outcomes).
+func (l *clientLoad) stop() {
+	l.cancel()
+	l.wg.Wait()
+	for _, c := range l.clients {
+		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = c.Close(cctx)
+		cancel()
+	}
+	for _, c := range l.conns {
+		c.Close()
+	}
+}
+
+// scenarioKillReplica SIGKILLs replica 0 under load and restarts it.
+func scenarioKillReplica(ctx context.Context, cfg replicasConfig, fl *replicaFleet, out io.Writer) error {
+	rec := newRPCRecorder(decisionTimeout, "before", "after")
+	load, err := startClientLoad(ctx, cfg.Clients, fl.addrs(), rec)
+	if err != nil {
+		return err
+	}
+	sleepCtx(ctx, cfg.Load)
+	callsBefore, localBefore := load.calls.Load(), load.local.Load()
+	rec.next()
+	victim := fl.reps[0]
+	fmt.Fprintf(out, "SIGKILL replica %s (pid %d) under load from %d clients\n", victim.addr, victim.pid(), cfg.Clients)
+	victim.kill()
+	fl.gone = append(fl.gone, victim)
+	fl.reps[0] = nil
+	sleepCtx(ctx, cfg.Load)
+	load.stop()
+	callsAfter, localAfter := load.calls.Load()-callsBefore, load.local.Load()-localBefore
+	fmt.Fprint(out, rec.summary("  "))
+	fmt.Fprintf(out, "  Do calls before the kill %d (local decisions %d); after %d (local decisions %d)\n",
+		callsBefore, localBefore, callsAfter, localAfter)
+	_, errsAfter, slowAfter := rec.totals(1)
+	if err := fl.startReplica(0); err != nil {
+		return fmt.Errorf("restarting the killed replica: %w", err)
+	}
+	if callsAfter == 0 {
+		return errors.New("no call finished after the kill")
+	}
+	goal := "met"
+	if localAfter > 0 || slowAfter > 0 {
+		goal = "NOT met"
+	}
+	fmt.Fprintf(out, "verdict: PASS: clients finished %d calls on the other two replicas; goal (no RPC over %v, zero local decisions) %s: %d slow, %d RPC errors, %d calls with a local decision\n",
+		callsAfter, decisionTimeout, goal, slowAfter, errsAfter, localAfter)
+	return nil
+}
+
+// scenarioKillRedis SIGKILLs Redis under load and admin writes, restarts
+// it on its AOF and checks every acknowledged write.
+func scenarioKillRedis(ctx context.Context, cfg replicasConfig, fl *replicaFleet, out io.Writer) error {
+	m := &crashModel{budgets: map[string]float64{}, deleted: map[string]bool{}, policies: map[string]uint32{},
+		open: map[string]bool{}, lowest: crashSpendCap}
+	conn, err := dial(fl.addrs(), "")
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	aconn, err := dial(fl.addrs(), fl.token)
+	if err != nil {
+		return err
+	}
+	defer aconn.Close()
+	workers, admin := pb.NewRetryPolicyServiceClient(conn), pb.NewAdminServiceClient(aconn)
+	// The spender's level before this scenario: earlier ones may have spent.
+	if st, err := admin.GetTenantBudget(ctx, &pb.GetTenantBudgetRequest{Tenant: crashSpendTenant}); err == nil {
+		m.lowest = st.GetStatus().GetTokens()
+	}
+	rec := newRPCRecorder(decisionTimeout, "load")
+	load, err := startClientLoad(ctx, cfg.Clients, fl.addrs(), rec)
+	if err != nil {
+		return err
+	}
+	lctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	run := func(f func(context.Context)) {
+		wg.Add(1)
+		go func() { defer wg.Done(); f(lctx) }()
+	}
+	// Each of these returns at its first error; on this loaded machine a
+	// call may end at --store-timeout before the kill, so they start again.
+	again := func(f func(context.Context, *crashModel, pb.RetryPolicyServiceClient)) func(context.Context) {
+		return func(ctx context.Context) {
+			for ctx.Err() == nil {
+				f(ctx, m, workers)
+			}
+		}
+	}
+	for range 2 {
+		run(func(ctx context.Context) {
+			for ctx.Err() == nil {
+				adminWriter(ctx, m, admin)
+			}
+		})
+	}
+	run(again(tripper))
+	for range spenders {
+		run(again(spender))
+	}
+	sleepCtx(ctx, cfg.Load)
+	fmt.Fprintf(out, "SIGKILL redis-server (pid %d) under load, admin writes, breaker trips and retry spends\n", fl.redis.pid())
+	fl.redis.kill()
+	cancel()
+	wg.Wait()
+	load.stop()
+	t0 := time.Now()
+	if err := fl.redis.start(ctx); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "  redis-server restarted on its AOF (pid %d) in %v\n", fl.redis.pid(), time.Since(t0).Round(time.Millisecond))
+	m.mu.Lock()
+	fmt.Fprintf(out, "  acknowledged before the kill: %d admin writes (budgets %d, deletions %d, policies %d, forced OPEN %d), %d breakers tripped OPEN, %d retries granted\n",
+		m.writes, len(m.budgets), len(m.deleted), len(m.policies), m.forced, m.tripped, m.granted)
+	m.grants = nil // with appendfsync always no acknowledged spend may be lost
+	m.mu.Unlock()
+
+	// In Redis itself, not through a replica's cache: what was lost.
+	var lost []string
+	if err := retryRead(ctx, func(ctx context.Context) (err error) { lost, err = redisMissing(ctx, fl.redis, m); return err }); err != nil {
+		return fmt.Errorf("reading Redis after the restart: %w", err)
+	}
+	for i, k := range lost {
+		if i < 10 {
+			fmt.Fprintln(out, "  LOST in Redis:", k)
+		}
+	}
+	// Through every replica: at once, and again a second later if one
+	// does not show everything yet (stale, not lost, when Redis has it).
+	lowest := m.lowest
+	var stale int
+	for i, d := range fl.reps {
+		c, err := dial(d.addr, fl.token)
+		if err != nil {
+			return err
+		}
+		rc := pb.NewAdminServiceClient(c)
+		t1 := time.Now()
+		if err := waitAdmin(ctx, rc, 20*time.Second); err != nil {
+			c.Close()
+			return fmt.Errorf("replica %d did not answer within 20s of Redis's restart: %w", i, err)
+		}
+		waited := time.Since(t1)
+		var first, last []string
+		for try := 0; try < 5; try++ {
+			var found []string
+			m.lowest = lowest
+			refund, _, err := verifyCrash(ctx, m, pb.NewRetryPolicyServiceClient(c), rc, func(f string, a ...any) {
+				found = append(found, fmt.Sprintf(f, a...))
+			})
+			if err == nil && refund > 0 {
+				found = append(found, fmt.Sprintf("%d acknowledged retry spends of %s refunded", refund, crashSpendTenant))
+			}
+			if err != nil {
+				found = append(found, "reading: "+err.Error())
+			}
+			if try == 0 {
+				first = found
+			}
+			if last = found; len(found) == 0 {
+				break
+			}
+			sleepCtx(ctx, time.Second)
+		}
+		c.Close()
+		fmt.Fprintf(out, "  replica %d (%s): answered admin reads %v after the restart; %d writes or transitions not shown at the first read, %d after retries\n",
+			i, d.addr, waited.Round(time.Millisecond), len(first), len(last))
+		for j, v := range first {
+			if j < 5 {
+				fmt.Fprintln(out, "    first read:", v)
+			}
+		}
+		for j, v := range last {
+			if j < 5 {
+				fmt.Fprintln(out, "    after retries:", v)
+			}
+		}
+		stale += len(last)
+	}
+	if len(lost) > 0 || stale > 0 {
+		return fmt.Errorf("%d acknowledged writes or transitions lost in Redis; %d not shown by a replica after retries", len(lost), stale)
+	}
+	fmt.Fprintf(out, "verdict: PASS: zero acknowledged admin writes or breaker transitions lost (%d writes, %d OPEN breakers checked through 3 replicas and in Redis); no retry spend refunded\n",
+		m.writes, len(m.open))
+	return nil
+}
+
+// redisMissing reads the acknowledged policies, budgets and OPEN breakers
+// of the model straight from Redis (the key layout of redisstore/doc.go)
+// and names those not found.
+func redisMissing(ctx context.Context, r *redisProc, m *crashModel) ([]string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var missing []string
+	for target := range m.policies {
+		ok, err := r.client.HExists(ctx, "{policyd}:policies", crashPolicyTenant+"\x00"+target).Result()
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			missing = append(missing, fmt.Sprintf("policy %s/%s", crashPolicyTenant, target))
+		}
+	}
+	for tenant := range m.budgets {
+		ok, err := r.client.HExists(ctx, "{policyd}:budgets", tenant).Result()
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			missing = append(missing, "budget "+tenant)
+		}
+	}
+	for tenant := range m.deleted {
+		ok, err := r.client.HExists(ctx, "{policyd}:budgets", tenant).Result()
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			missing = append(missing, "deletion of budget "+tenant)
+		}
+	}
+	for key := range m.open {
+		tenant, target, _ := strings.Cut(key, "\x00")
+		st, err := r.client.HGet(ctx, "{="+tenant+"}:breaker:"+target, "state").Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return nil, err
+		}
+		if st != "2" { // policy.BreakerOpen
+			missing = append(missing, fmt.Sprintf("breaker %s/%s OPEN: state %q", tenant, target, st))
+		}
+	}
+	return missing, nil
+}
+
+// The stop-redis scenario's spending tenants: a budget that never refills
+// and a run pool, both smaller than what the spenders ask for.
+const (
+	stopBudgetTenant = "stop-budget"
+	stopPoolTenant   = "stop-pool"
+	stopBudgetCap    = 400
+	stopPool         = 300
+)
+
+// scenarioStopRedis SIGSTOPs Redis under load for cfg.Pause.
+func scenarioStopRedis(ctx context.Context, cfg replicasConfig, fl *replicaFleet, out io.Writer) error {
+	aconn, err := dial(fl.addrs(), fl.token)
+	if err != nil {
+		return err
+	}
+	defer aconn.Close()
+	admin := pb.NewAdminServiceClient(aconn)
+	if _, err := admin.SetTenantBudget(ctx, &pb.SetTenantBudgetRequest{Budget: &pb.TenantBudget{
+		Tenant: stopBudgetTenant, Capacity: stopBudgetCap, DepositRatio: 1e-12, MinRetriesPerSecond: 1e-12}}); err != nil {
+		return err
+	}
+	// The spenders' breakers must not open: failure-rate mode that never
+	// has enough calls, so what limits the grants is the budget and the pool.
+	minCalls := uint32(4_000_000_000)
+	for _, t := range []string{stopBudgetTenant, stopPoolTenant} {
+		if _, err := admin.SetPolicy(ctx, &pb.SetPolicyRequest{Tenant: t, Policy: &pb.Policy{
+			Breaker: &pb.BreakerSettings{Mode: pb.BreakerMode_BREAKER_MODE_FAILURE_RATE, MinCalls: &minCalls}}}); err != nil {
+			return fmt.Errorf("policy %s: %w", t, err)
+		}
+	}
+	runID := fmt.Sprintf("stop-%x", time.Now().UnixNano())
+	if _, err := admin.OpenRun(ctx, &pb.OpenRunRequest{RunId: runID, Tenant: stopPoolTenant, RetryPool: stopPool,
+		CutoffTime: timestamppb.New(time.Now().Add(time.Hour))}); err != nil {
+		return fmt.Errorf("OpenRun: %w", err)
+	}
+
+	rec := newRPCRecorder(cfg.StoreTimeout+20*time.Millisecond, "before", "stopped", "after")
+	conn, err := dial(fl.addrs(), "", rec.interceptor())
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	workers := pb.NewRetryPolicyServiceClient(conn)
+	lctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for i := range 8 {
+		c := &caller{g: newGen(100+i, uint64(i)), on: new(atomic.Bool)}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for lctx.Err() == nil {
+				mixLoop(lctx, c, workers)
+			}
+		}()
+	}
+	// Spenders ask for retries of the budget and of the pool, paced, all
+	// along: the grants they are given are counted against the limits.
+	var budgetGrants, poolGrants atomic.Int64
+	spend := func(tenant, run string, grants *atomic.Int64) {
+		defer wg.Done()
+		for i := 0; lctx.Err() == nil; i++ {
+			resp, err := workers.NextDelay(lctx, &pb.NextDelayRequest{Call: &pb.CallRef{Tenant: tenant, Target: "spend",
+				CallId: fmt.Sprintf("%s-%x-%d", tenant, time.Now().UnixNano(), i), RunId: run, Idempotent: true},
+				Attempt: 1, Failure: httpFailure(503)})
+			if err == nil && resp.GetDecision() == pb.Decision_DECISION_RETRY {
+				grants.Add(1)
+			}
+			sleepCtx(lctx, 10*time.Millisecond)
+		}
+	}
+	for range 2 {
+		wg.Add(2)
+		go spend(stopBudgetTenant, "", &budgetGrants)
+		go spend(stopPoolTenant, runID, &poolGrants)
+	}
+	sleepCtx(ctx, cfg.Load)
+	fmt.Fprintf(out, "SIGSTOP redis-server (pid %d) for %v under load (8 callers of the mix, 4 spenders)\n", fl.redis.pid(), cfg.Pause)
+	rec.next()
+	if err := fl.redis.pause(); err != nil {
+		cancel()
+		wg.Wait()
+		return err
+	}
+	sleepCtx(ctx, cfg.Pause)
+	if err := fl.redis.resume(); err != nil {
+		cancel()
+		wg.Wait()
+		return err
+	}
+	rec.next()
+	fmt.Fprintln(out, "SIGCONT redis-server")
+	sleepCtx(ctx, cfg.Load)
+	cancel()
+	wg.Wait()
+	fmt.Fprint(out, rec.summary("  "))
+	ans, errs, slow := rec.totals(1)
+	fmt.Fprintf(out, "  while stopped: %d answered, %d errors, %d slower than --store-timeout+20ms (%v)\n",
+		ans, errs, slow, cfg.StoreTimeout+20*time.Millisecond)
+
+	// Consistency after SIGCONT.
+	var bad []string
+	var st *pb.GetTenantBudgetResponse
+	err = retryRead(ctx, func(ctx context.Context) (err error) {
+		st, err = admin.GetTenantBudget(ctx, &pb.GetTenantBudgetRequest{Tenant: stopBudgetTenant})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("GetTenantBudget after SIGCONT: %w", err)
+	}
+	tokens := st.GetStatus().GetTokens()
+	if tokens < 0 || float64(budgetGrants.Load()) > stopBudgetCap {
+		bad = append(bad, fmt.Sprintf("budget %s overspent: %d grants of %d, tokens %.1f", stopBudgetTenant, budgetGrants.Load(), stopBudgetCap, tokens))
+	}
+	var gr *pb.GetRunResponse
+	err = retryRead(ctx, func(ctx context.Context) (err error) {
+		gr, err = admin.GetRun(ctx, &pb.GetRunRequest{RunId: runID})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("GetRun after SIGCONT: %w", err)
+	}
+	spent := gr.GetRun().GetRetriesSpent()
+	if spent > stopPool || poolGrants.Load() > stopPool {
+		bad = append(bad, fmt.Sprintf("run pool overspent: %d grants, %d spent of %d", poolGrants.Load(), spent, stopPool))
+	}
+	fmt.Fprintf(out, "  budget %s: %d retries granted of %d, %.1f tokens left; run pool: %d granted, %d spent of %d\n",
+		stopBudgetTenant, budgetGrants.Load(), stopBudgetCap, tokens, poolGrants.Load(), spent, stopPool)
+	diverged, compared, err := breakersDiverge(ctx, fl)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "  breakers compared across the 3 replicas: %d, diverging: %d\n", compared, len(diverged))
+	for _, d := range diverged {
+		bad = append(bad, "breaker states differ: "+d)
+	}
+	for _, b := range bad {
+		fmt.Fprintln(out, "  VIOLATION:", b)
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("%d inconsistencies after SIGCONT", len(bad))
+	}
+	goal := "met"
+	if errs > 0 || slow > 0 {
+		goal = "NOT met"
+	}
+	fmt.Fprintf(out, "verdict: PASS: consistent after SIGCONT (budget and pool not overspent, breakers agree); goal (every decision answered within --store-timeout plus a few ms, flagged degraded) %s: %d answered, %d errors while stopped\n",
+		goal, ans, errs)
+	return nil
+}
+
+// breakersDiverge lists the benchmark tenants' breakers through every
+// replica (retrying for a few seconds, as states propagate) and names the
+// keys whose states differ.
+func breakersDiverge(ctx context.Context, fl *replicaFleet) (diverged []string, compared int, err error) {
+	var admins []pb.AdminServiceClient
+	for _, d := range fl.reps {
+		c, err := dial(d.addr, fl.token)
+		if err != nil {
+			return nil, 0, err
+		}
+		defer c.Close()
+		admins = append(admins, pb.NewAdminServiceClient(c))
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		diverged, compared = nil, 0
+		states := make([]map[string]pb.BreakerState, len(admins))
+		for i, a := range admins {
+			states[i] = map[string]pb.BreakerState{}
+			for t := range benchTenants {
+				for tok := ""; ; {
+					var resp *pb.ListBreakersResponse
+					err := retryRead(ctx, func(ctx context.Context) (err error) {
+						resp, err = a.ListBreakers(ctx, &pb.ListBreakersRequest{Tenant: tenantName(t), PageSize: 1000, PageToken: tok})
+						return err
+					})
+					if err != nil {
+						return nil, 0, fmt.Errorf("ListBreakers: %w", err)
+					}
+					for _, b := range resp.GetBreakers() {
+						states[i][b.GetKey().GetTenant()+"/"+b.GetKey().GetTarget()] = b.GetState()
+					}
+					if tok = resp.GetNextPageToken(); tok == "" {
+						break
+					}
+				}
+			}
+		}
+		for k, s := range states[0] {
+			compared++
+			for i := 1; i < len(states); i++ {
+				if states[i][k] != s {
+					diverged = append(diverged, fmt.Sprintf("%s: replica 0 %v, replica %d %v", k, s, i, states[i][k]))
+				}
+			}
+		}
+		if len(diverged) == 0 || time.Now().After(deadline) {
+			return diverged, compared, nil
+		}
+		sleepCtx(ctx, 200*time.Millisecond)
+	}
+}
+
+// retryRead calls read, each call bounded by 2s, until it succeeds or 15s
+// have passed: a read right after a fault, on a loaded machine.
+func retryRead(ctx context.Context, read func(context.Context) error) error {
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err := read(cctx)
+		cancel()
+		if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
+			return err
+		}
+		sleepCtx(ctx, 100*time.Millisecond)
+	}
+}
+
+// printStoreFailures prints the causes of the INTERNAL answers the
+// replicas logged ("store failure"), summed over every replica process.
+func printStoreFailures(out io.Writer, fl *replicaFleet) {
+	sum := map[string]int{}
+	for _, d := range append(slices.Clone(fl.gone), fl.reps...) {
+		if d == nil {
+			continue
+		}
+		for k, n := range d.log.storeFailures() {
+			sum[failureClass(k)] += n
+		}
+	}
+	fmt.Fprintf(out, "\nINTERNAL answers of the replicas (\"store failure\" log lines), by cause: %d causes\n", len(sum))
+	keys := slices.Sorted(maps.Keys(sum))
+	for _, k := range keys {
+		fmt.Fprintf(out, "  %6d  %s\n", sum[k], k)
+	}
+}
+
+var (
+	addrPattern   = regexp.MustCompile(`\d+\.\d+\.\d+\.\d+:\d+`)
+	quotedPattern = regexp.MustCompile(`"[^"]*"`)
+)
+
+// failureClass is a logged cause without its addresses and names, so that
+// causes differing only in a port or a tenant count as one.
+func failureClass(cause string) string {
+	return quotedPattern.ReplaceAllString(addrPattern.ReplaceAllString(cause, "ADDR"), `"…"`)
+}

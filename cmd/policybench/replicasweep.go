@@ -1,0 +1,451 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
+)
+
+// replicaSweepConfig is what `policybench replicas-sweep` is told.
+type replicaSweepConfig struct {
+	Policyd      string
+	StoreTimeout time.Duration
+	Concurrency  []int
+	Duration     time.Duration
+	Warmup       time.Duration
+	Transitions  int
+	Seed         uint64
+}
+
+func replicaSweepCmd() *cobra.Command {
+	var cfg replicaSweepConfig
+	cmd := &cobra.Command{
+		Use:   "replicas-sweep",
+		Short: "The sweep against one bbolt daemon and three replicas on Redis, in one run, as ratios",
+		Long: `replicas-sweep builds policyd and measures, one after the other in the same
+run, (i) one daemon on a bbolt file (--sync group) and (ii) three replicas on
+one redis-server (AOF always), each driven over one connection (for the
+replicas, spread over them by gRPC round_robin). Phases, each at every
+--concurrency level: admit (breakers CLOSED: it runs first), nextdelay and
+report (ReportOutcome of 256 outcomes), as in the sweep. For (ii) it prints
+each figure as a ratio to (i), the Redis commands per request read from
+INFO commandstats just before and after each measured window (INFO itself
+left out), and the CPU per request of the replicas and of Redis. Then the
+propagation of a breaker transition: ForceBreaker on one replica, timed
+until both other replicas' WatchBreakers subscribers receive it.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runReplicaSweep(cmd.Context(), cfg, cmd.OutOrStdout(), cmd.ErrOrStderr())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Policyd, "policyd", "", "policyd binary (default: go build ./cmd/policyd)")
+	f.DurationVar(&cfg.StoreTimeout, "store-timeout", 50*time.Millisecond, "the replicas' --store-timeout")
+	f.IntSliceVar(&cfg.Concurrency, "concurrency", []int{16, 64}, "concurrent callers, one level after another")
+	f.DurationVar(&cfg.Duration, "duration", 5*time.Second, "measured time of each phase at each level")
+	f.DurationVar(&cfg.Warmup, "warmup", time.Second, "unmeasured time before each phase")
+	f.IntVar(&cfg.Transitions, "transitions", 200, "breaker transitions timed for the propagation latency")
+	f.Uint64Var(&cfg.Seed, "seed", 1, "seed of the request mix")
+	return cmd
+}
+
+// sweepPhaseOrder runs Admit first, while every breaker is CLOSED.
+var sweepPhaseOrder = []string{"admit", "nextdelay", "report"}
+
+// fleetRow is one phase at one level of one configuration.
+type fleetRow struct {
+	Callers      int
+	Phase        string
+	Requests     uint64
+	Errors       uint64
+	RPS, P99us   float64
+	Outcomes     uint64
+	ServerCPUus  float64 // the daemon, or the three replicas together, per request
+	RedisCPUus   float64 // -1: no Redis
+	RedisCalls   uint64  // commands run by Redis in the window (INFO left out)
+	RedisByCmd   map[string]uint64
+	FirstError   string
+	windowLength time.Duration
+}
+
+func runReplicaSweep(ctx context.Context, cfg replicaSweepConfig, out, log io.Writer) error {
+	if len(cfg.Concurrency) == 0 || cfg.Duration <= 0 || cfg.Transitions < 1 {
+		return errors.New("--concurrency needs a level, --duration > 0, --transitions >= 1")
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Duration(2*len(cfg.Concurrency)*len(sweepPhaseOrder))*(cfg.Duration+cfg.Warmup)+3*time.Minute)
+	defer cancel()
+	dir, err := os.MkdirTemp("", "policybench-rsweep")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	bin, err := policydBinary(cfg.Policyd, dir)
+	if err != nil {
+		return err
+	}
+	m := machineInfo()
+	fmt.Fprintf(out, "machine: %d CPUs (%s), %s, %s, load %s\n", m.NumCPU, m.CPUModel, m.MemTotal, m.GoVersion, m.LoadAvg)
+
+	fmt.Fprintln(log, "replicas-sweep: (i) one bbolt daemon")
+	single, err := startDaemon(bin, filepath.Join(dir, "single.db"), "--sync", "group")
+	if err != nil {
+		return err
+	}
+	one, err := sweepTarget(ctx, cfg, single.addr, single.db+".admin-token", "", []int{single.pid()}, nil, log)
+	_ = single.stop()
+	if err != nil {
+		return fmt.Errorf("bbolt daemon: %w", err)
+	}
+
+	fmt.Fprintln(log, "replicas-sweep: (ii) three replicas on Redis")
+	fl, err := startFleet(ctx, filepath.Join(dir, "fleet"), bin, 3, cfg.StoreTimeout)
+	if err != nil {
+		return err
+	}
+	defer fl.stop()
+	three, err := sweepTarget(ctx, cfg, fl.addrs(), fl.tokenFile, fl.token, fl.pids(), fl.redis, log)
+	if err != nil {
+		return fmt.Errorf("replicas: %w", err)
+	}
+	fmt.Fprintln(log, "replicas-sweep: transition propagation")
+	prop, err := measurePropagation(ctx, fl, cfg.Transitions)
+	if err != nil {
+		fmt.Fprintf(out, "propagation not measured: %v\n", err)
+		prop = &propagation{FromAck: new(hist), FromSend: new(hist)}
+	}
+	printFleetSweep(out, cfg, one, three, prop)
+	return nil
+}
+
+// sweepTarget sets up the workload at addrs and runs the phases.
+func sweepTarget(ctx context.Context, cfg replicaSweepConfig, addrs, tokenFile, token string, pids []int, r *redisProc,
+	log io.Writer) ([]fleetRow, error) {
+	if token == "" {
+		var err error
+		if token, err = readToken(tokenFile); err != nil {
+			return nil, err
+		}
+	}
+	aconn, err := dial(addrs, token)
+	if err != nil {
+		return nil, err
+	}
+	err = setupWorkload(ctx, pb.NewAdminServiceClient(aconn))
+	aconn.Close()
+	if err != nil {
+		return nil, fmt.Errorf("admin setup: %w", err)
+	}
+	conn, err := dial(addrs, "")
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	workers := pb.NewRetryPolicyServiceClient(conn)
+	if err := waitReady(ctx, workers); err != nil {
+		return nil, err
+	}
+	var rows []fleetRow
+	for _, ph := range sweepPhaseOrder {
+		for _, n := range cfg.Concurrency {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			fmt.Fprintf(log, "  %d callers: %s\n", n, ph)
+			var cpu0, cpu1, rcpu0, rcpu1 time.Duration
+			var cs0, cs1 map[string]uint64
+			var cpuOK, rOK bool
+			around := func(open bool) {
+				c, ok := cpuOf(pids)
+				var rc time.Duration
+				var cs map[string]uint64
+				rok := false
+				if r != nil {
+					var err1, err2 error
+					rc, err1 = cpuTime(r.pid())
+					cs, err2 = r.commandStats(ctx)
+					rok = err1 == nil && err2 == nil
+				}
+				if open {
+					cpu0, cpuOK, rcpu0, cs0, rOK = c, ok, rc, cs, rok
+				} else {
+					cpu1, cpuOK, rcpu1, cs1, rOK = c, cpuOK && ok, rc, cs, rOK && rok
+				}
+			}
+			w := measureAround(ctx, n, cfg.Warmup, cfg.Duration, cfg.Seed, 0, "", phaseLoop(ph, workers, nil, defaultReportBatch), around)
+			rr := rowsOf(n, ph, w)[0]
+			fr := fleetRow{Callers: n, Phase: ph, Requests: rr.Requests, Errors: rr.Errors, RPS: rr.RPS, P99us: rr.P99us,
+				Outcomes: w.outcomes, ServerCPUus: -1, RedisCPUus: -1, FirstError: rr.FirstError, windowLength: w.elapsed}
+			if cpuOK && rr.Requests > 0 {
+				fr.ServerCPUus = us(cpu1-cpu0) / float64(rr.Requests)
+			}
+			if rOK && rr.Requests > 0 {
+				fr.RedisCPUus = us(rcpu1-rcpu0) / float64(rr.Requests)
+				fr.RedisByCmd = map[string]uint64{}
+				for k, v := range cs1 {
+					if d := v - cs0[k]; d > 0 && k != "info" {
+						fr.RedisByCmd[k] = d
+						fr.RedisCalls += d
+					}
+				}
+			}
+			rows = append(rows, fr)
+		}
+	}
+	return rows, nil
+}
+
+// propagation is the time from a ForceBreaker on one replica to the
+// transition's arrival at WatchBreakers subscribers of the others.
+type propagation struct {
+	Samples           int
+	FromAck, FromSend *hist // measured from the RPC's answer, and from its sending
+	Missed            int   // transitions a subscriber did not receive within 2s
+	NoSnapshot        int   // subscribers that had no snapshot_complete within 10s
+	ForceErrors       int   // ForceBreaker calls that failed (not timed)
+}
+
+// measurePropagation forces a breaker OPEN and CLOSED n times in turn
+// through replica 0 and times each transition's arrival at subscribers
+// on replicas 1 and 2.
+func measurePropagation(ctx context.Context, fl *replicaFleet, n int) (*propagation, error) {
+	// A tenant of its own, quiet but for these transitions (a benchmark
+	// tenant's cycling breakers fill a subscriber's queue).
+	const tenant, target = "prop", "propagation"
+	aconn, err := dial(fl.reps[0].addr, fl.token)
+	if err != nil {
+		return nil, err
+	}
+	defer aconn.Close()
+	admin := pb.NewAdminServiceClient(aconn)
+	// The breaker and the tenant exist before anyone subscribes.
+	if err := retryRead(ctx, func(ctx context.Context) error {
+		_, err := admin.ForceBreaker(ctx, &pb.ForceBreakerRequest{Key: &pb.BreakerKey{Tenant: tenant, Target: target},
+			State: pb.BreakerState_BREAKER_STATE_CLOSED})
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	type arrival struct {
+		state pb.BreakerState
+		at    time.Time
+	}
+	sctx, stop := context.WithCancel(ctx)
+	defer stop()
+	p := &propagation{FromAck: new(hist), FromSend: new(hist)}
+	var streamErr atomic.Value
+	var subs []chan arrival
+	for _, d := range fl.reps[1:] {
+		conn, err := dial(d.addr, "")
+		if err != nil {
+			return nil, err
+		}
+		defer conn.Close()
+		// The replica uses the tenant before the subscription, so it
+		// follows the tenant's events.
+		if err := retryRead(ctx, func(ctx context.Context) error {
+			_, err := pb.NewRetryPolicyServiceClient(conn).Admit(ctx, &pb.AdmitRequest{
+				Call: &pb.CallRef{Tenant: tenant, Target: target, CallId: "prop-" + d.addr, Idempotent: true}, Attempt: 1})
+			return err
+		}); err != nil {
+			return nil, fmt.Errorf("Admit on %s: %w", d.addr, err)
+		}
+		st, err := pb.NewRetryPolicyServiceClient(conn).WatchBreakers(sctx, &pb.WatchBreakersRequest{Tenant: tenant})
+		if err != nil {
+			return nil, err
+		}
+		ch := make(chan arrival, 4*n)
+		ready := make(chan struct{})
+		go func() {
+			defer close(ch)
+			once := false
+			for {
+				resp, err := st.Recv()
+				if err != nil {
+					streamErr.Store(err.Error())
+					return
+				}
+				if resp.GetSnapshotComplete() && !once {
+					once = true
+					close(ready)
+				}
+				b := resp.GetBreaker()
+				if resp.GetSnapshot() || b == nil || b.GetKey().GetTarget() != target {
+					continue
+				}
+				ch <- arrival{b.GetState(), time.Now()}
+			}
+		}()
+		select {
+		case <-ready:
+		case <-time.After(10 * time.Second):
+			p.NoSnapshot++
+		}
+		subs = append(subs, ch)
+	}
+	for i := range n {
+		want := pb.BreakerState_BREAKER_STATE_OPEN
+		if i%2 == 1 {
+			want = pb.BreakerState_BREAKER_STATE_CLOSED
+		}
+		sent := time.Now()
+		if _, err := admin.ForceBreaker(ctx, &pb.ForceBreakerRequest{Key: &pb.BreakerKey{Tenant: tenant, Target: target}, State: want}); err != nil {
+			// Ended at --store-timeout, the transition may or may not
+			// have been made: drain what arrives and force it again.
+			p.ForceErrors++
+			sleepCtx(ctx, 100*time.Millisecond)
+			for _, ch := range subs {
+				for len(ch) > 0 {
+					<-ch
+				}
+			}
+			continue
+		}
+		acked := time.Now()
+		for _, ch := range subs {
+			timeout := time.After(2 * time.Second)
+		wait:
+			for {
+				select {
+				case a, ok := <-ch:
+					if !ok {
+						msg, _ := streamErr.Load().(string)
+						return nil, fmt.Errorf("a WatchBreakers stream ended after %d arrivals: %s", p.Samples, msg)
+					}
+					if a.state != want {
+						continue
+					}
+					p.FromSend.record(a.at.Sub(sent))
+					p.FromAck.record(max(a.at.Sub(acked), 0))
+					p.Samples++
+					break wait
+				case <-timeout:
+					p.Missed++
+					break wait
+				}
+			}
+		}
+		sleepCtx(ctx, 5*time.Millisecond)
+	}
+	return p, nil
+}
+
+func printFleetSweep(out io.Writer, cfg replicaSweepConfig, one, three []fleetRow, prop *propagation) {
+	fmt.Fprintf(out, "(i) one policyd on bbolt (--sync group); (ii) three replicas on one redis-server (AOF always, --store-timeout %s); %s per phase after %s warm-up; one connection (round_robin over the replicas); ReportOutcome carries %d outcomes\n\n",
+		cfg.StoreTimeout, cfg.Duration, cfg.Warmup, defaultReportBatch)
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "phase\tcallers\t(i) req/s\t(i) p99\t(ii) req/s\t(ii) p99\treq/s (ii)÷(i)\tp99 (ii)÷(i)\terrors (i)/(ii)\tcpu/req (i)\tcpu/req (ii) replicas\tcpu/req Redis\tRedis cmds/req\tRedis cmds/outcome\t")
+	for i, b := range one {
+		if i >= len(three) {
+			break
+		}
+		r := three[i]
+		perReq, perOutcome := "-", "-"
+		if r.Requests > 0 && r.RedisCPUus >= 0 {
+			perReq = fmt.Sprintf("%.3f", float64(r.RedisCalls)/float64(r.Requests))
+		}
+		if r.Phase == "report" && r.Outcomes > 0 {
+			perOutcome = fmt.Sprintf("%.4f", float64(r.RedisCalls)/float64(r.Outcomes))
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%s\t%.0f\t%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\t%s\t%s\t\n", b.Phase, b.Callers, b.RPS, fmtUs(b.P99us), r.RPS, fmtUs(r.P99us),
+			fmtRatio(safeDiv(r.RPS, b.RPS)), fmtRatio(safeDiv(r.P99us, b.P99us)), b.Errors, r.Errors,
+			fmtUs(b.ServerCPUus), fmtUs(r.ServerCPUus), fmtUs(r.RedisCPUus), perReq, perOutcome)
+	}
+	tw.Flush()
+	fmt.Fprintln(out, "\nRedis commands in each measured window of (ii), by command:")
+	for _, r := range three {
+		var parts []string
+		keys := make([]string, 0, len(r.RedisByCmd))
+		for k := range r.RedisByCmd {
+			keys = append(keys, k)
+		}
+		sort.Slice(keys, func(i, j int) bool { return r.RedisByCmd[keys[i]] > r.RedisByCmd[keys[j]] })
+		for _, k := range keys {
+			parts = append(parts, fmt.Sprintf("%s %d", k, r.RedisByCmd[k]))
+		}
+		fmt.Fprintf(out, "  %-9s %3d callers: %d requests, %d outcomes, %d commands: %s\n", r.Phase, r.Callers, r.Requests, r.Outcomes, r.RedisCalls, strings.Join(parts, ", "))
+	}
+	for _, rows := range [][]fleetRow{one, three} {
+		for _, r := range rows {
+			if r.FirstError != "" {
+				fmt.Fprintf(out, "  %s %d callers: %d errors, first: %s\n", r.Phase, r.Callers, r.Errors, r.FirstError)
+			}
+		}
+	}
+	fmt.Fprintf(out, "\ntransition propagation (ForceBreaker on replica 0 -> WatchBreakers on replicas 1 and 2): %d arrivals, %d missed (2s); ForceBreaker errors %d; subscribers without a snapshot_complete within 10s: %d\n",
+		prop.Samples, prop.Missed, prop.ForceErrors, prop.NoSnapshot)
+	fmt.Fprintf(out, "  from the RPC's answer: p50 %s p99 %s max %s; from its sending: p50 %s p99 %s max %s\n",
+		fmtUs(us(prop.FromAck.quantile(0.5))), fmtUs(us(prop.FromAck.quantile(0.99))), fmtUs(us(time.Duration(prop.FromAck.max))),
+		fmtUs(us(prop.FromSend.quantile(0.5))), fmtUs(us(prop.FromSend.quantile(0.99))), fmtUs(us(time.Duration(prop.FromSend.max))))
+	goals(out, one, three, prop)
+}
+
+// goals prints issue 13's goals against what was measured.
+func goals(out io.Writer, one, three []fleetRow, prop *propagation) {
+	find := func(rows []fleetRow, phase string, n int) *fleetRow {
+		i := slices.IndexFunc(rows, func(r fleetRow) bool { return r.Phase == phase && r.Callers == n })
+		if i < 0 {
+			return nil
+		}
+		return &rows[i]
+	}
+	verdict := func(ok bool) string {
+		if ok {
+			return "met"
+		}
+		return "NOT met"
+	}
+	fmt.Fprintln(out, "\ngoals:")
+	if b, r := find(one, "admit", 64), find(three, "admit", 64); b != nil && r != nil {
+		x := safeDiv(r.RPS, b.RPS)
+		fmt.Fprintf(out, "  Admit (CLOSED) req/s at 64 callers >= 0.8x: %.2fx  %s\n", x, verdict(x >= 0.8))
+	}
+	if b, r := find(one, "nextdelay", 64), find(three, "nextdelay", 64); b != nil && r != nil {
+		x := safeDiv(r.RPS, b.RPS)
+		fmt.Fprintf(out, "  NextDelay req/s at 64 callers >= 0.5x:      %.2fx  %s\n", x, verdict(x >= 0.5))
+	}
+	for _, ph := range sweepPhaseOrder {
+		if b, r := find(one, ph, 16), find(three, ph, 16); b != nil && r != nil {
+			x := safeDiv(r.P99us, b.P99us)
+			fmt.Fprintf(out, "  %s p99 at 16 callers <= 2x:  %.2fx  %s\n", ph, x, verdict(x > 0 && x <= 2))
+		}
+	}
+	perReq := func(ph string, limit float64) {
+		for _, r := range three {
+			if r.Phase != ph || r.Requests == 0 {
+				continue
+			}
+			den, what := float64(r.Requests), "request"
+			if ph == "report" {
+				den, what = float64(r.Outcomes), "outcome"
+			}
+			x := float64(r.RedisCalls) / den
+			fmt.Fprintf(out, "  Redis commands per %s, %s at %d callers <= %g: %.4f  %s\n", what, ph, r.Callers, limit, x, verdict(x <= limit))
+		}
+	}
+	perReq("admit", 0)
+	perReq("nextdelay", 1)
+	perReq("report", 0.01)
+	p99 := time.Duration(prop.FromSend.quantile(0.99))
+	fmt.Fprintf(out, "  transition reaches the other replicas' subscribers within 50ms p99: %s (from sending)  %s\n",
+		fmtUs(us(p99)), verdict(prop.Samples > 0 && prop.Missed == 0 && p99 <= 50*time.Millisecond))
+}
+
+func safeDiv(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
+}
