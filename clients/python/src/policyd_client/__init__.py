@@ -40,6 +40,7 @@ from .aio import AsyncClient
 from .client import Client
 from .errors import (
     ClassifiedFailure,
+    Deduplicated,
     HTTPStatusError,
     LocalError,
     ParseError,
@@ -58,6 +59,7 @@ __all__ = [
     "Cancelled",
     "ClassifiedFailure",
     "Client",
+    "Deduplicated",
     "Disposition",
     "Event",
     "EventHook",
