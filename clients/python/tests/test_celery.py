@@ -74,6 +74,10 @@ def recording(policyd: Daemon, tenant: str, make_client: Any) -> Iterator[pc.Cli
 
 def test_retries_with_policyds_countdown(worker: None, recording: pc.Client, policyd: Daemon, tenant: str,
                                          flaky: Flaky) -> None:
+    # The reset's outcome is unknown: the write is replayed only to an
+    # upstream that deduplicates by key.
+    policyd.admin_call("SetPolicy", apb.SetPolicyRequest(
+        tenant=tenant, target="grants", policy=types_pb2.Policy(upstream_dedupes_by_key=True)))
     flaky.script(busy(1, retry_after="7"), RESET)
     r = submit.delay(flaky.url + "/applications", "doc-31")
     assert r.get(timeout=60) == "ok after 3"
@@ -91,6 +95,24 @@ def test_retries_with_policyds_countdown(worker: None, recording: pc.Client, pol
     audit = policyd.admin_call("QueryAudit", apb.QueryAuditRequest(call_id=r.id, tenant=tenant))
     events = [types_pb2.AuditEvent.Name(x.event) for x in audit.records]
     assert events.count("AUDIT_EVENT_DECISION") == 2 and "AUDIT_EVENT_FINAL" in events, events
+
+
+def test_a_reset_write_is_dead_lettered_unless_the_upstream_dedupes(worker: None, recording: pc.Client,
+                                                                     flaky: Flaky) -> None:
+    # The default: the reset leaves the write's outcome unknown, so the
+    # retry's claim of the key is refused and the task fails unrun.
+    flaky.script(RESET)
+    r = submit.delay(flaky.url + "/applications", "doc-36")
+    with pytest.raises(CallRefused, match="ended dead_letter") as err:
+        r.get(timeout=60)
+    assert (err.value.disposition, err.value.reason) == ("dead_letter", "idempotency:unknown")
+    assert [n for n, _, _ in seen] == [1] and len(flaky.seen) == 1
+    # A success of the key is kept: the same document again is not sent,
+    # and the task returns the first one's result.
+    flaky.script()
+    assert submit.delay(flaky.url + "/a", "doc-37").get(timeout=60) == "ok after 1"
+    assert submit.delay(flaky.url + "/a", "doc-37").get(timeout=60) == "ok after 1"
+    assert len(flaky.seen) == 1
 
 
 def test_policyds_stops_fail_the_task(worker: None, recording: pc.Client, flaky: Flaky) -> None:

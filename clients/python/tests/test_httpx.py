@@ -11,6 +11,9 @@ from typing import Any, AsyncIterator, Iterator
 import httpx
 import pytest
 
+from retrypolicy.v1 import admin_service_pb2 as apb
+from retrypolicy.v1 import types_pb2
+
 import policyd_client as pc
 from policyd_client.httpx import AsyncTransport, BodyNotReplayable, Transport
 
@@ -20,6 +23,13 @@ from flaky import RESET, Flaky, Reply, assert_retry_delays, busy, flaky  # noqa:
 
 def sync_http(c: pc.Client, **kw: Any) -> httpx.Client:
     return httpx.Client(transport=Transport(c, **kw))
+
+
+def dedupes_by_key(d: Daemon, tenant: str, target: str = "") -> None:
+    """Sets the policy of tenant (and target) to say the upstream
+    deduplicates by key: a keyed write whose outcome was lost is retried."""
+    d.admin_call("SetPolicy", apb.SetPolicyRequest(
+        tenant=tenant, target=target, policy=types_pb2.Policy(upstream_dedupes_by_key=True)))
 
 
 def test_retries_after_the_servers_retry_after(policyd: Daemon, tenant: str, make_client: Any, clock: FakeClock,
@@ -37,6 +47,7 @@ def test_retries_after_the_servers_retry_after(policyd: Daemon, tenant: str, mak
 
 def test_a_write_with_a_submission_id_is_replayed_with_one_key(policyd: Daemon, tenant: str, make_client: Any,
                                                                 flaky: Flaky) -> None:
+    dedupes_by_key(policyd, tenant)  # the reset's outcome is unknown: replayed only to an upstream that dedupes
     flaky.script(busy(1), RESET)
     body = b'{"applicant": "doc-17"}'
     with sync_http(make_client(policyd, tenant)) as http:
@@ -46,6 +57,20 @@ def test_a_write_with_a_submission_id_is_replayed_with_one_key(policyd: Daemon, 
     want = pc.idempotency_key("doc-17", body)
     assert [s.headers.get("idempotency-key") for s in flaky.seen] == [want] * 3
     assert [s.body for s in flaky.seen] == [body] * 3
+
+
+def test_a_reset_write_is_dead_lettered_unless_the_upstream_dedupes(policyd: Daemon, tenant: str, make_client: Any,
+                                                                     flaky: Flaky) -> None:
+    # The default: a reset leaves unknown whether the write was applied, so
+    # the ledger refuses the retry and the upstream sees the request once.
+    flaky.script(RESET)
+    events: list[pc.Event] = []
+    with sync_http(make_client(policyd, tenant, on_event=events.append)) as http:
+        with pytest.raises(httpx.TransportError):
+            http.post(flaky.url + "/applications", content=b"{}", extensions={"policyd_submission_id": "doc-18"})
+    stopped = [(e.disposition, e.reason) for e in events if e.kind is pc.EventKind.STOPPED]
+    assert stopped == [(pc.Disposition.DEAD_LETTER, "idempotency:unknown")], stopped
+    assert len(flaky.seen) == 1
 
 
 def test_the_callers_key_and_header_name_are_kept(policyd: Daemon, tenant: str, make_client: Any,
@@ -133,9 +158,11 @@ def aclient(d: Daemon, tenant: str, clock: FakeClock, **kw: Any) -> pc.AsyncClie
 
 def test_async_retries_replays_and_keeps_one_key(policyd: Daemon, tenant: str, clock: FakeClock, flaky: Flaky) -> None:
     body = b'{"applicant": "doc-9"}'
+    events: list[pc.Event] = []
+    dedupes_by_key(policyd, tenant, "127.0.0.1:" + flaky.url.rsplit(":", 1)[1])
 
     async def main() -> None:
-        async with aclient(policyd, tenant, clock) as c:
+        async with aclient(policyd, tenant, clock, on_event=events.append) as c:
             assert await c.ready(timeout=15)
             async with httpx.AsyncClient(transport=AsyncTransport(c)) as http:
                 flaky.script(busy(1, retry_after="3"), RESET)
@@ -146,6 +173,17 @@ def test_async_retries_replays_and_keeps_one_key(policyd: Daemon, tenant: str, c
                 assert [s.headers.get("idempotency-key") for s in flaky.seen] == [want] * 3
                 assert [s.body for s in flaky.seen] == [body] * 3
                 assert clock.waits[0] >= 3
+
+                # Without upstream_dedupes_by_key (another target), a reset
+                # write is dead-lettered: the upstream saw it once.
+                flaky.script(RESET)
+                async with httpx.AsyncClient(transport=AsyncTransport(c, target="grants")) as other:
+                    with pytest.raises(httpx.TransportError):
+                        await other.post(flaky.url + "/applications", content=body,
+                                         extensions={"policyd_submission_id": "doc-10"})
+                assert len(flaky.seen) == 1
+                stopped = [(e.target, e.reason) for e in events if e.kind is pc.EventKind.STOPPED]
+                assert stopped == [("grants", "idempotency:unknown")], stopped
 
                 flaky.script(busy(1), busy(2), busy(3))
                 resp = await http.get(flaky.url + "/x")
@@ -209,10 +247,16 @@ def test_the_key_is_the_same_in_another_process(policyd: Daemon, tenant: str, ma
 
     subprocess.run([sys.executable, "-c", SEND_FROM_ANOTHER_PROCESS, policyd.address, tenant, flaky.url + "/a"],
                    check=True, timeout=60)
+    # The other process's write succeeded: its key is SUCCEEDED in the
+    # ledger, so this one is not sent and raises Deduplicated.
     with sync_http(make_client(policyd, tenant)) as http:
-        http.post(flaky.url + "/a", content=b"same body", extensions={"policyd_submission_id": "doc-77"})
-    keys = [s.headers.get("idempotency-key") for s in flaky.seen]
-    assert len(keys) == 2 and keys[0] == keys[1] == pc.idempotency_key("doc-77", b"same body")
+        with pytest.raises(pc.Deduplicated) as err:
+            http.post(flaky.url + "/a", content=b"same body", extensions={"policyd_submission_id": "doc-77"})
+    key = pc.idempotency_key("doc-77", b"same body")
+    res = err.value.result
+    assert (res.ok, res.deduplicated, res.attempts, res.idempotency_key) == (True, True, 0, key), res
+    assert err.value.result_ref == "" and isinstance(err.value, pc.RetryError)
+    assert [s.headers.get("idempotency-key") for s in flaky.seen] == [key]
 
 
 def test_policyds_attempt_timeout_caps_the_clients(tenant: str, make_client: Any) -> None:

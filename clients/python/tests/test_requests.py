@@ -53,6 +53,27 @@ def test_a_write_with_a_submission_id_is_replayed_with_one_key(policyd: Daemon, 
     assert resp.status_code == 200 and [x.body for x in flaky.seen] == [b"file body"] * 2
 
 
+def test_the_ledger_dead_letters_a_reset_write_and_answers_a_succeeded_one(policyd: Daemon, tenant: str,
+                                                                            make_client: Any, flaky: Flaky) -> None:
+    events: list[pc.Event] = []
+    with session(make_client(policyd, tenant, on_event=events.append),
+                 submission_id=lambda r: r.headers.get("X-Document")) as s:
+        # A reset leaves the write's outcome unknown: not retried (the
+        # policy does not say the upstream deduplicates), sent once.
+        flaky.script(RESET)
+        with pytest.raises(requests.ConnectionError):
+            s.post(flaky.url + "/applications", data=b"{}", headers={"X-Document": "doc-20"})
+        stopped = [(e.disposition, e.reason) for e in events if e.kind is pc.EventKind.STOPPED]
+        assert stopped == [(pc.Disposition.DEAD_LETTER, "idempotency:unknown")] and len(flaky.seen) == 1
+        # A succeeded key: the same document again is not sent.
+        flaky.script()
+        assert s.post(flaky.url + "/applications", data=b"{}", headers={"X-Document": "doc-21"}).status_code == 200
+        with pytest.raises(pc.Deduplicated) as err:
+            s.post(flaky.url + "/applications", data=b"{}", headers={"X-Document": "doc-21"})
+    assert err.value.result.deduplicated and err.value.result.idempotency_key == pc.idempotency_key("doc-21", b"{}")
+    assert len(flaky.seen) == 1
+
+
 def test_the_response_policyd_stops_on_is_returned_readable(policyd: Daemon, tenant: str, make_client: Any,
                                                              flaky: Flaky) -> None:
     with session(make_client(policyd, tenant)) as s:

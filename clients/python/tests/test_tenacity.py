@@ -42,6 +42,10 @@ def test_retry_decorator_waits_what_policyd_says(policyd: Daemon, tenant: str, m
                                                  flaky: Flaky) -> None:
     events: list[pc.Event] = []
     c = make_client(policyd, tenant, on_event=events.append)
+    # The reset's outcome is unknown: the write is replayed only to an
+    # upstream that deduplicates by key.
+    policyd.admin_call("SetPolicy", apb.SetPolicyRequest(
+        tenant=tenant, target="geo", policy=types_pb2.Policy(upstream_dedupes_by_key=True)))
     policy = Policy(c, "geo", submission=lambda url, doc: (doc, url))
 
     @tenacity.retry(**policy.strategies(), sleep=tsleep(clock))
@@ -58,6 +62,27 @@ def test_retry_decorator_waits_what_policyd_says(policyd: Daemon, tenant: str, m
     audit = policyd.admin_call("QueryAudit", apb.QueryAuditRequest(call_id="doc-5", tenant=tenant))
     audited = [types_pb2.AuditEvent.Name(r.event) for r in audit.records]
     assert audited.count("AUDIT_EVENT_DECISION") == 2 and "AUDIT_EVENT_FINAL" in audited, audited
+
+
+def test_a_reset_write_is_dead_lettered_unless_the_upstream_dedupes(policyd: Daemon, tenant: str, make_client: Any,
+                                                                     clock: FakeClock, flaky: Flaky) -> None:
+    c = make_client(policyd, tenant)
+    policy = Policy(c, "geo", submission=lambda url, doc: (doc, url))
+
+    @tenacity.retry(**policy.strategies(), sleep=tsleep(clock))
+    def post(url: str, doc: str) -> str:
+        return fetch(url)
+
+    flaky.script(RESET)
+    with pytest.raises(pc.RetryError) as err:
+        post(flaky.url + "/x", "doc-6")
+    res = err.value.result
+    assert (res.disposition, res.reason, res.attempts) == (pc.Disposition.DEAD_LETTER, "idempotency:unknown", 1), res
+    assert len(flaky.seen) == 1
+    # A success of the key is kept: the same document again is not sent.
+    flaky.script()
+    assert post(flaky.url + "/y", "doc-7") == "ok after 1"
+    assert post(flaky.url + "/y", "doc-7") == "ok after 1" and len(flaky.seen) == 1
 
 
 def test_retrying_stops_where_policyd_stops(policyd: Daemon, tenant: str, make_client: Any, clock: FakeClock,
@@ -124,12 +149,25 @@ def test_async_retrying(policyd: Daemon, tenant: str, clock: FakeClock, flaky: F
             assert await retrying(get) == "ok after 3"
             assert keys == [pc.idempotency_key("doc-8", b"")] * 3 and clock.waits[0] >= 4
 
+            # doc-8 succeeded: the ledger answers it again without a request.
+            flaky.script()
+            assert await tenacity.AsyncRetrying(**policy.strategies(), sleep=clock.asleep)(get) == "ok after 3"
+            assert flaky.seen == [] and len(keys) == 3
+            states: list[tenacity.RetryCallState] = []
+            async for attempt in tenacity.AsyncRetrying(**policy.strategies(), sleep=clock.asleep):
+                states.append(attempt.retry_state)
+                with attempt:
+                    await get()
+            assert states == [] and flaky.seen == []
+
+            # Another document (its own key) meets a terminal refusal.
+            other = AsyncPolicy(c, "geo", submission=lambda: ("doc-9", b""))
             flaky.script(Reply(422))
             with pytest.raises(tenacity.RetryError):
-                async for attempt in tenacity.AsyncRetrying(**policy.strategies(), sleep=clock.asleep):
+                async for attempt in tenacity.AsyncRetrying(**other.strategies(), sleep=clock.asleep):
                     with attempt:
                         await get()
-            res = policy.result(attempt.retry_state)
+            res = other.result(attempt.retry_state)
             assert res is not None and res.disposition is pc.Disposition.FAILED_TERMINAL
 
     asyncio.run(main())
@@ -139,7 +177,7 @@ class Interrupted(BaseException):
     """Not an Exception, as KeyboardInterrupt and a task's cancellation are not."""
 
 
-def test_a_failure_that_is_not_an_exception_cuts_the_call(policyd: Daemon, tenant: str, make_client: Any,
+def test_a_failure_that_is_not_an_exception_dead_letters_the_call(policyd: Daemon, tenant: str, make_client: Any,
                                                           clock: FakeClock) -> None:
     policy = Policy(make_client(policyd, tenant), "geo", idempotent=True)
     with pytest.raises(Interrupted):
@@ -148,11 +186,11 @@ def test_a_failure_that_is_not_an_exception_cuts_the_call(policyd: Daemon, tenan
                 raise Interrupted()
     res = policy.result(attempt.retry_state)
     assert res is not None and (res.disposition, res.stop_reason, res.attempts) == (
-        pc.Disposition.DEADLINE_CUT, pc.StopReason.DEADLINE, 1)
+        pc.Disposition.DEAD_LETTER, pc.StopReason.DEADLINE, 1)
     assert clock.waits == []
 
 
-def test_async_cancellation_cuts_the_call(policyd: Daemon, tenant: str, clock: FakeClock) -> None:
+def test_async_cancellation_dead_letters_the_call(policyd: Daemon, tenant: str, clock: FakeClock) -> None:
     async def main() -> None:
         async with pc.AsyncClient(policyd.address, tenant=tenant, sleep=clock.asleep, now=clock.now,
                                   decision_timeout=5.0) as c:
@@ -176,6 +214,7 @@ def test_async_cancellation_cuts_the_call(policyd: Daemon, tenant: str, clock: F
             with pytest.raises(asyncio.CancelledError):
                 await task
             res = policy.result(states[0])
-            assert res is not None and res.disposition is pc.Disposition.DEADLINE_CUT
+            assert res is not None and (res.disposition, res.stop_reason) == (
+                pc.Disposition.DEAD_LETTER, pc.StopReason.DEADLINE)
 
     asyncio.run(main())

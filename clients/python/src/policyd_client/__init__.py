@@ -41,6 +41,7 @@ from .aio import AsyncClient
 from .client import Client
 from .errors import (
     ClassifiedFailure,
+    Deduplicated,
     HTTPStatusError,
     LocalError,
     ParseError,
@@ -60,6 +61,7 @@ __all__ = [
     "Cancelled",
     "ClassifiedFailure",
     "Client",
+    "Deduplicated",
     "Disposition",
     "Event",
     "EventHook",

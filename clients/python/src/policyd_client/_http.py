@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Optional, TypeVar, Union
 
 from ._model import Call, Cancelled, Result
-from .errors import HTTPStatusError, RetryError
+from .errors import Deduplicated, HTTPStatusError, RetryError
 
 R = TypeVar("R")
 
@@ -86,7 +86,11 @@ def answer(res: Result[R]) -> R:
     the last attempt (a success, or the failing response policyd stopped
     on). A transport error the last attempt raised is raised again; a call
     that ended without a response (the breaker refused its first attempt,
-    or it was cancelled) raises :class:`RetryError`."""
+    or it was cancelled) raises :class:`RetryError`, and one the
+    idempotency ledger answered with an earlier success (no request sent)
+    raises :class:`Deduplicated`."""
+    if res.deduplicated:
+        raise Deduplicated(res)
     if res.ok:
         return res.value  # type: ignore[return-value]
     err = res.error

@@ -15,8 +15,15 @@ cannot answer in time). When policyd says retry, the task calls
 ``self.retry(exc=..., countdown=<policyd's delay>)``, so the worker is free
 during the wait and the retry may run in another process; when it says
 stop, the task fails with the last exception (a call that ended before its
-attempt ran, refused by the breaker or cut by its deadline during a
-cool-down, with :class:`CallRefused`). Successes and final dispositions are
+attempt ran, with :class:`CallRefused`: refused by the breaker, its deadline
+passing during a cool-down, its run past its cut-off, or its key's previous
+outcome unknown). A task with a key (``policyd_submission``, not
+idempotent) claims it in policyd's idempotency ledger before each attempt:
+when an earlier execution of the key succeeded, the body is not run and
+the task returns that execution's result reference (the string it
+returned); after a timeout, a reset or a 504 the next execution fails with
+``CallRefused`` (``dead_letter``, ``idempotency:unknown``) unless the
+target's policy sets ``upstream_dedupes_by_key``. Successes and final dispositions are
 reported in the background, as by :meth:`Client.call`. The attempt number
 (``request.retries + 1``), the call's origin time and the last delay travel
 with the retry in the ``policyd`` message header, so the deadline and the
@@ -58,8 +65,11 @@ _NEVER = threading.Event()
 
 class CallRefused(Exception):
     """A task execution policyd ended before its attempt ran: the breaker
-    refused it (``disposition`` ``circuit_open``) or a cool-down would pass
-    its deadline (``deadline_cut``). Its arguments are plain strings, so a
+    refused it (``disposition`` ``circuit_open``), a cool-down would pass
+    its deadline (``dead_letter``) or its run's cut-off (``deadline_cut``),
+    its run is past its cut-off (``deadline_cut``, ``run:cutoff``), or the
+    previous attempt's outcome is unknown and the upstream does not
+    deduplicate (``dead_letter``, ``idempotency:unknown``). Its arguments are plain strings, so a
     result backend stores it and the caller gets it back as it was."""
 
     def __init__(self, message: str, disposition: str = "", reason: str = "") -> None:

@@ -49,6 +49,7 @@ __all__ = [
     "ParseError",
     "ValidationError",
     "RetryError",
+    "Deduplicated",
     "ClassifiedFailure",
     "classify_exception",
 ]
@@ -155,6 +156,21 @@ class RetryError(Exception):
             f"policyd_client: call {result.call_id} ended {result.disposition.value}"
             f" ({stop}, {result.reason or 'no failure'}) after {result.attempts} attempt(s)"
         )
+
+
+class Deduplicated(RetryError):
+    """Raised by the HTTP adapters for a call the idempotency ledger
+    answered: an earlier attempt with the same key (in this process or
+    another) succeeded, so the request was not sent and there is no
+    response to return. ``result.deduplicated`` is True and
+    ``result_ref`` is the earlier attempt's result reference (``""`` when
+    it kept none)."""
+
+    def __init__(self, result: Result[Any]) -> None:
+        super().__init__(result)
+        self.result_ref: str = result.value if isinstance(result.value, str) else ""
+        self.args = (f"policyd_client: call {result.call_id} was deduplicated: an earlier attempt with key "
+                     f"{result.idempotency_key} succeeded (result reference {self.result_ref!r}); nothing was sent",)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,11 @@ The answer is the last attempt's response, its body unread and readable
 (the success, or the failing response policyd stopped on, which
 ``raise_for_status()`` turns into an ``httpx.HTTPStatusError`` as usual);
 the last attempt's transport error is raised again; a call the breaker
-refused before any attempt raises :class:`policyd_client.RetryError`.
+refused before any attempt raises :class:`policyd_client.RetryError`; a
+write whose key the idempotency ledger holds as SUCCEEDED (an earlier
+attempt, in this process or another, succeeded) is not sent and raises
+:class:`policyd_client.Deduplicated`, whose ``result_ref`` is the earlier
+attempt's result reference.
 
 Idempotency: GET, HEAD, OPTIONS, TRACE, PUT and DELETE are idempotent and
 retried as such. A request that carries the key header (``key_header``,
@@ -31,7 +35,11 @@ default ``Idempotency-Key``) keeps its key; one with a submission id
 ``submission_id`` function) gets the key derived from the id and the body,
 as :func:`policyd_client.idempotency_key` derives it, the same on every
 attempt and in every process, sent in the key header. Without either, a POST
-or PATCH is not retried (policyd stops it as not idempotent).
+or PATCH is not retried (policyd stops it as not idempotent). A keyed POST
+or PATCH claims its key in policyd's idempotency ledger before each attempt:
+after a timeout, a reset or a 504 its outcome is unknown, and the retry is
+dead-lettered (``idempotency:unknown``; the last transport error or the 504
+is the answer) unless the target's policy sets ``upstream_dedupes_by_key``.
 
 Bodies are replayed: bytes (``content=``, ``json=``, ``data=``) as they
 are, a multipart body read into memory once. A streaming body (a generator

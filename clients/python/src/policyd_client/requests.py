@@ -14,8 +14,14 @@ error (``requests.ConnectionError``, ``requests.Timeout``) by what it wraps;
 each attempt's timeout is capped by policyd's per-attempt timeout; the
 answer is the last attempt's response, its body readable (the success, or
 the failing response policyd stopped on); the last attempt's transport error
-is raised again, and a call the breaker refused before any attempt raises
-:class:`policyd_client.RetryError`. urllib3's own retries stay off.
+is raised again, a call the breaker refused before any attempt raises
+:class:`policyd_client.RetryError`, and a keyed write the idempotency ledger
+answered with an earlier success is not sent and raises
+:class:`policyd_client.Deduplicated` (``result_ref``: that success's result
+reference). A keyed POST or PATCH whose previous attempt's outcome is
+unknown (a timeout, a reset, a 504) is dead-lettered
+(``idempotency:unknown``) unless the target's policy sets
+``upstream_dedupes_by_key``. urllib3's own retries stay off.
 
 Idempotency: GET, HEAD, OPTIONS, TRACE, PUT and DELETE are retried as
 idempotent; a request carrying the key header (``key_header``, default

@@ -31,12 +31,26 @@ policyd was told continue. :meth:`Policy.result` says how a call ended,
 :meth:`Policy.attempt` (or :func:`policyd_client.current_attempt` inside the
 function) gives the attempt's timeout and idempotency key. A failure that
 is not an ``Exception`` (``KeyboardInterrupt``, a task's cancellation) ends
-the call as ``deadline_cut`` and is raised as it is.
+the call as ``dead_letter`` with stop reason ``DEADLINE`` and is raised as
+it is.
+
+A call with an idempotency key (a non-idempotent one with ``submission``)
+claims it in policyd's ledger before each attempt. When an earlier attempt
+of the key succeeded (in this process or another), the call ends as
+succeeded without calling the function: the retrying call returns the
+earlier attempt's result reference (the string it returned; None if it kept
+none), the iterator form ends without an attempt, and
+:meth:`Policy.result` has ``deduplicated`` set. When the previous attempt's
+outcome is unknown (a timeout, a reset, a 504), ``before`` raises
+:class:`policyd_client.RetryError` (``dead_letter``,
+``idempotency:unknown``) unless the target's policy sets
+``upstream_dedupes_by_key``.
 """
 
 from __future__ import annotations
 
 import contextvars
+import inspect
 import logging
 import threading
 import weakref
@@ -85,6 +99,27 @@ def _fn(_: Attempt) -> None:
 
 async def _afn(_: Attempt) -> None:
     """_fn, for the asyncio client."""
+
+
+def _skip_attempt(rs: RetryCallState, value: Any) -> bool:
+    """Makes the tenacity call of rs end now with value, without calling
+    the function: tenacity runs the actions of an iteration in order, and
+    the one after ``before`` (running now) is the attempt; it is replaced by
+    one that returns value (the call form returns it, the iterator form
+    ends). Says whether tenacity's actions were as expected."""
+    state = getattr(rs.retry_object, "iter_state", None)
+    actions = getattr(state, "actions", None)
+    if not isinstance(actions, list) or len(actions) != 2:
+        return False
+
+    def done(_: RetryCallState) -> Any:
+        return value
+
+    async def adone(_: RetryCallState) -> Any:
+        return value
+
+    actions[1] = adone if inspect.iscoroutinefunction(actions[1]) else done
+    return True
 
 
 class _Run:
@@ -171,10 +206,13 @@ class _Strategies:
         self._runs[rs] = run
         return run, None
 
-    def _admitted(self, run: _Run, effect: Optional[_loop.Effect]) -> None:
-        """Starts the attempt the loop admitted, or refuses it."""
+    def _admitted(self, run: _Run, effect: Optional[_loop.Effect], rs: RetryCallState) -> None:
+        """Starts the attempt the loop admitted, or refuses it. A call the
+        idempotency ledger answered ends as succeeded without the attempt."""
         if effect is None:
             assert run.result is not None
+            if run.result.deduplicated and _skip_attempt(rs, run.result.value):
+                return
             raise RetryError(run.result)
         assert isinstance(effect, _loop.Invoke)
         run.attempt = effect.attempt
@@ -202,7 +240,7 @@ class _Strategies:
 
     @staticmethod
     def _cancel(run: _Run, add: Callable[[PendingOutcome], None]) -> None:
-        """Ends a call whose attempt was cancelled (DEADLINE_CUT), queueing
+        """Ends a call whose attempt was cancelled (DEAD_LETTER, DEADLINE), queueing
         what the loop reports with add."""
         try:
             effect = run.loop.throw(_loop.CallCancelled())
@@ -279,7 +317,7 @@ class Policy(_Strategies):
     def before(self, rs: RetryCallState) -> None:
         """Admits the attempt rs is about to make."""
         run, reply = self._begin(rs)
-        self._admitted(run, self._drive(run, reply, admitting=True))
+        self._admitted(run, self._drive(run, reply, admitting=True), rs)
 
     def retry(self, rs: RetryCallState) -> bool:
         """Reports the attempt's outcome and asks policyd what follows."""
@@ -341,7 +379,7 @@ class AsyncPolicy(_Strategies):
     async def before(self, rs: RetryCallState) -> None:
         """Admits the attempt rs is about to make."""
         run, reply = self._begin(rs)
-        self._admitted(run, await self._drive(run, reply, admitting=True))
+        self._admitted(run, await self._drive(run, reply, admitting=True), rs)
 
     async def retry(self, rs: RetryCallState) -> bool:
         """Reports the attempt's outcome and asks policyd what follows."""
