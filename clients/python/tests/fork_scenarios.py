@@ -58,8 +58,11 @@ def sync_used(address: str, tenant: str, run_id: str) -> dict[str, Any]:
     assert c.call(pc.Call(target="geo", idempotent=True, run_id=run_id, call_id="parent-0"), script()[0]).ok
 
     def child(i: int) -> dict[str, Any]:
-        res = c.call(pc.Call(target="geo", idempotent=True, run_id=run_id, call_id=f"child-{i}"), script(S503)[0])
+        # Ready first, as a worker started by gunicorn or Celery would be:
+        # the child's fresh channel connects before its first decision, so
+        # a slow connect on a loaded machine is not taken for policyd away.
         ready = c.ready(timeout=15)
+        res = c.call(pc.Call(target="geo", idempotent=True, run_id=run_id, call_id=f"child-{i}"), script(S503)[0])
         lost = c.close(timeout=5)
         return {"ok": res.ok, "local": res.local, "attempts": res.attempts, "ready": ready, "lost": lost,
                 "sent": c.stats().outcomes_sent}
