@@ -65,6 +65,9 @@ func (s *Store) ClaimKey(ref policy.KeyRef, c policy.KeyClaim) (policy.KeyAnswer
 			return policy.KeyAnswer{}, fmt.Errorf("%w: %d keys of tenant %q (cap %d)", ErrTooManyKeys,
 				t.perTenant[ref.Tenant], ref.Tenant, s.opts.MaxKeysPerTenant)
 		}
+		// Making room may have dropped ref's own expired record: claim
+		// into what the store holds now.
+		r, exists = t.recs[ref]
 	}
 	next := fleet.KeyRecord{}
 	if exists {

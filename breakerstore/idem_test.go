@@ -46,3 +46,29 @@ func TestKeysAreDurable(t *testing.T) {
 		t.Errorf("%d idempotency records on disk after the sweep (%v), want none", n, err)
 	}
 }
+
+// TestAnExpiredKeyClaimedAgainAtTheCap: a tenant at its key cap claims a
+// key whose record has expired. Making room drops that very record, so the
+// new claim must go into a fresh record the store holds, not into the one
+// just dropped; before the fix the claim reached the disk only, and the
+// key read as not found until a restart.
+func TestAnExpiredKeyClaimedAgainAtTheCap(t *testing.T) {
+	e := newEnv(t, func(o *breakerstore.Options) { o.MaxKeysPerTenant = 1 })
+	s := e.open()
+	now := e.clock.Now()
+	k := policy.KeyRef{Tenant: "t", Key: "k"}
+	must(s.ClaimKey(k, policy.KeyClaim{LeaseUntil: now.Add(time.Second), Expires: now.Add(time.Minute)})).get(t)
+	e.clock.Advance(2 * time.Minute)
+	now = e.clock.Now()
+	a := must(s.ClaimKey(k, policy.KeyClaim{LeaseUntil: now.Add(time.Second), Expires: now.Add(time.Minute)})).get(t)
+	if a.State != policy.KeyNew || a.LeaseID == "" {
+		t.Fatalf("claim of the expired key: %+v, want NEW with a lease", a)
+	}
+	if v, err := s.Key(k); err != nil || v.State != policy.KeyInFlight {
+		t.Errorf("Key after the new claim = %+v, %v; want IN_FLIGHT", v, err)
+	}
+	other := policy.KeyRef{Tenant: "t", Key: "other"}
+	if _, err := s.ClaimKey(other, policy.KeyClaim{LeaseUntil: now.Add(time.Second), Expires: now.Add(time.Minute)}); err == nil {
+		t.Errorf("a second live key beyond the cap of 1 was admitted, want it refused")
+	}
+}
