@@ -1,13 +1,12 @@
 package breakerstore
 
 import (
+	"fmt"
 	"strings"
 
+	"github.com/policyd/policyd/fleet"
 	"github.com/policyd/policyd/policy"
 )
-
-// maxNameLen is the longest tenant, target, run id or call id accepted, in bytes.
-const maxNameLen = 1024
 
 // keyLess reports whether k sorts before o: by Tenant, then Target, which
 // is the byte order of their on-disk form tenant 0x00 target.
@@ -21,26 +20,19 @@ func keyCompare(k, o policy.BreakerKey) int {
 	return strings.Compare(k.Target, o.Target)
 }
 
-// checkName validates a tenant, target or id; empty reports whether "" is allowed.
-func checkName(field, v string, empty bool) error {
-	switch {
-	case v == "" && !empty:
-		return invalid(field, "must not be empty")
-	case len(v) > maxNameLen:
-		return invalid(field, "must be at most 1024 bytes")
-	case strings.IndexByte(v, 0) >= 0:
-		return invalid(field, "must not contain a NUL (0x00) byte")
-	}
-	return nil
-}
+// checkName validates a tenant, target or id by fleet.CheckName's rule;
+// empty reports whether "" is allowed.
+func checkName(field, v string, empty bool) error { return fieldErr(fleet.CheckName(field, v, empty)) }
 
-// checkBreakerKey validates a breaker key: any tenant (including ""), a
-// non-empty target.
-func checkBreakerKey(k policy.BreakerKey) error {
-	if err := checkName("tenant", k.Tenant, true); err != nil {
-		return err
+// checkBreakerKey validates a breaker key by fleet.CheckBreakerKey's rule.
+func checkBreakerKey(k policy.BreakerKey) error { return fieldErr(fleet.CheckBreakerKey(k)) }
+
+// fieldErr is fe as this package's ErrInvalid, nil for none.
+func fieldErr(fe *policy.FieldError) error {
+	if fe == nil {
+		return nil
 	}
-	return checkName("target", k.Target, false)
+	return fmt.Errorf("%w: %w", ErrInvalid, fe)
 }
 
 // joinKey returns a 0x00 b as a fresh byte slice.

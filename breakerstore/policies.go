@@ -29,16 +29,8 @@ type policyRecord struct {
 	Policy  policy.Policy `json:"policy"`
 }
 
-// checkScope validates a policy scope: tenant, target or both.
-func checkScope(tenant, target string) error {
-	if tenant == "" && target == "" {
-		return invalid("tenant, target", "at least one must be set")
-	}
-	if err := checkName("tenant", tenant, true); err != nil {
-		return err
-	}
-	return checkName("target", target, true)
-}
+// checkScope validates a policy scope by fleet.CheckScope's rule.
+func checkScope(tenant, target string) error { return fieldErr(fleet.CheckScope(tenant, target)) }
 
 // SetPolicy sets the policy of a scope (tenant and target, target only with
 // tenant "", or tenant only with target ""), committed before it returns. The

@@ -19,9 +19,6 @@ import (
 	"github.com/policyd/policyd/policy"
 )
 
-// maxDescriptionLen is the longest run description accepted, in bytes.
-const maxDescriptionLen = 4096
-
 // run holds a policy.Run's live state, whose rules live in fleet.Run; mu
 // guards every field but hdr's constant fields (ID, Tenant, Description,
 // Pool, Created) and cutoff.
@@ -64,19 +61,9 @@ func (s *Store) OpenRun(r policy.Run) (policy.Run, error) {
 	now := s.clock.Now()
 	if r.ID == "" {
 		r.ID = newRunID(now)
-	} else if err := checkName("run_id", r.ID, false); err != nil {
-		return policy.Run{}, err
 	}
-	if err := checkName("tenant", r.Tenant, false); err != nil {
+	if err := fieldErr(fleet.CheckRun(&r, now)); err != nil {
 		return policy.Run{}, err
-	}
-	switch {
-	case len(r.Description) > maxDescriptionLen:
-		return policy.Run{}, invalid("description", "must be at most 4096 bytes")
-	case r.Pool == 0:
-		return policy.Run{}, invalid("retry_pool", "must be > 0")
-	case !r.Cutoff.After(now):
-		return policy.Run{}, invalid("cutoff_time", "must be in the future")
 	}
 	if r.RedriveOf != "" {
 		if old, ok := s.runs.get(r.RedriveOf); !ok || old.hdr.Tenant != r.Tenant {

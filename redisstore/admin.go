@@ -305,16 +305,8 @@ func (s *Store) reload(kind, tenant, target string) error {
 	return nil
 }
 
-// checkScope validates a policy scope: tenant, target or both.
-func checkScope(tenant, target string) error {
-	if tenant == "" && target == "" {
-		return invalid("tenant, target", "at least one must be set")
-	}
-	if err := checkName("tenant", tenant, true); err != nil {
-		return err
-	}
-	return checkName("target", target, true)
-}
+// checkScope validates a policy scope by fleet.CheckScope's rule.
+func checkScope(tenant, target string) error { return fieldErr(fleet.CheckScope(tenant, target)) }
 
 // SetPolicy stores the policy of a scope (tenant and target, target only,
 // or tenant only) and tells every replica. The caller has validated p.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -356,28 +355,17 @@ func keyCompare(a, b policy.BreakerKey) int {
 	return cmp.Compare(a.Target, b.Target)
 }
 
-// maxNameLen is the longest tenant, target, run or call id accepted.
-const maxNameLen = 1024
+// checkName validates a tenant, target or id by fleet.CheckName's rule;
+// empty reports whether "" is allowed.
+func checkName(field, v string, empty bool) error { return fieldErr(fleet.CheckName(field, v, empty)) }
 
-// checkName validates a name, as breakerstore does: at most 1024 bytes,
-// no NUL, non-empty unless empty is allowed.
-func checkName(field, v string, empty bool) error {
-	switch {
-	case v == "" && !empty:
-		return invalid(field, "must not be empty")
-	case len(v) > maxNameLen:
-		return invalid(field, "must be at most 1024 bytes")
-	case strings.IndexByte(v, 0) >= 0:
-		return invalid(field, "must not contain a NUL (0x00) byte")
-	}
-	return nil
-}
+// checkBreakerKey validates a breaker key by fleet.CheckBreakerKey's rule.
+func checkBreakerKey(k policy.BreakerKey) error { return fieldErr(fleet.CheckBreakerKey(k)) }
 
-// checkBreakerKey validates a breaker key: any tenant (including ""), a
-// non-empty target.
-func checkBreakerKey(k policy.BreakerKey) error {
-	if err := checkName("tenant", k.Tenant, true); err != nil {
-		return err
+// fieldErr is fe as this package's ErrInvalid, nil for none.
+func fieldErr(fe *policy.FieldError) error {
+	if fe == nil {
+		return nil
 	}
-	return checkName("target", k.Target, false)
+	return fmt.Errorf("%w: %w", ErrInvalid, fe)
 }

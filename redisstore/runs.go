@@ -16,9 +16,6 @@ import (
 	"github.com/policyd/policyd/policy"
 )
 
-// maxDescriptionLen caps a run's description, as breakerstore does.
-const maxDescriptionLen = 4096
-
 // OpenRun creates a batch run (an id is drawn when r.ID is empty): a retry
 // pool of r.Pool retries its calls share until r.Cutoff. The id is unique
 // across the fleet ({policyd}:runs), ErrExists otherwise. r.RedriveOf, when
@@ -34,19 +31,9 @@ func (s *Store) OpenRun(r policy.Run) (policy.Run, error) {
 		binary.BigEndian.PutUint64(b[:8], uint64(now.UnixNano()))
 		_, _ = rand.Read(b[8:])
 		r.ID = hex.EncodeToString(b[:])
-	} else if err := checkName("run_id", r.ID, false); err != nil {
-		return policy.Run{}, err
 	}
-	if err := checkName("tenant", r.Tenant, false); err != nil {
+	if err := fieldErr(fleet.CheckRun(&r, now)); err != nil {
 		return policy.Run{}, err
-	}
-	switch {
-	case len(r.Description) > maxDescriptionLen:
-		return policy.Run{}, invalid("description", "must be at most 4096 bytes")
-	case r.Pool == 0:
-		return policy.Run{}, invalid("retry_pool", "must be > 0")
-	case !r.Cutoff.After(now):
-		return policy.Run{}, invalid("cutoff_time", "must be in the future")
 	}
 	if r.RedriveOf != "" {
 		if t, err := s.runTenant(r.RedriveOf); err != nil || t != r.Tenant {
