@@ -487,13 +487,7 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 		resp, err := l.c.workers.Admit(ctx, &pb.AdmitRequest{Call: l.pbRef(), Attempt: uint32(attempt)})
 		cancel()
 		if err != nil {
-			if l.ctx.Err() != nil {
-				l.res.Err = l.ctx.Err()
-				l.end(DeadLetter, StopDeadline, attempt-1, nil)
-				return "", false
-			}
-			l.c.failed(err)
-			return "", true
+			return "", l.unanswered(err, attempt)
 		}
 		l.c.flow.learn(l.call.target, resp.GetFlowControlled())
 		if c := resp.GetRunCutoffTime(); c != nil && l.call.runID != "" {

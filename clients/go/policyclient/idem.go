@@ -33,13 +33,7 @@ func (l *loop) claim(attempt int) (lease string, ok bool) {
 		resp, err := l.c.workers.ClaimKey(ctx, &pb.ClaimKeyRequest{Call: l.pbRef(), Attempt: uint32(attempt)})
 		cancel()
 		if err != nil {
-			if l.ctx.Err() != nil {
-				l.res.Err = l.ctx.Err()
-				l.end(DeadLetter, StopDeadline, attempt-1, nil)
-				return "", false
-			}
-			l.c.failed(err)
-			return "", true
+			return "", l.unanswered(err, attempt)
 		}
 		switch resp.GetState() {
 		case pb.KeyState_KEY_STATE_SUCCEEDED:
@@ -110,4 +104,18 @@ func (a Attempt) SetResultRef(ref string) {
 	if a.result != nil {
 		*a.result = ref
 	}
+}
+
+// unanswered handles a call to policyd before attempt that did not answer:
+// when the call's own context ended, the call ends a dead letter
+// (DEADLINE) and unanswered returns false; otherwise policyd counts as
+// away (Client.failed) and the attempt goes on without it (true).
+func (l *loop) unanswered(err error, attempt int) bool {
+	if l.ctx.Err() != nil {
+		l.res.Err = l.ctx.Err()
+		l.end(DeadLetter, StopDeadline, attempt-1, nil)
+		return false
+	}
+	l.c.failed(err)
+	return true
 }
