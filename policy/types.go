@@ -189,6 +189,23 @@ type Policy struct {
 	UpstreamDedupesByKey bool
 	// Flow sets the fleet-wide ceilings; the zero value sets none.
 	Flow FlowConfig `json:",omitzero"`
+	// Fallback escalates a call to other providers; the zero value never
+	// does.
+	Fallback Fallback `json:",omitzero"`
+}
+
+// MaxFallbacks is the most fallback targets a policy may name.
+const MaxFallbacks = 4
+
+// Fallback escalates a call from its primary target to other providers
+// (the proto's FallbackSettings has the whole rule): the chain is the
+// primary, then Targets in order; each gets AfterAttempts attempts before
+// the next takes over, and the last keeps the rest. OnCircuitOpen skips a
+// target whose breaker (or ceiling) refuses for the next one.
+type Fallback struct {
+	Targets       []string `json:",omitempty"`
+	AfterAttempts int      `json:",omitempty"`
+	OnCircuitOpen bool     `json:",omitempty"`
 }
 
 // FlowConfig sets the fleet-wide ceilings of a target, keyed as its breaker
@@ -206,7 +223,26 @@ type FlowConfig struct {
 	MaxRate float64 `json:",omitempty"`
 	// Burst is how many attempts the rate ceiling admits at once; 0 means 1.
 	Burst int `json:",omitempty"`
+	// Adaptive lets the concurrency ceiling learn from the upstream
+	// between a floor and MaxInFlight; the zero value keeps it fixed.
+	Adaptive Adaptive `json:",omitzero"`
 }
+
+// Adaptive is an AIMD concurrency ceiling (fleet.AdaptiveLimit has the
+// rules). Enabled turns it on; a zero field takes its default.
+type Adaptive struct {
+	Enabled  bool          `json:",omitempty"`
+	Min      int           `json:",omitempty"` // floor; 0 means 1
+	Decrease float64       `json:",omitempty"` // factor on congestion; 0 means DefaultAdaptiveDecrease
+	Increase float64       `json:",omitempty"` // per window of successes; 0 means DefaultAdaptiveIncrease
+	Hold     time.Duration `json:",omitempty"` // least time between two decreases, besides a window of outcomes
+}
+
+// Defaults of an adaptive ceiling's fields.
+const (
+	DefaultAdaptiveDecrease = 0.7
+	DefaultAdaptiveIncrease = 0.5
+)
 
 // FlowLimits are a policy's ceilings as an engine applies them (see
 // Policy.FlowLimits): Ceiling leases at most (0: no concurrency ceiling),

@@ -9,6 +9,7 @@ package retrypolicyv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -1896,11 +1897,261 @@ func (x *QueryAuditResponse) GetNextPageToken() string {
 	return ""
 }
 
+// AdviseTargetsRequest selects the targets to advise on.
+type AdviseTargetsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tenant, when set, advises on that tenant's calls only; a tenant token
+	// must set it to its own tenant.
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// target, when set, advises on that target only.
+	Target string `protobuf:"bytes,2,opt,name=target,proto3" json:"target,omitempty"`
+	// since is how far back the window reaches; 1m to 168h (the statistics'
+	// retention); default 24h.
+	Since         *durationpb.Duration `protobuf:"bytes,3,opt,name=since,proto3" json:"since,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdviseTargetsRequest) Reset() {
+	*x = AdviseTargetsRequest{}
+	mi := &file_retrypolicy_v1_admin_service_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdviseTargetsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdviseTargetsRequest) ProtoMessage() {}
+
+func (x *AdviseTargetsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_retrypolicy_v1_admin_service_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdviseTargetsRequest.ProtoReflect.Descriptor instead.
+func (*AdviseTargetsRequest) Descriptor() ([]byte, []int) {
+	return file_retrypolicy_v1_admin_service_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *AdviseTargetsRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *AdviseTargetsRequest) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+func (x *AdviseTargetsRequest) GetSince() *durationpb.Duration {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+// AdviseTargetsResponse is the advice per target, in tenant and target
+// order.
+type AdviseTargetsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// advice holds one entry per tenant and target with attempts in the
+	// window.
+	Advice        []*TargetAdvice `protobuf:"bytes,1,rep,name=advice,proto3" json:"advice,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdviseTargetsResponse) Reset() {
+	*x = AdviseTargetsResponse{}
+	mi := &file_retrypolicy_v1_admin_service_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdviseTargetsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdviseTargetsResponse) ProtoMessage() {}
+
+func (x *AdviseTargetsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_retrypolicy_v1_admin_service_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdviseTargetsResponse.ProtoReflect.Descriptor instead.
+func (*AdviseTargetsResponse) Descriptor() ([]byte, []int) {
+	return file_retrypolicy_v1_admin_service_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *AdviseTargetsResponse) GetAdvice() []*TargetAdvice {
+	if x != nil {
+		return x.Advice
+	}
+	return nil
+}
+
+// TargetAdvice is what a target's retries earned over a window and the
+// policy change that follows.
+type TargetAdvice struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tenant and target name the statistics (the attempt's target: a
+	// fallback's attempts count for the fallback).
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// target is the upstream.
+	Target string `protobuf:"bytes,2,opt,name=target,proto3" json:"target,omitempty"`
+	// start_time and end_time bound the window the figures cover.
+	StartTime *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	// end_time is the end of the window.
+	EndTime *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
+	// successes_by_attempt[i] counts calls whose attempt i+1 succeeded on
+	// this target.
+	SuccessesByAttempt []uint64 `protobuf:"varint,5,rep,packed,name=successes_by_attempt,json=successesByAttempt,proto3" json:"successes_by_attempt,omitempty"`
+	// failures_by_attempt[i] counts calls that ended failed (any final
+	// disposition but SUCCEEDED) after attempt i+1 on this target.
+	FailuresByAttempt []uint64 `protobuf:"varint,6,rep,packed,name=failures_by_attempt,json=failuresByAttempt,proto3" json:"failures_by_attempt,omitempty"`
+	// summary says in one line what the retries earned, e.g. "97% of
+	// successes on attempt 1; attempts 2-3 recovered 0.4% of failures".
+	Summary string `protobuf:"bytes,7,opt,name=summary,proto3" json:"summary,omitempty"`
+	// recommendation is the change that follows, in words ("escalate after 1
+	// attempt", "keep max_attempts 3"), or "not enough calls" below the
+	// evidence threshold.
+	Recommendation string `protobuf:"bytes,8,opt,name=recommendation,proto3" json:"recommendation,omitempty"`
+	// proposed_policy is the target's stored policy (or the effective one)
+	// with the change applied; unset when nothing should change.
+	ProposedPolicy *Policy `protobuf:"bytes,9,opt,name=proposed_policy,json=proposedPolicy,proto3" json:"proposed_policy,omitempty"`
+	// changes lists the fields proposed_policy changes, as
+	// "field: old -> new".
+	Changes       []string `protobuf:"bytes,10,rep,name=changes,proto3" json:"changes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TargetAdvice) Reset() {
+	*x = TargetAdvice{}
+	mi := &file_retrypolicy_v1_admin_service_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TargetAdvice) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TargetAdvice) ProtoMessage() {}
+
+func (x *TargetAdvice) ProtoReflect() protoreflect.Message {
+	mi := &file_retrypolicy_v1_admin_service_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TargetAdvice.ProtoReflect.Descriptor instead.
+func (*TargetAdvice) Descriptor() ([]byte, []int) {
+	return file_retrypolicy_v1_admin_service_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *TargetAdvice) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *TargetAdvice) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+func (x *TargetAdvice) GetStartTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartTime
+	}
+	return nil
+}
+
+func (x *TargetAdvice) GetEndTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EndTime
+	}
+	return nil
+}
+
+func (x *TargetAdvice) GetSuccessesByAttempt() []uint64 {
+	if x != nil {
+		return x.SuccessesByAttempt
+	}
+	return nil
+}
+
+func (x *TargetAdvice) GetFailuresByAttempt() []uint64 {
+	if x != nil {
+		return x.FailuresByAttempt
+	}
+	return nil
+}
+
+func (x *TargetAdvice) GetSummary() string {
+	if x != nil {
+		return x.Summary
+	}
+	return ""
+}
+
+func (x *TargetAdvice) GetRecommendation() string {
+	if x != nil {
+		return x.Recommendation
+	}
+	return ""
+}
+
+func (x *TargetAdvice) GetProposedPolicy() *Policy {
+	if x != nil {
+		return x.ProposedPolicy
+	}
+	return nil
+}
+
+func (x *TargetAdvice) GetChanges() []string {
+	if x != nil {
+		return x.Changes
+	}
+	return nil
+}
+
 var File_retrypolicy_v1_admin_service_proto protoreflect.FileDescriptor
 
 const file_retrypolicy_v1_admin_service_proto_rawDesc = "" +
 	"\n" +
-	"\"retrypolicy/v1/admin_service.proto\x12\x0eretrypolicy.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1aretrypolicy/v1/types.proto\"N\n" +
+	"\"retrypolicy/v1/admin_service.proto\x12\x0eretrypolicy.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1aretrypolicy/v1/types.proto\"N\n" +
 	"\x16SetTenantBudgetRequest\x124\n" +
 	"\x06budget\x18\x01 \x01(\v2\x1c.retrypolicy.v1.TenantBudgetR\x06budget\"O\n" +
 	"\x17SetTenantBudgetResponse\x124\n" +
@@ -2011,7 +2262,26 @@ const file_retrypolicy_v1_admin_service_proto_rawDesc = "" +
 	"page_token\x18\x06 \x01(\tR\tpageToken\"s\n" +
 	"\x12QueryAuditResponse\x125\n" +
 	"\arecords\x18\x01 \x03(\v2\x1b.retrypolicy.v1.AuditRecordR\arecords\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken2\xc7\f\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"w\n" +
+	"\x14AdviseTargetsRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
+	"\x06target\x18\x02 \x01(\tR\x06target\x12/\n" +
+	"\x05since\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x05since\"M\n" +
+	"\x15AdviseTargetsResponse\x124\n" +
+	"\x06advice\x18\x01 \x03(\v2\x1c.retrypolicy.v1.TargetAdviceR\x06advice\"\xaf\x03\n" +
+	"\fTargetAdvice\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
+	"\x06target\x18\x02 \x01(\tR\x06target\x129\n" +
+	"\n" +
+	"start_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
+	"\bend_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x120\n" +
+	"\x14successes_by_attempt\x18\x05 \x03(\x04R\x12successesByAttempt\x12.\n" +
+	"\x13failures_by_attempt\x18\x06 \x03(\x04R\x11failuresByAttempt\x12\x18\n" +
+	"\asummary\x18\a \x01(\tR\asummary\x12&\n" +
+	"\x0erecommendation\x18\b \x01(\tR\x0erecommendation\x12?\n" +
+	"\x0fproposed_policy\x18\t \x01(\v2\x16.retrypolicy.v1.PolicyR\x0eproposedPolicy\x12\x18\n" +
+	"\achanges\x18\n" +
+	" \x03(\tR\achanges2\xaa\r\n" +
 	"\fAdminService\x12b\n" +
 	"\x0fSetTenantBudget\x12&.retrypolicy.v1.SetTenantBudgetRequest\x1a'.retrypolicy.v1.SetTenantBudgetResponse\x12g\n" +
 	"\x0fGetTenantBudget\x12&.retrypolicy.v1.GetTenantBudgetRequest\x1a'.retrypolicy.v1.GetTenantBudgetResponse\"\x03\x90\x02\x01\x12m\n" +
@@ -2031,7 +2301,8 @@ const file_retrypolicy_v1_admin_service_proto_rawDesc = "" +
 	"\bListRuns\x12\x1f.retrypolicy.v1.ListRunsRequest\x1a .retrypolicy.v1.ListRunsResponse\"\x03\x90\x02\x01\x12^\n" +
 	"\fListRunCalls\x12#.retrypolicy.v1.ListRunCallsRequest\x1a$.retrypolicy.v1.ListRunCallsResponse\"\x03\x90\x02\x01\x12X\n" +
 	"\n" +
-	"QueryAudit\x12!.retrypolicy.v1.QueryAuditRequest\x1a\".retrypolicy.v1.QueryAuditResponse\"\x03\x90\x02\x01B@Z>github.com/policyd/policyd/gen/go/retrypolicy/v1;retrypolicyv1b\x06proto3"
+	"QueryAudit\x12!.retrypolicy.v1.QueryAuditRequest\x1a\".retrypolicy.v1.QueryAuditResponse\"\x03\x90\x02\x01\x12a\n" +
+	"\rAdviseTargets\x12$.retrypolicy.v1.AdviseTargetsRequest\x1a%.retrypolicy.v1.AdviseTargetsResponse\"\x03\x90\x02\x01B@Z>github.com/policyd/policyd/gen/go/retrypolicy/v1;retrypolicyv1b\x06proto3"
 
 var (
 	file_retrypolicy_v1_admin_service_proto_rawDescOnce sync.Once
@@ -2045,7 +2316,7 @@ func file_retrypolicy_v1_admin_service_proto_rawDescGZIP() []byte {
 	return file_retrypolicy_v1_admin_service_proto_rawDescData
 }
 
-var file_retrypolicy_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_retrypolicy_v1_admin_service_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_retrypolicy_v1_admin_service_proto_goTypes = []any{
 	(*SetTenantBudgetRequest)(nil),     // 0: retrypolicy.v1.SetTenantBudgetRequest
 	(*SetTenantBudgetResponse)(nil),    // 1: retrypolicy.v1.SetTenantBudgetResponse
@@ -2081,87 +2352,98 @@ var file_retrypolicy_v1_admin_service_proto_goTypes = []any{
 	(*ListRunCallsResponse)(nil),       // 31: retrypolicy.v1.ListRunCallsResponse
 	(*QueryAuditRequest)(nil),          // 32: retrypolicy.v1.QueryAuditRequest
 	(*QueryAuditResponse)(nil),         // 33: retrypolicy.v1.QueryAuditResponse
-	(*TenantBudget)(nil),               // 34: retrypolicy.v1.TenantBudget
-	(*TenantBudgetStatus)(nil),         // 35: retrypolicy.v1.TenantBudgetStatus
-	(*Policy)(nil),                     // 36: retrypolicy.v1.Policy
-	(*PolicyEntry)(nil),                // 37: retrypolicy.v1.PolicyEntry
-	(BreakerState)(0),                  // 38: retrypolicy.v1.BreakerState
-	(*Breaker)(nil),                    // 39: retrypolicy.v1.Breaker
-	(*BreakerKey)(nil),                 // 40: retrypolicy.v1.BreakerKey
-	(*timestamppb.Timestamp)(nil),      // 41: google.protobuf.Timestamp
-	(*Run)(nil),                        // 42: retrypolicy.v1.Run
-	(Disposition)(0),                   // 43: retrypolicy.v1.Disposition
-	(StopReason)(0),                    // 44: retrypolicy.v1.StopReason
-	(*RunCall)(nil),                    // 45: retrypolicy.v1.RunCall
-	(*AuditRecord)(nil),                // 46: retrypolicy.v1.AuditRecord
+	(*AdviseTargetsRequest)(nil),       // 34: retrypolicy.v1.AdviseTargetsRequest
+	(*AdviseTargetsResponse)(nil),      // 35: retrypolicy.v1.AdviseTargetsResponse
+	(*TargetAdvice)(nil),               // 36: retrypolicy.v1.TargetAdvice
+	(*TenantBudget)(nil),               // 37: retrypolicy.v1.TenantBudget
+	(*TenantBudgetStatus)(nil),         // 38: retrypolicy.v1.TenantBudgetStatus
+	(*Policy)(nil),                     // 39: retrypolicy.v1.Policy
+	(*PolicyEntry)(nil),                // 40: retrypolicy.v1.PolicyEntry
+	(BreakerState)(0),                  // 41: retrypolicy.v1.BreakerState
+	(*Breaker)(nil),                    // 42: retrypolicy.v1.Breaker
+	(*BreakerKey)(nil),                 // 43: retrypolicy.v1.BreakerKey
+	(*timestamppb.Timestamp)(nil),      // 44: google.protobuf.Timestamp
+	(*Run)(nil),                        // 45: retrypolicy.v1.Run
+	(Disposition)(0),                   // 46: retrypolicy.v1.Disposition
+	(StopReason)(0),                    // 47: retrypolicy.v1.StopReason
+	(*RunCall)(nil),                    // 48: retrypolicy.v1.RunCall
+	(*AuditRecord)(nil),                // 49: retrypolicy.v1.AuditRecord
+	(*durationpb.Duration)(nil),        // 50: google.protobuf.Duration
 }
 var file_retrypolicy_v1_admin_service_proto_depIdxs = []int32{
-	34, // 0: retrypolicy.v1.SetTenantBudgetRequest.budget:type_name -> retrypolicy.v1.TenantBudget
-	34, // 1: retrypolicy.v1.SetTenantBudgetResponse.budget:type_name -> retrypolicy.v1.TenantBudget
-	35, // 2: retrypolicy.v1.GetTenantBudgetResponse.status:type_name -> retrypolicy.v1.TenantBudgetStatus
-	35, // 3: retrypolicy.v1.ListTenantBudgetsResponse.budgets:type_name -> retrypolicy.v1.TenantBudgetStatus
-	36, // 4: retrypolicy.v1.SetPolicyRequest.policy:type_name -> retrypolicy.v1.Policy
-	37, // 5: retrypolicy.v1.SetPolicyResponse.entry:type_name -> retrypolicy.v1.PolicyEntry
-	37, // 6: retrypolicy.v1.GetPolicyResponse.entry:type_name -> retrypolicy.v1.PolicyEntry
-	37, // 7: retrypolicy.v1.ListPoliciesResponse.entries:type_name -> retrypolicy.v1.PolicyEntry
-	38, // 8: retrypolicy.v1.ListBreakersRequest.state:type_name -> retrypolicy.v1.BreakerState
-	39, // 9: retrypolicy.v1.ListBreakersResponse.breakers:type_name -> retrypolicy.v1.Breaker
-	40, // 10: retrypolicy.v1.GetBreakerRequest.key:type_name -> retrypolicy.v1.BreakerKey
-	39, // 11: retrypolicy.v1.GetBreakerResponse.breaker:type_name -> retrypolicy.v1.Breaker
-	40, // 12: retrypolicy.v1.ResetBreakerRequest.key:type_name -> retrypolicy.v1.BreakerKey
-	39, // 13: retrypolicy.v1.ResetBreakerResponse.breaker:type_name -> retrypolicy.v1.Breaker
-	40, // 14: retrypolicy.v1.ForceBreakerRequest.key:type_name -> retrypolicy.v1.BreakerKey
-	38, // 15: retrypolicy.v1.ForceBreakerRequest.state:type_name -> retrypolicy.v1.BreakerState
-	39, // 16: retrypolicy.v1.ForceBreakerResponse.breaker:type_name -> retrypolicy.v1.Breaker
-	41, // 17: retrypolicy.v1.OpenRunRequest.cutoff_time:type_name -> google.protobuf.Timestamp
-	42, // 18: retrypolicy.v1.OpenRunResponse.run:type_name -> retrypolicy.v1.Run
-	42, // 19: retrypolicy.v1.GetRunResponse.run:type_name -> retrypolicy.v1.Run
-	42, // 20: retrypolicy.v1.ListRunsResponse.runs:type_name -> retrypolicy.v1.Run
-	43, // 21: retrypolicy.v1.ListRunCallsRequest.dispositions:type_name -> retrypolicy.v1.Disposition
-	44, // 22: retrypolicy.v1.ListRunCallsRequest.stop_reasons:type_name -> retrypolicy.v1.StopReason
-	45, // 23: retrypolicy.v1.ListRunCallsResponse.calls:type_name -> retrypolicy.v1.RunCall
-	41, // 24: retrypolicy.v1.QueryAuditRequest.start_time:type_name -> google.protobuf.Timestamp
-	41, // 25: retrypolicy.v1.QueryAuditRequest.end_time:type_name -> google.protobuf.Timestamp
-	46, // 26: retrypolicy.v1.QueryAuditResponse.records:type_name -> retrypolicy.v1.AuditRecord
-	0,  // 27: retrypolicy.v1.AdminService.SetTenantBudget:input_type -> retrypolicy.v1.SetTenantBudgetRequest
-	2,  // 28: retrypolicy.v1.AdminService.GetTenantBudget:input_type -> retrypolicy.v1.GetTenantBudgetRequest
-	4,  // 29: retrypolicy.v1.AdminService.ListTenantBudgets:input_type -> retrypolicy.v1.ListTenantBudgetsRequest
-	6,  // 30: retrypolicy.v1.AdminService.DeleteTenantBudget:input_type -> retrypolicy.v1.DeleteTenantBudgetRequest
-	8,  // 31: retrypolicy.v1.AdminService.SetPolicy:input_type -> retrypolicy.v1.SetPolicyRequest
-	10, // 32: retrypolicy.v1.AdminService.GetPolicy:input_type -> retrypolicy.v1.GetPolicyRequest
-	12, // 33: retrypolicy.v1.AdminService.ListPolicies:input_type -> retrypolicy.v1.ListPoliciesRequest
-	14, // 34: retrypolicy.v1.AdminService.DeletePolicy:input_type -> retrypolicy.v1.DeletePolicyRequest
-	16, // 35: retrypolicy.v1.AdminService.ListBreakers:input_type -> retrypolicy.v1.ListBreakersRequest
-	18, // 36: retrypolicy.v1.AdminService.GetBreaker:input_type -> retrypolicy.v1.GetBreakerRequest
-	20, // 37: retrypolicy.v1.AdminService.ResetBreaker:input_type -> retrypolicy.v1.ResetBreakerRequest
-	22, // 38: retrypolicy.v1.AdminService.ForceBreaker:input_type -> retrypolicy.v1.ForceBreakerRequest
-	24, // 39: retrypolicy.v1.AdminService.OpenRun:input_type -> retrypolicy.v1.OpenRunRequest
-	26, // 40: retrypolicy.v1.AdminService.GetRun:input_type -> retrypolicy.v1.GetRunRequest
-	28, // 41: retrypolicy.v1.AdminService.ListRuns:input_type -> retrypolicy.v1.ListRunsRequest
-	30, // 42: retrypolicy.v1.AdminService.ListRunCalls:input_type -> retrypolicy.v1.ListRunCallsRequest
-	32, // 43: retrypolicy.v1.AdminService.QueryAudit:input_type -> retrypolicy.v1.QueryAuditRequest
-	1,  // 44: retrypolicy.v1.AdminService.SetTenantBudget:output_type -> retrypolicy.v1.SetTenantBudgetResponse
-	3,  // 45: retrypolicy.v1.AdminService.GetTenantBudget:output_type -> retrypolicy.v1.GetTenantBudgetResponse
-	5,  // 46: retrypolicy.v1.AdminService.ListTenantBudgets:output_type -> retrypolicy.v1.ListTenantBudgetsResponse
-	7,  // 47: retrypolicy.v1.AdminService.DeleteTenantBudget:output_type -> retrypolicy.v1.DeleteTenantBudgetResponse
-	9,  // 48: retrypolicy.v1.AdminService.SetPolicy:output_type -> retrypolicy.v1.SetPolicyResponse
-	11, // 49: retrypolicy.v1.AdminService.GetPolicy:output_type -> retrypolicy.v1.GetPolicyResponse
-	13, // 50: retrypolicy.v1.AdminService.ListPolicies:output_type -> retrypolicy.v1.ListPoliciesResponse
-	15, // 51: retrypolicy.v1.AdminService.DeletePolicy:output_type -> retrypolicy.v1.DeletePolicyResponse
-	17, // 52: retrypolicy.v1.AdminService.ListBreakers:output_type -> retrypolicy.v1.ListBreakersResponse
-	19, // 53: retrypolicy.v1.AdminService.GetBreaker:output_type -> retrypolicy.v1.GetBreakerResponse
-	21, // 54: retrypolicy.v1.AdminService.ResetBreaker:output_type -> retrypolicy.v1.ResetBreakerResponse
-	23, // 55: retrypolicy.v1.AdminService.ForceBreaker:output_type -> retrypolicy.v1.ForceBreakerResponse
-	25, // 56: retrypolicy.v1.AdminService.OpenRun:output_type -> retrypolicy.v1.OpenRunResponse
-	27, // 57: retrypolicy.v1.AdminService.GetRun:output_type -> retrypolicy.v1.GetRunResponse
-	29, // 58: retrypolicy.v1.AdminService.ListRuns:output_type -> retrypolicy.v1.ListRunsResponse
-	31, // 59: retrypolicy.v1.AdminService.ListRunCalls:output_type -> retrypolicy.v1.ListRunCallsResponse
-	33, // 60: retrypolicy.v1.AdminService.QueryAudit:output_type -> retrypolicy.v1.QueryAuditResponse
-	44, // [44:61] is the sub-list for method output_type
-	27, // [27:44] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	37, // 0: retrypolicy.v1.SetTenantBudgetRequest.budget:type_name -> retrypolicy.v1.TenantBudget
+	37, // 1: retrypolicy.v1.SetTenantBudgetResponse.budget:type_name -> retrypolicy.v1.TenantBudget
+	38, // 2: retrypolicy.v1.GetTenantBudgetResponse.status:type_name -> retrypolicy.v1.TenantBudgetStatus
+	38, // 3: retrypolicy.v1.ListTenantBudgetsResponse.budgets:type_name -> retrypolicy.v1.TenantBudgetStatus
+	39, // 4: retrypolicy.v1.SetPolicyRequest.policy:type_name -> retrypolicy.v1.Policy
+	40, // 5: retrypolicy.v1.SetPolicyResponse.entry:type_name -> retrypolicy.v1.PolicyEntry
+	40, // 6: retrypolicy.v1.GetPolicyResponse.entry:type_name -> retrypolicy.v1.PolicyEntry
+	40, // 7: retrypolicy.v1.ListPoliciesResponse.entries:type_name -> retrypolicy.v1.PolicyEntry
+	41, // 8: retrypolicy.v1.ListBreakersRequest.state:type_name -> retrypolicy.v1.BreakerState
+	42, // 9: retrypolicy.v1.ListBreakersResponse.breakers:type_name -> retrypolicy.v1.Breaker
+	43, // 10: retrypolicy.v1.GetBreakerRequest.key:type_name -> retrypolicy.v1.BreakerKey
+	42, // 11: retrypolicy.v1.GetBreakerResponse.breaker:type_name -> retrypolicy.v1.Breaker
+	43, // 12: retrypolicy.v1.ResetBreakerRequest.key:type_name -> retrypolicy.v1.BreakerKey
+	42, // 13: retrypolicy.v1.ResetBreakerResponse.breaker:type_name -> retrypolicy.v1.Breaker
+	43, // 14: retrypolicy.v1.ForceBreakerRequest.key:type_name -> retrypolicy.v1.BreakerKey
+	41, // 15: retrypolicy.v1.ForceBreakerRequest.state:type_name -> retrypolicy.v1.BreakerState
+	42, // 16: retrypolicy.v1.ForceBreakerResponse.breaker:type_name -> retrypolicy.v1.Breaker
+	44, // 17: retrypolicy.v1.OpenRunRequest.cutoff_time:type_name -> google.protobuf.Timestamp
+	45, // 18: retrypolicy.v1.OpenRunResponse.run:type_name -> retrypolicy.v1.Run
+	45, // 19: retrypolicy.v1.GetRunResponse.run:type_name -> retrypolicy.v1.Run
+	45, // 20: retrypolicy.v1.ListRunsResponse.runs:type_name -> retrypolicy.v1.Run
+	46, // 21: retrypolicy.v1.ListRunCallsRequest.dispositions:type_name -> retrypolicy.v1.Disposition
+	47, // 22: retrypolicy.v1.ListRunCallsRequest.stop_reasons:type_name -> retrypolicy.v1.StopReason
+	48, // 23: retrypolicy.v1.ListRunCallsResponse.calls:type_name -> retrypolicy.v1.RunCall
+	44, // 24: retrypolicy.v1.QueryAuditRequest.start_time:type_name -> google.protobuf.Timestamp
+	44, // 25: retrypolicy.v1.QueryAuditRequest.end_time:type_name -> google.protobuf.Timestamp
+	49, // 26: retrypolicy.v1.QueryAuditResponse.records:type_name -> retrypolicy.v1.AuditRecord
+	50, // 27: retrypolicy.v1.AdviseTargetsRequest.since:type_name -> google.protobuf.Duration
+	36, // 28: retrypolicy.v1.AdviseTargetsResponse.advice:type_name -> retrypolicy.v1.TargetAdvice
+	44, // 29: retrypolicy.v1.TargetAdvice.start_time:type_name -> google.protobuf.Timestamp
+	44, // 30: retrypolicy.v1.TargetAdvice.end_time:type_name -> google.protobuf.Timestamp
+	39, // 31: retrypolicy.v1.TargetAdvice.proposed_policy:type_name -> retrypolicy.v1.Policy
+	0,  // 32: retrypolicy.v1.AdminService.SetTenantBudget:input_type -> retrypolicy.v1.SetTenantBudgetRequest
+	2,  // 33: retrypolicy.v1.AdminService.GetTenantBudget:input_type -> retrypolicy.v1.GetTenantBudgetRequest
+	4,  // 34: retrypolicy.v1.AdminService.ListTenantBudgets:input_type -> retrypolicy.v1.ListTenantBudgetsRequest
+	6,  // 35: retrypolicy.v1.AdminService.DeleteTenantBudget:input_type -> retrypolicy.v1.DeleteTenantBudgetRequest
+	8,  // 36: retrypolicy.v1.AdminService.SetPolicy:input_type -> retrypolicy.v1.SetPolicyRequest
+	10, // 37: retrypolicy.v1.AdminService.GetPolicy:input_type -> retrypolicy.v1.GetPolicyRequest
+	12, // 38: retrypolicy.v1.AdminService.ListPolicies:input_type -> retrypolicy.v1.ListPoliciesRequest
+	14, // 39: retrypolicy.v1.AdminService.DeletePolicy:input_type -> retrypolicy.v1.DeletePolicyRequest
+	16, // 40: retrypolicy.v1.AdminService.ListBreakers:input_type -> retrypolicy.v1.ListBreakersRequest
+	18, // 41: retrypolicy.v1.AdminService.GetBreaker:input_type -> retrypolicy.v1.GetBreakerRequest
+	20, // 42: retrypolicy.v1.AdminService.ResetBreaker:input_type -> retrypolicy.v1.ResetBreakerRequest
+	22, // 43: retrypolicy.v1.AdminService.ForceBreaker:input_type -> retrypolicy.v1.ForceBreakerRequest
+	24, // 44: retrypolicy.v1.AdminService.OpenRun:input_type -> retrypolicy.v1.OpenRunRequest
+	26, // 45: retrypolicy.v1.AdminService.GetRun:input_type -> retrypolicy.v1.GetRunRequest
+	28, // 46: retrypolicy.v1.AdminService.ListRuns:input_type -> retrypolicy.v1.ListRunsRequest
+	30, // 47: retrypolicy.v1.AdminService.ListRunCalls:input_type -> retrypolicy.v1.ListRunCallsRequest
+	32, // 48: retrypolicy.v1.AdminService.QueryAudit:input_type -> retrypolicy.v1.QueryAuditRequest
+	34, // 49: retrypolicy.v1.AdminService.AdviseTargets:input_type -> retrypolicy.v1.AdviseTargetsRequest
+	1,  // 50: retrypolicy.v1.AdminService.SetTenantBudget:output_type -> retrypolicy.v1.SetTenantBudgetResponse
+	3,  // 51: retrypolicy.v1.AdminService.GetTenantBudget:output_type -> retrypolicy.v1.GetTenantBudgetResponse
+	5,  // 52: retrypolicy.v1.AdminService.ListTenantBudgets:output_type -> retrypolicy.v1.ListTenantBudgetsResponse
+	7,  // 53: retrypolicy.v1.AdminService.DeleteTenantBudget:output_type -> retrypolicy.v1.DeleteTenantBudgetResponse
+	9,  // 54: retrypolicy.v1.AdminService.SetPolicy:output_type -> retrypolicy.v1.SetPolicyResponse
+	11, // 55: retrypolicy.v1.AdminService.GetPolicy:output_type -> retrypolicy.v1.GetPolicyResponse
+	13, // 56: retrypolicy.v1.AdminService.ListPolicies:output_type -> retrypolicy.v1.ListPoliciesResponse
+	15, // 57: retrypolicy.v1.AdminService.DeletePolicy:output_type -> retrypolicy.v1.DeletePolicyResponse
+	17, // 58: retrypolicy.v1.AdminService.ListBreakers:output_type -> retrypolicy.v1.ListBreakersResponse
+	19, // 59: retrypolicy.v1.AdminService.GetBreaker:output_type -> retrypolicy.v1.GetBreakerResponse
+	21, // 60: retrypolicy.v1.AdminService.ResetBreaker:output_type -> retrypolicy.v1.ResetBreakerResponse
+	23, // 61: retrypolicy.v1.AdminService.ForceBreaker:output_type -> retrypolicy.v1.ForceBreakerResponse
+	25, // 62: retrypolicy.v1.AdminService.OpenRun:output_type -> retrypolicy.v1.OpenRunResponse
+	27, // 63: retrypolicy.v1.AdminService.GetRun:output_type -> retrypolicy.v1.GetRunResponse
+	29, // 64: retrypolicy.v1.AdminService.ListRuns:output_type -> retrypolicy.v1.ListRunsResponse
+	31, // 65: retrypolicy.v1.AdminService.ListRunCalls:output_type -> retrypolicy.v1.ListRunCallsResponse
+	33, // 66: retrypolicy.v1.AdminService.QueryAudit:output_type -> retrypolicy.v1.QueryAuditResponse
+	35, // 67: retrypolicy.v1.AdminService.AdviseTargets:output_type -> retrypolicy.v1.AdviseTargetsResponse
+	50, // [50:68] is the sub-list for method output_type
+	32, // [32:50] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_retrypolicy_v1_admin_service_proto_init() }
@@ -2176,7 +2458,7 @@ func file_retrypolicy_v1_admin_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_retrypolicy_v1_admin_service_proto_rawDesc), len(file_retrypolicy_v1_admin_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   34,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

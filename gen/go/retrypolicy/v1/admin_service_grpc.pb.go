@@ -36,6 +36,7 @@ const (
 	AdminService_ListRuns_FullMethodName           = "/retrypolicy.v1.AdminService/ListRuns"
 	AdminService_ListRunCalls_FullMethodName       = "/retrypolicy.v1.AdminService/ListRunCalls"
 	AdminService_QueryAudit_FullMethodName         = "/retrypolicy.v1.AdminService/QueryAudit"
+	AdminService_AdviseTargets_FullMethodName      = "/retrypolicy.v1.AdminService/AdviseTargets"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -85,6 +86,11 @@ type AdminServiceClient interface {
 	// QueryAudit returns audit records by call id, tenant and time range, in
 	// the order they were recorded.
 	QueryAudit(ctx context.Context, in *QueryAuditRequest, opts ...grpc.CallOption) (*QueryAuditResponse, error)
+	// AdviseTargets says, per target, what its retries earned over a rolling
+	// window (successes and final failures by attempt number, kept by the
+	// store) and the policy change that follows. It changes nothing: a
+	// caller applies a proposal through SetPolicy.
+	AdviseTargets(ctx context.Context, in *AdviseTargetsRequest, opts ...grpc.CallOption) (*AdviseTargetsResponse, error)
 }
 
 type adminServiceClient struct {
@@ -265,6 +271,16 @@ func (c *adminServiceClient) QueryAudit(ctx context.Context, in *QueryAuditReque
 	return out, nil
 }
 
+func (c *adminServiceClient) AdviseTargets(ctx context.Context, in *AdviseTargetsRequest, opts ...grpc.CallOption) (*AdviseTargetsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AdviseTargetsResponse)
+	err := c.cc.Invoke(ctx, AdminService_AdviseTargets_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -312,6 +328,11 @@ type AdminServiceServer interface {
 	// QueryAudit returns audit records by call id, tenant and time range, in
 	// the order they were recorded.
 	QueryAudit(context.Context, *QueryAuditRequest) (*QueryAuditResponse, error)
+	// AdviseTargets says, per target, what its retries earned over a rolling
+	// window (successes and final failures by attempt number, kept by the
+	// store) and the policy change that follows. It changes nothing: a
+	// caller applies a proposal through SetPolicy.
+	AdviseTargets(context.Context, *AdviseTargetsRequest) (*AdviseTargetsResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -372,6 +393,9 @@ func (UnimplementedAdminServiceServer) ListRunCalls(context.Context, *ListRunCal
 }
 func (UnimplementedAdminServiceServer) QueryAudit(context.Context, *QueryAuditRequest) (*QueryAuditResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method QueryAudit not implemented")
+}
+func (UnimplementedAdminServiceServer) AdviseTargets(context.Context, *AdviseTargetsRequest) (*AdviseTargetsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method AdviseTargets not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -700,6 +724,24 @@ func _AdminService_QueryAudit_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_AdviseTargets_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AdviseTargetsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).AdviseTargets(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_AdviseTargets_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).AdviseTargets(ctx, req.(*AdviseTargetsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -774,6 +816,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "QueryAudit",
 			Handler:    _AdminService_QueryAudit_Handler,
+		},
+		{
+			MethodName: "AdviseTargets",
+			Handler:    _AdminService_AdviseTargets_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -164,7 +164,11 @@ type NextDelayRequest struct {
 	PermitId string `protobuf:"bytes,6,opt,name=permit_id,json=permitId,proto3" json:"permit_id,omitempty"`
 	// lease_id is the concurrency lease the failed attempt held, if any; it
 	// is returned.
-	LeaseId       string `protobuf:"bytes,7,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	LeaseId string `protobuf:"bytes,7,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// attempt_target is the target the failed attempt was sent to, when the
+	// call escalated to a fallback (NextDelayResponse.target); empty means
+	// the primary, CallRef.target.
+	AttemptTarget string `protobuf:"bytes,8,opt,name=attempt_target,json=attemptTarget,proto3" json:"attempt_target,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -248,6 +252,13 @@ func (x *NextDelayRequest) GetLeaseId() string {
 	return ""
 }
 
+func (x *NextDelayRequest) GetAttemptTarget() string {
+	if x != nil {
+		return x.AttemptTarget
+	}
+	return ""
+}
+
 // NextDelayResponse is RETRY with a delay, or STOP with a reason.
 type NextDelayResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -289,7 +300,11 @@ type NextDelayResponse struct {
 	// from the replica's last known breaker state and its share of the
 	// budgets. The answer holds; fleet-wide counts may drift until the store
 	// is back.
-	Degraded      bool `protobuf:"varint,15,opt,name=degraded,proto3" json:"degraded,omitempty"`
+	Degraded bool `protobuf:"varint,15,opt,name=degraded,proto3" json:"degraded,omitempty"`
+	// target is where the next attempt goes when the decision is RETRY: the
+	// primary (CallRef.target) or a fallback of its policy's chain
+	// (FallbackSettings); always set on RETRY.
+	Target        string `protobuf:"bytes,16,opt,name=target,proto3" json:"target,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -429,6 +444,13 @@ func (x *NextDelayResponse) GetDegraded() bool {
 	return false
 }
 
+func (x *NextDelayResponse) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
 // Outcome is the result of one attempt, reported after the fact.
 type Outcome struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -460,7 +482,10 @@ type Outcome struct {
 	// deduplicated says the idempotency ledger answered the call with an
 	// earlier attempt's success (ClaimKey SUCCEEDED): only with success and
 	// final_disposition SUCCEEDED; the run's ledger counts it.
-	Deduplicated  bool `protobuf:"varint,20,opt,name=deduplicated,proto3" json:"deduplicated,omitempty"`
+	Deduplicated bool `protobuf:"varint,20,opt,name=deduplicated,proto3" json:"deduplicated,omitempty"`
+	// attempt_target is the target the attempt was sent to, when not the
+	// primary (CallRef.target).
+	AttemptTarget string `protobuf:"bytes,21,opt,name=attempt_target,json=attemptTarget,proto3" json:"attempt_target,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -570,6 +595,13 @@ func (x *Outcome) GetDeduplicated() bool {
 		return x.Deduplicated
 	}
 	return false
+}
+
+func (x *Outcome) GetAttemptTarget() string {
+	if x != nil {
+		return x.AttemptTarget
+	}
+	return ""
 }
 
 // ReportOutcomeRequest carries a batch of outcomes.
@@ -767,7 +799,10 @@ type AdmitRequest struct {
 	// call identifies the call; tenant and target are required.
 	Call *CallRef `protobuf:"bytes,1,opt,name=call,proto3" json:"call,omitempty"`
 	// attempt is the attempt about to be made, from 1.
-	Attempt       uint32 `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	Attempt uint32 `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// attempt_target is the target the caller means to send the attempt to
+	// (the last NextDelayResponse.target); empty means the primary.
+	AttemptTarget string `protobuf:"bytes,3,opt,name=attempt_target,json=attemptTarget,proto3" json:"attempt_target,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -816,6 +851,13 @@ func (x *AdmitRequest) GetAttempt() uint32 {
 	return 0
 }
 
+func (x *AdmitRequest) GetAttemptTarget() string {
+	if x != nil {
+		return x.AttemptTarget
+	}
+	return ""
+}
+
 // AdmitResponse admits or refuses an attempt.
 type AdmitResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -855,7 +897,12 @@ type AdmitResponse struct {
 	// degraded is true when a replica decided without its shared store, from
 	// its last known state of the breaker (HALF_OPEN: its share of the
 	// probes).
-	Degraded      bool `protobuf:"varint,9,opt,name=degraded,proto3" json:"degraded,omitempty"`
+	Degraded bool `protobuf:"varint,9,opt,name=degraded,proto3" json:"degraded,omitempty"`
+	// target is where the admitted attempt goes: attempt_target, or, when
+	// its breaker is open and the policy's fallback has on_circuit_open, the
+	// next target of the chain that admits. Permit and lease are that
+	// target's. Always set when admitted.
+	Target        string `protobuf:"bytes,10,opt,name=target,proto3" json:"target,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -960,13 +1007,22 @@ func (x *AdmitResponse) GetDegraded() bool {
 	return false
 }
 
+func (x *AdmitResponse) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
 // ReleaseLeaseRequest returns a concurrency lease.
 type ReleaseLeaseRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// call identifies the call; tenant and target are required.
 	Call *CallRef `protobuf:"bytes,1,opt,name=call,proto3" json:"call,omitempty"`
 	// lease_id is the lease Admit handed out; required.
-	LeaseId       string `protobuf:"bytes,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	LeaseId string `protobuf:"bytes,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// attempt_target is the target whose lease it is, when not the primary.
+	AttemptTarget string `protobuf:"bytes,3,opt,name=attempt_target,json=attemptTarget,proto3" json:"attempt_target,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1011,6 +1067,13 @@ func (x *ReleaseLeaseRequest) GetCall() *CallRef {
 func (x *ReleaseLeaseRequest) GetLeaseId() string {
 	if x != nil {
 		return x.LeaseId
+	}
+	return ""
+}
+
+func (x *ReleaseLeaseRequest) GetAttemptTarget() string {
+	if x != nil {
+		return x.AttemptTarget
 	}
 	return ""
 }
@@ -1779,7 +1842,7 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\x10ClassifyResponse\x12\x1c\n" +
 	"\tretryable\x18\x01 \x01(\bR\tretryable\x124\n" +
 	"\bcategory\x18\x02 \x01(\x0e2\x18.retrypolicy.v1.CategoryR\bcategory\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xbc\x02\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xe3\x02\n" +
 	"\x10NextDelayRequest\x12+\n" +
 	"\x04call\x18\x01 \x01(\v2\x17.retrypolicy.v1.CallRefR\x04call\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\rR\aattempt\x121\n" +
@@ -1787,7 +1850,8 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\bpushback\x18\x04 \x01(\v2\x18.retrypolicy.v1.PushbackR\bpushback\x12@\n" +
 	"\x0eprevious_delay\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\rpreviousDelay\x12\x1b\n" +
 	"\tpermit_id\x18\x06 \x01(\tR\bpermitId\x12\x19\n" +
-	"\blease_id\x18\a \x01(\tR\aleaseId\"\xdf\x05\n" +
+	"\blease_id\x18\a \x01(\tR\aleaseId\x12%\n" +
+	"\x0eattempt_target\x18\b \x01(\tR\rattemptTarget\"\xf7\x05\n" +
 	"\x11NextDelayResponse\x124\n" +
 	"\bdecision\x18\x01 \x01(\x0e2\x18.retrypolicy.v1.DecisionR\bdecision\x12/\n" +
 	"\x05delay\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x05delay\x12;\n" +
@@ -1805,7 +1869,8 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\x06checks\x18\f \x03(\tR\x06checks\x12\x16\n" +
 	"\x06detail\x18\r \x01(\tR\x06detail\x12'\n" +
 	"\x0fflow_controlled\x18\x0e \x01(\bR\x0eflowControlled\x12\x1a\n" +
-	"\bdegraded\x18\x0f \x01(\bR\bdegraded\"\xeb\x03\n" +
+	"\bdegraded\x18\x0f \x01(\bR\bdegraded\x12\x16\n" +
+	"\x06target\x18\x10 \x01(\tR\x06target\"\x92\x04\n" +
 	"\aOutcome\x12+\n" +
 	"\x04call\x18\x01 \x01(\v2\x17.retrypolicy.v1.CallRefR\x04call\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\rR\aattempt\x12\x18\n" +
@@ -1818,7 +1883,8 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\x10already_recorded\x18\t \x01(\bR\x0falreadyRecorded\x12\x19\n" +
 	"\blease_id\x18\n" +
 	" \x01(\tR\aleaseId\x12\"\n" +
-	"\fdeduplicated\x18\x14 \x01(\bR\fdeduplicated\"K\n" +
+	"\fdeduplicated\x18\x14 \x01(\bR\fdeduplicated\x12%\n" +
+	"\x0eattempt_target\x18\x15 \x01(\tR\rattemptTarget\"K\n" +
 	"\x14ReportOutcomeRequest\x123\n" +
 	"\boutcomes\x18\x01 \x03(\v2\x17.retrypolicy.v1.OutcomeR\boutcomes\"\xa5\x01\n" +
 	"\x15ReportOutcomeResponse\x12\x1a\n" +
@@ -1829,10 +1895,11 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x14\n" +
 	"\x05field\x18\x03 \x01(\tR\x05field\x12\x18\n" +
-	"\amessage\x18\x04 \x01(\tR\amessage\"U\n" +
+	"\amessage\x18\x04 \x01(\tR\amessage\"|\n" +
 	"\fAdmitRequest\x12+\n" +
 	"\x04call\x18\x01 \x01(\v2\x17.retrypolicy.v1.CallRefR\x04call\x12\x18\n" +
-	"\aattempt\x18\x02 \x01(\rR\aattempt\"\xbc\x03\n" +
+	"\aattempt\x18\x02 \x01(\rR\aattempt\x12%\n" +
+	"\x0eattempt_target\x18\x03 \x01(\tR\rattemptTarget\"\xd4\x03\n" +
 	"\rAdmitResponse\x12\x1a\n" +
 	"\badmitted\x18\x01 \x01(\bR\badmitted\x122\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x1c.retrypolicy.v1.BreakerStateR\x05state\x12\x1b\n" +
@@ -1844,10 +1911,13 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\blease_id\x18\x06 \x01(\tR\aleaseId\x12F\n" +
 	"\x11lease_expire_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x0fleaseExpireTime\x12'\n" +
 	"\x0fflow_controlled\x18\b \x01(\bR\x0eflowControlled\x12\x1a\n" +
-	"\bdegraded\x18\t \x01(\bR\bdegraded\"]\n" +
+	"\bdegraded\x18\t \x01(\bR\bdegraded\x12\x16\n" +
+	"\x06target\x18\n" +
+	" \x01(\tR\x06target\"\x84\x01\n" +
 	"\x13ReleaseLeaseRequest\x12+\n" +
 	"\x04call\x18\x01 \x01(\v2\x17.retrypolicy.v1.CallRefR\x04call\x12\x19\n" +
-	"\blease_id\x18\x02 \x01(\tR\aleaseId\"2\n" +
+	"\blease_id\x18\x02 \x01(\tR\aleaseId\x12%\n" +
+	"\x0eattempt_target\x18\x03 \x01(\tR\rattemptTarget\"2\n" +
 	"\x14ReleaseLeaseResponse\x12\x1a\n" +
 	"\breleased\x18\x01 \x01(\bR\breleased\".\n" +
 	"\x14WatchBreakersRequest\x12\x16\n" +

@@ -1518,7 +1518,9 @@ type Policy struct {
 	// dead-lettered.
 	UpstreamDedupesByKey bool `protobuf:"varint,21,opt,name=upstream_dedupes_by_key,json=upstreamDedupesByKey,proto3" json:"upstream_dedupes_by_key,omitempty"`
 	// flow sets the fleet-wide ceilings of the target; none by default.
-	Flow          *FlowSettings `protobuf:"bytes,10,opt,name=flow,proto3" json:"flow,omitempty"`
+	Flow *FlowSettings `protobuf:"bytes,10,opt,name=flow,proto3" json:"flow,omitempty"`
+	// fallback names the providers a call escalates to; none by default.
+	Fallback      *FallbackSettings `protobuf:"bytes,11,opt,name=fallback,proto3" json:"fallback,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1637,6 +1639,94 @@ func (x *Policy) GetFlow() *FlowSettings {
 	return nil
 }
 
+func (x *Policy) GetFallback() *FallbackSettings {
+	if x != nil {
+		return x.Fallback
+	}
+	return nil
+}
+
+// FallbackSettings escalate a call from its primary target (CallRef.target)
+// to fallback providers. The chain is the primary, then targets in order;
+// attempts 1 to after_attempts go to the primary, the next after_attempts
+// to targets[0], and so on, and the last target of the chain keeps the
+// rest. With on_circuit_open, a target whose breaker is open (or whose
+// ceiling refuses) is skipped for the next one instead of stopping the
+// call as CIRCUIT_OPEN. Each target keeps its own breaker, ceilings and
+// metrics, under its own effective policy; the call keeps one attempt count
+// (max_attempts of the primary's policy caps the whole call, across
+// targets), one deadline (the primary's call_deadline, or CallRef's), one
+// retry budget (the tenant's and the run's) and one call id. Only the
+// primary's fallback settings apply: a fallback target's own are not
+// followed.
+type FallbackSettings struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// targets are the fallback providers in order: 1 to 4 target names, none
+	// the primary itself, none repeated, and no chain through the stored
+	// policies' fallbacks leading back to the primary.
+	Targets []string `protobuf:"bytes,1,rep,name=targets,proto3" json:"targets,omitempty"`
+	// after_attempts is how many attempts each target of the chain gets
+	// before the next takes over; 0 escalates only on an open circuit (with
+	// on_circuit_open). Below max_attempts when set.
+	AfterAttempts uint32 `protobuf:"varint,2,opt,name=after_attempts,json=afterAttempts,proto3" json:"after_attempts,omitempty"`
+	// on_circuit_open routes an attempt whose target's breaker is open to the
+	// next target of the chain instead of stopping the call.
+	OnCircuitOpen bool `protobuf:"varint,3,opt,name=on_circuit_open,json=onCircuitOpen,proto3" json:"on_circuit_open,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FallbackSettings) Reset() {
+	*x = FallbackSettings{}
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FallbackSettings) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FallbackSettings) ProtoMessage() {}
+
+func (x *FallbackSettings) ProtoReflect() protoreflect.Message {
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FallbackSettings.ProtoReflect.Descriptor instead.
+func (*FallbackSettings) Descriptor() ([]byte, []int) {
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *FallbackSettings) GetTargets() []string {
+	if x != nil {
+		return x.Targets
+	}
+	return nil
+}
+
+func (x *FallbackSettings) GetAfterAttempts() uint32 {
+	if x != nil {
+		return x.AfterAttempts
+	}
+	return 0
+}
+
+func (x *FallbackSettings) GetOnCircuitOpen() bool {
+	if x != nil {
+		return x.OnCircuitOpen
+	}
+	return false
+}
+
 // FlowSettings are the fleet-wide ceilings of a target, shared by every
 // worker of the fleet and keyed as the breaker is (per tenant and target,
 // or per target with breaker.scope BREAKER_SCOPE_TARGET).
@@ -1660,14 +1750,20 @@ type FlowSettings struct {
 	MaxRate *float64 `protobuf:"fixed64,3,opt,name=max_rate,json=maxRate,proto3,oneof" json:"max_rate,omitempty"`
 	// burst is how many attempts the rate ceiling admits at once; default 1;
 	// 1 to 1000000.
-	Burst         *uint32 `protobuf:"varint,4,opt,name=burst,proto3,oneof" json:"burst,omitempty"`
+	Burst *uint32 `protobuf:"varint,4,opt,name=burst,proto3,oneof" json:"burst,omitempty"`
+	// adaptive lets the concurrency ceiling learn from the upstream (AIMD,
+	// like TCP): it shrinks multiplicatively on a 429 or a pushback-bearing
+	// 503 and grows additively on successes, between min_in_flight and
+	// max_in_flight, fleet-wide. Requires max_in_flight, which is where the
+	// ceiling starts. Unset: the ceiling is max_in_flight.
+	Adaptive      *AdaptiveCeiling `protobuf:"bytes,5,opt,name=adaptive,proto3" json:"adaptive,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *FlowSettings) Reset() {
 	*x = FlowSettings{}
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[7]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1679,7 +1775,7 @@ func (x *FlowSettings) String() string {
 func (*FlowSettings) ProtoMessage() {}
 
 func (x *FlowSettings) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[7]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1692,7 +1788,7 @@ func (x *FlowSettings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FlowSettings.ProtoReflect.Descriptor instead.
 func (*FlowSettings) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{7}
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *FlowSettings) GetMaxInFlight() uint32 {
@@ -1721,6 +1817,95 @@ func (x *FlowSettings) GetBurst() uint32 {
 		return *x.Burst
 	}
 	return 0
+}
+
+func (x *FlowSettings) GetAdaptive() *AdaptiveCeiling {
+	if x != nil {
+		return x.Adaptive
+	}
+	return nil
+}
+
+// AdaptiveCeiling is an additive-increase, multiplicative-decrease
+// concurrency ceiling shared by the fleet.
+type AdaptiveCeiling struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// min_in_flight is the floor the ceiling never goes below; default 1;
+	// 1 to max_in_flight.
+	MinInFlight *uint32 `protobuf:"varint,1,opt,name=min_in_flight,json=minInFlight,proto3,oneof" json:"min_in_flight,omitempty"`
+	// decrease is the factor the ceiling is multiplied by on a congestion
+	// signal (a 429, or a 503 carrying a pushback hint); default 0.7;
+	// above 0 and below 1.
+	Decrease *float64 `protobuf:"fixed64,2,opt,name=decrease,proto3,oneof" json:"decrease,omitempty"`
+	// increase is added to the ceiling per ceiling's worth of successes
+	// (increase / ceiling per success, so +increase per full window);
+	// default 0.5; above 0 and at most max_in_flight.
+	Increase *float64 `protobuf:"fixed64,3,opt,name=increase,proto3,oneof" json:"increase,omitempty"`
+	// hold is the least time between two decreases. Besides it, a decrease
+	// waits for a window's worth of outcomes (the ceiling's number) since the
+	// last one, so the refusals of requests sent under the old ceiling cut
+	// it once, as TCP cuts once per round trip. Default 0; 0 to 1h.
+	Hold          *durationpb.Duration `protobuf:"bytes,4,opt,name=hold,proto3" json:"hold,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdaptiveCeiling) Reset() {
+	*x = AdaptiveCeiling{}
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdaptiveCeiling) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdaptiveCeiling) ProtoMessage() {}
+
+func (x *AdaptiveCeiling) ProtoReflect() protoreflect.Message {
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdaptiveCeiling.ProtoReflect.Descriptor instead.
+func (*AdaptiveCeiling) Descriptor() ([]byte, []int) {
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *AdaptiveCeiling) GetMinInFlight() uint32 {
+	if x != nil && x.MinInFlight != nil {
+		return *x.MinInFlight
+	}
+	return 0
+}
+
+func (x *AdaptiveCeiling) GetDecrease() float64 {
+	if x != nil && x.Decrease != nil {
+		return *x.Decrease
+	}
+	return 0
+}
+
+func (x *AdaptiveCeiling) GetIncrease() float64 {
+	if x != nil && x.Increase != nil {
+		return *x.Increase
+	}
+	return 0
+}
+
+func (x *AdaptiveCeiling) GetHold() *durationpb.Duration {
+	if x != nil {
+		return x.Hold
+	}
+	return nil
 }
 
 // BudgetPlan is the result of planning retries into a window.
@@ -1757,7 +1942,7 @@ type BudgetPlan struct {
 
 func (x *BudgetPlan) Reset() {
 	*x = BudgetPlan{}
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[8]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1769,7 +1954,7 @@ func (x *BudgetPlan) String() string {
 func (*BudgetPlan) ProtoMessage() {}
 
 func (x *BudgetPlan) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[8]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1782,7 +1967,7 @@ func (x *BudgetPlan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BudgetPlan.ProtoReflect.Descriptor instead.
 func (*BudgetPlan) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{8}
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *BudgetPlan) GetMaxAttempts() uint32 {
@@ -1854,7 +2039,7 @@ type BreakerKey struct {
 
 func (x *BreakerKey) Reset() {
 	*x = BreakerKey{}
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[9]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1866,7 +2051,7 @@ func (x *BreakerKey) String() string {
 func (*BreakerKey) ProtoMessage() {}
 
 func (x *BreakerKey) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[9]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1879,7 +2064,7 @@ func (x *BreakerKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BreakerKey.ProtoReflect.Descriptor instead.
 func (*BreakerKey) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{9}
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *BreakerKey) GetTenant() string {
@@ -1929,13 +2114,20 @@ type Breaker struct {
 	// stray_releases counts releases of leases not held under this key
 	// (expired, already returned or never handed out): ignored, not errors.
 	StrayReleases uint64 `protobuf:"varint,13,opt,name=stray_releases,json=strayReleases,proto3" json:"stray_releases,omitempty"`
+	// ceiling is the concurrency ceiling in force under this key: the
+	// policy's max_in_flight, or the adaptive ceiling's current value; 0
+	// without one.
+	Ceiling uint32 `protobuf:"varint,14,opt,name=ceiling,proto3" json:"ceiling,omitempty"`
+	// adaptive_limit is the adaptive ceiling's exact current value (ceiling
+	// is its floor); 0 when the policy has no adaptive ceiling.
+	AdaptiveLimit float64 `protobuf:"fixed64,15,opt,name=adaptive_limit,json=adaptiveLimit,proto3" json:"adaptive_limit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Breaker) Reset() {
 	*x = Breaker{}
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[10]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1947,7 +2139,7 @@ func (x *Breaker) String() string {
 func (*Breaker) ProtoMessage() {}
 
 func (x *Breaker) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[10]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1960,7 +2152,7 @@ func (x *Breaker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Breaker.ProtoReflect.Descriptor instead.
 func (*Breaker) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{10}
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Breaker) GetKey() *BreakerKey {
@@ -2054,6 +2246,20 @@ func (x *Breaker) GetStrayReleases() uint64 {
 	return 0
 }
 
+func (x *Breaker) GetCeiling() uint32 {
+	if x != nil {
+		return x.Ceiling
+	}
+	return 0
+}
+
+func (x *Breaker) GetAdaptiveLimit() float64 {
+	if x != nil {
+		return x.AdaptiveLimit
+	}
+	return 0
+}
+
 // TenantBudget configures a tenant's retry token bucket. Retries withdraw
 // tokens; successes deposit deposit_ratio tokens, so retries stay under that
 // share of traffic; min_retries_per_second tokens are added over time, so a
@@ -2083,7 +2289,7 @@ type TenantBudget struct {
 
 func (x *TenantBudget) Reset() {
 	*x = TenantBudget{}
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[11]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2095,7 +2301,7 @@ func (x *TenantBudget) String() string {
 func (*TenantBudget) ProtoMessage() {}
 
 func (x *TenantBudget) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[11]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2108,7 +2314,7 @@ func (x *TenantBudget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantBudget.ProtoReflect.Descriptor instead.
 func (*TenantBudget) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{11}
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *TenantBudget) GetTenant() string {
@@ -2181,7 +2387,7 @@ type TenantBudgetStatus struct {
 
 func (x *TenantBudgetStatus) Reset() {
 	*x = TenantBudgetStatus{}
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[12]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2193,7 +2399,7 @@ func (x *TenantBudgetStatus) String() string {
 func (*TenantBudgetStatus) ProtoMessage() {}
 
 func (x *TenantBudgetStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[12]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2206,7 +2412,7 @@ func (x *TenantBudgetStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantBudgetStatus.ProtoReflect.Descriptor instead.
 func (*TenantBudgetStatus) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{12}
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *TenantBudgetStatus) GetBudget() *TenantBudget {
@@ -2268,7 +2474,7 @@ type PolicyEntry struct {
 
 func (x *PolicyEntry) Reset() {
 	*x = PolicyEntry{}
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[13]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2280,7 +2486,7 @@ func (x *PolicyEntry) String() string {
 func (*PolicyEntry) ProtoMessage() {}
 
 func (x *PolicyEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[13]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2293,7 +2499,7 @@ func (x *PolicyEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PolicyEntry.ProtoReflect.Descriptor instead.
 func (*PolicyEntry) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{13}
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PolicyEntry) GetTenant() string {
@@ -2357,7 +2563,7 @@ type RunLedger struct {
 
 func (x *RunLedger) Reset() {
 	*x = RunLedger{}
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[14]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2369,7 +2575,7 @@ func (x *RunLedger) String() string {
 func (*RunLedger) ProtoMessage() {}
 
 func (x *RunLedger) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[14]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2382,7 +2588,7 @@ func (x *RunLedger) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunLedger.ProtoReflect.Descriptor instead.
 func (*RunLedger) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{14}
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RunLedger) GetSucceeded() uint64 {
@@ -2483,7 +2689,7 @@ type Run struct {
 
 func (x *Run) Reset() {
 	*x = Run{}
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[15]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2495,7 +2701,7 @@ func (x *Run) String() string {
 func (*Run) ProtoMessage() {}
 
 func (x *Run) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[15]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2508,7 +2714,7 @@ func (x *Run) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Run.ProtoReflect.Descriptor instead.
 func (*Run) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{15}
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Run) GetRunId() string {
@@ -2600,14 +2806,17 @@ type RunCall struct {
 	// target is the upstream the call ended on.
 	Target string `protobuf:"bytes,9,opt,name=target,proto3" json:"target,omitempty"`
 	// triage_ref is the caller's triage reference (CallRef.triage_ref).
-	TriageRef     string `protobuf:"bytes,10,opt,name=triage_ref,json=triageRef,proto3" json:"triage_ref,omitempty"`
+	TriageRef string `protobuf:"bytes,10,opt,name=triage_ref,json=triageRef,proto3" json:"triage_ref,omitempty"`
+	// primary_target is the call's primary target (CallRef.target) when it
+	// ended on a fallback (FallbackSettings); empty when it never left it.
+	PrimaryTarget string `protobuf:"bytes,11,opt,name=primary_target,json=primaryTarget,proto3" json:"primary_target,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RunCall) Reset() {
 	*x = RunCall{}
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[16]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2619,7 +2828,7 @@ func (x *RunCall) String() string {
 func (*RunCall) ProtoMessage() {}
 
 func (x *RunCall) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[16]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2632,7 +2841,7 @@ func (x *RunCall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunCall.ProtoReflect.Descriptor instead.
 func (*RunCall) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{16}
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RunCall) GetCallId() string {
@@ -2705,6 +2914,13 @@ func (x *RunCall) GetTriageRef() string {
 	return ""
 }
 
+func (x *RunCall) GetPrimaryTarget() string {
+	if x != nil {
+		return x.PrimaryTarget
+	}
+	return ""
+}
+
 // AuditRecord is one write-once entry of the audit trail.
 type AuditRecord struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2734,14 +2950,17 @@ type AuditRecord struct {
 	// disposition is the final disposition, for STOP decisions and FINAL records.
 	Disposition Disposition `protobuf:"varint,12,opt,name=disposition,proto3,enum=retrypolicy.v1.Disposition" json:"disposition,omitempty"`
 	// detail is a short human-readable explanation.
-	Detail        string `protobuf:"bytes,13,opt,name=detail,proto3" json:"detail,omitempty"`
+	Detail string `protobuf:"bytes,13,opt,name=detail,proto3" json:"detail,omitempty"`
+	// primary_target is the call's primary target when the attempt went to a
+	// fallback (target is then the fallback); empty otherwise.
+	PrimaryTarget string `protobuf:"bytes,14,opt,name=primary_target,json=primaryTarget,proto3" json:"primary_target,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AuditRecord) Reset() {
 	*x = AuditRecord{}
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[17]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2753,7 +2972,7 @@ func (x *AuditRecord) String() string {
 func (*AuditRecord) ProtoMessage() {}
 
 func (x *AuditRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[17]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2766,7 +2985,7 @@ func (x *AuditRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditRecord.ProtoReflect.Descriptor instead.
 func (*AuditRecord) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{17}
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *AuditRecord) GetRecordTime() *timestamppb.Timestamp {
@@ -2860,6 +3079,13 @@ func (x *AuditRecord) GetDetail() string {
 	return ""
 }
 
+func (x *AuditRecord) GetPrimaryTarget() string {
+	if x != nil {
+		return x.PrimaryTarget
+	}
+	return ""
+}
+
 // IdempotencyRecord is one idempotency key's record.
 type IdempotencyRecord struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2882,7 +3108,7 @@ type IdempotencyRecord struct {
 
 func (x *IdempotencyRecord) Reset() {
 	*x = IdempotencyRecord{}
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[18]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2894,7 +3120,7 @@ func (x *IdempotencyRecord) String() string {
 func (*IdempotencyRecord) ProtoMessage() {}
 
 func (x *IdempotencyRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_types_proto_msgTypes[18]
+	mi := &file_retrypolicy_v1_types_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2907,7 +3133,7 @@ func (x *IdempotencyRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IdempotencyRecord.ProtoReflect.Descriptor instead.
 func (*IdempotencyRecord) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{18}
+	return file_retrypolicy_v1_types_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *IdempotencyRecord) GetTenant() string {
@@ -3015,7 +3241,7 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\r_failure_rateB\f\n" +
 	"\n" +
 	"_min_callsB\x13\n" +
-	"\x11_half_open_probes\"\xc6\x05\n" +
+	"\x11_half_open_probes\"\x84\x06\n" +
 	"\x06Policy\x129\n" +
 	"\abackoff\x18\x01 \x01(\v2\x1f.retrypolicy.v1.BackoffSettingsR\abackoff\x12<\n" +
 	"\bpushback\x18\x02 \x01(\v2 .retrypolicy.v1.PushbackSettingsR\bpushback\x12&\n" +
@@ -3029,17 +3255,31 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\x0fidempotency_ttl\x18\x14 \x01(\v2\x19.google.protobuf.DurationR\x0eidempotencyTtl\x125\n" +
 	"\x17upstream_dedupes_by_key\x18\x15 \x01(\bR\x14upstreamDedupesByKey\x120\n" +
 	"\x04flow\x18\n" +
-	" \x01(\v2\x1c.retrypolicy.v1.FlowSettingsR\x04flowB\x0f\n" +
-	"\r_max_attempts\"\xd7\x01\n" +
+	" \x01(\v2\x1c.retrypolicy.v1.FlowSettingsR\x04flow\x12<\n" +
+	"\bfallback\x18\v \x01(\v2 .retrypolicy.v1.FallbackSettingsR\bfallbackB\x0f\n" +
+	"\r_max_attempts\"{\n" +
+	"\x10FallbackSettings\x12\x18\n" +
+	"\atargets\x18\x01 \x03(\tR\atargets\x12%\n" +
+	"\x0eafter_attempts\x18\x02 \x01(\rR\rafterAttempts\x12&\n" +
+	"\x0fon_circuit_open\x18\x03 \x01(\bR\ronCircuitOpen\"\x94\x02\n" +
 	"\fFlowSettings\x12'\n" +
 	"\rmax_in_flight\x18\x01 \x01(\rH\x00R\vmaxInFlight\x88\x01\x01\x12:\n" +
 	"\vlease_slack\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"leaseSlack\x12\x1e\n" +
 	"\bmax_rate\x18\x03 \x01(\x01H\x01R\amaxRate\x88\x01\x01\x12\x19\n" +
-	"\x05burst\x18\x04 \x01(\rH\x02R\x05burst\x88\x01\x01B\x10\n" +
+	"\x05burst\x18\x04 \x01(\rH\x02R\x05burst\x88\x01\x01\x12;\n" +
+	"\badaptive\x18\x05 \x01(\v2\x1f.retrypolicy.v1.AdaptiveCeilingR\badaptiveB\x10\n" +
 	"\x0e_max_in_flightB\v\n" +
 	"\t_max_rateB\b\n" +
-	"\x06_burst\"\xa2\x03\n" +
+	"\x06_burst\"\xd7\x01\n" +
+	"\x0fAdaptiveCeiling\x12'\n" +
+	"\rmin_in_flight\x18\x01 \x01(\rH\x00R\vminInFlight\x88\x01\x01\x12\x1f\n" +
+	"\bdecrease\x18\x02 \x01(\x01H\x01R\bdecrease\x88\x01\x01\x12\x1f\n" +
+	"\bincrease\x18\x03 \x01(\x01H\x02R\bincrease\x88\x01\x01\x12-\n" +
+	"\x04hold\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x04holdB\x10\n" +
+	"\x0e_min_in_flightB\v\n" +
+	"\t_decreaseB\v\n" +
+	"\t_increase\"\xa2\x03\n" +
 	"\n" +
 	"BudgetPlan\x12!\n" +
 	"\fmax_attempts\x18\x01 \x01(\rR\vmaxAttempts\x121\n" +
@@ -3053,7 +3293,7 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"BreakerKey\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
-	"\x06target\x18\x02 \x01(\tR\x06target\"\xfb\x04\n" +
+	"\x06target\x18\x02 \x01(\tR\x06target\"\xbc\x05\n" +
 	"\aBreaker\x12,\n" +
 	"\x03key\x18\x01 \x01(\v2\x1a.retrypolicy.v1.BreakerKeyR\x03key\x122\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x1c.retrypolicy.v1.BreakerStateR\x05state\x12\x16\n" +
@@ -3069,7 +3309,9 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\x11cooldownUntilTime\x12/\n" +
 	"\x04mode\x18\v \x01(\x0e2\x1b.retrypolicy.v1.BreakerModeR\x04mode\x12(\n" +
 	"\x10leases_in_flight\x18\f \x01(\rR\x0eleasesInFlight\x12%\n" +
-	"\x0estray_releases\x18\r \x01(\x04R\rstrayReleases\"\xf7\x01\n" +
+	"\x0estray_releases\x18\r \x01(\x04R\rstrayReleases\x12\x18\n" +
+	"\aceiling\x18\x0e \x01(\rR\aceiling\x12%\n" +
+	"\x0eadaptive_limit\x18\x0f \x01(\x01R\radaptiveLimit\"\xf7\x01\n" +
 	"\fTenantBudget\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1a\n" +
 	"\bcapacity\x18\x02 \x01(\x01R\bcapacity\x12#\n" +
@@ -3118,7 +3360,7 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\x06ledger\x18\a \x01(\v2\x19.retrypolicy.v1.RunLedgerR\x06ledger\x12 \n" +
 	"\vdescription\x18\b \x01(\tR\vdescription\x12\x1d\n" +
 	"\n" +
-	"redrive_of\x18\t \x01(\tR\tredriveOf\"\xd5\x03\n" +
+	"redrive_of\x18\t \x01(\tR\tredriveOf\"\xfc\x03\n" +
 	"\aRunCall\x12\x17\n" +
 	"\acall_id\x18\x01 \x01(\tR\x06callId\x12=\n" +
 	"\vdisposition\x18\x02 \x01(\x0e2\x1b.retrypolicy.v1.DispositionR\vdisposition\x12;\n" +
@@ -3133,7 +3375,8 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\x06target\x18\t \x01(\tR\x06target\x12\x1d\n" +
 	"\n" +
 	"triage_ref\x18\n" +
-	" \x01(\tR\ttriageRef\"\x99\x04\n" +
+	" \x01(\tR\ttriageRef\x12%\n" +
+	"\x0eprimary_target\x18\v \x01(\tR\rprimaryTarget\"\xc0\x04\n" +
 	"\vAuditRecord\x12;\n" +
 	"\vrecord_time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"recordTime\x120\n" +
@@ -3150,7 +3393,8 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\vstop_reason\x18\v \x01(\x0e2\x1a.retrypolicy.v1.StopReasonR\n" +
 	"stopReason\x12=\n" +
 	"\vdisposition\x18\f \x01(\x0e2\x1b.retrypolicy.v1.DispositionR\vdisposition\x12\x16\n" +
-	"\x06detail\x18\r \x01(\tR\x06detail\"\xa8\x02\n" +
+	"\x06detail\x18\r \x01(\tR\x06detail\x12%\n" +
+	"\x0eprimary_target\x18\x0e \x01(\tR\rprimaryTarget\"\xa8\x02\n" +
 	"\x11IdempotencyRecord\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12'\n" +
 	"\x0fidempotency_key\x18\x02 \x01(\tR\x0eidempotencyKey\x12.\n" +
@@ -3255,7 +3499,7 @@ func file_retrypolicy_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_retrypolicy_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 14)
-var file_retrypolicy_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_retrypolicy_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_retrypolicy_v1_types_proto_goTypes = []any{
 	(Category)(0),                 // 0: retrypolicy.v1.Category
 	(TransportError)(0),           // 1: retrypolicy.v1.TransportError
@@ -3278,81 +3522,86 @@ var file_retrypolicy_v1_types_proto_goTypes = []any{
 	(*PushbackSettings)(nil),      // 18: retrypolicy.v1.PushbackSettings
 	(*BreakerSettings)(nil),       // 19: retrypolicy.v1.BreakerSettings
 	(*Policy)(nil),                // 20: retrypolicy.v1.Policy
-	(*FlowSettings)(nil),          // 21: retrypolicy.v1.FlowSettings
-	(*BudgetPlan)(nil),            // 22: retrypolicy.v1.BudgetPlan
-	(*BreakerKey)(nil),            // 23: retrypolicy.v1.BreakerKey
-	(*Breaker)(nil),               // 24: retrypolicy.v1.Breaker
-	(*TenantBudget)(nil),          // 25: retrypolicy.v1.TenantBudget
-	(*TenantBudgetStatus)(nil),    // 26: retrypolicy.v1.TenantBudgetStatus
-	(*PolicyEntry)(nil),           // 27: retrypolicy.v1.PolicyEntry
-	(*RunLedger)(nil),             // 28: retrypolicy.v1.RunLedger
-	(*Run)(nil),                   // 29: retrypolicy.v1.Run
-	(*RunCall)(nil),               // 30: retrypolicy.v1.RunCall
-	(*AuditRecord)(nil),           // 31: retrypolicy.v1.AuditRecord
-	(*IdempotencyRecord)(nil),     // 32: retrypolicy.v1.IdempotencyRecord
-	(*timestamppb.Timestamp)(nil), // 33: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 34: google.protobuf.Duration
+	(*FallbackSettings)(nil),      // 21: retrypolicy.v1.FallbackSettings
+	(*FlowSettings)(nil),          // 22: retrypolicy.v1.FlowSettings
+	(*AdaptiveCeiling)(nil),       // 23: retrypolicy.v1.AdaptiveCeiling
+	(*BudgetPlan)(nil),            // 24: retrypolicy.v1.BudgetPlan
+	(*BreakerKey)(nil),            // 25: retrypolicy.v1.BreakerKey
+	(*Breaker)(nil),               // 26: retrypolicy.v1.Breaker
+	(*TenantBudget)(nil),          // 27: retrypolicy.v1.TenantBudget
+	(*TenantBudgetStatus)(nil),    // 28: retrypolicy.v1.TenantBudgetStatus
+	(*PolicyEntry)(nil),           // 29: retrypolicy.v1.PolicyEntry
+	(*RunLedger)(nil),             // 30: retrypolicy.v1.RunLedger
+	(*Run)(nil),                   // 31: retrypolicy.v1.Run
+	(*RunCall)(nil),               // 32: retrypolicy.v1.RunCall
+	(*AuditRecord)(nil),           // 33: retrypolicy.v1.AuditRecord
+	(*IdempotencyRecord)(nil),     // 34: retrypolicy.v1.IdempotencyRecord
+	(*timestamppb.Timestamp)(nil), // 35: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 36: google.protobuf.Duration
 }
 var file_retrypolicy_v1_types_proto_depIdxs = []int32{
-	33, // 0: retrypolicy.v1.CallRef.origin_time:type_name -> google.protobuf.Timestamp
-	33, // 1: retrypolicy.v1.CallRef.deadline_time:type_name -> google.protobuf.Timestamp
+	35, // 0: retrypolicy.v1.CallRef.origin_time:type_name -> google.protobuf.Timestamp
+	35, // 1: retrypolicy.v1.CallRef.deadline_time:type_name -> google.protobuf.Timestamp
 	1,  // 2: retrypolicy.v1.Failure.transport_error:type_name -> retrypolicy.v1.TransportError
 	2,  // 3: retrypolicy.v1.Failure.local_error:type_name -> retrypolicy.v1.LocalError
-	34, // 4: retrypolicy.v1.BackoffSettings.base_delay:type_name -> google.protobuf.Duration
-	34, // 5: retrypolicy.v1.BackoffSettings.max_delay:type_name -> google.protobuf.Duration
+	36, // 4: retrypolicy.v1.BackoffSettings.base_delay:type_name -> google.protobuf.Duration
+	36, // 5: retrypolicy.v1.BackoffSettings.max_delay:type_name -> google.protobuf.Duration
 	3,  // 6: retrypolicy.v1.BackoffSettings.jitter:type_name -> retrypolicy.v1.Jitter
 	4,  // 7: retrypolicy.v1.PushbackSettings.mode:type_name -> retrypolicy.v1.RetryAfterMode
-	34, // 8: retrypolicy.v1.PushbackSettings.min_spread:type_name -> google.protobuf.Duration
-	34, // 9: retrypolicy.v1.PushbackSettings.max_hint:type_name -> google.protobuf.Duration
+	36, // 8: retrypolicy.v1.PushbackSettings.min_spread:type_name -> google.protobuf.Duration
+	36, // 9: retrypolicy.v1.PushbackSettings.max_hint:type_name -> google.protobuf.Duration
 	9,  // 10: retrypolicy.v1.BreakerSettings.mode:type_name -> retrypolicy.v1.BreakerMode
 	10, // 11: retrypolicy.v1.BreakerSettings.scope:type_name -> retrypolicy.v1.BreakerScope
-	34, // 12: retrypolicy.v1.BreakerSettings.window:type_name -> google.protobuf.Duration
-	34, // 13: retrypolicy.v1.BreakerSettings.cooldown:type_name -> google.protobuf.Duration
-	34, // 14: retrypolicy.v1.BreakerSettings.probe_timeout:type_name -> google.protobuf.Duration
+	36, // 12: retrypolicy.v1.BreakerSettings.window:type_name -> google.protobuf.Duration
+	36, // 13: retrypolicy.v1.BreakerSettings.cooldown:type_name -> google.protobuf.Duration
+	36, // 14: retrypolicy.v1.BreakerSettings.probe_timeout:type_name -> google.protobuf.Duration
 	17, // 15: retrypolicy.v1.Policy.backoff:type_name -> retrypolicy.v1.BackoffSettings
 	18, // 16: retrypolicy.v1.Policy.pushback:type_name -> retrypolicy.v1.PushbackSettings
-	34, // 17: retrypolicy.v1.Policy.attempt_timeout:type_name -> google.protobuf.Duration
-	34, // 18: retrypolicy.v1.Policy.call_deadline:type_name -> google.protobuf.Duration
+	36, // 17: retrypolicy.v1.Policy.attempt_timeout:type_name -> google.protobuf.Duration
+	36, // 18: retrypolicy.v1.Policy.call_deadline:type_name -> google.protobuf.Duration
 	19, // 19: retrypolicy.v1.Policy.breaker:type_name -> retrypolicy.v1.BreakerSettings
-	34, // 20: retrypolicy.v1.Policy.idempotency_ttl:type_name -> google.protobuf.Duration
-	21, // 21: retrypolicy.v1.Policy.flow:type_name -> retrypolicy.v1.FlowSettings
-	34, // 22: retrypolicy.v1.FlowSettings.lease_slack:type_name -> google.protobuf.Duration
-	34, // 23: retrypolicy.v1.BudgetPlan.delays:type_name -> google.protobuf.Duration
-	34, // 24: retrypolicy.v1.BudgetPlan.worst_case_total:type_name -> google.protobuf.Duration
-	34, // 25: retrypolicy.v1.BudgetPlan.idempotency_ttl:type_name -> google.protobuf.Duration
-	34, // 26: retrypolicy.v1.BudgetPlan.window:type_name -> google.protobuf.Duration
-	34, // 27: retrypolicy.v1.BudgetPlan.remaining:type_name -> google.protobuf.Duration
-	34, // 28: retrypolicy.v1.BudgetPlan.usable:type_name -> google.protobuf.Duration
-	23, // 29: retrypolicy.v1.Breaker.key:type_name -> retrypolicy.v1.BreakerKey
-	8,  // 30: retrypolicy.v1.Breaker.state:type_name -> retrypolicy.v1.BreakerState
-	33, // 31: retrypolicy.v1.Breaker.open_until_time:type_name -> google.protobuf.Timestamp
-	33, // 32: retrypolicy.v1.Breaker.change_time:type_name -> google.protobuf.Timestamp
-	33, // 33: retrypolicy.v1.Breaker.cooldown_until_time:type_name -> google.protobuf.Timestamp
-	9,  // 34: retrypolicy.v1.Breaker.mode:type_name -> retrypolicy.v1.BreakerMode
-	25, // 35: retrypolicy.v1.TenantBudgetStatus.budget:type_name -> retrypolicy.v1.TenantBudget
-	20, // 36: retrypolicy.v1.PolicyEntry.policy:type_name -> retrypolicy.v1.Policy
-	33, // 37: retrypolicy.v1.PolicyEntry.update_time:type_name -> google.protobuf.Timestamp
-	33, // 38: retrypolicy.v1.Run.cutoff_time:type_name -> google.protobuf.Timestamp
-	33, // 39: retrypolicy.v1.Run.create_time:type_name -> google.protobuf.Timestamp
-	28, // 40: retrypolicy.v1.Run.ledger:type_name -> retrypolicy.v1.RunLedger
-	7,  // 41: retrypolicy.v1.RunCall.disposition:type_name -> retrypolicy.v1.Disposition
-	6,  // 42: retrypolicy.v1.RunCall.stop_reason:type_name -> retrypolicy.v1.StopReason
-	33, // 43: retrypolicy.v1.RunCall.first_attempt_time:type_name -> google.protobuf.Timestamp
-	33, // 44: retrypolicy.v1.RunCall.last_attempt_time:type_name -> google.protobuf.Timestamp
-	33, // 45: retrypolicy.v1.AuditRecord.record_time:type_name -> google.protobuf.Timestamp
-	11, // 46: retrypolicy.v1.AuditRecord.event:type_name -> retrypolicy.v1.AuditEvent
-	5,  // 47: retrypolicy.v1.AuditRecord.decision:type_name -> retrypolicy.v1.Decision
-	34, // 48: retrypolicy.v1.AuditRecord.delay:type_name -> google.protobuf.Duration
-	6,  // 49: retrypolicy.v1.AuditRecord.stop_reason:type_name -> retrypolicy.v1.StopReason
-	7,  // 50: retrypolicy.v1.AuditRecord.disposition:type_name -> retrypolicy.v1.Disposition
-	12, // 51: retrypolicy.v1.IdempotencyRecord.state:type_name -> retrypolicy.v1.KeyState
-	33, // 52: retrypolicy.v1.IdempotencyRecord.lease_expire_time:type_name -> google.protobuf.Timestamp
-	33, // 53: retrypolicy.v1.IdempotencyRecord.expire_time:type_name -> google.protobuf.Timestamp
-	54, // [54:54] is the sub-list for method output_type
-	54, // [54:54] is the sub-list for method input_type
-	54, // [54:54] is the sub-list for extension type_name
-	54, // [54:54] is the sub-list for extension extendee
-	0,  // [0:54] is the sub-list for field type_name
+	36, // 20: retrypolicy.v1.Policy.idempotency_ttl:type_name -> google.protobuf.Duration
+	22, // 21: retrypolicy.v1.Policy.flow:type_name -> retrypolicy.v1.FlowSettings
+	21, // 22: retrypolicy.v1.Policy.fallback:type_name -> retrypolicy.v1.FallbackSettings
+	36, // 23: retrypolicy.v1.FlowSettings.lease_slack:type_name -> google.protobuf.Duration
+	23, // 24: retrypolicy.v1.FlowSettings.adaptive:type_name -> retrypolicy.v1.AdaptiveCeiling
+	36, // 25: retrypolicy.v1.AdaptiveCeiling.hold:type_name -> google.protobuf.Duration
+	36, // 26: retrypolicy.v1.BudgetPlan.delays:type_name -> google.protobuf.Duration
+	36, // 27: retrypolicy.v1.BudgetPlan.worst_case_total:type_name -> google.protobuf.Duration
+	36, // 28: retrypolicy.v1.BudgetPlan.idempotency_ttl:type_name -> google.protobuf.Duration
+	36, // 29: retrypolicy.v1.BudgetPlan.window:type_name -> google.protobuf.Duration
+	36, // 30: retrypolicy.v1.BudgetPlan.remaining:type_name -> google.protobuf.Duration
+	36, // 31: retrypolicy.v1.BudgetPlan.usable:type_name -> google.protobuf.Duration
+	25, // 32: retrypolicy.v1.Breaker.key:type_name -> retrypolicy.v1.BreakerKey
+	8,  // 33: retrypolicy.v1.Breaker.state:type_name -> retrypolicy.v1.BreakerState
+	35, // 34: retrypolicy.v1.Breaker.open_until_time:type_name -> google.protobuf.Timestamp
+	35, // 35: retrypolicy.v1.Breaker.change_time:type_name -> google.protobuf.Timestamp
+	35, // 36: retrypolicy.v1.Breaker.cooldown_until_time:type_name -> google.protobuf.Timestamp
+	9,  // 37: retrypolicy.v1.Breaker.mode:type_name -> retrypolicy.v1.BreakerMode
+	27, // 38: retrypolicy.v1.TenantBudgetStatus.budget:type_name -> retrypolicy.v1.TenantBudget
+	20, // 39: retrypolicy.v1.PolicyEntry.policy:type_name -> retrypolicy.v1.Policy
+	35, // 40: retrypolicy.v1.PolicyEntry.update_time:type_name -> google.protobuf.Timestamp
+	35, // 41: retrypolicy.v1.Run.cutoff_time:type_name -> google.protobuf.Timestamp
+	35, // 42: retrypolicy.v1.Run.create_time:type_name -> google.protobuf.Timestamp
+	30, // 43: retrypolicy.v1.Run.ledger:type_name -> retrypolicy.v1.RunLedger
+	7,  // 44: retrypolicy.v1.RunCall.disposition:type_name -> retrypolicy.v1.Disposition
+	6,  // 45: retrypolicy.v1.RunCall.stop_reason:type_name -> retrypolicy.v1.StopReason
+	35, // 46: retrypolicy.v1.RunCall.first_attempt_time:type_name -> google.protobuf.Timestamp
+	35, // 47: retrypolicy.v1.RunCall.last_attempt_time:type_name -> google.protobuf.Timestamp
+	35, // 48: retrypolicy.v1.AuditRecord.record_time:type_name -> google.protobuf.Timestamp
+	11, // 49: retrypolicy.v1.AuditRecord.event:type_name -> retrypolicy.v1.AuditEvent
+	5,  // 50: retrypolicy.v1.AuditRecord.decision:type_name -> retrypolicy.v1.Decision
+	36, // 51: retrypolicy.v1.AuditRecord.delay:type_name -> google.protobuf.Duration
+	6,  // 52: retrypolicy.v1.AuditRecord.stop_reason:type_name -> retrypolicy.v1.StopReason
+	7,  // 53: retrypolicy.v1.AuditRecord.disposition:type_name -> retrypolicy.v1.Disposition
+	12, // 54: retrypolicy.v1.IdempotencyRecord.state:type_name -> retrypolicy.v1.KeyState
+	35, // 55: retrypolicy.v1.IdempotencyRecord.lease_expire_time:type_name -> google.protobuf.Timestamp
+	35, // 56: retrypolicy.v1.IdempotencyRecord.expire_time:type_name -> google.protobuf.Timestamp
+	57, // [57:57] is the sub-list for method output_type
+	57, // [57:57] is the sub-list for method input_type
+	57, // [57:57] is the sub-list for extension type_name
+	57, // [57:57] is the sub-list for extension extendee
+	0,  // [0:57] is the sub-list for field type_name
 }
 
 func init() { file_retrypolicy_v1_types_proto_init() }
@@ -3370,14 +3619,15 @@ func file_retrypolicy_v1_types_proto_init() {
 	file_retrypolicy_v1_types_proto_msgTypes[4].OneofWrappers = []any{}
 	file_retrypolicy_v1_types_proto_msgTypes[5].OneofWrappers = []any{}
 	file_retrypolicy_v1_types_proto_msgTypes[6].OneofWrappers = []any{}
-	file_retrypolicy_v1_types_proto_msgTypes[7].OneofWrappers = []any{}
+	file_retrypolicy_v1_types_proto_msgTypes[8].OneofWrappers = []any{}
+	file_retrypolicy_v1_types_proto_msgTypes[9].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_retrypolicy_v1_types_proto_rawDesc), len(file_retrypolicy_v1_types_proto_rawDesc)),
 			NumEnums:      14,
-			NumMessages:   19,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1,5 +1,6 @@
 import datetime
 
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from retrypolicy.v1 import types_pb2 as _types_pb2
 from google.protobuf.internal import containers as _containers
@@ -279,3 +280,43 @@ class QueryAuditResponse(_message.Message):
     records: _containers.RepeatedCompositeFieldContainer[_types_pb2.AuditRecord]
     next_page_token: str
     def __init__(self, records: _Optional[_Iterable[_Union[_types_pb2.AuditRecord, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class AdviseTargetsRequest(_message.Message):
+    __slots__ = ("tenant", "target", "since")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    target: str
+    since: _duration_pb2.Duration
+    def __init__(self, tenant: _Optional[str] = ..., target: _Optional[str] = ..., since: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class AdviseTargetsResponse(_message.Message):
+    __slots__ = ("advice",)
+    ADVICE_FIELD_NUMBER: _ClassVar[int]
+    advice: _containers.RepeatedCompositeFieldContainer[TargetAdvice]
+    def __init__(self, advice: _Optional[_Iterable[_Union[TargetAdvice, _Mapping]]] = ...) -> None: ...
+
+class TargetAdvice(_message.Message):
+    __slots__ = ("tenant", "target", "start_time", "end_time", "successes_by_attempt", "failures_by_attempt", "summary", "recommendation", "proposed_policy", "changes")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    END_TIME_FIELD_NUMBER: _ClassVar[int]
+    SUCCESSES_BY_ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_BY_ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    RECOMMENDATION_FIELD_NUMBER: _ClassVar[int]
+    PROPOSED_POLICY_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    target: str
+    start_time: _timestamp_pb2.Timestamp
+    end_time: _timestamp_pb2.Timestamp
+    successes_by_attempt: _containers.RepeatedScalarFieldContainer[int]
+    failures_by_attempt: _containers.RepeatedScalarFieldContainer[int]
+    summary: str
+    recommendation: str
+    proposed_policy: _types_pb2.Policy
+    changes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tenant: _Optional[str] = ..., target: _Optional[str] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., successes_by_attempt: _Optional[_Iterable[int]] = ..., failures_by_attempt: _Optional[_Iterable[int]] = ..., summary: _Optional[str] = ..., recommendation: _Optional[str] = ..., proposed_policy: _Optional[_Union[_types_pb2.Policy, _Mapping]] = ..., changes: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -123,6 +123,11 @@ class AdminServiceStub:
                 request_serializer=retrypolicy_dot_v1_dot_admin__service__pb2.QueryAuditRequest.SerializeToString,
                 response_deserializer=retrypolicy_dot_v1_dot_admin__service__pb2.QueryAuditResponse.FromString,
                 _registered_method=True)
+        self.AdviseTargets = channel.unary_unary(
+                '/retrypolicy.v1.AdminService/AdviseTargets',
+                request_serializer=retrypolicy_dot_v1_dot_admin__service__pb2.AdviseTargetsRequest.SerializeToString,
+                response_deserializer=retrypolicy_dot_v1_dot_admin__service__pb2.AdviseTargetsResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -255,6 +260,16 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AdviseTargets(self, request, context):
+        """AdviseTargets says, per target, what its retries earned over a rolling
+        window (successes and final failures by attempt number, kept by the
+        store) and the policy change that follows. It changes nothing: a
+        caller applies a proposal through SetPolicy.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -342,6 +357,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.QueryAudit,
                     request_deserializer=retrypolicy_dot_v1_dot_admin__service__pb2.QueryAuditRequest.FromString,
                     response_serializer=retrypolicy_dot_v1_dot_admin__service__pb2.QueryAuditResponse.SerializeToString,
+            ),
+            'AdviseTargets': grpc.unary_unary_rpc_method_handler(
+                    servicer.AdviseTargets,
+                    request_deserializer=retrypolicy_dot_v1_dot_admin__service__pb2.AdviseTargetsRequest.FromString,
+                    response_serializer=retrypolicy_dot_v1_dot_admin__service__pb2.AdviseTargetsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -807,6 +827,33 @@ class AdminService:
             '/retrypolicy.v1.AdminService/QueryAudit',
             retrypolicy_dot_v1_dot_admin__service__pb2.QueryAuditRequest.SerializeToString,
             retrypolicy_dot_v1_dot_admin__service__pb2.QueryAuditResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AdviseTargets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/retrypolicy.v1.AdminService/AdviseTargets',
+            retrypolicy_dot_v1_dot_admin__service__pb2.AdviseTargetsRequest.SerializeToString,
+            retrypolicy_dot_v1_dot_admin__service__pb2.AdviseTargetsResponse.FromString,
             options,
             channel_credentials,
             insecure,

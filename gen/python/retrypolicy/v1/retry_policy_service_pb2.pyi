@@ -30,7 +30,7 @@ class ClassifyResponse(_message.Message):
     def __init__(self, retryable: _Optional[bool] = ..., category: _Optional[_Union[_types_pb2.Category, str]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class NextDelayRequest(_message.Message):
-    __slots__ = ("call", "attempt", "failure", "pushback", "previous_delay", "permit_id", "lease_id")
+    __slots__ = ("call", "attempt", "failure", "pushback", "previous_delay", "permit_id", "lease_id", "attempt_target")
     CALL_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +38,7 @@ class NextDelayRequest(_message.Message):
     PREVIOUS_DELAY_FIELD_NUMBER: _ClassVar[int]
     PERMIT_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_TARGET_FIELD_NUMBER: _ClassVar[int]
     call: _types_pb2.CallRef
     attempt: int
     failure: _types_pb2.Failure
@@ -45,10 +46,11 @@ class NextDelayRequest(_message.Message):
     previous_delay: _duration_pb2.Duration
     permit_id: str
     lease_id: str
-    def __init__(self, call: _Optional[_Union[_types_pb2.CallRef, _Mapping]] = ..., attempt: _Optional[int] = ..., failure: _Optional[_Union[_types_pb2.Failure, _Mapping]] = ..., pushback: _Optional[_Union[_types_pb2.Pushback, _Mapping]] = ..., previous_delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., permit_id: _Optional[str] = ..., lease_id: _Optional[str] = ...) -> None: ...
+    attempt_target: str
+    def __init__(self, call: _Optional[_Union[_types_pb2.CallRef, _Mapping]] = ..., attempt: _Optional[int] = ..., failure: _Optional[_Union[_types_pb2.Failure, _Mapping]] = ..., pushback: _Optional[_Union[_types_pb2.Pushback, _Mapping]] = ..., previous_delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., permit_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., attempt_target: _Optional[str] = ...) -> None: ...
 
 class NextDelayResponse(_message.Message):
-    __slots__ = ("decision", "delay", "stop_reason", "disposition", "category", "classification", "pushback_note", "attempt_timeout", "breaker_state", "tenant_budget_remaining", "run_budget_remaining", "checks", "detail", "flow_controlled", "degraded")
+    __slots__ = ("decision", "delay", "stop_reason", "disposition", "category", "classification", "pushback_note", "attempt_timeout", "breaker_state", "tenant_budget_remaining", "run_budget_remaining", "checks", "detail", "flow_controlled", "degraded", "target")
     DECISION_FIELD_NUMBER: _ClassVar[int]
     DELAY_FIELD_NUMBER: _ClassVar[int]
     STOP_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +66,7 @@ class NextDelayResponse(_message.Message):
     DETAIL_FIELD_NUMBER: _ClassVar[int]
     FLOW_CONTROLLED_FIELD_NUMBER: _ClassVar[int]
     DEGRADED_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
     decision: _types_pb2.Decision
     delay: _duration_pb2.Duration
     stop_reason: _types_pb2.StopReason
@@ -79,10 +82,11 @@ class NextDelayResponse(_message.Message):
     detail: str
     flow_controlled: bool
     degraded: bool
-    def __init__(self, decision: _Optional[_Union[_types_pb2.Decision, str]] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., stop_reason: _Optional[_Union[_types_pb2.StopReason, str]] = ..., disposition: _Optional[_Union[_types_pb2.Disposition, str]] = ..., category: _Optional[_Union[_types_pb2.Category, str]] = ..., classification: _Optional[str] = ..., pushback_note: _Optional[str] = ..., attempt_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., breaker_state: _Optional[_Union[_types_pb2.BreakerState, str]] = ..., tenant_budget_remaining: _Optional[float] = ..., run_budget_remaining: _Optional[int] = ..., checks: _Optional[_Iterable[str]] = ..., detail: _Optional[str] = ..., flow_controlled: _Optional[bool] = ..., degraded: _Optional[bool] = ...) -> None: ...
+    target: str
+    def __init__(self, decision: _Optional[_Union[_types_pb2.Decision, str]] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., stop_reason: _Optional[_Union[_types_pb2.StopReason, str]] = ..., disposition: _Optional[_Union[_types_pb2.Disposition, str]] = ..., category: _Optional[_Union[_types_pb2.Category, str]] = ..., classification: _Optional[str] = ..., pushback_note: _Optional[str] = ..., attempt_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., breaker_state: _Optional[_Union[_types_pb2.BreakerState, str]] = ..., tenant_budget_remaining: _Optional[float] = ..., run_budget_remaining: _Optional[int] = ..., checks: _Optional[_Iterable[str]] = ..., detail: _Optional[str] = ..., flow_controlled: _Optional[bool] = ..., degraded: _Optional[bool] = ..., target: _Optional[str] = ...) -> None: ...
 
 class Outcome(_message.Message):
-    __slots__ = ("call", "attempt", "success", "failure", "latency", "permit_id", "final_disposition", "final_stop_reason", "already_recorded", "lease_id", "deduplicated")
+    __slots__ = ("call", "attempt", "success", "failure", "latency", "permit_id", "final_disposition", "final_stop_reason", "already_recorded", "lease_id", "deduplicated", "attempt_target")
     CALL_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     SUCCESS_FIELD_NUMBER: _ClassVar[int]
@@ -94,6 +98,7 @@ class Outcome(_message.Message):
     ALREADY_RECORDED_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     DEDUPLICATED_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_TARGET_FIELD_NUMBER: _ClassVar[int]
     call: _types_pb2.CallRef
     attempt: int
     success: bool
@@ -105,7 +110,8 @@ class Outcome(_message.Message):
     already_recorded: bool
     lease_id: str
     deduplicated: bool
-    def __init__(self, call: _Optional[_Union[_types_pb2.CallRef, _Mapping]] = ..., attempt: _Optional[int] = ..., success: _Optional[bool] = ..., failure: _Optional[_Union[_types_pb2.Failure, _Mapping]] = ..., latency: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., permit_id: _Optional[str] = ..., final_disposition: _Optional[_Union[_types_pb2.Disposition, str]] = ..., final_stop_reason: _Optional[_Union[_types_pb2.StopReason, str]] = ..., already_recorded: _Optional[bool] = ..., lease_id: _Optional[str] = ..., deduplicated: _Optional[bool] = ...) -> None: ...
+    attempt_target: str
+    def __init__(self, call: _Optional[_Union[_types_pb2.CallRef, _Mapping]] = ..., attempt: _Optional[int] = ..., success: _Optional[bool] = ..., failure: _Optional[_Union[_types_pb2.Failure, _Mapping]] = ..., latency: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., permit_id: _Optional[str] = ..., final_disposition: _Optional[_Union[_types_pb2.Disposition, str]] = ..., final_stop_reason: _Optional[_Union[_types_pb2.StopReason, str]] = ..., already_recorded: _Optional[bool] = ..., lease_id: _Optional[str] = ..., deduplicated: _Optional[bool] = ..., attempt_target: _Optional[str] = ...) -> None: ...
 
 class ReportOutcomeRequest(_message.Message):
     __slots__ = ("outcomes",)
@@ -136,15 +142,17 @@ class OutcomeRefusal(_message.Message):
     def __init__(self, index: _Optional[int] = ..., code: _Optional[int] = ..., field: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class AdmitRequest(_message.Message):
-    __slots__ = ("call", "attempt")
+    __slots__ = ("call", "attempt", "attempt_target")
     CALL_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_TARGET_FIELD_NUMBER: _ClassVar[int]
     call: _types_pb2.CallRef
     attempt: int
-    def __init__(self, call: _Optional[_Union[_types_pb2.CallRef, _Mapping]] = ..., attempt: _Optional[int] = ...) -> None: ...
+    attempt_target: str
+    def __init__(self, call: _Optional[_Union[_types_pb2.CallRef, _Mapping]] = ..., attempt: _Optional[int] = ..., attempt_target: _Optional[str] = ...) -> None: ...
 
 class AdmitResponse(_message.Message):
-    __slots__ = ("admitted", "state", "permit_id", "retry_after", "reason", "run_cutoff_time", "lease_id", "lease_expire_time", "flow_controlled", "degraded")
+    __slots__ = ("admitted", "state", "permit_id", "retry_after", "reason", "run_cutoff_time", "lease_id", "lease_expire_time", "flow_controlled", "degraded", "target")
     ADMITTED_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     PERMIT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -155,6 +163,7 @@ class AdmitResponse(_message.Message):
     LEASE_EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
     FLOW_CONTROLLED_FIELD_NUMBER: _ClassVar[int]
     DEGRADED_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
     admitted: bool
     state: _types_pb2.BreakerState
     permit_id: str
@@ -165,15 +174,18 @@ class AdmitResponse(_message.Message):
     lease_expire_time: _timestamp_pb2.Timestamp
     flow_controlled: bool
     degraded: bool
-    def __init__(self, admitted: _Optional[bool] = ..., state: _Optional[_Union[_types_pb2.BreakerState, str]] = ..., permit_id: _Optional[str] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., reason: _Optional[str] = ..., run_cutoff_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_id: _Optional[str] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., flow_controlled: _Optional[bool] = ..., degraded: _Optional[bool] = ...) -> None: ...
+    target: str
+    def __init__(self, admitted: _Optional[bool] = ..., state: _Optional[_Union[_types_pb2.BreakerState, str]] = ..., permit_id: _Optional[str] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., reason: _Optional[str] = ..., run_cutoff_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_id: _Optional[str] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., flow_controlled: _Optional[bool] = ..., degraded: _Optional[bool] = ..., target: _Optional[str] = ...) -> None: ...
 
 class ReleaseLeaseRequest(_message.Message):
-    __slots__ = ("call", "lease_id")
+    __slots__ = ("call", "lease_id", "attempt_target")
     CALL_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_TARGET_FIELD_NUMBER: _ClassVar[int]
     call: _types_pb2.CallRef
     lease_id: str
-    def __init__(self, call: _Optional[_Union[_types_pb2.CallRef, _Mapping]] = ..., lease_id: _Optional[str] = ...) -> None: ...
+    attempt_target: str
+    def __init__(self, call: _Optional[_Union[_types_pb2.CallRef, _Mapping]] = ..., lease_id: _Optional[str] = ..., attempt_target: _Optional[str] = ...) -> None: ...
 
 class ReleaseLeaseResponse(_message.Message):
     __slots__ = ("released",)

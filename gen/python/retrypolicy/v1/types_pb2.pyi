@@ -274,7 +274,7 @@ class BreakerSettings(_message.Message):
     def __init__(self, mode: _Optional[_Union[BreakerMode, str]] = ..., scope: _Optional[_Union[BreakerScope, str]] = ..., consecutive_failures: _Optional[int] = ..., failure_rate: _Optional[float] = ..., window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., min_calls: _Optional[int] = ..., cooldown: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., half_open_probes: _Optional[int] = ..., probe_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., count_pushback: _Optional[bool] = ...) -> None: ...
 
 class Policy(_message.Message):
-    __slots__ = ("backoff", "pushback", "max_attempts", "attempt_timeout", "call_deadline", "transient_http_statuses", "terminal_http_statuses", "transient_grpc_codes", "breaker", "idempotency_ttl", "upstream_dedupes_by_key", "flow")
+    __slots__ = ("backoff", "pushback", "max_attempts", "attempt_timeout", "call_deadline", "transient_http_statuses", "terminal_http_statuses", "transient_grpc_codes", "breaker", "idempotency_ttl", "upstream_dedupes_by_key", "flow", "fallback")
     BACKOFF_FIELD_NUMBER: _ClassVar[int]
     PUSHBACK_FIELD_NUMBER: _ClassVar[int]
     MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
@@ -287,6 +287,7 @@ class Policy(_message.Message):
     IDEMPOTENCY_TTL_FIELD_NUMBER: _ClassVar[int]
     UPSTREAM_DEDUPES_BY_KEY_FIELD_NUMBER: _ClassVar[int]
     FLOW_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_FIELD_NUMBER: _ClassVar[int]
     backoff: BackoffSettings
     pushback: PushbackSettings
     max_attempts: int
@@ -299,19 +300,44 @@ class Policy(_message.Message):
     idempotency_ttl: _duration_pb2.Duration
     upstream_dedupes_by_key: bool
     flow: FlowSettings
-    def __init__(self, backoff: _Optional[_Union[BackoffSettings, _Mapping]] = ..., pushback: _Optional[_Union[PushbackSettings, _Mapping]] = ..., max_attempts: _Optional[int] = ..., attempt_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., call_deadline: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., transient_http_statuses: _Optional[_Iterable[int]] = ..., terminal_http_statuses: _Optional[_Iterable[int]] = ..., transient_grpc_codes: _Optional[_Iterable[int]] = ..., breaker: _Optional[_Union[BreakerSettings, _Mapping]] = ..., idempotency_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., upstream_dedupes_by_key: _Optional[bool] = ..., flow: _Optional[_Union[FlowSettings, _Mapping]] = ...) -> None: ...
+    fallback: FallbackSettings
+    def __init__(self, backoff: _Optional[_Union[BackoffSettings, _Mapping]] = ..., pushback: _Optional[_Union[PushbackSettings, _Mapping]] = ..., max_attempts: _Optional[int] = ..., attempt_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., call_deadline: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., transient_http_statuses: _Optional[_Iterable[int]] = ..., terminal_http_statuses: _Optional[_Iterable[int]] = ..., transient_grpc_codes: _Optional[_Iterable[int]] = ..., breaker: _Optional[_Union[BreakerSettings, _Mapping]] = ..., idempotency_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., upstream_dedupes_by_key: _Optional[bool] = ..., flow: _Optional[_Union[FlowSettings, _Mapping]] = ..., fallback: _Optional[_Union[FallbackSettings, _Mapping]] = ...) -> None: ...
+
+class FallbackSettings(_message.Message):
+    __slots__ = ("targets", "after_attempts", "on_circuit_open")
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    AFTER_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    ON_CIRCUIT_OPEN_FIELD_NUMBER: _ClassVar[int]
+    targets: _containers.RepeatedScalarFieldContainer[str]
+    after_attempts: int
+    on_circuit_open: bool
+    def __init__(self, targets: _Optional[_Iterable[str]] = ..., after_attempts: _Optional[int] = ..., on_circuit_open: _Optional[bool] = ...) -> None: ...
 
 class FlowSettings(_message.Message):
-    __slots__ = ("max_in_flight", "lease_slack", "max_rate", "burst")
+    __slots__ = ("max_in_flight", "lease_slack", "max_rate", "burst", "adaptive")
     MAX_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     LEASE_SLACK_FIELD_NUMBER: _ClassVar[int]
     MAX_RATE_FIELD_NUMBER: _ClassVar[int]
     BURST_FIELD_NUMBER: _ClassVar[int]
+    ADAPTIVE_FIELD_NUMBER: _ClassVar[int]
     max_in_flight: int
     lease_slack: _duration_pb2.Duration
     max_rate: float
     burst: int
-    def __init__(self, max_in_flight: _Optional[int] = ..., lease_slack: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_rate: _Optional[float] = ..., burst: _Optional[int] = ...) -> None: ...
+    adaptive: AdaptiveCeiling
+    def __init__(self, max_in_flight: _Optional[int] = ..., lease_slack: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_rate: _Optional[float] = ..., burst: _Optional[int] = ..., adaptive: _Optional[_Union[AdaptiveCeiling, _Mapping]] = ...) -> None: ...
+
+class AdaptiveCeiling(_message.Message):
+    __slots__ = ("min_in_flight", "decrease", "increase", "hold")
+    MIN_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    DECREASE_FIELD_NUMBER: _ClassVar[int]
+    INCREASE_FIELD_NUMBER: _ClassVar[int]
+    HOLD_FIELD_NUMBER: _ClassVar[int]
+    min_in_flight: int
+    decrease: float
+    increase: float
+    hold: _duration_pb2.Duration
+    def __init__(self, min_in_flight: _Optional[int] = ..., decrease: _Optional[float] = ..., increase: _Optional[float] = ..., hold: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class BudgetPlan(_message.Message):
     __slots__ = ("max_attempts", "delays", "worst_case_total", "idempotency_ttl", "window", "remaining", "usable", "reason")
@@ -342,7 +368,7 @@ class BreakerKey(_message.Message):
     def __init__(self, tenant: _Optional[str] = ..., target: _Optional[str] = ...) -> None: ...
 
 class Breaker(_message.Message):
-    __slots__ = ("key", "state", "forced", "open_until_time", "consecutive_failures", "window_calls", "window_failures", "probes_in_flight", "change_time", "cooldown_until_time", "mode", "leases_in_flight", "stray_releases")
+    __slots__ = ("key", "state", "forced", "open_until_time", "consecutive_failures", "window_calls", "window_failures", "probes_in_flight", "change_time", "cooldown_until_time", "mode", "leases_in_flight", "stray_releases", "ceiling", "adaptive_limit")
     KEY_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     FORCED_FIELD_NUMBER: _ClassVar[int]
@@ -356,6 +382,8 @@ class Breaker(_message.Message):
     MODE_FIELD_NUMBER: _ClassVar[int]
     LEASES_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     STRAY_RELEASES_FIELD_NUMBER: _ClassVar[int]
+    CEILING_FIELD_NUMBER: _ClassVar[int]
+    ADAPTIVE_LIMIT_FIELD_NUMBER: _ClassVar[int]
     key: BreakerKey
     state: BreakerState
     forced: bool
@@ -369,7 +397,9 @@ class Breaker(_message.Message):
     mode: BreakerMode
     leases_in_flight: int
     stray_releases: int
-    def __init__(self, key: _Optional[_Union[BreakerKey, _Mapping]] = ..., state: _Optional[_Union[BreakerState, str]] = ..., forced: _Optional[bool] = ..., open_until_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., consecutive_failures: _Optional[int] = ..., window_calls: _Optional[int] = ..., window_failures: _Optional[int] = ..., probes_in_flight: _Optional[int] = ..., change_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cooldown_until_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., mode: _Optional[_Union[BreakerMode, str]] = ..., leases_in_flight: _Optional[int] = ..., stray_releases: _Optional[int] = ...) -> None: ...
+    ceiling: int
+    adaptive_limit: float
+    def __init__(self, key: _Optional[_Union[BreakerKey, _Mapping]] = ..., state: _Optional[_Union[BreakerState, str]] = ..., forced: _Optional[bool] = ..., open_until_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., consecutive_failures: _Optional[int] = ..., window_calls: _Optional[int] = ..., window_failures: _Optional[int] = ..., probes_in_flight: _Optional[int] = ..., change_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cooldown_until_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., mode: _Optional[_Union[BreakerMode, str]] = ..., leases_in_flight: _Optional[int] = ..., stray_releases: _Optional[int] = ..., ceiling: _Optional[int] = ..., adaptive_limit: _Optional[float] = ...) -> None: ...
 
 class TenantBudget(_message.Message):
     __slots__ = ("tenant", "capacity", "deposit_ratio", "min_retries_per_second", "retry_cost", "timeout_cost", "dry_run")
@@ -464,7 +494,7 @@ class Run(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., tenant: _Optional[str] = ..., retry_pool: _Optional[int] = ..., retries_spent: _Optional[int] = ..., cutoff_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ledger: _Optional[_Union[RunLedger, _Mapping]] = ..., description: _Optional[str] = ..., redrive_of: _Optional[str] = ...) -> None: ...
 
 class RunCall(_message.Message):
-    __slots__ = ("call_id", "disposition", "stop_reason", "attempts", "last_classification", "last_detail", "first_attempt_time", "last_attempt_time", "target", "triage_ref")
+    __slots__ = ("call_id", "disposition", "stop_reason", "attempts", "last_classification", "last_detail", "first_attempt_time", "last_attempt_time", "target", "triage_ref", "primary_target")
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     DISPOSITION_FIELD_NUMBER: _ClassVar[int]
     STOP_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -475,6 +505,7 @@ class RunCall(_message.Message):
     LAST_ATTEMPT_TIME_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     TRIAGE_REF_FIELD_NUMBER: _ClassVar[int]
+    PRIMARY_TARGET_FIELD_NUMBER: _ClassVar[int]
     call_id: str
     disposition: Disposition
     stop_reason: StopReason
@@ -485,10 +516,11 @@ class RunCall(_message.Message):
     last_attempt_time: _timestamp_pb2.Timestamp
     target: str
     triage_ref: str
-    def __init__(self, call_id: _Optional[str] = ..., disposition: _Optional[_Union[Disposition, str]] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ..., attempts: _Optional[int] = ..., last_classification: _Optional[str] = ..., last_detail: _Optional[str] = ..., first_attempt_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_attempt_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., target: _Optional[str] = ..., triage_ref: _Optional[str] = ...) -> None: ...
+    primary_target: str
+    def __init__(self, call_id: _Optional[str] = ..., disposition: _Optional[_Union[Disposition, str]] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ..., attempts: _Optional[int] = ..., last_classification: _Optional[str] = ..., last_detail: _Optional[str] = ..., first_attempt_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_attempt_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., target: _Optional[str] = ..., triage_ref: _Optional[str] = ..., primary_target: _Optional[str] = ...) -> None: ...
 
 class AuditRecord(_message.Message):
-    __slots__ = ("record_time", "event", "tenant", "target", "call_id", "run_id", "attempt", "classification", "decision", "delay", "stop_reason", "disposition", "detail")
+    __slots__ = ("record_time", "event", "tenant", "target", "call_id", "run_id", "attempt", "classification", "decision", "delay", "stop_reason", "disposition", "detail", "primary_target")
     RECORD_TIME_FIELD_NUMBER: _ClassVar[int]
     EVENT_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
@@ -502,6 +534,7 @@ class AuditRecord(_message.Message):
     STOP_REASON_FIELD_NUMBER: _ClassVar[int]
     DISPOSITION_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    PRIMARY_TARGET_FIELD_NUMBER: _ClassVar[int]
     record_time: _timestamp_pb2.Timestamp
     event: AuditEvent
     tenant: str
@@ -515,7 +548,8 @@ class AuditRecord(_message.Message):
     stop_reason: StopReason
     disposition: Disposition
     detail: str
-    def __init__(self, record_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., event: _Optional[_Union[AuditEvent, str]] = ..., tenant: _Optional[str] = ..., target: _Optional[str] = ..., call_id: _Optional[str] = ..., run_id: _Optional[str] = ..., attempt: _Optional[int] = ..., classification: _Optional[str] = ..., decision: _Optional[_Union[Decision, str]] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ..., disposition: _Optional[_Union[Disposition, str]] = ..., detail: _Optional[str] = ...) -> None: ...
+    primary_target: str
+    def __init__(self, record_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., event: _Optional[_Union[AuditEvent, str]] = ..., tenant: _Optional[str] = ..., target: _Optional[str] = ..., call_id: _Optional[str] = ..., run_id: _Optional[str] = ..., attempt: _Optional[int] = ..., classification: _Optional[str] = ..., decision: _Optional[_Union[Decision, str]] = ..., delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ..., disposition: _Optional[_Union[Disposition, str]] = ..., detail: _Optional[str] = ..., primary_target: _Optional[str] = ...) -> None: ...
 
 class IdempotencyRecord(_message.Message):
     __slots__ = ("tenant", "idempotency_key", "state", "lease_expire_time", "expire_time", "result_ref")
