@@ -82,7 +82,8 @@ func (s *Store) AdmitFlow(key policy.BreakerKey, cfg policy.BreakerConfig, lim p
 // whether it was held. A lease not held (expired, returned before, never
 // handed out) is ignored and counted in the pool's PoolStatus.Stray, never
 // an error; under a key that has no ceiling state it is only ignored. It is safe for concurrent use.
-func (s *Store) ReleaseLease(key policy.BreakerKey, id string) (bool, error) {
+// TODO(adaptive): apply sig to the key's fleet.AdaptiveLimit under lim.Adaptive.
+func (s *Store) ReleaseLease(key policy.BreakerKey, id string, lim policy.FlowLimits, sig policy.FlowSignal) (bool, error) {
 	if s.closed.Load() {
 		return false, ErrClosed
 	}

@@ -22,7 +22,7 @@ func BenchmarkAdmitFlow(b *testing.B) {
 			if err != nil || !a.Admitted {
 				b.Fatal(a, err)
 			}
-			if _, err := s.ReleaseLease(key, a.LeaseID); err != nil {
+			if _, err := s.ReleaseLease(key, a.LeaseID, policy.FlowLimits{}, policy.SignalNone); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -37,7 +37,7 @@ func BenchmarkAdmitFlow(b *testing.B) {
 					b.Error(a, err)
 					return
 				}
-				if _, err := s.ReleaseLease(key, a.LeaseID); err != nil {
+				if _, err := s.ReleaseLease(key, a.LeaseID, policy.FlowLimits{}, policy.SignalNone); err != nil {
 					b.Error(err)
 					return
 				}

@@ -36,13 +36,13 @@ func TestLeasesKeepTheCeiling(t *testing.T) {
 	if st := must(s.Pool(portal)).get(t); st.InFlight != 3 {
 		t.Fatalf("in flight %d, want 3", st.InFlight)
 	}
-	if held := must(s.ReleaseLease(portal, leases[0])).get(t); !held {
+	if held := must(s.ReleaseLease(portal, leases[0], policy.FlowLimits{}, policy.SignalNone)).get(t); !held {
 		t.Fatalf("release of a live lease: held false")
 	}
-	if held := must(s.ReleaseLease(portal, leases[0])).get(t); held {
+	if held := must(s.ReleaseLease(portal, leases[0], policy.FlowLimits{}, policy.SignalNone)).get(t); held {
 		t.Fatalf("second release: held true, want false (ignored)")
 	}
-	if held := must(s.ReleaseLease(policy.BreakerKey{Tenant: "acme", Target: "elsewhere"}, leases[1])).get(t); held {
+	if held := must(s.ReleaseLease(policy.BreakerKey{Tenant: "acme", Target: "elsewhere"}, leases[1], policy.FlowLimits{}, policy.SignalNone)).get(t); held {
 		t.Fatalf("release under another key: held true")
 	}
 	if st := must(s.Pool(portal)).get(t); st.InFlight != 2 || st.Stray != 1 {
@@ -101,7 +101,7 @@ func TestLeasesUnderConcurrency(t *testing.T) {
 				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
 				}
 				inside.Add(-1)
-				if _, err := s.ReleaseLease(portal, a.LeaseID); err != nil {
+				if _, err := s.ReleaseLease(portal, a.LeaseID, policy.FlowLimits{}, policy.SignalNone); err != nil {
 					t.Error(err)
 					return
 				}

@@ -24,44 +24,17 @@ type AdaptiveLimit struct {
 	Since        int64   // outcomes since the last decrease
 }
 
-// AdaptiveBounds are the resolved settings of an adaptive ceiling: every
-// default applied (see AdaptiveBoundsOf).
-type AdaptiveBounds struct {
-	Min, Max int
-	Decrease float64
-	Increase float64
-	Hold     int64 // ns
-}
-
-// AdaptiveBoundsOf resolves p's adaptive ceiling, with its defaults, and
-// reports whether p has one.
-func AdaptiveBoundsOf(p *policy.Policy) (AdaptiveBounds, bool) {
-	a := p.Flow.Adaptive
-	if !a.Enabled || p.Flow.MaxInFlight <= 0 {
-		return AdaptiveBounds{}, false
-	}
-	b := AdaptiveBounds{Min: max(a.Min, 1), Max: p.Flow.MaxInFlight, Decrease: a.Decrease, Increase: a.Increase, Hold: int64(a.Hold)}
-	if b.Decrease <= 0 || b.Decrease >= 1 {
-		b.Decrease = policy.DefaultAdaptiveDecrease
-	}
-	if b.Increase <= 0 {
-		b.Increase = policy.DefaultAdaptiveIncrease
-	}
-	b.Min = min(b.Min, b.Max)
-	return b, true
-}
-
 // Ceiling returns the whole number of leases the limit allows now: its
 // current value rounded down, within the bounds.
-func (l *AdaptiveLimit) Ceiling(b AdaptiveBounds) int {
+func (l *AdaptiveLimit) Ceiling(b policy.AdaptiveBounds) int {
 	return min(max(int(math.Floor(l.current(b))), b.Min), b.Max)
 }
 
 // Current returns the limit's exact value within b: Max before the first
 // use, and clamped when the bounds changed under it.
-func (l *AdaptiveLimit) Current(b AdaptiveBounds) float64 { return l.current(b) }
+func (l *AdaptiveLimit) Current(b policy.AdaptiveBounds) float64 { return l.current(b) }
 
-func (l *AdaptiveLimit) current(b AdaptiveBounds) float64 {
+func (l *AdaptiveLimit) current(b policy.AdaptiveBounds) float64 {
 	if l.Limit == 0 {
 		return float64(b.Max)
 	}
@@ -69,7 +42,7 @@ func (l *AdaptiveLimit) current(b AdaptiveBounds) float64 {
 }
 
 // Succeeded grows the limit by Increase/limit for one success.
-func (l *AdaptiveLimit) Succeeded(b AdaptiveBounds) Effect {
+func (l *AdaptiveLimit) Succeeded(b policy.AdaptiveBounds) Effect {
 	cur := l.current(b)
 	l.Limit = min(cur+b.Increase/cur, float64(b.Max))
 	l.Since++
@@ -79,9 +52,9 @@ func (l *AdaptiveLimit) Succeeded(b AdaptiveBounds) Effect {
 // Congested shrinks the limit by Decrease for a congestion signal at now,
 // unless the last decrease was less than a window of outcomes or Hold
 // before now. It reports whether the limit shrank.
-func (l *AdaptiveLimit) Congested(now int64, b AdaptiveBounds) (bool, Effect) {
+func (l *AdaptiveLimit) Congested(now int64, b policy.AdaptiveBounds) (bool, Effect) {
 	cur := l.current(b)
-	if l.LastDecrease != 0 && (l.Since < int64(math.Floor(cur)) || now-l.LastDecrease < b.Hold) {
+	if l.LastDecrease != 0 && (l.Since < int64(math.Floor(cur)) || now-l.LastDecrease < int64(b.Hold)) {
 		l.Since++
 		return false, Mutated
 	}

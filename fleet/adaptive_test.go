@@ -10,20 +10,20 @@ import (
 
 func TestAdaptiveBoundsDefaults(t *testing.T) {
 	p := policy.Policy{Flow: policy.FlowConfig{MaxInFlight: 32, Adaptive: policy.Adaptive{Enabled: true}}}
-	b, ok := fleet.AdaptiveBoundsOf(&p)
-	want := fleet.AdaptiveBounds{Min: 1, Max: 32, Decrease: policy.DefaultAdaptiveDecrease,
+	b := p.FlowLimits().Adaptive
+	want := policy.AdaptiveBounds{Min: 1, Max: 32, Decrease: policy.DefaultAdaptiveDecrease,
 		Increase: policy.DefaultAdaptiveIncrease}
-	if !ok || b != want {
-		t.Fatalf("bounds %+v %v, want %+v true", b, ok, want)
+	if b != want {
+		t.Fatalf("bounds %+v, want %+v", b, want)
 	}
 	p.Flow.Adaptive.Enabled = false
-	if _, ok := fleet.AdaptiveBoundsOf(&p); ok {
-		t.Fatalf("disabled adaptive ceiling resolved as enabled")
+	if b := p.FlowLimits().Adaptive; b.Max != 0 {
+		t.Fatalf("disabled adaptive ceiling resolved as %+v, want none", b)
 	}
 }
 
 func TestAdaptiveLimitRules(t *testing.T) {
-	b := fleet.AdaptiveBounds{Min: 4, Max: 20, Decrease: 0.5, Increase: 1, Hold: int64(time.Second)}
+	b := policy.AdaptiveBounds{Min: 4, Max: 20, Decrease: 0.5, Increase: 1, Hold: time.Second}
 	var l fleet.AdaptiveLimit
 	if got := l.Ceiling(b); got != 20 {
 		t.Fatalf("fresh limit: ceiling %d, want the maximum 20", got)
@@ -79,7 +79,7 @@ func TestAdaptiveLimitRules(t *testing.T) {
 // just under the capacity and the share of windows refused stays small.
 func TestAdaptiveLimitSettles(t *testing.T) {
 	p := policy.Policy{Flow: policy.FlowConfig{MaxInFlight: 64, Adaptive: policy.Adaptive{Enabled: true}}}
-	b, _ := fleet.AdaptiveBoundsOf(&p)
+	b := p.FlowLimits().Adaptive
 	var l fleet.AdaptiveLimit
 	const capacity, rounds = 12, 2000
 	now, refused := int64(0), 0

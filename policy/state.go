@@ -92,7 +92,21 @@ type Admission struct {
 type PoolStatus struct {
 	InFlight int    // leases live
 	Stray    uint64 // releases of leases not held, ignored
+	// Adaptive is the adaptive ceiling's exact current value, 0 when the
+	// key has none or it never started (it then stands at the maximum).
+	Adaptive float64
 }
+
+// FlowSignal is what an attempt's outcome tells an adaptive ceiling
+// (fleet.AdaptiveLimit) when its lease comes back.
+type FlowSignal uint8
+
+// Flow signals.
+const (
+	SignalNone       FlowSignal = iota // nothing learnt: a release without an outcome, another failure
+	SignalSuccess                      // the attempt succeeded: grow the ceiling
+	SignalCongestion                   // a 429, or a 503 with a pushback hint: shrink it
+)
 
 // Result is what an attempt's outcome means to a breaker.
 type Result uint8

@@ -255,6 +255,21 @@ type FlowLimits struct {
 	FullWait time.Duration
 	Interval time.Duration
 	Burst    int
+	// Adaptive, when its Max is set, makes the concurrency ceiling the
+	// adaptive limit's current value (fleet.AdaptiveLimit) instead of
+	// Ceiling, which is then its maximum.
+	Adaptive AdaptiveBounds
+}
+
+// AdaptiveBounds are a policy's adaptive ceiling with every default
+// applied (see Policy.FlowLimits): the floor and the maximum, the factor
+// of a decrease and the increase per window, and the least time between
+// two decreases. The zero value (Max 0) is no adaptive ceiling.
+type AdaptiveBounds struct {
+	Min, Max int
+	Decrease float64
+	Increase float64
+	Hold     time.Duration
 }
 
 // FlowLimits returns p's ceilings for an engine: the concurrency ceiling
@@ -265,6 +280,16 @@ func (p *Policy) FlowLimits() FlowLimits {
 	l := FlowLimits{Ceiling: p.Flow.MaxInFlight, LeaseTTL: p.LeaseTTL(), FullWait: p.Backoff.Base, Burst: max(p.Flow.Burst, 1)}
 	if p.Flow.MaxRate > 0 {
 		l.Interval = max(time.Duration(float64(time.Second)/p.Flow.MaxRate), 1)
+	}
+	if a := p.Flow.Adaptive; a.Enabled && p.Flow.MaxInFlight > 0 {
+		l.Adaptive = AdaptiveBounds{Min: min(max(a.Min, 1), p.Flow.MaxInFlight), Max: p.Flow.MaxInFlight,
+			Decrease: a.Decrease, Increase: a.Increase, Hold: a.Hold}
+		if l.Adaptive.Decrease <= 0 || l.Adaptive.Decrease >= 1 {
+			l.Adaptive.Decrease = DefaultAdaptiveDecrease
+		}
+		if l.Adaptive.Increase <= 0 {
+			l.Adaptive.Increase = DefaultAdaptiveIncrease
+		}
 	}
 	return l
 }

@@ -27,7 +27,9 @@ func (s *Store) AdmitFlow(key policy.BreakerKey, cfg policy.BreakerConfig, lim p
 
 // ReleaseLease holds no leases on this engine: every release is of a lease
 // not held, which is ignored, never an error.
-func (s *Store) ReleaseLease(key policy.BreakerKey, id string) (bool, error) { return false, nil }
+func (s *Store) ReleaseLease(key policy.BreakerKey, id string, lim policy.FlowLimits, sig policy.FlowSignal) (bool, error) {
+	return false, nil
+}
 
 // Pool is the zero status: this engine holds no leases yet.
 func (s *Store) Pool(key policy.BreakerKey) (policy.PoolStatus, error) {

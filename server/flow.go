@@ -38,7 +38,7 @@ func (d *Decisions) releaseLease(ctx context.Context, p *policy.Policy, call cal
 	if lease == "" {
 		return false
 	}
-	held, err := d.store.ReleaseLease(policy.KeyFor(p.Breaker, call.tenant, call.target), lease)
+	held, err := d.store.ReleaseLease(policy.KeyFor(p.Breaker, call.tenant, call.target), lease, p.FlowLimits(), policy.SignalNone)
 	if err != nil {
 		d.cfg.Logger.WarnContext(ctx, "lease not released; it expires on its own", "call_id", call.callID,
 			"tenant", call.tenant, "target", call.target, "err", err)

@@ -85,10 +85,14 @@ type Leases interface {
 	AdmitFlow(key policy.BreakerKey, cfg policy.BreakerConfig, lim policy.FlowLimits) (policy.Admission, error)
 	// ReleaseLease returns lease id under key and reports whether it was
 	// held; one not held (expired, returned before, never handed out) is
-	// ignored and counted, never an error.
-	ReleaseLease(key policy.BreakerKey, id string) (bool, error)
-	// Pool returns the ceiling's live leases and stray releases under key,
-	// the zero status when there are none.
+	// ignored and counted, never an error. With an adaptive ceiling
+	// (lim.Adaptive.Max set), sig is what the attempt's outcome tells it
+	// (fleet.AdaptiveLimit: a success grows it, a congestion signal shrinks
+	// it), applied in the same step as the release, also for a lease no
+	// longer held: the outcome happened either way.
+	ReleaseLease(key policy.BreakerKey, id string, lim policy.FlowLimits, sig policy.FlowSignal) (bool, error)
+	// Pool returns the ceiling's live leases, stray releases and adaptive
+	// value under key, the zero status when there are none.
 	Pool(key policy.BreakerKey) (policy.PoolStatus, error)
 }
 
