@@ -47,7 +47,7 @@ var (
 
 	allBuckets = [][]byte{bucketMeta, bucketBreakers, bucketBudgets, bucketTokens,
 		bucketPolicies, bucketRuns, bucketRunState, bucketRunCalls,
-		bucketAuditSeg, bucketAttempts, bucketCallTable, bucketIdemKeys, bucketFlow}
+		bucketAuditSeg, bucketAttempts, bucketCallTable, bucketIdemKeys, bucketFlow, bucketStats}
 )
 
 // Defaults of Options.
@@ -217,7 +217,8 @@ type Store struct {
 	keys       keyTable // idempotency records (idem.go)
 	attemptSeq atomic.Uint64
 
-	pools shardMap[policy.BreakerKey, *leasePool] // fleet-wide ceilings (flow.go)
+	pools        shardMap[policy.BreakerKey, *leasePool]   // fleet-wide ceilings (flow.go)
+	attemptStats shardMap[policy.BreakerKey, *targetStats] // attempt statistics (attemptstats.go)
 
 	policies      atomic.Pointer[policyMap]
 	defaultPolicy policy.Policy
@@ -412,6 +413,7 @@ func newStore(db *bbolt.DB, opts Options, def policy.TenantBudget) *Store {
 	}
 	s.breakers.init(hashKey)
 	s.pools.init(hashKey)
+	s.attemptStats.init(hashKey)
 	s.buckets.init(maphash.String)
 	s.runs.init(maphash.String)
 	s.attempts.init(s.opts.MaxAttemptRecords)
@@ -655,6 +657,7 @@ func (s *Store) loaders(tx *bbolt.Tx) []func() error {
 		func() error { return s.loadAttempts(tx, now) },
 		func() error { return s.loadBreakers(tx, now) },
 		func() error { return s.loadFlow(tx) },
+		func() error { return s.loadStats(tx, now) },
 	}
 }
 

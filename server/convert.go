@@ -804,6 +804,10 @@ func outcomeFromPB(field string, o *pb.Outcome, it *outcomeItem) error {
 	if err := checkName(sub(field, ".lease_id"), o.GetLeaseId(), maxCallIDLen, false); err != nil {
 		return err
 	}
+	if err := checkName(sub(field, ".attempt_target"), o.GetAttemptTarget(), maxTargetLen, false); err != nil {
+		return err
+	}
+	it.attemptTarget = o.GetAttemptTarget()
 	it.call, it.attempt, it.success, it.alreadyRecorded = call, o.GetAttempt(), o.GetSuccess(), o.GetAlreadyRecorded()
 	it.latency, it.permit, it.lease = max(latency, 0), o.GetPermitId(), o.GetLeaseId()
 	if !it.success && !it.alreadyRecorded {

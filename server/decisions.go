@@ -148,12 +148,15 @@ func (d *Decisions) NextDelay(ctx context.Context, req *pb.NextDelayRequest) (*p
 	if err := checkName("lease_id", req.GetLeaseId(), maxCallIDLen, false); err != nil {
 		return nil, err
 	}
+	if err := checkName("attempt_target", req.GetAttemptTarget(), maxTargetLen, false); err != nil {
+		return nil, err
+	}
 
 	if err := checkOrigin("call.origin_time", call.origin, d.cfg.Clock.Now(), d.cfg.MaxClockSkew); err != nil {
 		return nil, err
 	}
 	ans, why, err := d.decideNextDelay(ctx, &nextDelayRequest{call: call, attempt: req.GetAttempt(), failure: f,
-		hints: hints, prev: prev, permit: req.GetPermitId(), lease: req.GetLeaseId()})
+		hints: hints, prev: prev, permit: req.GetPermitId(), lease: req.GetLeaseId(), attemptTarget: req.GetAttemptTarget()})
 	if err != nil {
 		return nil, err
 	}
