@@ -1,0 +1,234 @@
+package server
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"time"
+
+	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
+	"github.com/policyd/policyd/policy"
+)
+
+// The rules of AdviseTargets' advice (advise), in calls of the window.
+const (
+	// adviseMinCalls is the evidence threshold: below it the advice is
+	// "not enough calls" and proposes nothing.
+	adviseMinCalls = 50
+	// adviseMinReached is how many calls must have reached the attempts
+	// beyond k for them to be judged at all.
+	adviseMinReached = 10
+	// adviseRecovery is what the attempts beyond k must earn to be kept:
+	// the share of the calls reaching attempt k+1 that they recover.
+	adviseRecovery = 0.01
+
+	defaultAdviseWindow = 24 * time.Hour
+	minAdviseWindow     = time.Minute
+)
+
+// targetAdvice is what AdviseTargets says of one tenant and target.
+type targetAdvice struct {
+	stats          policy.TargetStats
+	summary        string
+	recommendation string
+	// proposed is the policy with the change applied, nil when nothing
+	// should change; changes lists the fields it changes.
+	proposed *policy.Policy
+	changes  []string
+}
+
+// advise says what the retries of one tenant's target earned over st's
+// window and the change to p (the target's stored policy, or the
+// effective one) that follows. The rule, in order:
+//
+//   - below adviseMinCalls calls (successes and final failures) in the
+//     window: "not enough calls", nothing proposed;
+//   - otherwise k is the smallest attempt count, from 1 to below the
+//     highest attempt the policy allows (or that was seen), such that the
+//     attempts beyond k recover (succeed on) less than adviseRecovery of
+//     the calls that reached attempt k+1, judged only while at least
+//     adviseMinReached calls reached it;
+//   - with such a k below max_attempts: escalate after k attempts
+//     (fallback.after_attempts = k) when p has fallback targets, else
+//     max_attempts = k (never below 1); nothing when p says so already;
+//   - without one: the retries earn their keep, nothing proposed.
+//
+// The summary says which share of the successes came on attempt 1 and
+// which share of the calls whose first attempt failed the retries
+// recovered.
+func advise(st policy.TargetStats, p policy.Policy) targetAdvice {
+	ad := targetAdvice{stats: st}
+	succ, fail := &st.Successes, &st.Failures
+	n := succ.Total() + fail.Total()
+	seen := 0 // the highest attempt counted, from 1
+	for i := range succ {
+		if succ[i]+fail[i] > 0 {
+			seen = i + 1
+		}
+	}
+	highest := max(seen, min(p.MaxAttempts, policy.StatsAttempts))
+	// reached(k) counts the calls that reached attempt k+1: those that did
+	// not end within k attempts; recovered(k) those that then succeeded.
+	reached := func(k int) uint64 {
+		r := n
+		for i := range k {
+			r -= succ[i] + fail[i]
+		}
+		return r
+	}
+	recovered := func(k int) uint64 {
+		var r uint64
+		for i := k; i < policy.StatsAttempts; i++ {
+			r += succ[i]
+		}
+		return r
+	}
+
+	var sum strings.Builder
+	if s := succ.Total(); s > 0 {
+		sum.WriteString(percent(succ[0], s) + " of successes on attempt 1")
+	} else {
+		sum.WriteString("no successes")
+	}
+	switch r1 := reached(1); {
+	case highest < 2:
+		sum.WriteString("; no retries")
+	case r1 == 0:
+		sum.WriteString("; no call needed a retry")
+	default:
+		sum.WriteString("; " + attemptRange(2, highest) + " recovered " + percent(recovered(1), r1) + " of failures")
+	}
+	ad.summary = sum.String()
+
+	if n < adviseMinCalls {
+		ad.recommendation = "not enough calls: " + strconv.FormatUint(n, 10) + " in the window, " +
+			strconv.Itoa(adviseMinCalls) + " needed"
+		return ad
+	}
+	k := 0
+	for j := 1; j < highest; j++ {
+		r := reached(j)
+		if r < adviseMinReached {
+			break
+		}
+		if float64(recovered(j)) < adviseRecovery*float64(r) {
+			k = j
+			break
+		}
+	}
+	keep := "keep max_attempts " + strconv.Itoa(p.MaxAttempts)
+	switch {
+	case k == 0 && reached(1) < adviseMinReached:
+		ad.recommendation = keep + ": too few calls needed a retry to judge them"
+		return ad
+	case k == 0 || k >= p.MaxAttempts:
+		ad.recommendation = keep + ": the retries earn their keep"
+		return ad
+	}
+	earned := ": " + attemptRange(k+1, highest) + " recovered " + percent(recovered(k), reached(k)) +
+		" of the calls that reached them"
+	next := p
+	if len(p.Fallback.Targets) > 0 {
+		ad.recommendation = "escalate after " + plural(k, "attempt") + earned
+		if p.Fallback.AfterAttempts == k {
+			ad.recommendation += " (it does already)"
+			return ad
+		}
+		next.Fallback.Targets = append([]string(nil), p.Fallback.Targets...)
+		next.Fallback.AfterAttempts = k
+		ad.changes = []string{"fallback.after_attempts: " + strconv.Itoa(p.Fallback.AfterAttempts) + " -> " + strconv.Itoa(k)}
+	} else {
+		ad.recommendation = "max_attempts " + strconv.Itoa(k) + earned
+		next.MaxAttempts = k
+		ad.changes = []string{"max_attempts: " + strconv.Itoa(p.MaxAttempts) + " -> " + strconv.Itoa(k)}
+	}
+	ad.proposed = &next
+	return ad
+}
+
+// percent formats part of whole as a percentage: whole numbers from 10%,
+// one decimal below.
+func percent(part, whole uint64) string {
+	if whole == 0 {
+		return "0%"
+	}
+	v := 100 * float64(part) / float64(whole)
+	if v >= 10 || v == 0 {
+		return strconv.FormatFloat(v, 'f', 0, 64) + "%"
+	}
+	s := strconv.FormatFloat(v, 'f', 1, 64)
+	return strings.TrimSuffix(s, ".0") + "%"
+}
+
+// attemptRange names attempts from to to ("attempt 2", "attempts 2-3"),
+// the last bucket as "16+".
+func attemptRange(from, to int) string {
+	name := func(a int) string {
+		if a >= policy.StatsAttempts {
+			return strconv.Itoa(policy.StatsAttempts) + "+"
+		}
+		return strconv.Itoa(a)
+	}
+	if from >= to {
+		return "attempt " + name(from)
+	}
+	return "attempts " + name(from) + "-" + name(to)
+}
+
+func plural(n int, word string) string {
+	if n == 1 {
+		return "1 " + word
+	}
+	return strconv.Itoa(n) + " " + word + "s"
+}
+
+// AdviseTargets says, per tenant and target with calls in the window,
+// what the retries earned and the policy change that follows (advise). It
+// changes nothing. A tenant token must set tenant to its own (auth.go).
+func (a *Admin) AdviseTargets(ctx context.Context, req *pb.AdviseTargetsRequest) (*pb.AdviseTargetsResponse, error) {
+	if err := checkName("tenant", req.GetTenant(), maxTenantLen, false); err != nil {
+		return nil, err
+	}
+	if err := checkName("target", req.GetTarget(), maxTargetLen, false); err != nil {
+		return nil, err
+	}
+	since, err := duration("since", req.GetSince(), defaultAdviseWindow)
+	if err != nil {
+		return nil, err
+	}
+	if since < minAdviseWindow || since > policy.StatsRetention {
+		return nil, invalid("since", "must be 1m to 168h (the statistics' retention), got "+since.String())
+	}
+	stats, err := a.store.AttemptStats(req.GetTenant(), req.GetTarget(), a.cfg.Clock.Now().Add(-since))
+	if err != nil {
+		return nil, storeError(ctx, a.cfg.Logger, "attempt statistics", err)
+	}
+	resp := &pb.AdviseTargetsResponse{Advice: make([]*pb.TargetAdvice, 0, len(stats))}
+	for _, st := range stats {
+		// The proposal starts from the policy stored for the target's
+		// scope, or the effective one when none is.
+		p, _ := a.store.Resolve(st.Tenant, st.Target)
+		if e, err := a.store.Policy(st.Tenant, st.Target); err == nil {
+			p = e.Policy
+		} else if !notFound(err) {
+			return nil, storeError(ctx, a.cfg.Logger, "policy", err)
+		}
+		ad := advise(st, p)
+		resp.Advice = append(resp.Advice, adviceToPB(&ad))
+	}
+	return resp, nil
+}
+
+// adviceToPB is the TargetAdvice of ad.
+func adviceToPB(ad *targetAdvice) *pb.TargetAdvice {
+	out := &pb.TargetAdvice{
+		Tenant: ad.stats.Tenant, Target: ad.stats.Target,
+		StartTime: timePB(ad.stats.Start), EndTime: timePB(ad.stats.End),
+		SuccessesByAttempt: ad.stats.Successes[:], FailuresByAttempt: ad.stats.Failures[:],
+		Summary: ad.summary, Recommendation: ad.recommendation, Changes: ad.changes,
+	}
+	if ad.proposed != nil {
+		out.ProposedPolicy = policyToPB(*ad.proposed)
+	}
+	return out
+}
