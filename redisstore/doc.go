@@ -90,6 +90,14 @@
 //	                                 batch id it holds: a replay); expires 10 minutes after the last
 //	{policyd}:replicas       zset    replica id -> last heartbeat (Unix ms); the live ones divide
 //	                                 probes, tokens and pools in degraded mode
+//	{T}:stats:HOUR           hash    fleet.AttemptStats of one hour bucket (HOUR: hours since the Unix
+//	                                 epoch, by the replica's clock when the batch was made): field "s" or
+//	                                 "f" (a success, a final failure), the attempt slot 1..16 (16: 16 or
+//	                                 more), ":" and the attempt's target -> the count; HINCRBY by
+//	                                 policyd_outcomes (a batch's successes and finals, a final only when
+//	                                 the ledger took it as the call's first) and by NextDelay's commit
+//	                                 pipeline (its STOP); expires 169 h after its last count (the 168 h
+//	                                 retention and an hour)
 //	{T}:attempt:CALL         hash    fleet.Attempts: attempt, answer (policy.Answer, JSON), expiry (Unix
 //	                                 ms); the key expires then (PEXPIREAT)
 //	{T}:audit                stream  the tenant's audit records, one entry each: t (ns), ev, tenant,
@@ -100,7 +108,11 @@
 //
 // The call tables, the idempotency keys and the run hash's redrive_of,
 // calls_untracked, dl_deadline and deduplicated are new in schema version
-// 1, before its release.
+// 1, before its release. So are the {T}:stats:HOUR hashes, an addition
+// the version does not change: no key before them changes, and the
+// policyd_outcomes call carries their counts between its finals and its
+// batch id, where a library without them reads past them (it counts
+// nothing) and a call without them counts nothing.
 //
 // The library's name carries its version (policyd_v1): a layout change
 // bumps both the schema key and the library name, so replicas of two
