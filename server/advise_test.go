@@ -239,3 +239,20 @@ func TestAdviseTargetsAuth(t *testing.T) {
 		})
 	}
 }
+
+// TestAttemptTargetBadInput: an attempt target that is not a valid name
+// is INVALID_ARGUMENT naming it, on NextDelay and on ReportOutcome.
+func TestAttemptTargetBadInput(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	_, err := h.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call("acme", "geo", "c"), Attempt: 1, Failure: http(503),
+		AttemptTarget: "geo\x00b"})
+	if msg := wantCode(t, err, codes.InvalidArgument); !strings.HasPrefix(msg, "attempt_target: ") {
+		t.Errorf("NextDelay: message %q, want it to name attempt_target", msg)
+	}
+	_, err = h.workers.ReportOutcome(ctx, &pb.ReportOutcomeRequest{Outcomes: []*pb.Outcome{
+		{Call: call("acme", "geo", "c"), Attempt: 1, Success: true, AttemptTarget: strings.Repeat("b", 257)}}})
+	if msg := wantCode(t, err, codes.InvalidArgument); !strings.HasPrefix(msg, "outcomes[0].attempt_target: ") {
+		t.Errorf("ReportOutcome: message %q, want it to name outcomes[0].attempt_target", msg)
+	}
+}
