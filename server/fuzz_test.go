@@ -90,6 +90,10 @@ func FuzzRequests(f *testing.F) {
 		&pb.NextDelayRequest{Call: &pb.CallRef{Tenant: "a", Target: "t", CallId: "c", OriginTime: timestamppb.New(now.Add(time.Hour))},
 			Attempt: 1, Failure: http(503)},
 		&pb.SetTenantBudgetRequest{Budget: &pb.TenantBudget{Tenant: "a\u2028b", Capacity: 3}},
+		&pb.AdviseTargetsRequest{Tenant: "a", Target: "t", Since: durationpb.New(time.Hour)},
+		&pb.AdviseTargetsRequest{Since: durationpb.New(168 * time.Hour)},
+		&pb.ReportOutcomeRequest{Outcomes: []*pb.Outcome{{Call: call("a", "t", "c"), Attempt: 2, Success: true, AttemptTarget: "t-b",
+			FinalDisposition: pb.Disposition_DISPOSITION_SUCCEEDED}}},
 	}
 	clk := newFakeClock()
 	store, err := breakerstore.Open(breakerstore.Options{Path: filepath.Join(f.TempDir(), "fuzz.db"), Clock: clk, FlushInterval: time.Hour})
