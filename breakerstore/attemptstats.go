@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"slices"
 	"sync"
 	"time"
@@ -46,7 +47,12 @@ type targetStats struct {
 // change durable as the sync mode asks (with p, when set). It allocates
 // only for a new hour or a new target.
 func (s *Store) countAttempts(t policy.AttemptTally, now int64, p *pending) {
-	if t.Target == "" {
+	s.countAttemptsN(t, 1, now, p)
+}
+
+// countAttemptsN is countAttempts for n calls that ended alike.
+func (s *Store) countAttemptsN(t policy.AttemptTally, n uint64, now int64, p *pending) {
+	if t.Target == "" || n == 0 {
 		return
 	}
 	key := policy.BreakerKey{Tenant: t.Tenant, Target: t.Target}
@@ -57,7 +63,7 @@ func (s *Store) countAttempts(t policy.AttemptTally, now int64, p *pending) {
 		})
 	}
 	ts.mu.Lock()
-	hour, dropped := ts.v.Count(now, t.Attempt, t.Success)
+	hour, dropped := ts.v.CountN(now, t.Attempt, t.Success, n)
 	if !slices.Contains(ts.changed, hour) {
 		ts.changed = append(ts.changed, hour)
 	}
@@ -68,6 +74,58 @@ func (s *Store) countAttempts(t policy.AttemptTally, now int64, p *pending) {
 	// The statistics are counters: an error here is a commit's, which
 	// requeues them; it is not the decision's.
 	_ = s.changed(p, ts, newlyDirty)
+}
+
+// tallyTable sums the tallies of one outcome batch by tenant, target,
+// attempt slot and result before they are counted, so a batch of n
+// outcomes that ended k ways takes k records' locks, not n. It is a
+// small open-addressing table, kept on the stack: a tally that finds it
+// full is counted on its own.
+type tallyTable struct {
+	used  int
+	slots [32]tallySum
+}
+
+type tallySum struct {
+	tally policy.AttemptTally // Attempt is the slot's attempt (16 for 16 or more)
+	n     uint64              // 0: the slot is free
+}
+
+// add adds t to the table and reports whether it fit.
+func (tt *tallyTable) add(seed maphash.Seed, t policy.AttemptTally) bool {
+	t.Attempt = uint32(fleet.AttemptSlot(t.Attempt) + 1)
+	h := maphash.String(seed, t.Target) ^ uint64(t.Attempt)<<1
+	if t.Success {
+		h ^= 1
+	}
+	for i := range uint64(len(tt.slots)) {
+		e := &tt.slots[(h+i)%uint64(len(tt.slots))]
+		switch {
+		case e.n == 0:
+			if tt.used >= 3*len(tt.slots)/4 {
+				return false // keep the probes short
+			}
+			*e = tallySum{tally: t, n: 1}
+			tt.used++
+			return true
+		case e.tally == t:
+			e.n++
+			return true
+		}
+	}
+	return false
+}
+
+// count counts every sum of the table at now.
+func (tt *tallyTable) count(s *Store, now int64, p *pending) {
+	if tt.used == 0 {
+		return
+	}
+	for i := range tt.slots {
+		if e := &tt.slots[i]; e.n > 0 {
+			s.countAttemptsN(e.tally, e.n, now, p)
+		}
+	}
 }
 
 // clone copies a name out of a request's buffer, so the table does not

@@ -156,3 +156,32 @@ func TestAttemptStatsCountOnceWithTheLedger(t *testing.T) {
 		})
 	}
 }
+
+// TestAttemptStatsManyKindsInOneBatch: a batch whose calls ended more
+// ways than the batch's table of sums holds counts every one.
+func TestAttemptStatsManyKindsInOneBatch(t *testing.T) {
+	s := newEnv(t).open()
+	var ups []policy.OutcomeUpdate
+	for round := range 3 {
+		for i := range 40 {
+			ups = append(ups, policy.OutcomeUpdate{Tally: policy.AttemptTally{Tenant: "acme", Target: fmt.Sprint("t-", i),
+				Attempt: uint32(1 + round%2), Success: i%2 == 0}})
+		}
+	}
+	if _, err := s.ApplyOutcomes(ups, nil); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.AttemptStats("acme", "", time.Time{})
+	if err != nil || len(got) != 40 {
+		t.Fatalf("AttemptStats = %d entries, %v; want 40", len(got), err)
+	}
+	for _, ts := range got {
+		counts := ts.Failures
+		if strings.TrimPrefix(ts.Target, "t-") != "" && ts.Successes.Total() > 0 {
+			counts = ts.Successes
+		}
+		if counts[0] != 2 || counts[1] != 1 || counts.Total() != 3 {
+			t.Errorf("%s = %v / %v, want 2 on attempt 1 and 1 on attempt 2", ts.Target, ts.Successes, ts.Failures)
+		}
+	}
+}

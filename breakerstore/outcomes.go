@@ -34,6 +34,7 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 	}
 	now := s.now() // one reading of the clock for the batch
 	trail := make([][]policy.AuditRecord, 0, len(ups))
+	var tallies tallyTable
 	n, err := func() (int, error) {
 		for i := range ups {
 			u := &ups[i]
@@ -62,7 +63,7 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 				}
 				count = count && first
 			}
-			if count {
+			if count && !tallies.add(s.attemptStats.seed, u.Tally) {
 				s.countAttempts(u.Tally, now, p)
 			}
 			if u.RunID != "" && u.Note != (policy.CallNote{}) {
@@ -76,6 +77,7 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 		}
 		return len(ups), nil
 	}()
+	tallies.count(s, now, p) // those of the updates applied
 	s.appendAudit(p, trail...)
 	if p != nil {
 		if cerr := s.commit(p); err == nil {

@@ -52,6 +52,11 @@ func AttemptSlot(attempt uint32) int {
 // record can write the one and delete the others. It allocates only for a
 // new hour bucket.
 func (s *AttemptStats) Count(now int64, attempt uint32, success bool) (hour int64, dropped []int64) {
+	return s.CountN(now, attempt, success, 1)
+}
+
+// CountN is Count for n calls that ended alike.
+func (s *AttemptStats) CountN(now int64, attempt uint32, success bool, n uint64) (hour int64, dropped []int64) {
 	hour = HourOf(now)
 	i, found := slices.BinarySearchFunc(s.Hours, hour, byHour)
 	if !found {
@@ -61,9 +66,9 @@ func (s *AttemptStats) Count(now int64, attempt uint32, success bool) (hour int6
 	}
 	slot := AttemptSlot(attempt)
 	if success {
-		s.Hours[i].Successes[slot]++
+		s.Hours[i].Successes[slot] += n
 	} else {
-		s.Hours[i].Failures[slot]++
+		s.Hours[i].Failures[slot] += n
 	}
 	return hour, dropped
 }

@@ -52,10 +52,11 @@ func parseStatsField(f string) (success bool, slot int, target string, ok bool) 
 }
 
 // pendingTally is an attempt statistics count of an outcome batch: the
-// field, and the results or final of the same call that must apply for
-// it to count.
+// field, how many, and the result or final of the same call that must
+// apply for it to count.
 type pendingTally struct {
 	field string
+	n     int // calls counted
 	cond  int // 1-based result index whose refusal cancels it, 0 for none
 	final int // 1-based final index that must change the ledger, 0 for none
 }

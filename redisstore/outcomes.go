@@ -25,8 +25,9 @@ type outcomeBatch struct {
 	results  int // results so far, to number them as the library does
 	// tallies count in the attempt statistics of the hour the batch was
 	// made in (its key {T}:stats:HOUR), so a replay counts there too.
-	tallies []pendingTally
-	hour    int64
+	tallies    []pendingTally
+	tallyIndex map[string]int // field -> index in tallies of its sum without a condition
+	hour       int64
 }
 
 type outcomeGroup struct {
@@ -226,9 +227,20 @@ func (b *outcomeBatch) addFinal(update int, run string, cond int, call string, f
 
 // addTally adds u's tally to b, counted when the result numbered cond
 // (0: none) was not refused and the final numbered final (0: none)
-// changed the ledger.
+// changed the ledger; tallies without a condition are summed per field.
 func (b *outcomeBatch) addTally(u *policy.OutcomeUpdate, cond, final int) {
-	b.tallies = append(b.tallies, pendingTally{field: statsField(u.Tally), cond: cond, final: final})
+	f := statsField(u.Tally)
+	if cond == 0 && final == 0 {
+		if i, ok := b.tallyIndex[f]; ok {
+			b.tallies[i].n++
+			return
+		}
+		if b.tallyIndex == nil {
+			b.tallyIndex = map[string]int{}
+		}
+		b.tallyIndex[f] = len(b.tallies)
+	}
+	b.tallies = append(b.tallies, pendingTally{field: f, n: 1, cond: cond, final: final})
 }
 
 // runOutcomes sends every batch's policyd_outcomes call and the call
@@ -330,7 +342,7 @@ func (b *outcomeBatch) call(bg *policy.TenantBudget, maxBreakers int) ([]string,
 		// attempt statistics reads past them (and counts nothing).
 		args = append(args, len(b.tallies))
 		for _, tl := range b.tallies {
-			args = append(args, tl.field, tl.cond, tl.final)
+			args = append(args, tl.field, tl.n, tl.cond, tl.final)
 		}
 	}
 	args = append(args, b.id)

@@ -534,9 +534,10 @@ end
 -- cancels it (0: none), call id, ledger field, value, and last the
 -- batch id; KEYS end with the tenant's applied set when it is not ''.
 -- Between the finals and the batch id there may be the attempt
--- statistics' counts: T, then T triples (field of {T}:stats:HOUR, the
--- 1-based result index whose refusal cancels it or 0, the 1-based final
--- index that must change the ledger or 0), with the hour's hash in KEYS
+-- statistics' counts: T, then T quadruples (field of {T}:stats:HOUR, the
+-- count, the 1-based result index whose refusal cancels it or 0, the
+-- 1-based final index that must change the ledger or 0), with the hour's
+-- hash in KEYS
 -- after the run pairs; each is counted with HINCRBY and the hash expires
 -- STATS_TTL after its last count.
 -- Returns {now, per group: {event ids}, {refused flags}, snapshot, then
@@ -606,11 +607,11 @@ local function outcomes(keys, args, now)
     local stats = keys[3 + ng + 2 * nr + 1]
     a = a + 1
     for _ = 1, nt do
-      local cond, fi = tonumber(args[a + 1]), tonumber(args[a + 2])
+      local cond, fi = tonumber(args[a + 2]), tonumber(args[a + 3])
       if (cond == 0 or refused_all[cond] == 0) and (fi == 0 or finals[fi] == 1) then
-        redis.call('HINCRBY', stats, args[a], 1)
+        redis.call('HINCRBY', stats, args[a], args[a + 1])
       end
-      a = a + 3
+      a = a + 4
     end
     redis.call('EXPIRE', stats, STATS_TTL)
   end
