@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/bbolt"
@@ -58,9 +60,17 @@ func (s *Store) countAttemptsN(t policy.AttemptTally, n uint64, now int64, p *pe
 	key := policy.BreakerKey{Tenant: t.Tenant, Target: t.Target}
 	ts, ok := s.attemptStats.get(key)
 	if !ok {
-		ts, _ = s.attemptStats.getOrCreate(key, func() (*targetStats, error) {
+		var err error
+		ts, err = s.attemptStats.getOrCreate(key, func() (*targetStats, error) {
+			if !s.statsTargets.take(t.Tenant, s.opts.MaxBreakersPerTenant) {
+				return nil, errStatsCap
+			}
 			return &targetStats{key: policy.BreakerKey{Tenant: clone(t.Tenant), Target: clone(t.Target)}}, nil
 		})
+		if err != nil {
+			s.statsTargets.refused.Add(n) // beyond the tenant's cap: not counted
+			return
+		}
 	}
 	ts.mu.Lock()
 	hour, dropped := ts.v.CountN(now, t.Attempt, t.Success, n)
@@ -126,6 +136,32 @@ func (tt *tallyTable) count(s *Store, now int64, p *pending) {
 			s.countAttemptsN(e.tally, e.n, now, p)
 		}
 	}
+}
+
+// statsBook counts the targets with attempt statistics per tenant, so
+// names a client makes up cannot fill memory: a tenant has statistics for
+// at most Options.MaxBreakersPerTenant targets, as it has breakers; a
+// tally for another is not counted, and counted in refused.
+type statsBook struct {
+	mu      sync.Mutex
+	targets map[string]int // guarded by mu
+	refused atomic.Uint64
+}
+
+var errStatsCap = errors.New("breakerstore: attempt statistics: the tenant's targets are at their cap")
+
+// take counts a new target of tenant and reports whether it is within max.
+func (b *statsBook) take(tenant string, max int) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.targets == nil {
+		b.targets = map[string]int{}
+	}
+	if b.targets[tenant] >= max {
+		return false
+	}
+	b.targets[tenant]++
+	return true
 }
 
 // clone copies a name out of a request's buffer, so the table does not
@@ -272,7 +308,10 @@ func (s *Store) loadStats(tx *bbolt.Tx, now int64) error {
 		}
 		bk.Hour = int64(binary.BigEndian.Uint64(k[len(k)-8:]))
 		key := policy.BreakerKey{Tenant: tenant, Target: target}
-		ts, _ := s.attemptStats.getOrCreate(key, func() (*targetStats, error) { return &targetStats{key: key}, nil })
+		ts, _ := s.attemptStats.getOrCreate(key, func() (*targetStats, error) {
+			s.statsTargets.take(tenant, math.MaxInt) // those on disk count toward the cap
+			return &targetStats{key: key}, nil
+		})
 		ts.v.Add(bk)
 		return nil
 	})

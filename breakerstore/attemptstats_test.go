@@ -185,3 +185,26 @@ func TestAttemptStatsManyKindsInOneBatch(t *testing.T) {
 		}
 	}
 }
+
+// TestAttemptStatsTargetsCapped: a tenant has statistics for at most
+// MaxBreakersPerTenant targets; tallies for more are refused and counted.
+func TestAttemptStatsTargetsCapped(t *testing.T) {
+	e := newEnv(t, func(o *breakerstore.Options) { o.MaxBreakersPerTenant = 3 })
+	s := e.open()
+	for i := range 5 {
+		count(t, s, fmt.Sprint("made-up-", i), 1, true, 2)
+	}
+	count(t, s, "made-up-0", 1, true, 1) // a target it has goes on counting
+	got, err := s.AttemptStats("acme", "", time.Time{})
+	if err != nil || len(got) != 3 || got[0].Successes[0] != 3 {
+		t.Fatalf("AttemptStats = %v, %v; want 3 targets, the first with 3 successes", got, err)
+	}
+	if n := s.Stats().StatsRefused; n != 4 {
+		t.Errorf("StatsRefused = %d, want 4 (two targets beyond the cap, 2 calls each)", n)
+	}
+	s = e.reopen(s)
+	count(t, s, "made-up-9", 1, true, 1)
+	if got, _ := s.AttemptStats("acme", "", time.Time{}); len(got) != 3 {
+		t.Errorf("after a reopen: %d targets, want the cap of 3 still held", len(got))
+	}
+}

@@ -190,6 +190,11 @@ type Stats struct {
 	AuditDeleted   uint64 // audit records deleted by retention
 
 	AuditSinkErrors uint64 // commits refused because the AuditSink failed
+
+	// StatsRefused counts the calls' ends not counted in the attempt
+	// statistics because their tenant had statistics for
+	// MaxBreakersPerTenant targets already.
+	StatsRefused uint64
 }
 
 // Store is policyd's shared state. All methods are safe for concurrent use.
@@ -219,6 +224,7 @@ type Store struct {
 
 	pools        shardMap[policy.BreakerKey, *leasePool]   // fleet-wide ceilings (flow.go)
 	attemptStats shardMap[policy.BreakerKey, *targetStats] // attempt statistics (attemptstats.go)
+	statsTargets statsBook
 
 	policies      atomic.Pointer[policyMap]
 	defaultPolicy policy.Policy
@@ -707,6 +713,7 @@ func (s *Store) Stats() Stats {
 		AuditDeleted:   s.trail.deleted.Load(),
 	}
 	st.AuditSinkErrors = s.trail.sinkErrors.Load()
+	st.StatsRefused = s.statsTargets.refused.Load()
 	s.trail.mu.Lock()
 	st.AuditRecords, st.AuditBuffered = s.trail.count, len(s.trail.buf)
 	s.trail.mu.Unlock()
