@@ -65,7 +65,8 @@
 //	             hour                       16 success counts then the 16 final-failure counts by attempt number
 //	                                        (the last: 16 or more), uint64 big-endian each (257 bytes); hour is
 //	                                        int64 big-endian, hours since the Unix epoch; target is the attempt's
-//	                                        (a fallback's attempts count for it); counters, written by the group
+//	                                        (a fallback's attempts count for it), at most Options.MaxBreakersPerTenant
+//	                                        targets a tenant; counters, written by the group
 //	                                        commit; hours past the 168 h retention deleted when the target is next
 //	                                        counted and at open. New in schema version 2 (created empty on open)
 //	meta         "auditseq"                 uint64 big-endian: the highest audit sequence number handed out
