@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -56,7 +57,11 @@ type targetAdvice struct {
 // The summary says which share of the successes came on attempt 1 and
 // which share of the calls whose first attempt failed the retries
 // recovered.
-func advise(st policy.TargetStats, p policy.Policy) targetAdvice {
+//
+// A target that stored policies of its tenant name as a fallback
+// (fallbackOf) gets no proposal: the calls escalated to it go by their
+// primary's policy, whose advice says what to change.
+func advise(st policy.TargetStats, p policy.Policy, fallbackOf []string) targetAdvice {
 	ad := targetAdvice{stats: st}
 	succ, fail := &st.Successes, &st.Failures
 	n := succ.Total() + fail.Total()
@@ -100,6 +105,11 @@ func advise(st policy.TargetStats, p policy.Policy) targetAdvice {
 	}
 	ad.summary = sum.String()
 
+	if len(fallbackOf) > 0 {
+		ad.recommendation = "a fallback of " + strings.Join(fallbackOf, ", ") +
+			": its escalated calls go by their primary's policy; see the primary's advice"
+		return ad
+	}
 	if n < adviseMinCalls {
 		ad.recommendation = "not enough calls: " + strconv.FormatUint(n, 10) + " in the window, " +
 			strconv.Itoa(adviseMinCalls) + " needed"
@@ -203,6 +213,10 @@ func (a *Admin) AdviseTargets(ctx context.Context, req *pb.AdviseTargetsRequest)
 	if err != nil {
 		return nil, storeError(ctx, a.cfg.Logger, "attempt statistics", err)
 	}
+	fallbacks, err := a.fallbacks()
+	if err != nil {
+		return nil, storeError(ctx, a.cfg.Logger, "policies", err)
+	}
 	resp := &pb.AdviseTargetsResponse{Advice: make([]*pb.TargetAdvice, 0, len(stats))}
 	for _, st := range stats {
 		// The proposal starts from the policy stored for the target's
@@ -213,7 +227,7 @@ func (a *Admin) AdviseTargets(ctx context.Context, req *pb.AdviseTargetsRequest)
 		} else if !notFound(err) {
 			return nil, storeError(ctx, a.cfg.Logger, "policy", err)
 		}
-		ad := advise(st, p)
+		ad := advise(st, p, fallbacks.of(st.Tenant, st.Target))
 		resp.Advice = append(resp.Advice, adviceToPB(&ad))
 	}
 	return resp, nil
@@ -231,4 +245,43 @@ func adviceToPB(ad *targetAdvice) *pb.TargetAdvice {
 		out.ProposedPolicy = policyToPB(*ad.proposed)
 	}
 	return out
+}
+
+// fallbackBook is which targets the stored policies name as fallbacks:
+// per scope (tenant, or "" for every tenant) the fallback target and the
+// primaries naming it.
+type fallbackBook map[policy.PolicyScope][]string
+
+// of returns the primaries whose stored policy names target as a fallback
+// for tenant's calls, sorted and without repeats.
+func (b fallbackBook) of(tenant, target string) []string {
+	out := append(b[policy.PolicyScope{Tenant: tenant, Target: target}], b[policy.PolicyScope{Target: target}]...)
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// fallbacks reads the stored policies' fallback chains.
+func (a *Admin) fallbacks() (fallbackBook, error) {
+	book := fallbackBook{}
+	var after policy.PolicyScope
+	for {
+		page, err := a.store.Policies(after, maxPageSize)
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range page {
+			for _, fb := range e.Policy.Fallback.Targets {
+				primary := e.Target
+				if primary == "" {
+					primary = "every target of the scope"
+				}
+				k := policy.PolicyScope{Tenant: e.Tenant, Target: fb}
+				book[k] = append(book[k], primary)
+			}
+		}
+		if len(page) < maxPageSize {
+			return book, nil
+		}
+		after = policy.PolicyScope{Tenant: page[len(page)-1].Tenant, Target: page[len(page)-1].Target}
+	}
 }

@@ -32,6 +32,7 @@ func TestAdvise(t *testing.T) {
 		recommendation string
 		changes        []string
 		proposed       func(p *policy.Policy) // the change, applied to a copy of p; nil: no proposal
+		fallbackOf     []string
 	}{
 		{
 			name: "not enough calls", p: def,
@@ -106,6 +107,12 @@ func TestAdvise(t *testing.T) {
 			recommendation: "keep max_attempts 3: too few calls needed a retry to judge them",
 		},
 		{
+			name: "a fallback of another target: no proposal", p: def, fallbackOf: []string{"geo"},
+			succ: counts(0, 900, 10), fail: counts(0, 0, 90),
+			summary:        "0% of successes on attempt 1; attempts 2-3 recovered 91% of failures",
+			recommendation: "a fallback of geo: its escalated calls go by their primary's policy; see the primary's advice",
+		},
+		{
 			name: "the 16+ bucket", p: func() policy.Policy { p := def; p.MaxAttempts = 20; return p }(),
 			succ: func() policy.AttemptCounts {
 				c := counts(100, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
@@ -119,7 +126,7 @@ func TestAdvise(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			st := policy.TargetStats{Tenant: "acme", Target: "geocoder", Successes: tc.succ, Failures: tc.fail}
-			ad := advise(st, tc.p)
+			ad := advise(st, tc.p, tc.fallbackOf)
 			if ad.summary != tc.summary {
 				t.Errorf("summary = %q, want %q", ad.summary, tc.summary)
 			}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/policyd/policyd/breakerstore"
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
+	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/server"
 )
 
@@ -254,5 +255,35 @@ func TestAttemptTargetBadInput(t *testing.T) {
 		{Call: call("acme", "geo", "c"), Attempt: 1, Success: true, AttemptTarget: strings.Repeat("b", 257)}}})
 	if msg := wantCode(t, err, codes.InvalidArgument); !strings.HasPrefix(msg, "outcomes[0].attempt_target: ") {
 		t.Errorf("ReportOutcome: message %q, want it to name outcomes[0].attempt_target", msg)
+	}
+}
+
+// TestAdviseTargetsEscalation: with fallback targets in geo's policy, the
+// advice is to escalate after 1 attempt (fallback.after_attempts), and
+// geo-b, the fallback, gets none of its own. (The policy is stored
+// through the store: SetPolicy's conversion of fallback settings is the
+// escalation work's.)
+func TestAdviseTargetsEscalation(t *testing.T) {
+	h := newHarness(t)
+	adviseScenario(t, h)
+	p, _ := h.store.Resolve("acme", "geo")
+	p.Fallback = policy.Fallback{Targets: []string{"geo-b"}}
+	if _, err := h.store.SetPolicy("acme", "geo", p); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := h.admin.AdviseTargets(context.Background(), &pb.AdviseTargetsRequest{Tenant: "acme"})
+	if err != nil || len(resp.GetAdvice()) != 2 {
+		t.Fatalf("AdviseTargets = %v, %v; want geo and geo-b", resp.GetAdvice(), err)
+	}
+	geo, fallback := resp.GetAdvice()[0], resp.GetAdvice()[1]
+	if got := geo.GetRecommendation(); !strings.HasPrefix(got, "escalate after 1 attempt: ") {
+		t.Errorf("geo recommendation = %q, want escalate after 1 attempt", got)
+	}
+	if got := geo.GetChanges(); !slices.Equal(got, []string{"fallback.after_attempts: 0 -> 1"}) || geo.GetProposedPolicy().GetMaxAttempts() != 3 {
+		t.Errorf("geo changes = %q (max_attempts %d), want fallback.after_attempts: 0 -> 1 and max_attempts kept at 3",
+			got, geo.GetProposedPolicy().GetMaxAttempts())
+	}
+	if got := fallback.GetRecommendation(); !strings.HasPrefix(got, "a fallback of geo") || fallback.GetProposedPolicy() != nil {
+		t.Errorf("geo-b recommendation = %q, proposal %v; want a fallback of geo and none", got, fallback.GetProposedPolicy())
 	}
 }
