@@ -79,8 +79,10 @@ type Changes = interface {
 // NextDelay's STOP, policy.OutcomeUpdate.Tally for reported outcomes (a
 // success, or a final disposition policyd did not decide), counted when
 // the update applies and, for a final disposition of a run, only when the
-// run's ledger took it as the call's first, so a call is counted once
-// however often its end is reported. Counts are counters: they are as
+// run's ledger took it as the call's first. So a replayed NextDelay, the
+// outcome reporting a STOP policyd decided and a run's final reported
+// again count nothing more; an outcome batch sent twice counts twice, as
+// its breaker results and deposits do. Counts are counters: they are as
 // durable as the breakers' windows (the group commit, or the next flush).
 type AttemptStats interface {
 	// AttemptStats returns the statistics of the window from since to now,
