@@ -347,3 +347,35 @@ func TestRunPageNeedsTheAdminTokenOffLoopback(t *testing.T) {
 		}
 	}
 }
+
+// TestEventsCarryTheChainsOfABreakerChange opens the event stream and
+// opens a policy's primary: the rendering sent for the change shows its
+// fallback chain with the primary OPEN, and the ceiling beside it.
+func TestEventsCarryTheChainsOfABreakerChange(t *testing.T) {
+	store := openStore(t, nil)
+	setPolicy(t, store, "acme", "primary", func(p *policy.Policy) {
+		p.Breaker = consecutive
+		p.Fallback = policy.Fallback{Targets: []string{"geocoder-b"}, OnCircuitOpen: true}
+		p.Flow = policy.FlowConfig{MaxInFlight: 3}
+	})
+	admit(t, store, "acme", "primary", 2)
+	_, url := serve(t, statuspage.Config{Source: store, Open: true, Refresh: time.Hour})
+	events := openStream(t, url)
+	chainReads := func(want string) func(string) bool {
+		return func(data string) bool {
+			i := strings.Index(data, `<tr class="escalation" data-tenant="acme" data-target="primary">`)
+			if i < 0 {
+				return false
+			}
+			row := data[i:]
+			row = row[:strings.Index(row, "</tr>")]
+			return strings.Contains(strings.Join(strings.Fields(stripTags(row)), " "), want)
+		}
+	}
+	first := await(t, events, "the chain with the primary CLOSED", chainReads("primary CLOSED → geocoder-b CLOSED"))
+	if !strings.Contains(first, "2 / 3") {
+		t.Errorf("the first rendering lacks the primary's ceiling, 2 / 3 leases in flight")
+	}
+	fail(t, store, policy.BreakerKey{Tenant: "acme", Target: "primary"}, consecutive, 5)
+	await(t, events, "the chain with the primary OPEN", chainReads("primary OPEN → geocoder-b CLOSED"))
+}
