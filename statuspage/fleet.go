@@ -86,12 +86,14 @@ type ChainLink struct {
 const MaxEscalations = 200
 
 // escalations lists the stored policies' fallback chains, up to
-// MaxEscalations, with the state of each target's breaker; listed are the
-// breakers already on the page, looked up by target when the policy is
-// every tenant's.
+// MaxEscalations, with the state of each target's breaker. listed are the
+// breakers on the page: a chain's breaker is read from them, and from the
+// store only when the list was cut at Config.MaxBreakers, so a rendering
+// costs no call per link.
 func (p *Page) escalations(listed []policy.BreakerSnapshot) ([]Escalation, error) {
 	entries, err := p.cfg.Source.Policies(policy.PolicyScope{}, 0)
 	out := []Escalation{}
+	var known breakerIndex
 	for _, e := range entries {
 		fb := e.Policy.Fallback
 		if len(fb.Targets) == 0 {
@@ -100,39 +102,63 @@ func (p *Page) escalations(listed []policy.BreakerSnapshot) ([]Escalation, error
 		if len(out) == MaxEscalations {
 			break
 		}
+		if known.byKey == nil {
+			known = indexBreakers(listed, len(listed) < p.cfg.MaxBreakers)
+		}
 		esc := Escalation{Tenant: e.Tenant, Target: e.Target, AfterAttempts: fb.AfterAttempts, OnCircuitOpen: fb.OnCircuitOpen}
-		esc.Chain = append(esc.Chain, p.link(e.Tenant, e.Target, listed))
+		esc.Chain = append(esc.Chain, p.link(e.Tenant, e.Target, &known))
 		for _, t := range fb.Targets {
-			esc.Chain = append(esc.Chain, p.link(e.Tenant, t, listed))
+			esc.Chain = append(esc.Chain, p.link(e.Tenant, t, &known))
 		}
 		out = append(out, esc)
 	}
 	return out, err
 }
 
+// breakerIndex is the page's listed breakers by key and by target (those
+// of a tenant); complete is true when they are all the store has.
+type breakerIndex struct {
+	byKey    map[policy.BreakerKey]policy.BreakerState
+	byTarget map[string][]policy.BreakerState
+	complete bool
+}
+
+func indexBreakers(listed []policy.BreakerSnapshot, complete bool) breakerIndex {
+	ix := breakerIndex{byKey: make(map[policy.BreakerKey]policy.BreakerState, len(listed)),
+		byTarget: map[string][]policy.BreakerState{}, complete: complete}
+	for _, s := range listed {
+		ix.byKey[s.Key] = s.State
+		if s.Key.Tenant != "" {
+			ix.byTarget[s.Key.Target] = append(ix.byTarget[s.Key.Target], s.State)
+		}
+	}
+	return ix
+}
+
 // link is target's place in a chain of tenant's policy.
-func (p *Page) link(tenant, target string, listed []policy.BreakerSnapshot) ChainLink {
+func (p *Page) link(tenant, target string, known *breakerIndex) ChainLink {
 	l := ChainLink{Target: target}
 	if target == "" {
 		return l
 	}
 	pol, _ := p.cfg.Source.Resolve(tenant, target)
 	if tenant != "" || pol.Breaker.Scope == policy.ScopeTarget {
-		if s, err := p.cfg.Source.Breaker(policy.KeyFor(pol.Breaker, tenant, target)); err == nil {
-			l.State, l.Breakers = s.State.String(), 1
+		key := policy.KeyFor(pol.Breaker, tenant, target)
+		if st, ok := known.byKey[key]; ok {
+			l.State, l.Breakers = st.String(), 1
+		} else if !known.complete {
+			if s, err := p.cfg.Source.Breaker(key); err == nil {
+				l.State, l.Breakers = s.State.String(), 1
+			}
 		}
 		return l
 	}
-	worst := len(severity)
-	for _, s := range listed {
-		if s.Key.Target != target || s.Key.Tenant == "" {
-			continue
+	states := known.byTarget[target]
+	for _, st := range severity {
+		if slices.Contains(states, st) {
+			l.State, l.Breakers = st.String(), len(states)
+			break
 		}
-		l.Breakers++
-		worst = min(worst, slices.Index(severity, s.State))
-	}
-	if l.Breakers > 0 && worst >= 0 && worst < len(severity) {
-		l.State = severity[worst].String()
 	}
 	return l
 }

@@ -134,6 +134,17 @@ func TestStatusShowsEscalationWithEachTargetsBreaker(t *testing.T) {
 	if g, w := strings.Join(got, "\n"), strings.Join(want, "\n"); g != w {
 		t.Errorf("escalations:\ngot  %s\nwant %s", g, w)
 	}
+	// With the breakers listed cut at one (the OPEN ones first), the
+	// chain's other breakers are read from the store.
+	_, cut := serve(t, statuspage.Config{Source: store, Open: true, MaxBreakers: 1})
+	for _, e := range getJSON(t, cut).Escalations {
+		if e.Target != "primary" {
+			continue
+		}
+		if got, want := fmt.Sprint(e.Chain), "[{primary OPEN 1} {geocoder-b CLOSED 1} {geocoder-c  0}]"; got != want {
+			t.Errorf("acme/primary's chain with one breaker listed: got %s, want %s", got, want)
+		}
+	}
 
 	html := getPage(t, url+"/status")
 	sec := html[strings.Index(html, `<section id="escalations">`):]
