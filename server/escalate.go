@@ -166,16 +166,30 @@ func primaryOf(call *callRef, target string) string {
 // policies of the targets it names (for tenant), followed transitively,
 // may lead back to target. The field named is policy.fallback.targets[i].
 func checkFallbacks(store Policies, tenant, target string, p *policy.Policy) error {
+	if err := checkOwnTarget("policy", target, p); err != nil {
+		return err
+	}
 	if target == "" {
 		return nil
 	}
 	for i, t := range p.Fallback.Targets {
 		field := "policy.fallback.targets[" + strconv.Itoa(i) + "]"
-		if t == target {
-			return invalid(field, "must not be the policy's own target "+strconv.Quote(target))
-		}
 		if path := cycleThrough(store, tenant, target, t); path != nil {
 			return invalid(field, "forms a cycle through the stored policies: "+strings.Join(path, " -> "))
+		}
+	}
+	return nil
+}
+
+// checkOwnTarget checks that p, the policy field names for target (""
+// for every target), names no fallback equal to target.
+func checkOwnTarget(field, target string, p *policy.Policy) error {
+	if target == "" {
+		return nil
+	}
+	for i, t := range p.Fallback.Targets {
+		if t == target {
+			return invalid(field+".fallback.targets["+strconv.Itoa(i)+"]", "must not be the policy's own target "+strconv.Quote(target))
 		}
 	}
 	return nil
