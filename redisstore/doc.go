@@ -79,7 +79,9 @@
 //	{T}:calls:ID             hash    the run's call table (fleet.CallTable, at most Options.MaxRunCalls):
 //	                                 call id -> "1 disposition stop attempts first last" and the byte
 //	                                 lengths of target, classification, detail and triage reference,
-//	                                 a newline, then those four strings (times in µs, 0 for none)
+//	                                 a newline, then those four strings (times in µs, 0 for none);
+//	                                 "2 ..." for a call that ended on a fallback: one more length and
+//	                                 string, its primary target
 //	{T}:callids:ID           zset    the call table's ids, score 0, for listing in id order (BYLEX)
 //	{T}:idem:KEY             hash    fleet.KeyRecord of idempotency key KEY: state, lease (hex, "" for
 //	                                 none), lease_until, expires, result; the key expires then
@@ -94,13 +96,15 @@
 //	                                 ms); the key expires then (PEXPIREAT)
 //	{T}:audit                stream  the tenant's audit records, one entry each: t (ns), ev, tenant,
 //	                                 target, call, run, attempt, class, verdict, delay (ns), stop, disp,
-//	                                 detail; trimmed to AuditMaxRecords (MAXLEN ~) and AuditRetention
+//	                                 detail, and primary (the primary target of an attempt sent to a
+//	                                 fallback) when set; trimmed to AuditMaxRecords (MAXLEN ~) and AuditRetention
 //	                                 (MINID ~) at each flush. A record's Seq is its entry id packed as
 //	                                 milliseconds << 20 | sequence.
 //
 // The call tables, the idempotency keys and the run hash's redrive_of,
 // calls_untracked, dl_deadline and deduplicated are new in schema version
-// 1, before its release.
+// 1, before its release; so are the call table's records of version 2 and
+// the audit entries' primary field.
 //
 // The library's name carries its version (policyd_v1): a layout change
 // bumps both the schema key and the library name, so replicas of two

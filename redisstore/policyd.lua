@@ -744,25 +744,32 @@ local function call_decode(v)
   local h = {}
   for n in string.gmatch(string.sub(v, 1, nl - 1), '%d+') do h[#h + 1] = tonumber(n) end
   local s, at = {}, nl + 1
-  for i = 7, 10 do
+  for i = 7, #h do
     s[#s + 1] = string.sub(v, at, at + h[i] - 1)
     at = at + h[i]
   end
   return {disposition = h[2], stop = h[3], attempts = h[4], first = h[5], last = h[6],
-    target = s[1], class = s[2], detail = s[3], triage = s[4]}
+    target = s[1], class = s[2], detail = s[3], triage = s[4], primary = s[5] or ''}
 end
 
+-- call_encode writes version 1, or version 2 (one more length and string,
+-- the primary target) for a call that ended on a fallback.
 local function call_encode(c)
-  return '1 ' .. int(c.disposition) .. ' ' .. int(c.stop) .. ' ' .. int(c.attempts) .. ' ' .. int(c.first) ..
+  local head = ' ' .. int(c.disposition) .. ' ' .. int(c.stop) .. ' ' .. int(c.attempts) .. ' ' .. int(c.first) ..
     ' ' .. int(c.last) .. ' ' .. int(#c.target) .. ' ' .. int(#c.class) .. ' ' .. int(#c.detail) .. ' ' ..
-    int(#c.triage) .. '\n' .. c.target .. c.class .. c.detail .. c.triage
+    int(#c.triage)
+  if c.primary == '' then
+    return '1' .. head .. '\n' .. c.target .. c.class .. c.detail .. c.triage
+  end
+  return '2' .. head .. ' ' .. int(#c.primary) .. '\n' .. c.target .. c.class .. c.detail .. c.triage .. c.primary
 end
 
 -- call_apply is fleet.CallRecord.Note: the attempt count never goes back;
 -- first and last only widen; the classification follows the highest
 -- attempt, the detail the latest note of the highest attempt or a final
 -- disposition; a final disposition replaces the one kept; a non-empty
--- target or triage reference replaces the one kept. n.time 0 is none.
+-- target or triage reference replaces the one kept, a target together with
+-- its primary ('' when it is the primary). n.time 0 is none.
 local function call_apply(c, n)
   local current = n.attempt >= c.attempts
   if n.attempt > c.attempts then c.attempts = n.attempt end
@@ -774,7 +781,7 @@ local function call_apply(c, n)
   local final = n.disposition ~= 0
   if (current or final) and n.detail ~= '' then c.detail = n.detail end
   if final then c.disposition, c.stop = n.disposition, n.stop end
-  if n.target ~= '' then c.target = n.target end
+  if n.target ~= '' then c.target, c.primary = n.target, n.primary end
   if n.triage ~= '' then c.triage = n.triage end
 end
 
@@ -782,7 +789,8 @@ end
 -- the run's calls_untracked, not kept.
 -- KEYS: run, its call table, its call ids. ARGV: call id, cap, target,
 -- triage reference, attempt, classification, detail, disposition, stop,
--- time (Unix µs, 0 for none).
+-- time (Unix µs, 0 for none), primary target ('' for none; absent from an
+-- older caller).
 -- Returns 1 when the table changed, else 0, or an error NOTFOUND.
 local function note_call(keys, args)
   if redis.call('EXISTS', keys[1]) == 0 then return redis.error_reply('NOTFOUND run') end
@@ -796,10 +804,12 @@ local function note_call(keys, args)
       redis.call('HINCRBY', keys[1], 'calls_untracked', 1)
       return 0
     end
-    c = {disposition = 0, stop = 0, attempts = 0, first = 0, last = 0, target = '', class = '', detail = '', triage = ''}
+    c = {disposition = 0, stop = 0, attempts = 0, first = 0, last = 0, target = '', class = '', detail = '', triage = '',
+      primary = ''}
   end
   call_apply(c, {target = args[3], triage = args[4], attempt = tonumber(args[5]), class = args[6],
-    detail = args[7], disposition = tonumber(args[8]), stop = tonumber(args[9]), time = tonumber(args[10])})
+    detail = args[7], disposition = tonumber(args[8]), stop = tonumber(args[9]), time = tonumber(args[10]),
+    primary = args[11] or ''})
   local v = call_encode(c)
   if v == prev then return 0 end
   redis.call('HSET', keys[2], call, v)
