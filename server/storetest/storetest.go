@@ -84,6 +84,8 @@ func Run(t *testing.T, open Open) {
 		{"duplicates", testDuplicates},
 		{"permits", testPermits},
 		{"replicas", testReplicas},
+		{"leases", testLeases},
+		{"rate", testRate},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
