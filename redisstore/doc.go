@@ -100,8 +100,9 @@
 //	                                 tat (the GCRA rate account's theoretical arrival time), stray
 //	                                 (releases of leases not held), alimit (the adaptive limit, %.17g;
 //	                                 0 before it moved), adec (its last decrease, 0 for none), asince
-//	                                 (outcomes since then); written by policyd_admit_flow, so a
-//	                                 release under a key without it is only ignored
+//	                                 (outcomes since then), adecs (its decreases so far); written by
+//	                                 policyd_admit_flow, so a release under a key without it is only
+//	                                 ignored
 //	{T}:leases:TARGET        zset    the concurrency leases of T/TARGET: lease id (32 hex digits) by
 //	                                 expiry (score, µs); the expired ones are dropped at the next
 //	                                 Admit and no longer count

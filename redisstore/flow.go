@@ -215,7 +215,7 @@ func poolCall(ctx context.Context, l lib, key policy.BreakerKey) (int64, policy.
 		return 0, policy.PoolStatus{}, libraryErr("policyd_pool", err)
 	}
 	r, ok := v.([]any)
-	if !ok || len(r) != 4 {
+	if !ok || len(r) != 5 { // r[4], the decreases, is for the metrics
 		return 0, policy.PoolStatus{}, errReply
 	}
 	now, err := toInt(r[0])

@@ -47,8 +47,8 @@ func (w *flowTwin) admit(now int64, cfg *policy.BreakerConfig, lim policy.FlowLi
 	if !w.created {
 		w.breaker, w.created = fleet.NewBreaker(now), true
 	}
-	if lim.Adaptive.Max > 0 {
-		lim.Ceiling = w.limit.Ceiling(lim.Adaptive)
+	if lim.Adaptive.Max > 0 { // the adaptive limit's ceiling, as a fixed one for this admission
+		lim.Ceiling, lim.Adaptive = w.limit.Ceiling(lim.Adaptive), policy.AdaptiveBounds{}
 	}
 	fa, _ := w.flow.Admit(now, &lim, func() fleet.PermitID { return lease })
 	if !fa.Admitted {

@@ -816,7 +816,7 @@ end
 
 -- The fleet-wide ceilings of one breaker key (fleet.Flow, with the
 -- adaptive limit fleet.AdaptiveLimit): a hash (stray, tat, alimit, adec,
--- asince) and the leases in a sorted set, member the lease id (hex),
+-- asince, adecs: the decreases so far, which no rule reads) and the leases in a sorted set, member the lease id (hex),
 -- score its expiry (µs), so taking, counting and returning a lease costs
 -- O(log n) whatever the ceiling (up to policy.MaxCeiling). Reasons are
 -- fleet's: concurrency:lease, concurrency:full, rate:limited. Signals are
@@ -824,14 +824,14 @@ end
 
 -- flow_load reads a key's flow hash; fresh when it holds nothing yet.
 local function flow_load(key)
-  local h = redis.call('HMGET', key, 'stray', 'tat', 'alimit', 'adec', 'asince')
+  local h = redis.call('HMGET', key, 'stray', 'tat', 'alimit', 'adec', 'asince', 'adecs')
   return {stray = tonumber(h[1] or '0'), tat = tonumber(h[2] or '0'), alimit = tonumber(h[3] or '0'),
-    adec = tonumber(h[4] or '0'), asince = tonumber(h[5] or '0'), fresh = not h[1]}
+    adec = tonumber(h[4] or '0'), asince = tonumber(h[5] or '0'), adecs = tonumber(h[6] or '0'), fresh = not h[1]}
 end
 
 local function flow_store(key, f)
   redis.call('HSET', key, 'stray', int(f.stray), 'tat', int(f.tat), 'alimit', float(f.alimit),
-    'adec', int(f.adec), 'asince', int(f.asince))
+    'adec', int(f.adec), 'asince', int(f.asince), 'adecs', int(f.adecs))
   f.fresh = false
 end
 
@@ -878,7 +878,7 @@ local function al_congested(f, b, now)
     return false
   end
   f.alimit = math.max(cur * b.decrease, b.min)
-  f.adec, f.asince = now, 0
+  f.adec, f.asince, f.adecs = now, 0, f.adecs + 1
   return true
 end
 
@@ -1011,10 +1011,11 @@ end
 
 -- pool is a key's ceiling state at the call's time, unchanged (leases
 -- past their expiry are not counted).
--- KEYS: flow, leases. Returns {now, live, stray, adaptive limit}.
+-- KEYS: flow, leases. Returns {now, live, stray, adaptive limit, its
+-- decreases}.
 local function pool(keys, _, now)
   local f = flow_load(keys[1])
-  return {int(now), pool_live(keys[2], now), int(f.stray), float(f.alimit)}
+  return {int(now), pool_live(keys[2], now), int(f.stray), float(f.alimit), int(f.adecs)}
 end
 
 -- register registers fn as a function of the library: every function's

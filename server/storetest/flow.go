@@ -207,3 +207,74 @@ func invalid(err error) bool {
 	var v interface{ Invalid() bool }
 	return errors.As(err, &v) && v.Invalid()
 }
+
+// testAdaptive: an adaptive ceiling (fleet.AdaptiveLimit) over the
+// replicas: it starts at its maximum, a congestion signal carried by a
+// release on one replica halves it for every replica, successes grow it
+// by Increase/limit, a second cut waits for a window of outcomes and Hold,
+// and a signal counts also with a lease not held. Engines that do not
+// apply signals yet leave Engine.Adaptive false and skip it.
+func testAdaptive(t *testing.T, e *env) {
+	if !e.adaptive {
+		t.Skip("the engine does not apply adaptive signals yet (Engine.Adaptive)")
+	}
+	key := policy.BreakerKey{Tenant: "acme", Target: "learner"}
+	lim := policy.FlowLimits{Ceiling: 4, LeaseTTL: 10 * time.Second, FullWait: time.Second,
+		Adaptive: policy.AdaptiveBounds{Min: 1, Max: 4, Decrease: 0.5, Increase: 1, Hold: time.Second}}
+	admitAll := func(what string, want int) []string {
+		t.Helper()
+		var n atomic.Int32
+		leases := make([]string, workers)
+		race(workers, func(i int) {
+			a, err := e.on(i).AdmitFlow(key, breaker, lim)
+			if err != nil {
+				t.Errorf("AdmitFlow = %v, want nil", err)
+			}
+			if a.Admitted {
+				n.Add(1)
+				leases[i] = a.LeaseID
+			}
+		})
+		if got := int(n.Load()); got != want {
+			t.Fatalf("%s: %d of %d concurrent AdmitFlows over the replicas got a lease, want exactly %d", what, got, workers, want)
+		}
+		var out []string
+		for _, l := range leases {
+			if l != "" {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+	limitIs := func(what string, want float64) {
+		t.Helper()
+		for i := range e.replicas {
+			if st := e.pool(t, i, key); st.Adaptive != want {
+				t.Errorf("%s: Pool on replica %d = %+v, want the adaptive limit at %v", what, i, st, want)
+			}
+		}
+	}
+	release := func(i int, id string, sig policy.FlowSignal, wantHeld bool) {
+		t.Helper()
+		if held, err := e.on(i).ReleaseLease(key, id, lim, sig); err != nil || held != wantHeld {
+			t.Fatalf("ReleaseLease on replica %d = %v, %v; want %v, nil", i, held, err, wantHeld)
+		}
+	}
+	leases := admitAll("at the maximum", 4)
+	limitIs("never moved", 0)
+	release(1, leases[0], policy.SignalCongestion, true)
+	limitIs("after a congestion signal", 2)
+	admitAll("3 out under a ceiling of 2", 0)
+	want := 2.0
+	for _, l := range leases[1:3] {
+		release(2, l, policy.SignalSuccess, true)
+		want += lim.Adaptive.Increase / want
+	}
+	limitIs("after two successes", want)
+	admitAll("1 out under a ceiling of 2", 1)
+	release(0, fleet.PermitID{7}.String(), policy.SignalCongestion, false)
+	limitIs("a congestion signal within Hold of the cut", want)
+	e.clock.Advance(2 * lim.Adaptive.Hold)
+	release(1, fleet.PermitID{8}.String(), policy.SignalCongestion, false)
+	limitIs("a congestion signal past a window and Hold, with a lease not held", want*lim.Adaptive.Decrease)
+}
