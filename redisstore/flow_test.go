@@ -175,9 +175,9 @@ func TestAdmitWithCeilingIsOneRoundTripCluster(t *testing.T) {
 func oneRoundTrip(t *testing.T, stats serverStats, client func() redis.UniversalClient) {
 	r := []*replica{newReplica(t, client), newReplica(t, client), newReplica(t, client)}
 	ctx := context.Background()
-	ten, manyPerSecond := uint32(10), 1e6
+	ten, manyPerSecond, burst := uint32(10), 1e6, uint32(100)
 	if _, err := r[0].admin.SetPolicy(ctx, &pb.SetPolicyRequest{Tenant: "acme", Target: "portal", Policy: &pb.Policy{
-		Flow: &pb.FlowSettings{MaxInFlight: &ten, MaxRate: &manyPerSecond}}}); err != nil {
+		Flow: &pb.FlowSettings{MaxInFlight: &ten, MaxRate: &manyPerSecond, Burst: &burst}}}); err != nil {
 		t.Fatalf("SetPolicy with ceilings = %v, want nil", err)
 	}
 	call := func(id string) *pb.CallRef {
@@ -223,5 +223,35 @@ func oneRoundTrip(t *testing.T, stats serverStats, client func() redis.Universal
 	}
 	if fcalls != 2*admits {
 		t.Errorf("%d FCALLs on the server for %d Admits and as many releases, want %d", fcalls, admits, 2*admits)
+	}
+
+	// 64 concurrent Admits over the replicas, none released: the ceiling's
+	// 10 get a lease, the 54 refused cost one call each too.
+	before = stats.calls(t)
+	var wg sync.WaitGroup
+	var leased atomic.Int32
+	for n := range 64 {
+		wg.Go(func() {
+			resp, err := r[n%3].workers.Admit(ctx, &pb.AdmitRequest{Call: call("r" + strconv.Itoa(n)), Attempt: 1})
+			if err != nil {
+				t.Errorf("Admit = %v", err)
+			}
+			if resp.GetAdmitted() {
+				leased.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	after = stats.calls(t)
+	trips = 0
+	for _, rp := range r {
+		n, _ := rp.trips.take()
+		trips += n
+	}
+	fcalls = after["fcall"] - before["fcall"]
+	t.Logf("64 concurrent Admits over 3 replicas at a ceiling of 10: %d leased, %d round trips from the replicas, %d FCALLs on the server",
+		leased.Load(), trips, fcalls)
+	if leased.Load() != 10 || trips != 64 || fcalls != 64 {
+		t.Errorf("64 concurrent Admits: %d leased, %d round trips, %d FCALLs; want 10 leased, one call per Admit", leased.Load(), trips, fcalls)
 	}
 }
