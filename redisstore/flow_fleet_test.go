@@ -33,13 +33,14 @@ type flowStep struct {
 
 // flowTwin is one key's ceilings and breaker held both ways.
 type flowTwin struct {
-	t       *testing.T
-	key     policy.BreakerKey
-	flow    fleet.Flow
-	limit   fleet.AdaptiveLimit
-	breaker fleet.Breaker
-	created bool
-	leases  []string // per step: the lease handed out, if any
+	t         *testing.T
+	key       policy.BreakerKey
+	flow      fleet.Flow
+	limit     fleet.AdaptiveLimit
+	breaker   fleet.Breaker
+	created   bool
+	decreases int      // the limit's cuts so far
+	leases    []string // per step: the lease handed out, if any
 }
 
 // admit is AdmitFlow by fleet's rules at now (ns).
@@ -73,7 +74,9 @@ func (w *flowTwin) release(now int64, id string, lim *policy.FlowLimits, sig pol
 		case policy.SignalSuccess:
 			w.limit.Succeeded(lim.Adaptive)
 		case policy.SignalCongestion:
-			w.limit.Congested(now, lim.Adaptive)
+			if cut, _ := w.limit.Congested(now, lim.Adaptive); cut {
+				w.decreases++
+			}
 		}
 	}
 	return held
@@ -89,10 +92,11 @@ func (w *flowTwin) checkFlow(ctx context.Context, l lib, name string, now int64)
 	}
 	n := func(f string) int64 { v, _ := strconv.ParseInt(h[f], 10, 64); return v }
 	alimit, _ := strconv.ParseFloat(h["alimit"], 64)
-	got := [5]float64{float64(n("tat")) * 1000, float64(n("stray")), alimit, float64(n("adec")) * 1000, float64(n("asince"))}
-	want := [5]float64{float64(w.flow.Rate.TAT), float64(w.flow.Pool.Stray), w.limit.Limit, float64(w.limit.LastDecrease), float64(w.limit.Since)}
+	got := [6]float64{float64(n("tat")) * 1000, float64(n("stray")), alimit, float64(n("adec")) * 1000, float64(n("asince")), float64(n("adecs"))}
+	want := [6]float64{float64(w.flow.Rate.TAT), float64(w.flow.Pool.Stray), w.limit.Limit, float64(w.limit.LastDecrease),
+		float64(w.limit.Since), float64(w.decreases)}
 	if got != want {
-		w.t.Errorf("%s: redis tat, stray, limit, last decrease, since %v; fleet %v", name, got, want)
+		w.t.Errorf("%s: redis tat, stray, limit, last decrease, since, decreases %v; fleet %v", name, got, want)
 	}
 	live, err := l.c.ZCount(ctx, keyLeases(w.key.Tenant, w.key.Target), "("+strconv.FormatInt(now, 10), "+inf").Result()
 	if err != nil {
