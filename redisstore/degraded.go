@@ -45,12 +45,12 @@ type degraded struct {
 	spent    map[string]float64 // tenant -> tokens spent while down
 	runSpent map[string]uint64  // run id -> retries spent while down
 	// Last known, kept while up.
-	tokens  map[string]float64    // tenant -> tokens after its last spend
-	runs    map[string]uint64     // run id -> retries left after its last spend or read
-	runInfo map[string]policy.Run // run id -> the run as last read
-	flows   map[policy.BreakerKey]*localFlow
-	limits  map[policy.BreakerKey]float64 // adaptive limit after its last change seen
-	live    int                           // live replicas, this one included
+	tokens  map[string]float64               // tenant -> tokens after its last spend
+	runs    map[string]uint64                // run id -> retries left after its last spend or read
+	runInfo map[string]policy.Run            // run id -> the run as last read
+	flows   map[policy.BreakerKey]*localFlow // key -> this replica's share of its ceilings while down
+	limits  map[policy.BreakerKey]float64    // key -> its adaptive limit as the engine last reported it
+	live    int                              // live replicas, this one included
 }
 
 func newDegraded() *degraded {
