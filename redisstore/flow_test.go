@@ -274,6 +274,13 @@ func oneRoundTrip(t *testing.T, stats serverStats, client func() redis.Universal
 		leased.Load(), trips, by, fcalls)
 	// A refused Admit is an audit record: those go in the replica's audit
 	// flush (one pipeline of XADDs per FlushInterval), not in the Admit.
+	// Every replica's GetBreaker shows the ceiling's leases (Pool).
+	for i := range r {
+		resp, err := r[i].admin.GetBreaker(ctx, &pb.GetBreakerRequest{Key: &pb.BreakerKey{Tenant: "acme", Target: "portal"}})
+		if err != nil || resp.GetBreaker().GetLeasesInFlight() != 10 {
+			t.Errorf("GetBreaker on replica %d = %v, %v; want 10 leases in flight", i, resp, err)
+		}
+	}
 	flushOnly := true
 	for cmd := range by {
 		flushOnly = flushOnly && (cmd == "fcall" || cmd == "xadd" || cmd == "xtrim")
