@@ -12,7 +12,6 @@ import (
 
 	"github.com/policyd/policyd/breakerstore"
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
-	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/server"
 )
 
@@ -259,16 +258,16 @@ func TestAttemptTargetBadInput(t *testing.T) {
 }
 
 // TestAdviseTargetsEscalation: with fallback targets in geo's policy, the
-// advice is to escalate after 1 attempt (fallback.after_attempts), and
-// geo-b, the fallback, gets none of its own. (The policy is stored
-// through the store: SetPolicy's conversion of fallback settings is the
-// escalation work's.)
+// advice is to escalate after 1 attempt (fallback.after_attempts), the
+// proposal keeps the chain and max_attempts, and geo-b, the fallback,
+// gets none of its own.
 func TestAdviseTargetsEscalation(t *testing.T) {
 	h := newHarness(t)
 	adviseScenario(t, h)
-	p, _ := h.store.Resolve("acme", "geo")
-	p.Fallback = policy.Fallback{Targets: []string{"geo-b"}}
-	if _, err := h.store.SetPolicy("acme", "geo", p); err != nil {
+	attempts, never := uint32(3), uint32(10000)
+	if _, err := h.admin.SetPolicy(context.Background(), &pb.SetPolicyRequest{Tenant: "acme", Target: "geo", Policy: &pb.Policy{
+		MaxAttempts: &attempts, Breaker: &pb.BreakerSettings{ConsecutiveFailures: &never},
+		Fallback: &pb.FallbackSettings{Targets: []string{"geo-b"}}}}); err != nil {
 		t.Fatal(err)
 	}
 	resp, err := h.admin.AdviseTargets(context.Background(), &pb.AdviseTargetsRequest{Tenant: "acme"})
@@ -282,6 +281,9 @@ func TestAdviseTargetsEscalation(t *testing.T) {
 	if got := geo.GetChanges(); !slices.Equal(got, []string{"fallback.after_attempts: 0 -> 1"}) || geo.GetProposedPolicy().GetMaxAttempts() != 3 {
 		t.Errorf("geo changes = %q (max_attempts %d), want fallback.after_attempts: 0 -> 1 and max_attempts kept at 3",
 			got, geo.GetProposedPolicy().GetMaxAttempts())
+	}
+	if fb := geo.GetProposedPolicy().GetFallback(); fb.GetAfterAttempts() != 1 || !slices.Equal(fb.GetTargets(), []string{"geo-b"}) {
+		t.Errorf("geo proposed fallback = %v, want geo-b after 1 attempt", fb)
 	}
 	if got := fallback.GetRecommendation(); !strings.HasPrefix(got, "a fallback of geo") || fallback.GetProposedPolicy() != nil {
 		t.Errorf("geo-b recommendation = %q, proposal %v; want a fallback of geo and none", got, fallback.GetProposedPolicy())
