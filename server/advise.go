@@ -99,7 +99,7 @@ func advise(st policy.TargetStats, p policy.Policy, fallbackOf []string) targetA
 	case highest < 2:
 		sum.WriteString("; no retries")
 	case r1 == 0:
-		sum.WriteString("; no call needed a retry")
+		sum.WriteString("; no call reached attempt 2")
 	default:
 		sum.WriteString("; " + attemptRange(2, highest) + " recovered " + percent(recovered(1), r1) + " of failures")
 	}
@@ -129,7 +129,7 @@ func advise(st policy.TargetStats, p policy.Policy, fallbackOf []string) targetA
 	keep := "keep max_attempts " + strconv.Itoa(p.MaxAttempts)
 	switch {
 	case k == 0 && reached(1) < adviseMinReached:
-		ad.recommendation = keep + ": too few calls needed a retry to judge them"
+		ad.recommendation = keep + ": too few calls reached attempt 2 to judge the retries"
 		return ad
 	case k == 0 || k >= p.MaxAttempts:
 		ad.recommendation = keep + ": the retries earn their keep"
