@@ -9,6 +9,7 @@ import (
 	"hash/maphash"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -65,7 +66,7 @@ func (s *Store) countAttemptsN(t policy.AttemptTally, n uint64, now int64, p *pe
 			if !s.statsTargets.take(t.Tenant, s.opts.MaxBreakersPerTenant) {
 				return nil, errStatsCap
 			}
-			return &targetStats{key: policy.BreakerKey{Tenant: clone(t.Tenant), Target: clone(t.Target)}}, nil
+			return &targetStats{key: policy.BreakerKey{Tenant: strings.Clone(t.Tenant), Target: strings.Clone(t.Target)}}, nil
 		})
 		if err != nil {
 			s.statsTargets.refused.Add(n) // beyond the tenant's cap: not counted
@@ -163,10 +164,6 @@ func (b *statsBook) take(tenant string, max int) bool {
 	b.targets[tenant]++
 	return true
 }
-
-// clone copies a name out of a request's buffer, so the table does not
-// pin it.
-func clone(v string) string { return string([]byte(v)) }
 
 // AttemptStats returns the attempt statistics of the window from since to
 // now, one entry per tenant and target with a count in it, sorted by

@@ -209,7 +209,19 @@ func (a *Admin) AdviseTargets(ctx context.Context, req *pb.AdviseTargetsRequest)
 	if since < minAdviseWindow || since > policy.StatsRetention {
 		return nil, invalid("since", "must be 1m to 168h (the statistics' retention), got "+since.String())
 	}
-	stats, err := a.store.AttemptStats(req.GetTenant(), req.GetTarget(), a.cfg.Clock.Now().Add(-since))
+	advice, err := a.adviseTargets(ctx, req.GetTenant(), req.GetTarget(), a.cfg.Clock.Now().Add(-since))
+	if err != nil {
+		return nil, err
+	}
+	return adviceToPB(advice), nil
+}
+
+// adviseTargets is AdviseTargets' decision, in domain types: the
+// statistics of the window from since, and for each tenant and target
+// the advice on its stored policy (the effective one when none is
+// stored), knowing which targets the stored policies name as fallbacks.
+func (a *Admin) adviseTargets(ctx context.Context, tenant, target string, since time.Time) ([]targetAdvice, error) {
+	stats, err := a.store.AttemptStats(tenant, target, since)
 	if err != nil {
 		return nil, storeError(ctx, a.cfg.Logger, "attempt statistics", err)
 	}
@@ -217,34 +229,17 @@ func (a *Admin) AdviseTargets(ctx context.Context, req *pb.AdviseTargetsRequest)
 	if err != nil {
 		return nil, storeError(ctx, a.cfg.Logger, "policies", err)
 	}
-	resp := &pb.AdviseTargetsResponse{Advice: make([]*pb.TargetAdvice, 0, len(stats))}
+	out := make([]targetAdvice, 0, len(stats))
 	for _, st := range stats {
-		// The proposal starts from the policy stored for the target's
-		// scope, or the effective one when none is.
 		p, _ := a.store.Resolve(st.Tenant, st.Target)
 		if e, err := a.store.Policy(st.Tenant, st.Target); err == nil {
 			p = e.Policy
 		} else if !notFound(err) {
 			return nil, storeError(ctx, a.cfg.Logger, "policy", err)
 		}
-		ad := advise(st, p, fallbacks.of(st.Tenant, st.Target))
-		resp.Advice = append(resp.Advice, adviceToPB(&ad))
+		out = append(out, advise(st, p, fallbacks.of(st.Tenant, st.Target)))
 	}
-	return resp, nil
-}
-
-// adviceToPB is the TargetAdvice of ad.
-func adviceToPB(ad *targetAdvice) *pb.TargetAdvice {
-	out := &pb.TargetAdvice{
-		Tenant: ad.stats.Tenant, Target: ad.stats.Target,
-		StartTime: timePB(ad.stats.Start), EndTime: timePB(ad.stats.End),
-		SuccessesByAttempt: ad.stats.Successes[:], FailuresByAttempt: ad.stats.Failures[:],
-		Summary: ad.summary, Recommendation: ad.recommendation, Changes: ad.changes,
-	}
-	if ad.proposed != nil {
-		out.ProposedPolicy = policyToPB(*ad.proposed)
-	}
-	return out
+	return out, nil
 }
 
 // fallbackBook is which targets the stored policies name as fallbacks:
