@@ -211,9 +211,13 @@ func (ts *targetStats) write(tx *bbolt.Tx, clear bool) (int, error) {
 	n := 0
 	if ts.full {
 		prefix := append(joinKey(ts.key.Tenant, ts.key.Target), 0)
+		var old [][]byte // collected first: a cursor deleting as it goes may skip keys
 		c := b.Cursor()
 		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
-			if err := c.Delete(); err != nil {
+			old = append(old, bytes.Clone(k))
+		}
+		for _, k := range old {
+			if err := b.Delete(k); err != nil {
 				return n, err
 			}
 		}
