@@ -179,3 +179,60 @@ func TestExactlyOnceThroughTheLedger(t *testing.T) {
 	t.Logf("%d submissions of %d documents: %d succeeded (%d deduplicated: upstream calls saved), %d dead-lettered (outcome lost); "+
 		"upstream calls %d, each document applied once; ledger %v", len(results), docs, ok, dedup, dead, up.calls, l)
 }
+
+// TestLostOutcomeIsNotResentWithoutTheLedger: a non-idempotent call with
+// a key whose attempt's outcome was lost (a 504: the upstream may have
+// applied it) is not sent again unless the idempotency ledger was asked
+// first. While policyd cannot be reached the client decides locally, but
+// without a claim a second attempt could apply the write twice: the call
+// is dead-lettered instead (NOT_IDEMPOTENT, idempotency:unknown), whether
+// policyd was away for the attempt itself or only from the next claim on.
+func TestLostOutcomeIsNotResentWithoutTheLedger(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// stopAt is when policyd stops: before the call, or during the
+		// wait after policyd recorded the lost outcome and said RETRY.
+		stopAt string
+	}{
+		{name: "policyd away for the attempt", stopAt: "before"},
+		{name: "policyd gone before the next claim", stopAt: "wait"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := startDaemon(t, nil)
+			stop := sync.OnceFunc(d.gs.Stop)
+			sl := newSleeps()
+			c, err := policyclient.New(d.conn, policyclient.Config{Tenant: "acme", NoWatch: true, DecisionTimeout: time.Second,
+				Now: sl.Now, LocalBudget: 100, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+				Sleep: func(ctx context.Context, d time.Duration) error {
+					if tc.stopAt == "wait" {
+						stop()
+					}
+					return sl.Sleep(ctx, d)
+				}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { // policyd is gone: the outcomes cannot be flushed, do not wait for them
+				cctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+				defer cancel()
+				_ = c.Close(cctx)
+			}()
+			if tc.stopAt == "before" {
+				stop()
+			}
+			fn, calls := script(policyclient.HTTPError(504, nil)) // applied, the answer lost; a second attempt succeeds
+			res, err := c.Do(context.Background(), policyclient.Call{Target: "grants-portal", SubmissionID: "doc-1",
+				Payload: []byte("doc-1")}, fn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := calls.Load(); n != 1 {
+				t.Errorf("upstream called %d times, want 1: the lost outcome was sent again without a claim", n)
+			}
+			if res.Disposition != policyclient.DeadLetter || res.StopReason != policyclient.StopNotIdempotent ||
+				res.Reason != "idempotency:unknown" {
+				t.Errorf("got %v (%v, %s), want dead_letter (NOT_IDEMPOTENT, idempotency:unknown)", res.Disposition, res.StopReason, res.Reason)
+			}
+		})
+	}
+}

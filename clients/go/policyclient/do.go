@@ -313,9 +313,11 @@ type loop struct {
 	prev    time.Duration // the last delay
 	lease   string        // the concurrency lease the attempt holds; returned by the next report or NextDelay
 	res     Result
-	// claimAlways is Call.ClaimKey; resultRef what fn set (SetResultRef).
+	// claimAlways is Call.ClaimKey; resultRef what fn set (SetResultRef);
+	// lost is set once an attempt's outcome was lost (see claim).
 	claimAlways bool
 	resultRef   string
+	lost        bool
 }
 
 // pbRef returns the call as the API spells it.
@@ -361,12 +363,13 @@ func (l *loop) run(fn func(context.Context, Attempt) error) Result {
 		stop := l.c.cfg.Now()
 		timedOut := actx.end(l.c.wall(stop))
 		latency := stop.Sub(start)
+		recorded := false // the ledger knows how the attempt ended
 		if lease != "" {
 			var f failure
 			if err != nil {
 				f = classifyError(err, timedOut)
 			}
-			l.complete(lease, err, f)
+			recorded = l.complete(lease, err, f)
 		}
 		if err == nil {
 			l.res.ResultRef = l.resultRef
@@ -389,6 +392,15 @@ func (l *loop) run(fn func(context.Context, Attempt) error) Result {
 			// Nothing known about this error: terminal, never retried blindly.
 			l.res.Reason = f.reason
 			return l.end(FailedTerminal, StopTerminal, attempt, nil)
+		}
+		if l.usesLedger() && outcomeLost(f) {
+			// The upstream may have applied it: another attempt needs a
+			// claim, and one the ledger cannot answer for is not made.
+			l.lost = true
+			if !recorded {
+				l.res.Reason = "idempotency:unknown"
+				return l.end(DeadLetter, StopNotIdempotent, attempt, f.pb)
+			}
 		}
 		dec := l.next(attempt, f, permit, timedOut)
 		l.res.Reason = dec.reason
