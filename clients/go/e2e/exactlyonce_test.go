@@ -180,22 +180,31 @@ func TestExactlyOnceThroughTheLedger(t *testing.T) {
 		"upstream calls %d, each document applied once; ledger %v", len(results), docs, ok, dedup, dead, up.calls, l)
 }
 
-// TestLostOutcomeIsNotResentWithoutTheLedger: a non-idempotent call with
-// a key whose attempt's outcome was lost (a 504: the upstream may have
-// applied it) is not sent again unless the idempotency ledger was asked
-// first. While policyd cannot be reached the client decides locally, but
-// without a claim a second attempt could apply the write twice: the call
-// is dead-lettered instead (NOT_IDEMPOTENT, idempotency:unknown), whether
-// policyd was away for the attempt itself or only from the next claim on.
-func TestLostOutcomeIsNotResentWithoutTheLedger(t *testing.T) {
+// TestNoUnclaimedAttemptAfterALostOutcomeOrAHeldKey: a non-idempotent
+// call with a key is not sent without a claim once the idempotency
+// ledger has a reason to refuse it: an attempt's outcome was lost (a 504:
+// the upstream may have applied it), or another worker holds the key.
+// While policyd cannot be reached the client decides locally, but then a
+// second write could reach the upstream: the call is dead-lettered
+// instead (NOT_IDEMPOTENT, idempotency:unknown or idempotency:in_flight),
+// whether policyd was away for the attempt itself or only from the next
+// claim on.
+func TestNoUnclaimedAttemptAfterALostOutcomeOrAHeldKey(t *testing.T) {
 	for _, tc := range []struct {
 		name string
+		// held: another worker holds the key's lease before the call.
+		held bool
 		// stopAt is when policyd stops: before the call, or during the
-		// wait after policyd recorded the lost outcome and said RETRY.
-		stopAt string
+		// client's first wait (after policyd recorded the lost outcome and
+		// said RETRY, or said another worker holds the key).
+		stopAt     string
+		wantCalls  int32
+		wantReason string
 	}{
-		{name: "policyd away for the attempt", stopAt: "before"},
-		{name: "policyd gone before the next claim", stopAt: "wait"},
+		{name: "lost outcome, policyd away for the attempt", stopAt: "before", wantCalls: 1, wantReason: "idempotency:unknown"},
+		{name: "lost outcome, policyd gone before the next claim", stopAt: "wait", wantCalls: 1, wantReason: "idempotency:unknown"},
+		{name: "key held by another worker, policyd gone before the next claim", held: true, stopAt: "wait", wantCalls: 0,
+			wantReason: "idempotency:in_flight"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := startDaemon(t, nil)
@@ -217,21 +226,27 @@ func TestLostOutcomeIsNotResentWithoutTheLedger(t *testing.T) {
 				defer cancel()
 				_ = c.Close(cctx)
 			}()
+			if tc.held {
+				claim, err := pb.NewRetryPolicyServiceClient(d.conn).ClaimKey(context.Background(), &pb.ClaimKeyRequest{
+					Call: &pb.CallRef{Tenant: "acme", Target: "grants-portal", CallId: "other-worker", IdempotencyKey: "doc-1"}, Attempt: 1})
+				if err != nil || claim.GetState() != pb.KeyState_KEY_STATE_NEW {
+					t.Fatalf("the other worker's claim: %v %v, want NEW", claim, err)
+				}
+			}
 			if tc.stopAt == "before" {
 				stop()
 			}
 			fn, calls := script(policyclient.HTTPError(504, nil)) // applied, the answer lost; a second attempt succeeds
-			res, err := c.Do(context.Background(), policyclient.Call{Target: "grants-portal", SubmissionID: "doc-1",
-				Payload: []byte("doc-1")}, fn)
+			res, err := c.Do(context.Background(), policyclient.Call{Target: "grants-portal", IdempotencyKey: "doc-1",
+				CallID: "doc-1"}, fn)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if n := calls.Load(); n != 1 {
-				t.Errorf("upstream called %d times, want 1: the lost outcome was sent again without a claim", n)
+			if n := calls.Load(); n != tc.wantCalls {
+				t.Errorf("upstream called %d times, want %d: a write was sent without a claim", n, tc.wantCalls)
 			}
-			if res.Disposition != policyclient.DeadLetter || res.StopReason != policyclient.StopNotIdempotent ||
-				res.Reason != "idempotency:unknown" {
-				t.Errorf("got %v (%v, %s), want dead_letter (NOT_IDEMPOTENT, idempotency:unknown)", res.Disposition, res.StopReason, res.Reason)
+			if res.Disposition != policyclient.DeadLetter || res.StopReason != policyclient.StopNotIdempotent || res.Reason != tc.wantReason {
+				t.Errorf("got %v (%v, %s), want dead_letter (NOT_IDEMPOTENT, %s)", res.Disposition, res.StopReason, res.Reason, tc.wantReason)
 			}
 		})
 	}

@@ -313,11 +313,13 @@ type loop struct {
 	prev    time.Duration // the last delay
 	lease   string        // the concurrency lease the attempt holds; returned by the next report or NextDelay
 	res     Result
-	// claimAlways is Call.ClaimKey; resultRef what fn set (SetResultRef);
-	// lost is set once an attempt's outcome was lost (see claim).
+	// claimAlways is Call.ClaimKey; resultRef what fn set (SetResultRef).
 	claimAlways bool
 	resultRef   string
-	lost        bool
+	// mustClaim, once set, is why no attempt may be made without a claim
+	// (see unclaimed): an attempt's outcome was lost, or another worker
+	// held the key.
+	mustClaim string
 }
 
 // pbRef returns the call as the API spells it.
@@ -396,7 +398,7 @@ func (l *loop) run(fn func(context.Context, Attempt) error) Result {
 		if l.usesLedger() && outcomeLost(f) {
 			// The upstream may have applied it: another attempt needs a
 			// claim, and one the ledger cannot answer for is not made.
-			l.lost = true
+			l.mustClaim = "idempotency:unknown"
 			if !recorded {
 				l.res.Reason = "idempotency:unknown"
 				return l.end(DeadLetter, StopNotIdempotent, attempt, f.pb)

@@ -16,9 +16,10 @@ import (
 // when the policy says the upstream deduplicates by key, else dead-letters
 // the call. While policyd is away the call goes on without the ledger,
 // except after an attempt whose outcome was lost (a timeout, a 504, a
-// reset): the upstream may have applied it, and only a claim can say
-// whether another attempt is safe, so without one the call is
-// dead-lettered (NOT_IDEMPOTENT, idempotency:unknown).
+// reset), or once a claim said another worker holds the key: the upstream
+// may have applied the write, and only a claim can say whether another
+// is safe, so without one the call is dead-lettered (NOT_IDEMPOTENT,
+// idempotency:unknown or idempotency:in_flight).
 
 // usesLedger reports whether the call claims its key.
 func (l *loop) usesLedger() bool {
@@ -48,6 +49,9 @@ func (l *loop) claim(attempt int) (lease string, ok bool) {
 			return "", false
 		case pb.KeyState_KEY_STATE_IN_FLIGHT:
 			// Another worker's attempt holds the key: wait for its end.
+			if l.mustClaim == "" {
+				l.mustClaim = "idempotency:in_flight"
+			}
 			if !l.waitFor(resp.GetRetryAfter().AsDuration(), attempt, resp.GetReason()) {
 				l.res.Reason = resp.GetReason()
 				return "", false
@@ -67,12 +71,13 @@ func (l *loop) claim(attempt int) (lease string, ok bool) {
 
 // unclaimed decides an attempt policyd could not be asked to claim: it
 // goes on without the ledger (true), unless an earlier attempt's outcome
-// was lost, when the call ends a dead letter (false).
+// was lost or another worker held the key (l.mustClaim), when the call
+// ends a dead letter (false).
 func (l *loop) unclaimed(attempt int) bool {
-	if !l.lost {
+	if l.mustClaim == "" {
 		return true
 	}
-	l.res.Reason = "idempotency:unknown"
+	l.res.Reason = l.mustClaim
 	l.end(DeadLetter, StopNotIdempotent, attempt-1, nil)
 	return false
 }
