@@ -349,8 +349,8 @@ func (d *Decisions) agrees(ctx context.Context, i int, it *outcomeItem, success,
 		r.Cutoff = run.Cutoff.UnixNano()
 	}
 	if it.final.Stop == policy.StopNotIdempotent && it.call.key != "" {
-		v, err := d.store.Key(policy.KeyRef{Tenant: it.call.tenant, Key: it.call.key})
-		r.KeyLost = err == nil && v.State == policy.KeyUnknown
+		_, err := d.store.Key(policy.KeyRef{Tenant: it.call.tenant, Key: it.call.key})
+		r.KeyClaimed = err == nil
 	}
 	if rule := fleet.CheckFinal(&r); rule != "" {
 		return invalid("outcomes["+strconv.Itoa(i)+"].final_disposition", rule)
