@@ -323,11 +323,19 @@ func runOnce(ctx context.Context, cfg onceConfig, out io.Writer) error {
 	}
 	var subs []submission
 	var stats []onceWorkerEnd
+	logged := map[string]int{}
 	for _, ch := range children {
+		for k, n := range ch.logged() {
+			logged[k] += n
+		}
 		subs = append(subs, ch.subs...)
 		if ch.end != nil {
 			stats = append(stats, *ch.end)
 		}
+	}
+	fmt.Fprintf(out, "  the workers' clients logged (warnings and errors, by cause):\n")
+	for _, k := range slices.Sorted(maps.Keys(logged)) {
+		fmt.Fprintf(out, "  %6d  %s\n", logged[k], k)
 	}
 	return onceReconcile(ctx, cfg, fl, up, token, runID, subs, stats, wall, out)
 }
@@ -455,6 +463,7 @@ func onceReconcile(ctx context.Context, cfg onceConfig, fl *onceFleet, up *fakeU
 		sleepCtx(ctx, 100*time.Millisecond)
 	}
 	var calls []ledgerCall
+	var untracked uint64
 	for tok := ""; ; {
 		var resp *pb.ListRunCallsResponse
 		err := retryRead(ctx, func(ctx context.Context) (err error) {
@@ -464,6 +473,7 @@ func onceReconcile(ctx context.Context, cfg onceConfig, fl *onceFleet, up *fakeU
 		if err != nil {
 			return fmt.Errorf("ListRunCalls: %w", err)
 		}
+		untracked = resp.GetUntracked()
 		for _, c := range resp.GetCalls() {
 			calls = append(calls, ledgerCall{CallID: c.GetCallId(), Doc: c.GetTriageRef(),
 				Disposition: enumName(c.GetDisposition(), "DISPOSITION_"),
@@ -485,7 +495,7 @@ func onceReconcile(ctx context.Context, cfg onceConfig, fl *onceFleet, up *fakeU
 	for i := range docs {
 		docs[i] = docName(i)
 	}
-	keyStates := map[string]int{}
+	keyState := map[string]string{}
 	for _, d := range docs {
 		var st string
 		err := retryRead(ctx, func(ctx context.Context) error {
@@ -503,9 +513,17 @@ func onceReconcile(ctx context.Context, cfg onceConfig, fl *onceFleet, up *fakeU
 		if err != nil {
 			return fmt.Errorf("GetKey %s: %w", d, err)
 		}
-		keyStates[st]++
+		keyState[d] = st
 	}
 	records, requests, downRequests, outcomes := up.snapshot()
+	byState := map[string]int{}
+	for d, st := range keyState {
+		if _, ok := records[d]; ok {
+			byState[st+" (written)"]++
+		} else {
+			byState[st+" (not written)"]++
+		}
+	}
 	rep := reconcileOnce(docs, records, subs, calls)
 
 	fmt.Fprintf(out, "\nupstream: %d write requests (%d while policyd was down), by outcome:\n", requests, downRequests)
@@ -545,8 +563,8 @@ func onceReconcile(ctx context.Context, cfg onceConfig, fl *onceFleet, up *fakeU
 		l.GetDeadLetterNotIdempotent(), l.GetDeadLetterDeadline(), l.GetDeadLetterBudget(), l.GetDeadLetterPushback(),
 		l.GetCircuitOpen(), l.GetDeadlineCut(), run.GetRetriesSpent(), run.GetRetryPool())
 	fmt.Fprintf(out, "idempotency records (GetKey, all %d documents):", len(docs))
-	for _, k := range slices.Sorted(maps.Keys(keyStates)) {
-		fmt.Fprintf(out, " %s %d;", k, keyStates[k])
+	for _, k := range slices.Sorted(maps.Keys(byState)) {
+		fmt.Fprintf(out, " %s %d;", k, byState[k])
 	}
 	fmt.Fprintln(out)
 
@@ -554,6 +572,10 @@ func onceReconcile(ctx context.Context, cfg onceConfig, fl *onceFleet, up *fakeU
 	fmt.Fprintf(out, "  documents submitted:               %d (%d calls)\n", rep.Documents, rep.Submissions)
 	fmt.Fprintf(out, "  distinct records created upstream: %d\n", rep.Records)
 	fmt.Fprintf(out, "  duplicate writes upstream:         %d %v (goal 0)\n", rep.Duplicates, rep.DuplicateDocs)
+	if rep.Duplicates > 0 {
+		fmt.Fprintf(out, "    of which sent while policyd was down (the client goes on without the ledger; [down] below): %d\n",
+			up.duplicatesWhileDown())
+	}
 	bySub := map[string][]submission{}
 	for _, s := range subs {
 		bySub[s.Doc] = append(bySub[s.Doc], s)
@@ -571,6 +593,8 @@ func onceReconcile(ctx context.Context, cfg onceConfig, fl *onceFleet, up *fakeU
 	}
 	fmt.Fprintf(out, "  upstream calls saved by SUCCEEDED claims: %d\n", rep.Deduplicated)
 	fmt.Fprintf(out, "  written, but no worker saw success (answers lost): %d\n", len(rep.WrittenNotSucceeded))
+	fmt.Fprintf(out, "  written without any claim (no idempotency record: the client went on without the ledger): %d\n",
+		byState["not found (written)"])
 	fmt.Fprintf(out, "  documents without a record:        %d, each in the ledger (ListRunCalls) as:\n", len(rep.Unwritten))
 	for _, u := range rep.Unwritten {
 		dl := u.DeadLetter
@@ -582,6 +606,9 @@ func onceReconcile(ctx context.Context, cfg onceConfig, fl *onceFleet, up *fakeU
 	if len(rep.SucceededUnwritten) > 0 {
 		fmt.Fprintf(out, "  SUCCEEDED WITHOUT A RECORD: %v\n", rep.SucceededUnwritten)
 	}
+	fmt.Fprintf(out, "  run call table (ListRunCalls): %d calls listed, %d untracked (beyond its cap)\n", len(calls), untracked)
+	fmt.Fprintf(out, "  calls whose final disposition the call table lacks: %d %v; with another disposition than the worker's: %d %v\n",
+		len(rep.LedgerMissing), rep.LedgerMissing, len(rep.LedgerDiffers), rep.LedgerDiffers)
 	if rep.Foreign > 0 {
 		fmt.Fprintf(out, "  records of keys that are no document's: %d\n", rep.Foreign)
 	}

@@ -69,6 +69,10 @@ type onceReport struct {
 	Deduplicated int
 	// Foreign counts upstream records of keys that are no document's.
 	Foreign int
+	// LedgerMissing are the calls the workers ended whose final
+	// disposition the run's call table does not hold; LedgerDiffers those
+	// it holds with another disposition than the worker's.
+	LedgerMissing, LedgerDiffers []string
 }
 
 // unwrittenDoc is a document without an upstream record and the dead
@@ -108,7 +112,13 @@ func reconcileOnce(docs []string, records map[string]upstreamRecord, subs []subm
 		}
 	}
 	dead := map[string]ledgerCall{}
+	final := map[string]string{}
+	listed := map[string]bool{}
 	for _, c := range calls {
+		listed[c.CallID] = true
+		if c.Disposition != "" {
+			final[c.CallID] = c.Disposition
+		}
 		if c.Disposition == "dead_letter" {
 			if _, ok := dead[c.Doc]; !ok {
 				dead[c.Doc] = c
@@ -159,6 +169,18 @@ func reconcileOnce(docs []string, records map[string]upstreamRecord, subs []subm
 			}
 		}
 	}
+	for _, s := range subs {
+		switch d, ok := final[s.CallID]; {
+		case !ok && listed[s.CallID]:
+			r.LedgerMissing = append(r.LedgerMissing, s.CallID+" (listed, not final)")
+		case !ok:
+			r.LedgerMissing = append(r.LedgerMissing, s.CallID+" (not listed)")
+		case d != s.Disposition:
+			r.LedgerDiffers = append(r.LedgerDiffers, s.CallID+": ledger "+d+", worker "+s.Disposition)
+		}
+	}
+	slices.Sort(r.LedgerMissing)
+	slices.Sort(r.LedgerDiffers)
 	slices.Sort(r.DuplicateDocs)
 	return r
 }

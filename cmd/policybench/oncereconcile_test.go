@@ -46,11 +46,11 @@ func TestReconcileOnce(t *testing.T) {
 	}, {
 		name:    "unwritten and not a dead letter in the ledger",
 		records: map[string]upstreamRecord{"doc-0": {"rec-1", 1}, "doc-1": {"rec-2", 1}, "doc-2": {"rec-3", 1}, "doc-3": {"rec-4", 1}},
-		subs:    []submission{{Doc: "doc-4", Disposition: "dead_letter"}},
+		subs:    []submission{{Doc: "doc-4", CallID: "doc-4", Disposition: "dead_letter"}},
 		calls:   []ledgerCall{{CallID: "doc-4", Doc: "doc-4", Disposition: ""}}, // the final disposition never reached the ledger
 		check: func(t *testing.T, r onceReport) {
-			if !slices.Equal(r.Unaccounted, []string{"doc-4"}) {
-				t.Errorf("unaccounted: got %v, want [doc-4]", r.Unaccounted)
+			if !slices.Equal(r.Unaccounted, []string{"doc-4"}) || !slices.Equal(r.LedgerMissing, []string{"doc-4 (listed, not final)"}) {
+				t.Errorf("unaccounted: got %v, ledger missing %v, want [doc-4] for both", r.Unaccounted, r.LedgerMissing)
 			}
 		},
 	}, {

@@ -59,6 +59,7 @@ type fakeUpstream struct {
 	// requests are counted apart, in downRequests.
 	downFrom, downUntil time.Time
 	downRequests        int
+	dupsDown            int // duplicates among them
 }
 
 // startUpstream serves the fake upstream on a free loopback port.
@@ -93,7 +94,8 @@ func (u *fakeUpstream) write(w http.ResponseWriter, r *http.Request) {
 	u.mu.Lock()
 	now := time.Now()
 	u.requests++
-	if !u.downFrom.IsZero() && !now.Before(u.downFrom) && (u.downUntil.IsZero() || now.Before(u.downUntil)) {
+	down := !u.downFrom.IsZero() && !now.Before(u.downFrom) && (u.downUntil.IsZero() || now.Before(u.downUntil))
+	if down {
 		u.downRequests++
 	}
 	x := u.rng.Float64()
@@ -104,12 +106,12 @@ func (u *fakeUpstream) write(w http.ResponseWriter, r *http.Request) {
 	}
 	if x < f.Fail503 {
 		u.count("503 (not applied)")
-		u.note(key, "503")
+		u.note(key, "503", down)
 		http.Error(w, "try again", http.StatusServiceUnavailable)
 		return
 	}
 	x -= f.Fail503
-	rec, dup := u.apply(key, x, f)
+	rec, dup := u.apply(key, x, f, down)
 	switch {
 	case dup:
 		u.count("duplicate (answered as the first)")
@@ -143,7 +145,7 @@ func (u *fakeUpstream) write(w http.ResponseWriter, r *http.Request) {
 
 // apply creates key's record, or counts a duplicate write of it, and
 // notes the write in the key's history with the answer it gets.
-func (u *fakeUpstream) apply(key string, x float64, f upstreamFaults) (rec upstreamRecord, dup bool) {
+func (u *fakeUpstream) apply(key string, x float64, f upstreamFaults, down bool) (rec upstreamRecord, dup bool) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	rec, dup = u.records[key]
@@ -163,15 +165,36 @@ func (u *fakeUpstream) apply(key string, x float64, f upstreamFaults) (rec upstr
 	case x < f.Lose+f.Apply504+f.Hang:
 		answer = "applied+no answer"
 	}
-	u.history[key] = append(u.history[key], fmt.Sprintf("%s@%.2fs", answer, time.Since(u.epoch).Seconds()))
+	if dup && down {
+		u.dupsDown++
+	}
+	u.noteLocked(key, answer, down)
 	return rec, dup
 }
 
 // note adds a write that applied nothing to key's history.
-func (u *fakeUpstream) note(key, answer string) {
+func (u *fakeUpstream) note(key, answer string, down bool) {
 	u.mu.Lock()
-	u.history[key] = append(u.history[key], fmt.Sprintf("%s@%.2fs", answer, time.Since(u.epoch).Seconds()))
+	u.noteLocked(key, answer, down)
 	u.mu.Unlock()
+}
+
+// noteLocked adds a write to key's history: its answer, when (since the
+// upstream started), and "[down]" when it was sent while policyd was down.
+func (u *fakeUpstream) noteLocked(key, answer string, down bool) {
+	e := fmt.Sprintf("%s@%.2fs", answer, time.Since(u.epoch).Seconds())
+	if down {
+		e += "[down]"
+	}
+	u.history[key] = append(u.history[key], e)
+}
+
+// duplicatesWhileDown counts the duplicate writes sent while policyd was
+// down.
+func (u *fakeUpstream) duplicatesWhileDown() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.dupsDown
 }
 
 func (u *fakeUpstream) count(outcome string) {

@@ -97,7 +97,7 @@ func runOnceWorker(ctx context.Context, cfg onceWorkerConfig, out io.Writer) err
 		return errors.New("once-worker: --addrs, --upstream, --workers and --concurrency are required")
 	}
 	c, err := policyclient.DialReplicas(cfg.Addrs, policyclient.Config{Tenant: cfg.Tenant, AttemptTimeout: cfg.AttemptTimeout,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		Logger: slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		return err
 	}
@@ -233,6 +233,27 @@ func startOnceChild(cfg onceWorkerConfig) (*onceChild, error) {
 		ch.done <- ch.cmd.Wait()
 	}()
 	return ch, nil
+}
+
+// logged counts the lines the worker's client logged, by message and
+// cause (addresses and quoted names left out).
+func (ch *onceChild) logged() map[string]int {
+	out := map[string]int{}
+	for _, line := range strings.Split(ch.stderr.String(), "\n") {
+		var rec struct {
+			Msg string `json:"msg"`
+			Err string `json:"err"`
+		}
+		if json.Unmarshal([]byte(line), &rec) != nil || rec.Msg == "" {
+			continue
+		}
+		k := rec.Msg
+		if rec.Err != "" {
+			k += ": " + failureClass(rec.Err)
+		}
+		out[k]++
+	}
+	return out
 }
 
 // kill ends a worker that did not finish in time.
