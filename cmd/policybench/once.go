@@ -243,7 +243,7 @@ func runOnce(ctx context.Context, cfg onceConfig, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	up, err := startUpstream(cfg.Faults, cfg.Latency, cfg.Seed)
+	up, err := startWritesUpstream(cfg.Faults, cfg.Latency, cfg.Seed)
 	if err != nil {
 		return err
 	}
@@ -377,7 +377,7 @@ func onceSetup(ctx context.Context, cfg onceConfig, fl *onceFleet, token string)
 // written upstream, SIGKILLs policyd (bbolt) or replica 0 (redis), and
 // starts it again after cfg.Down (bbolt always; redis with
 // --restart-replica). It returns what it did, one line per step.
-func onceFault(ctx context.Context, cfg onceConfig, fl *onceFleet, up *fakeUpstream, start time.Time) ([]string, error) {
+func onceFault(ctx context.Context, cfg onceConfig, fl *onceFleet, up *writesUpstream, start time.Time) ([]string, error) {
 	var log []string
 	at := func(format string, a ...any) {
 		log = append(log, fmt.Sprintf("t=%5.2fs ", time.Since(start).Seconds())+fmt.Sprintf(format, a...))
@@ -437,7 +437,7 @@ func enumName(v fmt.Stringer, prefix string) string {
 
 // onceReconcile reads the run's ledger, call table and key records,
 // reconciles them with the upstream and the workers, and prints it all.
-func onceReconcile(ctx context.Context, cfg onceConfig, fl *onceFleet, up *fakeUpstream, token, runID string,
+func onceReconcile(ctx context.Context, cfg onceConfig, fl *onceFleet, up *writesUpstream, token, runID string,
 	subs []submission, stats []onceWorkerEnd, wall time.Duration, out io.Writer) error {
 	conn, err := dial(fl.live(), token)
 	if err != nil {

@@ -38,11 +38,12 @@ func (f upstreamFaults) check() error {
 	return nil
 }
 
-// fakeUpstream is a loopback HTTP service that creates one record per
-// idempotency key (POST /documents with the Idempotency-Key header): a
-// write with a key it has a record of is a duplicate, counted, and
-// answered as the first write was. It is safe for concurrent use.
-type fakeUpstream struct {
+// writesUpstream is the once command's fake upstream: a loopback HTTP
+// service that creates one record per idempotency key (POST /documents
+// with the Idempotency-Key header): a write with a key it has a record of
+// is a duplicate, counted, and answered as the first write was. It is safe
+// for concurrent use.
+type writesUpstream struct {
 	faults  upstreamFaults
 	latency time.Duration
 	srv     *http.Server
@@ -62,13 +63,13 @@ type fakeUpstream struct {
 	dupsDown            int // duplicates among them
 }
 
-// startUpstream serves the fake upstream on a free loopback port.
-func startUpstream(faults upstreamFaults, latency time.Duration, seed uint64) (*fakeUpstream, error) {
+// startWritesUpstream serves the fake upstream on a free loopback port.
+func startWritesUpstream(faults upstreamFaults, latency time.Duration, seed uint64) (*writesUpstream, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
-	u := &fakeUpstream{epoch: time.Now(), faults: faults, latency: latency, addr: l.Addr().String(), rng: rand.New(rand.NewPCG(seed, 14)),
+	u := &writesUpstream{epoch: time.Now(), faults: faults, latency: latency, addr: l.Addr().String(), rng: rand.New(rand.NewPCG(seed, 14)),
 		records: map[string]upstreamRecord{}, history: map[string][]string{}, outcomes: map[string]int{}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /documents", u.write)
@@ -78,14 +79,14 @@ func startUpstream(faults upstreamFaults, latency time.Duration, seed uint64) (*
 }
 
 // url is the base URL of the upstream.
-func (u *fakeUpstream) url() string { return "http://" + u.addr }
+func (u *writesUpstream) url() string { return "http://" + u.addr }
 
 // close stops the server and its connections.
-func (u *fakeUpstream) close() { _ = u.srv.Close() }
+func (u *writesUpstream) close() { _ = u.srv.Close() }
 
 // write applies one write. The fault is drawn before the latency so that
 // the draws follow the order of arrival.
-func (u *fakeUpstream) write(w http.ResponseWriter, r *http.Request) {
+func (u *writesUpstream) write(w http.ResponseWriter, r *http.Request) {
 	key := r.Header.Get("Idempotency-Key")
 	if key == "" {
 		http.Error(w, "Idempotency-Key is required", http.StatusBadRequest)
@@ -145,7 +146,7 @@ func (u *fakeUpstream) write(w http.ResponseWriter, r *http.Request) {
 
 // apply creates key's record, or counts a duplicate write of it, and
 // notes the write in the key's history with the answer it gets.
-func (u *fakeUpstream) apply(key string, x float64, f upstreamFaults, down bool) (rec upstreamRecord, dup bool) {
+func (u *writesUpstream) apply(key string, x float64, f upstreamFaults, down bool) (rec upstreamRecord, dup bool) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	rec, dup = u.records[key]
@@ -173,7 +174,7 @@ func (u *fakeUpstream) apply(key string, x float64, f upstreamFaults, down bool)
 }
 
 // note adds a write that applied nothing to key's history.
-func (u *fakeUpstream) note(key, answer string, down bool) {
+func (u *writesUpstream) note(key, answer string, down bool) {
 	u.mu.Lock()
 	u.noteLocked(key, answer, down)
 	u.mu.Unlock()
@@ -181,7 +182,7 @@ func (u *fakeUpstream) note(key, answer string, down bool) {
 
 // noteLocked adds a write to key's history: its answer, when (since the
 // upstream started), and "[down]" when it was sent while policyd was down.
-func (u *fakeUpstream) noteLocked(key, answer string, down bool) {
+func (u *writesUpstream) noteLocked(key, answer string, down bool) {
 	e := fmt.Sprintf("%s@%.2fs", answer, time.Since(u.epoch).Seconds())
 	if down {
 		e += "[down]"
@@ -191,13 +192,13 @@ func (u *fakeUpstream) noteLocked(key, answer string, down bool) {
 
 // duplicatesWhileDown counts the duplicate writes sent while policyd was
 // down.
-func (u *fakeUpstream) duplicatesWhileDown() int {
+func (u *writesUpstream) duplicatesWhileDown() int {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	return u.dupsDown
 }
 
-func (u *fakeUpstream) count(outcome string) {
+func (u *writesUpstream) count(outcome string) {
 	u.mu.Lock()
 	u.outcomes[outcome]++
 	u.mu.Unlock()
@@ -205,7 +206,7 @@ func (u *fakeUpstream) count(outcome string) {
 
 // markDown starts (until zero) or ends the window of requests counted as
 // arriving while policyd was away.
-func (u *fakeUpstream) markDown(from, until time.Time) {
+func (u *writesUpstream) markDown(from, until time.Time) {
 	u.mu.Lock()
 	if !from.IsZero() {
 		u.downFrom = from
@@ -215,21 +216,21 @@ func (u *fakeUpstream) markDown(from, until time.Time) {
 }
 
 // historyOf returns the writes of key with their answers and times.
-func (u *fakeUpstream) historyOf(key string) []string {
+func (u *writesUpstream) historyOf(key string) []string {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	return slices.Clone(u.history[key])
 }
 
 // snapshot returns a copy of the records and counters.
-func (u *fakeUpstream) snapshot() (records map[string]upstreamRecord, requests, down int, outcomes map[string]int) {
+func (u *writesUpstream) snapshot() (records map[string]upstreamRecord, requests, down int, outcomes map[string]int) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	return maps.Clone(u.records), u.requests, u.downRequests, maps.Clone(u.outcomes)
 }
 
 // created returns how many records exist.
-func (u *fakeUpstream) created() int {
+func (u *writesUpstream) created() int {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	return len(u.records)
