@@ -93,31 +93,37 @@ func TestIdempotencyKeys(t *testing.T) {
 
 }
 
-// TestDeadLetterOfAKeyClaimedElsewhere: a non-idempotent call whose key
-// another call claimed may end DEAD_LETTER (NOT_IDEMPOTENT) without a
-// failure of its own and without a STOP from policyd: a client that was
-// told another worker holds the key, and could then not claim it (policyd
-// away), does not write. Whatever became of the other call's attempt (in
-// flight, succeeded, lost, failed), the ledger holds the key's record; a
-// call whose key has none still needs a STOP or a transient failure.
+// TestDeadLetterOfAKeyClaimedElsewhere: a call with an idempotency key
+// may end DEAD_LETTER (NOT_IDEMPOTENT) without a failure of its own and
+// without a STOP from policyd: a client that was told another worker holds
+// the key, or that could not claim it at all (policyd or its store away,
+// Config.RequireClaim), does not write. Whatever became of another call's
+// attempt (in flight, succeeded, lost, failed), and whether the key has a
+// record at all; a call without a key still needs a STOP or a transient
+// failure.
 func TestDeadLetterOfAKeyClaimedElsewhere(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		outcome pb.KeyOutcome // how the other call's attempt ended; UNSPECIFIED: still in flight
 		claimed bool
+		noKey   bool
 		code    codes.Code
 	}{
 		{name: "in flight", claimed: true, code: codes.OK},
 		{name: "succeeded", claimed: true, outcome: pb.KeyOutcome_KEY_OUTCOME_SUCCEEDED, code: codes.OK},
 		{name: "outcome lost", claimed: true, outcome: pb.KeyOutcome_KEY_OUTCOME_UNKNOWN, code: codes.OK},
 		{name: "released by a failure", claimed: true, outcome: pb.KeyOutcome_KEY_OUTCOME_FAILED, code: codes.OK},
-		{name: "never claimed", code: codes.InvalidArgument},
+		{name: "never claimed", code: codes.OK},
+		{name: "no key", noKey: true, code: codes.InvalidArgument},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t)
 			ref := func(id string) *pb.CallRef {
 				c := call("acme", "grants", id)
 				c.Idempotent, c.IdempotencyKey = false, "doc-1"
+				if tc.noKey {
+					c.IdempotencyKey = ""
+				}
 				return c
 			}
 			if tc.claimed {

@@ -251,3 +251,43 @@ func TestNoUnclaimedAttemptAfterALostOutcomeOrAHeldKey(t *testing.T) {
 		})
 	}
 }
+
+// TestRequireClaim: with Config.RequireClaim a call that uses the
+// idempotency ledger makes no attempt without a claim: policyd away, the
+// call is dead-lettered (NOT_IDEMPOTENT, idempotency:unavailable) without
+// calling the upstream, where by default it goes on without the ledger.
+func TestRequireClaim(t *testing.T) {
+	for _, require := range []bool{false, true} {
+		t.Run(fmt.Sprint("RequireClaim=", require), func(t *testing.T) {
+			d := startDaemon(t, nil)
+			sl := newSleeps()
+			c, err := policyclient.New(d.conn, policyclient.Config{Tenant: "acme", NoWatch: true, DecisionTimeout: time.Second,
+				Now: sl.Now, Sleep: sl.Sleep, RequireClaim: require, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				cctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+				defer cancel()
+				_ = c.Close(cctx)
+			}()
+			d.gs.Stop()
+			fn, calls := script()
+			res, err := c.Do(context.Background(), policyclient.Call{Target: "grants-portal", IdempotencyKey: "doc-1", CallID: "doc-1"}, fn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if require {
+				if n := calls.Load(); n != 0 || res.Disposition != policyclient.DeadLetter || res.StopReason != policyclient.StopNotIdempotent ||
+					res.Reason != "idempotency:unavailable" {
+					t.Errorf("got %d upstream calls, %v (%v, %s); want none, dead_letter (NOT_IDEMPOTENT, idempotency:unavailable)",
+						n, res.Disposition, res.StopReason, res.Reason)
+				}
+				return
+			}
+			if n := calls.Load(); n != 1 || !res.OK() {
+				t.Errorf("got %d upstream calls, %v; want the write made without the ledger, succeeded", n, res.Disposition)
+			}
+		})
+	}
+}

@@ -19,7 +19,8 @@ import (
 // reset), or once a claim said another worker holds the key: the upstream
 // may have applied the write, and only a claim can say whether another
 // is safe, so without one the call is dead-lettered (NOT_IDEMPOTENT,
-// idempotency:unknown or idempotency:in_flight).
+// idempotency:unknown or idempotency:in_flight). With Config.RequireClaim
+// no attempt goes without a claim (idempotency:unavailable).
 
 // usesLedger reports whether the call claims its key.
 func (l *loop) usesLedger() bool {
@@ -71,13 +72,17 @@ func (l *loop) claim(attempt int) (lease string, ok bool) {
 
 // unclaimed decides an attempt policyd could not be asked to claim: it
 // goes on without the ledger (true), unless an earlier attempt's outcome
-// was lost or another worker held the key (l.mustClaim), when the call
-// ends a dead letter (false).
+// was lost or another worker held the key (l.mustClaim), or the client
+// requires a claim, when the call ends a dead letter (false).
 func (l *loop) unclaimed(attempt int) bool {
-	if l.mustClaim == "" {
+	switch {
+	case l.mustClaim != "":
+		l.res.Reason = l.mustClaim
+	case l.c.cfg.RequireClaim:
+		l.res.Reason = "idempotency:unavailable"
+	default:
 		return true
 	}
-	l.res.Reason = l.mustClaim
 	l.end(DeadLetter, StopNotIdempotent, attempt-1, nil)
 	return false
 }
