@@ -45,6 +45,7 @@ type onceConfig struct {
 	AttemptTimeout time.Duration
 	Dedupes        bool
 	KeepAlive      bool
+	RequireClaim   bool
 	Timeout        time.Duration
 	Seed           uint64
 	Keep           bool
@@ -113,6 +114,7 @@ run's ledger, or a worker saw a success the upstream has no record of.`,
 	f.DurationVar(&cfg.AttemptTimeout, "attempt-timeout", 2*time.Second, "the policy's (and the clients') attempt timeout")
 	f.BoolVar(&cfg.Dedupes, "upstream-dedupes", false, "set the policy's upstream_dedupes_by_key: a lost outcome is retried (the upstream's duplicates are then by design)")
 	f.BoolVar(&cfg.KeepAlive, "keepalive", false, "the workers reuse connections to the upstream: net/http then sends a write whose reused connection was reset again by itself, beneath the client (a duplicate the ledger cannot see)")
+	f.BoolVar(&cfg.RequireClaim, "require-claim", false, "the workers' clients make no attempt without a claim (policyclient Config.RequireClaim): dead letters instead of writes without the ledger")
 	f.DurationVar(&cfg.Timeout, "timeout", 2*time.Minute, "bound of the whole run")
 	f.Uint64Var(&cfg.Seed, "seed", 1, "seed of the upstream's fault draws")
 	f.BoolVar(&cfg.Keep, "keep", false, "keep the temporary directory (state file, AOF, logs) at the end")
@@ -270,15 +272,16 @@ func runOnce(ctx context.Context, cfg onceConfig, out io.Writer) error {
 		cfg.Mode, cfg.Docs, cfg.Workers, cfg.Concurrency, cfg.Overlap, where)
 	fmt.Fprintf(out, "  upstream %s: latency %s; 503 not applied %.0f%%, applied then connection reset %.0f%%, applied then 504 %.0f%%, applied then no answer %.0f%%\n",
 		up.addr, cfg.Latency, 100*cfg.Faults.Fail503, 100*cfg.Faults.Lose, 100*cfg.Faults.Apply504, 100*cfg.Faults.Hang)
-	fmt.Fprintf(out, "  policy: non-idempotent calls with a key, attempt timeout %s, max attempts 5, upstream_dedupes_by_key %v; run %s\n",
-		cfg.AttemptTimeout, cfg.Dedupes, runID)
+	fmt.Fprintf(out, "  policy: non-idempotent calls with a key, attempt timeout %s, max attempts 5, upstream_dedupes_by_key %v; client RequireClaim %v; run %s\n",
+		cfg.AttemptTimeout, cfg.Dedupes, cfg.RequireClaim, runID)
 
 	start := time.Now()
 	var children []*onceChild
 	for w := range cfg.Workers {
 		ch, err := startOnceChild(onceWorkerConfig{Addrs: fl.addrs, Upstream: up.url(), Tenant: onceTenant, Target: onceTarget,
 			Run: runID, Docs: cfg.Docs, Worker: w, Workers: cfg.Workers, Overlap: cfg.Overlap, Concurrency: cfg.Concurrency,
-			AttemptTimeout: cfg.AttemptTimeout, KeepAlive: cfg.KeepAlive})
+			AttemptTimeout: cfg.AttemptTimeout, KeepAlive: cfg.KeepAlive,
+			RequireClaim: cfg.RequireClaim})
 		if err != nil {
 			for _, c := range children {
 				c.kill()

@@ -34,6 +34,7 @@ type onceWorkerConfig struct {
 	Concurrency    int
 	AttemptTimeout time.Duration
 	KeepAlive      bool
+	RequireClaim   bool
 }
 
 // onceWorkerCmd is the hidden child mode of `policybench once`: one
@@ -63,6 +64,7 @@ func onceWorkerCmd() *cobra.Command {
 	f.IntVar(&cfg.Concurrency, "concurrency", 16, "goroutines")
 	f.DurationVar(&cfg.AttemptTimeout, "attempt-timeout", 2*time.Second, "the client's attempt timeout")
 	f.BoolVar(&cfg.KeepAlive, "keepalive", false, "reuse connections to the upstream")
+	f.BoolVar(&cfg.RequireClaim, "require-claim", false, "the client's Config.RequireClaim")
 	return cmd
 }
 
@@ -97,7 +99,8 @@ func runOnceWorker(ctx context.Context, cfg onceWorkerConfig, out io.Writer) err
 		return errors.New("once-worker: --addrs, --upstream, --workers and --concurrency are required")
 	}
 	c, err := policyclient.DialReplicas(cfg.Addrs, policyclient.Config{Tenant: cfg.Tenant, AttemptTimeout: cfg.AttemptTimeout,
-		Logger: slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+		RequireClaim: cfg.RequireClaim,
+		Logger:       slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		return err
 	}
@@ -203,7 +206,8 @@ func startOnceChild(cfg onceWorkerConfig) (*onceChild, error) {
 		"--tenant", cfg.Tenant, "--target", cfg.Target, "--run", cfg.Run, "--docs", strconv.Itoa(cfg.Docs),
 		"--worker", strconv.Itoa(cfg.Worker), "--workers", strconv.Itoa(cfg.Workers),
 		"--overlap", strconv.FormatFloat(cfg.Overlap, 'f', -1, 64), "--concurrency", strconv.Itoa(cfg.Concurrency),
-		"--attempt-timeout", cfg.AttemptTimeout.String(), "--keepalive=" + strconv.FormatBool(cfg.KeepAlive)}
+		"--attempt-timeout", cfg.AttemptTimeout.String(), "--keepalive=" + strconv.FormatBool(cfg.KeepAlive),
+		"--require-claim=" + strconv.FormatBool(cfg.RequireClaim)}
 	ch := &onceChild{cmd: exec.Command(self, args...), stderr: new(strings.Builder), done: make(chan error, 1)}
 	ch.cmd.Stderr = ch.stderr
 	stdout, err := ch.cmd.StdoutPipe()
