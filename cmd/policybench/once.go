@@ -343,7 +343,9 @@ func runOnce(ctx context.Context, cfg onceConfig, out io.Writer) error {
 	return onceReconcile(ctx, cfg, fl, up, token, runID, subs, stats, wall, out)
 }
 
-// onceSetup sets the tenant's policy and budget and opens the run.
+// onceSetup sets the tenant's policy and budget and opens the run. Admin
+// writes are refused (UNAVAILABLE) while a replica's store is slow: each
+// is tried again, for up to 15 s.
 func onceSetup(ctx context.Context, cfg onceConfig, fl *onceFleet, token string) (string, error) {
 	conn, err := dial(strings.Join(fl.addrs, ","), token)
 	if err != nil {
@@ -355,25 +357,50 @@ func onceSetup(ctx context.Context, cfg onceConfig, fl *onceFleet, token string)
 	// The breaker must not open on the upstream's faults: failure-rate
 	// mode that never has enough calls; what ends a call is the ledger,
 	// the attempts and the budget.
-	if _, err := admin.SetPolicy(ctx, &pb.SetPolicyRequest{Tenant: onceTenant, Target: onceTarget, Policy: &pb.Policy{
+	pol := &pb.Policy{
 		MaxAttempts: &attempts, AttemptTimeout: durationpb.New(cfg.AttemptTimeout), IdempotencyTtl: durationpb.New(time.Hour),
 		UpstreamDedupesByKey: cfg.Dedupes,
 		Backoff: &pb.BackoffSettings{BaseDelay: durationpb.New(100 * time.Millisecond), Factor: &factor,
 			MaxDelay: durationpb.New(time.Second)},
-		Breaker: &pb.BreakerSettings{Mode: pb.BreakerMode_BREAKER_MODE_FAILURE_RATE, MinCalls: &minCalls}}}); err != nil {
+		Breaker: &pb.BreakerSettings{Mode: pb.BreakerMode_BREAKER_MODE_FAILURE_RATE, MinCalls: &minCalls}}
+	if err := retryUnavailable(ctx, func(ctx context.Context) error {
+		_, err := admin.SetPolicy(ctx, &pb.SetPolicyRequest{Tenant: onceTenant, Target: onceTarget, Policy: pol})
+		return err
+	}); err != nil {
 		return "", fmt.Errorf("SetPolicy: %w", err)
 	}
-	if _, err := admin.SetTenantBudget(ctx, &pb.SetTenantBudgetRequest{Budget: &pb.TenantBudget{Tenant: onceTenant,
-		Capacity: 100_000}}); err != nil {
+	if err := retryUnavailable(ctx, func(ctx context.Context) error {
+		_, err := admin.SetTenantBudget(ctx, &pb.SetTenantBudgetRequest{Budget: &pb.TenantBudget{Tenant: onceTenant, Capacity: 100_000}})
+		return err
+	}); err != nil {
 		return "", fmt.Errorf("SetTenantBudget: %w", err)
 	}
 	runID := fmt.Sprintf("once-%s-%x", cfg.Mode, time.Now().UnixNano())
-	if _, err := admin.OpenRun(ctx, &pb.OpenRunRequest{RunId: runID, Tenant: onceTenant, RetryPool: uint64(3 * cfg.Docs),
-		CutoffTime:  timestamppb.New(time.Now().Add(cfg.Timeout + time.Minute)),
-		Description: "policybench once"}); err != nil {
+	cutoff := timestamppb.New(time.Now().Add(cfg.Timeout + time.Minute))
+	if err := retryUnavailable(ctx, func(ctx context.Context) error {
+		_, err := admin.OpenRun(ctx, &pb.OpenRunRequest{RunId: runID, Tenant: onceTenant, RetryPool: uint64(3 * cfg.Docs),
+			CutoffTime: cutoff, Description: "policybench once"})
+		if status.Code(err) == codes.AlreadyExists {
+			return nil // an earlier try opened it, unanswered
+		}
+		return err
+	}); err != nil {
 		return "", fmt.Errorf("OpenRun: %w", err)
 	}
 	return runID, nil
+}
+
+// retryUnavailable calls write until it returns anything but UNAVAILABLE
+// or 15 s have passed.
+func retryUnavailable(ctx context.Context, write func(context.Context) error) error {
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		err := write(ctx)
+		if status.Code(err) != codes.Unavailable || time.Now().After(deadline) || ctx.Err() != nil {
+			return err
+		}
+		sleepCtx(ctx, 100*time.Millisecond)
+	}
 }
 
 // onceFault waits until the share cfg.KillAfter of the documents are
