@@ -33,6 +33,7 @@ from ._model import (
     Event,
     EventHook,
     EventKind,
+    Fallback,
     Result,
     Stats,
     StopReason,
@@ -46,6 +47,7 @@ from .errors import (
     LocalError,
     ParseError,
     RetryError,
+    UnmappedTarget,
     ValidationError,
     classify_exception,
 )
@@ -66,6 +68,7 @@ __all__ = [
     "Event",
     "EventHook",
     "EventKind",
+    "Fallback",
     "HTTPStatusError",
     "LocalError",
     "Options",
@@ -75,7 +78,9 @@ __all__ = [
     "RetryError",
     "Stats",
     "StopReason",
+    "UnmappedTarget",
     "ValidationError",
+
     "classify_exception",
     "classify_local",
     "current_attempt",
