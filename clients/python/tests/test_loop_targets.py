@@ -148,19 +148,28 @@ def test_the_breaker_cache_is_asked_about_the_attempts_target(clock: FakeClock) 
     assert c.stats().fast_fails == 1
 
 
-def test_an_open_fallback_asks_admit_once_policyd_escalated(clock: FakeClock) -> None:
+def test_an_open_fallback_asks_admit_once_admit_routed_past_an_open_circuit(clock: FakeClock) -> None:
     c = core(clock)  # no local copy: policyd's answers are all the client knows
+    # Admit (the cache not yet live) sent a call of geo on to geo-b.
+    up = Upstream(fail=lambda a: None, admit=lambda r: rpb.AdmitResponse(admitted=True, target="geo-b"))
+    drive(_loop.run(c, c.begin(pc.Call(target="geo", idempotent=True), up)), up)
+    assert c.chains.escalates_on_open("geo", clock.now())
+    # Now the cache knows geo-b OPEN and NextDelay sends attempt 2 there:
+    # Admit is asked about geo-b (it might route on), and refuses.
     follow(c, breaker("geo-b", types_pb2.BREAKER_STATE_OPEN, forced=True))
     up = Upstream(fail=lambda a: S503, decide=lambda r: retry("geo-b"),
                   admit=lambda r: rpb.AdmitResponse(admitted=False, reason="breaker:open"))
     res = drive(_loop.run(c, c.begin(pc.Call(target="geo", idempotent=True), up)), up)
-    # policyd sent attempt 2 to geo-b, which the cache knows OPEN: Admit is
-    # asked about geo-b (it might route on), and refuses.
     assert [(r.request.attempt, r.request.attempt_target) for r in up.of(_loop.Admit)] == [(2, "geo-b")]
     assert (res.disposition, res.reason, res.attempts, res.target) == (
         pc.Disposition.CIRCUIT_OPEN, "breaker:open", 1, "geo-b")
     final = up.of(_loop.Report)[-1].outcome.pb()
     assert (final.final_disposition, final.attempt_target) == (types_pb2.DISPOSITION_CIRCUIT_OPEN, "geo-b")
+    # The memory fades: past it, an open breaker in the cache fails at once.
+    clock.advance(601)
+    up = Upstream(fail=lambda a: S503, decide=lambda r: retry("geo-b"))
+    res = drive(_loop.run(c, c.begin(pc.Call(target="geo", idempotent=True), up)), up)
+    assert (res.disposition, res.attempts, up.of(_loop.Admit)) == (pc.Disposition.CIRCUIT_OPEN, 1, [])
 
 
 
@@ -184,23 +193,30 @@ def test_an_open_primary_without_a_local_copy(clock: FakeClock) -> None:
     c = core(clock)
     follow(c, breaker("geo", types_pb2.BREAKER_STATE_OPEN, forced=True))
     up = Upstream(fail=lambda a: None, admit=lambda r: rpb.AdmitResponse(admitted=True, target="geo-b"))
-    # Nothing says the primary escalates: refused from the cache, no RPC (as
-    # before escalation existed).
+    # Nothing says the primary escalates on an open circuit: refused from
+    # the cache, no RPC (as before escalation existed), also after NextDelay
+    # escalated a call by the chain.
     res = drive(_loop.run(c, c.begin(pc.Call(target="geo", idempotent=True), up)), up)
     assert (res.disposition, res.attempts, up.of(_loop.Admit)) == (pc.Disposition.CIRCUIT_OPEN, 0, [])
-    # Once policyd has escalated a call of geo (here NextDelay, on a
-    # CLOSED target), an open geo asks Admit, which routes it.
-    c.cache.learn_escalates("geo")
+    c.chains.learn("geo", "geo", "geo-b", 2, False, clock.now())
     res = drive(_loop.run(c, c.begin(pc.Call(target="geo", idempotent=True), up)), up)
-    assert (res.ok, res.target, len(up.of(_loop.Admit))) == (True, "geo-b", 1)
+    assert (res.disposition, up.of(_loop.Admit)) == (pc.Disposition.CIRCUIT_OPEN, [])
 
 
-def test_next_delays_escalation_is_learned(clock: FakeClock) -> None:
-    c = core(clock)
-    up = Upstream(fail=lambda a: S503 if a.number == 1 else None, decide=lambda r: retry("geo-b"))
-    assert not c.cache.escalates("geo")
+def test_the_chain_seen_is_followed_while_policyd_is_away(clock: FakeClock) -> None:
+    c = core(clock)  # no local copy
+    # policyd sends attempt 2 to geo-b, attempt 3 to geo-c: a chain of
+    # after_attempts 1, seen.
+    answers = iter([retry("geo-b"), retry("geo-c")])
+    up = Upstream(fail=lambda a: S503 if a.number < 3 else None, decide=lambda r: next(answers))
     drive(_loop.run(c, c.begin(pc.Call(target="geo", idempotent=True), up)), up)
-    assert c.cache.escalates("geo") and not c.cache.escalates("geo-b")
+    assert c.chains.seen("geo") == pc.Fallback(("geo-b", "geo-c"), after_attempts=1)
+    assert c.chains.seen("geo-b") is None
+    # policyd goes away: the next call escalates by the chain seen.
+    up = Upstream(fail=lambda a: S503, admit=lambda r: DOWN)
+    res = drive(_loop.run(c, c.begin(pc.Call(target="geo", idempotent=True), up)), up)
+    assert res.local and [a.attempt.target for a in up.of(_loop.Invoke)] == ["geo", "geo-b", "geo-c"]
+
 
 
 @pytest.mark.parametrize("after, want", [

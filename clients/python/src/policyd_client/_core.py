@@ -32,8 +32,10 @@ from ._model import (
     Event,
     EventHook,
     EventKind,
+    MAX_FALLBACKS,
     Fallback,
     Result,
+
     Stats,
     StopReason,
 )
@@ -326,10 +328,6 @@ class BreakerCache:
         self._flow: dict[str, bool] = {}
         self._flow_known = False
         self._flow_other = False
-        # The primaries policyd's answers have escalated to a fallback: an
-        # attempt of theirs that the cache would refuse as OPEN asks Admit,
-        # which may route it to a fallback (on_circuit_open).
-        self._escalates: set[str] = set()
         #: Called (on the updating thread) after every change; the asyncio
         #: client wakes its waiters with it.
         self.on_change: Optional[Callable[[], None]] = None
@@ -341,7 +339,6 @@ class BreakerCache:
         self._live = False
         self._m = {}
         self._flow, self._flow_known, self._flow_other = {}, False, False
-        self._escalates = set()
 
     @property
     def live(self) -> bool:
@@ -372,17 +369,6 @@ class BreakerCache:
         """Records what an Admit or NextDelay answer said of target."""
         with self._cond:
             self._flow[target] = controlled
-
-    def learn_escalates(self, primary: str) -> None:
-        """Records that policyd sent an attempt of a call of primary to a
-        fallback target."""
-        with self._cond:
-            self._escalates.add(primary)
-
-    def escalates(self, primary: str) -> bool:
-        """Says whether policyd's answers have escalated calls of primary."""
-        with self._cond:
-            return primary in self._escalates
 
 
     def flow_snapshot(self, msg: rpb.WatchBreakersResponse) -> None:
@@ -431,6 +417,72 @@ class BreakerCache:
         return BreakerState(b.state) if b is not None and b.state in BreakerState._value2member_map_ else None
 
 
+#: How long (seconds) a call Admit sent on from an open circuit makes the
+#: client ask Admit, rather than fail at once, for an attempt whose breaker
+#: the cache knows OPEN, for calls of that primary.
+ESCALATION_MEMORY = 600.0
+#: How many primaries' chains a client remembers.
+MAX_CHAINS = 1024
+
+
+@dataclass
+class _Seen:
+    targets: list[str] = field(default_factory=list)
+    after: int = 0  # 0: not seen
+    on_open_until: float = 0.0
+
+
+class ChainMemory:
+    """What the client has seen of each primary's escalation chain in
+    policyd's answers, for when policyd is away and the client was given no
+    local copy (``Settings.fallbacks``): the fallback targets calls were
+    sent to, in order; after how many attempts NextDelay first sent a call
+    off the primary (its after_attempts); and whether Admit recently sent a
+    call on from an open circuit (on_circuit_open). Times are Unix seconds.
+    Safe for concurrent use."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._m: dict[str, _Seen] = {}
+
+    def after_fork(self) -> None:
+        """Rebuilds the lock in a child after os.fork()."""
+        self._lock = threading.Lock()
+
+    def learn(self, primary: str, came_from: str, to: str, attempt: int, by_circuit: bool, now: float) -> None:
+        """Records that policyd sent attempt of a call of primary from
+        target came_from to target to: Admit, past an open circuit
+        (by_circuit), or NextDelay, by the chain."""
+        with self._lock:
+            s = self._m.get(primary)
+            if s is None:
+                if len(self._m) >= MAX_CHAINS:
+                    self._m.clear()
+                s = self._m[primary] = _Seen()
+            if to != primary and to not in s.targets and len(s.targets) < MAX_FALLBACKS:
+                s.targets.append(to)
+            if by_circuit:
+                s.on_open_until = now + ESCALATION_MEMORY
+            elif came_from == primary and s.after == 0 and attempt > 1:
+                s.after = attempt - 1
+
+    def seen(self, primary: str) -> Optional[Fallback]:
+        """Returns primary's chain as seen (after_attempts 0 when unseen),
+        None when policyd never escalated a call of it."""
+        with self._lock:
+            s = self._m.get(primary)
+            if s is None or not s.targets:
+                return None
+            return Fallback(tuple(s.targets), after_attempts=s.after)
+
+    def escalates_on_open(self, primary: str, now: float) -> bool:
+        """Says whether Admit sent a call of primary on from an open circuit
+        within the last ESCALATION_MEMORY seconds."""
+        with self._lock:
+            s = self._m.get(primary)
+            return s is not None and now < s.on_open_until
+
+
 class Core:
     """The configuration, counters, local policy and breaker cache of one
     client. Safe for concurrent use."""
@@ -453,6 +505,7 @@ class Core:
         budget = LocalBudget(self.settings.local_budget, self.settings.local_budget_per_second)
         self.local = LocalPolicy(self.settings.attempt_timeout, budget, self.rand)
         self.cache = BreakerCache(self.settings.tenant, self.emit)
+        self.chains = ChainMemory()
         self._lock = threading.Lock()
         self._stats = Stats()
         # When to ask policyd again after it failed to answer (Unix seconds
@@ -488,6 +541,7 @@ class Core:
         self._stats = Stats()
         self._down_until = 0.0
         self.cache.after_fork()
+        self.chains.after_fork()
         self.local.budget.after_fork()
 
     def emit(self, event: Event) -> None:

@@ -28,11 +28,14 @@ circuit) sends it. Admit, NextDelay and each outcome carry it as
 about it, not about the primary. While policyd cannot answer, the client's
 local copy of the target's fallback settings (``Settings.fallbacks``)
 places the next attempt by the same chain rule as policyd
-(:meth:`Fallback.target_of`); without one the call stays where policyd last
-sent it. An attempt the cache would refuse as OPEN goes to the next target
-of the chain whose breaker is not known OPEN when the local copy has
-``on_circuit_open``; without a local copy it asks Admit once policyd has
-escalated calls of that primary, and is refused at once otherwise.
+(:meth:`Fallback.target_of`); without one, by the chain seen in policyd's
+answers (``_core.ChainMemory``) once its after_attempts was seen, and
+
+otherwise the call stays where policyd last sent it. An attempt the cache
+would refuse as OPEN goes to the next target of the chain whose breaker is
+not known OPEN when the local copy has ``on_circuit_open``; without a local
+copy it asks Admit when Admit recently sent a call of that primary on from
+an open circuit, and is refused at once otherwise.
 """
 
 from __future__ import annotations
@@ -138,18 +141,25 @@ def run(core: Core, st: CallState[Any]) -> Loop:
     return res
 
 
-def _move(core: Core, st: CallState[Any], to: str, attempt: int, local: bool = False) -> None:
+#: What sent an attempt to another target (_move): NextDelay by the chain,
+#: Admit past an open circuit, or the client itself (its local copy or the
+#: chain it saw).
+BY_CHAIN, BY_CIRCUIT, BY_CLIENT = "chain", "circuit", "client"
+
+
+def _move(core: Core, st: CallState[Any], to: str, attempt: int, why: str) -> None:
     """Sends attempt (and those after it) to target ``to`` instead of the
-    current one, telling the hook; nothing when it is the same."""
+    current one, telling the hook and remembering what policyd did; nothing
+    when it is the same."""
     if not to or to == st.target:
         return
     core.count("fallbacks")
     if core.observed:
         core.emit(Event(EventKind.FALLBACK_TAKEN, target=st.info.target, call_id=st.info.call_id, attempt=attempt,
-                        from_target=st.target, to_target=to, local=local))
+                        from_target=st.target, to_target=to, local=why == BY_CLIENT))
+    if why != BY_CLIENT:
+        core.chains.learn(st.info.target, st.target, to, attempt, why == BY_CIRCUIT, core.now())
     st.target = to
-    if to != st.info.target:
-        core.cache.learn_escalates(st.info.target)
 
 
 def _open_fallback(core: Core, st: CallState[Any], fb: Fallback, now: float) -> str:
@@ -219,7 +229,7 @@ def _attempts(core: Core, st: CallState[Any]) -> Loop:
         if core.observed:
             core.emit(Event(EventKind.RETRY_SCHEDULED, target=st.info.target, call_id=st.info.call_id,
                             attempt=attempt, delay=dec.delay, reason=dec.reason, local=dec.fallback))
-        _move(core, st, dec.target, attempt + 1, local=dec.fallback)
+        _move(core, st, dec.target, attempt + 1, BY_CLIENT if dec.fallback else BY_CHAIN)
         if (yield Sleep(dec.delay)):
             raise CallCancelled
 
@@ -257,15 +267,15 @@ def _admit(core: Core, st: CallState[Any], attempt: int) -> Generator[Effect, An
                 if fb is not None and fb.on_circuit_open:
                     to = _open_fallback(core, st, fb, now)
                     if to:
-                        _move(core, st, to, attempt, local=True)
+                        _move(core, st, to, attempt, BY_CLIENT)
                         continue
-                if fb is not None or not core.cache.escalates(st.info.target):
+                if fb is not None or not core.chains.escalates_on_open(st.info.target, now):
                     core.count("fast_fails")
                     st.reason = "breaker:open"
                     yield Report(st.end(Disposition.CIRCUIT_OPEN, StopReason.CIRCUIT_OPEN, st.attempts))
                     return None
-                # policyd has escalated calls of this primary: its Admit
-                # may route this one to a fallback.
+                # Admit recently sent a call of this primary on from an
+                # open circuit: it may route this one too.
         if not core.reachable():
             return ""  # policyd is away: the local policy admits
         core.count("admit_rpcs")
@@ -279,7 +289,7 @@ def _admit(core: Core, st: CallState[Any], attempt: int) -> Generator[Effect, An
             core.learn_cutoff(st.info.run_id, st.cutoff)
             run_known = True
         if resp.admitted:
-            _move(core, st, resp.target, attempt)  # Admit routed it on from an open breaker
+            _move(core, st, resp.target, attempt, BY_CIRCUIT)  # Admit routed it on from an open breaker
             core.cache.learn_flow(st.target, resp.flow_controlled)
             st.lease = str(resp.lease_id)
             return str(resp.permit_id)
@@ -334,9 +344,9 @@ def _decide(core: Core, st: CallState[Any], attempt: int, f: ClassifiedFailure, 
     dec = core.local.decide(core.now(), deadline, attempt, f, st.info.idempotent, st.info.key != "")
     if cut and dec.stop_reason == types_pb2.STOP_REASON_DEADLINE:
         dec = dataclasses.replace(dec, disposition=types_pb2.DISPOSITION_DEADLINE_CUT)  # the run's cut-off bound
-    fb = core.fallback(st.info.target)
-    if dec.retry and fb is not None:
-        dec = dataclasses.replace(dec, target=fb.target_of(st.info.target, attempt + 1))  # policyd's chain rule
+    if dec.retry:
+        dec = dataclasses.replace(dec, target=_local_target(core, st, attempt + 1))
+
 
     if core.observed:
         core.emit(Event(EventKind.LOCAL_DECISION, target=st.info.target, call_id=st.info.call_id, attempt=attempt,
@@ -344,7 +354,22 @@ def _decide(core: Core, st: CallState[Any], attempt: int, f: ClassifiedFailure, 
     return dec
 
 
+def _local_target(core: Core, st: CallState[Any], attempt: int) -> str:
+    """Returns where a locally decided attempt goes: by policyd's chain rule
+    over the local copy of the primary's fallback settings, else over the
+    chain seen in policyd's answers once its after_attempts was seen; else
+    where the call is."""
+    fb = core.fallback(st.info.target)
+    if fb is not None:
+        return fb.target_of(st.info.target, attempt)
+    seen = core.chains.seen(st.info.target)
+    if seen is not None and seen.after_attempts > 0:
+        return seen.target_of(st.info.target, attempt)
+    return st.target
+
+
 def _binding_deadline(st: CallState[Any]) -> "tuple[Optional[float], bool]":
+
     """The deadline a local decision holds to: the call's, or its run's
     cut-off when that comes first (then True)."""
     if st.cutoff is not None and (st.deadline is None or st.cutoff < st.deadline):
