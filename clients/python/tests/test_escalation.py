@@ -81,8 +81,17 @@ def test_the_function_is_told_each_attempts_target(policyd: Daemon, tenant: str,
             raise pc.HTTPStatusError(503)
         return "ok"
 
-    res = make_client(policyd, tenant).call(pc.Call(target="geo", idempotent=True), fn)
+    c = make_client(policyd, tenant)
+    res = c.call(pc.Call(target="geo", idempotent=True, call_id="esc-1"), fn)
     assert (res.ok, res.target, seen) == (True, "geo-c", [(1, "geo"), (2, "geo-b"), (3, "geo-c")]), res
+    # Each decision and the final outcome reached policyd on its attempt's
+    # target: the audit trail has them under the fallback, the primary beside.
+    assert c.close() == 0
+    audit = policyd.admin_call("QueryAudit", apb.QueryAuditRequest(call_id="esc-1", tenant=tenant))
+    got = [(types_pb2.AuditEvent.Name(r.event), r.attempt, r.target, r.primary_target) for r in audit.records]
+    assert ("AUDIT_EVENT_DECISION", 1, "geo", "") in got and ("AUDIT_EVENT_DECISION", 2, "geo-b", "geo") in got, got
+    assert [g for g in got if g[0] == "AUDIT_EVENT_FINAL"] == [("AUDIT_EVENT_FINAL", 3, "geo-c", "geo")], got
+
 
 
 def test_requests_second_attempt_goes_to_the_fallback(policyd: Daemon, tenant: str, make_client: Any, flaky: Flaky,
