@@ -102,7 +102,11 @@ def test_the_loop_follows_next_delays_target_and_sends_it_back(clock: FakeClock)
     final = up.of(_loop.Report)[-1].outcome.pb()
     assert (final.success, final.attempt, final.attempt_target, final.call.target) == (True, 2, "geo-b", "geo")
     moved = [(e.attempt, e.from_target, e.to_target, e.target) for e in events if e.kind is pc.EventKind.FALLBACK_TAKEN]
-    assert moved == [(2, "geo", "geo-b", "geo")], moved
+    assert moved == [(2, "geo", "geo-b", "geo-b")], moved
+    # The other events name the attempt's target, as the Go client's do.
+    assert [(e.kind.value, e.attempt, e.target) for e in events if e.kind is not pc.EventKind.FALLBACK_TAKEN] == [
+        ("attempt_started", 1, "geo"), ("retry_scheduled", 1, "geo"), ("attempt_started", 2, "geo-b")]
+
     assert c.stats().fallbacks == 1
 
 

@@ -136,7 +136,7 @@ def run(core: Core, st: CallState[Any]) -> Loop:
             yield Report(st.end(Disposition.DEAD_LETTER, StopReason.DEADLINE, st.attempts))
         res = st.result()
     if not res.ok and core.observed:
-        core.emit(Event(EventKind.STOPPED, target=st.info.target, call_id=st.info.call_id, attempt=res.attempts,
+        core.emit(Event(EventKind.STOPPED, target=st.target, call_id=st.info.call_id, attempt=res.attempts,
                         reason=res.reason, disposition=res.disposition, stop_reason=res.stop_reason, local=res.local))
     return res
 
@@ -155,7 +155,7 @@ def _move(core: Core, st: CallState[Any], to: str, attempt: int, why: str) -> No
         return
     core.count("fallbacks")
     if core.observed:
-        core.emit(Event(EventKind.FALLBACK_TAKEN, target=st.info.target, call_id=st.info.call_id, attempt=attempt,
+        core.emit(Event(EventKind.FALLBACK_TAKEN, target=to, call_id=st.info.call_id, attempt=attempt,
                         from_target=st.target, to_target=to, local=why == BY_CLIENT))
     if why != BY_CLIENT:
         core.chains.learn(st.info.target, st.target, to, attempt, why == BY_CIRCUIT, core.now())
@@ -193,7 +193,7 @@ def _attempts(core: Core, st: CallState[Any]) -> Loop:
         core.count("attempts")
         a = st.attempt(attempt, core.now())
         if core.observed:
-            core.emit(Event(EventKind.ATTEMPT_STARTED, target=st.info.target, call_id=st.info.call_id,
+            core.emit(Event(EventKind.ATTEMPT_STARTED, target=st.target, call_id=st.info.call_id,
                             attempt=attempt, delay=a.timeout))
         got: Invoked = yield Invoke(a)
         if lease:
@@ -227,7 +227,7 @@ def _attempts(core: Core, st: CallState[Any]) -> Loop:
             st.timeout = dec.attempt_timeout
         st.prev = dec.delay
         if core.observed:
-            core.emit(Event(EventKind.RETRY_SCHEDULED, target=st.info.target, call_id=st.info.call_id,
+            core.emit(Event(EventKind.RETRY_SCHEDULED, target=st.target, call_id=st.info.call_id,
                             attempt=attempt, delay=dec.delay, reason=dec.reason, local=dec.fallback))
         _move(core, st, dec.target, attempt + 1, BY_CLIENT if dec.fallback else BY_CHAIN)
         if (yield Sleep(dec.delay)):
@@ -349,7 +349,7 @@ def _decide(core: Core, st: CallState[Any], attempt: int, f: ClassifiedFailure, 
 
 
     if core.observed:
-        core.emit(Event(EventKind.LOCAL_DECISION, target=st.info.target, call_id=st.info.call_id, attempt=attempt,
+        core.emit(Event(EventKind.LOCAL_DECISION, target=st.target, call_id=st.info.call_id, attempt=attempt,
                         delay=dec.delay, reason=dec.reason, local=True))
     return dec
 

@@ -92,7 +92,10 @@ class BreakerState(enum.IntEnum):
 class Call:
     """One logical call: one unit of work and all its attempts.
 
-    ``target`` names the upstream and is required. ``submission_id`` names the
+    ``target`` names the upstream and is required: the primary, from which
+    policyd may escalate attempts to the fallback targets of its policy
+    (``Attempt.target`` says where each goes). ``submission_id`` names the
+
     unit of work (a document id, say); with ``payload`` it derives the
     idempotency key once, before the first attempt (see
     :func:`idempotency_key`), and it is the default call id.
@@ -278,9 +281,10 @@ class EventKind(str, enum.Enum):
     LOCAL_DECISION = "local_decision"
     #: The watch saw the breaker of ``target`` change to ``breaker_state``.
     BREAKER_CHANGED = "breaker_changed"
-    #: ``attempt`` of the call of ``target`` goes to ``to_target`` instead
-    #: of ``from_target`` (the previous attempt's target, or the one Admit
-    #: was asked for): policyd, or the local copy of the policy, escalated it.
+    #: ``attempt`` (and the call's later attempts) goes to ``to_target``
+    #: (also ``target``) instead of ``from_target`` (the previous attempt's
+    #: target, or the one Admit was asked for): policyd escalated it, or the
+    #: client did (``local``: its local copy, or the chain it saw).
     FALLBACK_TAKEN = "fallback_taken"
 
     def __str__(self) -> str:
@@ -293,7 +297,9 @@ class Event:
     ``on_event=callable``. The hook runs on the thread or task that caused
     the event (a breaker change: the watch's), so it should be quick; what
     it raises is logged and otherwise ignored. Fields that do not apply to
-    the kind are empty."""
+    the kind are empty. ``target`` is the attempt's target (the call's, or
+    the fallback it was escalated to; for BREAKER_CHANGED the breaker's),
+    as the Go client's ``Event.Target``."""
 
     kind: EventKind
     target: str
