@@ -80,7 +80,6 @@ __all__ = [
     "StopReason",
     "UnmappedTarget",
     "ValidationError",
-
     "classify_exception",
     "classify_local",
     "current_attempt",

@@ -35,7 +35,6 @@ from ._model import (
     MAX_FALLBACKS,
     Fallback,
     Result,
-
     Stats,
     StopReason,
 )
@@ -369,7 +368,6 @@ class BreakerCache:
         """Records what an Admit or NextDelay answer said of target."""
         with self._cond:
             self._flow[target] = controlled
-
 
     def flow_snapshot(self, msg: rpb.WatchBreakersResponse) -> None:
         """Installs the flow-controlled targets of a snapshot_complete message."""
@@ -855,7 +853,6 @@ def decision_from_pb(resp: rpb.NextDelayResponse) -> Decision:
         attempt_timeout=from_duration(resp.attempt_timeout),
         target=resp.target,
     )
-
 
 
 def stop_reason(r: int) -> Optional[StopReason]:

@@ -103,7 +103,6 @@ def attempt_url(url: str, hosts: Mapping[str, str], a: Attempt, primary: str) ->
 
 
 def host_target(host: str, port: Optional[int]) -> str:
-
     """Returns the default target of a request: its host, with the port
     when the URL names one."""
     return f"{host}:{port}" if port is not None else host

@@ -30,7 +30,6 @@ local copy of the target's fallback settings (``Settings.fallbacks``)
 places the next attempt by the same chain rule as policyd
 (:meth:`Fallback.target_of`); without one, by the chain seen in policyd's
 answers (``_core.ChainMemory``) once its after_attempts was seen, and
-
 otherwise the call stays where policyd last sent it. An attempt the cache
 would refuse as OPEN goes to the next target of the chain whose breaker is
 not known OPEN when the local copy has ``on_circuit_open``; without a local
@@ -346,8 +345,6 @@ def _decide(core: Core, st: CallState[Any], attempt: int, f: ClassifiedFailure, 
         dec = dataclasses.replace(dec, disposition=types_pb2.DISPOSITION_DEADLINE_CUT)  # the run's cut-off bound
     if dec.retry:
         dec = dataclasses.replace(dec, target=_local_target(core, st, attempt + 1))
-
-
     if core.observed:
         core.emit(Event(EventKind.LOCAL_DECISION, target=st.target, call_id=st.info.call_id, attempt=attempt,
                         delay=dec.delay, reason=dec.reason, local=True))
@@ -369,7 +366,6 @@ def _local_target(core: Core, st: CallState[Any], attempt: int) -> str:
 
 
 def _binding_deadline(st: CallState[Any]) -> "tuple[Optional[float], bool]":
-
     """The deadline a local decision holds to: the call's, or its run's
     cut-off when that comes first (then True)."""
     if st.cutoff is not None and (st.deadline is None or st.cutoff < st.deadline):

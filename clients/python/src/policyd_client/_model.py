@@ -319,7 +319,6 @@ class Event:
     to_target: str = ""
 
 
-
 #: The hook a client calls for every event.
 EventHook = Callable[[Event], None]
 

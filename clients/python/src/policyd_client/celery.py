@@ -157,7 +157,6 @@ class PolicydTask(celery.Task):  # type: ignore[type-arg]
                 # another execution's.
                 loop.close()
                 headers = {**(req.headers or {}), HEADER: {"origin": origin, "prev": effect.seconds, "target": st.target}}
-
                 raise self.retry(exc=error, countdown=effect.seconds, headers=headers)
             reply = client._do(effect, body, _NEVER, reporter, stub)
             if isinstance(effect, _loop.Invoke):

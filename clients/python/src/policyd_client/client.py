@@ -81,7 +81,6 @@ class Client:
     Tests inject fakes so nothing waits. ``on_event(event)`` is called for
     every :class:`policyd_client.Event` (attempt started, retry scheduled,
     stopped, local decision, breaker changed, fallback taken).
-
     """
 
     def __init__(

@@ -191,7 +191,6 @@ class UnmappedTarget(LookupError):
 
 @dataclass(frozen=True)
 class ClassifiedFailure:
-
     """An exception seen as policyd sees failures.
 
     ``failure`` is the ``retrypolicy.v1.Failure`` to send, ``pushback`` the raw

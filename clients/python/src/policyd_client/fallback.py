@@ -213,7 +213,6 @@ class Decision:
     target: str = ""
 
 
-
 class LocalPolicy:
     """policyd's default policy, decided in the client. Safe for concurrent
     use (the budget is locked; the rest is read-only)."""

@@ -191,7 +191,6 @@ class _Requests:
         return ready
 
 
-
 class Transport(httpx.BaseTransport):
     """An ``httpx.BaseTransport`` that runs each request through ``client``'s
     retry loop over ``inner`` (default ``httpx.HTTPTransport()``, closed with

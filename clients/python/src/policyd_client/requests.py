@@ -189,7 +189,6 @@ class HTTPAdapter(requests.adapters.HTTPAdapter):
             request.url = attempt_url(given_url, self._hosts, a, call.target)
             if rewind and a.number > 1:
                 rewind_body(request)
-
             resp = super(HTTPAdapter, self).send(
                 request, stream=stream, timeout=_cap(timeout, a.timeout), verify=verify, cert=cert,
                 proxies=dict(proxies) if proxies is not None else None,

@@ -68,7 +68,6 @@ from tenacity import RetryCallState
 
 from . import _loop
 from ._core import _CURRENT, CallState, Core, PendingOutcome
-
 from ._model import Attempt, Result
 from .aio import AsyncClient
 from .client import Client
@@ -182,7 +181,7 @@ class _Strategies:
         """Returns the target of the attempt retry state ``rs`` makes, or,
         once policyd scheduled a retry (in ``before_sleep`` and ``wait``),
         of the next attempt: the primary, or a fallback policyd escalated
-        the call to. None before the first attempt was admitted."""
+        the call to. None before ``before`` ran for ``rs``."""
         run = self._runs.get(rs)
         return run.st.target if run is not None else None
 
@@ -222,7 +221,6 @@ class _Strategies:
                                          tuple(rs.args), dict(rs.kwargs))
         st = self._core.begin(call, _fn)
         run = _Run(st, _loop.run(self._core, st))
-
         self._runs[rs] = run
         return run, None
 
