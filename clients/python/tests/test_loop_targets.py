@@ -274,6 +274,11 @@ def test_bad_fallbacks_are_refused_naming_the_field(fallbacks: Any, message: str
         Settings("acme", fallbacks=fallbacks).checked()
 
 
+def test_a_fallback_that_is_not_a_fallback_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match=r"fallbacks\['geo'\] must be a Fallback, got list"):
+        pc.Client("127.0.0.1:9", tenant="acme", fallbacks={"geo": ["geo-b"]})  # type: ignore[dict-item]
+
+
 def test_a_callers_later_change_does_not_reach_the_client() -> None:
     targets = ["geo-b"]
     given = {"geo": pc.Fallback(targets, after_attempts=1)}
