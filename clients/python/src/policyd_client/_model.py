@@ -95,7 +95,6 @@ class Call:
     ``target`` names the upstream and is required: the primary, from which
     policyd may escalate attempts to the fallback targets of its policy
     (``Attempt.target`` says where each goes). ``submission_id`` names the
-
     unit of work (a document id, say); with ``payload`` it derives the
     idempotency key once, before the first attempt (see
     :func:`idempotency_key`), and it is the default call id.

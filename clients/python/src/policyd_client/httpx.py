@@ -276,7 +276,6 @@ class AsyncTransport(httpx.AsyncBaseTransport):
             await request.aread()
         call = self._requests.call(request)
         ready = self._requests.attempts(request, call.target)
-
         failed: list[httpx.Response] = []  # the last failed response, open until the next attempt
 
         async def attempt(a: Attempt) -> httpx.Response:
