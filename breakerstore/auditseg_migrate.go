@@ -30,6 +30,9 @@ var migrations = []migration{
 		}
 		return err
 	}},
+	{from: 2, what: "flow records gain the adaptive ceiling (version 1 rewritten as 2)", run: func(s *Store, tx *bbolt.Tx) error {
+		return migrateFlow(tx)
+	}},
 }
 
 // migrateAudit moves the audit records of the previous layout (bucket

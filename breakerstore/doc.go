@@ -17,14 +17,14 @@
 // audit record is committed (through bbolt's Batch, so concurrent callers
 // share an fsync) before it returns.
 //
-// Bucket and key layout, schema version 2. Bucket names are the package-level
+// Bucket and key layout, schema version 3. Bucket names are the package-level
 // bucket* variables, created once by Open. Keys sort bytewise: integers are
 // big-endian, composite keys are joined by a 0x00 byte (tenants, targets, run
 // ids and call ids never contain 0x00), times are Unix nanoseconds, never
 // RFC 3339 strings.
 //
 //	bucket       key                        value
-//	meta         "schema"                   uint32 big-endian schema version (2); see the version rule below
+//	meta         "schema"                   uint32 big-endian schema version (3); see the version rule below
 //	breakers     tenant 0x00 target         fleet.Breaker, binary, version byte 2 (1 is still read): state, forced,
 //	                                        mode, open-until, cool-down, counters, the 10 window slots, generation,
 //	                                        probe permits (128-bit id, expiry); the layout is in record.go
@@ -56,11 +56,13 @@
 //	                                        (fsync'd) before ClaimKey and CompleteKey answer; the layout is in
 //	                                        idem.go; expired ones deleted by the sweep. New in schema version 2
 //	                                        (created empty on open)
-//	flow         tenant 0x00 target         fleet.Flow, binary, version byte 1: the rate account's TAT (Unix ns),
-//	                                        stray lease releases (uint64), lease count (uint32), then per lease
-//	                                        its 128-bit id and expiry (Unix ns); the key is the breaker's; deleted
-//	                                        when it holds nothing; the layout is in flow.go. New in schema
-//	                                        version 2 (created empty on upgrade).
+//	flow         tenant 0x00 target         fleet.Flow, binary, version byte 2 (1 is still read): the rate
+//	                                        account's TAT (Unix ns), stray lease releases (uint64), the adaptive
+//	                                        ceiling (fleet.AdaptiveLimit: limit, last decrease, outcomes since,
+//	                                        decreases), lease count (uint32), then per lease its 128-bit id and
+//	                                        expiry (Unix ns); the key is the breaker's; deleted when it holds
+//	                                        nothing; the layout is in flow.go. New in schema version 2 (created
+//	                                        empty on upgrade); version byte 2 in schema version 3
 //	meta         "auditseq"                 uint64 big-endian: the highest audit sequence number handed out
 //	auditseg     time seq                   a segment of up to 512 audit records: a header (count, last record's
 //	                                        time and seq, a Bloom filter over call ids and tenants) and the
@@ -85,8 +87,8 @@
 // the version before. Open reads meta/schema; a file of an older version is
 // migrated forward, step by step, and the new version recorded, in one
 // transaction (a file is migrated in full or not at all); a file of a newer
-// version is refused with ErrSchema naming both versions ("schema version 3
-// is newer than this policyd (2)"), so an older build never reads a layout
+// version is refused with ErrSchema naming both versions ("schema version 4
+// is newer than this policyd (3)"), so an older build never reads a layout
 // it does not know. A file of the current version is not written to by
 // Open. The versions so far:
 //
@@ -95,6 +97,8 @@
 //	   in segments (auditseg)
 //	2  the audit trail in segments only: the step from 1 moves a trail of
 //	   the one-key-per-record layout into segments and deletes its buckets
+//	3  flow records of version byte 2, with the adaptive ceiling: the step
+//	   from 2 rewrites those of version byte 1 (a ceiling never started)
 //
 // Before bbolt maps a file, Open and Check read it through read(2) and
 // verify what bbolt would otherwise fault on (filecheck.go): both meta
