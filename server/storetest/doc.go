@@ -39,6 +39,11 @@
 //	                OPEN on one refuses on another that had it CLOSED; concurrent cool-down extensions from
 //	                every replica keep the latest; a subscriber on one replica sees the transitions the others
 //	                make, in order
+//	adaptive        an adaptive concurrency ceiling (fleet.AdaptiveLimit) over the replicas: a fresh one admits
+//	                exactly its maximum of 64 concurrent Admits; concurrent congestion signals of one window cut
+//	                it once; it then admits exactly its Ceiling; a window of successes adds Increase; a lease
+//	                released after its expiry still teaches; the floor and the maximum hold. Only for an engine
+//	                whose Engine.Adaptive is set (skipped otherwise)
 //
 // Time is the suite's Clock, handed to the engine at Open; the suite moves
 // it, never sleeps. An engine over a server decides at that clock too

@@ -56,6 +56,12 @@ type Engine struct {
 	// clock; whatever it starts ends with the test. Nil for an embedded
 	// engine: Store then stands for every replica.
 	Replica func() server.Store
+	// Adaptive says the engine keeps adaptive concurrency ceilings
+	// (server.Leases with FlowLimits.Adaptive set: fleet.AdaptiveLimit's
+	// rules applied by AdmitFlow and ReleaseLease, its value and decreases
+	// in Pool). The behaviour "adaptive" runs only when it is set and is
+	// skipped otherwise: an engine sets it once it holds them.
+	Adaptive bool
 }
 
 // Open starts the engine under test for one test, telling time by clock;
@@ -84,11 +90,15 @@ func Run(t *testing.T, open Open) {
 		{"duplicates", testDuplicates},
 		{"permits", testPermits},
 		{"replicas", testReplicas},
+		{"adaptive", testAdaptive},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := NewClock()
 			en := open(t, c)
+			if tt.name == "adaptive" && !en.Adaptive {
+				t.Skip("the engine does not keep adaptive ceilings (Engine.Adaptive is false)")
+			}
 			e := &env{clock: c, s: en.Store, restart: en.Restart}
 			e.replicas = []server.Store{en.Store}
 			for len(e.replicas) < replicas {
