@@ -7,6 +7,7 @@ import (
 	"time"
 
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
+	"github.com/policyd/policyd/internal/adaptivesim"
 	"github.com/policyd/policyd/server"
 )
 
@@ -153,5 +154,49 @@ func TestWatchShowsTheCeiling(t *testing.T) {
 	}
 	if b := msg.GetBreaker(); b.GetKey().GetTarget() != "portal" || b.GetCeiling() != 12 || b.GetAdaptiveLimit() != 12 {
 		t.Fatalf("snapshot %v, want portal at a ceiling of 12, adaptive 12", msg)
+	}
+}
+
+// TestAdaptiveCeilingSettles is issue 15's goal, through the real server
+// on bbolt and gRPC on the daemon's fake clock: 48 workers against an
+// upstream that answers 429 + Retry-After: 1 above a hidden capacity of
+// 12 concurrent requests, a ceiling of at most 64 with the adaptive
+// defaults, a minute in steps of 250ms (the time a request takes). The
+// 429s also set the fleet cool-down (pushback is not an outage), which
+// the workers wait out, so the upstream idles for a second after each.
+// Over the minute's second half the ceiling stays within [8, 14], under
+// 2% of the upstream's requests are answered 429, the upstream never
+// holds more than its capacity, and it is kept at least half busy.
+func TestAdaptiveCeilingSettles(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	max := uint32(64)
+	if _, err := h.admin.SetPolicy(ctx, &pb.SetPolicyRequest{Tenant: "acme", Target: "portal",
+		Policy: &pb.Policy{Flow: &pb.FlowSettings{MaxInFlight: &max, Adaptive: &pb.AdaptiveCeiling{}}}}); err != nil {
+		t.Fatalf("SetPolicy: %v", err)
+	}
+	cfg := adaptivesim.Config{Tenant: "acme", Target: "portal", Workers: 48, Capacity: 12,
+		RetryAfter: "1", Step: 250 * time.Millisecond, Steps: 240}
+	samples, err := adaptivesim.Run(ctx, cfg, h.workers, h.admin, h.clock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < len(samples); i += 20 {
+		s := samples[i]
+		t.Logf("%6s ceiling %2d (%5.2f) requests %2d, 429 %d, Admits refused %2d", s.Elapsed, s.Ceiling, s.Adaptive, s.Requests, s.Congested, s.Refused)
+	}
+	sum := adaptivesim.SecondHalf(samples)
+	t.Logf("second half: ceiling %d to %d, %d of %d requests answered 429 (%.2f%%)", sum.Lo, sum.Hi, sum.Congested, sum.Requests, 100*sum.Share())
+	if sum.Lo < 8 || sum.Hi > 14 {
+		t.Errorf("second half: ceiling between %d and %d, want within [8, 14]", sum.Lo, sum.Hi)
+	}
+	if sum.Share() >= 0.02 {
+		t.Errorf("second half: %d of %d requests answered 429, want under 2%%", sum.Congested, sum.Requests)
+	}
+	if sum.MostInside > cfg.Capacity {
+		t.Errorf("the upstream held %d at once, want at most its capacity %d", sum.MostInside, cfg.Capacity)
+	}
+	if busy := cfg.Steps / 2 * cfg.Capacity; sum.Requests*2 < busy {
+		t.Errorf("second half: %d upstream requests, want at least half of its %d", sum.Requests, busy)
 	}
 }
