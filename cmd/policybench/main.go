@@ -94,6 +94,7 @@ outcomes per commit from policyd_store_commits_total.
 		Args:   cobra.NoArgs,
 		RunE:   func(*cobra.Command, []string) error { return runEchoServer() },
 	})
+	cmd.AddCommand(adaptiveCmd())
 	return cmd
 }
 
