@@ -10,6 +10,7 @@
 //	go run ./cmd/policybench soak --duration 10m
 //	go run ./cmd/policybench replicas
 //	go run ./cmd/policybench replicas-sweep
+//	go run ./cmd/policybench adaptive
 package main
 
 import (
