@@ -7,10 +7,10 @@
 //	go run ./cmd/policybench --spawn --sync always
 //	go run ./cmd/policybench crash --duration 60s
 //	go run ./cmd/policybench diskfull
+//	go run ./cmd/policybench adaptive
 //	go run ./cmd/policybench soak --duration 10m
 //	go run ./cmd/policybench replicas
 //	go run ./cmd/policybench replicas-sweep
-//	go run ./cmd/policybench adaptive
 package main
 
 import (
