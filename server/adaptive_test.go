@@ -112,6 +112,45 @@ func TestAdaptiveSignals(t *testing.T) {
 	}
 }
 
+// TestAdaptiveReplayTeachesOnce: a NextDelay sent again for an attempt
+// already decided replays its answer and does not teach the adaptive
+// ceiling a second time, even once a window has passed.
+func TestAdaptiveReplayTeachesOnce(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	setAdaptive(t, h, 8, 1)
+	admit := func(id string) string {
+		t.Helper()
+		a, err := h.workers.Admit(ctx, &pb.AdmitRequest{Call: call("acme", "portal", id), Attempt: 1})
+		if err != nil || !a.GetAdmitted() {
+			t.Fatalf("Admit(%s): %v, %v; want admitted", id, a, err)
+		}
+		return a.GetLeaseId()
+	}
+	congested := &pb.NextDelayRequest{Call: call("acme", "portal", "doc-0"), Attempt: 1, Failure: http(429), LeaseId: admit("doc-0")}
+	if _, err := h.workers.NextDelay(ctx, congested); err != nil {
+		t.Fatalf("NextDelay: %v", err)
+	}
+	// A window of successes at the ceiling of 4 makes the next 429 cut.
+	for i := range 4 {
+		id := "doc-" + strconv.Itoa(i+1)
+		if _, err := h.workers.ReportOutcome(ctx, &pb.ReportOutcomeRequest{Outcomes: []*pb.Outcome{
+			{Call: call("acme", "portal", id), Attempt: 1, Success: true, LeaseId: admit(id)}}}); err != nil {
+			t.Fatalf("ReportOutcome: %v", err)
+		}
+	}
+	if _, err := h.workers.NextDelay(ctx, congested); err != nil {
+		t.Fatalf("NextDelay again: %v", err)
+	}
+	br, err := h.admin.GetBreaker(ctx, &pb.GetBreakerRequest{Key: &pb.BreakerKey{Tenant: "acme", Target: "portal"}})
+	if err != nil {
+		t.Fatalf("GetBreaker: %v", err)
+	}
+	if c := br.GetBreaker().GetCeiling(); c != 4 {
+		t.Fatalf("after a replayed 429: ceiling %d, want 4 (cut once, by the first)", c)
+	}
+}
+
 // TestFixedCeilingShows: a fixed ceiling shows in GetBreaker and the
 // gauge, with no adaptive value.
 func TestFixedCeilingShows(t *testing.T) {

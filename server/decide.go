@@ -49,7 +49,11 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 		return policy.Answer{}, "", storeError(ctx, d.cfg.Logger, "attempt", err)
 	}
 	p, _ := d.store.Resolve(call.tenant, call.target)
-	d.releaseLease(ctx, &p, call, in.lease, flowSignal(false, f, in.hints)) // the attempt is over, whatever comes of it
+	sig := policy.SignalNone // a replay's outcome taught the adaptive ceiling the first time
+	if !replay {
+		sig = flowSignal(false, f, in.hints)
+	}
+	d.releaseLease(ctx, &p, call, in.lease, sig) // the attempt is over, whatever comes of it
 	if replay {
 		prior.FlowControlled = p.FlowControlled()
 		return prior, answerDetail(&prior, &p), nil
