@@ -17,7 +17,8 @@ var adaptiveLimits = policy.FlowLimits{Ceiling: 8, LeaseTTL: 10 * time.Second, F
 // testAdaptive: the adaptive concurrency ceiling (fleet.AdaptiveLimit)
 // kept by the engine, over the replicas: a fresh ceiling admits exactly
 // its maximum of 64 concurrent Admits; 8 concurrent congestion signals
-// within one window cut it once; it then admits exactly its Ceiling;
+// within the hold (the clock stands still) cut it once, and exactly once
+// however they interleave; it then admits exactly its Ceiling;
 // successes grow it by Increase per window; a lease released after its
 // expiry still teaches; the floor and the maximum hold. It runs only for
 // an engine with Engine.Adaptive set.
@@ -68,14 +69,14 @@ func testAdaptive(t *testing.T, e *env) {
 	}
 
 	ids := admitRace("a fresh ceiling", 8)
-	// The window's refusals race in from every replica: one cut.
+	// The refusals race in from every replica within the hold: one cut.
 	race(len(ids), func(i int) {
 		if _, err := e.on(i).ReleaseLease(key, ids[i], lim, policy.SignalCongestion); err != nil {
 			t.Errorf("ReleaseLease = %v, want nil", err)
 		}
 	})
 	if st := pool(); st.Adaptive != 4 || st.Decreases != 1 || st.InFlight != 0 {
-		t.Fatalf("after 8 concurrent congestion signals in one window: %+v, want the limit 4 after 1 decrease, none in flight", st)
+		t.Fatalf("after 8 concurrent congestion signals within the hold: %+v, want the limit 4 after 1 decrease, none in flight", st)
 	}
 	ids = admitRace("a ceiling cut to 4", 4)
 
@@ -97,6 +98,13 @@ func testAdaptive(t *testing.T, e *env) {
 	}
 	if st := pool(); st.Adaptive >= 2.5 || st.Decreases != 2 || st.Stray != 1 {
 		t.Fatalf("after congestion from an expired lease: %+v, want the limit under 2.5 after 2 decreases, 1 stray release", st)
+	}
+
+	// The hold has passed but not a window of outcomes (2): no cut.
+	e.clock.Advance(lim.Adaptive.Hold)
+	release(0, ids[0], policy.SignalCongestion)
+	if st := pool(); st.Decreases != 2 {
+		t.Fatalf("congestion a hold but not a window after a cut: %+v, want still 2 decreases", st)
 	}
 
 	// The floor holds under sustained congestion, a window and a hold apart.

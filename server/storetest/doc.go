@@ -40,7 +40,7 @@
 //	                every replica keep the latest; a subscriber on one replica sees the transitions the others
 //	                make, in order
 //	adaptive        an adaptive concurrency ceiling (fleet.AdaptiveLimit) over the replicas: a fresh one admits
-//	                exactly its maximum of 64 concurrent Admits; concurrent congestion signals of one window cut
+//	                exactly its maximum of 64 concurrent Admits; concurrent congestion signals within the hold cut
 //	                it once; it then admits exactly its Ceiling; a window of successes adds Increase; a lease
 //	                released after its expiry still teaches; the floor and the maximum hold. Only for an engine
 //	                whose Engine.Adaptive is set (skipped otherwise)
