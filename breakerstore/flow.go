@@ -244,7 +244,7 @@ func decodeFlow(v []byte) (fleet.Flow, error) {
 		a.Limit = math.Float64frombits(be.Uint64(v[17:]))
 		a.LastDecrease, a.Since = int64(be.Uint64(v[25:])), int64(be.Uint64(v[33:]))
 		a.Decreases = be.Uint64(v[41:])
-		if math.IsNaN(a.Limit) || a.Limit < 0 || a.Since < 0 {
+		if math.IsNaN(a.Limit) || math.IsInf(a.Limit, 0) || a.Limit < 0 || a.Since < 0 {
 			return fleet.Flow{}, fmt.Errorf("flow record with an adaptive limit of %v after %d outcomes", a.Limit, a.Since)
 		}
 	}
