@@ -99,6 +99,9 @@ type PoolStatus struct {
 	// Adaptive is the adaptive ceiling's exact current value, 0 when the
 	// key has none or it never started (it then stands at the maximum).
 	Adaptive float64
+	// Decreases counts the adaptive ceiling's decreases under the key so
+	// far (counter-grade: a crash may lose the last flush interval's).
+	Decreases uint64
 }
 
 // FlowSignal is what an attempt's outcome tells an adaptive ceiling

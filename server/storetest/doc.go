@@ -48,9 +48,14 @@
 //	rate            a rate ceiling over the replicas admits its burst of 64 concurrent AdmitFlows at one instant,
 //	                then one per interval, each refusal with the exact wait; slots taken by attempts that a
 //	                full concurrency ceiling or the breaker refused are given back
-//	adaptive        an adaptive ceiling starts at its maximum; a congestion signal released on one replica cuts
+//	adaptive        (flow.go) an adaptive ceiling starts at its maximum; a congestion signal released on one replica cuts
 //	                it for all, successes grow it by Increase/limit, a second cut waits for a window of
 //	                outcomes and Hold, a signal counts with a lease not held (engines with Engine.Adaptive)
+//	ceilings        (adaptive.go) an adaptive concurrency ceiling (fleet.AdaptiveLimit) over the replicas: a fresh one admits
+//	                exactly its maximum of 64 concurrent Admits; concurrent congestion signals within the hold cut
+//	                it once; it then admits exactly its Ceiling; a window of successes adds Increase; a lease
+//	                released after its expiry still teaches; the floor and the maximum hold. Only for an engine
+//	                whose Engine.Adaptive is set (skipped otherwise)
 //
 // Time is the suite's Clock, handed to the engine at Open; the suite moves
 // it, never sleeps. An engine over a server decides at that clock too

@@ -56,9 +56,11 @@ type Engine struct {
 	// clock; whatever it starts ends with the test. Nil for an embedded
 	// engine: Store then stands for every replica.
 	Replica func() server.Store
-	// Adaptive is true when the engine applies an outcome's FlowSignal to
-	// an adaptive ceiling (Store.ReleaseLease); the adaptive behaviour is
-	// skipped for one that does not yet.
+	// Adaptive says the engine keeps adaptive concurrency ceilings
+	// (server.Leases with FlowLimits.Adaptive set: fleet.AdaptiveLimit's
+	// rules applied by AdmitFlow and ReleaseLease, its value and decreases
+	// in Pool). The behaviour "adaptive" runs only when it is set and is
+	// skipped otherwise: an engine sets it once it holds them.
 	Adaptive bool
 }
 
@@ -91,12 +93,16 @@ func Run(t *testing.T, open Open) {
 		{"escalation", testEscalation},
 		{"leases", testLeases},
 		{"rate", testRate},
+		{"ceilings", testAdaptiveCeiling},
 		{"adaptive", testAdaptive},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := NewClock()
 			en := open(t, c)
+			if (tt.name == "adaptive" || tt.name == "ceilings") && !en.Adaptive {
+				t.Skip("the engine does not keep adaptive ceilings (Engine.Adaptive is false)")
+			}
 			e := &env{clock: c, s: en.Store, restart: en.Restart, adaptive: en.Adaptive}
 			e.replicas = []server.Store{en.Store}
 			for len(e.replicas) < replicas {
