@@ -31,10 +31,11 @@ var migrations = []migration{
 		return err
 	}},
 	// Version 3 adds record versions that version 2 builds cannot read (a
-	// call table record and an audit record with a primary target, written
-	// for calls that escalated to a fallback); the records of version 2
-	// files stay valid as they are.
-	{from: 2, what: "call table and audit records gain a primary target; nothing rewritten", run: func(*Store, *bbolt.Tx) error {
+	// call table record and an audit record with a primary target, an
+	// attempts record with the next attempt's target, written for calls
+	// that escalated to a fallback); the records of version 2 files stay
+	// valid as they are.
+	{from: 2, what: "call table, audit and attempts records gain escalation targets; nothing rewritten", run: func(*Store, *bbolt.Tx) error {
 		return nil
 	}},
 }

@@ -59,11 +59,8 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 	}
 	if replay {
 		prior.FlowControlled = p.FlowControlled()
-		if prior.Retry {
-			prior.Target = call.target
-			if len(p.Fallback.Targets) > 0 {
-				prior.Target = d.replayTarget(&call, &p, in.attempt)
-			}
+		if prior.Retry && prior.Target == "" {
+			prior.Target = call.target // remembered empty: the primary
 		}
 		return prior, answerDetail(&prior, &p), nil
 	}
@@ -159,7 +156,11 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 	why := detail(&dec, &p)
 	d.decided(ctx, u, call, in.target, in.attempt, &dec, why, snap.State)
 	claimed = false // RecordAttempt ends the claim, recorded or not
-	if err := u.RecordAttempt(ck, in.attempt, ans, time.Unix(0, fleet.Keep(&p, now.UnixNano(), dec.Deadline))); err != nil {
+	kept := ans
+	if kept.Target == call.target {
+		kept.Target = "" // the primary: nothing more to store
+	}
+	if err := u.RecordAttempt(ck, in.attempt, kept, time.Unix(0, fleet.Keep(&p, now.UnixNano(), dec.Deadline))); err != nil {
 		return policy.Answer{}, "", storeError(ctx, d.cfg.Logger, "attempt", err)
 	}
 	if call.runID != "" {

@@ -192,6 +192,13 @@ func TestEscalationOnCircuitOpen(t *testing.T) {
 	}
 
 	force(t, h, "geo-c", pb.BreakerState_BREAKER_STATE_OPEN)
+	// The same NextDelay again replays its answer, target included, though
+	// geo-c is open now.
+	replay, err := h.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call("acme", "geo-a", "doc-1"), Attempt: 1,
+		Failure: http(503), AttemptTarget: "geo-c"})
+	if err != nil || replay.GetDecision() != pb.Decision_DECISION_RETRY || replay.GetTarget() != "geo-c" {
+		t.Fatalf("NextDelay replayed: %v, %v; want the RETRY on geo-c again", replay, err)
+	}
 	if a := admit("doc-2", ""); a.GetAdmitted() || a.GetTarget() != "" || a.GetState() != pb.BreakerState_BREAKER_STATE_OPEN {
 		t.Fatalf("Admit, every target open: %v, want refused OPEN", a)
 	}

@@ -40,7 +40,8 @@
 //	                every replica keep the latest; a subscriber on one replica sees the transitions the others
 //	                make, in order
 //	escalation      a run's call table keeps the target a call ended on and its primary (a call back on its
-//	                primary has none), on every replica; an audit record keeps its primary target
+//	                primary has none), on every replica; an audit record keeps its primary target; a RETRY's
+//	                target replays with it on every replica
 //
 // Time is the suite's Clock, handed to the engine at Open; the suite moves
 // it, never sleeps. An engine over a server decides at that clock too
