@@ -1,6 +1,6 @@
 // Package redisstore is policyd's Redis engine: fleet state (breakers,
 // cool-downs, tenant token buckets, run pools, ledgers and call tables,
-// the idempotency ledger) held in one
+// the idempotency ledger, the fleet-wide ceilings) held in one
 // Redis (7.x standalone, Sentinel or Cluster; Valkey too: only commands of
 // Debian's redis-server are used) that many stateless policyd replicas
 // share. The rules of that state live in package fleet as Go values; here
@@ -35,6 +35,12 @@
 // trips today: the attempt check, the breaker, the spend, and the attempt
 // and audit records in one pipeline) and one per tenant per outcome
 // batch.
+//
+// An Admit of a target with a fleet-wide ceiling (AdmitFlow) is one call
+// of policyd_admit_flow whatever its breaker's state: the rate slot, the
+// lease and the breaker's admission in one step, what was taken given
+// back in the same step when a later one refuses. A target without a
+// ceiling is answered from the cache while its breaker is CLOSED.
 //
 // A replica follows the event streams of the tenants it has used with one
 // blocking XREAD per group of them (one group on a standalone server, one
@@ -92,6 +98,16 @@
 //	                                 batch id it holds: a replay); expires 10 minutes after the last
 //	{policyd}:replicas       zset    replica id -> last heartbeat (Unix ms); the live ones divide
 //	                                 probes, tokens and pools in degraded mode
+//	{T}:flow:TARGET          hash    the ceilings of breaker key T/TARGET (fleet.Flow, fleet.AdaptiveLimit):
+//	                                 tat (the GCRA rate account's theoretical arrival time), stray
+//	                                 (releases of leases not held), alimit (the adaptive limit, %.17g;
+//	                                 0 before it moved), adec (its last decrease, 0 for none), asince
+//	                                 (outcomes since then), adecs (its decreases so far); written by
+//	                                 policyd_admit_flow, so a release under a key without it is only
+//	                                 ignored
+//	{T}:leases:TARGET        zset    the concurrency leases of T/TARGET: lease id (32 hex digits) by
+//	                                 expiry (score, µs); the expired ones are dropped at the next
+//	                                 Admit and no longer count
 //	{T}:attempt:CALL         hash    fleet.Attempts: attempt, answer (policy.Answer, JSON), expiry (Unix
 //	                                 ms); the key expires then (PEXPIREAT)
 //	{T}:audit                stream  the tenant's audit records, one entry each: t (ns), ev, tenant,
@@ -101,10 +117,15 @@
 //	                                 (MINID ~) at each flush. A record's Seq is its entry id packed as
 //	                                 milliseconds << 20 | sequence.
 //
-// The call tables, the idempotency keys and the run hash's redrive_of,
-// calls_untracked, dl_deadline and deduplicated are new in schema version
-// 1, before its release; so are the call table's records of version 2 and
-// the audit entries' primary field.
+// The call tables, the idempotency keys, the run hash's redrive_of,
+// calls_untracked, dl_deadline and deduplicated, the call table's records
+// of version 2, the audit entries' primary field, and the flow hashes and
+// leases sets (with the functions policyd_admit_flow,
+// policyd_release_lease and policyd_pool) are new in schema version 1,
+// before its release: the schema key stays "1" and the library
+// policyd_v1. Leases and rate accounts are counters, durable as the
+// server's AOF makes them (like probe permits), never waited for with
+// WAIT.
 //
 // The library's name carries its version (policyd_v1): a layout change
 // bumps both the schema key and the library name, so replicas of two

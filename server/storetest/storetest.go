@@ -56,6 +56,10 @@ type Engine struct {
 	// clock; whatever it starts ends with the test. Nil for an embedded
 	// engine: Store then stands for every replica.
 	Replica func() server.Store
+	// Adaptive is true when the engine applies an outcome's FlowSignal to
+	// an adaptive ceiling (Store.ReleaseLease); the adaptive behaviour is
+	// skipped for one that does not yet.
+	Adaptive bool
 }
 
 // Open starts the engine under test for one test, telling time by clock;
@@ -85,12 +89,15 @@ func Run(t *testing.T, open Open) {
 		{"permits", testPermits},
 		{"replicas", testReplicas},
 		{"escalation", testEscalation},
+		{"leases", testLeases},
+		{"rate", testRate},
+		{"adaptive", testAdaptive},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := NewClock()
 			en := open(t, c)
-			e := &env{clock: c, s: en.Store, restart: en.Restart}
+			e := &env{clock: c, s: en.Store, restart: en.Restart, adaptive: en.Adaptive}
 			e.replicas = []server.Store{en.Store}
 			for len(e.replicas) < replicas {
 				r := en.Store
@@ -110,6 +117,7 @@ type env struct {
 	s        server.Store
 	restart  func() server.Store
 	replicas []server.Store // s first; s every time for an embedded engine
+	adaptive bool           // Engine.Adaptive
 }
 
 // on returns the replica the i-th worker calls.
