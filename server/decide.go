@@ -54,8 +54,12 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 	// its own policy; the call's rules are the primary's, p.
 	failed := d.hopOf(&call, &p, in.target)
 	if in.lease != "" {
-		lp := d.targetPolicy(&call, &p, in.target)
-		d.releaseLease(ctx, &lp, call, in.target, in.lease) // the attempt is over, whatever comes of it
+		lp := &p
+		if in.target != call.target {
+			tp := d.targetPolicy(&call, &p, in.target)
+			lp = &tp
+		}
+		d.releaseLease(ctx, lp, call, in.target, in.lease) // the attempt is over, whatever comes of it
 	}
 	if replay {
 		prior.FlowControlled = p.FlowControlled()
