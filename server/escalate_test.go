@@ -394,3 +394,29 @@ func TestFallbackMetrics(t *testing.T) {
 		t.Fatalf("policyd_decisions_total RETRY on geo-b = %v, want 1", got)
 	}
 }
+
+// TestEscalationPastAFullCeiling: with on_circuit_open, an Admit that the
+// primary's full concurrency ceiling refuses is admitted on the fallback,
+// whose own policy has no ceiling; the primary's lease stays its own.
+func TestEscalationPastAFullCeiling(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	one, three := uint32(1), uint32(3)
+	if _, err := h.admin.SetPolicy(ctx, &pb.SetPolicyRequest{Tenant: "acme", Target: "geo-a", Policy: &pb.Policy{
+		MaxAttempts: &three, Flow: &pb.FlowSettings{MaxInFlight: &one},
+		Fallback: &pb.FallbackSettings{Targets: []string{"geo-b"}, OnCircuitOpen: true}}}); err != nil {
+		t.Fatal(err)
+	}
+	first, err := h.workers.Admit(ctx, &pb.AdmitRequest{Call: call("acme", "geo-a", "doc-1"), Attempt: 1})
+	if err != nil || !first.GetAdmitted() || first.GetTarget() != "geo-a" || first.GetLeaseId() == "" {
+		t.Fatalf("first Admit: %v, %v; want admitted on geo-a with a lease", first, err)
+	}
+	second, err := h.workers.Admit(ctx, &pb.AdmitRequest{Call: call("acme", "geo-a", "doc-2"), Attempt: 1})
+	if err != nil || !second.GetAdmitted() || second.GetTarget() != "geo-b" || second.GetLeaseId() != "" {
+		t.Fatalf("second Admit, geo-a's ceiling full: %v, %v; want admitted on geo-b without a lease", second, err)
+	}
+	rel, err := h.workers.ReleaseLease(ctx, &pb.ReleaseLeaseRequest{Call: call("acme", "geo-a", "doc-1"), LeaseId: first.GetLeaseId()})
+	if err != nil || !rel.GetReleased() {
+		t.Fatalf("ReleaseLease of geo-a's lease: %v, %v; want released", rel, err)
+	}
+}
