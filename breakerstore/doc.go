@@ -45,7 +45,8 @@
 //	                                        detail, triage reference (and in 2 the primary target); at
 //	                                        most Options.MaxRunCalls a run; the layout is in calltable.go. New in
 //	                                        schema version 2 (created empty on open)
-//	attempts     tenant 0x00 call id        fleet.Attempts, binary, version byte 1: the highest attempt decided for
+//	attempts     tenant 0x00 call id        fleet.Attempts, binary, version byte 1 (2 with a fallback target):
+//	                                        the highest attempt decided for
 //	                                        the call, its expiry (the call's deadline or the policy's horizon,
 //	                                        whichever is later), and the answer (verdict, delay, attempt timeout,
 //	                                        stop reason, disposition, category, checks, breaker state, budgets
@@ -99,7 +100,8 @@
 //	2  the audit trail in segments only: the step from 1 moves a trail of
 //	   the one-key-per-record layout into segments and deletes its buckets
 //	3  call table records of version byte 2 and audit records of version
-//	   byte 2, both with a primary target (a call that escalated to a
+//	   byte 2, both with a primary target, attempts records of version byte
+//	   2, with the next attempt's target (a call that escalated to a
 //	   fallback), and flow records of version byte 2, with the adaptive
 //	   ceiling: the step from 2 rewrites the flow records of version byte 1
 //	   (a ceiling never started) and nothing else

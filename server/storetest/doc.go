@@ -40,7 +40,8 @@
 //	                every replica keep the latest; a subscriber on one replica sees the transitions the others
 //	                make, in order
 //	escalation      a run's call table keeps the target a call ended on and its primary (a call back on its
-//	                primary has none), on every replica; an audit record keeps its primary target
+//	                primary has none), on every replica; an audit record keeps its primary target; a RETRY's
+//	                target replays with it on every replica
 //	leases          exactly the ceiling of 64 concurrent AdmitFlows over the replicas get a lease, each distinct,
 //	                the rest concurrency:full with FullWait; a lease returned on another replica frees its
 //	                slot, returned again (or invented, or unparseable) it is ignored and counted as stray;

@@ -779,6 +779,26 @@ func testEscalation(t *testing.T, e *env) {
 	if fmt.Sprint(got) != "[2 geo-b/geo-a 1 geo-a/]" {
 		t.Errorf("audit records (attempt target/primary): got %v, want [2 geo-b/geo-a 1 geo-a/]", got)
 	}
+
+	// A RETRY to a fallback replays with its target, on every replica.
+	k := policy.CallKey{Tenant: "acme", CallID: "esc-2"}
+	ans := policy.Answer{Retry: true, Delay: time.Second, Category: policy.CategoryTransient, Class: "transient:503",
+		Breaker: policy.BreakerClosed, Target: "geo-b"}
+	if _, replay, err := e.s.ClaimAttempt(k, 1); replay || err != nil {
+		t.Fatalf("ClaimAttempt(esc-2, 1) = replay %v, %v; want a fresh decision", replay, err)
+	}
+	u := e.s.Begin()
+	if err := u.RecordAttempt(k, 1, ans, e.clock.Now().Add(time.Hour)); err != nil {
+		t.Fatalf("RecordAttempt = %v, want nil", err)
+	}
+	if err := u.Commit(); err != nil {
+		t.Fatalf("Commit = %v, want nil", err)
+	}
+	for i := range e.replicas {
+		if got, replay, err := e.on(i).ClaimAttempt(k, 1); err != nil || !replay || got.Target != "geo-b" {
+			t.Errorf("replica %d: ClaimAttempt(esc-2, 1) again = %+v, replay %v, %v; want the RETRY to geo-b replayed", i, got, replay, err)
+		}
+	}
 }
 
 // testSubscriptions: a subscriber gets every transition of its tenant's
