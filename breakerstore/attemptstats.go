@@ -94,6 +94,7 @@ func (s *Store) countAttemptsN(t policy.AttemptTally, n uint64, now int64, p *pe
 // full is counted on its own.
 type tallyTable struct {
 	used  int
+	last  int // the slot the last tally went to: a batch's outcomes of one target often come together
 	slots [32]tallySum
 }
 
@@ -105,22 +106,28 @@ type tallySum struct {
 // add adds t to the table and reports whether it fit.
 func (tt *tallyTable) add(seed maphash.Seed, t policy.AttemptTally) bool {
 	t.Attempt = uint32(fleet.AttemptSlot(t.Attempt) + 1)
+	if e := &tt.slots[tt.last]; e.n > 0 && e.tally == t {
+		e.n++
+		return true
+	}
 	h := maphash.String(seed, t.Target) ^ uint64(t.Attempt)<<1
 	if t.Success {
 		h ^= 1
 	}
 	for i := range uint64(len(tt.slots)) {
-		e := &tt.slots[(h+i)%uint64(len(tt.slots))]
+		at := int((h + i) % uint64(len(tt.slots)))
+		e := &tt.slots[at]
 		switch {
 		case e.n == 0:
 			if tt.used >= 3*len(tt.slots)/4 {
 				return false // keep the probes short
 			}
 			*e = tallySum{tally: t, n: 1}
-			tt.used++
+			tt.used, tt.last = tt.used+1, at
 			return true
 		case e.tally == t:
 			e.n++
+			tt.last = at
 			return true
 		}
 	}
