@@ -50,8 +50,11 @@ as a ratio to the echo: requests/s, p99 latency and server CPU per request
 (read from /proc/<pid>/stat; --pid, else found from the listening socket).
 
 Phases at each level: echo-unary, echo-stream, admit, nextdelay, report (each
-callers doing only that call) and mix (a worker's loop: Admit, on failure
-NextDelay, outcomes reported in batches). With --metrics (policyd's
+callers doing only that call), admit-ceiling and admit-ceiling-report (Admit
+to targets with a concurrency ceiling of 1000000, which never refuses, each
+lease returned at once by ReleaseLease, or by a ReportOutcome of the
+attempt's success carrying it, as the Go client returns leases) and mix (a
+worker's loop: Admit, on failure NextDelay, outcomes reported in batches). With --metrics (policyd's
 --metrics-listen address) the report phase also gives commits/s and
 outcomes per commit from policyd_store_commits_total.
 
