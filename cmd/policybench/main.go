@@ -10,6 +10,7 @@
 //	go run ./cmd/policybench soak --duration 10m
 //	go run ./cmd/policybench replicas
 //	go run ./cmd/policybench replicas-sweep
+//	go run ./cmd/policybench flow
 package main
 
 import (
@@ -97,6 +98,7 @@ outcomes per commit from policyd_store_commits_total.
 		Args:   cobra.NoArgs,
 		RunE:   func(*cobra.Command, []string) error { return runEchoServer() },
 	})
+	cmd.AddCommand(flowCmd(), flowWorkerCmd())
 	return cmd
 }
 
