@@ -54,7 +54,9 @@ Phases at each level: echo-unary, echo-stream, admit, nextdelay, report (each
 callers doing only that call), admit-ceiling and admit-ceiling-report (Admit
 to targets with a concurrency ceiling of 1000000, which never refuses, each
 lease returned at once by ReleaseLease, or by a ReportOutcome of the
-attempt's success carrying it, as the Go client returns leases) and mix (a
+attempt's success carrying it; admit-ceiling-batch: as the Go client
+returns leases, one caller sending in one ReportOutcome every outcome the
+others queued, woken by each) and mix (a
 worker's loop: Admit, on failure NextDelay, outcomes reported in batches). With --metrics (policyd's
 --metrics-listen address) the report phase also gives commits/s and
 outcomes per commit from policyd_store_commits_total.
