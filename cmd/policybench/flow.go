@@ -291,9 +291,10 @@ func (r *flowResult) print(out io.Writer, cfg flowConfig, ph flowPhase) string {
 	for _, w := range r.workers {
 		sum.add(w)
 	}
-	fmt.Fprintf(out, "workers: %d calls (%d succeeded, %d failed: %v); %d attempts; Admit: %d RPCs, %d with a lease, refused %v, %d failed (admitted locally, no lease; codes, and RPCs cut by the phase's end: %v)\n",
+	fmt.Fprintf(out, "workers: %d calls (%d succeeded, %d failed: %v); %d attempts; Admit: %d RPCs, %d with a lease, refused %v, %d failed (admitted locally, no lease; codes, and RPCs cut by the phase's end: %v), %d answered degraded\n",
 		sum.Calls, sum.Succeeded, sum.Calls-sum.Succeeded, sum.Failures, sum.Attempts, sum.AdmitRPCs, sum.Leases,
-		sum.Refused, sum.AdmitErrors, sum.AdmitErrorCodes)
+		sum.Refused, sum.AdmitErrors, sum.AdmitErrorCodes, sum.Degraded)
+	fmt.Fprintf(out, "admitted per second (Admit answers, by the workers' clocks): %v\n", sum.AdmittedPerSecond)
 	var missed string
 	switch ph.name {
 	case "concurrency":
@@ -518,6 +519,10 @@ type flowWorkerReport struct {
 	Refused         map[string]int64 `json:"refused,omitempty"`           // Admit refusals by reason
 	AdmitErrors     int64            `json:"admit_errors"`                // the client admitted these locally, without a lease
 	AdmitErrorCodes map[string]int64 `json:"admit_error_codes,omitempty"` // and the calls cut by the phase's end
+	Degraded        int64            `json:"degraded"`                    // Admit answers decided without the shared store
+	// AdmittedPerSecond counts the attempts Admit let through in each
+	// second of the phase, by the worker's clock when the answer came.
+	AdmittedPerSecond []int64 `json:"admitted_per_second"`
 }
 
 func (r *flowWorkerReport) add(o flowWorkerReport) {
@@ -527,6 +532,13 @@ func (r *flowWorkerReport) add(o flowWorkerReport) {
 	r.AdmitRPCs += o.AdmitRPCs
 	r.Leases += o.Leases
 	r.AdmitErrors += o.AdmitErrors
+	r.Degraded += o.Degraded
+	for i, n := range o.AdmittedPerSecond {
+		if i >= len(r.AdmittedPerSecond) {
+			r.AdmittedPerSecond = append(r.AdmittedPerSecond, 0)
+		}
+		r.AdmittedPerSecond[i] += n
+	}
 	addCounts(&r.Failures, o.Failures)
 	addCounts(&r.Refused, o.Refused)
 	addCounts(&r.AdmitErrorCodes, o.AdmitErrorCodes)
@@ -590,7 +602,9 @@ func runFlowWorker(ctx context.Context, cfg flowWorkerConfig, stdin io.Reader, o
 		addCounts(m, map[string]int64{k: 1})
 		mu.Unlock()
 	}
-	var admits, leases, admitErrs atomic.Int64
+	start := time.Unix(0, cfg.Start)
+	admitted := make([]atomic.Int64, int(math.Ceil(cfg.Duration.Seconds())))
+	var admits, leases, admitErrs, degraded atomic.Int64
 	observe := grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
 		invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		err := invoker(ctx, method, req, reply, cc, opts...)
@@ -608,6 +622,12 @@ func runFlowWorker(ctx context.Context, cfg flowWorkerConfig, stdin io.Reader, o
 			return err
 		}
 		resp := reply.(*pb.AdmitResponse)
+		if resp.GetDegraded() {
+			degraded.Add(1)
+		}
+		if at := time.Since(start); resp.GetAdmitted() && at >= 0 && at < cfg.Duration {
+			admitted[int(at/time.Second)].Add(1)
+		}
 		switch {
 		case !resp.GetAdmitted():
 			count(&rep.Refused, resp.GetReason())
@@ -631,7 +651,6 @@ func runFlowWorker(ctx context.Context, cfg flowWorkerConfig, stdin io.Reader, o
 	hc := &http.Client{Transport: &policyclient.Transport{Client: client, Base: base,
 		Call: func(*http.Request) policyclient.Call { return policyclient.Call{Target: cfg.Target, Idempotent: true} }}}
 
-	start := time.Unix(0, cfg.Start)
 	sleepCtx(ctx, time.Until(start))
 	// The phase's end cancels the calls rather than giving them a deadline:
 	// a call with a deadline closer than a wait plus the attempt timeout
@@ -678,7 +697,10 @@ func runFlowWorker(ctx context.Context, cfg flowWorkerConfig, stdin io.Reader, o
 	_ = client.Close(cctx)
 	ccancel()
 	rep.Calls, rep.Succeeded, rep.Attempts = calls.Load(), ok.Load(), client.Stats().Attempts
-	rep.AdmitRPCs, rep.Leases, rep.AdmitErrors = admits.Load(), leases.Load(), admitErrs.Load()
+	for i := range admitted {
+		rep.AdmittedPerSecond = append(rep.AdmittedPerSecond, admitted[i].Load())
+	}
+	rep.AdmitRPCs, rep.Leases, rep.AdmitErrors, rep.Degraded = admits.Load(), leases.Load(), admitErrs.Load(), degraded.Load()
 	mu.Lock()
 	defer mu.Unlock()
 	return json.NewEncoder(out).Encode(&rep)
