@@ -612,7 +612,7 @@ func runFlowWorker(ctx context.Context, cfg flowWorkerConfig, stdin io.Reader, o
 			return err
 		}
 		admits.Add(1)
-		if err != nil && ctx.Err() != nil {
+		if err != nil && errors.Is(ctx.Err(), context.Canceled) {
 			count(&rep.AdmitErrorCodes, "cancelled by the phase's end")
 			return err
 		}
