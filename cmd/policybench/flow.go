@@ -272,6 +272,7 @@ func loadAvg() string {
 // flowResult is what one phase measured: the upstream's counts and the
 // workers' reports.
 type flowResult struct {
+	load    string // the load average when the phase began
 	up      upstreamCounts
 	workers []flowWorkerReport
 }
@@ -280,7 +281,7 @@ type flowResult struct {
 // none).
 func (r *flowResult) print(out io.Writer, cfg flowConfig, ph flowPhase) string {
 	u := &r.up
-	fmt.Fprintf(out, "\n== %s (target %s, %s)\n", ph.name, ph.target, policyLine(ph.policy))
+	fmt.Fprintf(out, "\n== %s (target %s, %s), load %s\n", ph.name, ph.target, policyLine(ph.policy), r.load)
 	fmt.Fprintf(out, "upstream: %d requests in %s; held at once: max %d, mean %.2f\n",
 		u.requests, cfg.Duration, u.maxInFlight, u.busy.Seconds()/cfg.Duration.Seconds())
 	steadySecs := (cfg.Duration - cfg.Steady).Seconds()
@@ -392,7 +393,7 @@ func runFlowPhase(ctx context.Context, cfg flowConfig, ph flowPhase, addrs []str
 			_, _ = io.Copy(io.Discard, stdout)
 		}()
 	}
-	res := &flowResult{}
+	res := &flowResult{load: loadAvg()}
 	limit := time.After(time.Until(start) + cfg.Duration + 30*time.Second)
 	for i, c := range children {
 		select {
@@ -646,7 +647,7 @@ func runFlowWorker(ctx context.Context, cfg flowWorkerConfig, stdin io.Reader, o
 	if err != nil {
 		return err
 	}
-	base := &http.Transport{MaxIdleConnsPerHost: cfg.Workers, MaxConnsPerHost: 0}
+	base := &http.Transport{MaxIdleConnsPerHost: cfg.Workers}
 	defer base.CloseIdleConnections()
 	hc := &http.Client{Transport: &policyclient.Transport{Client: client, Base: base,
 		Call: func(*http.Request) policyclient.Call { return policyclient.Call{Target: cfg.Target, Idempotent: true} }}}
