@@ -17,14 +17,14 @@
 // audit record is committed (through bbolt's Batch, so concurrent callers
 // share an fsync) before it returns.
 //
-// Bucket and key layout, schema version 2. Bucket names are the package-level
+// Bucket and key layout, schema version 3. Bucket names are the package-level
 // bucket* variables, created once by Open. Keys sort bytewise: integers are
 // big-endian, composite keys are joined by a 0x00 byte (tenants, targets, run
 // ids and call ids never contain 0x00), times are Unix nanoseconds, never
 // RFC 3339 strings.
 //
 //	bucket       key                        value
-//	meta         "schema"                   uint32 big-endian schema version (2); see the version rule below
+//	meta         "schema"                   uint32 big-endian schema version (3); see the version rule below
 //	breakers     tenant 0x00 target         fleet.Breaker, binary, version byte 2 (1 is still read): state, forced,
 //	                                        mode, open-until, cool-down, counters, the 10 window slots, generation,
 //	                                        probe permits (128-bit id, expiry); the layout is in record.go
@@ -40,8 +40,9 @@
 //	runcalls     run id 0x00 call id        final disposition of one call, 2 bytes: policy.Disposition, policy.StopReason,
 //	                                        and a third, 1, for a success the idempotency ledger answered
 //	calltable    run id 0x00 call id        the run's call table for triage (fleet.CallRecord), binary, version
-//	                                        byte 1: disposition, stop reason, attempts, first and last attempt
-//	                                        times, then target, classification, detail, triage reference; at
+//	                                        byte 1, or 2 with a primary target: disposition, stop reason,
+//	                                        attempts, first and last attempt times, then target, classification,
+//	                                        detail, triage reference (and in 2 the primary target); at
 //	                                        most Options.MaxRunCalls a run; the layout is in calltable.go. New in
 //	                                        schema version 2 (created empty on open)
 //	attempts     tenant 0x00 call id        fleet.Attempts, binary, version byte 1: the highest attempt decided for
@@ -95,6 +96,10 @@
 //	   in segments (auditseg)
 //	2  the audit trail in segments only: the step from 1 moves a trail of
 //	   the one-key-per-record layout into segments and deletes its buckets
+//	3  call table records of version byte 2 and audit records of version
+//	   byte 2, both with a primary target (a call that escalated to a
+//	   fallback); the step from 2 rewrites nothing, it only keeps version 2
+//	   builds from reading them
 //
 // Before bbolt maps a file, Open and Check read it through read(2) and
 // verify what bbolt would otherwise fault on (filecheck.go): both meta

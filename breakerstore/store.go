@@ -22,7 +22,7 @@ import (
 
 // schemaVersion is the layout documented in doc.go; migrations move older
 // files to it.
-const schemaVersion uint32 = 2
+const schemaVersion uint32 = 3
 
 // Bucket names; see the layout in doc.go. They are created once by Open.
 var (

@@ -169,11 +169,11 @@ func TestOpenRefuses(t *testing.T) {
 					if err != nil {
 						return err
 					}
-					return b.Put([]byte("schema"), binary.BigEndian.AppendUint32(nil, 3))
+					return b.Put([]byte("schema"), binary.BigEndian.AppendUint32(nil, 4))
 				})
 			},
 			want: breakerstore.ErrSchema,
-			msg:  "policyd.db: schema version 3 is newer than this policyd (2)",
+			msg:  "policyd.db: schema version 4 is newer than this policyd (3)",
 		},
 		{
 			name: "foreign bbolt file",
@@ -420,8 +420,8 @@ func TestOpenMigratesAVersion1FileOfSegments(t *testing.T) {
 		t.Errorf("the audit record after the migration: got %+v, want one", recs)
 	}
 	err := s.View(func(tx *bbolt.Tx) error {
-		if v := tx.Bucket([]byte("meta")).Get([]byte("schema")); binary.BigEndian.Uint32(v) != 2 {
-			t.Errorf("meta/schema: got %x, want version 2", v)
+		if v := tx.Bucket([]byte("meta")).Get([]byte("schema")); binary.BigEndian.Uint32(v) != 3 {
+			t.Errorf("meta/schema: got %x, want version 3", v)
 		}
 		return nil
 	})

@@ -86,6 +86,10 @@ type Admission struct {
 	// FlowControlled is true when the policy has a fleet-wide ceiling, so
 	// every attempt must ask for admission.
 	FlowControlled bool
+	// Target is the target admitted: the one asked for, or a fallback of
+	// the call's chain when that one's breaker is open or its ceiling full
+	// (Fallback.OnCircuitOpen). Permit and lease are its.
+	Target string
 }
 
 // PoolStatus is a concurrency ceiling's state at an instant.
@@ -288,6 +292,9 @@ type AuditRecord struct {
 	Stop           StopReason
 	Disposition    Disposition
 	Detail         string
+	// PrimaryTarget is the call's primary target when the attempt went to
+	// a fallback (Target is then the fallback); empty otherwise.
+	PrimaryTarget string
 }
 
 // Cursor returns the record's position in the trail's order.
@@ -338,6 +345,10 @@ type Answer struct {
 	// policy in force each time the answer is given.
 	FlowControlled bool
 	Degraded       bool // decided in a shared engine's degraded mode (the engine did not answer)
+	// Target is where the next attempt goes on a RETRY: the call's primary
+	// target or a fallback of its policy's chain (Fallback). It is not
+	// remembered with the answer: a replay routes again.
+	Target string `json:"-"`
 }
 
 // CallKey names one call: call ids are scoped by tenant.

@@ -133,6 +133,9 @@ func (p *Policy) Validate() error {
 	if err := validateBreaker(p.Breaker); err != nil {
 		return err
 	}
+	if err := validateFallback(p); err != nil {
+		return err
+	}
 	return validateFlow(p.Flow)
 }
 

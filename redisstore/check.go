@@ -13,7 +13,8 @@ import (
 // Check verifies the policyd keys of a Redis without changing them: the
 // schema version, that the library policyd_v1 is loaded on every master,
 // and the shape of every key under a policyd hash tag (its type, and for
-// breakers, buckets and runs that every numeric field parses). It returns
+// breakers, buckets, runs and flow hashes that every integer field
+// parses). It returns
 // nil, or one error listing every problem found, each naming its key.
 func Check(ctx context.Context, c redis.UniversalClient) error {
 	var problems []string
@@ -79,6 +80,8 @@ var keyShapes = []struct {
 	{":attempt:", "hash", []string{"attempt", "expiry"}},
 	{":idem:", "hash", []string{"state", "lease_until", "expires"}},
 	{":idemkeys", "zset", nil},
+	{":flow:", "hash", []string{"stray", "tat", "adec", "asince", "adecs"}},
+	{":leases:", "zset", nil},
 	{":audit", "stream", nil},
 	{":schema", "string", nil},
 	{":tenants", "set", nil},

@@ -41,6 +41,10 @@ func TestCheck(t *testing.T) {
 	if _, err := s.ClaimKey(policy.KeyRef{Tenant: "acme", Key: "k"}, policy.KeyClaim{LeaseUntil: time.Now().Add(time.Minute), Expires: time.Now().Add(time.Hour)}); err != nil {
 		t.Fatal(err)
 	}
+	lim := policy.FlowLimits{Ceiling: 3, LeaseTTL: time.Minute, FullWait: time.Second, Interval: time.Millisecond, Burst: 2}
+	if _, err := s.AdmitFlow(key, policy.BreakerConfig{}, lim); err != nil {
+		t.Fatal(err)
+	}
 	s.Close()
 	if err := redisstore.Check(ctx, c); err != nil {
 		t.Fatalf("Check of a store just written = %v, want nil", err)
@@ -50,11 +54,16 @@ func TestCheck(t *testing.T) {
 	c.Del(ctx, "{=acme}:bucket")
 	c.Set(ctx, "{=acme}:bucket", "x", 0)
 	c.Set(ctx, "{=acme}:mystery", "x", 0)
+	c.HSet(ctx, "{=acme}:flow:pay", "tat", "soon")
+	c.Del(ctx, "{=acme}:leases:pay")
+	c.Set(ctx, "{=acme}:leases:pay", "x", 0)
 	err = redisstore.Check(ctx, c)
 	for _, want := range []string{
 		`{=acme}:breaker:pay: field gen is "two", want an integer`,
 		"{=acme}:bucket: is a string, want a hash",
 		"{=acme}:mystery: not a key of schema 1",
+		`{=acme}:flow:pay: field tat is "soon", want an integer`,
+		"{=acme}:leases:pay: is a string, want a zset",
 	} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Check of damaged keys = %v, want it to say %q", err, want)

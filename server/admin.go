@@ -161,6 +161,9 @@ func (a *Admin) SetPolicy(ctx context.Context, req *pb.SetPolicyRequest) (*pb.Se
 	if err != nil {
 		return nil, err
 	}
+	if err := checkFallbacks(a.store, req.GetTenant(), req.GetTarget(), &p); err != nil {
+		return nil, err
+	}
 	e, err := a.store.SetPolicy(req.GetTenant(), req.GetTarget(), p)
 	if err != nil {
 		return nil, storeError(ctx, a.cfg.Logger, "policy", err)

@@ -15,64 +15,67 @@ import (
 // these paths: its Admit is the breaker's alone and its outcomes release
 // nothing.
 
-// admit is the admission of an attempt of call under p: the breaker's
-// alone, or, when p has a ceiling, a rate slot and a lease, then the
-// breaker's (Store.AdmitFlow). A rate ceiling tells the exact wait; a full
-// concurrency ceiling asks the caller to come back after the policy's
-// backoff base delay, or sooner when a lease expires sooner.
-func (d *Decisions) admit(p *policy.Policy, call callRef) (policy.Admission, error) {
-	key := policy.KeyFor(p.Breaker, call.tenant, call.target)
+// admit is the admission of an attempt of call to target under p,
+// target's effective policy: the breaker's alone, or, when p has a
+// ceiling, a rate slot and a lease, then the breaker's (Store.AdmitFlow).
+// A rate ceiling tells the exact wait; a full concurrency ceiling asks the
+// caller to come back after the policy's backoff base delay, or sooner
+// when a lease expires sooner.
+func (d *Decisions) admit(p *policy.Policy, call *callRef, target string) (policy.Admission, error) {
+	key := policy.KeyFor(p.Breaker, call.tenant, target)
 	if !p.FlowControlled() {
 		return d.store.Admit(key, p.Breaker)
 	}
 	a, err := d.store.AdmitFlow(key, p.Breaker, p.FlowLimits())
 	a.FlowControlled = true
-	d.cfg.Metrics.lease(call.target, a.LeaseID != "", a.Reason)
+	d.cfg.Metrics.lease(target, a.LeaseID != "", a.Reason)
 	return a, err
 }
 
-// releaseLease returns lease, when set, to the ceiling of call under p. A
+// releaseLease returns lease, when set, to the ceiling of target (the
+// call's primary or a fallback) under p, target's effective policy. A
 // lease not held is ignored and counted; a store that cannot release it
 // is logged, and the lease expires on its own.
-func (d *Decisions) releaseLease(ctx context.Context, p *policy.Policy, call callRef, lease string) bool {
+func (d *Decisions) releaseLease(ctx context.Context, p *policy.Policy, call callRef, target, lease string) bool {
 	if lease == "" {
 		return false
 	}
-	held, err := d.store.ReleaseLease(policy.KeyFor(p.Breaker, call.tenant, call.target), lease, p.FlowLimits(), policy.SignalNone)
+	held, err := d.store.ReleaseLease(policy.KeyFor(p.Breaker, call.tenant, target), lease, p.FlowLimits(), policy.SignalNone)
 	if err != nil {
 		d.cfg.Logger.WarnContext(ctx, "lease not released; it expires on its own", "call_id", call.callID,
-			"tenant", call.tenant, "target", call.target, "err", err)
+			"tenant", call.tenant, "target", target, "err", err)
 		return false
 	}
 	if !held {
-		d.cfg.Metrics.strayRelease(call.target)
+		d.cfg.Metrics.strayRelease(target)
 		if d.cfg.Logger.Enabled(ctx, slog.LevelDebug) {
 			d.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "release of a lease not held, ignored",
-				slog.String("call_id", call.callID), slog.String("tenant", call.tenant), slog.String("target", call.target))
+				slog.String("call_id", call.callID), slog.String("tenant", call.tenant), slog.String("target", target))
 		}
 	}
 	return held
 }
 
-// settleLeases returns the leases the outcomes of a batch carry and lists,
-// once each, the batch's targets whose policy has a concurrency ceiling,
-// so a client that skips Admit while a breaker is CLOSED learns of one
-// within a report. Consecutive outcomes of one tenant and target (most of
-// a batch) resolve their policy once.
+// settleLeases returns the leases the outcomes of a batch carry (each to
+// its attempt's target) and lists, once each, the batch's targets whose
+// policy has a concurrency ceiling, so a client that skips Admit while a
+// breaker is CLOSED learns of one within a report. Consecutive outcomes of
+// one tenant and attempt target (most of a batch) resolve their policy
+// once.
 func (d *Decisions) settleLeases(ctx context.Context, items []outcomeItem) []string {
 	var flow []string
 	var p policy.Policy
-	var last callRef
+	var lastTenant, lastTarget string
 	for i := range items {
 		it := &items[i]
-		if i == 0 || it.call.tenant != last.tenant || it.call.target != last.target {
-			p, _ = d.store.Resolve(it.call.tenant, it.call.target)
-			last = it.call
-			if p.FlowControlled() && !slices.Contains(flow, it.call.target) {
-				flow = append(flow, it.call.target)
+		if i == 0 || it.call.tenant != lastTenant || it.target != lastTarget {
+			p, _ = d.store.Resolve(it.call.tenant, it.target)
+			lastTenant, lastTarget = it.call.tenant, it.target
+			if p.FlowControlled() && !slices.Contains(flow, it.target) {
+				flow = append(flow, it.target)
 			}
 		}
-		d.releaseLease(ctx, &p, it.call, it.lease)
+		d.releaseLease(ctx, &p, it.call, it.target, it.lease)
 	}
 	return flow
 }
@@ -90,8 +93,15 @@ func (d *Decisions) ReleaseLease(ctx context.Context, req *pb.ReleaseLeaseReques
 	if err := checkName("lease_id", req.GetLeaseId(), maxCallIDLen, false); err != nil {
 		return nil, err
 	}
-	p, _ := d.store.Resolve(call.tenant, call.target)
-	return &pb.ReleaseLeaseResponse{Released: d.releaseLease(ctx, &p, call, req.GetLeaseId())}, nil
+	if err := checkName("attempt_target", req.GetAttemptTarget(), maxTargetLen, false); err != nil {
+		return nil, err
+	}
+	target := call.target
+	if t := req.GetAttemptTarget(); t != "" {
+		target = t
+	}
+	p, _ := d.store.Resolve(call.tenant, target)
+	return &pb.ReleaseLeaseResponse{Released: d.releaseLease(ctx, &p, call, target, req.GetLeaseId())}, nil
 }
 
 // withPool adds a ceiling's state to a breaker's message.

@@ -29,6 +29,7 @@ const (
 	metricBudgetTokens = "policyd_budget_tokens"
 	metricRPCDuration  = "policyd_rpc_duration_seconds"
 	metricLeases       = "policyd_leases_total"
+	metricFallbacks    = "policyd_fallbacks_total"
 )
 
 // otherLabel replaces a target or tenant label past the cardinality cap.
@@ -73,6 +74,9 @@ type MetricsOptions struct {
 //	                                                            behind and resubscribed (changes may be missed)
 //	policyd_budget_tokens{tenant}                               gauge: tokens left in a tenant's budget,
 //	                                                            updated on decisions that spend one
+//	policyd_fallbacks_total{from,to}                            counter of attempts moved to another target of
+//	                                                            the call's chain (after_attempts, or an open
+//	                                                            breaker or full ceiling with on_circuit_open)
 //	policyd_rpc_duration_seconds{service,method,code}           histogram of RPC latency (streams: duration)
 //	grpc_server_started_total, grpc_server_handled_total,
 //	grpc_server_msg_received_total, grpc_server_msg_sent_total,
@@ -93,6 +97,7 @@ type Metrics struct {
 	budgetTokens *prometheus.GaugeVec
 	rpcDuration  *prometheus.HistogramVec
 	leases       *prometheus.CounterVec
+	fallbacks    *prometheus.CounterVec
 	grpc         *grpcprom.ServerMetrics
 	breakers     *breakerCollector
 	targets      *labelCap
@@ -136,13 +141,17 @@ func NewMetrics(reg prometheus.Registerer, opts MetricsOptions) (*Metrics, error
 			Name: metricLeases,
 			Help: "Concurrency leases by target and result: granted, full (the concurrency ceiling refused), rate_limited (the rate ceiling did), refused (the breaker did), stray_release (a release of a lease not held, ignored).",
 		}, []string{"target", "result"}),
+		fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: metricFallbacks,
+			Help: "Attempts moved from one target of a call's escalation chain to another, by the target they left and the one they went to.",
+		}, []string{"from", "to"}),
 		grpc: grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
 			grpcprom.WithHistogramBuckets(rpcBuckets))),
 		targets: newLabelCap(opts.MaxTargets),
 		tenants: newLabelCap(opts.MaxTenants),
 	}
 	m.breakers = newBreakerCollector(opts.WatchBuffer, m.tenants, m.targets)
-	for _, c := range []prometheus.Collector{m.decisions, m.attempts, m.budgetTokens, m.rpcDuration, m.leases, m.grpc, m.breakers} {
+	for _, c := range []prometheus.Collector{m.decisions, m.attempts, m.budgetTokens, m.rpcDuration, m.leases, m.fallbacks, m.grpc, m.breakers} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -190,6 +199,9 @@ func (m *Metrics) successes(outs []*pb.Outcome) {
 			continue
 		}
 		target := o.GetCall().GetTarget()
+		if t := o.GetAttemptTarget(); t != "" {
+			target = t
+		}
 		obs, seen := byTarget[target]
 		if !seen {
 			if byTarget == nil {
@@ -217,6 +229,14 @@ func (m *Metrics) lease(target string, granted bool, reason string) {
 		result = "rate_limited"
 	}
 	m.leases.WithLabelValues(m.targets.label(target), result).Inc()
+}
+
+// fallback counts an attempt moved from target from to target to.
+func (m *Metrics) fallback(from, to string) {
+	if m == nil {
+		return
+	}
+	m.fallbacks.WithLabelValues(m.targets.label(from), m.targets.label(to)).Inc()
 }
 
 // strayRelease counts a release of a lease not held.

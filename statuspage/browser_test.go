@@ -49,11 +49,23 @@ func artifactDir(t *testing.T) string {
 }
 
 // seedFleet gives the page something to show: a tripped breaker whose
-// sparkline rose, one under a cool-down, tenants that spent retries, and a
-// run with a ledger.
-func seedFleet(t *testing.T, store *breakerstore.Store, page *statuspage.Page) {
+// sparkline rose and whose policy escalates to a fallback, one under a
+// cool-down, one under a ceiling with leases out, tenants that spent
+// retries, and a run with a ledger and dead letters in its call table. It
+// returns the run's id.
+func seedFleet(t *testing.T, store *breakerstore.Store, page *statuspage.Page) string {
 	t.Helper()
 	now := time.Now()
+	setPolicy(t, store, "acme", "payments", func(p *policy.Policy) {
+		p.Breaker = consecutive
+		p.Fallback = policy.Fallback{Targets: []string{"payments-b"}, AfterAttempts: 2, OnCircuitOpen: true}
+	})
+	fail(t, store, policy.BreakerKey{Tenant: "acme", Target: "payments-b"}, consecutive, 1)
+	setPolicy(t, store, "acme", "geo", func(p *policy.Policy) {
+		p.Breaker = consecutive
+		p.Flow = policy.FlowConfig{MaxInFlight: 10, MaxRate: 50, Burst: 10}
+	})
+	admit(t, store, "acme", "geo", 6)
 	rising := policy.BreakerKey{Tenant: "acme", Target: "payments"}
 	windowed := policy.BreakerKey{Tenant: "globex", Target: "search"}
 	for i := range 8 {
@@ -90,23 +102,28 @@ func seedFleet(t *testing.T, store *breakerstore.Store, page *statuspage.Page) {
 	}
 	call := 0
 	for _, f := range []struct {
-		d    policy.Disposition
-		stop policy.StopReason
-		n    int
+		d        policy.Disposition
+		stop     policy.StopReason
+		n        int
+		attempts uint32
+		cls      string
 	}{
-		{policy.DispositionSucceeded, policy.StopNone, 120},
-		{policy.DispositionFailedTerminal, policy.StopTerminal, 9},
-		{policy.DispositionDeadLetter, policy.StopAttemptsExhausted, 14},
-		{policy.DispositionDeadLetter, policy.StopBudgetExhausted, 3},
-		{policy.DispositionCircuitOpen, policy.StopCircuitOpen, 7},
+		{policy.DispositionSucceeded, policy.StopNone, 120, 1, ""},
+		{policy.DispositionFailedTerminal, policy.StopTerminal, 9, 1, "terminal:422"},
+		{policy.DispositionDeadLetter, policy.StopAttemptsExhausted, 14, 3, "transient:503"},
+		{policy.DispositionDeadLetter, policy.StopBudgetExhausted, 3, 2, "transport:timeout"},
+		{policy.DispositionCircuitOpen, policy.StopCircuitOpen, 7, 2, "transient:502"},
 	} {
 		for range f.n {
 			call++
-			if err := store.RecordFinal(run.ID, fmt.Sprintf("doc-%d", call), f.d, f.stop); err != nil {
-				t.Fatal(err)
+			n := policy.CallNote{Target: "invoices-api", Attempt: f.attempts, Classification: f.cls, Time: now}
+			if f.d != policy.DispositionSucceeded {
+				n.TriageRef = fmt.Sprintf("inbox/doc-%d.pdf", call)
 			}
+			noteFinal(t, store, run.ID, fmt.Sprintf("doc-%d", call), f.d, f.stop, n)
 		}
 	}
+	return run.ID
 }
 
 // browser starts a headless Chromium at exe, ended with the test, and
@@ -134,12 +151,16 @@ const live = `document.getElementById("live").textContent === "live"`
 
 // TestBrowserSeesABreakerOpen loads the page in a real headless Chromium,
 // forces a breaker OPEN in the store and waits, for at most a second after
-// the transition, until the page shows it OPEN; then it saves a screenshot.
+// the transition, until the page shows it OPEN, and its escalation chain
+// with it; then it saves a screenshot, checks a ceiling is shown, and
+// follows the run's dead-letter link to the page listing its dead-lettered
+// calls.
 func TestBrowserSeesABreakerOpen(t *testing.T) {
 	exe := chromium(t)
 	store := openStore(t, nil)
-	page, url := serve(t, statuspage.Config{Source: store, Health: health(store), Open: true, Refresh: time.Hour})
-	seedFleet(t, store, page)
+	page, url := serve(t, statuspage.Config{Source: store, Health: health(store), Replicas: statuspage.Sole("policyd.db"),
+		Open: true, Refresh: time.Hour})
+	runID := seedFleet(t, store, page)
 	checkout := policy.BreakerKey{Tenant: "acme", Target: "checkout"}
 	fail(t, store, checkout, consecutive, 3)
 
@@ -165,6 +186,10 @@ func TestBrowserSeesABreakerOpen(t *testing.T) {
 		t.Fatalf("the page did not show checkout OPEN within a second of the transition: %v (it shows %q)", err, now)
 	}
 	t.Logf("the page showed checkout OPEN %s after the transition", time.Since(transition).Round(time.Millisecond))
+	chain := `document.querySelector('tr.escalation[data-target="payments"] td.chain')?.textContent.replace(/\s+/g, " ").trim()`
+	if got, err := chromedp.Run(ctx, chromedp.Evaluate[string](chain)); err != nil || got != "payments OPEN → payments-b CLOSED" {
+		t.Errorf("the escalation chain of acme/payments reads %q, %v; want payments OPEN → payments-b CLOSED", got, err)
+	}
 
 	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 	if err != nil {
@@ -178,6 +203,45 @@ func TestBrowserSeesABreakerOpen(t *testing.T) {
 		t.Errorf("screenshot %s is not a PNG", path)
 	}
 	t.Logf("screenshot: %s", path)
+
+	ceiling := `document.querySelector('tr.ceiling[data-target="geo"] .in-flight')?.textContent`
+	if got, err := chromedp.Run(ctx, chromedp.Evaluate[string](ceiling)); err != nil || got != "6 / 10" {
+		t.Errorf("the ceiling of acme/geo reads %q, %v; want 6 / 10 leases in flight", got, err)
+	}
+
+	// The run's dead-letter link opens its list: the dead-lettered calls,
+	// not the succeeded ones.
+	runCtx, cancelRun := context.WithTimeout(ctx, 10*time.Second)
+	defer cancelRun()
+	if err := chromedp.Do(runCtx, chromedp.Click(chromedp.CSS(`tr.run a.dead-letter-list`))); err != nil {
+		t.Fatalf("clicking the dead-letter link: %v", err)
+	}
+	// The new document's row, once it is there (a query survives the
+	// navigation; an evaluation in the old document's context does not).
+	if err := chromedp.Do(runCtx, chromedp.WaitVisible(chromedp.CSS(`tr.call[data-call="doc-130"]`))); err != nil {
+		loc, _ := chromedp.Run(ctx, chromedp.Location())
+		t.Fatalf("the dead-letter list shows no doc-130: %v (at %s)", err, loc)
+	}
+	disp := `document.querySelector('tr.call[data-call="doc-130"] td.disposition')?.textContent`
+	if got, err := chromedp.Run(runCtx, chromedp.Evaluate[string](disp)); err != nil || got != "DEAD_LETTER" {
+		t.Errorf("doc-130's disposition on the list: got %q, %v; want DEAD_LETTER", got, err)
+	}
+	loc, err := chromedp.Run(runCtx, chromedp.Location())
+	if want := url + "/status/runs/" + runID; err != nil || loc != want {
+		t.Errorf("the dead-letter link led to %q, %v; want %s", loc, err, want)
+	}
+	counts, err := chromedp.Run(runCtx, chromedp.Evaluate[string](
+		`document.querySelectorAll('tr.call').length + " calls, " + document.querySelectorAll('tr.call[data-call="doc-1"]').length + " succeeded"`))
+	if err != nil || counts != "33 calls, 0 succeeded" {
+		t.Errorf("the run's list: got %q, %v; want its 33 dead-lettered, failed-terminal and circuit-open calls, no succeeded one", counts, err)
+	}
+	png, err = chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatalf("screenshot: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(artifactDir(t), "status-run.png"), png, 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestBrowserLogsInWithTheAdminToken loads a guarded page as a person

@@ -1,9 +1,14 @@
 // Package statuspage serves policyd's live status page: the fleet's
-// breakers, tenants' retry budgets, active runs, cool-downs and the store's
-// health, as server-rendered HTML at /status, as JSON at /status.json, and
-// as a stream of server-sent events at /status/events that the page's few
-// lines of JavaScript (an EventSource) use to replace its body whenever a
-// breaker changes.
+// breakers, their ceilings (leases in flight, rate, adaptive value), the
+// policies' escalation chains with each target's breaker, tenants' retry
+// budgets, active runs with their dead-letter lists, cool-downs, the
+// replicas and the store's health, as server-rendered HTML at /status, as
+// JSON at /status.json, and as a stream of server-sent events at
+// /status/events that the page's few lines of JavaScript (an EventSource)
+// use to replace its body whenever a breaker changes: the breakers'
+// states, and with them their chains' states and their ceilings, arrive
+// on the change; what moves without one (leases, tokens, ledgers,
+// replicas) every Config.Refresh.
 //
 // # Endpoints
 //
@@ -14,6 +19,14 @@
 //	                       every breaker change (the store's subscription)
 //	                       and, when something else moved (tokens, ledgers,
 //	                       the ages shown), every Config.Refresh
+//	GET /status/runs/{id}  a run's ledger and dead-letter list: its
+//	                       dead-lettered, circuit-open, deadline-cut and
+//	                       failed-terminal calls from its call table, by
+//	                       call id, RunCallsPage a page (?after=CALL_ID is
+//	                       the cursor; the page links the next)
+//	GET /status/runs/{id}.json  the same as a JSON document (RunPage); a
+//	                       run id ending in .json is linked with the dot
+//	                       escaped (%2Ejson), which asks for the HTML
 //	GET /status/assets/... the page's stylesheet and script
 //
 // Everything is read-only: the page changes nothing, and nothing is fetched
@@ -33,11 +46,17 @@
 //
 // # Data
 //
-// The page reads through Source, a small interface the bbolt engine
-// satisfies, in domain types only (no protobuf). Breakers are listed by
-// severity (OPEN, HALF_OPEN, DISABLED, then CLOSED) up to
-// Config.MaxBreakers; the cool-downs shown are those of the listed
-// breakers. Runs are listed while their cut-off is ahead. A breaker's
+// The page reads through Source, a small interface both engines satisfy,
+// in domain types only (no protobuf), and lists the replicas through
+// Replicas (policyd serve adapts the Redis engine's heartbeat set; Sole is
+// a daemon alone on its bbolt file). A listed breaker whose effective
+// policy sets a ceiling carries it (Ceiling). Escalations are the stored
+// policies with a fallback chain, each target with its breaker's state:
+// the breaker under the policy's tenant, or for a policy of every tenant
+// with per-tenant breakers, the most severe of the listed ones. Breakers
+// are listed by severity (OPEN, HALF_OPEN, DISABLED, then CLOSED) up to
+// Config.MaxBreakers; the cool-downs and ceilings shown are those of the
+// listed breakers. Runs are listed while their cut-off is ahead. A breaker's
 // "recent failures" sparkline is sampled by the page itself every
 // Config.Sample (the count its mode trips on: consecutive failures, or the
 // failures in the FAILURE_RATE window), the last HistoryLen samples.

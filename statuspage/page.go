@@ -15,16 +15,32 @@ import (
 )
 
 // Source is the fleet state the page reads. It is declared here, where it
-// is consumed; breakerstore.Store satisfies it. Implementations must be
+// is consumed; breakerstore.Store and redisstore.Store satisfy it. Implementations must be
 // safe for concurrent use.
 type Source interface {
 	// Breakers lists up to limit breakers (all when limit <= 0) in the
 	// given state (any when zero) of tenant (every tenant when ""), by key.
 	Breakers(tenant string, state policy.BreakerState, after policy.BreakerKey, limit int) ([]policy.BreakerSnapshot, error)
+	// Breaker returns the breaker under key; one never seen is an error
+	// of the not-found class (a NotFound method returning true).
+	Breaker(key policy.BreakerKey) (policy.BreakerSnapshot, error)
 	// Budgets lists up to limit tenants' budgets (all when limit <= 0).
 	Budgets(after string, limit int) ([]policy.BudgetStatus, error)
 	// Runs lists up to limit of tenant's runs (all when limit <= 0).
 	Runs(tenant, after string, limit int) ([]policy.Run, error)
+	// Run returns the run id; an unknown one is of the not-found class.
+	Run(id string) (policy.Run, error)
+	// RunCalls returns up to limit calls of run runID's call table that f
+	// selects, by call id after the id after, and how many of the run's
+	// calls are beyond the table's cap.
+	RunCalls(runID string, f policy.RunCallFilter, after string, limit int) ([]policy.RunCall, uint64, error)
+	// Resolve returns the policy a call of tenant to target follows.
+	Resolve(tenant, target string) (policy.Policy, policy.PolicyEntry)
+	// Policies lists up to limit stored policies (all when limit <= 0),
+	// by scope.
+	Policies(after policy.PolicyScope, limit int) ([]policy.PolicyEntry, error)
+	// Pool returns the concurrency ceiling's state under key.
+	Pool(key policy.BreakerKey) (policy.PoolStatus, error)
 	// Subscribe streams the breakers' states, then every change; the
 	// channel is closed when the subscriber falls behind, when cancel is
 	// called or when the store closes.
@@ -54,6 +70,9 @@ type Config struct {
 	Source Source
 	// Health reports the store's health; nil shows none.
 	Health func() StoreHealth
+	// Replicas lists the daemons serving the fleet state (Sole for a
+	// bbolt file); nil shows none.
+	Replicas Replicas
 	// Open serves every endpoint without a credential (a loopback
 	// listener, or admin calls opened for development). Otherwise Admin
 	// must accept the token presented.
@@ -127,6 +146,7 @@ func New(cfg Config) *Page {
 	p.mux.HandleFunc("GET /status", p.servePage)
 	p.mux.HandleFunc("GET /status.json", p.serveJSON)
 	p.mux.HandleFunc("GET /status/events", p.serveEvents)
+	p.mux.HandleFunc("GET /status/runs/{id}", p.serveRun)
 	p.mux.Handle("GET /status/assets/", http.StripPrefix("/status/assets/", http.FileServerFS(static)))
 	go p.sampleLoop()
 	return p

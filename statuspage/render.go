@@ -21,6 +21,15 @@ var funcs = template.FuncMap{
 	"lower":      strings.ToLower,
 	"mul":        func(a, b float64) float64 { return a * b },
 	"scopeLabel": scopeLabel,
+	"ceilings":   ceilings,
+	"runPath":    runPath,
+	"rate":       func(f float64) string { return strconv.FormatFloat(f, 'g', 4, 64) },
+	"orClosed": func(s string) string {
+		if s == "" {
+			return "CLOSED"
+		}
+		return s
+	},
 	"orDash": func(s string) string {
 		if s == "" || s == "UNSPECIFIED" {
 			return "—"
@@ -109,6 +118,17 @@ func ledgerBar(l Ledger) []segment {
 		s.X, s.W = x, 100*float64(s.N)/float64(total)
 		x += s.W
 		out = append(out, s)
+	}
+	return out
+}
+
+// ceilings returns the breakers that have a ceiling, in their order.
+func ceilings(bs []Breaker) []Breaker {
+	var out []Breaker
+	for _, b := range bs {
+		if b.Ceiling != nil {
+			out = append(out, b)
+		}
 	}
 	return out
 }

@@ -5,6 +5,8 @@ import (
 	"math"
 	"strings"
 	"testing"
+
+	"github.com/policyd/policyd/policy"
 )
 
 func TestSparklineScalesToItsPeak(t *testing.T) {
@@ -61,5 +63,27 @@ func TestLedgerBarFillsTheBarInOrder(t *testing.T) {
 	}
 	if segs := ledgerBar(Ledger{}); segs != nil {
 		t.Errorf("empty ledger: got %+v, want no segment", segs)
+	}
+}
+
+func TestCeilingOfAnAdaptivePool(t *testing.T) {
+	p := policy.Default()
+	p.Flow = policy.FlowConfig{MaxInFlight: 10, Adaptive: policy.Adaptive{Enabled: true, Min: 3}}
+	for _, tc := range []struct {
+		name     string
+		adaptive float64
+		want     Ceiling
+	}{
+		{"not started: at the maximum", 0, Ceiling{InFlight: 2, Limit: 10, MaxInFlight: 10, Adaptive: true, AdaptiveMin: 3}},
+		{"shrunk: rounded down", 7.6, Ceiling{InFlight: 2, Limit: 7, MaxInFlight: 10, Adaptive: true, AdaptiveMin: 3, AdaptiveLimit: 7.6}},
+		{"below the floor: the floor", 2.5, Ceiling{InFlight: 2, Limit: 3, MaxInFlight: 10, Adaptive: true, AdaptiveMin: 3, AdaptiveLimit: 2.5}},
+	} {
+		got := ceilingOf(&p, policy.PoolStatus{InFlight: 2, Adaptive: tc.adaptive})
+		if got == nil || *got != tc.want {
+			t.Errorf("%s: got %+v, want %+v", tc.name, got, tc.want)
+		}
+	}
+	if got := ceilingOf(new(policy.Default()), policy.PoolStatus{}); got != nil {
+		t.Errorf("no ceiling: got %+v, want nil", got)
 	}
 }

@@ -21,6 +21,10 @@ type Status struct {
 	TenantsOmitted  bool       `json:"tenants_omitted"`
 	Runs            []Run      `json:"runs"`
 	RunsOmitted     bool       `json:"runs_omitted"`
+	// Escalations are the stored policies' fallback chains.
+	Escalations []Escalation `json:"escalations"`
+	// Replicas are the daemons serving the fleet state (Config.Replicas).
+	Replicas []Replica `json:"replicas"`
 	// Errors lists the sections the store could not list, and why.
 	Errors []string `json:"errors,omitempty"`
 }
@@ -37,8 +41,18 @@ type StoreHealth struct {
 	AuditRecords  int    `json:"audit_records"`
 	AuditBuffered int    `json:"audit_buffered"`
 	AuditDropped  uint64 `json:"audit_dropped"`
-	// State is OK, or FLUSH_FAILING while group commits have failed
-	// within the last FlushFailingFor (set by the page, not the source).
+	// File is the bbolt file's base name; "" for a shared engine.
+	File string `json:"file,omitempty"`
+	// Replica is this daemon's id in a shared engine's replica set.
+	Replica string `json:"replica,omitempty"`
+	// Degraded is true while a shared engine does not answer and this
+	// replica decides from its last known state (redisstore.Store.Up).
+	Degraded bool `json:"degraded"`
+	// Up is !Degraded: the store answers (set by the page).
+	Up bool `json:"up"`
+	// State is OK; DEGRADED while the engine does not answer; or
+	// FLUSH_FAILING while group commits have failed within the last
+	// FlushFailingFor (set by the page, not the source).
 	State string `json:"state"`
 }
 
@@ -64,6 +78,9 @@ type Breaker struct {
 	// Recent is Failures sampled every Config.Sample, oldest first, the
 	// last value being Failures now.
 	Recent []uint64 `json:"recent_failures"`
+	// Ceiling is the key's fleet-wide ceilings under its effective
+	// policy; nil when it has none.
+	Ceiling *Ceiling `json:"ceiling,omitempty"`
 }
 
 // Cooldown is a fleet-wide pushback cool-down in force.
@@ -144,11 +161,22 @@ func (p *Page) breakers() ([]policy.BreakerSnapshot, error) {
 // status reads the source into a Status.
 func (p *Page) status() Status {
 	now := p.cfg.Clock.Now()
-	st := Status{Time: now, Breakers: []Breaker{}, Cooldowns: []Cooldown{}, Tenants: []Tenant{}, Runs: []Run{}}
+	st := Status{Time: now, Breakers: []Breaker{}, Cooldowns: []Cooldown{}, Tenants: []Tenant{}, Runs: []Run{},
+		Escalations: []Escalation{}, Replicas: []Replica{}}
 	if p.cfg.Health != nil {
 		h := p.cfg.Health()
-		h.State = p.hist.storeState(now, h.FlushErrors)
+		h.State, h.Up = p.hist.storeState(now, h.FlushErrors), !h.Degraded
+		if h.Degraded {
+			h.State = "DEGRADED"
+		}
 		st.Store = &h
+	}
+	if p.cfg.Replicas != nil {
+		rs, err := p.cfg.Replicas.Replicas()
+		if err != nil {
+			st.Errors = append(st.Errors, "replicas: "+err.Error())
+		}
+		st.Replicas = append(st.Replicas, rs...)
 	}
 	snaps, err := p.breakers()
 	if err != nil {
@@ -163,10 +191,20 @@ func (p *Page) status() Status {
 			b.OpenUntil = &until
 		}
 		b.Recent = append(p.hist.recent(s.Key), b.Failures)
+		if pol, _ := p.cfg.Source.Resolve(s.Key.Tenant, s.Key.Target); pol.FlowControlled() {
+			pool, err := p.cfg.Source.Pool(s.Key)
+			if err != nil {
+				st.Errors = append(st.Errors, "ceiling of "+s.Key.Tenant+"/"+s.Key.Target+": "+err.Error())
+			}
+			b.Ceiling = ceilingOf(&pol, pool)
+		}
 		st.Breakers = append(st.Breakers, b)
 		if s.CooldownUntil.After(now) {
 			st.Cooldowns = append(st.Cooldowns, Cooldown{Tenant: s.Key.Tenant, Target: s.Key.Target, Until: s.CooldownUntil})
 		}
+	}
+	if st.Escalations, err = p.escalations(snaps); err != nil {
+		st.Errors = append(st.Errors, "policies: "+err.Error())
 	}
 	if st.Store != nil {
 		st.BreakersOmitted = max(0, st.Store.Breakers-len(st.Breakers))
@@ -197,16 +235,21 @@ func (p *Page) status() Status {
 			st.RunsOmitted = true
 			break
 		}
-		l := r.Ledger
-		st.Runs = append(st.Runs, Run{ID: r.ID, Tenant: r.Tenant, Description: r.Description, Pool: r.Pool, Spent: r.Spent,
-			Created: r.Created, Cutoff: r.Cutoff, Ledger: Ledger{
-				Succeeded: l.Succeeded, FailedTerminal: l.FailedTerminal, CircuitOpen: l.CircuitOpen, DeadlineCut: l.DeadlineCut,
-				DeadLetter: DeadLetters{Exhausted: l.DeadLetterExhausted, Budget: l.DeadLetterBudget,
-					NotIdempotent: l.DeadLetterNotIdempotent, Pushback: l.DeadLetterPushback},
-			}})
+		st.Runs = append(st.Runs, runOf(&r))
 	}
 	slices.SortFunc(st.Runs, func(a, b Run) int { return cmp.Or(b.Created.Compare(a.Created), cmp.Compare(a.ID, b.ID)) })
 	return st
+}
+
+// runOf is r as the page shows it.
+func runOf(r *policy.Run) Run {
+	l := r.Ledger
+	return Run{ID: r.ID, Tenant: r.Tenant, Description: r.Description, Pool: r.Pool, Spent: r.Spent,
+		Created: r.Created, Cutoff: r.Cutoff, Ledger: Ledger{
+			Succeeded: l.Succeeded, FailedTerminal: l.FailedTerminal, CircuitOpen: l.CircuitOpen, DeadlineCut: l.DeadlineCut,
+			DeadLetter: DeadLetters{Exhausted: l.DeadLetterExhausted, Budget: l.DeadLetterBudget,
+				NotIdempotent: l.DeadLetterNotIdempotent, Pushback: l.DeadLetterPushback},
+		}}
 }
 
 // failures is the count s's mode trips on.

@@ -57,7 +57,7 @@ func openStore(t testing.TB, clock breakerstore.Clock) *breakerstore.Store {
 func health(store *breakerstore.Store) func() statuspage.StoreHealth {
 	return func() statuspage.StoreHealth {
 		st := store.Stats()
-		return statuspage.StoreHealth{Engine: "bbolt", Breakers: st.Breakers, Tenants: st.Tenants, Runs: st.Runs,
+		return statuspage.StoreHealth{Engine: "bbolt", File: "policyd.db", Breakers: st.Breakers, Tenants: st.Tenants, Runs: st.Runs,
 			Commits: st.Commits, FlushErrors: st.FlushErrors}
 	}
 }

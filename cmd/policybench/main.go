@@ -11,6 +11,7 @@
 //	go run ./cmd/policybench replicas
 //	go run ./cmd/policybench replicas-sweep
 //	go run ./cmd/policybench flow
+//	go run ./cmd/policybench escalate
 package main
 
 import (
@@ -93,7 +94,7 @@ outcomes per commit from policyd_store_commits_total.
 	f.Uint64Var(&cfg.Seed, "seed", 1, "seed of the request mix")
 	f.IntVar(&cfg.ReportBatch, "report-batch", defaultReportBatch, "outcomes per ReportOutcome (1..1000; the Go client's default batch size is 256)")
 	spawn.register(cmd)
-	cmd.AddCommand(crashCmd(), diskfullCmd(), replicasCmd(), replicaSweepCmd(), soakCmd(), drainCmd(), slowWatchCmd(), profileServerCmd(), &cobra.Command{
+	cmd.AddCommand(crashCmd(), diskfullCmd(), escalateCmd(), replicasCmd(), replicaSweepCmd(), soakCmd(), drainCmd(), slowWatchCmd(), profileServerCmd(), &cobra.Command{
 		Use:    "echo-server",
 		Short:  "Serve the bare gRPC echo on a loopback port (used by the sweep)",
 		Hidden: true,

@@ -302,6 +302,9 @@ func policyCmd(c *clientFlags) *cobra.Command {
 		maxInFlight, burst               uint32
 		maxRate                          float64
 		countPushback                    bool
+		fallbacks                        []string
+		fallbackAfter                    uint32
+		fallbackOnOpen                   bool
 		base, maxDelay, attemptTO, dline time.Duration
 		cooldown                         time.Duration
 		factor                           float64
@@ -380,6 +383,20 @@ func policyCmd(c *clientFlags) *cobra.Command {
 					p.Flow.Burst = &burst
 				}
 			}
+			if fl.Changed("fallback") || fl.Changed("fallback-after") || fl.Changed("fallback-on-circuit-open") {
+				if p.Fallback == nil {
+					p.Fallback = &pb.FallbackSettings{}
+				}
+				if fl.Changed("fallback") {
+					p.Fallback.Targets = fallbacks
+				}
+				if fl.Changed("fallback-after") {
+					p.Fallback.AfterAttempts = fallbackAfter
+				}
+				if fl.Changed("fallback-on-circuit-open") {
+					p.Fallback.OnCircuitOpen = fallbackOnOpen
+				}
+			}
 			if fl.Changed("breaker-mode") {
 				v, ok := pb.BreakerMode_value["BREAKER_MODE_"+strings.ToUpper(strings.ReplaceAll(mode, "-", "_"))]
 				if !ok {
@@ -418,6 +435,9 @@ func policyCmd(c *clientFlags) *cobra.Command {
 	f.Uint32Var(&maxInFlight, "max-in-flight", 0, "fleet-wide concurrency ceiling, in attempts (unset: none)")
 	f.Float64Var(&maxRate, "max-rate", 0, "fleet-wide rate ceiling, in attempts per second (unset: none)")
 	f.Uint32Var(&burst, "burst", 1, "attempts the rate ceiling admits at once")
+	f.StringSliceVar(&fallbacks, "fallback", nil, "fallback targets a call escalates to, in order (comma-separated, at most 4)")
+	f.Uint32Var(&fallbackAfter, "fallback-after", 0, "attempts each target of the chain gets before the next (0: only on an open circuit)")
+	f.BoolVar(&fallbackOnOpen, "fallback-on-circuit-open", false, "send an attempt whose target's breaker is open to the next target of the chain")
 
 	get := &cobra.Command{
 		Use: "get", Short: "Show the policy of a scope (--effective: the one that applies)", Args: cobra.NoArgs,
@@ -488,6 +508,7 @@ func printPolicy(w io.Writer, e *pb.PolicyEntry) {
 			br.GetConsecutiveFailures(), br.GetFailureRate(), dur(br.GetWindow()), br.GetMinCalls())},
 		{"breaker cool-down", fmt.Sprintf("%s, then %d probe permits (each within %s)", dur(br.GetCooldown()), br.GetHalfOpenProbes(), dur(br.GetProbeTimeout()))},
 		{"flow ceilings", flowText(p.GetFlow())},
+		{"fallback", fallbackText(p.GetFallback())},
 	}
 	table(w, "FIELD\tVALUE", rows)
 }
@@ -508,6 +529,21 @@ func flowText(f *pb.FlowSettings) string {
 		return "none"
 	}
 	return strings.Join(parts, "; ")
+}
+
+// fallbackText describes a policy's escalation chain, or "none".
+func fallbackText(f *pb.FallbackSettings) string {
+	if len(f.GetTargets()) == 0 {
+		return "none"
+	}
+	s := strings.Join(f.GetTargets(), ", ")
+	if n := f.GetAfterAttempts(); n > 0 {
+		s += fmt.Sprintf(", after %d attempts per target", n)
+	}
+	if f.GetOnCircuitOpen() {
+		s += ", on an open circuit"
+	}
+	return s
 }
 
 // joinCodes lists codes by name, or "-" for none.

@@ -85,6 +85,21 @@ func TestAdminCLIPolish(t *testing.T) {
 		}
 	})
 
+	t.Run("policy set takes and shows the fallback chain", func(t *testing.T) {
+		out, err := cli(t, dir, "policy", "set", "--tenant", "acme", "--target", "geo-a", "--fallback", "geo-b,geo-c",
+			"--fallback-after", "1", "--fallback-on-circuit-open")
+		if err != nil {
+			t.Fatalf("policy set: %v: %s", err, out)
+		}
+		if !strings.Contains(out, "geo-b, geo-c, after 1 attempts per target, on an open circuit") {
+			t.Errorf("policy set does not show the fallback chain:\n%s", out)
+		}
+		out, err = cli(t, dir, "policy", "set", "--tenant", "acme", "--target", "geo-a", "--fallback", "geo-a")
+		if err == nil || !strings.Contains(out, "policy.fallback.targets[0]") {
+			t.Errorf("policy set --fallback geo-a on geo-a: got %v:\n%s\nwant a refusal naming policy.fallback.targets[0]", err, out)
+		}
+	})
+
 	t.Run("errors read without internal prefixes", func(t *testing.T) {
 		// Failed before the fix: "rpc error: code = NotFound desc = tenant
 		// \"ghost\": breakerstore: not found: budget of tenant \"ghost\"".

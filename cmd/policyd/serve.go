@@ -182,7 +182,7 @@ func serve(ctx context.Context, cfg serveConfig) error {
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
-	tel, err := cfg.Observe.start(ctx, store, bolt, loader, auth, log)
+	tel, err := cfg.Observe.start(ctx, store, bolt, su.bboltPath, loader, auth, log)
 	if err != nil {
 		return err
 	}

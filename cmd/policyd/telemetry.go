@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/policyd/policyd/breakerstore"
+	"github.com/policyd/policyd/redisstore"
 	"github.com/policyd/policyd/server"
 	"github.com/policyd/policyd/statuspage"
 )
@@ -76,8 +78,8 @@ type telemetry struct {
 // off loopback. The caller must call stop.
 // start serves the metrics and the status page of store when
 // --metrics-listen is set; bolt is the same store when it is the bbolt
-// engine (its write statistics), nil otherwise.
-func (o *observeConfig) start(ctx context.Context, store statuspage.Source, bolt *breakerstore.Store, loader *configLoader, auth *server.Auth, log *slog.Logger) (*telemetry, error) {
+// engine (its write statistics), nil otherwise, and stateFile its path.
+func (o *observeConfig) start(ctx context.Context, store statuspage.Source, bolt *breakerstore.Store, stateFile string, loader *configLoader, auth *server.Auth, log *slog.Logger) (*telemetry, error) {
 	t := &telemetry{}
 	if o.MetricsListen != "" {
 		reg := prometheus.NewRegistry()
@@ -108,7 +110,7 @@ func (o *observeConfig) start(ctx context.Context, store statuspage.Source, bolt
 			ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelError),
 		}))
 		t.status = statuspage.New(statuspage.Config{
-			Source: store, Health: storeHealth(bolt), Logger: log,
+			Source: store, Health: storeHealth(store, bolt, stateFile), Replicas: statusReplicas(store, bolt, stateFile), Logger: log,
 			Open: statusOpen(o.MetricsListen, auth), Admin: auth.AdminToken,
 		})
 		t.status.Register(mux)
@@ -186,17 +188,57 @@ func statusOpen(metricsListen string, auth *server.Auth) bool {
 	return loopback(metricsListen) || auth.OpenAdmin()
 }
 
-// storeHealth reports the store's counters to the status page.
-func storeHealth(store *breakerstore.Store) func() statuspage.StoreHealth {
-	if store == nil {
-		return func() statuspage.StoreHealth { return statuspage.StoreHealth{Engine: "redis"} }
+// storeHealth reports the store's counters to the status page: the bbolt
+// store's (bolt, on stateFile), or whether a shared engine answers and
+// this replica's id in its replica set.
+func storeHealth(store statuspage.Source, bolt *breakerstore.Store, stateFile string) func() statuspage.StoreHealth {
+	if bolt == nil {
+		return func() statuspage.StoreHealth {
+			h := statuspage.StoreHealth{Engine: "redis"}
+			if e, ok := store.(engineHealth); ok {
+				h.Degraded = !e.Up()
+			}
+			if rs, ok := store.(replicaSet); ok {
+				h.Replica = rs.ReplicaID()
+			}
+			return h
+		}
 	}
 	return func() statuspage.StoreHealth {
-		st := store.Stats()
-		return statuspage.StoreHealth{Engine: "bbolt", Breakers: st.Breakers, Tenants: st.Tenants, Runs: st.Runs,
+		st := bolt.Stats()
+		return statuspage.StoreHealth{Engine: "bbolt", File: filepath.Base(stateFile), Breakers: st.Breakers, Tenants: st.Tenants, Runs: st.Runs,
 			Commits: st.Commits, FlushErrors: st.FlushErrors,
 			AuditRecords: st.AuditRecords, AuditBuffered: st.AuditBuffered, AuditDropped: st.AuditDropped}
 	}
+}
+
+// replicaSet is a shared engine's replica set (redisstore.Store).
+type replicaSet interface {
+	ReplicaID() string
+	Replicas() ([]redisstore.Replica, error)
+}
+
+// statusReplicas is what the status page lists as replicas: a shared
+// engine's replica set, or the bbolt file's sole daemon, named after the
+// file.
+func statusReplicas(store statuspage.Source, bolt *breakerstore.Store, stateFile string) statuspage.Replicas {
+	if rs, ok := store.(replicaSet); ok && bolt == nil {
+		return pageReplicas{rs}
+	}
+	return statuspage.Sole(filepath.Base(stateFile))
+}
+
+// pageReplicas adapts a replicaSet to statuspage.Replicas.
+type pageReplicas struct{ rs replicaSet }
+
+func (p pageReplicas) Replicas() ([]statuspage.Replica, error) {
+	rs, err := p.rs.Replicas()
+	self := p.rs.ReplicaID()
+	out := make([]statuspage.Replica, 0, len(rs))
+	for _, r := range rs {
+		out = append(out, statuspage.Replica{ID: r.ID, LastSeen: r.LastSeen, Self: r.ID == self})
+	}
+	return out, err
 }
 
 // reloadCollector reports the policy file's last load:

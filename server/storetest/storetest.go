@@ -56,6 +56,10 @@ type Engine struct {
 	// clock; whatever it starts ends with the test. Nil for an embedded
 	// engine: Store then stands for every replica.
 	Replica func() server.Store
+	// Adaptive is true when the engine applies an outcome's FlowSignal to
+	// an adaptive ceiling (Store.ReleaseLease); the adaptive behaviour is
+	// skipped for one that does not yet.
+	Adaptive bool
 }
 
 // Open starts the engine under test for one test, telling time by clock;
@@ -84,12 +88,16 @@ func Run(t *testing.T, open Open) {
 		{"duplicates", testDuplicates},
 		{"permits", testPermits},
 		{"replicas", testReplicas},
+		{"escalation", testEscalation},
+		{"leases", testLeases},
+		{"rate", testRate},
+		{"adaptive", testAdaptive},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := NewClock()
 			en := open(t, c)
-			e := &env{clock: c, s: en.Store, restart: en.Restart}
+			e := &env{clock: c, s: en.Store, restart: en.Restart, adaptive: en.Adaptive}
 			e.replicas = []server.Store{en.Store}
 			for len(e.replicas) < replicas {
 				r := en.Store
@@ -109,6 +117,7 @@ type env struct {
 	s        server.Store
 	restart  func() server.Store
 	replicas []server.Store // s first; s every time for an embedded engine
+	adaptive bool           // Engine.Adaptive
 }
 
 // on returns the replica the i-th worker calls.
@@ -709,6 +718,60 @@ func testDurability(t *testing.T, e *env) {
 	}
 	if a := e.admit(t, k("tripped")); a.Admitted || a.Reason != fleet.ReasonOpen {
 		t.Errorf("after a crash: Admit of the tripped breaker = %+v, want refused %q", a, fleet.ReasonOpen)
+	}
+}
+
+// testEscalation: a run's call table keeps the target a call ended on with
+// its primary (a note naming a target sets both, so a call back on its
+// primary has none), on every replica; an audit record keeps its primary
+// target and one without it reads back without it.
+func testEscalation(t *testing.T, e *env) {
+	run, err := e.s.OpenRun(policy.Run{Tenant: "acme", Pool: 10, Cutoff: e.clock.Now().Add(time.Hour)})
+	if err != nil {
+		t.Fatalf("OpenRun = %v, want nil", err)
+	}
+	now := e.clock.Now()
+	notes := []struct {
+		call string
+		n    policy.CallNote
+	}{
+		{"moved", policy.CallNote{Target: "geo-a", Attempt: 1, Time: now}},
+		{"moved", policy.CallNote{Target: "geo-b", PrimaryTarget: "geo-a", Attempt: 2, Time: now}},
+		{"moved", policy.CallNote{Attempt: 2, Disposition: policy.DispositionSucceeded, Time: now}},
+		{"back", policy.CallNote{Target: "geo-b", PrimaryTarget: "geo-a", Attempt: 1, Time: now}},
+		{"back", policy.CallNote{Target: "geo-a", Attempt: 2, Time: now}},
+		{"stayed", policy.CallNote{Target: "geo-a", Attempt: 1, Time: now}},
+	}
+	for i, n := range notes {
+		if err := e.on(i).NoteCall(run.ID, n.call, n.n); err != nil {
+			t.Fatalf("NoteCall(%s, %+v) = %v, want nil", n.call, n.n, err)
+		}
+	}
+	want := "[back geo-a/ moved geo-b/geo-a stayed geo-a/]"
+	e.everywhere(t, "the call table's targets "+want, func(s server.Store) bool {
+		calls, _, err := s.RunCalls(run.ID, policy.RunCallFilter{}, "", 0)
+		var got []string
+		for _, c := range calls {
+			got = append(got, c.CallID+" "+c.Target+"/"+c.PrimaryTarget)
+		}
+		return err == nil && fmt.Sprint(got) == want
+	})
+
+	e.s.AppendAudit(
+		policy.AuditRecord{Event: policy.AuditDecision, Tenant: "acme", Target: "geo-b", PrimaryTarget: "geo-a", CallID: "esc-1", Attempt: 2},
+		policy.AuditRecord{Event: policy.AuditDecision, Tenant: "acme", Target: "geo-a", CallID: "esc-1", Attempt: 1},
+	)
+	var got []string
+	eventually(t, "the audit records of esc-1", func() bool {
+		recs, _, err := e.s.QueryAudit(policy.AuditQuery{CallID: "esc-1", Tenant: "acme"})
+		got = got[:0]
+		for _, r := range recs {
+			got = append(got, fmt.Sprintf("%d %s/%s", r.Attempt, r.Target, r.PrimaryTarget))
+		}
+		return err == nil && len(recs) == 2
+	})
+	if fmt.Sprint(got) != "[2 geo-b/geo-a 1 geo-a/]" {
+		t.Errorf("audit records (attempt target/primary): got %v, want [2 geo-b/geo-a 1 geo-a/]", got)
 	}
 }
 

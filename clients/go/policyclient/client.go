@@ -138,6 +138,7 @@ type Client struct {
 	local    *localPolicy
 	breakers *breakerCache
 	flow     *flowCache
+	chains   chainCache
 	runs     runCutoffs
 	out      *outcomes
 
