@@ -754,7 +754,7 @@ func TestAuditMovesThePreviousLayoutIntoSegments(t *testing.T) {
 			}
 		}
 		if v := tx.Bucket([]byte("meta")).Get([]byte("schema")); len(v) != 4 || binary.BigEndian.Uint32(v) != 3 {
-			t.Errorf("meta/schema after the migration: got %x, want version 3", v)
+			t.Errorf("meta/schema after the migration: got %x, want version 3 (the steps from 1 to 2 and 2 to 3)", v)
 		}
 		return nil
 	})

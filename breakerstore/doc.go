@@ -45,7 +45,8 @@
 //	                                        detail, triage reference (and in 2 the primary target); at
 //	                                        most Options.MaxRunCalls a run; the layout is in calltable.go. New in
 //	                                        schema version 2 (created empty on open)
-//	attempts     tenant 0x00 call id        fleet.Attempts, binary, version byte 1: the highest attempt decided for
+//	attempts     tenant 0x00 call id        fleet.Attempts, binary, version byte 1 (2 with a fallback target):
+//	                                        the highest attempt decided for
 //	                                        the call, its expiry (the call's deadline or the policy's horizon,
 //	                                        whichever is later), and the answer (verdict, delay, attempt timeout,
 //	                                        stop reason, disposition, category, checks, breaker state, budgets
@@ -57,11 +58,13 @@
 //	                                        (fsync'd) before ClaimKey and CompleteKey answer; the layout is in
 //	                                        idem.go; expired ones deleted by the sweep. New in schema version 2
 //	                                        (created empty on open)
-//	flow         tenant 0x00 target         fleet.Flow, binary, version byte 1: the rate account's TAT (Unix ns),
-//	                                        stray lease releases (uint64), lease count (uint32), then per lease
-//	                                        its 128-bit id and expiry (Unix ns); the key is the breaker's; deleted
-//	                                        when it holds nothing; the layout is in flow.go. New in schema
-//	                                        version 2 (created empty on upgrade).
+//	flow         tenant 0x00 target         fleet.Flow, binary, version byte 2 (1 is still read): the rate
+//	                                        account's TAT (Unix ns), stray lease releases (uint64), the adaptive
+//	                                        ceiling (fleet.AdaptiveLimit: limit, last decrease, outcomes since,
+//	                                        decreases), lease count (uint32), then per lease its 128-bit id and
+//	                                        expiry (Unix ns); the key is the breaker's; deleted when it holds
+//	                                        nothing; the layout is in flow.go. New in schema version 2 (created
+//	                                        empty on upgrade); version byte 2 in schema version 3
 //	meta         "auditseq"                 uint64 big-endian: the highest audit sequence number handed out
 //	auditseg     time seq                   a segment of up to 512 audit records: a header (count, last record's
 //	                                        time and seq, a Bloom filter over call ids and tenants) and the
@@ -86,8 +89,8 @@
 // the version before. Open reads meta/schema; a file of an older version is
 // migrated forward, step by step, and the new version recorded, in one
 // transaction (a file is migrated in full or not at all); a file of a newer
-// version is refused with ErrSchema naming both versions ("schema version 3
-// is newer than this policyd (2)"), so an older build never reads a layout
+// version is refused with ErrSchema naming both versions ("schema version 4
+// is newer than this policyd (3)"), so an older build never reads a layout
 // it does not know. A file of the current version is not written to by
 // Open. The versions so far:
 //
@@ -97,9 +100,11 @@
 //	2  the audit trail in segments only: the step from 1 moves a trail of
 //	   the one-key-per-record layout into segments and deletes its buckets
 //	3  call table records of version byte 2 and audit records of version
-//	   byte 2, both with a primary target (a call that escalated to a
-//	   fallback); the step from 2 rewrites nothing, it only keeps version 2
-//	   builds from reading them
+//	   byte 2, both with a primary target, attempts records of version byte
+//	   2, with the next attempt's target (a call that escalated to a
+//	   fallback), and flow records of version byte 2, with the adaptive
+//	   ceiling: the step from 2 rewrites the flow records of version byte 1
+//	   (a ceiling never started) and nothing else
 //
 // Before bbolt maps a file, Open and Check read it through read(2) and
 // verify what bbolt would otherwise fault on (filecheck.go): both meta

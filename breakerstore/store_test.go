@@ -403,7 +403,7 @@ func TestCheck(t *testing.T) {
 
 // TestOpenMigratesAVersion1FileOfSegments: a version 1 file written by the
 // build that introduced segments (meta/schema 1 and an auditseg bucket) is
-// recorded as version 2 at open, with its records as they were, and is not
+// recorded as the current version at open, with its records as they were, and is not
 // written to at the next open.
 func TestOpenMigratesAVersion1FileOfSegments(t *testing.T) {
 	e := newEnv(t)

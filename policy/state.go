@@ -99,6 +99,9 @@ type PoolStatus struct {
 	// Adaptive is the adaptive ceiling's exact current value, 0 when the
 	// key has none or it never started (it then stands at the maximum).
 	Adaptive float64
+	// Decreases counts the adaptive ceiling's decreases under the key so
+	// far (counter-grade: a crash may lose the last flush interval's).
+	Decreases uint64
 }
 
 // FlowSignal is what an attempt's outcome tells an adaptive ceiling
@@ -346,9 +349,11 @@ type Answer struct {
 	FlowControlled bool
 	Degraded       bool // decided in a shared engine's degraded mode (the engine did not answer)
 	// Target is where the next attempt goes on a RETRY: the call's primary
-	// target or a fallback of its policy's chain (Fallback). It is not
-	// remembered with the answer: a replay routes again.
-	Target string `json:"-"`
+	// target or a fallback of its policy's chain (Fallback). NextDelay
+	// remembers it with the answer only when it is a fallback (empty
+	// meaning the primary), so a call that never escalates stores nothing
+	// more.
+	Target string `json:",omitempty"`
 }
 
 // CallKey names one call: call ids are scoped by tenant.

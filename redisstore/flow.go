@@ -215,7 +215,7 @@ func poolCall(ctx context.Context, l lib, key policy.BreakerKey) (int64, policy.
 		return 0, policy.PoolStatus{}, libraryErr("policyd_pool", err)
 	}
 	r, ok := v.([]any)
-	if !ok || len(r) != 5 { // r[4], the decreases, is for the metrics
+	if !ok || len(r) != 5 {
 		return 0, policy.PoolStatus{}, errReply
 	}
 	now, err := toInt(r[0])
@@ -228,7 +228,8 @@ func poolCall(ctx context.Context, l lib, key policy.BreakerKey) (int64, policy.
 	if err != nil {
 		return 0, policy.PoolStatus{}, err
 	}
-	return now, policy.PoolStatus{InFlight: int(live), Stray: uint64(stray), Adaptive: limit}, nil
+	decreases, _ := toInt(r[4]) // the adaptive ceiling's cuts, for the metrics
+	return now, policy.PoolStatus{InFlight: int(live), Stray: uint64(stray), Adaptive: limit, Decreases: uint64(decreases)}, nil
 }
 
 // localFlow is a key's ceilings as this replica alone keeps them in

@@ -199,7 +199,7 @@ func runFlowScenario(t *testing.T, key policy.BreakerKey, cfg policy.BreakerConf
 			if err != nil {
 				t.Fatalf("%s: %v", s.name, err)
 			}
-			want := policy.PoolStatus{InFlight: w.flow.Pool.Live(now * 1000), Stray: w.flow.Pool.Stray, Adaptive: w.limit.Limit}
+			want := policy.PoolStatus{InFlight: w.flow.Pool.Live(now * 1000), Stray: w.flow.Pool.Stray, Adaptive: w.limit.Limit, Decreases: w.limit.Decreases}
 			if ps != want {
 				t.Errorf("%s: redis pool %+v, fleet %+v", s.name, ps, want)
 			}

@@ -528,6 +528,52 @@ func flowFromPB(field string, f *pb.FlowSettings, def policy.FlowConfig) (policy
 		}
 		out.Burst = int(f.GetBurst())
 	}
+	if a := f.GetAdaptive(); a != nil {
+		if out.Adaptive, err = adaptiveFromPB(field+".adaptive", a, out.Adaptive); err != nil {
+			return out, err
+		}
+	}
+	return out, nil
+}
+
+// adaptiveFromPB converts AdaptiveCeiling over def: the message present is
+// the ceiling enabled. A field that is set is checked here against what
+// the domain reads as unset (0 takes the default there, so an explicit 0
+// is refused here); the ranges that depend on max_in_flight are
+// policy.Policy.Validate's.
+func adaptiveFromPB(field string, a *pb.AdaptiveCeiling, def policy.Adaptive) (policy.Adaptive, error) {
+	out := def
+	out.Enabled = true
+	var err error
+	if a.MinInFlight != nil {
+		if a.GetMinInFlight() < 1 {
+			return out, invalid(field+".min_in_flight", "must be 1 to flow.max_in_flight; leave it unset for 1")
+		}
+		out.Min = int(min(a.GetMinInFlight(), policy.MaxCeiling+1))
+	}
+	if a.Decrease != nil {
+		d := a.GetDecrease()
+		if err := finite(field+".decrease", d); err != nil {
+			return out, err
+		}
+		if d <= 0 || d >= 1 {
+			return out, invalid(field+".decrease", "must be above 0 and below 1")
+		}
+		out.Decrease = d
+	}
+	if a.Increase != nil {
+		i := a.GetIncrease()
+		if err := finite(field+".increase", i); err != nil {
+			return out, err
+		}
+		if i <= 0 {
+			return out, invalid(field+".increase", "must be above 0 and at most flow.max_in_flight")
+		}
+		out.Increase = i
+	}
+	if out.Hold, err = duration(field+".hold", a.GetHold(), out.Hold); err != nil {
+		return out, err
+	}
 	return out, nil
 }
 
@@ -544,6 +590,12 @@ func flowToPB(f policy.FlowConfig) *pb.FlowSettings {
 	if f.MaxRate > 0 {
 		r, b := f.MaxRate, uint32(max(f.Burst, 1))
 		out.MaxRate, out.Burst = &r, &b
+	}
+	if a := f.Adaptive; a.Enabled {
+		// The message with every default applied, as FlowLimits resolves it.
+		b := (&policy.Policy{Flow: f}).FlowLimits().Adaptive
+		lo, dec, inc := uint32(b.Min), b.Decrease, b.Increase
+		out.Adaptive = &pb.AdaptiveCeiling{MinInFlight: &lo, Decrease: &dec, Increase: &inc, Hold: durationpb.New(a.Hold)}
 	}
 	return out
 }

@@ -54,16 +54,21 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 	// its own policy; the call's rules are the primary's, p.
 	failed := d.hopOf(&call, &p, in.target)
 	if in.lease != "" {
-		lp := d.targetPolicy(&call, &p, in.target)
-		d.releaseLease(ctx, &lp, call, in.target, in.lease) // the attempt is over, whatever comes of it
+		sig := policy.SignalNone // a replay's outcome taught the adaptive ceiling the first time
+		if !replay {
+			sig = flowSignal(false, f, in.hints)
+		}
+		lp := &p
+		if in.target != call.target {
+			tp := d.targetPolicy(&call, &p, in.target)
+			lp = &tp
+		}
+		d.releaseLease(ctx, lp, call, in.target, in.lease, sig) // the attempt is over, whatever comes of it
 	}
 	if replay {
 		prior.FlowControlled = p.FlowControlled()
-		if prior.Retry {
-			prior.Target = call.target
-			if len(p.Fallback.Targets) > 0 {
-				prior.Target = d.replayTarget(&call, &p, in.attempt)
-			}
+		if prior.Retry && prior.Target == "" {
+			prior.Target = call.target // remembered empty: the primary
 		}
 		return prior, answerDetail(&prior, &p), nil
 	}
@@ -159,7 +164,11 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 	why := detail(&dec, &p)
 	d.decided(ctx, u, call, in.target, in.attempt, &dec, why, snap.State)
 	claimed = false // RecordAttempt ends the claim, recorded or not
-	if err := u.RecordAttempt(ck, in.attempt, ans, time.Unix(0, fleet.Keep(&p, now.UnixNano(), dec.Deadline))); err != nil {
+	kept := ans
+	if kept.Target == call.target {
+		kept.Target = "" // the primary: nothing more to store
+	}
+	if err := u.RecordAttempt(ck, in.attempt, kept, time.Unix(0, fleet.Keep(&p, now.UnixNano(), dec.Deadline))); err != nil {
 		return policy.Answer{}, "", storeError(ctx, d.cfg.Logger, "attempt", err)
 	}
 	if call.runID != "" {

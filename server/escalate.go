@@ -90,26 +90,6 @@ func (d *Decisions) routeRetry(call *callRef, p *policy.Policy, failed hop, snap
 	}
 }
 
-// replayTarget is the target a replayed RETRY answer to attempt names:
-// routed again from the breakers as they are, as an answer does not
-// remember it.
-func (d *Decisions) replayTarget(call *callRef, p *policy.Policy, attempt uint32) string {
-	f := &p.Fallback
-	t := f.TargetFor(call.target, int(attempt)+1)
-	if !f.OnCircuitOpen {
-		return t
-	}
-	for i := max(f.ChainIndex(call.target, t), 0); ; i++ {
-		c := f.ChainAt(call.target, i)
-		if c == "" {
-			return t
-		}
-		if d.breakerSnapshot(d.hopOf(call, p, c).key).State != policy.BreakerOpen {
-			return c
-		}
-	}
-}
-
 // movable reports whether a refused admission is one a fallback takes
 // over with on_circuit_open: an open breaker or a ceiling's refusal.
 func movable(a *policy.Admission) bool {

@@ -192,6 +192,13 @@ func TestEscalationOnCircuitOpen(t *testing.T) {
 	}
 
 	force(t, h, "geo-c", pb.BreakerState_BREAKER_STATE_OPEN)
+	// The same NextDelay again replays its answer, target included, though
+	// geo-c is open now.
+	replay, err := h.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call("acme", "geo-a", "doc-1"), Attempt: 1,
+		Failure: http(503), AttemptTarget: "geo-c"})
+	if err != nil || replay.GetDecision() != pb.Decision_DECISION_RETRY || replay.GetTarget() != "geo-c" {
+		t.Fatalf("NextDelay replayed: %v, %v; want the RETRY on geo-c again", replay, err)
+	}
 	if a := admit("doc-2", ""); a.GetAdmitted() || a.GetTarget() != "" || a.GetState() != pb.BreakerState_BREAKER_STATE_OPEN {
 		t.Fatalf("Admit, every target open: %v, want refused OPEN", a)
 	}
@@ -385,5 +392,31 @@ func TestFallbackMetrics(t *testing.T) {
 	}
 	if got, _ := sample(t, reg, "policyd_decisions_total", "decision=RETRY", "stop_reason=NONE", "disposition=NONE", "target=geo-b"); got != 1 {
 		t.Fatalf("policyd_decisions_total RETRY on geo-b = %v, want 1", got)
+	}
+}
+
+// TestEscalationPastAFullCeiling: with on_circuit_open, an Admit that the
+// primary's full concurrency ceiling refuses is admitted on the fallback,
+// whose own policy has no ceiling; the primary's lease stays its own.
+func TestEscalationPastAFullCeiling(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	one, three := uint32(1), uint32(3)
+	if _, err := h.admin.SetPolicy(ctx, &pb.SetPolicyRequest{Tenant: "acme", Target: "geo-a", Policy: &pb.Policy{
+		MaxAttempts: &three, Flow: &pb.FlowSettings{MaxInFlight: &one},
+		Fallback: &pb.FallbackSettings{Targets: []string{"geo-b"}, OnCircuitOpen: true}}}); err != nil {
+		t.Fatal(err)
+	}
+	first, err := h.workers.Admit(ctx, &pb.AdmitRequest{Call: call("acme", "geo-a", "doc-1"), Attempt: 1})
+	if err != nil || !first.GetAdmitted() || first.GetTarget() != "geo-a" || first.GetLeaseId() == "" {
+		t.Fatalf("first Admit: %v, %v; want admitted on geo-a with a lease", first, err)
+	}
+	second, err := h.workers.Admit(ctx, &pb.AdmitRequest{Call: call("acme", "geo-a", "doc-2"), Attempt: 1})
+	if err != nil || !second.GetAdmitted() || second.GetTarget() != "geo-b" || second.GetLeaseId() != "" {
+		t.Fatalf("second Admit, geo-a's ceiling full: %v, %v; want admitted on geo-b without a lease", second, err)
+	}
+	rel, err := h.workers.ReleaseLease(ctx, &pb.ReleaseLeaseRequest{Call: call("acme", "geo-a", "doc-1"), LeaseId: first.GetLeaseId()})
+	if err != nil || !rel.GetReleased() {
+		t.Fatalf("ReleaseLease of geo-a's lease: %v, %v; want released", rel, err)
 	}
 }

@@ -30,6 +30,8 @@ const (
 	metricRPCDuration  = "policyd_rpc_duration_seconds"
 	metricLeases       = "policyd_leases_total"
 	metricFallbacks    = "policyd_fallbacks_total"
+	metricCeiling      = "policyd_flow_ceiling"
+	metricDecreases    = "policyd_flow_ceiling_decreases_total"
 )
 
 // otherLabel replaces a target or tenant label past the cardinality cap.
@@ -77,6 +79,14 @@ type MetricsOptions struct {
 //	policyd_fallbacks_total{from,to}                            counter of attempts moved to another target of
 //	                                                            the call's chain (after_attempts, or an open
 //	                                                            breaker or full ceiling with on_circuit_open)
+//	policyd_flow_ceiling{tenant,target}                         gauge per breaker whose policy has a
+//	                                                            concurrency ceiling, read at scrape: the
+//	                                                            ceiling in force (max_in_flight, or the
+//	                                                            adaptive ceiling's current value); past the
+//	                                                            label caps, the sum over "other"
+//	policyd_flow_ceiling_decreases_total{target}                counter of the adaptive ceilings' decreases,
+//	                                                            read at scrape from the engine (so every
+//	                                                            replica reports the fleet's count)
 //	policyd_rpc_duration_seconds{service,method,code}           histogram of RPC latency (streams: duration)
 //	grpc_server_started_total, grpc_server_handled_total,
 //	grpc_server_msg_received_total, grpc_server_msg_sent_total,
@@ -161,7 +171,7 @@ func NewMetrics(reg prometheus.Registerer, opts MetricsOptions) (*Metrics, error
 
 // attach connects the breaker gauges to the store and starts counting its
 // breaker transitions; the first call wins.
-func (m *Metrics) attach(b Breakers) {
+func (m *Metrics) attach(b Breakers, f flowStore) {
 	if m == nil {
 		return
 	}
@@ -169,6 +179,7 @@ func (m *Metrics) attach(b Breakers) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.store.CompareAndSwap(nil, &b) {
+		c.flow = f
 		c.events, c.cancel = b.Subscribe("", c.buffer)
 	}
 }
@@ -354,7 +365,11 @@ type breakerCollector struct {
 	transitions *prometheus.CounterVec
 	resets      prometheus.Counter
 
+	ceilingDesc   *prometheus.Desc
+	decreasesDesc *prometheus.Desc
+
 	mu     sync.Mutex // guards the fields below and serialises collection
+	flow   flowStore  // the policies and pools of the ceilings; set with store
 	events <-chan policy.BreakerEvent
 	cancel func()
 	last   map[policy.BreakerKey]policy.BreakerState
@@ -378,6 +393,12 @@ func newBreakerCollector(buffer int, tenants, targets *labelCap) *breakerCollect
 			Name: metricWatchResets,
 			Help: "Times the breaker transition watch fell behind and took a fresh snapshot; changes in between may be uncounted.",
 		}),
+		ceilingDesc: prometheus.NewDesc(metricCeiling,
+			"The concurrency ceiling in force under a breaker's key: the policy's max_in_flight, or the adaptive ceiling's current value; past the label caps, the sum over \"other\".",
+			[]string{"tenant", "target"}, nil),
+		decreasesDesc: prometheus.NewDesc(metricDecreases,
+			"Decreases of the adaptive concurrency ceilings (on 429s and pushback-bearing 503s), by target, as the engine counts them.",
+			[]string{"target"}, nil),
 		last: map[policy.BreakerKey]policy.BreakerState{},
 	}
 }
@@ -386,6 +407,8 @@ func newBreakerCollector(buffer int, tenants, targets *labelCap) *breakerCollect
 func (c *breakerCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.statesDesc
 	ch <- c.stateDesc
+	ch <- c.ceilingDesc
+	ch <- c.decreasesDesc
 	c.transitions.Describe(ch)
 	c.resets.Describe(ch)
 }
@@ -414,6 +437,7 @@ func (c *breakerCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 		c.mu.Lock()
+		flow := c.flow
 		c.drain(*p)
 		if len(c.last) > 2*len(list)+1024 {
 			// Forget breakers the store has dropped since.
@@ -434,9 +458,47 @@ func (c *breakerCollector) Collect(ch chan<- prometheus.Metric) {
 				ch <- prometheus.MustNewConstMetric(c.stateDesc, prometheus.GaugeValue, float64(row[i]), k.Tenant, k.Target, st.String())
 			}
 		}
+		if flow != nil {
+			c.collectCeilings(ch, flow, list)
+		}
 	}
 	c.transitions.Collect(ch)
 	c.resets.Collect(ch)
+}
+
+// collectCeilings reports the ceiling in force under each breaker of list
+// whose policy has a concurrency ceiling, and the adaptive ceilings'
+// decreases by target. It resolves a policy and reads a pool per such
+// breaker, at scrape and never on a decision's path.
+func (c *breakerCollector) collectCeilings(ch chan<- prometheus.Metric, flow flowStore, list []policy.BreakerSnapshot) {
+	ceilings := map[policy.BreakerKey]int{}
+	decreases := map[string]uint64{}
+	for _, b := range list {
+		p, _ := flow.Resolve(b.Key.Tenant, b.Key.Target)
+		if p.Flow.MaxInFlight == 0 {
+			continue
+		}
+		pool, err := flow.Pool(b.Key)
+		if err != nil {
+			continue
+		}
+		n, _ := ceilingOf(&p, pool)
+		target := c.targets.label(b.Key.Target)
+		k := policy.BreakerKey{Target: target}
+		if b.Key.Tenant != "" {
+			k.Tenant = c.tenants.label(b.Key.Tenant)
+		}
+		ceilings[k] += n
+		if p.Flow.Adaptive.Enabled {
+			decreases[target] += pool.Decreases
+		}
+	}
+	for k, n := range ceilings {
+		ch <- prometheus.MustNewConstMetric(c.ceilingDesc, prometheus.GaugeValue, float64(n), k.Tenant, k.Target)
+	}
+	for target, n := range decreases {
+		ch <- prometheus.MustNewConstMetric(c.decreasesDesc, prometheus.CounterValue, float64(n), target)
+	}
 }
 
 // drain counts the transitions queued since the last scrape; c.mu must be

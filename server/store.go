@@ -16,7 +16,7 @@ import (
 // Implementations must be safe for concurrent use. The behaviours the
 // handlers rely on (probes, budgets, cool-downs, transitions, the first
 // final disposition winning, durability, subscriptions, attempts, permits,
-// and what one replica's writes show on another) are the one contract
+// what one replica's writes show on another, and the adaptive ceiling) are the one contract
 // suite, package storetest, which every implementation's tests run
 // unchanged: breakerstore's on bbolt, redisstore's on Redis standalone and
 // on Redis Cluster.

@@ -25,7 +25,8 @@ func (w workers) WatchBreakers(req *pb.WatchBreakersRequest, stream grpc.ServerS
 // watcher serves breaker watches from the store's subscriptions.
 type watcher struct {
 	store    Breakers
-	policies Policies // which targets have a ceiling, told with the snapshot
+	policies Policies  // which targets have a ceiling, told with the snapshot
+	flow     flowStore // the ceiling of a breaker under one, told on its messages
 	// buffer is the number of changes that may queue behind a client that
 	// does not read; the snapshot never counts against it.
 	buffer int
@@ -58,7 +59,7 @@ func (w *watcher) serve(req *pb.WatchBreakersRequest, stream grpc.ServerStreamin
 		for {
 			select {
 			case ev := <-out:
-				msg := watchMessage(ev)
+				msg := w.message(ev)
 				if ev.SnapshotDone {
 					w.flowTargets(req.GetTenant(), msg)
 				}
@@ -106,11 +107,13 @@ func (w *watcher) serve(req *pb.WatchBreakersRequest, stream grpc.ServerStreamin
 	}
 }
 
-func watchMessage(ev policy.BreakerEvent) *pb.WatchBreakersResponse {
+// message is the message of ev: a breaker carries its ceiling's state as
+// of the moment it is sent.
+func (w *watcher) message(ev policy.BreakerEvent) *pb.WatchBreakersResponse {
 	if ev.SnapshotDone {
 		return &pb.WatchBreakersResponse{SnapshotComplete: true}
 	}
-	return &pb.WatchBreakersResponse{Breaker: breakerToPB(ev.Snapshot), Snapshot: ev.Initial}
+	return &pb.WatchBreakersResponse{Breaker: breakerWithPool(w.flow, ev.Snapshot), Snapshot: ev.Initial}
 }
 
 func isChange(ev policy.BreakerEvent) bool { return !ev.Initial && !ev.SnapshotDone }

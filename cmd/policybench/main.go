@@ -7,6 +7,7 @@
 //	go run ./cmd/policybench --spawn --sync always
 //	go run ./cmd/policybench crash --duration 60s
 //	go run ./cmd/policybench diskfull
+//	go run ./cmd/policybench adaptive
 //	go run ./cmd/policybench soak --duration 10m
 //	go run ./cmd/policybench flow
 //	go run ./cmd/policybench replicas
@@ -102,6 +103,7 @@ outcomes per commit from policyd_store_commits_total.
 		Args:   cobra.NoArgs,
 		RunE:   func(*cobra.Command, []string) error { return runEchoServer() },
 	})
+	cmd.AddCommand(adaptiveCmd())
 	return cmd
 }
 

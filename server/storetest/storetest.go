@@ -56,9 +56,11 @@ type Engine struct {
 	// clock; whatever it starts ends with the test. Nil for an embedded
 	// engine: Store then stands for every replica.
 	Replica func() server.Store
-	// Adaptive is true when the engine applies an outcome's FlowSignal to
-	// an adaptive ceiling (Store.ReleaseLease); the adaptive behaviour is
-	// skipped for one that does not yet.
+	// Adaptive says the engine keeps adaptive concurrency ceilings
+	// (server.Leases with FlowLimits.Adaptive set: fleet.AdaptiveLimit's
+	// rules applied by AdmitFlow and ReleaseLease, its value and decreases
+	// in Pool). The behaviour "adaptive" runs only when it is set and is
+	// skipped otherwise: an engine sets it once it holds them.
 	Adaptive bool
 }
 
@@ -91,12 +93,16 @@ func Run(t *testing.T, open Open) {
 		{"escalation", testEscalation},
 		{"leases", testLeases},
 		{"rate", testRate},
+		{"ceilings", testAdaptiveCeiling},
 		{"adaptive", testAdaptive},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := NewClock()
 			en := open(t, c)
+			if (tt.name == "adaptive" || tt.name == "ceilings") && !en.Adaptive {
+				t.Skip("the engine does not keep adaptive ceilings (Engine.Adaptive is false)")
+			}
 			e := &env{clock: c, s: en.Store, restart: en.Restart, adaptive: en.Adaptive}
 			e.replicas = []server.Store{en.Store}
 			for len(e.replicas) < replicas {
@@ -772,6 +778,26 @@ func testEscalation(t *testing.T, e *env) {
 	})
 	if fmt.Sprint(got) != "[2 geo-b/geo-a 1 geo-a/]" {
 		t.Errorf("audit records (attempt target/primary): got %v, want [2 geo-b/geo-a 1 geo-a/]", got)
+	}
+
+	// A RETRY to a fallback replays with its target, on every replica.
+	k := policy.CallKey{Tenant: "acme", CallID: "esc-2"}
+	ans := policy.Answer{Retry: true, Delay: time.Second, Category: policy.CategoryTransient, Class: "transient:503",
+		Breaker: policy.BreakerClosed, Target: "geo-b"}
+	if _, replay, err := e.s.ClaimAttempt(k, 1); replay || err != nil {
+		t.Fatalf("ClaimAttempt(esc-2, 1) = replay %v, %v; want a fresh decision", replay, err)
+	}
+	u := e.s.Begin()
+	if err := u.RecordAttempt(k, 1, ans, e.clock.Now().Add(time.Hour)); err != nil {
+		t.Fatalf("RecordAttempt = %v, want nil", err)
+	}
+	if err := u.Commit(); err != nil {
+		t.Fatalf("Commit = %v, want nil", err)
+	}
+	for i := range e.replicas {
+		if got, replay, err := e.on(i).ClaimAttempt(k, 1); err != nil || !replay || got.Target != "geo-b" {
+			t.Errorf("replica %d: ClaimAttempt(esc-2, 1) again = %+v, replay %v, %v; want the RETRY to geo-b replayed", i, got, replay, err)
+		}
 	}
 }
 
