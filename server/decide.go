@@ -397,10 +397,7 @@ func (d *Decisions) agrees(ctx context.Context, i int, it *outcomeItem, success,
 		}
 		r.Cutoff = run.Cutoff.UnixNano()
 	}
-	if it.final.Stop == policy.StopNotIdempotent && it.call.key != "" {
-		v, err := d.store.Key(policy.KeyRef{Tenant: it.call.tenant, Key: it.call.key})
-		r.KeyLost = err == nil && v.State == policy.KeyUnknown
-	}
+	r.HasKey = it.call.key != ""
 	if rule := fleet.CheckFinal(&r); rule != "" {
 		return invalid("outcomes["+strconv.Itoa(i)+"].final_disposition", rule)
 	}

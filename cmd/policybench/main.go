@@ -13,6 +13,7 @@
 //	go run ./cmd/policybench replicas
 //	go run ./cmd/policybench replicas-sweep
 //	go run ./cmd/policybench escalate
+//	go run ./cmd/policybench once --mode redis
 package main
 
 import (
@@ -96,7 +97,7 @@ outcomes per commit from policyd_store_commits_total.
 	f.IntVar(&cfg.ReportBatch, "report-batch", defaultReportBatch, "outcomes per ReportOutcome (1..1000; the Go client's default batch size is 256)")
 	cmd.AddCommand(flowCmd(), flowWorkerCmd())
 	spawn.register(cmd)
-	cmd.AddCommand(crashCmd(), diskfullCmd(), escalateCmd(), replicasCmd(), replicaSweepCmd(), soakCmd(), drainCmd(), slowWatchCmd(), profileServerCmd(), &cobra.Command{
+	cmd.AddCommand(crashCmd(), diskfullCmd(), escalateCmd(), replicasCmd(), replicaSweepCmd(), soakCmd(), drainCmd(), slowWatchCmd(), profileServerCmd(), onceCmd(), onceWorkerCmd(), &cobra.Command{
 		Use:    "echo-server",
 		Short:  "Serve the bare gRPC echo on a loopback port (used by the sweep)",
 		Hidden: true,
