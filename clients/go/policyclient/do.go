@@ -507,6 +507,14 @@ func (l *loop) report(o outcome) {
 // a ceiling, in l.lease. It waits out a fleet-wide cool-down, and a full
 // ceiling, when the deadline allows: neither wait counts an attempt or
 // spends budget. ok false means the call ended (l.res is set).
+//
+// While policyd is silent (Admit unanswered within the decision timeout,
+// or unreachable), an attempt to a target without a known ceiling goes
+// ahead on the local policy; one to a target policyd said has a ceiling
+// (flowCache.ceilingKnown) does not: it waits (waitSilent) and asks
+// Admit again, and when the deadline leaves no room for the wait and an
+// attempt, the call ends a dead letter (DEADLINE, flow:unavailable),
+// reported to policyd once it answers.
 func (l *loop) admit(attempt int) (permit string, ok bool) {
 	cut, runKnown := l.runCut()
 	if cut {
@@ -514,6 +522,7 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 		l.end(DeadlineCut, StopDeadline, attempt-1, nil)
 		return "", false
 	}
+	unanswered := 0 // Admits in a row policyd left unanswered
 	for {
 		b, known := l.c.breakers.lookup(l.target)
 		flow := l.c.flow.controlled(l.target)
@@ -540,16 +549,31 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 				return "", false
 			}
 		}
-		if !l.c.reachable() {
+		ceiling := l.c.flow.ceilingKnown(l.target)
+		if !ceiling && !l.c.reachable() {
 			return "", true // policyd is away: the local policy admits
 		}
 		l.c.stats.admits.Add(1)
 		ctx, cancel := context.WithTimeout(l.ctx, l.c.cfg.DecisionTimeout)
 		resp, err := l.c.workers.Admit(ctx, &pb.AdmitRequest{Call: l.pbRef(), Attempt: uint32(attempt), AttemptTarget: l.attemptTarget()})
 		cancel()
+		if err != nil && ceiling && l.ctx.Err() == nil && silence(err) {
+			// A fleet-wide ceiling is kept by policyd alone: no attempt
+			// without its lease or rate slot. Wait and ask again.
+			l.c.failed(err)
+			if !l.waitSilent(unanswered, attempt) {
+				return "", false
+			}
+			unanswered++
+			continue
+		}
 		if err != nil {
+			if ceiling && silence(err) {
+				l.res.Reason = "flow:unavailable" // the call's context ended while it asked
+			}
 			return "", l.unanswered(err, attempt)
 		}
+		unanswered = 0
 		if t := resp.GetTarget(); resp.GetAdmitted() && t != "" {
 			l.moveTo(t, attempt, moveByCircuit)
 		}
@@ -650,16 +674,58 @@ func (l *loop) next(attempt int, f failure, permit string, timedOut bool) decisi
 	return dec
 }
 
+// waitSilent waits before asking Admit again for attempt, to a target with
+// a fleet-wide ceiling, after n Admits in a row policyd left unanswered:
+// equal jitter over min(RetryUnreachableAfter, 100ms * 2^n), and never past
+// the last instant an attempt could still start and finish by the deadline
+// (the call's, or the run's cut-off), so the last ask is made then. When
+// that instant has passed, the call ends a dead letter (DEADLINE; a run's
+// call past its cut-off DEADLINE_CUT) with reason flow:unavailable, and
+// waitSilent returns false; policyd, whose clock then says the same,
+// accepts the report when it answers again.
+func (l *loop) waitSilent(n, attempt int) bool {
+	nominal := min(l.c.cfg.RetryUnreachableAfter, 100*time.Millisecond<<min(n, 16))
+	d := nominal/2 + time.Duration(rand.Float64()*float64(nominal/2))
+	if deadline, cut := l.cutoffBinds(); !deadline.IsZero() {
+		room := deadline.Sub(l.c.cfg.Now()) - l.timeout
+		if room <= 0 {
+			l.res.Reason = "flow:unavailable"
+			disp := DeadLetter
+			if cut {
+				disp = DeadlineCut
+			}
+			l.end(disp, StopDeadline, attempt-1, nil)
+			return false
+		}
+		d = min(d, room)
+	}
+	if err := l.c.cfg.Sleep(l.ctx, d); err != nil {
+		l.res.Err, l.res.Reason = err, "flow:unavailable"
+		l.end(DeadLetter, StopDeadline, attempt-1, nil)
+		return false
+	}
+	return true
+}
+
+// silence reports whether err means policyd did not answer (unreachable,
+// slow or shedding), not that it refused the request.
+func silence(err error) bool {
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Canceled:
+		return true
+	}
+	return false
+}
+
 // failed notes a decision RPC that did not answer. Unreachable or slow
 // policyd switches the client to local decisions for a while; any other
 // error (a bad request, say) is logged and decided locally this once.
 func (c *Client) failed(err error) {
-	switch status.Code(err) {
-	case codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Canceled:
+	if silence(err) {
 		c.unreachable(err)
-	default:
-		c.cfg.Logger.Error("policyd refused a decision request; deciding locally", "err", err)
+		return
 	}
+	c.cfg.Logger.Error("policyd refused a decision request; deciding locally", "err", err)
 }
 
 // randomID names a call that came without an id. Call ids must be unique,
