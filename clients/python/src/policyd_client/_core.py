@@ -364,6 +364,27 @@ class BreakerCache:
                 return v
             return not self._flow_known or self._flow_other
 
+    def ceiling_known(self, target: str) -> bool:
+        """Says whether policyd told the client that target has a fleet-wide
+        ceiling: an answer about it said so, or the snapshot did of the
+        targets it did not name. A target the client has heard nothing of
+        is not known to have one (though flow_controlled asks Admit)."""
+        with self._cond:
+            v = self._flow.get(target)
+            if v is not None:
+                return v
+            return self._flow_known and self._flow_other
+
+    def flow_reported(self, batch: "list[PendingOutcome]", resp: rpb.ReportOutcomeResponse) -> None:
+        """Learns from a ReportOutcome answer: each target of the batch has
+        a ceiling when the answer lists it (flow_controlled_targets), and
+        none otherwise."""
+        listed = set(resp.flow_controlled_targets)
+        targets = {o.target or o.call.target for o in batch}
+        with self._cond:
+            for t in targets:
+                self._flow[t] = t in listed
+
     def learn_flow(self, target: str, controlled: bool) -> None:
         """Records what an Admit or NextDelay answer said of target."""
         with self._cond:
@@ -575,12 +596,18 @@ class Core:
             self.settings.retry_unreachable_after, describe(err),
         )
 
+    @staticmethod
+    def silence(err: BaseException) -> bool:
+        """Says whether err means policyd did not answer (unreachable, slow,
+        shedding, or the channel closed), not that it refused the request."""
+        code = rpc_code(err)
+        return code is None or code in _UNREACHABLE
+
     def failed(self, err: BaseException) -> None:
         """Notes a decision RPC that did not answer. An unreachable or slow
         policyd switches the client to local decisions for a while; any other
         error (a bad request, say) is logged and decided locally this once."""
-        code = rpc_code(err)
-        if code is None or code in _UNREACHABLE:
+        if self.silence(err):
             self.unreachable(err)
         else:
             self.log.error("policyd refused a decision request; deciding locally: %s", describe(err))
@@ -869,6 +896,10 @@ CEILING_FULL = "concurrency:full"
 RATE_LIMITED = "rate:limited"
 #: Admit's reason for a call of a run past its cut-off.
 RUN_CUTOFF = "run:cutoff"
+#: The reason of a call to a target with a fleet-wide ceiling that ended
+#: because policyd, which alone hands out its leases and rate slots, did
+#: not answer before the deadline.
+FLOW_UNAVAILABLE = "flow:unavailable"
 #: The longest Call.triage_ref, in bytes.
 MAX_TRIAGE_REF_LEN = 1024
 #: How many runs' cut-offs a client remembers.
@@ -972,22 +1003,25 @@ class OutcomeQueue:
         return len(lost)
 
 
-#: A flush's effect: send this batch; the driver answers None when policyd
-#: took it, or the exception ReportOutcome raised.
+#: A flush's effect: send this batch; the driver answers with the
+#: ReportOutcomeResponse when policyd took it, or the exception
+#: ReportOutcome raised.
 SendBatch = list[PendingOutcome]
 
 
-def flush(core: Core, q: OutcomeQueue) -> Generator[SendBatch, Optional[BaseException], bool]:
+def flush(core: Core, q: OutcomeQueue) -> Generator[SendBatch, Union[rpb.ReportOutcomeResponse, BaseException, None], bool]:
     """Sends everything queued, batch by batch, through the driver; says
     whether the queue emptied. A batch policyd did not take goes back to the
     queue; one policyd refuses for good is split so that only the outcomes
-    it refuses are lost."""
+    it refuses are lost. The answers say which targets have a ceiling."""
     while True:
         batch = q.take()
         if not batch:
             return True
         err = yield batch
-        if err is None:
+        if not isinstance(err, BaseException):
+            if err is not None:
+                core.cache.flow_reported(batch, err)
             core.count("outcomes_sent", len(batch))
             core.count("report_batches_sent")
             continue
@@ -997,7 +1031,7 @@ def flush(core: Core, q: OutcomeQueue) -> Generator[SendBatch, Optional[BaseExce
         # Refused for good: find the outcomes policyd refuses, one by one.
         for i, o in enumerate(batch):
             err = yield [o]
-            if err is None:
+            if not isinstance(err, BaseException):
                 core.count("outcomes_sent")
                 core.count("report_batches_sent")
                 continue

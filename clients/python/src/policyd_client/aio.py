@@ -518,17 +518,16 @@ class _AsyncReporter:
     async def _flush(self, timeout: float) -> bool:
         """Drives the core's flush with awaited ReportOutcome calls."""
         steps = flush(self._core, self._q)
-        err: Optional[BaseException] = None
+        got: Union[rpb.ReportOutcomeResponse, BaseException, None] = None
         while True:
             try:
-                batch = steps.send(err)
+                batch = steps.send(got)
             except StopIteration as done:
                 return bool(done.value)
             try:
-                await self._stub.ReportOutcome(report_request(batch), timeout=timeout, metadata=self._md)
-                err = None
+                got = await self._stub.ReportOutcome(report_request(batch), timeout=timeout, metadata=self._md)
             except Exception as e:
-                err = e
+                got = e
 
     async def drain(self, deadline: float) -> int:
         loop = asyncio.get_running_loop()

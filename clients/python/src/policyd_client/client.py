@@ -458,17 +458,16 @@ class _Reporter:
     def _flush(self, timeout: float) -> bool:
         """Drives the core's flush with blocking ReportOutcome calls."""
         steps = flush(self._core, self._q)
-        err: Optional[BaseException] = None
+        got: Union[rpb.ReportOutcomeResponse, BaseException, None] = None
         while True:
             try:
-                batch = steps.send(err)
+                batch = steps.send(got)
             except StopIteration as done:
                 return bool(done.value)
             try:
-                self._stub.ReportOutcome(report_request(batch), timeout=timeout, metadata=self._md)
-                err = None
+                got = self._stub.ReportOutcome(report_request(batch), timeout=timeout, metadata=self._md)
             except Exception as e:
-                err = e
+                got = e
 
     def drain(self, deadline: float) -> int:
         """Sends everything still queued until ``deadline``
