@@ -142,7 +142,7 @@ func TestCeilingHoldsWhilePolicydIsSilent(t *testing.T) {
 	var waits waitsOnly
 	const attemptTimeout = time.Second
 	c, err := policyclient.New(p.conn, policyclient.Config{Tenant: "acme", DecisionTimeout: 50 * time.Millisecond,
-		AttemptTimeout: attemptTimeout, Sleep: waits.Sleep, NoWatch: true,
+		AttemptTimeout: attemptTimeout, RetryUnreachableAfter: 100 * time.Millisecond, Sleep: waits.Sleep, NoWatch: true,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)

@@ -511,10 +511,11 @@ func (l *loop) report(o outcome) {
 // While policyd is silent (Admit unanswered within the decision timeout,
 // or unreachable), an attempt to a target without a known ceiling goes
 // ahead on the local policy; one to a target policyd said has a ceiling
-// (flowCache.ceilingKnown) does not: it waits (waitSilent) and asks
-// Admit again, and when the deadline leaves no room for the wait and an
-// attempt, the call ends a dead letter (DEADLINE, flow:unavailable),
-// reported to policyd once it answers.
+// (flowCache.ceilingKnown) does not: its Admit waits longer for an answer
+// (ceilingAdmitTimeout), then the call waits (waitSilent) and asks Admit
+// again, and when the deadline leaves no room for an attempt, the call
+// ends a dead letter (DEADLINE, flow:unavailable), reported to policyd
+// once it answers.
 func (l *loop) admit(attempt int) (permit string, ok bool) {
 	cut, runKnown := l.runCut()
 	if cut {
@@ -554,7 +555,11 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 			return "", true // policyd is away: the local policy admits
 		}
 		l.c.stats.admits.Add(1)
-		ctx, cancel := context.WithTimeout(l.ctx, l.c.cfg.DecisionTimeout)
+		timeout := l.c.cfg.DecisionTimeout
+		if ceiling {
+			timeout = l.ceilingAdmitTimeout()
+		}
+		ctx, cancel := context.WithTimeout(l.ctx, timeout)
 		resp, err := l.c.workers.Admit(ctx, &pb.AdmitRequest{Call: l.pbRef(), Attempt: uint32(attempt), AttemptTarget: l.attemptTarget()})
 		cancel()
 		if err != nil && ceiling && l.ctx.Err() == nil && silence(err) {
@@ -672,6 +677,21 @@ func (l *loop) next(attempt int, f failure, permit string, timedOut bool) decisi
 		dec.target = l.c.chains.next(l.call.target, attempt+1)
 	}
 	return dec
+}
+
+// ceilingAdmitTimeout bounds an Admit about a target with a fleet-wide
+// ceiling. No attempt goes ahead without its answer, so giving up at the
+// decision timeout would gain nothing and leave the lease policyd granted
+// meanwhile held by no one until it expires: it waits up to
+// Config.RetryUnreachableAfter (at least the decision timeout), and not
+// past the last instant an attempt could still start and finish by the
+// deadline.
+func (l *loop) ceilingAdmitTimeout() time.Duration {
+	d := max(l.c.cfg.DecisionTimeout, l.c.cfg.RetryUnreachableAfter)
+	if deadline, _ := l.cutoffBinds(); !deadline.IsZero() {
+		d = min(d, max(deadline.Sub(l.c.cfg.Now())-l.timeout, l.c.cfg.DecisionTimeout))
+	}
+	return d
 }
 
 // waitSilent waits before asking Admit again for attempt, to a target with

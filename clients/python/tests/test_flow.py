@@ -120,8 +120,11 @@ def test_a_silent_policyd_holds_a_known_ceiling(clock: FakeClock) -> None:
     sleeps: list[float] = []
     reported: list[rpb.Outcome] = []
 
+    timeouts: list[Any] = []
+
     def answer(e: Any) -> Any:
         if isinstance(e, _loop.Admit):
+            timeouts.append(e.timeout)
             return silent
         if isinstance(e, _loop.Sleep):
             sleeps.append(e.seconds)
@@ -138,4 +141,7 @@ def test_a_silent_policyd_holds_a_known_ceiling(clock: FakeClock) -> None:
     # rand() is 0.5: 3/4 of min(1 s, 0.1 s * 2^n), the last cut to the room left.
     assert [round(s, 6) for s in sleeps] == [0.075, 0.15, 0.3, 0.475], sleeps
     assert seen.count("Admit") == 5
+    # Its Admits wait up to retry_unreachable_after (1 s) for an answer, not
+    # past the room left, and the decision timeout at least.
+    assert [round(t, 6) for t in timeouts] == [1.0, 0.925, 0.775, 0.475, 0.25], timeouts
     assert [o.final_disposition for o in reported] == [types_pb2.DISPOSITION_DEAD_LETTER]

@@ -64,7 +64,8 @@ def _set_ceiling(d: Daemon, tenant: str) -> None:
 
 
 def _options() -> dict[str, Any]:
-    return dict(decision_timeout=0.05, attempt_timeout=ATTEMPT_TIMEOUT, watch=False, now=time.time)
+    return dict(decision_timeout=0.05, retry_unreachable_after=0.1, attempt_timeout=ATTEMPT_TIMEOUT, watch=False,
+                now=time.time)
 
 
 def _check_silent(results: list[pc.Result[Any]], up: Upstream, waits: list[float]) -> None:

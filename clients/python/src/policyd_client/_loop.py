@@ -66,9 +66,11 @@ from .fallback import Decision
 
 
 class Admit(NamedTuple):
-    """Ask policyd's Admit whether the attempt may go ahead."""
+    """Ask policyd's Admit whether the attempt may go ahead, within
+    ``timeout`` seconds (None: the decision timeout)."""
 
     request: rpb.AdmitRequest
+    timeout: Optional[float] = None
 
 
 class Invoke(NamedTuple):
@@ -245,7 +247,8 @@ def _admit(core: Core, st: CallState[Any], attempt: int) -> Generator[Effect, An
     While policyd is silent (Admit unanswered within the decision timeout,
     or unreachable), an attempt to a target without a known ceiling goes
     ahead on the local policy; one to a target policyd said has a ceiling
-    (``BreakerCache.ceiling_known``) does not: it waits
+    (``BreakerCache.ceiling_known``) does not: its Admit waits longer for
+    an answer (:func:`_ceiling_admit_timeout`), then it waits
     (:func:`_silent_wait`) and asks Admit again, and ends a dead letter
     (DEADLINE, ``flow:unavailable``) when the deadline leaves no room for an
     attempt; the report reaches policyd once it answers."""
@@ -290,7 +293,8 @@ def _admit(core: Core, st: CallState[Any], attempt: int) -> Generator[Effect, An
             return ""  # policyd is away: the local policy admits
         core.count("admit_rpcs")
         asked = st.target
-        resp = yield Admit(rpb.AdmitRequest(call=st.ref, attempt=attempt, attempt_target=st.attempt_target))
+        resp = yield Admit(rpb.AdmitRequest(call=st.ref, attempt=attempt, attempt_target=st.attempt_target),
+                           _ceiling_admit_timeout(core, st) if ceiling else None)
         if isinstance(resp, BaseException):  # policyd away, slow, or the channel closed
             core.failed(resp)
             if ceiling and core.silence(resp):
@@ -340,6 +344,21 @@ def _cooldown(core: Core, st: CallState[Any], d: float, reason: str = COOLDOWN) 
     if (yield Sleep(d)):
         raise CallCancelled
     return True
+
+
+def _ceiling_admit_timeout(core: Core, st: CallState[Any]) -> float:
+    """Bounds an Admit about a target with a fleet-wide ceiling. No attempt
+    goes ahead without its answer, so giving up at the decision timeout
+    would gain nothing and leave the lease policyd granted meanwhile held by
+    no one until it expires: it waits up to retry_unreachable_after (at
+    least the decision timeout), and not past the last instant an attempt
+    could still start and finish by the deadline."""
+    s = core.settings
+    d = max(s.decision_timeout, s.retry_unreachable_after)
+    deadline, _ = _binding_deadline(st)
+    if deadline is not None:
+        d = min(d, max(deadline - core.now() - st.timeout, s.decision_timeout))
+    return d
 
 
 def _silent_wait(core: Core, st: CallState[Any], n: int) -> Generator[Effect, Any, bool]:

@@ -370,7 +370,7 @@ class AsyncClient:
             return False  # cancellation arrives as CancelledError
         if isinstance(effect, _loop.Admit):
             try:
-                return await stub.Admit(effect.request, timeout=dt, metadata=self._md)
+                return await stub.Admit(effect.request, timeout=effect.timeout or dt, metadata=self._md)
             except Exception as e:
                 return e
         if isinstance(effect, _loop.Claim):

@@ -298,7 +298,7 @@ class Client:
             return cancel.is_set()
         if isinstance(effect, _loop.Admit):
             try:
-                return stub.Admit(effect.request, timeout=dt, metadata=self._md)
+                return stub.Admit(effect.request, timeout=effect.timeout or dt, metadata=self._md)
             except Exception as e:  # policyd away, slow, or the channel closed
                 return e
         if isinstance(effect, _loop.Claim):
