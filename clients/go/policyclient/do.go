@@ -219,6 +219,13 @@ var (
 // NextDelay, wait (returning early if ctx ends), repeat. Outcomes are
 // reported asynchronously. The error is non-nil only for misuse; how the
 // call ended is in the Result.
+//
+// A target policyd said has a fleet-wide ceiling is never sent an attempt
+// without its lease or rate slot: while policyd is silent the call waits
+// (bounded by its deadline, with backoff) and asks Admit again, and ends
+// DeadLetter (StopDeadline, Reason flow:unavailable) when no attempt could
+// finish by the deadline any more; a call without a deadline waits while
+// ctx lets it. Other targets keep the local fallback.
 func (c *Client) Do(ctx context.Context, call Call, fn func(ctx context.Context, a Attempt) error) (Result, error) {
 	if call.Target == "" {
 		return Result{}, ErrNoTarget

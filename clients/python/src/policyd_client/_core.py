@@ -212,7 +212,11 @@ class Settings:
     one place the defaults are written. Times are seconds.
 
     - ``decision_timeout`` bounds every decision RPC (Admit, NextDelay); past
-      it the client decides locally.
+      it the client decides locally, except about a target with a
+      fleet-wide ceiling: its Admit waits up to
+      max(decision_timeout, retry_unreachable_after), and while policyd is
+      silent the call waits and asks again, ending a dead letter (DEADLINE,
+      ``flow:unavailable``) when its deadline leaves no room.
     - ``attempt_timeout`` is the per-attempt timeout until policyd says
       otherwise (policyd's default).
     - ``retry_unreachable_after``: after policyd failed to answer, the client
