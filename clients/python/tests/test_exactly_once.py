@@ -9,9 +9,13 @@ same loop, driven twice)."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import signal
-from typing import Any, Callable
+import subprocess
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
+import grpc
 import pytest
 
 from retrypolicy.v1 import retry_policy_service_pb2 as rpb
@@ -129,3 +133,60 @@ def test_require_claim(driver: str, require: bool, tenant: str, clock: FakeClock
     else:
         assert up.writes == [1] and res.ok, res
 
+
+
+@pytest.fixture
+def paused_redis(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A redis-server on a free loopback port, without persistence; the
+    test may SIGSTOP it. Ready once it says so on its log (no polling);
+    continued and stopped at the end."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (scripts/test installs it)")
+    port = free_port()
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if b"Ready to accept connections" in line:
+            break
+    else:
+        raise RuntimeError(f"redis-server exited {proc.wait()} before it was ready")
+    try:
+        yield f"127.0.0.1:{port}", proc
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        proc.terminate()
+        proc.wait(10)
+        proc.stdout.close()
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_a_claim_a_replica_cannot_answer_goes_to_another(
+        driver: str, dedicated: Callable[..., Daemon], paused_redis: tuple[str, subprocess.Popen[bytes]],
+        tenant: str, clock: FakeClock) -> None:
+    # Two replicas: one on a Redis that is then stopped (SIGSTOP), which
+    # answers ClaimKey and CompleteKey UNAVAILABLE ("the store is
+    # unavailable") while its health stays SERVING, and one on its own
+    # bbolt file. Calls spread over both; each claim and completion the
+    # first cannot answer is sent again to the second, so every write is
+    # made and completed under a claim there, instead of the client going
+    # without the ledger.
+    redis_addr, redis_proc = paused_redis
+    stalled = dedicated("--store", f"redis://{redis_addr}", "--store-timeout", "50ms")
+    healthy = dedicated()
+    redis_proc.send_signal(signal.SIGSTOP)
+    keys = [f"doc-{i}" for i in range(6)]
+    replicas = [stalled.address, healthy.address]
+    results = [call(driver, replicas, tenant, clock, pc.Call(target="grants", idempotency_key=k, call_id=k), Upstream())
+               for k in keys]
+    assert all(r.ok and not r.local for r in results), [(r.call_id, r.disposition, r.reason, r.local) for r in results]
+    stub = rpb_grpc.RetryPolicyServiceStub(healthy.channel)
+    states: dict[str, str] = {}
+    for k in keys:
+        try:
+            got = stub.GetKey(rpb.GetKeyRequest(tenant=tenant, idempotency_key=k), timeout=10)
+            states[k] = types_pb2.KeyState.Name(got.record.state)
+        except grpc.RpcError as e:
+            states[k] = e.code().name
+    assert set(states.values()) == {"KEY_STATE_SUCCEEDED"}, (
+        f"the healthy replica's records: {states}; want each key written and completed under a claim")
