@@ -56,10 +56,11 @@ type FinalReport struct {
 //     RETRY unless a later failure is reported;
 //   - DEAD_LETTER only with a transient failure (a server's pushback:
 //     any failure, and after policyd answered a transient failure of
-//     the call with RETRY, and NOT_IDEMPOTENT when the call carries an
-//     idempotency key); DEAD_LETTER with stop reason DEADLINE only past
-//     the call's deadline, or with a deadline that a fleet-wide cool-down
-//     in force leaves no room before;
+//     the call with RETRY, and NOT_IDEMPOTENT when the call's idempotency
+//     carries an idempotency key); DEAD_LETTER with stop reason
+//     DEADLINE only past the
+//     call's deadline, nearer than the attempt timeout, or with a deadline
+//     that a fleet-wide cool-down in force leaves no room before;
 //   - CIRCUIT_OPEN only while the call's breaker is not CLOSED or a
 //     fleet-wide cool-down refuses admission, or within the policy's
 //     horizon after either;
@@ -144,12 +145,16 @@ func CheckFinal(r *FinalReport) string {
 }
 
 // fitsNoMore reports whether no attempt fits before deadline at r.Now: it
-// has passed, a fleet-wide cool-down in force leaves no room before it, or
+// has passed, it is nearer than the attempt timeout (policyd's own rule
+// stops such a call; a client waiting out a full ceiling or a rate wait
+// ends it so), a fleet-wide cool-down in force leaves no room before it, or
 // it is unknown (zero: a caller that cancels ends the call at a deadline
 // of its own, which policyd cannot know).
 func (r *FinalReport) fitsNoMore(deadline int64) bool {
 	switch {
 	case deadline == 0, r.Now >= deadline:
+		return true
+	case r.AttemptTimeout > 0 && r.Now+r.AttemptTimeout > deadline:
 		return true
 	case r.CooldownEnd > r.Now && r.CooldownEnd+r.AttemptTimeout > deadline:
 		return true
