@@ -168,11 +168,12 @@ func breakerWithPool(st flowStore, s policy.BreakerSnapshot) *pb.Breaker {
 }
 
 // flowTargets tells a watch of tenant, on the message that completes its
-// snapshot, which targets have a ceiling: each target a stored policy
-// names, by its effective policy for tenant, and every other target by the
-// tenant's policy (the default policy has none). It resolves from one
-// listing of the stored policies, in the order Resolve applies (tenant and
-// target, then target, then tenant), rather than a Resolve per target.
+// snapshot, which targets have a ceiling and which escalate (a fallback,
+// with its chain): each target a stored policy names, by its effective
+// policy for tenant, and every other target by the tenant's policy (the
+// default policy has neither). It resolves from one listing of the stored
+// policies, in the order Resolve applies (tenant and target, then target,
+// then tenant), rather than a Resolve per target.
 func (w *watcher) flowTargets(tenant string, msg *pb.WatchBreakersResponse) {
 	entries, err := w.policies.Policies(policy.PolicyScope{}, 0)
 	if err != nil {
@@ -182,7 +183,11 @@ func (w *watcher) flowTargets(tenant string, msg *pb.WatchBreakersResponse) {
 	for i := range entries {
 		byScope[policy.PolicyScope{Tenant: entries[i].Tenant, Target: entries[i].Target}] = &entries[i].Policy
 	}
-	other := tenant != "" && byScope[policy.PolicyScope{Tenant: tenant}] != nil && byScope[policy.PolicyScope{Tenant: tenant}].FlowControlled()
+	var tp *policy.Policy // the tenant's policy, for the targets no policy names
+	if tenant != "" {
+		tp = byScope[policy.PolicyScope{Tenant: tenant}]
+	}
+	other := tp != nil && tp.FlowControlled()
 	for _, e := range entries {
 		if e.Target == "" || (e.Tenant != "" && e.Tenant != tenant) ||
 			slices.Contains(msg.FlowControlledTargets, e.Target) || slices.Contains(msg.UncontrolledTargets, e.Target) {
@@ -197,6 +202,15 @@ func (w *watcher) flowTargets(tenant string, msg *pb.WatchBreakersResponse) {
 		} else {
 			msg.UncontrolledTargets = append(msg.UncontrolledTargets, e.Target)
 		}
+		if p == nil {
+			p = tp
+		}
+		if p != nil && len(p.Fallback.Targets) > 0 {
+			msg.FallbackChains = append(msg.FallbackChains, &pb.FallbackChain{Target: e.Target, Fallback: fallbackToPB(p.Fallback)})
+		}
 	}
 	msg.OtherTargetsFlowControlled = other
+	if tp != nil && len(tp.Fallback.Targets) > 0 {
+		msg.OtherTargetsFallback = fallbackToPB(tp.Fallback)
+	}
 }
