@@ -477,3 +477,27 @@ func TestWatchSnapshotTellsTheFallbackChains(t *testing.T) {
 		t.Errorf("named targets %v, want geo-f among them (so its lack of a chain is told)", named)
 	}
 }
+
+// TestReportOutcomeTellsTheFallbackChains: a report lists, once each, the
+// batch's primaries whose policy has a fallback, with it: not a target
+// without one, and not a fallback target an attempt was sent to.
+func TestReportOutcomeTellsTheFallbackChains(t *testing.T) {
+	h := newHarness(t)
+	escalating(t, h, 3, &pb.FallbackSettings{Targets: []string{"geo-b"}, AfterAttempts: 1}, 0)
+	rep, err := h.workers.ReportOutcome(context.Background(), &pb.ReportOutcomeRequest{Outcomes: []*pb.Outcome{
+		{Call: call("acme", "geo-a", "doc-1"), Attempt: 1, Success: true},
+		{Call: call("acme", "geo-a", "doc-2"), Attempt: 2, Success: true, AttemptTarget: "geo-b"},
+		{Call: call("acme", "geo-a", "doc-3"), Attempt: 1, Success: true},
+		{Call: call("acme", "elsewhere", "doc-4"), Attempt: 1, Success: true},
+	}})
+	if err != nil {
+		t.Fatalf("ReportOutcome: %v", err)
+	}
+	var got []string
+	for _, c := range rep.GetFallbackChains() {
+		got = append(got, c.GetTarget()+":"+strings.Join(c.GetFallback().GetTargets(), ",")+"/"+fmt.Sprint(c.GetFallback().GetAfterAttempts()))
+	}
+	if s := strings.Join(got, " "); s != "geo-a:geo-b/1" {
+		t.Fatalf("fallback_chains: %s, want geo-a:geo-b/1", s)
+	}
+}

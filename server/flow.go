@@ -75,14 +75,21 @@ func (d *Decisions) releaseLease(ctx context.Context, p *policy.Policy, call cal
 	return held
 }
 
+// targetFallback is the fallback of a primary target's effective policy.
+type targetFallback struct {
+	target   string
+	fallback policy.Fallback
+}
+
 // settleLeases returns the leases the outcomes of a batch carry (each to
 // its attempt's target) and lists, once each, the batch's targets whose
 // policy has a concurrency ceiling, so a client that skips Admit while a
-// breaker is CLOSED learns of one within a report. Consecutive outcomes of
-// one tenant and attempt target (most of a batch) resolve their policy
-// once.
-func (d *Decisions) settleLeases(ctx context.Context, items []outcomeItem) []string {
-	var flow []string
+// breaker is CLOSED learns of one within a report, and the batch's
+// primaries (outcomes of attempts on the call's own target) whose policy
+// has a fallback, with it, so a client learns of a chain set after its
+// watch's snapshot. Consecutive outcomes of one tenant and attempt target
+// (most of a batch) resolve their policy once.
+func (d *Decisions) settleLeases(ctx context.Context, items []outcomeItem) (flow []string, chains []targetFallback) {
 	var p policy.Policy
 	var lastTenant, lastTarget string
 	for i := range items {
@@ -93,10 +100,14 @@ func (d *Decisions) settleLeases(ctx context.Context, items []outcomeItem) []str
 			if p.FlowControlled() && !slices.Contains(flow, it.target) {
 				flow = append(flow, it.target)
 			}
+			if len(p.Fallback.Targets) > 0 && it.target == it.call.target &&
+				!slices.ContainsFunc(chains, func(c targetFallback) bool { return c.target == it.target }) {
+				chains = append(chains, targetFallback{it.target, p.Fallback})
+			}
 		}
 		d.releaseLease(ctx, &p, it.call, it.target, it.lease, flowSignal(it.success, it.failure, policy.Hints{}))
 	}
-	return flow
+	return flow, chains
 }
 
 // ReleaseLease returns a concurrency lease without an outcome. Releasing a

@@ -271,3 +271,46 @@ func TestFallbackChainVectors(t *testing.T) {
 		}
 	}
 }
+
+// TestChainSetLaterIsLearntFromAReport: a chain stored after the client's
+// watch snapshot reaches it with the next outcome report of a call to the
+// primary, so once the primary's breaker opens the client asks Admit and
+// goes to the fallback instead of failing fast. (Before reports told the
+// chains, the call ended circuit_open without an attempt.)
+func TestChainSetLaterIsLearntFromAReport(t *testing.T) {
+	d := startDaemon(t, nil)
+	ctx := context.Background()
+	opened := make(chan struct{})
+	c, _ := newClient(t, d, func(cfg *policyclient.Config) {
+		cfg.OnEvent = func(e policyclient.Event) {
+			if e.Kind == policyclient.EventBreakerChanged && e.Target == "geo-a" && e.Breaker == pb.BreakerState_BREAKER_STATE_OPEN {
+				close(opened)
+			}
+		}
+	})
+	setFallback(t, d, 3, &pb.FallbackSettings{Targets: []string{"geo-b"}, OnCircuitOpen: true})
+	ok, _ := script()
+	if res, _ := c.Do(ctx, policyclient.Call{Target: "geo-a", Idempotent: true}, ok); !res.OK() {
+		t.Fatalf("Do(geo-a): %v, want success", res.Disposition)
+	}
+	// A failure elsewhere: its NextDelay first sends the queued outcomes,
+	// geo-a's success among them, and the report's answer names the chain.
+	fn, _ := script(policyclient.HTTPError(503, nil))
+	if res, _ := c.Do(ctx, policyclient.Call{Target: "elsewhere", Idempotent: true}, fn); !res.OK() {
+		t.Fatalf("Do(elsewhere): %v, want success on attempt 2", res.Disposition)
+	}
+	forceOpen(t, d, "geo-a")
+	waitFor(t, opened, "the client seeing geo-a OPEN")
+	admits := c.Stats().AdmitRPCs
+	var targets []string
+	res, _ := c.Do(ctx, policyclient.Call{Target: "geo-a", Idempotent: true}, func(_ context.Context, a policyclient.Attempt) error {
+		targets = append(targets, a.Target)
+		return nil
+	})
+	if !res.OK() || strings.Join(targets, " ") != "geo-b" {
+		t.Fatalf("Do(geo-a) with geo-a open: %v after attempts on %v, want success on geo-b", res.Disposition, targets)
+	}
+	if n := c.Stats().AdmitRPCs - admits; n != 1 {
+		t.Fatalf("Admit RPCs for the call: %d, want 1", n)
+	}
+}

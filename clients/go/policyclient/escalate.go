@@ -10,8 +10,9 @@ import (
 
 // chainCache is what the client knows of each primary target's escalation
 // chain (its effective policy's fallback). It is told the chains by the
-// WatchBreakers snapshot (fallback_chains, other_targets_fallback), and
-// learns from policyd's answers too: the fallback targets it sent calls
+// WatchBreakers snapshot (fallback_chains, other_targets_fallback) and by
+// every ReportOutcome answer (fallback_chains of the batch's primaries),
+// and learns from policyd's other answers too: the fallback targets it sent calls
 // to, in order; after how many attempts it first sent one off the primary
 // by the after_attempts rule; and that it sent a call on from an open
 // circuit (on_circuit_open).
@@ -92,6 +93,36 @@ func (c *chainCache) snapshot(msg *pb.WatchBreakersResponse) {
 	c.mu.Lock()
 	c.told, c.chains, c.other = true, m, other
 	c.mu.Unlock()
+}
+
+// reported learns from a ReportOutcome answer: each primary of the
+// batch's outcomes of attempts on the call's own target has the chain the
+// answer lists for it, or none, so a chain set after the snapshot is
+// learnt within one report. Before a snapshot told the chains it changes
+// nothing (the chains seen are followed then).
+func (c *chainCache) reported(batch []*pb.Outcome, resp *pb.ReportOutcomeResponse) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.told {
+		return
+	}
+	listed := resp.GetFallbackChains()
+	last := ""
+	for _, o := range batch {
+		t := o.GetCall().GetTarget()
+		if o.GetAttemptTarget() != "" || t == last {
+			continue
+		}
+		last = t
+		var ch chain
+		for _, l := range listed {
+			if l.GetTarget() == t {
+				ch = chainFromPB(l.GetFallback())
+				break
+			}
+		}
+		c.chains[t] = ch
+	}
 }
 
 // toldChain returns the chain told for primary; the caller holds mu.

@@ -89,3 +89,24 @@ func TestChainCacheFollowsTheToldChain(t *testing.T) {
 		t.Errorf("local route of plain: %q %v, want \"\" true (no chain: the call stays)", got, ok)
 	}
 }
+
+// TestChainCacheLearnsFromReports: a report's answer sets the chain of each
+// primary of the batch (attempts on a fallback target say nothing of
+// theirs): listed, the chain it gives; not listed, none.
+func TestChainCacheLearnsFromReports(t *testing.T) {
+	var c chainCache
+	now := time.Now()
+	c.snapshot(&pb.WatchBreakersResponse{SnapshotComplete: true, UncontrolledTargets: []string{"b"},
+		FallbackChains: []*pb.FallbackChain{{Target: "b", Fallback: &pb.FallbackSettings{Targets: []string{"c"}, OnCircuitOpen: true}}}})
+	out := func(target, attemptTarget string) *pb.Outcome {
+		return &pb.Outcome{Call: &pb.CallRef{Target: target}, AttemptTarget: attemptTarget}
+	}
+	c.reported([]*pb.Outcome{out("a", ""), out("a", ""), out("b", ""), out("x", "b")}, &pb.ReportOutcomeResponse{
+		FallbackChains: []*pb.FallbackChain{{Target: "a", Fallback: &pb.FallbackSettings{Targets: []string{"a2"}, OnCircuitOpen: true}}}})
+	if !c.escalatesOnOpen("a", 1, now, openOf("a")) {
+		t.Error("a, listed with an on-open chain: escalates on open false, want true")
+	}
+	if c.escalatesOnOpen("b", 1, now, openOf("b")) {
+		t.Error("b, a primary of the batch not listed: escalates on open true, want false (its chain is gone)")
+	}
+}

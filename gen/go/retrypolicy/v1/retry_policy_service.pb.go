@@ -664,8 +664,15 @@ type ReportOutcomeResponse struct {
 	// a client that skips Admit while a breaker is CLOSED learns within one
 	// report that it must ask for leases; the batch's other targets have none.
 	FlowControlledTargets []string `protobuf:"bytes,3,rep,name=flow_controlled_targets,json=flowControlledTargets,proto3" json:"flow_controlled_targets,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// fallback_chains lists, once each, the batch's primary targets (of
+	// outcomes of attempts on the call's own target) whose effective policy
+	// has a fallback, with it, so a client learns within one report of a
+	// chain set after its watch's snapshot
+	// (WatchBreakersResponse.fallback_chains); the batch's other primaries
+	// have none.
+	FallbackChains []*FallbackChain `protobuf:"bytes,20,rep,name=fallback_chains,json=fallbackChains,proto3" json:"fallback_chains,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ReportOutcomeResponse) Reset() {
@@ -715,6 +722,13 @@ func (x *ReportOutcomeResponse) GetRefused() []*OutcomeRefusal {
 func (x *ReportOutcomeResponse) GetFlowControlledTargets() []string {
 	if x != nil {
 		return x.FlowControlledTargets
+	}
+	return nil
+}
+
+func (x *ReportOutcomeResponse) GetFallbackChains() []*FallbackChain {
+	if x != nil {
+		return x.FallbackChains
 	}
 	return nil
 }
@@ -1968,11 +1982,12 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\fdeduplicated\x18\x14 \x01(\bR\fdeduplicated\x12%\n" +
 	"\x0eattempt_target\x18\x15 \x01(\tR\rattemptTarget\"K\n" +
 	"\x14ReportOutcomeRequest\x123\n" +
-	"\boutcomes\x18\x01 \x03(\v2\x17.retrypolicy.v1.OutcomeR\boutcomes\"\xa5\x01\n" +
+	"\boutcomes\x18\x01 \x03(\v2\x17.retrypolicy.v1.OutcomeR\boutcomes\"\xed\x01\n" +
 	"\x15ReportOutcomeResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\rR\baccepted\x128\n" +
 	"\arefused\x18\x02 \x03(\v2\x1e.retrypolicy.v1.OutcomeRefusalR\arefused\x126\n" +
-	"\x17flow_controlled_targets\x18\x03 \x03(\tR\x15flowControlledTargets\"j\n" +
+	"\x17flow_controlled_targets\x18\x03 \x03(\tR\x15flowControlledTargets\x12F\n" +
+	"\x0ffallback_chains\x18\x14 \x03(\v2\x1d.retrypolicy.v1.FallbackChainR\x0efallbackChains\"j\n" +
 	"\x0eOutcomeRefusal\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x14\n" +
@@ -2147,55 +2162,56 @@ var file_retrypolicy_v1_retry_policy_service_proto_depIdxs = []int32{
 	29, // 18: retrypolicy.v1.Outcome.final_stop_reason:type_name -> retrypolicy.v1.StopReason
 	4,  // 19: retrypolicy.v1.ReportOutcomeRequest.outcomes:type_name -> retrypolicy.v1.Outcome
 	7,  // 20: retrypolicy.v1.ReportOutcomeResponse.refused:type_name -> retrypolicy.v1.OutcomeRefusal
-	23, // 21: retrypolicy.v1.AdmitRequest.call:type_name -> retrypolicy.v1.CallRef
-	31, // 22: retrypolicy.v1.AdmitResponse.state:type_name -> retrypolicy.v1.BreakerState
-	27, // 23: retrypolicy.v1.AdmitResponse.retry_after:type_name -> google.protobuf.Duration
-	32, // 24: retrypolicy.v1.AdmitResponse.run_cutoff_time:type_name -> google.protobuf.Timestamp
-	32, // 25: retrypolicy.v1.AdmitResponse.lease_expire_time:type_name -> google.protobuf.Timestamp
-	23, // 26: retrypolicy.v1.ReleaseLeaseRequest.call:type_name -> retrypolicy.v1.CallRef
-	33, // 27: retrypolicy.v1.WatchBreakersResponse.breaker:type_name -> retrypolicy.v1.Breaker
-	14, // 28: retrypolicy.v1.WatchBreakersResponse.fallback_chains:type_name -> retrypolicy.v1.FallbackChain
-	34, // 29: retrypolicy.v1.WatchBreakersResponse.other_targets_fallback:type_name -> retrypolicy.v1.FallbackSettings
-	34, // 30: retrypolicy.v1.FallbackChain.fallback:type_name -> retrypolicy.v1.FallbackSettings
-	27, // 31: retrypolicy.v1.PlanBudgetRequest.window:type_name -> google.protobuf.Duration
-	35, // 32: retrypolicy.v1.PlanBudgetRequest.backoff:type_name -> retrypolicy.v1.BackoffSettings
-	27, // 33: retrypolicy.v1.PlanBudgetRequest.attempt_timeout:type_name -> google.protobuf.Duration
-	27, // 34: retrypolicy.v1.PlanBudgetRequest.ttl_margin:type_name -> google.protobuf.Duration
-	32, // 35: retrypolicy.v1.PlanBudgetRequest.origin_time:type_name -> google.protobuf.Timestamp
-	36, // 36: retrypolicy.v1.PlanBudgetResponse.plan:type_name -> retrypolicy.v1.BudgetPlan
-	36, // 37: retrypolicy.v1.PlanBudgetResponse.hops:type_name -> retrypolicy.v1.BudgetPlan
-	23, // 38: retrypolicy.v1.ClaimKeyRequest.call:type_name -> retrypolicy.v1.CallRef
-	37, // 39: retrypolicy.v1.ClaimKeyResponse.state:type_name -> retrypolicy.v1.KeyState
-	32, // 40: retrypolicy.v1.ClaimKeyResponse.lease_expire_time:type_name -> google.protobuf.Timestamp
-	27, // 41: retrypolicy.v1.ClaimKeyResponse.retry_after:type_name -> google.protobuf.Duration
-	38, // 42: retrypolicy.v1.CompleteKeyRequest.outcome:type_name -> retrypolicy.v1.KeyOutcome
-	39, // 43: retrypolicy.v1.CompleteKeyResponse.record:type_name -> retrypolicy.v1.IdempotencyRecord
-	39, // 44: retrypolicy.v1.GetKeyResponse.record:type_name -> retrypolicy.v1.IdempotencyRecord
-	0,  // 45: retrypolicy.v1.RetryPolicyService.Classify:input_type -> retrypolicy.v1.ClassifyRequest
-	2,  // 46: retrypolicy.v1.RetryPolicyService.NextDelay:input_type -> retrypolicy.v1.NextDelayRequest
-	5,  // 47: retrypolicy.v1.RetryPolicyService.ReportOutcome:input_type -> retrypolicy.v1.ReportOutcomeRequest
-	8,  // 48: retrypolicy.v1.RetryPolicyService.Admit:input_type -> retrypolicy.v1.AdmitRequest
-	10, // 49: retrypolicy.v1.RetryPolicyService.ReleaseLease:input_type -> retrypolicy.v1.ReleaseLeaseRequest
-	12, // 50: retrypolicy.v1.RetryPolicyService.WatchBreakers:input_type -> retrypolicy.v1.WatchBreakersRequest
-	17, // 51: retrypolicy.v1.RetryPolicyService.ClaimKey:input_type -> retrypolicy.v1.ClaimKeyRequest
-	19, // 52: retrypolicy.v1.RetryPolicyService.CompleteKey:input_type -> retrypolicy.v1.CompleteKeyRequest
-	21, // 53: retrypolicy.v1.RetryPolicyService.GetKey:input_type -> retrypolicy.v1.GetKeyRequest
-	15, // 54: retrypolicy.v1.RetryPolicyService.PlanBudget:input_type -> retrypolicy.v1.PlanBudgetRequest
-	1,  // 55: retrypolicy.v1.RetryPolicyService.Classify:output_type -> retrypolicy.v1.ClassifyResponse
-	3,  // 56: retrypolicy.v1.RetryPolicyService.NextDelay:output_type -> retrypolicy.v1.NextDelayResponse
-	6,  // 57: retrypolicy.v1.RetryPolicyService.ReportOutcome:output_type -> retrypolicy.v1.ReportOutcomeResponse
-	9,  // 58: retrypolicy.v1.RetryPolicyService.Admit:output_type -> retrypolicy.v1.AdmitResponse
-	11, // 59: retrypolicy.v1.RetryPolicyService.ReleaseLease:output_type -> retrypolicy.v1.ReleaseLeaseResponse
-	13, // 60: retrypolicy.v1.RetryPolicyService.WatchBreakers:output_type -> retrypolicy.v1.WatchBreakersResponse
-	18, // 61: retrypolicy.v1.RetryPolicyService.ClaimKey:output_type -> retrypolicy.v1.ClaimKeyResponse
-	20, // 62: retrypolicy.v1.RetryPolicyService.CompleteKey:output_type -> retrypolicy.v1.CompleteKeyResponse
-	22, // 63: retrypolicy.v1.RetryPolicyService.GetKey:output_type -> retrypolicy.v1.GetKeyResponse
-	16, // 64: retrypolicy.v1.RetryPolicyService.PlanBudget:output_type -> retrypolicy.v1.PlanBudgetResponse
-	55, // [55:65] is the sub-list for method output_type
-	45, // [45:55] is the sub-list for method input_type
-	45, // [45:45] is the sub-list for extension type_name
-	45, // [45:45] is the sub-list for extension extendee
-	0,  // [0:45] is the sub-list for field type_name
+	14, // 21: retrypolicy.v1.ReportOutcomeResponse.fallback_chains:type_name -> retrypolicy.v1.FallbackChain
+	23, // 22: retrypolicy.v1.AdmitRequest.call:type_name -> retrypolicy.v1.CallRef
+	31, // 23: retrypolicy.v1.AdmitResponse.state:type_name -> retrypolicy.v1.BreakerState
+	27, // 24: retrypolicy.v1.AdmitResponse.retry_after:type_name -> google.protobuf.Duration
+	32, // 25: retrypolicy.v1.AdmitResponse.run_cutoff_time:type_name -> google.protobuf.Timestamp
+	32, // 26: retrypolicy.v1.AdmitResponse.lease_expire_time:type_name -> google.protobuf.Timestamp
+	23, // 27: retrypolicy.v1.ReleaseLeaseRequest.call:type_name -> retrypolicy.v1.CallRef
+	33, // 28: retrypolicy.v1.WatchBreakersResponse.breaker:type_name -> retrypolicy.v1.Breaker
+	14, // 29: retrypolicy.v1.WatchBreakersResponse.fallback_chains:type_name -> retrypolicy.v1.FallbackChain
+	34, // 30: retrypolicy.v1.WatchBreakersResponse.other_targets_fallback:type_name -> retrypolicy.v1.FallbackSettings
+	34, // 31: retrypolicy.v1.FallbackChain.fallback:type_name -> retrypolicy.v1.FallbackSettings
+	27, // 32: retrypolicy.v1.PlanBudgetRequest.window:type_name -> google.protobuf.Duration
+	35, // 33: retrypolicy.v1.PlanBudgetRequest.backoff:type_name -> retrypolicy.v1.BackoffSettings
+	27, // 34: retrypolicy.v1.PlanBudgetRequest.attempt_timeout:type_name -> google.protobuf.Duration
+	27, // 35: retrypolicy.v1.PlanBudgetRequest.ttl_margin:type_name -> google.protobuf.Duration
+	32, // 36: retrypolicy.v1.PlanBudgetRequest.origin_time:type_name -> google.protobuf.Timestamp
+	36, // 37: retrypolicy.v1.PlanBudgetResponse.plan:type_name -> retrypolicy.v1.BudgetPlan
+	36, // 38: retrypolicy.v1.PlanBudgetResponse.hops:type_name -> retrypolicy.v1.BudgetPlan
+	23, // 39: retrypolicy.v1.ClaimKeyRequest.call:type_name -> retrypolicy.v1.CallRef
+	37, // 40: retrypolicy.v1.ClaimKeyResponse.state:type_name -> retrypolicy.v1.KeyState
+	32, // 41: retrypolicy.v1.ClaimKeyResponse.lease_expire_time:type_name -> google.protobuf.Timestamp
+	27, // 42: retrypolicy.v1.ClaimKeyResponse.retry_after:type_name -> google.protobuf.Duration
+	38, // 43: retrypolicy.v1.CompleteKeyRequest.outcome:type_name -> retrypolicy.v1.KeyOutcome
+	39, // 44: retrypolicy.v1.CompleteKeyResponse.record:type_name -> retrypolicy.v1.IdempotencyRecord
+	39, // 45: retrypolicy.v1.GetKeyResponse.record:type_name -> retrypolicy.v1.IdempotencyRecord
+	0,  // 46: retrypolicy.v1.RetryPolicyService.Classify:input_type -> retrypolicy.v1.ClassifyRequest
+	2,  // 47: retrypolicy.v1.RetryPolicyService.NextDelay:input_type -> retrypolicy.v1.NextDelayRequest
+	5,  // 48: retrypolicy.v1.RetryPolicyService.ReportOutcome:input_type -> retrypolicy.v1.ReportOutcomeRequest
+	8,  // 49: retrypolicy.v1.RetryPolicyService.Admit:input_type -> retrypolicy.v1.AdmitRequest
+	10, // 50: retrypolicy.v1.RetryPolicyService.ReleaseLease:input_type -> retrypolicy.v1.ReleaseLeaseRequest
+	12, // 51: retrypolicy.v1.RetryPolicyService.WatchBreakers:input_type -> retrypolicy.v1.WatchBreakersRequest
+	17, // 52: retrypolicy.v1.RetryPolicyService.ClaimKey:input_type -> retrypolicy.v1.ClaimKeyRequest
+	19, // 53: retrypolicy.v1.RetryPolicyService.CompleteKey:input_type -> retrypolicy.v1.CompleteKeyRequest
+	21, // 54: retrypolicy.v1.RetryPolicyService.GetKey:input_type -> retrypolicy.v1.GetKeyRequest
+	15, // 55: retrypolicy.v1.RetryPolicyService.PlanBudget:input_type -> retrypolicy.v1.PlanBudgetRequest
+	1,  // 56: retrypolicy.v1.RetryPolicyService.Classify:output_type -> retrypolicy.v1.ClassifyResponse
+	3,  // 57: retrypolicy.v1.RetryPolicyService.NextDelay:output_type -> retrypolicy.v1.NextDelayResponse
+	6,  // 58: retrypolicy.v1.RetryPolicyService.ReportOutcome:output_type -> retrypolicy.v1.ReportOutcomeResponse
+	9,  // 59: retrypolicy.v1.RetryPolicyService.Admit:output_type -> retrypolicy.v1.AdmitResponse
+	11, // 60: retrypolicy.v1.RetryPolicyService.ReleaseLease:output_type -> retrypolicy.v1.ReleaseLeaseResponse
+	13, // 61: retrypolicy.v1.RetryPolicyService.WatchBreakers:output_type -> retrypolicy.v1.WatchBreakersResponse
+	18, // 62: retrypolicy.v1.RetryPolicyService.ClaimKey:output_type -> retrypolicy.v1.ClaimKeyResponse
+	20, // 63: retrypolicy.v1.RetryPolicyService.CompleteKey:output_type -> retrypolicy.v1.CompleteKeyResponse
+	22, // 64: retrypolicy.v1.RetryPolicyService.GetKey:output_type -> retrypolicy.v1.GetKeyResponse
+	16, // 65: retrypolicy.v1.RetryPolicyService.PlanBudget:output_type -> retrypolicy.v1.PlanBudgetResponse
+	56, // [56:66] is the sub-list for method output_type
+	46, // [46:56] is the sub-list for method input_type
+	46, // [46:46] is the sub-list for extension type_name
+	46, // [46:46] is the sub-list for extension extendee
+	0,  // [0:46] is the sub-list for field type_name
 }
 
 func init() { file_retrypolicy_v1_retry_policy_service_proto_init() }

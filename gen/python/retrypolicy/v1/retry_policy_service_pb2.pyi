@@ -120,14 +120,16 @@ class ReportOutcomeRequest(_message.Message):
     def __init__(self, outcomes: _Optional[_Iterable[_Union[Outcome, _Mapping]]] = ...) -> None: ...
 
 class ReportOutcomeResponse(_message.Message):
-    __slots__ = ("accepted", "refused", "flow_controlled_targets")
+    __slots__ = ("accepted", "refused", "flow_controlled_targets", "fallback_chains")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
     FLOW_CONTROLLED_TARGETS_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_CHAINS_FIELD_NUMBER: _ClassVar[int]
     accepted: int
     refused: _containers.RepeatedCompositeFieldContainer[OutcomeRefusal]
     flow_controlled_targets: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, accepted: _Optional[int] = ..., refused: _Optional[_Iterable[_Union[OutcomeRefusal, _Mapping]]] = ..., flow_controlled_targets: _Optional[_Iterable[str]] = ...) -> None: ...
+    fallback_chains: _containers.RepeatedCompositeFieldContainer[FallbackChain]
+    def __init__(self, accepted: _Optional[int] = ..., refused: _Optional[_Iterable[_Union[OutcomeRefusal, _Mapping]]] = ..., flow_controlled_targets: _Optional[_Iterable[str]] = ..., fallback_chains: _Optional[_Iterable[_Union[FallbackChain, _Mapping]]] = ...) -> None: ...
 
 class OutcomeRefusal(_message.Message):
     __slots__ = ("index", "code", "field", "message")
