@@ -65,6 +65,14 @@
 //	                                        expiry (Unix ns); the key is the breaker's; deleted when it holds
 //	                                        nothing; the layout is in flow.go. New in schema version 2 (created
 //	                                        empty on upgrade); version byte 2 in schema version 3
+//	attemptstats tenant 0x00 target 0x00    fleet.AttemptStats, one record per hour bucket, version byte 1: the
+//	             hour                       16 success counts then the 16 final-failure counts by attempt number
+//	                                        (the last: 16 or more), uint64 big-endian each (257 bytes); hour is
+//	                                        int64 big-endian, hours since the Unix epoch; target is the attempt's
+//	                                        (a fallback's attempts count for it), at most Options.MaxBreakersPerTenant
+//	                                        targets a tenant; counters, written by the group
+//	                                        commit; hours past the 168 h retention deleted when the target is next
+//	                                        counted and at open. New in schema version 3 (created empty on open)
 //	meta         "auditseq"                 uint64 big-endian: the highest audit sequence number handed out
 //	auditseg     time seq                   a segment of up to 512 audit records: a header (count, last record's
 //	                                        time and seq, a Bloom filter over call ids and tenants) and the
@@ -86,7 +94,12 @@
 //
 // The version rule: any change to this layout (a bucket, a key or a value
 // format) bumps schemaVersion and adds a step to migrations, the step from
-// the version before. Open reads meta/schema; a file of an older version is
+// the version before. A new bucket that an older build of the same version
+// never reads (calltable, attempts, idemkeys, flow within version 2;
+// attemptstats within version 3) is the one addition made without a bump:
+// Open creates it empty, no record of another bucket changes, and a file
+// written with it opens in a build without it, which ignores it (and so
+// neither counts nor deletes the attempt statistics while it runs). Open reads meta/schema; a file of an older version is
 // migrated forward, step by step, and the new version recorded, in one
 // transaction (a file is migrated in full or not at all); a file of a newer
 // version is refused with ErrSchema naming both versions ("schema version 4

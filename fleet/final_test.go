@@ -52,6 +52,10 @@ func TestCheckFinal(t *testing.T) {
 			"DEAD_LETTER (DEADLINE) needs"},
 		{"DEAD_LETTER (DEADLINE) when a cool-down leaves no room", fleet.FinalReport{Final: fin(policy.DispositionDeadLetter, policy.StopDeadline), Deadline: 50, Now: 40,
 			CooldownEnd: 45, AttemptTimeout: 10}, ""},
+		{"DEAD_LETTER (DEADLINE) nearer than the attempt timeout", fleet.FinalReport{Final: fin(policy.DispositionDeadLetter, policy.StopDeadline), Deadline: 50, Now: 45,
+			AttemptTimeout: 10}, ""},
+		{"DEAD_LETTER (DEADLINE) an attempt timeout away", fleet.FinalReport{Final: fin(policy.DispositionDeadLetter, policy.StopDeadline), Deadline: 50, Now: 40,
+			AttemptTimeout: 10}, "DEAD_LETTER (DEADLINE) needs"},
 		{"DEAD_LETTER (DEADLINE) of a cancelled call without deadline", fleet.FinalReport{Final: fin(policy.DispositionDeadLetter, policy.StopDeadline), Cutoff: 500, Now: 40}, ""},
 	}
 	for _, tt := range tests {

@@ -108,6 +108,14 @@
 //	{T}:leases:TARGET        zset    the concurrency leases of T/TARGET: lease id (32 hex digits) by
 //	                                 expiry (score, µs); the expired ones are dropped at the next
 //	                                 Admit and no longer count
+//	{T}:stats:HOUR           hash    fleet.AttemptStats of one hour bucket (HOUR: hours since the Unix
+//	                                 epoch, by the replica's clock when the batch was made): field "s" or
+//	                                 "f" (a success, a final failure), the attempt slot 1..16 (16: 16 or
+//	                                 more), ":" and the attempt's target -> the count; HINCRBY by
+//	                                 policyd_outcomes (a batch's successes and finals, a final only when
+//	                                 the ledger took it as the call's first) and by NextDelay's commit
+//	                                 pipeline (its STOP); expires 169 h after its last count (the 168 h
+//	                                 retention and an hour)
 //	{T}:attempt:CALL         hash    fleet.Attempts: attempt, answer (policy.Answer, JSON), expiry (Unix
 //	                                 ms); the key expires then (PEXPIREAT)
 //	{T}:audit                stream  the tenant's audit records, one entry each: t (ns), ev, tenant,
@@ -126,6 +134,10 @@
 // policyd_v1. Leases and rate accounts are counters, durable as the
 // server's AOF makes them (like probe permits), never waited for with
 // WAIT.
+// The {T}:stats:HOUR hashes are such an addition too: no key before
+// them changes, and the policyd_outcomes call carries their counts
+// between its finals and its batch id, where a library without them reads
+// past them (it counts nothing) and a call without them counts nothing.
 //
 // The library's name carries its version (policyd_v1): a layout change
 // bumps both the schema key and the library name, so replicas of two

@@ -22,6 +22,9 @@ local EVENTS_MAXLEN = '100000'
 -- how long a tenant's applied set keeps a batch id (s): longer than any
 -- replay takes once the engine answers again
 local APPLIED_TTL = 600
+-- how long an hour of attempt statistics outlives its last count (s): the
+-- retention (168 h) and an hour
+local STATS_TTL = 169 * 3600
 
 -- effects, as fleet.Effect
 local MUTATED, TRANSITIONED, COOLDOWN_STARTED = 1, 2, 4
@@ -537,6 +540,13 @@ end
 -- (1..R), the 1-based index among this call's results whose refusal
 -- cancels it (0: none), call id, ledger field, value, and last the
 -- batch id; KEYS end with the tenant's applied set when it is not ''.
+-- Between the finals and the batch id there may be the attempt
+-- statistics' counts: T, then T quadruples (field of {T}:stats:HOUR, the
+-- count, the 1-based result index whose refusal cancels it or 0, the
+-- 1-based final index that must change the ledger or 0), with the hour's
+-- hash in KEYS
+-- after the run pairs; each is counted with HINCRBY and the hash expires
+-- STATS_TTL after its last count.
 -- Returns {now, per group: {event ids}, {refused flags}, snapshot, then
 -- per final 1 (changed), 0 (unchanged), -1 (no such run) or the value in
 -- force (refused: the first wins), then tokens}, or {'applied'} for a batch
@@ -586,7 +596,8 @@ local function outcomes(keys, args, now)
   end
   local nf = tonumber(args[a])
   a = a + 1
-  for _ = 1, nf do
+  local finals = {}
+  for f = 1, nf do
     local ri, cond = tonumber(args[a]), tonumber(args[a + 1])
     local run, calls = keys[3 + ng + 2 * ri - 1], keys[3 + ng + 2 * ri]
     local r = 0
@@ -595,7 +606,21 @@ local function outcomes(keys, args, now)
       if r == nil then r = -1 end
     end
     out[#out + 1] = r
+    finals[f] = r
     a = a + 5
+  end
+  if a < #args then
+    local nt = tonumber(args[a])
+    local stats = keys[3 + ng + 2 * nr + 1]
+    a = a + 1
+    for _ = 1, nt do
+      local cond, fi = tonumber(args[a + 2]), tonumber(args[a + 3])
+      if (cond == 0 or refused_all[cond] == 0) and (fi == 0 or finals[fi] == 1) then
+        redis.call('HINCRBY', stats, args[a], args[a + 1])
+      end
+      a = a + 4
+    end
+    redis.call('EXPIRE', stats, STATS_TTL)
   end
   local tokens = ''
   if successes > 0 then

@@ -176,6 +176,10 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 			return policy.Answer{}, "", storeError(ctx, d.cfg.Logger, "run calls", err)
 		}
 	}
+	if !ans.Retry {
+		// The call ends here, once: a duplicate replays the answer above.
+		u.CountAttempts(policy.AttemptTally{Tenant: call.tenant, Target: in.target, Attempt: in.attempt})
+	}
 	if err := u.Commit(); err != nil {
 		return policy.Answer{}, "", storeError(ctx, d.cfg.Logger, "decision", err)
 	}
@@ -360,7 +364,9 @@ func (d *Decisions) decideAdmit(ctx context.Context, call callRef, target string
 // is INVALID_ARGUMENT naming outcomes[i].final_disposition and the rule.
 // It reads the call's remembered answer, its breaker and its run, so it
 // runs only for final dispositions other than SUCCEEDED of a success.
-func (d *Decisions) agrees(ctx context.Context, i int, it *outcomeItem, success, alreadyRecorded bool, p *policy.Policy, key policy.BreakerKey) error {
+// stopped reports that policyd stopped the call itself (NextDelay's STOP,
+// which counted the call's end in the attempt statistics).
+func (d *Decisions) agrees(ctx context.Context, i int, it *outcomeItem, success, alreadyRecorded bool, p *policy.Policy, key policy.BreakerKey) (stopped bool, err error) {
 	now := d.cfg.Clock.Now()
 	r := fleet.FinalReport{
 		Final:          it.final,
@@ -388,23 +394,20 @@ func (d *Decisions) agrees(ctx context.Context, i int, it *outcomeItem, success,
 			r.CooldownEnd = 0
 		}
 	} else if !notFound(err) {
-		return storeError(ctx, d.cfg.Logger, "breaker", err)
+		return false, storeError(ctx, d.cfg.Logger, "breaker", err)
 	}
 	if it.call.runID != "" {
 		run, err := d.runOf(ctx, "outcomes.call.run_id", it.call.runID, it.call.tenant)
 		if err != nil {
-			return err
+			return false, err
 		}
 		r.Cutoff = run.Cutoff.UnixNano()
 	}
-	if it.final.Stop == policy.StopNotIdempotent && it.call.key != "" {
-		v, err := d.store.Key(policy.KeyRef{Tenant: it.call.tenant, Key: it.call.key})
-		r.KeyLost = err == nil && v.State == policy.KeyUnknown
-	}
+	r.HasKey = it.call.key != ""
 	if rule := fleet.CheckFinal(&r); rule != "" {
-		return invalid("outcomes["+strconv.Itoa(i)+"].final_disposition", rule)
+		return false, invalid("outcomes["+strconv.Itoa(i)+"].final_disposition", rule)
 	}
-	return nil
+	return r.Decided && !r.Answer.Retry, nil
 }
 
 // detail explains a decision in a sentence for logs and humans.
@@ -488,9 +491,18 @@ func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc 
 				return 0, ups, invalid("outcomes["+strconv.Itoa(i)+"].deduplicated", "needs the call's idempotency key to have SUCCEEDED")
 			}
 		}
+		if it.success {
+			u.Tally = policy.AttemptTally{Tenant: it.call.tenant, Target: it.target, Attempt: it.attempt, Success: true}
+		}
 		if fd := it.final.Disposition; fd != policy.DispositionNone && (fd != policy.DispositionSucceeded || !it.success) {
-			if err := d.agrees(ctx, i, it, it.success, it.alreadyRecorded, &p, u.Key); err != nil {
+			stopped, err := d.agrees(ctx, i, it, it.success, it.alreadyRecorded, &p, u.Key)
+			if err != nil {
 				return 0, ups, err
+			}
+			if !stopped {
+				// A final failure policyd did not decide (NextDelay's STOP
+				// counted those) ends the call here.
+				u.Tally = policy.AttemptTally{Tenant: it.call.tenant, Target: it.target, Attempt: it.attempt}
 			}
 		}
 		start := len(trail)

@@ -98,6 +98,10 @@ func FuzzRequests(f *testing.F) {
 		&pb.SetPolicyRequest{Tenant: "a", Target: "t", Policy: &pb.Policy{Flow: &pb.FlowSettings{MaxInFlight: proto.Uint32(1_000_000),
 			Adaptive: &pb.AdaptiveCeiling{MinInFlight: proto.Uint32(4294967295), Decrease: proto.Float64(math.Nextafter(1, 0)),
 				Increase: proto.Float64(1_000_000), Hold: durationpb.New(time.Hour)}}}},
+		&pb.AdviseTargetsRequest{Tenant: "a", Target: "t", Since: durationpb.New(time.Hour)},
+		&pb.AdviseTargetsRequest{Since: durationpb.New(168 * time.Hour)},
+		&pb.ReportOutcomeRequest{Outcomes: []*pb.Outcome{{Call: call("a", "t", "c"), Attempt: 2, Success: true, AttemptTarget: "t-b",
+			FinalDisposition: pb.Disposition_DISPOSITION_SUCCEEDED}}},
 	}
 	clk := newFakeClock()
 	store, err := breakerstore.Open(breakerstore.Options{Path: filepath.Join(f.TempDir(), "fuzz.db"), Clock: clk, FlushInterval: time.Hour})

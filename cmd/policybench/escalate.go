@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/policyd/policyd/clients/go/policyclient"
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
@@ -192,7 +193,34 @@ func runEscalate(ctx context.Context, cfg escalateConfig, out io.Writer) error {
 			r.primary, r.primaryFailed, r.backup, r.fallbacks, r.dispositions[policyclient.Succeeded],
 			r.dispositions[policyclient.DeadLetter], r.dispositions[policyclient.CircuitOpen], other, r.unfinished)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	// What policyd advises from the runs' attempt statistics, as `policyd
+	// advise` says it.
+	for _, r := range runs {
+		adv, err := admin.AdviseTargets(ctx, &pb.AdviseTargetsRequest{Tenant: r.tenant, Since: durationpb.New(time.Hour)})
+		if err != nil {
+			return fmt.Errorf("AdviseTargets: %w", err)
+		}
+		for _, a := range adv.GetAdvice() {
+			fmt.Fprintf(out, "\nadvice %s/%s: successes by attempt %v, failures by attempt %v\n  %s\n  %s\n",
+				a.GetTenant(), a.GetTarget(), trimCounts(a.GetSuccessesByAttempt()), trimCounts(a.GetFailuresByAttempt()),
+				a.GetSummary(), a.GetRecommendation())
+			for _, c := range a.GetChanges() {
+				fmt.Fprintf(out, "  proposed: %s\n", c)
+			}
+		}
+	}
+	return nil
+}
+
+// trimCounts drops the trailing zeros of counts by attempt.
+func trimCounts(c []uint64) []uint64 {
+	for len(c) > 1 && c[len(c)-1] == 0 {
+		c = c[:len(c)-1]
+	}
+	return c
 }
 
 // escalateOnce sends cfg.Docs documents for tenant through a fresh Go

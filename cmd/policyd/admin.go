@@ -170,7 +170,7 @@ func (c *clientFlags) call(cmd *cobra.Command, fn func(context.Context, pb.Admin
 
 func adminCmds() []*cobra.Command {
 	var c clientFlags
-	cmds := []*cobra.Command{tenantCmd(&c), policyCmd(&c), breakersCmd(&c), breakerCmd(&c), runCmd(&c), auditCmd(&c)}
+	cmds := []*cobra.Command{tenantCmd(&c), policyCmd(&c), breakersCmd(&c), breakerCmd(&c), runCmd(&c), auditCmd(&c), adviseCmd(&c)}
 	for _, cmd := range cmds {
 		c.register(cmd)
 	}

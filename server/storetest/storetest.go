@@ -95,6 +95,7 @@ func Run(t *testing.T, open Open) {
 		{"rate", testRate},
 		{"ceilings", testAdaptiveCeiling},
 		{"adaptive", testAdaptive},
+		{"attempt stats", testAttemptStats},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -1253,4 +1254,127 @@ func (w *watch) until(t *testing.T, key policy.BreakerKey, gen uint64) []policy.
 			}
 		}
 	}
+}
+
+// testAttemptStats: the attempt statistics count each call's end once,
+// by tenant, attempt target, hour and attempt number (16 or more in the
+// last slot), through both write paths (a batch's CountAttempts and an
+// outcome's Tally), on every replica alike; a run's final disposition
+// reported again, or refused, counts nothing; a window selects hours;
+// buckets past the retention are not read.
+func testAttemptStats(t *testing.T, e *env) {
+	run, err := e.s.OpenRun(policy.Run{Tenant: "acme", Pool: 10, Cutoff: e.clock.Now().Add(time.Hour)})
+	if err != nil {
+		t.Fatalf("OpenRun = %v, want nil", err)
+	}
+	start := e.clock.Now()
+	geo := policy.BreakerKey{Tenant: "acme", Target: "geocoder"}
+	race(workers, func(i int) {
+		s := e.on(i)
+		switch i % 4 {
+		case 0: // a success on attempt 1, with its breaker result
+			ups := []policy.OutcomeUpdate{{Key: geo, Breaker: breaker, Result: policy.ResultSuccess,
+				Tally: policy.AttemptTally{Tenant: "acme", Target: "geocoder", Attempt: 1, Success: true}}}
+			if _, err := s.ApplyOutcomes(ups, nil); err != nil {
+				t.Errorf("ApplyOutcomes = %v, want nil", err)
+			}
+		case 1: // a success on attempt 2 on the fallback
+			ups := []policy.OutcomeUpdate{{Tally: policy.AttemptTally{Tenant: "acme", Target: "geocoder-b", Attempt: 2, Success: true}}}
+			if _, err := s.ApplyOutcomes(ups, nil); err != nil {
+				t.Errorf("ApplyOutcomes = %v, want nil", err)
+			}
+		case 2: // NextDelay's STOP after attempt 3
+			u := s.Begin()
+			if _, err := u.Record(geo, breaker, policy.ResultTerminal, ""); err != nil {
+				t.Errorf("Record = %v, want nil", err)
+			}
+			u.CountAttempts(policy.AttemptTally{Tenant: "acme", Target: "geocoder", Attempt: 3})
+			if err := u.Commit(); err != nil {
+				t.Errorf("Commit = %v, want nil", err)
+			}
+		case 3: // a final failure after attempt 20 (16 or more), another tenant
+			ups := []policy.OutcomeUpdate{{Tally: policy.AttemptTally{Tenant: "beta", Target: "geocoder", Attempt: 20}}}
+			if _, err := s.ApplyOutcomes(ups, nil); err != nil {
+				t.Errorf("ApplyOutcomes = %v, want nil", err)
+			}
+		}
+	})
+	// A run's call: its SUCCEEDED reported three times counts once, and a
+	// different final disposition after it (refused) not at all.
+	success := policy.OutcomeUpdate{RunID: run.ID, CallID: "doc-1", Final: policy.DispositionSucceeded,
+		Tally: policy.AttemptTally{Tenant: "acme", Target: "geocoder", Attempt: 2, Success: true}}
+	for i := range 3 {
+		ups := []policy.OutcomeUpdate{success}
+		if _, err := e.on(i).ApplyOutcomes(ups, nil); err != nil || ups[0].Refused != nil {
+			t.Fatalf("ApplyOutcomes(SUCCEEDED of doc-1, report %d) = %v, refused %v; want nil", i+1, err, ups[0].Refused)
+		}
+	}
+	late := []policy.OutcomeUpdate{{RunID: run.ID, CallID: "doc-1", Final: policy.DispositionDeadLetter, Stop: policy.StopAttemptsExhausted,
+		Tally: policy.AttemptTally{Tenant: "acme", Target: "geocoder", Attempt: 3}}}
+	if _, err := e.s.ApplyOutcomes(late, nil); err != nil || !failedPrecondition(late[0].Refused) {
+		t.Fatalf("ApplyOutcomes(DEAD_LETTER of a SUCCEEDED call) = %v, refused %v; want the report refused", err, late[0].Refused)
+	}
+
+	n := uint64(workers / 4)
+	var geoWant, fallbackWant, betaWant policy.TargetStats
+	geoWant.Successes[0], geoWant.Successes[1], geoWant.Failures[2] = n, 1, n
+	fallbackWant.Successes[1] = n
+	betaWant.Failures[policy.StatsAttempts-1] = n
+	check := func(what string, s server.Store, tenant, target string, since time.Time, want ...policy.TargetStats) {
+		t.Helper()
+		got, err := s.AttemptStats(tenant, target, since)
+		if err != nil {
+			t.Fatalf("%s: AttemptStats(%q, %q) = %v, want nil", what, tenant, target, err)
+		}
+		if len(got) != len(want) {
+			t.Fatalf("%s: AttemptStats(%q, %q) = %+v, want %d entries", what, tenant, target, got, len(want))
+		}
+		for i := range want {
+			g, w := got[i], want[i]
+			if g.Tenant != w.Tenant || g.Target != w.Target || g.Successes != w.Successes || g.Failures != w.Failures {
+				t.Errorf("%s: AttemptStats(%q, %q)[%d] = %s/%s %v %v, want %s/%s %v %v", what, tenant, target, i,
+					g.Tenant, g.Target, g.Successes, g.Failures, w.Tenant, w.Target, w.Successes, w.Failures)
+			}
+			// The window starts at the hour of since, or of the retention's
+			// start when since is before it.
+			wantStart := since.Truncate(time.Hour)
+			if oldest := e.clock.Now().Truncate(time.Hour).Add(time.Hour - policy.StatsRetention); wantStart.Before(oldest) {
+				wantStart = oldest
+			}
+			if !g.Start.Equal(wantStart) || !g.End.Equal(e.clock.Now()) {
+				t.Errorf("%s: window of %s/%s is %v to %v, want %v to %v", what, g.Tenant, g.Target, g.Start, g.End, wantStart, e.clock.Now())
+			}
+		}
+	}
+	with := func(ts policy.TargetStats, tenant, target string) policy.TargetStats {
+		ts.Tenant, ts.Target = tenant, target
+		return ts
+	}
+	geoWant, fallbackWant, betaWant = with(geoWant, "acme", "geocoder"), with(fallbackWant, "acme", "geocoder-b"), with(betaWant, "beta", "geocoder")
+	for i := range replicas {
+		what := fmt.Sprint("replica ", i)
+		check(what, e.on(i), "", "", start.Add(-time.Hour), geoWant, fallbackWant, betaWant)
+		check(what, e.on(i), "acme", "", start, geoWant, fallbackWant)
+		check(what, e.on(i), "", "geocoder", start, geoWant, betaWant)
+		check(what, e.on(i), "acme", "geocoder", start.Add(-time.Minute), geoWant)
+	}
+
+	// Three hours later: a new hour's bucket, and a window of one hour
+	// that sees it only.
+	e.clock.Advance(3 * time.Hour)
+	later := []policy.OutcomeUpdate{{Tally: policy.AttemptTally{Tenant: "acme", Target: "geocoder", Attempt: 1, Success: true}}}
+	if _, err := e.s.ApplyOutcomes(later, nil); err != nil {
+		t.Fatalf("ApplyOutcomes = %v, want nil", err)
+	}
+	var recent policy.TargetStats
+	recent.Successes[0] = 1
+	recent = with(recent, "acme", "geocoder")
+	check("3 h later, the last hour", e.s, "acme", "geocoder", e.clock.Now().Add(-time.Minute), recent)
+	all := geoWant
+	all.Successes[0]++
+	check("3 h later, the whole retention", e.s, "acme", "geocoder", e.clock.Now().Add(-policy.StatsRetention), all)
+
+	// Past the retention the first hour is no longer read.
+	e.clock.Advance(policy.StatsRetention - 3*time.Hour)
+	check("168 h later", e.s, "acme", "geocoder", e.clock.Now().Add(-policy.StatsRetention), recent)
 }

@@ -322,6 +322,10 @@ type loop struct {
 	// claimAlways is Call.ClaimKey; resultRef what fn set (SetResultRef).
 	claimAlways bool
 	resultRef   string
+	// mustClaim, once set, is why no attempt may be made without a claim
+	// (see unclaimed): an attempt's outcome was lost, or another worker
+	// held the key.
+	mustClaim string
 }
 
 // pbRef returns the call as the API spells it.
@@ -367,12 +371,13 @@ func (l *loop) run(fn func(context.Context, Attempt) error) Result {
 		stop := l.c.cfg.Now()
 		timedOut := actx.end(l.c.wall(stop))
 		latency := stop.Sub(start)
+		recorded := false // the ledger knows how the attempt ended
 		if lease != "" {
 			var f failure
 			if err != nil {
 				f = classifyError(err, timedOut)
 			}
-			l.complete(lease, err, f)
+			recorded = l.complete(lease, err, f)
 		}
 		if err == nil {
 			l.res.ResultRef = l.resultRef
@@ -395,6 +400,15 @@ func (l *loop) run(fn func(context.Context, Attempt) error) Result {
 			// Nothing known about this error: terminal, never retried blindly.
 			l.res.Reason = f.reason
 			return l.end(FailedTerminal, StopTerminal, attempt, nil)
+		}
+		if l.usesLedger() && outcomeLost(f) {
+			// The upstream may have applied it: another attempt needs a
+			// claim, and one the ledger cannot answer for is not made.
+			l.mustClaim = "idempotency:unknown"
+			if !recorded {
+				l.res.Reason = "idempotency:unknown"
+				return l.end(DeadLetter, StopNotIdempotent, attempt, f.pb)
+			}
 		}
 		dec := l.next(attempt, f, permit, timedOut)
 		l.res.Reason = dec.reason
