@@ -550,7 +550,7 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 			case runKnown && !flow && (b.state == pb.BreakerState_BREAKER_STATE_CLOSED || b.state == pb.BreakerState_BREAKER_STATE_DISABLED):
 				return "", true
 			case b.state == pb.BreakerState_BREAKER_STATE_OPEN && (b.forced || b.openUntil.After(now)) &&
-				!l.c.chains.escalatesOnOpen(l.call.target, now):
+				!l.c.chains.escalatesOnOpen(l.call.target, attempt, now, l.c.breakers.openAt(now)):
 				l.c.stats.fastFails.Add(1)
 				l.res.Reason = "breaker:open"
 				l.end(CircuitOpen, StopCircuitOpen, attempt-1, nil)
@@ -559,7 +559,7 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 		}
 		ceiling := l.c.flow.ceilingKnown(l.target)
 		if !ceiling && !l.c.reachable() {
-			return "", true // policyd is away: the local policy admits
+			return "", l.admitLocal(attempt) // policyd is away: the local policy admits
 		}
 		l.c.stats.admits.Add(1)
 		timeout := l.c.cfg.DecisionTimeout
@@ -583,7 +583,7 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 			if ceiling && silence(err) {
 				l.res.Reason = "flow:unavailable" // the call's context ended while it asked
 			}
-			return "", l.unanswered(err, attempt)
+			return "", l.unanswered(err, attempt) && l.admitLocal(attempt)
 		}
 		unanswered = 0
 		if t := resp.GetTarget(); resp.GetAdmitted() && t != "" {
@@ -617,6 +617,23 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 		l.end(CircuitOpen, StopCircuitOpen, attempt-1, nil)
 		return "", false
 	}
+}
+
+// admitLocal admits attempt while policyd is away, to the target the
+// chain known gives it (chainCache.local) on the breakers last seen: the
+// call moves there, or, when that target's breaker is open and no fallback
+// takes the call, it ends CIRCUIT_OPEN. ok false means the call ended.
+func (l *loop) admitLocal(attempt int) bool {
+	t, ok := l.c.chains.local(l.call.target, attempt, l.c.breakers.openAt(l.c.cfg.Now()))
+	if !ok {
+		l.res.Reason = "breaker:open"
+		l.end(CircuitOpen, StopCircuitOpen, attempt-1, nil)
+		return false
+	}
+	if t != "" {
+		l.moveTo(t, attempt, moveLocal)
+	}
+	return true
 }
 
 // waitFor waits out a fleet-wide cool-down or a full ceiling (reason) of
@@ -681,7 +698,13 @@ func (l *loop) next(attempt int, f failure, permit string, timedOut bool) decisi
 		dec.disposition = pb.Disposition_DISPOSITION_DEADLINE_CUT // the run's cut-off bound, not the call's deadline
 	}
 	if dec.retry {
-		dec.target = l.c.chains.next(l.call.target, attempt+1)
+		t, ok := l.c.chains.local(l.call.target, attempt+1, l.c.breakers.openAt(l.c.cfg.Now()))
+		if !ok {
+			// The chain's next target is open and none after it takes the
+			// call, as policyd would answer.
+			return dec.stop(pb.StopReason_STOP_REASON_CIRCUIT_OPEN, pb.Disposition_DISPOSITION_CIRCUIT_OPEN)
+		}
+		dec.target = t
 	}
 	return dec
 }
