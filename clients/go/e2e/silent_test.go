@@ -245,3 +245,81 @@ func (u *upstream) enter() {
 }
 
 func (u *upstream) leave() { u.inside.Add(-1) }
+
+// TestLocalEscalationToACeilingWaitsForPolicyd: the primary geo-a is
+// forced OPEN and its chain escalates on an open circuit to geo-b, which
+// has a ceiling of 1, held by an attempt in progress when policyd stops
+// (SIGSTOP). A call to geo-a asks Admit, is left unanswered, and the local
+// chain moves it to geo-b: there it waits for policyd like any call to a
+// target with a ceiling, and ends flow:unavailable without an attempt,
+// instead of going to geo-b without a lease (which it did before the
+// fix).
+func TestLocalEscalationToACeilingWaitsForPolicyd(t *testing.T) {
+	p := startPolicydProcess(t)
+	ctx := context.Background()
+	attempts, one, noTrip := uint32(3), uint32(1), uint32(10000)
+	for _, req := range []*pb.SetPolicyRequest{
+		{Tenant: "acme", Target: "geo-a", Policy: &pb.Policy{MaxAttempts: &attempts,
+			Fallback: &pb.FallbackSettings{Targets: []string{"geo-b"}, OnCircuitOpen: true}}},
+		{Tenant: "acme", Target: "geo-b", Policy: &pb.Policy{Flow: &pb.FlowSettings{MaxInFlight: &one},
+			Breaker: &pb.BreakerSettings{ConsecutiveFailures: &noTrip}}},
+	} {
+		if _, err := p.admin.SetPolicy(ctx, req); err != nil {
+			t.Fatalf("SetPolicy(%s): %v", req.GetTarget(), err)
+		}
+	}
+	if _, err := p.admin.ForceBreaker(ctx, &pb.ForceBreakerRequest{
+		Key: &pb.BreakerKey{Tenant: "acme", Target: "geo-a"}, State: pb.BreakerState_BREAKER_STATE_OPEN}); err != nil {
+		t.Fatal(err)
+	}
+	var waits waitsOnly
+	const attemptTimeout = time.Second
+	c, err := policyclient.New(p.conn, policyclient.Config{Tenant: "acme", DecisionTimeout: 50 * time.Millisecond,
+		AttemptTimeout: attemptTimeout, RetryUnreachableAfter: 100 * time.Millisecond, Sleep: waits.Sleep,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := c.Ready(rctx); err != nil {
+		t.Fatalf("Ready: %v", err)
+	}
+	var up upstream
+	release, inside, held := make(chan struct{}), make(chan struct{}), make(chan policyclient.Result, 1)
+	go func() {
+		res, _ := c.Do(ctx, policyclient.Call{Target: "geo-b", SubmissionID: "held", Idempotent: true},
+			func(context.Context, policyclient.Attempt) error {
+				up.enter()
+				close(inside)
+				<-release
+				up.leave()
+				return nil
+			})
+		held <- res
+	}()
+	<-inside
+	p.signal(t, syscall.SIGSTOP)
+	var targets []string
+	res, _ := c.Do(ctx, policyclient.Call{Target: "geo-a", SubmissionID: "moved", Idempotent: true,
+		Deadline: time.Now().Add(attemptTimeout + 300*time.Millisecond)},
+		func(_ context.Context, a policyclient.Attempt) error {
+			targets = append(targets, a.Target)
+			up.enter()
+			up.leave()
+			return nil
+		})
+	p.signal(t, syscall.SIGCONT)
+	close(release)
+	if r := <-held; !r.OK() {
+		t.Errorf("the call holding geo-b's lease: %+v; want success", r)
+	}
+	if res.Disposition != policyclient.DeadLetter || res.Reason != "flow:unavailable" || res.Attempts != 0 {
+		t.Errorf("the call moved to geo-b while policyd was silent: %v (%q) after %d attempts on %v; want dead_letter (flow:unavailable) after 0",
+			res.Disposition, res.Reason, res.Attempts, targets)
+	}
+	if m := up.most.Load(); m > 1 {
+		t.Errorf("geo-b saw %d requests at once; its ceiling is 1", m)
+	}
+}

@@ -559,7 +559,15 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 		}
 		ceiling := l.c.flow.ceilingKnown(l.target)
 		if !ceiling && !l.c.reachable() {
-			return "", l.admitLocal(attempt) // policyd is away: the local policy admits
+			// policyd is away: the local policy admits, unless its chain
+			// moved the call to a target with a ceiling.
+			if !l.admitLocal(attempt) {
+				return "", false
+			}
+			if l.c.flow.ceilingKnown(l.target) {
+				continue
+			}
+			return "", true
 		}
 		l.c.stats.admits.Add(1)
 		timeout := l.c.cfg.DecisionTimeout
@@ -583,7 +591,13 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 			if ceiling && silence(err) {
 				l.res.Reason = "flow:unavailable" // the call's context ended while it asked
 			}
-			return "", l.unanswered(err, attempt) && l.admitLocal(attempt)
+			if !l.unanswered(err, attempt) || !l.admitLocal(attempt) {
+				return "", false
+			}
+			if l.c.flow.ceilingKnown(l.target) {
+				continue // the local chain moved the call to a target with a ceiling
+			}
+			return "", true
 		}
 		unanswered = 0
 		if t := resp.GetTarget(); resp.GetAdmitted() && t != "" {
