@@ -189,7 +189,7 @@ func TestCeilingHoldsWhilePolicydIsSilent(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			deadline := time.Now().Add(attemptTimeout + 300*time.Millisecond)
+			deadline := time.Now().Add(attemptTimeout + 600*time.Millisecond)
 			results[i], _ = c.Do(ctx, policyclient.Call{Target: "portal", SubmissionID: fmt.Sprint("silent-", i), Idempotent: true,
 				Deadline: deadline},
 				func(context.Context, policyclient.Attempt) error { return up.serve(false) })
@@ -303,7 +303,7 @@ func TestLocalEscalationToACeilingWaitsForPolicyd(t *testing.T) {
 	p.signal(t, syscall.SIGSTOP)
 	var targets []string
 	res, _ := c.Do(ctx, policyclient.Call{Target: "geo-a", SubmissionID: "moved", Idempotent: true,
-		Deadline: time.Now().Add(attemptTimeout + 300*time.Millisecond)},
+		Deadline: time.Now().Add(attemptTimeout + 600*time.Millisecond)},
 		func(_ context.Context, a policyclient.Attempt) error {
 			targets = append(targets, a.Target)
 			up.enter()

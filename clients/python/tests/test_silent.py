@@ -118,7 +118,7 @@ def test_sync_ceiling_holds_while_policyd_is_silent(dedicated: Callable[..., Dae
                 up.leave()
                 return "ok"
             results[i] = c.call(pc.Call(target="portal", submission_id=f"silent-{i}", idempotent=True,
-                                        deadline=time.time() + ATTEMPT_TIMEOUT + 0.3), fn)
+                                        deadline=time.time() + ATTEMPT_TIMEOUT + 0.6), fn)
 
         workers = [threading.Thread(target=silent, args=(i,)) for i in range(SILENT_CALLS)]
         for t in workers:
@@ -177,7 +177,7 @@ def test_async_ceiling_holds_while_policyd_is_silent(dedicated: Callable[..., Da
                 return "ok"
             results = await asyncio.gather(*(c.call(pc.Call(
                 target="portal", submission_id=f"silent-{i}", idempotent=True,
-                deadline=time.time() + ATTEMPT_TIMEOUT + 0.3), through) for i in range(SILENT_CALLS)))
+                deadline=time.time() + ATTEMPT_TIMEOUT + 0.6), through) for i in range(SILENT_CALLS)))
             _check_silent(list(results), up, waits)
         finally:
             d.proc.send_signal(signal.SIGCONT)
