@@ -125,6 +125,19 @@ def test_the_local_copy_wins_over_the_told_chain(clock: FakeClock) -> None:
     assert [a.attempt.target for a in up.of(_loop.Invoke)] == ["geo", "geo-c", "geo-c"], res
 
 
+def test_away_the_tenants_chain_routes_the_targets_no_policy_names(clock: FakeClock) -> None:
+    c = core(clock)
+    told(c, {"plain": types_pb2.FallbackSettings()}, breaker("plain", OPEN, forced=True),
+         other=types_pb2.FallbackSettings(targets=["z"], after_attempts=1))
+    c.cache.down()
+    for target, want in (("unnamed", ["unnamed", "z", "z"]), ("plain", ["plain", "plain", "plain"])):
+        # plain, named without a fallback, has no chain: its calls stay on
+        # it (the cache, down, refuses nothing), as the Go client's do.
+        up = Upstream(fail=lambda a: S503, admit=lambda r: DOWN)
+        res = drive(_loop.run(c, c.begin(pc.Call(target=target, idempotent=True), up)), up)
+        assert ([a.attempt.target for a in up.of(_loop.Invoke)], res.local) == (want, True), target
+
+
 def test_a_report_tells_the_chains_of_the_batchs_primaries(clock: FakeClock) -> None:
     c = core(clock)
     told(c, {"b": ON_OPEN})
