@@ -24,6 +24,7 @@ from ._core import (
     Options,
     OutcomeQueue,
     PendingOutcome,
+    Sent,
     WatchSession,
     bearer,
     drop_inherited,
@@ -375,7 +376,7 @@ class Client:
     def _follow(self, stub: rpb_grpc.RetryPolicyServiceStub) -> bool:
         """Runs one WatchBreakers stream; says whether it got as far as a
         complete snapshot."""
-        session = WatchSession(self._core.cache)
+        session = WatchSession(self._core.cache, self._core.chains)
         try:
             stream = stub.WatchBreakers(rpb.WatchBreakersRequest(tenant=self._settings.tenant), metadata=self._md)
             with self._stream_lock:
@@ -458,16 +459,16 @@ class _Reporter:
     def _flush(self, timeout: float) -> bool:
         """Drives the core's flush with blocking ReportOutcome calls."""
         steps = flush(self._core, self._q)
-        got: Union[rpb.ReportOutcomeResponse, BaseException, None] = None
+        err: Sent = None
         while True:
             try:
-                batch = steps.send(got)
+                batch = steps.send(err)
             except StopIteration as done:
                 return bool(done.value)
             try:
-                got = self._stub.ReportOutcome(report_request(batch), timeout=timeout, metadata=self._md)
+                err = self._stub.ReportOutcome(report_request(batch), timeout=timeout, metadata=self._md)
             except Exception as e:
-                got = e
+                err = e
 
     def drain(self, deadline: float) -> int:
         """Sends everything still queued until ``deadline``
