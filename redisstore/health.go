@@ -100,12 +100,21 @@ func (h *health) up() bool {
 	return !h.b.down
 }
 
+// guarded marks the context of a call the breaker let through. go-redis
+// sends the commands that open a new connection (HELLO, CLIENT SETINFO)
+// through the client's hooks with the context of the call that needs the
+// connection: they are part of that call, not calls of their own. Guarded
+// as calls, they were refused while the probe that needed them was out,
+// so after a restart of Redis (every connection new) no probe could
+// succeed and the engine stayed down.
+type guarded struct{}
+
 // guard runs call when the breaker allows it and records its result; a
 // refusal, a timeout or a connection failure is ErrUnavailable wrapping
-// the cause.
-func (h *health) guard(ctx context.Context, call func() error) error {
-	if h.off.Load() {
-		return call()
+// the cause. A call made on behalf of a guarded one runs unguarded.
+func (h *health) guard(ctx context.Context, call func(context.Context) error) error {
+	if h.off.Load() || ctx.Value(guarded{}) != nil {
+		return call(ctx)
 	}
 	h.mu.Lock()
 	ok := h.b.allow(h.clock())
@@ -113,7 +122,7 @@ func (h *health) guard(ctx context.Context, call func() error) error {
 	if !ok {
 		return fmt.Errorf("%w: down after repeated failures", ErrUnavailable)
 	}
-	err := call()
+	err := call(context.WithValue(ctx, guarded{}, true))
 	failed := engineFailure(ctx, err)
 	h.mu.Lock()
 	changed := h.b.done(h.clock(), failed)
@@ -156,13 +165,13 @@ func (k healthHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (k healthHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		return k.h.guard(ctx, func() error { return next(ctx, cmd) })
+		return k.h.guard(ctx, func(ctx context.Context) error { return next(ctx, cmd) })
 	}
 }
 
 func (k healthHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		err := k.h.guard(ctx, func() error { return next(ctx, cmds) })
+		err := k.h.guard(ctx, func(ctx context.Context) error { return next(ctx, cmds) })
 		if errors.Is(err, ErrUnavailable) {
 			for _, c := range cmds {
 				var reply redis.Error
