@@ -276,64 +276,14 @@ const DefaultSubscriptionBuffer = 64
 // subscription to every tenant also follows the tenants that appear after
 // it, on any replica, from their first transition.
 func (s *Store) Subscribe(tenant string, buffer int) (<-chan policy.BreakerEvent, func()) {
-	if buffer <= 0 {
-		buffer = DefaultSubscriptionBuffer
-	}
-	sb := &sub{buffer: buffer}
-	cancel := func() {
-		s.mu.Lock()
-		delete(s.allSubs, sb)
-		feeds := make([]*feed, 0, len(s.feeds))
-		for _, f := range s.feeds {
-			feeds = append(feeds, f)
-		}
-		s.mu.Unlock()
-		for _, f := range feeds {
-			f.remove(sb)
-		}
-		sb.close()
-	}
-	fail := func(err error) (<-chan policy.BreakerEvent, func()) {
+	ch, cancel, err := s.SubscribeFrom(tenant, "", buffer)
+	if err != nil {
 		s.log.Error("redisstore: subscription failed", "tenant", tenant, "err", err)
-		cancel()
-		sb.start(nil) // a closed channel
-		return sb.ch, cancel
+		closed := make(chan policy.BreakerEvent)
+		close(closed)
+		return closed, func() {}
 	}
-	if err := s.check(); err != nil {
-		return fail(err)
-	}
-	tenants := []string{"", tenant}
-	if tenant == "" {
-		// Registered first, so a tenant followed from now on (one new to
-		// the fleet included) has it among its subscribers.
-		s.mu.Lock()
-		s.allSubs[sb] = struct{}{}
-		s.mu.Unlock()
-		var err error
-		if tenants, err = s.tenants(); err != nil {
-			return fail(err)
-		}
-	}
-	for _, t := range tenants {
-		f, err := s.follow(t)
-		if err != nil {
-			return fail(err)
-		}
-		f.add(sb)
-	}
-	var initial []policy.BreakerEvent
-	for _, t := range tenants {
-		snaps, err := s.tenantBreakers(t)
-		if err != nil {
-			return fail(err)
-		}
-		for _, sn := range snaps {
-			initial = append(initial, policy.BreakerEvent{Snapshot: sn, Initial: true})
-		}
-	}
-	slices.SortFunc(initial, func(a, b policy.BreakerEvent) int { return keyCompare(a.Snapshot.Key, b.Snapshot.Key) })
-	sb.start(initial)
-	return sb.ch, cancel
+	return ch, cancel
 }
 
 // tenants returns the tenants any replica has used.

@@ -194,26 +194,32 @@ class ReleaseLeaseResponse(_message.Message):
     def __init__(self, released: _Optional[bool] = ...) -> None: ...
 
 class WatchBreakersRequest(_message.Message):
-    __slots__ = ("tenant",)
+    __slots__ = ("tenant", "resume_token")
     TENANT_FIELD_NUMBER: _ClassVar[int]
+    RESUME_TOKEN_FIELD_NUMBER: _ClassVar[int]
     tenant: str
-    def __init__(self, tenant: _Optional[str] = ...) -> None: ...
+    resume_token: str
+    def __init__(self, tenant: _Optional[str] = ..., resume_token: _Optional[str] = ...) -> None: ...
 
 class WatchBreakersResponse(_message.Message):
-    __slots__ = ("breaker", "snapshot", "snapshot_complete", "flow_controlled_targets", "uncontrolled_targets", "other_targets_flow_controlled")
+    __slots__ = ("breaker", "snapshot", "snapshot_complete", "flow_controlled_targets", "uncontrolled_targets", "other_targets_flow_controlled", "resume_token", "resumed")
     BREAKER_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_COMPLETE_FIELD_NUMBER: _ClassVar[int]
     FLOW_CONTROLLED_TARGETS_FIELD_NUMBER: _ClassVar[int]
     UNCONTROLLED_TARGETS_FIELD_NUMBER: _ClassVar[int]
     OTHER_TARGETS_FLOW_CONTROLLED_FIELD_NUMBER: _ClassVar[int]
+    RESUME_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_FIELD_NUMBER: _ClassVar[int]
     breaker: _types_pb2.Breaker
     snapshot: bool
     snapshot_complete: bool
     flow_controlled_targets: _containers.RepeatedScalarFieldContainer[str]
     uncontrolled_targets: _containers.RepeatedScalarFieldContainer[str]
     other_targets_flow_controlled: bool
-    def __init__(self, breaker: _Optional[_Union[_types_pb2.Breaker, _Mapping]] = ..., snapshot: _Optional[bool] = ..., snapshot_complete: _Optional[bool] = ..., flow_controlled_targets: _Optional[_Iterable[str]] = ..., uncontrolled_targets: _Optional[_Iterable[str]] = ..., other_targets_flow_controlled: _Optional[bool] = ...) -> None: ...
+    resume_token: str
+    resumed: bool
+    def __init__(self, breaker: _Optional[_Union[_types_pb2.Breaker, _Mapping]] = ..., snapshot: _Optional[bool] = ..., snapshot_complete: _Optional[bool] = ..., flow_controlled_targets: _Optional[_Iterable[str]] = ..., uncontrolled_targets: _Optional[_Iterable[str]] = ..., other_targets_flow_controlled: _Optional[bool] = ..., resume_token: _Optional[str] = ..., resumed: _Optional[bool] = ...) -> None: ...
 
 class PlanBudgetRequest(_message.Message):
     __slots__ = ("window", "backoff", "attempt_timeout", "ttl_margin", "max_attempts", "hops", "origin_time", "reserve")
