@@ -24,7 +24,9 @@ import (
 // hold a HALF_OPEN probe permit that is never settled; permits expire, and
 // no more than N are handed out. ReportOutcome is not: the client keeps a
 // batch that failed and sends it again itself. WatchBreakers reconnects by
-// itself and starts again from a snapshot.
+// itself, with the resume token of the last message it applied: replicas
+// of a Redis store go on from there, on any replica, without a gap; a
+// store that cannot resume starts again from a snapshot.
 const ServiceConfig = `{
   "loadBalancingConfig": [{"round_robin": {}}],
   "healthCheckConfig": {"serviceName": ""},
