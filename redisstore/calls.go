@@ -1,10 +1,10 @@
 package redisstore
 
 import (
-	"strconv"
 	"context"
 	"crypto/rand"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/policyd/policyd/fleet"
