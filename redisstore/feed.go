@@ -122,7 +122,7 @@ func (s *Store) run(g *feedGroup) {
 		}
 		g.mu.Unlock()
 		streams = append(streams, ids...)
-		res, err := s.c.XRead(s.ctx, &redis.XReadArgs{Streams: streams, Count: 512, Block: s.opts.FeedBlock}).Result()
+		res, err := s.c.XRead(withFeedRead(s.ctx), &redis.XReadArgs{Streams: streams, Count: 512, Block: s.opts.FeedBlock}).Result()
 		switch {
 		case errors.Is(err, redis.Nil):
 			continue

@@ -4,9 +4,14 @@ import (
 	"context"
 	"strconv"
 	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 	"github.com/policyd/policyd/internal/redistest"
+	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/redisstore"
 )
 
 // TestEngineUpAfterRedisRestart kills Redis under two replicas with
@@ -45,5 +50,45 @@ func TestEngineUpAfterRedisRestart(t *testing.T) {
 	eventually(t, "the budget read through the other replica", func() bool {
 		b, err := r[1].admin.GetTenantBudget(ctx, &pb.GetTenantBudgetRequest{Tenant: "acme"})
 		return err == nil && b.GetStatus().GetBudget().GetCapacity() == 7
+	})
+}
+
+// TestAdminWriteReachesEveryReplicaAfterRedisRestart: two replicas whose
+// engine breaker would wait an hour between probes, on a clock that does
+// not move, so no probe ever goes out: when Redis is killed and started
+// again on its AOF, their feeds find it answering again and bring the
+// engine up, and a policy written through one replica reaches the other
+// through the changes stream, without the hour or any clock passing.
+func TestAdminWriteReachesEveryReplicaAfterRedisRestart(t *testing.T) {
+	srv := redistest.Standalone(t)
+	now := time.Now()
+	open := func() *redisstore.Store {
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+		t.Cleanup(func() { _ = c.Close() })
+		s, err := redisstore.Open(context.Background(), redisstore.Options{Client: c, Timeout: 50 * time.Millisecond,
+			Clock: func() time.Time { return now }, DownAfter: 1, DownFor: time.Hour, FeedBlock: 20 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	}
+	s := []*redisstore.Store{open(), open()}
+	srv.Kill()
+	for i := range s {
+		eventually(t, "the engine down", func() bool { return !s[i].Up() })
+	}
+	srv.Restart(t)
+	for i := range s {
+		eventually(t, "the engine up again, with no probe", s[i].Up)
+	}
+	p := policy.Default()
+	p.MaxAttempts = 7
+	if _, err := s[0].SetPolicy("acme", "pay", p); err != nil {
+		t.Fatalf("SetPolicy after the restart: %v", err)
+	}
+	eventually(t, "the policy on the other replica", func() bool {
+		got, _ := s[1].Resolve("acme", "pay")
+		return got.MaxAttempts == 7
 	})
 }
