@@ -87,8 +87,8 @@ func (s *Store) Record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy
 	if err := s.check(); err != nil {
 		return policy.BreakerSnapshot{}, err
 	}
-	if r < policy.ResultSuccess || r > policy.ResultTerminal {
-		return policy.BreakerSnapshot{}, invalid("result", "must be success, transient failure or terminal")
+	if r < policy.ResultSuccess || r > policy.ResultPushback {
+		return policy.BreakerSnapshot{}, invalid("result", "must be success, transient failure, terminal or pushback")
 	}
 	if err := checkBreakerKey(key); err != nil {
 		return policy.BreakerSnapshot{}, err

@@ -16,7 +16,7 @@
 
 local CLOSED, OPEN, HALF_OPEN, DISABLED = 1, 2, 3, 4
 local FAILURE_RATE = 2
-local TRANSIENT = 2
+local TRANSIENT, PUSHBACK = 2, 4
 local SLOTS = 10
 local EVENTS_MAXLEN = '100000'
 -- how long a tenant's applied set keeps a batch id (s): longer than any
@@ -285,6 +285,9 @@ local function record1(b, now, c, r, permit)
     table.remove(b.permits, i)
     e = MUTATED
   end
+  -- pushback: the upstream is up and asked for time; the cool-down handles
+  -- it, and a probe answered so frees its permit and settles nothing
+  if r == PUSHBACK then return e, 0 end
   local failure = r == TRANSIENT
   if b.state == DISABLED or b.state == OPEN then return e, 0 end
   if b.forced == 1 then

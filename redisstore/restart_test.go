@@ -92,3 +92,30 @@ func TestAdminWriteReachesEveryReplicaAfterRedisRestart(t *testing.T) {
 		return got.MaxAttempts == 7
 	})
 }
+
+// TestPushbackRecordedAsFleetDoes: a 429 with Retry-After through a
+// replica on Redis is answered (it was INVALID_ARGUMENT: the engine took
+// only success, transient failure and terminal), and the breaker records
+// it as fleet.Breaker does: pushback counts nothing; the cool-down holds
+// the fleet back.
+func TestPushbackRecordedAsFleetDoes(t *testing.T) {
+	srv := redistest.Standalone(t)
+	r := boundedReplica(t, srv.Addr)
+	ctx := context.Background()
+	resp, err := r.workers.NextDelay(ctx, &pb.NextDelayRequest{
+		Call:    &pb.CallRef{Tenant: "acme", Target: "pay", CallId: "c1", Idempotent: true},
+		Attempt: 1, Failure: &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 429}}, Pushback: &pb.Pushback{RetryAfter: "2"}})
+	if err != nil {
+		t.Fatalf("NextDelay of a 429 with Retry-After: %v", err)
+	}
+	if resp.GetDegraded() {
+		t.Fatalf("NextDelay = %v: degraded with Redis up", resp)
+	}
+	b, err := r.store.Breaker(policy.BreakerKey{Tenant: "acme", Target: "pay"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.WindowCalls != 0 || b.ConsecutiveFailures != 0 || b.State != policy.BreakerClosed {
+		t.Errorf("breaker after a pushback: %d calls, %d failures in a row, %v; want nothing counted, CLOSED", b.WindowCalls, b.ConsecutiveFailures, b.State)
+	}
+}
