@@ -136,7 +136,9 @@ type guarded struct{}
 type feedRead struct{}
 
 // withFeedRead marks ctx as a feed's (see feedRead).
-func withFeedRead(ctx context.Context) context.Context { return context.WithValue(ctx, feedRead{}, true) }
+func withFeedRead(ctx context.Context) context.Context {
+	return context.WithValue(ctx, feedRead{}, true)
+}
 
 // guard runs call when the breaker allows it and records its result; a
 // refusal, a timeout or a connection failure is ErrUnavailable wrapping
