@@ -150,7 +150,12 @@ func (s *Store) ExtendCooldown(key policy.BreakerKey, cfg policy.BreakerConfig, 
 }
 
 // Breaker returns the state of the breaker under key at the server's time,
-// or ErrNotFound.
+// or ErrNotFound. While the engine does not answer it returns the state
+// this replica last knew of it, the one degraded mode decides from, when
+// it knows one (else ErrUnavailable): ReportOutcome checks a final
+// disposition against it, and refused with UNAVAILABLE the outcomes were
+// not queued as degraded mode promises (policybench replicas, stop-redis:
+// every ReportOutcome with a dead letter failed while Redis was stopped).
 func (s *Store) Breaker(key policy.BreakerKey) (policy.BreakerSnapshot, error) {
 	if err := s.check(); err != nil {
 		return policy.BreakerSnapshot{}, err
@@ -158,6 +163,11 @@ func (s *Store) Breaker(key policy.BreakerKey) (policy.BreakerSnapshot, error) {
 	ctx, cancel := s.call()
 	defer cancel()
 	st, err := readCall(ctx, s.lib, key)
+	if errors.Is(err, ErrUnavailable) {
+		if c, ok := s.cachedState(key); ok {
+			return c.snapshot(key), nil
+		}
+	}
 	if err != nil {
 		return policy.BreakerSnapshot{}, err
 	}

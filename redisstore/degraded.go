@@ -443,13 +443,17 @@ func (s *Store) replayer() {
 	}
 }
 
-// chargeDebts charges the engine the debts of earlier outages, oldest
-// first; those it does not answer for wait for the next try.
-func (s *Store) chargeDebts() {
+// chargeDebts charges the engine the debts of earlier outages that of
+// selects (all when nil), oldest first; those it does not answer for wait
+// for the next try.
+func (s *Store) chargeDebts(of func(*debt) bool) {
 	if !s.health.up() {
 		return // while down, what is spent stays spent from the shares
 	}
 	for _, d := range s.degraded.pending() {
+		if of != nil && !of(&d) {
+			continue
+		}
 		if !s.health.up() {
 			return
 		}
@@ -473,7 +477,7 @@ func (s *Store) chargeDebts() {
 // replay charges the debts of earlier outages, then sends queued batches,
 // oldest first, until the queue is empty or the engine stops answering.
 func (s *Store) replay() {
-	s.chargeDebts()
+	s.chargeDebts(nil)
 	for s.health.up() {
 		q, ok := s.queue.pop()
 		if !ok {

@@ -220,3 +220,34 @@ func TestDegradedProbeOfTheEngineAnswered(t *testing.T) {
 		t.Fatalf("NextDelay of the engine's probe with the engine down = %v, %v; want an answer flagged degraded", resp, err)
 	}
 }
+
+// TestDegradedOutcomeWithFinalDispositionQueued: with the engine down, a
+// ReportOutcome whose final disposition is checked against the breaker
+// (a dead letter) is accepted and queued, the breaker read from what the
+// replica last knew: it was UNAVAILABLE.
+func TestDegradedOutcomeWithFinalDispositionQueued(t *testing.T) {
+	srv := redistest.Standalone(t)
+	r := boundedReplica(t, srv.Addr)
+	ctx := context.Background()
+	call := &pb.CallRef{Tenant: "acme", Target: "pay", CallId: "c1", Idempotent: true}
+	fail503 := &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 503}}
+	if _, err := r.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call, Attempt: 1, Failure: fail503}); err != nil {
+		t.Fatal(err) // the replica knows the breaker
+	}
+	srv.Pause(t)
+	n := 0
+	eventually(t, "the engine down", func() bool {
+		n++
+		_, _ = r.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: &pb.CallRef{Tenant: "acme", Target: "other",
+			CallId: "d" + strconv.Itoa(n), Idempotent: true}, Attempt: 1, Failure: fail503})
+		return !r.store.Up()
+	})
+	_, err := r.workers.ReportOutcome(ctx, &pb.ReportOutcomeRequest{Outcomes: []*pb.Outcome{{Call: call, Attempt: 2,
+		Failure: fail503, FinalDisposition: pb.Disposition_DISPOSITION_DEAD_LETTER}}})
+	if err != nil {
+		t.Fatalf("ReportOutcome of a dead letter with the engine down: %v, want it accepted", err)
+	}
+	if r.store.Queued() == 0 {
+		t.Error("no outcome batch queued with the engine down")
+	}
+}
