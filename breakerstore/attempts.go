@@ -369,15 +369,26 @@ func (t *attemptTable) write(tx *bbolt.Tx, clear bool) (int, error) {
 //	52   8     the call's deadline, Unix ns (0: none)
 //	60   2+n   classification reason (uint16 length, bytes)
 //	...  2+n   pushback note (uint16 length, bytes)
-const attemptsRecordV1 = 1
+//	...  2+n   version 2 only: the target of the next attempt, when the
+//	           call escalated to a fallback (policy.Answer.Target)
+//
+// A record without a target is written as version 1, as before.
+const (
+	attemptsRecordV1 = 1
+	attemptsRecordV2 = 2
+)
 
 const attemptsFixedLen = 60
 
 func encodeAttempts(a *fleet.Attempts) []byte {
 	ans := &a.Answer
 	be := binary.BigEndian
-	v := make([]byte, 0, attemptsFixedLen+4+len(ans.Class)+len(ans.Note))
-	v = append(v, attemptsRecordV1)
+	v := make([]byte, 0, attemptsFixedLen+6+len(ans.Class)+len(ans.Note)+len(ans.Target))
+	version := byte(attemptsRecordV1)
+	if ans.Target != "" {
+		version = attemptsRecordV2
+	}
+	v = append(v, version)
 	v = be.AppendUint32(v, a.Attempt)
 	v = be.AppendUint64(v, uint64(a.Expiry))
 	v = append(v, boolByte(ans.Retry))
@@ -393,13 +404,18 @@ func encodeAttempts(a *fleet.Attempts) []byte {
 	v = append(v, ans.Class...)
 	v = be.AppendUint16(v, uint16(len(ans.Note)))
 	v = append(v, ans.Note...)
+	if version == attemptsRecordV2 {
+		v = be.AppendUint16(v, uint16(len(ans.Target)))
+		v = append(v, ans.Target...)
+	}
 	return v
 }
 
 func decodeAttempts(v []byte) (fleet.Attempts, error) {
 	var a fleet.Attempts
-	if len(v) < attemptsFixedLen+4 || v[0] != attemptsRecordV1 {
-		return a, fmt.Errorf("attempts record of %d bytes, want at least %d of version %d", len(v), attemptsFixedLen+4, attemptsRecordV1)
+	if len(v) < attemptsFixedLen+4 || (v[0] != attemptsRecordV1 && v[0] != attemptsRecordV2) {
+		return a, fmt.Errorf("attempts record of %d bytes, want at least %d of version %d or %d", len(v), attemptsFixedLen+4,
+			attemptsRecordV1, attemptsRecordV2)
 	}
 	be := binary.BigEndian
 	if v[13] > 1 {
@@ -422,8 +438,16 @@ func decodeAttempts(v []byte) (fleet.Attempts, error) {
 	if ans.Class, rest, ok = lenString(rest); !ok {
 		return a, errors.New("attempts record: classification overruns the record")
 	}
-	if ans.Note, rest, ok = lenString(rest); !ok || len(rest) != 0 {
-		return a, errors.New("attempts record: pushback note overruns the record or bytes follow it")
+	if ans.Note, rest, ok = lenString(rest); !ok {
+		return a, errors.New("attempts record: pushback note overruns the record")
+	}
+	if v[0] == attemptsRecordV2 {
+		if ans.Target, rest, ok = lenString(rest); !ok {
+			return a, errors.New("attempts record: target overruns the record")
+		}
+	}
+	if len(rest) != 0 {
+		return a, errors.New("attempts record: bytes follow its last field")
 	}
 	return a, nil
 }

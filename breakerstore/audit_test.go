@@ -753,8 +753,8 @@ func TestAuditMovesThePreviousLayoutIntoSegments(t *testing.T) {
 				t.Errorf("bucket %s is still there", name)
 			}
 		}
-		if v := tx.Bucket([]byte("meta")).Get([]byte("schema")); len(v) != 4 || binary.BigEndian.Uint32(v) != 2 {
-			t.Errorf("meta/schema after the migration: got %x, want version 2", v)
+		if v := tx.Bucket([]byte("meta")).Get([]byte("schema")); len(v) != 4 || binary.BigEndian.Uint32(v) != 3 {
+			t.Errorf("meta/schema after the migration: got %x, want version 3 (the steps from 1 to 2 and 2 to 3)", v)
 		}
 		return nil
 	})
@@ -764,7 +764,7 @@ func TestAuditMovesThePreviousLayoutIntoSegments(t *testing.T) {
 	check(t, e, s)
 	if got := strings.Count(logs.String(), "audit trail moved into segments"); got != 1 ||
 		!strings.Contains(logs.String(), fmt.Sprint("records=", n)) ||
-		!strings.Contains(logs.String(), "schema migrated") || !strings.Contains(logs.String(), "from=1 to=2") {
+		!strings.Contains(logs.String(), "schema migrated") || !strings.Contains(logs.String(), "from=1 to=3") {
 		t.Errorf("log: got %q, want one line about %d records moved", logs.String(), n)
 	}
 }

@@ -30,6 +30,15 @@ var migrations = []migration{
 		}
 		return err
 	}},
+	// Version 3 adds record versions that version 2 builds cannot read: a
+	// call table record and an audit record with a primary target and an
+	// attempts record with the next attempt's target (written for calls
+	// that escalated to a fallback), which leave the records of version 2
+	// files valid as they are, and flow records with the adaptive ceiling,
+	// into which the flow records of version byte 1 are rewritten.
+	{from: 2, what: "call table, audit and attempts records gain escalation targets; flow records gain the adaptive ceiling (version 1 rewritten as 2)", run: func(s *Store, tx *bbolt.Tx) error {
+		return migrateFlow(tx)
+	}},
 }
 
 // migrateAudit moves the audit records of the previous layout (bucket

@@ -190,7 +190,8 @@ func BenchmarkDecisionInMemory(b *testing.B) {
 }
 
 // BenchmarkApplyOutcomes applies batches of 100 outcomes (the store's part
-// of one ReportOutcome) and reports the cost per outcome, in both modes.
+// of one ReportOutcome: breaker results, audit records, attempt
+// statistics) and reports the cost per outcome, in both modes.
 func BenchmarkApplyOutcomes(b *testing.B) {
 	for _, mode := range []breakerstore.SyncMode{breakerstore.SyncGroup, breakerstore.SyncAlways} {
 		b.Run("sync="+mode.String(), func(b *testing.B) {
@@ -200,7 +201,9 @@ func BenchmarkApplyOutcomes(b *testing.B) {
 				target := fmt.Sprint("target-", i%16)
 				ups[i] = policy.OutcomeUpdate{Key: policy.BreakerKey{Tenant: "acme", Target: target}, Breaker: consecutive,
 					Result: policy.ResultSuccess, Audit: []policy.AuditRecord{{Event: policy.AuditOutcome, Tenant: "acme",
-						Target: target, CallID: fmt.Sprint("c", i), Attempt: 1, Detail: "attempt succeeded"}}}
+						Target: target, CallID: fmt.Sprint("c", i), Attempt: 1, Detail: "attempt succeeded"}},
+					// Each success counts in the attempt statistics, as ReportOutcome's do.
+					Tally: policy.AttemptTally{Tenant: "acme", Target: target, Attempt: 1, Success: true}}
 			}
 			deposits := map[string]int{"acme": 100}
 			b.ReportAllocs()

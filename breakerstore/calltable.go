@@ -22,8 +22,13 @@ var bucketCallTable = []byte("calltable")
 // DefaultMaxRunCalls is Options.MaxRunCalls's default.
 const DefaultMaxRunCalls = 100000
 
-// callRecordVersion is the version byte of a call table record.
-const callRecordVersion = 1
+// Version bytes of a call table record: 1 without a primary target, 2 with
+// one (a call that ended on a fallback). Both are read; a record of
+// version 1 is a call that never left its primary.
+const (
+	callRecordVersion        = 1
+	callRecordVersionPrimary = 2
+)
 
 // NoteCall tells the call table of run runID what n says of call callID
 // (fleet.CallRecord.Note): a NextDelay decision or a final disposition. An
@@ -90,7 +95,8 @@ func (s *Store) RunCalls(runID string, f policy.RunCallFilter, after string, lim
 
 func runCallOf(id string, c *fleet.CallRecord) policy.RunCall {
 	rc := policy.RunCall{CallID: id, Disposition: c.Final.Disposition, Stop: c.Final.Stop, Attempts: c.Attempts,
-		Classification: c.Classification, Detail: c.Detail, Target: c.Target, TriageRef: c.TriageRef}
+		Classification: c.Classification, Detail: c.Detail, Target: c.Target, TriageRef: c.TriageRef,
+		PrimaryTarget: c.PrimaryTarget}
 	if c.First != 0 {
 		rc.First = time.Unix(0, c.First)
 	}
@@ -120,14 +126,19 @@ func (r *run) writeTable(tx *bbolt.Tx, clear bool) (int, error) {
 	return written, nil
 }
 
-// encodeCallRecord returns a call table record: the version byte (1), the
-// disposition and stop reason (a byte each), attempts (uint32), the first
-// and last attempt times (Unix ns, int64), all big-endian, then target,
-// classification, detail and triage reference, each a uvarint length and
-// the bytes.
+// encodeCallRecord returns a call table record: the version byte (1, or 2
+// when the record has a primary target), the disposition and stop reason
+// (a byte each), attempts (uint32), the first and last attempt times (Unix
+// ns, int64), all big-endian, then target, classification, detail and
+// triage reference and, in version 2, the primary target, each a uvarint
+// length and the bytes.
 func encodeCallRecord(c *fleet.CallRecord) []byte {
-	v := make([]byte, 0, 23+len(c.Target)+len(c.Classification)+len(c.Detail)+len(c.TriageRef)+8)
-	v = append(v, callRecordVersion, byte(c.Final.Disposition), byte(c.Final.Stop))
+	v := make([]byte, 0, 23+len(c.Target)+len(c.Classification)+len(c.Detail)+len(c.TriageRef)+len(c.PrimaryTarget)+10)
+	version := byte(callRecordVersion)
+	if c.PrimaryTarget != "" {
+		version = callRecordVersionPrimary
+	}
+	v = append(v, version, byte(c.Final.Disposition), byte(c.Final.Stop))
 	v = binary.BigEndian.AppendUint32(v, c.Attempts)
 	v = binary.BigEndian.AppendUint64(v, uint64(c.First))
 	v = binary.BigEndian.AppendUint64(v, uint64(c.Last))
@@ -135,21 +146,29 @@ func encodeCallRecord(c *fleet.CallRecord) []byte {
 		v = binary.AppendUvarint(v, uint64(len(s)))
 		v = append(v, s...)
 	}
+	if version == callRecordVersionPrimary {
+		v = binary.AppendUvarint(v, uint64(len(c.PrimaryTarget)))
+		v = append(v, c.PrimaryTarget...)
+	}
 	return v
 }
 
 // decodeCallRecord is encodeCallRecord's inverse.
 func decodeCallRecord(v []byte) (fleet.CallRecord, error) {
 	var c fleet.CallRecord
-	if len(v) < 23 || v[0] != callRecordVersion {
-		return c, errors.New("want a call record of version 1, at least 23 bytes")
+	if len(v) < 23 || (v[0] != callRecordVersion && v[0] != callRecordVersionPrimary) {
+		return c, errors.New("want a call record of version 1 or 2, at least 23 bytes")
 	}
 	c.Final = fleet.Final{Disposition: policy.Disposition(v[1]), Stop: policy.StopReason(v[2])}
 	c.Attempts = binary.BigEndian.Uint32(v[3:])
 	c.First = int64(binary.BigEndian.Uint64(v[7:]))
 	c.Last = int64(binary.BigEndian.Uint64(v[15:]))
 	rest := v[23:]
-	for _, dst := range [...]*string{&c.Target, &c.Classification, &c.Detail, &c.TriageRef} {
+	strs := []*string{&c.Target, &c.Classification, &c.Detail, &c.TriageRef, &c.PrimaryTarget}
+	if v[0] == callRecordVersion {
+		strs = strs[:4]
+	}
+	for _, dst := range strs {
 		n, k := binary.Uvarint(rest)
 		if k <= 0 || n > uint64(len(rest)-k) {
 			return c, errors.New("truncated string")

@@ -91,3 +91,45 @@ func TestCallTableSurvivesRestartAndFilters(t *testing.T) {
 		t.Errorf("Open with a damaged call record: %v, want ErrCorrupt naming calltable", err)
 	}
 }
+
+// TestCallTablePrimaryTarget: a call that ended on a fallback keeps its
+// primary target across a restart, and a record of version 1 (written
+// before primary targets) still reads, as a call that never left its
+// primary.
+func TestCallTablePrimaryTarget(t *testing.T) {
+	e := newEnv(t)
+	s := e.open()
+	r := must(s.OpenRun(policy.Run{ID: "nightly", Tenant: "t", Pool: 5, Cutoff: e.clock.Now().Add(time.Hour)})).get(t)
+	if err := s.NoteCall(r.ID, "moved", policy.CallNote{Target: "geo-b", PrimaryTarget: "geo-a", Attempt: 2,
+		Disposition: policy.DispositionSucceeded, Time: e.clock.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db, err := bbolt.Open(e.opts.Path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Version 1: disposition SUCCEEDED, no stop, 1 attempt, no times, then
+	// target "geo-a", and empty classification, detail and triage reference.
+	v1 := append([]byte{1, byte(policy.DispositionSucceeded), 0, 0, 0, 0, 1}, make([]byte, 16)...)
+	v1 = append(v1, 5, 'g', 'e', 'o', '-', 'a', 0, 0, 0)
+	err = db.Update(func(tx *bbolt.Tx) error { return tx.Bucket([]byte("calltable")).Put([]byte("nightly\x00old"), v1) })
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s = e.open()
+	calls, _, err := s.RunCalls(r.ID, policy.RunCallFilter{}, "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, c := range calls {
+		got = append(got, fmt.Sprintf("%s %s/%s %d", c.CallID, c.Target, c.PrimaryTarget, c.Attempts))
+	}
+	if want := "[moved geo-b/geo-a 2 old geo-a/ 1]"; fmt.Sprint(got) != want {
+		t.Fatalf("calls after restart: got %v, want %s", got, want)
+	}
+}

@@ -42,7 +42,7 @@ func TestContract(t *testing.T) {
 					}
 					s = open()
 					return s
-				}}
+				}, Adaptive: true}
 			})
 		})
 	}

@@ -17,14 +17,14 @@
 // audit record is committed (through bbolt's Batch, so concurrent callers
 // share an fsync) before it returns.
 //
-// Bucket and key layout, schema version 2. Bucket names are the package-level
+// Bucket and key layout, schema version 3. Bucket names are the package-level
 // bucket* variables, created once by Open. Keys sort bytewise: integers are
 // big-endian, composite keys are joined by a 0x00 byte (tenants, targets, run
 // ids and call ids never contain 0x00), times are Unix nanoseconds, never
 // RFC 3339 strings.
 //
 //	bucket       key                        value
-//	meta         "schema"                   uint32 big-endian schema version (2); see the version rule below
+//	meta         "schema"                   uint32 big-endian schema version (3); see the version rule below
 //	breakers     tenant 0x00 target         fleet.Breaker, binary, version byte 2 (1 is still read): state, forced,
 //	                                        mode, open-until, cool-down, counters, the 10 window slots, generation,
 //	                                        probe permits (128-bit id, expiry); the layout is in record.go
@@ -40,11 +40,13 @@
 //	runcalls     run id 0x00 call id        final disposition of one call, 2 bytes: policy.Disposition, policy.StopReason,
 //	                                        and a third, 1, for a success the idempotency ledger answered
 //	calltable    run id 0x00 call id        the run's call table for triage (fleet.CallRecord), binary, version
-//	                                        byte 1: disposition, stop reason, attempts, first and last attempt
-//	                                        times, then target, classification, detail, triage reference; at
+//	                                        byte 1, or 2 with a primary target: disposition, stop reason,
+//	                                        attempts, first and last attempt times, then target, classification,
+//	                                        detail, triage reference (and in 2 the primary target); at
 //	                                        most Options.MaxRunCalls a run; the layout is in calltable.go. New in
 //	                                        schema version 2 (created empty on open)
-//	attempts     tenant 0x00 call id        fleet.Attempts, binary, version byte 1: the highest attempt decided for
+//	attempts     tenant 0x00 call id        fleet.Attempts, binary, version byte 1 (2 with a fallback target):
+//	                                        the highest attempt decided for
 //	                                        the call, its expiry (the call's deadline or the policy's horizon,
 //	                                        whichever is later), and the answer (verdict, delay, attempt timeout,
 //	                                        stop reason, disposition, category, checks, breaker state, budgets
@@ -56,11 +58,21 @@
 //	                                        (fsync'd) before ClaimKey and CompleteKey answer; the layout is in
 //	                                        idem.go; expired ones deleted by the sweep. New in schema version 2
 //	                                        (created empty on open)
-//	flow         tenant 0x00 target         fleet.Flow, binary, version byte 1: the rate account's TAT (Unix ns),
-//	                                        stray lease releases (uint64), lease count (uint32), then per lease
-//	                                        its 128-bit id and expiry (Unix ns); the key is the breaker's; deleted
-//	                                        when it holds nothing; the layout is in flow.go. New in schema
-//	                                        version 2 (created empty on upgrade).
+//	flow         tenant 0x00 target         fleet.Flow, binary, version byte 2 (1 is still read): the rate
+//	                                        account's TAT (Unix ns), stray lease releases (uint64), the adaptive
+//	                                        ceiling (fleet.AdaptiveLimit: limit, last decrease, outcomes since,
+//	                                        decreases), lease count (uint32), then per lease its 128-bit id and
+//	                                        expiry (Unix ns); the key is the breaker's; deleted when it holds
+//	                                        nothing; the layout is in flow.go. New in schema version 2 (created
+//	                                        empty on upgrade); version byte 2 in schema version 3
+//	attemptstats tenant 0x00 target 0x00    fleet.AttemptStats, one record per hour bucket, version byte 1: the
+//	             hour                       16 success counts then the 16 final-failure counts by attempt number
+//	                                        (the last: 16 or more), uint64 big-endian each (257 bytes); hour is
+//	                                        int64 big-endian, hours since the Unix epoch; target is the attempt's
+//	                                        (a fallback's attempts count for it), at most Options.MaxBreakersPerTenant
+//	                                        targets a tenant; counters, written by the group
+//	                                        commit; hours past the 168 h retention deleted when the target is next
+//	                                        counted and at open. New in schema version 3 (created empty on open)
 //	meta         "auditseq"                 uint64 big-endian: the highest audit sequence number handed out
 //	auditseg     time seq                   a segment of up to 512 audit records: a header (count, last record's
 //	                                        time and seq, a Bloom filter over call ids and tenants) and the
@@ -82,11 +94,16 @@
 //
 // The version rule: any change to this layout (a bucket, a key or a value
 // format) bumps schemaVersion and adds a step to migrations, the step from
-// the version before. Open reads meta/schema; a file of an older version is
+// the version before. A new bucket that an older build of the same version
+// never reads (calltable, attempts, idemkeys, flow within version 2;
+// attemptstats within version 3) is the one addition made without a bump:
+// Open creates it empty, no record of another bucket changes, and a file
+// written with it opens in a build without it, which ignores it (and so
+// neither counts nor deletes the attempt statistics while it runs). Open reads meta/schema; a file of an older version is
 // migrated forward, step by step, and the new version recorded, in one
 // transaction (a file is migrated in full or not at all); a file of a newer
-// version is refused with ErrSchema naming both versions ("schema version 3
-// is newer than this policyd (2)"), so an older build never reads a layout
+// version is refused with ErrSchema naming both versions ("schema version 4
+// is newer than this policyd (3)"), so an older build never reads a layout
 // it does not know. A file of the current version is not written to by
 // Open. The versions so far:
 //
@@ -95,6 +112,12 @@
 //	   in segments (auditseg)
 //	2  the audit trail in segments only: the step from 1 moves a trail of
 //	   the one-key-per-record layout into segments and deletes its buckets
+//	3  call table records of version byte 2 and audit records of version
+//	   byte 2, both with a primary target, attempts records of version byte
+//	   2, with the next attempt's target (a call that escalated to a
+//	   fallback), and flow records of version byte 2, with the adaptive
+//	   ceiling: the step from 2 rewrites the flow records of version byte 1
+//	   (a ceiling never started) and nothing else
 //
 // Before bbolt maps a file, Open and Check read it through read(2) and
 // verify what bbolt would otherwise fault on (filecheck.go): both meta

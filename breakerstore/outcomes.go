@@ -10,7 +10,9 @@ import (
 // ApplyOutcomes applies a batch of reported outcomes in order: each one's
 // Result to its breaker as Record does, its Audit records as AppendAudit
 // does, and its final disposition to its run's ledger as RecordFinal does;
-// then deposits[tenant] successes as Deposit does. An update the state's
+// then deposits[tenant] successes as Deposit does. Its Tally is counted in
+// the attempt statistics when it applies, and with a final disposition of
+// a run only when the ledger took it as the call's first. An update the state's
 // rules refuse (fleet.ErrPermit, fleet.AlreadyFinal) gets the refusal in its Refused field and
 // only its audit records applied; the rest of the batch goes on. It stops at
 // the first other error and returns the number of updates applied in full (the audit
@@ -32,6 +34,7 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 	}
 	now := s.now() // one reading of the clock for the batch
 	trail := make([][]policy.AuditRecord, 0, len(ups))
+	var tallies tallyTable
 	n, err := func() (int, error) {
 		for i := range ups {
 			u := &ups[i]
@@ -48,14 +51,20 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 			if u.Refused != nil {
 				continue
 			}
+			count := u.Tally.Target != ""
 			if u.RunID != "" && u.Final != policy.DispositionNone {
-				if err := s.recordFinal(u.RunID, u.CallID, fleet.Final{Disposition: u.Final, Stop: u.Stop,
-					Deduplicated: u.Deduplicated}, p); err != nil {
+				first, err := s.recordFinal(u.RunID, u.CallID, fleet.Final{Disposition: u.Final, Stop: u.Stop,
+					Deduplicated: u.Deduplicated}, p)
+				if err != nil {
 					if !refusal(err) {
 						return i, err
 					}
 					u.Refused = err
 				}
+				count = count && first
+			}
+			if count && !tallies.add(s.attemptStats.seed, u.Tally) {
+				s.countAttempts(u.Tally, now, p)
 			}
 			if u.RunID != "" && u.Note != (policy.CallNote{}) {
 				if err := s.noteCall(u.RunID, u.CallID, u.Note, p); err != nil && !errors.Is(err, ErrNotFound) {
@@ -68,6 +77,7 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 		}
 		return len(ups), nil
 	}()
+	tallies.count(s, now, p) // those of the updates applied
 	s.appendAudit(p, trail...)
 	if p != nil {
 		if cerr := s.commit(p); err == nil {

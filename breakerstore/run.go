@@ -165,39 +165,41 @@ func (s *Store) Runs(tenant, after string, limit int) ([]policy.Run, error) {
 // ErrInvalid for DispositionNone or an unknown disposition. The ledger is a
 // counter, flushed per the sync mode. It is safe for concurrent use.
 func (s *Store) RecordFinal(runID, callID string, d policy.Disposition, stop policy.StopReason) error {
-	return s.recordFinal(runID, callID, fleet.Final{Disposition: d, Stop: stop}, nil)
+	_, err := s.recordFinal(runID, callID, fleet.Final{Disposition: d, Stop: stop}, nil)
+	return err
 }
 
 // recordFinal is RecordFinal; with SyncAlways the change joins p, when set,
-// instead of being committed on its own.
-func (s *Store) recordFinal(runID, callID string, f fleet.Final, p *pending) error {
+// instead of being committed on its own. first reports whether the ledger
+// took f as the call's first final disposition.
+func (s *Store) recordFinal(runID, callID string, f fleet.Final, p *pending) (first bool, err error) {
 	if s.closed.Load() {
-		return ErrClosed
+		return false, ErrClosed
 	}
 	if err := checkName("call_id", callID, false); err != nil {
-		return err
+		return false, err
 	}
 	var probe policy.Ledger
 	if fleet.LedgerSlot(&probe, f) == nil {
-		return invalid("disposition", "must be a final disposition")
+		return false, invalid("disposition", "must be a final disposition")
 	}
 	r, ok := s.runs.get(runID)
 	if !ok {
-		return fmt.Errorf("%w: run %q", ErrNotFound, runID)
+		return false, fmt.Errorf("%w: run %q", ErrNotFound, runID)
 	}
 	r.mu.Lock()
 	kept, changed, _, refused := r.v.RecordFinal(callID, f)
 	if !changed {
 		r.mu.Unlock()
 		if refused != nil {
-			return refused
+			return false, refused
 		}
-		return nil
+		return false, nil
 	}
 	r.dirtyCalls = append(r.dirtyCalls, kept)
 	newlyDirty := r.markDirty()
 	r.mu.Unlock()
-	return s.changed(p, r, newlyDirty)
+	return true, s.changed(p, r, newlyDirty)
 }
 
 func (r *run) markDirty() bool {

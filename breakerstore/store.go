@@ -22,7 +22,7 @@ import (
 
 // schemaVersion is the layout documented in doc.go; migrations move older
 // files to it.
-const schemaVersion uint32 = 2
+const schemaVersion uint32 = 3
 
 // Bucket names; see the layout in doc.go. They are created once by Open.
 var (
@@ -47,7 +47,7 @@ var (
 
 	allBuckets = [][]byte{bucketMeta, bucketBreakers, bucketBudgets, bucketTokens,
 		bucketPolicies, bucketRuns, bucketRunState, bucketRunCalls,
-		bucketAuditSeg, bucketAttempts, bucketCallTable, bucketIdemKeys, bucketFlow}
+		bucketAuditSeg, bucketAttempts, bucketCallTable, bucketIdemKeys, bucketFlow, bucketStats}
 )
 
 // Defaults of Options.
@@ -190,6 +190,11 @@ type Stats struct {
 	AuditDeleted   uint64 // audit records deleted by retention
 
 	AuditSinkErrors uint64 // commits refused because the AuditSink failed
+
+	// StatsRefused counts the calls' ends not counted in the attempt
+	// statistics because their tenant had statistics for
+	// MaxBreakersPerTenant targets already.
+	StatsRefused uint64
 }
 
 // Store is policyd's shared state. All methods are safe for concurrent use.
@@ -217,7 +222,9 @@ type Store struct {
 	keys       keyTable // idempotency records (idem.go)
 	attemptSeq atomic.Uint64
 
-	pools shardMap[policy.BreakerKey, *leasePool] // fleet-wide ceilings (flow.go)
+	pools        shardMap[policy.BreakerKey, *leasePool]   // fleet-wide ceilings (flow.go)
+	attemptStats shardMap[policy.BreakerKey, *targetStats] // attempt statistics (attemptstats.go)
+	statsTargets statsBook
 
 	policies      atomic.Pointer[policyMap]
 	defaultPolicy policy.Policy
@@ -412,6 +419,7 @@ func newStore(db *bbolt.DB, opts Options, def policy.TenantBudget) *Store {
 	}
 	s.breakers.init(hashKey)
 	s.pools.init(hashKey)
+	s.attemptStats.init(hashKey)
 	s.buckets.init(maphash.String)
 	s.runs.init(maphash.String)
 	s.attempts.init(s.opts.MaxAttemptRecords)
@@ -655,6 +663,7 @@ func (s *Store) loaders(tx *bbolt.Tx) []func() error {
 		func() error { return s.loadAttempts(tx, now) },
 		func() error { return s.loadBreakers(tx, now) },
 		func() error { return s.loadFlow(tx) },
+		func() error { return s.loadStats(tx, now) },
 	}
 }
 
@@ -704,6 +713,7 @@ func (s *Store) Stats() Stats {
 		AuditDeleted:   s.trail.deleted.Load(),
 	}
 	st.AuditSinkErrors = s.trail.sinkErrors.Load()
+	st.StatsRefused = s.statsTargets.refused.Load()
 	s.trail.mu.Lock()
 	st.AuditRecords, st.AuditBuffered = s.trail.count, len(s.trail.buf)
 	s.trail.mu.Unlock()

@@ -169,11 +169,11 @@ func TestOpenRefuses(t *testing.T) {
 					if err != nil {
 						return err
 					}
-					return b.Put([]byte("schema"), binary.BigEndian.AppendUint32(nil, 3))
+					return b.Put([]byte("schema"), binary.BigEndian.AppendUint32(nil, 4))
 				})
 			},
 			want: breakerstore.ErrSchema,
-			msg:  "policyd.db: schema version 3 is newer than this policyd (2)",
+			msg:  "policyd.db: schema version 4 is newer than this policyd (3)",
 		},
 		{
 			name: "foreign bbolt file",
@@ -403,7 +403,7 @@ func TestCheck(t *testing.T) {
 
 // TestOpenMigratesAVersion1FileOfSegments: a version 1 file written by the
 // build that introduced segments (meta/schema 1 and an auditseg bucket) is
-// recorded as version 2 at open, with its records as they were, and is not
+// recorded as the current version at open, with its records as they were, and is not
 // written to at the next open.
 func TestOpenMigratesAVersion1FileOfSegments(t *testing.T) {
 	e := newEnv(t)
@@ -420,8 +420,8 @@ func TestOpenMigratesAVersion1FileOfSegments(t *testing.T) {
 		t.Errorf("the audit record after the migration: got %+v, want one", recs)
 	}
 	err := s.View(func(tx *bbolt.Tx) error {
-		if v := tx.Bucket([]byte("meta")).Get([]byte("schema")); binary.BigEndian.Uint32(v) != 2 {
-			t.Errorf("meta/schema: got %x, want version 2", v)
+		if v := tx.Bucket([]byte("meta")).Get([]byte("schema")); binary.BigEndian.Uint32(v) != 3 {
+			t.Errorf("meta/schema: got %x, want version 3", v)
 		}
 		return nil
 	})

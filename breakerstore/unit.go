@@ -30,6 +30,8 @@ type Changes = interface {
 	// NoteCall tells run runID's call table what the decision says of
 	// call callID (see Runs.NoteCall).
 	NoteCall(runID, callID string, n policy.CallNote) error
+	// CountAttempts counts the end of a call in the attempt statistics.
+	CountAttempts(t policy.AttemptTally)
 	// Commit makes every change durable, in one transaction where the
 	// store commits before answering; nothing rolls back.
 	Commit() error
@@ -105,4 +107,10 @@ func (u *changeBatch) Commit() error {
 	p := u.p
 	u.p = shared()
 	return u.s.commit(p)
+}
+
+// CountAttempts counts the end of a call in the attempt statistics
+// within the batch.
+func (u *changeBatch) CountAttempts(t policy.AttemptTally) {
+	u.s.countAttempts(t, u.s.now(), u.p)
 }

@@ -22,6 +22,7 @@ type AdaptiveLimit struct {
 	Limit        float64 // the current ceiling, exact; 0 before the first use
 	LastDecrease int64   // Unix ns of the last decrease; 0 for none
 	Since        int64   // outcomes since the last decrease
+	Decreases    uint64  // decreases so far, for the metrics; no rule reads it
 }
 
 // Ceiling returns the whole number of leases the limit allows now: its
@@ -60,5 +61,6 @@ func (l *AdaptiveLimit) Congested(now int64, b policy.AdaptiveBounds) (bool, Eff
 	}
 	l.Limit = max(cur*b.Decrease, float64(b.Min))
 	l.LastDecrease, l.Since = now, 0
+	l.Decreases++
 	return true, Mutated
 }

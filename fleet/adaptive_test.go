@@ -109,3 +109,45 @@ func TestAdaptiveLimitSettles(t *testing.T) {
 		t.Fatalf("%d of about %d requests refused over the second half, want under 2%%", refused, total)
 	}
 }
+
+// TestFlowAdaptive: a Flow with an adaptive ceiling admits exactly its
+// Ceiling leases, and a release carries its signal to the limit, also for
+// a lease no longer held; a release without a signal, or under limits
+// without an adaptive ceiling, leaves it alone.
+func TestFlowAdaptive(t *testing.T) {
+	lim := policy.FlowLimits{Ceiling: 10, LeaseTTL: 10 * time.Second, FullWait: time.Second,
+		Adaptive: policy.AdaptiveBounds{Min: 2, Max: 10, Decrease: 0.5, Increase: 1}}
+	var f fleet.Flow
+	var n byte
+	newID := func() fleet.PermitID { n++; return fleet.PermitID{n} }
+	if cut, _ := f.Adaptive.Congested(sec, lim.Adaptive); !cut {
+		t.Fatalf("first congestion did not cut")
+	}
+	var leases []string
+	for i := range 6 {
+		a, _ := f.Admit(sec, &lim, newID)
+		if a.Admitted != (i < 5) {
+			t.Fatalf("admission %d at an adaptive ceiling of 5: admitted %v, want %v", i, a.Admitted, i < 5)
+		}
+		if a.Admitted {
+			leases = append(leases, a.LeaseID)
+		}
+	}
+	if held, _ := f.Release(sec, leases[0], &lim, policy.SignalSuccess); !held || f.Adaptive.Limit != 5.2 {
+		t.Fatalf("success release: held %v limit %v, want held and 5.2", held, f.Adaptive.Limit)
+	}
+	if held, _ := f.Release(sec, leases[0], &lim, policy.SignalSuccess); held || f.Adaptive.Limit <= 5.2 {
+		t.Fatalf("success release of a lease returned before: held %v limit %v, want not held and grown", held, f.Adaptive.Limit)
+	}
+	before := f.Adaptive
+	f.Release(sec, leases[1], &lim, policy.SignalNone)
+	noAdaptive := lim
+	noAdaptive.Adaptive = policy.AdaptiveBounds{}
+	f.Release(sec, leases[2], &noAdaptive, policy.SignalCongestion)
+	if f.Adaptive != before {
+		t.Fatalf("releases without a signal or an adaptive ceiling changed the limit: %+v, want %+v", f.Adaptive, before)
+	}
+	if f.Adaptive.Decreases != 1 {
+		t.Fatalf("decreases %d, want 1", f.Adaptive.Decreases)
+	}
+}

@@ -24,6 +24,7 @@ type CallRecord struct {
 	First, Last    int64
 	Target         string
 	TriageRef      string
+	PrimaryTarget  string // the call's primary when Target is a fallback
 }
 
 // NewCallTable returns an empty table of at most limit calls.
@@ -56,8 +57,9 @@ func (t *CallTable) Note(call string, n *policy.CallNote) (kept string, changed 
 // attempt (a note of a lower one does not overwrite it), the detail the
 // latest note of the highest attempt or a final disposition; a final
 // disposition replaces the one kept (as the run's ledger moves its count);
-// a non-empty target or triage reference replaces the one kept. It reports
-// whether the record changed.
+// a non-empty target or triage reference replaces the one kept, a target
+// together with its primary (empty when the target is the primary). It
+// reports whether the record changed.
 func (c *CallRecord) Note(n *policy.CallNote) bool {
 	before := *c
 	current := n.Attempt >= c.Attempts
@@ -82,6 +84,9 @@ func (c *CallRecord) Note(n *policy.CallNote) bool {
 	}
 	if n.Target != "" && n.Target != c.Target {
 		c.Target = strings.Clone(n.Target)
+	}
+	if n.Target != "" && n.PrimaryTarget != c.PrimaryTarget {
+		c.PrimaryTarget = strings.Clone(n.PrimaryTarget)
 	}
 	if n.TriageRef != "" && n.TriageRef != c.TriageRef {
 		c.TriageRef = strings.Clone(n.TriageRef)

@@ -27,6 +27,8 @@
 //	concurrency ceiling  Pool       lease.go      at most the ceiling live at once; leases expire; a release of a
 //	                                              lease not held is ignored and counted
 //	breaker result       (func)     pushback.go   a pushback-bearing failure counts nothing unless the policy says so
+//	attempt statistics   AttemptStats attemptstats.go  per hour, successes and final failures by attempt (1..15,
+//	                                              16 or more); buckets older than 168 h dropped
 //
 // Every method is allocation-free unless its doc comment says otherwise,
 // so an engine can apply them on the hot path (Admit, NextDelay,

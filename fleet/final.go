@@ -29,9 +29,12 @@ type FinalReport struct {
 	// client ends a call DEADLINE_CUT by its own clock, checking the
 	// run's cut-off locally.
 	Skew int64
-	// KeyLost says the call's idempotency record has a lost outcome
-	// (KeyUnknown): a DEAD_LETTER (NOT_IDEMPOTENT) the ledger ordered.
-	KeyLost bool
+	// HasKey says the call carries an idempotency key. A DEAD_LETTER
+	// (NOT_IDEMPOTENT) is then one the ledger ordered (a lost outcome), or
+	// a client's that could not claim the key (policyd or its store away,
+	// after a lost outcome, once told another worker holds the key, or
+	// always with the Go client's RequireClaim), so did not write.
+	HasKey bool
 	// Horizon is how long a call can go on under its policy (Horizon);
 	// a breaker that closed within it may have refused the call.
 	Horizon int64
@@ -51,7 +54,7 @@ type FinalReport struct {
 //   - DEAD_LETTER only with a transient failure (a server's pushback:
 //     any failure, and after policyd answered a transient failure of
 //     the call with RETRY, and NOT_IDEMPOTENT when the call's idempotency
-//     record lost an attempt's outcome); DEAD_LETTER with stop reason
+//     carries an idempotency key); DEAD_LETTER with stop reason
 //     DEADLINE only past the
 //     call's deadline, or with a deadline that a fleet-wide cool-down in
 //     force leaves no room before;
@@ -100,7 +103,7 @@ func CheckFinal(r *FinalReport) string {
 				return "DEAD_LETTER (DEADLINE) needs the call's deadline to have passed"
 			}
 		case r.Final.Stop == policy.StopServerPushback && r.Failure != 0:
-		case r.Final.Stop == policy.StopNotIdempotent && r.KeyLost:
+		case r.Final.Stop == policy.StopNotIdempotent && r.HasKey:
 		case r.Failure == 0 && r.Decided && r.Answer.Category == policy.CategoryTransient:
 			// policyd answered the call's transient failure with RETRY; the
 			// retry did not happen (an idempotency key whose outcome was

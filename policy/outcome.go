@@ -24,6 +24,11 @@ type OutcomeUpdate struct {
 	Deduplicated bool
 	// Note, when not zero, is told to the run's call table (RunID set).
 	Note CallNote
+	// Tally, when its Target is set, counts the call's end in the attempt
+	// statistics once the update applies (not Refused) and, with a final
+	// disposition of a run, only when the ledger took it as the call's
+	// first.
+	Tally AttemptTally
 	// Refused is set by the store when the state's rules refused the
 	// update (a probe permit that is not live): its result and final
 	// disposition were not applied, its audit records were, and the rest

@@ -10,8 +10,11 @@ const MaxTriageRefLen = 1024
 // run's call table about a call. Zero fields tell nothing: an empty
 // Target, TriageRef, Classification or Detail leaves the one kept, a zero
 // Attempt or Time moves no count or time, DispositionNone is not final.
+// PrimaryTarget is the call's primary when Target is a fallback; it goes
+// with Target (a note with a Target sets both).
 type CallNote struct {
 	Target         string
+	PrimaryTarget  string
 	TriageRef      string
 	Attempt        uint32
 	Classification string // of the attempt's failure
@@ -30,8 +33,9 @@ type RunCall struct {
 	Classification string
 	Detail         string
 	First, Last    time.Time // the first and last attempt policyd heard of
-	Target         string
+	Target         string    // the target the call ended on
 	TriageRef      string
+	PrimaryTarget  string // the call's primary when Target is a fallback; empty otherwise
 }
 
 // RunCallFilter selects calls of a run: with Dispositions set, only those

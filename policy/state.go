@@ -86,6 +86,10 @@ type Admission struct {
 	// FlowControlled is true when the policy has a fleet-wide ceiling, so
 	// every attempt must ask for admission.
 	FlowControlled bool
+	// Target is the target admitted: the one asked for, or a fallback of
+	// the call's chain when that one's breaker is open or its ceiling full
+	// (Fallback.OnCircuitOpen). Permit and lease are its.
+	Target string
 }
 
 // PoolStatus is a concurrency ceiling's state at an instant.
@@ -95,6 +99,9 @@ type PoolStatus struct {
 	// Adaptive is the adaptive ceiling's exact current value, 0 when the
 	// key has none or it never started (it then stands at the maximum).
 	Adaptive float64
+	// Decreases counts the adaptive ceiling's decreases under the key so
+	// far (counter-grade: a crash may lose the last flush interval's).
+	Decreases uint64
 }
 
 // FlowSignal is what an attempt's outcome tells an adaptive ceiling
@@ -295,6 +302,9 @@ type AuditRecord struct {
 	Stop           StopReason
 	Disposition    Disposition
 	Detail         string
+	// PrimaryTarget is the call's primary target when the attempt went to
+	// a fallback (Target is then the fallback); empty otherwise.
+	PrimaryTarget string
 }
 
 // Cursor returns the record's position in the trail's order.
@@ -345,6 +355,12 @@ type Answer struct {
 	// policy in force each time the answer is given.
 	FlowControlled bool
 	Degraded       bool // decided in a shared engine's degraded mode (the engine did not answer)
+	// Target is where the next attempt goes on a RETRY: the call's primary
+	// target or a fallback of its policy's chain (Fallback). NextDelay
+	// remembers it with the answer only when it is a fallback (empty
+	// meaning the primary), so a call that never escalates stores nothing
+	// more.
+	Target string `json:",omitempty"`
 }
 
 // CallKey names one call: call ids are scoped by tenant.

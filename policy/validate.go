@@ -3,6 +3,7 @@ package policy
 import (
 	"math"
 	"strconv"
+	"time"
 )
 
 // FieldError reports a field that breaks a rule. Field is the field's path as
@@ -133,6 +134,9 @@ func (p *Policy) Validate() error {
 	if err := validateBreaker(p.Breaker); err != nil {
 		return err
 	}
+	if err := validateFallback(p); err != nil {
+		return err
+	}
 	return validateFlow(p.Flow)
 }
 
@@ -151,6 +155,38 @@ func validateFlow(f FlowConfig) error {
 		return fieldErr("flow.max_rate", "must be > 0 and at most 1e9 per second")
 	case f.Burst < 0 || f.Burst > MaxCeiling:
 		return fieldErr("flow.burst", "must be between 1 and "+itoa(MaxCeiling))
+	}
+	return validateAdaptive(f)
+}
+
+// maxAdaptiveHold is the longest hold between two decreases of an
+// adaptive ceiling.
+const maxAdaptiveHold = time.Hour
+
+// validateAdaptive checks f's adaptive ceiling against its max_in_flight;
+// zero fields take their defaults.
+func validateAdaptive(f FlowConfig) error {
+	a := f.Adaptive
+	if !a.Enabled {
+		return nil
+	}
+	if r := checkFloat(a.Decrease); r != "" {
+		return fieldErr("flow.adaptive.decrease", r)
+	}
+	if r := checkFloat(a.Increase); r != "" {
+		return fieldErr("flow.adaptive.increase", r)
+	}
+	switch {
+	case f.MaxInFlight == 0:
+		return fieldErr("flow.adaptive", "requires flow.max_in_flight, the ceiling's maximum and start")
+	case a.Min < 0 || a.Min > f.MaxInFlight:
+		return fieldErr("flow.adaptive.min_in_flight", "must be 1 to flow.max_in_flight ("+itoa(f.MaxInFlight)+")")
+	case a.Decrease < 0 || a.Decrease >= 1:
+		return fieldErr("flow.adaptive.decrease", "must be above 0 and below 1")
+	case a.Increase < 0 || a.Increase > float64(f.MaxInFlight):
+		return fieldErr("flow.adaptive.increase", "must be above 0 and at most flow.max_in_flight ("+itoa(f.MaxInFlight)+")")
+	case a.Hold < 0 || a.Hold > maxAdaptiveHold:
+		return fieldErr("flow.adaptive.hold", "must be 0 to 1h")
 	}
 	return nil
 }

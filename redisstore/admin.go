@@ -318,9 +318,6 @@ func (s *Store) SetPolicy(tenant, target string, p policy.Policy) (policy.Policy
 	if err := checkScope(tenant, target); err != nil {
 		return policy.PolicyEntry{}, err
 	}
-	if p.FlowControlled() {
-		return policy.PolicyEntry{}, unsupported("a fleet-wide ceiling (flow.max_in_flight, flow.max_rate)")
-	}
 	e := &policy.PolicyEntry{Tenant: strings.Clone(tenant), Target: strings.Clone(target), Policy: clonePolicy(p),
 		Updated: s.opts.Clock()}
 	v, err := json.Marshal(policyRecord{Tenant: e.Tenant, Target: e.Target, Updated: e.Updated.UnixNano(), Policy: e.Policy})

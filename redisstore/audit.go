@@ -107,12 +107,18 @@ func (s *Store) writeAudit(ctx context.Context, recs []policy.AuditRecord) error
 	return err
 }
 
-// auditValues encodes r as a stream entry's fields.
+// auditValues encodes r as a stream entry's fields; "primary" (the primary
+// target of an attempt sent to a fallback) only when set, so an entry
+// without it is one that never left its primary.
 func auditValues(r *policy.AuditRecord) []any {
-	return []any{"t", r.Time.UnixNano(), "ev", int(r.Event), "tenant", r.Tenant, "target", r.Target,
+	v := []any{"t", r.Time.UnixNano(), "ev", int(r.Event), "tenant", r.Tenant, "target", r.Target,
 		"call", r.CallID, "run", r.RunID, "attempt", r.Attempt, "class", r.Classification,
 		"verdict", int(r.Verdict), "delay", int64(r.Delay), "stop", int(r.Stop), "disp", int(r.Disposition),
 		"detail", r.Detail}
+	if r.PrimaryTarget != "" {
+		v = append(v, "primary", r.PrimaryTarget)
+	}
+	return v
 }
 
 // decodeAudit reads a stream entry back; Seq is the entry id packed as
@@ -128,7 +134,7 @@ func decodeAudit(m redis.XMessage) (policy.AuditRecord, error) {
 		Tenant: str("tenant"), Target: str("target"), CallID: str("call"), RunID: str("run"),
 		Attempt: uint32(num("attempt")), Classification: str("class"), Verdict: policy.Verdict(num("verdict")),
 		Delay: time.Duration(num("delay")), Stop: policy.StopReason(num("stop")),
-		Disposition: policy.Disposition(num("disp")), Detail: str("detail")}, nil
+		Disposition: policy.Disposition(num("disp")), Detail: str("detail"), PrimaryTarget: str("primary")}, nil
 }
 
 // packID packs a stream id "ms-seq" into one number that sorts as ids do.

@@ -97,3 +97,23 @@ func BenchmarkTransitionToOtherReplica(b *testing.B) {
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
 }
+
+// BenchmarkAdmitFlowRedis is an AdmitFlow under a concurrency and a rate
+// ceiling (one policyd_admit_flow call) and the release of its lease (one
+// policyd_release_lease call): what an attempt under a ceiling costs the
+// engine.
+func BenchmarkAdmitFlowRedis(b *testing.B) {
+	s := benchReplicas(b, 1)[0]
+	key := policy.BreakerKey{Tenant: "acme", Target: "portal"}
+	lim := policy.FlowLimits{Ceiling: 10, LeaseTTL: time.Minute, FullWait: time.Second, Interval: time.Microsecond, Burst: 1000}
+	b.ReportAllocs()
+	for b.Loop() {
+		a, err := s.AdmitFlow(key, policy.BreakerConfig{}, lim)
+		if err != nil || !a.Admitted {
+			b.Fatal(a, err)
+		}
+		if _, err := s.ReleaseLease(key, a.LeaseID, lim, policy.SignalSuccess); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -77,7 +77,7 @@ func (p *pendingNote) args(limit int) []any {
 	}
 	n := &p.n
 	return []any{p.call, limit, n.Target, n.TriageRef, n.Attempt, n.Classification, n.Detail,
-		int(n.Disposition), int(n.Stop), at}
+		int(n.Disposition), int(n.Stop), at, n.PrimaryTarget}
 }
 
 // callPage is how many call ids RunCalls reads per round trip.
@@ -148,32 +148,33 @@ func (s *Store) RunCalls(runID string, f policy.RunCallFilter, after string, lim
 func runCallOf(id string, c *fleet.CallRecord) policy.RunCall {
 	return policy.RunCall{CallID: id, Disposition: c.Final.Disposition, Stop: c.Final.Stop, Attempts: c.Attempts,
 		Classification: c.Classification, Detail: c.Detail, Target: c.Target, TriageRef: c.TriageRef,
-		First: fromUS(c.First), Last: fromUS(c.Last)}
+		PrimaryTarget: c.PrimaryTarget, First: fromUS(c.First), Last: fromUS(c.Last)}
 }
 
 // decodeCall reads a call table record as the library writes it
-// (call_encode); its times stay in Unix µs.
+// (call_encode): version 1, or 2 with a primary target (one more length
+// and string); its times stay in Unix µs.
 func decodeCall(v string) (fleet.CallRecord, error) {
 	var c fleet.CallRecord
 	head, rest, ok := strings.Cut(v, "\n")
 	f := strings.Fields(head)
-	if !ok || len(f) != 10 || f[0] != "1" {
-		return c, errors.New("want a header of version 1 and 10 numbers")
+	if !ok || !(len(f) == 10 && f[0] == "1" || len(f) == 11 && f[0] == "2") {
+		return c, errors.New("want a header of version 1 and 10 numbers or of version 2 and 11")
 	}
-	var n [10]int64
-	for i := 1; i < 10; i++ {
+	var n [11]int64
+	for i := 1; i < len(f); i++ {
 		x, err := strconv.ParseInt(f[i], 10, 64)
 		if err != nil || x < 0 {
 			return c, fmt.Errorf("header field %d is %q", i, f[i])
 		}
 		n[i] = x
 	}
-	if n[6]+n[7]+n[8]+n[9] != int64(len(rest)) {
+	if n[6]+n[7]+n[8]+n[9]+n[10] != int64(len(rest)) {
 		return c, errors.New("string lengths do not match the record")
 	}
 	c.Final = fleet.Final{Disposition: policy.Disposition(n[1]), Stop: policy.StopReason(n[2])}
 	c.Attempts, c.First, c.Last = uint32(n[3]), n[4], n[5]
-	for i, dst := range [...]*string{&c.Target, &c.Classification, &c.Detail, &c.TriageRef} {
+	for i, dst := range [...]*string{&c.Target, &c.Classification, &c.Detail, &c.TriageRef, &c.PrimaryTarget} {
 		*dst, rest = rest[:n[6+i]], rest[n[6+i]:]
 	}
 	return c, nil

@@ -19,6 +19,7 @@ type Changes = interface {
 	SpendRetry(req policy.SpendRequest) (policy.Spend, error)
 	RecordAttempt(k policy.CallKey, attempt uint32, ans policy.Answer, keep time.Time) error
 	NoteCall(runID, callID string, n policy.CallNote) error
+	CountAttempts(t policy.AttemptTally)
 	AppendAudit(recs ...policy.AuditRecord)
 	Commit() error
 }
@@ -31,6 +32,7 @@ type changes struct {
 	s        *Store
 	attempts []pendingAttempt
 	notes    []pendingNote
+	tallies  []policy.AttemptTally
 	audit    []policy.AuditRecord
 }
 
@@ -74,11 +76,11 @@ func (c *changes) AppendAudit(recs ...policy.AuditRecord) {
 	}
 }
 
-// Commit writes the attempt records, call notes and audit records in one
-// pipeline;
+// Commit writes the attempt records, call notes, attempt statistics and
+// audit records in one pipeline;
 // with the server's appendfsync always they are durable when it returns.
 func (c *changes) Commit() error {
-	if len(c.attempts) == 0 && len(c.audit) == 0 && len(c.notes) == 0 {
+	if len(c.attempts) == 0 && len(c.audit) == 0 && len(c.notes) == 0 && len(c.tallies) == 0 {
 		return nil
 	}
 	s := c.s
@@ -90,6 +92,12 @@ func (c *changes) Commit() error {
 	if err := s.check(); err != nil {
 		return err
 	}
+	for _, t := range c.tallies {
+		// The tenant is listed for AttemptStats (once per replica).
+		if _, err := s.follow(t.Tenant); err != nil && !errors.Is(err, ErrUnavailable) {
+			return fmt.Errorf("redisstore: follow tenant %q: %w", t.Tenant, err)
+		}
+	}
 	ctx, cancel := s.call()
 	defer cancel()
 	var qerr error
@@ -100,6 +108,7 @@ func (c *changes) Commit() error {
 			}
 		}
 		queueNotes(ctx, s.lib.on(p), c.notes, s.opts.MaxRunCalls)
+		queueTallies(ctx, p, c.tallies, s.opts.Clock())
 		for i := range c.audit {
 			p.XAdd(ctx, &redis.XAddArgs{Stream: keyAudit(c.audit[i].Tenant), MaxLen: int64(s.opts.AuditMaxRecords),
 				Approx: true, Values: auditValues(&c.audit[i])})
@@ -107,7 +116,7 @@ func (c *changes) Commit() error {
 		return nil
 	})
 	audit := c.audit
-	c.attempts, c.notes, c.audit = nil, nil, nil
+	c.attempts, c.notes, c.audit, c.tallies = nil, nil, nil, nil
 	if qerr != nil {
 		return qerr
 	}

@@ -13,7 +13,9 @@ import (
 // Check verifies the policyd keys of a Redis without changing them: the
 // schema version, that the library policyd_v1 is loaded on every master,
 // and the shape of every key under a policyd hash tag (its type, and for
-// breakers, buckets and runs that every numeric field parses). It returns
+// breakers, buckets, runs, flow hashes and attempt statistics that every
+// integer field
+// parses). It returns
 // nil, or one error listing every problem found, each naming its key.
 func Check(ctx context.Context, c redis.UniversalClient) error {
 	var problems []string
@@ -79,6 +81,8 @@ var keyShapes = []struct {
 	{":attempt:", "hash", []string{"attempt", "expiry"}},
 	{":idem:", "hash", []string{"state", "lease_until", "expires"}},
 	{":idemkeys", "zset", nil},
+	{":flow:", "hash", []string{"stray", "tat", "adec", "asince", "adecs"}},
+	{":leases:", "zset", nil},
 	{":audit", "stream", nil},
 	{":schema", "string", nil},
 	{":tenants", "set", nil},
@@ -88,6 +92,7 @@ var keyShapes = []struct {
 	{":changes", "stream", nil},
 	{":replicas", "zset", nil},
 	{":applied", "set", nil},
+	{":stats:", "hash", nil}, // every field checked by checkStats
 }
 
 // checkKey checks one key's type and integer fields.
@@ -110,6 +115,10 @@ func checkKey(ctx context.Context, n *redis.Client, key string, add func(string,
 			add("%s: is a %s, want a %s", key, typ, s.typ)
 			return
 		}
+		if s.prefix == ":stats:" {
+			checkStats(ctx, n, key, add)
+			return
+		}
 		if len(s.ints) > 0 {
 			vals, err := n.HMGet(ctx, key, s.ints...).Result()
 			if err != nil {
@@ -128,4 +137,21 @@ func checkKey(ctx context.Context, n *redis.Client, key string, add func(string,
 		return
 	}
 	add("%s: not a key of schema %s", key, schemaVersion)
+}
+
+// checkStats checks an hour of attempt statistics: every field an attempt
+// count's (statsField), every value a count.
+func checkStats(ctx context.Context, n *redis.Client, key string, add func(string, ...any)) {
+	h, err := n.HGetAll(ctx, key).Result()
+	if err != nil {
+		add("%s: %v", key, err)
+		return
+	}
+	for f, v := range h {
+		if _, _, _, ok := parseStatsField(f); !ok {
+			add("%s: field %q is not s or f, an attempt 1..16, ':' and a target", key, f)
+		} else if _, err := strconv.ParseUint(v, 10, 64); err != nil {
+			add("%s: field %s is %q, want a count", key, f, v)
+		}
+	}
 }

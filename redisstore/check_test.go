@@ -41,20 +41,41 @@ func TestCheck(t *testing.T) {
 	if _, err := s.ClaimKey(policy.KeyRef{Tenant: "acme", Key: "k"}, policy.KeyClaim{LeaseUntil: time.Now().Add(time.Minute), Expires: time.Now().Add(time.Hour)}); err != nil {
 		t.Fatal(err)
 	}
+	lim := policy.FlowLimits{Ceiling: 3, LeaseTTL: time.Minute, FullWait: time.Second, Interval: time.Millisecond, Burst: 2}
+	if _, err := s.AdmitFlow(key, policy.BreakerConfig{}, lim); err != nil {
+		t.Fatal(err)
+	}
+	ups := []policy.OutcomeUpdate{{Key: key, Result: policy.ResultSuccess,
+		Tally: policy.AttemptTally{Tenant: "acme", Target: "pay", Attempt: 2, Success: true}}}
+	if _, err := s.ApplyOutcomes(ups, nil); err != nil {
+		t.Fatal(err)
+	}
 	s.Close()
 	if err := redisstore.Check(ctx, c); err != nil {
 		t.Fatalf("Check of a store just written = %v, want nil", err)
+	}
+	stats, err := c.Keys(ctx, "{=acme}:stats:*").Result()
+	if err != nil || len(stats) != 1 {
+		t.Fatalf("attempt statistics keys %v, %v; want one hour's", stats, err)
 	}
 
 	c.HSet(ctx, "{=acme}:breaker:pay", "gen", "two")
 	c.Del(ctx, "{=acme}:bucket")
 	c.Set(ctx, "{=acme}:bucket", "x", 0)
 	c.Set(ctx, "{=acme}:mystery", "x", 0)
+	c.HSet(ctx, stats[0], "s2:pay", "many", "x9:pay", "1")
+	c.HSet(ctx, "{=acme}:flow:pay", "tat", "soon")
+	c.Del(ctx, "{=acme}:leases:pay")
+	c.Set(ctx, "{=acme}:leases:pay", "x", 0)
 	err = redisstore.Check(ctx, c)
 	for _, want := range []string{
+		stats[0] + `: field s2:pay is "many", want a count`,
+		stats[0] + `: field "x9:pay" is not s or f`,
 		`{=acme}:breaker:pay: field gen is "two", want an integer`,
 		"{=acme}:bucket: is a string, want a hash",
 		"{=acme}:mystery: not a key of schema 1",
+		`{=acme}:flow:pay: field tat is "soon", want an integer`,
+		"{=acme}:leases:pay: is a string, want a zset",
 	} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Check of damaged keys = %v, want it to say %q", err, want)

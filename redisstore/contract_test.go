@@ -63,7 +63,8 @@ func runContract(t *testing.T, client func() redis.UniversalClient, crash func(t
 				crash(t)
 				return open()
 			},
-			Replica: func() server.Store { return open() },
+			Replica:  func() server.Store { return open() },
+			Adaptive: true,
 		}
 	})
 }

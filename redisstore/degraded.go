@@ -26,6 +26,14 @@ import (
 //     last seen (divided by the live replicas last counted), spent
 //     locally, then BUDGET_EXHAUSTED; a tenant or run this replica never
 //     spent from has nothing to share, so its retries are refused;
+//   - ceilings (AdmitFlow): a fleet.Flow of this replica's own per key,
+//     holding ceil(ceiling / live replicas) leases (of the adaptive
+//     limit's ceiling last seen, for an adaptive one) and a rate of
+//     rate / live replicas with a burst of ceil(burst / live replicas),
+//     then the breaker as above; the leases the engine handed out before
+//     are not known here, so the fleet may briefly hold up to the ceiling
+//     from before plus the shares; a lease handed out in degraded mode
+//     and returned after the engine is back is a stray release there;
 //   - outcomes: queued (Options.MaxQueuedBatches), replayed when the
 //     engine is back, each batch at most once (its id is in the tenant's
 //     applied set).
@@ -46,10 +54,12 @@ type degraded struct {
 	spent    map[string]float64 // tenant -> tokens spent while down
 	runSpent map[string]uint64  // run id -> retries spent while down
 	// Last known, kept while up.
-	tokens  map[string]float64    // tenant -> tokens after its last spend
-	runs    map[string]uint64     // run id -> retries left after its last spend or read
-	runInfo map[string]policy.Run // run id -> the run as last read
-	live    int                   // live replicas, this one included
+	tokens  map[string]float64               // tenant -> tokens after its last spend
+	runs    map[string]uint64                // run id -> retries left after its last spend or read
+	runInfo map[string]policy.Run            // run id -> the run as last read
+	flows   map[policy.BreakerKey]*localFlow // key -> this replica's share of its ceilings while down
+	limits  map[policy.BreakerKey]float64    // key -> its adaptive limit as the engine last reported it
+	live    int                              // live replicas, this one included
 	// runTenant names the tenant of every run spent from while down;
 	// debts are the grants of earlier outages not charged yet.
 	runTenant map[string]string
@@ -70,7 +80,7 @@ type debt struct {
 func newDegraded() *degraded {
 	return &degraded{breakers: map[policy.BreakerKey]*fleet.Breaker{}, spent: map[string]float64{},
 		runSpent: map[string]uint64{}, tokens: map[string]float64{}, runs: map[string]uint64{}, live: 1,
-		runTenant: map[string]string{}}
+		runTenant: map[string]string{}, flows: map[policy.BreakerKey]*localFlow{}, limits: map[policy.BreakerKey]float64{}}
 }
 
 // reset drops the local copies at a transition of the engine; what was
@@ -79,6 +89,7 @@ func (d *degraded) reset() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	clear(d.breakers)
+	clear(d.flows)
 	d.owe()
 }
 
@@ -191,6 +202,11 @@ func (d *degraded) breaker(key policy.BreakerKey, st *state, now int64) *fleet.B
 func (d *degraded) admit(key policy.BreakerKey, cfg policy.BreakerConfig, st *state, now int64) policy.Admission {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	return d.admitLocked(key, cfg, st, now)
+}
+
+// admitLocked is admit with d.mu held.
+func (d *degraded) admitLocked(key policy.BreakerKey, cfg policy.BreakerConfig, st *state, now int64) policy.Admission {
 	b := d.breaker(key, st, now)
 	cfg.HalfOpenProbes = probeShare(cfg.HalfOpenProbes, d.live)
 	b.Advance(now)

@@ -1,6 +1,6 @@
 // Package redisstore is policyd's Redis engine: fleet state (breakers,
 // cool-downs, tenant token buckets, run pools, ledgers and call tables,
-// the idempotency ledger) held in one
+// the idempotency ledger, the fleet-wide ceilings) held in one
 // Redis (7.x standalone, Sentinel or Cluster; Valkey too: only commands of
 // Debian's redis-server are used) that many stateless policyd replicas
 // share. The rules of that state live in package fleet as Go values; here
@@ -35,6 +35,12 @@
 // trips today: the attempt check, the breaker, the spend, and the attempt
 // and audit records in one pipeline) and one per tenant per outcome
 // batch.
+//
+// An Admit of a target with a fleet-wide ceiling (AdmitFlow) is one call
+// of policyd_admit_flow whatever its breaker's state: the rate slot, the
+// lease and the breaker's admission in one step, what was taken given
+// back in the same step when a later one refuses. A target without a
+// ceiling is answered from the cache while its breaker is CLOSED.
 //
 // A replica follows the event streams of the tenants it has used with one
 // blocking XREAD per group of them (one group on a standalone server, one
@@ -79,7 +85,9 @@
 //	{T}:calls:ID             hash    the run's call table (fleet.CallTable, at most Options.MaxRunCalls):
 //	                                 call id -> "1 disposition stop attempts first last" and the byte
 //	                                 lengths of target, classification, detail and triage reference,
-//	                                 a newline, then those four strings (times in µs, 0 for none)
+//	                                 a newline, then those four strings (times in µs, 0 for none);
+//	                                 "2 ..." for a call that ended on a fallback: one more length and
+//	                                 string, its primary target
 //	{T}:callids:ID           zset    the call table's ids, score 0, for listing in id order (BYLEX)
 //	{T}:idem:KEY             hash    fleet.KeyRecord of idempotency key KEY: state, lease (hex, "" for
 //	                                 none), lease_until, expires, result; the key expires then
@@ -91,17 +99,46 @@
 //	                                 charged (policyd_charge, likewise); expires 10 minutes after the last
 //	{policyd}:replicas       zset    replica id -> last heartbeat (Unix ms); the live ones divide
 //	                                 probes, tokens and pools in degraded mode
+//	{T}:flow:TARGET          hash    the ceilings of breaker key T/TARGET (fleet.Flow, fleet.AdaptiveLimit):
+//	                                 tat (the GCRA rate account's theoretical arrival time), stray
+//	                                 (releases of leases not held), alimit (the adaptive limit, %.17g;
+//	                                 0 before it moved), adec (its last decrease, 0 for none), asince
+//	                                 (outcomes since then), adecs (its decreases so far); written by
+//	                                 policyd_admit_flow, so a release under a key without it is only
+//	                                 ignored
+//	{T}:leases:TARGET        zset    the concurrency leases of T/TARGET: lease id (32 hex digits) by
+//	                                 expiry (score, µs); the expired ones are dropped at the next
+//	                                 Admit and no longer count
+//	{T}:stats:HOUR           hash    fleet.AttemptStats of one hour bucket (HOUR: hours since the Unix
+//	                                 epoch, by the replica's clock when the batch was made): field "s" or
+//	                                 "f" (a success, a final failure), the attempt slot 1..16 (16: 16 or
+//	                                 more), ":" and the attempt's target -> the count; HINCRBY by
+//	                                 policyd_outcomes (a batch's successes and finals, a final only when
+//	                                 the ledger took it as the call's first) and by NextDelay's commit
+//	                                 pipeline (its STOP); expires 169 h after its last count (the 168 h
+//	                                 retention and an hour)
 //	{T}:attempt:CALL         hash    fleet.Attempts: attempt, answer (policy.Answer, JSON), expiry (Unix
 //	                                 ms); the key expires then (PEXPIREAT)
 //	{T}:audit                stream  the tenant's audit records, one entry each: t (ns), ev, tenant,
 //	                                 target, call, run, attempt, class, verdict, delay (ns), stop, disp,
-//	                                 detail; trimmed to AuditMaxRecords (MAXLEN ~) and AuditRetention
+//	                                 detail, and primary (the primary target of an attempt sent to a
+//	                                 fallback) when set; trimmed to AuditMaxRecords (MAXLEN ~) and AuditRetention
 //	                                 (MINID ~) at each flush. A record's Seq is its entry id packed as
 //	                                 milliseconds << 20 | sequence.
 //
-// The call tables, the idempotency keys and the run hash's redrive_of,
-// calls_untracked, dl_deadline and deduplicated are new in schema version
-// 1, before its release.
+// The call tables, the idempotency keys, the run hash's redrive_of,
+// calls_untracked, dl_deadline and deduplicated, the call table's records
+// of version 2, the audit entries' primary field, and the flow hashes and
+// leases sets (with the functions policyd_admit_flow,
+// policyd_release_lease and policyd_pool) are new in schema version 1,
+// before its release: the schema key stays "1" and the library
+// policyd_v1. Leases and rate accounts are counters, durable as the
+// server's AOF makes them (like probe permits), never waited for with
+// WAIT.
+// The {T}:stats:HOUR hashes are such an addition too: no key before
+// them changes, and the policyd_outcomes call carries their counts
+// between its finals and its batch id, where a library without them reads
+// past them (it counts nothing) and a call without them counts nothing.
 //
 // The library's name carries its version (policyd_v1): a layout change
 // bumps both the schema key and the library name, so replicas of two

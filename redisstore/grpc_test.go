@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 	"github.com/policyd/policyd/internal/redistest"
@@ -260,6 +261,39 @@ func replicasOverGRPC(t *testing.T, stats serverStats, client func() redis.Unive
 	// pipeline of their own that may or may not land before take.
 	if by["fcall"] != 1 || fc != 1 {
 		t.Errorf("100 outcomes of one tenant took %d FCALLs (%d on the server), want 1", by["fcall"], fc)
+	}
+	// Their attempt statistics came with that call, and every replica
+	// reads them.
+	adv, err := r[1].admin.AdviseTargets(ctx, &pb.AdviseTargetsRequest{Tenant: "acme", Since: durationpb.New(time.Hour)})
+	if err != nil {
+		t.Fatalf("AdviseTargets: %v", err)
+	}
+	var counted uint64
+	for _, a := range adv.GetAdvice() {
+		if strings.HasPrefix(a.GetTarget(), "t") {
+			counted += a.GetSuccessesByAttempt()[0]
+		}
+	}
+	if counted != 100 {
+		t.Errorf("AdviseTargets on replica 1 counts %d successes on attempt 1 of targets t0..t9, want 100: %v", counted, adv.GetAdvice())
+	}
+
+	// A STOP counts the call's end in the pipeline that records the
+	// attempt: no round trip of its own (tenant beta, whose breaker
+	// never saw a failure, so that acme's stays as it is).
+	beta := &pb.CallRef{Tenant: "beta", Target: "pay", CallId: "last", Idempotent: true}
+	if _, err := r[0].workers.Admit(ctx, &pb.AdmitRequest{Call: beta, Attempt: 1}); err != nil {
+		t.Fatal(err)
+	}
+	r[0].trips.take()
+	stop, err := r[0].workers.NextDelay(ctx, &pb.NextDelayRequest{Call: beta, Attempt: 3, Failure: fail503})
+	if err != nil || stop.GetDecision() != pb.Decision_DECISION_STOP {
+		t.Fatalf("NextDelay(attempt 3) = %v, %v; want STOP", stop, err)
+	}
+	n, by = r[0].trips.take()
+	t.Logf("one NextDelay (STOP): %d round trips %v", n, by)
+	if n != 3 || by["hincrby"] != 1 {
+		t.Errorf("one NextDelay (STOP) took %d round trips %v, want 3 (the attempt check, the breaker, one pipeline with the count)", n, by)
 	}
 
 	// The audit trail of the fleet: doc-1's decision from replica 0 and

@@ -45,6 +45,8 @@ func keyCallTable(tenant, id string) string   { return tag(tenant) + ":calls:" +
 func keyCallIDs(tenant, id string) string     { return tag(tenant) + ":callids:" + id }
 func keyIdem(tenant, key string) string       { return tag(tenant) + ":idem:" + key }
 func keyIdemIndex(tenant string) string       { return tag(tenant) + ":idemkeys" }
+func keyFlow(tenant, target string) string    { return tag(tenant) + ":flow:" + target }
+func keyLeases(tenant, target string) string  { return tag(tenant) + ":leases:" + target }
 
 // tenantOfEvents returns the tenant whose events stream key is.
 func tenantOfEvents(key string) (string, bool) {

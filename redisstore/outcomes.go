@@ -23,6 +23,11 @@ type outcomeBatch struct {
 	finals   []outcomeFinal
 	deposit  int
 	results  int // results so far, to number them as the library does
+	// tallies count in the attempt statistics of the hour the batch was
+	// made in (its key {T}:stats:HOUR), so a replay counts there too.
+	tallies    []pendingTally
+	tallyIndex map[string]int // field -> index in tallies of its sum without a condition
+	hour       int64
 }
 
 type outcomeGroup struct {
@@ -88,10 +93,11 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 		}
 	}
 	batches := map[string]*outcomeBatch{}
+	hour := fleet.HourOf(s.opts.Clock().UnixNano())
 	batch := func(tenant string) *outcomeBatch {
 		b := batches[tenant]
 		if b == nil {
-			b = &outcomeBatch{id: newPermitID().String(), tenant: tenant, byKey: map[policy.BreakerKey]*outcomeGroup{}, runIndex: map[string]int{}}
+			b = &outcomeBatch{id: newPermitID().String(), tenant: tenant, byKey: map[policy.BreakerKey]*outcomeGroup{}, runIndex: map[string]int{}, hour: hour}
 			batches[tenant] = b
 		}
 		return b
@@ -126,6 +132,14 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 	for i := range ups[:limit] {
 		u := &ups[i]
 		if u.RunID == "" || u.Final == policy.DispositionNone {
+			if u.Tally.Target != "" {
+				// Counted unless its result's permit is refused.
+				cond := 0
+				if u.Result != 0 && u.PermitID != "" && u.Key.Tenant == u.Tally.Tenant {
+					cond = resultNo[i]
+				}
+				batch(u.Tally.Tenant).addTally(u, cond, 0)
+			}
 			continue
 		}
 		if u.Result != 0 && u.Key.Tenant != runTenant[i] {
@@ -136,7 +150,12 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 		if u.Result != 0 {
 			cond = resultNo[i]
 		}
-		batch(runTenant[i]).addFinal(i, u.RunID, cond, u.CallID, fleet.Final{Disposition: u.Final, Stop: u.Stop, Deduplicated: u.Deduplicated})
+		b := batch(runTenant[i])
+		fi := b.addFinal(i, u.RunID, cond, u.CallID, fleet.Final{Disposition: u.Final, Stop: u.Stop, Deduplicated: u.Deduplicated})
+		if u.Tally.Target != "" {
+			// Counted when the ledger takes the final as the call's first.
+			b.addTally(u, 0, fi)
+		}
 	}
 	if firstErr == nil {
 		for tenant, n := range deposits {
@@ -162,10 +181,13 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 			}
 			b := second[runTenant[i]]
 			if b == nil {
-				b = &outcomeBatch{id: newPermitID().String(), tenant: runTenant[i], byKey: map[policy.BreakerKey]*outcomeGroup{}, runIndex: map[string]int{}}
+				b = &outcomeBatch{id: newPermitID().String(), tenant: runTenant[i], byKey: map[policy.BreakerKey]*outcomeGroup{}, runIndex: map[string]int{}, hour: hour}
 				second[runTenant[i]] = b
 			}
-			b.addFinal(i, ups[i].RunID, 0, ups[i].CallID, fleet.Final{Disposition: ups[i].Final, Stop: ups[i].Stop, Deduplicated: ups[i].Deduplicated})
+			fi := b.addFinal(i, ups[i].RunID, 0, ups[i].CallID, fleet.Final{Disposition: ups[i].Final, Stop: ups[i].Stop, Deduplicated: ups[i].Deduplicated})
+			if ups[i].Tally.Target != "" {
+				b.addTally(&ups[i], 0, fi)
+			}
 		}
 		if n, err := s.runOutcomes(ups, second, nil); err != nil {
 			return min(n, limit), err
@@ -190,7 +212,9 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 	return limit, firstErr
 }
 
-func (b *outcomeBatch) addFinal(update int, run string, cond int, call string, f fleet.Final) {
+// addFinal adds a final disposition to b and returns its 1-based index
+// among b's finals.
+func (b *outcomeBatch) addFinal(update int, run string, cond int, call string, f fleet.Final) int {
 	ri := b.runIndex[run]
 	if ri == 0 {
 		b.runs = append(b.runs, run)
@@ -198,6 +222,25 @@ func (b *outcomeBatch) addFinal(update int, run string, cond int, call string, f
 		b.runIndex[run] = ri
 	}
 	b.finals = append(b.finals, outcomeFinal{update: update, run: ri, cond: cond, call: call, f: f})
+	return len(b.finals)
+}
+
+// addTally adds u's tally to b, counted when the result numbered cond
+// (0: none) was not refused and the final numbered final (0: none)
+// changed the ledger; tallies without a condition are summed per field.
+func (b *outcomeBatch) addTally(u *policy.OutcomeUpdate, cond, final int) {
+	f := statsField(u.Tally)
+	if cond == 0 && final == 0 {
+		if i, ok := b.tallyIndex[f]; ok {
+			b.tallies[i].n++
+			return
+		}
+		if b.tallyIndex == nil {
+			b.tallyIndex = map[string]int{}
+		}
+		b.tallyIndex[f] = len(b.tallies)
+	}
+	b.tallies = append(b.tallies, pendingTally{field: f, n: 1, cond: cond, final: final})
 }
 
 // runOutcomes sends every batch's policyd_outcomes call and the call
@@ -272,6 +315,9 @@ func (b *outcomeBatch) call(bg *policy.TenantBudget, maxBreakers int) ([]string,
 	for _, r := range b.runs {
 		keys = append(keys, keyRun(t, r), keyRunCalls(t, r))
 	}
+	if len(b.tallies) > 0 {
+		keys = append(keys, keyStats(t, b.hour))
+	}
 	if b.id != "" {
 		keys = append(keys, keyApplied(t))
 	}
@@ -290,6 +336,14 @@ func (b *outcomeBatch) call(bg *policy.TenantBudget, maxBreakers int) ([]string,
 	for _, f := range b.finals {
 		field := ledgerField(f.f)
 		args = append(args, f.run, f.cond, f.call, field, finalValue(f.f, field))
+	}
+	if len(b.tallies) > 0 {
+		// Between the finals and the batch id: a library without the
+		// attempt statistics reads past them (and counts nothing).
+		args = append(args, len(b.tallies))
+		for _, tl := range b.tallies {
+			args = append(args, tl.field, tl.n, tl.cond, tl.final)
+		}
 	}
 	args = append(args, b.id)
 	return keys, args

@@ -22,6 +22,9 @@ local EVENTS_MAXLEN = '100000'
 -- how long a tenant's applied set keeps a batch id (s): longer than any
 -- replay takes once the engine answers again
 local APPLIED_TTL = 600
+-- how long an hour of attempt statistics outlives its last count (s): the
+-- retention (168 h) and an hour
+local STATS_TTL = 169 * 3600
 
 -- effects, as fleet.Effect
 local MUTATED, TRANSITIONED, COOLDOWN_STARTED = 1, 2, 4
@@ -227,15 +230,10 @@ local function settle(key, events, index, target, b, now, e)
   return ''
 end
 
--- admit is fleet.Breaker.Advance then Admit.
--- KEYS: breaker, events, index. ARGV: target, cfg (8), permit id (hex),
--- the tenant's cap of breakers.
--- Returns {now, admitted, reason, permit, retry_after, event id, snapshot...}.
-local function admit(keys, args, now)
-  local c = cfg_at(args, 2)
-  local newid = args[10]
-  local b = load(keys[1], now)
-  check_new(b, keys[3], tonumber(args[11]))
+-- breaker_admit is fleet.Breaker.Advance then Admit on b at now, handing
+-- out newid as a probe permit; it returns admitted (0 or 1), the reason,
+-- the permit, the retry after (µs) and the effect.
+local function breaker_admit(b, c, now, newid)
   b.mode = c.mode
   local e = advance(b, now)
   local ok, reason, permit, after = 0, '', '', 0
@@ -263,6 +261,18 @@ local function admit(keys, args, now)
   else
     ok, reason = 1, 'breaker:closed'
   end
+  return ok, reason, permit, after, e
+end
+
+-- admit is fleet.Breaker.Advance then Admit.
+-- KEYS: breaker, events, index. ARGV: target, cfg (8), permit id (hex),
+-- the tenant's cap of breakers.
+-- Returns {now, admitted, reason, permit, retry_after, event id, snapshot...}.
+local function admit(keys, args, now)
+  local c = cfg_at(args, 2)
+  local b = load(keys[1], now)
+  check_new(b, keys[3], tonumber(args[11]))
+  local ok, reason, permit, after, e = breaker_admit(b, c, now, args[10])
   local ev = settle(keys[1], keys[2], keys[3], args[1], b, now, e)
   local out = {int(now), ok, reason, permit, int(after), ev}
   for _, v in ipairs(snapshot(b, now)) do out[#out + 1] = v end
@@ -568,6 +578,13 @@ end
 -- (1..R), the 1-based index among this call's results whose refusal
 -- cancels it (0: none), call id, ledger field, value, and last the
 -- batch id; KEYS end with the tenant's applied set when it is not ''.
+-- Between the finals and the batch id there may be the attempt
+-- statistics' counts: T, then T quadruples (field of {T}:stats:HOUR, the
+-- count, the 1-based result index whose refusal cancels it or 0, the
+-- 1-based final index that must change the ledger or 0), with the hour's
+-- hash in KEYS
+-- after the run pairs; each is counted with HINCRBY and the hash expires
+-- STATS_TTL after its last count.
 -- Returns {now, per group: {event ids}, {refused flags}, snapshot, then
 -- per final 1 (changed), 0 (unchanged), -1 (no such run) or the value in
 -- force (refused: the first wins), then tokens}, or {'applied'} for a batch
@@ -617,7 +634,8 @@ local function outcomes(keys, args, now)
   end
   local nf = tonumber(args[a])
   a = a + 1
-  for _ = 1, nf do
+  local finals = {}
+  for f = 1, nf do
     local ri, cond = tonumber(args[a]), tonumber(args[a + 1])
     local run, calls = keys[3 + ng + 2 * ri - 1], keys[3 + ng + 2 * ri]
     local r = 0
@@ -626,7 +644,21 @@ local function outcomes(keys, args, now)
       if r == nil then r = -1 end
     end
     out[#out + 1] = r
+    finals[f] = r
     a = a + 5
+  end
+  if a < #args then
+    local nt = tonumber(args[a])
+    local stats = keys[3 + ng + 2 * nr + 1]
+    a = a + 1
+    for _ = 1, nt do
+      local cond, fi = tonumber(args[a + 2]), tonumber(args[a + 3])
+      if (cond == 0 or refused_all[cond] == 0) and (fi == 0 or finals[fi] == 1) then
+        redis.call('HINCRBY', stats, args[a], args[a + 1])
+      end
+      a = a + 4
+    end
+    redis.call('EXPIRE', stats, STATS_TTL)
   end
   local tokens = ''
   if successes > 0 then
@@ -782,25 +814,32 @@ local function call_decode(v)
   local h = {}
   for n in string.gmatch(string.sub(v, 1, nl - 1), '%d+') do h[#h + 1] = tonumber(n) end
   local s, at = {}, nl + 1
-  for i = 7, 10 do
+  for i = 7, #h do
     s[#s + 1] = string.sub(v, at, at + h[i] - 1)
     at = at + h[i]
   end
   return {disposition = h[2], stop = h[3], attempts = h[4], first = h[5], last = h[6],
-    target = s[1], class = s[2], detail = s[3], triage = s[4]}
+    target = s[1], class = s[2], detail = s[3], triage = s[4], primary = s[5] or ''}
 end
 
+-- call_encode writes version 1, or version 2 (one more length and string,
+-- the primary target) for a call that ended on a fallback.
 local function call_encode(c)
-  return '1 ' .. int(c.disposition) .. ' ' .. int(c.stop) .. ' ' .. int(c.attempts) .. ' ' .. int(c.first) ..
+  local head = ' ' .. int(c.disposition) .. ' ' .. int(c.stop) .. ' ' .. int(c.attempts) .. ' ' .. int(c.first) ..
     ' ' .. int(c.last) .. ' ' .. int(#c.target) .. ' ' .. int(#c.class) .. ' ' .. int(#c.detail) .. ' ' ..
-    int(#c.triage) .. '\n' .. c.target .. c.class .. c.detail .. c.triage
+    int(#c.triage)
+  if c.primary == '' then
+    return '1' .. head .. '\n' .. c.target .. c.class .. c.detail .. c.triage
+  end
+  return '2' .. head .. ' ' .. int(#c.primary) .. '\n' .. c.target .. c.class .. c.detail .. c.triage .. c.primary
 end
 
 -- call_apply is fleet.CallRecord.Note: the attempt count never goes back;
 -- first and last only widen; the classification follows the highest
 -- attempt, the detail the latest note of the highest attempt or a final
 -- disposition; a final disposition replaces the one kept; a non-empty
--- target or triage reference replaces the one kept. n.time 0 is none.
+-- target or triage reference replaces the one kept, a target together with
+-- its primary ('' when it is the primary). n.time 0 is none.
 local function call_apply(c, n)
   local current = n.attempt >= c.attempts
   if n.attempt > c.attempts then c.attempts = n.attempt end
@@ -812,7 +851,7 @@ local function call_apply(c, n)
   local final = n.disposition ~= 0
   if (current or final) and n.detail ~= '' then c.detail = n.detail end
   if final then c.disposition, c.stop = n.disposition, n.stop end
-  if n.target ~= '' then c.target = n.target end
+  if n.target ~= '' then c.target, c.primary = n.target, n.primary end
   if n.triage ~= '' then c.triage = n.triage end
 end
 
@@ -820,7 +859,8 @@ end
 -- the run's calls_untracked, not kept.
 -- KEYS: run, its call table, its call ids. ARGV: call id, cap, target,
 -- triage reference, attempt, classification, detail, disposition, stop,
--- time (Unix µs, 0 for none).
+-- time (Unix µs, 0 for none), primary target ('' for none; absent from an
+-- older caller).
 -- Returns 1 when the table changed, else 0, or an error NOTFOUND.
 local function note_call(keys, args)
   if redis.call('EXISTS', keys[1]) == 0 then return redis.error_reply('NOTFOUND run') end
@@ -834,15 +874,221 @@ local function note_call(keys, args)
       redis.call('HINCRBY', keys[1], 'calls_untracked', 1)
       return 0
     end
-    c = {disposition = 0, stop = 0, attempts = 0, first = 0, last = 0, target = '', class = '', detail = '', triage = ''}
+    c = {disposition = 0, stop = 0, attempts = 0, first = 0, last = 0, target = '', class = '', detail = '', triage = '',
+      primary = ''}
   end
   call_apply(c, {target = args[3], triage = args[4], attempt = tonumber(args[5]), class = args[6],
-    detail = args[7], disposition = tonumber(args[8]), stop = tonumber(args[9]), time = tonumber(args[10])})
+    detail = args[7], disposition = tonumber(args[8]), stop = tonumber(args[9]), time = tonumber(args[10]),
+    primary = args[11] or ''})
   local v = call_encode(c)
   if v == prev then return 0 end
   redis.call('HSET', keys[2], call, v)
   if not prev then redis.call('ZADD', keys[3], 0, call) end
   return 1
+end
+
+-- The fleet-wide ceilings of one breaker key (fleet.Flow, with the
+-- adaptive limit fleet.AdaptiveLimit): a hash (stray, tat, alimit, adec,
+-- asince, adecs: the decreases so far, which no rule reads) and the leases in a sorted set, member the lease id (hex),
+-- score its expiry (µs), so taking, counting and returning a lease costs
+-- O(log n) whatever the ceiling (up to policy.MaxCeiling). Reasons are
+-- fleet's: concurrency:lease, concurrency:full, rate:limited. Signals are
+-- policy's: 0 none, 1 success, 2 congestion.
+
+-- flow_load reads a key's flow hash; fresh when it holds nothing yet.
+local function flow_load(key)
+  local h = redis.call('HMGET', key, 'stray', 'tat', 'alimit', 'adec', 'asince', 'adecs')
+  return {stray = tonumber(h[1] or '0'), tat = tonumber(h[2] or '0'), alimit = tonumber(h[3] or '0'),
+    adec = tonumber(h[4] or '0'), asince = tonumber(h[5] or '0'), adecs = tonumber(h[6] or '0'), fresh = not h[1]}
+end
+
+local function flow_store(key, f)
+  redis.call('HSET', key, 'stray', int(f.stray), 'tat', int(f.tat), 'alimit', float(f.alimit),
+    'adec', int(f.adec), 'asince', int(f.asince), 'adecs', int(f.adecs))
+  f.fresh = false
+end
+
+-- bounds_at reads an adaptive ceiling's 5 arguments (policy.AdaptiveBounds:
+-- min, max, decrease, increase, hold in µs) from args at i; max 0 is none.
+local function bounds_at(args, i)
+  return {min = tonumber(args[i]), max = tonumber(args[i + 1]), decrease = tonumber(args[i + 2]),
+    increase = tonumber(args[i + 3]), hold = tonumber(args[i + 4])}, i + 5
+end
+
+-- limits_at reads policy.FlowLimits (ceiling, lease ttl, full wait,
+-- interval, burst, times in µs, then the adaptive bounds) from args at i.
+local function limits_at(args, i)
+  local l = {ceiling = tonumber(args[i]), ttl = tonumber(args[i + 1]), wait = tonumber(args[i + 2]),
+    interval = tonumber(args[i + 3]), burst = tonumber(args[i + 4])}
+  l.adaptive, i = bounds_at(args, i + 5)
+  return l, i
+end
+
+-- al_current is fleet.AdaptiveLimit.Current: max before the first use,
+-- clamped when the bounds changed under it.
+local function al_current(f, b)
+  if f.alimit == 0 then return b.max end
+  return math.min(math.max(f.alimit, b.min), b.max)
+end
+
+-- al_ceiling is fleet.AdaptiveLimit.Ceiling.
+local function al_ceiling(f, b)
+  return math.min(math.max(math.floor(al_current(f, b)), b.min), b.max)
+end
+
+-- al_succeeded is fleet.AdaptiveLimit.Succeeded.
+local function al_succeeded(f, b)
+  local cur = al_current(f, b)
+  f.alimit = math.min(cur + b.increase / cur, b.max)
+  f.asince = f.asince + 1
+end
+
+-- al_congested is fleet.AdaptiveLimit.Congested at now.
+local function al_congested(f, b, now)
+  local cur = al_current(f, b)
+  if f.adec ~= 0 and (f.asince < math.floor(cur) or now - f.adec < b.hold) then
+    f.asince = f.asince + 1
+    return false
+  end
+  f.alimit = math.max(cur * b.decrease, b.min)
+  f.adec, f.asince, f.adecs = now, 0, f.adecs + 1
+  return true
+end
+
+-- rate_take is fleet.Rate.Take: ok, or the exact wait (µs).
+local function rate_take(f, now, interval, burst)
+  local tat = math.max(f.tat, now)
+  local allow_at = tat - (math.max(burst, 1) - 1) * interval
+  if now < allow_at then return false, allow_at - now end
+  f.tat = tat + interval
+  return true, 0
+end
+
+-- rate_refund is fleet.Rate.Refund.
+local function rate_refund(f, now, interval)
+  if f.tat <= now then return end
+  f.tat = math.max(f.tat - interval, now)
+end
+
+-- pool_acquire is fleet.Pool.Acquire on the leases set: a lease id
+-- expiring ttl after now while fewer than ceiling are live, else the
+-- wait (µs) until asking again makes sense. Returns ok, wait, expiry.
+local function pool_acquire(leases, now, ceiling, ttl, wait, id)
+  redis.call('ZREMRANGEBYSCORE', leases, '-inf', int(now))
+  if redis.call('ZCARD', leases) < ceiling then
+    redis.call('ZADD', leases, int(now + ttl), id)
+    return true, 0, now + ttl
+  end
+  local first = redis.call('ZRANGE', leases, 0, 0, 'WITHSCORES')
+  if first[2] then wait = math.min(wait, tonumber(first[2]) - now) end
+  return false, math.max(wait, 0), 0
+end
+
+-- pool_release is fleet.Pool.Release: true for a lease live at now; one
+-- not held ('' is an id that did not parse) is counted in stray.
+local function pool_release(leases, f, now, id)
+  if id ~= '' then
+    local exp = redis.call('ZSCORE', leases, id)
+    if exp then
+      redis.call('ZREM', leases, id)
+      if tonumber(exp) > now then return true end
+    end
+  end
+  f.stray = f.stray + 1
+  return false
+end
+
+local function pool_live(leases, now)
+  return redis.call('ZCOUNT', leases, '(' .. int(now), '+inf')
+end
+
+-- flow_admit is fleet.Flow.Admit, the concurrency ceiling being the
+-- adaptive limit's when lim has one: a rate slot, then a lease, refusing
+-- at the first that is out with nothing taken. Returns admitted, reason,
+-- wait (µs), lease id ('' for none), lease expiry.
+local function flow_admit(leases, f, now, lim, id)
+  if lim.interval > 0 then
+    local ok, wait = rate_take(f, now, lim.interval, lim.burst)
+    if not ok then return false, 'rate:limited', wait, '', 0 end
+  end
+  local ceiling = lim.ceiling
+  if lim.adaptive.max > 0 then ceiling = al_ceiling(f, lim.adaptive) end
+  if ceiling <= 0 then return true, '', 0, '', 0 end
+  local ok, wait, expiry = pool_acquire(leases, now, ceiling, lim.ttl, lim.wait, id)
+  if not ok then
+    if lim.interval > 0 then rate_refund(f, now, lim.interval) end
+    return false, 'concurrency:full', wait, '', 0
+  end
+  return true, 'concurrency:lease', 0, id, expiry
+end
+
+-- admit_flow is redisstore's AdmitFlow in one call: fleet.Flow.Admit (a
+-- rate slot, then a lease), then the breaker's admit; a breaker that
+-- refuses gets both back (fleet.Flow.Undo), so a refused attempt holds
+-- nothing. A ceiling that is out refuses without asking the breaker.
+-- KEYS: breaker, events, index, flow, leases. ARGV: target, cfg (8),
+-- permit id, the tenant's cap of breakers, lease id, limits (10).
+-- Returns {now, admitted, reason, permit, retry_after, event id,
+-- snapshot (11), lease id, lease expiry, adaptive limit}.
+local function admit_flow(keys, args, now)
+  local c = cfg_at(args, 2)
+  local b = load(keys[1], now)
+  check_new(b, keys[3], tonumber(args[11]))
+  local lim = limits_at(args, 13)
+  local f = flow_load(keys[4])
+  local tat = f.tat
+  local fok, freason, fwait, lease, expiry = flow_admit(keys[5], f, now, lim, args[12])
+  local ok, reason, permit, after, ev = 0, freason, '', fwait, ''
+  if fok then
+    local e
+    ok, reason, permit, after, e = breaker_admit(b, c, now, args[10])
+    ev = settle(keys[1], keys[2], keys[3], args[1], b, now, e)
+    if ok == 0 then
+      if lease ~= '' then pool_release(keys[5], f, now, lease) end
+      if lim.interval > 0 then rate_refund(f, now, lim.interval) end
+      lease, expiry = '', 0
+    end
+  elseif b.fresh then
+    store(keys[1], keys[3], args[1], b)
+  end
+  if f.fresh or f.tat ~= tat then flow_store(keys[4], f) end
+  local out = {int(now), ok, reason, permit, int(after), ev}
+  for _, v in ipairs(snapshot(b, now)) do out[#out + 1] = v end
+  out[#out + 1] = lease
+  out[#out + 1] = int(expiry)
+  out[#out + 1] = float(f.alimit)
+  return out
+end
+
+-- release_lease is fleet.Pool.Release and, with an adaptive ceiling, the
+-- outcome's signal on fleet.AdaptiveLimit, in one call; the signal counts
+-- also for a lease no longer held: the outcome happened either way. A key
+-- without ceiling state (no AdmitFlow ever) only ignores the release.
+-- KEYS: flow, leases. ARGV: lease id ('' for one that did not parse),
+-- adaptive bounds (5), signal.
+-- Returns {now, held (0 or 1), stray, live, adaptive limit}.
+local function release_lease(keys, args, now)
+  if redis.call('EXISTS', keys[1]) == 0 then return {int(now), 0, 0, 0, '0'} end
+  local f = flow_load(keys[1])
+  local held = pool_release(keys[2], f, now, args[1])
+  local b = bounds_at(args, 2)
+  local sig = tonumber(args[7])
+  if b.max > 0 then
+    if sig == 1 then al_succeeded(f, b) elseif sig == 2 then al_congested(f, b, now) end
+  end
+  flow_store(keys[1], f)
+  local h = 0
+  if held then h = 1 end
+  return {int(now), h, int(f.stray), pool_live(keys[2], now), float(f.alimit)}
+end
+
+-- pool is a key's ceiling state at the call's time, unchanged (leases
+-- past their expiry are not counted).
+-- KEYS: flow, leases. Returns {now, live, stray, adaptive limit, its
+-- decreases}.
+local function pool(keys, _, now)
+  local f = flow_load(keys[1])
+  return {int(now), pool_live(keys[2], now), int(f.stray), float(f.alimit), int(f.adecs)}
 end
 
 -- register registers fn as a function of the library: every function's
@@ -871,3 +1117,6 @@ register('policyd_key_claim', key_claim)
 register('policyd_key_complete', key_complete)
 register('policyd_key_read', key_read, {'no-writes'})
 register('policyd_note_call', note_call)
+register('policyd_admit_flow', admit_flow)
+register('policyd_release_lease', release_lease)
+register('policyd_pool', pool, {'no-writes'})

@@ -161,6 +161,9 @@ func (a *Admin) SetPolicy(ctx context.Context, req *pb.SetPolicyRequest) (*pb.Se
 	if err != nil {
 		return nil, err
 	}
+	if err := checkFallbacks(a.store, req.GetTenant(), req.GetTarget(), &p); err != nil {
+		return nil, err
+	}
 	e, err := a.store.SetPolicy(req.GetTenant(), req.GetTarget(), p)
 	if err != nil {
 		return nil, storeError(ctx, a.cfg.Logger, "policy", err)
@@ -230,7 +233,8 @@ func (a *Admin) ListBreakers(ctx context.Context, req *pb.ListBreakersRequest) (
 		func(after []string, limit int) ([]policy.BreakerSnapshot, error) {
 			return a.store.Breakers(req.GetTenant(), st, policy.BreakerKey{Tenant: after[0], Target: after[1]}, limit)
 		},
-		func(b policy.BreakerSnapshot) []string { return []string{b.Key.Tenant, b.Key.Target} }, breakerToPB)
+		func(b policy.BreakerSnapshot) []string { return []string{b.Key.Tenant, b.Key.Target} },
+		func(b policy.BreakerSnapshot) *pb.Breaker { return breakerWithPool(a.store, b) })
 	if err != nil {
 		return nil, err
 	}
@@ -251,7 +255,8 @@ func (a *Admin) GetBreaker(ctx context.Context, req *pb.GetBreakerRequest) (*pb.
 	if err != nil {
 		return nil, storeError(ctx, a.cfg.Logger, "breaker", err)
 	}
-	return &pb.GetBreakerResponse{Breaker: withPool(breakerToPB(s), pool)}, nil
+	p, _ := a.store.Resolve(key.Tenant, key.Target)
+	return &pb.GetBreakerResponse{Breaker: withPool(breakerToPB(s), &p, pool)}, nil
 }
 
 // ResetBreaker closes a breaker and clears its counters and pin.

@@ -194,6 +194,12 @@ func (a *Auth) check(ctx context.Context, method string, req any) error {
 				return nil
 			}
 			return status.Error(codes.PermissionDenied, "tenant: a tenant token lists only its own tenant's run calls; set tenant to it")
+		case id.tenant != "" && method == adminPrefix+"AdviseTargets":
+			// A tenant reads the advice on its own targets.
+			if r, ok := req.(*pb.AdviseTargetsRequest); ok && r.GetTenant() == id.tenant {
+				return nil
+			}
+			return status.Error(codes.PermissionDenied, "tenant: a tenant token is advised only on its own tenant's targets; set tenant to it")
 		case id.known:
 			return status.Error(codes.PermissionDenied, "admin calls need an admin credential; worker credentials do not grant them")
 		}

@@ -17,6 +17,13 @@ func PolicyFromProto(field string, p *pb.Policy) (policy.Policy, error) {
 	return out, plain(err)
 }
 
+// CheckOwnTarget checks that p, the policy at field for target, names no
+// fallback equal to target, as SetPolicy does (the cycles through stored
+// policies SetPolicy also refuses need the store).
+func CheckOwnTarget(field, target string, p *policy.Policy) error {
+	return plain(checkOwnTarget(field, target, p))
+}
+
 // BudgetFromProto converts a tenant budget in its API form as
 // SetTenantBudget does; the store fills defaults and applies the numeric
 // rules when it is written.

@@ -3,6 +3,7 @@ package server
 import (
 	"errors"
 	"math"
+	"slices"
 	"strconv"
 	"time"
 	"unicode/utf8"
@@ -366,6 +367,11 @@ func policyFromPB(field string, p *pb.Policy) (policy.Policy, error) {
 			return out, err
 		}
 	}
+	if f := p.GetFallback(); f != nil {
+		if out.Fallback, err = fallbackFromPB(field+".fallback", f); err != nil {
+			return out, err
+		}
+	}
 	if err := out.Validate(); err != nil {
 		return out, invalidFrom(field+".", err)
 	}
@@ -456,8 +462,40 @@ func policyToPB(p policy.Policy) *pb.Policy {
 			ProbeTimeout:        durationpb.New(p.Breaker.ProbeTimeout),
 			CountPushback:       p.Breaker.CountPushback,
 		},
-		Flow: flowToPB(p.Flow),
+		Flow:     flowToPB(p.Flow),
+		Fallback: fallbackToPB(p.Fallback),
 	}
+}
+
+// fallbackFromPB converts FallbackSettings: at most policy.MaxFallbacks
+// targets, each a valid target name. The rest of the rules (repeats,
+// after_attempts against max_attempts, on_circuit_open without targets)
+// are policy.Policy.Validate's; the policy's own target and cycles through
+// the stored policies are SetPolicy's (checkFallbacks).
+func fallbackFromPB(field string, f *pb.FallbackSettings) (policy.Fallback, error) {
+	ts := f.GetTargets()
+	if len(ts) > policy.MaxFallbacks {
+		return policy.Fallback{}, invalid(field+".targets", "must name at most "+strconv.Itoa(policy.MaxFallbacks)+
+			" targets, got "+strconv.Itoa(len(ts)))
+	}
+	out := policy.Fallback{AfterAttempts: int(f.GetAfterAttempts()), OnCircuitOpen: f.GetOnCircuitOpen()}
+	for i, t := range ts {
+		if err := checkName(field+".targets["+strconv.Itoa(i)+"]", t, maxTargetLen, true); err != nil {
+			return policy.Fallback{}, err
+		}
+	}
+	if len(ts) > 0 {
+		out.Targets = slices.Clone(ts)
+	}
+	return out, nil
+}
+
+// fallbackToPB converts a Fallback; nil when it escalates nowhere.
+func fallbackToPB(f policy.Fallback) *pb.FallbackSettings {
+	if len(f.Targets) == 0 && f.AfterAttempts == 0 && !f.OnCircuitOpen {
+		return nil
+	}
+	return &pb.FallbackSettings{Targets: slices.Clone(f.Targets), AfterAttempts: uint32(f.AfterAttempts), OnCircuitOpen: f.OnCircuitOpen}
 }
 
 // flowFromPB converts FlowSettings over def. A ceiling that is set must be
@@ -490,6 +528,52 @@ func flowFromPB(field string, f *pb.FlowSettings, def policy.FlowConfig) (policy
 		}
 		out.Burst = int(f.GetBurst())
 	}
+	if a := f.GetAdaptive(); a != nil {
+		if out.Adaptive, err = adaptiveFromPB(field+".adaptive", a, out.Adaptive); err != nil {
+			return out, err
+		}
+	}
+	return out, nil
+}
+
+// adaptiveFromPB converts AdaptiveCeiling over def: the message present is
+// the ceiling enabled. A field that is set is checked here against what
+// the domain reads as unset (0 takes the default there, so an explicit 0
+// is refused here); the ranges that depend on max_in_flight are
+// policy.Policy.Validate's.
+func adaptiveFromPB(field string, a *pb.AdaptiveCeiling, def policy.Adaptive) (policy.Adaptive, error) {
+	out := def
+	out.Enabled = true
+	var err error
+	if a.MinInFlight != nil {
+		if a.GetMinInFlight() < 1 {
+			return out, invalid(field+".min_in_flight", "must be 1 to flow.max_in_flight; leave it unset for 1")
+		}
+		out.Min = int(min(a.GetMinInFlight(), policy.MaxCeiling+1))
+	}
+	if a.Decrease != nil {
+		d := a.GetDecrease()
+		if err := finite(field+".decrease", d); err != nil {
+			return out, err
+		}
+		if d <= 0 || d >= 1 {
+			return out, invalid(field+".decrease", "must be above 0 and below 1")
+		}
+		out.Decrease = d
+	}
+	if a.Increase != nil {
+		i := a.GetIncrease()
+		if err := finite(field+".increase", i); err != nil {
+			return out, err
+		}
+		if i <= 0 {
+			return out, invalid(field+".increase", "must be above 0 and at most flow.max_in_flight")
+		}
+		out.Increase = i
+	}
+	if out.Hold, err = duration(field+".hold", a.GetHold(), out.Hold); err != nil {
+		return out, err
+	}
 	return out, nil
 }
 
@@ -506,6 +590,12 @@ func flowToPB(f policy.FlowConfig) *pb.FlowSettings {
 	if f.MaxRate > 0 {
 		r, b := f.MaxRate, uint32(max(f.Burst, 1))
 		out.MaxRate, out.Burst = &r, &b
+	}
+	if a := f.Adaptive; a.Enabled {
+		// The message with every default applied, as FlowLimits resolves it.
+		b := (&policy.Policy{Flow: f}).FlowLimits().Adaptive
+		lo, dec, inc := uint32(b.Min), b.Decrease, b.Increase
+		out.Adaptive = &pb.AdaptiveCeiling{MinInFlight: &lo, Decrease: &dec, Increase: &inc, Hold: durationpb.New(a.Hold)}
 	}
 	return out
 }
@@ -635,6 +725,7 @@ func runCallToPB(c policy.RunCall) *pb.RunCall {
 		CallId: c.CallID, Disposition: enumToPB[pb.Disposition](c.Disposition), StopReason: enumToPB[pb.StopReason](c.Stop),
 		Attempts: c.Attempts, LastClassification: c.Classification, LastDetail: c.Detail,
 		FirstAttemptTime: timePB(c.First), LastAttemptTime: timePB(c.Last), Target: c.Target, TriageRef: c.TriageRef,
+		PrimaryTarget: c.PrimaryTarget,
 	}
 }
 
@@ -731,6 +822,7 @@ func auditRecordToPB(r policy.AuditRecord) *pb.AuditRecord {
 		StopReason:     enumToPB[pb.StopReason](r.Stop),
 		Disposition:    enumToPB[pb.Disposition](r.Disposition),
 		Detail:         r.Detail,
+		PrimaryTarget:  r.PrimaryTarget,
 	}
 }
 
@@ -765,6 +857,7 @@ func nextDelayToPB(ans *policy.Answer, why string) *pb.NextDelayResponse {
 		resp.Decision = pb.Decision_DECISION_RETRY
 		resp.Delay = durationpb.New(ans.Delay)
 		resp.AttemptTimeout = durationPB(ans.AttemptTimeout)
+		resp.Target = ans.Target
 	} else {
 		resp.Decision = pb.Decision_DECISION_STOP
 		resp.StopReason = enumToPB[pb.StopReason](ans.Stop)
@@ -779,8 +872,17 @@ func admissionToPB(a *policy.Admission) *pb.AdmitResponse {
 		Admitted: a.Admitted, State: enumToPB[pb.BreakerState](a.State), PermitId: a.PermitID,
 		RetryAfter: durationPB(a.RetryAfter), Reason: a.Reason, RunCutoffTime: timePB(a.RunCutoff),
 		LeaseId: a.LeaseID, LeaseExpireTime: timePB(a.LeaseExpiry), FlowControlled: a.FlowControlled,
-		Degraded: a.Degraded,
+		Degraded: a.Degraded, Target: admittedTarget(a),
 	}
+}
+
+// admittedTarget is AdmitResponse.target: the target admitted, "" for a
+// refusal.
+func admittedTarget(a *policy.Admission) string {
+	if !a.Admitted {
+		return ""
+	}
+	return a.Target
 }
 
 // outcomeFromPB validates one Outcome into it; field is its path in the
@@ -803,6 +905,13 @@ func outcomeFromPB(field string, o *pb.Outcome, it *outcomeItem) error {
 	}
 	if err := checkName(sub(field, ".lease_id"), o.GetLeaseId(), maxCallIDLen, false); err != nil {
 		return err
+	}
+	if err := checkName(sub(field, ".attempt_target"), o.GetAttemptTarget(), maxTargetLen, false); err != nil {
+		return err
+	}
+	it.target = call.target
+	if t := o.GetAttemptTarget(); t != "" {
+		it.target = t
 	}
 	it.call, it.attempt, it.success, it.alreadyRecorded = call, o.GetAttempt(), o.GetSuccess(), o.GetAlreadyRecorded()
 	it.latency, it.permit, it.lease = max(latency, 0), o.GetPermitId(), o.GetLeaseId()

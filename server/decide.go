@@ -29,6 +29,7 @@ type nextDelayRequest struct {
 	prev    time.Duration // the previous delay
 	permit  string        // the HALF_OPEN probe permit the attempt used
 	lease   string        // the concurrency lease the attempt held
+	target  string        // the target the attempt was sent to: call.target or a fallback
 }
 
 // decideNextDelay is NextDelay's decision, in domain types: an attempt
@@ -49,9 +50,26 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 		return policy.Answer{}, "", storeError(ctx, d.cfg.Logger, "attempt", err)
 	}
 	p, _ := d.store.Resolve(call.tenant, call.target)
-	d.releaseLease(ctx, &p, call, in.lease) // the attempt is over, whatever comes of it
+	// The failed attempt's target keeps its own breaker and ceilings, under
+	// its own policy; the call's rules are the primary's, p.
+	failed := d.hopOf(&call, &p, in.target)
+	if in.lease != "" {
+		sig := policy.SignalNone // a replay's outcome taught the adaptive ceiling the first time
+		if !replay {
+			sig = flowSignal(false, f, in.hints)
+		}
+		lp := &p
+		if in.target != call.target {
+			tp := d.targetPolicy(&call, &p, in.target)
+			lp = &tp
+		}
+		d.releaseLease(ctx, lp, call, in.target, in.lease, sig) // the attempt is over, whatever comes of it
+	}
 	if replay {
 		prior.FlowControlled = p.FlowControlled()
+		if prior.Retry && prior.Target == "" {
+			prior.Target = call.target // remembered empty: the primary
+		}
 		return prior, answerDetail(&prior, &p), nil
 	}
 	// This request holds the call's claim until it records its answer; a
@@ -88,16 +106,15 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 	// The breaker learns of every failure; a terminal answer means the
 	// upstream is up, and so does pushback (fleet.BreakerResult). The hint
 	// is read here too when Decide stopped before its pushback check.
-	key := policy.KeyFor(p.Breaker, call.tenant, call.target)
 	hint := dec.Hint
 	if !hint.Present && dec.Class.Category == policy.CategoryTransient && in.hints != (policy.Hints{}) {
 		hint = policy.ParseHints(in.hints, now, p.Pushback.MaxHint)
 	}
-	result := fleet.BreakerResult(dec.Class.Category, hint.Present, &p.Breaker)
+	result := fleet.BreakerResult(dec.Class.Category, hint.Present, &failed.breaker)
 	// The changes of this decision are made durable together, at once with
 	// --sync=always (one commit, not one per change).
 	u := d.store.Begin()
-	snap, err := u.Record(key, p.Breaker, result, in.permit)
+	snap, err := u.Record(failed.key, failed.breaker, result, in.permit)
 	if err != nil {
 		return policy.Answer{}, "", storeError(ctx, d.cfg.Logger, "breaker", err)
 	}
@@ -107,13 +124,25 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 	if !dec.Retry && result == policy.ResultPushback && hint.Delay > 0 {
 		// Not retried, but the upstream's request for time still holds the
 		// fleet back: the cool-down is what pushback counts toward.
-		d.shareHint(ctx, u, hint, &p, key, call, now)
+		d.shareHint(ctx, u, hint, &p, &failed, call, now)
 	}
 	if dec.Retry {
+		// The next attempt's target: the failed one's, unless the chain
+		// moves it (after_attempts, or an open breaker with on_circuit_open).
+		next, nsnap := failed, snap
+		if len(p.Fallback.Targets) > 0 {
+			next, nsnap = d.routeRetry(&call, &p, failed, snap, in.attempt+1)
+		}
 		timeout := (f.Kind == policy.FailureTransport && f.Transport == policy.TransportTimeout) ||
 			(f.Kind == policy.FailureGRPC && f.Code == int(codes.DeadlineExceeded))
-		if err := d.shared(ctx, u, &dec, &p, key, call, timeout, snap, now, &ans); err != nil {
+		if err := d.shared(ctx, u, &dec, &p, &failed, &next, call, timeout, nsnap, now, &ans); err != nil {
 			return policy.Answer{}, "", err
+		}
+		if dec.Retry {
+			ans.Target = next.target
+			if next.target != failed.target {
+				d.cfg.Metrics.fallback(failed.target, next.target)
+			}
 		}
 	}
 	switch {
@@ -133,15 +162,23 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 	ans.Category, ans.Class, ans.Checks, ans.Deadline = dec.Class.Category, dec.Class.Reason, dec.Checks, dec.Deadline
 	ans.Degraded = ans.Degraded || d.degraded()
 	why := detail(&dec, &p)
-	d.decided(ctx, u, call, in.attempt, &dec, why, snap.State)
+	d.decided(ctx, u, call, in.target, in.attempt, &dec, why, snap.State)
 	claimed = false // RecordAttempt ends the claim, recorded or not
-	if err := u.RecordAttempt(ck, in.attempt, ans, time.Unix(0, fleet.Keep(&p, now.UnixNano(), dec.Deadline))); err != nil {
+	kept := ans
+	if kept.Target == call.target {
+		kept.Target = "" // the primary: nothing more to store
+	}
+	if err := u.RecordAttempt(ck, in.attempt, kept, time.Unix(0, fleet.Keep(&p, now.UnixNano(), dec.Deadline))); err != nil {
 		return policy.Answer{}, "", storeError(ctx, d.cfg.Logger, "attempt", err)
 	}
 	if call.runID != "" {
-		if err := u.NoteCall(call.runID, call.callID, decisionNote(&call, in.attempt, dec.Class.Reason, why, now)); err != nil {
+		if err := u.NoteCall(call.runID, call.callID, decisionNote(&call, in.target, in.attempt, dec.Class.Reason, why, now)); err != nil {
 			return policy.Answer{}, "", storeError(ctx, d.cfg.Logger, "run calls", err)
 		}
+	}
+	if !ans.Retry {
+		// The call ends here, once: a duplicate replays the answer above.
+		u.CountAttempts(policy.AttemptTally{Tenant: call.tenant, Target: in.target, Attempt: in.attempt})
 	}
 	if err := u.Commit(); err != nil {
 		return policy.Answer{}, "", storeError(ctx, d.cfg.Logger, "decision", err)
@@ -157,21 +194,21 @@ func answerDetail(ans *policy.Answer, p *policy.Policy) string {
 }
 
 // decided puts a NextDelay answer in the audit trail, the metrics and the
-// debug log.
-func (d *Decisions) decided(ctx context.Context, u Changes, call callRef, attempt uint32, dec *policy.Decision, why string, breaker policy.BreakerState) {
+// debug log, under target, the failed attempt's.
+func (d *Decisions) decided(ctx context.Context, u Changes, call callRef, target string, attempt uint32, dec *policy.Decision, why string, breaker policy.BreakerState) {
 	verdict := policy.VerdictStop
 	if dec.Retry {
 		verdict = policy.VerdictRetry
 	}
 	u.AppendAudit(policy.AuditRecord{
-		Event: policy.AuditDecision, Tenant: call.tenant, Target: call.target, CallID: call.callID, RunID: call.runID,
+		Event: policy.AuditDecision, Tenant: call.tenant, Target: target, CallID: call.callID, RunID: call.runID,
 		Attempt: attempt, Classification: dec.Class.Reason, Verdict: verdict, Delay: dec.Delay,
-		Stop: dec.Stop, Disposition: dec.Disposition, Detail: why,
+		Stop: dec.Stop, Disposition: dec.Disposition, Detail: why, PrimaryTarget: primaryOf(&call, target),
 	})
-	d.cfg.Metrics.decision(call.target, dec.Retry, dec.Stop, dec.Disposition)
+	d.cfg.Metrics.decision(target, dec.Retry, dec.Stop, dec.Disposition)
 	if d.cfg.Logger.Enabled(ctx, slog.LevelDebug) {
 		d.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "decision",
-			slog.String("call_id", call.callID), slog.String("tenant", call.tenant), slog.String("target", call.target),
+			slog.String("call_id", call.callID), slog.String("tenant", call.tenant), slog.String("target", target),
 			slog.String("run_id", call.runID), slog.Uint64("attempt", uint64(attempt)),
 			slog.String("classification", dec.Class.Reason), slog.String("decision", verdict.String()),
 			slog.Duration("delay", dec.Delay), slog.String("stop_reason", dec.Stop.String()),
@@ -182,9 +219,12 @@ func (d *Decisions) decided(ctx context.Context, u Changes, call callRef, attemp
 
 // shared applies the fleet-wide rules to a decision the stateless rules let
 // through: an open breaker, a cool-down another worker reported, the deadline
-// once more, and the budgets. It turns dec into a stop when one refuses, and
-// returns an error only when a cap stops the store from answering.
-func (d *Decisions) shared(ctx context.Context, u Changes, dec *policy.Decision, p *policy.Policy, key policy.BreakerKey,
+// once more, and the budgets. The breaker and cool-down are those of next,
+// the target of the next attempt, whose snapshot is snap; a pushback hint
+// of the failed attempt goes to failed's cool-down. It turns dec into a
+// stop when one refuses, and returns an error only when a cap stops the
+// store from answering.
+func (d *Decisions) shared(ctx context.Context, u Changes, dec *policy.Decision, p *policy.Policy, failed, next *hop,
 	call callRef, timeout bool, snap policy.BreakerSnapshot, now time.Time, ans *policy.Answer) error {
 	stop := func(r policy.StopReason, disp policy.Disposition) {
 		dec.Retry, dec.Delay, dec.Stop, dec.Disposition = false, 0, r, disp
@@ -195,7 +235,7 @@ func (d *Decisions) shared(ctx context.Context, u Changes, dec *policy.Decision,
 	}
 	cooldown := snap.CooldownUntil
 	if dec.Hint.Present && dec.Hint.Delay > 0 {
-		if until, ok := d.shareHint(ctx, u, dec.Hint, p, key, call, now); ok {
+		if until, ok := d.shareHint(ctx, u, dec.Hint, p, failed, call, now); ok && next.key == failed.key {
 			cooldown = until
 		}
 	}
@@ -241,15 +281,16 @@ func (d *Decisions) shared(ctx context.Context, u Changes, dec *policy.Decision,
 }
 
 // shareHint makes a server's pushback hint the fleet-wide cool-down of the
-// breaker under key (capped at p.Pushback.MaxHint) and returns the end in
-// force; ok is false, and the failure logged, when the store could not.
-func (d *Decisions) shareHint(ctx context.Context, u Changes, hint policy.Hint, p *policy.Policy, key policy.BreakerKey,
+// breaker of at (capped at p.Pushback.MaxHint, p the call's policy) and
+// returns the end in force; ok is false, and the failure logged, when the
+// store could not.
+func (d *Decisions) shareHint(ctx context.Context, u Changes, hint policy.Hint, p *policy.Policy, at *hop,
 	call callRef, now time.Time) (until time.Time, ok bool) {
 	h := min(hint.Delay, p.Pushback.MaxHint)
-	until, err := u.ExtendCooldown(key, p.Breaker, now.Add(h))
+	until, err := u.ExtendCooldown(at.key, at.breaker, now.Add(h))
 	if err != nil {
 		d.cfg.Logger.WarnContext(ctx, "cool-down not shared", "call_id", call.callID, "tenant", call.tenant,
-			"target", call.target, "err", err)
+			"target", at.target, "err", err)
 		return time.Time{}, false
 	}
 	return until, true
@@ -262,7 +303,12 @@ func (d *Decisions) shareHint(ctx context.Context, u Changes, hint policy.Hint, 
 // run's cut-off, so the client can hold it without asking again. An
 // unknown run is NOT_FOUND (tenant-scoped); any other error is a status,
 // mapped by errors.go.
-func (d *Decisions) decideAdmit(ctx context.Context, call callRef, attempt uint32) (policy.Admission, error) {
+//
+// target is the target the attempt is meant for (call.target, or a
+// fallback NextDelay named); with the primary's fallback on_circuit_open, a
+// refusal by its open breaker or full ceiling moves the attempt to the next
+// target of the chain that admits it (admitChain).
+func (d *Decisions) decideAdmit(ctx context.Context, call callRef, target string, attempt uint32) (policy.Admission, error) {
 	var a policy.Admission
 	if call.runID != "" {
 		// A call of a run past its cut-off is not attempted: the cut-off
@@ -279,7 +325,14 @@ func (d *Decisions) decideAdmit(ctx context.Context, call callRef, attempt uint3
 	}
 	if a.Reason == "" {
 		p, _ := d.store.Resolve(call.tenant, call.target)
-		b, err := d.admit(&p, call)
+		var b policy.Admission
+		var err error
+		if target == call.target && len(p.Fallback.Targets) == 0 {
+			b, err = d.admit(&p, &call, target)
+			b.Target = target
+		} else {
+			b, err = d.admitChain(&p, &call, target)
+		}
 		if err != nil {
 			return policy.Admission{}, storeError(ctx, d.cfg.Logger, "breaker", err)
 		}
@@ -293,12 +346,12 @@ func (d *Decisions) decideAdmit(ctx context.Context, call callRef, attempt uint3
 			why += ", ask again in " + a.RetryAfter.String()
 		}
 		d.store.AppendAudit(policy.AuditRecord{
-			Event: policy.AuditAdmit, Tenant: call.tenant, Target: call.target, CallID: call.callID, RunID: call.runID,
-			Attempt: attempt, Detail: why,
+			Event: policy.AuditAdmit, Tenant: call.tenant, Target: target, CallID: call.callID, RunID: call.runID,
+			Attempt: attempt, Detail: why, PrimaryTarget: primaryOf(&call, target),
 		})
 		if d.cfg.Logger.Enabled(ctx, slog.LevelDebug) {
 			d.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "admission refused",
-				slog.String("call_id", call.callID), slog.String("tenant", call.tenant), slog.String("target", call.target),
+				slog.String("call_id", call.callID), slog.String("tenant", call.tenant), slog.String("target", target),
 				slog.Uint64("attempt", uint64(attempt)), slog.String("breaker", a.State.String()),
 				slog.String("reason", a.Reason), slog.Duration("retry_after", a.RetryAfter))
 		}
@@ -311,7 +364,9 @@ func (d *Decisions) decideAdmit(ctx context.Context, call callRef, attempt uint3
 // is INVALID_ARGUMENT naming outcomes[i].final_disposition and the rule.
 // It reads the call's remembered answer, its breaker and its run, so it
 // runs only for final dispositions other than SUCCEEDED of a success.
-func (d *Decisions) agrees(ctx context.Context, i int, it *outcomeItem, success, alreadyRecorded bool, p *policy.Policy, key policy.BreakerKey) error {
+// stopped reports that policyd stopped the call itself (NextDelay's STOP,
+// which counted the call's end in the attempt statistics).
+func (d *Decisions) agrees(ctx context.Context, i int, it *outcomeItem, success, alreadyRecorded bool, p *policy.Policy, key policy.BreakerKey) (stopped bool, err error) {
 	now := d.cfg.Clock.Now()
 	r := fleet.FinalReport{
 		Final:          it.final,
@@ -339,23 +394,20 @@ func (d *Decisions) agrees(ctx context.Context, i int, it *outcomeItem, success,
 			r.CooldownEnd = 0
 		}
 	} else if !notFound(err) {
-		return storeError(ctx, d.cfg.Logger, "breaker", err)
+		return false, storeError(ctx, d.cfg.Logger, "breaker", err)
 	}
 	if it.call.runID != "" {
 		run, err := d.runOf(ctx, "outcomes.call.run_id", it.call.runID, it.call.tenant)
 		if err != nil {
-			return err
+			return false, err
 		}
 		r.Cutoff = run.Cutoff.UnixNano()
 	}
-	if it.final.Stop == policy.StopNotIdempotent && it.call.key != "" {
-		v, err := d.store.Key(policy.KeyRef{Tenant: it.call.tenant, Key: it.call.key})
-		r.KeyLost = err == nil && v.State == policy.KeyUnknown
-	}
+	r.HasKey = it.call.key != ""
 	if rule := fleet.CheckFinal(&r); rule != "" {
-		return invalid("outcomes["+strconv.Itoa(i)+"].final_disposition", rule)
+		return false, invalid("outcomes["+strconv.Itoa(i)+"].final_disposition", rule)
 	}
-	return nil
+	return r.Decided && !r.Answer.Retry, nil
 }
 
 // detail explains a decision in a sentence for logs and humans.
@@ -393,6 +445,7 @@ type outcomeItem struct {
 	permit          string
 	lease           string
 	final           fleet.Final
+	target          string // the target the attempt was sent to: call.target or a fallback
 }
 
 // decideOutcomes is ReportOutcome's decision, in domain types: each
@@ -415,9 +468,10 @@ func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc 
 		it := &items[i]
 		p, _ := d.store.Resolve(it.call.tenant, it.call.target)
 		u := &ups[i]
-		*u = policy.OutcomeUpdate{
-			Key: policy.KeyFor(p.Breaker, it.call.tenant, it.call.target), Breaker: p.Breaker, PermitID: it.permit,
-		}
+		// The attempt's breaker is its target's, under that target's policy;
+		// the failure is classified under the call's, the primary's.
+		at := d.hopOf(&it.call, &p, it.target)
+		*u = policy.OutcomeUpdate{Key: at.key, Breaker: at.breaker, PermitID: it.permit}
 		var class string
 		switch {
 		case it.success:
@@ -437,9 +491,18 @@ func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc 
 				return 0, ups, invalid("outcomes["+strconv.Itoa(i)+"].deduplicated", "needs the call's idempotency key to have SUCCEEDED")
 			}
 		}
+		if it.success {
+			u.Tally = policy.AttemptTally{Tenant: it.call.tenant, Target: it.target, Attempt: it.attempt, Success: true}
+		}
 		if fd := it.final.Disposition; fd != policy.DispositionNone && (fd != policy.DispositionSucceeded || !it.success) {
-			if err := d.agrees(ctx, i, it, it.success, it.alreadyRecorded, &p, u.Key); err != nil {
+			stopped, err := d.agrees(ctx, i, it, it.success, it.alreadyRecorded, &p, u.Key)
+			if err != nil {
 				return 0, ups, err
+			}
+			if !stopped {
+				// A final failure policyd did not decide (NextDelay's STOP
+				// counted those) ends the call here.
+				u.Tally = policy.AttemptTally{Tenant: it.call.tenant, Target: it.target, Attempt: it.attempt}
 			}
 		}
 		start := len(trail)
@@ -493,8 +556,8 @@ func (d *Decisions) outcome(ctx context.Context, trail []policy.AuditRecord, it 
 	// QueryAudit writes it out (auditRecordToPB), once per record read
 	// rather than once per outcome reported.
 	rec := policy.AuditRecord{
-		Event: policy.AuditOutcome, Tenant: call.tenant, Target: call.target, CallID: call.callID, RunID: call.runID,
-		Attempt: it.attempt, Classification: class, Detail: why, Delay: it.latency,
+		Event: policy.AuditOutcome, Tenant: call.tenant, Target: it.target, CallID: call.callID, RunID: call.runID,
+		Attempt: it.attempt, Classification: class, Detail: why, Delay: it.latency, PrimaryTarget: primaryOf(&call, it.target),
 	}
 	fd, stop := it.final.Disposition, it.final.Stop
 	if it.success && fd == policy.DispositionSucceeded {
@@ -508,7 +571,7 @@ func (d *Decisions) outcome(ctx context.Context, trail []policy.AuditRecord, it 
 	}
 	if d.cfg.Logger.Enabled(ctx, slog.LevelDebug) {
 		d.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "outcome",
-			slog.String("call_id", call.callID), slog.String("tenant", call.tenant), slog.String("target", call.target),
+			slog.String("call_id", call.callID), slog.String("tenant", call.tenant), slog.String("target", it.target),
 			slog.String("run_id", call.runID), slog.Uint64("attempt", uint64(it.attempt)),
 			slog.Bool("success", it.success), slog.String("classification", class),
 			slog.String("final_disposition", fd.String()), slog.String("final_stop_reason", stop.String()))

@@ -148,12 +148,19 @@ func (d *Decisions) NextDelay(ctx context.Context, req *pb.NextDelayRequest) (*p
 	if err := checkName("lease_id", req.GetLeaseId(), maxCallIDLen, false); err != nil {
 		return nil, err
 	}
+	if err := checkName("attempt_target", req.GetAttemptTarget(), maxTargetLen, false); err != nil {
+		return nil, err
+	}
+	target := call.target
+	if t := req.GetAttemptTarget(); t != "" {
+		target = t
+	}
 
 	if err := checkOrigin("call.origin_time", call.origin, d.cfg.Clock.Now(), d.cfg.MaxClockSkew); err != nil {
 		return nil, err
 	}
 	ans, why, err := d.decideNextDelay(ctx, &nextDelayRequest{call: call, attempt: req.GetAttempt(), failure: f,
-		hints: hints, prev: prev, permit: req.GetPermitId(), lease: req.GetLeaseId()})
+		hints: hints, prev: prev, permit: req.GetPermitId(), lease: req.GetLeaseId(), target: target})
 	if err != nil {
 		return nil, err
 	}
@@ -259,7 +266,14 @@ func (d *Decisions) Admit(ctx context.Context, req *pb.AdmitRequest) (*pb.AdmitR
 	if req.GetAttempt() > maxAttempt {
 		return nil, invalid("attempt", "must be at most "+strconv.Itoa(maxAttempt))
 	}
-	a, err := d.decideAdmit(ctx, call, req.GetAttempt())
+	if err := checkName("attempt_target", req.GetAttemptTarget(), maxTargetLen, false); err != nil {
+		return nil, err
+	}
+	target := call.target
+	if t := req.GetAttemptTarget(); t != "" {
+		target = t
+	}
+	a, err := d.decideAdmit(ctx, call, target, req.GetAttempt())
 	if err != nil {
 		return nil, err
 	}

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"slices"
 
+	"github.com/policyd/policyd/fleet"
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 	"github.com/policyd/policyd/policy"
 )
@@ -15,64 +16,85 @@ import (
 // these paths: its Admit is the breaker's alone and its outcomes release
 // nothing.
 
-// admit is the admission of an attempt of call under p: the breaker's
-// alone, or, when p has a ceiling, a rate slot and a lease, then the
-// breaker's (Store.AdmitFlow). A rate ceiling tells the exact wait; a full
-// concurrency ceiling asks the caller to come back after the policy's
-// backoff base delay, or sooner when a lease expires sooner.
-func (d *Decisions) admit(p *policy.Policy, call callRef) (policy.Admission, error) {
-	key := policy.KeyFor(p.Breaker, call.tenant, call.target)
+// admit is the admission of an attempt of call to target under p,
+// target's effective policy: the breaker's alone, or, when p has a
+// ceiling, a rate slot and a lease, then the breaker's (Store.AdmitFlow).
+// A rate ceiling tells the exact wait; a full concurrency ceiling asks the
+// caller to come back after the policy's backoff base delay, or sooner
+// when a lease expires sooner.
+func (d *Decisions) admit(p *policy.Policy, call *callRef, target string) (policy.Admission, error) {
+	key := policy.KeyFor(p.Breaker, call.tenant, target)
 	if !p.FlowControlled() {
 		return d.store.Admit(key, p.Breaker)
 	}
 	a, err := d.store.AdmitFlow(key, p.Breaker, p.FlowLimits())
 	a.FlowControlled = true
-	d.cfg.Metrics.lease(call.target, a.LeaseID != "", a.Reason)
+	d.cfg.Metrics.lease(target, a.LeaseID != "", a.Reason)
 	return a, err
 }
 
-// releaseLease returns lease, when set, to the ceiling of call under p. A
-// lease not held is ignored and counted; a store that cannot release it
-// is logged, and the lease expires on its own.
-func (d *Decisions) releaseLease(ctx context.Context, p *policy.Policy, call callRef, lease string) bool {
+// flowSignal is what an attempt's outcome tells an adaptive ceiling: a
+// success grows it; a 429, or a 503 carrying a pushback hint (any of
+// hints set), is the upstream asking for less and shrinks it; any other
+// failure says nothing of its capacity.
+func flowSignal(success bool, f policy.Failure, hints policy.Hints) policy.FlowSignal {
+	switch {
+	case success:
+		return policy.SignalSuccess
+	case f.Kind != policy.FailureHTTP:
+		return policy.SignalNone
+	case f.Code == 429, f.Code == 503 && hints != (policy.Hints{}):
+		return policy.SignalCongestion
+	}
+	return policy.SignalNone
+}
+
+// releaseLease returns lease, when set, to the ceiling of target (the
+// call's primary or a fallback) under p, target's effective policy, with
+// what the attempt's outcome tells an adaptive ceiling (sig,
+// policy.SignalNone for a release without an outcome). A lease not held
+// is ignored and counted; a store that cannot release it is logged, and
+// the lease expires on its own.
+func (d *Decisions) releaseLease(ctx context.Context, p *policy.Policy, call callRef, target, lease string, sig policy.FlowSignal) bool {
 	if lease == "" {
 		return false
 	}
-	held, err := d.store.ReleaseLease(policy.KeyFor(p.Breaker, call.tenant, call.target), lease, p.FlowLimits(), policy.SignalNone)
+	held, err := d.store.ReleaseLease(policy.KeyFor(p.Breaker, call.tenant, target), lease, p.FlowLimits(), sig)
 	if err != nil {
 		d.cfg.Logger.WarnContext(ctx, "lease not released; it expires on its own", "call_id", call.callID,
-			"tenant", call.tenant, "target", call.target, "err", err)
+			"tenant", call.tenant, "target", target, "err", err)
 		return false
 	}
 	if !held {
-		d.cfg.Metrics.strayRelease(call.target)
+		d.cfg.Metrics.strayRelease(target)
 		if d.cfg.Logger.Enabled(ctx, slog.LevelDebug) {
 			d.cfg.Logger.LogAttrs(ctx, slog.LevelDebug, "release of a lease not held, ignored",
-				slog.String("call_id", call.callID), slog.String("tenant", call.tenant), slog.String("target", call.target))
+				slog.String("call_id", call.callID), slog.String("tenant", call.tenant), slog.String("target", target))
 		}
 	}
 	return held
 }
 
-// settleLeases returns the leases the outcomes of a batch carry and lists,
-// once each, the batch's targets whose policy has a concurrency ceiling,
-// so a client that skips Admit while a breaker is CLOSED learns of one
-// within a report. Consecutive outcomes of one tenant and target (most of
-// a batch) resolve their policy once.
+// settleLeases returns the leases the outcomes of a batch carry (each to
+// its attempt's target) and lists, once each, the batch's targets whose
+// policy has a concurrency ceiling, so a client that skips Admit while a
+// breaker is CLOSED learns of one within a report. Consecutive outcomes of
+// one tenant and attempt target (most of a batch) resolve their policy
+// once.
 func (d *Decisions) settleLeases(ctx context.Context, items []outcomeItem) []string {
 	var flow []string
 	var p policy.Policy
-	var last callRef
+	var lastTenant, lastTarget string
 	for i := range items {
 		it := &items[i]
-		if i == 0 || it.call.tenant != last.tenant || it.call.target != last.target {
-			p, _ = d.store.Resolve(it.call.tenant, it.call.target)
-			last = it.call
-			if p.FlowControlled() && !slices.Contains(flow, it.call.target) {
-				flow = append(flow, it.call.target)
+		if i == 0 || it.call.tenant != lastTenant || it.target != lastTarget {
+			p, _ = d.store.Resolve(it.call.tenant, it.target)
+			lastTenant, lastTarget = it.call.tenant, it.target
+			if p.FlowControlled() && !slices.Contains(flow, it.target) {
+				flow = append(flow, it.target)
 			}
 		}
-		d.releaseLease(ctx, &p, it.call, it.lease)
+		d.releaseLease(ctx, &p, it.call, it.target, it.lease, flowSignal(it.success, it.failure, policy.Hints{}))
 	}
 	return flow
 }
@@ -90,14 +112,59 @@ func (d *Decisions) ReleaseLease(ctx context.Context, req *pb.ReleaseLeaseReques
 	if err := checkName("lease_id", req.GetLeaseId(), maxCallIDLen, false); err != nil {
 		return nil, err
 	}
-	p, _ := d.store.Resolve(call.tenant, call.target)
-	return &pb.ReleaseLeaseResponse{Released: d.releaseLease(ctx, &p, call, req.GetLeaseId())}, nil
+	if err := checkName("attempt_target", req.GetAttemptTarget(), maxTargetLen, false); err != nil {
+		return nil, err
+	}
+	target := call.target
+	if t := req.GetAttemptTarget(); t != "" {
+		target = t
+	}
+	p, _ := d.store.Resolve(call.tenant, target)
+	return &pb.ReleaseLeaseResponse{Released: d.releaseLease(ctx, &p, call, target, req.GetLeaseId(), policy.SignalNone)}, nil
 }
 
-// withPool adds a ceiling's state to a breaker's message.
-func withPool(b *pb.Breaker, s policy.PoolStatus) *pb.Breaker {
+// ceilingOf returns the concurrency ceiling in force under p for a pool
+// in state s (p's max_in_flight, or its adaptive ceiling's current
+// Ceiling) and the adaptive ceiling's exact value (0 without one).
+func ceilingOf(p *policy.Policy, s policy.PoolStatus) (int, float64) {
+	lim := p.FlowLimits()
+	if lim.Adaptive.Max == 0 {
+		return lim.Ceiling, 0
+	}
+	l := fleet.AdaptiveLimit{Limit: s.Adaptive}
+	return l.Ceiling(lim.Adaptive), l.Current(lim.Adaptive)
+}
+
+// withPool adds the state of the ceiling under p to a breaker's message.
+func withPool(b *pb.Breaker, p *policy.Policy, s policy.PoolStatus) *pb.Breaker {
 	b.LeasesInFlight, b.StrayReleases = uint32(s.InFlight), s.Stray
+	c, a := ceilingOf(p, s)
+	b.Ceiling, b.AdaptiveLimit = uint32(c), a
 	return b
+}
+
+// flowStore is what a breaker's message needs for its ceiling: the policy
+// in force under a key and its pool.
+type flowStore interface {
+	Resolve(tenant, target string) (policy.Policy, policy.PolicyEntry)
+	Pool(key policy.BreakerKey) (policy.PoolStatus, error)
+}
+
+// breakerWithPool is breakerToPB with the state of the breaker's
+// concurrency ceiling, when the policy in force under its key has one; a
+// pool the store cannot read is left out (the breaker's own state is what
+// was asked for).
+func breakerWithPool(st flowStore, s policy.BreakerSnapshot) *pb.Breaker {
+	b := breakerToPB(s)
+	p, _ := st.Resolve(s.Key.Tenant, s.Key.Target)
+	if p.Flow.MaxInFlight == 0 {
+		return b
+	}
+	pool, err := st.Pool(s.Key)
+	if err != nil {
+		return b
+	}
+	return withPool(b, &p, pool)
 }
 
 // flowTargets tells a watch of tenant, on the message that completes its

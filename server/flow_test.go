@@ -123,7 +123,13 @@ func TestNoCeilingNoLease(t *testing.T) {
 func TestFlowBadInput(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
-	zero, huge := uint32(0), uint32(2_000_000)
+	zero, huge, ten := uint32(0), uint32(2_000_000), uint32(10)
+	f64 := func(v float64) *float64 { return &v }
+	setAdaptive := func(maxInFlight *uint32, a *pb.AdaptiveCeiling) error {
+		_, err := h.admin.SetPolicy(ctx, &pb.SetPolicyRequest{Target: "portal",
+			Policy: &pb.Policy{Flow: &pb.FlowSettings{MaxInFlight: maxInFlight, Adaptive: a}}})
+		return err
+	}
 	tests := []struct {
 		name  string
 		call  func() error
@@ -156,6 +162,40 @@ func TestFlowBadInput(t *testing.T) {
 			_, err := h.admin.SetPolicy(ctx, &pb.SetPolicyRequest{Target: "portal", Policy: &pb.Policy{Flow: &pb.FlowSettings{MaxRate: &r, Burst: &zero}}})
 			return err
 		}, "policy.flow.burst"},
+		{"adaptive without max_in_flight", func() error {
+			return setAdaptive(nil, &pb.AdaptiveCeiling{})
+		}, "policy.flow.adaptive"},
+		{"adaptive min_in_flight 0", func() error {
+			return setAdaptive(&ten, &pb.AdaptiveCeiling{MinInFlight: &zero})
+		}, "policy.flow.adaptive.min_in_flight"},
+		{"adaptive min_in_flight above max_in_flight", func() error {
+			eleven := uint32(11)
+			return setAdaptive(&ten, &pb.AdaptiveCeiling{MinInFlight: &eleven})
+		}, "policy.flow.adaptive.min_in_flight"},
+		{"adaptive decrease 0", func() error {
+			return setAdaptive(&ten, &pb.AdaptiveCeiling{Decrease: f64(0)})
+		}, "policy.flow.adaptive.decrease"},
+		{"adaptive decrease 1", func() error {
+			return setAdaptive(&ten, &pb.AdaptiveCeiling{Decrease: f64(1)})
+		}, "policy.flow.adaptive.decrease"},
+		{"adaptive decrease NaN", func() error {
+			return setAdaptive(&ten, &pb.AdaptiveCeiling{Decrease: f64(math.NaN())})
+		}, "policy.flow.adaptive.decrease"},
+		{"adaptive increase 0", func() error {
+			return setAdaptive(&ten, &pb.AdaptiveCeiling{Increase: f64(0)})
+		}, "policy.flow.adaptive.increase"},
+		{"adaptive increase NaN", func() error {
+			return setAdaptive(&ten, &pb.AdaptiveCeiling{Increase: f64(math.NaN())})
+		}, "policy.flow.adaptive.increase"},
+		{"adaptive increase above max_in_flight", func() error {
+			return setAdaptive(&ten, &pb.AdaptiveCeiling{Increase: f64(10.5)})
+		}, "policy.flow.adaptive.increase"},
+		{"adaptive hold negative", func() error {
+			return setAdaptive(&ten, &pb.AdaptiveCeiling{Hold: durationOf(-time.Second)})
+		}, "policy.flow.adaptive.hold"},
+		{"adaptive hold above 1h", func() error {
+			return setAdaptive(&ten, &pb.AdaptiveCeiling{Hold: durationOf(time.Hour + time.Second)})
+		}, "policy.flow.adaptive.hold"},
 		{"a release without a lease id", func() error {
 			_, err := h.workers.ReleaseLease(ctx, &pb.ReleaseLeaseRequest{Call: call("acme", "portal", "doc-1")})
 			return err
@@ -217,5 +257,32 @@ func TestRateCeiling(t *testing.T) {
 	}
 	if f := got.GetEntry().GetPolicy().GetFlow(); f.GetMaxRate() != 2 || f.GetBurst() != 2 {
 		t.Fatalf("GetPolicy flow %v, want max_rate 2 burst 2", f)
+	}
+}
+
+// TestAdaptivePolicy: an adaptive ceiling set with some fields reads back
+// with every default applied, and a policy without one reads back without.
+func TestAdaptivePolicy(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	n, lo := uint32(20), uint32(4)
+	if _, err := h.admin.SetPolicy(ctx, &pb.SetPolicyRequest{Tenant: "acme", Target: "portal", Policy: &pb.Policy{
+		Flow: &pb.FlowSettings{MaxInFlight: &n, Adaptive: &pb.AdaptiveCeiling{MinInFlight: &lo, Hold: durationOf(time.Second)}}}}); err != nil {
+		t.Fatalf("SetPolicy: %v", err)
+	}
+	got, err := h.admin.GetPolicy(ctx, &pb.GetPolicyRequest{Tenant: "acme", Target: "portal"})
+	if err != nil {
+		t.Fatalf("GetPolicy: %v", err)
+	}
+	a := got.GetEntry().GetPolicy().GetFlow().GetAdaptive()
+	if a.GetMinInFlight() != 4 || a.GetDecrease() != 0.7 || a.GetIncrease() != 0.5 || a.GetHold().AsDuration() != time.Second {
+		t.Fatalf("GetPolicy adaptive %v, want min 4, decrease 0.7, increase 0.5, hold 1s", a)
+	}
+	setCeiling(t, h, 20)
+	if got, err = h.admin.GetPolicy(ctx, &pb.GetPolicyRequest{Tenant: "acme", Target: "portal"}); err != nil {
+		t.Fatalf("GetPolicy: %v", err)
+	}
+	if a := got.GetEntry().GetPolicy().GetFlow().GetAdaptive(); a != nil {
+		t.Fatalf("a fixed ceiling reads back adaptive %v, want none", a)
 	}
 }

@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"math"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -90,6 +91,17 @@ func FuzzRequests(f *testing.F) {
 		&pb.NextDelayRequest{Call: &pb.CallRef{Tenant: "a", Target: "t", CallId: "c", OriginTime: timestamppb.New(now.Add(time.Hour))},
 			Attempt: 1, Failure: http(503)},
 		&pb.SetTenantBudgetRequest{Budget: &pb.TenantBudget{Tenant: "a\u2028b", Capacity: 3}},
+		// An adaptive ceiling, and one at every edge of its fields.
+		&pb.SetPolicyRequest{Tenant: "a", Target: "t", Policy: &pb.Policy{Flow: &pb.FlowSettings{MaxInFlight: proto.Uint32(12),
+			Adaptive: &pb.AdaptiveCeiling{MinInFlight: proto.Uint32(2), Decrease: proto.Float64(0.5), Increase: proto.Float64(1),
+				Hold: durationpb.New(time.Second)}}}},
+		&pb.SetPolicyRequest{Tenant: "a", Target: "t", Policy: &pb.Policy{Flow: &pb.FlowSettings{MaxInFlight: proto.Uint32(1_000_000),
+			Adaptive: &pb.AdaptiveCeiling{MinInFlight: proto.Uint32(4294967295), Decrease: proto.Float64(math.Nextafter(1, 0)),
+				Increase: proto.Float64(1_000_000), Hold: durationpb.New(time.Hour)}}}},
+		&pb.AdviseTargetsRequest{Tenant: "a", Target: "t", Since: durationpb.New(time.Hour)},
+		&pb.AdviseTargetsRequest{Since: durationpb.New(168 * time.Hour)},
+		&pb.ReportOutcomeRequest{Outcomes: []*pb.Outcome{{Call: call("a", "t", "c"), Attempt: 2, Success: true, AttemptTarget: "t-b",
+			FinalDisposition: pb.Disposition_DISPOSITION_SUCCEEDED}}},
 	}
 	clk := newFakeClock()
 	store, err := breakerstore.Open(breakerstore.Options{Path: filepath.Join(f.TempDir(), "fuzz.db"), Clock: clk, FlushInterval: time.Hour})

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/policyd/policyd/breakerstore"
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
@@ -90,4 +91,59 @@ func TestIdempotencyKeys(t *testing.T) {
 		t.Errorf("no key: %q", msg)
 	}
 
+}
+
+// TestDeadLetterOfAKeyClaimedElsewhere: a call with an idempotency key
+// may end DEAD_LETTER (NOT_IDEMPOTENT) without a failure of its own and
+// without a STOP from policyd: a client that was told another worker holds
+// the key, or that could not claim it at all (policyd or its store away,
+// Config.RequireClaim), does not write. Whatever became of another call's
+// attempt (in flight, succeeded, lost, failed), and whether the key has a
+// record at all; a call without a key still needs a STOP or a transient
+// failure.
+func TestDeadLetterOfAKeyClaimedElsewhere(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		outcome pb.KeyOutcome // how the other call's attempt ended; UNSPECIFIED: still in flight
+		claimed bool
+		noKey   bool
+		code    codes.Code
+	}{
+		{name: "in flight", claimed: true, code: codes.OK},
+		{name: "succeeded", claimed: true, outcome: pb.KeyOutcome_KEY_OUTCOME_SUCCEEDED, code: codes.OK},
+		{name: "outcome lost", claimed: true, outcome: pb.KeyOutcome_KEY_OUTCOME_UNKNOWN, code: codes.OK},
+		{name: "released by a failure", claimed: true, outcome: pb.KeyOutcome_KEY_OUTCOME_FAILED, code: codes.OK},
+		{name: "never claimed", code: codes.OK},
+		{name: "no key", noKey: true, code: codes.InvalidArgument},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			ref := func(id string) *pb.CallRef {
+				c := call("acme", "grants", id)
+				c.Idempotent, c.IdempotencyKey = false, "doc-1"
+				if tc.noKey {
+					c.IdempotencyKey = ""
+				}
+				return c
+			}
+			if tc.claimed {
+				claim, err := h.workers.ClaimKey(t.Context(), &pb.ClaimKeyRequest{Call: ref("first"), Attempt: 1})
+				if err != nil || claim.GetState() != pb.KeyState_KEY_STATE_NEW {
+					t.Fatalf("first claim: %v, %v; want NEW", claim, err)
+				}
+				if tc.outcome != pb.KeyOutcome_KEY_OUTCOME_UNSPECIFIED {
+					if _, err := h.workers.CompleteKey(t.Context(), &pb.CompleteKeyRequest{Tenant: "acme", IdempotencyKey: "doc-1",
+						LeaseId: claim.GetLeaseId(), Outcome: tc.outcome}); err != nil {
+						t.Fatalf("CompleteKey: %v", err)
+					}
+				}
+			}
+			_, err := h.workers.ReportOutcome(t.Context(), &pb.ReportOutcomeRequest{Outcomes: []*pb.Outcome{{Call: ref("second"),
+				Attempt: 1, AlreadyRecorded: true, FinalDisposition: pb.Disposition_DISPOSITION_DEAD_LETTER,
+				FinalStopReason: pb.StopReason_STOP_REASON_NOT_IDEMPOTENT}}})
+			if got := status.Code(err); got != tc.code {
+				t.Errorf("ReportOutcome: got %v (%v), want %v", got, err, tc.code)
+			}
+		})
+	}
 }

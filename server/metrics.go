@@ -29,6 +29,9 @@ const (
 	metricBudgetTokens = "policyd_budget_tokens"
 	metricRPCDuration  = "policyd_rpc_duration_seconds"
 	metricLeases       = "policyd_leases_total"
+	metricFallbacks    = "policyd_fallbacks_total"
+	metricCeiling      = "policyd_flow_ceiling"
+	metricDecreases    = "policyd_flow_ceiling_decreases_total"
 )
 
 // otherLabel replaces a target or tenant label past the cardinality cap.
@@ -73,6 +76,17 @@ type MetricsOptions struct {
 //	                                                            behind and resubscribed (changes may be missed)
 //	policyd_budget_tokens{tenant}                               gauge: tokens left in a tenant's budget,
 //	                                                            updated on decisions that spend one
+//	policyd_fallbacks_total{from,to}                            counter of attempts moved to another target of
+//	                                                            the call's chain (after_attempts, or an open
+//	                                                            breaker or full ceiling with on_circuit_open)
+//	policyd_flow_ceiling{tenant,target}                         gauge per breaker whose policy has a
+//	                                                            concurrency ceiling, read at scrape: the
+//	                                                            ceiling in force (max_in_flight, or the
+//	                                                            adaptive ceiling's current value); past the
+//	                                                            label caps, the sum over "other"
+//	policyd_flow_ceiling_decreases_total{target}                counter of the adaptive ceilings' decreases,
+//	                                                            read at scrape from the engine (so every
+//	                                                            replica reports the fleet's count)
 //	policyd_rpc_duration_seconds{service,method,code}           histogram of RPC latency (streams: duration)
 //	grpc_server_started_total, grpc_server_handled_total,
 //	grpc_server_msg_received_total, grpc_server_msg_sent_total,
@@ -93,6 +107,7 @@ type Metrics struct {
 	budgetTokens *prometheus.GaugeVec
 	rpcDuration  *prometheus.HistogramVec
 	leases       *prometheus.CounterVec
+	fallbacks    *prometheus.CounterVec
 	grpc         *grpcprom.ServerMetrics
 	breakers     *breakerCollector
 	targets      *labelCap
@@ -136,13 +151,17 @@ func NewMetrics(reg prometheus.Registerer, opts MetricsOptions) (*Metrics, error
 			Name: metricLeases,
 			Help: "Concurrency leases by target and result: granted, full (the concurrency ceiling refused), rate_limited (the rate ceiling did), refused (the breaker did), stray_release (a release of a lease not held, ignored).",
 		}, []string{"target", "result"}),
+		fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: metricFallbacks,
+			Help: "Attempts moved from one target of a call's escalation chain to another, by the target they left and the one they went to.",
+		}, []string{"from", "to"}),
 		grpc: grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
 			grpcprom.WithHistogramBuckets(rpcBuckets))),
 		targets: newLabelCap(opts.MaxTargets),
 		tenants: newLabelCap(opts.MaxTenants),
 	}
 	m.breakers = newBreakerCollector(opts.WatchBuffer, m.tenants, m.targets)
-	for _, c := range []prometheus.Collector{m.decisions, m.attempts, m.budgetTokens, m.rpcDuration, m.leases, m.grpc, m.breakers} {
+	for _, c := range []prometheus.Collector{m.decisions, m.attempts, m.budgetTokens, m.rpcDuration, m.leases, m.fallbacks, m.grpc, m.breakers} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -152,7 +171,7 @@ func NewMetrics(reg prometheus.Registerer, opts MetricsOptions) (*Metrics, error
 
 // attach connects the breaker gauges to the store and starts counting its
 // breaker transitions; the first call wins.
-func (m *Metrics) attach(b Breakers) {
+func (m *Metrics) attach(b Breakers, f flowStore) {
 	if m == nil {
 		return
 	}
@@ -160,6 +179,7 @@ func (m *Metrics) attach(b Breakers) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.store.CompareAndSwap(nil, &b) {
+		c.flow = f
 		c.events, c.cancel = b.Subscribe("", c.buffer)
 	}
 }
@@ -190,6 +210,9 @@ func (m *Metrics) successes(outs []*pb.Outcome) {
 			continue
 		}
 		target := o.GetCall().GetTarget()
+		if t := o.GetAttemptTarget(); t != "" {
+			target = t
+		}
 		obs, seen := byTarget[target]
 		if !seen {
 			if byTarget == nil {
@@ -217,6 +240,14 @@ func (m *Metrics) lease(target string, granted bool, reason string) {
 		result = "rate_limited"
 	}
 	m.leases.WithLabelValues(m.targets.label(target), result).Inc()
+}
+
+// fallback counts an attempt moved from target from to target to.
+func (m *Metrics) fallback(from, to string) {
+	if m == nil {
+		return
+	}
+	m.fallbacks.WithLabelValues(m.targets.label(from), m.targets.label(to)).Inc()
 }
 
 // strayRelease counts a release of a lease not held.
@@ -334,7 +365,11 @@ type breakerCollector struct {
 	transitions *prometheus.CounterVec
 	resets      prometheus.Counter
 
+	ceilingDesc   *prometheus.Desc
+	decreasesDesc *prometheus.Desc
+
 	mu     sync.Mutex // guards the fields below and serialises collection
+	flow   flowStore  // the policies and pools of the ceilings; set with store
 	events <-chan policy.BreakerEvent
 	cancel func()
 	last   map[policy.BreakerKey]policy.BreakerState
@@ -358,6 +393,12 @@ func newBreakerCollector(buffer int, tenants, targets *labelCap) *breakerCollect
 			Name: metricWatchResets,
 			Help: "Times the breaker transition watch fell behind and took a fresh snapshot; changes in between may be uncounted.",
 		}),
+		ceilingDesc: prometheus.NewDesc(metricCeiling,
+			"The concurrency ceiling in force under a breaker's key: the policy's max_in_flight, or the adaptive ceiling's current value; past the label caps, the sum over \"other\".",
+			[]string{"tenant", "target"}, nil),
+		decreasesDesc: prometheus.NewDesc(metricDecreases,
+			"Decreases of the adaptive concurrency ceilings (on 429s and pushback-bearing 503s), by target, as the engine counts them.",
+			[]string{"target"}, nil),
 		last: map[policy.BreakerKey]policy.BreakerState{},
 	}
 }
@@ -366,6 +407,8 @@ func newBreakerCollector(buffer int, tenants, targets *labelCap) *breakerCollect
 func (c *breakerCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.statesDesc
 	ch <- c.stateDesc
+	ch <- c.ceilingDesc
+	ch <- c.decreasesDesc
 	c.transitions.Describe(ch)
 	c.resets.Describe(ch)
 }
@@ -394,6 +437,7 @@ func (c *breakerCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 		c.mu.Lock()
+		flow := c.flow
 		c.drain(*p)
 		if len(c.last) > 2*len(list)+1024 {
 			// Forget breakers the store has dropped since.
@@ -414,9 +458,47 @@ func (c *breakerCollector) Collect(ch chan<- prometheus.Metric) {
 				ch <- prometheus.MustNewConstMetric(c.stateDesc, prometheus.GaugeValue, float64(row[i]), k.Tenant, k.Target, st.String())
 			}
 		}
+		if flow != nil {
+			c.collectCeilings(ch, flow, list)
+		}
 	}
 	c.transitions.Collect(ch)
 	c.resets.Collect(ch)
+}
+
+// collectCeilings reports the ceiling in force under each breaker of list
+// whose policy has a concurrency ceiling, and the adaptive ceilings'
+// decreases by target. It resolves a policy and reads a pool per such
+// breaker, at scrape and never on a decision's path.
+func (c *breakerCollector) collectCeilings(ch chan<- prometheus.Metric, flow flowStore, list []policy.BreakerSnapshot) {
+	ceilings := map[policy.BreakerKey]int{}
+	decreases := map[string]uint64{}
+	for _, b := range list {
+		p, _ := flow.Resolve(b.Key.Tenant, b.Key.Target)
+		if p.Flow.MaxInFlight == 0 {
+			continue
+		}
+		pool, err := flow.Pool(b.Key)
+		if err != nil {
+			continue
+		}
+		n, _ := ceilingOf(&p, pool)
+		target := c.targets.label(b.Key.Target)
+		k := policy.BreakerKey{Target: target}
+		if b.Key.Tenant != "" {
+			k.Tenant = c.tenants.label(b.Key.Tenant)
+		}
+		ceilings[k] += n
+		if p.Flow.Adaptive.Enabled {
+			decreases[target] += pool.Decreases
+		}
+	}
+	for k, n := range ceilings {
+		ch <- prometheus.MustNewConstMetric(c.ceilingDesc, prometheus.GaugeValue, float64(n), k.Tenant, k.Target)
+	}
+	for target, n := range decreases {
+		ch <- prometheus.MustNewConstMetric(c.decreasesDesc, prometheus.CounterValue, float64(n), target)
+	}
 }
 
 // drain counts the transitions queued since the last scrape; c.mu must be

@@ -61,18 +61,19 @@ func forTenant(tenant string) string {
 	return " for tenant " + strconv.Quote(tenant)
 }
 
-// decisionNote is what a NextDelay decision tells the call's run's call
-// table.
-func decisionNote(call *callRef, attempt uint32, class, why string, now time.Time) policy.CallNote {
-	return policy.CallNote{Target: call.target, TriageRef: call.triageRef, Attempt: attempt,
-		Classification: class, Detail: why, Time: now}
+// decisionNote is what a NextDelay decision of the attempt sent to target
+// tells the call's run's call table.
+func decisionNote(call *callRef, target string, attempt uint32, class, why string, now time.Time) policy.CallNote {
+	return policy.CallNote{Target: target, PrimaryTarget: primaryOf(call, target), TriageRef: call.triageRef,
+		Attempt: attempt, Classification: class, Detail: why, Time: now}
 }
 
 // outcomeNote is what an outcome of a call of a run tells the run's call
 // table: the attempt, its failure's classification when classified here,
 // and the final disposition it carries.
 func outcomeNote(it *outcomeItem, class string, now time.Time) policy.CallNote {
-	n := policy.CallNote{Target: it.call.target, TriageRef: it.call.triageRef, Attempt: it.attempt, Time: now,
+	n := policy.CallNote{Target: it.target, PrimaryTarget: primaryOf(&it.call, it.target), TriageRef: it.call.triageRef,
+		Attempt: it.attempt, Time: now,
 		Classification: class, Disposition: it.final.Disposition, Stop: it.final.Stop}
 	switch {
 	case it.success:

@@ -16,7 +16,7 @@ import (
 // Implementations must be safe for concurrent use. The behaviours the
 // handlers rely on (probes, budgets, cool-downs, transitions, the first
 // final disposition winning, durability, subscriptions, attempts, permits,
-// and what one replica's writes show on another) are the one contract
+// what one replica's writes show on another, and the adaptive ceiling) are the one contract
 // suite, package storetest, which every implementation's tests run
 // unchanged: breakerstore's on bbolt, redisstore's on Redis standalone and
 // on Redis Cluster.
@@ -30,6 +30,7 @@ type Store interface {
 	Attempts
 	Leases
 	Keys
+	AttemptStats
 	// Begin starts a batch for the state changes of one request
 	// (NextDelay's breaker failure, cool-down, retry spend, attempt record
 	// and audit record), so a store that makes changes durable before
@@ -62,9 +63,32 @@ type Changes = interface {
 	// NoteCall tells run runID's call table what the decision says of
 	// call callID (see Runs.NoteCall).
 	NoteCall(runID, callID string, n policy.CallNote) error
+	// CountAttempts counts the end of a call in the attempt statistics
+	// (AttemptStats): NextDelay's STOP, counted once per call because an
+	// attempt is decided once.
+	CountAttempts(t policy.AttemptTally)
 	// Commit makes every change durable, in one transaction where the
 	// store commits before answering; nothing rolls back.
 	Commit() error
+}
+
+// AttemptStats holds the attempt statistics per tenant and attempt
+// target (fleet.AttemptStats has the rules: hour buckets of successes and
+// final failures by attempt number, kept policy.StatsRetention). They are
+// counted through the write paths the store has: Changes.CountAttempts for
+// NextDelay's STOP, policy.OutcomeUpdate.Tally for reported outcomes (a
+// success, or a final disposition policyd did not decide), counted when
+// the update applies and, for a final disposition of a run, only when the
+// run's ledger took it as the call's first. So a replayed NextDelay, the
+// outcome reporting a STOP policyd decided and a run's final reported
+// again count nothing more; an outcome batch sent twice counts twice, as
+// its breaker results and deposits do. Counts are counters: they are as
+// durable as the breakers' windows (the group commit, or the next flush).
+type AttemptStats interface {
+	// AttemptStats returns the statistics of the window from since to now,
+	// one entry per tenant and target with a count in it, sorted by tenant
+	// and target; an empty tenant or target selects every one.
+	AttemptStats(tenant, target string, since time.Time) ([]policy.TargetStats, error)
 }
 
 // Leases holds the fleet-wide ceilings (policy.FlowConfig) per breaker

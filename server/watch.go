@@ -27,7 +27,8 @@ func (w workers) WatchBreakers(req *pb.WatchBreakersRequest, stream grpc.ServerS
 // watcher serves breaker watches from the store's subscriptions.
 type watcher struct {
 	store    Breakers
-	policies Policies // which targets have a ceiling, told with the snapshot
+	policies Policies  // which targets have a ceiling, told with the snapshot
+	flow     flowStore // the ceiling of a breaker under one, told on its messages
 	// buffer is the number of changes that may queue behind a client that
 	// does not read; the snapshot never counts against it.
 	buffer int
@@ -70,7 +71,7 @@ func (w *watcher) serve(req *pb.WatchBreakersRequest, stream grpc.ServerStreamin
 		for {
 			select {
 			case ev := <-out:
-				msg := watchMessage(ev)
+				msg := w.message(ev)
 				if ev.SnapshotDone {
 					w.flowTargets(req.GetTenant(), msg)
 				}
@@ -135,11 +136,13 @@ func (w *watcher) subscribe(req *pb.WatchBreakersRequest) (<-chan policy.Breaker
 // watch starts from a snapshot instead.
 const resumeReplay = 256
 
-func watchMessage(ev policy.BreakerEvent) *pb.WatchBreakersResponse {
+// message is the message of ev: a breaker carries its ceiling's state as
+// of the moment it is sent.
+func (w *watcher) message(ev policy.BreakerEvent) *pb.WatchBreakersResponse {
 	if ev.SnapshotDone {
 		return &pb.WatchBreakersResponse{SnapshotComplete: true, ResumeToken: ev.Resume, Resumed: ev.Resumed}
 	}
-	return &pb.WatchBreakersResponse{Breaker: breakerToPB(ev.Snapshot), Snapshot: ev.Initial, ResumeToken: ev.Resume}
+	return &pb.WatchBreakersResponse{Breaker: breakerWithPool(w.flow, ev.Snapshot), Snapshot: ev.Initial, ResumeToken: ev.Resume}
 }
 
 func isChange(ev policy.BreakerEvent) bool { return !ev.Initial && !ev.SnapshotDone }

@@ -7,9 +7,12 @@
 //	go run ./cmd/policybench --spawn --sync always
 //	go run ./cmd/policybench crash --duration 60s
 //	go run ./cmd/policybench diskfull
+//	go run ./cmd/policybench adaptive
 //	go run ./cmd/policybench soak --duration 10m
 //	go run ./cmd/policybench replicas
 //	go run ./cmd/policybench replicas-sweep
+//	go run ./cmd/policybench escalate
+//	go run ./cmd/policybench once --mode redis
 package main
 
 import (
@@ -87,13 +90,14 @@ outcomes per commit from policyd_store_commits_total.
 	f.Uint64Var(&cfg.Seed, "seed", 1, "seed of the request mix")
 	f.IntVar(&cfg.ReportBatch, "report-batch", defaultReportBatch, "outcomes per ReportOutcome (1..1000; the Go client's default batch size is 256)")
 	spawn.register(cmd)
-	cmd.AddCommand(crashCmd(), diskfullCmd(), replicasCmd(), replicaSweepCmd(), soakCmd(), drainCmd(), slowWatchCmd(), profileServerCmd(), &cobra.Command{
+	cmd.AddCommand(crashCmd(), diskfullCmd(), escalateCmd(), replicasCmd(), replicaSweepCmd(), soakCmd(), drainCmd(), slowWatchCmd(), profileServerCmd(), onceCmd(), onceWorkerCmd(), &cobra.Command{
 		Use:    "echo-server",
 		Short:  "Serve the bare gRPC echo on a loopback port (used by the sweep)",
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE:   func(*cobra.Command, []string) error { return runEchoServer() },
 	})
+	cmd.AddCommand(adaptiveCmd())
 	return cmd
 }
 

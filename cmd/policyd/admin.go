@@ -170,7 +170,7 @@ func (c *clientFlags) call(cmd *cobra.Command, fn func(context.Context, pb.Admin
 
 func adminCmds() []*cobra.Command {
 	var c clientFlags
-	cmds := []*cobra.Command{tenantCmd(&c), policyCmd(&c), breakersCmd(&c), breakerCmd(&c), runCmd(&c), auditCmd(&c)}
+	cmds := []*cobra.Command{tenantCmd(&c), policyCmd(&c), breakersCmd(&c), breakerCmd(&c), runCmd(&c), auditCmd(&c), adviseCmd(&c)}
 	for _, cmd := range cmds {
 		c.register(cmd)
 	}
@@ -302,6 +302,13 @@ func policyCmd(c *clientFlags) *cobra.Command {
 		maxInFlight, burst               uint32
 		maxRate                          float64
 		countPushback                    bool
+		fallbacks                        []string
+		fallbackAfter                    uint32
+		fallbackOnOpen                   bool
+		adaptive                         bool
+		minInFlight                      uint32
+		adaptiveDec, adaptiveInc         float64
+		adaptiveHold                     time.Duration
 		base, maxDelay, attemptTO, dline time.Duration
 		cooldown                         time.Duration
 		factor                           float64
@@ -380,6 +387,42 @@ func policyCmd(c *clientFlags) *cobra.Command {
 					p.Flow.Burst = &burst
 				}
 			}
+			if fl.Changed("fallback") || fl.Changed("fallback-after") || fl.Changed("fallback-on-circuit-open") {
+				if p.Fallback == nil {
+					p.Fallback = &pb.FallbackSettings{}
+				}
+				if fl.Changed("fallback") {
+					p.Fallback.Targets = fallbacks
+				}
+				if fl.Changed("fallback-after") {
+					p.Fallback.AfterAttempts = fallbackAfter
+				}
+				if fl.Changed("fallback-on-circuit-open") {
+					p.Fallback.OnCircuitOpen = fallbackOnOpen
+				}
+			}
+			if adaptive || fl.Changed("min-in-flight") || fl.Changed("adaptive-decrease") ||
+				fl.Changed("adaptive-increase") || fl.Changed("adaptive-hold") {
+				if p.Flow == nil {
+					p.Flow = &pb.FlowSettings{}
+				}
+				if p.Flow.Adaptive == nil {
+					p.Flow.Adaptive = &pb.AdaptiveCeiling{}
+				}
+				a := p.Flow.Adaptive
+				if fl.Changed("min-in-flight") {
+					a.MinInFlight = &minInFlight
+				}
+				if fl.Changed("adaptive-decrease") {
+					a.Decrease = &adaptiveDec
+				}
+				if fl.Changed("adaptive-increase") {
+					a.Increase = &adaptiveInc
+				}
+				if fl.Changed("adaptive-hold") {
+					a.Hold = durationpb.New(adaptiveHold)
+				}
+			}
 			if fl.Changed("breaker-mode") {
 				v, ok := pb.BreakerMode_value["BREAKER_MODE_"+strings.ToUpper(strings.ReplaceAll(mode, "-", "_"))]
 				if !ok {
@@ -418,6 +461,14 @@ func policyCmd(c *clientFlags) *cobra.Command {
 	f.Uint32Var(&maxInFlight, "max-in-flight", 0, "fleet-wide concurrency ceiling, in attempts (unset: none)")
 	f.Float64Var(&maxRate, "max-rate", 0, "fleet-wide rate ceiling, in attempts per second (unset: none)")
 	f.Uint32Var(&burst, "burst", 1, "attempts the rate ceiling admits at once")
+	f.StringSliceVar(&fallbacks, "fallback", nil, "fallback targets a call escalates to, in order (comma-separated, at most 4)")
+	f.Uint32Var(&fallbackAfter, "fallback-after", 0, "attempts each target of the chain gets before the next (0: only on an open circuit)")
+	f.BoolVar(&fallbackOnOpen, "fallback-on-circuit-open", false, "send an attempt whose target's breaker is open to the next target of the chain")
+	f.BoolVar(&adaptive, "adaptive", false, "let the concurrency ceiling learn from 429s and pushback-bearing 503s (AIMD, up to --max-in-flight); implied by the --adaptive-* and --min-in-flight flags")
+	f.Uint32Var(&minInFlight, "min-in-flight", 1, "the adaptive ceiling's floor")
+	f.Float64Var(&adaptiveDec, "adaptive-decrease", 0.7, "factor the adaptive ceiling is multiplied by on a congestion signal, above 0 and below 1")
+	f.Float64Var(&adaptiveInc, "adaptive-increase", 0.5, "added to the adaptive ceiling per ceiling's worth of successes")
+	f.DurationVar(&adaptiveHold, "adaptive-hold", 0, "least time between two decreases of the adaptive ceiling (besides a window of outcomes)")
 
 	get := &cobra.Command{
 		Use: "get", Short: "Show the policy of a scope (--effective: the one that applies)", Args: cobra.NoArgs,
@@ -488,6 +539,7 @@ func printPolicy(w io.Writer, e *pb.PolicyEntry) {
 			br.GetConsecutiveFailures(), br.GetFailureRate(), dur(br.GetWindow()), br.GetMinCalls())},
 		{"breaker cool-down", fmt.Sprintf("%s, then %d probe permits (each within %s)", dur(br.GetCooldown()), br.GetHalfOpenProbes(), dur(br.GetProbeTimeout()))},
 		{"flow ceilings", flowText(p.GetFlow())},
+		{"fallback", fallbackText(p.GetFallback())},
 	}
 	table(w, "FIELD\tVALUE", rows)
 }
@@ -501,6 +553,10 @@ func flowText(f *pb.FlowSettings) string {
 	if f.MaxInFlight != nil {
 		parts = append(parts, fmt.Sprintf("at most %d in flight (lease slack %s)", f.GetMaxInFlight(), f.GetLeaseSlack().AsDuration()))
 	}
+	if a := f.GetAdaptive(); a != nil {
+		parts = append(parts, fmt.Sprintf("adaptive from %d to %d in flight: x%g on a 429 or a 503 with pushback (once per window, hold %s), +%g per window of successes",
+			a.GetMinInFlight(), f.GetMaxInFlight(), a.GetDecrease(), a.GetHold().AsDuration(), a.GetIncrease()))
+	}
 	if f.MaxRate != nil {
 		parts = append(parts, fmt.Sprintf("at most %g per second, burst %d", f.GetMaxRate(), max(f.GetBurst(), 1)))
 	}
@@ -508,6 +564,21 @@ func flowText(f *pb.FlowSettings) string {
 		return "none"
 	}
 	return strings.Join(parts, "; ")
+}
+
+// fallbackText describes a policy's escalation chain, or "none".
+func fallbackText(f *pb.FallbackSettings) string {
+	if len(f.GetTargets()) == 0 {
+		return "none"
+	}
+	s := strings.Join(f.GetTargets(), ", ")
+	if n := f.GetAfterAttempts(); n > 0 {
+		s += fmt.Sprintf(", after %d attempts per target", n)
+	}
+	if f.GetOnCircuitOpen() {
+		s += ", on an open circuit"
+	}
+	return s
 }
 
 // joinCodes lists codes by name, or "-" for none.
@@ -589,9 +660,21 @@ func printBreakers(w io.Writer, list []*pb.Breaker) {
 		}
 		rows = append(rows, []string{orAny(b.GetKey().GetTenant()), b.GetKey().GetTarget(), st,
 			fmt.Sprint(b.GetConsecutiveFailures()), fmt.Sprintf("%d/%d", b.GetWindowFailures(), b.GetWindowCalls()),
-			tsText(b.GetOpenUntilTime()), tsText(b.GetCooldownUntilTime()), tsText(b.GetChangeTime())})
+			tsText(b.GetOpenUntilTime()), tsText(b.GetCooldownUntilTime()), tsText(b.GetChangeTime()), ceilingText(b)})
 	}
-	table(w, "TENANT\tTARGET\tSTATE\tCONSECUTIVE\tWINDOW FAIL/CALLS\tOPEN UNTIL\tCOOL-DOWN UNTIL\tCHANGED", rows)
+	table(w, "TENANT\tTARGET\tSTATE\tCONSECUTIVE\tWINDOW FAIL/CALLS\tOPEN UNTIL\tCOOL-DOWN UNTIL\tCHANGED\tCEILING", rows)
+}
+
+// ceilingText is a breaker's concurrency ceiling: "-" for none, the
+// number, and for an adaptive ceiling its exact value beside it.
+func ceilingText(b *pb.Breaker) string {
+	switch {
+	case b.GetCeiling() == 0:
+		return "-"
+	case b.GetAdaptiveLimit() > 0:
+		return fmt.Sprintf("%d (adaptive %.2f)", b.GetCeiling(), b.GetAdaptiveLimit())
+	}
+	return fmt.Sprint(b.GetCeiling())
 }
 
 func breakerCmd(c *clientFlags) *cobra.Command {

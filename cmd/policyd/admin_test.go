@@ -1,10 +1,14 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 )
 
 // TestAdminCLIPolish runs the admin commands against a real daemon, the way
@@ -82,6 +86,55 @@ func TestAdminCLIPolish(t *testing.T) {
 		out, err = cli(t, dir, "policy", "set", "--tenant", "acme", "--target", "portal", "--max-in-flight", "0")
 		if err == nil || !strings.Contains(out, "flow.max_in_flight") {
 			t.Errorf("policy set --max-in-flight 0: got %v:\n%s\nwant a refusal naming flow.max_in_flight", err, out)
+		}
+	})
+
+	t.Run("policy set takes and shows the fallback chain", func(t *testing.T) {
+		out, err := cli(t, dir, "policy", "set", "--tenant", "acme", "--target", "geo-a", "--fallback", "geo-b,geo-c",
+			"--fallback-after", "1", "--fallback-on-circuit-open")
+		if err != nil {
+			t.Fatalf("policy set: %v: %s", err, out)
+		}
+		if !strings.Contains(out, "geo-b, geo-c, after 1 attempts per target, on an open circuit") {
+			t.Errorf("policy set does not show the fallback chain:\n%s", out)
+		}
+		out, err = cli(t, dir, "policy", "set", "--tenant", "acme", "--target", "geo-a", "--fallback", "geo-a")
+		if err == nil || !strings.Contains(out, "policy.fallback.targets[0]") {
+			t.Errorf("policy set --fallback geo-a on geo-a: got %v:\n%s\nwant a refusal naming policy.fallback.targets[0]", err, out)
+		}
+	})
+
+	t.Run("policy set, policy get and breaker get show the adaptive ceiling", func(t *testing.T) {
+		out, err := cli(t, dir, "policy", "set", "--tenant", "acme", "--target", "learner", "--max-in-flight", "20",
+			"--adaptive", "--min-in-flight", "3")
+		if err != nil {
+			t.Fatalf("policy set: %v: %s", err, out)
+		}
+		want := "adaptive from 3 to 20 in flight: x0.7 on a 429 or a 503 with pushback (once per window, hold 0s), +0.5 per window of successes"
+		if !strings.Contains(out, want) {
+			t.Errorf("policy set does not show the adaptive ceiling %q:\n%s", want, out)
+		}
+		if out, err = cli(t, dir, "policy", "get", "--tenant", "acme", "--target", "learner"); err != nil || !strings.Contains(out, want) {
+			t.Errorf("policy get: %v, want %q in\n%s", err, want, out)
+		}
+		out, err = cli(t, dir, "policy", "set", "--tenant", "acme", "--target", "learner", "--adaptive-decrease", "1")
+		if err == nil || !strings.Contains(out, "flow.adaptive") {
+			t.Errorf("policy set --adaptive-decrease 1 without max-in-flight: got %v:\n%s\nwant a refusal naming flow.adaptive", err, out)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		a, err := pb.NewRetryPolicyServiceClient(d.conn(t)).Admit(ctx, &pb.AdmitRequest{
+			Call: &pb.CallRef{Tenant: "acme", Target: "learner", CallId: "c1"}, Attempt: 1})
+		if err != nil || !a.GetAdmitted() {
+			t.Fatalf("Admit: %v, %v", a, err)
+		}
+		out, err = cli(t, dir, "breaker", "get", "learner", "--tenant", "acme")
+		if err != nil || !strings.Contains(out, "CEILING") || !strings.Contains(out, "20 (adaptive 20.00)") ||
+			!strings.Contains(out, "concurrency leases in flight: 1") {
+			t.Errorf("breaker get: %v, want CEILING 20 (adaptive 20.00) and one lease in\n%s", err, out)
+		}
+		if out, err = cli(t, dir, "breakers", "--tenant", "acme"); err != nil || !strings.Contains(out, "20 (adaptive 20.00)") {
+			t.Errorf("breakers: %v, want the adaptive ceiling in\n%s", err, out)
 		}
 	})
 

@@ -125,6 +125,9 @@ func parseConfig(path string, raw []byte, check func(policy.TenantBudget) error)
 					return nil, fmt.Errorf("%s:%d: %s.policy: %v", path, item.Line, field, err)
 				}
 				dp, err := server.PolicyFromProto(field+".policy", p)
+				if err == nil {
+					err = server.CheckOwnTarget(field+".policy", entry.Target, &dp)
+				}
 				if err != nil {
 					return nil, fmt.Errorf("%s:%d: %v", path, item.Line, err)
 				}

@@ -147,6 +147,10 @@ func TestConfigCheckValidatesOffline(t *testing.T) {
 		{"budget.yaml", "tenants:\n  - tenant: acme\n    retry_cost: 3\n    timeout_cost: 1\n", false,
 			"budget.yaml:2: tenants[0]"},
 		{"key.yaml", "tenant: []\n", false, `key.yaml:1: unknown key "tenant"`},
+		{"fallback.yaml", goodConfig + "  - target: geo-a\n    policy:\n      fallback: {targets: [geo-b, geo-a]}\n", false,
+			"fallback.yaml:14: policies[2].policy.fallback.targets[1]: must not be the policy's own target"},
+		{"fallbacks.yaml", goodConfig + "  - target: geo-a\n    policy:\n      fallback: {targets: [b, c, d, e, f]}\n", false,
+			"fallbacks.yaml:14: policies[2].policy.fallback.targets: must name at most 4"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -39,6 +39,24 @@
 //	                OPEN on one refuses on another that had it CLOSED; concurrent cool-down extensions from
 //	                every replica keep the latest; a subscriber on one replica sees the transitions the others
 //	                make, in order
+//	escalation      a run's call table keeps the target a call ended on and its primary (a call back on its
+//	                primary has none), on every replica; an audit record keeps its primary target; a RETRY's
+//	                target replays with it on every replica
+//	leases          exactly the ceiling of 64 concurrent AdmitFlows over the replicas get a lease, each distinct,
+//	                the rest concurrency:full with FullWait; a lease returned on another replica frees its
+//	                slot, returned again (or invented, or unparseable) it is ignored and counted as stray;
+//	                leases expire; a breaker that refuses takes none; no ceiling at all is invalid
+//	rate            a rate ceiling over the replicas admits its burst of 64 concurrent AdmitFlows at one instant,
+//	                then one per interval, each refusal with the exact wait; slots taken by attempts that a
+//	                full concurrency ceiling or the breaker refused are given back
+//	adaptive        (flow.go) an adaptive ceiling starts at its maximum; a congestion signal released on one replica cuts
+//	                it for all, successes grow it by Increase/limit, a second cut waits for a window of
+//	                outcomes and Hold, a signal counts with a lease not held (engines with Engine.Adaptive)
+//	ceilings        (adaptive.go) an adaptive concurrency ceiling (fleet.AdaptiveLimit) over the replicas: a fresh one admits
+//	                exactly its maximum of 64 concurrent Admits; concurrent congestion signals within the hold cut
+//	                it once; it then admits exactly its Ceiling; a window of successes adds Increase; a lease
+//	                released after its expiry still teaches; the floor and the maximum hold. Only for an engine
+//	                whose Engine.Adaptive is set (skipped otherwise)
 //
 // Time is the suite's Clock, handed to the engine at Open; the suite moves
 // it, never sleeps. An engine over a server decides at that clock too

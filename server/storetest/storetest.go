@@ -56,6 +56,12 @@ type Engine struct {
 	// clock; whatever it starts ends with the test. Nil for an embedded
 	// engine: Store then stands for every replica.
 	Replica func() server.Store
+	// Adaptive says the engine keeps adaptive concurrency ceilings
+	// (server.Leases with FlowLimits.Adaptive set: fleet.AdaptiveLimit's
+	// rules applied by AdmitFlow and ReleaseLease, its value and decreases
+	// in Pool). The behaviour "adaptive" runs only when it is set and is
+	// skipped otherwise: an engine sets it once it holds them.
+	Adaptive bool
 }
 
 // Open starts the engine under test for one test, telling time by clock;
@@ -84,12 +90,21 @@ func Run(t *testing.T, open Open) {
 		{"duplicates", testDuplicates},
 		{"permits", testPermits},
 		{"replicas", testReplicas},
+		{"escalation", testEscalation},
+		{"leases", testLeases},
+		{"rate", testRate},
+		{"ceilings", testAdaptiveCeiling},
+		{"adaptive", testAdaptive},
+		{"attempt stats", testAttemptStats},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := NewClock()
 			en := open(t, c)
-			e := &env{clock: c, s: en.Store, restart: en.Restart}
+			if (tt.name == "adaptive" || tt.name == "ceilings") && !en.Adaptive {
+				t.Skip("the engine does not keep adaptive ceilings (Engine.Adaptive is false)")
+			}
+			e := &env{clock: c, s: en.Store, restart: en.Restart, adaptive: en.Adaptive}
 			e.replicas = []server.Store{en.Store}
 			for len(e.replicas) < replicas {
 				r := en.Store
@@ -109,6 +124,7 @@ type env struct {
 	s        server.Store
 	restart  func() server.Store
 	replicas []server.Store // s first; s every time for an embedded engine
+	adaptive bool           // Engine.Adaptive
 }
 
 // on returns the replica the i-th worker calls.
@@ -712,6 +728,80 @@ func testDurability(t *testing.T, e *env) {
 	}
 }
 
+// testEscalation: a run's call table keeps the target a call ended on with
+// its primary (a note naming a target sets both, so a call back on its
+// primary has none), on every replica; an audit record keeps its primary
+// target and one without it reads back without it.
+func testEscalation(t *testing.T, e *env) {
+	run, err := e.s.OpenRun(policy.Run{Tenant: "acme", Pool: 10, Cutoff: e.clock.Now().Add(time.Hour)})
+	if err != nil {
+		t.Fatalf("OpenRun = %v, want nil", err)
+	}
+	now := e.clock.Now()
+	notes := []struct {
+		call string
+		n    policy.CallNote
+	}{
+		{"moved", policy.CallNote{Target: "geo-a", Attempt: 1, Time: now}},
+		{"moved", policy.CallNote{Target: "geo-b", PrimaryTarget: "geo-a", Attempt: 2, Time: now}},
+		{"moved", policy.CallNote{Attempt: 2, Disposition: policy.DispositionSucceeded, Time: now}},
+		{"back", policy.CallNote{Target: "geo-b", PrimaryTarget: "geo-a", Attempt: 1, Time: now}},
+		{"back", policy.CallNote{Target: "geo-a", Attempt: 2, Time: now}},
+		{"stayed", policy.CallNote{Target: "geo-a", Attempt: 1, Time: now}},
+	}
+	for i, n := range notes {
+		if err := e.on(i).NoteCall(run.ID, n.call, n.n); err != nil {
+			t.Fatalf("NoteCall(%s, %+v) = %v, want nil", n.call, n.n, err)
+		}
+	}
+	want := "[back geo-a/ moved geo-b/geo-a stayed geo-a/]"
+	e.everywhere(t, "the call table's targets "+want, func(s server.Store) bool {
+		calls, _, err := s.RunCalls(run.ID, policy.RunCallFilter{}, "", 0)
+		var got []string
+		for _, c := range calls {
+			got = append(got, c.CallID+" "+c.Target+"/"+c.PrimaryTarget)
+		}
+		return err == nil && fmt.Sprint(got) == want
+	})
+
+	e.s.AppendAudit(
+		policy.AuditRecord{Event: policy.AuditDecision, Tenant: "acme", Target: "geo-b", PrimaryTarget: "geo-a", CallID: "esc-1", Attempt: 2},
+		policy.AuditRecord{Event: policy.AuditDecision, Tenant: "acme", Target: "geo-a", CallID: "esc-1", Attempt: 1},
+	)
+	var got []string
+	eventually(t, "the audit records of esc-1", func() bool {
+		recs, _, err := e.s.QueryAudit(policy.AuditQuery{CallID: "esc-1", Tenant: "acme"})
+		got = got[:0]
+		for _, r := range recs {
+			got = append(got, fmt.Sprintf("%d %s/%s", r.Attempt, r.Target, r.PrimaryTarget))
+		}
+		return err == nil && len(recs) == 2
+	})
+	if fmt.Sprint(got) != "[2 geo-b/geo-a 1 geo-a/]" {
+		t.Errorf("audit records (attempt target/primary): got %v, want [2 geo-b/geo-a 1 geo-a/]", got)
+	}
+
+	// A RETRY to a fallback replays with its target, on every replica.
+	k := policy.CallKey{Tenant: "acme", CallID: "esc-2"}
+	ans := policy.Answer{Retry: true, Delay: time.Second, Category: policy.CategoryTransient, Class: "transient:503",
+		Breaker: policy.BreakerClosed, Target: "geo-b"}
+	if _, replay, err := e.s.ClaimAttempt(k, 1); replay || err != nil {
+		t.Fatalf("ClaimAttempt(esc-2, 1) = replay %v, %v; want a fresh decision", replay, err)
+	}
+	u := e.s.Begin()
+	if err := u.RecordAttempt(k, 1, ans, e.clock.Now().Add(time.Hour)); err != nil {
+		t.Fatalf("RecordAttempt = %v, want nil", err)
+	}
+	if err := u.Commit(); err != nil {
+		t.Fatalf("Commit = %v, want nil", err)
+	}
+	for i := range e.replicas {
+		if got, replay, err := e.on(i).ClaimAttempt(k, 1); err != nil || !replay || got.Target != "geo-b" {
+			t.Errorf("replica %d: ClaimAttempt(esc-2, 1) again = %+v, replay %v, %v; want the RETRY to geo-b replayed", i, got, replay, err)
+		}
+	}
+}
+
 // testSubscriptions: a subscriber gets every transition of its tenant's
 // breakers in the order they happened, and none of another tenant's.
 func testSubscriptions(t *testing.T, e *env) {
@@ -1164,4 +1254,127 @@ func (w *watch) until(t *testing.T, key policy.BreakerKey, gen uint64) []policy.
 			}
 		}
 	}
+}
+
+// testAttemptStats: the attempt statistics count each call's end once,
+// by tenant, attempt target, hour and attempt number (16 or more in the
+// last slot), through both write paths (a batch's CountAttempts and an
+// outcome's Tally), on every replica alike; a run's final disposition
+// reported again, or refused, counts nothing; a window selects hours;
+// buckets past the retention are not read.
+func testAttemptStats(t *testing.T, e *env) {
+	run, err := e.s.OpenRun(policy.Run{Tenant: "acme", Pool: 10, Cutoff: e.clock.Now().Add(time.Hour)})
+	if err != nil {
+		t.Fatalf("OpenRun = %v, want nil", err)
+	}
+	start := e.clock.Now()
+	geo := policy.BreakerKey{Tenant: "acme", Target: "geocoder"}
+	race(workers, func(i int) {
+		s := e.on(i)
+		switch i % 4 {
+		case 0: // a success on attempt 1, with its breaker result
+			ups := []policy.OutcomeUpdate{{Key: geo, Breaker: breaker, Result: policy.ResultSuccess,
+				Tally: policy.AttemptTally{Tenant: "acme", Target: "geocoder", Attempt: 1, Success: true}}}
+			if _, err := s.ApplyOutcomes(ups, nil); err != nil {
+				t.Errorf("ApplyOutcomes = %v, want nil", err)
+			}
+		case 1: // a success on attempt 2 on the fallback
+			ups := []policy.OutcomeUpdate{{Tally: policy.AttemptTally{Tenant: "acme", Target: "geocoder-b", Attempt: 2, Success: true}}}
+			if _, err := s.ApplyOutcomes(ups, nil); err != nil {
+				t.Errorf("ApplyOutcomes = %v, want nil", err)
+			}
+		case 2: // NextDelay's STOP after attempt 3
+			u := s.Begin()
+			if _, err := u.Record(geo, breaker, policy.ResultTerminal, ""); err != nil {
+				t.Errorf("Record = %v, want nil", err)
+			}
+			u.CountAttempts(policy.AttemptTally{Tenant: "acme", Target: "geocoder", Attempt: 3})
+			if err := u.Commit(); err != nil {
+				t.Errorf("Commit = %v, want nil", err)
+			}
+		case 3: // a final failure after attempt 20 (16 or more), another tenant
+			ups := []policy.OutcomeUpdate{{Tally: policy.AttemptTally{Tenant: "beta", Target: "geocoder", Attempt: 20}}}
+			if _, err := s.ApplyOutcomes(ups, nil); err != nil {
+				t.Errorf("ApplyOutcomes = %v, want nil", err)
+			}
+		}
+	})
+	// A run's call: its SUCCEEDED reported three times counts once, and a
+	// different final disposition after it (refused) not at all.
+	success := policy.OutcomeUpdate{RunID: run.ID, CallID: "doc-1", Final: policy.DispositionSucceeded,
+		Tally: policy.AttemptTally{Tenant: "acme", Target: "geocoder", Attempt: 2, Success: true}}
+	for i := range 3 {
+		ups := []policy.OutcomeUpdate{success}
+		if _, err := e.on(i).ApplyOutcomes(ups, nil); err != nil || ups[0].Refused != nil {
+			t.Fatalf("ApplyOutcomes(SUCCEEDED of doc-1, report %d) = %v, refused %v; want nil", i+1, err, ups[0].Refused)
+		}
+	}
+	late := []policy.OutcomeUpdate{{RunID: run.ID, CallID: "doc-1", Final: policy.DispositionDeadLetter, Stop: policy.StopAttemptsExhausted,
+		Tally: policy.AttemptTally{Tenant: "acme", Target: "geocoder", Attempt: 3}}}
+	if _, err := e.s.ApplyOutcomes(late, nil); err != nil || !failedPrecondition(late[0].Refused) {
+		t.Fatalf("ApplyOutcomes(DEAD_LETTER of a SUCCEEDED call) = %v, refused %v; want the report refused", err, late[0].Refused)
+	}
+
+	n := uint64(workers / 4)
+	var geoWant, fallbackWant, betaWant policy.TargetStats
+	geoWant.Successes[0], geoWant.Successes[1], geoWant.Failures[2] = n, 1, n
+	fallbackWant.Successes[1] = n
+	betaWant.Failures[policy.StatsAttempts-1] = n
+	check := func(what string, s server.Store, tenant, target string, since time.Time, want ...policy.TargetStats) {
+		t.Helper()
+		got, err := s.AttemptStats(tenant, target, since)
+		if err != nil {
+			t.Fatalf("%s: AttemptStats(%q, %q) = %v, want nil", what, tenant, target, err)
+		}
+		if len(got) != len(want) {
+			t.Fatalf("%s: AttemptStats(%q, %q) = %+v, want %d entries", what, tenant, target, got, len(want))
+		}
+		for i := range want {
+			g, w := got[i], want[i]
+			if g.Tenant != w.Tenant || g.Target != w.Target || g.Successes != w.Successes || g.Failures != w.Failures {
+				t.Errorf("%s: AttemptStats(%q, %q)[%d] = %s/%s %v %v, want %s/%s %v %v", what, tenant, target, i,
+					g.Tenant, g.Target, g.Successes, g.Failures, w.Tenant, w.Target, w.Successes, w.Failures)
+			}
+			// The window starts at the hour of since, or of the retention's
+			// start when since is before it.
+			wantStart := since.Truncate(time.Hour)
+			if oldest := e.clock.Now().Truncate(time.Hour).Add(time.Hour - policy.StatsRetention); wantStart.Before(oldest) {
+				wantStart = oldest
+			}
+			if !g.Start.Equal(wantStart) || !g.End.Equal(e.clock.Now()) {
+				t.Errorf("%s: window of %s/%s is %v to %v, want %v to %v", what, g.Tenant, g.Target, g.Start, g.End, wantStart, e.clock.Now())
+			}
+		}
+	}
+	with := func(ts policy.TargetStats, tenant, target string) policy.TargetStats {
+		ts.Tenant, ts.Target = tenant, target
+		return ts
+	}
+	geoWant, fallbackWant, betaWant = with(geoWant, "acme", "geocoder"), with(fallbackWant, "acme", "geocoder-b"), with(betaWant, "beta", "geocoder")
+	for i := range replicas {
+		what := fmt.Sprint("replica ", i)
+		check(what, e.on(i), "", "", start.Add(-time.Hour), geoWant, fallbackWant, betaWant)
+		check(what, e.on(i), "acme", "", start, geoWant, fallbackWant)
+		check(what, e.on(i), "", "geocoder", start, geoWant, betaWant)
+		check(what, e.on(i), "acme", "geocoder", start.Add(-time.Minute), geoWant)
+	}
+
+	// Three hours later: a new hour's bucket, and a window of one hour
+	// that sees it only.
+	e.clock.Advance(3 * time.Hour)
+	later := []policy.OutcomeUpdate{{Tally: policy.AttemptTally{Tenant: "acme", Target: "geocoder", Attempt: 1, Success: true}}}
+	if _, err := e.s.ApplyOutcomes(later, nil); err != nil {
+		t.Fatalf("ApplyOutcomes = %v, want nil", err)
+	}
+	var recent policy.TargetStats
+	recent.Successes[0] = 1
+	recent = with(recent, "acme", "geocoder")
+	check("3 h later, the last hour", e.s, "acme", "geocoder", e.clock.Now().Add(-time.Minute), recent)
+	all := geoWant
+	all.Successes[0]++
+	check("3 h later, the whole retention", e.s, "acme", "geocoder", e.clock.Now().Add(-policy.StatsRetention), all)
+
+	// Past the retention the first hour is no longer read.
+	e.clock.Advance(policy.StatsRetention - 3*time.Hour)
+	check("168 h later", e.s, "acme", "geocoder", e.clock.Now().Add(-policy.StatsRetention), recent)
 }

@@ -13,20 +13,29 @@ import (
 // KeyLen is the length of a record key: time and sequence number.
 const KeyLen = 16
 
-// recordVersion is the version byte of an encoded record.
-const recordVersion = 1
+// Version bytes of an encoded record: 1, or 2 for a record with a primary
+// target (an attempt sent to a fallback), which appends it.
+const (
+	recordVersion        = 1
+	recordVersionPrimary = 2
+)
 
-// EncodeRecord encodes a record without its key: version 1, event,
-// verdict, stop reason, disposition (a byte each), attempt (uvarint), delay
-// in nanoseconds (varint), then tenant, target, call id, run id,
-// classification and detail, each a uvarint length and its bytes.
+// EncodeRecord encodes a record without its key: version 1 (2 with a
+// primary target), event, verdict, stop reason, disposition (a byte each),
+// attempt (uvarint), delay in nanoseconds (varint), then tenant, target,
+// call id, run id, classification and detail and, in version 2, the
+// primary target, each a uvarint length and its bytes.
 func EncodeRecord(rec *policy.AuditRecord) []byte {
 	return AppendRecord(make([]byte, 0, RecordLen(rec)), rec)
 }
 
 // AppendRecord appends rec encoded as EncodeRecord does to b.
 func AppendRecord(b []byte, rec *policy.AuditRecord) []byte {
-	b = append(b, recordVersion, byte(rec.Event), byte(rec.Verdict), byte(rec.Stop), byte(rec.Disposition))
+	version := byte(recordVersion)
+	if rec.PrimaryTarget != "" {
+		version = recordVersionPrimary
+	}
+	b = append(b, version, byte(rec.Event), byte(rec.Verdict), byte(rec.Stop), byte(rec.Disposition))
 	b = binary.AppendUvarint(b, uint64(rec.Attempt))
 	b = binary.AppendVarint(b, int64(rec.Delay))
 	// Unrolled: a loop over an array of the six strings costs a group
@@ -36,7 +45,11 @@ func AppendRecord(b []byte, rec *policy.AuditRecord) []byte {
 	b = appendString(b, rec.CallID)
 	b = appendString(b, rec.RunID)
 	b = appendString(b, rec.Classification)
-	return appendString(b, rec.Detail)
+	b = appendString(b, rec.Detail)
+	if version == recordVersionPrimary {
+		b = appendString(b, rec.PrimaryTarget)
+	}
+	return b
 }
 
 // appendString appends s's length as a uvarint and s.
@@ -55,7 +68,16 @@ func RecordLen(rec *policy.AuditRecord) int {
 		uvarintLen(uint64(len(rec.Tenant))) + len(rec.Tenant) + uvarintLen(uint64(len(rec.Target))) + len(rec.Target) +
 		uvarintLen(uint64(len(rec.CallID))) + len(rec.CallID) + uvarintLen(uint64(len(rec.RunID))) + len(rec.RunID) +
 		uvarintLen(uint64(len(rec.Classification))) + len(rec.Classification) +
-		uvarintLen(uint64(len(rec.Detail))) + len(rec.Detail)
+		uvarintLen(uint64(len(rec.Detail))) + len(rec.Detail) + primaryLen(rec)
+}
+
+// primaryLen is the length of rec's primary target as encoded, 0 in a
+// record of version 1.
+func primaryLen(rec *policy.AuditRecord) int {
+	if rec.PrimaryTarget == "" {
+		return 0
+	}
+	return uvarintLen(uint64(len(rec.PrimaryTarget))) + len(rec.PrimaryTarget)
 }
 
 // DecodeRecord decodes a record written by EncodeRecord under key k,
@@ -67,9 +89,10 @@ func DecodeRecord(k, v []byte) (policy.AuditRecord, error) {
 	}
 	rec.Time = time.Unix(0, int64(binary.BigEndian.Uint64(k)))
 	rec.Seq = binary.BigEndian.Uint64(k[8:])
-	if len(v) < 5 || v[0] != recordVersion {
-		return rec, errors.New("not an audit record of version 1")
+	if len(v) < 5 || (v[0] != recordVersion && v[0] != recordVersionPrimary) {
+		return rec, errors.New("not an audit record of version 1 or 2")
 	}
+	version := v[0]
 	rec.Event, rec.Verdict = policy.AuditEvent(v[1]), policy.Verdict(v[2])
 	rec.Stop, rec.Disposition = policy.StopReason(v[3]), policy.Disposition(v[4])
 	v = v[5:]
@@ -85,7 +108,11 @@ func DecodeRecord(k, v []byte) (policy.AuditRecord, error) {
 	}
 	rec.Delay = time.Duration(delay)
 	v = v[n:]
-	for _, dst := range [...]*string{&rec.Tenant, &rec.Target, &rec.CallID, &rec.RunID, &rec.Classification, &rec.Detail} {
+	strs := []*string{&rec.Tenant, &rec.Target, &rec.CallID, &rec.RunID, &rec.Classification, &rec.Detail, &rec.PrimaryTarget}
+	if version == recordVersion {
+		strs = strs[:6]
+	}
+	for _, dst := range strs {
 		l, n := binary.Uvarint(v)
 		if n <= 0 || l > uint64(len(v)-n) {
 			return rec, errors.New("truncated string")

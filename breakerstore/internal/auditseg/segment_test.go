@@ -175,3 +175,38 @@ func FuzzSegment(f *testing.F) {
 		}
 	})
 }
+
+// TestRecordPrimaryTarget: a record with a primary target is of version 2
+// and decodes with it; one without stays of version 1, the bytes a build
+// before primary targets wrote.
+func TestRecordPrimaryTarget(t *testing.T) {
+	key := make([]byte, KeyLen)
+	for _, tt := range []struct {
+		name    string
+		rec     policy.AuditRecord
+		version byte
+	}{
+		{"none", policy.AuditRecord{Tenant: "acme", Target: "geo-a", CallID: "c", Attempt: 1, Detail: "d"}, 1},
+		{"primary", policy.AuditRecord{Tenant: "acme", Target: "geo-b", CallID: "c", Attempt: 2, Detail: "d", PrimaryTarget: "geo-a"}, 2},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			v := EncodeRecord(&tt.rec)
+			if v[0] != tt.version || len(v) != RecordLen(&tt.rec) {
+				t.Fatalf("encoded: version %d, %d bytes (RecordLen %d); want version %d", v[0], len(v), RecordLen(&tt.rec), tt.version)
+			}
+			got, err := DecodeRecord(key, v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got.Time, got.Seq = time.Time{}, 0
+			if got != tt.rec {
+				t.Fatalf("decoded %+v, want %+v", got, tt.rec)
+			}
+		})
+	}
+	// The bytes of version 1 as the build before wrote them.
+	v1 := []byte{1, 0, 0, 0, 0, 1, 0, 4, 'a', 'c', 'm', 'e', 1, 'x', 1, 'c', 0, 0, 0}
+	if got, err := DecodeRecord(key, v1); err != nil || got.Target != "x" || got.PrimaryTarget != "" {
+		t.Fatalf("version 1 record: %+v, %v; want target x, no primary", got, err)
+	}
+}

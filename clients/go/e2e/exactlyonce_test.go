@@ -179,3 +179,115 @@ func TestExactlyOnceThroughTheLedger(t *testing.T) {
 	t.Logf("%d submissions of %d documents: %d succeeded (%d deduplicated: upstream calls saved), %d dead-lettered (outcome lost); "+
 		"upstream calls %d, each document applied once; ledger %v", len(results), docs, ok, dedup, dead, up.calls, l)
 }
+
+// TestNoUnclaimedAttemptAfterALostOutcomeOrAHeldKey: a non-idempotent
+// call with a key is not sent without a claim once the idempotency
+// ledger has a reason to refuse it: an attempt's outcome was lost (a 504:
+// the upstream may have applied it), or another worker holds the key.
+// While policyd cannot be reached the client decides locally, but then a
+// second write could reach the upstream: the call is dead-lettered
+// instead (NOT_IDEMPOTENT, idempotency:unknown or idempotency:in_flight),
+// whether policyd was away for the attempt itself or only from the next
+// claim on.
+func TestNoUnclaimedAttemptAfterALostOutcomeOrAHeldKey(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// held: another worker holds the key's lease before the call.
+		held bool
+		// stopAt is when policyd stops: before the call, or during the
+		// client's first wait (after policyd recorded the lost outcome and
+		// said RETRY, or said another worker holds the key).
+		stopAt     string
+		wantCalls  int32
+		wantReason string
+	}{
+		{name: "lost outcome, policyd away for the attempt", stopAt: "before", wantCalls: 1, wantReason: "idempotency:unknown"},
+		{name: "lost outcome, policyd gone before the next claim", stopAt: "wait", wantCalls: 1, wantReason: "idempotency:unknown"},
+		{name: "key held by another worker, policyd gone before the next claim", held: true, stopAt: "wait", wantCalls: 0,
+			wantReason: "idempotency:in_flight"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := startDaemon(t, nil)
+			stop := sync.OnceFunc(d.gs.Stop)
+			sl := newSleeps()
+			c, err := policyclient.New(d.conn, policyclient.Config{Tenant: "acme", NoWatch: true, DecisionTimeout: time.Second,
+				Now: sl.Now, LocalBudget: 100, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+				Sleep: func(ctx context.Context, d time.Duration) error {
+					if tc.stopAt == "wait" {
+						stop()
+					}
+					return sl.Sleep(ctx, d)
+				}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { // policyd is gone: the outcomes cannot be flushed, do not wait for them
+				cctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+				defer cancel()
+				_ = c.Close(cctx)
+			}()
+			if tc.held {
+				claim, err := pb.NewRetryPolicyServiceClient(d.conn).ClaimKey(context.Background(), &pb.ClaimKeyRequest{
+					Call: &pb.CallRef{Tenant: "acme", Target: "grants-portal", CallId: "other-worker", IdempotencyKey: "doc-1"}, Attempt: 1})
+				if err != nil || claim.GetState() != pb.KeyState_KEY_STATE_NEW {
+					t.Fatalf("the other worker's claim: %v %v, want NEW", claim, err)
+				}
+			}
+			if tc.stopAt == "before" {
+				stop()
+			}
+			fn, calls := script(policyclient.HTTPError(504, nil)) // applied, the answer lost; a second attempt succeeds
+			res, err := c.Do(context.Background(), policyclient.Call{Target: "grants-portal", IdempotencyKey: "doc-1",
+				CallID: "doc-1"}, fn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := calls.Load(); n != tc.wantCalls {
+				t.Errorf("upstream called %d times, want %d: a write was sent without a claim", n, tc.wantCalls)
+			}
+			if res.Disposition != policyclient.DeadLetter || res.StopReason != policyclient.StopNotIdempotent || res.Reason != tc.wantReason {
+				t.Errorf("got %v (%v, %s), want dead_letter (NOT_IDEMPOTENT, %s)", res.Disposition, res.StopReason, res.Reason, tc.wantReason)
+			}
+		})
+	}
+}
+
+// TestRequireClaim: with Config.RequireClaim a call that uses the
+// idempotency ledger makes no attempt without a claim: policyd away, the
+// call is dead-lettered (NOT_IDEMPOTENT, idempotency:unavailable) without
+// calling the upstream, where by default it goes on without the ledger.
+func TestRequireClaim(t *testing.T) {
+	for _, require := range []bool{false, true} {
+		t.Run(fmt.Sprint("RequireClaim=", require), func(t *testing.T) {
+			d := startDaemon(t, nil)
+			sl := newSleeps()
+			c, err := policyclient.New(d.conn, policyclient.Config{Tenant: "acme", NoWatch: true, DecisionTimeout: time.Second,
+				Now: sl.Now, Sleep: sl.Sleep, RequireClaim: require, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				cctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+				defer cancel()
+				_ = c.Close(cctx)
+			}()
+			d.gs.Stop()
+			fn, calls := script()
+			res, err := c.Do(context.Background(), policyclient.Call{Target: "grants-portal", IdempotencyKey: "doc-1", CallID: "doc-1"}, fn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if require {
+				if n := calls.Load(); n != 0 || res.Disposition != policyclient.DeadLetter || res.StopReason != policyclient.StopNotIdempotent ||
+					res.Reason != "idempotency:unavailable" {
+					t.Errorf("got %d upstream calls, %v (%v, %s); want none, dead_letter (NOT_IDEMPOTENT, idempotency:unavailable)",
+						n, res.Disposition, res.StopReason, res.Reason)
+				}
+				return
+			}
+			if n := calls.Load(); n != 1 || !res.OK() {
+				t.Errorf("got %d upstream calls, %v; want the write made without the ledger, succeeded", n, res.Disposition)
+			}
+		})
+	}
+}

@@ -37,6 +37,8 @@ type replica struct {
 	// connection is cut, and closes held then.
 	holdNext atomic.Bool
 	held     chan struct{}
+	// holdClaim does the same for the first ClaimKey.
+	holdClaim atomic.Bool
 	// notServing makes the health service answer NOT_SERVING, while the
 	// replica still answers every other call.
 	notServing atomic.Bool
@@ -85,6 +87,13 @@ func (r *replica) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 		}
 	case pb.RetryPolicyService_Admit_FullMethodName:
 		r.decisions.Add(1)
+	case pb.RetryPolicyService_ClaimKey_FullMethodName:
+		if r.holdClaim.CompareAndSwap(true, false) {
+			close(r.held)
+			<-ctx.Done()
+			return nil, ctx.Err()
+		}
+		return handler(ctx, req)
 	default:
 		return handler(ctx, req)
 	}
@@ -349,4 +358,70 @@ func TestWatchResumesOnAnotherReplicaFromItsSnapshot(t *testing.T) {
 	if got := c.Stats().AdmitRPCs - admits; got != 0 {
 		t.Errorf("Admit RPCs after the watch resumed: got %d, want 0 (all answered from the cache)", got)
 	}
+}
+
+// TestAClaimOnAReplicaThatDiesGoesToAnother: a ClaimKey in flight on a
+// replica that is stopped is sent to another replica, as a decision is,
+// within the decision timeout: the call's write is made under a claim
+// (a survivor holds the key's record; the replicas here do not share a
+// store, so which state it is in depends on where CompleteKey went)
+// rather than without the idempotency ledger.
+func TestAClaimOnAReplicaThatDiesGoesToAnother(t *testing.T) {
+	rs, addrs := startReplicas(t, 3)
+	c := dialReplicas(t, addrs, func(cfg *policyclient.Config) { cfg.NoWatch = true })
+	for _, r := range rs {
+		r.holdClaim.Store(true)
+	}
+	res := make(chan policyclient.Result, 1)
+	go func() {
+		r, err := c.Do(context.Background(), policyclient.Call{Target: "grants-portal", IdempotencyKey: "doc-1", CallID: "doc-1"},
+			func(_ context.Context, a policyclient.Attempt) error { a.SetResultRef("rec-1"); return nil })
+		if err != nil {
+			t.Error(err)
+		}
+		res <- r
+	}()
+	var dead *replica
+	select {
+	case <-rs[0].held:
+		dead = rs[0]
+	case <-rs[1].held:
+		dead = rs[1]
+	case <-rs[2].held:
+		dead = rs[2]
+	case <-time.After(10 * time.Second):
+		t.Fatal("no ClaimKey reached a replica")
+	}
+	for _, r := range rs {
+		r.holdClaim.Store(false)
+	}
+	dead.gs.Stop()
+	r := <-res
+	if !r.OK() || r.Local {
+		t.Fatalf("got %v (local %v), want success", r.Disposition, r.Local)
+	}
+	recorded := 0
+	for _, s := range rs {
+		if s == dead {
+			continue
+		}
+		if _, err := pb.NewRetryPolicyServiceClient(dialConn(t, s.addr)).GetKey(context.Background(),
+			&pb.GetKeyRequest{Tenant: "acme", IdempotencyKey: "doc-1"}); err == nil {
+			recorded++
+		}
+	}
+	if recorded == 0 {
+		t.Errorf("no survivor holds a record of doc-1: the write went without a claim")
+	}
+}
+
+// dialConn is a plaintext connection to addr, closed at the end of the test.
+func dialConn(t *testing.T, addr string) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
 }

@@ -54,6 +54,13 @@ type Config struct {
 	// NoWatch turns off the WatchBreakers cache: every attempt then asks
 	// Admit.
 	NoWatch bool
+	// RequireClaim makes a call that uses the idempotency ledger make no
+	// attempt without a claim: when policyd (or its store) cannot answer
+	// one, the call ends a dead letter (NOT_IDEMPOTENT,
+	// idempotency:unavailable) instead of going on without the ledger. It
+	// trades the fallback's availability for exactly once across workers
+	// that may submit one document twice. Default false.
+	RequireClaim bool
 	// Sleep waits d or until ctx is done. Default: a timer. Tests inject
 	// a fake so no test sleeps.
 	Sleep func(ctx context.Context, d time.Duration) error
@@ -138,6 +145,7 @@ type Client struct {
 	local    *localPolicy
 	breakers *breakerCache
 	flow     *flowCache
+	chains   chainCache
 	runs     runCutoffs
 	out      *outcomes
 

@@ -195,6 +195,8 @@ type decision struct {
 	reason         string
 	attemptTimeout time.Duration
 	fallback       bool
+	target         string // where the next attempt goes on a retry; "" for the same target
+	breaker        pb.BreakerState
 }
 
 func (d decision) stop(r pb.StopReason, disp pb.Disposition) decision {
@@ -253,7 +255,7 @@ func (c *Client) Do(ctx context.Context, call Call, fn func(ctx context.Context,
 		ci.deadline = d
 	}
 	l := loop{c: c, ctx: ctx, call: ci, first: &cs.first, timeout: c.cfg.AttemptTimeout, res: Result{CallID: id, IdempotencyKey: key},
-		claimAlways: call.ClaimKey}
+		claimAlways: call.ClaimKey, target: call.Target}
 	return l.run(fn), nil
 }
 
@@ -312,10 +314,18 @@ type loop struct {
 	timeout time.Duration // for the next attempt
 	prev    time.Duration // the last delay
 	lease   string        // the concurrency lease the attempt holds; returned by the next report or NextDelay
-	res     Result
+	// target is where the next attempt goes: the call's target (the
+	// primary), or a fallback policyd escalated the call to (Admit's or
+	// NextDelay's answer).
+	target string
+	res    Result
 	// claimAlways is Call.ClaimKey; resultRef what fn set (SetResultRef).
 	claimAlways bool
 	resultRef   string
+	// mustClaim, once set, is why no attempt may be made without a claim
+	// (see unclaimed): an attempt's outcome was lost, or another worker
+	// held the key.
+	mustClaim string
 }
 
 // pbRef returns the call as the API spells it.
@@ -341,7 +351,7 @@ func (l *loop) run(fn func(context.Context, Attempt) error) Result {
 		l.res.Attempts = attempt
 		l.c.stats.attempts.Add(1)
 		if l.c.cfg.OnEvent != nil {
-			l.c.emit(Event{Kind: EventAttemptStarted, Target: l.call.target, CallID: l.call.id, Attempt: attempt})
+			l.c.emit(Event{Kind: EventAttemptStarted, Target: l.target, CallID: l.call.id, Attempt: attempt})
 		}
 		start := l.c.cfg.Now()
 		actx := l.first
@@ -354,19 +364,20 @@ func (l *loop) run(fn func(context.Context, Attempt) error) Result {
 		if lease != "" {
 			ref = new(string)
 		}
-		err := fn(actx, Attempt{Number: attempt, CallID: l.call.id, IdempotencyKey: l.call.key, Target: l.call.target, result: ref})
+		err := fn(actx, Attempt{Number: attempt, CallID: l.call.id, IdempotencyKey: l.call.key, Target: l.target, result: ref})
 		if ref != nil {
 			l.resultRef = *ref
 		}
 		stop := l.c.cfg.Now()
 		timedOut := actx.end(l.c.wall(stop))
 		latency := stop.Sub(start)
+		recorded := false // the ledger knows how the attempt ended
 		if lease != "" {
 			var f failure
 			if err != nil {
 				f = classifyError(err, timedOut)
 			}
-			l.complete(lease, err, f)
+			recorded = l.complete(lease, err, f)
 		}
 		if err == nil {
 			l.res.ResultRef = l.resultRef
@@ -375,7 +386,7 @@ func (l *loop) run(fn func(context.Context, Attempt) error) Result {
 				final: pb.Disposition_DISPOSITION_SUCCEEDED})
 			l.c.local.budget.deposit(0.2)
 			if l.c.cfg.OnEvent != nil {
-				l.c.emit(Event{Kind: EventCallEnded, Target: l.call.target, CallID: l.call.id, Attempt: attempt,
+				l.c.emit(Event{Kind: EventCallEnded, Target: l.target, CallID: l.call.id, Attempt: attempt,
 					Disposition: Succeeded, Reason: l.res.Reason})
 			}
 			return l.res
@@ -389,6 +400,15 @@ func (l *loop) run(fn func(context.Context, Attempt) error) Result {
 			// Nothing known about this error: terminal, never retried blindly.
 			l.res.Reason = f.reason
 			return l.end(FailedTerminal, StopTerminal, attempt, nil)
+		}
+		if l.usesLedger() && outcomeLost(f) {
+			// The upstream may have applied it: another attempt needs a
+			// claim, and one the ledger cannot answer for is not made.
+			l.mustClaim = "idempotency:unknown"
+			if !recorded {
+				l.res.Reason = "idempotency:unknown"
+				return l.end(DeadLetter, StopNotIdempotent, attempt, f.pb)
+			}
 		}
 		dec := l.next(attempt, f, permit, timedOut)
 		l.res.Reason = dec.reason
@@ -408,8 +428,18 @@ func (l *loop) run(fn func(context.Context, Attempt) error) Result {
 		}
 		l.prev = dec.delay
 		if l.c.cfg.OnEvent != nil {
-			l.c.emit(Event{Kind: EventRetryScheduled, Target: l.call.target, CallID: l.call.id, Attempt: attempt,
+			l.c.emit(Event{Kind: EventRetryScheduled, Target: l.target, CallID: l.call.id, Attempt: attempt,
 				Delay: dec.delay, Local: dec.fallback, Reason: dec.reason})
+		}
+		if dec.target != "" {
+			why := moveByChain
+			switch {
+			case dec.fallback:
+				why = moveLocal
+			case dec.breaker == pb.BreakerState_BREAKER_STATE_OPEN:
+				why = moveByCircuit
+			}
+			l.moveTo(dec.target, attempt+1, why)
 		}
 		if err := l.c.cfg.Sleep(l.ctx, dec.delay); err != nil {
 			l.res.Err = err
@@ -422,7 +452,7 @@ func (l *loop) run(fn func(context.Context, Attempt) error) Result {
 func (l *loop) end(d Disposition, stop StopReason, attempt int, unrecorded *pb.Failure) Result {
 	l.res.Disposition, l.res.StopReason = d, stop
 	if l.c.cfg.OnEvent != nil {
-		l.c.emit(Event{Kind: EventCallEnded, Target: l.call.target, CallID: l.call.id, Attempt: attempt,
+		l.c.emit(Event{Kind: EventCallEnded, Target: l.target, CallID: l.call.id, Attempt: attempt,
 			Disposition: d, StopReason: stop, Reason: l.res.Reason})
 	}
 	l.report(outcome{attempt: max(attempt, 1), final: d.pb(), failure: unrecorded, alreadyRecorded: unrecorded == nil,
@@ -430,11 +460,41 @@ func (l *loop) end(d Disposition, stop StopReason, attempt int, unrecorded *pb.F
 	return l.res
 }
 
+// moveTo sends the call's attempts from attempt on to target, a target of
+// its escalation chain, telling OnEvent when it is another than the one
+// they went to.
+// why says what moved it, for what the client learns of the chain
+// (chainCache.learn).
+func (l *loop) moveTo(target string, attempt int, why move) {
+	if target == l.target {
+		return
+	}
+	if l.c.cfg.OnEvent != nil {
+		l.c.emit(Event{Kind: EventFallbackTaken, Target: target, From: l.target, CallID: l.call.id, Attempt: attempt})
+	}
+	if why == moveByChain {
+		if b, known := l.c.breakers.lookup(l.target); known && b.state == pb.BreakerState_BREAKER_STATE_OPEN {
+			why = moveByCircuit
+		}
+	}
+	l.c.chains.learn(l.call.target, l.target, target, attempt, why, l.c.cfg.Now())
+	l.target = target
+}
+
+// attemptTarget is the attempt_target of a request about the current
+// attempt: "" for the primary.
+func (l *loop) attemptTarget() string {
+	if l.target == l.call.target {
+		return ""
+	}
+	return l.target
+}
+
 // report queues o, which returns the lease the attempt held, if any: the
 // batcher is then asked to send at once, so the lease's slot is free for
 // another worker without waiting for a tick.
 func (l *loop) report(o outcome) {
-	o.call = l.call
+	o.call, o.target = l.call, l.attemptTarget()
 	o.lease, l.lease = l.lease, ""
 	l.c.out.add(o)
 	if o.lease != "" {
@@ -455,8 +515,8 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 		return "", false
 	}
 	for {
-		b, known := l.c.breakers.lookup(l.call.target)
-		flow := l.c.flow.controlled(l.call.target)
+		b, known := l.c.breakers.lookup(l.target)
+		flow := l.c.flow.controlled(l.target)
 		if runKnown && known && !flow && b.cooldownUntil.IsZero() &&
 			(b.state == pb.BreakerState_BREAKER_STATE_CLOSED || b.state == pb.BreakerState_BREAKER_STATE_DISABLED) {
 			return "", true // the common case, without reading the clock
@@ -472,7 +532,8 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 				continue
 			case runKnown && !flow && (b.state == pb.BreakerState_BREAKER_STATE_CLOSED || b.state == pb.BreakerState_BREAKER_STATE_DISABLED):
 				return "", true
-			case b.state == pb.BreakerState_BREAKER_STATE_OPEN && (b.forced || b.openUntil.After(now)):
+			case b.state == pb.BreakerState_BREAKER_STATE_OPEN && (b.forced || b.openUntil.After(now)) &&
+				!l.c.chains.escalatesOnOpen(l.call.target, now):
 				l.c.stats.fastFails.Add(1)
 				l.res.Reason = "breaker:open"
 				l.end(CircuitOpen, StopCircuitOpen, attempt-1, nil)
@@ -484,12 +545,20 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 		}
 		l.c.stats.admits.Add(1)
 		ctx, cancel := context.WithTimeout(l.ctx, l.c.cfg.DecisionTimeout)
-		resp, err := l.c.workers.Admit(ctx, &pb.AdmitRequest{Call: l.pbRef(), Attempt: uint32(attempt)})
+		resp, err := l.c.workers.Admit(ctx, &pb.AdmitRequest{Call: l.pbRef(), Attempt: uint32(attempt), AttemptTarget: l.attemptTarget()})
 		cancel()
 		if err != nil {
 			return "", l.unanswered(err, attempt)
 		}
-		l.c.flow.learn(l.call.target, resp.GetFlowControlled())
+		if t := resp.GetTarget(); resp.GetAdmitted() && t != "" {
+			l.moveTo(t, attempt, moveByCircuit)
+		}
+		l.c.flow.learn(l.target, resp.GetFlowControlled())
+		if !resp.GetAdmitted() && resp.GetState() == pb.BreakerState_BREAKER_STATE_OPEN {
+			// Refused on an open breaker: no fallback took it, so fail
+			// fast locally again.
+			l.c.chains.refusedOpen(l.call.target)
+		}
 		if c := resp.GetRunCutoffTime(); c != nil && l.call.runID != "" {
 			l.cutoff, runKnown = c.AsTime(), true
 			l.c.runs.learn(l.call.runID, l.cutoff)
@@ -549,7 +618,7 @@ func (l *loop) next(attempt int, f failure, permit string, timedOut bool) decisi
 		l.c.out.flushNow(ctx)
 		resp, err := l.c.workers.NextDelay(ctx, &pb.NextDelayRequest{
 			Call: l.pbRef(), Attempt: uint32(attempt), Failure: f.pb, Pushback: f.pushback,
-			PreviousDelay: durationpb.New(l.prev), PermitId: permit, LeaseId: l.lease,
+			PreviousDelay: durationpb.New(l.prev), PermitId: permit, LeaseId: l.lease, AttemptTarget: l.attemptTarget(),
 		})
 		cancel()
 		if err == nil {
@@ -559,6 +628,7 @@ func (l *loop) next(attempt int, f failure, permit string, timedOut bool) decisi
 				retry: resp.GetDecision() == pb.Decision_DECISION_RETRY, delay: resp.GetDelay().AsDuration(),
 				stopReason: resp.GetStopReason(), disposition: resp.GetDisposition(),
 				reason: resp.GetClassification(), attemptTimeout: resp.GetAttemptTimeout().AsDuration(),
+				target: resp.GetTarget(), breaker: resp.GetBreakerState(),
 			}
 		}
 		if l.ctx.Err() == nil {
@@ -567,12 +637,15 @@ func (l *loop) next(attempt int, f failure, permit string, timedOut bool) decisi
 	}
 	l.c.stats.local.Add(1)
 	if l.c.cfg.OnEvent != nil {
-		l.c.emit(Event{Kind: EventLocalDecision, Target: l.call.target, CallID: l.call.id, Attempt: attempt})
+		l.c.emit(Event{Kind: EventLocalDecision, Target: l.target, CallID: l.call.id, Attempt: attempt})
 	}
 	deadline, cut := l.cutoffBinds()
 	dec := l.c.local.decide(l.c.cfg.Now(), deadline, attempt, f, l.call.idempotent, l.call.key != "", timedOut, l.timeout)
 	if cut && dec.stopReason == pb.StopReason_STOP_REASON_DEADLINE {
 		dec.disposition = pb.Disposition_DISPOSITION_DEADLINE_CUT // the run's cut-off bound, not the call's deadline
+	}
+	if dec.retry {
+		dec.target = l.c.chains.next(l.call.target, attempt+1)
 	}
 	return dec
 }

@@ -28,11 +28,16 @@ const (
 	// EventBreakerChanged: the WatchBreakers stream reported that the
 	// breaker of Target moved to Breaker.
 	EventBreakerChanged
+	// EventFallbackTaken: policyd (or, while it is away, the chain it
+	// showed) sent Attempt and the call's later attempts from target From
+	// to Target, another target of the call's escalation chain.
+	EventFallbackTaken
 )
 
 var eventKindNames = [...]string{
 	EventUnspecified: "unspecified", EventAttemptStarted: "attempt_started", EventRetryScheduled: "retry_scheduled",
 	EventCallEnded: "call_ended", EventLocalDecision: "local_decision", EventBreakerChanged: "breaker_changed",
+	EventFallbackTaken: "fallback_taken",
 }
 
 // String returns the kind's name (attempt_started, retry_scheduled, ...).
@@ -46,8 +51,13 @@ func (k EventKind) String() string {
 // Event is what Config.OnEvent receives. Kind says which fields are set.
 type Event struct {
 	Kind EventKind
-	// Target is the call's target (the breaker's for EventBreakerChanged).
+	// Target is the attempt's target: the call's, or the fallback policyd
+	// escalated it to (the breaker's for EventBreakerChanged, the target
+	// moved to for EventFallbackTaken).
 	Target string
+	// From is the target the call's attempts went to before
+	// (EventFallbackTaken).
+	From string
 	// CallID names the call; empty for EventBreakerChanged.
 	CallID string
 	// Attempt is the attempt's number, from 1 (for EventCallEnded the

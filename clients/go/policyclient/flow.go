@@ -68,6 +68,9 @@ func (f *flowCache) reported(batch []*pb.Outcome, resp *pb.ReportOutcomeResponse
 	last := ""
 	for _, o := range batch {
 		t := o.GetCall().GetTarget()
+		if a := o.GetAttemptTarget(); a != "" {
+			t = a
+		}
 		if t == last {
 			continue
 		}

@@ -14,7 +14,13 @@ import (
 // (Result.Deduplicated), one that finds another's live lease waits for
 // it, and one that finds the previous attempt's outcome lost retries only
 // when the policy says the upstream deduplicates by key, else dead-letters
-// the call. While policyd is away the call goes on without the ledger.
+// the call. While policyd is away the call goes on without the ledger,
+// except after an attempt whose outcome was lost (a timeout, a 504, a
+// reset), or once a claim said another worker holds the key: the upstream
+// may have applied the write, and only a claim can say whether another
+// is safe, so without one the call is dead-lettered (NOT_IDEMPOTENT,
+// idempotency:unknown or idempotency:in_flight). With Config.RequireClaim
+// no attempt goes without a claim (idempotency:unavailable).
 
 // usesLedger reports whether the call claims its key.
 func (l *loop) usesLedger() bool {
@@ -27,13 +33,13 @@ func (l *loop) usesLedger() bool {
 func (l *loop) claim(attempt int) (lease string, ok bool) {
 	for {
 		if !l.c.reachable() {
-			return "", true
+			return "", l.unclaimed(attempt)
 		}
 		ctx, cancel := context.WithTimeout(l.ctx, l.c.cfg.DecisionTimeout)
 		resp, err := l.c.workers.ClaimKey(ctx, &pb.ClaimKeyRequest{Call: l.pbRef(), Attempt: uint32(attempt)})
 		cancel()
 		if err != nil {
-			return "", l.unanswered(err, attempt)
+			return "", l.unanswered(err, attempt) && l.unclaimed(attempt)
 		}
 		switch resp.GetState() {
 		case pb.KeyState_KEY_STATE_SUCCEEDED:
@@ -44,6 +50,9 @@ func (l *loop) claim(attempt int) (lease string, ok bool) {
 			return "", false
 		case pb.KeyState_KEY_STATE_IN_FLIGHT:
 			// Another worker's attempt holds the key: wait for its end.
+			if l.mustClaim == "" {
+				l.mustClaim = "idempotency:in_flight"
+			}
 			if !l.waitFor(resp.GetRetryAfter().AsDuration(), attempt, resp.GetReason()) {
 				l.res.Reason = resp.GetReason()
 				return "", false
@@ -61,10 +70,28 @@ func (l *loop) claim(attempt int) (lease string, ok bool) {
 	}
 }
 
+// unclaimed decides an attempt policyd could not be asked to claim: it
+// goes on without the ledger (true), unless an earlier attempt's outcome
+// was lost or another worker held the key (l.mustClaim), or the client
+// requires a claim, when the call ends a dead letter (false).
+func (l *loop) unclaimed(attempt int) bool {
+	switch {
+	case l.mustClaim != "":
+		l.res.Reason = l.mustClaim
+	case l.c.cfg.RequireClaim:
+		l.res.Reason = "idempotency:unavailable"
+	default:
+		return true
+	}
+	l.end(DeadLetter, StopNotIdempotent, attempt-1, nil)
+	return false
+}
+
 // complete tells policyd how the attempt holding lease ended: success (with
 // the result reference fn set), a failure that cannot have been applied,
-// or one whose outcome is unknown (a timeout, a 504, a reset).
-func (l *loop) complete(lease string, err error, f failure) {
+// or one whose outcome is unknown (a timeout, a 504, a reset). It reports
+// whether policyd recorded it.
+func (l *loop) complete(lease string, err error, f failure) bool {
 	o := pb.KeyOutcome_KEY_OUTCOME_SUCCEEDED
 	if err != nil {
 		o = pb.KeyOutcome_KEY_OUTCOME_FAILED
@@ -77,7 +104,9 @@ func (l *loop) complete(lease string, err error, f failure) {
 	if _, cerr := l.c.workers.CompleteKey(ctx, &pb.CompleteKeyRequest{Tenant: l.call.tenant, IdempotencyKey: l.call.key,
 		LeaseId: lease, Outcome: o, ResultRef: l.resultRef}); cerr != nil {
 		l.c.cfg.Logger.Warn("policyd did not record the idempotency key's outcome", "call_id", l.call.id, "err", cerr)
+		return false
 	}
+	return true
 }
 
 // outcomeLost reports whether a failure leaves unknown whether the upstream

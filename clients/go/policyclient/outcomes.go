@@ -27,13 +27,15 @@ type outcome struct {
 	latency         time.Duration
 	final           pb.Disposition
 	stop            pb.StopReason
-	deduplicated    bool // the idempotency ledger answered the call
+	deduplicated    bool   // the idempotency ledger answered the call
+	target          string // the attempt's target when not the primary
 }
 
 func (o *outcome) pb() *pb.Outcome {
 	m := &pb.Outcome{
 		Call: o.call.outcomeRef(o.final), Attempt: uint32(o.attempt), Success: o.success, Failure: o.failure,
 		PermitId: o.permit, LeaseId: o.lease, FinalDisposition: o.final, FinalStopReason: o.stop, AlreadyRecorded: o.alreadyRecorded,
+		AttemptTarget: o.target,
 	}
 	if o.latency > 0 {
 		m.Latency = durationpb.New(o.latency)

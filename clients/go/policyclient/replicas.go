@@ -20,13 +20,19 @@ import (
 //
 // Only the RPCs that may run twice are sent again: NextDelay (policyd
 // replays the answer of an attempt it already decided), Classify and
-// PlanBudget (no side effects), and Admit, whose second try can at worst
+// PlanBudget (no side effects), Admit, whose second try can at worst
 // hold a HALF_OPEN probe permit that is never settled; permits expire, and
-// no more than N are handed out. ReportOutcome is not: the client keeps a
-// batch that failed and sends it again itself. WatchBreakers reconnects by
-// itself, with the resume token of the last message it applied: replicas
-// of a Redis store go on from there, on any replica, without a gap; a
-// store that cannot resume starts again from a snapshot.
+// no more than N are handed out; ClaimKey, whose second try can at worst
+// find the lease the first one took (IN_FLIGHT, then UNKNOWN once it
+// expires: the call is dead-lettered, never written twice), which is
+// safer than the attempt going on without the idempotency ledger; and
+// CompleteKey, whose second try after a first that was applied is refused
+// (FAILED_PRECONDITION: the client counts the outcome unrecorded).
+// ReportOutcome is not: the client keeps a batch that failed and sends it
+// again itself. WatchBreakers reconnects by itself, with the resume token
+// of the last message it applied: replicas of a Redis store go on from
+// there, on any replica, without a gap; a store that cannot resume starts
+// again from a snapshot.
 const ServiceConfig = `{
   "loadBalancingConfig": [{"round_robin": {}}],
   "healthCheckConfig": {"serviceName": ""},
@@ -35,7 +41,9 @@ const ServiceConfig = `{
       {"service": "retrypolicy.v1.RetryPolicyService", "method": "NextDelay"},
       {"service": "retrypolicy.v1.RetryPolicyService", "method": "Admit"},
       {"service": "retrypolicy.v1.RetryPolicyService", "method": "Classify"},
-      {"service": "retrypolicy.v1.RetryPolicyService", "method": "PlanBudget"}
+      {"service": "retrypolicy.v1.RetryPolicyService", "method": "PlanBudget"},
+      {"service": "retrypolicy.v1.RetryPolicyService", "method": "ClaimKey"},
+      {"service": "retrypolicy.v1.RetryPolicyService", "method": "CompleteKey"}
     ],
     "retryPolicy": {
       "maxAttempts": 4,

@@ -38,6 +38,13 @@ var ErrBodyNotReplayable = errors.New("policyclient: Transport: the request body
 // the round trip; once RoundTrip returns, the body is bound by the
 // request's own context only.
 //
+// Base must not send a request again by itself: net/http's Transport
+// does, on a reused connection that fails before the response, for any
+// request carrying an Idempotency-Key header, beneath Do, the idempotency
+// ledger and the attempt count. For a non-idempotent call to an upstream
+// that does not deduplicate by key, give Base DisableKeepAlives (net/http
+// never resends on a fresh connection).
+//
 // A Transport is safe for concurrent use; its fields must not change once
 // it is in use.
 type Transport struct {

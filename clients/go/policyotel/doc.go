@@ -14,4 +14,6 @@
 //	policyd.client.calls            counter   calls ended (policyd.disposition, policyd.stop_reason)
 //	policyd.client.local_decisions  counter   decisions the local policy made (policyd did not answer)
 //	policyd.client.breaker.changes  counter   breaker changes seen (policyd.breaker_state)
+//	policyd.client.fallbacks        counter   attempts sent on to a fallback target, policyd.target being
+//	                                          the target taken (policyd.from_target)
 package policyotel

@@ -43,12 +43,16 @@ func Metrics(mp metric.MeterProvider) (func(policyclient.Event), error) {
 		metric.WithDescription("Breaker state changes the client saw.")); err != nil {
 		return nil, err
 	}
+	if r.fallbacks, err = m.Int64Counter("policyd.client.fallbacks", metric.WithUnit("{attempt}"),
+		metric.WithDescription("Attempts sent to another target of the call's escalation chain.")); err != nil {
+		return nil, err
+	}
 	return r.record, nil
 }
 
 type recorder struct {
-	attempts, retries, calls, local, breakers metric.Int64Counter
-	delay                                     metric.Float64Histogram
+	attempts, retries, calls, local, breakers, fallbacks metric.Int64Counter
+	delay                                                metric.Float64Histogram
 }
 
 func (r *recorder) record(e policyclient.Event) {
@@ -68,5 +72,7 @@ func (r *recorder) record(e policyclient.Event) {
 		r.local.Add(ctx, 1, metric.WithAttributes(target))
 	case policyclient.EventBreakerChanged:
 		r.breakers.Add(ctx, 1, metric.WithAttributes(target, attribute.String("policyd.breaker_state", e.Breaker.String())))
+	case policyclient.EventFallbackTaken:
+		r.fallbacks.Add(ctx, 1, metric.WithAttributes(target, attribute.String("policyd.from_target", e.From)))
 	}
 }

@@ -2,6 +2,7 @@ package policyotel_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -127,4 +128,35 @@ func attrs(s attribute.Set) string {
 		return ""
 	}
 	return "{" + out + "}"
+}
+
+// TestMetricsOfAFallbackTaken: EventFallbackTaken counts in
+// policyd.client.fallbacks under the target taken and the one left.
+func TestMetricsOfAFallbackTaken(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	onEvent, err := policyotel.Metrics(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		onEvent(policyclient.Event{Kind: policyclient.EventFallbackTaken, Target: "geo-b", From: "geo-a", Attempt: 2})
+	}
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if data, ok := m.Data.(metricdata.Sum[int64]); ok {
+				for _, p := range data.DataPoints {
+					v, _ := p.Attributes.Value("policyd.target")
+					got[m.Name+"/"+v.AsString()+attrs(p.Attributes)] += p.Value
+				}
+			}
+		}
+	}
+	if want := "map[policyd.client.fallbacks/geo-b{policyd.from_target=geo-a}:2]"; fmt.Sprint(got) != want {
+		t.Fatalf("got %v, want %s", got, want)
+	}
 }

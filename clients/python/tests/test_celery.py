@@ -146,3 +146,38 @@ def test_a_task_without_a_client_names_itself() -> None:
     assert submit.policyd_client is None
     with pytest.raises(TypeError, match="task test_celery.submit has no policyd_client"):
         submit("http://127.0.0.1:9/unused", "doc-35")  # called directly: no worker, no request sent
+
+
+routes: dict[str, str] = {}  # where each target's attempts go, for fetch_grant
+
+
+@app.task(bind=True, base=Recording, policyd_target="grants", policyd_idempotent=True)
+def fetch_grant(self: Recording, path: str) -> str:
+    a = pc.current_attempt()
+    assert a is not None
+    seen.append((a.number, a.call_id, a.target))
+    carried.append(self.request.get(HEADER))
+    resp = requests.get(routes[a.target] + path, timeout=a.timeout)
+    resp.raise_for_status()
+    return resp.text
+
+
+def test_a_retry_escalated_to_a_fallback_runs_there(worker: None, recording: pc.Client, policyd: Daemon, tenant: str,
+                                                    flaky: Flaky) -> None:
+    policyd.admin_call("SetPolicy", apb.SetPolicyRequest(tenant=tenant, target="grants", policy=types_pb2.Policy(
+        fallback=types_pb2.FallbackSettings(targets=["grants-b"], after_attempts=1))))
+    backup = Flaky()
+    try:
+        routes.update({"grants": flaky.url, "grants-b": backup.url})
+        fetch_grant.policyd_client = recording
+        flaky.script(busy(1), busy(2), busy(3))
+        r = fetch_grant.delay("/g/7")
+        assert r.get(timeout=60) == "ok after 1"
+        # The second execution (a Celery retry) is told the fallback, which
+        # the header carried from the first.
+        assert [(n, t) for n, _, t in seen] == [(1, "grants"), (2, "grants-b")]
+        assert carried[0] is None and carried[1]["target"] == "grants-b"
+        assert ([s.path for s in flaky.seen], [s.path for s in backup.seen]) == (["/g/7"], ["/g/7"])
+    finally:
+        fetch_grant.policyd_client = None
+        backup.close()

@@ -10,7 +10,10 @@ stop, waits, and reports outcomes in the background in batches. When policyd
 cannot be reached, or does not answer within the decision timeout, the client
 decides with a local copy of the default policy and a local retry budget, and
 goes back to policyd once it answers again: the decision service never stalls
-a worker. It mirrors the Go client in clients/go/policyclient.
+a worker. When a target's policy escalates to fallback providers, each
+attempt goes where policyd sends it (``Attempt.target``), and the
+``fallbacks`` option keeps a local copy of the chain for when policyd is
+away. It mirrors the Go client in clients/go/policyclient.
 
 The generated stubs ship with it as the ``retrypolicy.v1`` package.
 
@@ -33,6 +36,7 @@ from ._model import (
     Event,
     EventHook,
     EventKind,
+    Fallback,
     Result,
     Stats,
     StopReason,
@@ -46,6 +50,7 @@ from .errors import (
     LocalError,
     ParseError,
     RetryError,
+    UnmappedTarget,
     ValidationError,
     classify_exception,
 )
@@ -66,6 +71,7 @@ __all__ = [
     "Event",
     "EventHook",
     "EventKind",
+    "Fallback",
     "HTTPStatusError",
     "LocalError",
     "Options",
@@ -75,6 +81,7 @@ __all__ = [
     "RetryError",
     "Stats",
     "StopReason",
+    "UnmappedTarget",
     "ValidationError",
     "classify_exception",
     "classify_local",

@@ -14,9 +14,9 @@ import secrets
 import threading
 import time
 import weakref
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any, Callable, Dict, Generator, Generic, NamedTuple, Optional, TypedDict, TypeVar, Union
+from typing import Any, Callable, Dict, Generator, Generic, Mapping, NamedTuple, Optional, TypedDict, TypeVar, Union
 
 import grpc
 from google.protobuf import duration_pb2, timestamp_pb2
@@ -24,7 +24,20 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from retrypolicy.v1 import retry_policy_service_pb2 as rpb
 from retrypolicy.v1 import types_pb2
 
-from ._model import Attempt, BreakerState, Call, Disposition, Event, EventHook, EventKind, Result, Stats, StopReason
+from ._model import (
+    Attempt,
+    BreakerState,
+    Call,
+    Disposition,
+    Event,
+    EventHook,
+    EventKind,
+    MAX_FALLBACKS,
+    Fallback,
+    Result,
+    Stats,
+    StopReason,
+)
 from .errors import RetryError
 from .fallback import Decision, LocalBudget, LocalPolicy
 from .key import idempotency_key
@@ -182,6 +195,7 @@ class Options(TypedDict, total=False):
     close_timeout: float
     reconnect_base: float
     reconnect_cap: float
+    fallbacks: Mapping[str, Fallback]
 
 
 def settings(tenant: str, options: Options) -> "Settings":
@@ -217,6 +231,12 @@ class Settings:
       ``nominal/2 + U(0, nominal/2)`` with ``nominal = min(cap, base * 2^n)``
       after n failed tries in a row, so a restarted policyd is not hit by
       the whole fleet in lockstep.
+    - ``fallbacks`` maps a target to its :class:`Fallback` (its policy's
+      escalation, as set in policyd): the local copy the client follows
+      while policyd cannot answer, and with which an attempt whose breaker
+      the cache knows is OPEN goes to the next target of the chain (with
+      ``on_circuit_open``) without an RPC. policyd's answers win whenever it
+      answers. Default none.
     """
 
     tenant: str
@@ -232,6 +252,7 @@ class Settings:
     close_timeout: float = 1.0
     reconnect_base: float = 0.1
     reconnect_cap: float = 5.0
+    fallbacks: Mapping[str, Fallback] = field(default_factory=dict)
 
     def checked(self) -> "Settings":
         """Returns the settings validated, with policyd's caps applied."""
@@ -248,8 +269,17 @@ class Settings:
             raise ValueError("policyd_client: reconnect_cap must be >= reconnect_base")
         if self.batch_size <= 0 or self.queue_size <= 0:
             raise ValueError("policyd_client: batch_size and queue_size must be > 0")
-        # policyd takes at most 1000 outcomes per ReportOutcome.
-        return replace(self, batch_size=min(self.batch_size, 1000))
+        for primary, fb in self.fallbacks.items():
+            if not isinstance(primary, str) or not primary:
+                raise ValueError("policyd_client: fallbacks must be keyed by non-empty target names")
+            if not isinstance(fb, Fallback):
+                raise TypeError(f"policyd_client: fallbacks[{primary!r}] must be a Fallback, got {type(fb).__name__}")
+            fb.check(primary)
+        # policyd takes at most 1000 outcomes per ReportOutcome; the
+        # fallbacks are copied, so a caller's later change does not reach
+        # a running client.
+        fallbacks = {p: replace(fb, targets=tuple(fb.targets)) for p, fb in self.fallbacks.items()}
+        return replace(self, batch_size=min(self.batch_size, 1000), fallbacks=fallbacks)
 
 
 @dataclass(frozen=True)
@@ -397,6 +427,72 @@ class BreakerCache:
         return BreakerState(b.state) if b is not None and b.state in BreakerState._value2member_map_ else None
 
 
+#: How long (seconds) a call Admit sent on from an open circuit makes the
+#: client ask Admit, rather than fail at once, for an attempt whose breaker
+#: the cache knows OPEN, for calls of that primary.
+ESCALATION_MEMORY = 600.0
+#: How many primaries' chains a client remembers.
+MAX_CHAINS = 1024
+
+
+@dataclass
+class _Seen:
+    targets: list[str] = field(default_factory=list)
+    after: int = 0  # 0: not seen
+    on_open_until: float = 0.0
+
+
+class ChainMemory:
+    """What the client has seen of each primary's escalation chain in
+    policyd's answers, for when policyd is away and the client was given no
+    local copy (``Settings.fallbacks``): the fallback targets calls were
+    sent to, in order; after how many attempts NextDelay first sent a call
+    off the primary (its after_attempts); and whether Admit recently sent a
+    call on from an open circuit (on_circuit_open). Times are Unix seconds.
+    Safe for concurrent use."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._m: dict[str, _Seen] = {}
+
+    def after_fork(self) -> None:
+        """Rebuilds the lock in a child after os.fork()."""
+        self._lock = threading.Lock()
+
+    def learn(self, primary: str, came_from: str, to: str, attempt: int, by_circuit: bool, now: float) -> None:
+        """Records that policyd sent attempt of a call of primary from
+        target came_from to target to: Admit, past an open circuit
+        (by_circuit), or NextDelay, by the chain."""
+        with self._lock:
+            s = self._m.get(primary)
+            if s is None:
+                if len(self._m) >= MAX_CHAINS:
+                    self._m.clear()
+                s = self._m[primary] = _Seen()
+            if to != primary and to not in s.targets and len(s.targets) < MAX_FALLBACKS:
+                s.targets.append(to)
+            if by_circuit:
+                s.on_open_until = now + ESCALATION_MEMORY
+            elif came_from == primary and s.after == 0 and attempt > 1:
+                s.after = attempt - 1
+
+    def seen(self, primary: str) -> Optional[Fallback]:
+        """Returns primary's chain as seen (after_attempts 0 when unseen),
+        None when policyd never escalated a call of it."""
+        with self._lock:
+            s = self._m.get(primary)
+            if s is None or not s.targets:
+                return None
+            return Fallback(tuple(s.targets), after_attempts=s.after)
+
+    def escalates_on_open(self, primary: str, now: float) -> bool:
+        """Says whether Admit sent a call of primary on from an open circuit
+        within the last ESCALATION_MEMORY seconds."""
+        with self._lock:
+            s = self._m.get(primary)
+            return s is not None and now < s.on_open_until
+
+
 class Core:
     """The configuration, counters, local policy and breaker cache of one
     client. Safe for concurrent use."""
@@ -419,6 +515,7 @@ class Core:
         budget = LocalBudget(self.settings.local_budget, self.settings.local_budget_per_second)
         self.local = LocalPolicy(self.settings.attempt_timeout, budget, self.rand)
         self.cache = BreakerCache(self.settings.tenant, self.emit)
+        self.chains = ChainMemory()
         self._lock = threading.Lock()
         self._stats = Stats()
         # When to ask policyd again after it failed to answer (Unix seconds
@@ -427,6 +524,11 @@ class Core:
         # The cut-off of each run the calls named, as Admit told it (Unix
         # seconds), so the cut-off holds while Admit is skipped.
         self._run_cutoffs: Dict[str, float] = {}
+
+    def fallback(self, primary: str) -> Optional[Fallback]:
+        """Returns the local copy of primary's fallback settings, if the
+        client was given one."""
+        return self.settings.fallbacks.get(primary)
 
     def run_cutoff(self, run_id: str) -> Optional[float]:
         """Returns the run's cut-off, when Admit told it."""
@@ -449,6 +551,7 @@ class Core:
         self._stats = Stats()
         self._down_until = 0.0
         self.cache.after_fork()
+        self.chains.after_fork()
         self.local.budget.after_fork()
 
     def emit(self, event: Event) -> None:
@@ -633,13 +736,15 @@ class PendingOutcome(NamedTuple):
     final: int = types_pb2.DISPOSITION_UNSPECIFIED
     stop: int = types_pb2.STOP_REASON_UNSPECIFIED
     deduplicated: bool = False
+    #: The target the attempt went to, when not the primary.
+    target: str = ""
 
     def pb(self) -> rpb.Outcome:
         """Returns the Outcome message."""
         o = rpb.Outcome(
             call=self.call.outcome_ref(), attempt=self.attempt, success=self.success, permit_id=self.permit, lease_id=self.lease,
             final_disposition=self.final, final_stop_reason=self.stop, already_recorded=self.already_recorded,  # type: ignore[arg-type]
-            deduplicated=self.deduplicated,
+            deduplicated=self.deduplicated, attempt_target=self.target,
         )
         if self.failure is not None:
             o.failure.CopyFrom(self.failure)
@@ -674,6 +779,15 @@ class CallState(Generic[T]):
         #: The concurrency lease the attempt holds; the next outcome or
         #: NextDelay returns it.
         self.lease = ""
+        #: The target of the current (or next) attempt: the primary until
+        #: policyd, or the local copy of the policy, escalates the call.
+        self.target = info.target
+
+    @property
+    def attempt_target(self) -> str:
+        """The target of the current attempt as the API spells it
+        (attempt_target): empty for the primary."""
+        return "" if self.target == self.info.target else self.target
 
     def take_lease(self) -> str:
         """Returns the lease held, which the caller returns, and forgets it."""
@@ -698,26 +812,28 @@ class CallState(Generic[T]):
         timeout = self.timeout
         if self.deadline is not None:
             timeout = max(min(timeout, self.deadline - now), 0.0)
-        return Attempt(number=number, call_id=self.info.call_id, idempotency_key=self.info.key, timeout=timeout)
+        return Attempt(number=number, call_id=self.info.call_id, idempotency_key=self.info.key, timeout=timeout,
+                       target=self.target)
 
     def result(self) -> Result[T]:
         assert self.disposition is not None
         return Result(
             disposition=self.disposition, stop_reason=self.stop_reason, reason=self.reason, attempts=self.attempts,
             error=self.error, call_id=self.info.call_id, idempotency_key=self.info.key, local=self.local,
-            value=self.value, deduplicated=self.deduplicated,
+            value=self.value, deduplicated=self.deduplicated, target=self.target,
         )
 
     def succeed(self, attempt: int, permit: str, latency: float, value: T) -> PendingOutcome:
         """Ends the call with success; returns the outcome to report."""
         self.disposition, self.error, self.value = Disposition.SUCCEEDED, None, value
         return PendingOutcome(self.info, attempt, success=True, permit=permit, lease=self.take_lease(), latency=latency,
-                              final=types_pb2.DISPOSITION_SUCCEEDED)
+                              final=types_pb2.DISPOSITION_SUCCEEDED, target=self.attempt_target)
 
     def failure(self, attempt: int, failure: types_pb2.Failure, permit: str, latency: float) -> PendingOutcome:
         """Returns the outcome of a failed attempt policyd has not seen (it was
         decided locally)."""
-        return PendingOutcome(self.info, attempt, failure=failure, permit=permit, lease=self.take_lease(), latency=latency)
+        return PendingOutcome(self.info, attempt, failure=failure, permit=permit, lease=self.take_lease(), latency=latency,
+                              target=self.attempt_target)
 
     def end(
         self,
@@ -734,6 +850,7 @@ class CallState(Generic[T]):
         return PendingOutcome(
             self.info, max(attempt, 1), already_recorded=unrecorded is None, failure=unrecorded, lease=self.take_lease(),
             final=disposition.to_pb(), stop=stop.to_pb() if stop is not None else types_pb2.STOP_REASON_UNSPECIFIED,
+            target=self.attempt_target,
         )
 
 
@@ -746,6 +863,7 @@ def decision_from_pb(resp: rpb.NextDelayResponse) -> Decision:
         disposition=resp.disposition,
         reason=resp.classification,
         attempt_timeout=from_duration(resp.attempt_timeout),
+        target=resp.target,
     )
 
 

@@ -6,9 +6,10 @@ becomes the adapter's answer. No HTTP library is imported here."""
 from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Optional, TypeVar, Union
+from urllib.parse import urlsplit, urlunsplit
 
-from ._model import Call, Cancelled, Result
-from .errors import Deduplicated, HTTPStatusError, RetryError
+from ._model import Attempt, Call, Cancelled, Result
+from .errors import Deduplicated, HTTPStatusError, RetryError, UnmappedTarget
 
 R = TypeVar("R")
 
@@ -50,6 +51,55 @@ class FailedResponse(HTTPStatusError):
     def __init__(self, response: Any, status: int, headers: Optional[Mapping[str, str]]) -> None:
         super().__init__(status, headers)
         self.response = response
+
+
+#: Where each target's attempts go: a base URL (``"https://geo-b.example"``,
+#: ``"http://127.0.0.1:8081/v2"``: scheme, host[:port] and a path prefix) or
+#: a bare ``"host[:port]"`` (the request's scheme and path are kept).
+Hosts = Mapping[str, str]
+
+
+def check_hosts(hosts: Optional[Hosts], adapter: str) -> dict[str, str]:
+    """Returns a copy of an adapter's hosts mapping, validated: every target
+    and value non-empty, a base URL with an http or https scheme and a
+    host, a bare host without a path."""
+    out: dict[str, str] = {}
+    for target, base in (hosts or {}).items():
+        if not isinstance(target, str) or not target or not isinstance(base, str) or not base:
+            raise ValueError(f"{adapter}: hosts must map non-empty target names to non-empty base URLs or hosts")
+        if "://" in base:
+            u = urlsplit(base)
+            if u.scheme not in ("http", "https") or not u.netloc or u.query or u.fragment:
+                raise ValueError(f"{adapter}: hosts[{target!r}] = {base!r}: a base URL is http(s)://host[:port][/path]")
+        elif "/" in base or "?" in base or "#" in base:
+            raise ValueError(f"{adapter}: hosts[{target!r}] = {base!r}: give host[:port], or a base URL with its scheme")
+        out[target] = base
+    return out
+
+
+def rewrite_url(url: str, base: str) -> str:
+    """Returns url sent to base (a value of :data:`Hosts`): a base URL
+    replaces the scheme and the authority and prefixes the path; a bare
+    host[:port] replaces the authority only. Query and fragment are kept."""
+    u = urlsplit(url)
+    if "://" in base:
+        b = urlsplit(base)
+        return urlunsplit((b.scheme, b.netloc, b.path.rstrip("/") + u.path, u.query, u.fragment))
+    return urlunsplit((u.scheme, base, u.path, u.query, u.fragment))
+
+
+def attempt_url(url: str, hosts: Mapping[str, str], a: Attempt, primary: str) -> str:
+    """Returns the URL attempt ``a`` of a call of ``primary`` is sent to: the
+    request's own (``url``) for the primary unless ``hosts`` maps it, the
+    mapped one for any target ``hosts`` names. A fallback target ``hosts``
+    does not name raises :class:`UnmappedTarget`: the attempt is never sent
+    to the primary's host instead."""
+    base = hosts.get(a.target)
+    if base is not None:
+        return rewrite_url(url, base)
+    if a.target and a.target != primary:
+        raise UnmappedTarget(a.target, primary)
+    return url
 
 
 def host_target(host: str, port: Optional[int]) -> str:

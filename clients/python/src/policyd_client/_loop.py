@@ -18,6 +18,23 @@ Cancellation that arrives as an exception (an asyncio task's) is thrown into
 the generator as :class:`CallCancelled`; it reports the call as
 DEAD_LETTER (DEADLINE) and returns. A future idempotency claim is one more effect
 before the first :class:`Invoke`.
+
+Escalation: every attempt has a target (``CallState.target``, told to the
+function as ``Attempt.target``): the primary (``Call.target``) for attempt
+1, then wherever policyd's NextDelay (``target``) or Admit (``target``,
+when the attempt's breaker is open and the policy escalates on an open
+circuit) sends it. Admit, NextDelay and each outcome carry it as
+``attempt_target`` (empty for the primary); the breaker cache is asked
+about it, not about the primary. While policyd cannot answer, the client's
+local copy of the target's fallback settings (``Settings.fallbacks``)
+places the next attempt by the same chain rule as policyd
+(:meth:`Fallback.target_of`); without one, by the chain seen in policyd's
+answers (``_core.ChainMemory``) once its after_attempts was seen, and
+otherwise the call stays where policyd last sent it. An attempt the cache
+would refuse as OPEN goes to the next target of the chain whose breaker is
+not known OPEN when the local copy has ``on_circuit_open``; without a local
+copy it asks Admit when Admit recently sent a call of that primary on from
+an open circuit, and is refused at once otherwise.
 """
 
 from __future__ import annotations
@@ -42,7 +59,7 @@ from ._core import (
     from_timestamp,
     stop_reason,
 )
-from ._model import Attempt, Cancelled, Disposition, Event, EventKind, Result, StopReason
+from ._model import Attempt, Cancelled, Disposition, Event, EventKind, Fallback, Result, StopReason
 from .errors import ClassifiedFailure, classify_exception
 from .fallback import Decision
 
@@ -118,9 +135,44 @@ def run(core: Core, st: CallState[Any]) -> Loop:
             yield Report(st.end(Disposition.DEAD_LETTER, StopReason.DEADLINE, st.attempts))
         res = st.result()
     if not res.ok and core.observed:
-        core.emit(Event(EventKind.STOPPED, target=st.info.target, call_id=st.info.call_id, attempt=res.attempts,
+        core.emit(Event(EventKind.STOPPED, target=st.target, call_id=st.info.call_id, attempt=res.attempts,
                         reason=res.reason, disposition=res.disposition, stop_reason=res.stop_reason, local=res.local))
     return res
+
+
+#: What sent an attempt to another target (_move): NextDelay by the chain,
+#: Admit past an open circuit, or the client itself (its local copy or the
+#: chain it saw).
+BY_CHAIN, BY_CIRCUIT, BY_CLIENT = "chain", "circuit", "client"
+
+
+def _move(core: Core, st: CallState[Any], to: str, attempt: int, why: str) -> None:
+    """Sends attempt (and those after it) to target ``to`` instead of the
+    current one, telling the hook and remembering what policyd did; nothing
+    when it is the same."""
+    if not to or to == st.target:
+        return
+    core.count("fallbacks")
+    if core.observed:
+        core.emit(Event(EventKind.FALLBACK_TAKEN, target=to, call_id=st.info.call_id, attempt=attempt,
+                        from_target=st.target, to_target=to, local=why == BY_CLIENT))
+    if why != BY_CLIENT:
+        core.chains.learn(st.info.target, st.target, to, attempt, why == BY_CIRCUIT, core.now())
+    st.target = to
+
+
+def _open_fallback(core: Core, st: CallState[Any], fb: Fallback, now: float) -> str:
+    """Returns the next target of the chain after the current one whose
+    breaker the cache does not know OPEN, "" when none is (or the current
+    target is not in the chain)."""
+    chain = fb.chain(st.info.target)
+    if st.target not in chain:
+        return ""
+    for t in chain[chain.index(st.target) + 1:]:
+        b = core.cache.lookup(t)
+        if b is None or admit_from_cache(b, now) != "open":
+            return t
+    return ""
 
 
 def _attempts(core: Core, st: CallState[Any]) -> Loop:
@@ -140,7 +192,7 @@ def _attempts(core: Core, st: CallState[Any]) -> Loop:
         core.count("attempts")
         a = st.attempt(attempt, core.now())
         if core.observed:
-            core.emit(Event(EventKind.ATTEMPT_STARTED, target=st.info.target, call_id=st.info.call_id,
+            core.emit(Event(EventKind.ATTEMPT_STARTED, target=st.target, call_id=st.info.call_id,
                             attempt=attempt, delay=a.timeout))
         got: Invoked = yield Invoke(a)
         if lease:
@@ -174,8 +226,9 @@ def _attempts(core: Core, st: CallState[Any]) -> Loop:
             st.timeout = dec.attempt_timeout
         st.prev = dec.delay
         if core.observed:
-            core.emit(Event(EventKind.RETRY_SCHEDULED, target=st.info.target, call_id=st.info.call_id,
+            core.emit(Event(EventKind.RETRY_SCHEDULED, target=st.target, call_id=st.info.call_id,
                             attempt=attempt, delay=dec.delay, reason=dec.reason, local=dec.fallback))
+        _move(core, st, dec.target, attempt + 1, BY_CLIENT if dec.fallback else BY_CHAIN)
         if (yield Sleep(dec.delay)):
             raise CallCancelled
 
@@ -196,10 +249,11 @@ def _admit(core: Core, st: CallState[Any], attempt: int) -> Generator[Effect, An
             st.reason = RUN_CUTOFF
             yield Report(st.end(Disposition.DEADLINE_CUT, StopReason.DEADLINE, st.attempts))
             return None
+    fb = core.fallback(st.info.target)
     while True:
         now = core.now()
-        b = core.cache.lookup(st.info.target)
-        flow = core.cache.flow_controlled(st.info.target)
+        b = core.cache.lookup(st.target)
+        flow = core.cache.flow_controlled(st.target)
         if b is not None:
             verdict = admit_from_cache(b, now)
             if verdict == "wait":
@@ -209,25 +263,36 @@ def _admit(core: Core, st: CallState[Any], attempt: int) -> Generator[Effect, An
             if verdict == "go" and run_known and not flow:
                 return ""
             if verdict == "open":
-                core.count("fast_fails")
-                st.reason = "breaker:open"
-                yield Report(st.end(Disposition.CIRCUIT_OPEN, StopReason.CIRCUIT_OPEN, st.attempts))
-                return None
+                if fb is not None and fb.on_circuit_open:
+                    to = _open_fallback(core, st, fb, now)
+                    if to:
+                        _move(core, st, to, attempt, BY_CLIENT)
+                        continue
+                if fb is not None or not core.chains.escalates_on_open(st.info.target, now):
+                    core.count("fast_fails")
+                    st.reason = "breaker:open"
+                    yield Report(st.end(Disposition.CIRCUIT_OPEN, StopReason.CIRCUIT_OPEN, st.attempts))
+                    return None
+                # Admit recently sent a call of this primary on from an
+                # open circuit: it may route this one too.
         if not core.reachable():
             return ""  # policyd is away: the local policy admits
         core.count("admit_rpcs")
-        resp = yield Admit(rpb.AdmitRequest(call=st.ref, attempt=attempt))
+        asked = st.target
+        resp = yield Admit(rpb.AdmitRequest(call=st.ref, attempt=attempt, attempt_target=st.attempt_target))
         if isinstance(resp, BaseException):  # policyd away, slow, or the channel closed
             core.failed(resp)
             return ""
-        core.cache.learn_flow(st.info.target, resp.flow_controlled)
         if st.info.run_id and resp.HasField("run_cutoff_time"):
             st.cutoff = from_timestamp(resp.run_cutoff_time)
             core.learn_cutoff(st.info.run_id, st.cutoff)
             run_known = True
         if resp.admitted:
+            _move(core, st, resp.target, attempt, BY_CIRCUIT)  # Admit routed it on from an open breaker
+            core.cache.learn_flow(st.target, resp.flow_controlled)
             st.lease = str(resp.lease_id)
             return str(resp.permit_id)
+        core.cache.learn_flow(asked, resp.flow_controlled)
         if resp.reason in (COOLDOWN, CEILING_FULL, RATE_LIMITED):
             # Waiting for a cool-down or a ceiling counts no attempt.
             if not (yield from _cooldown(core, st, from_duration(resp.retry_after), resp.reason)):
@@ -262,14 +327,15 @@ def _decide(core: Core, st: CallState[Any], attempt: int, f: ClassifiedFailure, 
     """Asks policyd what to do after a failed attempt, or decides locally
     when policyd does not answer within the decision timeout."""
     if core.reachable():
-        req = rpb.NextDelayRequest(call=st.ref, attempt=attempt, failure=f.failure, permit_id=permit, lease_id=st.lease)
+        req = rpb.NextDelayRequest(call=st.ref, attempt=attempt, failure=f.failure, permit_id=permit, lease_id=st.lease,
+                                   attempt_target=st.attempt_target)
         if f.pushback is not None:
             req.pushback.CopyFrom(f.pushback)
         req.previous_delay.FromNanoseconds(int(st.prev * 1e9))
         resp = yield Decide(req)
         if not isinstance(resp, BaseException):
             st.lease = ""  # NextDelay returned it
-            core.cache.learn_flow(st.info.target, resp.flow_controlled)
+            core.cache.learn_flow(st.target, resp.flow_controlled)
             return decision_from_pb(resp)
         core.failed(resp)
     core.count("local_decisions")
@@ -277,10 +343,26 @@ def _decide(core: Core, st: CallState[Any], attempt: int, f: ClassifiedFailure, 
     dec = core.local.decide(core.now(), deadline, attempt, f, st.info.idempotent, st.info.key != "")
     if cut and dec.stop_reason == types_pb2.STOP_REASON_DEADLINE:
         dec = dataclasses.replace(dec, disposition=types_pb2.DISPOSITION_DEADLINE_CUT)  # the run's cut-off bound
+    if dec.retry:
+        dec = dataclasses.replace(dec, target=_local_target(core, st, attempt + 1))
     if core.observed:
-        core.emit(Event(EventKind.LOCAL_DECISION, target=st.info.target, call_id=st.info.call_id, attempt=attempt,
+        core.emit(Event(EventKind.LOCAL_DECISION, target=st.target, call_id=st.info.call_id, attempt=attempt,
                         delay=dec.delay, reason=dec.reason, local=True))
     return dec
+
+
+def _local_target(core: Core, st: CallState[Any], attempt: int) -> str:
+    """Returns where a locally decided attempt goes: by policyd's chain rule
+    over the local copy of the primary's fallback settings, else over the
+    chain seen in policyd's answers once its after_attempts was seen; else
+    where the call is."""
+    fb = core.fallback(st.info.target)
+    if fb is not None:
+        return fb.target_of(st.info.target, attempt)
+    seen = core.chains.seen(st.info.target)
+    if seen is not None and seen.after_attempts > 0:
+        return seen.target_of(st.info.target, attempt)
+    return st.target
 
 
 def _binding_deadline(st: CallState[Any]) -> "tuple[Optional[float], bool]":

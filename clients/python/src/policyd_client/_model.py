@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Callable, Generic, Optional, TypeVar, Union
+from typing import Callable, Generic, Optional, Sequence, TypeVar, Union
 
 from retrypolicy.v1 import types_pb2
 
@@ -92,7 +92,9 @@ class BreakerState(enum.IntEnum):
 class Call:
     """One logical call: one unit of work and all its attempts.
 
-    ``target`` names the upstream and is required. ``submission_id`` names the
+    ``target`` names the upstream and is required: the primary, from which
+    policyd may escalate attempts to the fallback targets of its policy
+    (``Attempt.target`` says where each goes). ``submission_id`` names the
     unit of work (a document id, say); with ``payload`` it derives the
     idempotency key once, before the first attempt (see
     :func:`idempotency_key`), and it is the default call id.
@@ -128,6 +130,61 @@ class Call:
     claim_key: bool = False
 
 
+#: The most fallback targets a chain names, as policyd's policy.MaxFallbacks.
+MAX_FALLBACKS = 4
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """A target's escalation to fallback providers, as its policy's
+    ``fallback`` (FallbackSettings) says: the client's local copy, followed
+    while policyd cannot answer, and used to route around a breaker the
+    cache knows is open. policyd's answers win whenever it answers.
+
+    The chain is the primary (``Call.target``), then ``targets`` in order (a
+    target equal to the primary is skipped). ``after_attempts`` K > 0 gives
+    each target of the chain K attempts: attempt n goes to
+    ``chain[min((n - 1) // K, len(chain) - 1)]``, so the last target keeps
+    the rest; 0 keeps every attempt on the primary unless the circuit rule
+    moves it. ``on_circuit_open`` sends an attempt whose target's breaker is
+    open to the next target of the chain instead of stopping the call."""
+
+    targets: Sequence[str]
+    after_attempts: int = 0
+    on_circuit_open: bool = False
+
+    def chain(self, primary: str) -> tuple[str, ...]:
+        """Returns the chain of a call of primary: the primary, then the
+        fallback targets."""
+        return (primary, *(t for t in self.targets if t != primary))
+
+    def target_of(self, primary: str, attempt: int) -> str:
+        """Returns the target attempt (from 1) of a call of primary goes to
+        by the after_attempts rule, before the circuit rule."""
+        if self.after_attempts <= 0:
+            return primary
+        chain = self.chain(primary)
+        return chain[min((max(attempt, 1) - 1) // self.after_attempts, len(chain) - 1)]
+
+    def check(self, primary: str) -> None:
+        """Raises ValueError naming the field and the rule when policyd
+        would refuse these settings for primary's policy."""
+        where = f"policyd_client: fallbacks[{primary!r}]"
+        if isinstance(self.targets, str):
+            raise ValueError(f"{where}.targets must be a sequence of target names, not a string")
+        if not 1 <= len(self.targets) <= MAX_FALLBACKS:
+            raise ValueError(f"{where}.targets must name 1 to {MAX_FALLBACKS} targets, got {len(self.targets)}")
+        for i, t in enumerate(self.targets):
+            if not isinstance(t, str) or not t:
+                raise ValueError(f"{where}.targets[{i}] must be a non-empty target name")
+            if t == primary:
+                raise ValueError(f"{where}.targets[{i}] must not be the primary itself")
+            if t in self.targets[:i]:
+                raise ValueError(f"{where}.targets[{i}] repeats {t!r}")
+        if isinstance(self.after_attempts, bool) or not isinstance(self.after_attempts, int) or self.after_attempts < 0:
+            raise ValueError(f"{where}.after_attempts must be an integer >= 0, got {self.after_attempts!r}")
+
+
 @dataclass(frozen=True)
 class Attempt:
     """What the function a client runs is told about the attempt it makes.
@@ -136,13 +193,16 @@ class Attempt:
     on every attempt; send the key to the upstream. ``timeout`` is the
     per-attempt timeout in seconds (policyd's, capped by the call's deadline):
     pass it to the HTTP or gRPC call the function makes. The asyncio client
-    also enforces it.
+    also enforces it. ``target`` is the upstream this attempt goes to: the
+    call's target (the primary), or a fallback target policyd escalated the
+    call to (its policy's ``fallback``); send the attempt there.
     """
 
     number: int
     call_id: str
     idempotency_key: str
     timeout: float
+    target: str = ""
 
 
 @dataclass(frozen=True)
@@ -156,7 +216,9 @@ class Result(Generic[T]):
     of the function (0 when the breaker refused the first). ``error`` is the
     last exception the function raised (or :class:`Cancelled`), None on
     success. ``value`` is what the function returned, on success. ``local`` is
-    true when at least one decision was made without policyd.
+    true when at least one decision was made without policyd. ``target`` is
+    the target the call ended on: the primary, or the fallback it escalated
+    to.
     """
 
     disposition: Disposition
@@ -171,6 +233,7 @@ class Result(Generic[T]):
     #: True when the idempotency ledger said an earlier attempt succeeded:
     #: the function was not called; ``value`` is its result reference.
     deduplicated: bool = False
+    target: str = ""
 
     @property
     def ok(self) -> bool:
@@ -194,6 +257,8 @@ class Stats:
     fast_fails: int = 0
     #: Decisions made locally because policyd did not answer in time.
     local_decisions: int = 0
+    #: Attempts sent to another target than the one before (a fallback).
+    fallbacks: int = 0
     outcomes_sent: int = 0
     #: Outcomes lost: the queue was full, policyd refused them for good, or
     #: policyd was unreachable at close.
@@ -215,6 +280,11 @@ class EventKind(str, enum.Enum):
     LOCAL_DECISION = "local_decision"
     #: The watch saw the breaker of ``target`` change to ``breaker_state``.
     BREAKER_CHANGED = "breaker_changed"
+    #: ``attempt`` (and the call's later attempts) goes to ``to_target``
+    #: (also ``target``) instead of ``from_target`` (the previous attempt's
+    #: target, or the one Admit was asked for): policyd escalated it, or the
+    #: client did (``local``: its local copy, or the chain it saw).
+    FALLBACK_TAKEN = "fallback_taken"
 
     def __str__(self) -> str:
         return self.value
@@ -226,7 +296,9 @@ class Event:
     ``on_event=callable``. The hook runs on the thread or task that caused
     the event (a breaker change: the watch's), so it should be quick; what
     it raises is logged and otherwise ignored. Fields that do not apply to
-    the kind are empty."""
+    the kind are empty. ``target`` is the attempt's target (the call's, or
+    the fallback it was escalated to; for BREAKER_CHANGED the breaker's),
+    as the Go client's ``Event.Target``."""
 
     kind: EventKind
     target: str
@@ -241,6 +313,9 @@ class Event:
     breaker_state: Optional[BreakerState] = None
     #: True when a decision of this call was made without policyd.
     local: bool = False
+    #: FALLBACK_TAKEN: the target the call left, and the one it moved to.
+    from_target: str = ""
+    to_target: str = ""
 
 
 #: The hook a client calls for every event.

@@ -25,9 +25,19 @@ returned); after a timeout, a reset or a 504 the next execution fails with
 ``CallRefused`` (``dead_letter``, ``idempotency:unknown``) unless the
 target's policy sets ``upstream_dedupes_by_key``. Successes and final dispositions are
 reported in the background, as by :meth:`Client.call`. The attempt number
-(``request.retries + 1``), the call's origin time and the last delay travel
-with the retry in the ``policyd`` message header, so the deadline and the
-attempt limit count from the first execution.
+(``request.retries + 1``), the call's origin time, the last delay and the
+target of the next attempt travel with the retry in the ``policyd`` message
+header, so the deadline and the attempt limit count from the first
+execution, and an execution after an escalation goes to the fallback.
+
+Fallback targets: when the target's policy escalates (``fallback``), an
+execution's attempt may go to a fallback target instead of
+``policyd_target``: ``current_attempt().target`` inside the task says where
+this execution's attempt goes (the primary, or the fallback policyd named);
+the body sends it there (a mapping from target to base URL, say, or one of
+the HTTP adapters with ``hosts``). A retry scheduled onto a fallback carries
+it in the header (``target``), so the next execution, in whichever worker,
+goes there too.
 
 Options (task options or class attributes): ``policyd_client`` (a
 :class:`policyd_client.Client`, or a function returning one: make it per
@@ -127,6 +137,7 @@ class PolicydTask(celery.Task):  # type: ignore[type-arg]
         st.info = dataclasses.replace(st.info, origin=origin)
         st.attempts = int(req.retries or 0)
         st.prev = float(carried.get("prev", 0.0))
+        st.target = str(carried.get("target") or st.info.target)
         reporter, stub = client._start()
         loop = _loop.run(core, st)
         reply: Any = None
@@ -145,7 +156,7 @@ class PolicydTask(celery.Task):  # type: ignore[type-arg]
                 # policyd said retry: the wait is Celery's, the next attempt
                 # another execution's.
                 loop.close()
-                headers = {**(req.headers or {}), HEADER: {"origin": origin, "prev": effect.seconds}}
+                headers = {**(req.headers or {}), HEADER: {"origin": origin, "prev": effect.seconds, "target": st.target}}
                 raise self.retry(exc=error, countdown=effect.seconds, headers=headers)
             reply = client._do(effect, body, _NEVER, reporter, stub)
             if isinstance(effect, _loop.Invoke):

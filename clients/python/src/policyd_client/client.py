@@ -71,8 +71,8 @@ class Client:
     (``decision_timeout``, ``attempt_timeout``, ``retry_unreachable_after``,
     ``local_budget``, ``local_budget_per_second``, ``batch_size``,
     ``flush_interval``, ``queue_size``, ``watch``, ``close_timeout``,
-    ``reconnect_base``, ``reconnect_cap``) are described, with their
-    defaults, in :class:`policyd_client.Settings`.
+    ``reconnect_base``, ``reconnect_cap``, ``fallbacks``) are described,
+    with their defaults, in :class:`policyd_client.Settings`.
 
     ``sleep(seconds, cancel)`` waits between attempts, returning early when
     ``cancel`` is set; ``now()`` tells the time in Unix seconds; ``rand()``
@@ -80,7 +80,7 @@ class Client:
     between the watch's reconnection tries (default: on the stop event).
     Tests inject fakes so nothing waits. ``on_event(event)`` is called for
     every :class:`policyd_client.Event` (attempt started, retry scheduled,
-    stopped, local decision, breaker changed).
+    stopped, local decision, breaker changed, fallback taken).
     """
 
     def __init__(

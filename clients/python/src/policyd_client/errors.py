@@ -173,6 +173,22 @@ class Deduplicated(RetryError):
                      f"{result.idempotency_key} succeeded (result reference {self.result_ref!r}); nothing was sent",)
 
 
+class UnmappedTarget(LookupError):
+    """Raised by the HTTP adapters for an attempt policyd sent to a target
+    (a fallback the call escalated to) that their ``hosts`` mapping does not
+    name: the request is not sent, rather than sent to the primary's host.
+    The call ends ``failed_terminal`` (reason ``unclassified:UnmappedTarget``)
+    and the adapter raises this. ``target`` is the unmapped target,
+    ``primary`` the call's."""
+
+    def __init__(self, target: str, primary: str) -> None:
+        super().__init__(
+            f"policyd_client: policyd sent an attempt of {primary!r} to fallback target {target!r}, which the "
+            f"adapter's hosts mapping does not name; add hosts[{target!r}] (a base URL or a host[:port])")
+        self.target = target
+        self.primary = primary
+
+
 @dataclass(frozen=True)
 class ClassifiedFailure:
     """An exception seen as policyd sees failures.

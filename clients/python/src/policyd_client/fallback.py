@@ -208,6 +208,9 @@ class Decision:
     reason: str = ""
     attempt_timeout: float = 0.0
     fallback: bool = False
+    #: Where the next attempt goes on RETRY (NextDelayResponse.target);
+    #: empty: where the last one went.
+    target: str = ""
 
 
 class LocalPolicy:

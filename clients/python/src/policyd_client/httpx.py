@@ -45,6 +45,18 @@ Bodies are replayed: bytes (``content=``, ``json=``, ``data=``) as they
 are, a multipart body read into memory once. A streaming body (a generator
 or an iterator) cannot be sent twice and is refused before the first
 attempt with :class:`BodyNotReplayable`.
+
+Fallback targets: when the target's policy escalates to fallback providers
+(``fallback``), policyd may send an attempt to another target than the
+request's. ``hosts`` maps each target to where its attempts go, a base URL
+(``{"geo-b": "https://geo-b.example/v2"}``: scheme, host[:port] and a path
+prefix put before the request's path) or a bare ``host[:port]`` (the
+request's scheme and path kept); the request's URL and ``Host`` header are
+rewritten for that attempt, its query, headers, key and body kept. The
+primary keeps the request's URL unless ``hosts`` names it too. An attempt
+sent to a target ``hosts`` does not name is not sent anywhere: the call
+ends ``failed_terminal`` and :class:`policyd_client.UnmappedTarget` is
+raised.
 """
 
 from __future__ import annotations
@@ -58,18 +70,22 @@ from ._http import (
     KEY_HEADER,
     BodyNotReplayable,
     FailedResponse,
+    Hosts,
     Target,
     answer,
+    attempt_url,
     call_for,
+    check_hosts,
     drainable,
     host_target,
 )
 from ._model import Attempt, Call
 from .aio import AsyncClient
 from .client import Client
+from .errors import UnmappedTarget
 from .key import idempotency_key
 
-__all__ = ["AsyncTransport", "BodyNotReplayable", "Transport", "SUBMISSION_EXTENSION"]
+__all__ = ["AsyncTransport", "BodyNotReplayable", "Hosts", "Transport", "SUBMISSION_EXTENSION", "UnmappedTarget"]
 
 #: The request extension that names a request's submission id.
 SUBMISSION_EXTENSION = "policyd_submission_id"
@@ -113,7 +129,9 @@ class _Requests:
         submission_id: Optional[Callable[[httpx.Request], Optional[str]]],
         run_id: str,
         idempotent_methods: frozenset[str],
+        hosts: Optional[Hosts],
     ) -> None:
+        self._hosts = check_hosts(hosts, "policyd_client.httpx")
         self._target = target
         self._key_header = key_header
         self._submission_id = submission_id or _submission_from_extension
@@ -150,13 +168,20 @@ class _Requests:
             request.headers[self._key_header] = idempotency_key(call.submission_id, call.payload)
         return call
 
-    @staticmethod
-    def attempts(request: httpx.Request) -> Callable[[Attempt], httpx.Request]:
-        """Returns a function that readies the request for an attempt: its
-        timeouts (as the caller set them) capped by the attempt's."""
+    def attempts(self, request: httpx.Request, primary: str) -> Callable[[Attempt], httpx.Request]:
+        """Returns a function that readies the request for an attempt of a
+        call of primary: its URL and Host header those of the attempt's
+        target (see ``hosts``), its timeouts (as the caller set them) capped
+        by the attempt's."""
         given = dict(request.extensions.get("timeout") or {})
+        url, host = str(request.url), request.headers.get("Host")
 
         def ready(a: Attempt) -> httpx.Request:
+            to = attempt_url(url, self._hosts, a, primary)
+            if to != str(request.url):
+                request.url = httpx.URL(to)
+                if host is not None:
+                    request.headers["Host"] = host if to == url else request.url.netloc.decode("ascii")
             if a.timeout > 0:
                 t = {phase: a.timeout if given.get(phase) is None else min(float(given[phase]), a.timeout)
                      for phase in ("connect", "read", "write", "pool")}
@@ -175,7 +200,10 @@ class Transport(httpx.BaseTransport):
     ``submission_id(request)`` a request's submission id (default its
     ``policyd_submission_id`` extension); ``run_id`` the batch run the
     retries spend; ``idempotent_methods`` the methods retried without a
-    key. Safe for concurrent use, as ``client`` and ``inner`` are."""
+    key; ``hosts`` where each target's attempts go (a base URL or a
+    host[:port]; see the module doc: a fallback target without one raises
+    :class:`policyd_client.UnmappedTarget`). Safe for concurrent use, as
+    ``client`` and ``inner`` are."""
 
     def __init__(
         self,
@@ -187,16 +215,17 @@ class Transport(httpx.BaseTransport):
         submission_id: Optional[Callable[[httpx.Request], Optional[str]]] = None,
         run_id: str = "",
         idempotent_methods: frozenset[str] = IDEMPOTENT_METHODS,
+        hosts: Optional[Hosts] = None,
     ) -> None:
         self._client = client
         self._inner = inner if inner is not None else httpx.HTTPTransport()
-        self._requests = _Requests(target, key_header, submission_id, run_id, idempotent_methods)
+        self._requests = _Requests(target, key_header, submission_id, run_id, idempotent_methods, hosts)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         if not self._requests.replayable(request):
             request.read()
         call = self._requests.call(request)
-        ready = self._requests.attempts(request)
+        ready = self._requests.attempts(request, call.target)
         failed: list[httpx.Response] = []  # the last failed response, open until the next attempt
 
         def attempt(a: Attempt) -> httpx.Response:
@@ -236,16 +265,17 @@ class AsyncTransport(httpx.AsyncBaseTransport):
         submission_id: Optional[Callable[[httpx.Request], Optional[str]]] = None,
         run_id: str = "",
         idempotent_methods: frozenset[str] = IDEMPOTENT_METHODS,
+        hosts: Optional[Hosts] = None,
     ) -> None:
         self._client = client
         self._inner = inner if inner is not None else httpx.AsyncHTTPTransport()
-        self._requests = _Requests(target, key_header, submission_id, run_id, idempotent_methods)
+        self._requests = _Requests(target, key_header, submission_id, run_id, idempotent_methods, hosts)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if not self._requests.replayable(request):
             await request.aread()
         call = self._requests.call(request)
-        ready = self._requests.attempts(request)
+        ready = self._requests.attempts(request, call.target)
         failed: list[httpx.Response] = []  # the last failed response, open until the next attempt
 
         async def attempt(a: Attempt) -> httpx.Response:

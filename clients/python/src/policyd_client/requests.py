@@ -32,6 +32,15 @@ header. Bytes and str bodies are replayed as they are, a seekable file is
 rewound before each attempt (its key is derived from the submission id
 alone: the file is not read for it), and a generator or any other stream
 is refused before the first attempt with :class:`BodyNotReplayable`.
+
+Fallback targets: ``hosts`` maps each target to where its attempts go, a
+base URL (scheme, host[:port], path prefix) or a bare host[:port], as for
+``policyd_client.httpx``: an attempt policyd sends to a fallback target
+goes to its URL (query, headers, key and body kept); the primary keeps the
+request's URL unless ``hosts`` names it; an attempt to a target ``hosts``
+does not name is not sent, the call ends ``failed_terminal`` and
+:class:`policyd_client.UnmappedTarget` is raised. The adapter serves the
+fallback's URL whatever it was mounted for.
 """
 
 from __future__ import annotations
@@ -48,17 +57,21 @@ from ._http import (
     KEY_HEADER,
     BodyNotReplayable,
     FailedResponse,
+    Hosts,
     Target,
     answer,
+    attempt_url,
     call_for,
+    check_hosts,
     drainable,
     host_target,
 )
 from ._model import Attempt
 from .client import Client
+from .errors import UnmappedTarget
 from .key import idempotency_key
 
-__all__ = ["BodyNotReplayable", "HTTPAdapter"]
+__all__ = ["BodyNotReplayable", "HTTPAdapter", "Hosts", "UnmappedTarget"]
 
 
 def _cap(timeout: Any, limit: float) -> Any:
@@ -114,7 +127,8 @@ class HTTPAdapter(requests.adapters.HTTPAdapter):
     PreparedRequest); ``key_header`` the idempotency-key header ("" to send
     none); ``submission_id(request)`` a request's submission id (default
     none); ``run_id`` the batch run the retries spend;
-    ``idempotent_methods`` the methods retried without a key. The other
+    ``idempotent_methods`` the methods retried without a key; ``hosts``
+    where each target's attempts go (see the module doc). The other
     keyword arguments are HTTPAdapter's (``pool_connections``,
     ``pool_maxsize``, ``pool_block``); ``max_retries`` is 0: policyd
     decides the retries."""
@@ -128,8 +142,10 @@ class HTTPAdapter(requests.adapters.HTTPAdapter):
         submission_id: Optional[Callable[[requests.PreparedRequest], Union[str, bytes, None]]] = None,
         run_id: str = "",
         idempotent_methods: frozenset[str] = IDEMPOTENT_METHODS,
+        hosts: Optional[Hosts] = None,
         **kwargs: Any,
     ) -> None:
+        self._hosts = check_hosts(hosts, "policyd_client.requests")
         super().__init__(max_retries=0, **kwargs)
         self._client = client
         self._target = target
@@ -165,10 +181,12 @@ class HTTPAdapter(requests.adapters.HTTPAdapter):
             request.headers[self._key_header] = idempotency_key(call.submission_id, payload)
         rewind = not isinstance(request.body, (bytes, str, type(None)))
         failed: list[requests.Response] = []  # the last failed response, open until the next attempt
+        given_url = request.url or ""
 
         def attempt(a: Attempt) -> requests.Response:
             while failed:
                 _discard(failed.pop())
+            request.url = attempt_url(given_url, self._hosts, a, call.target)
             if rewind and a.number > 1:
                 rewind_body(request)
             resp = super(HTTPAdapter, self).send(

@@ -29,7 +29,15 @@ Pass all five (``strategies()`` returns them as keyword arguments); do not
 combine them with tenacity's own stops or retries, which would end calls
 policyd was told continue. :meth:`Policy.result` says how a call ended,
 :meth:`Policy.attempt` (or :func:`policyd_client.current_attempt` inside the
-function) gives the attempt's timeout and idempotency key. A failure that
+function) gives the attempt's timeout, idempotency key and target.
+
+Fallback targets: when the target's policy escalates (``fallback``), an
+attempt may go to a fallback target instead of ``target``:
+``current_attempt().target`` (or ``Policy.attempt(rs).target``) inside the
+function says where this attempt goes, and :meth:`Policy.target` says where
+the next one goes once policyd scheduled the retry (in ``before_sleep`` and
+``wait``; ``before_sleep``'s log line names it). The function sends the
+attempt there; tenacity itself knows nothing of targets. A failure that
 is not an ``Exception`` (``KeyboardInterrupt``, a task's cancellation) ends
 the call as ``dead_letter`` with stop reason ``DEADLINE`` and is raised as
 it is.
@@ -59,7 +67,7 @@ from typing import Any, Awaitable, Callable, Optional, TypedDict, Union
 from tenacity import RetryCallState
 
 from . import _loop
-from ._core import _CURRENT, Core, PendingOutcome
+from ._core import _CURRENT, CallState, Core, PendingOutcome
 from ._model import Attempt, Result
 from .aio import AsyncClient
 from .client import Client
@@ -125,7 +133,8 @@ def _skip_attempt(rs: RetryCallState, value: Any) -> bool:
 class _Run:
     """One tenacity call's run of the client's loop."""
 
-    def __init__(self, loop: _loop.Loop) -> None:
+    def __init__(self, st: CallState[Any], loop: _loop.Loop) -> None:
+        self.st = st
         self.loop = loop
         self.attempt: Optional[Attempt] = None
         self.started = 0.0
@@ -168,6 +177,14 @@ class _Strategies:
         run = self._runs.get(rs)
         return run.attempt if run is not None else None
 
+    def target(self, rs: RetryCallState) -> Optional[str]:
+        """Returns the target of the attempt retry state ``rs`` makes, or,
+        once policyd scheduled a retry (in ``before_sleep`` and ``wait``),
+        of the next attempt: the primary, or a fallback policyd escalated
+        the call to. None before ``before`` ran for ``rs``."""
+        run = self._runs.get(rs)
+        return run.st.target if run is not None else None
+
     def stop(self, rs: RetryCallState) -> bool:
         """Says whether policyd stopped the call."""
         return self._run(rs).stopped
@@ -183,8 +200,8 @@ class _Strategies:
         a = run.attempt
         if a is not None and self._log.isEnabledFor(self._level):
             exc = rs.outcome.exception() if rs.outcome is not None else None
-            self._log.log(self._level, "policyd: retrying %s (call %s, attempt %d) in %.3fs after %s",
-                          self._spec[0], a.call_id, a.number, run.delay, exc)
+            self._log.log(self._level, "policyd: retrying %s (call %s, attempt %d) in %.3fs on %s after %s",
+                          self._spec[0], a.call_id, a.number, run.delay, run.st.target, exc)
 
     def _run(self, rs: RetryCallState) -> _Run:
         run = self._runs.get(rs)
@@ -202,7 +219,8 @@ class _Strategies:
         target, idempotent, run_id, deadline_after, submission = self._spec
         call = self._core.decorated_call(target, idempotent, run_id, deadline_after, submission,
                                          tuple(rs.args), dict(rs.kwargs))
-        run = _Run(_loop.run(self._core, self._core.begin(call, _fn)))
+        st = self._core.begin(call, _fn)
+        run = _Run(st, _loop.run(self._core, st))
         self._runs[rs] = run
         return run, None
 

@@ -1,0 +1,160 @@
+package e2e_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/policyd/policyd/clients/go/policyclient"
+	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
+)
+
+// setFallback stores acme's policy of target geo-a: attempts and the
+// fallback chain.
+func setFallback(t *testing.T, d *daemon, attempts uint32, fb *pb.FallbackSettings) {
+	t.Helper()
+	if _, err := d.admin.SetPolicy(context.Background(), &pb.SetPolicyRequest{Tenant: "acme", Target: "geo-a",
+		Policy: &pb.Policy{MaxAttempts: &attempts, Fallback: fb}}); err != nil {
+		t.Fatalf("SetPolicy: %v", err)
+	}
+}
+
+func hostOf(t *testing.T, raw string) string {
+	t.Helper()
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u.Host
+}
+
+// TestTransportEscalatesToTheFallback: a primary failing 503 and a
+// healthy fallback, after_attempts 1: the first attempt goes to the
+// primary, the second to the fallback's host (Transport.Hosts), whose
+// response is returned; OnEvent tells the fallback taken and the attempts'
+// targets.
+func TestTransportEscalatesToTheFallback(t *testing.T) {
+	d := startDaemon(t, nil)
+	setFallback(t, d, 3, &pb.FallbackSettings{Targets: []string{"geo-b"}, AfterAttempts: 1})
+	var ev events
+	var all []policyclient.Event
+	c, _ := newClient(t, d, func(cfg *policyclient.Config) {
+		cfg.OnEvent = func(e policyclient.Event) {
+			ev.on(e)
+			if e.Kind == policyclient.EventAttemptStarted || e.Kind == policyclient.EventFallbackTaken {
+				ev.mu.Lock()
+				all = append(all, e)
+				ev.mu.Unlock()
+			}
+		}
+	})
+	primary := startFlakyHTTP(t, reply{status: 503, body: "down"})
+	fallback := startFlakyHTTP(t, reply{status: 200, body: "geocoded by b"})
+	hc := &http.Client{Transport: &policyclient.Transport{Client: c,
+		Call: func(*http.Request) policyclient.Call {
+			return policyclient.Call{Target: "geo-a", SubmissionID: "doc-1"}
+		},
+		Hosts: map[string]string{"geo-b": hostOf(t, fallback.srv.URL)}}}
+	resp, err := hc.Get(primary.srv.URL + "/geocode?q=x")
+	if err != nil {
+		t.Fatalf("Get: %v", err)
+	}
+	if got := readAll(t, resp); resp.StatusCode != 200 || got != "geocoded by b" {
+		t.Fatalf("final response: %d %q, want 200 from the fallback", resp.StatusCode, got)
+	}
+	if p, f := len(primary.requests()), len(fallback.requests()); p != 1 || f != 1 {
+		t.Fatalf("upstream calls: primary %d, fallback %d; want 1 and 1", p, f)
+	}
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	var got []string
+	for _, e := range all {
+		s := e.Kind.String() + "/" + string(rune('0'+e.Attempt)) + "/" + e.Target
+		if e.From != "" {
+			s += "<-" + e.From
+		}
+		got = append(got, s)
+	}
+	want := "[attempt_started/1/geo-a fallback_taken/2/geo-b<-geo-a attempt_started/2/geo-b]"
+	if strings.Join(got, " ") != strings.Trim(want, "[]") {
+		t.Fatalf("events:\n got %v\nwant %s", got, want)
+	}
+}
+
+// TestTransportRefusesAFallbackWithoutAHost: a fallback target that
+// Transport.Hosts does not map is a terminal error naming it, never a
+// request sent to the primary again.
+func TestTransportRefusesAFallbackWithoutAHost(t *testing.T) {
+	d := startDaemon(t, nil)
+	setFallback(t, d, 3, &pb.FallbackSettings{Targets: []string{"geo-b"}, AfterAttempts: 1})
+	c, _ := newClient(t, d, nil)
+	primary := startFlakyHTTP(t, reply{status: 503, body: "down"})
+	hc := &http.Client{Transport: &policyclient.Transport{Client: c,
+		Call: func(*http.Request) policyclient.Call {
+			return policyclient.Call{Target: "geo-a", SubmissionID: "doc-1"}
+		}}}
+	_, err := hc.Get(primary.srv.URL)
+	var ce *policyclient.CallError
+	if !errors.As(err, &ce) || ce.Result.Disposition != policyclient.FailedTerminal || !strings.Contains(err.Error(), `no host for fallback target "geo-b"`) {
+		t.Fatalf("Get: %v, want a terminal CallError naming the fallback target without a host", err)
+	}
+	if n := len(primary.requests()); n != 1 {
+		t.Fatalf("primary saw %d requests, want 1: the fallback's attempt must not go to it", n)
+	}
+}
+
+// TestDoEscalatesOnAnOpenCircuit: with on_circuit_open, the failure that
+// opens the primary's breaker is retried on the fallback (NextDelay names
+// it), and a later call to the open primary goes to the fallback from its
+// first attempt (Admit names it, the client having seen the policy
+// escalate), Attempt.Target saying so; the outcomes are recorded against
+// the fallback, with the primary as primary_target.
+func TestDoEscalatesOnAnOpenCircuit(t *testing.T) {
+	d := startDaemon(t, nil)
+	ctx := context.Background()
+	one, attempts := uint32(1), uint32(3)
+	if _, err := d.admin.SetPolicy(ctx, &pb.SetPolicyRequest{Tenant: "acme", Target: "geo-a", Policy: &pb.Policy{
+		MaxAttempts: &attempts, Breaker: &pb.BreakerSettings{ConsecutiveFailures: &one},
+		Fallback: &pb.FallbackSettings{Targets: []string{"geo-b"}, OnCircuitOpen: true}}}); err != nil {
+		t.Fatal(err)
+	}
+	c, _ := newClient(t, d, nil)
+	do := func(id string) []string {
+		t.Helper()
+		var targets []string
+		res, err := c.Do(ctx, policyclient.Call{Target: "geo-a", SubmissionID: id, Idempotent: true},
+			func(_ context.Context, a policyclient.Attempt) error {
+				targets = append(targets, a.Target)
+				if a.Target == "geo-a" {
+					return policyclient.HTTPError(503, nil)
+				}
+				return nil
+			})
+		if err != nil || !res.OK() {
+			t.Fatalf("Do(%s): %+v, %v; want success on the fallback", id, res, err)
+		}
+		return targets
+	}
+	if got := strings.Join(do("doc-1"), " "); got != "geo-a geo-b" {
+		t.Fatalf("doc-1: Attempt.Target of each attempt: %s, want geo-a geo-b (the 503 opened geo-a)", got)
+	}
+	if got := strings.Join(do("doc-2"), " "); got != "geo-b" {
+		t.Fatalf("doc-2: Attempt.Target of each attempt: %s, want geo-b (Admit past the open geo-a)", got)
+	}
+	if err := c.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"doc-1", "doc-2"} {
+		audit, err := d.admin.QueryAudit(ctx, &pb.QueryAuditRequest{CallId: id, Tenant: "acme"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		recs := audit.GetRecords()
+		if len(recs) == 0 || recs[len(recs)-1].GetTarget() != "geo-b" || recs[len(recs)-1].GetPrimaryTarget() != "geo-a" {
+			t.Fatalf("audit of %s: %v, want the success recorded on geo-b with primary geo-a", id, recs)
+		}
+	}
+}
