@@ -119,3 +119,30 @@ func TestPushbackRecordedAsFleetDoes(t *testing.T) {
 		t.Errorf("breaker after a pushback: %d calls, %d failures in a row, %v; want nothing counted, CLOSED", b.WindowCalls, b.ConsecutiveFailures, b.State)
 	}
 }
+
+// TestDialerReconnectsAtOnceAfterRestart: a client whose pool saw its
+// dials fail while Redis was down (PoolSize of them: go-redis's pool then
+// stops dialing until a background dial, once a second, succeeds) makes
+// its first call after Redis is back on a new connection, with
+// redisstore.Dialer.
+func TestDialerReconnectsAtOnceAfterRestart(t *testing.T) {
+	srv := redistest.Standalone(t)
+	opts := &redis.Options{Addr: srv.Addr, PoolSize: 1, MaxRetries: -1}
+	opts.Dialer = redisstore.Dialer(redis.NewDialer(opts))
+	c := redis.NewClient(opts)
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := context.Background()
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	srv.Kill()
+	for range 3 {
+		if err := c.Ping(ctx).Err(); err == nil {
+			t.Fatal("PING answered with Redis killed")
+		}
+	}
+	srv.Restart(t)
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatalf("the first PING after Redis is back: %v", err)
+	}
+}
