@@ -29,6 +29,12 @@ func TestCheckFinal(t *testing.T) {
 		{"FAILED_TERMINAL after a RETRY of a 503", fleet.FinalReport{Final: fin(policy.DispositionFailedTerminal, 0), Decided: true, Answer: retry}, "answered RETRY"},
 		{"DEAD_LETTER with a 503", fleet.FinalReport{Final: fin(policy.DispositionDeadLetter, policy.StopAttemptsExhausted), Failure: policy.CategoryTransient}, ""},
 		{"DEAD_LETTER with nothing", fleet.FinalReport{Final: fin(policy.DispositionDeadLetter, policy.StopAttemptsExhausted)}, "DEAD_LETTER needs"},
+		{"DEAD_LETTER (BUDGET_EXHAUSTED) of a recorded failure, no answer remembered (a degraded stop)",
+			fleet.FinalReport{Final: fin(policy.DispositionDeadLetter, policy.StopBudgetExhausted), Recorded: true}, ""},
+		{"DEAD_LETTER (BUDGET_EXHAUSTED) with nothing recorded", fleet.FinalReport{Final: fin(policy.DispositionDeadLetter, policy.StopBudgetExhausted)},
+			"DEAD_LETTER needs"},
+		{"DEAD_LETTER (BUDGET_EXHAUSTED) after policyd answered RETRY", fleet.FinalReport{Final: fin(policy.DispositionDeadLetter, policy.StopBudgetExhausted),
+			Recorded: true, Decided: true, Answer: policy.Answer{Retry: true, Category: policy.CategoryTerminal}}, "DEAD_LETTER needs"},
 		{"DEAD_LETTER with a 4xx", fleet.FinalReport{Final: fin(policy.DispositionDeadLetter, 0), Failure: policy.CategoryTerminal}, "DEAD_LETTER needs"},
 		{"CIRCUIT_OPEN with the breaker OPEN", fleet.FinalReport{Final: fin(policy.DispositionCircuitOpen, 0), HasBreaker: true, Breaker: policy.BreakerOpen}, ""},
 		{"CIRCUIT_OPEN just after it closed", fleet.FinalReport{Final: fin(policy.DispositionCircuitOpen, 0), HasBreaker: true,
@@ -52,6 +58,10 @@ func TestCheckFinal(t *testing.T) {
 			"DEAD_LETTER (DEADLINE) needs"},
 		{"DEAD_LETTER (DEADLINE) when a cool-down leaves no room", fleet.FinalReport{Final: fin(policy.DispositionDeadLetter, policy.StopDeadline), Deadline: 50, Now: 40,
 			CooldownEnd: 45, AttemptTimeout: 10}, ""},
+		{"DEAD_LETTER (DEADLINE) nearer than the attempt timeout", fleet.FinalReport{Final: fin(policy.DispositionDeadLetter, policy.StopDeadline), Deadline: 50, Now: 45,
+			AttemptTimeout: 10}, ""},
+		{"DEAD_LETTER (DEADLINE) an attempt timeout away", fleet.FinalReport{Final: fin(policy.DispositionDeadLetter, policy.StopDeadline), Deadline: 50, Now: 40,
+			AttemptTimeout: 10}, "DEAD_LETTER (DEADLINE) needs"},
 		{"DEAD_LETTER (DEADLINE) of a cancelled call without deadline", fleet.FinalReport{Final: fin(policy.DispositionDeadLetter, policy.StopDeadline), Cutoff: 500, Now: 40}, ""},
 	}
 	for _, tt := range tests {

@@ -9,6 +9,7 @@
 //	go run ./cmd/policybench diskfull
 //	go run ./cmd/policybench adaptive
 //	go run ./cmd/policybench soak --duration 10m
+//	go run ./cmd/policybench flow
 //	go run ./cmd/policybench replicas
 //	go run ./cmd/policybench replicas-sweep
 //	go run ./cmd/policybench escalate
@@ -53,8 +54,13 @@ as a ratio to the echo: requests/s, p99 latency and server CPU per request
 (read from /proc/<pid>/stat; --pid, else found from the listening socket).
 
 Phases at each level: echo-unary, echo-stream, admit, nextdelay, report (each
-callers doing only that call) and mix (a worker's loop: Admit, on failure
-NextDelay, outcomes reported in batches). With --metrics (policyd's
+callers doing only that call), admit-ceiling and admit-ceiling-report (Admit
+to targets with a concurrency ceiling of 1000000, which never refuses, each
+lease returned at once by ReleaseLease, or by a ReportOutcome of the
+attempt's success carrying it), admit-ceiling-batch (leases returned as the
+Go client returns them: one more caller sends in one ReportOutcome every
+outcome the others queued, woken by each) and mix (a worker's loop: Admit,
+on failure NextDelay, outcomes reported in batches). With --metrics (policyd's
 --metrics-listen address) the report phase also gives commits/s and
 outcomes per commit from policyd_store_commits_total.
 
@@ -89,6 +95,7 @@ outcomes per commit from policyd_store_commits_total.
 	f.BoolVar(&cfg.JSON, "json", false, "print a JSON document instead of the table")
 	f.Uint64Var(&cfg.Seed, "seed", 1, "seed of the request mix")
 	f.IntVar(&cfg.ReportBatch, "report-batch", defaultReportBatch, "outcomes per ReportOutcome (1..1000; the Go client's default batch size is 256)")
+	cmd.AddCommand(flowCmd(), flowWorkerCmd())
 	spawn.register(cmd)
 	cmd.AddCommand(crashCmd(), diskfullCmd(), escalateCmd(), replicasCmd(), replicaSweepCmd(), soakCmd(), drainCmd(), slowWatchCmd(), profileServerCmd(), onceCmd(), onceWorkerCmd(), &cobra.Command{
 		Use:    "echo-server",

@@ -17,10 +17,11 @@ const (
 	rpcReport
 	rpcEchoUnary
 	rpcEchoStream
+	rpcRelease
 	numRPC
 )
 
-var rpcNames = [numRPC]string{"Admit", "NextDelay", "ReportOutcome", "echo-unary", "echo-stream"}
+var rpcNames = [numRPC]string{"Admit", "NextDelay", "ReportOutcome", "echo-unary", "echo-stream", "ReleaseLease"}
 
 // caller is one simulated worker: its request generator and what it
 // measured while the window was open.

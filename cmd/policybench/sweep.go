@@ -36,7 +36,7 @@ type sweepConfig struct {
 }
 
 // allPhases are the measured phases, in the order they run at each level.
-var allPhases = []string{"echo-unary", "echo-stream", "admit", "nextdelay", "report", "mix"}
+var allPhases = []string{"echo-unary", "echo-stream", "admit", "admit-ceiling", "admit-ceiling-report", "admit-ceiling-batch", "nextdelay", "report", "mix"}
 
 // row is one line of the sweep table.
 type row struct {
@@ -224,7 +224,11 @@ func runSweep(ctx context.Context, cfg sweepConfig, out, log io.Writer) error {
 			if strings.HasPrefix(ph, "echo") {
 				pid = rep.EchoPID
 			}
-			w := measure(ctx, n, cfg.Warmup, cfg.Duration, cfg.Seed, pid, metrics, loop)
+			callers := n
+			if ph == "admit-ceiling-batch" {
+				callers++ // caller 0 is the batcher of the n others
+			}
+			w := measure(ctx, callers, cfg.Warmup, cfg.Duration, cfg.Seed, pid, metrics, loop)
 			rows := rowsOf(n, ph, w)
 			level = append(level, rows...)
 			if ph == "report" && len(rows) == 1 {
@@ -298,6 +302,35 @@ func phaseLoop(phase string, cl pb.RetryPolicyServiceClient, econn *grpc.ClientC
 				_ = c.do(rpcAdmit, func() error { _, err := cl.Admit(ctx, pool[i%poolSize]); return err })
 			}
 		}
+	case "admit-ceiling":
+		return func(ctx context.Context, c *caller) { ceilingLoop(ctx, c, cl, false) }
+	case "admit-ceiling-report":
+		return func(ctx context.Context, c *caller) { ceilingLoop(ctx, c, cl, true) }
+	case "admit-ceiling-batch":
+		queue := make(chan *pb.Outcome, 4096)
+		return func(ctx context.Context, c *caller) {
+			if c.g.caller == 0 {
+				leaseBatcher(ctx, c, cl, queue)
+				return
+			}
+			for ctx.Err() == nil {
+				call := c.g.ceiledCall()
+				var resp *pb.AdmitResponse
+				err := c.do(rpcAdmit, func() (err error) {
+					resp, err = cl.Admit(ctx, &pb.AdmitRequest{Call: call, Attempt: 1})
+					return err
+				})
+				if err != nil {
+					continue
+				}
+				o := &pb.Outcome{Call: outcomeRef(call), Attempt: 1, Success: true, LeaseId: resp.GetLeaseId(),
+					Latency: durationOf(time.Duration(5+c.g.rng.IntN(50)) * time.Millisecond), FinalDisposition: pb.Disposition_DISPOSITION_SUCCEEDED}
+				select {
+				case queue <- o:
+				case <-ctx.Done():
+				}
+			}
+		}
 	case "nextdelay":
 		return func(ctx context.Context, c *caller) {
 			pool := make([]*pb.NextDelayRequest, poolSize)
@@ -327,6 +360,82 @@ func phaseLoop(phase string, cl pb.RetryPolicyServiceClient, econn *grpc.ClientC
 		return func(ctx context.Context, c *caller) { c.g.batch = batch; mixLoop(ctx, c, cl) }
 	}
 	panic("unknown phase " + phase)
+}
+
+// ceilingLoop is an attempt to a target with a concurrency ceiling that
+// never refuses (benchCeiling): Admit takes a lease, then the caller returns
+// it, by ReleaseLease, or, with report, by a ReportOutcome carrying the
+// attempt's success and its lease_id, one outcome per request (what the Go
+// client sends when a lease is all it has queued: a lease makes its batcher
+// send at once). An Admit without a lease, or a release of a lease not held,
+// is an error of the phase: the target has no ceiling (no --token-file) or
+// the engine lost the lease.
+func ceilingLoop(ctx context.Context, c *caller, cl pb.RetryPolicyServiceClient, report bool) {
+	errNoLease := errors.New("Admit handed out no lease: the target has no ceiling (set up with --token-file)")
+	errNotHeld := errors.New("lease not held when returned")
+	for ctx.Err() == nil {
+		call := c.g.ceiledCall()
+		var lease string
+		err := c.do(rpcAdmit, func() error {
+			resp, err := cl.Admit(ctx, &pb.AdmitRequest{Call: call, Attempt: 1})
+			if err == nil && resp.GetLeaseId() == "" {
+				return errNoLease
+			}
+			lease = resp.GetLeaseId()
+			return err
+		})
+		if err != nil {
+			continue
+		}
+		if !report {
+			_ = c.do(rpcRelease, func() error {
+				resp, err := cl.ReleaseLease(ctx, &pb.ReleaseLeaseRequest{Call: call, LeaseId: lease})
+				if err == nil && !resp.GetReleased() {
+					return errNotHeld
+				}
+				return err
+			})
+			continue
+		}
+		req := &pb.ReportOutcomeRequest{Outcomes: []*pb.Outcome{{Call: outcomeRef(call), Attempt: 1, Success: true,
+			LeaseId: lease, Latency: durationOf(time.Duration(5+c.g.rng.IntN(50)) * time.Millisecond),
+			FinalDisposition: pb.Disposition_DISPOSITION_SUCCEEDED}}}
+		var resp *pb.ReportOutcomeResponse
+		err = c.do(rpcReport, func() (err error) { resp, err = cl.ReportOutcome(ctx, req); return err })
+		if err == nil && c.on.Load() {
+			c.outcomes += uint64(resp.GetAccepted())
+		}
+	}
+}
+
+// leaseBatcher is the Go client's batcher in the admit-ceiling-batch
+// phase, caller 0 beside the level's callers: woken by a queued outcome
+// that returns a lease, it sends at once everything queued (up to 1000
+// outcomes) in one ReportOutcome, while the other callers Admit and queue.
+func leaseBatcher(ctx context.Context, c *caller, cl pb.RetryPolicyServiceClient, queue <-chan *pb.Outcome) {
+	for ctx.Err() == nil {
+		req := &pb.ReportOutcomeRequest{}
+		select {
+		case o := <-queue:
+			req.Outcomes = append(req.Outcomes, o)
+		case <-ctx.Done():
+			return
+		}
+	more:
+		for len(req.Outcomes) < 1000 {
+			select {
+			case o := <-queue:
+				req.Outcomes = append(req.Outcomes, o)
+			default:
+				break more
+			}
+		}
+		var resp *pb.ReportOutcomeResponse
+		err := c.do(rpcReport, func() (err error) { resp, err = cl.ReportOutcome(ctx, req); return err })
+		if err == nil && c.on.Load() {
+			c.outcomes += uint64(resp.GetAccepted())
+		}
+	}
 }
 
 // mixLoop is a worker's retry loop without the Go client's breaker cache:

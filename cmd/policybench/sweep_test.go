@@ -77,7 +77,9 @@ func TestSweepSmoke(t *testing.T) {
 		}
 	}
 	for _, want := range []string{"echo-unary/echo-unary", "echo-stream/echo-stream", "admit/Admit", "nextdelay/NextDelay",
-		"report/ReportOutcome", "mix/Admit", "mix/NextDelay"} {
+		"report/ReportOutcome", "mix/Admit", "mix/NextDelay",
+		"admit-ceiling/Admit", "admit-ceiling/ReleaseLease", "admit-ceiling-report/Admit", "admit-ceiling-report/ReportOutcome",
+		"admit-ceiling-batch/Admit", "admit-ceiling-batch/ReportOutcome"} {
 		if !seen[want] {
 			t.Errorf("no row %s; got %v", want, seen)
 		}

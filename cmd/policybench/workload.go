@@ -20,6 +20,12 @@ const (
 	benchTenants = 8
 	benchHealthy = 16
 	benchFailing = 2
+	// benchCeiled is the number of targets with a concurrency ceiling,
+	// which every tenant calls in the admit-ceiling phases.
+	benchCeiled = 16
+	// benchCeiling is their max_in_flight: far above the callers, so the
+	// ceiling never refuses and the phases measure what a lease costs.
+	benchCeiling = 1000000
 	// failingShare is the share of calls that go to a failing target.
 	failingShare = 0.1
 	// defaultReportBatch is the number of outcomes per ReportOutcome
@@ -33,12 +39,23 @@ const (
 func tenantName(i int) string  { return fmt.Sprintf("bench-t%d", i) }
 func healthyName(i int) string { return fmt.Sprintf("api-%02d", i) }
 func failingName(i int) string { return fmt.Sprintf("down-%d", i) }
+func ceiledName(i int) string  { return fmt.Sprintf("ceil-%02d", i) }
 
 // setupWorkload writes the tenants' budgets and policies through the admin
 // service: ample budgets (the last tenant's is small), breakers on healthy
 // targets that tolerate mixed failures (50 in a row), and on the failing
-// targets the default 5 with a 2s cooldown so they cycle through HALF_OPEN.
+// targets the default 5 with a 2s cooldown so they cycle through HALF_OPEN;
+// the ceiled targets get a concurrency ceiling (benchCeiling) for every
+// tenant, each tenant's leases under its own key.
 func setupWorkload(ctx context.Context, admin pb.AdminServiceClient) error {
+	ceiling := uint32(benchCeiling)
+	for j := range benchCeiled {
+		if _, err := admin.SetPolicy(ctx, &pb.SetPolicyRequest{Target: ceiledName(j), Policy: &pb.Policy{
+			Flow: &pb.FlowSettings{MaxInFlight: &ceiling},
+		}}); err != nil {
+			return fmt.Errorf("SetPolicy %s: %w", ceiledName(j), err)
+		}
+	}
 	tolerant := uint32(50)
 	strict := uint32(5)
 	maxAttempts := uint32(5)
@@ -122,6 +139,11 @@ func httpFailure(code uint32) *pb.Failure {
 func (g *gen) admit() *pb.AdmitRequest {
 	tenant, target, _ := g.pick()
 	return &pb.AdmitRequest{Call: g.callRef(tenant, target), Attempt: uint32(1 + g.rng.IntN(3))}
+}
+
+// ceiledCall is a fresh call to a target with a concurrency ceiling.
+func (g *gen) ceiledCall() *pb.CallRef {
+	return g.callRef(tenantName(g.rng.IntN(benchTenants)), ceiledName(g.rng.IntN(benchCeiled)))
 }
 
 // failure is a failed attempt on a healthy target: mostly 503, some

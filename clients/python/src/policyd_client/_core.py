@@ -196,6 +196,7 @@ class Options(TypedDict, total=False):
     reconnect_base: float
     reconnect_cap: float
     fallbacks: Mapping[str, Fallback]
+    require_claim: bool
 
 
 def settings(tenant: str, options: Options) -> "Settings":
@@ -237,6 +238,12 @@ class Settings:
       the cache knows is OPEN goes to the next target of the chain (with
       ``on_circuit_open``) without an RPC. policyd's answers win whenever it
       answers. Default none.
+    - ``require_claim`` makes a call that uses the idempotency ledger make no
+      attempt without a claim: when policyd (or its store) cannot answer one,
+      the call ends a dead letter (NOT_IDEMPOTENT, ``idempotency:unavailable``)
+      instead of going on without the ledger. It trades the fallback's
+      availability for exactly once across workers that may submit one
+      document twice (the Go client's ``Config.RequireClaim``). Default False.
     """
 
     tenant: str
@@ -253,6 +260,7 @@ class Settings:
     reconnect_base: float = 0.1
     reconnect_cap: float = 5.0
     fallbacks: Mapping[str, Fallback] = field(default_factory=dict)
+    require_claim: bool = False
 
     def checked(self) -> "Settings":
         """Returns the settings validated, with policyd's caps applied."""
@@ -764,6 +772,10 @@ class CallState(Generic[T]):
         self.cutoff: Optional[float] = None
         #: The call was answered by the idempotency ledger.
         self.deduplicated = False
+        #: Once set, why no attempt may be made without a claim: an
+        #: attempt's outcome was lost (``idempotency:unknown``), or a claim
+        #: said another worker holds the key (``idempotency:in_flight``).
+        self.must_claim = ""
         self._ref: Optional[types_pb2.CallRef] = None
         #: The per-attempt timeout for the next attempt, in seconds.
         self.timeout = timeout

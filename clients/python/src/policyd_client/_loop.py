@@ -16,8 +16,10 @@ A driver answers each effect:
 
 Cancellation that arrives as an exception (an asyncio task's) is thrown into
 the generator as :class:`CallCancelled`; it reports the call as
-DEAD_LETTER (DEADLINE) and returns. A future idempotency claim is one more effect
-before the first :class:`Invoke`.
+DEAD_LETTER (DEADLINE) and returns. A call that uses the idempotency ledger
+claims its key (:class:`Claim`: the ``ClaimKeyResponse`` or the exception)
+before each :class:`Invoke` and completes it after (:class:`Complete`: the
+``CompleteKeyResponse`` or the exception; see :func:`_claim`).
 
 Escalation: every attempt has a target (``CallState.target``, told to the
 function as ``Attempt.target``): the primary (``Call.target``) for attempt
@@ -183,7 +185,7 @@ def _attempts(core: Core, st: CallState[Any]) -> Loop:
         if permit is None:
             return st.result()
         lease = ""
-        if st.info.key and (not st.info.idempotent or st.info.claim_key):
+        if _uses_ledger(st):
             claimed = yield from _claim(core, st, attempt)
             if claimed is None:
                 return st.result()
@@ -195,8 +197,9 @@ def _attempts(core: Core, st: CallState[Any]) -> Loop:
             core.emit(Event(EventKind.ATTEMPT_STARTED, target=st.target, call_id=st.info.call_id,
                             attempt=attempt, delay=a.timeout))
         got: Invoked = yield Invoke(a)
+        recorded = False  # the ledger knows how the attempt ended
         if lease:
-            yield Complete(_completion(st, lease, got))
+            recorded = not isinstance((yield Complete(_completion(st, lease, got))), BaseException)
         if got.error is None:
             yield Report(st.succeed(attempt, permit, got.latency, got.value))
             core.local.budget.deposit(0.2)
@@ -211,6 +214,14 @@ def _attempts(core: Core, st: CallState[Any]) -> Loop:
             st.reason = f.reason
             yield Report(st.end(Disposition.FAILED_TERMINAL, StopReason.TERMINAL, attempt))
             return st.result()
+        if _uses_ledger(st) and _lost(f, got):
+            # The upstream may have applied it: another attempt needs a
+            # claim, and one the ledger cannot answer for is not made.
+            st.must_claim = UNKNOWN
+            if not recorded:
+                st.reason = UNKNOWN
+                yield Report(st.end(Disposition.DEAD_LETTER, StopReason.NOT_IDEMPOTENT, attempt, f.failure))
+                return st.result()
         dec = yield from _decide(core, st, attempt, f, permit)
         st.reason = dec.reason
         unrecorded = None
@@ -373,24 +384,48 @@ def _binding_deadline(st: CallState[Any]) -> "tuple[Optional[float], bool]":
     return st.deadline, False
 
 
+def _uses_ledger(st: CallState[Any]) -> bool:
+    """Says whether the call claims its key: a non-idempotent call with a
+    key, or any call with one and ``Call.claim_key``."""
+    return bool(st.info.key) and (not st.info.idempotent or st.info.claim_key)
+
+
+#: The reasons a call that uses the ledger is dead-lettered (NOT_IDEMPOTENT)
+#: when policyd cannot be asked for a claim: an earlier attempt's outcome
+#: was lost, another worker held the key, or the client requires a claim.
+UNKNOWN, IN_FLIGHT, UNAVAILABLE = "idempotency:unknown", "idempotency:in_flight", "idempotency:unavailable"
+
+
 def _claim(core: Core, st: CallState[Any], attempt: int) -> Generator[Effect, Any, Optional[str]]:
     """Claims the call's idempotency key before attempt: returns the lease
-    held ("" for none: policyd is away), or None when the call ended (the
-    ledger answered it with an earlier success, or the previous attempt's
-    outcome was lost and the upstream does not deduplicate)."""
+    held ("" for none: policyd is away, see :func:`_unclaimed`), or None
+    when the call ended (the ledger answered it with an earlier success,
+    the previous attempt's outcome was lost and the upstream does not
+    deduplicate, or no claim could be made and none may be done without).
+
+    While policyd is away the call goes on without the ledger, except after
+    an attempt whose outcome was lost (a timeout, a 504, a reset), or once
+    a claim said another worker holds the key: the upstream may have
+    applied the write, and only a claim can say whether another is safe,
+    so without one the call is dead-lettered (NOT_IDEMPOTENT,
+    ``idempotency:unknown`` or ``idempotency:in_flight``). With
+    ``require_claim`` no attempt goes without a claim
+    (``idempotency:unavailable``). The Go client does the same."""
     while True:
         if not core.reachable():
-            return ""
+            return (yield from _unclaimed(core, st))
         resp = yield Claim(rpb.ClaimKeyRequest(call=st.ref, attempt=attempt))
         if isinstance(resp, BaseException):
             core.failed(resp)
-            return ""
+            return (yield from _unclaimed(core, st))
         if resp.state == types_pb2.KEY_STATE_SUCCEEDED:
             core.count("deduplicated")
             st.deduplicated, st.reason = True, resp.reason
             yield Report(st.succeed(attempt, "", 0.0, resp.result_ref)._replace(deduplicated=True))
             return None
         if resp.state == types_pb2.KEY_STATE_IN_FLIGHT:
+            # Another worker's attempt holds the key: wait for its end.
+            st.must_claim = st.must_claim or IN_FLIGHT
             if not (yield from _cooldown(core, st, from_duration(resp.retry_after))):
                 st.reason = resp.reason
                 return None
@@ -400,6 +435,19 @@ def _claim(core: Core, st: CallState[Any], attempt: int) -> Generator[Effect, An
             yield Report(st.end(Disposition.DEAD_LETTER, StopReason.NOT_IDEMPOTENT, st.attempts))
             return None
         return str(resp.lease_id)
+
+
+def _unclaimed(core: Core, st: CallState[Any]) -> Generator[Effect, Any, Optional[str]]:
+    """Decides an attempt policyd could not be asked to claim: it goes on
+    without the ledger (""), unless an earlier attempt's outcome was lost
+    or another worker held the key (``st.must_claim``), or the client
+    requires a claim, when the call ends a dead letter (None)."""
+    reason = st.must_claim or (UNAVAILABLE if core.settings.require_claim else "")
+    if not reason:
+        return ""
+    st.reason = reason
+    yield Report(st.end(Disposition.DEAD_LETTER, StopReason.NOT_IDEMPOTENT, st.attempts))
+    return None
 
 
 def _completion(st: CallState[Any], lease: str, got: Invoked) -> rpb.CompleteKeyRequest:
@@ -413,10 +461,16 @@ def _completion(st: CallState[Any], lease: str, got: Invoked) -> rpb.CompleteKey
             req.result_ref = got.value
         return req
     req.outcome = types_pb2.KEY_OUTCOME_FAILED
-    f = classify_exception(got.error, timed_out=got.timed_out)
-    if f.unclassified or got.timed_out or f.failure is None or _outcome_lost(f.failure):
+    if _lost(classify_exception(got.error, timed_out=got.timed_out), got):
         req.outcome = types_pb2.KEY_OUTCOME_UNKNOWN
     return req
+
+
+def _lost(f: ClassifiedFailure, got: Invoked) -> bool:
+    """Says whether a failed attempt leaves unknown whether the upstream
+    applied it: an error nothing is known of, an overrun attempt timeout,
+    or a lost outcome (:func:`_outcome_lost`)."""
+    return f.unclassified or got.timed_out or f.failure is None or _outcome_lost(f.failure)
 
 
 def _outcome_lost(f: types_pb2.Failure) -> bool:

@@ -71,7 +71,7 @@ class Client:
     (``decision_timeout``, ``attempt_timeout``, ``retry_unreachable_after``,
     ``local_budget``, ``local_budget_per_second``, ``batch_size``,
     ``flush_interval``, ``queue_size``, ``watch``, ``close_timeout``,
-    ``reconnect_base``, ``reconnect_cap``, ``fallbacks``) are described,
+    ``reconnect_base``, ``reconnect_cap``, ``fallbacks``, ``require_claim``) are described,
     with their defaults, in :class:`policyd_client.Settings`.
 
     ``sleep(seconds, cancel)`` waits between attempts, returning early when
