@@ -27,16 +27,23 @@ function as ``Attempt.target``): the primary (``Call.target``) for attempt
 when the attempt's breaker is open and the policy escalates on an open
 circuit) sends it. Admit, NextDelay and each outcome carry it as
 ``attempt_target`` (empty for the primary); the breaker cache is asked
-about it, not about the primary. While policyd cannot answer, the client's
-local copy of the target's fallback settings (``Settings.fallbacks``)
-places the next attempt by the same chain rule as policyd
-(:meth:`Fallback.target_of`); without one, by the chain seen in policyd's
-answers (``_core.ChainMemory``) once its after_attempts was seen, and
-otherwise the call stays where policyd last sent it. An attempt the cache
-would refuse as OPEN goes to the next target of the chain whose breaker is
-not known OPEN when the local copy has ``on_circuit_open``; without a local
-copy it asks Admit when Admit recently sent a call of that primary on from
-an open circuit, and is refused at once otherwise.
+about it, not about the primary. The chain of each primary is known from
+the local copy of its fallback settings (``Settings.fallbacks``) where the
+caller gave one, else from what policyd told (``_core.ChainMemory``: the
+WatchBreakers snapshot and every ReportOutcome answer). While policyd
+cannot answer, local admission and local decisions place each attempt by
+policyd's rules over the chain known (:meth:`Fallback.route`) on the
+breakers the cache last saw: the after_attempts rule, the skip past an open
+target with on_circuit_open, CIRCUIT_OPEN when the target chosen is open
+and none takes the call; with no chain known, by the chain seen in
+policyd's answers once its after_attempts was seen, and otherwise the call
+stays where policyd last sent it. An attempt the cache would refuse as OPEN
+goes to the next target of the chain whose breaker is not known OPEN when
+the local copy has ``on_circuit_open``, without an RPC; without a local
+copy it asks Admit (one RPC, which names the fallback) when the chain told
+escalates on an open circuit to a target not known OPEN, or Admit recently
+sent a call of that primary on from an open circuit, and is refused at once
+otherwise.
 """
 
 from __future__ import annotations
@@ -279,21 +286,22 @@ def _admit(core: Core, st: CallState[Any], attempt: int) -> Generator[Effect, An
                     if to:
                         _move(core, st, to, attempt, BY_CLIENT)
                         continue
-                if fb is not None or not core.chains.escalates_on_open(st.info.target, now):
+                if fb is not None or not _escalates_on_open(core, st, attempt, now):
                     core.count("fast_fails")
                     st.reason = "breaker:open"
                     yield Report(st.end(Disposition.CIRCUIT_OPEN, StopReason.CIRCUIT_OPEN, st.attempts))
                     return None
-                # Admit recently sent a call of this primary on from an
-                # open circuit: it may route this one too.
+                # The chain policyd told escalates on an open circuit, or
+                # Admit recently sent a call of this primary on from one:
+                # Admit may route this one.
         if not core.reachable():
-            return ""  # policyd is away: the local policy admits
+            return (yield from _admit_local(core, st, attempt))  # policyd is away: the local policy admits
         core.count("admit_rpcs")
         asked = st.target
         resp = yield Admit(rpb.AdmitRequest(call=st.ref, attempt=attempt, attempt_target=st.attempt_target))
         if isinstance(resp, BaseException):  # policyd away, slow, or the channel closed
             core.failed(resp)
-            return ""
+            return (yield from _admit_local(core, st, attempt))
         if st.info.run_id and resp.HasField("run_cutoff_time"):
             st.cutoff = from_timestamp(resp.run_cutoff_time)
             core.learn_cutoff(st.info.run_id, st.cutoff)
@@ -315,6 +323,32 @@ def _admit(core: Core, st: CallState[Any], attempt: int) -> Generator[Effect, An
             return None
         yield Report(st.end(Disposition.CIRCUIT_OPEN, StopReason.CIRCUIT_OPEN, st.attempts))
         return None
+
+
+def _escalates_on_open(core: Core, st: CallState[Any], attempt: int, now: float) -> bool:
+    """Says whether attempt, whose target's breaker the cache knows OPEN,
+    should ask Admit, which may send it to a fallback: the chain policyd
+    told for the primary escalates on an open circuit to a target not known
+    OPEN, or Admit sent a call of the primary on from an open circuit within
+    ESCALATION_MEMORY."""
+    told = core.chains.told(st.info.target)
+    if told is not None and told.on_circuit_open and told.route(st.info.target, attempt, core.cache.open_at(now)):
+        return True
+    return core.chains.escalates_on_open(st.info.target, now)
+
+
+def _admit_local(core: Core, st: CallState[Any], attempt: int) -> Generator[Effect, Any, Optional[str]]:
+    """Admits attempt while policyd is away, on the target the chain known
+    gives it (_local_target) on the breakers last seen: the call moves
+    there ("": no permit), or, when that target is open and no fallback
+    takes the call, it ends CIRCUIT_OPEN (None)."""
+    to = _local_target(core, st, attempt)
+    if to is None:
+        st.reason = "breaker:open"
+        yield Report(st.end(Disposition.CIRCUIT_OPEN, StopReason.CIRCUIT_OPEN, st.attempts))
+        return None
+    _move(core, st, to, attempt, BY_CLIENT)
+    return ""
 
 
 def _cooldown(core: Core, st: CallState[Any], d: float, reason: str = COOLDOWN) -> Generator[Effect, Any, bool]:
@@ -355,21 +389,33 @@ def _decide(core: Core, st: CallState[Any], attempt: int, f: ClassifiedFailure, 
     if cut and dec.stop_reason == types_pb2.STOP_REASON_DEADLINE:
         dec = dataclasses.replace(dec, disposition=types_pb2.DISPOSITION_DEADLINE_CUT)  # the run's cut-off bound
     if dec.retry:
-        dec = dataclasses.replace(dec, target=_local_target(core, st, attempt + 1))
+        to = _local_target(core, st, attempt + 1)
+        if to is None:
+            # The chain's next target is open and none after it takes the
+            # call, as policyd would answer; CIRCUIT_OPEN spends no budget.
+            core.local.budget.deposit(2.0 if f.is_timeout else 1.0)
+            dec = dataclasses.replace(dec, retry=False, delay=0.0, stop_reason=types_pb2.STOP_REASON_CIRCUIT_OPEN,
+                                      disposition=types_pb2.DISPOSITION_CIRCUIT_OPEN)
+        else:
+            dec = dataclasses.replace(dec, target=to)
     if core.observed:
         core.emit(Event(EventKind.LOCAL_DECISION, target=st.target, call_id=st.info.call_id, attempt=attempt,
                         delay=dec.delay, reason=dec.reason, local=True))
     return dec
 
 
-def _local_target(core: Core, st: CallState[Any], attempt: int) -> str:
-    """Returns where a locally decided attempt goes: by policyd's chain rule
-    over the local copy of the primary's fallback settings, else over the
-    chain seen in policyd's answers once its after_attempts was seen; else
-    where the call is."""
-    fb = core.fallback(st.info.target)
+def _local_target(core: Core, st: CallState[Any], attempt: int) -> Optional[str]:
+    """Returns where a locally decided or admitted attempt goes: by
+    policyd's rules (:meth:`Fallback.route`) over the chain known (the local
+    copy of the primary's fallback settings, else the chain policyd told)
+    on the breakers the cache last saw, None when that target is open and no
+    fallback takes the call; else over the chain seen in policyd's answers
+    once its after_attempts was seen; else where the call is."""
+    fb = core.chain(st.info.target)
     if fb is not None:
-        return fb.target_of(st.info.target, attempt)
+        if not fb.targets:
+            return st.target
+        return fb.route(st.info.target, attempt, core.cache.open_at(core.now()))
     seen = core.chains.seen(st.info.target)
     if seen is not None and seen.after_attempts > 0:
         return seen.target_of(st.info.target, attempt)

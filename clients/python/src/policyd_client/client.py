@@ -24,6 +24,7 @@ from ._core import (
     Options,
     OutcomeQueue,
     PendingOutcome,
+    Sent,
     WatchSession,
     bearer,
     drop_inherited,
@@ -375,7 +376,7 @@ class Client:
     def _follow(self, stub: rpb_grpc.RetryPolicyServiceStub) -> bool:
         """Runs one WatchBreakers stream; says whether it got as far as a
         complete snapshot."""
-        session = WatchSession(self._core.cache)
+        session = WatchSession(self._core.cache, self._core.chains)
         try:
             stream = stub.WatchBreakers(session.request(self._settings.tenant), metadata=self._md)
             with self._stream_lock:
@@ -460,15 +461,14 @@ class _Reporter:
     def _flush(self, timeout: float) -> bool:
         """Drives the core's flush with blocking ReportOutcome calls."""
         steps = flush(self._core, self._q)
-        err: Optional[BaseException] = None
+        err: Sent = None
         while True:
             try:
                 batch = steps.send(err)
             except StopIteration as done:
                 return bool(done.value)
             try:
-                self._stub.ReportOutcome(report_request(batch), timeout=timeout, metadata=self._md)
-                err = None
+                err = self._stub.ReportOutcome(report_request(batch), timeout=timeout, metadata=self._md)
             except Exception as e:
                 err = e
 
