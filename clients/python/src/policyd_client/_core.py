@@ -344,6 +344,10 @@ class BreakerCache:
         #: Called (on the updating thread) after every change; the asyncio
         #: client wakes its waiters with it.
         self.on_change: Optional[Callable[[], None]] = None
+        #: The resume token of the last message applied, sent when the
+        #: watch subscribes again: replicas of a Redis store go on after it,
+        #: on any replica; "" subscribes for a fresh snapshot.
+        self.resume_token = ""
 
     def after_fork(self) -> None:
         """Forgets everything in a child after os.fork(): its lock may have
@@ -352,6 +356,7 @@ class BreakerCache:
         self._live = False
         self._m = {}
         self._flow, self._flow_known, self._flow_other = {}, False, False
+        self.resume_token = ""
 
     @property
     def live(self) -> bool:
@@ -431,6 +436,13 @@ class BreakerCache:
         """Installs a complete snapshot; the cache answers from now on."""
         with self._cond:
             self._m = fresh
+            self._live = True
+            self._changed()
+
+    def resumed(self) -> None:
+        """Keeps the states held: the stream resumed after the last message
+        applied, and its changes follow. The cache answers from now on."""
+        with self._cond:
             self._live = True
             self._changed()
 
@@ -1029,20 +1041,37 @@ class WatchSession:
         #: True once the snapshot is complete.
         self.complete = False
 
+    def request(self, tenant: str) -> rpb.WatchBreakersRequest:
+        """The stream's request: from the resume token of the last message
+        the cache applied, if any."""
+        return rpb.WatchBreakersRequest(tenant=tenant, resume_token=self._cache.resume_token)
+
     def feed(self, msg: rpb.WatchBreakersResponse) -> None:
         """Applies one message of the stream."""
         if msg.snapshot_complete:
             self._cache.flow_snapshot(msg)
             if self._chains is not None:
                 self._chains.snapshot(msg)
-            self._cache.replace(self._fresh)
+            if msg.resumed:
+                self._cache.resumed()
+            else:
+                self._cache.replace(self._fresh)
+            self._cache.resume_token = msg.resume_token
             self.complete = True
             return
         k, v = cached_from_pb(msg.breaker)
         if self.complete:
             self._cache.update(k, v)
+            self._cache.resume_token = msg.resume_token
         else:
             self._fresh[k] = v
+
+    def failed(self, code: Optional[grpc.StatusCode]) -> None:
+        """Notes how the stream ended: a token the store refused
+        (INVALID_ARGUMENT) is dropped, so the next stream starts from a
+        snapshot."""
+        if code == grpc.StatusCode.INVALID_ARGUMENT:
+            self._cache.resume_token = ""
 
 
 class OutcomeQueue:

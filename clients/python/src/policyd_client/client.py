@@ -378,14 +378,16 @@ class Client:
         complete snapshot."""
         session = WatchSession(self._core.cache, self._core.chains)
         try:
-            stream = stub.WatchBreakers(rpb.WatchBreakersRequest(tenant=self._settings.tenant), metadata=self._md)
+            stream = stub.WatchBreakers(session.request(self._settings.tenant), metadata=self._md)
             with self._stream_lock:
                 self._stream = stream
             if self._stopping.is_set():
                 stream.cancel()
             for msg in stream:
                 session.feed(msg)
-        except Exception:  # the stream broke (or close cancelled it)
+        except grpc.RpcError as e:  # the stream broke (or close cancelled it)
+            session.failed(e.code() if hasattr(e, "code") else None)
+        except Exception:
             pass
         finally:
             with self._stream_lock:
