@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -78,33 +77,12 @@ func runAdaptive(ctx context.Context, cfg adaptiveConfig, out io.Writer) error {
 	if cfg.Step <= 0 || cfg.Duration < cfg.Step {
 		return fmt.Errorf("--step must be > 0 and at most --duration")
 	}
-	dir, err := os.MkdirTemp("", "policybench-adaptive")
+	d, err := spawn(ctx, "adaptive", cfg.Policyd)
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	bin, err := policydBinary(cfg.Policyd, dir)
-	if err != nil {
-		return err
-	}
-	d, err := startDaemon(bin, dir+"/policyd.db")
-	if err != nil {
-		return err
-	}
-	defer func() { _ = d.stop() }()
-	tok, err := d.token()
-	if err != nil {
-		return err
-	}
-	conn, err := dial(d.addr, tok)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	workers, admin := pb.NewRetryPolicyServiceClient(conn), pb.NewAdminServiceClient(conn)
-	if err := waitReady(ctx, workers); err != nil {
-		return fmt.Errorf("policyd not ready: %w", err)
-	}
+	defer d.close()
+	workers, admin := pb.NewRetryPolicyServiceClient(d.conn), pb.NewAdminServiceClient(d.conn)
 	sim := adaptivesim.Config{Tenant: "bench", Target: "portal", Workers: cfg.Workers, Capacity: cfg.Capacity,
 		RetryAfter: cfg.RetryAfter, Step: cfg.Step, Steps: int(cfg.Duration / cfg.Step)}
 	maxInFlight := cfg.MaxInFlight

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/resolver/manual"
 
 	"github.com/policyd/policyd/clients/go/policyclient"
+	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 )
 
 // buildPolicyd compiles the daemon into dir and returns the binary's path.
@@ -40,6 +41,58 @@ func policydBinary(path, dir string) (string, error) {
 		return path, nil
 	}
 	return buildPolicyd(dir)
+}
+
+// spawned is a policyd started on a state file in a temporary directory of
+// its own, with an admin connection that has seen it answer.
+type spawned struct {
+	*daemon
+	dir  string
+	conn *grpc.ClientConn
+}
+
+// spawn makes a temporary directory named for the command, starts policyd
+// in it (path, or one built from this module when path is empty) with
+// extra flags, dials it with its admin token and waits until it answers.
+// close stops the daemon and removes the directory.
+func spawn(ctx context.Context, name, path string, extra ...string) (*spawned, error) {
+	dir, err := os.MkdirTemp("", "policybench-"+name)
+	if err != nil {
+		return nil, err
+	}
+	s := &spawned{dir: dir}
+	bin, err := policydBinary(path, dir)
+	if err == nil {
+		s.daemon, err = startDaemon(bin, dir+"/policyd.db", extra...)
+	}
+	var tok string
+	if err == nil {
+		tok, err = s.token()
+	}
+	if err == nil {
+		s.conn, err = dial(s.addr, tok)
+	}
+	if err == nil {
+		if err = waitReady(ctx, pb.NewRetryPolicyServiceClient(s.conn)); err != nil {
+			err = fmt.Errorf("policyd not ready: %w", err)
+		}
+	}
+	if err != nil {
+		s.close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// close ends what spawn started, whatever part of it did start.
+func (s *spawned) close() {
+	if s.conn != nil {
+		s.conn.Close()
+	}
+	if s.daemon != nil {
+		_ = s.stop()
+	}
+	os.RemoveAll(s.dir)
 }
 
 // daemon is a policyd process started by policybench on loopback, its

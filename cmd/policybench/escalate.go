@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"os"
 	"sync"
 	"sync/atomic"
 	"text/tabwriter"
@@ -127,30 +126,12 @@ func runEscalate(ctx context.Context, cfg escalateConfig, out io.Writer) error {
 	if cfg.Docs < 1 || cfg.Workers < 1 || cfg.FailRate < 0 || cfg.FailRate > 1 || cfg.Attempts < 2 {
 		return errors.New("escalate: --docs and --workers must be >= 1, --fail-rate in [0, 1], --attempts >= 2")
 	}
-	dir, err := os.MkdirTemp("", "policybench-escalate")
+	d, err := spawn(ctx, "escalate", cfg.Policyd)
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	bin, err := policydBinary(cfg.Policyd, dir)
-	if err != nil {
-		return err
-	}
-	d, err := startDaemon(bin, dir+"/policyd.db")
-	if err != nil {
-		return err
-	}
-	defer d.stop()
-	tok, err := d.token()
-	if err != nil {
-		return err
-	}
-	conn, err := dial(d.addr, tok)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	admin := pb.NewAdminServiceClient(conn)
+	defer d.close()
+	admin := pb.NewAdminServiceClient(d.conn)
 
 	runs := []struct {
 		name, tenant string

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -53,33 +52,12 @@ falls a buffer behind with RESOURCE_EXHAUSTED and frees what it queued.`,
 }
 
 func runSlowWatch(ctx context.Context, cfg slowWatchConfig, out io.Writer) error {
-	dir, err := os.MkdirTemp("", "policybench-slowwatch")
+	d, err := spawn(ctx, "slowwatch", cfg.Policyd)
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	bin, err := policydBinary(cfg.Policyd, dir)
-	if err != nil {
-		return err
-	}
-	d, err := startDaemon(bin, dir+"/policyd.db")
-	if err != nil {
-		return err
-	}
-	defer func() { _ = d.stop() }()
-	tok, err := d.token()
-	if err != nil {
-		return err
-	}
-	aconn, err := dial(d.addr, tok)
-	if err != nil {
-		return err
-	}
-	defer aconn.Close()
-	admin := pb.NewAdminServiceClient(aconn)
-	if err := waitReady(ctx, pb.NewRetryPolicyServiceClient(aconn)); err != nil {
-		return fmt.Errorf("policyd not ready: %w", err)
-	}
+	defer d.close()
+	admin := pb.NewAdminServiceClient(d.conn)
 	// The breakers exist before the watches, so the snapshot holds them.
 	key := func(i int) *pb.BreakerKey {
 		return &pb.BreakerKey{Tenant: "slow", Target: fmt.Sprintf("upstream-%03d", i%100)}
