@@ -446,6 +446,7 @@ type outcomeItem struct {
 	lease           string
 	final           fleet.Final
 	target          string // the target the attempt was sent to: call.target or a fallback
+	pol             int    // decideOutcomes: target's policy in the batch's outcomeScratch.pols
 }
 
 // decideOutcomes is ReportOutcome's decision, in domain types: each
@@ -464,21 +465,27 @@ func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc 
 	var runs map[string]string
 	var now time.Time // read once, for the first outcome of a run
 	deposits := map[string]int{}
+	pols := &sc.pols
 	for i := range items {
 		it := &items[i]
-		p, _ := d.store.Resolve(it.call.tenant, it.call.target)
-		u := &ups[i]
 		// The attempt's breaker is its target's, under that target's policy;
-		// the failure is classified under the call's, the primary's.
-		at := d.hopOf(&it.call, &p, it.target)
-		*u = policy.OutcomeUpdate{Key: at.key, Breaker: at.breaker, PermitID: it.permit}
+		// the failure is classified under the call's, the primary's. Each
+		// tenant and target of the batch is resolved once.
+		pi := pols.resolve(d.store, it.call.tenant, it.call.target)
+		it.pol = pi
+		if it.target != it.call.target {
+			it.pol = pols.resolve(d.store, it.call.tenant, it.target)
+		}
+		p, tp := pols.at(pi), pols.at(it.pol)
+		u := &ups[i]
+		*u = policy.OutcomeUpdate{Key: policy.KeyFor(tp.Breaker, it.call.tenant, it.target), Breaker: tp.Breaker, PermitID: it.permit}
 		var class string
 		switch {
 		case it.success:
 			deposits[it.call.tenant]++
 			u.Result = policy.ResultSuccess
 		case !it.alreadyRecorded:
-			c := policy.Classify(&p, it.failure, true, true)
+			c := policy.Classify(p, it.failure, true, true)
 			u.Result = policy.ResultTerminal
 			if c.Category == policy.CategoryTransient {
 				u.Result = policy.ResultTransientFailure
@@ -495,7 +502,7 @@ func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc 
 			u.Tally = policy.AttemptTally{Tenant: it.call.tenant, Target: it.target, Attempt: it.attempt, Success: true}
 		}
 		if fd := it.final.Disposition; fd != policy.DispositionNone && (fd != policy.DispositionSucceeded || !it.success) {
-			stopped, err := d.agrees(ctx, i, it, it.success, it.alreadyRecorded, &p, u.Key)
+			stopped, err := d.agrees(ctx, i, it, it.success, it.alreadyRecorded, p, u.Key)
 			if err != nil {
 				return 0, ups, err
 			}

@@ -211,7 +211,7 @@ func (d *Decisions) ReportOutcome(ctx context.Context, req *pb.ReportOutcomeRequ
 		}
 	}
 	resp.Accepted -= uint32(len(resp.Refused))
-	resp.FlowControlledTargets = d.settleLeases(ctx, items[:n])
+	resp.FlowControlledTargets = d.settleLeases(ctx, items[:n], &sc.pols)
 	return resp, nil
 }
 
@@ -222,6 +222,7 @@ type outcomeScratch struct {
 	items []outcomeItem
 	ups   []policy.OutcomeUpdate
 	trail []policy.AuditRecord
+	pols  batchPolicies // the effective policies the batch names
 }
 
 var outcomeScratchPool = sync.Pool{New: func() any { return new(outcomeScratch) }}
@@ -232,6 +233,7 @@ func (sc *outcomeScratch) put() {
 	clear(sc.ups)
 	clear(sc.trail)
 	sc.items, sc.ups, sc.trail = sc.items[:0], sc.ups[:0], sc.trail[:0]
+	sc.pols.reset()
 	outcomeScratchPool.Put(sc)
 }
 

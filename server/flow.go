@@ -78,23 +78,17 @@ func (d *Decisions) releaseLease(ctx context.Context, p *policy.Policy, call cal
 // settleLeases returns the leases the outcomes of a batch carry (each to
 // its attempt's target) and lists, once each, the batch's targets whose
 // policy has a concurrency ceiling, so a client that skips Admit while a
-// breaker is CLOSED learns of one within a report. Consecutive outcomes of
-// one tenant and attempt target (most of a batch) resolve their policy
-// once.
-func (d *Decisions) settleLeases(ctx context.Context, items []outcomeItem) []string {
+// breaker is CLOSED learns of one within a report. Each outcome's target
+// policy is the one decideOutcomes resolved for it in pols.
+func (d *Decisions) settleLeases(ctx context.Context, items []outcomeItem, pols *batchPolicies) []string {
 	var flow []string
-	var p policy.Policy
-	var lastTenant, lastTarget string
 	for i := range items {
 		it := &items[i]
-		if i == 0 || it.call.tenant != lastTenant || it.target != lastTarget {
-			p, _ = d.store.Resolve(it.call.tenant, it.target)
-			lastTenant, lastTarget = it.call.tenant, it.target
-			if p.FlowControlled() && !slices.Contains(flow, it.target) {
-				flow = append(flow, it.target)
-			}
+		p := pols.at(it.pol)
+		if p.FlowControlled() && !slices.Contains(flow, it.target) {
+			flow = append(flow, it.target)
 		}
-		d.releaseLease(ctx, &p, it.call, it.target, it.lease, flowSignal(it.success, it.failure, policy.Hints{}))
+		d.releaseLease(ctx, p, it.call, it.target, it.lease, flowSignal(it.success, it.failure, policy.Hints{}))
 	}
 	return flow
 }
