@@ -77,14 +77,21 @@ func (e *attemptEntry) endClaim() {
 // write implements entity.
 func (e *attemptEntry) write(tx *bbolt.Tx, clear bool) (int, error) {
 	e.sh.mu.Lock()
-	defer e.sh.mu.Unlock()
 	if clear {
 		e.dirty = false
 	}
 	if e.gone {
+		e.sh.mu.Unlock()
 		return 0, nil
 	}
-	return 1, tx.Bucket(bucketAttempts).Put(joinKey(e.key.Tenant, e.key.CallID), encodeAttempts(&e.v))
+	v := encodeAttempts(&e.v)
+	e.sh.mu.Unlock()
+	// The shard is not held through bbolt's Put, which searches the
+	// bucket's tree: a ClaimAttempt of the shard does not wait for the
+	// disk's pages. e.key does not change once made; a record dropped
+	// meanwhile is among the table's deletions, which its write applies
+	// after this Put, in this commit or the next.
+	return 1, tx.Bucket(bucketAttempts).Put(joinKey(e.key.Tenant, e.key.CallID), v)
 }
 
 // redirty implements entity.
