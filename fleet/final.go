@@ -12,6 +12,9 @@ type FinalReport struct {
 	// classified by policyd; zero when it carries none (a success, or a
 	// failure already told to NextDelay).
 	Failure policy.Category
+	// Recorded says the outcome's failure was told to NextDelay
+	// (already_recorded): policyd answered the attempt.
+	Recorded bool
 	// Decided is set when policyd answered the call; Answer is then its
 	// answer to the highest attempt.
 	Decided bool
@@ -65,12 +68,18 @@ type FinalReport struct {
 //     clock up to Skew ahead), or with a cut-off that a fleet-wide
 //     cool-down in force leaves no room before: only a run's cut-off cuts.
 //
-// Two cases cannot be checked and are accepted: FAILED_TERMINAL for a call
-// policyd never saw fail, reported with no failure (the Go client reports
-// an error of no kind it knows that way), and DEAD_LETTER (DEADLINE) for a
-// call whose deadline policyd does not know (neither the outcome nor a
-// decision carried one): a caller that cancels a call ends it at a
-// deadline of its own (both clients report a cancelled call so).
+// Three cases cannot be checked and are accepted: FAILED_TERMINAL for a
+// call policyd never saw fail, reported with no failure (the Go client
+// reports an error of no kind it knows that way); DEAD_LETTER (DEADLINE)
+// for a call whose deadline policyd does not know (neither the outcome
+// nor a decision carried one): a caller that cancels a call ends it at a
+// deadline of its own (both clients report a cancelled call so); and
+// DEAD_LETTER (BUDGET_EXHAUSTED) of a failure told to NextDelay when no
+// answer of the call is remembered: a replica that could not reach its
+// store stops a retry it cannot spend for so (flagged degraded), and the
+// store never got the answer to remember. Refusing it would lose the dead
+// letter from the run's ledger and call table; nothing is lost wins over
+// a check that cannot see the decision.
 func CheckFinal(r *FinalReport) string {
 	d := r.Final.Disposition
 	switch {
@@ -104,6 +113,8 @@ func CheckFinal(r *FinalReport) string {
 			}
 		case r.Final.Stop == policy.StopServerPushback && r.Failure != 0:
 		case r.Final.Stop == policy.StopNotIdempotent && r.HasKey:
+		case r.Final.Stop == policy.StopBudgetExhausted && r.Recorded && !r.Decided:
+			// A degraded stop whose answer the store never kept.
 		case r.Failure == 0 && r.Decided && r.Answer.Category == policy.CategoryTransient:
 			// policyd answered the call's transient failure with RETRY; the
 			// retry did not happen (an idempotency key whose outcome was

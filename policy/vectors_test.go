@@ -208,3 +208,38 @@ func TestVectorsPushbackHints(t *testing.T) {
 		})
 	}
 }
+
+// TestFallbackChainVectors: where no breaker is open, each attempt of a
+// fallback_chains vector goes where Fallback.TargetFor says (the vectors
+// with open breakers run against a real daemon in clients/go/e2e, and
+// through the clients' local routing).
+func TestFallbackChainVectors(t *testing.T) {
+	var file struct {
+		FallbackChains []struct {
+			Name     string `json:"name"`
+			Primary  string `json:"primary"`
+			Fallback struct {
+				Targets       []string `json:"targets"`
+				AfterAttempts int      `json:"after_attempts"`
+				OnCircuitOpen bool     `json:"on_circuit_open"`
+			} `json:"fallback"`
+			Open    []string `json:"open"`
+			Targets []string `json:"targets"`
+		} `json:"fallback_chains"`
+	}
+	loadVectors(t, &file)
+	if len(file.FallbackChains) == 0 {
+		t.Fatal("testdata/vectors.json: fallback_chains is empty")
+	}
+	for _, v := range file.FallbackChains {
+		if len(v.Open) > 0 {
+			continue
+		}
+		f := policy.Fallback{Targets: v.Fallback.Targets, AfterAttempts: v.Fallback.AfterAttempts, OnCircuitOpen: v.Fallback.OnCircuitOpen}
+		for i, want := range v.Targets {
+			if got := f.TargetFor(v.Primary, i+1); got != want {
+				t.Errorf("%s: attempt %d goes to %q, want %q", v.Name, i+1, got, want)
+			}
+		}
+	}
+}

@@ -28,6 +28,10 @@ type outcomeBatch struct {
 	tallies    []pendingTally
 	tallyIndex map[string]int // field -> index in tallies of its sum without a condition
 	hour       int64
+	// notes are the call-table notes of the batch's tenant's runs, sent
+	// in its pipeline: a batch queued for replay keeps them, so the
+	// replay notes the call table as well as the ledger.
+	notes []pendingNote
 }
 
 type outcomeGroup struct {
@@ -248,10 +252,20 @@ func (b *outcomeBatch) addTally(u *policy.OutcomeUpdate, cond, final int) {
 // failure it returns the lowest update index of a failed call; a note of
 // a run gone since is dropped. A batch the engine does not answer for
 // (ErrUnavailable) is queued for replay, not a failure: its updates'
-// permits are not checked (Refused stays nil), and its notes are lost.
+// permits are not checked (Refused stays nil). A note goes with the batch
+// of its run's tenant (outcomeBatch.notes), queued and replayed with it;
+// only a note of a tenant without a batch here is lost then.
 func (s *Store) runOutcomes(ups []policy.OutcomeUpdate, batches map[string]*outcomeBatch, notes []pendingNote) (int, error) {
 	if len(batches) == 0 && len(notes) == 0 {
 		return len(ups), nil
+	}
+	var rest []pendingNote
+	for _, n := range notes {
+		if b := batches[n.tenant]; b != nil {
+			b.notes = append(b.notes, n)
+		} else {
+			rest = append(rest, n)
+		}
 	}
 	if !s.health.up() {
 		s.queueOutcomes(len(ups), batches)
@@ -278,16 +292,21 @@ func (s *Store) runOutcomes(ups []policy.OutcomeUpdate, batches map[string]*outc
 			keys, args := batches[t].call(&bg, s.opts.MaxBreakersPerTenant)
 			cmds[i] = s.lib.on(p).run(ctx, "policyd_outcomes", keys, args...)
 		}
-		queueNotes(ctx, s.lib.on(p), notes, s.opts.MaxRunCalls)
+		for _, t := range tenants {
+			queueNotes(ctx, s.lib.on(p), batches[t].notes, s.opts.MaxRunCalls)
+		}
+		queueNotes(ctx, s.lib.on(p), rest, s.opts.MaxRunCalls)
 		return nil
 	})
 	failed := len(ups)
 	var firstErr error
+	queued := map[string]bool{}
 	for i, t := range tenants {
 		b := batches[t]
 		if err := b.apply(s, ups, cmds[i]); err != nil {
 			if errors.Is(err, ErrUnavailable) {
 				s.queueOutcomes(len(ups), map[string]*outcomeBatch{t: b})
+				queued[t] = true
 				continue
 			}
 			lo := b.lowest(len(ups))
@@ -296,11 +315,21 @@ func (s *Store) runOutcomes(ups []policy.OutcomeUpdate, batches map[string]*outc
 			}
 		}
 	}
-	for _, cmd := range all[min(len(tenants), len(all)):] {
-		if err := cmd.Err(); err != nil && !redisNotFound(err) && firstErr == nil {
-			failed, firstErr = len(ups), fmt.Errorf("redisstore: note calls: %w", err)
+	// The notes' replies, in the order sent: a queued batch's notes are
+	// sent again with it.
+	next := len(tenants)
+	noteErr := func(n int, skip bool) {
+		for ; n > 0 && next < len(all); n-- {
+			if err := all[next].Err(); err != nil && !skip && !redisNotFound(err) && firstErr == nil {
+				failed, firstErr = len(ups), fmt.Errorf("redisstore: note calls: %w", err)
+			}
+			next++
 		}
 	}
+	for _, t := range tenants {
+		noteErr(len(batches[t].notes), queued[t])
+	}
+	noteErr(len(rest), false)
 	return failed, firstErr
 }
 

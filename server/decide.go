@@ -264,10 +264,13 @@ func (d *Decisions) shared(ctx context.Context, u Changes, dec *policy.Decision,
 		return storeError(ctx, d.cfg.Logger, "budget", err) // a cap: the operator must hear of it
 	}
 	if err != nil {
-		// The budget could not be consulted: stop rather than retry blind.
+		// The budget could not be consulted: stop rather than retry blind,
+		// and say the answer is degraded (its final disposition is taken
+		// though the store may not remember it, fleet.CheckFinal).
 		d.cfg.Logger.ErrorContext(ctx, "budget unavailable", "call_id", call.callID, "tenant", call.tenant,
 			"target", call.target, "err", err)
 		stop(policy.StopBudgetExhausted, policy.DispositionDeadLetter)
+		ans.Degraded = true
 		return nil
 	}
 	d.cfg.Metrics.tokens(call.tenant, spend.TenantTokens)
@@ -379,6 +382,7 @@ func (d *Decisions) agrees(ctx context.Context, i int, it *outcomeItem, success,
 	if !success && !alreadyRecorded {
 		r.Failure = policy.Classify(p, it.failure, true, true).Category
 	}
+	r.Recorded = !success && alreadyRecorded
 	r.Answer, r.Decided = d.store.LastAnswer(policy.CallKey{Tenant: it.call.tenant, CallID: it.call.callID})
 	deadline := r.Answer.Deadline
 	if !it.call.deadline.IsZero() || !it.call.origin.IsZero() {

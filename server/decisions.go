@@ -211,7 +211,11 @@ func (d *Decisions) ReportOutcome(ctx context.Context, req *pb.ReportOutcomeRequ
 		}
 	}
 	resp.Accepted -= uint32(len(resp.Refused))
-	resp.FlowControlledTargets = d.settleLeases(ctx, items[:n], &sc.pols)
+	var chains []targetFallback
+	resp.FlowControlledTargets, chains = d.settleLeases(ctx, items[:n], &sc.pols)
+	for _, c := range chains {
+		resp.FallbackChains = append(resp.FallbackChains, &pb.FallbackChain{Target: c.target, Fallback: fallbackToPB(c.fallback)})
+	}
 	return resp, nil
 }
 

@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -418,5 +419,85 @@ func TestEscalationPastAFullCeiling(t *testing.T) {
 	rel, err := h.workers.ReleaseLease(ctx, &pb.ReleaseLeaseRequest{Call: call("acme", "geo-a", "doc-1"), LeaseId: first.GetLeaseId()})
 	if err != nil || !rel.GetReleased() {
 		t.Fatalf("ReleaseLease of geo-a's lease: %v, %v; want released", rel, err)
+	}
+}
+
+// TestWatchSnapshotTellsTheFallbackChains: the message that completes a
+// watch's snapshot lists each target a policy names whose effective
+// policy for the watched tenant has a fallback, with it, and the tenant's
+// policy's fallback for every other target; a named target whose
+// effective policy has none (here one overriding the tenant's) is not
+// listed, and another tenant's policies are not followed.
+func TestWatchSnapshotTellsTheFallbackChains(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	set := func(tenant, target string, fb *pb.FallbackSettings) {
+		t.Helper()
+		three := uint32(3)
+		if _, err := h.admin.SetPolicy(ctx, &pb.SetPolicyRequest{Tenant: tenant, Target: target,
+			Policy: &pb.Policy{MaxAttempts: &three, Fallback: fb}}); err != nil {
+			t.Fatalf("SetPolicy(%s/%s): %v", tenant, target, err)
+		}
+	}
+	set("acme", "geo-a", &pb.FallbackSettings{Targets: []string{"geo-b"}, OnCircuitOpen: true})
+	set("", "geo-c", &pb.FallbackSettings{Targets: []string{"geo-d", "geo-e"}, AfterAttempts: 1})
+	set("acme", "geo-f", nil)
+	set("acme", "", &pb.FallbackSettings{Targets: []string{"geo-z"}, AfterAttempts: 2})
+	set("other", "geo-g", &pb.FallbackSettings{Targets: []string{"geo-h"}, OnCircuitOpen: true})
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := h.workers.WatchBreakers(sctx, &pb.WatchBreakersRequest{Tenant: "acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var done *pb.WatchBreakersResponse
+	for done == nil {
+		msg, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("Recv: %v", err)
+		}
+		if msg.GetSnapshotComplete() {
+			done = msg
+		}
+	}
+	var got []string
+	for _, c := range done.GetFallbackChains() {
+		f := c.GetFallback()
+		got = append(got, fmt.Sprintf("%s:%s/%d/%v", c.GetTarget(), strings.Join(f.GetTargets(), ","), f.GetAfterAttempts(), f.GetOnCircuitOpen()))
+	}
+	slices.Sort(got)
+	if s, want := strings.Join(got, " "), "geo-a:geo-b/0/true geo-c:geo-d,geo-e/1/false"; s != want {
+		t.Errorf("fallback_chains: %s, want %s", s, want)
+	}
+	if o := done.GetOtherTargetsFallback(); strings.Join(o.GetTargets(), ",") != "geo-z" || o.GetAfterAttempts() != 2 || o.GetOnCircuitOpen() {
+		t.Errorf("other_targets_fallback: %v, want the tenant's: geo-z after 2 attempts", o)
+	}
+	named := append(done.GetFlowControlledTargets(), done.GetUncontrolledTargets()...)
+	if !slices.Contains(named, "geo-f") {
+		t.Errorf("named targets %v, want geo-f among them (so its lack of a chain is told)", named)
+	}
+}
+
+// TestReportOutcomeTellsTheFallbackChains: a report lists, once each, the
+// batch's primaries whose policy has a fallback, with it: not a target
+// without one, and not a fallback target an attempt was sent to.
+func TestReportOutcomeTellsTheFallbackChains(t *testing.T) {
+	h := newHarness(t)
+	escalating(t, h, 3, &pb.FallbackSettings{Targets: []string{"geo-b"}, AfterAttempts: 1}, 0)
+	rep, err := h.workers.ReportOutcome(context.Background(), &pb.ReportOutcomeRequest{Outcomes: []*pb.Outcome{
+		{Call: call("acme", "geo-a", "doc-1"), Attempt: 1, Success: true},
+		{Call: call("acme", "geo-a", "doc-2"), Attempt: 2, Success: true, AttemptTarget: "geo-b"},
+		{Call: call("acme", "geo-a", "doc-3"), Attempt: 1, Success: true},
+		{Call: call("acme", "elsewhere", "doc-4"), Attempt: 1, Success: true},
+	}})
+	if err != nil {
+		t.Fatalf("ReportOutcome: %v", err)
+	}
+	var got []string
+	for _, c := range rep.GetFallbackChains() {
+		got = append(got, c.GetTarget()+":"+strings.Join(c.GetFallback().GetTargets(), ",")+"/"+fmt.Sprint(c.GetFallback().GetAfterAttempts()))
+	}
+	if s := strings.Join(got, " "); s != "geo-a:geo-b/1" {
+		t.Fatalf("fallback_chains: %s, want geo-a:geo-b/1", s)
 	}
 }

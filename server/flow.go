@@ -75,22 +75,34 @@ func (d *Decisions) releaseLease(ctx context.Context, p *policy.Policy, call cal
 	return held
 }
 
+// targetFallback is the fallback of a primary target's effective policy.
+type targetFallback struct {
+	target   string
+	fallback policy.Fallback
+}
+
 // settleLeases returns the leases the outcomes of a batch carry (each to
 // its attempt's target) and lists, once each, the batch's targets whose
 // policy has a concurrency ceiling, so a client that skips Admit while a
-// breaker is CLOSED learns of one within a report. Each outcome's target
-// policy is the one decideOutcomes resolved for it in pols.
-func (d *Decisions) settleLeases(ctx context.Context, items []outcomeItem, pols *batchPolicies) []string {
-	var flow []string
+// breaker is CLOSED learns of one within a report, and the batch's
+// primaries (outcomes of attempts on the call's own target) whose policy
+// has a fallback, with it, so a client learns of a chain set after its
+// watch's snapshot. Each outcome's target policy is the one decideOutcomes
+// resolved for it in pols.
+func (d *Decisions) settleLeases(ctx context.Context, items []outcomeItem, pols *batchPolicies) (flow []string, chains []targetFallback) {
 	for i := range items {
 		it := &items[i]
 		p := pols.at(it.pol)
 		if p.FlowControlled() && !slices.Contains(flow, it.target) {
 			flow = append(flow, it.target)
 		}
+		if len(p.Fallback.Targets) > 0 && it.target == it.call.target &&
+			!slices.ContainsFunc(chains, func(c targetFallback) bool { return c.target == it.target }) {
+			chains = append(chains, targetFallback{it.target, p.Fallback})
+		}
 		d.releaseLease(ctx, p, it.call, it.target, it.lease, flowSignal(it.success, it.failure, policy.Hints{}))
 	}
-	return flow
+	return flow, chains
 }
 
 // ReleaseLease returns a concurrency lease without an outcome. Releasing a
@@ -162,11 +174,12 @@ func breakerWithPool(st flowStore, s policy.BreakerSnapshot) *pb.Breaker {
 }
 
 // flowTargets tells a watch of tenant, on the message that completes its
-// snapshot, which targets have a ceiling: each target a stored policy
-// names, by its effective policy for tenant, and every other target by the
-// tenant's policy (the default policy has none). It resolves from one
-// listing of the stored policies, in the order Resolve applies (tenant and
-// target, then target, then tenant), rather than a Resolve per target.
+// snapshot, which targets have a ceiling and which escalate (a fallback,
+// with its chain): each target a stored policy names, by its effective
+// policy for tenant, and every other target by the tenant's policy (the
+// default policy has neither). It resolves from one listing of the stored
+// policies, in the order Resolve applies (tenant and target, then target,
+// then tenant), rather than a Resolve per target.
 func (w *watcher) flowTargets(tenant string, msg *pb.WatchBreakersResponse) {
 	entries, err := w.policies.Policies(policy.PolicyScope{}, 0)
 	if err != nil {
@@ -176,7 +189,11 @@ func (w *watcher) flowTargets(tenant string, msg *pb.WatchBreakersResponse) {
 	for i := range entries {
 		byScope[policy.PolicyScope{Tenant: entries[i].Tenant, Target: entries[i].Target}] = &entries[i].Policy
 	}
-	other := tenant != "" && byScope[policy.PolicyScope{Tenant: tenant}] != nil && byScope[policy.PolicyScope{Tenant: tenant}].FlowControlled()
+	var tp *policy.Policy // the tenant's policy, for the targets no policy names
+	if tenant != "" {
+		tp = byScope[policy.PolicyScope{Tenant: tenant}]
+	}
+	other := tp != nil && tp.FlowControlled()
 	for _, e := range entries {
 		if e.Target == "" || (e.Tenant != "" && e.Tenant != tenant) ||
 			slices.Contains(msg.FlowControlledTargets, e.Target) || slices.Contains(msg.UncontrolledTargets, e.Target) {
@@ -191,6 +208,15 @@ func (w *watcher) flowTargets(tenant string, msg *pb.WatchBreakersResponse) {
 		} else {
 			msg.UncontrolledTargets = append(msg.UncontrolledTargets, e.Target)
 		}
+		if p == nil {
+			p = tp
+		}
+		if p != nil && len(p.Fallback.Targets) > 0 {
+			msg.FallbackChains = append(msg.FallbackChains, &pb.FallbackChain{Target: e.Target, Fallback: fallbackToPB(p.Fallback)})
+		}
 	}
 	msg.OtherTargetsFlowControlled = other
+	if tp != nil && len(tp.Fallback.Targets) > 0 {
+		msg.OtherTargetsFallback = fallbackToPB(tp.Fallback)
+	}
 }

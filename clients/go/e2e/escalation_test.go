@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/policyd/policyd/clients/go/policyclient"
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
@@ -156,5 +157,160 @@ func TestDoEscalatesOnAnOpenCircuit(t *testing.T) {
 		if len(recs) == 0 || recs[len(recs)-1].GetTarget() != "geo-b" || recs[len(recs)-1].GetPrimaryTarget() != "geo-a" {
 			t.Fatalf("audit of %s: %v, want the success recorded on geo-b with primary geo-a", id, recs)
 		}
+	}
+}
+
+// forceOpen forces acme's breaker of target OPEN.
+func forceOpen(t *testing.T, d *daemon, target string) {
+	t.Helper()
+	if _, err := d.admin.ForceBreaker(context.Background(), &pb.ForceBreakerRequest{
+		Key: &pb.BreakerKey{Tenant: "acme", Target: target}, State: pb.BreakerState_BREAKER_STATE_OPEN}); err != nil {
+		t.Fatalf("ForceBreaker(%s): %v", target, err)
+	}
+}
+
+// TestFreshClientEscalatesPastAKnownOpenPrimary: a client that starts
+// while the primary's breaker is OPEN, and has never seen policyd move a
+// call, knows from the watch snapshot that the primary's chain escalates
+// on an open circuit: its first attempt goes to the fallback (one Admit
+// RPC, which names it), while a call to an open target without such a
+// chain still fails fast without an RPC. (Before the snapshot told the
+// chains, the first call failed CIRCUIT_OPEN without asking policyd.)
+func TestFreshClientEscalatesPastAKnownOpenPrimary(t *testing.T) {
+	d := startDaemon(t, nil)
+	ctx := context.Background()
+	setFallback(t, d, 3, &pb.FallbackSettings{Targets: []string{"geo-b"}, OnCircuitOpen: true})
+	forceOpen(t, d, "geo-a")
+	forceOpen(t, d, "geo-x")
+	var ev events
+	c, _ := newClient(t, d, func(cfg *policyclient.Config) { cfg.OnEvent = ev.on })
+	var targets []string
+	res, err := c.Do(ctx, policyclient.Call{Target: "geo-a", SubmissionID: "doc-1", Idempotent: true},
+		func(_ context.Context, a policyclient.Attempt) error {
+			targets = append(targets, a.Target)
+			return nil
+		})
+	if err != nil || !res.OK() || strings.Join(targets, " ") != "geo-b" {
+		t.Fatalf("Do(geo-a): %v after attempts on %v (err %v), want success on geo-b from the first attempt", res.Disposition, targets, err)
+	}
+	if got := c.Stats().AdmitRPCs; got != 1 {
+		t.Fatalf("Admit RPCs: %d, want 1 (the open primary's escalation)", got)
+	}
+	fn, calls := script()
+	res, _ = c.Do(ctx, policyclient.Call{Target: "geo-x", Idempotent: true}, fn)
+	if res.Disposition != policyclient.CircuitOpen || calls.Load() != 0 {
+		t.Fatalf("Do(geo-x): %v with fn called %d times, want circuit_open without calling fn", res.Disposition, calls.Load())
+	}
+	if got := c.Stats().AdmitRPCs; got != 1 {
+		t.Fatalf("Admit RPCs after the call to geo-x: %d, want still 1 (an open target without a chain costs none)", got)
+	}
+}
+
+// fallbackChainVector is one fallback_chains case of the shared vectors.
+type fallbackChainVector struct {
+	Name     string `json:"name"`
+	Primary  string `json:"primary"`
+	Fallback struct {
+		Targets       []string `json:"targets"`
+		AfterAttempts uint32   `json:"after_attempts"`
+		OnCircuitOpen bool     `json:"on_circuit_open"`
+	} `json:"fallback"`
+	Open        []string `json:"open"`
+	Targets     []string `json:"targets"`
+	Disposition string   `json:"disposition"`
+	StopReason  string   `json:"stop_reason"`
+}
+
+// TestFallbackChainVectors runs each fallback_chains vector through Do
+// against a real daemon, with the breakers it names forced open and every
+// attempt failing 503: once with policyd answering (its Admit and
+// NextDelay route the call), once with policyd stopped after the client
+// learnt the chain and the breakers from the watch snapshot (the local
+// policy routes it). Both must give the vector's targets and end.
+func TestFallbackChainVectors(t *testing.T) {
+	for _, v := range loadVectors(t).FallbackChains {
+		for _, stopped := range []bool{false, true} {
+			name := v.Name
+			if stopped {
+				name += " (policyd stopped)"
+			}
+			t.Run(name, func(t *testing.T) {
+				d := startDaemon(t, nil)
+				if v.Primary != "geo-a" {
+					t.Fatalf("primary %q: setFallback stores geo-a's policy", v.Primary)
+				}
+				setFallback(t, d, 3, &pb.FallbackSettings{Targets: v.Fallback.Targets,
+					AfterAttempts: v.Fallback.AfterAttempts, OnCircuitOpen: v.Fallback.OnCircuitOpen})
+				for _, o := range v.Open {
+					forceOpen(t, d, o)
+				}
+				c, _ := newClient(t, d, func(cfg *policyclient.Config) { cfg.DecisionTimeout = 500 * time.Millisecond })
+				if stopped {
+					d.gs.Stop()
+				}
+				targets := []string{}
+				res, err := c.Do(context.Background(), policyclient.Call{Target: v.Primary, SubmissionID: "doc-1", Idempotent: true},
+					func(_ context.Context, a policyclient.Attempt) error {
+						targets = append(targets, a.Target)
+						return policyclient.HTTPError(503, nil)
+					})
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := strings.Join(targets, " ") + " " + res.Disposition.String() + "/" + res.StopReason.String()
+				if want := strings.Join(v.Targets, " ") + " " + v.Disposition + "/" + v.StopReason; got != want {
+					t.Errorf("targets and end: %s, want %s", got, want)
+				}
+				if stopped && len(targets) > 0 && !res.Local {
+					t.Errorf("policyd stopped: Result.Local false, want the decisions local")
+				}
+				cctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+				defer cancel()
+				c.Close(cctx) // with policyd stopped its outcomes cannot be sent: bounded
+			})
+		}
+	}
+}
+
+// TestChainSetLaterIsLearntFromAReport: a chain stored after the client's
+// watch snapshot reaches it with the next outcome report of a call to the
+// primary, so once the primary's breaker opens the client asks Admit and
+// goes to the fallback instead of failing fast. (Before reports told the
+// chains, the call ended circuit_open without an attempt.)
+func TestChainSetLaterIsLearntFromAReport(t *testing.T) {
+	d := startDaemon(t, nil)
+	ctx := context.Background()
+	opened := make(chan struct{})
+	c, _ := newClient(t, d, func(cfg *policyclient.Config) {
+		cfg.OnEvent = func(e policyclient.Event) {
+			if e.Kind == policyclient.EventBreakerChanged && e.Target == "geo-a" && e.Breaker == pb.BreakerState_BREAKER_STATE_OPEN {
+				close(opened)
+			}
+		}
+	})
+	setFallback(t, d, 3, &pb.FallbackSettings{Targets: []string{"geo-b"}, OnCircuitOpen: true})
+	ok, _ := script()
+	if res, _ := c.Do(ctx, policyclient.Call{Target: "geo-a", Idempotent: true}, ok); !res.OK() {
+		t.Fatalf("Do(geo-a): %v, want success", res.Disposition)
+	}
+	// A failure elsewhere: its NextDelay first sends the queued outcomes,
+	// geo-a's success among them, and the report's answer names the chain.
+	fn, _ := script(policyclient.HTTPError(503, nil))
+	if res, _ := c.Do(ctx, policyclient.Call{Target: "elsewhere", Idempotent: true}, fn); !res.OK() {
+		t.Fatalf("Do(elsewhere): %v, want success on attempt 2", res.Disposition)
+	}
+	forceOpen(t, d, "geo-a")
+	waitFor(t, opened, "the client seeing geo-a OPEN")
+	admits := c.Stats().AdmitRPCs
+	var targets []string
+	res, _ := c.Do(ctx, policyclient.Call{Target: "geo-a", Idempotent: true}, func(_ context.Context, a policyclient.Attempt) error {
+		targets = append(targets, a.Target)
+		return nil
+	})
+	if !res.OK() || strings.Join(targets, " ") != "geo-b" {
+		t.Fatalf("Do(geo-a) with geo-a open: %v after attempts on %v, want success on geo-b", res.Disposition, targets)
+	}
+	if n := c.Stats().AdmitRPCs - admits; n != 1 {
+		t.Fatalf("Admit RPCs for the call: %d, want 1", n)
 	}
 }

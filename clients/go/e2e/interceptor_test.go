@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/policyd/policyd/clients/go/policyclient"
+	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 )
 
 // grpcReply is one answer of the flaky gRPC upstream: a status code and
@@ -76,8 +78,18 @@ func (f *flakyGRPC) seen() []string {
 }
 
 // startFlakyGRPC serves f on a loopback port and returns a health client
-// whose calls go through the client's interceptors.
-func startFlakyGRPC(t *testing.T, f *flakyGRPC, c *policyclient.Client, describe policyclient.DescribeFunc) healthpb.HealthClient {
+// whose calls go through the client's interceptors, made with opts.
+func startFlakyGRPC(t *testing.T, f *flakyGRPC, c *policyclient.Client, describe policyclient.DescribeFunc,
+	opts ...policyclient.InterceptorOption) healthpb.HealthClient {
+	t.Helper()
+	conn := dialFlakyGRPC(t, f, grpc.WithUnaryInterceptor(policyclient.UnaryClientInterceptor(c, describe, opts...)),
+		grpc.WithStreamInterceptor(policyclient.StreamClientInterceptor(c, describe, opts...)))
+	return healthpb.NewHealthClient(conn)
+}
+
+// dialFlakyGRPC serves f on a loopback port and returns a connection to
+// it, dialled with opts.
+func dialFlakyGRPC(t *testing.T, f *flakyGRPC, opts ...grpc.DialOption) *grpc.ClientConn {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -86,9 +98,7 @@ func startFlakyGRPC(t *testing.T, f *flakyGRPC, c *policyclient.Client, describe
 	gs := grpc.NewServer()
 	healthpb.RegisterHealthServer(gs, f)
 	go func() { _ = gs.Serve(lis) }()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithUnaryInterceptor(policyclient.UnaryClientInterceptor(c, describe)),
-		grpc.WithStreamInterceptor(policyclient.StreamClientInterceptor(c, describe)))
+	conn, err := grpc.NewClient(lis.Addr().String(), append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +106,7 @@ func startFlakyGRPC(t *testing.T, f *flakyGRPC, c *policyclient.Client, describe
 		conn.Close()
 		gs.Stop()
 	})
-	return healthpb.NewHealthClient(conn)
+	return conn
 }
 
 func idempotent(context.Context, string) policyclient.Call {
@@ -281,6 +291,62 @@ func TestStreamInterceptorOpensAClientStream(t *testing.T) {
 		}
 		if waits := sl.all(); len(waits) != 2 {
 			t.Errorf("waits: got %v, want two (three attempts to open)", waits)
+		}
+	})
+}
+
+// TestInterceptorsSendAnEscalatedAttemptToTheFallbackConn: a primary
+// upstream answering UNAVAILABLE and a healthy fallback, each a real gRPC
+// server, geo-a's policy escalating after one attempt: the unary call and
+// the server stream each make one attempt on the primary's connection and
+// the next on the fallback's (WithFallbackConns), whose answer the caller
+// gets. Without a connection for the fallback the call fails
+// FAILED_PRECONDITION naming it, and the primary sees no second attempt.
+func TestInterceptorsSendAnEscalatedAttemptToTheFallbackConn(t *testing.T) {
+	d := startDaemon(t, nil)
+	setFallback(t, d, 3, &pb.FallbackSettings{Targets: []string{"geo-b"}, AfterAttempts: 1})
+	c, _ := newClient(t, d, nil)
+	describe := func(context.Context, string) policyclient.Call {
+		return policyclient.Call{Target: "geo-a", Idempotent: true}
+	}
+	ctx := context.Background()
+	t.Run("unary and stream", func(t *testing.T) {
+		primary := &flakyGRPC{script: []grpcReply{{codes.Unavailable, ""}}}
+		fallback := &flakyGRPC{script: []grpcReply{{codes.OK, ""}}}
+		fconn := dialFlakyGRPC(t, fallback)
+		health := startFlakyGRPC(t, primary, c, describe,
+			policyclient.WithFallbackConns(map[string]*grpc.ClientConn{"geo-b": fconn}))
+		resp, err := health.Check(ctx, &healthpb.HealthCheckRequest{})
+		if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			t.Fatalf("Check: %v, %v; want SERVING from the fallback", resp, err)
+		}
+		stream, err := health.Watch(ctx, &healthpb.HealthCheckRequest{})
+		if err != nil {
+			t.Fatalf("Watch: %v", err)
+		}
+		if msg, err := stream.Recv(); err != nil || msg.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			t.Fatalf("Watch Recv: %v, %v; want SERVING from the fallback", msg, err)
+		}
+		if p, f := len(primary.seen()), len(fallback.seen()); p != 2 || f != 2 {
+			t.Fatalf("upstream calls: primary %d, fallback %d; want 2 and 2 (one attempt each per call)", p, f)
+		}
+	})
+	t.Run("no connection for the fallback", func(t *testing.T) {
+		primary := &flakyGRPC{script: []grpcReply{{codes.Unavailable, ""}}}
+		health := startFlakyGRPC(t, primary, c, describe)
+		_, err := health.Check(ctx, &healthpb.HealthCheckRequest{})
+		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), `no connection for fallback target "geo-b"`) {
+			t.Fatalf("Check: %v, want FAILED_PRECONDITION naming the fallback target", err)
+		}
+		stream, err := health.Watch(ctx, &healthpb.HealthCheckRequest{})
+		if err == nil {
+			_, err = stream.Recv()
+		}
+		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), `"geo-b"`) {
+			t.Fatalf("Watch: %v, want FAILED_PRECONDITION naming the fallback target", err)
+		}
+		if n := len(primary.seen()); n != 2 {
+			t.Fatalf("primary saw %d calls, want 2 (one attempt per call): an escalated attempt must not go to it", n)
 		}
 	})
 }

@@ -29,6 +29,7 @@ import (
 // that need policyd. The client module checks its local fallback against
 // the others (clients/go/policyclient/vectors_test.go).
 type vectorFile struct {
+	FallbackChains []fallbackChainVector `json:"fallback_chains"`
 	Classification []struct {
 		Name       string      `json:"name"`
 		Failure    failureSpec `json:"failure"`
@@ -112,7 +113,8 @@ func loadVectors(t *testing.T) *vectorFile {
 	if err := json.Unmarshal(b, &v); err != nil {
 		t.Fatalf("testdata/vectors.json: %v", err)
 	}
-	if len(v.Classification) == 0 || len(v.StopReasons) == 0 || len(v.HTTPResponses) == 0 || len(v.GRPCStatuses) == 0 {
+	if len(v.Classification) == 0 || len(v.StopReasons) == 0 || len(v.HTTPResponses) == 0 || len(v.GRPCStatuses) == 0 ||
+		len(v.FallbackChains) == 0 {
 		t.Fatal("testdata/vectors.json: a section is empty")
 	}
 	return &v

@@ -533,7 +533,7 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 			case runKnown && !flow && (b.state == pb.BreakerState_BREAKER_STATE_CLOSED || b.state == pb.BreakerState_BREAKER_STATE_DISABLED):
 				return "", true
 			case b.state == pb.BreakerState_BREAKER_STATE_OPEN && (b.forced || b.openUntil.After(now)) &&
-				!l.c.chains.escalatesOnOpen(l.call.target, now):
+				!l.c.chains.escalatesOnOpen(l.call.target, attempt, now, l.c.breakers.openAt(now)):
 				l.c.stats.fastFails.Add(1)
 				l.res.Reason = "breaker:open"
 				l.end(CircuitOpen, StopCircuitOpen, attempt-1, nil)
@@ -541,14 +541,14 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 			}
 		}
 		if !l.c.reachable() {
-			return "", true // policyd is away: the local policy admits
+			return "", l.admitLocal(attempt) // policyd is away: the local policy admits
 		}
 		l.c.stats.admits.Add(1)
 		ctx, cancel := context.WithTimeout(l.ctx, l.c.cfg.DecisionTimeout)
 		resp, err := l.c.workers.Admit(ctx, &pb.AdmitRequest{Call: l.pbRef(), Attempt: uint32(attempt), AttemptTarget: l.attemptTarget()})
 		cancel()
 		if err != nil {
-			return "", l.unanswered(err, attempt)
+			return "", l.unanswered(err, attempt) && l.admitLocal(attempt)
 		}
 		if t := resp.GetTarget(); resp.GetAdmitted() && t != "" {
 			l.moveTo(t, attempt, moveByCircuit)
@@ -581,6 +581,23 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 		l.end(CircuitOpen, StopCircuitOpen, attempt-1, nil)
 		return "", false
 	}
+}
+
+// admitLocal admits attempt while policyd is away, to the target the
+// chain known gives it (chainCache.local) on the breakers last seen: the
+// call moves there, or, when that target's breaker is open and no fallback
+// takes the call, it ends CIRCUIT_OPEN. ok false means the call ended.
+func (l *loop) admitLocal(attempt int) bool {
+	t, ok := l.c.chains.local(l.call.target, attempt, l.c.breakers.openAt(l.c.cfg.Now()))
+	if !ok {
+		l.res.Reason = "breaker:open"
+		l.end(CircuitOpen, StopCircuitOpen, attempt-1, nil)
+		return false
+	}
+	if t != "" {
+		l.moveTo(t, attempt, moveLocal)
+	}
+	return true
 }
 
 // waitFor waits out a fleet-wide cool-down or a full ceiling (reason) of
@@ -645,7 +662,13 @@ func (l *loop) next(attempt int, f failure, permit string, timedOut bool) decisi
 		dec.disposition = pb.Disposition_DISPOSITION_DEADLINE_CUT // the run's cut-off bound, not the call's deadline
 	}
 	if dec.retry {
-		dec.target = l.c.chains.next(l.call.target, attempt+1)
+		t, ok := l.c.chains.local(l.call.target, attempt+1, l.c.breakers.openAt(l.c.cfg.Now()))
+		if !ok {
+			// The chain's next target is open and none after it takes the
+			// call, as policyd would answer.
+			return dec.stop(pb.StopReason_STOP_REASON_CIRCUIT_OPEN, pb.Disposition_DISPOSITION_CIRCUIT_OPEN)
+		}
+		dec.target = t
 	}
 	return dec
 }

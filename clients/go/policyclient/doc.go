@@ -14,7 +14,9 @@
 // Workers that already speak to their upstream through net/http or grpc-go
 // plug in there instead: Transport is an http.RoundTripper, and
 // UnaryClientInterceptor and StreamClientInterceptor wrap a grpc-go
-// connection; each runs the upstream's calls through Do. DoValue returns the
+// connection; each runs the upstream's calls through Do, and sends an
+// attempt policyd escalated to a fallback target where the worker says:
+// Transport.Hosts, WithFallbackConns. DoValue returns the
 // function's value; Config.OnEvent reports the loop's events (the module
 // clients/go/policyotel records them as OpenTelemetry metrics).
 //

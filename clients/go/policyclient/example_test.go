@@ -9,6 +9,9 @@ import (
 	"net/http"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
 	"github.com/policyd/policyd/clients/go/policyclient"
 )
 
@@ -92,4 +95,32 @@ func ExampleTransport() {
 		body, _ := io.ReadAll(resp.Body) // the failure policyd stopped on, readable
 		fmt.Println("fix the document:", resp.Status, string(body))
 	}
+}
+
+// A worker calling a gRPC geocoder, geo-a, whose policy escalates to
+// geo-b: an attempt policyd sends to geo-b goes on geo-b's connection.
+func ExampleWithFallbackConns() {
+	client, err := policyclient.Dial("127.0.0.1:50051", policyclient.Config{Tenant: "acme"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close(context.Background())
+	creds := grpc.WithTransportCredentials(insecure.NewCredentials())
+	connB, err := grpc.NewClient("geo-b.internal:443", creds)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer connB.Close()
+	describe := func(context.Context, string) policyclient.Call {
+		return policyclient.Call{Target: "geo-a", Idempotent: true}
+	}
+	fallbacks := policyclient.WithFallbackConns(map[string]*grpc.ClientConn{"geo-b": connB})
+	connA, err := grpc.NewClient("geo-a.internal:443", creds,
+		grpc.WithUnaryInterceptor(policyclient.UnaryClientInterceptor(client, describe, fallbacks)),
+		grpc.WithStreamInterceptor(policyclient.StreamClientInterceptor(client, describe, fallbacks)))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer connA.Close()
+	// Calls on connA (a generated client of it) now run through policyd.
 }

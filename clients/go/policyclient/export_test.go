@@ -3,6 +3,7 @@ package policyclient
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
@@ -56,4 +57,12 @@ func LocalVerdict(err error, idempotent bool, now time.Time) (pb.Category, strin
 		hint, dnr = parseHints(f.pushback, now)
 	}
 	return cat, reason, hint, dnr
+}
+
+// LocalChainRoute is the local fallback's target for attempt of a call to
+// primary under the fallback fb with the breakers of open open (ok false:
+// the call stops CIRCUIT_OPEN), for the shared test vectors.
+func LocalChainRoute(primary string, fb *pb.FallbackSettings, attempt int, open []string) (string, bool) {
+	ch := chainFromPB(fb)
+	return ch.route(primary, attempt, func(t string) bool { return slices.Contains(open, t) })
 }

@@ -3,6 +3,7 @@ package policyclient
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 
@@ -24,22 +25,86 @@ const KeyMetadata = "idempotency-key"
 // DescribeFunc is the method's service.
 type DescribeFunc func(ctx context.Context, method string) Call
 
+// ErrNoFallbackConn is the interceptors' terminal error for an attempt
+// policyd escalated to a fallback target that WithFallbackConns (or
+// WithFallbackConnFunc) gives no connection for: the attempt is never sent
+// to the primary's connection instead. The call ends FAILED_TERMINAL and
+// the interceptor returns FAILED_PRECONDITION naming the target.
+var ErrNoFallbackConn = errors.New("policyclient: interceptor: no connection for fallback target")
+
+// InterceptorOption configures UnaryClientInterceptor and
+// StreamClientInterceptor.
+type InterceptorOption func(*interceptorConfig)
+
+type interceptorConfig struct {
+	conn func(target string) *grpc.ClientConn // nil: no fallback connections
+}
+
+// WithFallbackConns sends each attempt that policyd escalated to a fallback
+// target (an Attempt.Target other than the call's Target) on
+// conns[target]; the call's own target keeps the connection the call was
+// made on. The attempt runs through the interceptors that follow this one
+// on the call's connection and is then sent on the fallback's connection,
+// whose own interceptors do not run (it may be dialled with this one
+// without nesting loops). A fallback target conns does not name fails
+// terminally (ErrNoFallbackConn). conns must not change once in use.
+func WithFallbackConns(conns map[string]*grpc.ClientConn) InterceptorOption {
+	return WithFallbackConnFunc(func(target string) *grpc.ClientConn { return conns[target] })
+}
+
+// WithFallbackConnFunc is WithFallbackConns with a function: conn returns
+// the connection of a fallback target, or nil when there is none. It is
+// called once per escalated attempt, from the calling goroutine, and must
+// be safe for concurrent use.
+func WithFallbackConnFunc(conn func(target string) *grpc.ClientConn) InterceptorOption {
+	return func(c *interceptorConfig) { c.conn = conn }
+}
+
+func interceptorOptions(opts []InterceptorOption) interceptorConfig {
+	var cfg interceptorConfig
+	for _, o := range opts {
+		o(&cfg)
+	}
+	return cfg
+}
+
+// connFor returns the connection attempt a of call goes on: cc for the
+// call's own target, the fallback's for another.
+func (cfg *interceptorConfig) connFor(cc *grpc.ClientConn, call *Call, a Attempt) (*grpc.ClientConn, error) {
+	if a.Target == "" || a.Target == call.Target {
+		return cc, nil
+	}
+	if cfg.conn != nil {
+		if fc := cfg.conn(a.Target); fc != nil {
+			return fc, nil
+		}
+	}
+	return nil, ValidationError(fmt.Errorf("%w %q (give it with WithFallbackConns)", ErrNoFallbackConn, a.Target))
+}
+
 // UnaryClientInterceptor returns a grpc.UnaryClientInterceptor that runs
 // each unary call to an upstream through c.Do: admitted by the shared
 // breaker, classified by its status code with the grpc-retry-pushback-ms
 // trailer as pushback, and sent again when and as policyd says, each attempt
-// with the attempt's context and the idempotency key in KeyMetadata. It
-// returns the last attempt's error as the upstream sent it (a status error),
-// or, when the call ended without one, a status error: UNAVAILABLE for an
-// open breaker, the context's code when ctx ended.
-func UnaryClientInterceptor(c *Client, describe DescribeFunc) grpc.UnaryClientInterceptor {
+// with the attempt's context and the idempotency key in KeyMetadata, on the
+// call's connection or, escalated to a fallback target, on the one
+// WithFallbackConns gives. It returns the last attempt's error as the
+// upstream sent it (a status error), or, when the call ended without one, a
+// status error: UNAVAILABLE for an open breaker, FAILED_PRECONDITION for a
+// fallback target without a connection, the context's code when ctx ended.
+func UnaryClientInterceptor(c *Client, describe DescribeFunc, opts ...InterceptorOption) grpc.UnaryClientInterceptor {
+	cfg := interceptorOptions(opts)
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		call := describeCall(ctx, method, describe)
 		var trailer metadata.MD
 		opts = append(opts[:len(opts):len(opts)], grpc.Trailer(&trailer)) // a copy: the caller's slice stays as it was
 		res, err := c.Do(ctx, call, func(actx context.Context, a Attempt) error {
 			trailer = nil
-			err := invoker(withKey(actx, a), method, req, reply, cc, opts...)
+			acc, err := cfg.connFor(cc, &call, a)
+			if err != nil {
+				return err
+			}
+			err = invoker(withKey(actx, a), method, req, reply, acc, opts...)
 			if err != nil {
 				return GRPCError(err, trailer)
 			}
@@ -53,17 +118,23 @@ func UnaryClientInterceptor(c *Client, describe DescribeFunc) grpc.UnaryClientIn
 }
 
 // StreamClientInterceptor returns a grpc.StreamClientInterceptor that runs
-// streams through c.Do as UnaryClientInterceptor runs calls. What is sent
+// streams through c.Do as UnaryClientInterceptor runs calls, an escalated
+// attempt's stream opened on the fallback's connection. What is sent
 // again is what can be: a server-streaming call (one request) until its
 // first response message or its clean end, with the request kept for the
 // next attempt; any other stream only until it is open, since the messages
 // sent on it are the caller's to replay. Once handed over, the stream lives
 // by ctx, not by the attempt's context.
-func StreamClientInterceptor(c *Client, describe DescribeFunc) grpc.StreamClientInterceptor {
+func StreamClientInterceptor(c *Client, describe DescribeFunc, opts ...InterceptorOption) grpc.StreamClientInterceptor {
+	cfg := interceptorOptions(opts)
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 		call := describeCall(ctx, method, describe)
-		open := func(sctx context.Context) (grpc.ClientStream, error) {
-			return streamer(sctx, desc, cc, method, opts...)
+		open := func(sctx context.Context, a Attempt) (grpc.ClientStream, error) {
+			acc, err := cfg.connFor(cc, &call, a)
+			if err != nil {
+				return nil, err
+			}
+			return streamer(withKey(sctx, a), desc, acc, method, opts...)
 		}
 		if desc.ClientStreams {
 			var kept grpc.ClientStream
@@ -87,11 +158,15 @@ func StreamClientInterceptor(c *Client, describe DescribeFunc) grpc.StreamClient
 // openOutliving opens a stream for attempt a whose context follows the
 // attempt's (actx) while the attempt runs and ctx alone once it succeeded;
 // first, if set, runs on the open stream as part of the attempt.
-func openOutliving(ctx, actx context.Context, a Attempt, open func(context.Context) (grpc.ClientStream, error),
+func openOutliving(ctx, actx context.Context, a Attempt, open func(context.Context, Attempt) (grpc.ClientStream, error),
 	first func(grpc.ClientStream) error) (grpc.ClientStream, error) {
 	sctx, cancel := context.WithCancel(ctx)
 	stop := context.AfterFunc(actx, cancel)
-	cs, err := open(withKey(sctx, a))
+	cs, err := open(sctx, a)
+	if errors.Is(err, ErrNoFallbackConn) {
+		cancel()
+		return nil, err // no stream: not the upstream's status
+	}
 	if err == nil && first != nil {
 		err = first(cs)
 	}
@@ -116,7 +191,7 @@ type replayStream struct {
 	ctx  context.Context
 	c    *Client
 	call Call
-	open func(context.Context) (grpc.ClientStream, error)
+	open func(context.Context, Attempt) (grpc.ClientStream, error)
 
 	req   any
 	inner grpc.ClientStream // once the first RecvMsg returned
@@ -226,6 +301,8 @@ func grpcResult(res Result) error {
 	switch {
 	case errors.As(res.Err, &ge):
 		return ge.Err
+	case errors.Is(res.Err, ErrNoFallbackConn):
+		return status.Error(codes.FailedPrecondition, (&CallError{Result: res}).Error())
 	case res.Err == nil:
 		return status.Error(codes.Unavailable, (&CallError{Result: res}).Error())
 	}

@@ -228,6 +228,7 @@ func (o *outcomes) send(ctx context.Context, batch []*pb.Outcome) error {
 	switch {
 	case err == nil:
 		o.c.flow.reported(batch, resp)
+		o.c.chains.reported(batch, resp)
 		o.c.stats.sent.Add(uint64(len(batch)))
 		o.c.stats.batches.Add(1)
 		return nil

@@ -38,12 +38,15 @@ var ErrBodyNotReplayable = errors.New("policyclient: Transport: the request body
 // the round trip; once RoundTrip returns, the body is bound by the
 // request's own context only.
 //
-// Base must not send a request again by itself: net/http's Transport
-// does, on a reused connection that fails before the response, for any
-// request carrying an Idempotency-Key header, beneath Do, the idempotency
-// ledger and the attempt count. For a non-idempotent call to an upstream
-// that does not deduplicate by key, give Base DisableKeepAlives (net/http
-// never resends on a fresh connection).
+// Base must not send a request again by itself. net/http's Transport
+// does, on a reused connection that breaks after the request was
+// written, for a request it can replay that carries an Idempotency-Key
+// header: beneath Do, the idempotency ledger and the attempt count. So an
+// attempt with a body is handed to Base without GetBody, which net/http
+// needs to replay it; a bodiless request with a key (a POST with no body)
+// stays replayable to net/http: for such a non-idempotent call to an
+// upstream that does not deduplicate by key, give Base DisableKeepAlives
+// (net/http never resends on a fresh connection).
 //
 // A Transport is safe for concurrent use; its fields must not change once
 // it is in use.
@@ -174,12 +177,20 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // the idempotency key, and the host of a's target.
 func (t *Transport) attemptRequest(req *http.Request, target string, a Attempt, keyHeader string) (*http.Request, error) {
 	out := req.Clone(req.Context())
-	if req.Body != nil && req.Body != http.NoBody && a.Number > 1 {
-		body, err := req.GetBody()
-		if err != nil {
-			return nil, fmt.Errorf("policyclient: Transport: GetBody: %w", err)
+	if req.Body != nil && req.Body != http.NoBody {
+		if a.Number > 1 {
+			body, err := req.GetBody()
+			if err != nil {
+				return nil, fmt.Errorf("policyclient: Transport: GetBody: %w", err)
+			}
+			out.Body = body
 		}
-		out.Body = body
+		// Without GetBody, net/http's Transport cannot send the attempt a
+		// second time by itself (it does, for a request it can replay
+		// that carries an Idempotency-Key, when a reused connection breaks
+		// after the request was written): a resend beneath Do would be a
+		// write that neither policyd nor the idempotency ledger decided.
+		out.GetBody = nil
 	}
 	if a.IdempotencyKey != "" {
 		out.Header.Set(keyHeader, a.IdempotencyKey)

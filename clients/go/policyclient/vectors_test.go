@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 // daemon in clients/go/e2e, outside this module, so that a worker's build
 // of the client never meets the daemon's packages.
 type vectorFile struct {
+	FallbackChains []fallbackChainVector `json:"fallback_chains"`
 	Classification []struct {
 		Name       string      `json:"name"`
 		Failure    failureSpec `json:"failure"`
@@ -99,7 +101,7 @@ func loadVectors(t *testing.T) *vectorFile {
 		t.Fatalf("testdata/vectors.json: %v", err)
 	}
 	if len(v.Classification) == 0 || len(v.IdempotencyKeys) == 0 || len(v.PushbackHints) == 0 ||
-		len(v.HTTPResponses) == 0 || len(v.GRPCStatuses) == 0 {
+		len(v.HTTPResponses) == 0 || len(v.GRPCStatuses) == 0 || len(v.FallbackChains) == 0 {
 		t.Fatal("testdata/vectors.json: a section is empty")
 	}
 	return &v
@@ -202,6 +204,48 @@ func TestVectorsGRPCStatuses(t *testing.T) {
 	for _, v := range loadVectors(t).GRPCStatuses {
 		t.Run(v.Name, func(t *testing.T) {
 			v.check(t, policyclient.GRPCError(status.Error(codes.Code(v.Code), "upstream said no"), metadata.New(v.Trailers)))
+		})
+	}
+}
+
+// fallbackChainVector is one fallback_chains case: a call to primary
+// under fallback, the breakers of open forced open, every attempt failing
+// with 503 (at most 3): each attempt's target and how the call ends.
+type fallbackChainVector struct {
+	Name     string `json:"name"`
+	Primary  string `json:"primary"`
+	Fallback struct {
+		Targets       []string `json:"targets"`
+		AfterAttempts uint32   `json:"after_attempts"`
+		OnCircuitOpen bool     `json:"on_circuit_open"`
+	} `json:"fallback"`
+	Open        []string `json:"open"`
+	Targets     []string `json:"targets"`
+	Disposition string   `json:"disposition"`
+	StopReason  string   `json:"stop_reason"`
+}
+
+// TestFallbackChainVectors: the local fallback routes each attempt along
+// the chain as policyd does (clients/go/e2e runs the same vectors against
+// a real daemon, and against this route with the daemon stopped).
+func TestFallbackChainVectors(t *testing.T) {
+	for _, v := range loadVectors(t).FallbackChains {
+		t.Run(v.Name, func(t *testing.T) {
+			fb := &pb.FallbackSettings{Targets: v.Fallback.Targets, AfterAttempts: v.Fallback.AfterAttempts,
+				OnCircuitOpen: v.Fallback.OnCircuitOpen}
+			var got []string
+			end := "dead_letter/ATTEMPTS_EXHAUSTED"
+			for n := 1; n <= 3; n++ {
+				target, ok := policyclient.LocalChainRoute(v.Primary, fb, n, v.Open)
+				if !ok {
+					end = "circuit_open/CIRCUIT_OPEN"
+					break
+				}
+				got = append(got, target)
+			}
+			if g, w := strings.Join(got, " ")+" "+end, strings.Join(v.Targets, " ")+" "+v.Disposition+"/"+v.StopReason; g != w {
+				t.Errorf("targets and end: %s, want %s", g, w)
+			}
 		})
 	}
 }

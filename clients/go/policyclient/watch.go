@@ -86,6 +86,23 @@ func (b *breakerCache) lookup(target string) (cachedBreaker, bool) {
 	return e, true
 }
 
+// openAt returns a function that reports whether the client last saw
+// target's breaker (for the tenant, or the target-scoped one) open at now:
+// forced open, or open until after now. Unlike lookup it answers from the
+// last states seen while the watch is down too, for the local policy's
+// routing along a chain.
+func (b *breakerCache) openAt(now time.Time) func(target string) bool {
+	return func(target string) bool {
+		b.mu.RLock()
+		e, ok := b.m[cacheKey{b.tenant, target}]
+		if !ok {
+			e = b.m[cacheKey{"", target}]
+		}
+		b.mu.RUnlock()
+		return e.state == pb.BreakerState_BREAKER_STATE_OPEN && (e.forced || e.openUntil.After(now))
+	}
+}
+
 func toCached(br *pb.Breaker) (cacheKey, cachedBreaker) {
 	return cacheKey{br.GetKey().GetTenant(), br.GetKey().GetTarget()}, cachedBreaker{
 		state:         br.GetState(),
@@ -157,6 +174,7 @@ func (b *breakerCache) follow(ctx context.Context, c *Client) bool {
 		switch {
 		case msg.GetSnapshotComplete():
 			c.flow.snapshot(msg)
+			c.chains.snapshot(msg)
 			b.mu.Lock()
 			b.m = fresh
 			b.live.Store(true)

@@ -196,6 +196,7 @@ class Options(TypedDict, total=False):
     reconnect_base: float
     reconnect_cap: float
     fallbacks: Mapping[str, Fallback]
+    require_claim: bool
 
 
 def settings(tenant: str, options: Options) -> "Settings":
@@ -236,7 +237,15 @@ class Settings:
       while policyd cannot answer, and with which an attempt whose breaker
       the cache knows is OPEN goes to the next target of the chain (with
       ``on_circuit_open``) without an RPC. policyd's answers win whenever it
-      answers. Default none.
+      answers; where given, it wins over the chains policyd tells (the
+      WatchBreakers snapshot, ReportOutcome answers), which the client
+      follows for the other targets. Default none.
+    - ``require_claim`` makes a call that uses the idempotency ledger make no
+      attempt without a claim: when policyd (or its store) cannot answer one,
+      the call ends a dead letter (NOT_IDEMPOTENT, ``idempotency:unavailable``)
+      instead of going on without the ledger. It trades the fallback's
+      availability for exactly once across workers that may submit one
+      document twice (the Go client's ``Config.RequireClaim``). Default False.
     """
 
     tenant: str
@@ -253,6 +262,7 @@ class Settings:
     reconnect_base: float = 0.1
     reconnect_cap: float = 5.0
     fallbacks: Mapping[str, Fallback] = field(default_factory=dict)
+    require_claim: bool = False
 
     def checked(self) -> "Settings":
         """Returns the settings validated, with policyd's caps applied."""
@@ -355,6 +365,22 @@ class BreakerCache:
                 b = self._m.get(("", target))
             return b if b is not None else _CLOSED
 
+    def open_at(self, now: float) -> Callable[[str], bool]:
+        """Returns a function that says whether the cache last saw target's
+        breaker (the tenant's, or the target-scoped one) open at now:
+        forced OPEN, or OPEN until after now. Unlike lookup it answers from
+        the last states seen while the stream is down too, for the local
+        policy's routing along a chain."""
+
+        def is_open(target: str) -> bool:
+            with self._cond:
+                b = self._m.get((self.tenant, target))
+                if b is None:
+                    b = self._m.get(("", target))
+            return b is not None and b.state in OPEN_STATES and (b.forced or b.open_until > now)
+
+        return is_open
+
     def flow_controlled(self, target: str) -> bool:
         """Says whether attempts to target must ask Admit for a lease or a
         rate slot, even while the breaker is CLOSED."""
@@ -430,18 +456,70 @@ class _Seen:
     on_open_until: float = 0.0
 
 
+def fallback_from_pb(f: types_pb2.FallbackSettings) -> Fallback:
+    """Converts a policy's FallbackSettings (no targets: no chain)."""
+    return Fallback(tuple(f.targets), after_attempts=f.after_attempts, on_circuit_open=f.on_circuit_open)
+
+
+_NO_CHAIN = Fallback(())
+
+
 class ChainMemory:
-    """What the client has seen of each primary's escalation chain in
-    policyd's answers, for when policyd is away and the client was given no
-    local copy (``Settings.fallbacks``): the fallback targets calls were
-    sent to, in order; after how many attempts NextDelay first sent a call
-    off the primary (its after_attempts); and whether Admit recently sent a
-    call on from an open circuit (on_circuit_open). Times are Unix seconds.
-    Safe for concurrent use."""
+    """What the client knows of each primary's escalation chain (its
+    effective policy's fallback), for when the client was given no local
+    copy (``Settings.fallbacks``, which wins where given).
+
+    policyd tells the chains: the WatchBreakers snapshot (fallback_chains
+    for the targets a policy names, other_targets_fallback for the rest)
+    and every ReportOutcome answer (fallback_chains of the batch's
+    primaries), so a chain set after the snapshot is learnt within one
+    report. Before a snapshot has told them, the client follows what it has
+    seen in policyd's answers: the fallback targets calls were sent to, in
+    order; after how many attempts NextDelay first sent a call off the
+    primary (its after_attempts); and whether Admit recently sent a call on
+    from an open circuit (on_circuit_open). Times are Unix seconds. Safe for
+    concurrent use."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._m: dict[str, _Seen] = {}
+        # Once a snapshot told the chains (_told): the chain of each target
+        # a policy names (_NO_CHAIN for none), and of every other target.
+        self._told = False
+        self._chains: dict[str, Fallback] = {}
+        self._other = _NO_CHAIN
+
+    def snapshot(self, msg: rpb.WatchBreakersResponse) -> None:
+        """Replaces the chains told with those of a snapshot_complete
+        message: every target of its flow lists is named by a policy and
+        has the chain fallback_chains gives it, or none."""
+        m = dict.fromkeys([*msg.flow_controlled_targets, *msg.uncontrolled_targets], _NO_CHAIN)
+        m.update({c.target: fallback_from_pb(c.fallback) for c in msg.fallback_chains})
+        other = fallback_from_pb(msg.other_targets_fallback)
+        with self._lock:
+            self._told, self._chains, self._other = True, m, other
+
+    def reported(self, batch: "list[PendingOutcome]", resp: rpb.ReportOutcomeResponse) -> None:
+        """Learns from a ReportOutcome answer: each primary of the batch's
+        outcomes of attempts on the call's own target has the chain the
+        answer lists for it, or none (an attempt on a fallback says nothing
+        of the fallback's own chain). Before a snapshot told the chains it
+        changes nothing."""
+        listed = {c.target: fallback_from_pb(c.fallback) for c in resp.fallback_chains}
+        with self._lock:
+            if not self._told:
+                return
+            for o in batch:
+                if not o.target:
+                    self._chains[o.call.target] = listed.get(o.call.target, _NO_CHAIN)
+
+    def told(self, primary: str) -> Optional[Fallback]:
+        """Returns the chain policyd told for primary (no targets: none),
+        None before a snapshot told the chains."""
+        with self._lock:
+            if not self._told:
+                return None
+            return self._chains.get(primary, self._other)
 
     def after_fork(self) -> None:
         """Rebuilds the lock in a child after os.fork()."""
@@ -517,6 +595,13 @@ class Core:
         """Returns the local copy of primary's fallback settings, if the
         client was given one."""
         return self.settings.fallbacks.get(primary)
+
+    def chain(self, primary: str) -> Optional[Fallback]:
+        """Returns the chain the client knows for primary: the local copy
+        where it was given one, else the chain policyd told (no targets:
+        none); None when neither is known (the chain seen is followed)."""
+        fb = self.settings.fallbacks.get(primary)
+        return fb if fb is not None else self.chains.told(primary)
 
     def run_cutoff(self, run_id: str) -> Optional[float]:
         """Returns the run's cut-off, when Admit told it."""
@@ -752,6 +837,10 @@ class CallState(Generic[T]):
         self.cutoff: Optional[float] = None
         #: The call was answered by the idempotency ledger.
         self.deduplicated = False
+        #: Once set, why no attempt may be made without a claim: an
+        #: attempt's outcome was lost (``idempotency:unknown``), or a claim
+        #: said another worker holds the key (``idempotency:in_flight``).
+        self.must_claim = ""
         self._ref: Optional[types_pb2.CallRef] = None
         #: The per-attempt timeout for the next attempt, in seconds.
         self.timeout = timeout
@@ -894,11 +983,13 @@ def admit_from_cache(b: CachedBreaker, now: float) -> str:
 
 class WatchSession:
     """One WatchBreakers stream's messages applied to the cache: the
-    snapshot is gathered and installed whole at ``snapshot_complete``, later
-    changes one by one. Owned by the thread or task reading the stream."""
+    snapshot is gathered and installed whole at ``snapshot_complete`` (with
+    the fallback chains it tells, into chains), later changes one by one.
+    Owned by the thread or task reading the stream."""
 
-    def __init__(self, cache: BreakerCache) -> None:
+    def __init__(self, cache: BreakerCache, chains: Optional[ChainMemory] = None) -> None:
         self._cache = cache
+        self._chains = chains
         self._fresh: dict[tuple[str, str], CachedBreaker] = {}
         #: True once the snapshot is complete.
         self.complete = False
@@ -907,6 +998,8 @@ class WatchSession:
         """Applies one message of the stream."""
         if msg.snapshot_complete:
             self._cache.flow_snapshot(msg)
+            if self._chains is not None:
+                self._chains.snapshot(msg)
             self._cache.replace(self._fresh)
             self.complete = True
             return
@@ -972,21 +1065,26 @@ class OutcomeQueue:
         return len(lost)
 
 
-#: A flush's effect: send this batch; the driver answers None when policyd
-#: took it, or the exception ReportOutcome raised.
+#: A flush's effect: send this batch; the driver answers with the
+#: ReportOutcomeResponse (or None) when policyd took it, or the exception
+#: ReportOutcome raised.
 SendBatch = list[PendingOutcome]
+Sent = Union[rpb.ReportOutcomeResponse, BaseException, None]
 
 
-def flush(core: Core, q: OutcomeQueue) -> Generator[SendBatch, Optional[BaseException], bool]:
+def flush(core: Core, q: OutcomeQueue) -> Generator[SendBatch, Sent, bool]:
     """Sends everything queued, batch by batch, through the driver; says
     whether the queue emptied. A batch policyd did not take goes back to the
     queue; one policyd refuses for good is split so that only the outcomes
-    it refuses are lost."""
+    it refuses are lost. The chains an answer tells are learnt."""
     while True:
         batch = q.take()
         if not batch:
             return True
         err = yield batch
+        if isinstance(err, rpb.ReportOutcomeResponse):
+            core.chains.reported(batch, err)
+            err = None
         if err is None:
             core.count("outcomes_sent", len(batch))
             core.count("report_batches_sent")
@@ -997,6 +1095,9 @@ def flush(core: Core, q: OutcomeQueue) -> Generator[SendBatch, Optional[BaseExce
         # Refused for good: find the outcomes policyd refuses, one by one.
         for i, o in enumerate(batch):
             err = yield [o]
+            if isinstance(err, rpb.ReportOutcomeResponse):
+                core.chains.reported([o], err)
+                err = None
             if err is None:
                 core.count("outcomes_sent")
                 core.count("report_batches_sent")

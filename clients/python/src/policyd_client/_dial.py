@@ -18,18 +18,23 @@ from typing import Any, Sequence, Union
 #:
 #: Only the RPCs that may run twice are sent again: NextDelay (policyd
 #: replays the answer of an attempt it already decided), Classify and
-#: PlanBudget (no side effects), and Admit, whose second try can at worst
-#: hold a HALF_OPEN probe permit that is never settled; permits expire, and
-#: no more than N are handed out. ReportOutcome is not: the client keeps a
-#: batch that failed and sends it again itself. WatchBreakers reconnects by
-#: itself and starts again from a snapshot. The Go client's ServiceConfig is
-#: the same.
+#: PlanBudget (no side effects), Admit, whose second try can at worst hold
+#: a HALF_OPEN probe permit that is never settled; permits expire, and no
+#: more than N are handed out; ClaimKey, whose second try can at worst find
+#: the lease the first one took (IN_FLIGHT, then UNKNOWN once it expires:
+#: the call is dead-lettered, never written twice), which is safer than the
+#: attempt going on without the idempotency ledger; and CompleteKey, whose
+#: second try after a first that was applied is refused
+#: (FAILED_PRECONDITION: the client counts the outcome unrecorded).
+#: ReportOutcome is not: the client keeps a batch that failed and sends it
+#: again itself. WatchBreakers reconnects by itself and starts again from a
+#: snapshot. The Go client's ServiceConfig is the same.
 SERVICE_CONFIG = json.dumps({
     "loadBalancingConfig": [{"round_robin": {}}],
     "healthCheckConfig": {"serviceName": ""},
     "methodConfig": [{
         "name": [{"service": "retrypolicy.v1.RetryPolicyService", "method": m}
-                 for m in ("NextDelay", "Admit", "Classify", "PlanBudget")],
+                 for m in ("NextDelay", "Admit", "Classify", "PlanBudget", "ClaimKey", "CompleteKey")],
         "retryPolicy": {
             "maxAttempts": 4,
             "initialBackoff": "0.005s",

@@ -16,8 +16,10 @@ A driver answers each effect:
 
 Cancellation that arrives as an exception (an asyncio task's) is thrown into
 the generator as :class:`CallCancelled`; it reports the call as
-DEAD_LETTER (DEADLINE) and returns. A future idempotency claim is one more effect
-before the first :class:`Invoke`.
+DEAD_LETTER (DEADLINE) and returns. A call that uses the idempotency ledger
+claims its key (:class:`Claim`: the ``ClaimKeyResponse`` or the exception)
+before each :class:`Invoke` and completes it after (:class:`Complete`: the
+``CompleteKeyResponse`` or the exception; see :func:`_claim`).
 
 Escalation: every attempt has a target (``CallState.target``, told to the
 function as ``Attempt.target``): the primary (``Call.target``) for attempt
@@ -25,16 +27,23 @@ function as ``Attempt.target``): the primary (``Call.target``) for attempt
 when the attempt's breaker is open and the policy escalates on an open
 circuit) sends it. Admit, NextDelay and each outcome carry it as
 ``attempt_target`` (empty for the primary); the breaker cache is asked
-about it, not about the primary. While policyd cannot answer, the client's
-local copy of the target's fallback settings (``Settings.fallbacks``)
-places the next attempt by the same chain rule as policyd
-(:meth:`Fallback.target_of`); without one, by the chain seen in policyd's
-answers (``_core.ChainMemory``) once its after_attempts was seen, and
-otherwise the call stays where policyd last sent it. An attempt the cache
-would refuse as OPEN goes to the next target of the chain whose breaker is
-not known OPEN when the local copy has ``on_circuit_open``; without a local
-copy it asks Admit when Admit recently sent a call of that primary on from
-an open circuit, and is refused at once otherwise.
+about it, not about the primary. The chain of each primary is known from
+the local copy of its fallback settings (``Settings.fallbacks``) where the
+caller gave one, else from what policyd told (``_core.ChainMemory``: the
+WatchBreakers snapshot and every ReportOutcome answer). While policyd
+cannot answer, local admission and local decisions place each attempt by
+policyd's rules over the chain known (:meth:`Fallback.route`) on the
+breakers the cache last saw: the after_attempts rule, the skip past an open
+target with on_circuit_open, CIRCUIT_OPEN when the target chosen is open
+and none takes the call; with no chain known, by the chain seen in
+policyd's answers once its after_attempts was seen, and otherwise the call
+stays where policyd last sent it. An attempt the cache would refuse as OPEN
+goes to the next target of the chain whose breaker is not known OPEN when
+the local copy has ``on_circuit_open``, without an RPC; without a local
+copy it asks Admit (one RPC, which names the fallback) when the chain told
+escalates on an open circuit to a target not known OPEN, or Admit recently
+sent a call of that primary on from an open circuit, and is refused at once
+otherwise.
 """
 
 from __future__ import annotations
@@ -183,7 +192,7 @@ def _attempts(core: Core, st: CallState[Any]) -> Loop:
         if permit is None:
             return st.result()
         lease = ""
-        if st.info.key and (not st.info.idempotent or st.info.claim_key):
+        if _uses_ledger(st):
             claimed = yield from _claim(core, st, attempt)
             if claimed is None:
                 return st.result()
@@ -195,8 +204,9 @@ def _attempts(core: Core, st: CallState[Any]) -> Loop:
             core.emit(Event(EventKind.ATTEMPT_STARTED, target=st.target, call_id=st.info.call_id,
                             attempt=attempt, delay=a.timeout))
         got: Invoked = yield Invoke(a)
+        recorded = False  # the ledger knows how the attempt ended
         if lease:
-            yield Complete(_completion(st, lease, got))
+            recorded = not isinstance((yield Complete(_completion(st, lease, got))), BaseException)
         if got.error is None:
             yield Report(st.succeed(attempt, permit, got.latency, got.value))
             core.local.budget.deposit(0.2)
@@ -211,6 +221,14 @@ def _attempts(core: Core, st: CallState[Any]) -> Loop:
             st.reason = f.reason
             yield Report(st.end(Disposition.FAILED_TERMINAL, StopReason.TERMINAL, attempt))
             return st.result()
+        if _uses_ledger(st) and _lost(f, got):
+            # The upstream may have applied it: another attempt needs a
+            # claim, and one the ledger cannot answer for is not made.
+            st.must_claim = UNKNOWN
+            if not recorded:
+                st.reason = UNKNOWN
+                yield Report(st.end(Disposition.DEAD_LETTER, StopReason.NOT_IDEMPOTENT, attempt, f.failure))
+                return st.result()
         dec = yield from _decide(core, st, attempt, f, permit)
         st.reason = dec.reason
         unrecorded = None
@@ -268,21 +286,22 @@ def _admit(core: Core, st: CallState[Any], attempt: int) -> Generator[Effect, An
                     if to:
                         _move(core, st, to, attempt, BY_CLIENT)
                         continue
-                if fb is not None or not core.chains.escalates_on_open(st.info.target, now):
+                if fb is not None or not _escalates_on_open(core, st, attempt, now):
                     core.count("fast_fails")
                     st.reason = "breaker:open"
                     yield Report(st.end(Disposition.CIRCUIT_OPEN, StopReason.CIRCUIT_OPEN, st.attempts))
                     return None
-                # Admit recently sent a call of this primary on from an
-                # open circuit: it may route this one too.
+                # The chain policyd told escalates on an open circuit, or
+                # Admit recently sent a call of this primary on from one:
+                # Admit may route this one.
         if not core.reachable():
-            return ""  # policyd is away: the local policy admits
+            return (yield from _admit_local(core, st, attempt))  # policyd is away: the local policy admits
         core.count("admit_rpcs")
         asked = st.target
         resp = yield Admit(rpb.AdmitRequest(call=st.ref, attempt=attempt, attempt_target=st.attempt_target))
         if isinstance(resp, BaseException):  # policyd away, slow, or the channel closed
             core.failed(resp)
-            return ""
+            return (yield from _admit_local(core, st, attempt))
         if st.info.run_id and resp.HasField("run_cutoff_time"):
             st.cutoff = from_timestamp(resp.run_cutoff_time)
             core.learn_cutoff(st.info.run_id, st.cutoff)
@@ -304,6 +323,32 @@ def _admit(core: Core, st: CallState[Any], attempt: int) -> Generator[Effect, An
             return None
         yield Report(st.end(Disposition.CIRCUIT_OPEN, StopReason.CIRCUIT_OPEN, st.attempts))
         return None
+
+
+def _escalates_on_open(core: Core, st: CallState[Any], attempt: int, now: float) -> bool:
+    """Says whether attempt, whose target's breaker the cache knows OPEN,
+    should ask Admit, which may send it to a fallback: the chain policyd
+    told for the primary escalates on an open circuit to a target not known
+    OPEN, or Admit sent a call of the primary on from an open circuit within
+    ESCALATION_MEMORY."""
+    told = core.chains.told(st.info.target)
+    if told is not None and told.on_circuit_open and told.route(st.info.target, attempt, core.cache.open_at(now)):
+        return True
+    return core.chains.escalates_on_open(st.info.target, now)
+
+
+def _admit_local(core: Core, st: CallState[Any], attempt: int) -> Generator[Effect, Any, Optional[str]]:
+    """Admits attempt while policyd is away, on the target the chain known
+    gives it (_local_target) on the breakers last seen: the call moves
+    there ("": no permit), or, when that target is open and no fallback
+    takes the call, it ends CIRCUIT_OPEN (None)."""
+    to = _local_target(core, st, attempt)
+    if to is None:
+        st.reason = "breaker:open"
+        yield Report(st.end(Disposition.CIRCUIT_OPEN, StopReason.CIRCUIT_OPEN, st.attempts))
+        return None
+    _move(core, st, to, attempt, BY_CLIENT)
+    return ""
 
 
 def _cooldown(core: Core, st: CallState[Any], d: float, reason: str = COOLDOWN) -> Generator[Effect, Any, bool]:
@@ -344,21 +389,33 @@ def _decide(core: Core, st: CallState[Any], attempt: int, f: ClassifiedFailure, 
     if cut and dec.stop_reason == types_pb2.STOP_REASON_DEADLINE:
         dec = dataclasses.replace(dec, disposition=types_pb2.DISPOSITION_DEADLINE_CUT)  # the run's cut-off bound
     if dec.retry:
-        dec = dataclasses.replace(dec, target=_local_target(core, st, attempt + 1))
+        to = _local_target(core, st, attempt + 1)
+        if to is None:
+            # The chain's next target is open and none after it takes the
+            # call, as policyd would answer; CIRCUIT_OPEN spends no budget.
+            core.local.budget.deposit(2.0 if f.is_timeout else 1.0)
+            dec = dataclasses.replace(dec, retry=False, delay=0.0, stop_reason=types_pb2.STOP_REASON_CIRCUIT_OPEN,
+                                      disposition=types_pb2.DISPOSITION_CIRCUIT_OPEN)
+        else:
+            dec = dataclasses.replace(dec, target=to)
     if core.observed:
         core.emit(Event(EventKind.LOCAL_DECISION, target=st.target, call_id=st.info.call_id, attempt=attempt,
                         delay=dec.delay, reason=dec.reason, local=True))
     return dec
 
 
-def _local_target(core: Core, st: CallState[Any], attempt: int) -> str:
-    """Returns where a locally decided attempt goes: by policyd's chain rule
-    over the local copy of the primary's fallback settings, else over the
-    chain seen in policyd's answers once its after_attempts was seen; else
-    where the call is."""
-    fb = core.fallback(st.info.target)
+def _local_target(core: Core, st: CallState[Any], attempt: int) -> Optional[str]:
+    """Returns where a locally decided or admitted attempt goes: by
+    policyd's rules (:meth:`Fallback.route`) over the chain known (the local
+    copy of the primary's fallback settings, else the chain policyd told)
+    on the breakers the cache last saw, None when that target is open and no
+    fallback takes the call; else over the chain seen in policyd's answers
+    once its after_attempts was seen; else where the call is."""
+    fb = core.chain(st.info.target)
     if fb is not None:
-        return fb.target_of(st.info.target, attempt)
+        if not fb.targets:
+            return st.target
+        return fb.route(st.info.target, attempt, core.cache.open_at(core.now()))
     seen = core.chains.seen(st.info.target)
     if seen is not None and seen.after_attempts > 0:
         return seen.target_of(st.info.target, attempt)
@@ -373,24 +430,48 @@ def _binding_deadline(st: CallState[Any]) -> "tuple[Optional[float], bool]":
     return st.deadline, False
 
 
+def _uses_ledger(st: CallState[Any]) -> bool:
+    """Says whether the call claims its key: a non-idempotent call with a
+    key, or any call with one and ``Call.claim_key``."""
+    return bool(st.info.key) and (not st.info.idempotent or st.info.claim_key)
+
+
+#: The reasons a call that uses the ledger is dead-lettered (NOT_IDEMPOTENT)
+#: when policyd cannot be asked for a claim: an earlier attempt's outcome
+#: was lost, another worker held the key, or the client requires a claim.
+UNKNOWN, IN_FLIGHT, UNAVAILABLE = "idempotency:unknown", "idempotency:in_flight", "idempotency:unavailable"
+
+
 def _claim(core: Core, st: CallState[Any], attempt: int) -> Generator[Effect, Any, Optional[str]]:
     """Claims the call's idempotency key before attempt: returns the lease
-    held ("" for none: policyd is away), or None when the call ended (the
-    ledger answered it with an earlier success, or the previous attempt's
-    outcome was lost and the upstream does not deduplicate)."""
+    held ("" for none: policyd is away, see :func:`_unclaimed`), or None
+    when the call ended (the ledger answered it with an earlier success,
+    the previous attempt's outcome was lost and the upstream does not
+    deduplicate, or no claim could be made and none may be done without).
+
+    While policyd is away the call goes on without the ledger, except after
+    an attempt whose outcome was lost (a timeout, a 504, a reset), or once
+    a claim said another worker holds the key: the upstream may have
+    applied the write, and only a claim can say whether another is safe,
+    so without one the call is dead-lettered (NOT_IDEMPOTENT,
+    ``idempotency:unknown`` or ``idempotency:in_flight``). With
+    ``require_claim`` no attempt goes without a claim
+    (``idempotency:unavailable``). The Go client does the same."""
     while True:
         if not core.reachable():
-            return ""
+            return (yield from _unclaimed(core, st))
         resp = yield Claim(rpb.ClaimKeyRequest(call=st.ref, attempt=attempt))
         if isinstance(resp, BaseException):
             core.failed(resp)
-            return ""
+            return (yield from _unclaimed(core, st))
         if resp.state == types_pb2.KEY_STATE_SUCCEEDED:
             core.count("deduplicated")
             st.deduplicated, st.reason = True, resp.reason
             yield Report(st.succeed(attempt, "", 0.0, resp.result_ref)._replace(deduplicated=True))
             return None
         if resp.state == types_pb2.KEY_STATE_IN_FLIGHT:
+            # Another worker's attempt holds the key: wait for its end.
+            st.must_claim = st.must_claim or IN_FLIGHT
             if not (yield from _cooldown(core, st, from_duration(resp.retry_after))):
                 st.reason = resp.reason
                 return None
@@ -400,6 +481,19 @@ def _claim(core: Core, st: CallState[Any], attempt: int) -> Generator[Effect, An
             yield Report(st.end(Disposition.DEAD_LETTER, StopReason.NOT_IDEMPOTENT, st.attempts))
             return None
         return str(resp.lease_id)
+
+
+def _unclaimed(core: Core, st: CallState[Any]) -> Generator[Effect, Any, Optional[str]]:
+    """Decides an attempt policyd could not be asked to claim: it goes on
+    without the ledger (""), unless an earlier attempt's outcome was lost
+    or another worker held the key (``st.must_claim``), or the client
+    requires a claim, when the call ends a dead letter (None)."""
+    reason = st.must_claim or (UNAVAILABLE if core.settings.require_claim else "")
+    if not reason:
+        return ""
+    st.reason = reason
+    yield Report(st.end(Disposition.DEAD_LETTER, StopReason.NOT_IDEMPOTENT, st.attempts))
+    return None
 
 
 def _completion(st: CallState[Any], lease: str, got: Invoked) -> rpb.CompleteKeyRequest:
@@ -413,10 +507,16 @@ def _completion(st: CallState[Any], lease: str, got: Invoked) -> rpb.CompleteKey
             req.result_ref = got.value
         return req
     req.outcome = types_pb2.KEY_OUTCOME_FAILED
-    f = classify_exception(got.error, timed_out=got.timed_out)
-    if f.unclassified or got.timed_out or f.failure is None or _outcome_lost(f.failure):
+    if _lost(classify_exception(got.error, timed_out=got.timed_out), got):
         req.outcome = types_pb2.KEY_OUTCOME_UNKNOWN
     return req
+
+
+def _lost(f: ClassifiedFailure, got: Invoked) -> bool:
+    """Says whether a failed attempt leaves unknown whether the upstream
+    applied it: an error nothing is known of, an overrun attempt timeout,
+    or a lost outcome (:func:`_outcome_lost`)."""
+    return f.unclassified or got.timed_out or f.failure is None or _outcome_lost(f.failure)
 
 
 def _outcome_lost(f: types_pb2.Failure) -> bool:

@@ -166,6 +166,22 @@ class Fallback:
         chain = self.chain(primary)
         return chain[min((max(attempt, 1) - 1) // self.after_attempts, len(chain) - 1)]
 
+    def route(self, primary: str, attempt: int, is_open: Callable[[str], bool]) -> Optional[str]:
+        """Returns the target policyd sends attempt (from 1) of a call of
+        primary to, is_open saying which breakers are open: target_of's;
+        when its breaker is open and ``on_circuit_open``, the first later
+        target of the chain whose breaker is not. None when the target
+        chosen is open and no fallback takes the call: it stops
+        CIRCUIT_OPEN. The rule is policyd's (policy.Fallback); the shared
+        vectors (testdata/vectors.json, fallback_chains) hold both to it."""
+        t = self.target_of(primary, attempt)
+        if not is_open(t):
+            return t
+        if not self.on_circuit_open:
+            return None
+        chain = self.chain(primary)
+        return next((c for c in chain[chain.index(t) + 1:] if not is_open(c)), None)
+
     def check(self, primary: str) -> None:
         """Raises ValueError naming the field and the rule when policyd
         would refuse these settings for primary's policy."""

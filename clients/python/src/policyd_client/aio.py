@@ -25,6 +25,7 @@ from ._core import (
     Options,
     OutcomeQueue,
     PendingOutcome,
+    Sent,
     WatchSession,
     bearer,
     drop_inherited,
@@ -437,7 +438,7 @@ class AsyncClient:
     async def _follow(self, stub: rpb_grpc.RetryPolicyServiceStub) -> bool:
         """Runs one WatchBreakers stream; says whether it got as far as a
         complete snapshot."""
-        session = WatchSession(self._core.cache)
+        session = WatchSession(self._core.cache, self._core.chains)
         stream = stub.WatchBreakers(rpb.WatchBreakersRequest(tenant=self._settings.tenant), metadata=self._md)
         try:
             async for msg in stream:
@@ -518,15 +519,14 @@ class _AsyncReporter:
     async def _flush(self, timeout: float) -> bool:
         """Drives the core's flush with awaited ReportOutcome calls."""
         steps = flush(self._core, self._q)
-        err: Optional[BaseException] = None
+        err: Sent = None
         while True:
             try:
                 batch = steps.send(err)
             except StopIteration as done:
                 return bool(done.value)
             try:
-                await self._stub.ReportOutcome(report_request(batch), timeout=timeout, metadata=self._md)
-                err = None
+                err = await self._stub.ReportOutcome(report_request(batch), timeout=timeout, metadata=self._md)
             except Exception as e:
                 err = e
 

@@ -24,6 +24,7 @@ from ._core import (
     Options,
     OutcomeQueue,
     PendingOutcome,
+    Sent,
     WatchSession,
     bearer,
     drop_inherited,
@@ -71,7 +72,7 @@ class Client:
     (``decision_timeout``, ``attempt_timeout``, ``retry_unreachable_after``,
     ``local_budget``, ``local_budget_per_second``, ``batch_size``,
     ``flush_interval``, ``queue_size``, ``watch``, ``close_timeout``,
-    ``reconnect_base``, ``reconnect_cap``, ``fallbacks``) are described,
+    ``reconnect_base``, ``reconnect_cap``, ``fallbacks``, ``require_claim``) are described,
     with their defaults, in :class:`policyd_client.Settings`.
 
     ``sleep(seconds, cancel)`` waits between attempts, returning early when
@@ -375,7 +376,7 @@ class Client:
     def _follow(self, stub: rpb_grpc.RetryPolicyServiceStub) -> bool:
         """Runs one WatchBreakers stream; says whether it got as far as a
         complete snapshot."""
-        session = WatchSession(self._core.cache)
+        session = WatchSession(self._core.cache, self._core.chains)
         try:
             stream = stub.WatchBreakers(rpb.WatchBreakersRequest(tenant=self._settings.tenant), metadata=self._md)
             with self._stream_lock:
@@ -458,15 +459,14 @@ class _Reporter:
     def _flush(self, timeout: float) -> bool:
         """Drives the core's flush with blocking ReportOutcome calls."""
         steps = flush(self._core, self._q)
-        err: Optional[BaseException] = None
+        err: Sent = None
         while True:
             try:
                 batch = steps.send(err)
             except StopIteration as done:
                 return bool(done.value)
             try:
-                self._stub.ReportOutcome(report_request(batch), timeout=timeout, metadata=self._md)
-                err = None
+                err = self._stub.ReportOutcome(report_request(batch), timeout=timeout, metadata=self._md)
             except Exception as e:
                 err = e
 

@@ -664,8 +664,15 @@ type ReportOutcomeResponse struct {
 	// a client that skips Admit while a breaker is CLOSED learns within one
 	// report that it must ask for leases; the batch's other targets have none.
 	FlowControlledTargets []string `protobuf:"bytes,3,rep,name=flow_controlled_targets,json=flowControlledTargets,proto3" json:"flow_controlled_targets,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// fallback_chains lists, once each, the batch's primary targets (of
+	// outcomes of attempts on the call's own target) whose effective policy
+	// has a fallback, with it, so a client learns within one report of a
+	// chain set after its watch's snapshot
+	// (WatchBreakersResponse.fallback_chains); the batch's other primaries
+	// have none.
+	FallbackChains []*FallbackChain `protobuf:"bytes,20,rep,name=fallback_chains,json=fallbackChains,proto3" json:"fallback_chains,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ReportOutcomeResponse) Reset() {
@@ -715,6 +722,13 @@ func (x *ReportOutcomeResponse) GetRefused() []*OutcomeRefusal {
 func (x *ReportOutcomeResponse) GetFlowControlledTargets() []string {
 	if x != nil {
 		return x.FlowControlledTargets
+	}
+	return nil
+}
+
+func (x *ReportOutcomeResponse) GetFallbackChains() []*FallbackChain {
+	if x != nil {
+		return x.FallbackChains
 	}
 	return nil
 }
@@ -1198,8 +1212,20 @@ type WatchBreakersResponse struct {
 	// ReportOutcomeResponse.flow_controlled_targets and the Admit and
 	// NextDelay answers.
 	OtherTargetsFlowControlled bool `protobuf:"varint,6,opt,name=other_targets_flow_controlled,json=otherTargetsFlowControlled,proto3" json:"other_targets_flow_controlled,omitempty"`
-	unknownFields              protoimpl.UnknownFields
-	sizeCache                  protoimpl.SizeCache
+	// fallback_chains, on the snapshot_complete message, lists each target
+	// named by a policy (those of flow_controlled_targets and
+	// uncontrolled_targets) whose effective policy for the watched tenant has
+	// a fallback, with that fallback: a client asks Admit for an attempt to
+	// such a target whose breaker is open when the chain escalates on an
+	// open circuit (on_circuit_open), and its local fallback follows the
+	// chain while policyd is away. A named target not listed has none.
+	FallbackChains []*FallbackChain `protobuf:"bytes,20,rep,name=fallback_chains,json=fallbackChains,proto3" json:"fallback_chains,omitempty"`
+	// other_targets_fallback, on the snapshot_complete message, is the
+	// fallback of every target no policy names (the tenant's policy's);
+	// unset when it has none.
+	OtherTargetsFallback *FallbackSettings `protobuf:"bytes,21,opt,name=other_targets_fallback,json=otherTargetsFallback,proto3" json:"other_targets_fallback,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *WatchBreakersResponse) Reset() {
@@ -1274,6 +1300,76 @@ func (x *WatchBreakersResponse) GetOtherTargetsFlowControlled() bool {
 	return false
 }
 
+func (x *WatchBreakersResponse) GetFallbackChains() []*FallbackChain {
+	if x != nil {
+		return x.FallbackChains
+	}
+	return nil
+}
+
+func (x *WatchBreakersResponse) GetOtherTargetsFallback() *FallbackSettings {
+	if x != nil {
+		return x.OtherTargetsFallback
+	}
+	return nil
+}
+
+// FallbackChain is the escalation chain of the calls to one primary
+// target.
+type FallbackChain struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// target is the primary target.
+	Target string `protobuf:"bytes,1,opt,name=target,proto3" json:"target,omitempty"`
+	// fallback is the fallback of target's effective policy.
+	Fallback      *FallbackSettings `protobuf:"bytes,2,opt,name=fallback,proto3" json:"fallback,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FallbackChain) Reset() {
+	*x = FallbackChain{}
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FallbackChain) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FallbackChain) ProtoMessage() {}
+
+func (x *FallbackChain) ProtoReflect() protoreflect.Message {
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FallbackChain.ProtoReflect.Descriptor instead.
+func (*FallbackChain) Descriptor() ([]byte, []int) {
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *FallbackChain) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+func (x *FallbackChain) GetFallback() *FallbackSettings {
+	if x != nil {
+		return x.Fallback
+	}
+	return nil
+}
+
 // PlanBudgetRequest describes a window and a backoff to fit into it.
 type PlanBudgetRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1310,7 +1406,7 @@ type PlanBudgetRequest struct {
 
 func (x *PlanBudgetRequest) Reset() {
 	*x = PlanBudgetRequest{}
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[14]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1322,7 +1418,7 @@ func (x *PlanBudgetRequest) String() string {
 func (*PlanBudgetRequest) ProtoMessage() {}
 
 func (x *PlanBudgetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[14]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1335,7 +1431,7 @@ func (x *PlanBudgetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlanBudgetRequest.ProtoReflect.Descriptor instead.
 func (*PlanBudgetRequest) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{14}
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PlanBudgetRequest) GetWindow() *durationpb.Duration {
@@ -1408,7 +1504,7 @@ type PlanBudgetResponse struct {
 
 func (x *PlanBudgetResponse) Reset() {
 	*x = PlanBudgetResponse{}
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[15]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1420,7 +1516,7 @@ func (x *PlanBudgetResponse) String() string {
 func (*PlanBudgetResponse) ProtoMessage() {}
 
 func (x *PlanBudgetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[15]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1433,7 +1529,7 @@ func (x *PlanBudgetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlanBudgetResponse.ProtoReflect.Descriptor instead.
 func (*PlanBudgetResponse) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{15}
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PlanBudgetResponse) GetPlan() *BudgetPlan {
@@ -1464,7 +1560,7 @@ type ClaimKeyRequest struct {
 
 func (x *ClaimKeyRequest) Reset() {
 	*x = ClaimKeyRequest{}
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[16]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1476,7 +1572,7 @@ func (x *ClaimKeyRequest) String() string {
 func (*ClaimKeyRequest) ProtoMessage() {}
 
 func (x *ClaimKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[16]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1489,7 +1585,7 @@ func (x *ClaimKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClaimKeyRequest.ProtoReflect.Descriptor instead.
 func (*ClaimKeyRequest) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{16}
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ClaimKeyRequest) GetCall() *CallRef {
@@ -1530,7 +1626,7 @@ type ClaimKeyResponse struct {
 
 func (x *ClaimKeyResponse) Reset() {
 	*x = ClaimKeyResponse{}
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[17]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1542,7 +1638,7 @@ func (x *ClaimKeyResponse) String() string {
 func (*ClaimKeyResponse) ProtoMessage() {}
 
 func (x *ClaimKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[17]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1555,7 +1651,7 @@ func (x *ClaimKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClaimKeyResponse.ProtoReflect.Descriptor instead.
 func (*ClaimKeyResponse) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{17}
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ClaimKeyResponse) GetState() KeyState {
@@ -1621,7 +1717,7 @@ type CompleteKeyRequest struct {
 
 func (x *CompleteKeyRequest) Reset() {
 	*x = CompleteKeyRequest{}
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[18]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1633,7 +1729,7 @@ func (x *CompleteKeyRequest) String() string {
 func (*CompleteKeyRequest) ProtoMessage() {}
 
 func (x *CompleteKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[18]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1646,7 +1742,7 @@ func (x *CompleteKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteKeyRequest.ProtoReflect.Descriptor instead.
 func (*CompleteKeyRequest) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{18}
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CompleteKeyRequest) GetTenant() string {
@@ -1695,7 +1791,7 @@ type CompleteKeyResponse struct {
 
 func (x *CompleteKeyResponse) Reset() {
 	*x = CompleteKeyResponse{}
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[19]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1707,7 +1803,7 @@ func (x *CompleteKeyResponse) String() string {
 func (*CompleteKeyResponse) ProtoMessage() {}
 
 func (x *CompleteKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[19]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1720,7 +1816,7 @@ func (x *CompleteKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteKeyResponse.ProtoReflect.Descriptor instead.
 func (*CompleteKeyResponse) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{19}
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CompleteKeyResponse) GetRecord() *IdempotencyRecord {
@@ -1743,7 +1839,7 @@ type GetKeyRequest struct {
 
 func (x *GetKeyRequest) Reset() {
 	*x = GetKeyRequest{}
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[20]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1755,7 +1851,7 @@ func (x *GetKeyRequest) String() string {
 func (*GetKeyRequest) ProtoMessage() {}
 
 func (x *GetKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[20]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1768,7 +1864,7 @@ func (x *GetKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetKeyRequest.ProtoReflect.Descriptor instead.
 func (*GetKeyRequest) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{20}
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GetKeyRequest) GetTenant() string {
@@ -1796,7 +1892,7 @@ type GetKeyResponse struct {
 
 func (x *GetKeyResponse) Reset() {
 	*x = GetKeyResponse{}
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[21]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1808,7 +1904,7 @@ func (x *GetKeyResponse) String() string {
 func (*GetKeyResponse) ProtoMessage() {}
 
 func (x *GetKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[21]
+	mi := &file_retrypolicy_v1_retry_policy_service_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1821,7 +1917,7 @@ func (x *GetKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetKeyResponse.ProtoReflect.Descriptor instead.
 func (*GetKeyResponse) Descriptor() ([]byte, []int) {
-	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{21}
+	return file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *GetKeyResponse) GetRecord() *IdempotencyRecord {
@@ -1886,11 +1982,12 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\fdeduplicated\x18\x14 \x01(\bR\fdeduplicated\x12%\n" +
 	"\x0eattempt_target\x18\x15 \x01(\tR\rattemptTarget\"K\n" +
 	"\x14ReportOutcomeRequest\x123\n" +
-	"\boutcomes\x18\x01 \x03(\v2\x17.retrypolicy.v1.OutcomeR\boutcomes\"\xa5\x01\n" +
+	"\boutcomes\x18\x01 \x03(\v2\x17.retrypolicy.v1.OutcomeR\boutcomes\"\xed\x01\n" +
 	"\x15ReportOutcomeResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\rR\baccepted\x128\n" +
 	"\arefused\x18\x02 \x03(\v2\x1e.retrypolicy.v1.OutcomeRefusalR\arefused\x126\n" +
-	"\x17flow_controlled_targets\x18\x03 \x03(\tR\x15flowControlledTargets\"j\n" +
+	"\x17flow_controlled_targets\x18\x03 \x03(\tR\x15flowControlledTargets\x12F\n" +
+	"\x0ffallback_chains\x18\x14 \x03(\v2\x1d.retrypolicy.v1.FallbackChainR\x0efallbackChains\"j\n" +
 	"\x0eOutcomeRefusal\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x14\n" +
@@ -1921,14 +2018,19 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\x14ReleaseLeaseResponse\x12\x1a\n" +
 	"\breleased\x18\x01 \x01(\bR\breleased\".\n" +
 	"\x14WatchBreakersRequest\x12\x16\n" +
-	"\x06tenant\x18\x01 \x01(\tR\x06tenant\"\xc1\x02\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\"\xe1\x03\n" +
 	"\x15WatchBreakersResponse\x121\n" +
 	"\abreaker\x18\x01 \x01(\v2\x17.retrypolicy.v1.BreakerR\abreaker\x12\x1a\n" +
 	"\bsnapshot\x18\x02 \x01(\bR\bsnapshot\x12+\n" +
 	"\x11snapshot_complete\x18\x03 \x01(\bR\x10snapshotComplete\x126\n" +
 	"\x17flow_controlled_targets\x18\x04 \x03(\tR\x15flowControlledTargets\x121\n" +
 	"\x14uncontrolled_targets\x18\x05 \x03(\tR\x13uncontrolledTargets\x12A\n" +
-	"\x1dother_targets_flow_controlled\x18\x06 \x01(\bR\x1aotherTargetsFlowControlled\"\xa3\x03\n" +
+	"\x1dother_targets_flow_controlled\x18\x06 \x01(\bR\x1aotherTargetsFlowControlled\x12F\n" +
+	"\x0ffallback_chains\x18\x14 \x03(\v2\x1d.retrypolicy.v1.FallbackChainR\x0efallbackChains\x12V\n" +
+	"\x16other_targets_fallback\x18\x15 \x01(\v2 .retrypolicy.v1.FallbackSettingsR\x14otherTargetsFallback\"e\n" +
+	"\rFallbackChain\x12\x16\n" +
+	"\x06target\x18\x01 \x01(\tR\x06target\x12<\n" +
+	"\bfallback\x18\x02 \x01(\v2 .retrypolicy.v1.FallbackSettingsR\bfallback\"\xa3\x03\n" +
 	"\x11PlanBudgetRequest\x121\n" +
 	"\x06window\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x06window\x129\n" +
 	"\abackoff\x18\x02 \x01(\v2\x1f.retrypolicy.v1.BackoffSettingsR\abackoff\x12B\n" +
@@ -1995,7 +2097,7 @@ func file_retrypolicy_v1_retry_policy_service_proto_rawDescGZIP() []byte {
 	return file_retrypolicy_v1_retry_policy_service_proto_rawDescData
 }
 
-var file_retrypolicy_v1_retry_policy_service_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_retrypolicy_v1_retry_policy_service_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_retrypolicy_v1_retry_policy_service_proto_goTypes = []any{
 	(*ClassifyRequest)(nil),       // 0: retrypolicy.v1.ClassifyRequest
 	(*ClassifyResponse)(nil),      // 1: retrypolicy.v1.ClassifyResponse
@@ -2011,99 +2113,105 @@ var file_retrypolicy_v1_retry_policy_service_proto_goTypes = []any{
 	(*ReleaseLeaseResponse)(nil),  // 11: retrypolicy.v1.ReleaseLeaseResponse
 	(*WatchBreakersRequest)(nil),  // 12: retrypolicy.v1.WatchBreakersRequest
 	(*WatchBreakersResponse)(nil), // 13: retrypolicy.v1.WatchBreakersResponse
-	(*PlanBudgetRequest)(nil),     // 14: retrypolicy.v1.PlanBudgetRequest
-	(*PlanBudgetResponse)(nil),    // 15: retrypolicy.v1.PlanBudgetResponse
-	(*ClaimKeyRequest)(nil),       // 16: retrypolicy.v1.ClaimKeyRequest
-	(*ClaimKeyResponse)(nil),      // 17: retrypolicy.v1.ClaimKeyResponse
-	(*CompleteKeyRequest)(nil),    // 18: retrypolicy.v1.CompleteKeyRequest
-	(*CompleteKeyResponse)(nil),   // 19: retrypolicy.v1.CompleteKeyResponse
-	(*GetKeyRequest)(nil),         // 20: retrypolicy.v1.GetKeyRequest
-	(*GetKeyResponse)(nil),        // 21: retrypolicy.v1.GetKeyResponse
-	(*CallRef)(nil),               // 22: retrypolicy.v1.CallRef
-	(*Failure)(nil),               // 23: retrypolicy.v1.Failure
-	(Category)(0),                 // 24: retrypolicy.v1.Category
-	(*Pushback)(nil),              // 25: retrypolicy.v1.Pushback
-	(*durationpb.Duration)(nil),   // 26: google.protobuf.Duration
-	(Decision)(0),                 // 27: retrypolicy.v1.Decision
-	(StopReason)(0),               // 28: retrypolicy.v1.StopReason
-	(Disposition)(0),              // 29: retrypolicy.v1.Disposition
-	(BreakerState)(0),             // 30: retrypolicy.v1.BreakerState
-	(*timestamppb.Timestamp)(nil), // 31: google.protobuf.Timestamp
-	(*Breaker)(nil),               // 32: retrypolicy.v1.Breaker
-	(*BackoffSettings)(nil),       // 33: retrypolicy.v1.BackoffSettings
-	(*BudgetPlan)(nil),            // 34: retrypolicy.v1.BudgetPlan
-	(KeyState)(0),                 // 35: retrypolicy.v1.KeyState
-	(KeyOutcome)(0),               // 36: retrypolicy.v1.KeyOutcome
-	(*IdempotencyRecord)(nil),     // 37: retrypolicy.v1.IdempotencyRecord
+	(*FallbackChain)(nil),         // 14: retrypolicy.v1.FallbackChain
+	(*PlanBudgetRequest)(nil),     // 15: retrypolicy.v1.PlanBudgetRequest
+	(*PlanBudgetResponse)(nil),    // 16: retrypolicy.v1.PlanBudgetResponse
+	(*ClaimKeyRequest)(nil),       // 17: retrypolicy.v1.ClaimKeyRequest
+	(*ClaimKeyResponse)(nil),      // 18: retrypolicy.v1.ClaimKeyResponse
+	(*CompleteKeyRequest)(nil),    // 19: retrypolicy.v1.CompleteKeyRequest
+	(*CompleteKeyResponse)(nil),   // 20: retrypolicy.v1.CompleteKeyResponse
+	(*GetKeyRequest)(nil),         // 21: retrypolicy.v1.GetKeyRequest
+	(*GetKeyResponse)(nil),        // 22: retrypolicy.v1.GetKeyResponse
+	(*CallRef)(nil),               // 23: retrypolicy.v1.CallRef
+	(*Failure)(nil),               // 24: retrypolicy.v1.Failure
+	(Category)(0),                 // 25: retrypolicy.v1.Category
+	(*Pushback)(nil),              // 26: retrypolicy.v1.Pushback
+	(*durationpb.Duration)(nil),   // 27: google.protobuf.Duration
+	(Decision)(0),                 // 28: retrypolicy.v1.Decision
+	(StopReason)(0),               // 29: retrypolicy.v1.StopReason
+	(Disposition)(0),              // 30: retrypolicy.v1.Disposition
+	(BreakerState)(0),             // 31: retrypolicy.v1.BreakerState
+	(*timestamppb.Timestamp)(nil), // 32: google.protobuf.Timestamp
+	(*Breaker)(nil),               // 33: retrypolicy.v1.Breaker
+	(*FallbackSettings)(nil),      // 34: retrypolicy.v1.FallbackSettings
+	(*BackoffSettings)(nil),       // 35: retrypolicy.v1.BackoffSettings
+	(*BudgetPlan)(nil),            // 36: retrypolicy.v1.BudgetPlan
+	(KeyState)(0),                 // 37: retrypolicy.v1.KeyState
+	(KeyOutcome)(0),               // 38: retrypolicy.v1.KeyOutcome
+	(*IdempotencyRecord)(nil),     // 39: retrypolicy.v1.IdempotencyRecord
 }
 var file_retrypolicy_v1_retry_policy_service_proto_depIdxs = []int32{
-	22, // 0: retrypolicy.v1.ClassifyRequest.call:type_name -> retrypolicy.v1.CallRef
-	23, // 1: retrypolicy.v1.ClassifyRequest.failure:type_name -> retrypolicy.v1.Failure
-	24, // 2: retrypolicy.v1.ClassifyResponse.category:type_name -> retrypolicy.v1.Category
-	22, // 3: retrypolicy.v1.NextDelayRequest.call:type_name -> retrypolicy.v1.CallRef
-	23, // 4: retrypolicy.v1.NextDelayRequest.failure:type_name -> retrypolicy.v1.Failure
-	25, // 5: retrypolicy.v1.NextDelayRequest.pushback:type_name -> retrypolicy.v1.Pushback
-	26, // 6: retrypolicy.v1.NextDelayRequest.previous_delay:type_name -> google.protobuf.Duration
-	27, // 7: retrypolicy.v1.NextDelayResponse.decision:type_name -> retrypolicy.v1.Decision
-	26, // 8: retrypolicy.v1.NextDelayResponse.delay:type_name -> google.protobuf.Duration
-	28, // 9: retrypolicy.v1.NextDelayResponse.stop_reason:type_name -> retrypolicy.v1.StopReason
-	29, // 10: retrypolicy.v1.NextDelayResponse.disposition:type_name -> retrypolicy.v1.Disposition
-	24, // 11: retrypolicy.v1.NextDelayResponse.category:type_name -> retrypolicy.v1.Category
-	26, // 12: retrypolicy.v1.NextDelayResponse.attempt_timeout:type_name -> google.protobuf.Duration
-	30, // 13: retrypolicy.v1.NextDelayResponse.breaker_state:type_name -> retrypolicy.v1.BreakerState
-	22, // 14: retrypolicy.v1.Outcome.call:type_name -> retrypolicy.v1.CallRef
-	23, // 15: retrypolicy.v1.Outcome.failure:type_name -> retrypolicy.v1.Failure
-	26, // 16: retrypolicy.v1.Outcome.latency:type_name -> google.protobuf.Duration
-	29, // 17: retrypolicy.v1.Outcome.final_disposition:type_name -> retrypolicy.v1.Disposition
-	28, // 18: retrypolicy.v1.Outcome.final_stop_reason:type_name -> retrypolicy.v1.StopReason
+	23, // 0: retrypolicy.v1.ClassifyRequest.call:type_name -> retrypolicy.v1.CallRef
+	24, // 1: retrypolicy.v1.ClassifyRequest.failure:type_name -> retrypolicy.v1.Failure
+	25, // 2: retrypolicy.v1.ClassifyResponse.category:type_name -> retrypolicy.v1.Category
+	23, // 3: retrypolicy.v1.NextDelayRequest.call:type_name -> retrypolicy.v1.CallRef
+	24, // 4: retrypolicy.v1.NextDelayRequest.failure:type_name -> retrypolicy.v1.Failure
+	26, // 5: retrypolicy.v1.NextDelayRequest.pushback:type_name -> retrypolicy.v1.Pushback
+	27, // 6: retrypolicy.v1.NextDelayRequest.previous_delay:type_name -> google.protobuf.Duration
+	28, // 7: retrypolicy.v1.NextDelayResponse.decision:type_name -> retrypolicy.v1.Decision
+	27, // 8: retrypolicy.v1.NextDelayResponse.delay:type_name -> google.protobuf.Duration
+	29, // 9: retrypolicy.v1.NextDelayResponse.stop_reason:type_name -> retrypolicy.v1.StopReason
+	30, // 10: retrypolicy.v1.NextDelayResponse.disposition:type_name -> retrypolicy.v1.Disposition
+	25, // 11: retrypolicy.v1.NextDelayResponse.category:type_name -> retrypolicy.v1.Category
+	27, // 12: retrypolicy.v1.NextDelayResponse.attempt_timeout:type_name -> google.protobuf.Duration
+	31, // 13: retrypolicy.v1.NextDelayResponse.breaker_state:type_name -> retrypolicy.v1.BreakerState
+	23, // 14: retrypolicy.v1.Outcome.call:type_name -> retrypolicy.v1.CallRef
+	24, // 15: retrypolicy.v1.Outcome.failure:type_name -> retrypolicy.v1.Failure
+	27, // 16: retrypolicy.v1.Outcome.latency:type_name -> google.protobuf.Duration
+	30, // 17: retrypolicy.v1.Outcome.final_disposition:type_name -> retrypolicy.v1.Disposition
+	29, // 18: retrypolicy.v1.Outcome.final_stop_reason:type_name -> retrypolicy.v1.StopReason
 	4,  // 19: retrypolicy.v1.ReportOutcomeRequest.outcomes:type_name -> retrypolicy.v1.Outcome
 	7,  // 20: retrypolicy.v1.ReportOutcomeResponse.refused:type_name -> retrypolicy.v1.OutcomeRefusal
-	22, // 21: retrypolicy.v1.AdmitRequest.call:type_name -> retrypolicy.v1.CallRef
-	30, // 22: retrypolicy.v1.AdmitResponse.state:type_name -> retrypolicy.v1.BreakerState
-	26, // 23: retrypolicy.v1.AdmitResponse.retry_after:type_name -> google.protobuf.Duration
-	31, // 24: retrypolicy.v1.AdmitResponse.run_cutoff_time:type_name -> google.protobuf.Timestamp
-	31, // 25: retrypolicy.v1.AdmitResponse.lease_expire_time:type_name -> google.protobuf.Timestamp
-	22, // 26: retrypolicy.v1.ReleaseLeaseRequest.call:type_name -> retrypolicy.v1.CallRef
-	32, // 27: retrypolicy.v1.WatchBreakersResponse.breaker:type_name -> retrypolicy.v1.Breaker
-	26, // 28: retrypolicy.v1.PlanBudgetRequest.window:type_name -> google.protobuf.Duration
-	33, // 29: retrypolicy.v1.PlanBudgetRequest.backoff:type_name -> retrypolicy.v1.BackoffSettings
-	26, // 30: retrypolicy.v1.PlanBudgetRequest.attempt_timeout:type_name -> google.protobuf.Duration
-	26, // 31: retrypolicy.v1.PlanBudgetRequest.ttl_margin:type_name -> google.protobuf.Duration
-	31, // 32: retrypolicy.v1.PlanBudgetRequest.origin_time:type_name -> google.protobuf.Timestamp
-	34, // 33: retrypolicy.v1.PlanBudgetResponse.plan:type_name -> retrypolicy.v1.BudgetPlan
-	34, // 34: retrypolicy.v1.PlanBudgetResponse.hops:type_name -> retrypolicy.v1.BudgetPlan
-	22, // 35: retrypolicy.v1.ClaimKeyRequest.call:type_name -> retrypolicy.v1.CallRef
-	35, // 36: retrypolicy.v1.ClaimKeyResponse.state:type_name -> retrypolicy.v1.KeyState
-	31, // 37: retrypolicy.v1.ClaimKeyResponse.lease_expire_time:type_name -> google.protobuf.Timestamp
-	26, // 38: retrypolicy.v1.ClaimKeyResponse.retry_after:type_name -> google.protobuf.Duration
-	36, // 39: retrypolicy.v1.CompleteKeyRequest.outcome:type_name -> retrypolicy.v1.KeyOutcome
-	37, // 40: retrypolicy.v1.CompleteKeyResponse.record:type_name -> retrypolicy.v1.IdempotencyRecord
-	37, // 41: retrypolicy.v1.GetKeyResponse.record:type_name -> retrypolicy.v1.IdempotencyRecord
-	0,  // 42: retrypolicy.v1.RetryPolicyService.Classify:input_type -> retrypolicy.v1.ClassifyRequest
-	2,  // 43: retrypolicy.v1.RetryPolicyService.NextDelay:input_type -> retrypolicy.v1.NextDelayRequest
-	5,  // 44: retrypolicy.v1.RetryPolicyService.ReportOutcome:input_type -> retrypolicy.v1.ReportOutcomeRequest
-	8,  // 45: retrypolicy.v1.RetryPolicyService.Admit:input_type -> retrypolicy.v1.AdmitRequest
-	10, // 46: retrypolicy.v1.RetryPolicyService.ReleaseLease:input_type -> retrypolicy.v1.ReleaseLeaseRequest
-	12, // 47: retrypolicy.v1.RetryPolicyService.WatchBreakers:input_type -> retrypolicy.v1.WatchBreakersRequest
-	16, // 48: retrypolicy.v1.RetryPolicyService.ClaimKey:input_type -> retrypolicy.v1.ClaimKeyRequest
-	18, // 49: retrypolicy.v1.RetryPolicyService.CompleteKey:input_type -> retrypolicy.v1.CompleteKeyRequest
-	20, // 50: retrypolicy.v1.RetryPolicyService.GetKey:input_type -> retrypolicy.v1.GetKeyRequest
-	14, // 51: retrypolicy.v1.RetryPolicyService.PlanBudget:input_type -> retrypolicy.v1.PlanBudgetRequest
-	1,  // 52: retrypolicy.v1.RetryPolicyService.Classify:output_type -> retrypolicy.v1.ClassifyResponse
-	3,  // 53: retrypolicy.v1.RetryPolicyService.NextDelay:output_type -> retrypolicy.v1.NextDelayResponse
-	6,  // 54: retrypolicy.v1.RetryPolicyService.ReportOutcome:output_type -> retrypolicy.v1.ReportOutcomeResponse
-	9,  // 55: retrypolicy.v1.RetryPolicyService.Admit:output_type -> retrypolicy.v1.AdmitResponse
-	11, // 56: retrypolicy.v1.RetryPolicyService.ReleaseLease:output_type -> retrypolicy.v1.ReleaseLeaseResponse
-	13, // 57: retrypolicy.v1.RetryPolicyService.WatchBreakers:output_type -> retrypolicy.v1.WatchBreakersResponse
-	17, // 58: retrypolicy.v1.RetryPolicyService.ClaimKey:output_type -> retrypolicy.v1.ClaimKeyResponse
-	19, // 59: retrypolicy.v1.RetryPolicyService.CompleteKey:output_type -> retrypolicy.v1.CompleteKeyResponse
-	21, // 60: retrypolicy.v1.RetryPolicyService.GetKey:output_type -> retrypolicy.v1.GetKeyResponse
-	15, // 61: retrypolicy.v1.RetryPolicyService.PlanBudget:output_type -> retrypolicy.v1.PlanBudgetResponse
-	52, // [52:62] is the sub-list for method output_type
-	42, // [42:52] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	14, // 21: retrypolicy.v1.ReportOutcomeResponse.fallback_chains:type_name -> retrypolicy.v1.FallbackChain
+	23, // 22: retrypolicy.v1.AdmitRequest.call:type_name -> retrypolicy.v1.CallRef
+	31, // 23: retrypolicy.v1.AdmitResponse.state:type_name -> retrypolicy.v1.BreakerState
+	27, // 24: retrypolicy.v1.AdmitResponse.retry_after:type_name -> google.protobuf.Duration
+	32, // 25: retrypolicy.v1.AdmitResponse.run_cutoff_time:type_name -> google.protobuf.Timestamp
+	32, // 26: retrypolicy.v1.AdmitResponse.lease_expire_time:type_name -> google.protobuf.Timestamp
+	23, // 27: retrypolicy.v1.ReleaseLeaseRequest.call:type_name -> retrypolicy.v1.CallRef
+	33, // 28: retrypolicy.v1.WatchBreakersResponse.breaker:type_name -> retrypolicy.v1.Breaker
+	14, // 29: retrypolicy.v1.WatchBreakersResponse.fallback_chains:type_name -> retrypolicy.v1.FallbackChain
+	34, // 30: retrypolicy.v1.WatchBreakersResponse.other_targets_fallback:type_name -> retrypolicy.v1.FallbackSettings
+	34, // 31: retrypolicy.v1.FallbackChain.fallback:type_name -> retrypolicy.v1.FallbackSettings
+	27, // 32: retrypolicy.v1.PlanBudgetRequest.window:type_name -> google.protobuf.Duration
+	35, // 33: retrypolicy.v1.PlanBudgetRequest.backoff:type_name -> retrypolicy.v1.BackoffSettings
+	27, // 34: retrypolicy.v1.PlanBudgetRequest.attempt_timeout:type_name -> google.protobuf.Duration
+	27, // 35: retrypolicy.v1.PlanBudgetRequest.ttl_margin:type_name -> google.protobuf.Duration
+	32, // 36: retrypolicy.v1.PlanBudgetRequest.origin_time:type_name -> google.protobuf.Timestamp
+	36, // 37: retrypolicy.v1.PlanBudgetResponse.plan:type_name -> retrypolicy.v1.BudgetPlan
+	36, // 38: retrypolicy.v1.PlanBudgetResponse.hops:type_name -> retrypolicy.v1.BudgetPlan
+	23, // 39: retrypolicy.v1.ClaimKeyRequest.call:type_name -> retrypolicy.v1.CallRef
+	37, // 40: retrypolicy.v1.ClaimKeyResponse.state:type_name -> retrypolicy.v1.KeyState
+	32, // 41: retrypolicy.v1.ClaimKeyResponse.lease_expire_time:type_name -> google.protobuf.Timestamp
+	27, // 42: retrypolicy.v1.ClaimKeyResponse.retry_after:type_name -> google.protobuf.Duration
+	38, // 43: retrypolicy.v1.CompleteKeyRequest.outcome:type_name -> retrypolicy.v1.KeyOutcome
+	39, // 44: retrypolicy.v1.CompleteKeyResponse.record:type_name -> retrypolicy.v1.IdempotencyRecord
+	39, // 45: retrypolicy.v1.GetKeyResponse.record:type_name -> retrypolicy.v1.IdempotencyRecord
+	0,  // 46: retrypolicy.v1.RetryPolicyService.Classify:input_type -> retrypolicy.v1.ClassifyRequest
+	2,  // 47: retrypolicy.v1.RetryPolicyService.NextDelay:input_type -> retrypolicy.v1.NextDelayRequest
+	5,  // 48: retrypolicy.v1.RetryPolicyService.ReportOutcome:input_type -> retrypolicy.v1.ReportOutcomeRequest
+	8,  // 49: retrypolicy.v1.RetryPolicyService.Admit:input_type -> retrypolicy.v1.AdmitRequest
+	10, // 50: retrypolicy.v1.RetryPolicyService.ReleaseLease:input_type -> retrypolicy.v1.ReleaseLeaseRequest
+	12, // 51: retrypolicy.v1.RetryPolicyService.WatchBreakers:input_type -> retrypolicy.v1.WatchBreakersRequest
+	17, // 52: retrypolicy.v1.RetryPolicyService.ClaimKey:input_type -> retrypolicy.v1.ClaimKeyRequest
+	19, // 53: retrypolicy.v1.RetryPolicyService.CompleteKey:input_type -> retrypolicy.v1.CompleteKeyRequest
+	21, // 54: retrypolicy.v1.RetryPolicyService.GetKey:input_type -> retrypolicy.v1.GetKeyRequest
+	15, // 55: retrypolicy.v1.RetryPolicyService.PlanBudget:input_type -> retrypolicy.v1.PlanBudgetRequest
+	1,  // 56: retrypolicy.v1.RetryPolicyService.Classify:output_type -> retrypolicy.v1.ClassifyResponse
+	3,  // 57: retrypolicy.v1.RetryPolicyService.NextDelay:output_type -> retrypolicy.v1.NextDelayResponse
+	6,  // 58: retrypolicy.v1.RetryPolicyService.ReportOutcome:output_type -> retrypolicy.v1.ReportOutcomeResponse
+	9,  // 59: retrypolicy.v1.RetryPolicyService.Admit:output_type -> retrypolicy.v1.AdmitResponse
+	11, // 60: retrypolicy.v1.RetryPolicyService.ReleaseLease:output_type -> retrypolicy.v1.ReleaseLeaseResponse
+	13, // 61: retrypolicy.v1.RetryPolicyService.WatchBreakers:output_type -> retrypolicy.v1.WatchBreakersResponse
+	18, // 62: retrypolicy.v1.RetryPolicyService.ClaimKey:output_type -> retrypolicy.v1.ClaimKeyResponse
+	20, // 63: retrypolicy.v1.RetryPolicyService.CompleteKey:output_type -> retrypolicy.v1.CompleteKeyResponse
+	22, // 64: retrypolicy.v1.RetryPolicyService.GetKey:output_type -> retrypolicy.v1.GetKeyResponse
+	16, // 65: retrypolicy.v1.RetryPolicyService.PlanBudget:output_type -> retrypolicy.v1.PlanBudgetResponse
+	56, // [56:66] is the sub-list for method output_type
+	46, // [46:56] is the sub-list for method input_type
+	46, // [46:46] is the sub-list for extension type_name
+	46, // [46:46] is the sub-list for extension extendee
+	0,  // [0:46] is the sub-list for field type_name
 }
 
 func init() { file_retrypolicy_v1_retry_policy_service_proto_init() }
@@ -2112,14 +2220,14 @@ func file_retrypolicy_v1_retry_policy_service_proto_init() {
 		return
 	}
 	file_retrypolicy_v1_types_proto_init()
-	file_retrypolicy_v1_retry_policy_service_proto_msgTypes[14].OneofWrappers = []any{}
+	file_retrypolicy_v1_retry_policy_service_proto_msgTypes[15].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_retrypolicy_v1_retry_policy_service_proto_rawDesc), len(file_retrypolicy_v1_retry_policy_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   22,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -120,14 +120,16 @@ class ReportOutcomeRequest(_message.Message):
     def __init__(self, outcomes: _Optional[_Iterable[_Union[Outcome, _Mapping]]] = ...) -> None: ...
 
 class ReportOutcomeResponse(_message.Message):
-    __slots__ = ("accepted", "refused", "flow_controlled_targets")
+    __slots__ = ("accepted", "refused", "flow_controlled_targets", "fallback_chains")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
     FLOW_CONTROLLED_TARGETS_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_CHAINS_FIELD_NUMBER: _ClassVar[int]
     accepted: int
     refused: _containers.RepeatedCompositeFieldContainer[OutcomeRefusal]
     flow_controlled_targets: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, accepted: _Optional[int] = ..., refused: _Optional[_Iterable[_Union[OutcomeRefusal, _Mapping]]] = ..., flow_controlled_targets: _Optional[_Iterable[str]] = ...) -> None: ...
+    fallback_chains: _containers.RepeatedCompositeFieldContainer[FallbackChain]
+    def __init__(self, accepted: _Optional[int] = ..., refused: _Optional[_Iterable[_Union[OutcomeRefusal, _Mapping]]] = ..., flow_controlled_targets: _Optional[_Iterable[str]] = ..., fallback_chains: _Optional[_Iterable[_Union[FallbackChain, _Mapping]]] = ...) -> None: ...
 
 class OutcomeRefusal(_message.Message):
     __slots__ = ("index", "code", "field", "message")
@@ -200,20 +202,32 @@ class WatchBreakersRequest(_message.Message):
     def __init__(self, tenant: _Optional[str] = ...) -> None: ...
 
 class WatchBreakersResponse(_message.Message):
-    __slots__ = ("breaker", "snapshot", "snapshot_complete", "flow_controlled_targets", "uncontrolled_targets", "other_targets_flow_controlled")
+    __slots__ = ("breaker", "snapshot", "snapshot_complete", "flow_controlled_targets", "uncontrolled_targets", "other_targets_flow_controlled", "fallback_chains", "other_targets_fallback")
     BREAKER_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_COMPLETE_FIELD_NUMBER: _ClassVar[int]
     FLOW_CONTROLLED_TARGETS_FIELD_NUMBER: _ClassVar[int]
     UNCONTROLLED_TARGETS_FIELD_NUMBER: _ClassVar[int]
     OTHER_TARGETS_FLOW_CONTROLLED_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_CHAINS_FIELD_NUMBER: _ClassVar[int]
+    OTHER_TARGETS_FALLBACK_FIELD_NUMBER: _ClassVar[int]
     breaker: _types_pb2.Breaker
     snapshot: bool
     snapshot_complete: bool
     flow_controlled_targets: _containers.RepeatedScalarFieldContainer[str]
     uncontrolled_targets: _containers.RepeatedScalarFieldContainer[str]
     other_targets_flow_controlled: bool
-    def __init__(self, breaker: _Optional[_Union[_types_pb2.Breaker, _Mapping]] = ..., snapshot: _Optional[bool] = ..., snapshot_complete: _Optional[bool] = ..., flow_controlled_targets: _Optional[_Iterable[str]] = ..., uncontrolled_targets: _Optional[_Iterable[str]] = ..., other_targets_flow_controlled: _Optional[bool] = ...) -> None: ...
+    fallback_chains: _containers.RepeatedCompositeFieldContainer[FallbackChain]
+    other_targets_fallback: _types_pb2.FallbackSettings
+    def __init__(self, breaker: _Optional[_Union[_types_pb2.Breaker, _Mapping]] = ..., snapshot: _Optional[bool] = ..., snapshot_complete: _Optional[bool] = ..., flow_controlled_targets: _Optional[_Iterable[str]] = ..., uncontrolled_targets: _Optional[_Iterable[str]] = ..., other_targets_flow_controlled: _Optional[bool] = ..., fallback_chains: _Optional[_Iterable[_Union[FallbackChain, _Mapping]]] = ..., other_targets_fallback: _Optional[_Union[_types_pb2.FallbackSettings, _Mapping]] = ...) -> None: ...
+
+class FallbackChain(_message.Message):
+    __slots__ = ("target", "fallback")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_FIELD_NUMBER: _ClassVar[int]
+    target: str
+    fallback: _types_pb2.FallbackSettings
+    def __init__(self, target: _Optional[str] = ..., fallback: _Optional[_Union[_types_pb2.FallbackSettings, _Mapping]] = ...) -> None: ...
 
 class PlanBudgetRequest(_message.Message):
     __slots__ = ("window", "backoff", "attempt_timeout", "ttl_margin", "max_attempts", "hops", "origin_time", "reserve")

@@ -1,0 +1,97 @@
+package redisstore_test
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
+	"github.com/policyd/policyd/internal/redistest"
+	"github.com/policyd/policyd/policy"
+)
+
+// TestDegradedStopsReachTheLedgerAndCallTable: nothing a replica decided
+// while its store was out of reach is lost from the run. Redis stopped
+// (SIGSTOP) under a replica, NextDelays of calls of a run spend its share
+// of the pool until one is answered STOP (BUDGET_EXHAUSTED), flagged
+// degraded;
+// the engine never stores that answer, yet the worker's final DEAD_LETTER
+// (BUDGET_EXHAUSTED) reported after SIGCONT is taken: the run's ledger
+// counts it and its call table lists it. A success reported while Redis
+// was stopped is queued, replayed, counted and listed too.
+func TestDegradedStopsReachTheLedgerAndCallTable(t *testing.T) {
+	srv := redistest.Standalone(t)
+	r := boundedReplica(t, srv.Addr)
+	ctx := context.Background()
+	if _, err := r.store.OpenRun(policy.Run{ID: "batch-1", Tenant: "acme", Pool: 2, Cutoff: time.Now().Add(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	call := func(id string) *pb.CallRef {
+		return &pb.CallRef{Tenant: "acme", Target: "grants", CallId: id, Idempotent: true, RunId: "batch-1"}
+	}
+	fail503 := &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 503}}
+	// One retry spent while Redis answers: the replica knows the run and
+	// what is left of its pool (its share while the engine is down).
+	if resp, err := r.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call("warm"), Attempt: 1, Failure: fail503}); err != nil ||
+		resp.GetDecision() != pb.Decision_DECISION_RETRY || resp.GetDegraded() {
+		t.Fatalf("NextDelay before the pause = %v, %v; want RETRY, not degraded", resp, err)
+	}
+
+	srv.Pause(t)
+	var stopped string // a call a degraded answer stopped (BUDGET_EXHAUSTED)
+	n := 0
+	eventually(t, "a degraded STOP (BUDGET_EXHAUSTED)", func() bool {
+		n++
+		id := "doc-" + strconv.Itoa(n)
+		resp, err := r.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call(id), Attempt: 1, Failure: fail503})
+		if err != nil {
+			t.Fatalf("NextDelay with Redis stopped: %v (want an answer)", err)
+		}
+		if resp.GetDecision() == pb.Decision_DECISION_STOP && resp.GetStopReason() == pb.StopReason_STOP_REASON_BUDGET_EXHAUSTED {
+			if !resp.GetDegraded() {
+				t.Fatalf("NextDelay = %v: a stop the budget could not be consulted for is not flagged degraded", resp)
+			}
+			stopped = id
+			return true
+		}
+		return false
+	})
+	ok := &pb.ReportOutcomeRequest{Outcomes: []*pb.Outcome{{Call: call("queued-ok"), Attempt: 1, Success: true,
+		FinalDisposition: pb.Disposition_DISPOSITION_SUCCEEDED}}}
+	if _, err := r.workers.ReportOutcome(ctx, ok); err != nil {
+		t.Fatalf("ReportOutcome with Redis stopped: %v", err)
+	}
+
+	srv.Resume(t)
+	eventually(t, "the engine up and the queue replayed", func() bool { return r.store.Up() && r.store.Queued() == 0 })
+	// The worker ends the call as policyd told it: the failure was told to
+	// NextDelay, the final disposition is the stop it answered.
+	dead := &pb.ReportOutcomeRequest{Outcomes: []*pb.Outcome{{Call: call(stopped), Attempt: 1, AlreadyRecorded: true,
+		FinalDisposition: pb.Disposition_DISPOSITION_DEAD_LETTER, FinalStopReason: pb.StopReason_STOP_REASON_BUDGET_EXHAUSTED}}}
+	if _, err := r.workers.ReportOutcome(ctx, dead); err != nil {
+		t.Fatalf("ReportOutcome of %s's DEAD_LETTER (BUDGET_EXHAUSTED) after a degraded STOP: %v (want it taken)", stopped, err)
+	}
+
+	run, err := r.admin.GetRun(ctx, &pb.GetRunRequest{RunId: "batch-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := run.GetRun().GetLedger(); l.GetDeadLetterBudget() != 1 || l.GetSucceeded() != 1 {
+		t.Errorf("ledger %v, want dead_letter_budget 1 (%s) and succeeded 1 (queued-ok)", l, stopped)
+	}
+	calls, err := r.admin.ListRunCalls(ctx, &pb.ListRunCallsRequest{RunId: "batch-1", Tenant: "acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]pb.Disposition{}
+	for _, c := range calls.GetCalls() {
+		got[c.GetCallId()] = c.GetDisposition()
+	}
+	for id, want := range map[string]pb.Disposition{stopped: pb.Disposition_DISPOSITION_DEAD_LETTER,
+		"queued-ok": pb.Disposition_DISPOSITION_SUCCEEDED} {
+		if got[id] != want {
+			t.Errorf("call table lists %s as %v, want %v (listed: %v)", id, got[id], want, got)
+		}
+	}
+}
