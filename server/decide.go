@@ -450,7 +450,8 @@ type outcomeItem struct {
 	lease           string
 	final           fleet.Final
 	target          string // the target the attempt was sent to: call.target or a fallback
-	pol             int    // decideOutcomes: target's policy in the batch's outcomeScratch.pols
+	ceiled          bool   // decideOutcomes: target's policy has a ceiling (settleLeases)
+	chained         bool   // decideOutcomes: the attempt is on the primary, whose policy has a fallback
 }
 
 // decideOutcomes is ReportOutcome's decision, in domain types: each
@@ -469,18 +470,23 @@ func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc 
 	var runs map[string]string
 	var now time.Time // read once, for the first outcome of a run
 	deposits := map[string]int{}
-	pols := &sc.pols
+	var p policy.Policy // the call's, resolved again only when an outcome's tenant or target differs from the last's
 	for i := range items {
 		it := &items[i]
-		// The attempt's breaker is its target's, under that target's policy;
-		// the failure is classified under the call's, the primary's. Each
-		// tenant and target of the batch is resolved once.
-		pi := pols.resolve(d.store, it.call.tenant, it.call.target)
-		it.pol = pi
-		if it.target != it.call.target {
-			it.pol = pols.resolve(d.store, it.call.tenant, it.target)
+		if i == 0 || it.call.tenant != items[i-1].call.tenant || it.call.target != items[i-1].call.target {
+			p, _ = d.store.Resolve(it.call.tenant, it.call.target)
 		}
-		p, tp := pols.at(pi), pols.at(it.pol)
+		// The attempt's breaker is its target's, under that target's policy;
+		// the failure is classified under the call's, the primary's.
+		tp := &p
+		if it.target != it.call.target {
+			fp, _ := d.store.Resolve(it.call.tenant, it.target)
+			tp = &fp
+		}
+		// What settleLeases needs to know, so it resolves only the
+		// outcomes of targets with a ceiling or a chain, or with a lease.
+		it.ceiled = tp.FlowControlled()
+		it.chained = it.target == it.call.target && len(p.Fallback.Targets) > 0
 		u := &ups[i]
 		*u = policy.OutcomeUpdate{Key: policy.KeyFor(tp.Breaker, it.call.tenant, it.target), Breaker: tp.Breaker, PermitID: it.permit}
 		var class string
@@ -489,7 +495,7 @@ func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc 
 			deposits[it.call.tenant]++
 			u.Result = policy.ResultSuccess
 		case !it.alreadyRecorded:
-			c := policy.Classify(p, it.failure, true, true)
+			c := policy.Classify(&p, it.failure, true, true)
 			u.Result = policy.ResultTerminal
 			if c.Category == policy.CategoryTransient {
 				u.Result = policy.ResultTransientFailure
@@ -506,7 +512,7 @@ func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc 
 			u.Tally = policy.AttemptTally{Tenant: it.call.tenant, Target: it.target, Attempt: it.attempt, Success: true}
 		}
 		if fd := it.final.Disposition; fd != policy.DispositionNone && (fd != policy.DispositionSucceeded || !it.success) {
-			stopped, err := d.agrees(ctx, i, it, it.success, it.alreadyRecorded, p, u.Key)
+			stopped, err := d.agrees(ctx, i, it, it.success, it.alreadyRecorded, &p, u.Key)
 			if err != nil {
 				return 0, ups, err
 			}

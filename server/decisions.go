@@ -212,7 +212,7 @@ func (d *Decisions) ReportOutcome(ctx context.Context, req *pb.ReportOutcomeRequ
 	}
 	resp.Accepted -= uint32(len(resp.Refused))
 	var chains []targetFallback
-	resp.FlowControlledTargets, chains = d.settleLeases(ctx, items[:n], &sc.pols)
+	resp.FlowControlledTargets, chains = d.settleLeases(ctx, items[:n])
 	for _, c := range chains {
 		resp.FallbackChains = append(resp.FallbackChains, &pb.FallbackChain{Target: c.target, Fallback: fallbackToPB(c.fallback)})
 	}
@@ -226,7 +226,6 @@ type outcomeScratch struct {
 	items []outcomeItem
 	ups   []policy.OutcomeUpdate
 	trail []policy.AuditRecord
-	pols  batchPolicies // the effective policies the batch names
 }
 
 var outcomeScratchPool = sync.Pool{New: func() any { return new(outcomeScratch) }}
@@ -237,7 +236,6 @@ func (sc *outcomeScratch) put() {
 	clear(sc.ups)
 	clear(sc.trail)
 	sc.items, sc.ups, sc.trail = sc.items[:0], sc.ups[:0], sc.trail[:0]
-	sc.pols.reset()
 	outcomeScratchPool.Put(sc)
 }
 

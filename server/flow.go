@@ -87,12 +87,23 @@ type targetFallback struct {
 // breaker is CLOSED learns of one within a report, and the batch's
 // primaries (outcomes of attempts on the call's own target) whose policy
 // has a fallback, with it, so a client learns of a chain set after its
-// watch's snapshot. Each outcome's target policy is the one decideOutcomes
-// resolved for it in pols.
-func (d *Decisions) settleLeases(ctx context.Context, items []outcomeItem, pols *batchPolicies) (flow []string, chains []targetFallback) {
+// watch's snapshot. It resolves only the outcomes decideOutcomes marked
+// (ceiled, chained) or that carry a lease, and consecutive ones of one
+// tenant and attempt target once: a batch of targets without ceilings or
+// chains resolves nothing here.
+func (d *Decisions) settleLeases(ctx context.Context, items []outcomeItem) (flow []string, chains []targetFallback) {
+	var p policy.Policy
+	var lastTenant, lastTarget string
+	resolved := false
 	for i := range items {
 		it := &items[i]
-		p := pols.at(it.pol)
+		if !it.ceiled && !it.chained && it.lease == "" {
+			continue
+		}
+		if !resolved || it.call.tenant != lastTenant || it.target != lastTarget {
+			p, _ = d.store.Resolve(it.call.tenant, it.target)
+			lastTenant, lastTarget, resolved = it.call.tenant, it.target, true
+		}
 		if p.FlowControlled() && !slices.Contains(flow, it.target) {
 			flow = append(flow, it.target)
 		}
@@ -100,7 +111,7 @@ func (d *Decisions) settleLeases(ctx context.Context, items []outcomeItem, pols 
 			!slices.ContainsFunc(chains, func(c targetFallback) bool { return c.target == it.target }) {
 			chains = append(chains, targetFallback{it.target, p.Fallback})
 		}
-		d.releaseLease(ctx, p, it.call, it.target, it.lease, flowSignal(it.success, it.failure, policy.Hints{}))
+		d.releaseLease(ctx, &p, it.call, it.target, it.lease, flowSignal(it.success, it.failure, policy.Hints{}))
 	}
 	return flow, chains
 }
