@@ -470,6 +470,10 @@ func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc 
 	var runs map[string]string
 	var now time.Time // read once, for the first outcome of a run
 	deposits := map[string]int{}
+	// The successes of consecutive outcomes of one tenant (most of a
+	// batch) are summed before they go in deposits, not hashed one by one.
+	var depTenant string
+	depN := 0
 	var p policy.Policy // the call's, resolved again only when an outcome's tenant or target differs from the last's
 	for i := range items {
 		it := &items[i]
@@ -492,7 +496,12 @@ func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc 
 		var class string
 		switch {
 		case it.success:
-			deposits[it.call.tenant]++
+			if depN > 0 && it.call.tenant != depTenant {
+				deposits[depTenant] += depN
+				depN = 0
+			}
+			depTenant = it.call.tenant
+			depN++
 			u.Result = policy.ResultSuccess
 		case !it.alreadyRecorded:
 			c := policy.Classify(&p, it.failure, true, true)
@@ -548,6 +557,9 @@ func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc 
 	// Nothing is applied before the whole batch is valid. The store applies
 	// it as a whole: with --sync=always that is one commit for the request,
 	// not one per outcome.
+	if depN > 0 {
+		deposits[depTenant] += depN
+	}
 	n, err := d.store.ApplyOutcomes(ups, deposits)
 	if err != nil {
 		return n, ups, storeError(ctx, d.cfg.Logger, "outcomes", err)
