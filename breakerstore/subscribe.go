@@ -75,6 +75,12 @@ func (sub *subscriber) isClosed() bool {
 // closes the channel; it may be called more than once. Store.Close closes
 // every channel. Subscribe is safe for concurrent use; on a closed store the
 // channel is closed at once.
+//
+// Subscriptions do not resume: the events carry no position
+// (policy.BreakerEvent.Resume is empty), so a WatchBreakers of a daemon on
+// this store gets no resume token and a reconnect takes a fresh snapshot.
+// One daemon holds the file: there is no other replica to resume on, and
+// after the daemon's restart its snapshot is the whole state.
 func (s *Store) Subscribe(tenant string, buffer int) (events <-chan policy.BreakerEvent, cancel func()) {
 	if buffer <= 0 {
 		buffer = DefaultSubscriptionBuffer

@@ -218,6 +218,13 @@ type BreakerEvent struct {
 	Snapshot     BreakerSnapshot
 	Initial      bool
 	SnapshotDone bool
+	// Resume, on SnapshotDone and on every change after it, is the
+	// subscription's position after this event, opaque, for a store whose
+	// subscriptions resume (redisstore's SubscribeFrom); empty otherwise.
+	Resume string
+	// Resumed, on SnapshotDone, says the subscription resumed from the
+	// position it was asked for: no snapshot came before it.
+	Resumed bool
 }
 
 // AuditEvent is the kind of an audit record.

@@ -87,8 +87,8 @@ func (s *Store) Record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy
 	if err := s.check(); err != nil {
 		return policy.BreakerSnapshot{}, err
 	}
-	if r < policy.ResultSuccess || r > policy.ResultTerminal {
-		return policy.BreakerSnapshot{}, invalid("result", "must be success, transient failure or terminal")
+	if r < policy.ResultSuccess || r > policy.ResultPushback {
+		return policy.BreakerSnapshot{}, invalid("result", "must be success, transient failure, terminal or pushback")
 	}
 	if err := checkBreakerKey(key); err != nil {
 		return policy.BreakerSnapshot{}, err
@@ -150,7 +150,12 @@ func (s *Store) ExtendCooldown(key policy.BreakerKey, cfg policy.BreakerConfig, 
 }
 
 // Breaker returns the state of the breaker under key at the server's time,
-// or ErrNotFound.
+// or ErrNotFound. While the engine does not answer it returns the state
+// this replica last knew of it, the one degraded mode decides from, when
+// it knows one (else ErrUnavailable): ReportOutcome checks a final
+// disposition against it, and refused with UNAVAILABLE the outcomes were
+// not queued as degraded mode promises (policybench replicas, stop-redis:
+// every ReportOutcome with a dead letter failed while Redis was stopped).
 func (s *Store) Breaker(key policy.BreakerKey) (policy.BreakerSnapshot, error) {
 	if err := s.check(); err != nil {
 		return policy.BreakerSnapshot{}, err
@@ -158,6 +163,11 @@ func (s *Store) Breaker(key policy.BreakerKey) (policy.BreakerSnapshot, error) {
 	ctx, cancel := s.call()
 	defer cancel()
 	st, err := readCall(ctx, s.lib, key)
+	if errors.Is(err, ErrUnavailable) {
+		if c, ok := s.cachedState(key); ok {
+			return c.snapshot(key), nil
+		}
+	}
 	if err != nil {
 		return policy.BreakerSnapshot{}, err
 	}
@@ -276,64 +286,14 @@ const DefaultSubscriptionBuffer = 64
 // subscription to every tenant also follows the tenants that appear after
 // it, on any replica, from their first transition.
 func (s *Store) Subscribe(tenant string, buffer int) (<-chan policy.BreakerEvent, func()) {
-	if buffer <= 0 {
-		buffer = DefaultSubscriptionBuffer
-	}
-	sb := &sub{buffer: buffer}
-	cancel := func() {
-		s.mu.Lock()
-		delete(s.allSubs, sb)
-		feeds := make([]*feed, 0, len(s.feeds))
-		for _, f := range s.feeds {
-			feeds = append(feeds, f)
-		}
-		s.mu.Unlock()
-		for _, f := range feeds {
-			f.remove(sb)
-		}
-		sb.close()
-	}
-	fail := func(err error) (<-chan policy.BreakerEvent, func()) {
+	ch, cancel, err := s.SubscribeFrom(tenant, "", buffer)
+	if err != nil {
 		s.log.Error("redisstore: subscription failed", "tenant", tenant, "err", err)
-		cancel()
-		sb.start(nil) // a closed channel
-		return sb.ch, cancel
+		closed := make(chan policy.BreakerEvent)
+		close(closed)
+		return closed, func() {}
 	}
-	if err := s.check(); err != nil {
-		return fail(err)
-	}
-	tenants := []string{"", tenant}
-	if tenant == "" {
-		// Registered first, so a tenant followed from now on (one new to
-		// the fleet included) has it among its subscribers.
-		s.mu.Lock()
-		s.allSubs[sb] = struct{}{}
-		s.mu.Unlock()
-		var err error
-		if tenants, err = s.tenants(); err != nil {
-			return fail(err)
-		}
-	}
-	for _, t := range tenants {
-		f, err := s.follow(t)
-		if err != nil {
-			return fail(err)
-		}
-		f.add(sb)
-	}
-	var initial []policy.BreakerEvent
-	for _, t := range tenants {
-		snaps, err := s.tenantBreakers(t)
-		if err != nil {
-			return fail(err)
-		}
-		for _, sn := range snaps {
-			initial = append(initial, policy.BreakerEvent{Snapshot: sn, Initial: true})
-		}
-	}
-	slices.SortFunc(initial, func(a, b policy.BreakerEvent) int { return keyCompare(a.Snapshot.Key, b.Snapshot.Key) })
-	sb.start(initial)
-	return sb.ch, cancel
+	return ch, cancel
 }
 
 // tenants returns the tenants any replica has used.

@@ -63,6 +63,11 @@ func (s *Store) SpendRetry(req policy.SpendRequest) (policy.Spend, error) {
 	if !s.health.up() {
 		return s.degraded.spend(tenant, &b, req.Timeout, req.RunID), nil
 	}
+	if s.degraded.owes(tenant, req.RunID) {
+		// The engine is charged what this replica granted while it did not
+		// answer before it grants from the same tokens again.
+		s.chargeDebts(func(d *debt) bool { return d.tenant == tenant || req.RunID != "" && d.run == req.RunID })
+	}
 	ctx, cancel := s.call()
 	defer cancel()
 	_, sp, err := spendCall(ctx, s.lib, tenant, &b, req.Timeout, req.RunID)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/policyd/policyd/fleet"
@@ -191,6 +192,31 @@ func depositCall(ctx context.Context, l lib, tenant string, b *policy.TenantBudg
 	now, _ := toInt(r[0])
 	tokens, err := toFloat(r[1])
 	return now, tokens, err
+}
+
+// chargeCall withdraws d from its tenant's bucket and run (one call of
+// policyd_charge) and returns the tokens and the run's retries left after
+// it; charged is false when d.id was charged before.
+func chargeCall(ctx context.Context, l lib, d *debt, b *policy.TenantBudget) (tokens float64, left uint64, charged bool, err error) {
+	runKey, hasRun := keyRun(d.tenant, ""), 0
+	if d.run != "" {
+		runKey, hasRun = keyRun(d.tenant, d.run), 1
+	}
+	args := budgetArgs(nil, b)
+	args = append(args, strconv.FormatFloat(d.tokens, 'g', -1, 64), d.retries, hasRun, d.id)
+	r, err := l.fcall(ctx, "policyd_charge", []string{keyBucket(d.tenant), runKey, keyApplied(d.tenant)}, args...)
+	if err != nil {
+		return 0, 0, false, err
+	}
+	if len(r) != 4 {
+		return 0, 0, false, errReply
+	}
+	if tokens, err = toFloat(r[1]); err != nil {
+		return 0, 0, false, err
+	}
+	n, _ := toInt(r[2])
+	c, _ := toInt(r[3])
+	return tokens, uint64(n), c == 1, nil
 }
 
 // ledgerFields names the run hash's ledger counters, in policy.Ledger's

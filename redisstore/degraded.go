@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -38,7 +39,15 @@ import (
 //     applied set).
 //
 // When the engine comes back the local copies are dropped: the engine's
-// state is again the one every answer comes from.
+// state is again the one every answer comes from. What the replica
+// granted from its shares (and from a lone call that timed out while the
+// engine was up) is not dropped: at each transition it becomes a debt,
+// charged to the engine as soon as it answers (policyd_charge, at most
+// once per debt id): the tokens from the tenant's bucket, down to zero,
+// the retries from the run's pool, up to the pool. Without it, each
+// outage, however short, handed out another share of the same last known
+// level, and a flapping engine let the replicas overspend a budget many
+// times over (policybench replicas, stop-redis: 582 grants of 400).
 type degraded struct {
 	mu       sync.Mutex
 	breakers map[policy.BreakerKey]*fleet.Breaker
@@ -51,22 +60,108 @@ type degraded struct {
 	flows   map[policy.BreakerKey]*localFlow // key -> this replica's share of its ceilings while down
 	limits  map[policy.BreakerKey]float64    // key -> its adaptive limit as the engine last reported it
 	live    int                              // live replicas, this one included
+	// runTenant names the tenant of every run spent from while down;
+	// debts are the grants of earlier outages not charged yet.
+	runTenant map[string]string
+	debts     []debt
+}
+
+// debt is what this replica granted from its share while the engine did
+// not answer it: tokens of a tenant's bucket (run empty), or retries of a
+// run's pool, to be charged to the engine when it answers, once (by id).
+type debt struct {
+	id      string
+	tenant  string
+	run     string
+	tokens  float64
+	retries uint64
 }
 
 func newDegraded() *degraded {
 	return &degraded{breakers: map[policy.BreakerKey]*fleet.Breaker{}, spent: map[string]float64{},
 		runSpent: map[string]uint64{}, tokens: map[string]float64{}, runs: map[string]uint64{}, live: 1,
-		flows: map[policy.BreakerKey]*localFlow{}, limits: map[policy.BreakerKey]float64{}}
+		runTenant: map[string]string{}, flows: map[policy.BreakerKey]*localFlow{}, limits: map[policy.BreakerKey]float64{}}
 }
 
-// reset drops the local copies: the engine is up again.
+// reset drops the local copies at a transition of the engine; what was
+// spent from the shares becomes debts.
 func (d *degraded) reset() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	clear(d.breakers)
+	clear(d.flows)
+	d.owe()
+}
+
+// owe turns what was spent from the shares into debts; d.mu is held.
+func (d *degraded) owe() {
+	for tenant, t := range d.spent {
+		if t > 0 {
+			d.debts = append(d.debts, debt{id: newPermitID().String(), tenant: tenant, tokens: t})
+		}
+	}
+	for run, n := range d.runSpent {
+		if n > 0 {
+			d.debts = append(d.debts, debt{id: newPermitID().String(), tenant: d.runTenant[run], run: run, retries: n})
+		}
+	}
 	clear(d.spent)
 	clear(d.runSpent)
-	clear(d.flows)
+}
+
+// pending returns the debts waiting, those of grants made since the last
+// transition (lone calls that timed out while the engine was up)
+// included. They stay in d.debts until charged: a share counts them.
+func (d *degraded) pending() []debt {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.owe()
+	return slices.Clone(d.debts)
+}
+
+// owes reports whether tenant's bucket or run's pool has grants not
+// charged to the engine yet.
+func (d *degraded) owes(tenant, run string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.spent[tenant] > 0 || run != "" && d.runSpent[run] > 0 {
+		return true
+	}
+	t, r := d.owed(tenant, run)
+	return t > 0 || r > 0
+}
+
+// owed is what tenant's bucket and run's pool owe the engine in debts;
+// d.mu is held.
+func (d *degraded) owed(tenant, run string) (tokens float64, retries uint64) {
+	for _, db := range d.debts {
+		switch {
+		case db.run == "" && db.tenant == tenant:
+			tokens += db.tokens
+		case db.run != "" && db.run == run:
+			retries += db.retries
+		}
+	}
+	return tokens, retries
+}
+
+// drop forgets a debt the engine refused to be charged.
+func (d *degraded) drop(db *debt) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.debts = slices.DeleteFunc(d.debts, func(o debt) bool { return o.id == db.id })
+}
+
+// charged notes the engine's levels after a debt was charged: the next
+// outage's shares are shares of them.
+func (d *degraded) charged(db *debt, tokens float64, left uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.debts = slices.DeleteFunc(d.debts, func(o debt) bool { return o.id == db.id })
+	d.tokens[db.tenant] = tokens
+	if db.run != "" {
+		d.runs[db.run] = left
+	}
 }
 
 // saw remembers a spend's result while up.
@@ -134,6 +229,14 @@ func (d *degraded) record(key policy.BreakerKey, cfg policy.BreakerConfig, st *s
 	cfg.HalfOpenProbes = probeShare(cfg.HalfOpenProbes, d.live)
 	b.Advance(now)
 	_, err := b.Record(now, &cfg, r, permit)
+	if errors.Is(err, fleet.ErrPermit) {
+		// A permit the local copy does not hold: handed out by the engine
+		// before it stopped answering, which this replica cannot check. It
+		// settles nothing here, and the decision is answered: refused, it
+		// was an error (FAILED_PRECONDITION) for a probe that was the
+		// fleet's own (policybench replicas, stop-redis: 46 of them).
+		err = nil
+	}
 	calls, failures := b.Window(now)
 	snap := policy.BreakerSnapshot{Key: key, State: b.State, Forced: b.Forced, Mode: b.Mode, Generation: b.Generation,
 		ConsecutiveFailures: b.Consecutive, WindowCalls: calls, WindowFailures: failures}
@@ -157,11 +260,17 @@ func (d *degraded) spend(tenant string, b *policy.TenantBudget, timeout bool, ru
 		cost = b.TimeoutCost
 	}
 	sp := policy.Spend{Degraded: true, HasRun: run != ""}
-	left := d.tokens[tenant]/live - d.spent[tenant]
+	if run != "" {
+		d.runTenant[run] = tenant
+	}
+	// What earlier outages granted and the engine was not charged yet is
+	// not in the levels last seen: it counts against the share.
+	owedTokens, owedRetries := d.owed(tenant, run)
+	left := d.tokens[tenant]/live - d.spent[tenant] - owedTokens
 	sp.TenantTokens = max(left, 0)
 	if run != "" {
 		share := d.runs[run] / uint64(live)
-		used := d.runSpent[run]
+		used := d.runSpent[run] + owedRetries
 		if used >= share {
 			sp.Stop, sp.Disposition = policy.StopBudgetExhausted, policy.DispositionDeadLetter
 			return sp
@@ -350,9 +459,41 @@ func (s *Store) replayer() {
 	}
 }
 
-// replay sends queued batches, oldest first, until the queue is empty or
-// the engine stops answering.
+// chargeDebts charges the engine the debts of earlier outages that of
+// selects (all when nil), oldest first; those it does not answer for wait
+// for the next try.
+func (s *Store) chargeDebts(of func(*debt) bool) {
+	if !s.health.up() {
+		return // while down, what is spent stays spent from the shares
+	}
+	for _, d := range s.degraded.pending() {
+		if of != nil && !of(&d) {
+			continue
+		}
+		if !s.health.up() {
+			return
+		}
+		b, _ := s.budgetOf(d.tenant)
+		ctx, cancel := s.call()
+		tokens, left, _, err := chargeCall(ctx, s.lib, &d, &b)
+		cancel()
+		switch {
+		case errors.Is(err, ErrUnavailable):
+			return // charged at the next try, by the same id
+		case err != nil:
+			s.log.Warn("redisstore: degraded-mode grants not charged: dropped", "tenant", d.tenant, "run", d.run,
+				"tokens", d.tokens, "retries", d.retries, "err", err)
+			s.degraded.drop(&d)
+		default:
+			s.degraded.charged(&d, tokens, left)
+		}
+	}
+}
+
+// replay charges the debts of earlier outages, then sends queued batches,
+// oldest first, until the queue is empty or the engine stops answering.
 func (s *Store) replay() {
+	s.chargeDebts(nil)
 	for s.health.up() {
 		q, ok := s.queue.pop()
 		if !ok {

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 	"github.com/policyd/policyd/internal/redistest"
@@ -171,5 +172,83 @@ func TestDegradedWhileRedisPaused(t *testing.T) {
 	resp, err := r[0].workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call("after"), Attempt: 1, Failure: fail503})
 	if err != nil || resp.GetDegraded() {
 		t.Errorf("NextDelay after SIGCONT = %v, %v; want an answer not degraded", resp, err)
+	}
+}
+
+// TestDegradedProbeOfTheEngineAnswered: a HALF_OPEN probe permit handed
+// out by the engine, reported while the engine does not answer, settles
+// nothing on the replica's local copy (which cannot check it) and the
+// decision is answered, flagged degraded: it was FAILED_PRECONDITION.
+func TestDegradedProbeOfTheEngineAnswered(t *testing.T) {
+	srv := redistest.Standalone(t)
+	r := boundedReplica(t, srv.Addr)
+	ctx := context.Background()
+	one := uint32(1)
+	eventually(t, "the policy written (a store call of 50ms may time out on a loaded machine)", func() bool {
+		_, err := r.admin.SetPolicy(ctx, &pb.SetPolicyRequest{Tenant: "acme", Target: "pay", Policy: &pb.Policy{
+			Breaker: &pb.BreakerSettings{ConsecutiveFailures: &one, Cooldown: durationpb.New(time.Millisecond)}}})
+		return err == nil
+	})
+	call := &pb.CallRef{Tenant: "acme", Target: "pay", CallId: "c1", Idempotent: true}
+	fail503 := &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 503}}
+	eventually(t, "the policy on the replica", func() bool {
+		p, _ := r.store.Resolve("acme", "pay")
+		return p.Breaker.Cooldown == time.Millisecond
+	})
+	if _, err := r.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call, Attempt: 1, Failure: fail503}); err != nil {
+		t.Fatal(err)
+	}
+	var permit string
+	eventually(t, "a probe permit once the cool-down ends", func() bool {
+		a, err := r.workers.Admit(ctx, &pb.AdmitRequest{Call: call, Attempt: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		permit = a.GetPermitId()
+		return a.GetAdmitted() && permit != ""
+	})
+	srv.Pause(t)
+	n := 0
+	eventually(t, "the engine down", func() bool {
+		n++
+		_, _ = r.workers.Admit(ctx, &pb.AdmitRequest{Call: &pb.CallRef{Tenant: "acme", Target: "other", CallId: "d" + strconv.Itoa(n)}, Attempt: 1})
+		_, _ = r.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: &pb.CallRef{Tenant: "acme", Target: "other", CallId: "d" + strconv.Itoa(n),
+			Idempotent: true}, Attempt: 1, Failure: fail503})
+		return !r.store.Up()
+	})
+	resp, err := r.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call, Attempt: 2, Failure: fail503, PermitId: permit})
+	if err != nil || !resp.GetDegraded() {
+		t.Fatalf("NextDelay of the engine's probe with the engine down = %v, %v; want an answer flagged degraded", resp, err)
+	}
+}
+
+// TestDegradedOutcomeWithFinalDispositionQueued: with the engine down, a
+// ReportOutcome whose final disposition is checked against the breaker
+// (a dead letter) is accepted and queued, the breaker read from what the
+// replica last knew: it was UNAVAILABLE.
+func TestDegradedOutcomeWithFinalDispositionQueued(t *testing.T) {
+	srv := redistest.Standalone(t)
+	r := boundedReplica(t, srv.Addr)
+	ctx := context.Background()
+	call := &pb.CallRef{Tenant: "acme", Target: "pay", CallId: "c1", Idempotent: true}
+	fail503 := &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 503}}
+	if _, err := r.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call, Attempt: 1, Failure: fail503}); err != nil {
+		t.Fatal(err) // the replica knows the breaker
+	}
+	srv.Pause(t)
+	n := 0
+	eventually(t, "the engine down", func() bool {
+		n++
+		_, _ = r.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: &pb.CallRef{Tenant: "acme", Target: "other",
+			CallId: "d" + strconv.Itoa(n), Idempotent: true}, Attempt: 1, Failure: fail503})
+		return !r.store.Up()
+	})
+	_, err := r.workers.ReportOutcome(ctx, &pb.ReportOutcomeRequest{Outcomes: []*pb.Outcome{{Call: call, Attempt: 2,
+		Failure: fail503, FinalDisposition: pb.Disposition_DISPOSITION_DEAD_LETTER}}})
+	if err != nil {
+		t.Fatalf("ReportOutcome of a dead letter with the engine down: %v, want it accepted", err)
+	}
+	if r.store.Queued() == 0 {
+		t.Error("no outcome batch queued with the engine down")
 	}
 }

@@ -95,7 +95,8 @@
 //	{T}:idemkeys             zset    the tenant's idempotency keys by expiry (score, µs): the live ones
 //	                                 count against Options.MaxKeysPerTenant
 //	{T}:applied              set     ids of the outcome batches applied (policyd_outcomes skips a
-//	                                 batch id it holds: a replay); expires 10 minutes after the last
+//	                                 batch id it holds: a replay) and of the degraded-mode grants
+//	                                 charged (policyd_charge, likewise); expires 10 minutes after the last
 //	{policyd}:replicas       zset    replica id -> last heartbeat (Unix ms); the live ones divide
 //	                                 probes, tokens and pools in degraded mode
 //	{T}:flow:TARGET          hash    the ceilings of breaker key T/TARGET (fleet.Flow, fleet.AdaptiveLimit):

@@ -5,3 +5,16 @@ var CheckSlots = checkSlots
 
 // LiveReplicas is the count of live replicas the store last read.
 func (s *Store) LiveReplicas() int { return s.degraded.replicas() }
+
+// Debts is the number of degraded-mode grants not charged to the engine yet.
+func (s *Store) Debts() int {
+	s.degraded.mu.Lock()
+	defer s.degraded.mu.Unlock()
+	n := len(s.degraded.debts)
+	for _, t := range s.degraded.spent {
+		if t > 0 {
+			n++
+		}
+	}
+	return n
+}

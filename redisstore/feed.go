@@ -122,7 +122,7 @@ func (s *Store) run(g *feedGroup) {
 		}
 		g.mu.Unlock()
 		streams = append(streams, ids...)
-		res, err := s.c.XRead(s.ctx, &redis.XReadArgs{Streams: streams, Count: 512, Block: s.opts.FeedBlock}).Result()
+		res, err := s.c.XRead(withFeedRead(s.ctx), &redis.XReadArgs{Streams: streams, Count: 512, Block: s.opts.FeedBlock}).Result()
 		switch {
 		case errors.Is(err, redis.Nil):
 			continue
@@ -156,7 +156,8 @@ func (s *Store) run(g *feedGroup) {
 				}
 				key := policy.BreakerKey{Tenant: tenant, Target: target}
 				s.learn(key, st)
-				f.publish(policy.BreakerEvent{Snapshot: st.snapshot(key)})
+				id, _ := parseStreamID(m.ID)
+				f.publish(entry{ev: policy.BreakerEvent{Snapshot: st.snapshot(key)}, stream: tenant, id: id})
 			}
 			if last != "" {
 				g.mu.Lock()
@@ -175,13 +176,21 @@ func (g *feedGroup) closeAll() {
 	}
 }
 
-// publish sends ev to every subscriber; one that falls behind is closed
+// entry is one event of a tenant's stream: the change, the tenant whose
+// stream it is on, and its entry id there.
+type entry struct {
+	ev     policy.BreakerEvent
+	stream string
+	id     streamID
+}
+
+// publish sends e to every subscriber; one that falls behind is closed
 // and dropped.
-func (f *feed) publish(ev policy.BreakerEvent) {
+func (f *feed) publish(e entry) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for sb := range f.subs {
-		if !sb.send(ev) {
+		if !sb.send(e) {
 			delete(f.subs, sb)
 		}
 	}
@@ -211,26 +220,41 @@ func (f *feed) remove(sb *sub) {
 // sub is one subscription. Until it goes live, changes wait in pending
 // (the current states go first); a subscriber that falls behind (more
 // than buffer changes waiting) is closed.
+//
+// A subscription to one tenant (tenant set) follows two streams, the
+// target-scoped breakers' (tenant "") and the tenant's, and knows its
+// position in each (pos: the id of the last entry it delivered or that
+// its snapshot or replay covered): an entry at or before it is dropped,
+// and every event it delivers after the snapshot carries the position as
+// a resume token (Resume). A subscription to every tenant has no
+// position and no token.
 type sub struct {
 	mu      sync.Mutex
 	ch      chan policy.BreakerEvent
 	buffer  int
-	pending []policy.BreakerEvent
+	pending []entry
 	live    bool
 	closed  bool
+
+	tenant string
+	pos    position
 }
 
-// send delivers ev or reports false when the subscriber is closed.
-func (sb *sub) send(ev policy.BreakerEvent) bool {
+// send delivers e or reports false when the subscriber is closed.
+func (sb *sub) send(e entry) bool {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
 	switch {
 	case sb.closed:
 		return false
 	case !sb.live && len(sb.pending) < sb.buffer:
-		sb.pending = append(sb.pending, ev)
+		sb.pending = append(sb.pending, e)
 		return true
 	case sb.live:
+		ev, ok := sb.next(e)
+		if !ok {
+			return true
+		}
 		select {
 		case sb.ch <- ev:
 			return true
@@ -244,19 +268,46 @@ func (sb *sub) send(ev policy.BreakerEvent) bool {
 	return false
 }
 
-// start makes the channel (room for the snapshot and buffer changes: the
-// snapshot never counts against the buffer), sends the current states,
-// the end-of-snapshot marker and the changes that came meanwhile, and goes
-// live.
-func (sb *sub) start(initial []policy.BreakerEvent) {
+// next returns e's event with the position after it, or false when the
+// subscription has it already; sb.mu is held.
+func (sb *sub) next(e entry) (policy.BreakerEvent, bool) {
+	if sb.tenant == "" {
+		return e.ev, true
+	}
+	i := sb.pos.index(e.stream)
+	if !sb.pos.ids[i].less(e.id) {
+		return policy.BreakerEvent{}, false
+	}
+	sb.pos.ids[i] = e.id
+	e.ev.Resume = sb.pos.token(sb.tenant)
+	return e.ev, true
+}
+
+// start makes the channel (room for the snapshot, the replay and buffer
+// changes: neither counts against the buffer), sends the current states,
+// the end-of-snapshot marker (at pos, resumed when replay resumes a
+// subscription), the replay and the changes that came meanwhile, past
+// pos, and goes live.
+func (sb *sub) start(initial []policy.BreakerEvent, pos position, resumed bool, replay []entry) {
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	sb.ch = make(chan policy.BreakerEvent, len(initial)+1+sb.buffer)
+	sb.ch = make(chan policy.BreakerEvent, len(initial)+1+len(replay)+sb.buffer)
 	if sb.closed {
 		close(sb.ch)
 		return
 	}
-	for _, ev := range append(append(initial, policy.BreakerEvent{SnapshotDone: true}), sb.pending...) {
+	sb.pos = pos
+	done := policy.BreakerEvent{SnapshotDone: true, Resumed: resumed}
+	if sb.tenant != "" {
+		done.Resume = pos.token(sb.tenant)
+	}
+	evs := append(initial, done)
+	for _, e := range append(replay, sb.pending...) {
+		if ev, ok := sb.next(e); ok {
+			evs = append(evs, ev)
+		}
+	}
+	for _, ev := range evs {
 		select {
 		case sb.ch <- ev:
 		default:

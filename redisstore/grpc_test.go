@@ -29,6 +29,9 @@ type replica struct {
 	workers pb.RetryPolicyServiceClient
 	admin   pb.AdminServiceClient
 	trips   *tripCounter
+	// stop ends the replica at once, as a kill would: its gRPC server
+	// and its connections, then its store.
+	stop func()
 }
 
 // tripCounter counts a client's round trips to Redis (a command, or a
@@ -103,12 +106,13 @@ func newReplica(t *testing.T, client func() redis.UniversalClient) *replica {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		_ = conn.Close()
+	stop := func() {
 		gs.Stop()
+		_ = conn.Close()
 		_ = st.Close()
-	})
-	return &replica{store: st, workers: pb.NewRetryPolicyServiceClient(conn), admin: pb.NewAdminServiceClient(conn), trips: trips}
+	}
+	t.Cleanup(stop)
+	return &replica{store: st, workers: pb.NewRetryPolicyServiceClient(conn), admin: pb.NewAdminServiceClient(conn), trips: trips, stop: stop}
 }
 
 // serverStats reads INFO commandstats of every server: calls per

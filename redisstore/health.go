@@ -72,6 +72,23 @@ func (b *engineBreaker) done(now time.Time, failed bool) bool {
 	return true
 }
 
+// readDone records the result of a feed's read (the blocking XREAD of the
+// changes or event streams) at now, which goes to Redis while down
+// without waiting for the cool-down (guard): its success brings the
+// engine up, as a probe's would; its failure while down changes nothing.
+// While up it counts as any call. It reports whether the engine's state
+// changed.
+func (b *engineBreaker) readDone(now time.Time, failed bool) bool {
+	if !b.down {
+		return b.done(now, failed)
+	}
+	if failed {
+		return false
+	}
+	b.down, b.probing, b.failures = false, false, 0
+	return true
+}
+
 // health guards the Store's Redis client with an engineBreaker, as a
 // go-redis hook, so that every call of the Store (and of its feeds) is
 // refused at once while the engine is down.
@@ -100,23 +117,53 @@ func (h *health) up() bool {
 	return !h.b.down
 }
 
+// guarded marks the context of a call the breaker let through. go-redis
+// sends the commands that open a new connection (HELLO, CLIENT SETINFO)
+// through the client's hooks with the context of the call that needs the
+// connection: they are part of that call, not calls of their own. Guarded
+// as calls, they were refused while the probe that needed them was out,
+// so after a restart of Redis (every connection new) no probe could
+// succeed and the engine stayed down.
+type guarded struct{}
+
+// feedRead marks the context of a feed's read: the feeds run on their own
+// goroutines, no caller waits for them, so while the engine is down they
+// go on trying (each after its pause) and the first that Redis answers
+// brings the engine up at once. With only the probe, one call per
+// DownFor, a replica took up to DownFor after Redis came back to follow
+// the changes stream again, and an admin write made through another
+// replica reached it that much later.
+type feedRead struct{}
+
+// withFeedRead marks ctx as a feed's (see feedRead).
+func withFeedRead(ctx context.Context) context.Context {
+	return context.WithValue(ctx, feedRead{}, true)
+}
+
 // guard runs call when the breaker allows it and records its result; a
 // refusal, a timeout or a connection failure is ErrUnavailable wrapping
-// the cause.
-func (h *health) guard(ctx context.Context, call func() error) error {
-	if h.off.Load() {
-		return call()
+// the cause. A call made on behalf of a guarded one runs unguarded; a
+// feed's read runs while down too (readDone).
+func (h *health) guard(ctx context.Context, call func(context.Context) error) error {
+	if h.off.Load() || ctx.Value(guarded{}) != nil {
+		return call(ctx)
 	}
+	read := ctx.Value(feedRead{}) != nil
 	h.mu.Lock()
-	ok := h.b.allow(h.clock())
+	ok := read || h.b.allow(h.clock())
 	h.mu.Unlock()
 	if !ok {
 		return fmt.Errorf("%w: down after repeated failures", ErrUnavailable)
 	}
-	err := call()
+	err := call(context.WithValue(ctx, guarded{}, true))
 	failed := engineFailure(ctx, err)
 	h.mu.Lock()
-	changed := h.b.done(h.clock(), failed)
+	var changed bool
+	if read {
+		changed = h.b.readDone(h.clock(), failed)
+	} else {
+		changed = h.b.done(h.clock(), failed)
+	}
 	up := !h.b.down
 	h.mu.Unlock()
 	if changed && h.changed != nil {
@@ -156,13 +203,13 @@ func (k healthHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (k healthHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		return k.h.guard(ctx, func() error { return next(ctx, cmd) })
+		return k.h.guard(ctx, func(ctx context.Context) error { return next(ctx, cmd) })
 	}
 }
 
 func (k healthHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		err := k.h.guard(ctx, func() error { return next(ctx, cmds) })
+		err := k.h.guard(ctx, func(ctx context.Context) error { return next(ctx, cmds) })
 		if errors.Is(err, ErrUnavailable) {
 			for _, c := range cmds {
 				var reply redis.Error

@@ -58,6 +58,17 @@ func TestEngineBreaker(t *testing.T) {
 	if !b.allow(now) {
 		t.Fatal("calls must go through once up")
 	}
+	// A feed's read while down, in the cool-down: its failure changes
+	// nothing, its success brings the engine up without a probe.
+	for range 3 {
+		call(true)
+	}
+	if !b.down || b.readDone(now, true) || !b.down {
+		t.Fatal("a failed feed read while down must keep the engine down")
+	}
+	if !b.readDone(now.Add(time.Millisecond), false) || b.down || !b.allow(now.Add(time.Millisecond)) {
+		t.Fatal("a feed read Redis answered must bring the engine up, in the cool-down")
+	}
 }
 
 // TestProbeShare: ceil(N / live), at least one.

@@ -71,8 +71,8 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 		u.Refused = nil
 		err := func() error {
 			if u.Result != 0 {
-				if u.Result < policy.ResultSuccess || u.Result > policy.ResultTerminal {
-					return invalid("result", "must be success, transient failure or terminal")
+				if u.Result < policy.ResultSuccess || u.Result > policy.ResultPushback {
+					return invalid("result", "must be success, transient failure, terminal or pushback")
 				}
 				if err := checkBreakerKey(u.Key); err != nil {
 					return err

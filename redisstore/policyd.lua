@@ -16,7 +16,7 @@
 
 local CLOSED, OPEN, HALF_OPEN, DISABLED = 1, 2, 3, 4
 local FAILURE_RATE = 2
-local TRANSIENT = 2
+local TRANSIENT, PUSHBACK = 2, 4
 local SLOTS = 10
 local EVENTS_MAXLEN = '100000'
 -- how long a tenant's applied set keeps a batch id (s): longer than any
@@ -295,6 +295,9 @@ local function record1(b, now, c, r, permit)
     table.remove(b.permits, i)
     e = MUTATED
   end
+  -- pushback: the upstream is up and asked for time; the cool-down handles
+  -- it, and a probe answered so frees its permit and settles nothing
+  if r == PUSHBACK then return e, 0 end
   local failure = r == TRANSIENT
   if b.state == DISABLED or b.state == OPEN then return e, 0 end
   if b.forced == 1 then
@@ -495,6 +498,41 @@ local function deposit(keys, args, now)
   k.tokens = math.min(k.tokens + bg.ratio * tonumber(args[7]), bg.cap)
   bucket_store(keys[1], k)
   return {int(now), float(k.tokens)}
+end
+
+-- charge withdraws what one replica granted while the engine did not
+-- answer it (degraded mode) once it answers again, at most once per charge
+-- id: tokens from the tenant's bucket, down to zero at most (the grants
+-- were made already: the bucket only stops paying for more), and retries
+-- from the run's pool, up to the pool.
+-- KEYS: bucket, run (a key of the tenant with no run when ARGV[9] is 0),
+-- applied. ARGV: budget (6), tokens, retries, has run (0 or 1), charge id.
+-- Returns {now, tokens, run remaining, charged (0: the id was charged before)}.
+local function charge(keys, args, now)
+  local bg = budget_at(args, 1)
+  local has_run, id = args[9] == '1', args[10]
+  local k = bucket_load(keys[1], bg.cap, now)
+  refill(k, now, bg)
+  local charged = 0
+  if redis.call('SISMEMBER', keys[3], id) == 0 then
+    k.tokens, charged = math.max(k.tokens - tonumber(args[7]), 0), 1
+    bucket_store(keys[1], k)
+  end
+  local remaining = 0
+  if has_run then
+    local r = redis.call('HMGET', keys[2], 'pool', 'spent')
+    if r[1] then
+      local pool, spent = tonumber(r[1]), tonumber(r[2])
+      if charged == 1 then
+        spent = math.min(spent + tonumber(args[8]), pool)
+        redis.call('HSET', keys[2], 'spent', int(spent))
+      end
+      remaining = pool - math.min(spent, pool)
+    end
+  end
+  redis.call('SADD', keys[3], id)
+  redis.call('EXPIRE', keys[3], APPLIED_TTL)
+  return {int(now), float(k.tokens), int(remaining), charged}
 end
 
 -- record_final is fleet.Run.RecordFinal on run and calls keys: the first
@@ -1071,6 +1109,7 @@ register('policyd_cooldown', cooldown)
 register('policyd_admin_breaker', admin)
 register('policyd_spend', spend)
 register('policyd_deposit', deposit)
+register('policyd_charge', charge)
 register('policyd_final', final)
 register('policyd_outcomes', outcomes)
 register('policyd_attempt', attempt)

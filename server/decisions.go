@@ -281,6 +281,16 @@ func (d *Decisions) Admit(ctx context.Context, req *pb.AdmitRequest) (*pb.AdmitR
 	if err != nil {
 		return nil, err
 	}
+	if a.LeaseID != "" && ctx.Err() != nil {
+		// The caller stopped waiting (its decision timeout passed, or it
+		// was cut off): the answer cannot reach it, so the lease goes back
+		// now instead of holding a slot of the ceiling until it expires.
+		if a.Target != "" {
+			target = a.Target
+		}
+		p, _ := d.store.Resolve(call.tenant, target)
+		d.releaseLease(ctx, &p, call, target, a.LeaseID, policy.SignalNone)
+	}
 	return admissionToPB(&a), nil
 }
 

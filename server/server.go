@@ -70,7 +70,7 @@ func New(store Store, cfg Config, opts ...grpc.ServerOption) *Server {
 		opts = append(opts, grpc.NumStreamWorkers(uint32(cfg.StreamWorkers)))
 	}
 	s.gs = grpc.NewServer(opts...)
-	pb.RegisterRetryPolicyServiceServer(s.gs, workers{NewDecisions(store, cfg), &watcher{store: store, policies: store, flow: store, buffer: cfg.WatchBuffer}})
+	pb.RegisterRetryPolicyServiceServer(s.gs, workers{NewDecisions(store, cfg), &watcher{store: store, policies: store, flow: store, buffer: cfg.WatchBuffer, log: cfg.Logger}})
 	pb.RegisterAdminServiceServer(s.gs, NewAdmin(store, cfg))
 	s.hs = health.NewServer()
 	healthpb.RegisterHealthServer(s.gs, s.hs)

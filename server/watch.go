@@ -1,6 +1,8 @@
 package server
 
 import (
+	"log/slog"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -30,6 +32,15 @@ type watcher struct {
 	// buffer is the number of changes that may queue behind a client that
 	// does not read; the snapshot never counts against it.
 	buffer int
+	log    *slog.Logger
+}
+
+// resumer is a Breakers store whose subscriptions to one tenant resume
+// from a position (policy.BreakerEvent.Resume) on any replica of the same
+// engine, as redisstore's do. A store without it (breakerstore: one
+// daemon) gives no tokens, and a watch sent one starts from a snapshot.
+type resumer interface {
+	SubscribeFrom(tenant, from string, buffer int) (events <-chan policy.BreakerEvent, cancel func(), err error)
 }
 
 // errFellBehind ends a watch whose client let more than the buffer of
@@ -48,9 +59,10 @@ func (w *watcher) serve(req *pb.WatchBreakersRequest, stream grpc.ServerStreamin
 	if err := checkName("tenant", req.GetTenant(), maxTenantLen, false); err != nil {
 		return err
 	}
-	// The store's own buffer only has to cover the moments this goroutine
-	// is not scheduled; the queue below is what a slow client fills.
-	events, cancel := w.store.Subscribe(req.GetTenant(), 0)
+	events, cancel, err := w.subscribe(req)
+	if err != nil {
+		return storeError(stream.Context(), w.log, "breakers", err)
+	}
 	defer cancel()
 	ctx := stream.Context()
 	out := make(chan policy.BreakerEvent)
@@ -107,13 +119,30 @@ func (w *watcher) serve(req *pb.WatchBreakersRequest, stream grpc.ServerStreamin
 	}
 }
 
+// subscribe subscribes to req's tenant, from its resume token when the
+// store resumes. The store's own buffer only has to cover the moments
+// serve's goroutine is not scheduled (the queue there is what a slow
+// client fills), and it bounds the changes a resumption replays, which
+// the queue must hold.
+func (w *watcher) subscribe(req *pb.WatchBreakersRequest) (<-chan policy.BreakerEvent, func(), error) {
+	if r, ok := w.store.(resumer); ok {
+		return r.SubscribeFrom(req.GetTenant(), req.GetResumeToken(), min(w.buffer, resumeReplay))
+	}
+	events, cancel := w.store.Subscribe(req.GetTenant(), 0)
+	return events, cancel, nil
+}
+
+// resumeReplay is the most changes a resumed watch replays; past it the
+// watch starts from a snapshot instead.
+const resumeReplay = 256
+
 // message is the message of ev: a breaker carries its ceiling's state as
 // of the moment it is sent.
 func (w *watcher) message(ev policy.BreakerEvent) *pb.WatchBreakersResponse {
 	if ev.SnapshotDone {
-		return &pb.WatchBreakersResponse{SnapshotComplete: true}
+		return &pb.WatchBreakersResponse{SnapshotComplete: true, ResumeToken: ev.Resume, Resumed: ev.Resumed}
 	}
-	return &pb.WatchBreakersResponse{Breaker: breakerWithPool(w.flow, ev.Snapshot), Snapshot: ev.Initial}
+	return &pb.WatchBreakersResponse{Breaker: breakerWithPool(w.flow, ev.Snapshot), Snapshot: ev.Initial, ResumeToken: ev.Resume}
 }
 
 func isChange(ev policy.BreakerEvent) bool { return !ev.Initial && !ev.SnapshotDone }

@@ -87,6 +87,10 @@ type crashModel struct {
 	forced   int
 	tripped  int
 	writes   int // acknowledged admin writes in total
+	// degraded counts the answers flagged degraded (a Redis replica that
+	// decided from its last known state): not acknowledged by the engine,
+	// so neither their OPEN breakers nor their grants are in the model.
+	degraded int
 
 	// spending: tenant crash-spend's bucket never refills, so its tokens
 	// only go down; lowest is the lowest level a granted retry reported.
@@ -393,6 +397,12 @@ func tripper(ctx context.Context, m *crashModel, workers pb.RetryPolicyServiceCl
 			if err != nil {
 				return
 			}
+			if resp.GetDegraded() {
+				m.mu.Lock()
+				m.degraded++
+				m.mu.Unlock()
+				break
+			}
 			if resp.GetBreakerState() == pb.BreakerState_BREAKER_STATE_OPEN {
 				m.mu.Lock()
 				m.open[crashTripTenant+"\x00"+target], m.tripped = true, m.tripped+1
@@ -414,6 +424,12 @@ func spender(ctx context.Context, m *crashModel, workers pb.RetryPolicyServiceCl
 			Attempt: 1, Failure: httpFailure(503)})
 		if err != nil {
 			return
+		}
+		if resp.GetDegraded() {
+			m.mu.Lock()
+			m.degraded++
+			m.mu.Unlock()
+			continue
 		}
 		if resp.GetDecision() == pb.Decision_DECISION_RETRY {
 			now := time.Now()

@@ -222,7 +222,10 @@ func dial(addr, token string, extra ...grpc.DialOption) (*grpc.ClientConn, error
 		st.Addresses = append(st.Addresses, resolver.Address{Addr: strings.TrimSpace(a)})
 	}
 	r.InitialState(st)
-	opts = append(opts, grpc.WithResolvers(r), grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`))
+	// The clients' own replica configuration (policyclient.ServiceConfig):
+	// round_robin over the SERVING replicas, and a decision that failed
+	// with UNAVAILABLE sent again to the next one.
+	opts = append(opts, grpc.WithResolvers(r), grpc.WithDefaultServiceConfig(policyclient.ServiceConfig))
 	return grpc.NewClient(r.Scheme()+":///replicas", opts...)
 }
 

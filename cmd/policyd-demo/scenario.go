@@ -262,25 +262,69 @@ func (d *demo) setUp(ctx context.Context, admin pb.AdminServiceClient) (*pb.Run,
 			ConsecutiveFailures: proto.Uint32(uint32(p.Threshold)), Cooldown: durationpb.New(p.Cooldown),
 			HalfOpenProbes: proto.Uint32(uint32(p.Probes)), ProbeTimeout: durationpb.New(p.ProbeTimeout)},
 	}
-	if _, err := admin.SetPolicy(ctx, &pb.SetPolicyRequest{Tenant: cfg.Tenant, Target: cfg.Target, Policy: pol},
-		grpc.WaitForReady(true)); err != nil {
+	// Each write is sent again while policyd answers UNAVAILABLE: a
+	// replica on Redis refuses admin writes while it cannot reach Redis
+	// (a store timeout on a loaded machine is enough). Each may run twice:
+	// the policy and the reset are the same again, and a run opened by a
+	// try whose answer was lost is there (ALREADY_EXISTS: read it).
+	err := again(ctx, func() error {
+		_, err := admin.SetPolicy(ctx, &pb.SetPolicyRequest{Tenant: cfg.Tenant, Target: cfg.Target, Policy: pol},
+			grpc.WaitForReady(true))
+		return err
+	})
+	if err != nil {
 		return nil, fmt.Errorf("SetPolicy: %w", err)
 	}
 	key := &pb.BreakerKey{Tenant: cfg.Tenant, Target: cfg.Target}
-	if _, err := admin.ResetBreaker(ctx, &pb.ResetBreakerRequest{Key: key}); err != nil && status.Code(err) != codes.NotFound {
+	err = again(ctx, func() error {
+		_, err := admin.ResetBreaker(ctx, &pb.ResetBreakerRequest{Key: key})
+		if status.Code(err) == codes.NotFound {
+			return nil
+		}
+		return err
+	})
+	if err != nil {
 		return nil, fmt.Errorf("ResetBreaker: %w", err)
 	}
-	resp, err := admin.OpenRun(ctx, &pb.OpenRunRequest{
-		RunId:       fmt.Sprintf("demo-seed%d-%s", cfg.Seed, time.Now().UTC().Format("20060102T150405.000")),
-		Tenant:      cfg.Tenant,
-		RetryPool:   3 * uint64(cfg.Docs),
-		CutoffTime:  timestamppb.New(time.Now().Add(cfg.Cutoff)),
-		Description: fmt.Sprintf("policyd demo: %d documents, %d workers, seed %d", cfg.Docs, cfg.Workers, cfg.Seed),
+	id := fmt.Sprintf("demo-seed%d-%s", cfg.Seed, time.Now().UTC().Format("20060102T150405.000"))
+	var run *pb.Run
+	err = again(ctx, func() error {
+		resp, err := admin.OpenRun(ctx, &pb.OpenRunRequest{
+			RunId:       id,
+			Tenant:      cfg.Tenant,
+			RetryPool:   3 * uint64(cfg.Docs),
+			CutoffTime:  timestamppb.New(time.Now().Add(cfg.Cutoff)),
+			Description: fmt.Sprintf("policyd demo: %d documents, %d workers, seed %d", cfg.Docs, cfg.Workers, cfg.Seed),
+		})
+		if status.Code(err) == codes.AlreadyExists {
+			var got *pb.GetRunResponse
+			got, err = admin.GetRun(ctx, &pb.GetRunRequest{RunId: id})
+			run = got.GetRun()
+			return err
+		}
+		run = resp.GetRun()
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("OpenRun: %w", err)
 	}
-	return resp.GetRun(), nil
+	return run, nil
+}
+
+// again calls f until it returns something other than UNAVAILABLE, or
+// ctx ends, pausing 100ms between tries.
+func again(ctx context.Context, f func() error) error {
+	for {
+		err := f()
+		if status.Code(err) != codes.Unavailable || ctx.Err() != nil {
+			return err
+		}
+		select {
+		case <-time.After(100 * time.Millisecond):
+		case <-ctx.Done():
+			return err
+		}
+	}
 }
 
 // sleep is the client's Sleep: a timer, counting the waits of each

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -34,18 +35,21 @@ func newBreakerWatch(t0 time.Time, tenant, target string, threshold int, pr *pri
 		ready: make(chan struct{}), done: make(chan struct{}), state: pb.BreakerState_BREAKER_STATE_CLOSED}
 }
 
-// wait returns once the snapshot has arrived.
+// wait returns once the snapshot has arrived; when ctx ends first, its
+// error names the last failure of the watch.
 func (w *breakerWatch) wait(ctx context.Context) error {
 	select {
 	case <-w.ready:
 		return nil
 	case <-w.done:
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		return w.err
 	case <-ctx.Done():
-		return ctx.Err()
 	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.err != nil {
+		return fmt.Errorf("no snapshot yet: %w", w.err)
+	}
+	return ctx.Err()
 }
 
 // run follows the breaker until ctx ends. A stream that breaks after its
@@ -53,7 +57,10 @@ func (w *breakerWatch) wait(ctx context.Context) error {
 // opened again after a jittered, capped backoff, as the Go client's watch
 // does, and the snapshot that follows counts as changes, so a transition
 // made while disconnected is still recorded. A stream that breaks before
-// its first snapshot is the error wait returns.
+// its first snapshot is tried again the same way, quietly: wait (bounded
+// by its caller) returns its error if no snapshot comes. A replica of a
+// Redis store that cannot read Redis at that moment refuses a watch;
+// another try, or another replica, serves it.
 func (w *breakerWatch) run(ctx context.Context, rps pb.RetryPolicyServiceClient) {
 	defer close(w.done)
 	followed := false // a snapshot has arrived, on this stream or an earlier one
@@ -65,15 +72,15 @@ func (w *breakerWatch) run(ctx context.Context, rps pb.RetryPolicyServiceClient)
 		if complete {
 			n = 0
 		}
+		wait := reconnectDelay(n, rand.Float64())
 		if !followed && !complete {
 			w.mu.Lock()
 			w.err = err
 			w.mu.Unlock()
-			return
+		} else {
+			followed = true
+			w.pr.line(time.Since(w.t0), "lost the breaker watch (%v); reconnecting in %s", err, wait.Round(time.Millisecond))
 		}
-		followed = true
-		wait := reconnectDelay(n, rand.Float64())
-		w.pr.line(time.Since(w.t0), "lost the breaker watch (%v); reconnecting in %s", err, wait.Round(time.Millisecond))
 		select {
 		case <-time.After(wait):
 		case <-ctx.Done():

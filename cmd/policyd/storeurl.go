@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"strconv"
 	"strings"
@@ -47,7 +48,8 @@ func parseStore(s, db string) (storeURL, error) {
 		if err != nil {
 			return storeURL{}, fmt.Errorf("--store: %w", err)
 		}
-		opts.ContextTimeoutEnabled = true // so --store-timeout bounds every call
+		opts.ContextTimeoutEnabled = true                      // so --store-timeout bounds every call
+		opts.Dialer = redisstore.Dialer(redis.NewDialer(opts)) // back at once after a restart of Redis
 		return storeURL{redis: redis.NewClient(opts), shown: redact(s)}, nil
 	case ok && (scheme == "redis+sentinel" || scheme == "redis+cluster"):
 		return parseMultiHost(scheme, s)
@@ -105,15 +107,21 @@ func parseMultiHost(scheme, s string) (storeURL, error) {
 			db = n
 		}
 		u.redis = redis.NewFailoverClient(&redis.FailoverOptions{MasterName: master, SentinelAddrs: addrs,
-			Username: user, Password: pass, DB: db, ContextTimeoutEnabled: true})
+			Username: user, Password: pass, DB: db, ContextTimeoutEnabled: true, Dialer: nodeDialer()})
 	default:
 		if path != "" {
 			return storeURL{}, fmt.Errorf("--store: redis+cluster:// takes no database (Cluster has only 0), got /%s", path)
 		}
 		u.redis = redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, Username: user, Password: pass,
-			ContextTimeoutEnabled: true})
+			ContextTimeoutEnabled: true, Dialer: nodeDialer()})
 	}
 	return u, nil
+}
+
+// nodeDialer is the dialer of the Sentinel and Cluster clients: go-redis's
+// default (no TLS in these forms), through redisstore.Dialer.
+func nodeDialer() func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return redisstore.Dialer(redis.NewDialer(&redis.Options{DialTimeout: 5 * time.Second}))
 }
 
 // redact replaces the password of a URL with xxxxx, for logs and errors.

@@ -30,14 +30,17 @@ type Config struct {
 	// client certificate) instead of a plaintext connection.
 	TLS *tls.Config
 	// DecisionTimeout bounds every decision RPC; past it the client decides
-	// locally. Default 250ms.
+	// locally. Default 250ms. An Admit about a target with a fleet-wide
+	// ceiling waits up to max(DecisionTimeout, RetryUnreachableAfter), and
+	// is never decided locally (see Do).
 	DecisionTimeout time.Duration
 	// AttemptTimeout is the per-attempt timeout applied to fn's context
 	// until policyd says otherwise. Default 10s (policyd's default).
 	AttemptTimeout time.Duration
 	// RetryUnreachableAfter is how long the client keeps deciding locally
 	// after policyd failed to answer, before it asks policyd again.
-	// Default 1s.
+	// Default 1s. It also caps the wait between two Admits about a target
+	// with a fleet-wide ceiling while policyd is silent.
 	RetryUnreachableAfter time.Duration
 	// LocalBudget and LocalBudgetPerSecond size the token bucket for
 	// retries decided locally. Defaults 20 and 2 per second.

@@ -219,6 +219,13 @@ var (
 // NextDelay, wait (returning early if ctx ends), repeat. Outcomes are
 // reported asynchronously. The error is non-nil only for misuse; how the
 // call ended is in the Result.
+//
+// A target policyd said has a fleet-wide ceiling is never sent an attempt
+// without its lease or rate slot: while policyd is silent the call waits
+// (bounded by its deadline, with backoff) and asks Admit again, and ends
+// DeadLetter (StopDeadline, Reason flow:unavailable) when no attempt could
+// finish by the deadline any more; a call without a deadline waits while
+// ctx lets it. Other targets keep the local fallback.
 func (c *Client) Do(ctx context.Context, call Call, fn func(ctx context.Context, a Attempt) error) (Result, error) {
 	if call.Target == "" {
 		return Result{}, ErrNoTarget
@@ -507,6 +514,15 @@ func (l *loop) report(o outcome) {
 // a ceiling, in l.lease. It waits out a fleet-wide cool-down, and a full
 // ceiling, when the deadline allows: neither wait counts an attempt or
 // spends budget. ok false means the call ended (l.res is set).
+//
+// While policyd is silent (Admit unanswered within the decision timeout,
+// or unreachable), an attempt to a target without a known ceiling goes
+// ahead on the local policy; one to a target policyd said has a ceiling
+// (flowCache.ceilingKnown) does not: its Admit waits longer for an answer
+// (ceilingAdmitTimeout), then the call waits (waitSilent) and asks Admit
+// again, and when the deadline leaves no room for an attempt, the call
+// ends a dead letter (DEADLINE, flow:unavailable), reported to policyd
+// once it answers.
 func (l *loop) admit(attempt int) (permit string, ok bool) {
 	cut, runKnown := l.runCut()
 	if cut {
@@ -514,6 +530,7 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 		l.end(DeadlineCut, StopDeadline, attempt-1, nil)
 		return "", false
 	}
+	unanswered := 0 // Admits in a row policyd left unanswered
 	for {
 		b, known := l.c.breakers.lookup(l.target)
 		flow := l.c.flow.controlled(l.target)
@@ -540,16 +557,49 @@ func (l *loop) admit(attempt int) (permit string, ok bool) {
 				return "", false
 			}
 		}
-		if !l.c.reachable() {
-			return "", l.admitLocal(attempt) // policyd is away: the local policy admits
+		ceiling := l.c.flow.ceilingKnown(l.target)
+		if !ceiling && !l.c.reachable() {
+			// policyd is away: the local policy admits, unless its chain
+			// moved the call to a target with a ceiling.
+			if !l.admitLocal(attempt) {
+				return "", false
+			}
+			if l.c.flow.ceilingKnown(l.target) {
+				continue
+			}
+			return "", true
 		}
 		l.c.stats.admits.Add(1)
-		ctx, cancel := context.WithTimeout(l.ctx, l.c.cfg.DecisionTimeout)
+		timeout := l.c.cfg.DecisionTimeout
+		if ceiling {
+			timeout = l.ceilingAdmitTimeout()
+		}
+		ctx, cancel := context.WithTimeout(l.ctx, timeout)
 		resp, err := l.c.workers.Admit(ctx, &pb.AdmitRequest{Call: l.pbRef(), Attempt: uint32(attempt), AttemptTarget: l.attemptTarget()})
 		cancel()
-		if err != nil {
-			return "", l.unanswered(err, attempt) && l.admitLocal(attempt)
+		if err != nil && ceiling && l.ctx.Err() == nil && silence(err) {
+			// A fleet-wide ceiling is kept by policyd alone: no attempt
+			// without its lease or rate slot. Wait and ask again.
+			l.c.failed(err)
+			if !l.waitSilent(unanswered, attempt) {
+				return "", false
+			}
+			unanswered++
+			continue
 		}
+		if err != nil {
+			if ceiling && silence(err) {
+				l.res.Reason = "flow:unavailable" // the call's context ended while it asked
+			}
+			if !l.unanswered(err, attempt) || !l.admitLocal(attempt) {
+				return "", false
+			}
+			if l.c.flow.ceilingKnown(l.target) {
+				continue // the local chain moved the call to a target with a ceiling
+			}
+			return "", true
+		}
+		unanswered = 0
 		if t := resp.GetTarget(); resp.GetAdmitted() && t != "" {
 			l.moveTo(t, attempt, moveByCircuit)
 		}
@@ -673,16 +723,73 @@ func (l *loop) next(attempt int, f failure, permit string, timedOut bool) decisi
 	return dec
 }
 
+// ceilingAdmitTimeout bounds an Admit about a target with a fleet-wide
+// ceiling. No attempt goes ahead without its answer, so giving up at the
+// decision timeout would gain nothing and leave the lease policyd granted
+// meanwhile held by no one until it expires: it waits up to
+// Config.RetryUnreachableAfter (at least the decision timeout), and not
+// past the last instant an attempt could still start and finish by the
+// deadline.
+func (l *loop) ceilingAdmitTimeout() time.Duration {
+	d := max(l.c.cfg.DecisionTimeout, l.c.cfg.RetryUnreachableAfter)
+	if deadline, _ := l.cutoffBinds(); !deadline.IsZero() {
+		d = min(d, max(deadline.Sub(l.c.cfg.Now())-l.timeout, l.c.cfg.DecisionTimeout))
+	}
+	return d
+}
+
+// waitSilent waits before asking Admit again for attempt, to a target with
+// a fleet-wide ceiling, after n Admits in a row policyd left unanswered:
+// equal jitter over min(RetryUnreachableAfter, 100ms * 2^n), and never past
+// the last instant an attempt could still start and finish by the deadline
+// (the call's, or the run's cut-off), so the last ask is made then. When
+// that instant has passed, the call ends a dead letter (DEADLINE; a run's
+// call past its cut-off DEADLINE_CUT) with reason flow:unavailable, and
+// waitSilent returns false; policyd, whose clock then says the same,
+// accepts the report when it answers again.
+func (l *loop) waitSilent(n, attempt int) bool {
+	nominal := min(l.c.cfg.RetryUnreachableAfter, 100*time.Millisecond<<min(n, 16))
+	d := nominal/2 + time.Duration(rand.Float64()*float64(nominal/2))
+	if deadline, cut := l.cutoffBinds(); !deadline.IsZero() {
+		room := deadline.Sub(l.c.cfg.Now()) - l.timeout
+		if room <= 0 {
+			l.res.Reason = "flow:unavailable"
+			disp := DeadLetter
+			if cut {
+				disp = DeadlineCut
+			}
+			l.end(disp, StopDeadline, attempt-1, nil)
+			return false
+		}
+		d = min(d, room)
+	}
+	if err := l.c.cfg.Sleep(l.ctx, d); err != nil {
+		l.res.Err, l.res.Reason = err, "flow:unavailable"
+		l.end(DeadLetter, StopDeadline, attempt-1, nil)
+		return false
+	}
+	return true
+}
+
+// silence reports whether err means policyd did not answer (unreachable,
+// slow or shedding), not that it refused the request.
+func silence(err error) bool {
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Canceled:
+		return true
+	}
+	return false
+}
+
 // failed notes a decision RPC that did not answer. Unreachable or slow
 // policyd switches the client to local decisions for a while; any other
 // error (a bad request, say) is logged and decided locally this once.
 func (c *Client) failed(err error) {
-	switch status.Code(err) {
-	case codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Canceled:
+	if silence(err) {
 		c.unreachable(err)
-	default:
-		c.cfg.Logger.Error("policyd refused a decision request; deciding locally", "err", err)
+		return
 	}
+	c.cfg.Logger.Error("policyd refused a decision request; deciding locally", "err", err)
 }
 
 // randomID names a call that came without an id. Call ids must be unique,

@@ -9,7 +9,12 @@
 // cannot be reached, or does not answer within the decision timeout, the
 // client decides with a local copy of the default policy and a local retry
 // budget, and goes back to policyd once it answers again: the decision
-// service never stalls a worker.
+// service never stalls a worker. The one exception is a target the client
+// knows has a fleet-wide ceiling (a policy's flow.max_in_flight or
+// flow.max_rate), which only policyd can keep: no attempt goes to it
+// without policyd's lease or rate slot, so while policyd is silent the call
+// waits and asks Admit again, and ends a dead letter (StopDeadline, reason
+// flow:unavailable) when its deadline leaves no room for an attempt.
 //
 // Workers that already speak to their upstream through net/http or grpc-go
 // plug in there instead: Transport is an http.RoundTripper, and

@@ -34,6 +34,19 @@ func (f *flowCache) controlled(target string) bool {
 	return !f.known || f.other
 }
 
+// ceilingKnown reports whether policyd told the client that target has a
+// fleet-wide ceiling: an answer about it said so, or the snapshot did of
+// the targets it did not name. A target the client has heard nothing of
+// is not known to have one, though controlled asks Admit about it.
+func (f *flowCache) ceilingKnown(target string) bool {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	if v, ok := f.targets[target]; ok {
+		return v
+	}
+	return f.known && f.other
+}
+
 // learn records what an answer said of target.
 func (f *flowCache) learn(target string, controlled bool) {
 	f.mu.RLock()

@@ -29,8 +29,10 @@ import (
 // CompleteKey, whose second try after a first that was applied is refused
 // (FAILED_PRECONDITION: the client counts the outcome unrecorded).
 // ReportOutcome is not: the client keeps a batch that failed and sends it
-// again itself. WatchBreakers reconnects by itself and starts again from
-// a snapshot.
+// again itself. WatchBreakers reconnects by itself, with the resume token
+// of the last message it applied: replicas of a Redis store go on from
+// there, on any replica, without a gap; a store that cannot resume starts
+// again from a snapshot.
 const ServiceConfig = `{
   "loadBalancingConfig": [{"round_robin": {}}],
   "healthCheckConfig": {"serviceName": ""},

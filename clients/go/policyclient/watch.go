@@ -6,6 +6,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 )
 
@@ -22,6 +25,10 @@ type breakerCache struct {
 	// changed is closed and replaced on every update (guarded by mu), so
 	// waiters can block until the cache moves.
 	changed chan struct{}
+	// resume is the resume token of the last message applied (guarded by
+	// mu), sent when the watch subscribes again so that the stream, on
+	// any replica of a store that resumes, goes on after it.
+	resume string
 }
 
 type cacheKey struct{ tenant, target string }
@@ -134,9 +141,13 @@ func reconnectDelay(n int, u float64) time.Duration {
 }
 
 // watch keeps the cache in step with policyd until ctx ends, reconnecting
-// (and subscribing again, for a fresh snapshot) after reconnectDelay when
-// the stream breaks: policyd draining (UNAVAILABLE), the watch cut for
-// falling behind (RESOURCE_EXHAUSTED), or policyd gone. sleep waits and
+// after reconnectDelay when the stream breaks: policyd draining
+// (UNAVAILABLE), the watch cut for falling behind (RESOURCE_EXHAUSTED), or
+// policyd gone. It subscribes again with the resume token of the last
+// message it applied: replicas of a Redis store resume the stream there,
+// on whichever replica the connection reaches, with every change since
+// and none twice (resumed); else (no token, a bbolt store, a token the
+// store no longer can use) the new stream's snapshot replaces the cache. sleep waits and
 // draw returns a number in [0, 1); tests pass fakes.
 func (b *breakerCache) watch(ctx context.Context, c *Client, sleep func(context.Context, time.Duration) error, draw func() float64) {
 	n := 0
@@ -160,7 +171,10 @@ func (b *breakerCache) watch(ctx context.Context, c *Client, sleep func(context.
 func (b *breakerCache) follow(ctx context.Context, c *Client) bool {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := c.workers.WatchBreakers(ctx, &pb.WatchBreakersRequest{Tenant: b.tenant})
+	b.mu.RLock()
+	resume := b.resume
+	b.mu.RUnlock()
+	stream, err := c.workers.WatchBreakers(ctx, &pb.WatchBreakersRequest{Tenant: b.tenant, ResumeToken: resume})
 	if err != nil {
 		return false
 	}
@@ -168,6 +182,13 @@ func (b *breakerCache) follow(ctx context.Context, c *Client) bool {
 	complete := false
 	for {
 		msg, err := stream.Recv()
+		if status.Code(err) == codes.InvalidArgument && resume != "" {
+			// A token this store does not take: the next stream starts
+			// from a snapshot.
+			b.mu.Lock()
+			b.resume = ""
+			b.mu.Unlock()
+		}
 		if err != nil {
 			return complete
 		}
@@ -176,7 +197,10 @@ func (b *breakerCache) follow(ctx context.Context, c *Client) bool {
 			c.flow.snapshot(msg)
 			c.chains.snapshot(msg)
 			b.mu.Lock()
-			b.m = fresh
+			if !msg.GetResumed() {
+				b.m = fresh
+			}
+			b.resume = msg.GetResumeToken()
 			b.live.Store(true)
 			b.updated()
 			b.mu.Unlock()
@@ -189,6 +213,7 @@ func (b *breakerCache) follow(ctx context.Context, c *Client) bool {
 			b.mu.Lock()
 			was, known := b.m[k]
 			b.m[k] = v
+			b.resume = msg.GetResumeToken()
 			b.updated()
 			b.mu.Unlock()
 			if !known || was.state != v.state {

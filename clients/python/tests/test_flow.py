@@ -94,3 +94,54 @@ def test_a_target_without_a_ceiling_is_learnt(clock: FakeClock) -> None:
                                      uncontrolled_targets=["geo"], other_targets_flow_controlled=False)
     c.cache.flow_snapshot(snap)
     assert (c.cache.flow_controlled("portal"), c.cache.flow_controlled("geo"), c.cache.flow_controlled("x")) == (True, False, False)
+
+
+def test_a_silent_policyd_holds_a_known_ceiling(clock: FakeClock) -> None:
+    """Admit unanswered for a target policyd said has a ceiling: the loop
+    waits (equal jitter over 0.1 s * 2^n, capped) and asks again, never past
+    the last instant an attempt still fits, and ends the call a dead letter
+    (DEADLINE, flow:unavailable) without an attempt. An unknown target
+    keeps the local fallback; ReportOutcome's answer teaches the ceiling."""
+    from conftest import FakeRpcError
+    import grpc
+
+    c = core(clock)
+    silent = FakeRpcError(grpc.StatusCode.DEADLINE_EXCEEDED)
+    # Unknown target: admitted locally after the unanswered Admit.
+    st = c.begin(pc.Call(target="geo", idempotent=True), lambda a: None)
+    seen, res = drive(_loop.run(c, st), lambda e: silent if isinstance(e, _loop.Admit) else
+                      (_loop.Invoked(value="ok") if isinstance(e, _loop.Invoke) else None))
+    assert seen == ["Admit", "Invoke", "Report"] and res.ok
+    # The ceiling is learnt from a report's answer.
+    c.cache.flow_reported([st.succeed(1, "", 0.0, "ok")._replace(target="portal")],
+                          rpb.ReportOutcomeResponse(flow_controlled_targets=["portal"]))
+    assert c.cache.ceiling_known("portal") and not c.cache.ceiling_known("geo")
+    st = c.begin(pc.Call(target="portal", idempotent=True, deadline=clock.now() + 10.0 + 1.0), lambda a: None)
+    sleeps: list[float] = []
+    reported: list[rpb.Outcome] = []
+
+    timeouts: list[Any] = []
+
+    def answer(e: Any) -> Any:
+        if isinstance(e, _loop.Admit):
+            timeouts.append(e.timeout)
+            return silent
+        if isinstance(e, _loop.Sleep):
+            sleeps.append(e.seconds)
+            clock.advance(e.seconds)
+            return False
+        if isinstance(e, _loop.Report):
+            reported.append(e.outcome.pb())
+        assert not isinstance(e, _loop.Invoke), "an attempt without a lease"
+        return None
+
+    seen, res = drive(_loop.run(c, st), answer)
+    assert (res.disposition, res.stop_reason, res.reason, res.attempts) == (
+        pc.Disposition.DEAD_LETTER, pc.StopReason.DEADLINE, "flow:unavailable", 0)
+    # rand() is 0.5: 3/4 of min(1 s, 0.1 s * 2^n), the last cut to the room left.
+    assert [round(s, 6) for s in sleeps] == [0.075, 0.15, 0.3, 0.475], sleeps
+    assert seen.count("Admit") == 5
+    # Its Admits wait up to retry_unreachable_after (1 s) for an answer, not
+    # past the room left, and the decision timeout at least.
+    assert [round(t, 6) for t in timeouts] == [1.0, 0.925, 0.775, 0.475, 0.25], timeouts
+    assert [o.final_disposition for o in reported] == [types_pb2.DISPOSITION_DEAD_LETTER]

@@ -10,12 +10,15 @@ import signal
 import threading
 from typing import Any, Callable
 
+import grpc
 import pytest
 
 from retrypolicy.v1 import admin_service_pb2 as apb
+from retrypolicy.v1 import retry_policy_service_pb2 as rpb
 from retrypolicy.v1 import types_pb2
 
 import policyd_client as pc
+from policyd_client._core import BreakerCache, WatchSession
 
 from conftest import Daemon, FakeClock, script
 
@@ -173,3 +176,39 @@ def test_watch_resumes_on_another_replica_from_its_snapshot(dedicated: Callable[
         assert c.stats().admit_rpcs == admits
     finally:
         c.close()
+
+
+def _breaker_msg(target: str, token: str) -> Any:
+    return rpb.WatchBreakersResponse(
+        breaker=types_pb2.Breaker(key=types_pb2.BreakerKey(tenant="acme", target=target), state=OPEN),
+        resume_token=token)
+
+
+def test_watch_session_resumes_from_the_last_token() -> None:
+    """The sans-I/O watch session: a stream's request carries the resume
+    token of the last message applied; a resumed stream keeps the states
+    held and applies the changes after it; a stream that was not resumed
+    replaces them with its snapshot; a refused token is dropped."""
+    cache = BreakerCache("acme")
+    s = WatchSession(cache)
+    assert s.request("acme").resume_token == ""
+    s.feed(_breaker_msg("a", ""))  # the snapshot
+    s.feed(rpb.WatchBreakersResponse(snapshot_complete=True, resume_token="t1"))
+    s.feed(_breaker_msg("b", "t2"))
+    assert cache.resume_token == "t2"
+    cache.down()
+
+    s = WatchSession(cache)
+    assert s.request("acme").resume_token == "t2"
+    s.feed(rpb.WatchBreakersResponse(snapshot_complete=True, resumed=True, resume_token="t2"))
+    s.feed(_breaker_msg("c", "t3"))
+    assert {t: cache.state(t) for t in "abc"} == {t: pc.BreakerState.OPEN for t in "abc"}
+    assert cache.resume_token == "t3"
+    cache.down()
+
+    s = WatchSession(cache)
+    s.feed(_breaker_msg("d", ""))
+    s.feed(rpb.WatchBreakersResponse(snapshot_complete=True, resumed=False, resume_token="u1"))
+    assert [t for t in "abcd" if cache.state(t) == pc.BreakerState.OPEN] == ["d"]
+    s.failed(grpc.StatusCode.INVALID_ARGUMENT)
+    assert WatchSession(cache).request("acme").resume_token == ""

@@ -213,7 +213,11 @@ class Settings:
     one place the defaults are written. Times are seconds.
 
     - ``decision_timeout`` bounds every decision RPC (Admit, NextDelay); past
-      it the client decides locally.
+      it the client decides locally, except about a target with a
+      fleet-wide ceiling: its Admit waits up to
+      max(decision_timeout, retry_unreachable_after), and while policyd is
+      silent the call waits and asks again, ending a dead letter (DEADLINE,
+      ``flow:unavailable``) when its deadline leaves no room.
     - ``attempt_timeout`` is the per-attempt timeout until policyd says
       otherwise (policyd's default).
     - ``retry_unreachable_after``: after policyd failed to answer, the client
@@ -340,6 +344,10 @@ class BreakerCache:
         #: Called (on the updating thread) after every change; the asyncio
         #: client wakes its waiters with it.
         self.on_change: Optional[Callable[[], None]] = None
+        #: The resume token of the last message applied, sent when the
+        #: watch subscribes again: replicas of a Redis store go on after it,
+        #: on any replica; "" subscribes for a fresh snapshot.
+        self.resume_token = ""
 
     def after_fork(self) -> None:
         """Forgets everything in a child after os.fork(): its lock may have
@@ -348,6 +356,7 @@ class BreakerCache:
         self._live = False
         self._m = {}
         self._flow, self._flow_known, self._flow_other = {}, False, False
+        self.resume_token = ""
 
     @property
     def live(self) -> bool:
@@ -390,6 +399,27 @@ class BreakerCache:
                 return v
             return not self._flow_known or self._flow_other
 
+    def ceiling_known(self, target: str) -> bool:
+        """Says whether policyd told the client that target has a fleet-wide
+        ceiling: an answer about it said so, or the snapshot did of the
+        targets it did not name. A target the client has heard nothing of
+        is not known to have one (though flow_controlled asks Admit)."""
+        with self._cond:
+            v = self._flow.get(target)
+            if v is not None:
+                return v
+            return self._flow_known and self._flow_other
+
+    def flow_reported(self, batch: "list[PendingOutcome]", resp: rpb.ReportOutcomeResponse) -> None:
+        """Learns from a ReportOutcome answer: each target of the batch has
+        a ceiling when the answer lists it (flow_controlled_targets), and
+        none otherwise."""
+        listed = set(resp.flow_controlled_targets)
+        targets = {o.target or o.call.target for o in batch}
+        with self._cond:
+            for t in targets:
+                self._flow[t] = t in listed
+
     def learn_flow(self, target: str, controlled: bool) -> None:
         """Records what an Admit or NextDelay answer said of target."""
         with self._cond:
@@ -406,6 +436,13 @@ class BreakerCache:
         """Installs a complete snapshot; the cache answers from now on."""
         with self._cond:
             self._m = fresh
+            self._live = True
+            self._changed()
+
+    def resumed(self) -> None:
+        """Keeps the states held: the stream resumed after the last message
+        applied, and its changes follow. The cache answers from now on."""
+        with self._cond:
             self._live = True
             self._changed()
 
@@ -660,12 +697,18 @@ class Core:
             self.settings.retry_unreachable_after, describe(err),
         )
 
+    @staticmethod
+    def silence(err: BaseException) -> bool:
+        """Says whether err means policyd did not answer (unreachable, slow,
+        shedding, or the channel closed), not that it refused the request."""
+        code = rpc_code(err)
+        return code is None or code in _UNREACHABLE
+
     def failed(self, err: BaseException) -> None:
         """Notes a decision RPC that did not answer. An unreachable or slow
         policyd switches the client to local decisions for a while; any other
         error (a bad request, say) is logged and decided locally this once."""
-        code = rpc_code(err)
-        if code is None or code in _UNREACHABLE:
+        if self.silence(err):
             self.unreachable(err)
         else:
             self.log.error("policyd refused a decision request; deciding locally: %s", describe(err))
@@ -958,6 +1001,10 @@ CEILING_FULL = "concurrency:full"
 RATE_LIMITED = "rate:limited"
 #: Admit's reason for a call of a run past its cut-off.
 RUN_CUTOFF = "run:cutoff"
+#: The reason of a call to a target with a fleet-wide ceiling that ended
+#: because policyd, which alone hands out its leases and rate slots, did
+#: not answer before the deadline.
+FLOW_UNAVAILABLE = "flow:unavailable"
 #: The longest Call.triage_ref, in bytes.
 MAX_TRIAGE_REF_LEN = 1024
 #: How many runs' cut-offs a client remembers.
@@ -994,20 +1041,37 @@ class WatchSession:
         #: True once the snapshot is complete.
         self.complete = False
 
+    def request(self, tenant: str) -> rpb.WatchBreakersRequest:
+        """The stream's request: from the resume token of the last message
+        the cache applied, if any."""
+        return rpb.WatchBreakersRequest(tenant=tenant, resume_token=self._cache.resume_token)
+
     def feed(self, msg: rpb.WatchBreakersResponse) -> None:
         """Applies one message of the stream."""
         if msg.snapshot_complete:
             self._cache.flow_snapshot(msg)
             if self._chains is not None:
                 self._chains.snapshot(msg)
-            self._cache.replace(self._fresh)
+            if msg.resumed:
+                self._cache.resumed()
+            else:
+                self._cache.replace(self._fresh)
+            self._cache.resume_token = msg.resume_token
             self.complete = True
             return
         k, v = cached_from_pb(msg.breaker)
         if self.complete:
             self._cache.update(k, v)
+            self._cache.resume_token = msg.resume_token
         else:
             self._fresh[k] = v
+
+    def failed(self, code: Optional[grpc.StatusCode]) -> None:
+        """Notes how the stream ended: a token the store refused
+        (INVALID_ARGUMENT) is dropped, so the next stream starts from a
+        snapshot."""
+        if code == grpc.StatusCode.INVALID_ARGUMENT:
+            self._cache.resume_token = ""
 
 
 class OutcomeQueue:
@@ -1076,7 +1140,8 @@ def flush(core: Core, q: OutcomeQueue) -> Generator[SendBatch, Sent, bool]:
     """Sends everything queued, batch by batch, through the driver; says
     whether the queue emptied. A batch policyd did not take goes back to the
     queue; one policyd refuses for good is split so that only the outcomes
-    it refuses are lost. The chains an answer tells are learnt."""
+    it refuses are lost. The chains and ceilings an answer tells are
+    learnt."""
     while True:
         batch = q.take()
         if not batch:
@@ -1084,6 +1149,7 @@ def flush(core: Core, q: OutcomeQueue) -> Generator[SendBatch, Sent, bool]:
         err = yield batch
         if isinstance(err, rpb.ReportOutcomeResponse):
             core.chains.reported(batch, err)
+            core.cache.flow_reported(batch, err)
             err = None
         if err is None:
             core.count("outcomes_sent", len(batch))
@@ -1097,6 +1163,7 @@ def flush(core: Core, q: OutcomeQueue) -> Generator[SendBatch, Sent, bool]:
             err = yield [o]
             if isinstance(err, rpb.ReportOutcomeResponse):
                 core.chains.reported([o], err)
+                core.cache.flow_reported([o], err)
                 err = None
             if err is None:
                 core.count("outcomes_sent")

@@ -57,6 +57,7 @@ from retrypolicy.v1 import types_pb2
 from ._core import (
     CEILING_FULL,
     COOLDOWN,
+    FLOW_UNAVAILABLE,
     RATE_LIMITED,
     RUN_CUTOFF,
     CallState,
@@ -74,9 +75,11 @@ from .fallback import Decision
 
 
 class Admit(NamedTuple):
-    """Ask policyd's Admit whether the attempt may go ahead."""
+    """Ask policyd's Admit whether the attempt may go ahead, within
+    ``timeout`` seconds (None: the decision timeout)."""
 
     request: rpb.AdmitRequest
+    timeout: Optional[float] = None
 
 
 class Invoke(NamedTuple):
@@ -257,7 +260,16 @@ def _admit(core: Core, st: CallState[Any], attempt: int) -> Generator[Effect, An
     the deadline allows. A call of a run past its cut-off (by the client's
     clock, the cut-off as Admit told it once per run) ends DEADLINE_CUT
     without the attempt; until the cut-off is known, Admit is asked even
-    while the breaker is CLOSED."""
+    while the breaker is CLOSED.
+
+    While policyd is silent (Admit unanswered within the decision timeout,
+    or unreachable), an attempt to a target without a known ceiling goes
+    ahead on the local policy; one to a target policyd said has a ceiling
+    (``BreakerCache.ceiling_known``) does not: its Admit waits longer for
+    an answer (:func:`_ceiling_admit_timeout`), then it waits
+    (:func:`_silent_wait`) and asks Admit again, and ends a dead letter
+    (DEADLINE, ``flow:unavailable``) when the deadline leaves no room for an
+    attempt; the report reaches policyd once it answers."""
     run_known = True
     if st.info.run_id:
         if st.cutoff is None:
@@ -268,6 +280,7 @@ def _admit(core: Core, st: CallState[Any], attempt: int) -> Generator[Effect, An
             yield Report(st.end(Disposition.DEADLINE_CUT, StopReason.DEADLINE, st.attempts))
             return None
     fb = core.fallback(st.info.target)
+    unanswered = 0  # Admits in a row policyd left unanswered
     while True:
         now = core.now()
         b = core.cache.lookup(st.target)
@@ -294,14 +307,32 @@ def _admit(core: Core, st: CallState[Any], attempt: int) -> Generator[Effect, An
                 # The chain policyd told escalates on an open circuit, or
                 # Admit recently sent a call of this primary on from one:
                 # Admit may route this one.
-        if not core.reachable():
-            return (yield from _admit_local(core, st, attempt))  # policyd is away: the local policy admits
+        ceiling = core.cache.ceiling_known(st.target)
+        if not ceiling and not core.reachable():
+            # policyd is away: the local policy admits, unless its chain
+            # moved the call to a target with a ceiling.
+            local = yield from _admit_local(core, st, attempt)
+            if local is None or not core.cache.ceiling_known(st.target):
+                return local
+            continue
         core.count("admit_rpcs")
         asked = st.target
-        resp = yield Admit(rpb.AdmitRequest(call=st.ref, attempt=attempt, attempt_target=st.attempt_target))
+        resp = yield Admit(rpb.AdmitRequest(call=st.ref, attempt=attempt, attempt_target=st.attempt_target),
+                           _ceiling_admit_timeout(core, st) if ceiling else None)
         if isinstance(resp, BaseException):  # policyd away, slow, or the channel closed
             core.failed(resp)
-            return (yield from _admit_local(core, st, attempt))
+            if ceiling and core.silence(resp):
+                # A fleet-wide ceiling is kept by policyd alone: no attempt
+                # without its lease or rate slot. Wait and ask again.
+                if not (yield from _silent_wait(core, st, unanswered)):
+                    return None
+                unanswered += 1
+                continue
+            local = yield from _admit_local(core, st, attempt)
+            if local is None or not core.cache.ceiling_known(st.target):
+                return local
+            continue  # the local chain moved the call to a target with a ceiling
+        unanswered = 0
         if st.info.run_id and resp.HasField("run_cutoff_time"):
             st.cutoff = from_timestamp(resp.run_cutoff_time)
             core.learn_cutoff(st.info.run_id, st.cutoff)
@@ -364,6 +395,46 @@ def _cooldown(core: Core, st: CallState[Any], d: float, reason: str = COOLDOWN) 
         yield Report(st.end(Disposition.DEADLINE_CUT if cut else Disposition.DEAD_LETTER, StopReason.DEADLINE, st.attempts))
         return False
     if (yield Sleep(d)):
+        raise CallCancelled
+    return True
+
+
+def _ceiling_admit_timeout(core: Core, st: CallState[Any]) -> float:
+    """Bounds an Admit about a target with a fleet-wide ceiling. No attempt
+    goes ahead without its answer, so giving up at the decision timeout
+    would gain nothing and leave the lease policyd granted meanwhile held by
+    no one until it expires: it waits up to retry_unreachable_after (at
+    least the decision timeout), and not past the last instant an attempt
+    could still start and finish by the deadline."""
+    s = core.settings
+    d = max(s.decision_timeout, s.retry_unreachable_after)
+    deadline, _ = _binding_deadline(st)
+    if deadline is not None:
+        d = min(d, max(deadline - core.now() - st.timeout, s.decision_timeout))
+    return d
+
+
+def _silent_wait(core: Core, st: CallState[Any], n: int) -> Generator[Effect, Any, bool]:
+    """Waits before asking Admit again for an attempt to a target with a
+    fleet-wide ceiling, after n Admits in a row policyd left unanswered:
+    equal jitter over min(retry_unreachable_after, 0.1 s * 2^n), and never
+    past the last instant an attempt could still start and finish by the
+    deadline (the call's, or the run's cut-off), so the last ask is made
+    then. Once that instant has passed the call ends a dead letter
+    (DEADLINE; a run's call past its cut-off DEADLINE_CUT), reason
+    ``flow:unavailable``, and the answer is False."""
+    nominal = min(core.settings.retry_unreachable_after, 0.1 * 2.0 ** min(n, 16))
+    d = nominal / 2 + core.rand() * nominal / 2
+    deadline, cut = _binding_deadline(st)
+    if deadline is not None:
+        room = deadline - core.now() - st.timeout
+        if room <= 0:
+            st.reason = FLOW_UNAVAILABLE
+            yield Report(st.end(Disposition.DEADLINE_CUT if cut else Disposition.DEAD_LETTER, StopReason.DEADLINE, st.attempts))
+            return False
+        d = min(d, room)
+    if (yield Sleep(d)):
+        st.reason = FLOW_UNAVAILABLE
         raise CallCancelled
     return True
 

@@ -371,7 +371,7 @@ class AsyncClient:
             return False  # cancellation arrives as CancelledError
         if isinstance(effect, _loop.Admit):
             try:
-                return await stub.Admit(effect.request, timeout=dt, metadata=self._md)
+                return await stub.Admit(effect.request, timeout=effect.timeout or dt, metadata=self._md)
             except Exception as e:
                 return e
         if isinstance(effect, _loop.Claim):
@@ -439,11 +439,13 @@ class AsyncClient:
         """Runs one WatchBreakers stream; says whether it got as far as a
         complete snapshot."""
         session = WatchSession(self._core.cache, self._core.chains)
-        stream = stub.WatchBreakers(rpb.WatchBreakersRequest(tenant=self._settings.tenant), metadata=self._md)
+        stream = stub.WatchBreakers(session.request(self._settings.tenant), metadata=self._md)
         try:
             async for msg in stream:
                 session.feed(msg)
-        except Exception:  # the stream broke
+        except grpc.RpcError as e:  # the stream broke
+            session.failed(e.code() if hasattr(e, "code") else None)
+        except Exception:
             pass
         finally:
             stream.cancel()

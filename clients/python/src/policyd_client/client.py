@@ -299,7 +299,7 @@ class Client:
             return cancel.is_set()
         if isinstance(effect, _loop.Admit):
             try:
-                return stub.Admit(effect.request, timeout=dt, metadata=self._md)
+                return stub.Admit(effect.request, timeout=effect.timeout or dt, metadata=self._md)
             except Exception as e:  # policyd away, slow, or the channel closed
                 return e
         if isinstance(effect, _loop.Claim):
@@ -378,14 +378,16 @@ class Client:
         complete snapshot."""
         session = WatchSession(self._core.cache, self._core.chains)
         try:
-            stream = stub.WatchBreakers(rpb.WatchBreakersRequest(tenant=self._settings.tenant), metadata=self._md)
+            stream = stub.WatchBreakers(session.request(self._settings.tenant), metadata=self._md)
             with self._stream_lock:
                 self._stream = stream
             if self._stopping.is_set():
                 stream.cancel()
             for msg in stream:
                 session.feed(msg)
-        except Exception:  # the stream broke (or close cancelled it)
+        except grpc.RpcError as e:  # the stream broke (or close cancelled it)
+            session.failed(e.code() if hasattr(e, "code") else None)
+        except Exception:
             pass
         finally:
             with self._stream_lock:

@@ -1145,7 +1145,17 @@ type WatchBreakersRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// tenant, when set, limits the stream to that tenant's breakers and the
 	// target-scoped ones.
-	Tenant        string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// resume_token, when set, is the resume_token of the last message the
+	// client applied, from a stream of this or of another replica of the
+	// same store: the stream then sends no snapshot, and starts with
+	// snapshot_complete (resumed true) followed by every change made after
+	// that message, in order, none twice. When the store cannot resume
+	// from it (changes no longer held, a store that gives no tokens), the
+	// stream starts with a full snapshot as without a token, and
+	// snapshot_complete says resumed false. A token the store cannot read,
+	// or one of a watch of another tenant, is INVALID_ARGUMENT.
+	ResumeToken   string `protobuf:"bytes,2,opt,name=resume_token,json=resumeToken,proto3" json:"resume_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1187,6 +1197,13 @@ func (x *WatchBreakersRequest) GetTenant() string {
 	return ""
 }
 
+func (x *WatchBreakersRequest) GetResumeToken() string {
+	if x != nil {
+		return x.ResumeToken
+	}
+	return ""
+}
+
 // WatchBreakersResponse is one breaker's state.
 type WatchBreakersResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1224,8 +1241,21 @@ type WatchBreakersResponse struct {
 	// fallback of every target no policy names (the tenant's policy's);
 	// unset when it has none.
 	OtherTargetsFallback *FallbackSettings `protobuf:"bytes,21,opt,name=other_targets_fallback,json=otherTargetsFallback,proto3" json:"other_targets_fallback,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// resume_token, on snapshot_complete and on every change after it, is
+	// the stream's position after this message, opaque: sent back in
+	// WatchBreakersRequest.resume_token when the stream breaks, to this
+	// replica or another of the same store, it resumes the stream there
+	// without a gap. Empty when the store cannot resume: the embedded bbolt
+	// store (one daemon: a reconnect takes a fresh snapshot) and a watch of
+	// every tenant (tenant empty) on any store.
+	ResumeToken string `protobuf:"bytes,7,opt,name=resume_token,json=resumeToken,proto3" json:"resume_token,omitempty"`
+	// resumed, on the snapshot_complete message, is true when the stream
+	// resumed from the request's resume_token: no snapshot came before it,
+	// the client keeps the states it holds, and the changes since the token
+	// follow.
+	Resumed       bool `protobuf:"varint,8,opt,name=resumed,proto3" json:"resumed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WatchBreakersResponse) Reset() {
@@ -1312,6 +1342,20 @@ func (x *WatchBreakersResponse) GetOtherTargetsFallback() *FallbackSettings {
 		return x.OtherTargetsFallback
 	}
 	return nil
+}
+
+func (x *WatchBreakersResponse) GetResumeToken() string {
+	if x != nil {
+		return x.ResumeToken
+	}
+	return ""
+}
+
+func (x *WatchBreakersResponse) GetResumed() bool {
+	if x != nil {
+		return x.Resumed
+	}
+	return false
 }
 
 // FallbackChain is the escalation chain of the calls to one primary
@@ -2016,9 +2060,10 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\blease_id\x18\x02 \x01(\tR\aleaseId\x12%\n" +
 	"\x0eattempt_target\x18\x03 \x01(\tR\rattemptTarget\"2\n" +
 	"\x14ReleaseLeaseResponse\x12\x1a\n" +
-	"\breleased\x18\x01 \x01(\bR\breleased\".\n" +
+	"\breleased\x18\x01 \x01(\bR\breleased\"Q\n" +
 	"\x14WatchBreakersRequest\x12\x16\n" +
-	"\x06tenant\x18\x01 \x01(\tR\x06tenant\"\xe1\x03\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12!\n" +
+	"\fresume_token\x18\x02 \x01(\tR\vresumeToken\"\x9e\x04\n" +
 	"\x15WatchBreakersResponse\x121\n" +
 	"\abreaker\x18\x01 \x01(\v2\x17.retrypolicy.v1.BreakerR\abreaker\x12\x1a\n" +
 	"\bsnapshot\x18\x02 \x01(\bR\bsnapshot\x12+\n" +
@@ -2027,7 +2072,9 @@ const file_retrypolicy_v1_retry_policy_service_proto_rawDesc = "" +
 	"\x14uncontrolled_targets\x18\x05 \x03(\tR\x13uncontrolledTargets\x12A\n" +
 	"\x1dother_targets_flow_controlled\x18\x06 \x01(\bR\x1aotherTargetsFlowControlled\x12F\n" +
 	"\x0ffallback_chains\x18\x14 \x03(\v2\x1d.retrypolicy.v1.FallbackChainR\x0efallbackChains\x12V\n" +
-	"\x16other_targets_fallback\x18\x15 \x01(\v2 .retrypolicy.v1.FallbackSettingsR\x14otherTargetsFallback\"e\n" +
+	"\x16other_targets_fallback\x18\x15 \x01(\v2 .retrypolicy.v1.FallbackSettingsR\x14otherTargetsFallback\x12!\n" +
+	"\fresume_token\x18\a \x01(\tR\vresumeToken\x12\x18\n" +
+	"\aresumed\x18\b \x01(\bR\aresumed\"e\n" +
 	"\rFallbackChain\x12\x16\n" +
 	"\x06target\x18\x01 \x01(\tR\x06target\x12<\n" +
 	"\bfallback\x18\x02 \x01(\v2 .retrypolicy.v1.FallbackSettingsR\bfallback\"\xa3\x03\n" +

@@ -196,13 +196,15 @@ class ReleaseLeaseResponse(_message.Message):
     def __init__(self, released: _Optional[bool] = ...) -> None: ...
 
 class WatchBreakersRequest(_message.Message):
-    __slots__ = ("tenant",)
+    __slots__ = ("tenant", "resume_token")
     TENANT_FIELD_NUMBER: _ClassVar[int]
+    RESUME_TOKEN_FIELD_NUMBER: _ClassVar[int]
     tenant: str
-    def __init__(self, tenant: _Optional[str] = ...) -> None: ...
+    resume_token: str
+    def __init__(self, tenant: _Optional[str] = ..., resume_token: _Optional[str] = ...) -> None: ...
 
 class WatchBreakersResponse(_message.Message):
-    __slots__ = ("breaker", "snapshot", "snapshot_complete", "flow_controlled_targets", "uncontrolled_targets", "other_targets_flow_controlled", "fallback_chains", "other_targets_fallback")
+    __slots__ = ("breaker", "snapshot", "snapshot_complete", "flow_controlled_targets", "uncontrolled_targets", "other_targets_flow_controlled", "fallback_chains", "other_targets_fallback", "resume_token", "resumed")
     BREAKER_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_COMPLETE_FIELD_NUMBER: _ClassVar[int]
@@ -211,6 +213,8 @@ class WatchBreakersResponse(_message.Message):
     OTHER_TARGETS_FLOW_CONTROLLED_FIELD_NUMBER: _ClassVar[int]
     FALLBACK_CHAINS_FIELD_NUMBER: _ClassVar[int]
     OTHER_TARGETS_FALLBACK_FIELD_NUMBER: _ClassVar[int]
+    RESUME_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_FIELD_NUMBER: _ClassVar[int]
     breaker: _types_pb2.Breaker
     snapshot: bool
     snapshot_complete: bool
@@ -219,7 +223,9 @@ class WatchBreakersResponse(_message.Message):
     other_targets_flow_controlled: bool
     fallback_chains: _containers.RepeatedCompositeFieldContainer[FallbackChain]
     other_targets_fallback: _types_pb2.FallbackSettings
-    def __init__(self, breaker: _Optional[_Union[_types_pb2.Breaker, _Mapping]] = ..., snapshot: _Optional[bool] = ..., snapshot_complete: _Optional[bool] = ..., flow_controlled_targets: _Optional[_Iterable[str]] = ..., uncontrolled_targets: _Optional[_Iterable[str]] = ..., other_targets_flow_controlled: _Optional[bool] = ..., fallback_chains: _Optional[_Iterable[_Union[FallbackChain, _Mapping]]] = ..., other_targets_fallback: _Optional[_Union[_types_pb2.FallbackSettings, _Mapping]] = ...) -> None: ...
+    resume_token: str
+    resumed: bool
+    def __init__(self, breaker: _Optional[_Union[_types_pb2.Breaker, _Mapping]] = ..., snapshot: _Optional[bool] = ..., snapshot_complete: _Optional[bool] = ..., flow_controlled_targets: _Optional[_Iterable[str]] = ..., uncontrolled_targets: _Optional[_Iterable[str]] = ..., other_targets_flow_controlled: _Optional[bool] = ..., fallback_chains: _Optional[_Iterable[_Union[FallbackChain, _Mapping]]] = ..., other_targets_fallback: _Optional[_Union[_types_pb2.FallbackSettings, _Mapping]] = ..., resume_token: _Optional[str] = ..., resumed: _Optional[bool] = ...) -> None: ...
 
 class FallbackChain(_message.Message):
     __slots__ = ("target", "fallback")
