@@ -77,14 +77,27 @@ func (e *attemptEntry) endClaim() {
 // write implements entity.
 func (e *attemptEntry) write(tx *bbolt.Tx, clear bool) (int, error) {
 	e.sh.mu.Lock()
-	defer e.sh.mu.Unlock()
 	if clear {
 		e.dirty = false
 	}
 	if e.gone {
+		e.sh.mu.Unlock()
 		return 0, nil
 	}
-	return 1, tx.Bucket(bucketAttempts).Put(joinKey(e.key.Tenant, e.key.CallID), encodeAttempts(&e.v))
+	// The key and the record in one allocation; bbolt keeps both until
+	// the transaction ends.
+	k := e.key
+	kv := make([]byte, 0, len(k.Tenant)+1+len(k.CallID)+attemptsLen(&e.v))
+	kv = append(append(append(kv, k.Tenant...), 0), k.CallID...)
+	n := len(kv)
+	kv = appendAttempts(kv, &e.v)
+	e.sh.mu.Unlock()
+	// The shard is not held through bbolt's Put, which searches the
+	// bucket's tree: a ClaimAttempt of the shard does not wait for the
+	// disk's pages. A record dropped meanwhile is among the table's
+	// deletions, which its write applies after this Put, in this commit
+	// or the next.
+	return 1, tx.Bucket(bucketAttempts).Put(kv[:n:n], kv[n:])
 }
 
 // redirty implements entity.
@@ -381,9 +394,18 @@ const (
 const attemptsFixedLen = 60
 
 func encodeAttempts(a *fleet.Attempts) []byte {
+	return appendAttempts(make([]byte, 0, attemptsLen(a)), a)
+}
+
+// attemptsLen is the length of a's record.
+func attemptsLen(a *fleet.Attempts) int {
+	return attemptsFixedLen + 6 + len(a.Answer.Class) + len(a.Answer.Note) + len(a.Answer.Target)
+}
+
+// appendAttempts appends a's record to v.
+func appendAttempts(v []byte, a *fleet.Attempts) []byte {
 	ans := &a.Answer
 	be := binary.BigEndian
-	v := make([]byte, 0, attemptsFixedLen+6+len(ans.Class)+len(ans.Note)+len(ans.Target))
 	version := byte(attemptsRecordV1)
 	if ans.Target != "" {
 		version = attemptsRecordV2

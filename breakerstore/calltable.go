@@ -106,24 +106,14 @@ func runCallOf(id string, c *fleet.CallRecord) policy.RunCall {
 	return rc
 }
 
-// writeTable puts the call table's changed records in tx; r.mu is held.
-// With clear, the ids written are dropped from dirtyTable once tx commits.
-func (r *run) writeTable(tx *bbolt.Tx, clear bool) (int, error) {
-	b := tx.Bucket(bucketCallTable)
+// encodeTable encodes the call table's changed records, in the order of
+// dirtyTable; r.mu is held.
+func (r *run) encodeTable() []keyValue {
+	kvs := make([]keyValue, 0, len(r.dirtyTable))
 	for _, id := range r.dirtyTable {
-		if err := b.Put(joinKey(r.hdr.ID, id), encodeCallRecord(r.table.Calls[id])); err != nil {
-			return 0, err
-		}
+		kvs = append(kvs, keyValue{joinKey(r.hdr.ID, id), encodeCallRecord(r.table.Calls[id])})
 	}
-	written := len(r.dirtyTable)
-	if clear && written > 0 {
-		tx.OnCommit(func() {
-			r.mu.Lock()
-			r.dirtyTable = slices.Delete(r.dirtyTable, 0, written)
-			r.mu.Unlock()
-		})
-	}
-	return written, nil
+	return kvs
 }
 
 // encodeCallRecord returns a call table record: the version byte (1, or 2

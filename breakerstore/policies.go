@@ -83,7 +83,10 @@ func (s *Store) Policy(tenant, target string) (policy.PolicyEntry, error) {
 // slices with the store and must not be modified. It is safe for
 // concurrent use.
 func (s *Store) Resolve(tenant, target string) (policy.Policy, policy.PolicyEntry) {
-	return fleet.ResolvePolicy(s.policies.Load().m, s.defaultPolicy, tenant, target)
+	if e := fleet.ResolvePolicy(s.policies.Load().m, tenant, target); e != nil {
+		return e.Policy, *e
+	}
+	return s.defaultPolicy, policy.PolicyEntry{Policy: s.defaultPolicy}
 }
 
 // Policies returns up to limit entries (all when limit <= 0) sorted by scope

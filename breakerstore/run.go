@@ -248,44 +248,61 @@ func ledgerCounters(l *policy.Ledger) [10]uint64 {
 
 // write implements entity: the runstate record and the changed calls. With
 // clear, the calls written are dropped from dirtyCalls once tx commits.
+// The records are encoded under r.mu and put after it: the run's
+// decisions and outcomes (NoteCall, RecordFinal, spends) do not wait for
+// bbolt's tree searches of a flush that writes thousands of its calls. A
+// sweep that drops the run meanwhile deletes its records in a later
+// transaction.
 func (r *run) write(tx *bbolt.Tx, clear bool) (int, error) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	if clear {
 		r.dirty = false
 	}
 	if r.deleted {
+		r.mu.Unlock()
 		return 0, nil
 	}
-	if err := tx.Bucket(bucketRunState).Put([]byte(r.hdr.ID), r.encodeState()); err != nil {
-		return 0, err
-	}
-	calls := tx.Bucket(bucketRunCalls)
-	written := 0
-	for _, id := range r.dirtyCalls {
-		f := r.v.Calls[id]
+	id := r.hdr.ID
+	state := r.encodeState()
+	finals := make([]keyValue, 0, len(r.dirtyCalls))
+	for _, call := range r.dirtyCalls {
+		f := r.v.Calls[call]
 		v := []byte{byte(f.Disposition), byte(f.Stop), 1}
 		if !f.Deduplicated {
 			v = v[:2]
 		}
-		if err := calls.Put(joinKey(r.hdr.ID, id), v); err != nil {
-			return 0, err
-		}
-		written++
+		finals = append(finals, keyValue{joinKey(id, call), v})
 	}
-	if clear && written > 0 {
-		tx.OnCommit(func() {
-			r.mu.Lock()
-			r.dirtyCalls = slices.Delete(r.dirtyCalls, 0, written)
-			r.mu.Unlock()
-		})
-	}
-	noted, err := r.writeTable(tx, clear)
-	if err != nil {
+	notes := r.encodeTable()
+	r.mu.Unlock()
+
+	if err := tx.Bucket(bucketRunState).Put([]byte(id), state); err != nil {
 		return 0, err
 	}
-	return 1 + written + noted, nil
+	for _, b := range [...]struct {
+		bucket []byte
+		kvs    []keyValue
+		dirty  *[]string
+	}{{bucketRunCalls, finals, &r.dirtyCalls}, {bucketCallTable, notes, &r.dirtyTable}} {
+		bk := tx.Bucket(b.bucket)
+		for _, kv := range b.kvs {
+			if err := bk.Put(kv.k, kv.v); err != nil {
+				return 0, err
+			}
+		}
+		if written, dirty := len(b.kvs), b.dirty; clear && written > 0 {
+			tx.OnCommit(func() {
+				r.mu.Lock()
+				*dirty = slices.Delete(*dirty, 0, written)
+				r.mu.Unlock()
+			})
+		}
+	}
+	return 1 + len(finals) + len(notes), nil
 }
+
+// keyValue is a record encoded for a Put.
+type keyValue struct{ k, v []byte }
 
 // loadRuns reads the runs, runstate and runcalls buckets into memory. The
 // ledger is recomputed from the calls, which are committed with it.

@@ -58,27 +58,30 @@ func CheckBudget(b policy.TenantBudget) *policy.FieldError {
 	return nil
 }
 
-// ResolvePolicy picks the policy a call of tenant to target follows from
+// ResolvePolicy picks the entry a call of tenant to target follows from
 // the stored entries m: tenant and target, then target alone, then tenant
-// alone, then def. The entry returned is the one that matched (its scope
-// says which), or a zero-scoped entry holding def.
-func ResolvePolicy(m map[policy.PolicyScope]*policy.PolicyEntry, def policy.Policy, tenant, target string) (policy.Policy, policy.PolicyEntry) {
-	if len(m) > 0 {
-		if tenant != "" && target != "" {
-			if e, ok := m[policy.PolicyScope{Tenant: tenant, Target: target}]; ok {
-				return e.Policy, *e
-			}
-		}
-		if target != "" {
-			if e, ok := m[policy.PolicyScope{Target: target}]; ok {
-				return e.Policy, *e
-			}
-		}
-		if tenant != "" {
-			if e, ok := m[policy.PolicyScope{Tenant: tenant}]; ok {
-				return e.Policy, *e
-			}
+// alone. It returns the entry that matched (its scope says which), or nil
+// when none does and the default policy applies. The entry is m's own,
+// not a copy: a Policy is some hundred bytes, and a decision resolves
+// one or more, so the caller copies once what it keeps.
+func ResolvePolicy(m map[policy.PolicyScope]*policy.PolicyEntry, tenant, target string) *policy.PolicyEntry {
+	if len(m) == 0 {
+		return nil
+	}
+	if tenant != "" && target != "" {
+		if e, ok := m[policy.PolicyScope{Tenant: tenant, Target: target}]; ok {
+			return e
 		}
 	}
-	return def, policy.PolicyEntry{Policy: def}
+	if target != "" {
+		if e, ok := m[policy.PolicyScope{Target: target}]; ok {
+			return e
+		}
+	}
+	if tenant != "" {
+		if e, ok := m[policy.PolicyScope{Tenant: tenant}]; ok {
+			return e
+		}
+	}
+	return nil
 }

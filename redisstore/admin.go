@@ -355,7 +355,10 @@ func (s *Store) Policy(tenant, target string) (policy.PolicyEntry, error) {
 // locking or a round trip; the Policy shares its slices with the cache and
 // must not be modified.
 func (s *Store) Resolve(tenant, target string) (policy.Policy, policy.PolicyEntry) {
-	return fleet.ResolvePolicy(*s.admin.policies.Load(), s.defaultPolicy, tenant, target)
+	if e := fleet.ResolvePolicy(*s.admin.policies.Load(), tenant, target); e != nil {
+		return e.Policy, *e
+	}
+	return s.defaultPolicy, policy.PolicyEntry{Policy: s.defaultPolicy}
 }
 
 // Policies returns up to limit entries (all when limit <= 0) sorted by

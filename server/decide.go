@@ -450,6 +450,8 @@ type outcomeItem struct {
 	lease           string
 	final           fleet.Final
 	target          string // the target the attempt was sent to: call.target or a fallback
+	ceiled          bool   // decideOutcomes: target's policy has a ceiling (settleLeases)
+	chained         bool   // decideOutcomes: the attempt is on the primary, whose policy has a fallback
 }
 
 // decideOutcomes is ReportOutcome's decision, in domain types: each
@@ -468,18 +470,38 @@ func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc 
 	var runs map[string]string
 	var now time.Time // read once, for the first outcome of a run
 	deposits := map[string]int{}
+	// The successes of consecutive outcomes of one tenant (most of a
+	// batch) are summed before they go in deposits, not hashed one by one.
+	var depTenant string
+	depN := 0
+	var p policy.Policy // the call's, resolved again only when an outcome's tenant or target differs from the last's
 	for i := range items {
 		it := &items[i]
-		p, _ := d.store.Resolve(it.call.tenant, it.call.target)
-		u := &ups[i]
+		if i == 0 || it.call.tenant != items[i-1].call.tenant || it.call.target != items[i-1].call.target {
+			p, _ = d.store.Resolve(it.call.tenant, it.call.target)
+		}
 		// The attempt's breaker is its target's, under that target's policy;
 		// the failure is classified under the call's, the primary's.
-		at := d.hopOf(&it.call, &p, it.target)
-		*u = policy.OutcomeUpdate{Key: at.key, Breaker: at.breaker, PermitID: it.permit}
+		tp := &p
+		if it.target != it.call.target {
+			fp, _ := d.store.Resolve(it.call.tenant, it.target)
+			tp = &fp
+		}
+		// What settleLeases needs to know, so it resolves only the
+		// outcomes of targets with a ceiling or a chain, or with a lease.
+		it.ceiled = tp.FlowControlled()
+		it.chained = it.target == it.call.target && len(p.Fallback.Targets) > 0
+		u := &ups[i]
+		*u = policy.OutcomeUpdate{Key: policy.KeyFor(tp.Breaker, it.call.tenant, it.target), Breaker: tp.Breaker, PermitID: it.permit}
 		var class string
 		switch {
 		case it.success:
-			deposits[it.call.tenant]++
+			if depN > 0 && it.call.tenant != depTenant {
+				deposits[depTenant] += depN
+				depN = 0
+			}
+			depTenant = it.call.tenant
+			depN++
 			u.Result = policy.ResultSuccess
 		case !it.alreadyRecorded:
 			c := policy.Classify(&p, it.failure, true, true)
@@ -535,6 +557,9 @@ func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc 
 	// Nothing is applied before the whole batch is valid. The store applies
 	// it as a whole: with --sync=always that is one commit for the request,
 	// not one per outcome.
+	if depN > 0 {
+		deposits[depTenant] += depN
+	}
 	n, err := d.store.ApplyOutcomes(ups, deposits)
 	if err != nil {
 		return n, ups, storeError(ctx, d.cfg.Logger, "outcomes", err)

@@ -94,6 +94,9 @@ type (
 // has reports whether err, or an error it wraps, has the behaviour B and
 // says so through is.
 func has[B any](err error, is func(B) bool) bool {
+	if err == nil {
+		return false // and b, which errors.As makes escape, is not allocated
+	}
 	var b B
 	return errors.As(err, &b) && is(b)
 }

@@ -87,23 +87,29 @@ type targetFallback struct {
 // breaker is CLOSED learns of one within a report, and the batch's
 // primaries (outcomes of attempts on the call's own target) whose policy
 // has a fallback, with it, so a client learns of a chain set after its
-// watch's snapshot. Consecutive outcomes of one tenant and attempt target
-// (most of a batch) resolve their policy once.
+// watch's snapshot. It resolves only the outcomes decideOutcomes marked
+// (ceiled, chained) or that carry a lease, and consecutive ones of one
+// tenant and attempt target once: a batch of targets without ceilings or
+// chains resolves nothing here.
 func (d *Decisions) settleLeases(ctx context.Context, items []outcomeItem) (flow []string, chains []targetFallback) {
 	var p policy.Policy
 	var lastTenant, lastTarget string
+	resolved := false
 	for i := range items {
 		it := &items[i]
-		if i == 0 || it.call.tenant != lastTenant || it.target != lastTarget {
+		if !it.ceiled && !it.chained && it.lease == "" {
+			continue
+		}
+		if !resolved || it.call.tenant != lastTenant || it.target != lastTarget {
 			p, _ = d.store.Resolve(it.call.tenant, it.target)
-			lastTenant, lastTarget = it.call.tenant, it.target
-			if p.FlowControlled() && !slices.Contains(flow, it.target) {
-				flow = append(flow, it.target)
-			}
-			if len(p.Fallback.Targets) > 0 && it.target == it.call.target &&
-				!slices.ContainsFunc(chains, func(c targetFallback) bool { return c.target == it.target }) {
-				chains = append(chains, targetFallback{it.target, p.Fallback})
-			}
+			lastTenant, lastTarget, resolved = it.call.tenant, it.target, true
+		}
+		if p.FlowControlled() && !slices.Contains(flow, it.target) {
+			flow = append(flow, it.target)
+		}
+		if len(p.Fallback.Targets) > 0 && it.target == it.call.target &&
+			!slices.ContainsFunc(chains, func(c targetFallback) bool { return c.target == it.target }) {
+			chains = append(chains, targetFallback{it.target, p.Fallback})
 		}
 		d.releaseLease(ctx, &p, it.call, it.target, it.lease, flowSignal(it.success, it.failure, policy.Hints{}))
 	}
