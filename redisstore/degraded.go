@@ -500,7 +500,7 @@ func (s *Store) replay() {
 			return
 		}
 		// A batch the engine does not answer for goes back in the queue.
-		_, err := s.runOutcomes(make([]policy.OutcomeUpdate, q.n), map[string]*outcomeBatch{q.b.tenant: q.b}, nil)
+		_, err := s.runOutcomes(make([]policy.OutcomeUpdate, q.n), map[string]*outcomeBatch{q.b.tenant: q.b}, nil, false)
 		s.queue.done()
 		if err != nil {
 			s.log.Warn("redisstore: replayed outcome batch refused: dropped", "tenant", q.b.tenant, "err", err)

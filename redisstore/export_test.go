@@ -18,3 +18,7 @@ func (s *Store) Debts() int {
 	}
 	return n
 }
+
+// FlushHeld sends the held outcome batches, as the flusher does every
+// FlushInterval.
+func (s *Store) FlushHeld() { s.flushHeld() }

@@ -174,7 +174,7 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 	if err != nil {
 		return 0, err
 	}
-	if n, err := s.runOutcomes(ups, batches, early); err != nil {
+	if n, err := s.runOutcomes(ups, batches, early, true); err != nil {
 		return min(n, limit), err
 	}
 	if len(crossTenant) > 0 {
@@ -193,7 +193,7 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 				b.addTally(&ups[i], 0, fi)
 			}
 		}
-		if n, err := s.runOutcomes(ups, second, nil); err != nil {
+		if n, err := s.runOutcomes(ups, second, nil, true); err != nil {
 			return min(n, limit), err
 		}
 	}
@@ -204,7 +204,7 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 		return limit, err
 	}
 	if len(late) > 0 {
-		if _, err := s.runOutcomes(ups, nil, late); err != nil {
+		if _, err := s.runOutcomes(ups, nil, late, true); err != nil {
 			return limit, err
 		}
 	}
@@ -254,8 +254,12 @@ func (b *outcomeBatch) addTally(u *policy.OutcomeUpdate, cond, final int) {
 // (ErrUnavailable) is queued for replay, not a failure: its updates'
 // permits are not checked (Refused stays nil). A note goes with the batch
 // of its run's tenant (outcomeBatch.notes), queued and replayed with it;
-// only a note of a tenant without a batch here is lost then.
-func (s *Store) runOutcomes(ups []policy.OutcomeUpdate, batches map[string]*outcomeBatch, notes []pendingNote) (int, error) {
+// only a note of a tenant without a batch here is lost then. With hold
+// (an ApplyOutcomes call's), the batches that need no answer are held for
+// the next flush instead (Store.hold), and the held batch of every tenant
+// sent now goes first, in the same pipeline; a held batch's failure is
+// not the caller's: it is logged and counted as dropped.
+func (s *Store) runOutcomes(ups []policy.OutcomeUpdate, batches map[string]*outcomeBatch, notes []pendingNote, hold bool) (int, error) {
 	if len(batches) == 0 && len(notes) == 0 {
 		return len(ups), nil
 	}
@@ -267,57 +271,92 @@ func (s *Store) runOutcomes(ups []policy.OutcomeUpdate, batches map[string]*outc
 			rest = append(rest, n)
 		}
 	}
-	if !s.health.up() {
-		s.queueOutcomes(len(ups), batches)
-		return len(ups), nil
+	var prior map[string]*outcomeBatch
+	if hold && s.opts.BatchOutcomes {
+		batches, prior = s.hold(batches, rest)
+		if len(batches) == 0 && len(prior) == 0 && len(rest) == 0 {
+			return len(ups), nil
+		}
 	}
-	tenants := make([]string, 0, len(batches))
+	// calls are the batches in the order sent: by tenant, a tenant's held
+	// batch before its new one.
+	var calls []*outcomeBatch
+	isPrior := map[*outcomeBatch]bool{}
+	tenants := make([]string, 0, len(batches)+len(prior))
 	for t := range batches {
 		tenants = append(tenants, t)
+	}
+	for t := range prior {
+		if batches[t] == nil {
+			tenants = append(tenants, t)
+		}
+	}
+	slices.Sort(tenants)
+	for _, t := range tenants {
+		if b := prior[t]; b != nil {
+			calls = append(calls, b)
+			isPrior[b] = true
+		}
+		if b := batches[t]; b != nil {
+			calls = append(calls, b)
+		}
+	}
+	queueAll := func() {
+		for _, b := range calls {
+			s.queueOutcomes(len(ups), map[string]*outcomeBatch{b.tenant: b})
+		}
+	}
+	if !s.health.up() {
+		queueAll()
+		return len(ups), nil
+	}
+	for _, t := range tenants {
 		if _, err := s.follow(t); err != nil {
 			if errors.Is(err, ErrUnavailable) {
-				s.queueOutcomes(len(ups), batches)
+				queueAll()
 				return len(ups), nil
 			}
 			return 0, fmt.Errorf("redisstore: follow tenant %q: %w", t, err)
 		}
 	}
-	slices.Sort(tenants)
 	ctx, cancel := s.call()
 	defer cancel()
-	cmds := make([]*redis.Cmd, len(tenants))
+	cmds := make([]*redis.Cmd, len(calls))
 	all, _ := s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, t := range tenants {
-			bg, _ := s.budgetOf(t)
-			keys, args := batches[t].call(&bg, s.opts.MaxBreakersPerTenant)
+		for i, b := range calls {
+			bg, _ := s.budgetOf(b.tenant)
+			keys, args := b.call(&bg, s.opts.MaxBreakersPerTenant)
 			cmds[i] = s.lib.on(p).run(ctx, "policyd_outcomes", keys, args...)
 		}
-		for _, t := range tenants {
-			queueNotes(ctx, s.lib.on(p), batches[t].notes, s.opts.MaxRunCalls)
+		for _, b := range calls {
+			queueNotes(ctx, s.lib.on(p), b.notes, s.opts.MaxRunCalls)
 		}
 		queueNotes(ctx, s.lib.on(p), rest, s.opts.MaxRunCalls)
 		return nil
 	})
 	failed := len(ups)
 	var firstErr error
-	queued := map[string]bool{}
-	for i, t := range tenants {
-		b := batches[t]
+	queued := map[*outcomeBatch]bool{}
+	for i, b := range calls {
 		if err := b.apply(s, ups, cmds[i]); err != nil {
-			if errors.Is(err, ErrUnavailable) {
-				s.queueOutcomes(len(ups), map[string]*outcomeBatch{t: b})
-				queued[t] = true
-				continue
-			}
-			lo := b.lowest(len(ups))
-			if firstErr == nil || lo < failed {
-				failed, firstErr = lo, err
+			switch {
+			case errors.Is(err, ErrUnavailable):
+				s.queueOutcomes(len(ups), map[string]*outcomeBatch{b.tenant: b})
+				queued[b] = true
+			case isPrior[b]:
+				s.log.Warn("redisstore: held outcome batch refused: dropped", "tenant", b.tenant, "err", err)
+				s.queue.dropped.Add(1)
+			default:
+				lo := b.lowest(len(ups))
+				if firstErr == nil || lo < failed {
+					failed, firstErr = lo, err
+				}
 			}
 		}
 	}
 	// The notes' replies, in the order sent: a queued batch's notes are
 	// sent again with it.
-	next := len(tenants)
+	next := len(calls)
 	noteErr := func(n int, skip bool) {
 		for ; n > 0 && next < len(all); n-- {
 			if err := all[next].Err(); err != nil && !skip && !redisNotFound(err) && firstErr == nil {
@@ -326,8 +365,8 @@ func (s *Store) runOutcomes(ups []policy.OutcomeUpdate, batches map[string]*outc
 			next++
 		}
 	}
-	for _, t := range tenants {
-		noteErr(len(batches[t].notes), queued[t])
+	for _, b := range calls {
+		noteErr(len(b.notes), queued[b] || isPrior[b])
 	}
 	noteErr(len(rest), false)
 	return failed, firstErr
@@ -396,7 +435,7 @@ func (b *outcomeBatch) apply(s *Store, ups []policy.OutcomeUpdate, cmd *redis.Cm
 			return errReply
 		}
 		for j, f := range flags {
-			if n, _ := toInt(f); n == 1 {
+			if n, _ := toInt(f); n == 1 && g.updates[j] >= 0 {
 				ups[g.updates[j]].Refused = fleet.ErrPermit
 			}
 		}
@@ -427,7 +466,11 @@ func (b *outcomeBatch) apply(s *Store, ups []policy.OutcomeUpdate, cmd *redis.Cm
 func (b *outcomeBatch) lowest(n int) int {
 	lo := n
 	for _, g := range b.groups {
-		lo = min(lo, g.updates[0])
+		for _, i := range g.updates {
+			if i >= 0 {
+				lo = min(lo, i)
+			}
+		}
 	}
 	for _, f := range b.finals {
 		lo = min(lo, f.update)

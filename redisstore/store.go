@@ -85,6 +85,21 @@ type Options struct {
 	// down; past it the oldest is dropped (and counted, Dropped). Default
 	// 10,000.
 	MaxQueuedBatches int
+	// BatchOutcomes makes ApplyOutcomes hold the outcome updates that need
+	// no answer from the engine (breaker results without a probe permit,
+	// deposits, attempt tallies, call-table notes) and send them every
+	// FlushInterval, merged into one call of policyd_outcomes per tenant,
+	// or sooner when a tenant's batch passes a few thousand results, and
+	// at Close. A batch with a final disposition of a run or a probe
+	// permit (whose refusal is the caller's answer), or a breaker this
+	// replica has not seen yet, is sent at once, after the tenant's held
+	// updates. The held updates are then on the engine (and on its disk
+	// with appendfsync always) within FlushInterval plus one call, not
+	// before the answer: a crash of the replica loses at most that
+	// interval of counting, and other replicas' reads see them after the
+	// flush. Off (policyd serve --sync=always): every batch is sent before
+	// ApplyOutcomes returns.
+	BatchOutcomes bool
 }
 
 // DefaultTenantBudget is the budget of tenants without an explicit one when
@@ -118,6 +133,7 @@ type Store struct {
 	groups  map[int]*feedGroup // by hash slot on a Cluster, else one
 
 	audit         auditBuffer
+	held          heldOutcomes // outcome batches waiting for the flush (Options.BatchOutcomes)
 	admin         adminCache
 	defaultPolicy policy.Policy
 	runTenants    sync.Map // run id -> tenant: a run never changes tenant
@@ -203,6 +219,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		id: newPermitID().String(), degraded: newDegraded(), recovered: make(chan struct{}, 1)}
 	s.health = &health{clock: opts.Clock, changed: s.engineChanged, b: engineBreaker{Threshold: opts.DownAfter, Cooldown: opts.DownFor}}
 	s.queue.max = opts.MaxQueuedBatches
+	s.held = heldOutcomes{batches: map[string]*outcomeBatch{}, wake: make(chan struct{}, 1)}
 	opts.Client.AddHook(s.health.hook())
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	last, err := s.loadAdmin()
@@ -230,12 +247,14 @@ func contextTimeouts(c redis.UniversalClient) bool {
 	return true // unknown to us: assume so
 }
 
-// Close ends the feeds and closes every subscription's channel, writes
-// the audit records still buffered, and leaves the client open.
+// Close sends the outcome batches held for the flush, ends the feeds and
+// closes every subscription's channel, writes the audit records still
+// buffered, and leaves the client open.
 func (s *Store) Close() error {
 	if s.closed.Swap(true) {
 		return nil
 	}
+	s.flushHeld() // while s.ctx still bounds its call
 	s.cancel()
 	s.wg.Wait()
 	s.health.off.Store(true)
@@ -248,7 +267,9 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// flusher writes buffered audit records every FlushInterval until Close.
+// flusher sends the held outcome batches and writes the buffered audit
+// records every FlushInterval until Close, and the held batches also when
+// one grows past maxHeldResults.
 func (s *Store) flusher() {
 	defer s.wg.Done()
 	t := time.NewTicker(s.opts.FlushInterval)
@@ -257,7 +278,10 @@ func (s *Store) flusher() {
 		select {
 		case <-s.ctx.Done():
 			return
+		case <-s.held.wake:
+			s.flushHeld()
 		case <-t.C:
+			s.flushHeld()
 			s.flushAudit(s.ctx)
 		}
 	}

@@ -173,7 +173,10 @@ func openStore(ctx context.Context, su storeURL, cfg serveConfig, opts breakerst
 	ropts := redisstore.Options{Client: su.redis, Timeout: cfg.StoreTimeout, Log: opts.Logger,
 		FlushInterval: opts.FlushInterval, AuditRetention: opts.AuditRetention, AuditMaxRecords: opts.AuditMaxRecords,
 		WaitReplicas: cfg.WaitReplicas, MaxBreakersPerTenant: opts.MaxBreakersPerTenant,
-		MaxKeysPerTenant: opts.MaxKeysPerTenant, MaxRunCalls: opts.MaxRunCalls}
+		MaxKeysPerTenant: opts.MaxKeysPerTenant, MaxRunCalls: opts.MaxRunCalls,
+		// Outcomes per tenant per --flush-interval, as bbolt's group
+		// commit; --sync=always sends each batch before its answer.
+		BatchOutcomes: opts.Sync != breakerstore.SyncAlways}
 	// A replica started while Redis is down (or failing over) waits for
 	// it, with backoff, instead of exiting; a Redis of another schema is
 	// final.

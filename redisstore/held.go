@@ -1,0 +1,171 @@
+package redisstore
+
+import "sync"
+
+// maxHeldResults bounds the breaker results one tenant's held batch
+// gathers between flushes: past it the flusher is woken at once, so one
+// call of policyd_outcomes stays a few thousand arguments long.
+const maxHeldResults = 4096
+
+// heldOutcomes are the outcome batches a replica holds for its next flush
+// (Options.BatchOutcomes): per tenant, the merged updates of every
+// ApplyOutcomes call since the last one that needed no answer from the
+// engine. Its methods are safe for concurrent use.
+type heldOutcomes struct {
+	mu      sync.Mutex
+	batches map[string]*outcomeBatch
+	wake    chan struct{} // the flusher's: a batch grew past maxHeldResults
+}
+
+// holdable reports whether b needs nothing from the engine before its
+// ApplyOutcomes call answers: no final disposition (the ledger may refuse
+// it), no result with a probe permit (the engine may refuse it), no tally
+// on either, and only breakers this replica has seen (a new one may be
+// past the tenant's cap, an error the caller sees).
+func (s *Store) holdable(b *outcomeBatch) bool {
+	if len(b.finals) > 0 || len(b.runs) > 0 {
+		return false
+	}
+	for _, g := range b.groups {
+		for _, r := range g.results {
+			if r.Permit != "" {
+				return false
+			}
+		}
+		if _, ok := s.cachedState(g.key); !ok {
+			return false
+		}
+	}
+	for _, tl := range b.tallies {
+		if tl.cond != 0 || tl.final != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// hold keeps the holdable batches of batches for the next flush, merged
+// into their tenant's held batch, and returns the ones to send now. For
+// every tenant of those, and of notes (the call-table notes to send
+// now), it also returns the tenant's held batch in prior, taken out of
+// the hold: sent first, it keeps the tenant's updates in the order they
+// were reported. After Close nothing is held.
+func (s *Store) hold(batches map[string]*outcomeBatch, notes []pendingNote) (send, prior map[string]*outcomeBatch) {
+	h := &s.held
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	send, prior = map[string]*outcomeBatch{}, map[string]*outcomeBatch{}
+	wake := false
+	for t, b := range batches {
+		hb := h.batches[t]
+		if !s.opts.BatchOutcomes || s.closed.Load() || !s.holdable(b) {
+			send[t] = b
+			if hb != nil {
+				prior[t] = hb
+				delete(h.batches, t)
+			}
+			continue
+		}
+		b.detach()
+		switch {
+		case hb == nil:
+			h.batches[t] = b
+		case hb.hour != b.hour:
+			// Tallies count in the hour their batch was made in.
+			prior[t] = hb
+			h.batches[t] = b
+		default:
+			hb.merge(b)
+			b = hb
+		}
+		if b.heldResults() >= maxHeldResults {
+			wake = true
+		}
+	}
+	for _, n := range notes {
+		if hb := h.batches[n.tenant]; hb != nil {
+			prior[n.tenant] = hb
+			delete(h.batches, n.tenant)
+		}
+	}
+	if wake {
+		select {
+		case h.wake <- struct{}{}:
+		default:
+		}
+	}
+	return send, prior
+}
+
+// takeHeld returns every held batch and empties the hold.
+func (h *heldOutcomes) takeHeld() map[string]*outcomeBatch {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	all := h.batches
+	h.batches = map[string]*outcomeBatch{}
+	return all
+}
+
+// flushHeld sends every held batch, one call of policyd_outcomes per
+// tenant in one pipeline; a batch the engine does not answer for is
+// queued for replay (runOutcomes), one it refuses is logged and counted
+// as dropped (its caller was answered at ApplyOutcomes).
+func (s *Store) flushHeld() {
+	all := s.held.takeHeld()
+	if len(all) == 0 {
+		return
+	}
+	if _, err := s.runOutcomes(nil, all, nil, false); err != nil {
+		s.log.Warn("redisstore: held outcome batch refused: dropped", "err", err)
+		s.queue.dropped.Add(1)
+	}
+}
+
+// detach makes b a batch no ApplyOutcomes call waits on: its results
+// refer to no update (-1), so its reply sets no Refused.
+func (b *outcomeBatch) detach() {
+	for _, g := range b.groups {
+		for j := range g.updates {
+			g.updates[j] = -1
+		}
+	}
+}
+
+// merge appends o, a detached batch of the same tenant and hour made
+// later than b, to b: results per breaker in order (a breaker's latest
+// configuration applies), deposits and tallies summed, notes in order.
+func (b *outcomeBatch) merge(o *outcomeBatch) {
+	for _, g := range o.groups {
+		bg := b.byKey[g.key]
+		if bg == nil {
+			b.byKey[g.key] = g
+			b.groups = append(b.groups, g)
+			continue
+		}
+		bg.cfg = g.cfg
+		bg.results = append(bg.results, g.results...)
+		bg.updates = append(bg.updates, g.updates...)
+	}
+	b.deposit += o.deposit
+	for _, tl := range o.tallies {
+		if i, ok := b.tallyIndex[tl.field]; ok {
+			b.tallies[i].n += tl.n
+			continue
+		}
+		if b.tallyIndex == nil {
+			b.tallyIndex = map[string]int{}
+		}
+		b.tallyIndex[tl.field] = len(b.tallies)
+		b.tallies = append(b.tallies, tl)
+	}
+	b.notes = append(b.notes, o.notes...)
+}
+
+// heldResults is the number of breaker results b holds.
+func (b *outcomeBatch) heldResults() int {
+	n := 0
+	for _, g := range b.groups {
+		n += len(g.results)
+	}
+	return n
+}

@@ -1,0 +1,254 @@
+package redisstore_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/policyd/policyd/internal/redistest"
+	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/redisstore"
+)
+
+// outcomeCalls counts the calls of policyd_outcomes a client sends, per
+// tenant (read from the hash tag of the call's first key), alone or in a
+// pipeline.
+type outcomeCalls struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *outcomeCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *outcomeCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.count(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+func (c *outcomeCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			c.count(cmd)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func (c *outcomeCalls) count(cmd redis.Cmder) {
+	a := cmd.Args()
+	if len(a) < 4 || cmd.Name() != "fcall" || a[1] != "policyd_outcomes" {
+		return
+	}
+	key, _ := a[3].(string)
+	tenant, _, _ := strings.Cut(strings.TrimPrefix(key, "{="), "}")
+	c.mu.Lock()
+	c.n[tenant]++
+	c.mu.Unlock()
+}
+
+// take returns the calls per tenant since the last take.
+func (c *outcomeCalls) take() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := c.n
+	c.n = map[string]int{}
+	return n
+}
+
+// heldStore opens a Store with BatchOutcomes on a client counted by calls.
+// Its FlushInterval is an hour, so within a test only FlushHeld, a
+// batch's size or Close flushes; opts completes the options.
+func heldStore(t *testing.T, addr string, calls *outcomeCalls, opts redisstore.Options) *redisstore.Store {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, ReadTimeout: time.Minute, WriteTimeout: time.Minute})
+	c.AddHook(calls)
+	t.Cleanup(func() { _ = c.Close() })
+	opts.Client, opts.BatchOutcomes, opts.FlushInterval = c, true, time.Hour
+	if opts.Timeout == 0 {
+		opts.Timeout = 2 * time.Second
+	}
+	s, err := redisstore.Open(context.Background(), opts)
+	if err != nil {
+		t.Fatalf("Open = %v, want nil", err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// request is one ReportOutcome's updates for tenant's breaker on geo: a
+// success with its attempt tally and failures transient failures after
+// it.
+func request(tenant string, failures int) []policy.OutcomeUpdate {
+	key := policy.BreakerKey{Tenant: tenant, Target: "geo"}
+	ups := []policy.OutcomeUpdate{{Key: key, Breaker: policy.Default().Breaker, Result: policy.ResultSuccess,
+		Tally: policy.AttemptTally{Tenant: tenant, Target: "geo", Attempt: 1, Success: true}}}
+	for range failures {
+		ups = append(ups, policy.OutcomeUpdate{Key: key, Breaker: policy.Default().Breaker, Result: policy.ResultTransientFailure})
+	}
+	return ups
+}
+
+// apply applies ups with deposits, failing t on an error or a refusal.
+func apply(t *testing.T, s *redisstore.Store, ups []policy.OutcomeUpdate, deposits map[string]int) {
+	t.Helper()
+	n, err := s.ApplyOutcomes(ups, deposits)
+	if err != nil || n != len(ups) {
+		t.Fatalf("ApplyOutcomes = %d, %v; want %d, nil", n, err, len(ups))
+	}
+	for i := range ups {
+		if ups[i].Refused != nil {
+			t.Fatalf("ApplyOutcomes: update %d refused: %v", i, ups[i].Refused)
+		}
+	}
+}
+
+// checkGeo checks tenant's breaker on geo (consecutive failures) and its
+// attempt statistics (successes on attempt 1) as s reads them.
+func checkGeo(t *testing.T, what string, s *redisstore.Store, tenant string, consecutive int, successes uint64, since time.Time) {
+	t.Helper()
+	b, err := s.Breaker(policy.BreakerKey{Tenant: tenant, Target: "geo"})
+	if err != nil {
+		t.Fatalf("%s: Breaker(%s/geo) = %v, want nil", what, tenant, err)
+	}
+	if int(b.ConsecutiveFailures) != consecutive {
+		t.Errorf("%s: %s/geo has %d consecutive failures, want %d", what, tenant, b.ConsecutiveFailures, consecutive)
+	}
+	st, err := s.AttemptStats(tenant, "geo", since)
+	if err != nil || len(st) != 1 {
+		t.Fatalf("%s: AttemptStats(%s, geo) = %+v, %v; want one entry", what, tenant, st, err)
+	}
+	if got := st[0].Successes[0]; got != successes {
+		t.Errorf("%s: %s/geo counts %d successes on attempt 1, want %d", what, tenant, got, successes)
+	}
+}
+
+// TestHeldOutcomesOneCallPerTenantPerFlush reports 40 requests of outcomes
+// for each of two tenants within one flush interval: none is sent before
+// the flush, which is one call of policyd_outcomes per tenant, and the
+// breakers and attempt statistics then count every outcome once, in the
+// order reported.
+func TestHeldOutcomesOneCallPerTenantPerFlush(t *testing.T) {
+	srv := redistest.Standalone(t)
+	calls := &outcomeCalls{n: map[string]int{}}
+	t0 := time.Now()
+	s := heldStore(t, srv.Addr, calls, redisstore.Options{Clock: func() time.Time { return t0 }})
+	tenants := []string{"acme", "beta"}
+	// A breaker new to the replica is sent at once (it may be past the
+	// tenant's cap, an error its caller sees).
+	for _, tn := range tenants {
+		apply(t, s, request(tn, 0), nil)
+	}
+	if got := calls.take(); got["acme"] != 1 || got["beta"] != 1 {
+		t.Fatalf("calls for new breakers = %v, want one per tenant", got)
+	}
+	const requests = 40
+	for i := range requests {
+		for _, tn := range tenants {
+			// The last request ends on three failures in a row.
+			failures := 1
+			if i == requests-1 {
+				failures = 3
+			}
+			apply(t, s, request(tn, failures), map[string]int{tn: 1})
+		}
+	}
+	if got := calls.take(); len(got) != 0 {
+		t.Fatalf("calls before the flush = %v, want none", got)
+	}
+	s.FlushHeld()
+	if got := calls.take(); got["acme"] != 1 || got["beta"] != 1 || len(got) != 2 {
+		t.Fatalf("calls of the flush = %v, want one per tenant", got)
+	}
+	for _, tn := range tenants {
+		checkGeo(t, "after the flush", s, tn, 3, requests+1, t0)
+	}
+	s.FlushHeld()
+	if got := calls.take(); len(got) != 0 {
+		t.Fatalf("calls of an empty flush = %v, want none", got)
+	}
+}
+
+// TestHeldOutcomesSentBeforeAnAnswerThatNeedsThem: a batch whose answer
+// needs the engine (a final disposition of a run) is sent at once, after
+// the tenant's held outcomes in the same pipeline, and its refusal is
+// the caller's answer.
+func TestHeldOutcomesSentBeforeAnAnswerThatNeedsThem(t *testing.T) {
+	srv := redistest.Standalone(t)
+	calls := &outcomeCalls{n: map[string]int{}}
+	t0 := time.Now()
+	s := heldStore(t, srv.Addr, calls, redisstore.Options{Clock: func() time.Time { return t0 }})
+	run, err := s.OpenRun(policy.Run{Tenant: "acme", Pool: 10, Cutoff: t0.Add(time.Hour)})
+	if err != nil {
+		t.Fatalf("OpenRun = %v, want nil", err)
+	}
+	apply(t, s, request("acme", 0), nil)
+	apply(t, s, request("acme", 2), nil)
+	calls.take()
+	final := []policy.OutcomeUpdate{{RunID: run.ID, CallID: "doc-1", Final: policy.DispositionSucceeded}}
+	apply(t, s, final, nil)
+	if got := calls.take(); got["acme"] != 2 {
+		t.Fatalf("calls for a final disposition = %v, want two for acme (the held batch, then the final's)", got)
+	}
+	checkGeo(t, "after the final", s, "acme", 2, 2, t0)
+	again := []policy.OutcomeUpdate{{RunID: run.ID, CallID: "doc-1", Final: policy.DispositionDeadLetter, Stop: policy.StopAttemptsExhausted}}
+	if _, err := s.ApplyOutcomes(again, nil); err != nil || again[0].Refused == nil {
+		t.Fatalf("ApplyOutcomes(DEAD_LETTER of a SUCCEEDED call) = %v, refused %v; want the final refused", err, again[0].Refused)
+	}
+}
+
+// TestCloseFlushesHeldOutcomes: a replica's Close sends what it holds, one
+// call per tenant, and another replica then reads it.
+func TestCloseFlushesHeldOutcomes(t *testing.T) {
+	srv := redistest.Standalone(t)
+	calls := &outcomeCalls{n: map[string]int{}}
+	t0 := time.Now()
+	clock := func() time.Time { return t0 }
+	s := heldStore(t, srv.Addr, calls, redisstore.Options{Clock: clock})
+	apply(t, s, request("acme", 0), nil)
+	for range 10 {
+		apply(t, s, request("acme", 1), nil)
+	}
+	calls.take()
+	other := heldStore(t, srv.Addr, &outcomeCalls{n: map[string]int{}}, redisstore.Options{Clock: clock})
+	checkGeo(t, "another replica before the Close", other, "acme", 0, 1, t0)
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close = %v, want nil", err)
+	}
+	if got := calls.take(); got["acme"] != 1 || len(got) != 1 {
+		t.Fatalf("calls of the Close = %v, want one for acme", got)
+	}
+	checkGeo(t, "another replica after the Close", other, "acme", 1, 11, t0)
+}
+
+// TestHeldFlushWhileRedisPausedReplaysOnce: a flush while Redis is
+// stopped (SIGSTOP) ends at the store's timeout and queues the batch;
+// after SIGCONT it replays once: the batch the stopped server read before
+// it stopped answering and the replay count once together.
+func TestHeldFlushWhileRedisPausedReplaysOnce(t *testing.T) {
+	srv := redistest.Standalone(t)
+	calls := &outcomeCalls{n: map[string]int{}}
+	start := time.Now()
+	s := heldStore(t, srv.Addr, calls, redisstore.Options{Timeout: 50 * time.Millisecond, DownAfter: 1,
+		DownFor: 20 * time.Millisecond, Heartbeat: 10 * time.Millisecond})
+	apply(t, s, request("acme", 0), nil)
+	for range 10 {
+		apply(t, s, request("acme", 1), nil)
+	}
+	srv.Pause(t)
+	s.FlushHeld()
+	if q := s.Queued(); q != 1 {
+		t.Fatalf("Queued after a flush while paused = %d, want 1", q)
+	}
+	srv.Resume(t)
+	eventually(t, "the queue replayed", func() bool { return s.Up() && s.Queued() == 0 })
+	if d := s.Dropped(); d != 0 {
+		t.Fatalf("Dropped = %d, want 0", d)
+	}
+	checkGeo(t, "after the replay", s, "acme", 1, 11, start.Add(-time.Minute))
+}
