@@ -33,8 +33,11 @@
 // small commands, where this engine sends few and large ones: a function
 // call per state change of a failure decision (a NextDelay is four round
 // trips today: the attempt check, the breaker, the spend, and the attempt
-// and audit records in one pipeline) and one per tenant per outcome
-// batch.
+// and audit records in one pipeline) and, for outcomes, one per tenant
+// per flush interval (Options.BatchOutcomes: a replica holds the updates
+// that need no answer and merges them per tenant, held.go), or per
+// ReportOutcome for a batch whose answer needs the engine (a run's final
+// disposition, a probe permit).
 //
 // An Admit of a target with a fleet-wide ceiling (AdmitFlow) is one call
 // of policyd_admit_flow whatever its breaker's state: the rate slot, the
