@@ -49,7 +49,8 @@ func (s *Store) holdable(b *outcomeBatch) bool {
 // every tenant of those, and of notes (the call-table notes to send
 // now), it also returns the tenant's held batch in prior, taken out of
 // the hold: sent first, it keeps the tenant's updates in the order they
-// were reported. After Close nothing is held.
+// were reported. After Close, and while the engine is down (a queued
+// batch drives this replica's breaker copies at once), nothing is held.
 func (s *Store) hold(batches map[string]*outcomeBatch, notes []pendingNote) (send, prior map[string]*outcomeBatch) {
 	h := &s.held
 	h.mu.Lock()
@@ -58,7 +59,7 @@ func (s *Store) hold(batches map[string]*outcomeBatch, notes []pendingNote) (sen
 	wake := false
 	for t, b := range batches {
 		hb := h.batches[t]
-		if !s.opts.BatchOutcomes || s.closed.Load() || !s.holdable(b) {
+		if !s.opts.BatchOutcomes || s.closed.Load() || !s.health.up() || !s.holdable(b) {
 			send[t] = b
 			if hb != nil {
 				prior[t] = hb

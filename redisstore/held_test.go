@@ -16,7 +16,7 @@ import (
 
 // outcomeCalls counts the calls of policyd_outcomes a client sends, per
 // tenant (read from the hash tag of the call's first key), alone or in a
-// pipeline.
+// pipeline, once their reply is in.
 type outcomeCalls struct {
 	mu sync.Mutex
 	n  map[string]int
@@ -26,17 +26,19 @@ func (c *outcomeCalls) DialHook(next redis.DialHook) redis.DialHook { return nex
 
 func (c *outcomeCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
 		c.count(cmd)
-		return next(ctx, cmd)
+		return err
 	}
 }
 
 func (c *outcomeCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
 		for _, cmd := range cmds {
 			c.count(cmd)
 		}
-		return next(ctx, cmds)
+		return err
 	}
 }
 
@@ -251,4 +253,34 @@ func TestHeldFlushWhileRedisPausedReplaysOnce(t *testing.T) {
 		t.Fatalf("Dropped = %d, want 0", d)
 	}
 	checkGeo(t, "after the replay", s, "acme", 1, 11, start.Add(-time.Minute))
+}
+
+// TestHeldBatchPastItsBoundIsSentBeforeTheInterval: a tenant's held batch
+// that passes its size bound (4,096 results) wakes the flusher, which
+// sends it in one call long before the hour-long flush interval ends.
+func TestHeldBatchPastItsBoundIsSentBeforeTheInterval(t *testing.T) {
+	srv := redistest.Standalone(t)
+	calls := &outcomeCalls{n: map[string]int{}}
+	t0 := time.Now()
+	s := heldStore(t, srv.Addr, calls, redisstore.Options{Clock: func() time.Time { return t0 }})
+	apply(t, s, request("acme", 0), nil)
+	calls.take()
+	apply(t, s, request("acme", 100), nil) // under the bound: held
+	if got := calls.take(); len(got) != 0 {
+		t.Fatalf("calls under the bound = %v, want none", got)
+	}
+	ups := request("acme", 4000)
+	ups[len(ups)-1].Result = policy.ResultSuccess
+	apply(t, s, ups, nil)
+	got := map[string]int{}
+	eventually(t, "the held batch sent", func() bool {
+		for tn, n := range calls.take() {
+			got[tn] += n
+		}
+		return got["acme"] > 0
+	})
+	if got["acme"] != 1 || len(got) != 1 {
+		t.Fatalf("calls past the bound = %v, want one for acme", got)
+	}
+	checkGeo(t, "after the bound's flush", s, "acme", 0, 3, t0)
 }
