@@ -15,6 +15,12 @@ type heldOutcomes struct {
 	mu      sync.Mutex
 	batches map[string]*outcomeBatch
 	wake    chan struct{} // the flusher's: a batch grew past maxHeldResults
+	// sending orders the sends: a flush takes and sends the held batches
+	// under the write lock, an ApplyOutcomes call that sends a batch now
+	// holds the read lock from taking its tenants' held batches to the
+	// replies, so a tenant's updates reach the engine in the order they
+	// were reported. A call whose batches are all held takes neither.
+	sending sync.RWMutex
 }
 
 // holdable reports whether b needs nothing from the engine before its
@@ -38,6 +44,20 @@ func (s *Store) holdable(b *outcomeBatch) bool {
 	}
 	for _, tl := range b.tallies {
 		if tl.cond != 0 || tl.final != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// holdsAll reports whether hold would keep every batch of batches and
+// send nothing now (no notes to send either).
+func (s *Store) holdsAll(batches map[string]*outcomeBatch, notes []pendingNote) bool {
+	if len(notes) > 0 || s.closed.Load() || !s.health.up() {
+		return false
+	}
+	for _, b := range batches {
+		if !s.holdable(b) {
 			return false
 		}
 	}
@@ -112,6 +132,8 @@ func (h *heldOutcomes) takeHeld() map[string]*outcomeBatch {
 // queued for replay (runOutcomes), one it refuses is logged and counted
 // as dropped (its caller was answered at ApplyOutcomes).
 func (s *Store) flushHeld() {
+	s.held.sending.Lock()
+	defer s.held.sending.Unlock()
 	all := s.held.takeHeld()
 	if len(all) == 0 {
 		return
