@@ -68,7 +68,14 @@ func (c *outcomeCalls) take() map[string]int {
 // batch's size or Close flushes; opts completes the options.
 func heldStore(t *testing.T, addr string, calls *outcomeCalls, opts redisstore.Options) *redisstore.Store {
 	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, ReadTimeout: time.Minute, WriteTimeout: time.Minute})
+	return heldStoreOn(t, redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true,
+		ReadTimeout: time.Minute, WriteTimeout: time.Minute}), calls, opts)
+}
+
+// heldStoreOn is heldStore over the client c, which it closes at the
+// test's end.
+func heldStoreOn(t *testing.T, c redis.UniversalClient, calls *outcomeCalls, opts redisstore.Options) *redisstore.Store {
+	t.Helper()
 	c.AddHook(calls)
 	t.Cleanup(func() { _ = c.Close() })
 	opts.Client, opts.BatchOutcomes, opts.FlushInterval = c, true, time.Hour
@@ -139,7 +146,24 @@ func TestHeldOutcomesOneCallPerTenantPerFlush(t *testing.T) {
 	srv := redistest.Standalone(t)
 	calls := &outcomeCalls{n: map[string]int{}}
 	t0 := time.Now()
-	s := heldStore(t, srv.Addr, calls, redisstore.Options{Clock: func() time.Time { return t0 }})
+	oneCallPerTenantPerFlush(t, heldStore(t, srv.Addr, calls, redisstore.Options{Clock: func() time.Time { return t0 }}), calls, t0)
+}
+
+// TestHeldOutcomesOneCallPerTenantPerFlushCluster is the same on a
+// 3-master Cluster: each tenant's held batch is one call on its slot.
+func TestHeldOutcomesOneCallPerTenantPerFlushCluster(t *testing.T) {
+	addrs := redistest.Cluster(t)
+	calls := &outcomeCalls{n: map[string]int{}}
+	t0 := time.Now()
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true,
+		ReadTimeout: time.Minute, WriteTimeout: time.Minute})
+	oneCallPerTenantPerFlush(t, heldStoreOn(t, c, calls, redisstore.Options{Clock: func() time.Time { return t0 }}), calls, t0)
+}
+
+// oneCallPerTenantPerFlush is the case of the two tests above on s, whose
+// client calls counts, at the fixed time t0.
+func oneCallPerTenantPerFlush(t *testing.T, s *redisstore.Store, calls *outcomeCalls, t0 time.Time) {
+	t.Helper()
 	tenants := []string{"acme", "beta"}
 	// A breaker new to the replica is sent at once (it may be past the
 	// tenant's cap, an error its caller sees).
