@@ -1,6 +1,7 @@
 package breakerstore
 
 import (
+	"bytes"
 	"cmp"
 	"encoding/binary"
 	"errors"
@@ -30,9 +31,20 @@ const attemptShards = 16
 // attempt decided and its answer (a fleet.Attempts), bounded in memory by
 // Options.MaxAttemptRecords and on disk by the same count: past the cap
 // the oldest record goes first, and the flusher's sweep drops records past
-// their expiry. Each record is an entity of the group commit (or of a
-// request's batch with SyncAlways), written on its own; the table is one
-// more, whose write deletes the records dropped.
+// their expiry.
+//
+// The table holds no pointers for the garbage collector to mark, however
+// many calls it remembers: a shard's records are fixed-size slots in one
+// slice, found through a map from the 64-bit hash of the call's key to the
+// first slot of that hash (slots of one hash chain through next), and each
+// slot's key (tenant 0x00 call id) and encoded record (appendAttempts, the
+// bytes written to disk) lie in the shard's arena. A slot keeps the fields
+// the attempts check reads, so only a replay decodes its record.
+//
+// The table is one entity of the group commit: its write puts the records
+// changed since the last one and deletes those dropped, each set sorted by
+// key, in one pass over the bucket. With SyncAlways a request's batch also
+// writes its own records (attemptRecord).
 type attemptTable struct {
 	seed   maphash.Seed
 	cap    int // per shard
@@ -41,103 +53,268 @@ type attemptTable struct {
 	shards [attemptShards]attemptShard
 }
 
+// attemptShard is one independently locked part of the table; mu guards
+// every field.
 type attemptShard struct {
-	mu   sync.Mutex
-	m    map[policy.CallKey]*attemptEntry
-	fifo []fifoEntry      // insertion order, for eviction at the cap
-	dels []policy.CallKey // dropped since the last commit, in order
-	_    [32]byte
+	mu      sync.Mutex
+	index   map[uint64]int32 // key hash -> the first slot of that hash
+	slots   []attemptSlot
+	free    []int32 // slots not in use
+	arena   []byte  // the slots' keys and records
+	garbage int     // bytes of arena no slot uses
+	fifo    []fifoEntry
+	dirty   []fifoEntry // records to write: changed since the last group commit took the list
+	writing []fifoEntry // the records a group commit is writing: back to dirty if it fails
+	dels    []byte      // keys dropped since the last group commit, each a uvarint length and the key
+	ndels   int         // keys in dels
+	wakes   map[int32]chan struct{}
+	_       [32]byte
 }
 
-// attemptEntry is one call's record; its shard's mu guards it. An entry
-// made by ClaimAttempt for a call never decided has the zero Attempts until
-// its answer is recorded; it is not written, evicted or expired while
-// claimed.
-type attemptEntry struct {
-	sh      *attemptShard
-	key     policy.CallKey
-	v       fleet.Attempts
-	seq     uint64 // matches the fifo entry that inserted it
-	dirty   bool
-	gone    bool          // dropped from the table: nothing to write
-	claimed bool          // a request is deciding the call's next attempt
-	wake    chan struct{} // closed when the claim ends; made by the first request to wait for it
+// attemptSlot is one call's record, or a free slot (seq 0). A slot made
+// by ClaimAttempt for a call never decided has attempt 0 and no record
+// until its answer is recorded; it is not written, evicted or expired
+// while claimed.
+type attemptSlot struct {
+	hash    uint64
+	seq     uint64 // matches the fifo entry that inserted it; 0: free
+	expiry  int64  // fleet.Attempts.Expiry
+	off     uint32 // the key's offset in the arena; the record follows it
+	klen    uint32
+	vlen    uint32 // the record's length, 0 before the first answer
+	vcap    uint32 // bytes of arena the record may use in place
+	next    int32  // the next slot of the same hash, -1 for none
+	attempt uint32 // fleet.Attempts.Attempt
+	stop    policy.StopReason
+	retry   bool // the answer's Retry
+	flow    bool // the answer's FlowControlled, not in the record
+	degr    bool // the answer's Degraded, not in the record
+	claimed bool // a request is deciding the call's next attempt
+	listed  bool // in dirty
 }
 
-// endClaim ends e's claim and wakes the requests waiting for it; sh.mu is
-// held.
-func (e *attemptEntry) endClaim() {
-	e.claimed = false
-	if e.wake != nil {
-		close(e.wake)
-		e.wake = nil
-	}
-}
+// attemptReserve is the room for a record kept after a new slot's key:
+// a record with a classification and a note of 32 bytes together fits.
+const attemptReserve = attemptsFixedLen + 6 + 32
 
-// write implements entity.
-func (e *attemptEntry) write(tx *bbolt.Tx, clear bool) (int, error) {
-	e.sh.mu.Lock()
-	if clear {
-		e.dirty = false
-	}
-	if e.gone {
-		e.sh.mu.Unlock()
-		return 0, nil
-	}
-	// The key and the record in one allocation; bbolt keeps both until
-	// the transaction ends.
-	k := e.key
-	kv := make([]byte, 0, len(k.Tenant)+1+len(k.CallID)+attemptsLen(&e.v))
-	kv = append(append(append(kv, k.Tenant...), 0), k.CallID...)
-	n := len(kv)
-	kv = appendAttempts(kv, &e.v)
-	e.sh.mu.Unlock()
-	// The shard is not held through bbolt's Put, which searches the
-	// bucket's tree: a ClaimAttempt of the shard does not wait for the
-	// disk's pages. A record dropped meanwhile is among the table's
-	// deletions, which its write applies after this Put, in this commit
-	// or the next.
-	return 1, tx.Bucket(bucketAttempts).Put(kv[:n:n], kv[n:])
-}
-
-// redirty implements entity.
-func (e *attemptEntry) redirty() bool {
-	e.sh.mu.Lock()
-	defer e.sh.mu.Unlock()
-	if e.dirty || e.gone {
-		return false
-	}
-	e.dirty = true
-	return true
-}
-
-// drop removes e from its shard, to be deleted from disk; sh.mu is held.
-func (sh *attemptShard) drop(e *attemptEntry) {
-	delete(sh.m, e.key)
-	e.gone = true
-	sh.dels = append(sh.dels, e.key)
-}
-
+// fifoEntry names the occupant of a slot: seq tells a slot's later
+// occupants apart.
 type fifoEntry struct {
-	key policy.CallKey
-	seq uint64
+	slot int32
+	seq  uint64
+}
+
+// attemptRecord is one record of the table as an entity of a request's
+// SyncAlways batch: its write puts the record, if the call still holds
+// the slot. The group commit writes it again, harmlessly.
+type attemptRecord struct {
+	sh *attemptShard
+	at fifoEntry
 }
 
 func (t *attemptTable) init(records int) {
 	t.seed = maphash.MakeSeed()
 	t.cap = max(records/attemptShards, 1)
 	for i := range t.shards {
-		t.shards[i].m = map[policy.CallKey]*attemptEntry{}
+		t.shards[i].index = map[uint64]int32{}
 	}
 }
 
-func (t *attemptTable) shard(k policy.CallKey) *attemptShard {
+// hash returns the hash of call k, which picks its shard and its slots.
+func (t *attemptTable) hash(k policy.CallKey) uint64 {
 	var h maphash.Hash
 	h.SetSeed(t.seed)
 	h.WriteString(k.Tenant)
 	h.WriteByte(0)
 	h.WriteString(k.CallID)
-	return &t.shards[h.Sum64()%attemptShards]
+	return h.Sum64()
+}
+
+// hashKey returns the hash of the call whose key (tenant 0x00 call id) is
+// key: the same as hash's, which writes the same bytes.
+func (t *attemptTable) hashKey(key []byte) uint64 {
+	return maphash.Bytes(t.seed, key)
+}
+
+func (t *attemptTable) shard(h uint64) *attemptShard {
+	return &t.shards[h%attemptShards]
+}
+
+// key returns slot i's key; sh.mu is held and the bytes are the arena's.
+func (sh *attemptShard) key(i int32) []byte {
+	sl := &sh.slots[i]
+	return sh.arena[sl.off : sl.off+sl.klen]
+}
+
+// record returns slot i's encoded record; sh.mu is held.
+func (sh *attemptShard) record(i int32) []byte {
+	sl := &sh.slots[i]
+	at := sl.off + sl.klen
+	return sh.arena[at : at+sl.vlen]
+}
+
+// find returns the slot of call k, of hash h, or -1; sh.mu is held.
+func (sh *attemptShard) find(h uint64, k policy.CallKey) int32 {
+	i, ok := sh.index[h]
+	if !ok {
+		return -1
+	}
+	for ; i >= 0; i = sh.slots[i].next {
+		if sh.slots[i].hash == h && keyIs(sh.key(i), k) {
+			return i
+		}
+	}
+	return -1
+}
+
+// findKey is find for the call whose key is key.
+func (sh *attemptShard) findKey(h uint64, key []byte) int32 {
+	i, ok := sh.index[h]
+	if !ok {
+		return -1
+	}
+	for ; i >= 0; i = sh.slots[i].next {
+		if sh.slots[i].hash == h && bytes.Equal(sh.key(i), key) {
+			return i
+		}
+	}
+	return -1
+}
+
+// keyIs reports whether key is k's tenant 0x00 call id.
+func keyIs(key []byte, k policy.CallKey) bool {
+	n := len(k.Tenant)
+	return len(key) == n+1+len(k.CallID) && string(key[:n]) == k.Tenant && key[n] == 0 && string(key[n+1:]) == k.CallID
+}
+
+// insert adds a slot for call k (key, its tenant 0x00 call id), of hash h,
+// with no record yet, and returns it; sh.mu is held.
+func (sh *attemptShard) insert(h uint64, key []byte, seq uint64) int32 {
+	var i int32
+	if n := len(sh.free); n > 0 {
+		i, sh.free = sh.free[n-1], sh.free[:n-1]
+	} else {
+		sh.slots = append(sh.slots, attemptSlot{})
+		i = int32(len(sh.slots) - 1)
+	}
+	next, ok := sh.index[h]
+	if !ok {
+		next = -1
+	}
+	sh.index[h] = i
+	sh.slots[i] = attemptSlot{hash: h, seq: seq, off: uint32(len(sh.arena)), klen: uint32(len(key)), vcap: attemptReserve, next: next}
+	sh.arena = append(sh.arena, key...)
+	sh.arena = append(sh.arena, make([]byte, attemptReserve)...)
+	sh.fifo = append(sh.fifo, fifoEntry{slot: i, seq: seq})
+	return i
+}
+
+// insertKey is insert for call k.
+func (sh *attemptShard) insertKey(h uint64, k policy.CallKey, seq uint64) int32 {
+	var buf [128]byte
+	key := append(append(append(buf[:0], k.Tenant...), 0), k.CallID...)
+	return sh.insert(h, key, seq)
+}
+
+// unlink frees slot i, without noting its key for deletion; sh.mu is held.
+func (sh *attemptShard) unlink(i int32) {
+	sl := &sh.slots[i]
+	if head := sh.index[sl.hash]; head == i {
+		if sl.next < 0 {
+			delete(sh.index, sl.hash)
+		} else {
+			sh.index[sl.hash] = sl.next
+		}
+	} else {
+		for j := head; j >= 0; j = sh.slots[j].next {
+			if sh.slots[j].next == i {
+				sh.slots[j].next = sl.next
+				break
+			}
+		}
+	}
+	sh.garbage += int(sl.klen + sl.vcap)
+	*sl = attemptSlot{}
+	sh.free = append(sh.free, i)
+	sh.compact()
+}
+
+// drop removes slot i from the table, to be deleted from disk; sh.mu is
+// held.
+func (sh *attemptShard) drop(i int32) {
+	key := sh.key(i)
+	sh.dels = binary.AppendUvarint(sh.dels, uint64(len(key)))
+	sh.dels = append(sh.dels, key...)
+	sh.ndels++
+	sh.unlink(i)
+}
+
+// compact copies the slots' keys and records into a new arena once more
+// than half of it is garbage; sh.mu is held.
+func (sh *attemptShard) compact() {
+	if sh.garbage < 64<<10 || sh.garbage < len(sh.arena)/2 {
+		return
+	}
+	arena := make([]byte, 0, (len(sh.arena)-sh.garbage)*5/4)
+	for i := range sh.slots {
+		sl := &sh.slots[i]
+		if sl.seq == 0 {
+			continue
+		}
+		off := uint32(len(arena))
+		arena = append(arena, sh.arena[sl.off:sl.off+sl.klen+sl.vlen]...)
+		sl.off, sl.vcap = off, sl.vlen
+	}
+	sh.arena, sh.garbage = arena, 0
+}
+
+// set records a as slot i's record, with ans's flags the record does not
+// hold; sh.mu is held.
+func (sh *attemptShard) set(i int32, a *fleet.Attempts) {
+	sl := &sh.slots[i]
+	n := uint32(attemptsLen(a))
+	if n > sl.vcap {
+		// Too long for its place: the key and the record move to the end.
+		sh.garbage += int(sl.klen + sl.vcap)
+		off := uint32(len(sh.arena))
+		sh.arena = append(sh.arena, sh.arena[sl.off:sl.off+sl.klen]...)
+		sh.arena = slices.Grow(sh.arena, int(n))
+		sl.off, sl.vcap = off, n
+	}
+	at := sl.off + sl.klen
+	n = uint32(len(appendAttempts(sh.arena[at:at:at+n], a))) // attemptsLen is a bound: a record without a target is shorter
+	if end := int(at + n); end > len(sh.arena) {
+		sh.arena = sh.arena[:end]
+	}
+	sl.vlen, sl.attempt, sl.expiry = n, a.Attempt, a.Expiry
+	sl.stop, sl.retry = a.Answer.Stop, a.Answer.Retry
+	sl.flow, sl.degr = a.Answer.FlowControlled, a.Answer.Degraded
+	sh.compact()
+}
+
+// attempts returns slot i's record: with full, its answer decoded from
+// the arena; otherwise only what fleet.Attempts.Check reads. sh.mu is held.
+func (sh *attemptShard) attempts(i int32, full bool) fleet.Attempts {
+	sl := &sh.slots[i]
+	if full && sl.attempt != 0 {
+		a, err := decodeAttempts(sh.record(i))
+		if err != nil {
+			panic("breakerstore: attempt record in memory does not decode: " + err.Error()) // a bug of set
+		}
+		a.Answer.FlowControlled, a.Answer.Degraded = sl.flow, sl.degr
+		return a
+	}
+	return fleet.Attempts{Attempt: sl.attempt, Expiry: sl.expiry, Answer: policy.Answer{Retry: sl.retry, Stop: sl.stop}}
+}
+
+// endClaim ends slot i's claim and wakes the requests waiting for it;
+// sh.mu is held.
+func (sh *attemptShard) endClaim(i int32) {
+	sh.slots[i].claimed = false
+	if w, ok := sh.wakes[i]; ok {
+		close(w)
+		delete(sh.wakes, i)
+	}
 }
 
 // ClaimAttempt is the attempts check and the claim on deciding, in one step
@@ -150,37 +327,43 @@ func (t *attemptTable) shard(k policy.CallKey) *attemptShard {
 // (a duplicate RPC, say) waits for it to end and then answers as above, so
 // one attempt is decided once and every duplicate replays its answer. It
 // is safe for concurrent use, and allocation-free but for a refusal, a
-// call not seen before (its record) and a wait.
+// replay (its answer's strings), a wait and the growth of the table.
 func (s *Store) ClaimAttempt(k policy.CallKey, attempt uint32) (ans policy.Answer, replay bool, err error) {
 	if s.closed.Load() {
 		return policy.Answer{}, false, ErrClosed
 	}
 	t := &s.attempts
-	sh := t.shard(k)
+	h := t.hash(k)
+	sh := t.shard(h)
 	for {
 		now := s.now()
 		sh.mu.Lock()
-		e, ok := sh.m[k]
-		if !ok {
-			e = t.insert(sh, k, s.attemptSeq.Add(1))
-			e.claimed = true
+		i := sh.find(h, k)
+		if i < 0 {
+			i = sh.insertKey(h, k, s.attemptSeq.Add(1))
+			sh.slots[i].claimed = true
 			sh.mu.Unlock()
 			return policy.Answer{}, false, nil
 		}
-		if e.claimed {
-			if e.wake == nil {
-				e.wake = make(chan struct{})
+		if sh.slots[i].claimed {
+			if sh.wakes == nil {
+				sh.wakes = map[int32]chan struct{}{}
 			}
-			wake := e.wake
+			wake, ok := sh.wakes[i]
+			if !ok {
+				wake = make(chan struct{})
+				sh.wakes[i] = wake
+			}
 			sh.mu.Unlock()
 			<-wake
 			continue
 		}
-		replay, err = e.v.Check(now, attempt)
+		a := sh.attempts(i, false)
+		replay, err = a.Check(now, attempt)
 		if replay {
-			ans = e.v.Answer
+			ans = sh.attempts(i, true).Answer
 		}
-		e.claimed = !replay && err == nil
+		sh.slots[i].claimed = !replay && err == nil
 		sh.mu.Unlock()
 		return ans, replay, err
 	}
@@ -190,57 +373,49 @@ func (s *Store) ClaimAttempt(k policy.CallKey, attempt uint32) (ans policy.Answe
 // answer recorded (the decision failed), so a request waiting for it
 // decides instead. It is safe for concurrent use.
 func (s *Store) ReleaseAttempt(k policy.CallKey) {
-	sh := s.attempts.shard(k)
+	h := s.attempts.hash(k)
+	sh := s.attempts.shard(h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e, ok := sh.m[k]
-	if !ok || !e.claimed {
+	i := sh.find(h, k)
+	if i < 0 || !sh.slots[i].claimed {
 		return
 	}
-	e.endClaim()
-	if e.v.Attempt == 0 {
-		delete(sh.m, k) // never decided, never written: nothing to delete on disk
-		e.gone = true
+	sh.endClaim(i)
+	if sh.slots[i].attempt == 0 {
+		sh.unlink(i) // never decided, never written: nothing to delete on disk
 	}
 }
 
 // LastAnswer returns the answer policyd gave to the highest attempt of call
 // k it decided, while it is remembered. It is safe for concurrent use.
 func (s *Store) LastAnswer(k policy.CallKey) (policy.Answer, bool) {
-	sh := s.attempts.shard(k)
+	h := s.attempts.hash(k)
+	sh := s.attempts.shard(h)
 	now := s.now()
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e, ok := sh.m[k]
-	if !ok || e.v.Attempt == 0 || now >= e.v.Expiry {
+	i := sh.find(h, k)
+	if i < 0 || sh.slots[i].attempt == 0 || now >= sh.slots[i].expiry {
 		return policy.Answer{}, false
 	}
-	return e.v.Answer, true
-}
-
-// insert adds a record of call k, not yet decided, to sh; sh.mu is held.
-func (t *attemptTable) insert(sh *attemptShard, k policy.CallKey, seq uint64) *attemptEntry {
-	k = cloneCallKey(k)
-	e := &attemptEntry{sh: sh, key: k, seq: seq}
-	sh.m[k] = e
-	sh.fifo = append(sh.fifo, fifoEntry{key: k, seq: seq})
-	return e
+	return sh.attempts(i, true).Answer, true
 }
 
 // evict drops the oldest records of sh, claimed ones aside, until it holds
 // at most the cap, and reports whether any went; sh.mu is held.
 func (t *attemptTable) evict(sh *attemptShard) bool {
 	evicted := false
-	for n := len(sh.fifo); len(sh.m) > t.cap && n > 0; n-- {
+	for n := len(sh.fifo); len(sh.slots)-len(sh.free) > t.cap && n > 0; n-- {
 		old := sh.fifo[0]
 		sh.fifo = sh.fifo[1:]
-		switch oe, ok := sh.m[old.key]; {
-		case !ok || oe.seq != old.seq:
+		switch sl := &sh.slots[old.slot]; {
+		case sl.seq != old.seq:
 			// gone already
-		case oe.claimed:
+		case sl.claimed:
 			sh.fifo = append(sh.fifo, old) // being decided: keep it
 		default:
-			sh.drop(oe)
+			sh.drop(old.slot)
 			evicted = true
 		}
 	}
@@ -258,38 +433,43 @@ func (s *Store) recordAttempt(k policy.CallKey, attempt uint32, ans policy.Answe
 		return ErrClosed
 	}
 	t := &s.attempts
-	sh := t.shard(k)
+	h := t.hash(k)
+	sh := t.shard(h)
 	sh.mu.Lock()
-	e, ok := sh.m[k]
-	if !ok {
-		e = t.insert(sh, k, s.attemptSeq.Add(1))
+	i := sh.find(h, k)
+	if i < 0 {
+		i = sh.insertKey(h, k, s.attemptSeq.Add(1))
 	}
 	evicted := false
-	if e.v.Attempt == 0 {
-		e.claimed = true // the record being made is not the one to evict
+	if sh.slots[i].attempt == 0 {
+		sh.slots[i].claimed = true // the record being made is not the one to evict
 		evicted = t.evict(sh)
 	}
-	e.endClaim()
-	changed := e.v.Decided(attempt, ans, keep) != 0
-	newlyDirty := changed && !e.dirty
-	if newlyDirty {
-		e.dirty = true
+	sh.endClaim(i)
+	a := sh.attempts(i, false)
+	changed := a.Decided(attempt, ans, keep) != 0
+	if changed {
+		sh.set(i, &a)
+		if sl := &sh.slots[i]; !sl.listed {
+			sl.listed = true
+			sh.dirty = append(sh.dirty, fifoEntry{slot: i, seq: sl.seq})
+		}
 	}
+	rec := attemptRecord{sh: sh, at: fifoEntry{slot: i, seq: sh.slots[i].seq}}
 	sh.mu.Unlock()
-	if evicted && t.markDirty() {
+	if (evicted || changed) && t.markDirty() {
 		s.queue(t)
 	}
-	if !changed {
+	if !changed || s.opts.Sync != SyncAlways {
 		return nil
 	}
-	return s.changed(p, e, newlyDirty)
-}
-
-// cloneCallKey copies k's strings into one allocation, so the table does not
-// pin a request's buffers.
-func cloneCallKey(k policy.CallKey) policy.CallKey {
-	j := k.Tenant + "\x00" + k.CallID
-	return policy.CallKey{Tenant: j[:len(k.Tenant)], CallID: j[len(k.Tenant)+1:]}
+	if p != nil {
+		p.add(rec)
+		return nil
+	}
+	p = shared()
+	p.add(rec)
+	return s.commit(p)
 }
 
 // expire drops the records past their expiry at now; the flusher's sweep
@@ -299,16 +479,13 @@ func (t *attemptTable) expire(now int64) bool {
 	for i := range t.shards {
 		sh := &t.shards[i]
 		sh.mu.Lock()
-		for _, e := range sh.m {
-			if now >= e.v.Expiry && !e.claimed {
-				sh.drop(e)
+		for j := range sh.slots {
+			if sl := &sh.slots[j]; sl.seq != 0 && now >= sl.expiry && !sl.claimed {
+				sh.drop(int32(j))
 				dropped = true
 			}
 		}
-		sh.fifo = slices.DeleteFunc(sh.fifo, func(f fifoEntry) bool {
-			e, ok := sh.m[f.key]
-			return !ok || e.seq != f.seq
-		})
+		sh.fifo = slices.DeleteFunc(sh.fifo, func(f fifoEntry) bool { return sh.slots[f.slot].seq != f.seq })
 		sh.mu.Unlock()
 	}
 	return dropped
@@ -324,44 +501,133 @@ func (t *attemptTable) markDirty() bool {
 	return true
 }
 
-// redirty implements entity.
-func (t *attemptTable) redirty() bool { return t.markDirty() }
+// redirty implements entity: after a failed group commit, the records it
+// was writing are listed again.
+func (t *attemptTable) redirty() bool {
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		for _, d := range sh.writing {
+			if sl := &sh.slots[d.slot]; sl.seq == d.seq && !sl.listed {
+				sl.listed = true
+				sh.dirty = append(sh.dirty, d)
+			}
+		}
+		sh.writing = sh.writing[:0]
+		sh.mu.Unlock()
+	}
+	return t.markDirty()
+}
 
-// write implements entity: the deletions of the records dropped. With
-// clear, those written leave the lists once tx commits.
+// attemptPut is a record to put: key and value, slices of one buffer.
+type attemptPut struct{ k, v []byte }
+
+// write implements entity: the records changed and the deletions of the
+// records dropped, each set in key order. With clear, the records leave
+// the dirty lists (listed again by redirty if tx fails) and the deletions
+// leave theirs once tx commits.
 func (t *attemptTable) write(tx *bbolt.Tx, clear bool) (int, error) {
 	if clear {
 		t.qmu.Lock()
 		t.queued = false
 		t.qmu.Unlock()
 	}
-	b := tx.Bucket(bucketAttempts)
-	n := 0
+	var puts []attemptPut
+	var dels [][]byte
 	for i := range t.shards {
 		sh := &t.shards[i]
 		sh.mu.Lock()
-		for _, k := range sh.dels {
-			if _, back := sh.m[k]; back {
-				continue
+		puts = sh.appendPuts(puts)
+		for d := sh.dels; len(d) > 0; {
+			n, w := binary.Uvarint(d)
+			k := d[w : w+int(n) : w+int(n)]
+			d = d[w+int(n):]
+			if sh.findKey(t.hashKey(k), k) >= 0 {
+				continue // decided again since: its record is among the puts
 			}
-			if err := b.Delete(joinKey(k.Tenant, k.CallID)); err != nil {
-				sh.mu.Unlock()
-				return n, err
-			}
+			dels = append(dels, k)
 		}
-		nd := len(sh.dels)
-		n += nd
+		if clear {
+			for _, d := range sh.dirty {
+				sh.slots[d.slot].listed = false
+			}
+			sh.writing = append(sh.writing, sh.dirty...)
+			sh.dirty = sh.dirty[:0]
+		}
+		nb, nk := len(sh.dels), sh.ndels
 		sh.mu.Unlock()
-		if clear && nd > 0 {
-			tx.OnCommit(func() {
-				sh.mu.Lock()
-				sh.dels = slices.Delete(sh.dels, 0, nd)
-				sh.mu.Unlock()
-			})
+		if clear {
+			tx.OnCommit(func() { sh.written(nb, nk) })
 		}
 	}
-	return n, nil
+	b := tx.Bucket(bucketAttempts)
+	slices.SortFunc(puts, func(a, b attemptPut) int { return bytes.Compare(a.k, b.k) })
+	for _, p := range puts {
+		if err := b.Put(p.k, p.v); err != nil {
+			return 0, err
+		}
+	}
+	slices.SortFunc(dels, bytes.Compare)
+	for _, k := range dels {
+		if err := b.Delete(k); err != nil {
+			return 0, err
+		}
+	}
+	return len(puts) + len(dels), nil
 }
+
+// appendPuts appends the records of the dirty list still held, copied out
+// of the arena into one buffer (bbolt keeps them until the transaction
+// ends, and the shard is not held through its Puts); sh.mu is held.
+func (sh *attemptShard) appendPuts(puts []attemptPut) []attemptPut {
+	n := 0
+	for _, d := range sh.dirty {
+		if sl := &sh.slots[d.slot]; sl.seq == d.seq {
+			n += int(sl.klen + sl.vlen)
+		}
+	}
+	buf := make([]byte, 0, n)
+	for _, d := range sh.dirty {
+		sl := &sh.slots[d.slot]
+		if sl.seq != d.seq {
+			continue // dropped since
+		}
+		at := len(buf)
+		buf = append(buf, sh.arena[sl.off:sl.off+sl.klen+sl.vlen]...)
+		k := at + int(sl.klen)
+		puts = append(puts, attemptPut{k: buf[at:k:k], v: buf[k:len(buf):len(buf)]})
+	}
+	return puts
+}
+
+// written takes the deletions a group commit made (the first nb bytes of
+// dels, nk keys) off the list and forgets the records it wrote.
+func (sh *attemptShard) written(nb, nk int) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	sh.dels = slices.Delete(sh.dels, 0, nb)
+	sh.ndels -= nk
+	sh.writing = sh.writing[:0]
+}
+
+// write implements entity: r's record, if its call still holds the slot.
+func (r attemptRecord) write(tx *bbolt.Tx, _ bool) (int, error) {
+	sh := r.sh
+	sh.mu.Lock()
+	sl := &sh.slots[r.at.slot]
+	if sl.seq != r.at.seq || sl.vlen == 0 {
+		sh.mu.Unlock()
+		return 0, nil // dropped since: among the table's deletions
+	}
+	kv := slices.Clone(sh.arena[sl.off : sl.off+sl.klen+sl.vlen])
+	k := int(sl.klen)
+	sh.mu.Unlock()
+	return 1, tx.Bucket(bucketAttempts).Put(kv[:k:k], kv[k:])
+}
+
+// redirty implements entity: the record stays listed for the group commit
+// until one writes it, so a failed batch has nothing to queue.
+func (r attemptRecord) redirty() bool { return false }
 
 // attemptsRecordV1 is the version byte of the attempts record:
 //
@@ -497,11 +763,13 @@ func (s *Store) loadAttempts(tx *bbolt.Tx, now int64) error {
 		// more than its cap: the oldest (soonest to expire) go first.
 		for i := range t.shards {
 			sh := &t.shards[i]
-			slices.SortFunc(sh.fifo, func(a, b fifoEntry) int { return cmp.Compare(sh.m[a.key].v.Expiry, sh.m[b.key].v.Expiry) })
-			for len(sh.m) > t.cap {
+			slices.SortFunc(sh.fifo, func(a, b fifoEntry) int {
+				return cmp.Compare(sh.slots[a.slot].expiry, sh.slots[b.slot].expiry)
+			})
+			for len(sh.slots)-len(sh.free) > t.cap {
 				old := sh.fifo[0]
 				sh.fifo = sh.fifo[1:]
-				sh.drop(sh.m[old.key])
+				sh.drop(old.slot)
 				dropped = true
 			}
 		}
@@ -514,24 +782,23 @@ func (s *Store) loadAttempts(tx *bbolt.Tx, now int64) error {
 		return nil // a file of an earlier layout, opened read-only by Check
 	}
 	return b.ForEach(func(k, v []byte) error {
-		tenant, call, ok := splitKey(k)
-		if !ok || call == "" {
+		if i := bytes.IndexByte(k, 0); i < 0 || i == len(k)-1 {
 			return corrupt(bucketAttempts, k, errors.New("key is not tenant 0x00 call id"))
 		}
 		a, err := decodeAttempts(v)
 		if err != nil {
 			return corrupt(bucketAttempts, k, err)
 		}
-		key := policy.CallKey{Tenant: tenant, CallID: call}
-		sh := t.shard(key)
+		h := t.hashKey(k)
+		sh := t.shard(h)
 		if now >= a.Expiry {
-			sh.dels = append(sh.dels, key)
+			sh.dels = binary.AppendUvarint(sh.dels, uint64(len(k)))
+			sh.dels = append(sh.dels, k...)
+			sh.ndels++
 			dropped = true
 			return nil
 		}
-		e := &attemptEntry{sh: sh, key: key, v: a, seq: s.attemptSeq.Add(1)}
-		sh.m[key] = e
-		sh.fifo = append(sh.fifo, fifoEntry{key: key, seq: e.seq})
+		sh.set(sh.insert(h, k, s.attemptSeq.Add(1)), &a)
 		return nil
 	})
 }

@@ -50,25 +50,58 @@ type targetStats struct {
 // change durable as the sync mode asks (with p, when set). It allocates
 // only for a new hour or a new target.
 func (s *Store) countAttempts(t policy.AttemptTally, now int64, p *pending) {
-	s.countAttemptsN(t, 1, now, p)
+	s.countAttemptsN(nil, t, 1, now, p)
 }
 
-// countAttemptsN is countAttempts for n calls that ended alike.
-func (s *Store) countAttemptsN(t policy.AttemptTally, n uint64, now int64, p *pending) {
+// targetStats returns the attempt statistics of t's tenant and target,
+// made on first use, or nil when the tenant's targets are at their cap.
+// The statistics of a target are never dropped, so a caller may keep the
+// pointer (a breaker of the same key does: see breaker.stats).
+func (s *Store) targetStats(t policy.AttemptTally) *targetStats {
+	key := policy.BreakerKey{Tenant: t.Tenant, Target: t.Target}
+	if ts, ok := s.attemptStats.get(key); ok {
+		return ts
+	}
+	ts, err := s.attemptStats.getOrCreate(key, func() (*targetStats, error) {
+		if !s.statsTargets.take(t.Tenant, s.opts.MaxBreakersPerTenant) {
+			return nil, errStatsCap
+		}
+		return &targetStats{key: policy.BreakerKey{Tenant: strings.Clone(t.Tenant), Target: strings.Clone(t.Target)}}, nil
+	})
+	if err != nil {
+		return nil
+	}
+	return ts
+}
+
+// statsOf returns the attempt statistics t counts in when b is the
+// breaker of t's tenant and target (the outcome's breaker, most often),
+// kept in b: ApplyOutcomes finds the breaker and the statistics of an
+// outcome with one lookup, once the breaker has counted one.
+// Otherwise (b nil, or keyed otherwise) it returns nil, and
+// countAttemptsN looks them up.
+func (s *Store) statsOf(b *breaker, t policy.AttemptTally) *targetStats {
+	if b == nil || b.key.Tenant != t.Tenant || b.key.Target != t.Target {
+		return nil
+	}
+	if ts := b.stats.Load(); ts != nil {
+		return ts
+	}
+	ts := s.targetStats(t)
+	if ts != nil {
+		b.stats.Store(ts)
+	}
+	return ts
+}
+
+// countAttemptsN counts n calls that ended alike, t, in ts, the
+// statistics of t's tenant and target, looked up when ts is nil.
+func (s *Store) countAttemptsN(ts *targetStats, t policy.AttemptTally, n uint64, now int64, p *pending) {
 	if t.Target == "" || n == 0 {
 		return
 	}
-	key := policy.BreakerKey{Tenant: t.Tenant, Target: t.Target}
-	ts, ok := s.attemptStats.get(key)
-	if !ok {
-		var err error
-		ts, err = s.attemptStats.getOrCreate(key, func() (*targetStats, error) {
-			if !s.statsTargets.take(t.Tenant, s.opts.MaxBreakersPerTenant) {
-				return nil, errStatsCap
-			}
-			return &targetStats{key: policy.BreakerKey{Tenant: strings.Clone(t.Tenant), Target: strings.Clone(t.Target)}}, nil
-		})
-		if err != nil {
+	if ts == nil {
+		if ts = s.targetStats(t); ts == nil {
 			s.statsTargets.refused.Add(n) // beyond the tenant's cap: not counted
 			return
 		}
@@ -91,7 +124,7 @@ func (s *Store) countAttemptsN(t policy.AttemptTally, n uint64, now int64, p *pe
 // attempt slot and result before they are counted, so a batch of n
 // outcomes that ended k ways takes k records' locks, not n. It is a
 // small open-addressing table, kept on the stack: a tally that finds it
-// full is counted on its own. Its 128 slots (6 KB) hold the 96 sums of a
+// full is counted on its own. Its 128 slots (7 KB) hold the 96 sums of a
 // batch that ended 96 ways; with 32 a worker's batch over 64 targets
 // counted most of its outcomes one by one.
 type tallyTable struct {
@@ -102,14 +135,17 @@ type tallyTable struct {
 
 type tallySum struct {
 	tally policy.AttemptTally // Attempt is the slot's attempt (16 for 16 or more)
+	ts    *targetStats        // where the sum counts (Store.statsOf), nil: to be looked up
 	n     uint64              // 0: the slot is free
 }
 
-// add adds t to the table and reports whether it fit.
-func (tt *tallyTable) add(seed maphash.Seed, t policy.AttemptTally) bool {
+// add adds t, to be counted in ts, to the table and reports whether it
+// fit.
+func (tt *tallyTable) add(seed maphash.Seed, t policy.AttemptTally, ts *targetStats) bool {
 	t.Attempt = uint32(fleet.AttemptSlot(t.Attempt) + 1)
 	if e := &tt.slots[tt.last]; e.n > 0 && e.tally == t {
 		e.n++
+		e.ts = cmp.Or(e.ts, ts)
 		return true
 	}
 	h := maphash.String(seed, t.Target) ^ uint64(t.Attempt)<<1
@@ -124,11 +160,12 @@ func (tt *tallyTable) add(seed maphash.Seed, t policy.AttemptTally) bool {
 			if tt.used >= 3*len(tt.slots)/4 {
 				return false // keep the probes short
 			}
-			*e = tallySum{tally: t, n: 1}
+			*e = tallySum{tally: t, ts: ts, n: 1}
 			tt.used, tt.last = tt.used+1, at
 			return true
 		case e.tally == t:
 			e.n++
+			e.ts = cmp.Or(e.ts, ts)
 			tt.last = at
 			return true
 		}
@@ -143,7 +180,7 @@ func (tt *tallyTable) count(s *Store, now int64, p *pending) {
 	}
 	for i := range tt.slots {
 		if e := &tt.slots[i]; e.n > 0 {
-			s.countAttemptsN(e.tally, e.n, now, p)
+			s.countAttemptsN(e.ts, e.tally, e.n, now, p)
 		}
 	}
 }

@@ -39,6 +39,11 @@ type breaker struct {
 	lastActive int64 // not persisted: reset to the open time on load
 
 	pub atomic.Pointer[policy.BreakerSnapshot] // state as of the last published change
+
+	// stats is the attempt statistics of the same tenant and target, once
+	// an outcome of the breaker was counted in them (Store.statsOf), so
+	// ApplyOutcomes looks up one entity per outcome, not two.
+	stats atomic.Pointer[targetStats]
 }
 
 // Admit asks whether the breaker under key lets an attempt through, creating
@@ -79,35 +84,36 @@ func (s *Store) Admit(key policy.BreakerKey, cfg policy.BreakerConfig) (policy.A
 // Transitions are committed as in Admit; counters are flushed per the sync
 // mode. It is safe for concurrent use and allocation-free in the steady state.
 func (s *Store) Record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy.Result, permitID string) (policy.BreakerSnapshot, error) {
-	return s.record(key, cfg, r, permitID, nil, s.now())
+	snap, _, err := s.record(key, cfg, r, permitID, nil, s.now())
+	return snap, err
 }
 
 // record is Record at now, the clock's time; with SyncAlways a counter
-// change joins p, when set, instead of being committed on its own.
-func (s *Store) record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy.Result, permitID string, p *pending, now int64) (policy.BreakerSnapshot, error) {
+// change joins p, when set, instead of being committed on its own. It
+// also returns the breaker, unlocked, unless it failed before finding it.
+func (s *Store) record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy.Result, permitID string, p *pending, now int64) (policy.BreakerSnapshot, *breaker, error) {
 	if s.closed.Load() {
-		return policy.BreakerSnapshot{}, ErrClosed
+		return policy.BreakerSnapshot{}, nil, ErrClosed
 	}
 	if r < policy.ResultSuccess || r > policy.ResultPushback {
-		return policy.BreakerSnapshot{}, invalid("result", "must be success, transient failure, terminal or pushback")
+		return policy.BreakerSnapshot{}, nil, invalid("result", "must be success, transient failure, terminal or pushback")
 	}
 	cfg = fleet.NormConfig(cfg)
 	b, err := s.lockBreaker(key, true, now)
 	if err != nil {
-		return policy.BreakerSnapshot{}, err
+		return policy.BreakerSnapshot{}, nil, err
 	}
 	e := b.begin(s, now, &cfg)
 	e2, refused := b.v.Record(now, &cfg, r, permitID)
 	b.published(s, now, e2)
 	snap := b.snapshot(now)
-	err = s.settle(b, e|e2, p)
-	if err != nil {
-		return policy.BreakerSnapshot{}, err
+	if err := s.settle(b, e|e2, p); err != nil {
+		return policy.BreakerSnapshot{}, b, err
 	}
 	if refused != nil {
-		return snap, refused
+		return snap, b, refused
 	}
-	return snap, nil
+	return snap, b, nil
 }
 
 // ExtendCooldown sets a fleet-wide pushback cool-down on the breaker under

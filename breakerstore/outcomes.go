@@ -39,8 +39,10 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 		for i := range ups {
 			u := &ups[i]
 			u.Refused = nil
+			var b *breaker // the outcome's, whose attempt statistics the tally may share
 			if u.Result != 0 {
-				if _, err := s.record(u.Key, u.Breaker, u.Result, u.PermitID, p, now); err != nil {
+				var err error
+				if _, b, err = s.record(u.Key, u.Breaker, u.Result, u.PermitID, p, now); err != nil {
 					if !refusal(err) {
 						return i, err
 					}
@@ -63,8 +65,10 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 				}
 				count = count && first
 			}
-			if count && !tallies.add(s.attemptStats.seed, u.Tally) {
-				s.countAttempts(u.Tally, now, p)
+			if count {
+				if ts := s.statsOf(b, u.Tally); !tallies.add(s.attemptStats.seed, u.Tally, ts) {
+					s.countAttemptsN(ts, u.Tally, 1, now, p)
+				}
 			}
 			if u.RunID != "" && u.Note != (policy.CallNote{}) {
 				if err := s.noteCall(u.RunID, u.CallID, u.Note, p); err != nil && !errors.Is(err, ErrNotFound) {
