@@ -1,6 +1,7 @@
 package e2e_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -94,6 +96,37 @@ func (p *policydProcess) signal(t *testing.T, sig syscall.Signal) {
 	t.Helper()
 	if err := p.cmd.Process.Signal(sig); err != nil {
 		t.Fatalf("%v: %v", sig, err)
+	}
+	if sig == syscall.SIGSTOP || sig == syscall.SIGCONT {
+		p.waitStopped(t, sig == syscall.SIGSTOP)
+	}
+}
+
+// waitStopped returns once the kernel shows the daemon stopped (or running
+// again): a signal is delivered asynchronously, and a request sent right
+// after kill(2) could still be answered by a daemon not yet stopped. Where
+// there is no /proc to read the state from, it returns at once.
+func (p *policydProcess) waitStopped(t *testing.T, stopped bool) {
+	t.Helper()
+	path := fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return
+		}
+		// The state is the field after the command name, which is in
+		// parentheses and may itself hold spaces.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 || i+2 >= len(b) {
+			return
+		}
+		if (b[i+2] == 'T') == stopped {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the daemon's state is %q, want stopped %v", b[i+2], stopped)
+		}
+		runtime.Gosched()
 	}
 }
 

@@ -37,6 +37,28 @@ ATTEMPT_TIMEOUT = 1.0
 SILENT_CALLS = 4
 
 
+def _signal(d: Daemon, sig: int) -> None:
+    """Sends sig to the daemon and, for SIGSTOP and SIGCONT, returns once
+    the kernel shows it stopped (or running again): a signal is delivered
+    asynchronously, and a request sent right after kill(2) could still be
+    answered by a daemon not yet stopped. Without /proc it returns at once."""
+    d.proc.send_signal(sig)
+    if sig not in (signal.SIGSTOP, signal.SIGCONT):
+        return
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with open(f"/proc/{d.proc.pid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            return
+        state = stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3]
+        if (state == b"T") == (sig == signal.SIGSTOP):
+            return
+        assert time.monotonic() < deadline, f"the daemon's state is {state!r} after {sig}"
+        time.sleep(0)
+
+
 class Upstream:
     """A fake upstream that counts the requests inside it at once."""
 
@@ -110,7 +132,7 @@ def test_sync_ceiling_holds_while_policyd_is_silent(dedicated: Callable[..., Dae
     for _ in range(CEILING):
         assert inside.acquire(timeout=30)
     try:
-        d.proc.send_signal(signal.SIGSTOP)
+        _signal(d, signal.SIGSTOP)
         free = c.call(pc.Call(target="elsewhere", submission_id="free", idempotent=True), lambda a: "ok")
         assert free.ok and free.attempts == 1, f"a target without a ceiling while policyd is silent: {free}"
         results: list[pc.Result[Any]] = [None] * SILENT_CALLS  # type: ignore[list-item]
@@ -130,7 +152,7 @@ def test_sync_ceiling_holds_while_policyd_is_silent(dedicated: Callable[..., Dae
             t.join(30)
         _check_silent(results, up, waits)
     finally:
-        d.proc.send_signal(signal.SIGCONT)
+        _signal(d, signal.SIGCONT)
         release.set()
         for t in holders:
             t.join(30)
@@ -166,7 +188,7 @@ def test_async_ceiling_holds_while_policyd_is_silent(dedicated: Callable[..., Da
         for _ in range(CEILING):
             await asyncio.wait_for(entered.get(), 30)
         try:
-            d.proc.send_signal(signal.SIGSTOP)
+            _signal(d, signal.SIGSTOP)
 
             async def ok(a: pc.Attempt) -> str:
                 return "ok"
@@ -183,7 +205,7 @@ def test_async_ceiling_holds_while_policyd_is_silent(dedicated: Callable[..., Da
                 deadline=time.time() + ATTEMPT_TIMEOUT + 0.6), through) for i in range(SILENT_CALLS)))
             _check_silent(list(results), up, waits)
         finally:
-            d.proc.send_signal(signal.SIGCONT)
+            _signal(d, signal.SIGCONT)
             release.set()
         held = await asyncio.gather(*holders)
         assert all(r.ok for r in held), held
