@@ -2,10 +2,10 @@ package statuspage
 
 import (
 	"errors"
-	"math"
 	"slices"
 	"time"
 
+	"github.com/policyd/policyd/fleet"
 	"github.com/policyd/policyd/policy"
 )
 
@@ -47,10 +47,9 @@ func ceilingOf(p *policy.Policy, pool policy.PoolStatus) *Ceiling {
 	}
 	if a := lim.Adaptive; a.Max > 0 {
 		c.Adaptive, c.AdaptiveMin = true, a.Min
-		if pool.Adaptive > 0 {
-			c.AdaptiveLimit = pool.Adaptive
-			c.Limit = min(max(int(math.Floor(pool.Adaptive)), a.Min), a.Max)
-		}
+		l := fleet.AdaptiveLimit{Limit: pool.Adaptive} // 0: not started, at its maximum
+		c.Limit = l.Ceiling(a)
+		c.AdaptiveLimit = pool.Adaptive // the stored value as it is, 0 before it started
 	}
 	return c
 }
