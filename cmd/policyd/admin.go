@@ -28,6 +28,7 @@ import (
 
 	"github.com/policyd/policyd/clients/go/policyclient"
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
+	"github.com/policyd/policyd/policy"
 )
 
 // clientFlags are the flags every command that talks to a daemon shares.
@@ -466,8 +467,8 @@ func policyCmd(c *clientFlags) *cobra.Command {
 	f.BoolVar(&fallbackOnOpen, "fallback-on-circuit-open", false, "send an attempt whose target's breaker is open to the next target of the chain")
 	f.BoolVar(&adaptive, "adaptive", false, "let the concurrency ceiling learn from 429s and pushback-bearing 503s (AIMD, up to --max-in-flight); implied by the --adaptive-* and --min-in-flight flags")
 	f.Uint32Var(&minInFlight, "min-in-flight", 1, "the adaptive ceiling's floor")
-	f.Float64Var(&adaptiveDec, "adaptive-decrease", 0.7, "factor the adaptive ceiling is multiplied by on a congestion signal, above 0 and below 1")
-	f.Float64Var(&adaptiveInc, "adaptive-increase", 0.5, "added to the adaptive ceiling per ceiling's worth of successes")
+	f.Float64Var(&adaptiveDec, "adaptive-decrease", policy.DefaultAdaptiveDecrease, "factor the adaptive ceiling is multiplied by on a congestion signal, above 0 and below 1")
+	f.Float64Var(&adaptiveInc, "adaptive-increase", policy.DefaultAdaptiveIncrease, "added to the adaptive ceiling per ceiling's worth of successes")
 	f.DurationVar(&adaptiveHold, "adaptive-hold", 0, "least time between two decreases of the adaptive ceiling (besides a window of outcomes)")
 
 	get := &cobra.Command{
