@@ -22,6 +22,19 @@ func (s *Store) attemptOf(k policy.CallKey) (fleet.Attempts, error) {
 	if err != nil {
 		return fleet.Attempts{}, fmt.Errorf("redisstore: read attempt of %q/%q: %w", k.Tenant, k.CallID, err)
 	}
+	a, err := decodeAttempt(h)
+	if err != nil {
+		return fleet.Attempts{}, fmt.Errorf("redisstore: attempt record of %q/%q: %w", k.Tenant, k.CallID, err)
+	}
+	return a, nil
+}
+
+// errDamagedAttempt is an attempt record whose fields do not parse.
+var errDamagedAttempt = errors.New("damaged")
+
+// decodeAttempt reads an attempt record's hash (attempt, answer, expiry in
+// Unix ms; see doc.go); the zero value for an empty one (no record).
+func decodeAttempt(h map[string]string) (fleet.Attempts, error) {
 	if len(h) == 0 {
 		return fleet.Attempts{}, nil
 	}
@@ -30,7 +43,7 @@ func (s *Store) attemptOf(k policy.CallKey) (fleet.Attempts, error) {
 	var a fleet.Attempts
 	err3 := json.Unmarshal([]byte(h["answer"]), &a.Answer)
 	if err1 != nil || err2 != nil || err3 != nil {
-		return fleet.Attempts{}, fmt.Errorf("redisstore: attempt record of %q/%q is damaged", k.Tenant, k.CallID)
+		return fleet.Attempts{}, errDamagedAttempt
 	}
 	a.Attempt, a.Expiry = uint32(n), exp*int64(time.Millisecond)
 	return a, nil
@@ -70,6 +83,73 @@ func (s *Store) LastAnswer(k policy.CallKey) (policy.Answer, bool) {
 		return policy.Answer{}, false
 	}
 	return a.Answer, true
+}
+
+// LastAnswers is LastAnswer of every call of keys, into out[i] and ok[i]
+// (both as long as keys): one call of policyd_attempts per tenant (a
+// tenant's records share its hash slot, also on a Cluster), whatever the
+// number of keys. The records of a tenant that cannot be read (the engine
+// down) and a damaged record are none, as with LastAnswer.
+func (s *Store) LastAnswers(keys []policy.CallKey, out []policy.Answer, ok []bool) {
+	clear(out[:len(keys)])
+	clear(ok[:len(keys)])
+	if s.check() != nil || len(keys) == 0 {
+		return
+	}
+	now := s.opts.Clock().UnixNano()
+	done := make([]bool, len(keys))
+	var idx []int
+	var names []string
+	for first := range keys {
+		if done[first] {
+			continue
+		}
+		idx, names = idx[:0], names[:0]
+		for i := first; i < len(keys); i++ {
+			if !done[i] && keys[i].Tenant == keys[first].Tenant {
+				done[i] = true
+				idx = append(idx, i)
+				names = append(names, keyAttempt(keys[i].Tenant, keys[i].CallID))
+			}
+		}
+		recs, err := s.attemptsOf(names)
+		if err != nil {
+			s.log.Debug("redisstore: attempt records not read", "tenant", keys[first].Tenant, "err", err)
+			continue
+		}
+		for j, i := range idx {
+			if a := recs[j]; a.Attempt > 0 && now < a.Expiry {
+				out[i], ok[i] = a.Answer, true
+			}
+		}
+	}
+}
+
+// attemptsOf reads the attempt records under names, keys of one tenant,
+// in one call of policyd_attempts; the zero value for each one missing
+// or damaged (logged).
+func (s *Store) attemptsOf(names []string) ([]fleet.Attempts, error) {
+	ctx, cancel := s.call()
+	defer cancel()
+	r, err := s.lib.runRO(ctx, "policyd_attempts", names).Slice()
+	if err != nil {
+		return nil, fmt.Errorf("redisstore: policyd_attempts: %w", err)
+	}
+	if len(r) != len(names) {
+		return nil, errReply
+	}
+	out := make([]fleet.Attempts, len(names))
+	for i, v := range r {
+		flat, _ := v.([]any)
+		h := make(map[string]string, len(flat)/2)
+		for j := 0; j+1 < len(flat); j += 2 {
+			h[toString(flat[j])] = toString(flat[j+1])
+		}
+		if out[i], err = decodeAttempt(h); err != nil {
+			s.log.Warn("redisstore: attempt record damaged: read as none", "key", names[i])
+		}
+	}
+	return out, nil
 }
 
 // pendingAttempt is a RecordAttempt waiting for its Commit.

@@ -329,3 +329,20 @@ func fieldErr(fe *policy.FieldError) error {
 	}
 	return fmt.Errorf("%w: %w", ErrInvalid, fe)
 }
+
+// KnownBreaker returns the breaker under key as this replica's cache has
+// it, with no round trip: its state, generation, last change and
+// cool-down end as the engine last reported them to this replica or its
+// event stream delivered them (a few milliseconds behind another
+// replica's transition; a cool-down extended without a transition may
+// show its earlier end). false when the cache does not have it.
+func (s *Store) KnownBreaker(key policy.BreakerKey) (policy.BreakerSnapshot, bool) {
+	if s.check() != nil {
+		return policy.BreakerSnapshot{}, false
+	}
+	st, ok := s.cachedState(key)
+	if !ok {
+		return policy.BreakerSnapshot{}, false
+	}
+	return st.snapshot(key), true
+}

@@ -90,3 +90,33 @@ func TestCheck(t *testing.T) {
 		t.Errorf("Open of another schema = %v, want a refusal naming both versions", err)
 	}
 }
+
+// TestOpenReplacesTheLibraryBefore: a Redis that holds the library of the
+// version before (policyd_v1, whose functions have this version's names)
+// takes this one at Open, which Redis refuses while the other is loaded
+// ("Function policyd_read already exists"); Check then finds this version.
+func TestOpenReplacesTheLibraryBefore(t *testing.T) {
+	srv := redistest.Standalone(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := context.Background()
+	old := "#!lua name=policyd_v1\nredis.register_function('policyd_read', function() return 1 end)\n"
+	if err := c.FunctionLoad(ctx, old).Err(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := redisstore.Open(ctx, redisstore.Options{Client: c, Timeout: time.Second})
+	if err != nil {
+		t.Fatalf("Open over policyd_v1 = %v, want this version loaded in its place", err)
+	}
+	s.Close()
+	libs, err := c.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: "policyd_v*"}).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(libs) != 1 || libs[0].Name != "policyd_v2" {
+		t.Errorf("libraries after Open: %+v, want policyd_v2 alone", libs)
+	}
+	if err := redisstore.Check(ctx, c); err != nil {
+		t.Errorf("Check after Open = %v, want nil", err)
+	}
+}

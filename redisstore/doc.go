@@ -143,7 +143,14 @@
 // between its finals and its batch id, where a library without them reads
 // past them (it counts nothing) and a call without them counts nothing.
 //
-// The library's name carries its version (policyd_v1): a layout change
-// bumps both the schema key and the library name, so replicas of two
-// versions never run each other's code over one layout.
+// The library's name carries its version (policyd_v2): a change of its
+// functions bumps the name, a layout change the schema key too, so
+// replicas of two versions never run each other's code over one layout.
+// Redis lets one function name live in one library only, so a replica
+// loading its version deletes another one first; replicas of the version
+// before then fail their calls until they are upgraded too (and one of
+// them started after refuses to load its own). policyd_v2 added
+// policyd_attempts (a tenant's attempt records in one read) and
+// policyd_audit (a tenant's audit records in one call) to policyd_v1, on
+// the same layout: the schema key stays "1".
 package redisstore

@@ -22,12 +22,18 @@ import (
 //go:embed policyd.lua
 var library string
 
-// libraryName is the name the library registers under.
-const libraryName = "policyd_v1"
+// libraryName is the name the library registers under: policyd_v2 added
+// policyd_attempts and policyd_audit to policyd_v1.
+const libraryName = "policyd_v2"
+
+// libraryPattern matches the names of every version of the library.
+const libraryPattern = "policyd_v*"
 
 // loadLibrary checks the schema version (refusing another before touching
-// anything), loads the library onto every master (FUNCTION LOAD REPLACE)
-// and writes the version on a Redis without one.
+// anything), deletes another version of the library (its functions have
+// the same names, which Redis allows in one library only), loads this one
+// onto every master (FUNCTION LOAD REPLACE) and writes the version on a
+// Redis without one.
 func loadLibrary(ctx context.Context, c redis.UniversalClient) error {
 	v, err := c.Get(ctx, keySchema).Result()
 	switch {
@@ -38,6 +44,18 @@ func loadLibrary(ctx context.Context, c redis.UniversalClient) error {
 		return fmt.Errorf("%w: %s is %q, this policyd reads %q", ErrSchema, keySchema, v, schemaVersion)
 	}
 	err = eachMaster(ctx, c, func(ctx context.Context, n *redis.Client) error {
+		libs, err := n.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: libraryPattern}).Result()
+		if err != nil {
+			return fmt.Errorf("redisstore: FUNCTION LIST on %s: %w", n.Options().Addr, err)
+		}
+		for _, l := range libs {
+			if l.Name == libraryName {
+				continue
+			}
+			if err := n.FunctionDelete(ctx, l.Name).Err(); err != nil {
+				return fmt.Errorf("redisstore: FUNCTION DELETE %s on %s: %w", l.Name, n.Options().Addr, err)
+			}
+		}
 		if err := n.FunctionLoadReplace(ctx, library).Err(); err != nil {
 			return fmt.Errorf("redisstore: FUNCTION LOAD %s on %s: %w", libraryName, n.Options().Addr, err)
 		}

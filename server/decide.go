@@ -365,12 +365,18 @@ func (d *Decisions) decideAdmit(ctx context.Context, call callRef, target string
 // agrees checks outcome i's final disposition against the outcome and
 // what policyd decided for the call (fleet.CheckFinal): a contradiction
 // is INVALID_ARGUMENT naming outcomes[i].final_disposition and the rule.
-// It reads the call's remembered answer, its breaker and its run, so it
-// runs only for final dispositions other than SUCCEEDED of a success.
-// stopped reports that policyd stopped the call itself (NextDelay's STOP,
-// which counted the call's end in the attempt statistics).
-func (d *Decisions) agrees(ctx context.Context, i int, it *outcomeItem, success, alreadyRecorded bool, p *policy.Policy, key policy.BreakerKey) (stopped bool, err error) {
+// ans and decided are the call's remembered answer (finalAnswers reads
+// them for the whole request); it also reads the call's run and its
+// breaker as this replica knows it (Breakers.KnownBreaker: no round trip),
+// so it runs only for the outcomes checkFinal selects. A disposition
+// refused so is checked again on the breaker as the store has it, read
+// then: the replica's copy may lag the fleet's by the change stream's
+// delivery, or be missing. stopped reports that policyd stopped the call itself
+// (NextDelay's STOP, which counted the call's end in the attempt
+// statistics).
+func (d *Decisions) agrees(ctx context.Context, i int, it *outcomeItem, ans policy.Answer, decided bool, p *policy.Policy, key policy.BreakerKey) (stopped bool, err error) {
 	now := d.cfg.Clock.Now()
+	success, alreadyRecorded := it.success, it.alreadyRecorded
 	r := fleet.FinalReport{
 		Final:          it.final,
 		Success:        success,
@@ -383,22 +389,13 @@ func (d *Decisions) agrees(ctx context.Context, i int, it *outcomeItem, success,
 		r.Failure = policy.Classify(p, it.failure, true, true).Category
 	}
 	r.Recorded = !success && alreadyRecorded
-	r.Answer, r.Decided = d.store.LastAnswer(policy.CallKey{Tenant: it.call.tenant, CallID: it.call.callID})
+	r.Answer, r.Decided = ans, decided
 	deadline := r.Answer.Deadline
 	if !it.call.deadline.IsZero() || !it.call.origin.IsZero() {
 		deadline = policy.EffectiveDeadline(p, now, it.call.origin, it.call.deadline)
 	}
 	if !deadline.IsZero() {
 		r.Deadline = deadline.UnixNano()
-	}
-	if snap, err := d.store.Breaker(key); err == nil {
-		r.HasBreaker, r.Breaker, r.Transitioned = true, snap.State, snap.Generation > 0
-		r.Changed, r.CooldownEnd = snap.Changed.UnixNano(), snap.CooldownUntil.UnixNano()
-		if snap.CooldownUntil.IsZero() {
-			r.CooldownEnd = 0
-		}
-	} else if !notFound(err) {
-		return false, storeError(ctx, d.cfg.Logger, "breaker", err)
 	}
 	if it.call.runID != "" {
 		run, err := d.runOf(ctx, "outcomes.call.run_id", it.call.runID, it.call.tenant)
@@ -408,10 +405,64 @@ func (d *Decisions) agrees(ctx context.Context, i int, it *outcomeItem, success,
 		r.Cutoff = run.Cutoff.UnixNano()
 	}
 	r.HasKey = it.call.key != ""
-	if rule := fleet.CheckFinal(&r); rule != "" {
+	snap, known := d.store.KnownBreaker(key)
+	if known {
+		setBreaker(&r, &snap)
+	}
+	rule := fleet.CheckFinal(&r)
+	if rule != "" {
+		// What a breaker tells only lets a disposition through (it refused
+		// the call, its cool-down ate the deadline), so a breaker not known
+		// here matters only for a refusal, and so does a known one that
+		// lags the store's.
+		r.HasBreaker, r.Breaker, r.Transitioned, r.Changed, r.CooldownEnd = false, 0, false, 0, 0
+		if snap, err := d.store.Breaker(key); err == nil {
+			setBreaker(&r, &snap)
+		} else if !notFound(err) {
+			return false, storeError(ctx, d.cfg.Logger, "breaker", err)
+		}
+		rule = fleet.CheckFinal(&r)
+	}
+	if rule != "" {
 		return false, invalid("outcomes["+strconv.Itoa(i)+"].final_disposition", rule)
 	}
 	return r.Decided && !r.Answer.Retry, nil
+}
+
+// setBreaker puts what fleet.CheckFinal needs of the call's breaker in r.
+func setBreaker(r *fleet.FinalReport, snap *policy.BreakerSnapshot) {
+	r.HasBreaker, r.Breaker, r.Transitioned = true, snap.State, snap.Generation > 0
+	r.Changed, r.CooldownEnd = snap.Changed.UnixNano(), snap.CooldownUntil.UnixNano()
+	if snap.CooldownUntil.IsZero() {
+		r.CooldownEnd = 0
+	}
+}
+
+// checkFinal reports whether outcome it's final disposition is checked
+// against what policyd decided (agrees): every one but a success's
+// SUCCEEDED.
+func (it *outcomeItem) checkFinal() bool {
+	fd := it.final.Disposition
+	return fd != policy.DispositionNone && (fd != policy.DispositionSucceeded || !it.success)
+}
+
+// finalAnswers reads the remembered answers of the calls of the outcomes
+// that checkFinal selects, in items' order, in one batch
+// (Attempts.LastAnswers: one round trip per tenant on a shared engine,
+// not one per outcome); nil when there are none.
+func (d *Decisions) finalAnswers(items []outcomeItem) (answers []policy.Answer, decided []bool) {
+	var keys []policy.CallKey
+	for i := range items {
+		if it := &items[i]; it.checkFinal() {
+			keys = append(keys, policy.CallKey{Tenant: it.call.tenant, CallID: it.call.callID})
+		}
+	}
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	answers, decided = make([]policy.Answer, len(keys)), make([]bool, len(keys))
+	d.store.LastAnswers(keys, answers, decided)
+	return answers, decided
 }
 
 // detail explains a decision in a sentence for logs and humans.
@@ -475,6 +526,8 @@ func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc 
 	var depTenant string
 	depN := 0
 	var p policy.Policy // the call's, resolved again only when an outcome's tenant or target differs from the last's
+	answers, decided := d.finalAnswers(items)
+	checked := 0 // outcomes agrees has checked
 	for i := range items {
 		it := &items[i]
 		if i == 0 || it.call.tenant != items[i-1].call.tenant || it.call.target != items[i-1].call.target {
@@ -520,8 +573,9 @@ func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc 
 		if it.success {
 			u.Tally = policy.AttemptTally{Tenant: it.call.tenant, Target: it.target, Attempt: it.attempt, Success: true}
 		}
-		if fd := it.final.Disposition; fd != policy.DispositionNone && (fd != policy.DispositionSucceeded || !it.success) {
-			stopped, err := d.agrees(ctx, i, it, it.success, it.alreadyRecorded, &p, u.Key)
+		if it.checkFinal() {
+			stopped, err := d.agrees(ctx, i, it, answers[checked], decided[checked], &p, u.Key)
+			checked++
 			if err != nil {
 				return 0, ups, err
 			}

@@ -155,6 +155,11 @@ type Attempts interface {
 	// LastAnswer returns the answer to the highest attempt of call k
 	// decided, while it is remembered.
 	LastAnswer(k policy.CallKey) (policy.Answer, bool)
+	// LastAnswers is LastAnswer of every call of keys at once, into out[i]
+	// and ok[i] (out and ok at least as long as keys): ReportOutcome reads
+	// a request's in one batch, so a store across the network makes one
+	// round trip per tenant, not one per outcome.
+	LastAnswers(keys []policy.CallKey, out []policy.Answer, ok []bool)
 }
 
 // Outcomes applies reported outcomes a batch at a time.
@@ -180,6 +185,11 @@ type Policies interface {
 type Breakers interface {
 	Admit(key policy.BreakerKey, cfg policy.BreakerConfig) (policy.Admission, error)
 	Breaker(key policy.BreakerKey) (policy.BreakerSnapshot, error)
+	// KnownBreaker returns the breaker under key as this process knows it,
+	// with no round trip to a shared engine (a replica's copy lags the
+	// fleet's by the change stream's delivery; a store in this process
+	// knows it exactly), and false when it does not know it.
+	KnownBreaker(key policy.BreakerKey) (policy.BreakerSnapshot, bool)
 	Breakers(tenant string, state policy.BreakerState, after policy.BreakerKey, limit int) ([]policy.BreakerSnapshot, error)
 	ResetBreaker(key policy.BreakerKey) (policy.BreakerSnapshot, error)
 	ForceBreaker(key policy.BreakerKey, st policy.BreakerState) (policy.BreakerSnapshot, error)

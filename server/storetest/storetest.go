@@ -943,6 +943,20 @@ func testAttempts(t *testing.T, e *env) {
 	}
 	decide(failed, 1, retry)
 	replays(failed, 1, retry)
+
+	// LastAnswers reads many calls of several tenants at once, each as
+	// LastAnswer does.
+	keys := []policy.CallKey{call, failed, {Tenant: "acme", CallID: "never"}, other, failed}
+	want := []policy.Answer{stop, retry, {}, stop, retry}
+	wantOK := []bool{true, true, false, true, true}
+	got, ok := make([]policy.Answer, len(keys)), make([]bool, len(keys))
+	got[2], ok[2] = retry, true // left over from an earlier use: cleared
+	e.s.LastAnswers(keys, got, ok)
+	for i := range keys {
+		if ok[i] != wantOK[i] || ok[i] && !sameAnswer(got[i], want[i]) || !ok[i] && got[i] != (policy.Answer{}) {
+			t.Errorf("LastAnswers: %v = %+v, %v; want %+v, %v", keys[i], got[i], ok[i], want[i], wantOK[i])
+		}
+	}
 }
 
 // testDuplicates: 64 concurrent NextDelays of one attempt of one call (a
@@ -1098,6 +1112,18 @@ func testReplicas(t *testing.T, e *env) {
 		a, err := e.on(1).Admit(forced, breaker)
 		return err == nil && !a.Admitted && a.Reason == fleet.ReasonForcedOpen
 	})
+	// A replica that uses the breaker knows the change with no round trip
+	// (KnownBreaker), once its feed delivers it; a breaker never stored is
+	// known nowhere.
+	eventually(t, "the forced OPEN known on replica 1", func() bool {
+		snap, ok := e.on(1).KnownBreaker(forced)
+		return ok && snap.State == policy.BreakerOpen && snap.Forced && snap.Generation > 0 && !snap.Changed.IsZero()
+	})
+	for i := range e.replicas {
+		if snap, ok := e.on(i).KnownBreaker(policy.BreakerKey{Tenant: "acme", Target: "never"}); ok {
+			t.Errorf("KnownBreaker of a breaker never stored on replica %d = %+v, true; want false", i, snap)
+		}
+	}
 
 	cool := policy.BreakerKey{Tenant: "acme", Target: "cool"}
 	now := e.clock.Now()
