@@ -30,10 +30,11 @@ type auditBuffer struct {
 
 // AppendAudit adds records to the fleet's audit trail, stamping their time
 // (when zero) with the replica's clock. It does not wait for Redis: the
-// records are buffered and written by the flusher every FlushInterval, one
-// pipeline of XADDs to the tenants' audit streams; past MaxAuditBuffer
-// waiting records new ones are dropped, logged and counted. A query on
-// this replica sees them at once, on another replica after the flush.
+// records are buffered and written by the flusher every FlushInterval,
+// one policyd_audit call per tenant (per auditChunk records); past
+// MaxAuditBuffer waiting records new ones are dropped, logged and
+// counted. A query on this replica sees them at once, on another replica
+// after the flush.
 func (s *Store) AppendAudit(recs ...policy.AuditRecord) {
 	if len(recs) == 0 || s.closed.Load() {
 		return
@@ -54,8 +55,11 @@ func (s *Store) AppendAudit(recs ...policy.AuditRecord) {
 	}
 }
 
-// flushAudit writes the buffered records, in one pipeline bounded by the
-// store's timeout within ctx.
+// flushAudit writes the buffered records (writeAudit: one round trip,
+// bounded by the store's timeout within ctx). Those not written wait for
+// the next flush, in their order and before the records appended since,
+// as many as MaxAuditBuffer allows: past it the oldest are dropped and
+// counted.
 func (s *Store) flushAudit(ctx context.Context) {
 	b := &s.audit
 	b.mu.Lock()
@@ -68,12 +72,12 @@ func (s *Store) flushAudit(ctx context.Context) {
 	if len(recs) == 0 {
 		return
 	}
-	if err := s.writeAudit(ctx, recs); err != nil {
+	if left, err := s.writeAudit(ctx, recs); len(left) > 0 {
 		if s.health.up() { // while down, the transition was logged
-			s.log.Warn("redisstore: audit records not written; retrying", "records", len(recs), "err", err)
+			s.log.Warn("redisstore: audit records not written; retrying", "records", len(left), "of", len(recs), "err", err)
 		}
 		b.mu.Lock()
-		b.recs = append(recs, b.recs...)
+		b.recs = append(left, b.recs...)
 		if over := len(b.recs) - s.opts.MaxAuditBuffer; over > 0 {
 			b.recs = b.recs[over:]
 			b.dropped += uint64(over)
@@ -82,43 +86,106 @@ func (s *Store) flushAudit(ctx context.Context) {
 	}
 }
 
-// writeAudit appends recs to their tenants' audit streams in one pipeline
-// and trims each stream to the retention by size (MAXLEN ~) and by age
-// (MINID ~).
-func (s *Store) writeAudit(ctx context.Context, recs []policy.AuditRecord) error {
+// auditChunk is the most records one policyd_audit call carries: with
+// len(auditFields) arguments each, a call stays a few thousand arguments
+// and a few hundred XADDs long, however many records a flush holds.
+const auditChunk = 256
+
+// writeAudit appends recs to their tenants' audit streams: one call of
+// policyd_audit per tenant and auditChunk records, in the records' order,
+// all sent in one pipeline (on a Cluster, one per master), each adding
+// its records with MAXLEN ~ AuditMaxRecords and trimming its stream by
+// age (MINID ~ AuditRetention). It returns the records of the calls that
+// failed, in their order, and the first error.
+func (s *Store) writeAudit(ctx context.Context, recs []policy.AuditRecord) ([]policy.AuditRecord, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
 	// Entry ids are the server's time, whatever Options.Clock says: trim
 	// by the wall clock.
 	oldest := strconv.FormatInt(time.Now().Add(-s.opts.AuditRetention).UnixMilli(), 10)
-	trimmed := map[string]bool{}
+	// The records of each tenant, in order; tenants in order of their
+	// first record.
+	var tenants []string
+	byTenant := map[string][]int{}
+	for i := range recs {
+		t := recs[i].Tenant
+		if _, ok := byTenant[t]; !ok {
+			tenants = append(tenants, t)
+		}
+		byTenant[t] = append(byTenant[t], i)
+	}
+	type call struct {
+		cmd  *redis.Cmd
+		recs []int
+	}
+	var calls []call
 	_, err := s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i := range recs {
-			r := &recs[i]
-			key := keyAudit(r.Tenant)
-			p.XAdd(ctx, &redis.XAddArgs{Stream: key, MaxLen: int64(s.opts.AuditMaxRecords), Approx: true, Values: auditValues(r)})
-			if !trimmed[key] {
-				trimmed[key] = true
-				p.XTrimMinIDApprox(ctx, key, oldest, 0)
+		l := s.lib.on(p)
+		for _, t := range tenants {
+			idx := byTenant[t]
+			for len(idx) > 0 {
+				n := min(len(idx), auditChunk)
+				args := make([]any, 0, 2+n*len(auditFields))
+				args = append(args, s.opts.AuditMaxRecords, oldest)
+				for _, i := range idx[:n] {
+					args = auditArgs(args, &recs[i])
+				}
+				calls = append(calls, call{l.run(ctx, "policyd_audit", []string{keyAudit(t)}, args...), idx[:n]})
+				idx = idx[n:]
 			}
 		}
 		return nil
 	})
-	return err
+	if err == nil {
+		return nil, nil
+	}
+	var left []int
+	for _, c := range calls {
+		if c.cmd.Err() != nil {
+			left = append(left, c.recs...)
+		}
+	}
+	if len(left) == 0 {
+		left = make([]int, len(recs)) // no call said which: all again
+		for i := range left {
+			left[i] = i
+		}
+	}
+	slices.Sort(left) // the records' order, across tenants
+	out := make([]policy.AuditRecord, len(left))
+	for j, i := range left {
+		out[j] = recs[i]
+	}
+	return out, err
 }
 
-// auditValues encodes r as a stream entry's fields; "primary" (the primary
-// target of an attempt sent to a fallback) only when set, so an entry
-// without it is one that never left its primary.
+// auditFields are the fields of an audit stream entry, in the order
+// policyd_audit takes their values (policyd.lua's AUDIT_FIELDS). An entry
+// without "primary" (the primary target of an attempt sent to a
+// fallback) is one that never left its primary.
+var auditFields = [...]string{"t", "ev", "tenant", "target", "call", "run", "attempt", "class",
+	"verdict", "delay", "stop", "disp", "detail", "primary"}
+
+// auditArgs appends r's values to args in auditFields' order, "" for no
+// primary target.
+func auditArgs(args []any, r *policy.AuditRecord) []any {
+	return append(args, r.Time.UnixNano(), int(r.Event), r.Tenant, r.Target, r.CallID, r.RunID, r.Attempt,
+		r.Classification, int(r.Verdict), int64(r.Delay), int(r.Stop), int(r.Disposition), r.Detail, r.PrimaryTarget)
+}
+
+// auditValues encodes r as a stream entry's fields and values (XADD's),
+// those of auditArgs, without "primary" when r has none.
 func auditValues(r *policy.AuditRecord) []any {
-	v := []any{"t", r.Time.UnixNano(), "ev", int(r.Event), "tenant", r.Tenant, "target", r.Target,
-		"call", r.CallID, "run", r.RunID, "attempt", r.Attempt, "class", r.Classification,
-		"verdict", int(r.Verdict), "delay", int64(r.Delay), "stop", int(r.Stop), "disp", int(r.Disposition),
-		"detail", r.Detail}
-	if r.PrimaryTarget != "" {
-		v = append(v, "primary", r.PrimaryTarget)
+	var a [len(auditFields)]any
+	v := auditArgs(a[:0], r)
+	out := make([]any, 0, 2*len(v))
+	for i, f := range auditFields {
+		if f == "primary" && r.PrimaryTarget == "" {
+			continue
+		}
+		out = append(out, f, v[i])
 	}
-	return v
+	return out
 }
 
 // decodeAudit reads a stream entry back; Seq is the entry id packed as

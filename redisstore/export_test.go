@@ -22,3 +22,14 @@ func (s *Store) Debts() int {
 // FlushHeld sends the held outcome batches, as the flusher does every
 // FlushInterval.
 func (s *Store) FlushHeld() { s.flushHeld() }
+
+// FlushAudit writes the buffered audit records, as the flusher does every
+// FlushInterval.
+func (s *Store) FlushAudit() { s.flushAudit(s.ctx) }
+
+// AuditBuffered is the number of audit records waiting for a flush.
+func (s *Store) AuditBuffered() int {
+	s.audit.mu.Lock()
+	defer s.audit.mu.Unlock()
+	return len(s.audit.recs)
+}

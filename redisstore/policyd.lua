@@ -708,6 +708,33 @@ local function attempts(keys)
   return out
 end
 
+-- audit appends records to a tenant's audit stream, each one entry with
+-- the fields of auditFields (redisstore/audit.go) in that order, trimmed
+-- to at most ARGV[1] entries (MAXLEN ~) as each is added, then by age to
+-- the entry id ARGV[2] (MINID ~). KEYS: the stream. ARGV: max entries,
+-- oldest id, then per record the 14 values t ev tenant target call run
+-- attempt class verdict delay stop disp detail and primary ('' for none,
+-- left out of the entry). Returns the records added.
+local AUDIT_FIELDS = {'t', 'ev', 'tenant', 'target', 'call', 'run', 'attempt', 'class', 'verdict', 'delay',
+  'stop', 'disp', 'detail', 'primary'}
+local function audit(keys, args)
+  local n = 0
+  for i = 3, #args, #AUDIT_FIELDS do
+    local e = {keys[1], 'MAXLEN', '~', args[1], '*'}
+    for j, f in ipairs(AUDIT_FIELDS) do
+      local v = args[i + j - 1]
+      if f ~= 'primary' or v ~= '' then
+        e[#e + 1] = f
+        e[#e + 1] = v
+      end
+    end
+    redis.call('XADD', unpack(e))
+    n = n + 1
+  end
+  redis.call('XTRIM', keys[1], 'MINID', '~', args[2])
+  return n
+end
+
 -- The idempotency ledger: fleet.KeyRecord in a hash per key (state,
 -- lease, lease_until, expires, result), expiring with the record
 -- (PEXPIREAT, rounded up to the millisecond), and the tenant's live keys
@@ -1114,6 +1141,7 @@ end
 
 register('policyd_read', read, {'no-writes'})
 register('policyd_attempts', attempts, {'no-writes'})
+register('policyd_audit', audit)
 register('policyd_admit', admit)
 register('policyd_record', record)
 register('policyd_cooldown', cooldown)
