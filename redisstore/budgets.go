@@ -34,12 +34,21 @@ func (s *Store) budgetOf(tenant string) (policy.TenantBudget, bool) {
 	return b, false
 }
 
+// shareGrace is how many heartbeats a replica out of the live set must
+// have been silent before its shares are forfeited (see degraded).
+const shareGrace = 10
+
 // SpendRetry withdraws one retry, atomically (one call of policyd_spend)
 // from the run's pool when req.RunID is set and from the tenant's bucket:
 // past the run's cut-off the retry is refused with StopDeadline, with its
 // pool spent with StopBudgetExhausted, then without enough tokens with
 // StopBudgetExhausted unless the budget is in dry run. The pool is never
-// overspent and the tokens never go below zero, across all replicas.
+// overspent and the tokens never go below zero, across all replicas and
+// with their grants in degraded mode counted: a spend takes what no
+// replica holds as its share first, then this replica's own, and never
+// another's (see degraded), so a replica is refused when what is left is
+// all in other replicas' shares. Each call sets this replica's shares
+// again.
 func (s *Store) SpendRetry(req policy.SpendRequest) (policy.Spend, error) {
 	if err := s.check(); err != nil {
 		return policy.Spend{}, err
@@ -68,14 +77,15 @@ func (s *Store) SpendRetry(req policy.SpendRequest) (policy.Spend, error) {
 		// answer before it grants from the same tokens again.
 		s.chargeDebts(func(d *debt) bool { return d.tenant == tenant || req.RunID != "" && d.run == req.RunID })
 	}
+	sa := s.degraded.shareArgs(s.id, tenant, req.RunID, shareGrace*s.opts.Heartbeat)
 	ctx, cancel := s.call()
 	defer cancel()
-	_, sp, err := spendCall(ctx, s.lib, tenant, &b, req.Timeout, req.RunID)
+	_, sp, sh, err := spendCall(ctx, s.lib, tenant, &b, req.Timeout, req.RunID, &sa)
 	if errors.Is(err, ErrUnavailable) {
 		return s.degraded.spend(tenant, &b, req.Timeout, req.RunID), nil
 	}
 	if err == nil {
-		s.degraded.saw(tenant, req.RunID, &sp)
+		s.degraded.saw(tenant, req.RunID, sh)
 	}
 	return sp, err
 }

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -144,8 +145,9 @@ func adminCall(ctx context.Context, l lib, key policy.BreakerKey, op string, st 
 }
 
 // spendCall is policyd_spend: one retry from tenant's bucket under budget
-// b and, when runID is set, from the run's pool.
-func spendCall(ctx context.Context, l lib, tenant string, b *policy.TenantBudget, timeout bool, runID string) (int64, policy.Spend, error) {
+// b and, when runID is set, from the run's pool, as replica sa.replica,
+// whose shares of both it returns.
+func spendCall(ctx context.Context, l lib, tenant string, b *policy.TenantBudget, timeout bool, runID string, sa *shareArgs) (int64, policy.Spend, spendShares, error) {
 	runKey := keyRun(tenant, "")
 	hasRun := 0
 	if runID != "" {
@@ -156,13 +158,13 @@ func spendCall(ctx context.Context, l lib, tenant string, b *policy.TenantBudget
 		to = 1
 	}
 	args := budgetArgs(nil, b)
-	args = append(args, to, hasRun)
+	args = append(args, to, hasRun, sa.replica, sa.bucket, sa.run, sa.live, us(sa.grace))
 	r, err := l.fcall(ctx, "policyd_spend", []string{keyBucket(tenant), runKey}, args...)
 	if err != nil {
-		return 0, policy.Spend{}, err
+		return 0, policy.Spend{}, spendShares{}, err
 	}
-	if len(r) != 7 {
-		return 0, policy.Spend{}, errReply
+	if len(r) != 11 {
+		return 0, policy.Spend{}, spendShares{}, errReply
 	}
 	now, _ := toInt(r[0])
 	granted, _ := toInt(r[1])
@@ -170,12 +172,48 @@ func spendCall(ctx context.Context, l lib, tenant string, b *policy.TenantBudget
 	disp, _ := toInt(r[3])
 	tokens, err := toFloat(r[4])
 	if err != nil {
-		return 0, policy.Spend{}, err
+		return 0, policy.Spend{}, spendShares{}, err
 	}
 	left, _ := toInt(r[5])
 	dry, _ := toInt(r[6])
+	sh, err := parseShares(r[7:11])
+	if err != nil {
+		return 0, policy.Spend{}, spendShares{}, err
+	}
 	return now, policy.Spend{Granted: granted == 1, Stop: policy.StopReason(stop), Disposition: policy.Disposition(disp),
-		TenantTokens: tokens, RunRemaining: uint64(left), HasRun: runID != "", DryRunRefused: dry == 1}, nil
+		TenantTokens: tokens, RunRemaining: uint64(left), HasRun: runID != "", DryRunRefused: dry == 1}, sh, nil
+}
+
+// shareArgs is what policyd_spend needs to set the caller's shares: its
+// replica id, the versions of its bucket and run shares it has seen, the
+// live replicas' ids (space-separated) and how long a replica out of
+// them must have been silent before its shares are forfeited.
+type shareArgs struct {
+	replica     string
+	bucket, run uint64
+	live        string
+	grace       time.Duration
+}
+
+// spendShares are the caller's shares of a bucket and a run pool after a
+// call, as the library reports them.
+type spendShares struct{ bucket, run share }
+
+// parseShares reads the library's 4 share numbers: bucket share, its
+// version, run share, its version.
+func parseShares(a []any) (spendShares, error) {
+	var out spendShares
+	var err [4]error
+	out.bucket.hold, err[0] = toFloat(a[0])
+	v, e := toInt(a[1])
+	out.bucket.v, err[1] = uint64(v), e
+	out.run.hold, err[2] = toFloat(a[2])
+	v, e = toInt(a[3])
+	out.run.v, err[3] = uint64(v), e
+	if e := errors.Join(err[:]...); e != nil {
+		return spendShares{}, fmt.Errorf("redisstore: shares %v: %w", a, e)
+	}
+	return out, nil
 }
 
 // depositCall is policyd_deposit of successes into tenant's bucket.
@@ -195,28 +233,30 @@ func depositCall(ctx context.Context, l lib, tenant string, b *policy.TenantBudg
 }
 
 // chargeCall withdraws d from its tenant's bucket and run (one call of
-// policyd_charge) and returns the tokens and the run's retries left after
-// it; charged is false when d.id was charged before.
-func chargeCall(ctx context.Context, l lib, d *debt, b *policy.TenantBudget) (tokens float64, left uint64, charged bool, err error) {
+// policyd_charge) as replica, and returns the tokens and the run's
+// retries left after it and replica's shares of both.
+func chargeCall(ctx context.Context, l lib, d *debt, b *policy.TenantBudget, replica string) (tokens float64, left uint64, sh spendShares, err error) {
 	runKey, hasRun := keyRun(d.tenant, ""), 0
 	if d.run != "" {
 		runKey, hasRun = keyRun(d.tenant, d.run), 1
 	}
 	args := budgetArgs(nil, b)
-	args = append(args, strconv.FormatFloat(d.tokens, 'g', -1, 64), d.retries, hasRun, d.id)
+	args = append(args, strconv.FormatFloat(d.tokens, 'g', -1, 64), d.retries, hasRun, d.id, replica)
 	r, err := l.fcall(ctx, "policyd_charge", []string{keyBucket(d.tenant), runKey, keyApplied(d.tenant)}, args...)
 	if err != nil {
-		return 0, 0, false, err
+		return 0, 0, spendShares{}, err
 	}
-	if len(r) != 4 {
-		return 0, 0, false, errReply
+	if len(r) != 8 {
+		return 0, 0, spendShares{}, errReply
 	}
 	if tokens, err = toFloat(r[1]); err != nil {
-		return 0, 0, false, err
+		return 0, 0, spendShares{}, err
 	}
 	n, _ := toInt(r[2])
-	c, _ := toInt(r[3])
-	return tokens, uint64(n), c == 1, nil
+	if sh, err = parseShares(r[4:8]); err != nil {
+		return 0, 0, spendShares{}, err
+	}
+	return tokens, uint64(n), sh, nil
 }
 
 // ledgerFields names the run hash's ledger counters, in policy.Ledger's

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,10 +23,27 @@ import (
 //     this replica alone then drives: an OPEN breaker half-opens when its
 //     cool-down ends, failures may open a CLOSED one, and HALF_OPEN hands
 //     out at most ceil(N / live replicas) probes of its own;
-//   - budgets and pools: a share of the tokens and of the pool's retries
-//     last seen (divided by the live replicas last counted), spent
-//     locally, then BUDGET_EXHAUSTED; a tenant or run this replica never
-//     spent from has nothing to share, so its retries are refused;
+//   - budgets and pools: the share of the tokens and of the pool's
+//     retries the engine set aside for this replica at its last spend
+//     (policyd.lua's Shares), spent locally, then BUDGET_EXHAUSTED; a
+//     tenant or run this replica never spent from has no share, so its
+//     retries are refused. A share is SHARE (a half) of the level left
+//     at that spend over the live replicas, and no more than the other
+//     replicas' locks leave: the engine never lets one replica spend
+//     what another may grant alone (its lock, which covers every share
+//     it told that replica of until the replica acknowledges a newer
+//     one). So the fleet's grants from a bucket or a pool, the engine's
+//     and every replica's alone together, never pass its level (tokens
+//     never below zero, a pool never overspent), whatever the replicas
+//     spent after one another's reads. A share of a level read, as
+//     before, counted again what others spent after the read
+//     (policybench replicas, stop-redis: 401-404 grants of 400;
+//     TestDegradedSharesOfStaleLevels: 12 of 9). The price: a replica is
+//     refused while what is left is locked by others (at most a half of
+//     the level, split among them, of what each saw at its last spend),
+//     and the shares of a replica out of the live set and silent for ten
+//     heartbeats are forfeited (taken from the level: it may have spent
+//     them);
 //   - ceilings (AdmitFlow): a fleet.Flow of this replica's own per key,
 //     holding ceil(ceiling / live replicas) leases (of the adaptive
 //     limit's ceiling last seen, for an adaptive one) and a rate of
@@ -44,7 +62,8 @@ import (
 // engine was up) is not dropped: at each transition it becomes a debt,
 // charged to the engine as soon as it answers (policyd_charge, at most
 // once per debt id): the tokens from the tenant's bucket, down to zero,
-// the retries from the run's pool, up to the pool. Without it, each
+// the retries from the run's pool, up to the pool, and both from the
+// replica's locks. Without it, each
 // outage, however short, handed out another share of the same last known
 // level, and a flapping engine let the replicas overspend a budget many
 // times over (policybench replicas, stop-redis: 582 grants of 400).
@@ -54,16 +73,25 @@ type degraded struct {
 	spent    map[string]float64 // tenant -> tokens spent while down
 	runSpent map[string]uint64  // run id -> retries spent while down
 	// Last known, kept while up.
-	tokens  map[string]float64               // tenant -> tokens after its last spend
-	runs    map[string]uint64                // run id -> retries left after its last spend or read
+	tokens  map[string]share                 // tenant -> this replica's share of its bucket
+	runs    map[string]share                 // run id -> this replica's share of its pool
 	runInfo map[string]policy.Run            // run id -> the run as last read
 	flows   map[policy.BreakerKey]*localFlow // key -> this replica's share of its ceilings while down
 	limits  map[policy.BreakerKey]float64    // key -> its adaptive limit as the engine last reported it
 	live    int                              // live replicas, this one included
+	liveIDs string                           // their ids, space-separated
 	// runTenant names the tenant of every run spent from while down;
 	// debts are the grants of earlier outages not charged yet.
 	runTenant map[string]string
 	debts     []debt
+}
+
+// share is what the engine last told this replica it may grant alone
+// from a bucket (tokens) or a pool (retries), at version v of its
+// replies about it (policyd.lua's Shares).
+type share struct {
+	hold float64
+	v    uint64
 }
 
 // debt is what this replica granted from its share while the engine did
@@ -79,7 +107,7 @@ type debt struct {
 
 func newDegraded() *degraded {
 	return &degraded{breakers: map[policy.BreakerKey]*fleet.Breaker{}, spent: map[string]float64{},
-		runSpent: map[string]uint64{}, tokens: map[string]float64{}, runs: map[string]uint64{}, live: 1,
+		runSpent: map[string]uint64{}, tokens: map[string]share{}, runs: map[string]share{}, live: 1,
 		runTenant: map[string]string{}, flows: map[policy.BreakerKey]*localFlow{}, limits: map[policy.BreakerKey]float64{}}
 }
 
@@ -152,26 +180,40 @@ func (d *degraded) drop(db *debt) {
 	d.debts = slices.DeleteFunc(d.debts, func(o debt) bool { return o.id == db.id })
 }
 
-// charged notes the engine's levels after a debt was charged: the next
-// outage's shares are shares of them.
-func (d *degraded) charged(db *debt, tokens float64, left uint64) {
+// charged forgets a debt the engine was charged and notes this replica's
+// shares after it.
+func (d *degraded) charged(db *debt, sh spendShares) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.debts = slices.DeleteFunc(d.debts, func(o debt) bool { return o.id == db.id })
-	d.tokens[db.tenant] = tokens
-	if db.run != "" {
-		d.runs[db.run] = left
+	d.note(db.tenant, db.run, sh)
+}
+
+// saw remembers this replica's shares after a spend while up.
+func (d *degraded) saw(tenant, run string, sh spendShares) {
+	d.mu.Lock()
+	d.note(tenant, run, sh)
+	d.mu.Unlock()
+}
+
+// note keeps sh's shares of tenant's bucket and run's pool where they
+// are newer than those known (replies to concurrent calls may arrive out
+// of order); d.mu is held.
+func (d *degraded) note(tenant, run string, sh spendShares) {
+	if old, ok := d.tokens[tenant]; !ok || sh.bucket.v >= old.v {
+		d.tokens[tenant] = sh.bucket
+	}
+	if old, ok := d.runs[run]; run != "" && (!ok || sh.run.v >= old.v) {
+		d.runs[run] = sh.run
 	}
 }
 
-// saw remembers a spend's result while up.
-func (d *degraded) saw(tenant, run string, sp *policy.Spend) {
+// shareArgs returns what policyd_spend needs to set this replica's
+// shares of tenant's bucket and run's pool.
+func (d *degraded) shareArgs(replica, tenant, run string, grace time.Duration) shareArgs {
 	d.mu.Lock()
-	d.tokens[tenant] = sp.TenantTokens
-	if run != "" && sp.HasRun {
-		d.runs[run] = sp.RunRemaining
-	}
-	d.mu.Unlock()
+	defer d.mu.Unlock()
+	return shareArgs{replica: replica, bucket: d.tokens[tenant].v, run: d.runs[run].v, live: d.liveIDs, grace: grace}
 }
 
 // replicas returns the live replicas last counted, at least 1.
@@ -249,12 +291,11 @@ func (d *degraded) record(key policy.BreakerKey, cfg policy.BreakerConfig, st *s
 	return snap, err
 }
 
-// spend is SpendRetry in degraded mode: this replica's share of the last
-// known tokens and pool.
+// spend is SpendRetry in degraded mode: from this replica's shares of the
+// tenant's bucket and the run's pool.
 func (d *degraded) spend(tenant string, b *policy.TenantBudget, timeout bool, run string) policy.Spend {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	live := float64(max(d.live, 1))
 	cost := b.RetryCost
 	if timeout {
 		cost = b.TimeoutCost
@@ -266,10 +307,10 @@ func (d *degraded) spend(tenant string, b *policy.TenantBudget, timeout bool, ru
 	// What earlier outages granted and the engine was not charged yet is
 	// not in the levels last seen: it counts against the share.
 	owedTokens, owedRetries := d.owed(tenant, run)
-	left := d.tokens[tenant]/live - d.spent[tenant] - owedTokens
+	left := d.tokens[tenant].hold - d.spent[tenant] - owedTokens
 	sp.TenantTokens = max(left, 0)
 	if run != "" {
-		share := d.runs[run] / uint64(live)
+		share := uint64(d.runs[run].hold)
 		used := d.runSpent[run] + owedRetries
 		if used >= share {
 			sp.Stop, sp.Disposition = policy.StopBudgetExhausted, policy.DispositionDeadLetter
@@ -325,11 +366,11 @@ func (s *Store) heartbeat(ctx context.Context) {
 	now := s.opts.Clock().UnixMilli()
 	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	defer cancel()
-	var n *redis.IntCmd
+	var ids *redis.StringSliceCmd
 	_, err := s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		p.ZAdd(ctx, keyReplicas, redis.Z{Score: float64(now), Member: s.id})
 		p.ZRemRangeByScore(ctx, keyReplicas, "-inf", strconv.FormatInt(now-3*s.opts.Heartbeat.Milliseconds(), 10))
-		n = p.ZCard(ctx, keyReplicas)
+		ids = p.ZRange(ctx, keyReplicas, 0, -1)
 		return nil
 	})
 	if err != nil {
@@ -339,7 +380,8 @@ func (s *Store) heartbeat(ctx context.Context) {
 		return
 	}
 	s.degraded.mu.Lock()
-	s.degraded.live = max(int(n.Val()), 1)
+	s.degraded.live = max(len(ids.Val()), 1)
+	s.degraded.liveIDs = strings.Join(ids.Val(), " ")
 	s.degraded.mu.Unlock()
 }
 
@@ -475,7 +517,7 @@ func (s *Store) chargeDebts(of func(*debt) bool) {
 		}
 		b, _ := s.budgetOf(d.tenant)
 		ctx, cancel := s.call()
-		tokens, left, _, err := chargeCall(ctx, s.lib, &d, &b)
+		_, _, sh, err := chargeCall(ctx, s.lib, &d, &b, s.id)
 		cancel()
 		switch {
 		case errors.Is(err, ErrUnavailable):
@@ -485,7 +527,7 @@ func (s *Store) chargeDebts(of func(*debt) bool) {
 				"tokens", d.tokens, "retries", d.retries, "err", err)
 			s.degraded.drop(&d)
 		default:
-			s.degraded.charged(&d, tokens, left)
+			s.degraded.charged(&d, sh)
 		}
 	}
 }
@@ -509,8 +551,7 @@ func (s *Store) replay() {
 	}
 }
 
-// sawRun remembers a run as last read, and its retries left when no spend
-// told of them yet.
+// sawRun remembers a run as last read.
 func (d *degraded) sawRun(r policy.Run) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -518,9 +559,6 @@ func (d *degraded) sawRun(r policy.Run) {
 		d.runInfo = map[string]policy.Run{}
 	}
 	d.runInfo[r.ID] = r
-	if _, ok := d.runs[r.ID]; !ok && r.Pool >= r.Spent {
-		d.runs[r.ID] = r.Pool - r.Spent
-	}
 }
 
 // run returns the run id as last read.

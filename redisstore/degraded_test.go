@@ -54,8 +54,8 @@ func boundedReplica(t *testing.T, addr string) *replica {
 
 // TestDegradedWhileRedisPaused stops Redis (SIGSTOP) under two replicas:
 // decisions go on, flagged degraded, from each replica's last known state;
-// the run's pool is not overspent (each replica spends half of what it
-// last knew); admin writes are UNAVAILABLE; outcomes queue. After SIGCONT
+// the run's pool is not overspent (each replica spends only the share the
+// engine set aside for it); admin writes are UNAVAILABLE; outcomes queue. After SIGCONT
 // the queue replays once (the breaker and the ledger count each outcome
 // once) and answers are no longer degraded.
 func TestDegradedWhileRedisPaused(t *testing.T) {

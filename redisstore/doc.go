@@ -76,13 +76,17 @@
 //	{T}:breakers             set     the tenant's breaker targets
 //	{T}:events               stream  one entry per breaker transition or new cool-down of the tenant,
 //	                                 in order: target, state (the 11-number snapshot); MAXLEN ~ 100000
-//	{T}:bucket               hash    fleet.Bucket: tokens (%.17g), last, granted, refused, dry
+//	{T}:bucket               hash    fleet.Bucket: tokens (%.17g), last, granted, refused, dry; and per
+//	                                 replica id R that spent from it its degraded-mode share (see
+//	                                 degraded.go): h:R hold, l:R lock (%.17g), v:R version, a:R last call
+//	                                 (µs)
 //	{T}:run:ID               hash    pool, cutoff, spent, tenant, description, created, redrive_of (the
 //	                                 run it re-drives, "" for none), calls_untracked (calls beyond the
 //	                                 call table's cap), and the ledger counters (succeeded,
 //	                                 failed_terminal, dl_exhausted, dl_budget, dl_not_idempotent,
 //	                                 dl_pushback, dl_deadline, circuit_open, deadline_cut, and
-//	                                 deduplicated: of succeeded, those the idempotency ledger answered)
+//	                                 deduplicated: of succeeded, those the idempotency ledger answered);
+//	                                 the replicas' shares of its pool, as the bucket's (h:R, l:R, v:R, a:R)
 //	{T}:runcalls:ID          hash    call id -> "disposition:stop/ledger field" of its final disposition,
 //	                                 "/dedup" after it for a deduplicated success
 //	{T}:calls:ID             hash    the run's call table (fleet.CallTable, at most Options.MaxRunCalls):
@@ -143,6 +147,10 @@
 // between its finals and its batch id, where a library without them reads
 // past them (it counts nothing) and a call without them counts nothing.
 //
+// The shares' fields of buckets and runs are such an addition too (a
+// library without them reads a bucket's tokens and a run's spent as
+// before).
+//
 // The library's name carries its version (policyd_v2): a change of its
 // functions bumps the name, a layout change the schema key too, so
 // replicas of two versions never run each other's code over one layout.
@@ -151,6 +159,7 @@
 // before then fail their calls until they are upgraded too (and one of
 // them started after refuses to load its own). policyd_v2 added
 // policyd_attempts (a tenant's attempt records in one read) and
-// policyd_audit (a tenant's audit records in one call) to policyd_v1, on
-// the same layout: the schema key stays "1".
+// policyd_audit (a tenant's audit records in one call) to policyd_v1, and
+// policyd_spend and policyd_charge take and return the caller's shares;
+// the schema key stays "1".
 package redisstore

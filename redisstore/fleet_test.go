@@ -263,7 +263,7 @@ func TestBucketMirrorsFleet(t *testing.T) {
 			}
 			continue
 		}
-		now, sp, err := spendCall(ctx, lib{c: c}, "acme", &bg, op.timeout, "")
+		now, sp, _, err := spendCall(ctx, lib{c: c}, "acme", &bg, op.timeout, "", &shareArgs{replica: "r"})
 		if err != nil {
 			t.Fatalf("%s: %v", op.name, err)
 		}
@@ -344,7 +344,7 @@ func TestRunPoolNeverOverspent(t *testing.T) {
 		{Granted: true, RunRemaining: 0, HasRun: true},
 		{Stop: policy.StopBudgetExhausted, Disposition: policy.DispositionDeadLetter, RunRemaining: 0, HasRun: true},
 	} {
-		_, got, err := spendCall(ctx, lib{c: c}, "acme", &b, false, "r1")
+		_, got, _, err := spendCall(ctx, lib{c: c}, "acme", &b, false, "r1", &shareArgs{replica: "r"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -356,7 +356,7 @@ func TestRunPoolNeverOverspent(t *testing.T) {
 	if err := c.HSet(ctx, keyRun("acme", "r2"), "pool", 2, "cutoff", 1, "spent", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	_, got, err := spendCall(ctx, lib{c: c}, "acme", &b, false, "r2")
+	_, got, _, err := spendCall(ctx, lib{c: c}, "acme", &b, false, "r2", &shareArgs{replica: "r"})
 	if err != nil || got.Stop != policy.StopDeadline || got.Disposition != policy.DispositionDeadlineCut {
 		t.Errorf("spend past the cut-off: %+v %v, want DEADLINE DEADLINE_CUT", got, err)
 	}

@@ -417,13 +417,113 @@ local function admin(keys, args, now)
   return {int(now), ev, snapshot(b, now)}
 end
 
--- bucket_load reads a tenant's token bucket (fleet.NewBucket when absent).
+-- Shares. A replica may grant from a tenant's bucket or a run's pool
+-- alone, while the engine does not answer it (degraded mode), only what
+-- the engine set aside for it: its share. Each is four fields of the
+-- bucket or run hash, by replica id: h:ID the share the engine last
+-- told it (hold), l:ID what it may believe it holds (lock: the hold of
+-- every reply it may not have seen yet, less what it spent from them
+-- since), v:ID the version of the last reply, a:ID the time of its last
+-- call. The locks together never exceed the level (tokens, or retries
+-- left): what one replica may grant alone is never what another spends,
+-- and the fleet never grants more than the level. A replica's spend
+-- takes from what no replica holds first, then from its own lock, and
+-- sets its hold to SHARE of the level over the live replicas (or less,
+-- what the others' locks leave); its lock becomes that hold once it has
+-- seen the reply (its next call's ack is the version). A replica out of
+-- the live set and silent for the grace is forfeited: its lock is taken
+-- from the level, as if spent (it may have been).
+local SHARE = 0.5
+
+-- shares_load reads the shares of a hash as HGETALL returned it into t:
+-- t.shares[id] = {hold, lock, v, at}, t.locked their locks' sum.
+local function shares_load(t, h)
+  t.shares, t.locked = {}, 0
+  for i = 1, #h, 2 do
+    local f, id = string.match(h[i], '^([hlva]):(.+)$')
+    if f then
+      local sh = t.shares[id] or {hold = 0, lock = 0, v = 0, at = 0}
+      local x = tonumber(h[i + 1])
+      if f == 'h' then sh.hold = x elseif f == 'l' then sh.lock = x elseif f == 'v' then sh.v = x else sh.at = x end
+      t.shares[id] = sh
+    end
+  end
+  for _, sh in pairs(t.shares) do t.locked = t.locked + sh.lock end
+end
+
+-- shares_forfeit deletes from key the shares of replicas other than me
+-- neither in live (a set of ids) nor heard from since now - grace, and
+-- returns what they locked.
+local function shares_forfeit(key, t, me, live, now, grace)
+  local gone = 0
+  for id, sh in pairs(t.shares) do
+    if id ~= me and not live[id] and sh.at < now - grace then
+      gone = gone + sh.lock
+      t.locked = t.locked - sh.lock
+      t.shares[id] = nil
+      redis.call('HDEL', key, 'h:' .. id, 'l:' .. id, 'v:' .. id, 'a:' .. id)
+    end
+  end
+  return gone
+end
+
+-- share_mine returns me's share of t, a new one when it has none.
+local function share_mine(t, me)
+  local sh = t.shares[me]
+  if not sh then
+    sh = {hold = 0, lock = 0, v = 0, at = 0}
+    t.shares[me] = sh
+  end
+  return sh
+end
+
+-- share_spend updates me's share sh of t after a call that took cost of
+-- the level (level before: lvl) at version ack of me's replies: from
+-- what no replica holds first, then from sh's lock; the new hold is
+-- SHARE of the level left over n live replicas, at most what the others'
+-- locks leave, and the lock covers both it and the hold me may still
+-- believe. Its caller stores it (share_store).
+local function share_spend(t, sh, lvl, cost, ack, n, now)
+  local others = t.locked - sh.lock
+  local free = math.max(lvl - others - sh.lock, 0)
+  local own = math.max(cost - free, 0)
+  local believed = sh.lock
+  if ack >= sh.v then believed = sh.hold end
+  believed = math.max(believed - own, 0)
+  local left = lvl - cost
+  local hold = math.max(math.min(SHARE * left / math.max(n, 1), left - others), 0)
+  local lock = math.max(believed, hold)
+  t.locked = others + lock
+  sh.hold, sh.lock, sh.v, sh.at = hold, lock, sh.v + 1, now
+end
+
+-- share_store writes me's share sh to key.
+local function share_store(key, me, sh)
+  redis.call('HSET', key, 'h:' .. me, float(sh.hold), 'l:' .. me, float(sh.lock), 'v:' .. me, int(sh.v), 'a:' .. me, int(sh.at))
+end
+
+-- live_set reads a space-separated list of replica ids into a set.
+local function live_set(s)
+  local live = {}
+  for id in string.gmatch(s, '%S+') do live[id] = true end
+  return live
+end
+
+-- bucket_load reads a tenant's token bucket (fleet.NewBucket when absent)
+-- and its shares.
 local function bucket_load(key, cap, now)
   local h = redis.call('HGETALL', key)
   local k = {tokens = cap, last = now, granted = 0, refused = 0, dry = 0}
-  for i = 1, #h, 2 do k[h[i]] = tonumber(h[i + 1]) end
+  for i = 1, #h, 2 do
+    if not string.find(h[i], ':', 1, true) then k[h[i]] = tonumber(h[i + 1]) end
+  end
+  shares_load(k, h)
   return k
 end
+
+-- bucket_cap is what k's tokens may reach: the capacity, or the shares'
+-- locks when a lower capacity was set since they were handed out.
+local function bucket_cap(k, bg) return math.max(bg.cap, k.locked) end
 
 local function bucket_store(key, k)
   redis.call('HSET', key, 'tokens', float(k.tokens), 'last', int(k.last), 'granted', int(k.granted),
@@ -442,35 +542,55 @@ local function refill(k, now, bg)
     k.tokens = k.tokens + bg.per_second * (now - k.last) / 1e6
     k.last = now
   end
-  k.tokens = math.min(k.tokens, bg.cap)
+  k.tokens = math.min(k.tokens, bucket_cap(k, bg))
 end
 
 -- spend is breakerstore's SpendRetry: the run's refusal first (cut-off,
--- then pool), then fleet.Bucket.Withdraw, then the run's pool.
+-- then pool), then fleet.Bucket.Withdraw, then the run's pool; a grant
+-- takes what no replica holds first, then the caller's own share (see
+-- Shares), and both shares are set again, whether granted or not.
 -- KEYS: bucket, run (a key of the tenant with no run when ARGV[8] is 0).
--- ARGV: budget (6), timeout (0 or 1), has run (0 or 1).
--- Returns {now, granted, stop, disposition, tokens, run remaining, dry run refused}.
+-- ARGV: budget (6), timeout (0 or 1), has run (0 or 1), replica id, the
+-- versions of its bucket and run shares it last saw, the live replica
+-- ids (space-separated; their count divides the shares), the grace of a
+-- silent share (µs).
+-- Returns {now, granted, stop, disposition, tokens, run remaining, dry
+-- run refused, bucket share, its version, run share, its version}.
 local function spend(keys, args, now)
   local bg = budget_at(args, 1)
   local timeout, has_run = args[7] == '1', args[8] == '1'
+  local me, ack_k, ack_r = args[9], tonumber(args[10]), tonumber(args[11])
+  local live, grace = live_set(args[12]), tonumber(args[13])
+  live[me] = true
+  local n = 0
+  for _ in pairs(live) do n = n + 1 end
   local stop, disp, remaining = 0, 0, 0
   local pool, spent = 0, 0
+  local run
   if has_run then
-    local r = redis.call('HMGET', keys[2], 'pool', 'cutoff', 'spent')
-    if not r[1] then return redis.error_reply('NOTFOUND run') end
-    pool, spent = tonumber(r[1]), tonumber(r[3])
-    if now >= tonumber(r[2]) then
+    local h = redis.call('HGETALL', keys[2])
+    local f = {}
+    for i = 1, #h, 2 do f[h[i]] = h[i + 1] end
+    if not f.pool then return redis.error_reply('NOTFOUND run') end
+    pool, spent = tonumber(f.pool), tonumber(f.spent or '0')
+    run = {}
+    shares_load(run, h)
+    spent = math.min(spent + shares_forfeit(keys[2], run, me, live, now, grace), pool)
+    if now >= tonumber(f.cutoff) then
       stop, disp = 4, 4
-    elseif spent >= pool then
+    elseif pool - spent - (run.locked - share_mine(run, me).lock) < 1 then
       stop, disp = 5, 3
     end
   end
   local k = bucket_load(keys[1], bg.cap, now)
   refill(k, now, bg)
-  local granted, dry = 0, 0
+  k.tokens = math.max(k.tokens - shares_forfeit(keys[1], k, me, live, now, grace), 0)
+  local mine = share_mine(k, me)
+  local granted, dry, cost = 0, 0, 0
+  local level = k.tokens
   if stop == 0 then
-    local cost = timeout and bg.timeout_cost or bg.cost
-    if k.tokens >= cost then
+    cost = timeout and bg.timeout_cost or bg.cost
+    if k.tokens - (k.locked - mine.lock) >= cost then
       k.tokens, k.granted, granted = k.tokens - cost, k.granted + 1, 1
     elseif bg.dry_run then
       k.tokens = math.max(k.tokens - cost, 0)
@@ -479,13 +599,27 @@ local function spend(keys, args, now)
       k.refused = k.refused + 1
       stop, disp = 5, 3
     end
-    bucket_store(keys[1], k)
-    if granted == 1 and has_run then
-      spent = redis.call('HINCRBY', keys[2], 'spent', 1)
-    end
   end
-  if has_run then remaining = pool - math.min(spent, pool) end
-  return {int(now), granted, stop, disp, float(k.tokens), int(remaining), dry}
+  if granted == 0 or dry == 1 then cost = 0 end
+  share_spend(k, mine, level, cost, ack_k, n, now)
+  bucket_store(keys[1], k)
+  share_store(keys[1], me, mine)
+  local rmine = {hold = 0, v = 0}
+  if has_run then
+    local left = pool - spent
+    rmine = share_mine(run, me)
+    local took = 0
+    if granted == 1 then
+      took = 1
+      spent = spent + 1
+    end
+    share_spend(run, rmine, left, took, ack_r, n, now)
+    redis.call('HSET', keys[2], 'spent', int(spent))
+    share_store(keys[2], me, rmine)
+    remaining = pool - math.min(spent, pool)
+  end
+  return {int(now), granted, stop, disp, float(k.tokens), int(remaining), dry,
+    float(mine.hold), int(mine.v), float(rmine.hold), int(rmine.v)}
 end
 
 -- deposit is fleet.Bucket.Deposit of successes.
@@ -495,7 +629,7 @@ local function deposit(keys, args, now)
   local bg = budget_at(args, 1)
   local k = bucket_load(keys[1], bg.cap, now)
   refill(k, now, bg)
-  k.tokens = math.min(k.tokens + bg.ratio * tonumber(args[7]), bg.cap)
+  k.tokens = math.min(k.tokens + bg.ratio * tonumber(args[7]), bucket_cap(k, bg))
   bucket_store(keys[1], k)
   return {int(now), float(k.tokens)}
 end
@@ -504,35 +638,65 @@ end
 -- answer it (degraded mode) once it answers again, at most once per charge
 -- id: tokens from the tenant's bucket, down to zero at most (the grants
 -- were made already: the bucket only stops paying for more), and retries
--- from the run's pool, up to the pool.
+-- from the run's pool, up to the pool; the replica granted them from its
+-- shares, whose locks they are taken from.
 -- KEYS: bucket, run (a key of the tenant with no run when ARGV[9] is 0),
--- applied. ARGV: budget (6), tokens, retries, has run (0 or 1), charge id.
--- Returns {now, tokens, run remaining, charged (0: the id was charged before)}.
+-- applied. ARGV: budget (6), tokens, retries, has run (0 or 1), charge
+-- id, replica id.
+-- Returns {now, tokens, run remaining, charged (0: the id was charged
+-- before), bucket share, its version, run share, its version}.
 local function charge(keys, args, now)
   local bg = budget_at(args, 1)
-  local has_run, id = args[9] == '1', args[10]
+  local has_run, id, me = args[9] == '1', args[10], args[11]
   local k = bucket_load(keys[1], bg.cap, now)
   refill(k, now, bg)
   local charged = 0
+  local mine = k.shares[me]
   if redis.call('SISMEMBER', keys[3], id) == 0 then
-    k.tokens, charged = math.max(k.tokens - tonumber(args[7]), 0), 1
+    local t = tonumber(args[7])
+    k.tokens, charged = math.max(k.tokens - t, 0), 1
+    if mine then
+      mine.lock = math.max(mine.lock - t, 0)
+      mine.hold = math.min(mine.hold, mine.lock)
+    end
     bucket_store(keys[1], k)
   end
+  if mine then
+    mine.v, mine.at = mine.v + 1, now
+    share_store(keys[1], me, mine)
+  else
+    mine = {hold = 0, v = 0}
+  end
   local remaining = 0
+  local rmine = {hold = 0, v = 0}
   if has_run then
-    local r = redis.call('HMGET', keys[2], 'pool', 'spent')
-    if r[1] then
-      local pool, spent = tonumber(r[1]), tonumber(r[2])
+    local h = redis.call('HGETALL', keys[2])
+    local f = {}
+    for i = 1, #h, 2 do f[h[i]] = h[i + 1] end
+    if f.pool then
+      local run = {}
+      shares_load(run, h)
+      local pool, spent = tonumber(f.pool), tonumber(f.spent or '0')
+      local r = tonumber(args[8])
       if charged == 1 then
-        spent = math.min(spent + tonumber(args[8]), pool)
+        spent = math.min(spent + r, pool)
         redis.call('HSET', keys[2], 'spent', int(spent))
+      end
+      if run.shares[me] then
+        rmine = run.shares[me]
+        if charged == 1 then
+          rmine.lock = math.max(rmine.lock - r, 0)
+          rmine.hold = math.min(rmine.hold, rmine.lock)
+        end
+        rmine.v, rmine.at = rmine.v + 1, now
+        share_store(keys[2], me, rmine)
       end
       remaining = pool - math.min(spent, pool)
     end
   end
   redis.call('SADD', keys[3], id)
   redis.call('EXPIRE', keys[3], APPLIED_TTL)
-  return {int(now), float(k.tokens), int(remaining), charged}
+  return {int(now), float(k.tokens), int(remaining), charged, float(mine.hold), int(mine.v), float(rmine.hold), int(rmine.v)}
 end
 
 -- record_final is fleet.Run.RecordFinal on run and calls keys: the first
@@ -664,7 +828,7 @@ local function outcomes(keys, args, now)
   if successes > 0 then
     local k = bucket_load(keys[3], bg.cap, now)
     refill(k, now, bg)
-    k.tokens = math.min(k.tokens + bg.ratio * successes, bg.cap)
+    k.tokens = math.min(k.tokens + bg.ratio * successes, bucket_cap(k, bg))
     bucket_store(keys[3], k)
     tokens = float(k.tokens)
   end
