@@ -467,11 +467,13 @@ local function shares_forfeit(key, t, me, live, now, grace)
   return gone
 end
 
--- share_mine returns me's share of t, a new one when it has none.
-local function share_mine(t, me)
+-- share_mine returns me's share of t, a new one when it has none: at
+-- version ack, me's latest, so its replies are newer than every one me
+-- has seen (of a share forfeited before, say).
+local function share_mine(t, me, ack)
   local sh = t.shares[me]
   if not sh then
-    sh = {hold = 0, lock = 0, v = 0, at = 0}
+    sh = {hold = 0, lock = 0, v = ack, at = 0}
     t.shares[me] = sh
   end
   return sh
@@ -578,14 +580,14 @@ local function spend(keys, args, now)
     spent = math.min(spent + shares_forfeit(keys[2], run, me, live, now, grace), pool)
     if now >= tonumber(f.cutoff) then
       stop, disp = 4, 4
-    elseif pool - spent - (run.locked - share_mine(run, me).lock) < 1 then
+    elseif pool - spent - (run.locked - share_mine(run, me, ack_r).lock) < 1 then
       stop, disp = 5, 3
     end
   end
   local k = bucket_load(keys[1], bg.cap, now)
   refill(k, now, bg)
   k.tokens = math.max(k.tokens - shares_forfeit(keys[1], k, me, live, now, grace), 0)
-  local mine = share_mine(k, me)
+  local mine = share_mine(k, me, ack_k)
   local granted, dry, cost = 0, 0, 0
   local level = k.tokens
   if stop == 0 then
@@ -607,7 +609,7 @@ local function spend(keys, args, now)
   local rmine = {hold = 0, v = 0}
   if has_run then
     local left = pool - spent
-    rmine = share_mine(run, me)
+    rmine = share_mine(run, me, ack_r)
     local took = 0
     if granted == 1 then
       took = 1
