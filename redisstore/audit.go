@@ -55,12 +55,13 @@ func (s *Store) AppendAudit(recs ...policy.AuditRecord) {
 	}
 }
 
-// flushAudit writes the buffered records (writeAudit: one round trip,
-// bounded by the store's timeout within ctx). Those not written wait for
-// the next flush, in their order and before the records appended since,
-// as many as MaxAuditBuffer allows: past it the oldest are dropped and
-// counted.
-func (s *Store) flushAudit(ctx context.Context) {
+// flushAudit writes the buffered records (writeAudit), at most
+// auditTripsPerFlush round trips of them unless all is set (QueryAudit
+// and Close write them all), each bounded by the store's timeout within
+// ctx. Those not written wait for the next flush, in their order and
+// before the records appended since, as many as MaxAuditBuffer allows:
+// past it the oldest are dropped and counted.
+func (s *Store) flushAudit(ctx context.Context, all bool) {
 	b := &s.audit
 	b.mu.Lock()
 	recs, dropped := b.recs, b.dropped
@@ -72,8 +73,12 @@ func (s *Store) flushAudit(ctx context.Context) {
 	if len(recs) == 0 {
 		return
 	}
-	if left, err := s.writeAudit(ctx, recs); len(left) > 0 {
-		if s.health.up() { // while down, the transition was logged
+	trips := auditTripsPerFlush
+	if all {
+		trips = len(recs) // more than it takes
+	}
+	if left, err := s.writeAudit(ctx, recs, trips); len(left) > 0 {
+		if err != nil && s.health.up() { // while down, the transition was logged
 			s.log.Warn("redisstore: audit records not written; retrying", "records", len(left), "of", len(recs), "err", err)
 		}
 		b.mu.Lock()
@@ -86,25 +91,34 @@ func (s *Store) flushAudit(ctx context.Context) {
 	}
 }
 
-// auditChunk is the most records one policyd_audit call carries: with
-// len(auditFields) arguments each, a call stays a few thousand arguments
-// and a few hundred XADDs long, however many records a flush holds.
-const auditChunk = 256
+// The audit flush's bounds: a policyd_audit call carries at most
+// auditChunk records (len(auditFields) arguments each: a few thousand
+// arguments and a few hundred XADDs), a round trip at most
+// auditCallsPerTrip calls, and the flusher's flush at most
+// auditTripsPerFlush round trips (8,192 records: 81,920 a second a
+// replica at the default interval), so it never holds up the held
+// outcomes' flush behind it for long; the rest waits for the next one.
+const (
+	auditChunk         = 256
+	auditCallsPerTrip  = 16
+	auditTripsPerFlush = 2
+)
 
 // writeAudit appends recs to their tenants' audit streams: one call of
 // policyd_audit per tenant and auditChunk records, in the records' order,
-// all sent in one pipeline (on a Cluster, one per master), each adding
-// its records with MAXLEN ~ AuditMaxRecords and trimming its stream by
-// age (MINID ~ AuditRetention). It returns the records of the calls that
-// failed, in their order, and the first error.
-func (s *Store) writeAudit(ctx context.Context, recs []policy.AuditRecord) ([]policy.AuditRecord, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
-	defer cancel()
+// sent auditCallsPerTrip calls a round trip (one pipeline; on a Cluster,
+// one per master), each round trip bounded by the store's timeout, at
+// most trips of them, until one fails. Each call adds its records with
+// MAXLEN ~ AuditMaxRecords and trims its stream by age (MINID ~
+// AuditRetention). It returns the records not written (those of the calls
+// that failed or were not sent), in their order, and the error that
+// stopped it.
+func (s *Store) writeAudit(ctx context.Context, recs []policy.AuditRecord, trips int) ([]policy.AuditRecord, error) {
 	// Entry ids are the server's time, whatever Options.Clock says: trim
 	// by the wall clock.
 	oldest := strconv.FormatInt(time.Now().Add(-s.opts.AuditRetention).UnixMilli(), 10)
 	// The records of each tenant, in order; tenants in order of their
-	// first record.
+	// first record; then the calls, a tenant's chunks after one another.
 	var tenants []string
 	byTenant := map[string][]int{}
 	for i := range recs {
@@ -115,41 +129,47 @@ func (s *Store) writeAudit(ctx context.Context, recs []policy.AuditRecord) ([]po
 		byTenant[t] = append(byTenant[t], i)
 	}
 	type call struct {
-		cmd  *redis.Cmd
-		recs []int
+		tenant string
+		recs   []int
+		cmd    *redis.Cmd
 	}
 	var calls []call
-	_, err := s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		l := s.lib.on(p)
-		for _, t := range tenants {
-			idx := byTenant[t]
-			for len(idx) > 0 {
-				n := min(len(idx), auditChunk)
-				args := make([]any, 0, 2+n*len(auditFields))
-				args = append(args, s.opts.AuditMaxRecords, oldest)
-				for _, i := range idx[:n] {
-					args = auditArgs(args, &recs[i])
-				}
-				calls = append(calls, call{l.run(ctx, "policyd_audit", []string{keyAudit(t)}, args...), idx[:n]})
-				idx = idx[n:]
-			}
+	for _, t := range tenants {
+		for idx := byTenant[t]; len(idx) > 0; {
+			n := min(len(idx), auditChunk)
+			calls = append(calls, call{tenant: t, recs: idx[:n]})
+			idx = idx[n:]
 		}
-		return nil
-	})
-	if err == nil {
-		return nil, nil
+	}
+	var err error
+	sent := 0 // calls confirmed or failed
+	for trip := 0; trip < trips && sent < len(calls) && err == nil; trip++ {
+		batch := calls[sent:min(sent+auditCallsPerTrip, len(calls))]
+		tctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+		_, err = s.c.Pipelined(tctx, func(p redis.Pipeliner) error {
+			l := s.lib.on(p)
+			for i := range batch {
+				c := &batch[i]
+				args := make([]any, 0, 2+len(c.recs)*len(auditFields))
+				args = append(args, s.opts.AuditMaxRecords, oldest)
+				for _, r := range c.recs {
+					args = auditArgs(args, &recs[r])
+				}
+				c.cmd = l.run(tctx, "policyd_audit", []string{keyAudit(c.tenant)}, args...)
+			}
+			return nil
+		})
+		cancel()
+		sent += len(batch)
 	}
 	var left []int
 	for _, c := range calls {
-		if c.cmd.Err() != nil {
+		if c.cmd == nil || c.cmd.Err() != nil || err != nil && c.cmd.Val() == nil {
 			left = append(left, c.recs...)
 		}
 	}
 	if len(left) == 0 {
-		left = make([]int, len(recs)) // no call said which: all again
-		for i := range left {
-			left[i] = i
-		}
+		return nil, nil
 	}
 	slices.Sort(left) // the records' order, across tenants
 	out := make([]policy.AuditRecord, len(left))
@@ -236,7 +256,7 @@ func (s *Store) QueryAudit(q policy.AuditQuery) ([]policy.AuditRecord, policy.Au
 	if err := checkName("tenant", q.Tenant, true); err != nil {
 		return nil, policy.AuditCursor{}, err
 	}
-	s.flushAudit(s.ctx)
+	s.flushAudit(s.ctx, true)
 	limit := q.Limit
 	if limit <= 0 {
 		limit = DefaultAuditPage

@@ -138,6 +138,28 @@ func TestAuditOneCallPerTenantPerFlush(t *testing.T) {
 	}
 }
 
+// TestAuditFlushIsBounded: a flush sends at most 2 round trips of 16
+// calls of 256 records; the records past them wait, in order, for the
+// next flush (a query writes them all first).
+func TestAuditFlushIsBounded(t *testing.T) {
+	srv := redistest.Standalone(t)
+	calls := &auditCalls{calls: map[string]int{}}
+	s := auditStore(t, srv.Addr, calls, redisstore.Options{})
+	recs := records("acme", 40*256+1, time.Now().Truncate(time.Microsecond))
+	s.AppendAudit(recs...)
+	for i, want := range []struct{ calls, trips, buffered int }{{32, 2, 8*256 + 1}, {9, 1, 0}} {
+		s.FlushAudit()
+		n, trips, _ := calls.take()
+		if n["{=acme}:audit"] != want.calls || trips != want.trips || s.AuditBuffered() != want.buffered {
+			t.Errorf("flush %d: %d calls in %d round trips, %d records left; want %d in %d, %d left",
+				i+1, n["{=acme}:audit"], trips, s.AuditBuffered(), want.calls, want.trips, want.buffered)
+		}
+	}
+	if got := queryAll(t, s, "acme"); !sameRecords(got, recs) {
+		t.Errorf("QueryAudit = %d records, want the %d appended, in order", len(got), len(recs))
+	}
+}
+
 // TestAuditFlushWritesWhatTheCommitWrites: a record written by a flush
 // (policyd_audit) and the same record written by a decision's commit (an
 // XADD in its pipeline) read back the same through QueryAudit, with and

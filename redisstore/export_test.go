@@ -25,7 +25,7 @@ func (s *Store) FlushHeld() { s.flushHeld() }
 
 // FlushAudit writes the buffered audit records, as the flusher does every
 // FlushInterval.
-func (s *Store) FlushAudit() { s.flushAudit(s.ctx) }
+func (s *Store) FlushAudit() { s.flushAudit(s.ctx, false) }
 
 // AuditBuffered is the number of audit records waiting for a flush.
 func (s *Store) AuditBuffered() int {

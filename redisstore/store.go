@@ -263,7 +263,7 @@ func (s *Store) Close() error {
 		sb.close()
 	}
 	s.mu.Unlock()
-	s.flushAudit(context.Background())
+	s.flushAudit(context.Background(), true)
 	return nil
 }
 
@@ -282,7 +282,7 @@ func (s *Store) flusher() {
 			s.flushHeld()
 		case <-t.C:
 			s.flushHeld()
-			s.flushAudit(s.ctx)
+			s.flushAudit(s.ctx, false)
 		}
 	}
 }
