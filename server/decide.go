@@ -367,13 +367,13 @@ func (d *Decisions) decideAdmit(ctx context.Context, call callRef, target string
 // is INVALID_ARGUMENT naming outcomes[i].final_disposition and the rule.
 // ans and decided are the call's remembered answer (finalAnswers reads
 // them for the whole request); it also reads the call's run and its
-// breaker as this replica knows it (Breakers.KnownBreaker: no round trip),
-// so it runs only for the outcomes checkFinal selects. A disposition
-// refused so is checked again on the breaker as the store has it, read
-// then: the replica's copy may lag the fleet's by the change stream's
-// delivery, or be missing. stopped reports that policyd stopped the call itself
-// (NextDelay's STOP, which counted the call's end in the attempt
-// statistics).
+// breaker as this replica knows it (Breakers.KnownBreaker: no round
+// trip), so it runs only for the outcomes checkFinal selects. A
+// disposition refused so is checked again on the breaker as the store
+// has it, read then: the replica's copy may lag the fleet's by the change
+// stream's delivery, or be missing. stopped reports that policyd stopped
+// the call itself (NextDelay's STOP, which counted the call's end in the
+// attempt statistics).
 func (d *Decisions) agrees(ctx context.Context, i int, it *outcomeItem, ans policy.Answer, decided bool, p *policy.Policy, key policy.BreakerKey) (stopped bool, err error) {
 	now := d.cfg.Clock.Now()
 	success, alreadyRecorded := it.success, it.alreadyRecorded
