@@ -209,10 +209,14 @@ func (d *degraded) note(tenant, run string, sh spendShares) {
 }
 
 // shareArgs returns what policyd_spend needs to set this replica's
-// shares of tenant's bucket and run's pool.
+// shares of tenant's bucket and run's pool. Before its first heartbeat
+// answered it knows no live replica: it then forfeits no one's share.
 func (d *degraded) shareArgs(replica, tenant, run string, grace time.Duration) shareArgs {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.liveIDs == "" {
+		grace = 100 * 365 * 24 * time.Hour
+	}
 	return shareArgs{replica: replica, bucket: d.tokens[tenant].v, run: d.runs[run].v, live: d.liveIDs, grace: grace}
 }
 

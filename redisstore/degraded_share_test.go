@@ -2,6 +2,8 @@ package redisstore_test
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -211,5 +213,75 @@ func TestDegradedSharesNeverOverspend(t *testing.T) {
 	}
 	if runGrants > pool || run.Spent > pool {
 		t.Errorf("granted %d retries of a pool of %d (%d spent); want at most the pool", runGrants, pool, run.Spent)
+	}
+}
+
+// TestSharesOfAGoneReplicaForfeited: a replica's share stays set aside
+// while it is in the heartbeat set (another replica is refused rather
+// than spend it), and once it has left the set and been silent for ten
+// heartbeats the next spend forfeits it: its fields go from the bucket
+// and its lock from the tokens (it may have granted it alone).
+func TestSharesOfAGoneReplicaForfeited(t *testing.T) {
+	srv := redistest.Standalone(t)
+	clock := &sharedClock{t: time.Now()}
+	r := degradedReplicas(t, srv.Addr, clock.now, 2)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = c.Close() })
+	if _, err := r[0].SetBudget(policy.TenantBudget{Tenant: "acme", Capacity: 10, DepositRatio: 1e-12,
+		MinPerSecond: 1e-12, RetryCost: 1, TimeoutCost: 1}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the budget on replica 1", func() bool {
+		st, err := r[1].Budget("acme")
+		return err == nil && st.Budget.Capacity == 10
+	})
+	locks := func() map[string]float64 { // the shares' locks, by field
+		h, err := c.HGetAll(context.Background(), "{=acme}:bucket").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]float64{}
+		for f, v := range h {
+			if strings.HasPrefix(f, "l:") {
+				out[f], _ = strconv.ParseFloat(v, 64)
+			}
+		}
+		return out
+	}
+	if sp, err := r[0].SpendRetry(policy.SpendRequest{Tenant: "acme"}); err != nil || !sp.Granted {
+		t.Fatalf("replica 0's spend = %+v, %v; want granted", sp, err)
+	}
+	granted := 1
+	for {
+		sp, err := r[1].SpendRetry(policy.SpendRequest{Tenant: "acme"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !sp.Granted {
+			break
+		}
+		granted++
+	}
+	st, _ := r[1].Budget("acme")
+	held := locks()
+	if len(held) != 2 || st.Tokens < 1 || granted+int(st.Tokens) > 10 {
+		t.Fatalf("replica 1 refused with %d granted, %.2f tokens left and shares locking %v; want it refused while replica 0's share is left", granted, st.Tokens, held)
+	}
+	_ = r[0].Close()
+	clock.t = clock.t.Add(time.Minute) // past three heartbeats (the set) and ten (the grace)
+	eventually(t, "replica 0 gone from the heartbeat set", func() bool { return r[1].LiveReplicas() == 1 })
+	if _, err := r[1].SpendRetry(policy.SpendRequest{Tenant: "acme"}); err != nil {
+		t.Fatal(err)
+	}
+	after, left := locks(), 0.0
+	for f, l := range held {
+		if _, ok := after[f]; !ok {
+			left = st.Tokens - l // replica 0's share, forfeited
+		}
+	}
+	b, _ := r[1].Budget("acme")
+	if len(after) != 1 || b.Tokens > left+1e-9 {
+		t.Errorf("after replica 0 left: shares %v, %.2f tokens (from %.2f, shares %v); want replica 1's alone and replica 0's lock taken from the tokens (at most %.2f)",
+			after, b.Tokens, st.Tokens, held, left)
 	}
 }
