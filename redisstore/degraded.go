@@ -40,10 +40,11 @@ import (
 //     (policybench replicas, stop-redis: 401-404 grants of 400;
 //     TestDegradedSharesOfStaleLevels: 12 of 9). The price: a replica is
 //     refused while what is left is locked by others (at most a half of
-//     the level, split among them, of what each saw at its last spend),
-//     and the shares of a replica out of the live set and silent for ten
-//     heartbeats are forfeited (taken from the level: it may have spent
-//     them);
+//     the level, split among them, of what each saw at its last spend);
+//     a replica that stops gives its shares back (Close, once the engine
+//     was charged all it granted alone), and the shares of one out of
+//     the live set and silent for ten heartbeats (killed, cut off) are
+//     forfeited: taken from the level, as it may have spent them;
 //   - ceilings (AdmitFlow): a fleet.Flow of this replica's own per key,
 //     holding ceil(ceiling / live replicas) leases (of the adaptive
 //     limit's ceiling last seen, for an adaptive one) and a rate of
@@ -532,6 +533,43 @@ func (s *Store) chargeDebts(of func(*debt) bool) {
 			s.degraded.drop(&d)
 		default:
 			s.degraded.charged(&d, sh)
+		}
+	}
+}
+
+// releaseShares gives back this replica's shares of the buckets and pools
+// it spent from (policyd_release_shares, one call per tenant) once the
+// engine has been charged every grant it made alone, so a replica that
+// stops leaves nothing set aside for it. While the engine does not answer
+// or a debt is left they stay set aside, and are forfeited once the
+// replica has been out of the heartbeat set for ten heartbeats.
+func (s *Store) releaseShares() {
+	s.chargeDebts(nil)
+	if !s.health.up() || len(s.degraded.pending()) > 0 {
+		return
+	}
+	keys := map[string][]string{} // tenant -> its bucket, then its runs
+	d := s.degraded
+	d.mu.Lock()
+	for t := range d.tokens {
+		keys[t] = append(keys[t], keyBucket(t))
+	}
+	for run := range d.runs {
+		if t, ok := s.runTenants.Load(run); ok {
+			tenant := t.(string)
+			if keys[tenant] == nil {
+				keys[tenant] = []string{keyBucket(tenant)}
+			}
+			keys[tenant] = append(keys[tenant], keyRun(tenant, run))
+		}
+	}
+	d.mu.Unlock()
+	for tenant, k := range keys {
+		ctx, cancel := s.call()
+		err := s.lib.run(ctx, "policyd_release_shares", k, s.id).Err()
+		cancel()
+		if err != nil {
+			s.log.Warn("redisstore: shares not given back: forfeited later", "tenant", tenant, "err", err)
 		}
 	}
 }

@@ -26,9 +26,18 @@ func (c *sharedClock) now() time.Time { return c.t }
 // call bring it back: the feeds' reads).
 func degradedReplicas(t *testing.T, addr string, clock func() time.Time, n int) []*redisstore.Store {
 	t.Helper()
+	s, _ := degradedReplicasOn(t, addr, clock, n)
+	return s
+}
+
+// degradedReplicasOn is degradedReplicas, with the stores' clients.
+func degradedReplicasOn(t *testing.T, addr string, clock func() time.Time, n int) ([]*redisstore.Store, []*redis.Client) {
+	t.Helper()
 	var out []*redisstore.Store
+	var clients []*redis.Client
 	for range n {
 		c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, ReadTimeout: time.Minute, WriteTimeout: time.Minute})
+		clients = append(clients, c)
 		t.Cleanup(func() { _ = c.Close() })
 		s, err := redisstore.Open(context.Background(), redisstore.Options{Client: c, Timeout: 50 * time.Millisecond, Clock: clock,
 			DownAfter: 1, DownFor: time.Hour, Heartbeat: 10 * time.Millisecond})
@@ -41,7 +50,7 @@ func degradedReplicas(t *testing.T, addr string, clock func() time.Time, n int) 
 	for _, s := range out {
 		eventually(t, "every replica in the replica set", func() bool { return s.LiveReplicas() == n })
 	}
-	return out
+	return out, clients
 }
 
 // TestDegradedSharesOfStaleLevels: a replica's share in degraded mode
@@ -216,15 +225,15 @@ func TestDegradedSharesNeverOverspend(t *testing.T) {
 	}
 }
 
-// TestSharesOfAGoneReplicaForfeited: a replica's share stays set aside
-// while it is in the heartbeat set (another replica is refused rather
-// than spend it), and once it has left the set and been silent for ten
-// heartbeats the next spend forfeits it: its fields go from the bucket
-// and its lock from the tokens (it may have granted it alone).
-func TestSharesOfAGoneReplicaForfeited(t *testing.T) {
+// sharesSetup opens two replicas over a budget of 10 tokens, spends once
+// through replica 0 and then through replica 1 until it is refused, and
+// returns them, replica 0's client, the locks of the bucket's shares by
+// field, and the tokens then left.
+func sharesSetup(t *testing.T) (r []*redisstore.Store, c0 *redis.Client, locks func() map[string]float64, clock *sharedClock, tokens float64) {
+	t.Helper()
 	srv := redistest.Standalone(t)
-	clock := &sharedClock{t: time.Now()}
-	r := degradedReplicas(t, srv.Addr, clock.now, 2)
+	clock = &sharedClock{t: time.Now()}
+	r, clients := degradedReplicasOn(t, srv.Addr, clock.now, 2)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	t.Cleanup(func() { _ = c.Close() })
 	if _, err := r[0].SetBudget(policy.TenantBudget{Tenant: "acme", Capacity: 10, DepositRatio: 1e-12,
@@ -235,7 +244,7 @@ func TestSharesOfAGoneReplicaForfeited(t *testing.T) {
 		st, err := r[1].Budget("acme")
 		return err == nil && st.Budget.Capacity == 10
 	})
-	locks := func() map[string]float64 { // the shares' locks, by field
+	locks = func() map[string]float64 {
 		h, err := c.HGetAll(context.Background(), "{=acme}:bucket").Result()
 		if err != nil {
 			t.Fatal(err)
@@ -252,36 +261,70 @@ func TestSharesOfAGoneReplicaForfeited(t *testing.T) {
 		t.Fatalf("replica 0's spend = %+v, %v; want granted", sp, err)
 	}
 	granted := 1
-	for {
-		sp, err := r[1].SpendRetry(policy.SpendRequest{Tenant: "acme"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !sp.Granted {
-			break
-		}
+	for spend(t, r[1]) {
 		granted++
 	}
 	st, _ := r[1].Budget("acme")
-	held := locks()
-	if len(held) != 2 || st.Tokens < 1 || granted+int(st.Tokens) > 10 {
+	if held := locks(); len(held) != 2 || st.Tokens < 1 || granted+int(st.Tokens) > 10 {
 		t.Fatalf("replica 1 refused with %d granted, %.2f tokens left and shares locking %v; want it refused while replica 0's share is left", granted, st.Tokens, held)
 	}
-	_ = r[0].Close()
-	clock.t = clock.t.Add(time.Minute) // past three heartbeats (the set) and ten (the grace)
-	eventually(t, "replica 0 gone from the heartbeat set", func() bool { return r[1].LiveReplicas() == 1 })
-	if _, err := r[1].SpendRetry(policy.SpendRequest{Tenant: "acme"}); err != nil {
+	return r, clients[0], locks, clock, st.Tokens
+}
+
+// spend is one SpendRetry of tenant acme through s: granted or not.
+func spend(t *testing.T, s *redisstore.Store) bool {
+	t.Helper()
+	sp, err := s.SpendRetry(policy.SpendRequest{Tenant: "acme"})
+	if err != nil {
 		t.Fatal(err)
 	}
+	return sp.Granted
+}
+
+// TestSharesOfAGoneReplicaForfeited: a replica's share stays set aside
+// while it is in the heartbeat set (another replica is refused rather
+// than spend it); once a replica that could not give it back (here its
+// connection to Redis cut, as a kill would) has left the set and been
+// silent for ten heartbeats, the next spend forfeits it: its fields go
+// from the bucket and its lock from the tokens (it may have granted it
+// alone).
+func TestSharesOfAGoneReplicaForfeited(t *testing.T) {
+	r, c0, locks, clock, tokens := sharesSetup(t)
+	held := locks()
+	_ = c0.Close()
+	clock.t = clock.t.Add(time.Minute) // past three heartbeats (the set) and ten (the grace)
+	eventually(t, "replica 0 gone from the heartbeat set", func() bool { return r[1].LiveReplicas() == 1 })
+	spend(t, r[1])
 	after, left := locks(), 0.0
 	for f, l := range held {
 		if _, ok := after[f]; !ok {
-			left = st.Tokens - l // replica 0's share, forfeited
+			left = tokens - l // replica 0's share, forfeited
 		}
 	}
 	b, _ := r[1].Budget("acme")
 	if len(after) != 1 || b.Tokens > left+1e-9 {
 		t.Errorf("after replica 0 left: shares %v, %.2f tokens (from %.2f, shares %v); want replica 1's alone and replica 0's lock taken from the tokens (at most %.2f)",
-			after, b.Tokens, st.Tokens, held, left)
+			after, b.Tokens, tokens, held, left)
+	}
+}
+
+// TestSharesGivenBackAtClose: a replica that stops (Close) with nothing
+// left to charge gives its shares back: the tokens it held are the other
+// replicas' to spend at once.
+func TestSharesGivenBackAtClose(t *testing.T) {
+	r, _, locks, _, tokens := sharesSetup(t)
+	if err := r[0].Close(); err != nil {
+		t.Fatal(err)
+	}
+	if held := locks(); len(held) != 1 {
+		t.Errorf("after replica 0's Close: shares %v, want replica 1's alone", held)
+	}
+	granted := 0
+	for spend(t, r[1]) {
+		granted++
+	}
+	b, _ := r[1].Budget("acme")
+	if granted < int(tokens)-1 || b.Tokens >= 1 {
+		t.Errorf("replica 1 granted %d of the %.2f tokens replica 0 no longer holds, %.2f left; want them all but a fraction", granted, tokens, b.Tokens)
 	}
 }

@@ -160,6 +160,6 @@
 // them started after refuses to load its own). policyd_v2 added
 // policyd_attempts (a tenant's attempt records in one read) and
 // policyd_audit (a tenant's audit records in one call) to policyd_v1, and
-// policyd_spend and policyd_charge take and return the caller's shares;
-// the schema key stays "1".
+// policyd_spend and policyd_charge take and return the caller's shares
+// (policyd_release_shares gives them back); the schema key stays "1".
 package redisstore

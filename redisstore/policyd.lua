@@ -504,6 +504,19 @@ local function share_store(key, me, sh)
   redis.call('HSET', key, 'h:' .. me, float(sh.hold), 'l:' .. me, float(sh.lock), 'v:' .. me, int(sh.v), 'a:' .. me, int(sh.at))
 end
 
+-- release_shares gives back the caller's shares of a tenant's bucket and
+-- of its runs' pools (what no replica holds again), as a replica that
+-- stops does once the engine has been charged everything it granted
+-- alone. KEYS: the tenant's bucket, then its runs. ARGV: replica id.
+-- Returns the fields deleted (four a share).
+local function release_shares(keys, args)
+  local n = 0
+  for _, key in ipairs(keys) do
+    n = n + redis.call('HDEL', key, 'h:' .. args[1], 'l:' .. args[1], 'v:' .. args[1], 'a:' .. args[1])
+  end
+  return n
+end
+
 -- live_set reads a space-separated list of replica ids into a set.
 local function live_set(s)
   local live = {}
@@ -1308,6 +1321,7 @@ end
 register('policyd_read', read, {'no-writes'})
 register('policyd_attempts', attempts, {'no-writes'})
 register('policyd_audit', audit)
+register('policyd_release_shares', release_shares)
 register('policyd_admit', admit)
 register('policyd_record', record)
 register('policyd_cooldown', cooldown)

@@ -247,14 +247,16 @@ func contextTimeouts(c redis.UniversalClient) bool {
 	return true // unknown to us: assume so
 }
 
-// Close sends the outcome batches held for the flush, ends the feeds and
+// Close sends the outcome batches held for the flush, gives back this
+// replica's shares of budgets and pools (releaseShares), ends the feeds and
 // closes every subscription's channel, writes the audit records still
 // buffered, and leaves the client open.
 func (s *Store) Close() error {
 	if s.closed.Swap(true) {
 		return nil
 	}
-	s.flushHeld() // while s.ctx still bounds its call
+	s.flushHeld()     // while s.ctx still bounds its call
+	s.releaseShares() // likewise
 	s.cancel()
 	s.wg.Wait()
 	s.health.off.Store(true)
