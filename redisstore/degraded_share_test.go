@@ -13,12 +13,8 @@ import (
 	"github.com/policyd/policyd/internal/redistest"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/redisstore"
+	"github.com/policyd/policyd/server/storetest"
 )
-
-// sharedClock is a clock several replicas share, moved by hand.
-type sharedClock struct{ t time.Time }
-
-func (c *sharedClock) now() time.Time { return c.t }
 
 // degradedReplicas opens n stores on one Redis at clock: a store call
 // ends at 50ms, and the first that does puts the store in degraded mode
@@ -65,14 +61,14 @@ func degradedReplicasOn(t *testing.T, addr string, clock func() time.Time, n int
 // grants, the engine's and the replicas' alone, within the 9.
 func TestDegradedSharesOfStaleLevels(t *testing.T) {
 	srv := redistest.Standalone(t)
-	clock := &sharedClock{t: time.Now()}
-	r := degradedReplicas(t, srv.Addr, clock.now, 3)
+	clock := storetest.NewClock()
+	r := degradedReplicas(t, srv.Addr, clock.Now, 3)
 	const capacity = 9
 	if _, err := r[0].SetBudget(policy.TenantBudget{Tenant: "acme", Capacity: capacity, DepositRatio: 1e-12,
 		MinPerSecond: 1e-12, RetryCost: 1, TimeoutCost: 1}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r[0].OpenRun(policy.Run{ID: "run-1", Tenant: "acme", Pool: capacity, Cutoff: clock.t.Add(time.Hour)}); err != nil {
+	if _, err := r[0].OpenRun(policy.Run{ID: "run-1", Tenant: "acme", Pool: capacity, Cutoff: clock.Now().Add(time.Hour)}); err != nil {
 		t.Fatal(err)
 	}
 	for i := range r {
@@ -142,14 +138,14 @@ func TestDegradedSharesOfStaleLevels(t *testing.T) {
 // below zero.
 func TestDegradedSharesNeverOverspend(t *testing.T) {
 	srv := redistest.Standalone(t)
-	clock := &sharedClock{t: time.Now()}
-	r := degradedReplicas(t, srv.Addr, clock.now, 3)
+	clock := storetest.NewClock()
+	r := degradedReplicas(t, srv.Addr, clock.Now, 3)
 	const tokens, pool = 60, 40
 	if _, err := r[0].SetBudget(policy.TenantBudget{Tenant: "acme", Capacity: tokens, DepositRatio: 1e-12,
 		MinPerSecond: 1e-12, RetryCost: 1, TimeoutCost: 2}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r[0].OpenRun(policy.Run{ID: "run-1", Tenant: "acme", Pool: pool, Cutoff: clock.t.Add(time.Hour)}); err != nil {
+	if _, err := r[0].OpenRun(policy.Run{ID: "run-1", Tenant: "acme", Pool: pool, Cutoff: clock.Now().Add(time.Hour)}); err != nil {
 		t.Fatal(err)
 	}
 	for i := range r {
@@ -229,11 +225,11 @@ func TestDegradedSharesNeverOverspend(t *testing.T) {
 // through replica 0 and then through replica 1 until it is refused, and
 // returns them, replica 0's client, the locks of the bucket's shares by
 // field, and the tokens then left.
-func sharesSetup(t *testing.T) (r []*redisstore.Store, c0 *redis.Client, locks func() map[string]float64, clock *sharedClock, tokens float64) {
+func sharesSetup(t *testing.T) (r []*redisstore.Store, c0 *redis.Client, locks func() map[string]float64, clock *storetest.Clock, tokens float64) {
 	t.Helper()
 	srv := redistest.Standalone(t)
-	clock = &sharedClock{t: time.Now()}
-	r, clients := degradedReplicasOn(t, srv.Addr, clock.now, 2)
+	clock = storetest.NewClock()
+	r, clients := degradedReplicasOn(t, srv.Addr, clock.Now, 2)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	t.Cleanup(func() { _ = c.Close() })
 	if _, err := r[0].SetBudget(policy.TenantBudget{Tenant: "acme", Capacity: 10, DepositRatio: 1e-12,
@@ -292,7 +288,7 @@ func TestSharesOfAGoneReplicaForfeited(t *testing.T) {
 	r, c0, locks, clock, tokens := sharesSetup(t)
 	held := locks()
 	_ = c0.Close()
-	clock.t = clock.t.Add(time.Minute) // past three heartbeats (the set) and ten (the grace)
+	clock.Advance(time.Minute) // past three heartbeats (the set) and ten (the grace)
 	eventually(t, "replica 0 gone from the heartbeat set", func() bool { return r[1].LiveReplicas() == 1 })
 	spend(t, r[1])
 	after, left := locks(), 0.0
