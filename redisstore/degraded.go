@@ -32,10 +32,16 @@ import (
 //     replicas' locks leave: the engine never lets one replica spend
 //     what another may grant alone (its lock, which covers every share
 //     it told that replica of until the replica acknowledges a newer
-//     one). So the fleet's grants from a bucket or a pool, the engine's
-//     and every replica's alone together, never pass its level (tokens
-//     never below zero, a pool never overspent), whatever the replicas
-//     spent after one another's reads. A share of a level read, as
+//     one). The bound: replica i grants alone at most h_i, the hold of
+//     the newest reply it has seen, with h_i <= L_i / (2 n_i) (L_i what
+//     was left after that spend, n_i the live replicas it counted) and
+//     h_i <= l_i, its lock; the engine keeps sum_i l_i <= L, the level
+//     (tokens, or the pool's retries left), and grants only from L minus
+//     the other replicas' locks. So the fleet's grants from a bucket or
+//     a pool, the engine's and every replica's alone together, never
+//     pass its level (tokens never below zero, a pool never overspent),
+//     whatever the replicas spent after one another's reads. A share of a
+//     level read, as
 //     before, counted again what others spent after the read
 //     (policybench replicas, stop-redis: 401-404 grants of 400;
 //     TestDegradedSharesOfStaleLevels: 12 of 9). The price: a replica is
@@ -64,10 +70,10 @@ import (
 // charged to the engine as soon as it answers (policyd_charge, at most
 // once per debt id): the tokens from the tenant's bucket, down to zero,
 // the retries from the run's pool, up to the pool, and both from the
-// replica's locks. Without it, each
-// outage, however short, handed out another share of the same last known
-// level, and a flapping engine let the replicas overspend a budget many
-// times over (policybench replicas, stop-redis: 582 grants of 400).
+// replica's locks. Without it, each outage, however short, handed out
+// another share of the same last known level, and a flapping engine let
+// the replicas overspend a budget many times over (policybench replicas,
+// stop-redis: 582 grants of 400).
 type degraded struct {
 	mu       sync.Mutex
 	breakers map[policy.BreakerKey]*fleet.Breaker
