@@ -117,3 +117,22 @@ func BenchmarkAdmitFlowRedis(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkSpendRetry is one policyd_spend call of a run's retry: what a
+// granted retry costs the engine (with the replica's shares of the bucket
+// and the pool set again).
+func BenchmarkSpendRetry(b *testing.B) {
+	s := benchReplicas(b, 1)[0]
+	if _, err := s.SetBudget(policy.TenantBudget{Tenant: "acme", Capacity: 1e12, DepositRatio: 0.1, MinPerSecond: 1, RetryCost: 1, TimeoutCost: 1}); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := s.OpenRun(policy.Run{ID: "run-1", Tenant: "acme", Pool: 1 << 40, Cutoff: time.Now().Add(time.Hour)}); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if sp, err := s.SpendRetry(policy.SpendRequest{Tenant: "acme", RunID: "run-1"}); err != nil || !sp.Granted {
+			b.Fatal(sp, err)
+		}
+	}
+}
