@@ -66,7 +66,11 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 				count = count && first
 			}
 			if count {
-				if ts := s.statsOf(b, u.Tally); !tallies.add(s.attemptStats.seed, u.Tally, ts) {
+				ts := s.statsOf(b, u.Tally)
+				if ts == nil {
+					ts = s.targetStats(u.Tally) // nil beyond the tenant's cap
+				}
+				if ts == nil || !tallies.add(u.Tally, ts) {
 					s.countAttemptsN(ts, u.Tally, 1, now, p)
 				}
 			}
