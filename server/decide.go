@@ -474,19 +474,21 @@ func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc 
 	// batch) are summed before they go in deposits, not hashed one by one.
 	var depTenant string
 	depN := 0
-	var p policy.Policy // the call's, resolved again only when an outcome's tenant or target differs from the last's
+	pols := &sc.pols
+	pols.reset()
+	var pi int // the call's policy in pols, looked up again only when an outcome's tenant or target differs from the last's
 	for i := range items {
 		it := &items[i]
 		if i == 0 || it.call.tenant != items[i-1].call.tenant || it.call.target != items[i-1].call.target {
-			p, _ = d.store.Resolve(it.call.tenant, it.call.target)
+			pi = pols.resolve(d.store, it.call.tenant, it.call.target)
 		}
 		// The attempt's breaker is its target's, under that target's policy;
 		// the failure is classified under the call's, the primary's.
-		tp := &p
+		ti := pi
 		if it.target != it.call.target {
-			fp, _ := d.store.Resolve(it.call.tenant, it.target)
-			tp = &fp
+			ti = pols.resolve(d.store, it.call.tenant, it.target)
 		}
+		p, tp := &pols.p[pi], &pols.p[ti] // after both lookups: one may grow pols.p
 		// What settleLeases needs to know, so it resolves only the
 		// outcomes of targets with a ceiling or a chain, or with a lease.
 		it.ceiled = tp.FlowControlled()
@@ -504,7 +506,7 @@ func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc 
 			depN++
 			u.Result = policy.ResultSuccess
 		case !it.alreadyRecorded:
-			c := policy.Classify(&p, it.failure, true, true)
+			c := policy.Classify(p, it.failure, true, true)
 			u.Result = policy.ResultTerminal
 			if c.Category == policy.CategoryTransient {
 				u.Result = policy.ResultTransientFailure
@@ -521,7 +523,7 @@ func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc 
 			u.Tally = policy.AttemptTally{Tenant: it.call.tenant, Target: it.target, Attempt: it.attempt, Success: true}
 		}
 		if fd := it.final.Disposition; fd != policy.DispositionNone && (fd != policy.DispositionSucceeded || !it.success) {
-			stopped, err := d.agrees(ctx, i, it, it.success, it.alreadyRecorded, &p, u.Key)
+			stopped, err := d.agrees(ctx, i, it, it.success, it.alreadyRecorded, p, u.Key)
 			if err != nil {
 				return 0, ups, err
 			}
