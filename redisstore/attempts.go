@@ -22,6 +22,21 @@ func (s *Store) attemptOf(k policy.CallKey) (fleet.Attempts, error) {
 	if err != nil {
 		return fleet.Attempts{}, fmt.Errorf("redisstore: read attempt of %q/%q: %w", k.Tenant, k.CallID, err)
 	}
+	a, err := decodeAttempt(h)
+	if err != nil {
+		return fleet.Attempts{}, fmt.Errorf("redisstore: attempt record of %q/%q is %w", k.Tenant, k.CallID, err)
+	}
+	return a, nil
+}
+
+// errDamagedAttempt is an attempt record whose fields do not parse.
+var errDamagedAttempt = errors.New("damaged")
+
+// decodeAttempt decodes an attempt record ({T}:attempt:CALLID, its hash
+// as HGETALL returns it) into fleet.Attempts; an empty hash is the zero
+// value (no record), a field that does not parse errDamagedAttempt. It is
+// the one decoder of the record's layout (doc.go).
+func decodeAttempt(h map[string]string) (fleet.Attempts, error) {
 	if len(h) == 0 {
 		return fleet.Attempts{}, nil
 	}
@@ -30,7 +45,7 @@ func (s *Store) attemptOf(k policy.CallKey) (fleet.Attempts, error) {
 	var a fleet.Attempts
 	err3 := json.Unmarshal([]byte(h["answer"]), &a.Answer)
 	if err1 != nil || err2 != nil || err3 != nil {
-		return fleet.Attempts{}, fmt.Errorf("redisstore: attempt record of %q/%q is damaged", k.Tenant, k.CallID)
+		return fleet.Attempts{}, errDamagedAttempt
 	}
 	a.Attempt, a.Expiry = uint32(n), exp*int64(time.Millisecond)
 	return a, nil
