@@ -102,6 +102,7 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 		Now: now, Origin: call.origin, Deadline: deadline,
 		JitterDraw: d.cfg.Rand(), SpreadDraw: d.cfg.Rand(),
 	})
+	draw := d.cfg.Rand() // spreads the delay over a fleet-wide cool-down, if one is longer
 
 	// The breaker learns of every failure; a terminal answer means the
 	// upstream is up, and so does pushback (fleet.BreakerResult). The hint
@@ -135,7 +136,7 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 		}
 		timeout := (f.Kind == policy.FailureTransport && f.Transport == policy.TransportTimeout) ||
 			(f.Kind == policy.FailureGRPC && f.Code == int(codes.DeadlineExceeded))
-		if err := d.shared(ctx, u, &dec, &p, &failed, &next, call, timeout, nsnap, now, &ans); err != nil {
+		if err := d.shared(ctx, u, &dec, &p, &failed, &next, call, timeout, nsnap, now, draw, &ans); err != nil {
 			return policy.Answer{}, "", err
 		}
 		if dec.Retry {
@@ -145,16 +146,9 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 			}
 		}
 	}
-	switch {
-	case dec.Retry:
-	case !run.Cutoff.IsZero() && !now.Before(run.Cutoff) && dec.Disposition != policy.DispositionFailedTerminal:
-		// Past the run's cut-off every stop is a cut.
-		dec.Disposition = policy.DispositionDeadlineCut
-	case dec.Stop == policy.StopDeadline && cutBinds:
-		// The next attempt would end after the run's cut-off: a cut, not
-		// the call's own deadline (DEAD_LETTER).
-		dec.Disposition = policy.DispositionDeadlineCut
-	}
+	// Past the run's cut-off every stop is a cut, and so is a deadline
+	// stop when the cut-off was the deadline.
+	fleet.CutRun(&dec, unixNano(run.Cutoff), now.UnixNano(), cutBinds)
 	ans.Retry, ans.Stop, ans.Disposition = dec.Retry, dec.Stop, dec.Disposition
 	if dec.Retry {
 		ans.Delay, ans.AttemptTimeout = dec.Delay, dec.AttemptTimeout
@@ -218,42 +212,27 @@ func (d *Decisions) decided(ctx context.Context, u Changes, call callRef, target
 }
 
 // shared applies the fleet-wide rules to a decision the stateless rules let
-// through: an open breaker, a cool-down another worker reported, the deadline
-// once more, and the budgets. The breaker and cool-down are those of next,
-// the target of the next attempt, whose snapshot is snap; a pushback hint
-// of the failed attempt goes to failed's cool-down. It turns dec into a
-// stop when one refuses, and returns an error only when a cap stops the
-// store from answering.
+// through (fleet.GateRetry, the budgets, fleet.Spent): an open breaker, a
+// cool-down another worker reported, the deadline once more, and the
+// budgets. The breaker and cool-down are those of next, the target of the
+// next attempt, whose snapshot is snap; a pushback hint of the failed
+// attempt goes to failed's cool-down. u is the draw that spreads a delay
+// over a cool-down. It turns dec into a stop when one refuses, and returns
+// an error only when a cap stops the store from answering.
 func (d *Decisions) shared(ctx context.Context, u Changes, dec *policy.Decision, p *policy.Policy, failed, next *hop,
-	call callRef, timeout bool, snap policy.BreakerSnapshot, now time.Time, ans *policy.Answer) error {
-	stop := func(r policy.StopReason, disp policy.Disposition) {
-		dec.Retry, dec.Delay, dec.Stop, dec.Disposition = false, 0, r, disp
-	}
-	if snap.State == policy.BreakerOpen {
-		stop(policy.StopCircuitOpen, policy.DispositionCircuitOpen)
-		return nil
-	}
+	call callRef, timeout bool, snap policy.BreakerSnapshot, now time.Time, draw float64, ans *policy.Answer) error {
 	cooldown := snap.CooldownUntil
-	if dec.Hint.Present && dec.Hint.Delay > 0 {
+	if snap.State != policy.BreakerOpen && dec.Hint.Present && dec.Hint.Delay > 0 {
 		if until, ok := d.shareHint(ctx, u, dec.Hint, p, failed, call, now); ok && next.key == failed.key {
 			cooldown = until
 		}
 	}
-	if wait := cooldown.Sub(now); wait > dec.Delay {
-		// Another worker was told to back off: wait with it, spread out.
-		dec.Delay = policy.SpreadHint(p.Pushback, wait, d.cfg.Rand())
-		if ans.Note != "" {
-			ans.Note += ","
-		}
-		ans.Note += "cooldown:fleet"
+	ask, spread := fleet.GateRetry(dec, p, snap.State, unixNano(cooldown), now.UnixNano(), call.runID != "", draw)
+	if spread {
+		ans.Note = spreadNote(ans.Note)
 	}
-	if !policy.FitsDeadline(now, dec.Deadline, dec.Delay, p.AttemptTimeout) {
-		stop(policy.StopDeadline, policy.DispositionDeadLetter)
+	if !ask {
 		return nil
-	}
-	dec.Checks |= policy.CheckTenantBudget
-	if call.runID != "" {
-		dec.Checks |= policy.CheckRunBudget
 	}
 	spend, err := u.SpendRetry(policy.SpendRequest{
 		Tenant:  call.tenant,
@@ -269,7 +248,7 @@ func (d *Decisions) shared(ctx context.Context, u Changes, dec *policy.Decision,
 		// though the store may not remember it, fleet.CheckFinal).
 		d.cfg.Logger.ErrorContext(ctx, "budget unavailable", "call_id", call.callID, "tenant", call.tenant,
 			"target", call.target, "err", err)
-		stop(policy.StopBudgetExhausted, policy.DispositionDeadLetter)
+		fleet.Spent(dec, &policy.Spend{Stop: policy.StopBudgetExhausted, Disposition: policy.DispositionDeadLetter})
 		ans.Degraded = true
 		return nil
 	}
@@ -277,10 +256,25 @@ func (d *Decisions) shared(ctx context.Context, u Changes, dec *policy.Decision,
 	ans.TenantTokens = spend.TenantTokens
 	ans.RunRemaining = spend.RunRemaining
 	ans.Degraded = spend.Degraded
-	if !spend.Granted {
-		stop(spend.Stop, spend.Disposition)
-	}
+	fleet.Spent(dec, &spend)
 	return nil
+}
+
+// spreadNote is an answer's note once its delay was spread over the
+// fleet's cool-down.
+func spreadNote(note string) string {
+	if note != "" {
+		return note + ",cooldown:fleet"
+	}
+	return "cooldown:fleet"
+}
+
+// unixNano is t in Unix ns, 0 for the zero time (fleet's "none").
+func unixNano(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
 }
 
 // shareHint makes a server's pushback hint the fleet-wide cool-down of the
