@@ -69,6 +69,15 @@ func CutRun(dec *policy.Decision, cutoff, now int64, cutBinds bool) {
 	}
 }
 
+// SpreadNote is the note of an answer whose delay GateRetry spread over
+// the fleet's cool-down, note the answer's note before.
+func SpreadNote(note string) string {
+	if note != "" {
+		return note + ",cooldown:fleet"
+	}
+	return "cooldown:fleet"
+}
+
 // stopRetry turns dec into a stop for reason r with disposition disp.
 func stopRetry(dec *policy.Decision, r policy.StopReason, disp policy.Disposition) {
 	dec.Retry, dec.Delay, dec.Stop, dec.Disposition = false, 0, r, disp

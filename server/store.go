@@ -39,6 +39,29 @@ type Store interface {
 	Begin() Changes
 }
 
+// OneCallNextDelay is a Store that decides a NextDelay's fleet-wide part
+// in one atomic step of its own (redisstore: one function call), instead
+// of a batch of Changes: decideNextDelay uses it for a call whose policy
+// has no fallback targets and whose attempt held no lease, and the batch
+// otherwise. The answers, audit records, metrics, call-table notes and
+// attempt tallies are those of the batch; the contract suite checks both
+// against the rules (storetest, nextDelays).
+type OneCallNextDelay interface {
+	// NextDelayInOneCall takes st in one step (policy.NextDelayStep says
+	// what it does). An attempt refused is an error with the behaviour
+	// FailedPrecondition() bool, as ClaimAttempt's; a permit not live is
+	// fleet.ErrPermit. ok false means the store could not take the step
+	// (its engine is out of reach: degraded mode): the caller decides
+	// through Begin instead.
+	NextDelayInOneCall(st *policy.NextDelayStep) (res policy.NextDelayResult, ok bool, err error)
+	// DecidedInOneCall keeps what a decision of NextDelayInOneCall leaves to
+	// write, whose answer nobody waits for: the note n of call callID in
+	// run runID's call table (when runID is set) and the attempt tally t
+	// (when t.Target is set). A store may write them later (redisstore:
+	// with its next flush), durable as counters are.
+	DecidedInOneCall(runID, callID string, n policy.CallNote, t policy.AttemptTally) error
+}
+
 // Changes is a batch of the state changes of one request that commit
 // together at Commit; nothing rolls back. It belongs to one goroutine. It
 // is an alias of an interface literal so that an engine can return it
