@@ -88,7 +88,7 @@ func TestNextDelayMirrorsFleet(t *testing.T) {
 			Call: policy.CallKey{Tenant: tenant, CallID: "c"}, Attempt: uint32(1 + rng.IntN(3)),
 			Key: key, Breaker: cfg, Result: results[rng.IntN(len(results))],
 			Decision: dec, Policy: &p, SpreadDraw: rng.Float64(),
-			Spend:    policy.SpendRequest{Tenant: tenant, Timeout: rng.IntN(4) == 0},
+			Spend:     policy.SpendRequest{Tenant: tenant, Timeout: rng.IntN(4) == 0},
 			RunCutoff: cutoff, CutBinds: hasRun && rng.IntN(2) == 0,
 			Answer: policy.Answer{Class: "transient:503", Checks: dec.Checks, Deadline: dec.Deadline},
 			Keep:   now.Add(time.Hour),
