@@ -89,11 +89,19 @@ func (c *tripCounter) take() (int, map[string]int) {
 
 func newReplica(t *testing.T, client func() redis.UniversalClient) *replica {
 	t.Helper()
+	return newReplicaWith(t, client, redisstore.Options{Timeout: 2 * time.Second})
+}
+
+// newReplicaWith is newReplica with the store's options opts (its Client
+// set here).
+func newReplicaWith(t *testing.T, client func() redis.UniversalClient, opts redisstore.Options) *replica {
+	t.Helper()
 	c := client()
 	trips := &tripCounter{cmds: map[string]int{}}
 	c.AddHook(trips)
 	t.Cleanup(func() { _ = c.Close() })
-	st, err := redisstore.Open(context.Background(), redisstore.Options{Client: c, Timeout: 2 * time.Second})
+	opts.Client = c
+	st, err := redisstore.Open(context.Background(), opts)
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}
