@@ -52,8 +52,9 @@
 // before the answer with appendfsync always. A fallback chain or a lease
 // adds its own calls (the batch of Changes: the attempt check, the
 // breaker, the cool-down, the spend, then one pipeline of the attempt,
-// audit and note writes), a call of a run one read of the run (its
-// cut-off), and degraded mode decides through that batch too.
+// audit and note writes), and degraded mode decides through that batch
+// too. A call of a run costs one read of the run the first time this
+// replica sees the run (KnownRun: its tenant and cut-off never change).
 //
 // An Admit of a target with a fleet-wide ceiling (AdmitFlow) is one call
 // of policyd_admit_flow whatever its breaker's state: the rate slot, the

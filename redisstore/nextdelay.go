@@ -74,6 +74,17 @@ func (s *Store) NextDelayInOneCall(st *policy.NextDelayStep) (policy.NextDelayRe
 	return res, true, err
 }
 
+// KnownRun is server.OneCallNextDelay.KnownRun: run id's ID, Tenant and
+// Cutoff, which never change, as this replica last read or opened it
+// (Run, OpenRun), without a round trip.
+func (s *Store) KnownRun(id string) (policy.Run, bool) {
+	v, ok := s.runCutoffs.Load(id)
+	if !ok {
+		return policy.Run{}, false
+	}
+	return v.(policy.Run), true
+}
+
 // nextDelayCall returns the keys and arguments of st's policyd_nextdelay
 // call (policyd.lua has their order) under the breaker configuration cfg
 // (normalized) and the tenant's budget b.

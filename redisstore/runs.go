@@ -62,6 +62,7 @@ func (s *Store) OpenRun(r policy.Run) (policy.Run, error) {
 		return policy.Run{}, fmt.Errorf("redisstore: write run %q: %w", r.ID, err)
 	}
 	s.runTenants.Store(r.ID, r.Tenant)
+	s.runCutoffs.Store(r.ID, policy.Run{ID: r.ID, Tenant: r.Tenant, Cutoff: r.Cutoff})
 	return r, nil
 }
 
@@ -113,6 +114,7 @@ func (s *Store) Run(id string) (policy.Run, error) {
 		*p = uint64(num(ledgerFields[i]))
 	}
 	s.degraded.sawRun(r)
+	s.runCutoffs.Store(id, policy.Run{ID: id, Tenant: tenant, Cutoff: r.Cutoff})
 	return r, nil
 }
 

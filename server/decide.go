@@ -86,7 +86,7 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 			d.store.ReleaseAttempt(ck)
 		}
 	}()
-	r, err := d.statelessRules(ctx, in, &p, &failed)
+	r, err := d.statelessRules(ctx, in, &p, &failed, nil)
 	if err != nil {
 		return policy.Answer{}, "", err
 	}
@@ -181,15 +181,23 @@ type ruled struct {
 
 // statelessRules decides in under p by the rules that need no fleet state
 // (policy.Decide, the run's cut-off a deadline for every call of the run)
-// and says what the breaker of failed learns of the failure.
-func (d *Decisions) statelessRules(ctx context.Context, in *nextDelayRequest, p *policy.Policy, failed *hop) (ruled, error) {
+// and says what the breaker of failed learns of the failure. The run is
+// one's KnownRun when one is set and has it at hand, else read.
+func (d *Decisions) statelessRules(ctx context.Context, in *nextDelayRequest, p *policy.Policy, failed *hop, one OneCallNextDelay) (ruled, error) {
 	call, f := &in.call, in.failure
 	r := ruled{now: d.cfg.Clock.Now()}
 	deadline := call.deadline
 	if call.runID != "" {
-		var err error
-		if r.run, err = d.runOf(ctx, "call.run_id", call.runID, call.tenant); err != nil {
-			return ruled{}, err
+		known := false
+		if one != nil {
+			r.run, known = one.KnownRun(call.runID)
+			known = known && r.run.Tenant == call.tenant
+		}
+		if !known {
+			var err error
+			if r.run, err = d.runOf(ctx, "call.run_id", call.runID, call.tenant); err != nil {
+				return ruled{}, err
+			}
 		}
 		// The run's cut-off is a deadline for every call of the run.
 		eff := policy.EffectiveDeadline(p, r.now, call.origin, call.deadline)
@@ -228,7 +236,7 @@ func (d *Decisions) statelessRules(ctx context.Context, in *nextDelayRequest, p 
 func (d *Decisions) nextDelayInOneCall(ctx context.Context, one OneCallNextDelay, in *nextDelayRequest, p *policy.Policy) (ans policy.Answer, why string, done bool, err error) {
 	call := in.call
 	failed := d.hopOf(&call, p, in.target)
-	r, err := d.statelessRules(ctx, in, p, &failed)
+	r, err := d.statelessRules(ctx, in, p, &failed, one)
 	if err != nil {
 		return policy.Answer{}, "", true, err
 	}

@@ -54,6 +54,10 @@ type OneCallNextDelay interface {
 	// (its engine is out of reach: degraded mode): the caller decides
 	// through Begin instead.
 	NextDelayInOneCall(st *policy.NextDelayStep) (res policy.NextDelayResult, ok bool, err error)
+	// KnownRun returns run id's ID, Tenant and Cutoff (which never
+	// change) when the store has them at hand, without a round trip; ok
+	// false sends the caller to Runs.Run.
+	KnownRun(id string) (run policy.Run, ok bool)
 	// DecidedInOneCall keeps what a decision of NextDelayInOneCall leaves to
 	// write, whose answer nobody waits for: the note n of call callID in
 	// run runID's call table (when runID is set) and the attempt tally t
