@@ -63,6 +63,7 @@ func (s *Store) OpenRun(r policy.Run) (policy.Run, error) {
 	}
 	s.runTenants.Store(r.ID, r.Tenant)
 	s.runCutoffs.Store(r.ID, policy.Run{ID: r.ID, Tenant: r.Tenant, Cutoff: r.Cutoff})
+	s.degraded.sawRun(r) // as a read of it would: degraded mode decides from it (KnownRun spares the read)
 	return r, nil
 }
 

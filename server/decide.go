@@ -47,7 +47,8 @@ type nextDelayRequest struct {
 func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (policy.Answer, string, error) {
 	call, f := in.call, in.failure
 	p, _ := d.store.Resolve(call.tenant, call.target)
-	if one, ok := d.store.(OneCallNextDelay); ok && in.lease == "" && in.target == call.target && len(p.Fallback.Targets) == 0 {
+	one, _ := d.store.(OneCallNextDelay)
+	if one != nil && in.lease == "" && in.target == call.target && len(p.Fallback.Targets) == 0 {
 		// The common case, on a store that takes it in one step.
 		if ans, why, done, err := d.nextDelayInOneCall(ctx, one, in, &p); done {
 			return ans, why, err
@@ -86,7 +87,7 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 			d.store.ReleaseAttempt(ck)
 		}
 	}()
-	r, err := d.statelessRules(ctx, in, &p, &failed, nil)
+	r, err := d.statelessRules(ctx, in, &p, &failed, one)
 	if err != nil {
 		return policy.Answer{}, "", err
 	}
