@@ -35,7 +35,8 @@ type Store interface {
 	// (NextDelay's breaker failure, cool-down, retry spend, attempt record
 	// and audit record), so a store that makes changes durable before
 	// answering commits them once. A decision records, extends cool-downs
-	// and spends only through one.
+	// and spends only through one, or, on a store that takes a NextDelay
+	// in one step of its own (OneCallNextDelay), through that step.
 	Begin() Changes
 }
 
