@@ -137,6 +137,7 @@ type Store struct {
 	admin         adminCache
 	defaultPolicy policy.Policy
 	runTenants    sync.Map // run id -> tenant: a run never changes tenant
+	runCutoffs    sync.Map // run id -> policy.Run of ID, Tenant and Cutoff, which never change (KnownRun)
 
 	id        string // this replica's id in the replica set
 	health    *health

@@ -57,6 +57,14 @@
 //	                it once; it then admits exactly its Ceiling; a window of successes adds Increase; a lease
 //	                released after its expiry still teaches; the floor and the maximum hold. Only for an engine
 //	                whose Engine.Adaptive is set (skipped otherwise)
+//	attempt stats   the attempt statistics count each call's end once, by tenant, target, hour and attempt,
+//	                through both write paths, on every replica alike
+//	nextdelays      (nextdelay.go) NextDelay decisions through the server over the engine, by whatever path the
+//	                engine takes them (a batch of Changes, or one step: server.OneCallNextDelay), against the
+//	                rules: a retry and its spend, a replay on another replica, a lower attempt and one after a
+//	                STOP refused, an open circuit, a delay spread over the fleet's cool-down, the deadline it
+//	                breaks, a tenant's budget and a run's pool spent; and the audit records, call-table notes
+//	                and attempt tallies the decisions leave, on every replica
 //
 // Time is the suite's Clock, handed to the engine at Open; the suite moves
 // it, never sleeps. An engine over a server decides at that clock too

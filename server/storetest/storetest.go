@@ -96,6 +96,7 @@ func Run(t *testing.T, open Open) {
 		{"ceilings", testAdaptiveCeiling},
 		{"adaptive", testAdaptive},
 		{"attempt stats", testAttemptStats},
+		{"nextdelays", testNextDelays},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
