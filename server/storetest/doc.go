@@ -69,10 +69,18 @@
 //
 // The suite reads what it changed back through the same store right after
 // the call that changed it returns (a run's ledger after ApplyOutcomes, a
-// bucket's tokens after SpendRetry). An engine that applies some changes
-// later (outcome batches, deposits, per flush) must show them to its own
-// reads at once, or be opened by the suite's Open with that batching off.
-// Deposits that lag are safe: the budget bound only tightens.
+// bucket's tokens after SpendRetry), with one exception, Engine.Settle: an
+// engine may hold the counters and deposits of reported outcomes (the
+// results of ApplyOutcomes without a probe permit, its deposits and
+// attempt tallies) for a flush, and so promise only that they reach the
+// engine, and every replica, within one flush interval. Such an engine
+// sets Settle to send them on at once; the suite calls it right before it
+// reads such counters, and nowhere else: every answer (a refusal, a
+// permit's settling, a final disposition and its ledger) and every other
+// read must hold without it. Deposits that lag are safe: the budget bound
+// only tightens. redisstore runs the suite both ways, with its outcomes
+// sent before ApplyOutcomes returns and held per flush
+// (Options.BatchOutcomes, as policyd serve opens it).
 //
 // How an engine runs it: one test in the engine's package calls Run with
 // an Open that starts the engine over fresh state and returns an Engine:
@@ -83,7 +91,7 @@
 // redis-server on AOF, or one 3-master Cluster, shared by the subtests,
 // each starting from FLUSHALL; Restart kills the server and starts it
 // again on its append-only file; Replica opens another Store on another
-// client):
+// client; with outcomes held, Settle flushes every Store the test opened):
 //
 //	func TestContract(t *testing.T) {
 //		storetest.Run(t, func(t *testing.T, clock *storetest.Clock) storetest.Engine {
