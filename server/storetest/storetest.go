@@ -113,7 +113,7 @@ func Run(t *testing.T, open Open) {
 			if (tt.name == "adaptive" || tt.name == "ceilings") && !en.Adaptive {
 				t.Skip("the engine does not keep adaptive ceilings (Engine.Adaptive is false)")
 			}
-			e := &env{clock: c, s: en.Store, restart: en.Restart, adaptive: en.Adaptive, settleOutcomes: en.Settle}
+			e := &env{clock: c, s: en.Store, restart: en.Restart, adaptive: en.Adaptive, held: en.Settle}
 			e.replicas = []server.Store{en.Store}
 			for len(e.replicas) < replicas {
 				r := en.Store
@@ -129,20 +129,20 @@ func Run(t *testing.T, open Open) {
 
 // env is one subtest's engine.
 type env struct {
-	clock          *Clock
-	s              server.Store
-	restart        func() server.Store
-	replicas       []server.Store // s first; s every time for an embedded engine
-	adaptive       bool           // Engine.Adaptive
-	settleOutcomes func()         // Engine.Settle, nil for an engine that holds no outcomes
+	clock    *Clock
+	s        server.Store
+	restart  func() server.Store
+	replicas []server.Store // s first; s every time for an embedded engine
+	adaptive bool           // Engine.Adaptive
+	held     func()         // Engine.Settle, nil for an engine that holds no outcomes
 }
 
 // settle returns once every replica reads the counters of the outcomes
 // reported so far (Engine.Settle); at once for an engine that holds none.
 // A case calls it only right before it reads such counters.
 func (e *env) settle() {
-	if e.settleOutcomes != nil {
-		e.settleOutcomes()
+	if e.held != nil {
+		e.held()
 	}
 }
 
