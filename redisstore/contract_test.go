@@ -57,7 +57,7 @@ func TestContractCluster(t *testing.T) {
 // one method whose updates a replica holds (Options.BatchOutcomes): on a
 // Cluster a flush sends the held batches of tenants on several slots in
 // one pipeline.
-var heldCases = []string{"final", "permits", "attempt_stats"}
+var heldCases = []string{"order", "final", "permits", "attempt_stats"}
 
 // runContract runs storetest over the Redis that client connects to;
 // crash kills it and starts it again on its append-only file. With held,

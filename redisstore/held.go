@@ -1,6 +1,11 @@
 package redisstore
 
-import "sync"
+import (
+	"slices"
+	"sync"
+
+	"github.com/policyd/policyd/policy"
+)
 
 // maxHeldResults bounds the breaker results one tenant's held batch
 // gathers between flushes: past it the flusher is woken at once, so one
@@ -191,4 +196,31 @@ func (b *outcomeBatch) heldResults() int {
 		n += len(g.results)
 	}
 	return n
+}
+
+// takeResults takes the results of the breaker under key out of its
+// tenant's held batch, in the order they were reported, for a call that
+// records a result of that breaker now (Store.Record): sent in front of
+// it in the same call, they reach the engine in the order they were made,
+// as if they had not been held. The caller holds s.held.sending's read
+// lock from the take to the reply, so no flush sends results of key held
+// after the take before them.
+func (s *Store) takeResults(key policy.BreakerKey) []result {
+	h := &s.held
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	b := h.batches[key.Tenant]
+	if b == nil {
+		return nil
+	}
+	g := b.byKey[key]
+	if g == nil {
+		return nil
+	}
+	delete(b.byKey, key)
+	b.groups = slices.DeleteFunc(b.groups, func(o *outcomeGroup) bool { return o == g })
+	if len(b.groups) == 0 && b.deposit == 0 && len(b.tallies) == 0 && len(b.notes) == 0 {
+		delete(h.batches, key.Tenant)
+	}
+	return g.results
 }

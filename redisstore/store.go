@@ -93,9 +93,11 @@ type Options struct {
 	// at Close. A batch with a final disposition of a run or a probe
 	// permit (whose refusal is the caller's answer), or a breaker this
 	// replica has not seen yet, is sent at once, after the tenant's held
-	// updates. The held updates are then on the engine (and on its disk
-	// with appendfsync always) within FlushInterval plus one call, not
-	// before the answer: a crash of the replica loses at most that
+	// updates; a Record of a breaker (a decision's result) takes that
+	// breaker's held results along in its call, in front of its own. The
+	// held updates are then on the engine (and on its disk with
+	// appendfsync always) within FlushInterval plus one call, not before
+	// the answer: a crash of the replica loses at most that
 	// interval of counting, and other replicas' reads see them after the
 	// flush. Off (policyd serve --sync=always): every batch is sent before
 	// ApplyOutcomes returns.

@@ -92,6 +92,7 @@ func Run(t *testing.T, open Open) {
 		{"budgets", testBudgets},
 		{"cooldown", testCooldown},
 		{"transitions", testTransitions},
+		{"order", testOrder},
 		{"final", testFinal},
 		{"durability", testDurability},
 		{"subscriptions", testSubscriptions},

@@ -1,0 +1,58 @@
+package storetest
+
+import (
+	"testing"
+
+	"github.com/policyd/policyd/policy"
+)
+
+// testOrder: on one replica a breaker takes the outcomes reported through
+// ApplyOutcomes and a decision's result (Record, as NextDelay records a
+// failure) in the order they were made, however the engine batches the
+// outcomes: a failure recorded after a reported success counts from that
+// success, and one recorded after reported failures counts after them,
+// in the answer of the Record itself. Across replicas calls made at once
+// have no order, and what one replica reports reaches the others within
+// one flush (Engine.Settle); this case reads answers only.
+func testOrder(t *testing.T, e *env) {
+	key := policy.BreakerKey{Tenant: "acme", Target: "payments"}
+	report := func(r policy.Result, n int) {
+		t.Helper()
+		ups := make([]policy.OutcomeUpdate, n)
+		for i := range ups {
+			ups[i] = policy.OutcomeUpdate{Key: key, Breaker: breaker, Result: r}
+		}
+		if got, err := e.s.ApplyOutcomes(ups, nil); err != nil || got != n {
+			t.Fatalf("ApplyOutcomes(%d × %v) = %d, %v; want %d, nil", n, r, got, err, n)
+		}
+		for i := range ups {
+			if ups[i].Refused != nil {
+				t.Fatalf("ApplyOutcomes(%d × %v): update %d refused: %v, want none", n, r, i, ups[i].Refused)
+			}
+		}
+	}
+	fail := func(what string, wantState policy.BreakerState, wantInARow int) {
+		t.Helper()
+		snap, err := e.record(key, policy.ResultTransientFailure, "")
+		if err != nil || snap.State != wantState || (wantState == policy.BreakerClosed && snap.ConsecutiveFailures != wantInARow) {
+			t.Fatalf("%s: Record(transient failure) = %v with %d in a row, %v; want %v with %d in a row, nil",
+				what, snap.State, snap.ConsecutiveFailures, err, wantState, wantInARow)
+		}
+	}
+
+	report(policy.ResultSuccess, 1)
+	for i := range breaker.ConsecutiveFailures - 1 {
+		fail("a failure after a success", policy.BreakerClosed, i+1)
+	}
+	// A success reported between the failures ends the run of them.
+	report(policy.ResultSuccess, 1)
+	fail("the first failure after a reported success", policy.BreakerClosed, 1)
+	// Reported failures count before the decision that follows them: with
+	// the one recorded above they make ConsecutiveFailures in a row with
+	// the next recorded one, which opens the breaker.
+	report(policy.ResultTransientFailure, breaker.ConsecutiveFailures-2)
+	fail("the failure after reported failures", policy.BreakerOpen, 0)
+	if got := e.snapshot(t, key); got.State != policy.BreakerOpen || got.Generation != 1 {
+		t.Errorf("after %d failures in a row: generation %d %v, want generation 1 OPEN", breaker.ConsecutiveFailures, got.Generation, got.State)
+	}
+}
