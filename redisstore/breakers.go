@@ -251,7 +251,8 @@ func (s *Store) tenantBreakers(tenant string) ([]policy.BreakerSnapshot, error) 
 
 // ResetBreaker puts the breaker under key back to CLOSED, unforced, with
 // its counters, permits and cool-down cleared; ErrNotFound for a breaker
-// never stored.
+// never stored. It and ForceBreaker send the outcomes held for the flush
+// (Options.BatchOutcomes) first, so the write comes after them.
 func (s *Store) ResetBreaker(key policy.BreakerKey) (policy.BreakerSnapshot, error) {
 	return s.adminBreaker(key, "reset", 0)
 }
@@ -274,6 +275,11 @@ func (s *Store) adminBreaker(key policy.BreakerKey, op string, st policy.Breaker
 	}
 	if _, err := s.follow(key.Tenant); err != nil {
 		return policy.BreakerSnapshot{}, fmt.Errorf("redisstore: follow tenant %q: %w", key.Tenant, err)
+	}
+	if s.opts.BatchOutcomes {
+		// The outcomes this replica reported before the write go first: a
+		// reset is not undone by failures held from before it.
+		s.flushHeld()
 	}
 	ctx, cancel := s.adminCtx()
 	defer cancel()

@@ -11,12 +11,14 @@ import (
 // failure) in the order they were made, however the engine batches the
 // outcomes: a failure recorded after a reported success counts from that
 // success, and one recorded after reported failures counts after them,
-// in the answer of the Record itself. Across replicas calls made at once
+// in the answer of the Record itself; an admin reset of a breaker comes
+// after the outcomes reported before it. Across replicas calls made at once
 // have no order, and what one replica reports reaches the others within
-// one flush (Engine.Settle); this case reads answers only.
+// one flush (Engine.Settle); this case reads answers, and counters only
+// after it settles.
 func testOrder(t *testing.T, e *env) {
 	key := policy.BreakerKey{Tenant: "acme", Target: "payments"}
-	report := func(r policy.Result, n int) {
+	report := func(key policy.BreakerKey, r policy.Result, n int) {
 		t.Helper()
 		ups := make([]policy.OutcomeUpdate, n)
 		for i := range ups {
@@ -40,19 +42,33 @@ func testOrder(t *testing.T, e *env) {
 		}
 	}
 
-	report(policy.ResultSuccess, 1)
+	report(key, policy.ResultSuccess, 1)
 	for i := range breaker.ConsecutiveFailures - 1 {
 		fail("a failure after a success", policy.BreakerClosed, i+1)
 	}
 	// A success reported between the failures ends the run of them.
-	report(policy.ResultSuccess, 1)
+	report(key, policy.ResultSuccess, 1)
 	fail("the first failure after a reported success", policy.BreakerClosed, 1)
 	// Reported failures count before the decision that follows them: with
 	// the one recorded above they make ConsecutiveFailures in a row with
 	// the next recorded one, which opens the breaker.
-	report(policy.ResultTransientFailure, breaker.ConsecutiveFailures-2)
+	report(key, policy.ResultTransientFailure, breaker.ConsecutiveFailures-2)
 	fail("the failure after reported failures", policy.BreakerOpen, 0)
 	if got := e.snapshot(t, key); got.State != policy.BreakerOpen || got.Generation != 1 {
 		t.Errorf("after %d failures in a row: generation %d %v, want generation 1 OPEN", breaker.ConsecutiveFailures, got.Generation, got.State)
+	}
+
+	// An admin reset comes after the failures reported before it: they do
+	// not open the breaker it reset once they reach the engine.
+	reset := policy.BreakerKey{Tenant: "acme", Target: "refunds"}
+	report(reset, policy.ResultSuccess, 1)
+	report(reset, policy.ResultTransientFailure, breaker.ConsecutiveFailures)
+	if snap, err := e.s.ResetBreaker(reset); err != nil || snap.State != policy.BreakerClosed {
+		t.Fatalf("ResetBreaker after %d reported failures = %v, %v; want CLOSED, nil", breaker.ConsecutiveFailures, snap.State, err)
+	}
+	e.settle()
+	if got := e.snapshot(t, reset); got.State != policy.BreakerClosed || got.ConsecutiveFailures != 0 {
+		t.Errorf("a breaker reset after %d reported failures: %v with %d in a row, want CLOSED with 0 (the reset after them)",
+			breaker.ConsecutiveFailures, got.State, got.ConsecutiveFailures)
 	}
 }
