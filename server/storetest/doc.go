@@ -21,7 +21,8 @@
 //	                replicas
 //	order           (order.go) on one replica a breaker takes reported outcomes and a decision's Record in the order
 //	                made: a reported success ends a run of failures, reported failures count before the Record
-//	                after them, in its answer; an admin reset comes after the outcomes reported before it
+//	                after them, in its answer; an admin reset comes after the outcomes reported before it; a
+//	                run's call table takes an outcome's note before the next decision's
 //	final           a call's final disposition is counted once in its run's ledger, however many reports race
 //	                from the replicas, and the first wins: a later different one is refused (naming
 //	                final_disposition and the disposition in force, also as a batch's refused item), the

@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"testing"
+	"time"
 
 	"github.com/policyd/policyd/policy"
 )
@@ -12,7 +13,8 @@ import (
 // outcomes: a failure recorded after a reported success counts from that
 // success, and one recorded after reported failures counts after them,
 // in the answer of the Record itself; an admin reset of a breaker comes
-// after the outcomes reported before it. Across replicas calls made at once
+// after the outcomes reported before it; a run's call table takes an
+// outcome's note before the note of the decision after it. Across replicas calls made at once
 // have no order, and what one replica reports reaches the others within
 // one flush (Engine.Settle); this case reads answers, and counters only
 // after it settles.
@@ -70,5 +72,28 @@ func testOrder(t *testing.T, e *env) {
 	if got := e.snapshot(t, reset); got.State != policy.BreakerClosed || got.ConsecutiveFailures != 0 {
 		t.Errorf("a breaker reset after %d reported failures: %v with %d in a row, want CLOSED with 0 (the reset after them)",
 			breaker.ConsecutiveFailures, got.State, got.ConsecutiveFailures)
+	}
+
+	// A run's call table takes a reported outcome's note and the note of
+	// the decision after it in that order: the call ends on the target
+	// the later one names.
+	run, err := e.s.OpenRun(policy.Run{Tenant: "acme", Pool: 10, Cutoff: e.clock.Now().Add(time.Hour)})
+	if err != nil {
+		t.Fatalf("OpenRun = %v, want nil", err)
+	}
+	now := e.clock.Now()
+	ups := []policy.OutcomeUpdate{{Key: key, Breaker: breaker, Result: policy.ResultTerminal, RunID: run.ID, CallID: "doc-1",
+		Note: policy.CallNote{Target: "payments", Attempt: 1, Time: now}}}
+	if n, err := e.s.ApplyOutcomes(ups, nil); err != nil || n != 1 || ups[0].Refused != nil {
+		t.Fatalf("ApplyOutcomes(a terminal failure of doc-1 on payments) = %d, %v, refused %v; want 1, nil, none", n, err, ups[0].Refused)
+	}
+	if err := e.s.NoteCall(run.ID, "doc-1", policy.CallNote{Target: "payments-b", PrimaryTarget: "payments", Attempt: 2, Time: now}); err != nil {
+		t.Fatalf("NoteCall(doc-1, attempt 2 on payments-b) = %v, want nil", err)
+	}
+	e.settle()
+	calls, _, err := e.s.RunCalls(run.ID, policy.RunCallFilter{}, "", 0)
+	if err != nil || len(calls) != 1 || calls[0].Target != "payments-b" || calls[0].PrimaryTarget != "payments" || calls[0].Attempts != 2 {
+		t.Errorf("RunCalls after an outcome's note on payments and attempt 2's on payments-b = %+v, %v; want doc-1 on payments-b (primary payments), 2 attempts",
+			calls, err)
 	}
 }
