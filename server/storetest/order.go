@@ -14,10 +14,10 @@ import (
 // success, and one recorded after reported failures counts after them,
 // in the answer of the Record itself; an admin reset of a breaker comes
 // after the outcomes reported before it; a run's call table takes an
-// outcome's note before the note of the decision after it. Across replicas calls made at once
-// have no order, and what one replica reports reaches the others within
-// one flush (Engine.Settle); this case reads answers, and counters only
-// after it settles.
+// outcome's note before the note of the decision after it. Across
+// replicas calls made at once have no order, and what one replica
+// reports reaches the others within one flush (Engine.Settle); this case
+// reads answers, and what outcomes changed only after it settles.
 func testOrder(t *testing.T, e *env) {
 	key := policy.BreakerKey{Tenant: "acme", Target: "payments"}
 	report := func(key policy.BreakerKey, r policy.Result, n int) {
