@@ -37,7 +37,9 @@
 // per flush interval (Options.BatchOutcomes: a replica holds the updates
 // that need no answer and merges them per tenant, held.go), or per
 // ReportOutcome for a batch whose answer needs the engine (a run's final
-// disposition, a probe permit).
+// disposition, a probe permit) or that a later decision must not overtake
+// (a note of a run's call table); a decision's failure takes its
+// breaker's held results along in its own call.
 //
 // An Admit of a target with a fleet-wide ceiling (AdmitFlow) is one call
 // of policyd_admit_flow whatever its breaker's state: the rate slot, the
