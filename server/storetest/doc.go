@@ -82,9 +82,10 @@
 // reads such counters, and nowhere else: every answer (a refusal, a
 // permit's settling, a final disposition and its ledger) and every other
 // read must hold without it. Deposits that lag are safe: the budget bound
-// only tightens. redisstore runs the suite both ways, with its outcomes
-// sent before ApplyOutcomes returns and held per flush
-// (Options.BatchOutcomes, as policyd serve opens it).
+// only tightens. redisstore runs the whole suite with its outcomes held
+// per flush (Options.BatchOutcomes, as policyd serve opens it), and the
+// behaviours that report outcomes again with them sent before
+// ApplyOutcomes returns (--sync=always).
 //
 // How an engine runs it: one test in the engine's package calls Run with
 // an Open that starts the engine over fresh state and returns an Engine:
