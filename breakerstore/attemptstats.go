@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"math"
 	"slices"
 	"strings"
@@ -37,6 +36,7 @@ const (
 // written, the hours the retention dropped deleted.
 type targetStats struct {
 	key policy.BreakerKey // the tenant and the attempt's target
+	id  uint64            // unique in the store (statsBook.ids), for tallyTable
 
 	mu      sync.Mutex
 	v       fleet.AttemptStats
@@ -66,7 +66,8 @@ func (s *Store) targetStats(t policy.AttemptTally) *targetStats {
 		if !s.statsTargets.take(t.Tenant, s.opts.MaxBreakersPerTenant) {
 			return nil, errStatsCap
 		}
-		return &targetStats{key: policy.BreakerKey{Tenant: strings.Clone(t.Tenant), Target: strings.Clone(t.Target)}}, nil
+		return &targetStats{key: policy.BreakerKey{Tenant: strings.Clone(t.Tenant), Target: strings.Clone(t.Target)},
+			id: s.statsTargets.ids.Add(1)}, nil
 	})
 	if err != nil {
 		return nil
@@ -120,13 +121,14 @@ func (s *Store) countAttemptsN(ts *targetStats, t policy.AttemptTally, n uint64,
 	_ = s.changed(p, ts, newlyDirty)
 }
 
-// tallyTable sums the tallies of one outcome batch by tenant, target,
-// attempt slot and result before they are counted, so a batch of n
-// outcomes that ended k ways takes k records' locks, not n. It is a
-// small open-addressing table, kept on the stack: a tally that finds it
-// full is counted on its own. Its 128 slots (7 KB) hold the 96 sums of a
-// batch that ended 96 ways; with 32 a worker's batch over 64 targets
-// counted most of its outcomes one by one.
+// tallyTable sums the tallies of one outcome batch by the statistics
+// they count in (a tenant's and target's), attempt slot and result before
+// they are counted, so a batch of n outcomes that ended k ways takes k
+// records' locks, not n. It is a small open-addressing table, kept on the
+// stack and keyed by the statistics' id, so a tally costs no hashing or
+// comparing of names: a tally that finds it full is counted on its own.
+// Its 128 slots hold the 96 sums of a batch that ended 96 ways; with 32 a
+// worker's batch over 64 targets counted most of its outcomes one by one.
 type tallyTable struct {
 	used  int
 	last  int // the slot the last tally went to: a batch's outcomes of one target often come together
@@ -134,21 +136,22 @@ type tallyTable struct {
 }
 
 type tallySum struct {
-	tally policy.AttemptTally // Attempt is the slot's attempt (16 for 16 or more)
-	ts    *targetStats        // where the sum counts (Store.statsOf), nil: to be looked up
-	n     uint64              // 0: the slot is free
+	ts      *targetStats // where the sum counts; nil: the slot is free
+	slot    uint32       // fleet.AttemptSlot of the tallies' attempt
+	success bool
+	tally   policy.AttemptTally // the first of the sum's tallies
+	n       uint64
 }
 
-// add adds t, to be counted in ts, to the table and reports whether it
-// fit.
-func (tt *tallyTable) add(seed maphash.Seed, t policy.AttemptTally, ts *targetStats) bool {
-	t.Attempt = uint32(fleet.AttemptSlot(t.Attempt) + 1)
-	if e := &tt.slots[tt.last]; e.n > 0 && e.tally == t {
+// add adds t, to be counted in ts (not nil), to the table and reports
+// whether it fit.
+func (tt *tallyTable) add(t policy.AttemptTally, ts *targetStats) bool {
+	slot := uint32(fleet.AttemptSlot(t.Attempt))
+	if e := &tt.slots[tt.last]; e.ts == ts && e.slot == slot && e.success == t.Success {
 		e.n++
-		e.ts = cmp.Or(e.ts, ts)
 		return true
 	}
-	h := maphash.String(seed, t.Target) ^ uint64(t.Attempt)<<1
+	h := ts.id*0x9e3779b97f4a7c15 ^ uint64(slot)<<1
 	if t.Success {
 		h ^= 1
 	}
@@ -156,16 +159,15 @@ func (tt *tallyTable) add(seed maphash.Seed, t policy.AttemptTally, ts *targetSt
 		at := int((h + i) % uint64(len(tt.slots)))
 		e := &tt.slots[at]
 		switch {
-		case e.n == 0:
+		case e.ts == nil:
 			if tt.used >= 3*len(tt.slots)/4 {
 				return false // keep the probes short
 			}
-			*e = tallySum{tally: t, ts: ts, n: 1}
+			*e = tallySum{ts: ts, slot: slot, success: t.Success, tally: t, n: 1}
 			tt.used, tt.last = tt.used+1, at
 			return true
-		case e.tally == t:
+		case e.ts == ts && e.slot == slot && e.success == t.Success:
 			e.n++
-			e.ts = cmp.Or(e.ts, ts)
 			tt.last = at
 			return true
 		}
@@ -179,7 +181,7 @@ func (tt *tallyTable) count(s *Store, now int64, p *pending) {
 		return
 	}
 	for i := range tt.slots {
-		if e := &tt.slots[i]; e.n > 0 {
+		if e := &tt.slots[i]; e.ts != nil {
 			s.countAttemptsN(e.ts, e.tally, e.n, now, p)
 		}
 	}
@@ -193,6 +195,7 @@ type statsBook struct {
 	mu      sync.Mutex
 	targets map[string]int // guarded by mu
 	refused atomic.Uint64
+	ids     atomic.Uint64 // the last targetStats.id given
 }
 
 var errStatsCap = errors.New("breakerstore: attempt statistics: the tenant's targets are at their cap")

@@ -169,9 +169,29 @@ func (s *Store) takeAudit() []policy.AuditRecord {
 	defer s.trail.mu.Unlock()
 	recs := s.trail.buf
 	// The next interval likely appends as many: size for it at once rather
-	// than growing (and copying) the buffer from nothing again.
-	s.trail.buf = make([]policy.AuditRecord, 0, min(cap(recs), s.opts.AuditBuffer))
+	// than growing (and copying) the buffer from nothing again, and reuse
+	// the buffer the last group commit wrote (recycleAudit) rather than
+	// allocating (and zeroing, and collecting) megabytes at every flush.
+	want := min(cap(recs), s.opts.AuditBuffer)
+	next := s.trail.spare
+	s.trail.spare = nil
+	if cap(next) < want {
+		next = make([]policy.AuditRecord, 0, want)
+	}
+	s.trail.buf = next[:0]
 	return recs
+}
+
+// recycleAudit keeps recs, a buffer takeAudit gave that its group commit
+// has written, for the next takeAudit. Its records are overwritten as the
+// buffer fills again (until then they pin their strings, at most one
+// buffer's worth).
+func (s *Store) recycleAudit(recs []policy.AuditRecord) {
+	s.trail.mu.Lock()
+	if cap(recs) > cap(s.trail.spare) {
+		s.trail.spare = recs[:0]
+	}
+	s.trail.mu.Unlock()
 }
 
 // requeueAudit puts records of a failed group commit back in front of the

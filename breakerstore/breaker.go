@@ -84,36 +84,44 @@ func (s *Store) Admit(key policy.BreakerKey, cfg policy.BreakerConfig) (policy.A
 // Transitions are committed as in Admit; counters are flushed per the sync
 // mode. It is safe for concurrent use and allocation-free in the steady state.
 func (s *Store) Record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy.Result, permitID string) (policy.BreakerSnapshot, error) {
-	snap, _, err := s.record(key, cfg, r, permitID, nil, s.now())
+	var snap policy.BreakerSnapshot
+	_, err := s.record(key, cfg, r, permitID, nil, s.now(), &snap)
 	return snap, err
 }
 
-// record is Record at now, the clock's time; with SyncAlways a counter
-// change joins p, when set, instead of being committed on its own. It
-// also returns the breaker, unlocked, unless it failed before finding it.
-func (s *Store) record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy.Result, permitID string, p *pending, now int64) (policy.BreakerSnapshot, *breaker, error) {
+// record is Record at now, the clock's time, putting the breaker's
+// snapshot after it in snap when snap is not nil (ApplyOutcomes needs
+// none); with SyncAlways a counter change joins p, when set, instead of
+// being committed on its own. It returns the breaker, unlocked, unless it
+// failed before finding it.
+func (s *Store) record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy.Result, permitID string, p *pending, now int64, snap *policy.BreakerSnapshot) (*breaker, error) {
 	if s.closed.Load() {
-		return policy.BreakerSnapshot{}, nil, ErrClosed
+		return nil, ErrClosed
 	}
 	if r < policy.ResultSuccess || r > policy.ResultPushback {
-		return policy.BreakerSnapshot{}, nil, invalid("result", "must be success, transient failure, terminal or pushback")
+		return nil, invalid("result", "must be success, transient failure, terminal or pushback")
 	}
 	cfg = fleet.NormConfig(cfg)
 	b, err := s.lockBreaker(key, true, now)
 	if err != nil {
-		return policy.BreakerSnapshot{}, nil, err
+		return nil, err
 	}
 	e := b.begin(s, now, &cfg)
 	e2, refused := b.v.Record(now, &cfg, r, permitID)
 	b.published(s, now, e2)
-	snap := b.snapshot(now)
+	if snap != nil {
+		*snap = b.snapshot(now)
+	}
 	if err := s.settle(b, e|e2, p); err != nil {
-		return policy.BreakerSnapshot{}, b, err
+		if snap != nil {
+			*snap = policy.BreakerSnapshot{}
+		}
+		return b, err
 	}
 	if refused != nil {
-		return snap, b, refused
+		return b, refused
 	}
-	return snap, b, nil
+	return b, nil
 }
 
 // ExtendCooldown sets a fleet-wide pushback cool-down on the breaker under

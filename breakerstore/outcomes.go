@@ -42,7 +42,7 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 			var b *breaker // the outcome's, whose attempt statistics the tally may share
 			if u.Result != 0 {
 				var err error
-				if _, b, err = s.record(u.Key, u.Breaker, u.Result, u.PermitID, p, now); err != nil {
+				if b, err = s.record(u.Key, u.Breaker, u.Result, u.PermitID, p, now, nil); err != nil {
 					if !refusal(err) {
 						return i, err
 					}
@@ -66,7 +66,11 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 				count = count && first
 			}
 			if count {
-				if ts := s.statsOf(b, u.Tally); !tallies.add(s.attemptStats.seed, u.Tally, ts) {
+				ts := s.statsOf(b, u.Tally)
+				if ts == nil {
+					ts = s.targetStats(u.Tally) // nil beyond the tenant's cap
+				}
+				if ts == nil || !tallies.add(u.Tally, ts) {
 					s.countAttemptsN(ts, u.Tally, 1, now, p)
 				}
 			}

@@ -11,7 +11,8 @@ import (
 // writes one to files). The store hands it every audit record it commits,
 // in commit order, from within the commit's transaction, before the
 // records are written to bbolt: the group commit's, a SyncAlways batch's.
-// Append must make the records durable before it returns. It may be handed
+// Append must make the records durable before it returns, and must not
+// keep recs after (the store reuses its buffer). It may be handed
 // records again when a commit is retried (bbolt's Batch may run a commit
 // twice, and a commit that failed after Append is retried later), and
 // should skip sequence numbers it has appended.

@@ -269,6 +269,7 @@ type subscriptions struct {
 type auditTrail struct {
 	mu         sync.Mutex           // guards the fields below but dropLogged
 	buf        []policy.AuditRecord // appended, waiting for a group commit
+	spare      []policy.AuditRecord // a written buffer, for the next takeAudit
 	seq        uint64               // the last sequence number handed out
 	last       int64                // the last time stamped, Unix ns
 	count      int                  // records on disk
@@ -810,6 +811,7 @@ func (s *Store) flush(forceSweep bool) error {
 	if auditDue {
 		s.auditCommitted(len(audit), deleted, oldest)
 	}
+	s.recycleAudit(audit)
 	s.group.pendingDel = nil
 	return nil
 }

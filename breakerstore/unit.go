@@ -66,7 +66,8 @@ func (s *Store) Begin() Changes {
 
 // Record is Store.Record within the batch.
 func (u *changeBatch) Record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy.Result, permitID string) (policy.BreakerSnapshot, error) {
-	snap, _, err := u.s.record(key, cfg, r, permitID, u.p, u.s.now())
+	var snap policy.BreakerSnapshot
+	_, err := u.s.record(key, cfg, r, permitID, u.p, u.s.now(), &snap)
 	return snap, err
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,7 +25,7 @@ func (s *Store) attemptOf(k policy.CallKey) (fleet.Attempts, error) {
 	}
 	a, err := decodeAttempt(h)
 	if err != nil {
-		return fleet.Attempts{}, fmt.Errorf("redisstore: attempt record of %q/%q: %w", k.Tenant, k.CallID, err)
+		return fleet.Attempts{}, fmt.Errorf("redisstore: attempt record of %q/%q is %w", k.Tenant, k.CallID, err)
 	}
 	return a, nil
 }
@@ -32,8 +33,10 @@ func (s *Store) attemptOf(k policy.CallKey) (fleet.Attempts, error) {
 // errDamagedAttempt is an attempt record whose fields do not parse.
 var errDamagedAttempt = errors.New("damaged")
 
-// decodeAttempt reads an attempt record's hash (attempt, answer, expiry in
-// Unix ms; see doc.go); the zero value for an empty one (no record).
+// decodeAttempt decodes an attempt record ({T}:attempt:CALLID, its hash
+// as HGETALL returns it) into fleet.Attempts; an empty hash is the zero
+// value (no record), a field that does not parse errDamagedAttempt. It is
+// the one decoder of the record's layout (doc.go).
 func decodeAttempt(h map[string]string) (fleet.Attempts, error) {
 	if len(h) == 0 {
 		return fleet.Attempts{}, nil
@@ -46,7 +49,50 @@ func decodeAttempt(h map[string]string) (fleet.Attempts, error) {
 		return fleet.Attempts{}, errDamagedAttempt
 	}
 	a.Attempt, a.Expiry = uint32(n), exp*int64(time.Millisecond)
+	if v, ok := h["verdict"]; ok {
+		if err := applyVerdict(&a.Answer, v); err != nil {
+			return fleet.Attempts{}, err
+		}
+	}
 	return a, nil
+}
+
+// applyVerdict completes ans, the answer policyd_nextdelay was given (what
+// the stateless rules and the breaker's check decided), with v, what the
+// library's fleet-wide rules made of it: "retry delay stop disposition
+// breaker checks tokens remaining spread" (see policyd.lua nextdelay).
+func applyVerdict(ans *policy.Answer, v string) error {
+	f := strings.Fields(v)
+	if len(f) != 9 {
+		return errDamagedAttempt
+	}
+	var n [9]int64
+	for i, s := range f {
+		if i == 6 {
+			continue
+		}
+		var err error
+		if n[i], err = strconv.ParseInt(s, 10, 64); err != nil {
+			return errDamagedAttempt
+		}
+	}
+	tokens, err := strconv.ParseFloat(f[6], 64)
+	if err != nil {
+		return errDamagedAttempt
+	}
+	ans.Retry, ans.Stop, ans.Disposition = n[0] == 1, policy.StopReason(n[2]), policy.Disposition(n[3])
+	ans.Breaker, ans.Checks = policy.BreakerState(n[4]), policy.Check(n[5])
+	ans.TenantTokens, ans.RunRemaining = tokens, uint64(n[7])
+	ans.Delay = 0
+	if ans.Retry {
+		ans.Delay = time.Duration(n[1])
+	} else {
+		ans.AttemptTimeout = 0
+	}
+	if n[8] == 1 {
+		ans.Note = fleet.SpreadNote(ans.Note)
+	}
+	return nil
 }
 
 // CheckAttempt says what a NextDelay for attempt of call k must get, by

@@ -208,12 +208,21 @@ func auditValues(r *policy.AuditRecord) []any {
 	return out
 }
 
-// decodeAudit reads a stream entry back; Seq is the entry id packed as
-// milliseconds << 20 | sequence.
+// decodeAudit reads a stream entry back, packed in its one field
+// (auditentry.go) or, as written before, one field an attribute; Seq is
+// the entry id packed as milliseconds << 20 | sequence.
 func decodeAudit(m redis.XMessage) (policy.AuditRecord, error) {
 	seq, err := packID(m.ID)
 	if err != nil {
 		return policy.AuditRecord{}, err
+	}
+	if v, ok := m.Values[auditEntryField].(string); ok {
+		r, err := decodeAuditEntry(v)
+		if err != nil {
+			return policy.AuditRecord{}, fmt.Errorf("%w: entry %s", err, m.ID)
+		}
+		r.Seq = seq
+		return r, nil
 	}
 	str := func(f string) string { v, _ := m.Values[f].(string); return v }
 	num := func(f string) int64 { n, _ := strconv.ParseInt(str(f), 10, 64); return n }

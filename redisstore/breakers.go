@@ -83,6 +83,11 @@ func cachedAdmit(st *state, now int64) (policy.Admission, bool) {
 // policyd_record) and returns its state afterwards, by fleet.Breaker's
 // rules: in HALF_OPEN only a live permit of the generation settles a
 // probe; a permit that is not live returns the state and fleet.ErrPermit.
+// With Options.BatchOutcomes the results of that breaker this replica
+// holds for the flush go in front of r in the same call, so the breaker
+// counts them in the order reported; when the call fails they are lost
+// with it (the engine may have applied them: never sent twice), counted
+// in Dropped.
 func (s *Store) Record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy.Result, permitID string) (policy.BreakerSnapshot, error) {
 	if err := s.check(); err != nil {
 		return policy.BreakerSnapshot{}, err
@@ -107,9 +112,25 @@ func (s *Store) Record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy
 		}
 		return policy.BreakerSnapshot{}, fmt.Errorf("redisstore: follow tenant %q: %w", key.Tenant, err)
 	}
+	results := []result{{r, permitID}}
+	if s.opts.BatchOutcomes {
+		// The breaker's results held for the flush go first, in this call:
+		// the breaker counts them before this one, as they were reported.
+		s.held.sending.RLock()
+		defer s.held.sending.RUnlock()
+		results = append(s.takeResults(key), results...)
+	}
 	ctx, cancel := s.call()
 	defer cancel()
-	_, out, err := recordCall(ctx, s.lib, key.Tenant, []recordGroup{{Key: key, Cfg: &cfg, Results: []result{{r, permitID}}}}, s.opts.MaxBreakersPerTenant)
+	_, out, err := recordCall(ctx, s.lib, key.Tenant, []recordGroup{{Key: key, Cfg: &cfg, Results: results}}, s.opts.MaxBreakersPerTenant)
+	if err != nil && len(results) > 1 {
+		// The held results share this call's fate: the engine may have
+		// applied them before its answer was lost, so they are not sent
+		// again (never twice); counted as a dropped batch.
+		s.log.Warn("redisstore: held outcome results sent with a failed record call: dropped", "tenant", key.Tenant,
+			"target", key.Target, "results", len(results)-1, "err", err)
+		s.queue.dropped.Add(1)
+	}
 	if errors.Is(err, ErrUnavailable) {
 		return degraded()
 	}
@@ -118,7 +139,7 @@ func (s *Store) Record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy
 	}
 	s.learn(key, out[0].State)
 	snap := out[0].State.snapshot(key)
-	if out[0].Refused[0] {
+	if n := len(out[0].Refused); n > 0 && out[0].Refused[n-1] {
 		return snap, fleet.ErrPermit
 	}
 	return snap, nil
@@ -230,7 +251,8 @@ func (s *Store) tenantBreakers(tenant string) ([]policy.BreakerSnapshot, error) 
 
 // ResetBreaker puts the breaker under key back to CLOSED, unforced, with
 // its counters, permits and cool-down cleared; ErrNotFound for a breaker
-// never stored.
+// never stored. It and ForceBreaker send the outcomes held for the flush
+// (Options.BatchOutcomes) first, so the write comes after them.
 func (s *Store) ResetBreaker(key policy.BreakerKey) (policy.BreakerSnapshot, error) {
 	return s.adminBreaker(key, "reset", 0)
 }
@@ -253,6 +275,11 @@ func (s *Store) adminBreaker(key policy.BreakerKey, op string, st policy.Breaker
 	}
 	if _, err := s.follow(key.Tenant); err != nil {
 		return policy.BreakerSnapshot{}, fmt.Errorf("redisstore: follow tenant %q: %w", key.Tenant, err)
+	}
+	if s.opts.BatchOutcomes {
+		// The outcomes this replica reported before the write go first: a
+		// reset is not undone by failures held from before it.
+		s.flushHeld()
 	}
 	ctx, cancel := s.adminCtx()
 	defer cancel()

@@ -11,7 +11,7 @@ import (
 )
 
 // Check verifies the policyd keys of a Redis without changing them: the
-// schema version, that the library (libraryName) is loaded on every master,
+// schema version, that the library policyd_v2 is loaded on every master,
 // and the shape of every key under a policyd hash tag (its type, and for
 // breakers, buckets, runs, flow hashes and attempt statistics that every
 // integer field

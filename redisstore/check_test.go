@@ -73,7 +73,7 @@ func TestCheck(t *testing.T) {
 		stats[0] + `: field "x9:pay" is not s or f`,
 		`{=acme}:breaker:pay: field gen is "two", want an integer`,
 		"{=acme}:bucket: is a string, want a hash",
-		"{=acme}:mystery: not a key of schema 1",
+		"{=acme}:mystery: not a key of schema 2",
 		`{=acme}:flow:pay: field tat is "soon", want an integer`,
 		"{=acme}:leases:pay: is a string, want a zset",
 	} {
@@ -83,7 +83,7 @@ func TestCheck(t *testing.T) {
 	}
 
 	c.Set(ctx, "{policyd}:schema", "9", 0)
-	if err := redisstore.Check(ctx, c); err == nil || !strings.Contains(err.Error(), `{policyd}:schema is "9", this policyd reads "1"`) {
+	if err := redisstore.Check(ctx, c); err == nil || !strings.Contains(err.Error(), `{policyd}:schema is "9", this policyd reads "2"`) {
 		t.Errorf("Check of another schema = %v, want both versions named", err)
 	}
 	if _, err := redisstore.Open(ctx, redisstore.Options{Client: c}); err == nil || !strings.Contains(err.Error(), `is "9"`) {

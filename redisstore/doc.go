@@ -30,14 +30,33 @@
 // apply here: its client-side caching tracks keys, but a replica here
 // caches breaker states from the ordered per-tenant event stream (which it
 // needs anyway for WatchBreakers), and its auto-pipelining batches many
-// small commands, where this engine sends few and large ones: a function
-// call per state change of a failure decision (a NextDelay is four round
-// trips today: the attempt check, the breaker, the spend, and the attempt
-// and audit records in one pipeline) and, for outcomes, one per tenant
-// per flush interval (Options.BatchOutcomes: a replica holds the updates
+// small commands, where this engine sends few and large ones: one function
+// call per failure decision and, for outcomes, one per tenant per flush
+// interval (Options.BatchOutcomes: a replica holds the updates
 // that need no answer and merges them per tenant, held.go), or per
 // ReportOutcome for a batch whose answer needs the engine (a run's final
-// disposition, a probe permit).
+// disposition, a probe permit) or that a later decision must not overtake
+// (a note of a run's call table); a decision's failure takes its
+// breaker's held results along in its own call.
+//
+// A NextDelay (server.OneCallNextDelay, nextdelay.go) of a call whose
+// policy has no fallback targets and whose attempt held no lease is one
+// call of policyd_nextdelay: the attempt check (fleet.Attempts.Check), the
+// breaker's record of the failure, the pushback cool-down, the fleet-wide
+// rules (fleet.GateRetry), the spend, fleet.Spent, fleet.CutRun and the
+// attempt record with its verdict, in one step on the tenant's slot. The
+// writes that need no answer go with the replica's next flush: the audit
+// record through the audit buffer (AppendAudit), the run's call-table
+// note and a STOP's attempt tally in an outcome batch of the tenant's,
+// held like outcomes (Options.BatchOutcomes; sent at once without it).
+// Like bbolt's --sync=group, a replica killed loses at most one flush
+// interval of them; the attempt record is written in the call, on disk
+// before the answer with appendfsync always. A fallback chain or a lease
+// adds its own calls (the batch of Changes: the attempt check, the
+// breaker, the cool-down, the spend, then one pipeline of the attempt,
+// audit and note writes), and degraded mode decides through that batch
+// too. A call of a run costs one read of the run the first time this
+// replica sees the run (KnownRun: its tenant and cut-off never change).
 //
 // An Admit of a target with a fleet-wide ceiling (AdmitFlow) is one call
 // of policyd_admit_flow whatever its breaker's state: the rate slot, the
@@ -50,7 +69,7 @@
 // per hash slot in use on a Cluster), from the last entry id seen, so a
 // reconnect misses nothing the streams hold.
 //
-// Key layout, schema version 1. Every key of one tenant starts with the
+// Key layout, schema version 2. Every key of one tenant starts with the
 // tenant's hash tag, so the tenant's breakers, cool-downs, bucket and runs
 // live in one slot and one function call decides over all of them, also
 // on Redis Cluster. The tag is "{=" tenant "}" for a name without braces,
@@ -61,7 +80,8 @@
 // 2^53: Unix nanoseconds are not), integers in decimal, unless noted.
 //
 //	key                      type    value
-//	{policyd}:schema         string  "1"; written at first start, another value refuses to start
+//	{policyd}:schema         string  "2"; written at first start; "1" is migrated forward at start
+//	                                 (loadLibrary), another value refuses to start
 //	{policyd}:tenants        set     every tenant a replica has used (the empty one included)
 //	{policyd}:policies       hash    tenant 0x00 target -> PolicyEntry, JSON (admin object, Updated in ns)
 //	{policyd}:budgets        hash    tenant -> explicit TenantBudget, JSON (admin object)
@@ -125,7 +145,10 @@
 //	                                 pipeline (its STOP); expires 169 h after its last count (the 168 h
 //	                                 retention and an hour)
 //	{T}:attempt:CALL         hash    fleet.Attempts: attempt, answer (policy.Answer, JSON), expiry (Unix
-//	                                 ms); the key expires then (PEXPIREAT)
+//	                                 ms), and verdict when policyd_nextdelay decided it: "retry delay
+//	                                 stop disposition breaker checks tokens remaining spread" (delay
+//	                                 ns, tokens %.17g, spread 0 or 1), laid over the answer
+//	                                 (decodeAttempt); the key expires then (PEXPIREAT)
 //	{T}:audit                stream  the tenant's audit records, one entry each: t (ns), ev, tenant,
 //	                                 target, call, run, attempt, class, verdict, delay (ns), stop, disp,
 //	                                 detail, and primary (the primary target of an attempt sent to a
@@ -137,29 +160,30 @@
 // calls_untracked, dl_deadline and deduplicated, the call table's records
 // of version 2, the audit entries' primary field, and the flow hashes and
 // leases sets (with the functions policyd_admit_flow,
-// policyd_release_lease and policyd_pool) are new in schema version 1,
-// before its release: the schema key stays "1" and the library
-// policyd_v1. Leases and rate accounts are counters, durable as the
-// server's AOF makes them (like probe permits), never waited for with
-// WAIT.
+// policyd_release_lease and policyd_pool) were new in schema version 1,
+// before its release, under the library policyd_v1. Leases and rate
+// accounts are counters, durable as the server's AOF makes them (like
+// probe permits), never waited for with WAIT.
 // The {T}:stats:HOUR hashes are such an addition too: no key before
 // them changes, and the policyd_outcomes call carries their counts
 // between its finals and its batch id, where a library without them reads
 // past them (it counts nothing) and a call without them counts nothing.
 //
-// The shares' fields of buckets and runs are such an addition too (a
-// library without them reads a bucket's tokens and a run's spent as
-// before).
+// Schema version 2 adds the attempt record's verdict field (and the
+// library's policyd_nextdelay): every key of version 1 reads the same, so
+// a replica opening a Redis of version 1 migrates it forward, deleting
+// the library policyd_v1 (its functions have the names of policyd_v2's:
+// a replica of version 1 still running then fails its calls rather than
+// write attempt records without clearing a verdict) and writing "2".
+// Version 2 also adds, before its release, the replicas' shares of
+// buckets and runs (the h:R, l:R, v:R and a:R fields; a library without
+// them reads a bucket's tokens and a run's spent as before), and the
+// library's policyd_attempts (a tenant's attempt records in one read),
+// policyd_audit (a tenant's audit records in one call) and
+// policyd_release_shares; policyd_spend and policyd_charge take and
+// return the caller's shares.
 //
-// The library's name carries its version (policyd_v2): a change of its
-// functions bumps the name, a layout change the schema key too, so
-// replicas of two versions never run each other's code over one layout.
-// Redis lets one function name live in one library only, so a replica
-// loading its version deletes another one first; replicas of the version
-// before then fail their calls until they are upgraded too (and one of
-// them started after refuses to load its own). policyd_v2 added
-// policyd_attempts (a tenant's attempt records in one read) and
-// policyd_audit (a tenant's audit records in one call) to policyd_v1, and
-// policyd_spend and policyd_charge take and return the caller's shares
-// (policyd_release_shares gives them back); the schema key stays "1".
+// The library's name carries its version (policyd_v2): a layout change
+// bumps both the schema key and the library name, so replicas of two
+// versions never run each other's code over one layout.
 package redisstore

@@ -22,38 +22,32 @@ import (
 //go:embed policyd.lua
 var library string
 
-// libraryName is the name the library registers under: policyd_v2 added
-// policyd_attempts and policyd_audit to policyd_v1.
+// libraryName is the name the library registers under.
 const libraryName = "policyd_v2"
 
-// libraryPattern matches the names of every version of the library.
-const libraryPattern = "policyd_v*"
-
 // loadLibrary checks the schema version (refusing another before touching
-// anything), deletes another version of the library (its functions have
-// the same names, which Redis allows in one library only), loads this one
-// onto every master (FUNCTION LOAD REPLACE) and writes the version on a
-// Redis without one.
+// anything), loads the library onto every master (FUNCTION LOAD REPLACE)
+// and writes the version on a Redis without one. A Redis of schema
+// version 1 is migrated forward: its keys read the same under version 2
+// (the attempt record only gains the verdict field), so the migration
+// deletes the library policyd_v1 (its functions have the names of this
+// one's, and a replica of version 1 left running then fails its calls
+// instead of writing attempt records this one misreads), loads this
+// library and writes version 2.
 func loadLibrary(ctx context.Context, c redis.UniversalClient) error {
 	v, err := c.Get(ctx, keySchema).Result()
 	switch {
 	case errors.Is(err, redis.Nil):
 	case err != nil:
 		return fmt.Errorf("redisstore: read %s: %w", keySchema, err)
-	case v != schemaVersion:
+	case v != schemaVersion && v != schemaV1:
 		return fmt.Errorf("%w: %s is %q, this policyd reads %q", ErrSchema, keySchema, v, schemaVersion)
 	}
+	older := v == schemaV1 || errors.Is(err, redis.Nil) // policyd_v1 may be loaded (FLUSHALL keeps functions)
 	err = eachMaster(ctx, c, func(ctx context.Context, n *redis.Client) error {
-		libs, err := n.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: libraryPattern}).Result()
-		if err != nil {
-			return fmt.Errorf("redisstore: FUNCTION LIST on %s: %w", n.Options().Addr, err)
-		}
-		for _, l := range libs {
-			if l.Name == libraryName {
-				continue
-			}
-			if err := n.FunctionDelete(ctx, l.Name).Err(); err != nil {
-				return fmt.Errorf("redisstore: FUNCTION DELETE %s on %s: %w", l.Name, n.Options().Addr, err)
+		if older {
+			if err := n.FunctionDelete(ctx, libraryV1).Err(); err != nil && !strings.Contains(err.Error(), "not found") {
+				return fmt.Errorf("redisstore: FUNCTION DELETE %s on %s: %w", libraryV1, n.Options().Addr, err)
 			}
 		}
 		if err := n.FunctionLoadReplace(ctx, library).Err(); err != nil {
@@ -63,6 +57,12 @@ func loadLibrary(ctx context.Context, c redis.UniversalClient) error {
 	})
 	if err != nil {
 		return err
+	}
+	if v == schemaV1 {
+		if err := c.Set(ctx, keySchema, schemaVersion, 0).Err(); err != nil {
+			return fmt.Errorf("redisstore: write %s: %w", keySchema, err)
+		}
+		return nil
 	}
 	if err := c.SetNX(ctx, keySchema, schemaVersion, 0).Err(); err != nil {
 		return fmt.Errorf("redisstore: write %s: %w", keySchema, err)

@@ -116,11 +116,19 @@ func (c *tripCounter) take() (int, map[string]int) {
 
 func newReplica(t *testing.T, client func() redis.UniversalClient) *replica {
 	t.Helper()
+	return newReplicaWith(t, client, redisstore.Options{Timeout: 2 * time.Second})
+}
+
+// newReplicaWith is newReplica with the store's options opts (its Client
+// set here).
+func newReplicaWith(t *testing.T, client func() redis.UniversalClient, opts redisstore.Options) *replica {
+	t.Helper()
 	c := client()
 	trips := &tripCounter{cmds: map[string]int{}}
 	c.AddHook(trips)
 	t.Cleanup(func() { _ = c.Close() })
-	st, err := redisstore.Open(context.Background(), redisstore.Options{Client: c, Timeout: 2 * time.Second})
+	opts.Client = c
+	st, err := redisstore.Open(context.Background(), opts)
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}
@@ -246,14 +254,17 @@ func replicasOverGRPC(t *testing.T, stats serverStats, client func() redis.Unive
 		t.Fatal(err)
 	}
 	r[0].trips.take()
-	before = stats.calls(t)
+	before, audits = stats.calls(t), auditsOf(r...)
 	resp, err := r[0].workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call("doc-1"), Attempt: 1, Failure: fail503})
 	if err != nil || resp.GetDecision() != pb.Decision_DECISION_RETRY {
 		t.Fatalf("NextDelay = %v, %v; want RETRY", resp, err)
 	}
 	n, by := r[0].trips.take()
-	t.Logf("one NextDelay (RETRY): %d round trips %v; FCALLs on the server: %d",
-		n, by, stats.calls(t)["fcall"]-before["fcall"])
+	fc := stats.calls(t)["fcall"] - before["fcall"] - int64(auditsOf(r...)-audits)
+	t.Logf("one NextDelay (RETRY): %d round trips %v; FCALLs on the server: %d", n, by, fc)
+	if n != 1 || by["fcall"] != 1 || fc != 1 {
+		t.Errorf("one NextDelay (RETRY) took %d round trips %v (%d FCALLs on the server), want one function call", n, by, fc)
+	}
 
 	if _, err := r[1].workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call("doc-2"), Attempt: 1, Failure: fail503}); err != nil {
 		t.Fatal(err)
@@ -282,7 +293,7 @@ func replicasOverGRPC(t *testing.T, stats serverStats, client func() redis.Unive
 		t.Fatalf("ReportOutcome: %v", err)
 	}
 	n, by = r[2].trips.take()
-	fc := stats.calls(t)["fcall"] - before["fcall"] - int64(auditsOf(r...)-audits)
+	fc = stats.calls(t)["fcall"] - before["fcall"] - int64(auditsOf(r...)-audits)
 	t.Logf("one ReportOutcome of 100 outcomes: %d round trips %v; FCALLs on the server besides audit flushes: %d", n, by, fc)
 	// The batch's audit records follow within the flush interval, in a
 	// call of their own that may or may not land before take.
@@ -305,9 +316,11 @@ func replicasOverGRPC(t *testing.T, stats serverStats, client func() redis.Unive
 		t.Errorf("AdviseTargets on replica 1 counts %d successes on attempt 1 of targets t0..t9, want 100: %v", counted, adv.GetAdvice())
 	}
 
-	// A STOP counts the call's end in the pipeline that records the
-	// attempt: no round trip of its own (tenant beta, whose breaker
-	// never saw a failure, so that acme's stays as it is).
+	// A STOP is one function call too; without Options.BatchOutcomes (the
+	// daemon's --sync=always) the call's end is counted at once, in an
+	// outcome batch of its own, else with the next flush
+	// (TestNextDelayIsOneCall). Tenant beta, whose breaker never saw a
+	// failure, so that acme's stays as it is.
 	beta := &pb.CallRef{Tenant: "beta", Target: "pay", CallId: "last", Idempotent: true}
 	if _, err := r[0].workers.Admit(ctx, &pb.AdmitRequest{Call: beta, Attempt: 1}); err != nil {
 		t.Fatal(err)
@@ -319,8 +332,8 @@ func replicasOverGRPC(t *testing.T, stats serverStats, client func() redis.Unive
 	}
 	n, by = r[0].trips.take()
 	t.Logf("one NextDelay (STOP): %d round trips %v", n, by)
-	if n != 3 || by["hincrby"] != 1 {
-		t.Errorf("one NextDelay (STOP) took %d round trips %v, want 3 (the attempt check, the breaker, one pipeline with the count)", n, by)
+	if n != 2 || by["fcall"] != 2 {
+		t.Errorf("one NextDelay (STOP) took %d round trips %v, want 2 (the decision, the outcome batch with the count)", n, by)
 	}
 
 	// The audit trail of the fleet: doc-1's decision from replica 0 and

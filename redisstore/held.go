@@ -1,6 +1,11 @@
 package redisstore
 
-import "sync"
+import (
+	"slices"
+	"sync"
+
+	"github.com/policyd/policyd/policy"
+)
 
 // maxHeldResults bounds the breaker results one tenant's held batch
 // gathers between flushes: past it the flusher is woken at once, so one
@@ -27,9 +32,12 @@ type heldOutcomes struct {
 // ApplyOutcomes call answers: no final disposition (the ledger may refuse
 // it), no result with a probe permit (the engine may refuse it), no tally
 // on either, and only breakers this replica has seen (a new one may be
-// past the tenant's cap, an error the caller sees).
+// past the tenant's cap, an error the caller sees); and whether nothing
+// after it may overtake it: no note of a run's call table (the next
+// decision's note of the call is sent at once, and the table keeps the
+// target noted last).
 func (s *Store) holdable(b *outcomeBatch) bool {
-	if len(b.finals) > 0 || len(b.runs) > 0 {
+	if len(b.finals) > 0 || len(b.runs) > 0 || len(b.notes) > 0 {
 		return false
 	}
 	for _, g := range b.groups {
@@ -191,4 +199,31 @@ func (b *outcomeBatch) heldResults() int {
 		n += len(g.results)
 	}
 	return n
+}
+
+// takeResults takes the results of the breaker under key out of its
+// tenant's held batch, in the order they were reported, for a call that
+// records a result of that breaker now (Store.Record): sent in front of
+// it in the same call, they reach the engine in the order they were made,
+// as if they had not been held. The caller holds s.held.sending's read
+// lock from the take to the reply, so no flush sends results of key held
+// after the take before them.
+func (s *Store) takeResults(key policy.BreakerKey) []result {
+	h := &s.held
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	b := h.batches[key.Tenant]
+	if b == nil {
+		return nil
+	}
+	g := b.byKey[key]
+	if g == nil {
+		return nil
+	}
+	delete(b.byKey, key)
+	b.groups = slices.DeleteFunc(b.groups, func(o *outcomeGroup) bool { return o == g })
+	if len(b.groups) == 0 && b.deposit == 0 && len(b.tallies) == 0 && len(b.notes) == 0 {
+		delete(h.batches, key.Tenant)
+	}
+	return g.results
 }

@@ -308,3 +308,40 @@ func TestHeldBatchPastItsBoundIsSentBeforeTheInterval(t *testing.T) {
 	}
 	checkGeo(t, "after the bound's flush", s, "acme", 0, 3, t0)
 }
+
+// TestHeldResultsGoWithARecordOfTheirBreaker: a decision's Record of a
+// breaker takes the results of that breaker held for the flush along in
+// its own call of policyd_record, in front of its result, so the breaker
+// counts them in the order reported (the contract's "order"), with no
+// call of policyd_outcomes more; what else the tenant holds waits for the
+// flush. Before, the held success was applied after the failure and the
+// breaker opened on four failures, a success and a failure.
+func TestHeldResultsGoWithARecordOfTheirBreaker(t *testing.T) {
+	srv := redistest.Standalone(t)
+	calls := &outcomeCalls{n: map[string]int{}}
+	t0 := time.Now()
+	s := heldStore(t, srv.Addr, calls, redisstore.Options{Clock: func() time.Time { return t0 }})
+	key := policy.BreakerKey{Tenant: "acme", Target: "geo"}
+	cfg := policy.Default().Breaker
+	apply(t, s, request("acme", 0), nil) // a breaker new to the replica: sent at once
+	for range cfg.ConsecutiveFailures - 1 {
+		if _, err := s.Record(key, cfg, policy.ResultTransientFailure, ""); err != nil {
+			t.Fatalf("Record(failure) = %v, want nil", err)
+		}
+	}
+	calls.take()
+	apply(t, s, request("acme", 0), map[string]int{"acme": 1}) // held: a success, its tally, a deposit
+	snap, err := s.Record(key, cfg, policy.ResultTransientFailure, "")
+	if err != nil || snap.State != policy.BreakerClosed || snap.ConsecutiveFailures != 1 {
+		t.Fatalf("Record(failure) after a held success = %v with %d in a row, %v; want CLOSED with 1, nil",
+			snap.State, snap.ConsecutiveFailures, err)
+	}
+	if got := calls.take(); len(got) != 0 {
+		t.Fatalf("calls of policyd_outcomes before the flush = %v, want none", got)
+	}
+	s.FlushHeld()
+	if got := calls.take(); got["acme"] != 1 || len(got) != 1 {
+		t.Fatalf("calls of the flush = %v, want one for acme (the tally and the deposit)", got)
+	}
+	checkGeo(t, "after the flush", s, "acme", 1, 2, t0)
+}

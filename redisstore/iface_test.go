@@ -7,3 +7,6 @@ import (
 
 // The Redis engine is a server.Store: the handlers run on it unchanged.
 var _ server.Store = (*redisstore.Store)(nil)
+
+// It takes a NextDelay in one function call (policyd_nextdelay).
+var _ server.OneCallNextDelay = (*redisstore.Store)(nil)

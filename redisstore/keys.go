@@ -17,8 +17,17 @@ const (
 	keyChanges  = "{policyd}:changes"
 )
 
-// schemaVersion is the layout this package reads and writes.
-const schemaVersion = "1"
+// schemaVersion is the layout this package reads and writes; it opens a
+// Redis of version 1 too, migrating it forward (loadLibrary).
+const schemaVersion = "2"
+
+// schemaV1 is the layout before the attempt record's verdict field
+// (policyd_nextdelay): the same keys, read the same way by this version,
+// under the library policyd_v1.
+const (
+	schemaV1  = "1"
+	libraryV1 = "policyd_v1"
+)
 
 // tag returns the hash tag of tenant's keys: "{=tenant}" when the name
 // holds no brace, else "{#" + hex(tenant) + "}" (the empty tenant of

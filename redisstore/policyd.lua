@@ -324,6 +324,32 @@ local function record1(b, now, c, r, permit)
   return MUTATED, 0
 end
 
+-- record_on is Advance then Record of results (pairs of result and
+-- permit id or '') on b, the breaker at key of target under c, at now;
+-- every transition is published. It returns the event ids and the
+-- refused flags, and stores b when it changed or is new.
+local function record_on(key, events_key, index, target, b, c, now, results)
+  b.mode = c.mode
+  local events, refused, dirty = {}, {}, 0
+  local e = advance(b, now)
+  if has(e, TRANSITIONED) then
+    events[#events + 1] = settle(key, events_key, index, target, b, now, e)
+    e = 0
+  end
+  dirty = union(dirty, e)
+  for i = 1, #results, 2 do
+    local e2, bad = record1(b, now, c, results[i], results[i + 1])
+    refused[#refused + 1] = bad
+    if has(e2, TRANSITIONED) then
+      events[#events + 1] = settle(key, events_key, index, target, b, now, e2)
+    else
+      dirty = union(dirty, e2)
+    end
+  end
+  if dirty ~= 0 or b.fresh then store(key, index, target, b) end
+  return events, refused
+end
+
 -- record applies results to breakers of one tenant, in order, each as
 -- Advance then Record, and publishes every transition.
 -- KEYS: events, index, then one breaker per group. ARGV: the tenant's cap
@@ -339,32 +365,37 @@ local function record(keys, args, now)
     c, a = cfg_at(args, a + 1)
     local n = tonumber(args[a])
     a = a + 1
+    local results = {}
+    for _ = 1, n do
+      results[#results + 1] = tonumber(args[a])
+      results[#results + 1] = args[a + 1]
+      a = a + 2
+    end
     local b = load(keys[g], now)
     check_new(b, keys[2], cap)
-    b.mode = c.mode
-    local events, refused, dirty = {}, {}, 0
-    local e = advance(b, now)
-    if has(e, TRANSITIONED) then
-      events[#events + 1] = settle(keys[g], keys[1], keys[2], target, b, now, e)
-      e = 0
-    end
-    dirty = union(dirty, e)
-    for _ = 1, n do
-      local e2, bad = record1(b, now, c, tonumber(args[a]), args[a + 1])
-      a = a + 2
-      refused[#refused + 1] = bad
-      if has(e2, TRANSITIONED) then
-        events[#events + 1] = settle(keys[g], keys[1], keys[2], target, b, now, e2)
-      else
-        dirty = union(dirty, e2)
-      end
-    end
-    if dirty ~= 0 or b.fresh then store(keys[g], keys[2], target, b) end
+    local events, refused = record_on(keys[g], keys[1], keys[2], target, b, c, now, results)
     out[#out + 1] = events
     out[#out + 1] = refused
     out[#out + 1] = snapshot(b, now)
   end
   return out
+end
+
+-- cooldown_on is Advance then ExtendCooldown to untl on b, the breaker at
+-- key of target, at now; it returns the event ids published.
+local function cooldown_on(key, events_key, index, target, b, now, untl)
+  local evs = {}
+  local e = advance(b, now)
+  if e ~= 0 then evs[#evs + 1] = settle(key, events_key, index, target, b, now, e) end
+  if untl > b.cooldown then
+    e = MUTATED
+    if b.cooldown <= now and untl > now then e = e + COOLDOWN_STARTED end
+    b.cooldown = untl
+    local ev = settle(key, events_key, index, target, b, now, e)
+    if ev ~= '' then evs[#evs + 1] = ev end
+  end
+  if b.fresh then store(key, index, target, b) end
+  return evs
 end
 
 -- cooldown is fleet.Breaker.Advance then ExtendCooldown.
@@ -373,21 +404,10 @@ end
 -- Returns {now, until in force, event ids..., snapshot}.
 local function cooldown(keys, args, now)
   local c = cfg_at(args, 2)
-  local untl = tonumber(args[10])
   local b = load(keys[1], now)
   check_new(b, keys[3], tonumber(args[11]))
   b.mode = c.mode
-  local evs = {}
-  local e = advance(b, now)
-  if e ~= 0 then evs[#evs + 1] = settle(keys[1], keys[2], keys[3], args[1], b, now, e) end
-  if untl > b.cooldown then
-    e = MUTATED
-    if b.cooldown <= now and untl > now then e = e + COOLDOWN_STARTED end
-    b.cooldown = untl
-    local ev = settle(keys[1], keys[2], keys[3], args[1], b, now, e)
-    if ev ~= '' then evs[#evs + 1] = ev end
-  end
-  if b.fresh then store(keys[1], keys[3], args[1], b) end
+  local evs = cooldown_on(keys[1], keys[2], keys[3], args[1], b, now, tonumber(args[10]))
   return {int(now), int(b.cooldown), evs, snapshot(b, now)}
 end
 
@@ -560,47 +580,51 @@ local function refill(k, now, bg)
   k.tokens = math.min(k.tokens, bucket_cap(k, bg))
 end
 
--- spend is breakerstore's SpendRetry: the run's refusal first (cut-off,
--- then pool), then fleet.Bucket.Withdraw, then the run's pool; a grant
--- takes what no replica holds first, then the caller's own share (see
--- Shares), and both shares are set again, whether granted or not.
--- KEYS: bucket, run (a key of the tenant with no run when ARGV[8] is 0).
--- ARGV: budget (6), timeout (0 or 1), has run (0 or 1), replica id, the
--- versions of its bucket and run shares it last saw, the live replica
--- ids (space-separated; their count divides the shares), the grace of a
--- silent share (µs).
--- Returns {now, granted, stop, disposition, tokens, run remaining, dry
--- run refused, bucket share, its version, run share, its version}.
-local function spend(keys, args, now)
-  local bg = budget_at(args, 1)
-  local timeout, has_run = args[7] == '1', args[8] == '1'
-  local me, ack_k, ack_r = args[9], tonumber(args[10]), tonumber(args[11])
-  local live, grace = live_set(args[12]), tonumber(args[13])
-  live[me] = true
-  local n = 0
-  for _ in pairs(live) do n = n + 1 end
+-- share_args reads the caller's share arguments from args at i: its
+-- replica id, the versions of its bucket and run shares it last saw, the
+-- live replica ids (space-separated; their count divides the shares) and
+-- the grace of a silent share (µs).
+local function share_args(args, i)
+  local sa = {me = args[i], ack_k = tonumber(args[i + 1]), ack_r = tonumber(args[i + 2]),
+    live = live_set(args[i + 3]), grace = tonumber(args[i + 4]), n = 0}
+  sa.live[sa.me] = true
+  for _ in pairs(sa.live) do sa.n = sa.n + 1 end
+  return sa
+end
+
+-- spend_on is breakerstore's SpendRetry: the run's refusal first (cut-off,
+-- then pool), then fleet.Bucket.Withdraw, then the run's pool, on the
+-- bucket and run keys under budget bg at now, for the replica sa names
+-- (share_args): a grant takes what no replica holds first, then the
+-- caller's own share (see Shares), and both its shares are set again,
+-- whether granted or not. It returns granted (0 or 1), stop,
+-- disposition, tokens, the run's pool remaining, dry (1: a dry run's
+-- refusal granted) and the caller's bucket and run shares ({hold, v}),
+-- or nil for a run that does not exist.
+local function spend_on(bucket, runkey, bg, timeout, has_run, now, sa)
+  local me = sa.me
   local stop, disp, remaining = 0, 0, 0
   local pool, spent = 0, 0
   local run
   if has_run then
-    local h = redis.call('HGETALL', keys[2])
+    local h = redis.call('HGETALL', runkey)
     local f = {}
     for i = 1, #h, 2 do f[h[i]] = h[i + 1] end
-    if not f.pool then return redis.error_reply('NOTFOUND run') end
+    if not f.pool then return nil end
     pool, spent = tonumber(f.pool), tonumber(f.spent or '0')
     run = {}
     shares_load(run, h)
-    spent = math.min(spent + shares_forfeit(keys[2], run, me, live, now, grace), pool)
+    spent = math.min(spent + shares_forfeit(runkey, run, me, sa.live, now, sa.grace), pool)
     if now >= tonumber(f.cutoff) then
       stop, disp = 4, 4
-    elseif pool - spent - (run.locked - share_mine(run, me, ack_r).lock) < 1 then
+    elseif pool - spent - (run.locked - share_mine(run, me, sa.ack_r).lock) < 1 then
       stop, disp = 5, 3
     end
   end
-  local k = bucket_load(keys[1], bg.cap, now)
+  local k = bucket_load(bucket, bg.cap, now)
   refill(k, now, bg)
-  k.tokens = math.max(k.tokens - shares_forfeit(keys[1], k, me, live, now, grace), 0)
-  local mine = share_mine(k, me, ack_k)
+  k.tokens = math.max(k.tokens - shares_forfeit(bucket, k, me, sa.live, now, sa.grace), 0)
+  local mine = share_mine(k, me, sa.ack_k)
   local granted, dry, cost = 0, 0, 0
   local level = k.tokens
   if stop == 0 then
@@ -616,24 +640,37 @@ local function spend(keys, args, now)
     end
   end
   if granted == 0 or dry == 1 then cost = 0 end
-  share_spend(k, mine, level, cost, ack_k, n, now)
-  bucket_store(keys[1], k)
-  share_store(keys[1], me, mine)
+  share_spend(k, mine, level, cost, sa.ack_k, sa.n, now)
+  bucket_store(bucket, k)
+  share_store(bucket, me, mine)
   local rmine = {hold = 0, v = 0}
   if has_run then
     local left = pool - spent
-    rmine = share_mine(run, me, ack_r)
+    rmine = share_mine(run, me, sa.ack_r)
     local took = 0
     if granted == 1 then
       took = 1
       spent = spent + 1
     end
-    share_spend(run, rmine, left, took, ack_r, n, now)
-    redis.call('HSET', keys[2], 'spent', int(spent))
-    share_store(keys[2], me, rmine)
+    share_spend(run, rmine, left, took, sa.ack_r, sa.n, now)
+    redis.call('HSET', runkey, 'spent', int(spent))
+    share_store(runkey, me, rmine)
     remaining = pool - math.min(spent, pool)
   end
-  return {int(now), granted, stop, disp, float(k.tokens), int(remaining), dry,
+  return granted, stop, disp, k.tokens, remaining, dry, mine, rmine
+end
+
+-- spend is spend_on of one retry.
+-- KEYS: bucket, run (a key of the tenant with no run when ARGV[8] is 0).
+-- ARGV: budget (6), timeout (0 or 1), has run (0 or 1), the share
+-- arguments (5, share_args).
+-- Returns {now, granted, stop, disposition, tokens, run remaining, dry
+-- run refused, bucket share, its version, run share, its version}.
+local function spend(keys, args, now)
+  local granted, stop, disp, tokens, remaining, dry, mine, rmine = spend_on(keys[1], keys[2], budget_at(args, 1),
+    args[7] == '1', args[8] == '1', now, share_args(args, 9))
+  if granted == nil then return redis.error_reply('NOTFOUND run') end
+  return {int(now), granted, stop, disp, float(tokens), int(remaining), dry,
     float(mine.hold), int(mine.v), float(rmine.hold), int(rmine.v)}
 end
 
@@ -855,19 +892,161 @@ local function outcomes(keys, args, now)
   return out
 end
 
+-- attempt_store is fleet.Attempts.Decided on the record at key: attempt
+-- n's answer (opaque to the library) and, when the library decided it,
+-- its verdict (policyd_nextdelay), never rewinding (a lower attempt than
+-- the one stored changes nothing), kept until expiry (Unix ms) at least.
+-- It returns 1 when stored.
+local function attempt_store(key, n, answer, expiry, verdict)
+  local cur = tonumber(redis.call('HGET', key, 'attempt') or '0')
+  if n < cur then return 0 end
+  local old = tonumber(redis.call('HGET', key, 'expiry') or '0')
+  expiry = math.max(expiry, old)
+  redis.call('HSET', key, 'attempt', int(n), 'answer', answer, 'expiry', int(expiry))
+  if verdict then
+    redis.call('HSET', key, 'verdict', verdict)
+  else
+    redis.call('HDEL', key, 'verdict')
+  end
+  redis.call('PEXPIREAT', key, int(expiry))
+  return 1
+end
+
 -- attempt is fleet.Attempts.Decided: the answer to attempt of a call,
 -- never rewinding (a lower attempt than the one stored changes nothing),
 -- kept until expiry at least. KEYS: the call's attempt key. ARGV: attempt,
 -- answer (opaque to the library), expiry (Unix ms). Returns 1 when stored.
 local function attempt(keys, args, now)
-  local cur = tonumber(redis.call('HGET', keys[1], 'attempt') or '0')
-  local n, expiry = tonumber(args[1]), tonumber(args[3])
-  if n < cur then return 0 end
-  local old = tonumber(redis.call('HGET', keys[1], 'expiry') or '0')
-  expiry = math.max(expiry, old)
-  redis.call('HSET', keys[1], 'attempt', int(n), 'answer', args[2], 'expiry', int(expiry))
-  redis.call('PEXPIREAT', keys[1], int(expiry))
-  return 1
+  return attempt_store(keys[1], tonumber(args[1]), args[2], tonumber(args[3]), nil)
+end
+
+-- attempt_check is fleet.Attempts.Check of attempt n on the record at key
+-- at now: 'replay' (the same attempt), 'refused' (a lower one, or any
+-- after a STOP) or '' (decide it), and the record's fields attempt,
+-- expiry, answer and verdict. A record written by policyd_attempt has no
+-- verdict: its answer (policy.Answer's JSON) says whether it retried.
+local function attempt_check(key, n, now)
+  local h = redis.call('HMGET', key, 'attempt', 'expiry', 'answer', 'verdict')
+  if not h[1] then return '', h end
+  local cur = tonumber(h[1])
+  if cur == 0 or now >= tonumber(h[2]) * 1000 then return '', h end
+  if n == cur then return 'replay', h end
+  local retry
+  if h[4] then
+    retry = string.sub(h[4], 1, 1) == '1'
+  else
+    local ok, a = pcall(cjson.decode, h[3])
+    retry = ok and type(a) == 'table' and a.Retry == true
+  end
+  if not retry or n < cur then return 'refused', h end
+  return '', h
+end
+
+-- spread_hint is policy.SpreadHint: the wait h (ns) widened by a spread of
+-- max(ratio * h, min_spread), u in [0, 1) choosing the point, h first
+-- capped at max_hint (when > 0).
+local function spread_hint(h, ratio, min_spread, max_hint, u)
+  local function dur(v) if v > 0 then return math.floor(v) end return 0 end
+  if h < 0 then h = 0 end
+  if max_hint > 0 and h > max_hint then h = max_hint end
+  local sp = dur(ratio * h)
+  if sp < min_spread then sp = min_spread end
+  if not (u > 0) then u = 0 elseif u > 1 then u = 1 end
+  local r = dur(sp * u)
+  if r > sp then r = sp end
+  return h + r
+end
+
+-- until_ns is how long from now (µs) to a time given as Unix µs and a
+-- remainder of ns, in ns; nil for the time 0 (none).
+local function until_ns(t_us, t_rem, now)
+  if t_us == 0 and t_rem == 0 then return nil end
+  return (t_us - now) * 1000 + t_rem
+end
+
+-- nextdelay is a NextDelay decided in one step, for a call whose policy
+-- has no fallback targets and whose attempt held no lease: the attempt
+-- check (fleet.Attempts.Check: replay, refuse, or go on), the breaker's
+-- record of the failure (record_on), the pushback cool-down shared
+-- (cooldown_on), then for a retry fleet.GateRetry (an OPEN breaker, the
+-- cool-down spread, the deadline), the spend (spend_on) and fleet.Spent,
+-- then fleet.CutRun, and the attempt record written with the verdict
+-- (fleet.Attempts.Decided, never rewound).
+-- KEYS: attempt, breaker, events, index, bucket, run (a key of the
+-- tenant with no run when ARGV[33] is 0).
+-- ARGV: attempt, target, cfg (8), result, permit id or '', the tenant's
+-- cap of breakers, the hint to share (ns, 0 for none), the stateless
+-- decision (retry 0 or 1, delay ns, stop, disposition), the deadline (µs
+-- and ns remainder, 0 0 for none), the attempt timeout (ns), pushback
+-- (spread ratio, min spread ns, max hint ns), the spread draw, budget (6),
+-- timeout (0 or 1), has run (0 or 1), the run's cut-off (µs and ns
+-- remainder, 0 0 for none), cut binds (0 or 1), the checks so far, the
+-- answer so far (opaque), keep (Unix ms), the share arguments of the
+-- spend (5, share_args).
+-- Returns {now, 'replay' or 'refused', attempt, expiry, answer, verdict or
+-- ''}, {now, 'permit', snapshot}, or {now, 'decided', verdict, asked,
+-- granted, dry, event ids, snapshot, bucket share, its version, run
+-- share, its version}; the verdict is "retry delay stop disposition
+-- breaker checks tokens remaining spread".
+local function nextdelay(keys, args, now)
+  local n = tonumber(args[1])
+  local verdict, h = attempt_check(keys[1], n, now)
+  if verdict ~= '' then
+    return {int(now), verdict, h[1], h[2], h[3], h[4] or ''}
+  end
+  local has_run = args[33] == '1'
+  if has_run and redis.call('EXISTS', keys[6]) == 0 then return redis.error_reply('NOTFOUND run') end
+  local target, c = args[2], cfg_at(args, 3)
+  local b = load(keys[2], now)
+  check_new(b, keys[4], tonumber(args[13]))
+  local events, refused = record_on(keys[2], keys[3], keys[4], target, b, c, now, {tonumber(args[11]), args[12]})
+  if refused[1] == 1 then return {int(now), 'permit', snapshot(b, now)} end
+  local retry, delay = args[15] == '1', tonumber(args[16])
+  local stop, disp = tonumber(args[17]), tonumber(args[18])
+  local share = tonumber(args[14])
+  if share > 0 and (not retry or b.state ~= OPEN) then
+    for _, ev in ipairs(cooldown_on(keys[2], keys[3], keys[4], target, b, now, now + idiv(share, 1000))) do
+      events[#events + 1] = ev
+    end
+  end
+  local checks, spread, asked, granted, dry, tokens, remaining = tonumber(args[37]), 0, 0, 0, 0, 0, 0
+  local shares = {{hold = 0, v = 0}, {hold = 0, v = 0}}
+  if retry then
+    local left = until_ns(tonumber(args[19]), tonumber(args[20]), now)
+    if b.state == OPEN then
+      retry, delay, stop, disp = false, 0, 6, 5
+    else
+      local wait = (b.cooldown - now) * 1000
+      if b.cooldown > now and wait > delay then
+        delay, spread = spread_hint(wait, tonumber(args[22]), tonumber(args[23]), tonumber(args[24]), tonumber(args[25])), 1
+      end
+      if left and delay + math.max(tonumber(args[21]), 0) > left then
+        retry, delay, stop, disp = false, 0, 4, 3
+      end
+    end
+    if retry then
+      checks = checks + 64
+      if has_run then checks = checks + 128 end
+      asked = 1
+      local g, st, d, tk, rem, dr, sh, rsh = spend_on(keys[5], keys[6], budget_at(args, 26), args[32] == '1', has_run, now,
+        share_args(args, 40))
+      granted, tokens, remaining, dry, shares = g, tk, rem, dr, {sh, rsh}
+      if g == 0 then retry, delay, stop, disp = false, 0, st, d end
+    end
+  end
+  if not retry then
+    local cut = until_ns(tonumber(args[34]), tonumber(args[35]), now)
+    if cut and cut <= 0 and disp ~= 2 then
+      disp = 4
+    elseif stop == 4 and args[36] == '1' then
+      disp = 4
+    end
+  end
+  local v = table.concat({retry and '1' or '0', int(delay), int(stop), int(disp), int(b.state), int(checks),
+    float(tokens), int(remaining), int(spread)}, ' ')
+  attempt_store(keys[1], n, args[38], tonumber(args[39]), v)
+  return {int(now), 'decided', v, asked, granted, dry, events, snapshot(b, now),
+    float(shares[1].hold), int(shares[1].v), float(shares[2].hold), int(shares[2].v)}
 end
 
 -- read returns a breaker's snapshot at the call's time without
@@ -1332,6 +1511,7 @@ register('policyd_charge', charge)
 register('policyd_final', final)
 register('policyd_outcomes', outcomes)
 register('policyd_attempt', attempt)
+register('policyd_nextdelay', nextdelay)
 register('policyd_key_claim', key_claim)
 register('policyd_key_complete', key_complete)
 register('policyd_key_read', key_read, {'no-writes'})

@@ -62,6 +62,8 @@ func (s *Store) OpenRun(r policy.Run) (policy.Run, error) {
 		return policy.Run{}, fmt.Errorf("redisstore: write run %q: %w", r.ID, err)
 	}
 	s.runTenants.Store(r.ID, r.Tenant)
+	s.runCutoffs.Store(r.ID, policy.Run{ID: r.ID, Tenant: r.Tenant, Cutoff: r.Cutoff})
+	s.degraded.sawRun(r) // as a read of it would: degraded mode decides from it (KnownRun spares the read)
 	return r, nil
 }
 
@@ -113,6 +115,7 @@ func (s *Store) Run(id string) (policy.Run, error) {
 		*p = uint64(num(ledgerFields[i]))
 	}
 	s.degraded.sawRun(r)
+	s.runCutoffs.Store(id, policy.Run{ID: id, Tenant: tenant, Cutoff: r.Cutoff})
 	return r, nil
 }
 

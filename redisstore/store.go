@@ -87,15 +87,17 @@ type Options struct {
 	MaxQueuedBatches int
 	// BatchOutcomes makes ApplyOutcomes hold the outcome updates that need
 	// no answer from the engine (breaker results without a probe permit,
-	// deposits, attempt tallies, call-table notes) and send them every
-	// FlushInterval, merged into one call of policyd_outcomes per tenant,
-	// or sooner when a tenant's batch passes a few thousand results, and
-	// at Close. A batch with a final disposition of a run or a probe
-	// permit (whose refusal is the caller's answer), or a breaker this
-	// replica has not seen yet, is sent at once, after the tenant's held
-	// updates. The held updates are then on the engine (and on its disk
-	// with appendfsync always) within FlushInterval plus one call, not
-	// before the answer: a crash of the replica loses at most that
+	// deposits, attempt tallies) and send them every FlushInterval, merged
+	// into one call of policyd_outcomes per tenant, or sooner when a
+	// tenant's batch passes a few thousand results, and at Close. A batch
+	// with a final disposition of a run or a probe permit (whose refusal
+	// is the caller's answer), a breaker this replica has not seen yet, or
+	// a note of a run's call table (which a later decision's note must not
+	// overtake) is sent at once, after the tenant's held updates; a Record of a breaker (a decision's result) takes that
+	// breaker's held results along in its call, in front of its own. The
+	// held updates are then on the engine (and on its disk with
+	// appendfsync always) within FlushInterval plus one call, not before
+	// the answer: a crash of the replica loses at most that
 	// interval of counting, and other replicas' reads see them after the
 	// flush. Off (policyd serve --sync=always): every batch is sent before
 	// ApplyOutcomes returns.
@@ -137,6 +139,7 @@ type Store struct {
 	admin         adminCache
 	defaultPolicy policy.Policy
 	runTenants    sync.Map // run id -> tenant: a run never changes tenant
+	runCutoffs    sync.Map // run id -> policy.Run of ID, Tenant and Cutoff, which never change (KnownRun)
 
 	id        string // this replica's id in the replica set
 	health    *health

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"slices"
 	"strconv"
@@ -38,10 +39,21 @@ type nextDelayRequest struct {
 // otherwise the stateless rules of policy, the breaker
 // (which learns of the failure), the cool-down, the deadline again, the
 // budgets and the run's cut-off decide, and the changes commit together
-// in one store unit. It returns the answer and its explanation; an error
-// is a status, mapped by errors.go.
+// in one store unit. A store that takes the fleet-wide part in one step
+// (OneCallNextDelay) decides the common case, a call without a fallback
+// chain whose attempt held no lease, by the same rules in that step
+// (nextDelayInOneCall). It returns the answer and its explanation; an
+// error is a status, mapped by errors.go.
 func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (policy.Answer, string, error) {
 	call, f := in.call, in.failure
+	p, _ := d.store.Resolve(call.tenant, call.target)
+	one, _ := d.store.(OneCallNextDelay)
+	if one != nil && in.lease == "" && in.target == call.target && len(p.Fallback.Targets) == 0 {
+		// The common case, on a store that takes it in one step.
+		if ans, why, done, err := d.nextDelayInOneCall(ctx, one, in, &p); done {
+			return ans, why, err
+		}
+	}
 	// An attempt already decided gets its answer again; a lower one, or
 	// any after a STOP, is refused.
 	ck := policy.CallKey{Tenant: call.tenant, CallID: call.callID}
@@ -49,7 +61,6 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 	if err != nil {
 		return policy.Answer{}, "", storeError(ctx, d.cfg.Logger, "attempt", err)
 	}
-	p, _ := d.store.Resolve(call.tenant, call.target)
 	// The failed attempt's target keeps its own breaker and ceilings, under
 	// its own policy; the call's rules are the primary's, p.
 	failed := d.hopOf(&call, &p, in.target)
@@ -66,11 +77,7 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 		d.releaseLease(ctx, lp, call, in.target, in.lease, sig) // the attempt is over, whatever comes of it
 	}
 	if replay {
-		prior.FlowControlled = p.FlowControlled()
-		if prior.Retry && prior.Target == "" {
-			prior.Target = call.target // remembered empty: the primary
-		}
-		return prior, answerDetail(&prior, &p), nil
+		return replayed(prior, &call, &p)
 	}
 	// This request holds the call's claim until it records its answer; a
 	// duplicate waits for that and replays it. Returning before, it lets go.
@@ -80,37 +87,12 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 			d.store.ReleaseAttempt(ck)
 		}
 	}()
-
-	now := d.cfg.Clock.Now()
-	var run policy.Run
-	deadline := call.deadline
-	cutBinds := false // the run's cut-off comes before the call's own deadline
-	if call.runID != "" {
-		if run, err = d.runOf(ctx, "call.run_id", call.runID, call.tenant); err != nil {
-			return policy.Answer{}, "", err
-		}
-		// The run's cut-off is a deadline for every call of the run.
-		eff := policy.EffectiveDeadline(&p, now, call.origin, call.deadline)
-		if eff.IsZero() || run.Cutoff.Before(eff) {
-			deadline, cutBinds = run.Cutoff, true
-		}
+	r, err := d.statelessRules(ctx, in, &p, &failed, one)
+	if err != nil {
+		return policy.Answer{}, "", err
 	}
-	dec := policy.Decide(&p, policy.Input{
-		Attempt: int(in.attempt), Failure: f,
-		Idempotent: call.idempotent, HasIdempotencyKey: call.key != "",
-		Hints: in.hints, PrevDelay: in.prev,
-		Now: now, Origin: call.origin, Deadline: deadline,
-		JitterDraw: d.cfg.Rand(), SpreadDraw: d.cfg.Rand(),
-	})
+	dec, run, now, hint, result := r.dec, r.run, r.now, r.hint, r.result
 
-	// The breaker learns of every failure; a terminal answer means the
-	// upstream is up, and so does pushback (fleet.BreakerResult). The hint
-	// is read here too when Decide stopped before its pushback check.
-	hint := dec.Hint
-	if !hint.Present && dec.Class.Category == policy.CategoryTransient && in.hints != (policy.Hints{}) {
-		hint = policy.ParseHints(in.hints, now, p.Pushback.MaxHint)
-	}
-	result := fleet.BreakerResult(dec.Class.Category, hint.Present, &failed.breaker)
 	// The changes of this decision are made durable together, at once with
 	// --sync=always (one commit, not one per change).
 	u := d.store.Begin()
@@ -118,7 +100,6 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 	if err != nil {
 		return policy.Answer{}, "", storeError(ctx, d.cfg.Logger, "breaker", err)
 	}
-	dec.Checks |= policy.CheckBreaker
 	ans := policy.Answer{Breaker: snap.State, Note: dec.Hint.Note, FlowControlled: p.FlowControlled()}
 
 	if !dec.Retry && result == policy.ResultPushback && hint.Delay > 0 {
@@ -133,9 +114,7 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 		if len(p.Fallback.Targets) > 0 {
 			next, nsnap = d.routeRetry(&call, &p, failed, snap, in.attempt+1)
 		}
-		timeout := (f.Kind == policy.FailureTransport && f.Transport == policy.TransportTimeout) ||
-			(f.Kind == policy.FailureGRPC && f.Code == int(codes.DeadlineExceeded))
-		if err := d.shared(ctx, u, &dec, &p, &failed, &next, call, timeout, nsnap, now, &ans); err != nil {
+		if err := d.shared(ctx, u, &dec, &p, &failed, &next, call, r.timeout, nsnap, now, r.draw, &ans); err != nil {
 			return policy.Answer{}, "", err
 		}
 		if dec.Retry {
@@ -145,16 +124,9 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 			}
 		}
 	}
-	switch {
-	case dec.Retry:
-	case !run.Cutoff.IsZero() && !now.Before(run.Cutoff) && dec.Disposition != policy.DispositionFailedTerminal:
-		// Past the run's cut-off every stop is a cut.
-		dec.Disposition = policy.DispositionDeadlineCut
-	case dec.Stop == policy.StopDeadline && cutBinds:
-		// The next attempt would end after the run's cut-off: a cut, not
-		// the call's own deadline (DEAD_LETTER).
-		dec.Disposition = policy.DispositionDeadlineCut
-	}
+	// Past the run's cut-off every stop is a cut, and so is a deadline
+	// stop when the cut-off was the deadline.
+	fleet.CutRun(&dec, unixNano(run.Cutoff), now.UnixNano(), r.cutBinds)
 	ans.Retry, ans.Stop, ans.Disposition = dec.Retry, dec.Stop, dec.Disposition
 	if dec.Retry {
 		ans.Delay, ans.AttemptTimeout = dec.Delay, dec.AttemptTimeout
@@ -186,6 +158,145 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 	return ans, why, nil
 }
 
+// replayed is the answer to an attempt decided before, prior as
+// remembered, for call under p.
+func replayed(prior policy.Answer, call *callRef, p *policy.Policy) (policy.Answer, string, error) {
+	prior.FlowControlled = p.FlowControlled()
+	if prior.Retry && prior.Target == "" {
+		prior.Target = call.target // remembered empty: the primary
+	}
+	return prior, answerDetail(&prior, p), nil
+}
+
+// ruled is a NextDelay as the rules that need no fleet state decide it.
+type ruled struct {
+	dec      policy.Decision
+	now      time.Time
+	run      policy.Run // the call's run, the zero value for none
+	cutBinds bool       // the run's cut-off comes before the call's own deadline
+	hint     policy.Hint
+	result   policy.Result // the failure as the failed attempt's breaker counts it
+	timeout  bool          // the failure was a timeout (the budget's timeout cost)
+	draw     float64       // spreads the delay over a fleet-wide cool-down, if one is longer
+}
+
+// statelessRules decides in under p by the rules that need no fleet state
+// (policy.Decide, the run's cut-off a deadline for every call of the run)
+// and says what the breaker of failed learns of the failure. The run is
+// one's KnownRun when one is set and has it at hand, else read.
+func (d *Decisions) statelessRules(ctx context.Context, in *nextDelayRequest, p *policy.Policy, failed *hop, one OneCallNextDelay) (ruled, error) {
+	call, f := &in.call, in.failure
+	r := ruled{now: d.cfg.Clock.Now()}
+	deadline := call.deadline
+	if call.runID != "" {
+		known := false
+		if one != nil {
+			r.run, known = one.KnownRun(call.runID)
+			known = known && r.run.Tenant == call.tenant
+		}
+		if !known {
+			var err error
+			if r.run, err = d.runOf(ctx, "call.run_id", call.runID, call.tenant); err != nil {
+				return ruled{}, err
+			}
+		}
+		// The run's cut-off is a deadline for every call of the run.
+		eff := policy.EffectiveDeadline(p, r.now, call.origin, call.deadline)
+		if eff.IsZero() || r.run.Cutoff.Before(eff) {
+			deadline, r.cutBinds = r.run.Cutoff, true
+		}
+	}
+	r.dec = policy.Decide(p, policy.Input{
+		Attempt: int(in.attempt), Failure: f,
+		Idempotent: call.idempotent, HasIdempotencyKey: call.key != "",
+		Hints: in.hints, PrevDelay: in.prev,
+		Now: r.now, Origin: call.origin, Deadline: deadline,
+		JitterDraw: d.cfg.Rand(), SpreadDraw: d.cfg.Rand(),
+	})
+	r.draw = d.cfg.Rand()
+	// The breaker learns of every failure; a terminal answer means the
+	// upstream is up, and so does pushback (fleet.BreakerResult). The hint
+	// is read here too when Decide stopped before its pushback check.
+	r.hint = r.dec.Hint
+	if !r.hint.Present && r.dec.Class.Category == policy.CategoryTransient && in.hints != (policy.Hints{}) {
+		r.hint = policy.ParseHints(in.hints, r.now, p.Pushback.MaxHint)
+	}
+	r.result = fleet.BreakerResult(r.dec.Class.Category, r.hint.Present, &failed.breaker)
+	r.dec.Checks |= policy.CheckBreaker
+	r.timeout = (f.Kind == policy.FailureTransport && f.Transport == policy.TransportTimeout) ||
+		(f.Kind == policy.FailureGRPC && f.Code == int(codes.DeadlineExceeded))
+	return r, nil
+}
+
+// nextDelayInOneCall is decideNextDelay on a store that takes the
+// fleet-wide part in one step (OneCallNextDelay), for a call of p, which
+// has no fallback targets, whose attempt held no lease: the rules are
+// those of the batch (shared, fleet.CutRun), applied by the store. done is
+// false when the store could not take the step (degraded mode): the
+// caller decides through the batch then.
+func (d *Decisions) nextDelayInOneCall(ctx context.Context, one OneCallNextDelay, in *nextDelayRequest, p *policy.Policy) (ans policy.Answer, why string, done bool, err error) {
+	call := in.call
+	failed := d.hopOf(&call, p, in.target)
+	r, err := d.statelessRules(ctx, in, p, &failed, one)
+	if err != nil {
+		return policy.Answer{}, "", true, err
+	}
+	st := policy.NextDelayStep{
+		Call: policy.CallKey{Tenant: call.tenant, CallID: call.callID}, Attempt: in.attempt,
+		Key: failed.key, Breaker: failed.breaker, Result: r.result, PermitID: in.permit,
+		Decision: r.dec, Policy: p, SpreadDraw: r.draw,
+		Spend:     policy.SpendRequest{Tenant: call.tenant, Timeout: r.timeout, RunID: call.runID},
+		RunCutoff: r.run.Cutoff, CutBinds: r.cutBinds,
+		Answer: policy.Answer{Note: r.dec.Hint.Note, FlowControlled: p.FlowControlled(), Category: r.dec.Class.Category,
+			Class: r.dec.Class.Reason, Checks: r.dec.Checks, Deadline: r.dec.Deadline, AttemptTimeout: r.dec.AttemptTimeout},
+		Keep: time.Unix(0, fleet.Keep(p, r.now.UnixNano(), r.dec.Deadline)),
+	}
+	switch {
+	case r.dec.Retry && r.dec.Hint.Present && r.dec.Hint.Delay > 0:
+		st.Share = min(r.dec.Hint.Delay, p.Pushback.MaxHint)
+	case !r.dec.Retry && r.result == policy.ResultPushback && r.hint.Delay > 0:
+		// Not retried, but the upstream's request for time still holds the
+		// fleet back: the cool-down is what pushback counts toward.
+		st.Share = min(r.hint.Delay, p.Pushback.MaxHint)
+	}
+	res, ok, err := one.NextDelayInOneCall(&st)
+	switch {
+	case !ok:
+		return policy.Answer{}, "", false, nil
+	case errors.Is(err, fleet.ErrPermit):
+		return policy.Answer{}, "", true, storeError(ctx, d.cfg.Logger, "breaker", err)
+	case err != nil:
+		return policy.Answer{}, "", true, storeError(ctx, d.cfg.Logger, "attempt", err)
+	case res.Replay:
+		ans, why, err := replayed(res.Answer, &call, p)
+		return ans, why, true, err
+	}
+	if res.Asked {
+		d.cfg.Metrics.tokens(call.tenant, res.Spend.TenantTokens)
+	}
+	dec := res.Decision
+	ans = res.Answer
+	if ans.Retry {
+		ans.Target = call.target
+	}
+	ans.Degraded = ans.Degraded || d.degraded()
+	why = detail(&dec, p)
+	d.decided(ctx, d.store, call, in.target, in.attempt, &dec, why, res.Breaker.State)
+	var note policy.CallNote
+	if call.runID != "" {
+		note = decisionNote(&call, in.target, in.attempt, dec.Class.Reason, why, r.now)
+	}
+	var tally policy.AttemptTally
+	if !ans.Retry {
+		// The call ends here, once: a duplicate replays the answer above.
+		tally = policy.AttemptTally{Tenant: call.tenant, Target: in.target, Attempt: in.attempt}
+	}
+	if err := one.DecidedInOneCall(call.runID, call.callID, note, tally); err != nil {
+		return policy.Answer{}, "", true, storeError(ctx, d.cfg.Logger, "run calls", err)
+	}
+	return ans, why, true, nil
+}
+
 // answerDetail explains a remembered answer as detail explains a decision.
 func answerDetail(ans *policy.Answer, p *policy.Policy) string {
 	dec := policy.Decision{Retry: ans.Retry, Delay: ans.Delay, Stop: ans.Stop, Disposition: ans.Disposition,
@@ -195,7 +306,7 @@ func answerDetail(ans *policy.Answer, p *policy.Policy) string {
 
 // decided puts a NextDelay answer in the audit trail, the metrics and the
 // debug log, under target, the failed attempt's.
-func (d *Decisions) decided(ctx context.Context, u Changes, call callRef, target string, attempt uint32, dec *policy.Decision, why string, breaker policy.BreakerState) {
+func (d *Decisions) decided(ctx context.Context, u interface{ AppendAudit(...policy.AuditRecord) }, call callRef, target string, attempt uint32, dec *policy.Decision, why string, breaker policy.BreakerState) {
 	verdict := policy.VerdictStop
 	if dec.Retry {
 		verdict = policy.VerdictRetry
@@ -218,42 +329,27 @@ func (d *Decisions) decided(ctx context.Context, u Changes, call callRef, target
 }
 
 // shared applies the fleet-wide rules to a decision the stateless rules let
-// through: an open breaker, a cool-down another worker reported, the deadline
-// once more, and the budgets. The breaker and cool-down are those of next,
-// the target of the next attempt, whose snapshot is snap; a pushback hint
-// of the failed attempt goes to failed's cool-down. It turns dec into a
-// stop when one refuses, and returns an error only when a cap stops the
-// store from answering.
+// through (fleet.GateRetry, the budgets, fleet.Spent): an open breaker, a
+// cool-down another worker reported, the deadline once more, and the
+// budgets. The breaker and cool-down are those of next, the target of the
+// next attempt, whose snapshot is snap; a pushback hint of the failed
+// attempt goes to failed's cool-down. u is the draw that spreads a delay
+// over a cool-down. It turns dec into a stop when one refuses, and returns
+// an error only when a cap stops the store from answering.
 func (d *Decisions) shared(ctx context.Context, u Changes, dec *policy.Decision, p *policy.Policy, failed, next *hop,
-	call callRef, timeout bool, snap policy.BreakerSnapshot, now time.Time, ans *policy.Answer) error {
-	stop := func(r policy.StopReason, disp policy.Disposition) {
-		dec.Retry, dec.Delay, dec.Stop, dec.Disposition = false, 0, r, disp
-	}
-	if snap.State == policy.BreakerOpen {
-		stop(policy.StopCircuitOpen, policy.DispositionCircuitOpen)
-		return nil
-	}
+	call callRef, timeout bool, snap policy.BreakerSnapshot, now time.Time, draw float64, ans *policy.Answer) error {
 	cooldown := snap.CooldownUntil
-	if dec.Hint.Present && dec.Hint.Delay > 0 {
+	if snap.State != policy.BreakerOpen && dec.Hint.Present && dec.Hint.Delay > 0 {
 		if until, ok := d.shareHint(ctx, u, dec.Hint, p, failed, call, now); ok && next.key == failed.key {
 			cooldown = until
 		}
 	}
-	if wait := cooldown.Sub(now); wait > dec.Delay {
-		// Another worker was told to back off: wait with it, spread out.
-		dec.Delay = policy.SpreadHint(p.Pushback, wait, d.cfg.Rand())
-		if ans.Note != "" {
-			ans.Note += ","
-		}
-		ans.Note += "cooldown:fleet"
+	ask, spread := fleet.GateRetry(dec, p, snap.State, unixNano(cooldown), now.UnixNano(), call.runID != "", draw)
+	if spread {
+		ans.Note = fleet.SpreadNote(ans.Note)
 	}
-	if !policy.FitsDeadline(now, dec.Deadline, dec.Delay, p.AttemptTimeout) {
-		stop(policy.StopDeadline, policy.DispositionDeadLetter)
+	if !ask {
 		return nil
-	}
-	dec.Checks |= policy.CheckTenantBudget
-	if call.runID != "" {
-		dec.Checks |= policy.CheckRunBudget
 	}
 	spend, err := u.SpendRetry(policy.SpendRequest{
 		Tenant:  call.tenant,
@@ -269,7 +365,7 @@ func (d *Decisions) shared(ctx context.Context, u Changes, dec *policy.Decision,
 		// though the store may not remember it, fleet.CheckFinal).
 		d.cfg.Logger.ErrorContext(ctx, "budget unavailable", "call_id", call.callID, "tenant", call.tenant,
 			"target", call.target, "err", err)
-		stop(policy.StopBudgetExhausted, policy.DispositionDeadLetter)
+		fleet.Spent(dec, &policy.Spend{Stop: policy.StopBudgetExhausted, Disposition: policy.DispositionDeadLetter})
 		ans.Degraded = true
 		return nil
 	}
@@ -277,10 +373,16 @@ func (d *Decisions) shared(ctx context.Context, u Changes, dec *policy.Decision,
 	ans.TenantTokens = spend.TenantTokens
 	ans.RunRemaining = spend.RunRemaining
 	ans.Degraded = spend.Degraded
-	if !spend.Granted {
-		stop(spend.Stop, spend.Disposition)
-	}
+	fleet.Spent(dec, &spend)
 	return nil
+}
+
+// unixNano is t in Unix ns, 0 for the zero time (fleet's "none").
+func unixNano(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
 }
 
 // shareHint makes a server's pushback hint the fleet-wide cool-down of the
@@ -525,21 +627,23 @@ func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc 
 	// batch) are summed before they go in deposits, not hashed one by one.
 	var depTenant string
 	depN := 0
-	var p policy.Policy // the call's, resolved again only when an outcome's tenant or target differs from the last's
+	pols := &sc.pols
+	pols.reset()
+	var pi int // the call's policy in pols, looked up again only when an outcome's tenant or target differs from the last's
 	answers, decided := d.finalAnswers(items)
 	checked := 0 // outcomes agrees has checked
 	for i := range items {
 		it := &items[i]
 		if i == 0 || it.call.tenant != items[i-1].call.tenant || it.call.target != items[i-1].call.target {
-			p, _ = d.store.Resolve(it.call.tenant, it.call.target)
+			pi = pols.resolve(d.store, it.call.tenant, it.call.target)
 		}
 		// The attempt's breaker is its target's, under that target's policy;
 		// the failure is classified under the call's, the primary's.
-		tp := &p
+		ti := pi
 		if it.target != it.call.target {
-			fp, _ := d.store.Resolve(it.call.tenant, it.target)
-			tp = &fp
+			ti = pols.resolve(d.store, it.call.tenant, it.target)
 		}
+		p, tp := &pols.p[pi], &pols.p[ti] // after both lookups: one may grow pols.p
 		// What settleLeases needs to know, so it resolves only the
 		// outcomes of targets with a ceiling or a chain, or with a lease.
 		it.ceiled = tp.FlowControlled()
@@ -557,7 +661,7 @@ func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc 
 			depN++
 			u.Result = policy.ResultSuccess
 		case !it.alreadyRecorded:
-			c := policy.Classify(&p, it.failure, true, true)
+			c := policy.Classify(p, it.failure, true, true)
 			u.Result = policy.ResultTerminal
 			if c.Category == policy.CategoryTransient {
 				u.Result = policy.ResultTransientFailure
@@ -574,7 +678,7 @@ func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc 
 			u.Tally = policy.AttemptTally{Tenant: it.call.tenant, Target: it.target, Attempt: it.attempt, Success: true}
 		}
 		if it.checkFinal() {
-			stopped, err := d.agrees(ctx, i, it, answers[checked], decided[checked], &p, u.Key)
+			stopped, err := d.agrees(ctx, i, it, answers[checked], decided[checked], p, u.Key)
 			checked++
 			if err != nil {
 				return 0, ups, err

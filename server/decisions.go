@@ -226,6 +226,50 @@ type outcomeScratch struct {
 	items []outcomeItem
 	ups   []policy.OutcomeUpdate
 	trail []policy.AuditRecord
+	pols  requestPolicies
+}
+
+// requestPolicies are the policies one request's outcomes resolved, each
+// tenant and target once: a batch of 256 outcomes over 16 targets, in
+// any order, resolves 16 times, not 256 (each a store lookup and two
+// copies of a 360-byte policy). A batch is mostly one tenant's, so the
+// policies are kept by target for the first tenant seen; another
+// tenant's are resolved each time. A policy changed during the request is
+// seen by the next one, as it would be had the request come a moment
+// earlier.
+type requestPolicies struct {
+	tenant string
+	at     map[string]int // tenant's, by target: index in p
+	p      []policy.Policy
+}
+
+// reset forgets the last request's policies.
+func (rp *requestPolicies) reset() {
+	clear(rp.at)
+	clear(rp.p) // pins no policy's strings
+	rp.p, rp.tenant = rp.p[:0], ""
+}
+
+// resolve returns the index in rp.p of the policy of tenant and target,
+// resolved through st the first time. A pointer into rp.p is good until
+// the next resolve.
+func (rp *requestPolicies) resolve(st Policies, tenant, target string) int {
+	if len(rp.p) == 0 {
+		rp.tenant = tenant
+	}
+	mine := tenant == rp.tenant
+	if i, ok := rp.at[target]; ok && mine {
+		return i
+	}
+	p, _ := st.Resolve(tenant, target)
+	rp.p = append(rp.p, p)
+	if mine {
+		if rp.at == nil {
+			rp.at = make(map[string]int)
+		}
+		rp.at[target] = len(rp.p) - 1
+	}
+	return len(rp.p) - 1
 }
 
 var outcomeScratchPool = sync.Pool{New: func() any { return new(outcomeScratch) }}
@@ -236,6 +280,7 @@ func (sc *outcomeScratch) put() {
 	clear(sc.ups)
 	clear(sc.trail)
 	sc.items, sc.ups, sc.trail = sc.items[:0], sc.ups[:0], sc.trail[:0]
+	sc.pols.reset()
 	outcomeScratchPool.Put(sc)
 }
 

@@ -50,3 +50,60 @@ func TestReportOutcomeOneCommitWithSyncAlways(t *testing.T) {
 		t.Errorf("run ledger: got %v, %v; want 80 succeeded", got.GetRun().GetLedger(), err)
 	}
 }
+
+// TestReportOutcomeEachOutcomeUnderItsOwnPolicy: a batch interleaving two
+// tenants' outcomes over two targets applies each under its own tenant's
+// and target's policy (ReportOutcome resolves each policy once a request),
+// and a policy changed between two requests holds for the second.
+func TestReportOutcomeEachOutcomeUnderItsOwnPolicy(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	threshold := func(tenant, target string, n uint32) {
+		t.Helper()
+		if _, err := h.admin.SetPolicy(ctx, &pb.SetPolicyRequest{Tenant: tenant, Target: target,
+			Policy: &pb.Policy{Breaker: &pb.BreakerSettings{ConsecutiveFailures: &n}}}); err != nil {
+			t.Fatalf("SetPolicy %s/%s: %v", tenant, target, err)
+		}
+	}
+	threshold("acme", "geo-a", 3)
+	threshold("acme", "geo-b", 100)
+	threshold("globex", "geo-b", 3)
+	keys := []*pb.BreakerKey{ // the outcomes' order in each batch
+		{Tenant: "acme", Target: "geo-a"}, {Tenant: "acme", Target: "geo-b"},
+		{Tenant: "globex", Target: "geo-a"}, {Tenant: "globex", Target: "geo-b"},
+	}
+	report := func(failures int) {
+		t.Helper()
+		req := &pb.ReportOutcomeRequest{}
+		for i := range failures * len(keys) {
+			k := keys[i%len(keys)]
+			req.Outcomes = append(req.Outcomes, &pb.Outcome{Call: call(k.Tenant, k.Target, fmt.Sprint("c", i)),
+				Attempt: 1, Failure: http(503)})
+		}
+		if resp, err := h.workers.ReportOutcome(ctx, req); err != nil || int(resp.GetAccepted()) != len(req.Outcomes) {
+			t.Fatalf("ReportOutcome: got %v, %v", resp, err)
+		}
+	}
+	states := func() []pb.BreakerState {
+		t.Helper()
+		var got []pb.BreakerState
+		for _, k := range keys {
+			br, err := h.admin.GetBreaker(ctx, &pb.GetBreakerRequest{Key: k})
+			if err != nil {
+				t.Fatalf("GetBreaker %v: %v", k, err)
+			}
+			got = append(got, br.GetBreaker().GetState())
+		}
+		return got
+	}
+	open, closed := pb.BreakerState_BREAKER_STATE_OPEN, pb.BreakerState_BREAKER_STATE_CLOSED
+	report(3) // globex/geo-a has the default policy: 5 failures
+	if got, want := states(), []pb.BreakerState{open, closed, closed, open}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("after 3 failures each: breakers %v, want %v (by %v)", got, want, keys)
+	}
+	threshold("acme", "geo-b", 4)
+	report(1) // acme/geo-b's fourth failure, now at its threshold; globex/geo-a's fourth, under the default
+	if got, want := states(), []pb.BreakerState{open, open, closed, open}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("after the policy change and one failure more each: breakers %v, want %v", got, want)
+	}
+}

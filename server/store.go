@@ -35,8 +35,36 @@ type Store interface {
 	// (NextDelay's breaker failure, cool-down, retry spend, attempt record
 	// and audit record), so a store that makes changes durable before
 	// answering commits them once. A decision records, extends cool-downs
-	// and spends only through one.
+	// and spends only through one, or, on a store that takes a NextDelay
+	// in one step of its own (OneCallNextDelay), through that step.
 	Begin() Changes
+}
+
+// OneCallNextDelay is a Store that decides a NextDelay's fleet-wide part
+// in one atomic step of its own (redisstore: one function call), instead
+// of a batch of Changes: decideNextDelay uses it for a call whose policy
+// has no fallback targets and whose attempt held no lease, and the batch
+// otherwise. The answers, audit records, metrics, call-table notes and
+// attempt tallies are those of the batch; the contract suite checks both
+// against the rules (storetest, nextDelays).
+type OneCallNextDelay interface {
+	// NextDelayInOneCall takes st in one step (policy.NextDelayStep says
+	// what it does). An attempt refused is an error with the behaviour
+	// FailedPrecondition() bool, as ClaimAttempt's; a permit not live is
+	// fleet.ErrPermit. ok false means the store could not take the step
+	// (its engine is out of reach: degraded mode): the caller decides
+	// through Begin instead.
+	NextDelayInOneCall(st *policy.NextDelayStep) (res policy.NextDelayResult, ok bool, err error)
+	// KnownRun returns run id's ID, Tenant and Cutoff (which never
+	// change) when the store has them at hand, without a round trip; ok
+	// false sends the caller to Runs.Run.
+	KnownRun(id string) (run policy.Run, ok bool)
+	// DecidedInOneCall keeps what a decision of NextDelayInOneCall leaves to
+	// write, whose answer nobody waits for: the note n of call callID in
+	// run runID's call table (when runID is set) and the attempt tally t
+	// (when t.Target is set). A store may write them later (redisstore:
+	// with its next flush), durable as counters are.
+	DecidedInOneCall(runID, callID string, n policy.CallNote, t policy.AttemptTally) error
 }
 
 // Changes is a batch of the state changes of one request that commit

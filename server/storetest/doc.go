@@ -19,6 +19,10 @@
 //	transitions     a transition happens once per generation: one OPEN for 64 concurrent failing workers, one
 //	                HALF_OPEN for 64 concurrent Admits, one re-OPEN for concurrent probe failures, over the
 //	                replicas
+//	order           (order.go) on one replica a breaker takes reported outcomes and a decision's Record in the order
+//	                made: a reported success ends a run of failures, reported failures count before the Record
+//	                after them, in its answer; an admin reset comes after the outcomes reported before it; a
+//	                run's call table takes an outcome's note before the next decision's
 //	final           a call's final disposition is counted once in its run's ledger, however many reports race
 //	                from the replicas, and the first wins: a later different one is refused (naming
 //	                final_disposition and the disposition in force, also as a batch's refused item), the
@@ -57,6 +61,14 @@
 //	                it once; it then admits exactly its Ceiling; a window of successes adds Increase; a lease
 //	                released after its expiry still teaches; the floor and the maximum hold. Only for an engine
 //	                whose Engine.Adaptive is set (skipped otherwise)
+//	attempt stats   the attempt statistics count each call's end once, by tenant, target, hour and attempt,
+//	                through both write paths, on every replica alike
+//	nextdelays      (nextdelay.go) NextDelay decisions through the server over the engine, by whatever path the
+//	                engine takes them (a batch of Changes, or one step: server.OneCallNextDelay), against the
+//	                rules: a retry and its spend, a replay on another replica, a lower attempt and one after a
+//	                STOP refused, an open circuit, a delay spread over the fleet's cool-down, the deadline it
+//	                breaks, a tenant's budget and a run's pool spent; and the audit records, call-table notes
+//	                and attempt tallies the decisions leave, on every replica
 //
 // Time is the suite's Clock, handed to the engine at Open; the suite moves
 // it, never sleeps. An engine over a server decides at that clock too
@@ -69,10 +81,19 @@
 //
 // The suite reads what it changed back through the same store right after
 // the call that changed it returns (a run's ledger after ApplyOutcomes, a
-// bucket's tokens after SpendRetry). An engine that applies some changes
-// later (outcome batches, deposits, per flush) must show them to its own
-// reads at once, or be opened by the suite's Open with that batching off.
-// Deposits that lag are safe: the budget bound only tightens.
+// bucket's tokens after SpendRetry), with one exception, Engine.Settle: an
+// engine may hold the counters and deposits of reported outcomes (the
+// results of ApplyOutcomes without a probe permit, its deposits and
+// attempt tallies) for a flush, and so promise only that they reach the
+// engine, and every replica, within one flush interval. Such an engine
+// sets Settle to send them on at once; the suite calls it right before it
+// reads such counters, and nowhere else: every answer (a refusal, a
+// permit's settling, a final disposition and its ledger) and every other
+// read must hold without it. Deposits that lag are safe: the budget bound
+// only tightens. redisstore runs the whole suite with its outcomes held
+// per flush (Options.BatchOutcomes, as policyd serve opens it), and the
+// behaviours that report outcomes again with them sent before
+// ApplyOutcomes returns (--sync=always).
 //
 // How an engine runs it: one test in the engine's package calls Run with
 // an Open that starts the engine over fresh state and returns an Engine:
@@ -83,7 +104,7 @@
 // redis-server on AOF, or one 3-master Cluster, shared by the subtests,
 // each starting from FLUSHALL; Restart kills the server and starts it
 // again on its append-only file; Replica opens another Store on another
-// client):
+// client; with outcomes held, Settle flushes every Store the test opened):
 //
 //	func TestContract(t *testing.T) {
 //		storetest.Run(t, func(t *testing.T, clock *storetest.Clock) storetest.Engine {

@@ -62,6 +62,15 @@ type Engine struct {
 	// in Pool). The behaviour "adaptive" runs only when it is set and is
 	// skipped otherwise: an engine sets it once it holds them.
 	Adaptive bool
+	// Settle, when set, sends on what the engine's stores hold of reported
+	// outcomes for a later flush (counters and deposits: the results of
+	// ApplyOutcomes without a probe permit, its deposits and attempt
+	// tallies, which reach the engine, and so every replica, within one
+	// flush interval) and returns once every replica reads them. Nil for
+	// an engine that applies every outcome before ApplyOutcomes returns.
+	// The suite calls it only right before it reads counters that
+	// reported outcomes changed.
+	Settle func()
 }
 
 // Open starts the engine under test for one test, telling time by clock;
@@ -83,6 +92,7 @@ func Run(t *testing.T, open Open) {
 		{"budgets", testBudgets},
 		{"cooldown", testCooldown},
 		{"transitions", testTransitions},
+		{"order", testOrder},
 		{"final", testFinal},
 		{"durability", testDurability},
 		{"subscriptions", testSubscriptions},
@@ -96,6 +106,7 @@ func Run(t *testing.T, open Open) {
 		{"ceilings", testAdaptiveCeiling},
 		{"adaptive", testAdaptive},
 		{"attempt stats", testAttemptStats},
+		{"nextdelays", testNextDelays},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -104,7 +115,7 @@ func Run(t *testing.T, open Open) {
 			if (tt.name == "adaptive" || tt.name == "ceilings") && !en.Adaptive {
 				t.Skip("the engine does not keep adaptive ceilings (Engine.Adaptive is false)")
 			}
-			e := &env{clock: c, s: en.Store, restart: en.Restart, adaptive: en.Adaptive}
+			e := &env{clock: c, s: en.Store, restart: en.Restart, adaptive: en.Adaptive, held: en.Settle}
 			e.replicas = []server.Store{en.Store}
 			for len(e.replicas) < replicas {
 				r := en.Store
@@ -125,6 +136,16 @@ type env struct {
 	restart  func() server.Store
 	replicas []server.Store // s first; s every time for an embedded engine
 	adaptive bool           // Engine.Adaptive
+	held     func()         // Engine.Settle, nil for an engine that holds no outcomes
+}
+
+// settle returns once every replica reads the counters of the outcomes
+// reported so far (Engine.Settle); at once for an engine that holds none.
+// A case calls it only right before it reads such counters.
+func (e *env) settle() {
+	if e.held != nil {
+		e.held()
+	}
 }
 
 // on returns the replica the i-th worker calls.
@@ -1377,6 +1398,7 @@ func testAttemptStats(t *testing.T, e *env) {
 		return ts
 	}
 	geoWant, fallbackWant, betaWant = with(geoWant, "acme", "geocoder"), with(fallbackWant, "acme", "geocoder-b"), with(betaWant, "beta", "geocoder")
+	e.settle()
 	for i := range replicas {
 		what := fmt.Sprint("replica ", i)
 		check(what, e.on(i), "", "", start.Add(-time.Hour), geoWant, fallbackWant, betaWant)
@@ -1392,6 +1414,7 @@ func testAttemptStats(t *testing.T, e *env) {
 	if _, err := e.s.ApplyOutcomes(later, nil); err != nil {
 		t.Fatalf("ApplyOutcomes = %v, want nil", err)
 	}
+	e.settle()
 	var recent policy.TargetStats
 	recent.Successes[0] = 1
 	recent = with(recent, "acme", "geocoder")

@@ -1,0 +1,248 @@
+package redisstore
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/policyd/policyd/fleet"
+	"github.com/policyd/policyd/policy"
+)
+
+// NextDelayInOneCall is server.OneCallNextDelay.NextDelayInOneCall: st
+// decided in one call of policyd_nextdelay on the tenant's slot (the
+// attempt check, the breaker's record, the cool-down, fleet.GateRetry,
+// the spend, fleet.Spent, fleet.CutRun and the attempt record, with its
+// verdict), and no other round trip. ok is false, and the caller decides
+// through Begin, while the engine is out of reach (degraded mode, which
+// Begin's path keeps) and while this replica owes the engine what it
+// granted in degraded mode (SpendRetry charges it first).
+func (s *Store) NextDelayInOneCall(st *policy.NextDelayStep) (policy.NextDelayResult, bool, error) {
+	if err := s.check(); err != nil {
+		return policy.NextDelayResult{}, true, err
+	}
+	if st.Result < policy.ResultSuccess || st.Result > policy.ResultPushback {
+		return policy.NextDelayResult{}, true, invalid("result", "must be success, transient failure, terminal or pushback")
+	}
+	if err := checkBreakerKey(st.Key); err != nil {
+		return policy.NextDelayResult{}, true, err
+	}
+	if err := checkName("call_id", st.Call.CallID, false); err != nil {
+		return policy.NextDelayResult{}, true, err
+	}
+	tenant := st.Key.Tenant
+	if st.Spend.RunID != "" {
+		owner, err := s.runTenant(st.Spend.RunID)
+		if err != nil {
+			return policy.NextDelayResult{}, true, err
+		}
+		if owner != tenant || st.Call.Tenant != tenant {
+			return policy.NextDelayResult{}, true, invalid("run_id", "the run belongs to another tenant")
+		}
+	}
+	if st.Call.Tenant != tenant || st.Spend.Tenant != tenant {
+		// One call decides on one tenant's slot.
+		return policy.NextDelayResult{}, false, nil
+	}
+	if !s.health.up() || s.degraded.owes(tenant, st.Spend.RunID) {
+		return policy.NextDelayResult{}, false, nil
+	}
+	if _, err := s.follow(tenant); err != nil {
+		if errors.Is(err, ErrUnavailable) {
+			return policy.NextDelayResult{}, false, nil
+		}
+		return policy.NextDelayResult{}, true, fmt.Errorf("redisstore: follow tenant %q: %w", tenant, err)
+	}
+	cfg := fleet.NormConfig(st.Breaker)
+	b, _ := s.budgetOf(tenant)
+	sa := s.degraded.shareArgs(s.id, tenant, st.Spend.RunID, shareGrace*s.opts.Heartbeat)
+	keys, args, err := nextDelayCall(st, &cfg, &b, s.opts.MaxBreakersPerTenant, &sa)
+	if err != nil {
+		return policy.NextDelayResult{}, true, err
+	}
+	ctx, cancel := s.call()
+	defer cancel()
+	r, err := s.lib.fcall(ctx, "policyd_nextdelay", keys, args...)
+	if errors.Is(err, ErrUnavailable) {
+		return policy.NextDelayResult{}, false, nil
+	}
+	if err != nil {
+		return policy.NextDelayResult{}, true, err
+	}
+	res, err := s.nextDelayReply(st, r)
+	return res, true, err
+}
+
+// KnownRun is server.OneCallNextDelay.KnownRun: run id's ID, Tenant and
+// Cutoff, which never change, as this replica last read or opened it
+// (Run, OpenRun), without a round trip.
+func (s *Store) KnownRun(id string) (policy.Run, bool) {
+	v, ok := s.runCutoffs.Load(id)
+	if !ok {
+		return policy.Run{}, false
+	}
+	return v.(policy.Run), true
+}
+
+// nextDelayCall returns the keys and arguments of st's policyd_nextdelay
+// call (policyd.lua has their order) under the breaker configuration cfg
+// (normalized) and the tenant's budget b, its spend as replica sa.replica.
+func nextDelayCall(st *policy.NextDelayStep, cfg *policy.BreakerConfig, b *policy.TenantBudget, maxBreakers int, sa *shareArgs) ([]string, []any, error) {
+	t := st.Key.Tenant
+	runKey, hasRun := keyRun(t, ""), 0
+	if st.Spend.RunID != "" {
+		runKey, hasRun = keyRun(t, st.Spend.RunID), 1
+	}
+	base, err := json.Marshal(st.Answer)
+	if err != nil {
+		return nil, nil, fmt.Errorf("redisstore: encode answer: %w", err)
+	}
+	bit := func(v bool) int {
+		if v {
+			return 1
+		}
+		return 0
+	}
+	dec, p := &st.Decision, st.Policy
+	f := func(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }
+	args := []any{st.Attempt, st.Key.Target}
+	args = cfgArgs(args, cfg)
+	args = append(args, int(st.Result), st.PermitID, maxBreakers, int64(st.Share),
+		bit(dec.Retry), int64(dec.Delay), int(dec.Stop), int(dec.Disposition))
+	args = appendTime(args, dec.Deadline)
+	args = append(args, int64(p.AttemptTimeout), f(p.Pushback.SpreadRatio), int64(p.Pushback.MinSpread),
+		int64(p.Pushback.MaxHint), f(st.SpreadDraw))
+	args = budgetArgs(args, b)
+	args = append(args, bit(st.Spend.Timeout), hasRun)
+	args = appendTime(args, st.RunCutoff)
+	args = append(args, bit(st.CutBinds), int(dec.Checks), base, st.Keep.UnixMilli()+1)
+	args = append(args, sa.replica, sa.bucket, sa.run, sa.live, us(sa.grace))
+	keys := []string{keyAttempt(t, st.Call.CallID), keyBreaker(t, st.Key.Target), keyEvents(t), keyIndex(t), keyBucket(t), runKey}
+	return keys, args, nil
+}
+
+// appendTime appends t as the library reads a time to the nanosecond:
+// Unix µs and the nanoseconds past them, 0 0 for the zero time.
+func appendTime(args []any, t time.Time) []any {
+	if t.IsZero() {
+		return append(args, 0, 0)
+	}
+	ns := t.UnixNano()
+	return append(args, ns/1000, ns%1000)
+}
+
+// nextDelayReply reads the reply r of st's policyd_nextdelay call: a
+// replay or refusal of the attempt record it returns (fleet.Attempts.Check
+// of it, by the one decoder), a permit refused, or the decision.
+func (s *Store) nextDelayReply(st *policy.NextDelayStep, r []any) (policy.NextDelayResult, error) {
+	if len(r) < 2 {
+		return policy.NextDelayResult{}, errReply
+	}
+	now, err := toInt(r[0])
+	if err != nil {
+		return policy.NextDelayResult{}, errReply
+	}
+	switch toString(r[1]) {
+	case "replay", "refused":
+		if len(r) != 6 {
+			return policy.NextDelayResult{}, errReply
+		}
+		h := map[string]string{"attempt": toString(r[2]), "expiry": toString(r[3]), "answer": toString(r[4])}
+		if v := toString(r[5]); v != "" {
+			h["verdict"] = v
+		}
+		a, err := decodeAttempt(h)
+		if err != nil {
+			return policy.NextDelayResult{}, fmt.Errorf("redisstore: attempt record of %q/%q is %w", st.Call.Tenant, st.Call.CallID, err)
+		}
+		replay, err := a.Check(now*int64(time.Microsecond), st.Attempt)
+		switch {
+		case replay:
+			return policy.NextDelayResult{Replay: true, Answer: a.Answer}, nil
+		case err != nil:
+			return policy.NextDelayResult{}, err
+		}
+		return policy.NextDelayResult{}, errReply // the library and fleet disagree
+	case "permit":
+		if len(r) != 3 {
+			return policy.NextDelayResult{}, errReply
+		}
+		bs, err := parseState(r[2])
+		if err != nil {
+			return policy.NextDelayResult{}, err
+		}
+		s.learn(st.Key, bs)
+		return policy.NextDelayResult{Breaker: bs.snapshot(st.Key)}, fleet.ErrPermit
+	case "decided":
+	default:
+		return policy.NextDelayResult{}, errReply
+	}
+	if len(r) != 12 {
+		return policy.NextDelayResult{}, errReply
+	}
+	bs, err := parseState(r[7])
+	if err != nil {
+		return policy.NextDelayResult{}, err
+	}
+	s.learn(st.Key, bs)
+	res := policy.NextDelayResult{Answer: st.Answer, Decision: st.Decision, Breaker: bs.snapshot(st.Key)}
+	if err := applyVerdict(&res.Answer, toString(r[2])); err != nil {
+		return policy.NextDelayResult{}, err
+	}
+	a := &res.Answer
+	res.Decision.Retry, res.Decision.Delay, res.Decision.Stop, res.Decision.Disposition = a.Retry, a.Delay, a.Stop, a.Disposition
+	res.Decision.Checks = a.Checks
+	asked, _ := toInt(r[3])
+	granted, _ := toInt(r[4])
+	dry, _ := toInt(r[5])
+	if res.Asked = asked == 1; res.Asked {
+		res.Spend = policy.Spend{Granted: granted == 1, TenantTokens: a.TenantTokens, RunRemaining: a.RunRemaining,
+			HasRun: st.Spend.RunID != "", DryRunRefused: dry == 1}
+		if !res.Spend.Granted {
+			res.Spend.Stop, res.Spend.Disposition = a.Stop, a.Disposition
+		}
+		sh, err := parseShares(r[8:12])
+		if err != nil {
+			return policy.NextDelayResult{}, err
+		}
+		s.degraded.saw(st.Spend.Tenant, st.Spend.RunID, sh)
+	}
+	return res, nil
+}
+
+// DecidedInOneCall is server.OneCallNextDelay.DecidedInOneCall: the
+// call-table note and the attempt tally of a decision NextDelayInOneCall
+// made are held for the next flush like outcome batches that need no
+// answer (held.go; at once without Options.BatchOutcomes), one batch of
+// the tenant's, queued for replay while the engine is out of reach. An
+// unknown run is ErrNotFound.
+func (s *Store) DecidedInOneCall(runID, callID string, n policy.CallNote, t policy.AttemptTally) error {
+	if runID == "" && t.Target == "" {
+		return nil
+	}
+	batches := map[string]*outcomeBatch{}
+	batch := func(tenant string) *outcomeBatch {
+		b := batches[tenant]
+		if b == nil {
+			b = &outcomeBatch{id: newPermitID().String(), tenant: tenant, byKey: map[policy.BreakerKey]*outcomeGroup{},
+				runIndex: map[string]int{}, hour: fleet.HourOf(s.opts.Clock().UnixNano())}
+			batches[tenant] = b
+		}
+		return b
+	}
+	if runID != "" {
+		p, err := s.pendingNote(runID, callID, n)
+		if err != nil {
+			return err
+		}
+		b := batch(p.tenant)
+		b.notes = append(b.notes, p)
+	}
+	if t.Target != "" {
+		batch(t.Tenant).addTally(&policy.OutcomeUpdate{Tally: t}, 0, 0)
+	}
+	_, err := s.runOutcomes(nil, batches, nil, true)
+	return err
+}

@@ -1,0 +1,107 @@
+package redisstore_test
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
+	"github.com/policyd/policyd/internal/redistest"
+	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/redisstore"
+	"github.com/policyd/policyd/server"
+)
+
+// BenchmarkNextDelayOverRedis decides NextDelays through the server's
+// handler over one replica on a real server, 8 callers per CPU: fresh (a
+// new call every time: the breaker records, the budget spends, the attempt
+// record is written) and replay (an attempt decided before, asked again:
+// the answer remembered, as policybench's prebuilt requests ask). It
+// reports the round trips per NextDelay (the replica's commands and
+// pipelines, feeds and heartbeats left out), the replica's CPU per
+// NextDelay (this process's, getrusage) and Redis's (INFO cpu).
+func BenchmarkNextDelayOverRedis(b *testing.B) {
+	srv := redistest.Standalone(b)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	trips := &tripCounter{cmds: map[string]int{}}
+	c.AddHook(trips)
+	b.Cleanup(func() { _ = c.Close() })
+	s, err := redisstore.Open(context.Background(), redisstore.Options{Client: c, Timeout: time.Second, BatchOutcomes: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = s.Close() })
+	p := policy.Default()
+	p.Breaker.ConsecutiveFailures = 10000 // 1000 targets: no breaker trips
+	if _, err := s.SetPolicy("acme", "", p); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := s.SetBudget(policy.TenantBudget{Tenant: "acme", Capacity: 1e12, DepositRatio: 0.1, MinPerSecond: 1,
+		RetryCost: 1, TimeoutCost: 2}); err != nil {
+		b.Fatal(err)
+	}
+	d := server.NewDecisions(s, server.Config{})
+	ctx := context.Background()
+	fail503 := &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 503}}
+	req := func(id int64) *pb.NextDelayRequest {
+		return &pb.NextDelayRequest{Call: &pb.CallRef{Tenant: "acme", Target: "t" + strconv.FormatInt(id%1000, 10),
+			CallId: "c" + strconv.FormatInt(id, 10), Idempotent: true}, Attempt: 1, Failure: fail503}
+	}
+	const replays = 64
+	for i := range int64(replays) {
+		if _, err := d.NextDelay(ctx, req(-1-i)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	redisCPU := func() float64 {
+		info := c.Info(ctx, "cpu").Val()
+		var sum float64
+		for _, l := range strings.Split(info, "\n") {
+			k, v, ok := strings.Cut(strings.TrimSpace(l), ":")
+			if ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
+				f, _ := strconv.ParseFloat(v, 64)
+				sum += f
+			}
+		}
+		return sum
+	}
+	selfCPU := func() time.Duration {
+		var ru syscall.Rusage
+		_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	var seq atomic.Int64
+	for _, mode := range []string{"fresh", "replay"} {
+		b.Run(mode, func(b *testing.B) {
+			s.FlushHeld()
+			trips.take()
+			cpu0, rcpu0 := selfCPU(), redisCPU()
+			b.SetParallelism(8)
+			b.ResetTimer()
+			b.RunParallel(func(loop *testing.PB) {
+				for loop.Next() {
+					i := seq.Add(1)
+					if mode == "replay" {
+						i = -1 - i%replays
+					}
+					if _, err := d.NextDelay(ctx, req(i)); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.StopTimer()
+			n, _ := trips.take()
+			ops := float64(b.N)
+			b.ReportMetric(float64(n)/ops, "roundtrips/op")
+			b.ReportMetric(float64((selfCPU()-cpu0).Microseconds())/ops, "replica-cpu-µs/op")
+			b.ReportMetric((redisCPU()-rcpu0)*1e6/ops, "redis-cpu-µs/op")
+		})
+	}
+}

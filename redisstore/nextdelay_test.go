@@ -1,0 +1,171 @@
+package redisstore_test
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
+	"github.com/policyd/policyd/internal/redistest"
+	"github.com/policyd/policyd/redisstore"
+)
+
+// TestNextDelayIsOneCall counts, on a real server, what fresh NextDelays
+// of calls without a fallback chain or a lease cost: one function call
+// each (policyd_nextdelay) and no other command on the request path,
+// RETRYs and STOPs alike; the audit records, and the STOPs' attempt
+// tallies, go with the replica's next flush, counted apart: one
+// policyd_outcomes call for the tenant's held batch.
+func TestNextDelayIsOneCall(t *testing.T) {
+	srv := redistest.Standalone(t)
+	nextDelayIsOneCall(t, statsOf(t, srv.Addr), func() redis.UniversalClient { return redis.NewClient(&redis.Options{Addr: srv.Addr}) })
+}
+
+// TestNextDelayIsOneCallCluster is the same on a Cluster of three masters.
+func TestNextDelayIsOneCallCluster(t *testing.T) {
+	addrs := redistest.Cluster(t)
+	nextDelayIsOneCall(t, statsOf(t, addrs...), func() redis.UniversalClient {
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	})
+}
+
+func nextDelayIsOneCall(t *testing.T, stats serverStats, client func() redis.UniversalClient) {
+	// The flusher's interval is an hour: nothing flushes on its own while
+	// the NextDelays are counted.
+	opts := redisstore.Options{Timeout: 2 * time.Second, BatchOutcomes: true, FlushInterval: time.Hour}
+	r := []*replica{newReplicaWith(t, client, opts), newReplicaWith(t, client, opts), newReplicaWith(t, client, opts)}
+	ctx := context.Background()
+	// The calls spread over 100 targets, 3 failures at most each: no breaker
+	// trips (5 consecutive failures).
+	call := func(id string, target int) *pb.CallRef {
+		return &pb.CallRef{Tenant: "acme", Target: "t" + strconv.Itoa(target), CallId: id, Idempotent: true}
+	}
+	fail503 := &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 503}}
+	for i, rp := range r { // a replica's first call of a tenant follows its stream
+		if _, err := rp.workers.Admit(ctx, &pb.AdmitRequest{Call: call("warm"+strconv.Itoa(i), 0), Attempt: 1}); err != nil {
+			t.Fatal(err)
+		}
+		rp.store.FlushHeld()
+		rp.trips.take()
+	}
+	const n = 120 // 80 retries: the default budget (100 tokens) grants them all
+	before := stats.calls(t)
+	stops := 0
+	for i := range n {
+		// attempt 3 of 3 is a STOP (ATTEMPTS_EXHAUSTED), counted in the
+		// attempt statistics; attempts 1 and 2 are RETRYs.
+		attempt := uint32(1 + i/3%3) // over the replicas alike
+
+		resp, err := r[i%3].workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call("c"+strconv.Itoa(i), i%100), Attempt: attempt, Failure: fail503})
+		if err != nil {
+			t.Fatalf("NextDelay %d = %v", i, err)
+		}
+		want := pb.Decision_DECISION_RETRY
+		if attempt == 3 {
+			want, stops = pb.Decision_DECISION_STOP, stops+1
+		}
+		if resp.GetDecision() != want {
+			t.Fatalf("NextDelay %d (attempt %d) = %v, want %v", i, attempt, resp.GetDecision(), want)
+		}
+	}
+	after := stats.calls(t)
+	trips, by := 0, map[string]int{}
+	for _, rp := range r {
+		m, cmds := rp.trips.take()
+		trips += m
+		for k, v := range cmds {
+			by[k] += v
+		}
+	}
+	fcalls := after["fcall"] - before["fcall"]
+	t.Logf("%d fresh NextDelays (%d STOPs) over 3 replicas: %d round trips from the replicas (%v), %d FCALLs on the server",
+		n, stops, trips, by, fcalls)
+	if trips != n || by["fcall"] != n || len(by) != 1 {
+		t.Errorf("%d fresh NextDelays took %d round trips (%v), want %d: one function call each and nothing else", n, trips, by, n)
+	}
+	if fcalls != n {
+		t.Errorf("%d fresh NextDelays: %d FCALLs on the server, want %d", n, fcalls, n)
+	}
+
+	// Calls of a run: one function call too, once the replica has read
+	// the run (its cut-off never changes: KnownRun); their call-table
+	// notes are held with the tallies.
+	if _, err := r[0].admin.OpenRun(ctx, &pb.OpenRunRequest{RunId: "nightly", Tenant: "acme", RetryPool: 1000,
+		CutoffTime: timestamppb.New(time.Now().Add(time.Hour))}); err != nil {
+		t.Fatalf("OpenRun: %v", err)
+	}
+	inRun := func(id string, target int) *pb.CallRef { c := call(id, target); c.RunId = "nightly"; return c }
+	for i, rp := range r {
+		if _, err := rp.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: inRun("warm"+strconv.Itoa(i), 0), Attempt: 1, Failure: fail503}); err != nil {
+			t.Fatal(err)
+		}
+		rp.trips.take()
+	}
+	const inRuns = 30
+	before = stats.calls(t)
+	for i := range inRuns {
+		if _, err := r[i%3].workers.NextDelay(ctx, &pb.NextDelayRequest{Call: inRun("n"+strconv.Itoa(i), 50+i), Attempt: 1, Failure: fail503}); err != nil {
+			t.Fatalf("NextDelay of a run %d = %v", i, err)
+		}
+	}
+	fcalls = stats.calls(t)["fcall"] - before["fcall"]
+	trips, by = 0, map[string]int{}
+	for _, rp := range r {
+		m, cmds := rp.trips.take()
+		trips += m
+		for k, v := range cmds {
+			by[k] += v
+		}
+	}
+	t.Logf("%d fresh NextDelays of a run's calls: %d round trips (%v), %d FCALLs on the server", inRuns, trips, by, fcalls)
+	if trips != inRuns || by["fcall"] != inRuns || len(by) != 1 || fcalls != inRuns {
+		t.Errorf("%d fresh NextDelays of a run's calls took %d round trips (%v, %d FCALLs on the server), want one function call each", inRuns, trips, by, fcalls)
+	}
+
+	// The flush, apart: each replica's held batch of the tenant's tallies
+	// and notes (one function call, and the notes' calls in its pipeline),
+	// and its buffered audit records.
+	for _, rp := range r {
+		rp.store.FlushHeld()
+	}
+	flushed := 0
+	for _, rp := range r {
+		m, cmds := rp.trips.take()
+		flushed += m
+		if m != 1 {
+			t.Errorf("a replica's flush of held NextDelay tallies and notes: %d round trips (%v), want one pipeline", m, cmds)
+		}
+	}
+	t.Logf("the flush of the held tallies: %d round trips over 3 replicas", flushed)
+	adv, err := r[0].admin.AdviseTargets(ctx, &pb.AdviseTargetsRequest{Tenant: "acme", Since: durationpb.New(time.Hour)})
+	if err != nil {
+		t.Fatalf("AdviseTargets: %v", err)
+	}
+	var counted uint64
+	for _, a := range adv.GetAdvice() {
+		counted += a.GetFailuresByAttempt()[2]
+	}
+	if counted != uint64(stops) {
+		t.Errorf("after the flush, %d calls ended at attempt 3 in the attempt statistics, want %d", counted, stops)
+	}
+	// A query flushes the replica's own audit buffer; another replica's
+	// records are there once it has flushed.
+	for _, rp := range r {
+		if _, err := rp.admin.QueryAudit(ctx, &pb.QueryAuditRequest{CallId: "c0"}); err != nil {
+			t.Fatalf("QueryAudit: %v", err)
+		}
+	}
+	for _, rp := range r {
+		for i := range 3 {
+			q, err := rp.admin.QueryAudit(ctx, &pb.QueryAuditRequest{CallId: "c" + strconv.Itoa(i)})
+			if err != nil || len(q.GetRecords()) != 1 || q.GetRecords()[0].GetEvent() != pb.AuditEvent_AUDIT_EVENT_DECISION {
+				t.Errorf("QueryAudit(c%d) = %v, %v; want its decision once the replicas' buffers are flushed", i, q.GetRecords(), err)
+			}
+		}
+	}
+}
