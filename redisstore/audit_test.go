@@ -105,16 +105,17 @@ func records(tenant string, n int, t0 time.Time) []policy.AuditRecord {
 }
 
 // TestAuditOneCallPerTenantPerFlush: the audit records buffered between
-// two flushes are one policyd_audit call per tenant (per 256 records),
+// two flushes are one policyd_audit call per tenant (per 1,024 records),
 // all in one round trip, and read back unchanged and in order.
 func TestAuditOneCallPerTenantPerFlush(t *testing.T) {
 	srv := redistest.Standalone(t)
 	calls := &auditCalls{calls: map[string]int{}}
 	s := auditStore(t, srv.Addr, calls, redisstore.Options{})
 	t0 := time.Now().Truncate(time.Microsecond)
-	acme, beta, gamma := records("acme", 200, t0), records("beta", 600, t0), records("gamma", 1, t0)
+	acme, beta, gamma := records("acme", 200, t0), records("beta", 2200, t0), records("gamma", 1, t0)
 	for i := range 200 { // interleaved, as many requests' records are
-		s.AppendAudit(acme[i], beta[3*i], beta[3*i+1], beta[3*i+2])
+		s.AppendAudit(acme[i])
+		s.AppendAudit(beta[11*i : 11*i+11]...)
 	}
 	s.AppendAudit(gamma...)
 	if n, trips, _ := calls.take(); len(n) != 0 || trips != 0 {
@@ -124,7 +125,7 @@ func TestAuditOneCallPerTenantPerFlush(t *testing.T) {
 	n, trips, others := calls.take()
 	want := map[string]int{"{=acme}:audit": 1, "{=beta}:audit": 3, "{=gamma}:audit": 1}
 	if fmt.Sprint(n) != fmt.Sprint(want) || trips != 1 || len(others) != 0 {
-		t.Errorf("a flush of 200, 600 and 1 records of three tenants: calls %v in %d round trips (and %v); want %v in one", n, trips, others, want)
+		t.Errorf("a flush of 200, 2,200 and 1 records of three tenants: calls %v in %d round trips (and %v); want %v in one", n, trips, others, want)
 	}
 	if b := s.AuditBuffered(); b != 0 {
 		t.Errorf("after the flush %d records buffered, want 0", b)
@@ -138,16 +139,16 @@ func TestAuditOneCallPerTenantPerFlush(t *testing.T) {
 	}
 }
 
-// TestAuditFlushIsBounded: a flush sends at most 2 round trips of 16
-// calls of 256 records; the records past them wait, in order, for the
+// TestAuditFlushIsBounded: a flush sends at most 2 round trips of 8
+// calls of 1,024 records; the records past them wait, in order, for the
 // next flush (a query writes them all first).
 func TestAuditFlushIsBounded(t *testing.T) {
 	srv := redistest.Standalone(t)
 	calls := &auditCalls{calls: map[string]int{}}
 	s := auditStore(t, srv.Addr, calls, redisstore.Options{})
-	recs := records("acme", 40*256+1, time.Now().Truncate(time.Microsecond))
+	recs := records("acme", 20*1024+1, time.Now().Truncate(time.Microsecond))
 	s.AppendAudit(recs...)
-	for i, want := range []struct{ calls, trips, buffered int }{{32, 2, 8*256 + 1}, {9, 1, 0}} {
+	for i, want := range []struct{ calls, trips, buffered int }{{16, 2, 4*1024 + 1}, {5, 1, 0}} {
 		s.FlushAudit()
 		n, trips, _ := calls.take()
 		if n["{=acme}:audit"] != want.calls || trips != want.trips || s.AuditBuffered() != want.buffered {

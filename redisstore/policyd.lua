@@ -1066,31 +1066,17 @@ local function attempts(keys)
   return out
 end
 
--- audit appends records to a tenant's audit stream, each one entry with
--- the fields of auditFields (redisstore/audit.go) in that order, trimmed
--- to at most ARGV[1] entries (MAXLEN ~) as each is added, then by age to
--- the entry id ARGV[2] (MINID ~). KEYS: the stream. ARGV: max entries,
--- oldest id, then per record the 14 values t ev tenant target call run
--- attempt class verdict delay stop disp detail and primary ('' for none,
--- left out of the entry). Returns the records added.
-local AUDIT_FIELDS = {'t', 'ev', 'tenant', 'target', 'call', 'run', 'attempt', 'class', 'verdict', 'delay',
-  'stop', 'disp', 'detail', 'primary'}
+-- audit appends records to a tenant's audit stream, each one entry of
+-- one field, r, the record as redisstore's appendAuditEntry packs it,
+-- trimmed to at most ARGV[1] entries (MAXLEN ~) as each is added, then by
+-- age to the entry id ARGV[2] (MINID ~). KEYS: the stream. ARGV: max
+-- entries, oldest id, then the packed records. Returns the records added.
 local function audit(keys, args)
-  local n = 0
-  for i = 3, #args, #AUDIT_FIELDS do
-    local e = {keys[1], 'MAXLEN', '~', args[1], '*'}
-    for j, f in ipairs(AUDIT_FIELDS) do
-      local v = args[i + j - 1]
-      if f ~= 'primary' or v ~= '' then
-        e[#e + 1] = f
-        e[#e + 1] = v
-      end
-    end
-    redis.call('XADD', unpack(e))
-    n = n + 1
+  for i = 3, #args do
+    redis.call('XADD', keys[1], 'MAXLEN', '~', args[1], '*', 'r', args[i])
   end
   redis.call('XTRIM', keys[1], 'MINID', '~', args[2])
-  return n
+  return #args - 2
 end
 
 -- The idempotency ledger: fleet.KeyRecord in a hash per key (state,
