@@ -61,9 +61,29 @@ func (s *Store) NextDelayInOneCall(st *policy.NextDelayStep) (policy.NextDelayRe
 	if err != nil {
 		return policy.NextDelayResult{}, true, err
 	}
+	var carried []result
+	if s.opts.BatchOutcomes {
+		// The breaker's results held for the flush go first, in this call,
+		// as Record sends them: the breaker counts them before this
+		// failure, as they were reported.
+		s.held.sending.RLock()
+		defer s.held.sending.RUnlock()
+		carried = s.takeResults(st.Key)
+	}
+	args = append(args, len(carried))
+	for _, c := range carried {
+		args = append(args, int(c.Result), c.Permit)
+	}
 	ctx, cancel := s.call()
 	defer cancel()
 	r, err := s.lib.fcall(ctx, "policyd_nextdelay", keys, args...)
+	if err != nil && len(carried) > 0 {
+		// As in Record: the engine may have applied them before its answer
+		// was lost, so they are not sent again (never twice).
+		s.log.Warn("redisstore: held outcome results sent with a failed nextdelay call: dropped", "tenant", tenant,
+			"target", st.Key.Target, "results", len(carried), "err", err)
+		s.queue.dropped.Add(1)
+	}
 	if errors.Is(err, ErrUnavailable) {
 		return policy.NextDelayResult{}, false, nil
 	}
