@@ -31,6 +31,11 @@ func (s *Store) NoteCall(runID, callID string, n policy.CallNote) error {
 	if err != nil {
 		return err
 	}
+	if s.opts.BatchOutcomes {
+		// After the tenant's held batch, whose notes were made before.
+		_, err := s.runOutcomes(nil, nil, []pendingNote{p}, true)
+		return err
+	}
 	ctx, cancel := s.call()
 	defer cancel()
 	_, err = s.lib.run(ctx, "policyd_note_call", p.keys(), p.args(s.opts.MaxRunCalls)...).Result()

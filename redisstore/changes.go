@@ -92,6 +92,15 @@ func (c *changes) Commit() error {
 	if err := s.check(); err != nil {
 		return err
 	}
+	if len(c.notes) > 0 && s.opts.BatchOutcomes {
+		// The notes go after their tenants' held batches, whose notes were
+		// made before (held.go), not in the pipeline below.
+		notes := c.notes
+		c.notes = nil
+		if _, err := s.runOutcomes(nil, nil, notes, true); err != nil {
+			return err
+		}
+	}
 	for _, t := range c.tallies {
 		// The tenant is listed for AttemptStats (once per replica).
 		if _, err := s.follow(t.Tenant); err != nil && !errors.Is(err, ErrUnavailable) {

@@ -35,9 +35,10 @@
 // interval (Options.BatchOutcomes: a replica holds the updates
 // that need no answer and merges them per tenant, held.go), or per
 // ReportOutcome for a batch whose answer needs the engine (a run's final
-// disposition, a probe permit) or that a later decision must not overtake
-// (a note of a run's call table); a decision's failure takes its
-// breaker's held results along in its own call.
+// disposition, a probe permit); a note of a run's call table sent at once
+// goes after its tenant's held batch (whose notes were made before), and a
+// decision's failure takes its breaker's held results along in its own
+// call (policyd_record, policyd_nextdelay).
 //
 // A NextDelay (server.OneCallNextDelay, nextdelay.go) of a call whose
 // policy has no fallback targets and whose attempt held no lease is one

@@ -212,7 +212,7 @@ func oneRoundTrip(t *testing.T, stats serverStats, client func() redis.Universal
 		return strings.Join(lines, "; ")
 	}
 	t.Logf("before: %s", fcallLine())
-	before, audits := stats.calls(t), auditsOf(r...)
+	before := stats.calls(t)
 	for n := range admits {
 		rp := r[n%3]
 		resp, err := rp.workers.Admit(ctx, &pb.AdmitRequest{Call: call("c" + strconv.Itoa(n)), Attempt: 1})
@@ -233,7 +233,7 @@ func oneRoundTrip(t *testing.T, stats serverStats, client func() redis.Universal
 			by[k] += v
 		}
 	}
-	fcalls := after["fcall"] - before["fcall"] - int64(auditsOf(r...)-audits) // the audit flushes' own
+	fcalls := nonAuditFCalls(before, after)
 	t.Logf("%d Admits and %d ReleaseLeases with a ceiling over 3 replicas: %d round trips from the replicas (%v), %d FCALLs on the server",
 		admits, admits, trips, by, fcalls)
 	if trips != 2*admits || by["fcall"] != 2*admits {
@@ -245,7 +245,7 @@ func oneRoundTrip(t *testing.T, stats serverStats, client func() redis.Universal
 
 	// 64 concurrent Admits over the replicas, none released: the ceiling's
 	// 10 get a lease, the 54 refused cost one call each too.
-	before, audits = stats.calls(t), auditsOf(r...)
+	before = stats.calls(t)
 	var wg sync.WaitGroup
 	var leased atomic.Int32
 	for n := range 64 {
@@ -269,7 +269,7 @@ func oneRoundTrip(t *testing.T, stats serverStats, client func() redis.Universal
 			by[k] += v
 		}
 	}
-	fcalls = after["fcall"] - before["fcall"] - int64(auditsOf(r...)-audits)
+	fcalls = nonAuditFCalls(before, after)
 	t.Logf("64 concurrent Admits over 3 replicas at a ceiling of 10: %d leased, %d round trips from the replicas (%v), %d FCALLs on the server",
 		leased.Load(), trips, by, fcalls)
 	// A refused Admit is an audit record: those go in the replica's audit

@@ -32,12 +32,13 @@ type heldOutcomes struct {
 // ApplyOutcomes call answers: no final disposition (the ledger may refuse
 // it), no result with a probe permit (the engine may refuse it), no tally
 // on either, and only breakers this replica has seen (a new one may be
-// past the tenant's cap, an error the caller sees); and whether nothing
-// after it may overtake it: no note of a run's call table (the next
-// decision's note of the call is sent at once, and the table keeps the
+// past the tenant's cap, an error the caller sees). Notes of a run's call
+// table may be held: a note sent at once (NoteCall, a Commit's) goes
+// after its tenant's held batch, in the same pipeline, so no note
+// overtakes one made before it on this replica (the table keeps the
 // target noted last).
 func (s *Store) holdable(b *outcomeBatch) bool {
-	if len(b.finals) > 0 || len(b.runs) > 0 || len(b.notes) > 0 {
+	if len(b.finals) > 0 || len(b.runs) > 0 {
 		return false
 	}
 	for _, g := range b.groups {

@@ -57,14 +57,30 @@ func (s *Store) NextDelayInOneCall(st *policy.NextDelayStep) (policy.NextDelayRe
 	}
 	cfg := fleet.NormConfig(st.Breaker)
 	b, _ := s.budgetOf(tenant)
+	var carried []result
+	if s.opts.BatchOutcomes {
+		// The breaker's results held for the flush go first, in this call,
+		// as Record sends them: the breaker counts them before this
+		// failure, as they were reported.
+		s.held.sending.RLock()
+		defer s.held.sending.RUnlock()
+		carried = s.takeResults(st.Key)
+	}
 	sa := s.degraded.shareArgs(s.id, tenant, st.Spend.RunID, shareGrace*s.opts.Heartbeat)
-	keys, args, err := nextDelayCall(st, &cfg, &b, s.opts.MaxBreakersPerTenant, &sa)
+	keys, args, err := nextDelayCall(st, &cfg, &b, s.opts.MaxBreakersPerTenant, carried, &sa)
 	if err != nil {
 		return policy.NextDelayResult{}, true, err
 	}
 	ctx, cancel := s.call()
 	defer cancel()
 	r, err := s.lib.fcall(ctx, "policyd_nextdelay", keys, args...)
+	if err != nil && len(carried) > 0 {
+		// As in Record: the engine may have applied them before its answer
+		// was lost, so they are not sent again (never twice).
+		s.log.Warn("redisstore: held outcome results sent with a failed nextdelay call: dropped", "tenant", tenant,
+			"target", st.Key.Target, "results", len(carried), "err", err)
+		s.queue.dropped.Add(1)
+	}
 	if errors.Is(err, ErrUnavailable) {
 		return policy.NextDelayResult{}, false, nil
 	}
@@ -88,8 +104,9 @@ func (s *Store) KnownRun(id string) (policy.Run, bool) {
 
 // nextDelayCall returns the keys and arguments of st's policyd_nextdelay
 // call (policyd.lua has their order) under the breaker configuration cfg
-// (normalized) and the tenant's budget b, its spend as replica sa.replica.
-func nextDelayCall(st *policy.NextDelayStep, cfg *policy.BreakerConfig, b *policy.TenantBudget, maxBreakers int, sa *shareArgs) ([]string, []any, error) {
+// (normalized) and the tenant's budget b, with the breaker's held
+// results carried, its spend as replica sa.replica.
+func nextDelayCall(st *policy.NextDelayStep, cfg *policy.BreakerConfig, b *policy.TenantBudget, maxBreakers int, carried []result, sa *shareArgs) ([]string, []any, error) {
 	t := st.Key.Tenant
 	runKey, hasRun := keyRun(t, ""), 0
 	if st.Spend.RunID != "" {
@@ -118,6 +135,10 @@ func nextDelayCall(st *policy.NextDelayStep, cfg *policy.BreakerConfig, b *polic
 	args = append(args, bit(st.Spend.Timeout), hasRun)
 	args = appendTime(args, st.RunCutoff)
 	args = append(args, bit(st.CutBinds), int(dec.Checks), base, st.Keep.UnixMilli()+1)
+	args = append(args, len(carried))
+	for _, c := range carried {
+		args = append(args, int(c.Result), c.Permit)
+	}
 	args = append(args, sa.replica, sa.bucket, sa.run, sa.live, us(sa.grace))
 	keys := []string{keyAttempt(t, st.Call.CallID), keyBreaker(t, st.Key.Target), keyEvents(t), keyIndex(t), keyBucket(t), runKey}
 	return keys, args, nil

@@ -12,6 +12,7 @@ import (
 
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 	"github.com/policyd/policyd/internal/redistest"
+	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/redisstore"
 )
 
@@ -167,5 +168,47 @@ func nextDelayIsOneCall(t *testing.T, stats serverStats, client func() redis.Uni
 				t.Errorf("QueryAudit(c%d) = %v, %v; want its decision once the replicas' buffers are flushed", i, q.GetRecords(), err)
 			}
 		}
+	}
+}
+
+// TestNextDelayCountsTheHeldResultsFirst: with outcomes held for the
+// flush, a NextDelay decided in one call takes its breaker's held results
+// along, so the breaker counts a success reported before the failure
+// first. Four failures, a reported success, then a fifth failure leave the
+// breaker (5 in a row trip it) CLOSED with one failure in a row; counted
+// in the engine's order instead, the success would come after the five
+// failures and the breaker would be OPEN. Failed before the held results
+// went with the call.
+func TestNextDelayCountsTheHeldResultsFirst(t *testing.T) {
+	srv := redistest.Standalone(t)
+	r := newReplicaWith(t, func() redis.UniversalClient { return redis.NewClient(&redis.Options{Addr: srv.Addr}) },
+		redisstore.Options{Timeout: 2 * time.Second, BatchOutcomes: true, FlushInterval: time.Hour})
+	ctx := context.Background()
+	call := func(id string) *pb.CallRef {
+		return &pb.CallRef{Tenant: "acme", Target: "geo", CallId: id, Idempotent: true}
+	}
+	fail503 := &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 503}}
+	nextDelay := func(id string) *pb.NextDelayResponse {
+		t.Helper()
+		resp, err := r.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call(id), Attempt: 1, Failure: fail503})
+		if err != nil {
+			t.Fatalf("NextDelay %s: %v", id, err)
+		}
+		return resp
+	}
+	for i := range 4 {
+		nextDelay("f" + strconv.Itoa(i))
+	}
+	if _, err := r.workers.ReportOutcome(ctx, &pb.ReportOutcomeRequest{Outcomes: []*pb.Outcome{
+		{Call: call("s"), Attempt: 1, Success: true, Latency: durationpb.New(time.Millisecond)}}}); err != nil {
+		t.Fatalf("ReportOutcome: %v", err)
+	}
+	if resp := nextDelay("f4"); resp.GetBreakerState() != pb.BreakerState_BREAKER_STATE_CLOSED {
+		t.Fatalf("the fifth failure, after a reported success: breaker %v, want CLOSED", resp.GetBreakerState())
+	}
+	r.store.FlushHeld()
+	br, err := r.store.Breaker(policy.BreakerKey{Tenant: "acme", Target: "geo"})
+	if err != nil || br.State != policy.BreakerClosed || br.ConsecutiveFailures != 1 {
+		t.Errorf("after the flush: breaker %v with %d in a row, %v; want CLOSED with 1", br.State, br.ConsecutiveFailures, err)
 	}
 }

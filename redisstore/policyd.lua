@@ -981,8 +981,10 @@ end
 -- (spread ratio, min spread ns, max hint ns), the spread draw, budget (6),
 -- timeout (0 or 1), has run (0 or 1), the run's cut-off (µs and ns
 -- remainder, 0 0 for none), cut binds (0 or 1), the checks so far, the
--- answer so far (opaque), keep (Unix ms), the share arguments of the
--- spend (5, share_args).
+-- answer so far (opaque), keep (Unix ms), then n and n pairs (result,
+-- permit id or ''): the breaker's results a replica held for its flush,
+-- reported before this failure, counted first whatever the attempt check
+-- says; then the share arguments of the spend (5, share_args).
 -- Returns {now, 'replay' or 'refused', attempt, expiry, answer, verdict or
 -- ''}, {now, 'permit', snapshot}, or {now, 'decided', verdict, asked,
 -- granted, dry, event ids, snapshot, bucket share, its version, run
@@ -990,16 +992,31 @@ end
 -- breaker checks tokens remaining spread".
 local function nextdelay(keys, args, now)
   local n = tonumber(args[1])
+  local target, c = args[2], cfg_at(args, 3)
+  local b, events = nil, {}
+  local carried = tonumber(args[40] or '0')
+  if carried > 0 then
+    local results = {}
+    for i = 41, 40 + 2 * carried, 2 do
+      results[#results + 1] = tonumber(args[i])
+      results[#results + 1] = args[i + 1]
+    end
+    b = load(keys[2], now)
+    check_new(b, keys[4], tonumber(args[13]))
+    events = record_on(keys[2], keys[3], keys[4], target, b, c, now, results)
+  end
   local verdict, h = attempt_check(keys[1], n, now)
   if verdict ~= '' then
     return {int(now), verdict, h[1], h[2], h[3], h[4] or ''}
   end
   local has_run = args[33] == '1'
   if has_run and redis.call('EXISTS', keys[6]) == 0 then return redis.error_reply('NOTFOUND run') end
-  local target, c = args[2], cfg_at(args, 3)
-  local b = load(keys[2], now)
-  check_new(b, keys[4], tonumber(args[13]))
-  local events, refused = record_on(keys[2], keys[3], keys[4], target, b, c, now, {tonumber(args[11]), args[12]})
+  if not b then
+    b = load(keys[2], now)
+    check_new(b, keys[4], tonumber(args[13]))
+  end
+  local evs, refused = record_on(keys[2], keys[3], keys[4], target, b, c, now, {tonumber(args[11]), args[12]})
+  for _, ev in ipairs(evs) do events[#events + 1] = ev end
   if refused[1] == 1 then return {int(now), 'permit', snapshot(b, now)} end
   local retry, delay = args[15] == '1', tonumber(args[16])
   local stop, disp = tonumber(args[17]), tonumber(args[18])
@@ -1029,7 +1046,7 @@ local function nextdelay(keys, args, now)
       if has_run then checks = checks + 128 end
       asked = 1
       local g, st, d, tk, rem, dr, sh, rsh = spend_on(keys[5], keys[6], budget_at(args, 26), args[32] == '1', has_run, now,
-        share_args(args, 40))
+        share_args(args, 41 + 2 * carried))
       granted, tokens, remaining, dry, shares = g, tk, rem, dr, {sh, rsh}
       if g == 0 then retry, delay, stop, disp = false, 0, st, d end
     end

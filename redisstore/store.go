@@ -91,10 +91,12 @@ type Options struct {
 	// into one call of policyd_outcomes per tenant, or sooner when a
 	// tenant's batch passes a few thousand results, and at Close. A batch
 	// with a final disposition of a run or a probe permit (whose refusal
-	// is the caller's answer), a breaker this replica has not seen yet, or
-	// a note of a run's call table (which a later decision's note must not
-	// overtake) is sent at once, after the tenant's held updates; a Record of a breaker (a decision's result) takes that
-	// breaker's held results along in its call, in front of its own. The
+	// is the caller's answer) or a breaker this replica has not seen yet
+	// is sent at once, after the tenant's held updates; so is a note of a
+	// run's call table sent at once (NoteCall, a Commit's), so that no note
+	// overtakes one held before it; a Record or a one-call NextDelay of a
+	// breaker (a decision's result) takes that breaker's held results
+	// along in its call, in front of its own. The
 	// held updates are then on the engine (and on its disk with
 	// appendfsync always) within FlushInterval plus one call, not before
 	// the answer: a crash of the replica loses at most that

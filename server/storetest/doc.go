@@ -84,8 +84,11 @@
 // bucket's tokens after SpendRetry), with one exception, Engine.Settle: an
 // engine may hold the counters and deposits of reported outcomes (the
 // results of ApplyOutcomes without a probe permit, its deposits and
-// attempt tallies) for a flush, and so promise only that they reach the
-// engine, and every replica, within one flush interval. Such an engine
+// attempt tallies) and what a NextDelay decided in one step leaves for
+// later (OneCallNextDelay's DecidedInOneCall: the run's call-table note
+// and the attempt tally of the decision) for a flush, and so promise only
+// that they reach the engine, and every replica, within one flush
+// interval. Such an engine
 // sets Settle to send them on at once; the suite calls it right before it
 // reads such counters, and nowhere else: every answer (a refusal, a
 // permit's settling, a final disposition and its ledger) and every other

@@ -65,11 +65,12 @@ type Engine struct {
 	// Settle, when set, sends on what the engine's stores hold of reported
 	// outcomes for a later flush (counters and deposits: the results of
 	// ApplyOutcomes without a probe permit, its deposits and attempt
-	// tallies, which reach the engine, and so every replica, within one
-	// flush interval) and returns once every replica reads them. Nil for
-	// an engine that applies every outcome before ApplyOutcomes returns.
-	// The suite calls it only right before it reads counters that
-	// reported outcomes changed.
+	// tallies, and the call-table note and attempt tally of a NextDelay
+	// decided in one step, which reach the engine, and so every replica,
+	// within one flush interval) and returns once every replica reads
+	// them. Nil for an engine that applies every outcome before
+	// ApplyOutcomes returns. The suite calls it only right before it
+	// reads what those changed.
 	Settle func()
 }
 
