@@ -195,21 +195,25 @@ func engineFailure(ctx context.Context, err error) bool {
 // hook is the go-redis hook that puts every command and pipeline of the
 // client through guard. Blocking reads (the feeds' XREAD) count too: a
 // server that answers none of them is down.
-func (h *health) hook() redis.Hook { return healthHook{h} }
+// Each command or pipeline the guard lets through is counted in trips.
+func (h *health) hook(trips *roundTrips) redis.Hook { return healthHook{h, trips} }
 
-type healthHook struct{ h *health }
+type healthHook struct {
+	h     *health
+	trips *roundTrips
+}
 
 func (k healthHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (k healthHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		return k.h.guard(ctx, func(ctx context.Context) error { return next(ctx, cmd) })
+		return k.h.guard(ctx, func(ctx context.Context) error { k.trips.add(cmd); return next(ctx, cmd) })
 	}
 }
 
 func (k healthHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		err := k.h.guard(ctx, func(ctx context.Context) error { return next(ctx, cmds) })
+		err := k.h.guard(ctx, func(ctx context.Context) error { k.trips.addPipeline(cmds); return next(ctx, cmds) })
 		if errors.Is(err, ErrUnavailable) {
 			for _, c := range cmds {
 				var reply redis.Error

@@ -212,3 +212,37 @@ func TestNextDelayCountsTheHeldResultsFirst(t *testing.T) {
 		t.Errorf("after the flush: breaker %v with %d in a row, %v; want CLOSED with 1", br.State, br.ConsecutiveFailures, err)
 	}
 }
+
+// TestRoundTripsCountsEachCall: Store.RoundTrips (the daemon's
+// policyd_store_round_trips_total) counts a fresh NextDelay as one
+// policyd_nextdelay round trip, and nothing else on the request's path.
+func TestRoundTripsCountsEachCall(t *testing.T) {
+	srv := redistest.Standalone(t)
+	r := newReplicaWith(t, func() redis.UniversalClient { return redis.NewClient(&redis.Options{Addr: srv.Addr}) },
+		redisstore.Options{Timeout: 2 * time.Second, BatchOutcomes: true, FlushInterval: time.Hour})
+	ctx := context.Background()
+	fail := &pb.NextDelayRequest{Call: &pb.CallRef{Tenant: "acme", Target: "geo", CallId: "warm", Idempotent: true},
+		Attempt: 1, Failure: &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 503}}}
+	if _, err := r.workers.NextDelay(ctx, fail); err != nil { // the replica follows the tenant's stream
+		t.Fatal(err)
+	}
+	// The feed, the heartbeat, the cache's reads and a new connection's
+	// handshake (go-redis's pipeline of CLIENT SETINFO) are not the
+	// request's.
+	background := map[string]bool{"xread": true, "zadd": true, "zrange": true, "zremrangebyscore": true,
+		"smembers": true, "policyd_read": true, "hello": true, "pipeline client": true}
+	before := r.store.RoundTrips()
+	fail.Call.CallId = "c1"
+	if _, err := r.workers.NextDelay(ctx, fail); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]uint64{}
+	for call, n := range r.store.RoundTrips() {
+		if d := n - before[call]; d > 0 && !background[call] {
+			got[call] = d
+		}
+	}
+	if len(got) != 1 || got["policyd_nextdelay"] != 1 {
+		t.Errorf("round trips of one fresh NextDelay: %v, want policyd_nextdelay 1 and nothing else", got)
+	}
+}

@@ -138,6 +138,7 @@ type Store struct {
 
 	audit         auditBuffer
 	held          heldOutcomes // outcome batches waiting for the flush (Options.BatchOutcomes)
+	trips         roundTrips   // the round trips to Redis, by call (RoundTrips)
 	admin         adminCache
 	defaultPolicy policy.Policy
 	runTenants    sync.Map // run id -> tenant: a run never changes tenant
@@ -225,7 +226,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	s.health = &health{clock: opts.Clock, changed: s.engineChanged, b: engineBreaker{Threshold: opts.DownAfter, Cooldown: opts.DownFor}}
 	s.queue.max = opts.MaxQueuedBatches
 	s.held = heldOutcomes{batches: map[string]*outcomeBatch{}, wake: make(chan struct{}, 1)}
-	opts.Client.AddHook(s.health.hook())
+	opts.Client.AddHook(s.health.hook(&s.trips))
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	last, err := s.loadAdmin()
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"text/tabwriter"
 	"time"
@@ -67,16 +68,23 @@ var sweepPhaseOrder = []string{"admit", "nextdelay", "report"}
 
 // fleetRow is one phase at one level of one configuration.
 type fleetRow struct {
-	Callers      int
-	Phase        string
-	Requests     uint64
-	Errors       uint64
-	RPS, P99us   float64
-	Outcomes     uint64
-	ServerCPUus  float64 // the daemon, or the three replicas together, per request
-	RedisCPUus   float64 // -1: no Redis
-	RedisCalls   uint64  // commands run by Redis in the window (INFO left out)
-	RedisByCmd   map[string]uint64
+	Callers     int
+	Phase       string
+	Requests    uint64
+	Errors      uint64
+	RPS, P99us  float64
+	Outcomes    uint64
+	ServerCPUus float64 // the daemon, or the three replicas together, per request
+	RedisCPUus  float64 // -1: no Redis
+	RedisCalls  uint64  // commands run by Redis in the window (INFO left out)
+	RedisByCmd  map[string]uint64
+	// Trips are the round trips the replicas made to Redis in the window,
+	// by call (policyd_store_round_trips_total); RequestTrips those of
+	// them not in backgroundCalls: the requests' own, and for the report
+	// phase the flushes of held outcomes and audit records.
+	Trips        map[string]uint64
+	RequestTrips uint64
+	Handled      uint64 // the RPCs the replicas handled between the same two scrapes
 	FirstError   string
 	windowLength time.Duration
 }
@@ -104,7 +112,7 @@ func runReplicaSweep(ctx context.Context, cfg replicaSweepConfig, out, log io.Wr
 	if err != nil {
 		return err
 	}
-	one, err := sweepTarget(ctx, cfg, single.addr, single.db+".admin-token", "", []int{single.pid()}, nil, log)
+	one, err := sweepTarget(ctx, cfg, single.addr, single.db+".admin-token", "", []int{single.pid()}, nil, nil, log)
 	_ = single.stop()
 	if err != nil {
 		return fmt.Errorf("bbolt daemon: %w", err)
@@ -116,7 +124,11 @@ func runReplicaSweep(ctx context.Context, cfg replicaSweepConfig, out, log io.Wr
 		return err
 	}
 	defer fl.stop()
-	three, err := sweepTarget(ctx, cfg, fl.addrs(), fl.tokenFile, fl.token, fl.pids(), fl.redis, log)
+	var metrics []string
+	for _, d := range fl.reps {
+		metrics = append(metrics, d.metrics)
+	}
+	three, err := sweepTarget(ctx, cfg, fl.addrs(), fl.tokenFile, fl.token, fl.pids(), fl.redis, metrics, log)
 	if err != nil {
 		return fmt.Errorf("replicas: %w", err)
 	}
@@ -130,9 +142,60 @@ func runReplicaSweep(ctx context.Context, cfg replicaSweepConfig, out, log io.Wr
 	return nil
 }
 
-// sweepTarget sets up the workload at addrs and runs the phases.
+// backgroundCalls are the round trips a replica makes whatever its
+// requests: the feeds' XREAD, the heartbeat, the breaker cache's reads,
+// the tenant list, and a new connection's handshake.
+var backgroundCalls = map[string]bool{"xread": true, "zadd": true, "zrange": true, "zremrangebyscore": true,
+	"pipeline zadd": true, "smembers": true, "policyd_read": true, "hello": true, "pipeline client": true}
+
+// tripSample is the replicas' round trips to Redis by call
+// (policyd_store_round_trips_total) and the RPCs they handled
+// (grpc_server_handled_total), read together, so their ratio does not
+// depend on when the scrape ran.
+type tripSample struct {
+	trips   map[string]uint64
+	handled uint64
+}
+
+// sampleTrips scrapes every replica's metrics page at once; nil without
+// replicas or when one does not answer.
+func sampleTrips(ctx context.Context, metrics []string) *tripSample {
+	if len(metrics) == 0 {
+		return nil
+	}
+	type page struct {
+		text string
+		err  error
+	}
+	pages := make([]page, len(metrics))
+	var wg sync.WaitGroup
+	for i, url := range metrics {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pages[i].text, pages[i].err = fetchMetrics(ctx, url)
+		}()
+	}
+	wg.Wait()
+	out := &tripSample{trips: map[string]uint64{}}
+	for _, p := range pages {
+		if p.err != nil {
+			return nil
+		}
+		for call, v := range byLabel(p.text, "policyd_store_round_trips_total", "call") {
+			out.trips[call] += uint64(v)
+		}
+		for _, v := range byLabel(p.text, "grpc_server_handled_total", "") {
+			out.handled += uint64(v)
+		}
+	}
+	return out
+}
+
+// sweepTarget sets up the workload at addrs and runs the phases; metrics
+// are the replicas' metrics pages (none for the bbolt daemon).
 func sweepTarget(ctx context.Context, cfg replicaSweepConfig, addrs, tokenFile, token string, pids []int, r *redisProc,
-	log io.Writer) ([]fleetRow, error) {
+	metrics []string, log io.Writer) ([]fleetRow, error) {
 	if token == "" {
 		var err error
 		if token, err = readToken(tokenFile); err != nil {
@@ -166,8 +229,17 @@ func sweepTarget(ctx context.Context, cfg replicaSweepConfig, addrs, tokenFile, 
 			fmt.Fprintf(log, "  %d callers: %s\n", n, ph)
 			var cpu0, cpu1, rcpu0, rcpu1 time.Duration
 			var cs0, cs1 map[string]uint64
+			var rt0, rt1 *tripSample
 			var cpuOK, rOK bool
 			around := func(open bool) {
+				// The scrapes (tens of ms under load) go before the window's
+				// CPU and commandstats readings at its start and after them
+				// at its end, so those bracket the window closely.
+				if open {
+					rt0 = sampleTrips(ctx, metrics)
+				} else {
+					defer func() { rt1 = sampleTrips(ctx, metrics) }()
+				}
 				c, ok := cpuOf(pids)
 				var rc time.Duration
 				var cs map[string]uint64
@@ -198,6 +270,17 @@ func sweepTarget(ctx context.Context, cfg replicaSweepConfig, addrs, tokenFile, 
 					if d := v - cs0[k]; d > 0 && k != "info" {
 						fr.RedisByCmd[k] = d
 						fr.RedisCalls += d
+					}
+				}
+			}
+			if rt0 != nil && rt1 != nil {
+				fr.Trips, fr.Handled = map[string]uint64{}, rt1.handled-rt0.handled
+				for call, v := range rt1.trips {
+					if d := v - rt0.trips[call]; d > 0 {
+						fr.Trips[call] = d
+						if !backgroundCalls[call] {
+							fr.RequestTrips += d
+						}
 					}
 				}
 			}
@@ -377,6 +460,23 @@ func printFleetSweep(out io.Writer, cfg replicaSweepConfig, one, three []fleetRo
 		}
 		fmt.Fprintf(out, "  %-9s %3d callers: %d requests, %d outcomes, %d commands: %s\n", r.Phase, r.Callers, r.Requests, r.Outcomes, r.RedisCalls, strings.Join(parts, ", "))
 	}
+	fmt.Fprintln(out, "\nRound trips the replicas made in each measured window of (ii), by call (policyd_store_round_trips_total; * background, not counted as the requests'):")
+	for _, r := range three {
+		var parts []string
+		keys := make([]string, 0, len(r.Trips))
+		for k := range r.Trips {
+			keys = append(keys, k)
+		}
+		sort.Slice(keys, func(i, j int) bool { return r.Trips[keys[i]] > r.Trips[keys[j]] })
+		for _, k := range keys {
+			mark := ""
+			if backgroundCalls[k] {
+				mark = "*"
+			}
+			parts = append(parts, fmt.Sprintf("%s%s %d", k, mark, r.Trips[k]))
+		}
+		fmt.Fprintf(out, "  %-9s %3d callers: %d RPCs handled, %d round trips of the requests: %s\n", r.Phase, r.Callers, r.Handled, r.RequestTrips, strings.Join(parts, ", "))
+	}
 	for _, rows := range [][]fleetRow{one, three} {
 		for _, r := range rows {
 			if r.FirstError != "" {
@@ -424,15 +524,20 @@ func goals(out io.Writer, one, three []fleetRow, prop *propagation) {
 	}
 	perReq := func(ph string, limit float64) {
 		for _, r := range three {
-			if r.Phase != ph || r.Requests == 0 {
+			if r.Phase != ph || r.Requests == 0 || r.Handled == 0 {
 				continue
 			}
-			den, what := float64(r.Requests), "request"
+			// Per RPC the replicas handled between the scrapes that read
+			// the round trips; per outcome for the report phase.
+			den, what := float64(r.Handled), "request"
+			cmds := float64(r.RedisCalls) / float64(r.Requests)
 			if ph == "report" {
-				den, what = float64(r.Outcomes), "outcome"
+				den, what = den*defaultReportBatch, "outcome"
+				cmds = float64(r.RedisCalls) / float64(r.Outcomes)
 			}
-			x := float64(r.RedisCalls) / den
-			fmt.Fprintf(out, "  Redis commands per %s, %s at %d callers <= %g: %.4f  %s\n", what, ph, r.Callers, limit, x, verdict(x <= limit))
+			x := float64(r.RequestTrips) / den
+			fmt.Fprintf(out, "  Redis round trips per %s, %s at %d callers <= %g: %.4f  %s (commands, those inside functions included: %.4f)\n",
+				what, ph, r.Callers, limit, x, verdict(x <= limit), cmds)
 		}
 	}
 	perReq("admit", 0)

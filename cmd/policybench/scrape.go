@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -78,4 +79,57 @@ func metricsURL(v string) string {
 		v = strings.TrimSuffix(v, "/") + "/metrics"
 	}
 	return v
+}
+
+// fetchMetrics returns the Prometheus text exposition at url.
+func fetchMetrics(ctx context.Context, url string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+// byLabel returns the samples of the metric name in the exposition text
+// by the value of its label (a sample without it under ""), summed over
+// its other labels.
+func byLabel(text, name, label string) map[string]float64 {
+	out := map[string]float64{}
+	key := label + `="`
+	for _, line := range strings.Split(text, "\n") {
+		rest, ok := strings.CutPrefix(line, name)
+		if !ok || rest == "" || (rest[0] != '{' && rest[0] != ' ') {
+			continue
+		}
+		value := ""
+		if rest[0] == '{' {
+			j := strings.LastIndexByte(rest, '}')
+			if j < 0 {
+				continue
+			}
+			if _, after, found := strings.Cut(rest[:j], key); found {
+				value, _, _ = strings.Cut(after, `"`)
+			}
+			rest = rest[j+1:]
+		}
+		f := strings.Fields(rest)
+		if len(f) == 0 {
+			continue
+		}
+		if v, err := strconv.ParseFloat(f[0], 64); err == nil {
+			out[value] += v
+		}
+	}
+	return out
 }

@@ -292,19 +292,22 @@ type engineHealth interface {
 	Up() bool
 	Queued() int
 	Dropped() uint64
+	RoundTrips() map[string]uint64
 }
 
 var (
 	descStoreUp      = prometheus.NewDesc("policyd_store_up", "1 while the shared store answers, 0 while decisions run in degraded mode.", nil, nil)
 	descQueued       = prometheus.NewDesc("policyd_store_queued_batches", "Outcome batches waiting for the shared store to answer again.", nil, nil)
 	descQueueDropped = prometheus.NewDesc("policyd_store_dropped_batches_total", "Outcome batches dropped because the queue was full while the shared store was down.", nil, nil)
+	descRoundTrips   = prometheus.NewDesc("policyd_store_round_trips_total",
+		"Round trips this replica made to the shared store, by call: a library function's name, another command's, or pipeline.", []string{"call"}, nil)
 )
 
-// engineCollector is policyd_store_up and the outcome queue's gauge and
-// counter of a shared engine, read at scrape.
+// engineCollector is policyd_store_up, the outcome queue's gauge and
+// counter and the round trips by call of a shared engine, read at scrape.
 func engineCollector(e engineHealth) prometheus.Collector {
 	return collectorFunc{
-		descs: []*prometheus.Desc{descStoreUp, descQueued, descQueueDropped},
+		descs: []*prometheus.Desc{descStoreUp, descQueued, descQueueDropped, descRoundTrips},
 		collect: func(ch chan<- prometheus.Metric) {
 			up := 0.0
 			if e.Up() {
@@ -313,6 +316,9 @@ func engineCollector(e engineHealth) prometheus.Collector {
 			ch <- prometheus.MustNewConstMetric(descStoreUp, prometheus.GaugeValue, up)
 			ch <- prometheus.MustNewConstMetric(descQueued, prometheus.GaugeValue, float64(e.Queued()))
 			ch <- prometheus.MustNewConstMetric(descQueueDropped, prometheus.CounterValue, float64(e.Dropped()))
+			for call, n := range e.RoundTrips() {
+				ch <- prometheus.MustNewConstMetric(descRoundTrips, prometheus.CounterValue, float64(n), call)
+			}
 		},
 	}
 }
