@@ -82,13 +82,64 @@ func (s *Store) NextDelayInOneCall(st *policy.NextDelayStep) (policy.NextDelayRe
 		s.queue.dropped.Add(1)
 	}
 	if errors.Is(err, ErrUnavailable) {
-		return policy.NextDelayResult{}, false, nil
+		// This request has waited for the engine once: it decides in
+		// degraded mode now, not through the batch path, whose calls would
+		// each wait too until the engine breaker counts it down.
+		res, err := s.degradedNextDelay(st, &cfg)
+		return res, true, err
 	}
 	if err != nil {
 		return policy.NextDelayResult{}, true, err
 	}
 	res, err := s.nextDelayReply(st, r)
 	return res, true, err
+}
+
+// degradedNextDelay is st decided as the batch path decides it while the
+// engine does not answer (degraded.go), by the same rules (fleet.GateRetry,
+// fleet.Spent, fleet.CutRun): this replica's copy of the breaker records
+// the failure, the pushback cool-down is not shared, the budgets spend
+// from this replica's shares, and no attempt record is kept (a NextDelay
+// sent again decides afresh). It makes no round trip. cfg is st's
+// breaker configuration, normalized.
+func (s *Store) degradedNextDelay(st *policy.NextDelayStep, cfg *policy.BreakerConfig) (policy.NextDelayResult, error) {
+	now := s.opts.Clock().UnixNano()
+	cached, _ := s.cachedState(st.Key)
+	snap, err := s.degraded.record(st.Key, *cfg, cached, st.Result, st.PermitID, now)
+	res := policy.NextDelayResult{Decision: st.Decision, Breaker: snap}
+	if err != nil {
+		return res, err
+	}
+	dec, a := &res.Decision, st.Answer
+	var cooldown int64
+	if !snap.CooldownUntil.IsZero() {
+		cooldown = snap.CooldownUntil.UnixNano()
+	}
+	ask, spread := fleet.GateRetry(dec, st.Policy, snap.State, cooldown, now, st.Spend.RunID != "", st.SpreadDraw)
+	if ask {
+		b, _ := s.budgetOf(st.Spend.Tenant)
+		res.Asked, res.Spend = true, s.degraded.spend(st.Spend.Tenant, &b, st.Spend.Timeout, st.Spend.RunID)
+		fleet.Spent(dec, &res.Spend)
+		a.TenantTokens, a.RunRemaining = res.Spend.TenantTokens, res.Spend.RunRemaining
+	}
+	var cutoff int64
+	if !st.RunCutoff.IsZero() {
+		cutoff = st.RunCutoff.UnixNano()
+	}
+	fleet.CutRun(dec, cutoff, now, st.CutBinds)
+	a.Retry, a.Stop, a.Disposition, a.Breaker, a.Checks = dec.Retry, dec.Stop, dec.Disposition, snap.State, dec.Checks
+	a.Delay = 0
+	if dec.Retry {
+		a.Delay = dec.Delay
+	} else {
+		a.AttemptTimeout = 0
+	}
+	if spread {
+		a.Note = fleet.SpreadNote(a.Note)
+	}
+	a.Degraded = true
+	res.Answer = a
+	return res, nil
 }
 
 // KnownRun is server.OneCallNextDelay.KnownRun: run id's ID, Tenant and

@@ -246,3 +246,41 @@ func TestRoundTripsCountsEachCall(t *testing.T) {
 		t.Errorf("round trips of one fresh NextDelay: %v, want policyd_nextdelay 1 and nothing else", got)
 	}
 }
+
+// TestNextDelayWaitsForTheEngineOnce: a NextDelay whose one call ends at
+// the store's timeout (Redis stopped) is answered in degraded mode from
+// that, with no other round trip: the batch path's calls would each wait
+// out the timeout again while fewer than DownAfter calls in a row have
+// failed. Failed before (policyd_nextdelay, then hgetall and policyd_record
+// waiting in turn).
+func TestNextDelayWaitsForTheEngineOnce(t *testing.T) {
+	srv := redistest.Standalone(t)
+	r := newReplicaWith(t, func() redis.UniversalClient {
+		return redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	}, redisstore.Options{Timeout: 50 * time.Millisecond, DownAfter: 3, BatchOutcomes: true, FlushInterval: time.Hour})
+	ctx := context.Background()
+	req := &pb.NextDelayRequest{Call: &pb.CallRef{Tenant: "acme", Target: "geo", CallId: "warm", Idempotent: true},
+		Attempt: 1, Failure: &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 503}}}
+	if _, err := r.workers.NextDelay(ctx, req); err != nil { // the replica follows the tenant and knows the breaker
+		t.Fatal(err)
+	}
+	background := map[string]bool{"xread": true, "zadd": true, "zrange": true, "zremrangebyscore": true,
+		"pipeline zadd": true, "smembers": true, "policyd_read": true, "hello": true, "pipeline client": true}
+	srv.Pause(t)
+	defer srv.Resume(t)
+	before := r.store.RoundTrips()
+	req.Call.CallId = "c1"
+	resp, err := r.workers.NextDelay(ctx, req)
+	if err != nil || !resp.GetDegraded() || resp.GetDecision() != pb.Decision_DECISION_RETRY {
+		t.Fatalf("NextDelay with Redis stopped: %v, %v; want a degraded RETRY", resp, err)
+	}
+	got := map[string]uint64{}
+	for call, n := range r.store.RoundTrips() {
+		if d := n - before[call]; d > 0 && !background[call] {
+			got[call] = d
+		}
+	}
+	if len(got) != 1 || got["policyd_nextdelay"] != 1 {
+		t.Errorf("round trips of a NextDelay with Redis stopped: %v, want the one policyd_nextdelay", got)
+	}
+}

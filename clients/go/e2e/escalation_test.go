@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -122,7 +123,18 @@ func TestDoEscalatesOnAnOpenCircuit(t *testing.T) {
 		Fallback: &pb.FallbackSettings{Targets: []string{"geo-b"}, OnCircuitOpen: true}}}); err != nil {
 		t.Fatal(err)
 	}
-	c, _ := newClient(t, d, nil)
+	// The client has seen geo-a open once its WatchBreakers stream says so
+	// (its cache, which lets a call on a CLOSED breaker skip Admit, is
+	// updated before the event).
+	opened := make(chan struct{})
+	var once sync.Once
+	c, _ := newClient(t, d, func(cfg *policyclient.Config) {
+		cfg.OnEvent = func(e policyclient.Event) {
+			if e.Kind == policyclient.EventBreakerChanged && e.Target == "geo-a" && e.Breaker == pb.BreakerState_BREAKER_STATE_OPEN {
+				once.Do(func() { close(opened) })
+			}
+		}
+	})
 	do := func(id string) []string {
 		t.Helper()
 		var targets []string
@@ -141,6 +153,11 @@ func TestDoEscalatesOnAnOpenCircuit(t *testing.T) {
 	}
 	if got := strings.Join(do("doc-1"), " "); got != "geo-a geo-b" {
 		t.Fatalf("doc-1: Attempt.Target of each attempt: %s, want geo-a geo-b (the 503 opened geo-a)", got)
+	}
+	select {
+	case <-opened:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the client's WatchBreakers did not report geo-a OPEN within 10s")
 	}
 	if got := strings.Join(do("doc-2"), " "); got != "geo-b" {
 		t.Fatalf("doc-2: Attempt.Target of each attempt: %s, want geo-b (Admit past the open geo-a)", got)
