@@ -278,12 +278,10 @@ func (a *Admin) ForceBreaker(ctx context.Context, req *pb.ForceBreakerRequest) (
 	if err != nil {
 		return nil, err
 	}
-	switch req.GetState() {
-	case pb.BreakerState_BREAKER_STATE_OPEN, pb.BreakerState_BREAKER_STATE_CLOSED, pb.BreakerState_BREAKER_STATE_DISABLED:
-	default:
-		return nil, invalid("state", "must be BREAKER_STATE_OPEN, BREAKER_STATE_CLOSED or BREAKER_STATE_DISABLED")
+	st, err := forcedStateFromPB("state", req.GetState())
+	if err != nil {
+		return nil, err
 	}
-	st, _ := enumFromPB[policy.BreakerState]("state", "", req.GetState(), false) // one of the three above
 	s, err := a.store.ForceBreaker(key, st)
 	if err != nil {
 		return nil, storeError(ctx, a.cfg.Logger, "breaker", err)

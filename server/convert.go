@@ -992,3 +992,13 @@ func keyRecordToPB(v *policy.KeyRecordView) *pb.IdempotencyRecord {
 	return &pb.IdempotencyRecord{Tenant: v.Ref.Tenant, IdempotencyKey: v.Ref.Key, State: enumToPB[pb.KeyState](v.State),
 		LeaseExpireTime: timePB(v.LeaseUntil), ExpireTime: timePB(v.Expires), ResultRef: v.ResultRef}
 }
+
+// forcedStateFromPB validates the state ForceBreaker pins: OPEN, CLOSED
+// or DISABLED.
+func forcedStateFromPB(field string, st pb.BreakerState) (policy.BreakerState, error) {
+	switch st {
+	case pb.BreakerState_BREAKER_STATE_OPEN, pb.BreakerState_BREAKER_STATE_CLOSED, pb.BreakerState_BREAKER_STATE_DISABLED:
+		return enumFromPB[policy.BreakerState](field, "", st, false)
+	}
+	return 0, invalid(field, "must be BREAKER_STATE_OPEN, BREAKER_STATE_CLOSED or BREAKER_STATE_DISABLED")
+}

@@ -200,7 +200,7 @@ func (d *Decisions) ReportOutcome(ctx context.Context, req *pb.ReportOutcomeRequ
 		}
 	}
 	n, ups, err := d.decideOutcomes(ctx, items, sc)
-	d.cfg.Metrics.successes(outs[:n])
+	d.cfg.Metrics.successes(items[:n])
 	if err != nil {
 		return nil, err
 	}

@@ -14,7 +14,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/policyd/policyd/fleet"
-	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 	"github.com/policyd/policyd/policy"
 )
 
@@ -200,19 +199,17 @@ func (m *Metrics) decision(target string, retry bool, stop policy.StopReason, di
 // successes observes the attempt numbers of the successful outcomes among
 // outs, by target. A batch names few targets, so each target's histogram is
 // looked up once, not once an outcome.
-func (m *Metrics) successes(outs []*pb.Outcome) {
+func (m *Metrics) successes(items []outcomeItem) {
 	if m == nil {
 		return
 	}
 	var byTarget map[string]prometheus.Observer
-	for _, o := range outs {
-		if !o.GetSuccess() {
+	for i := range items {
+		it := &items[i]
+		if !it.success {
 			continue
 		}
-		target := o.GetCall().GetTarget()
-		if t := o.GetAttemptTarget(); t != "" {
-			target = t
-		}
+		target := it.target // the attempt's: the call's, or a fallback
 		obs, seen := byTarget[target]
 		if !seen {
 			if byTarget == nil {
@@ -221,7 +218,7 @@ func (m *Metrics) successes(outs []*pb.Outcome) {
 			obs = m.attempts.WithLabelValues(m.targets.label(target))
 			byTarget[target] = obs
 		}
-		obs.Observe(float64(o.GetAttempt()))
+		obs.Observe(float64(it.attempt))
 	}
 }
 
