@@ -449,33 +449,18 @@ func printFleetSweep(out io.Writer, cfg replicaSweepConfig, one, three []fleetRo
 	tw.Flush()
 	fmt.Fprintln(out, "\nRedis commands in each measured window of (ii), by command:")
 	for _, r := range three {
-		var parts []string
-		keys := make([]string, 0, len(r.RedisByCmd))
-		for k := range r.RedisByCmd {
-			keys = append(keys, k)
-		}
-		sort.Slice(keys, func(i, j int) bool { return r.RedisByCmd[keys[i]] > r.RedisByCmd[keys[j]] })
-		for _, k := range keys {
-			parts = append(parts, fmt.Sprintf("%s %d", k, r.RedisByCmd[k]))
-		}
-		fmt.Fprintf(out, "  %-9s %3d callers: %d requests, %d outcomes, %d commands: %s\n", r.Phase, r.Callers, r.Requests, r.Outcomes, r.RedisCalls, strings.Join(parts, ", "))
+		parts := byCount(r.RedisByCmd, func(string) string { return "" })
+		fmt.Fprintf(out, "  %-9s %3d callers: %d requests, %d outcomes, %d commands: %s\n", r.Phase, r.Callers, r.Requests, r.Outcomes, r.RedisCalls, parts)
 	}
 	fmt.Fprintln(out, "\nRound trips the replicas made in each measured window of (ii), by call (policyd_store_round_trips_total; * background, not counted as the requests'):")
 	for _, r := range three {
-		var parts []string
-		keys := make([]string, 0, len(r.Trips))
-		for k := range r.Trips {
-			keys = append(keys, k)
-		}
-		sort.Slice(keys, func(i, j int) bool { return r.Trips[keys[i]] > r.Trips[keys[j]] })
-		for _, k := range keys {
-			mark := ""
-			if backgroundCalls[k] {
-				mark = "*"
+		parts := byCount(r.Trips, func(call string) string {
+			if backgroundCalls[call] {
+				return "*"
 			}
-			parts = append(parts, fmt.Sprintf("%s%s %d", k, mark, r.Trips[k]))
-		}
-		fmt.Fprintf(out, "  %-9s %3d callers: %d RPCs handled, %d round trips of the requests: %s\n", r.Phase, r.Callers, r.Handled, r.RequestTrips, strings.Join(parts, ", "))
+			return ""
+		})
+		fmt.Fprintf(out, "  %-9s %3d callers: %d RPCs handled, %d round trips of the requests: %s\n", r.Phase, r.Callers, r.Handled, r.RequestTrips, parts)
 	}
 	for _, rows := range [][]fleetRow{one, three} {
 		for _, r := range rows {
@@ -490,6 +475,20 @@ func printFleetSweep(out io.Writer, cfg replicaSweepConfig, one, three []fleetRo
 		fmtUs(us(prop.FromAck.quantile(0.5))), fmtUs(us(prop.FromAck.quantile(0.99))), fmtUs(us(time.Duration(prop.FromAck.max))),
 		fmtUs(us(prop.FromSend.quantile(0.5))), fmtUs(us(prop.FromSend.quantile(0.99))), fmtUs(us(time.Duration(prop.FromSend.max))))
 	goals(out, one, three, prop)
+}
+
+// byCount lists counts as "name<mark> count, ...", the largest first.
+func byCount(counts map[string]uint64, mark func(name string) string) string {
+	keys := make([]string, 0, len(counts))
+	for k := range counts {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return counts[keys[i]] > counts[keys[j]] })
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s%s %d", k, mark(k), counts[k])
+	}
+	return strings.Join(parts, ", ")
 }
 
 // goals prints issue 13's goals against what was measured.
