@@ -29,6 +29,13 @@
 //	breaker result       (func)     pushback.go   a pushback-bearing failure counts nothing unless the policy says so
 //	attempt statistics   AttemptStats attemptstats.go  per hour, successes and final failures by attempt (1..15,
 //	                                              16 or more); buckets older than 168 h dropped
+//	adaptive ceiling     AdaptiveLimit adaptive.go   AIMD: a decrease at most once per window of outcomes, never
+//	                                              below the floor
+//	a retry's fleet      (funcs)    retry.go      GateRetry, Spent, CutRun: an OPEN breaker stops a retry, a
+//	rules                                         longer fleet cool-down spreads its delay, the deadline is checked
+//	                                              again, the budgets' refusal stops it, a run's cut-off makes the
+//	                                              stop a cut; the server's batch path and policyd_nextdelay apply
+//	                                              them alike
 //
 // Every method is allocation-free unless its doc comment says otherwise,
 // so an engine can apply them on the hot path (Admit, NextDelay,
