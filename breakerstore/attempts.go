@@ -687,7 +687,7 @@ func appendAttempts(v []byte, a *fleet.Attempts) []byte {
 	v = append(v, byte(ans.Breaker))
 	v = be.AppendUint64(v, math.Float64bits(ans.TenantTokens))
 	v = be.AppendUint64(v, ans.RunRemaining)
-	v = be.AppendUint64(v, uint64(fromTime(ans.Deadline)))
+	v = be.AppendUint64(v, uint64(fleet.UnixNano(ans.Deadline)))
 	v = be.AppendUint16(v, uint16(len(ans.Class)))
 	v = append(v, ans.Class...)
 	v = be.AppendUint16(v, uint16(len(ans.Note)))

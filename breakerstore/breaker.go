@@ -147,7 +147,7 @@ func (s *Store) extendCooldown(key policy.BreakerKey, cfg policy.BreakerConfig, 
 		return time.Time{}, err
 	}
 	e := b.begin(s, now, &cfg)
-	u, e2 := b.v.ExtendCooldown(now, fromTime(until))
+	u, e2 := b.v.ExtendCooldown(now, fleet.UnixNano(until))
 	b.published(s, now, e2)
 	in := toTime(u)
 	err = s.settle(b, e|e2, p)

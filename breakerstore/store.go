@@ -824,13 +824,5 @@ func toTime(ns int64) time.Time {
 	return time.Unix(0, ns)
 }
 
-// fromTime converts a time to Unix nanoseconds; the zero time is 0.
-func fromTime(t time.Time) int64 {
-	if t.IsZero() {
-		return 0
-	}
-	return t.UnixNano()
-}
-
 // finite reports whether f is neither NaN nor infinite.
 func finite(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }

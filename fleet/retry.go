@@ -69,6 +69,15 @@ func CutRun(dec *policy.Decision, cutoff, now int64, cutBinds bool) {
 	}
 }
 
+// UnixNano is t in Unix nanoseconds, 0 for the zero time: the "none" of
+// the times these rules take (a cool-down, a run's cut-off).
+func UnixNano(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
 // SpreadNote is the note of an answer whose delay GateRetry spread over
 // the fleet's cool-down, note the answer's note before.
 func SpreadNote(note string) string {

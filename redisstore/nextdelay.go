@@ -111,22 +111,14 @@ func (s *Store) degradedNextDelay(st *policy.NextDelayStep, cfg *policy.BreakerC
 		return res, err
 	}
 	dec, a := &res.Decision, st.Answer
-	var cooldown int64
-	if !snap.CooldownUntil.IsZero() {
-		cooldown = snap.CooldownUntil.UnixNano()
-	}
-	ask, spread := fleet.GateRetry(dec, st.Policy, snap.State, cooldown, now, st.Spend.RunID != "", st.SpreadDraw)
+	ask, spread := fleet.GateRetry(dec, st.Policy, snap.State, fleet.UnixNano(snap.CooldownUntil), now, st.Spend.RunID != "", st.SpreadDraw)
 	if ask {
 		b, _ := s.budgetOf(st.Spend.Tenant)
 		res.Asked, res.Spend = true, s.degraded.spend(st.Spend.Tenant, &b, st.Spend.Timeout, st.Spend.RunID)
 		fleet.Spent(dec, &res.Spend)
 		a.TenantTokens, a.RunRemaining = res.Spend.TenantTokens, res.Spend.RunRemaining
 	}
-	var cutoff int64
-	if !st.RunCutoff.IsZero() {
-		cutoff = st.RunCutoff.UnixNano()
-	}
-	fleet.CutRun(dec, cutoff, now, st.CutBinds)
+	fleet.CutRun(dec, fleet.UnixNano(st.RunCutoff), now, st.CutBinds)
 	a.Retry, a.Stop, a.Disposition, a.Breaker, a.Checks = dec.Retry, dec.Stop, dec.Disposition, snap.State, dec.Checks
 	a.Delay = 0
 	if dec.Retry {

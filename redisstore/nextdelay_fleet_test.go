@@ -131,7 +131,7 @@ func TestNextDelayMirrorsFleet(t *testing.T) {
 			}
 			fleet.Spent(&want, &sp)
 		}
-		fleet.CutRun(&want, unixNanoOf(cutoff), nowNS, st.CutBinds)
+		fleet.CutRun(&want, fleet.UnixNano(cutoff), nowNS, st.CutBinds)
 
 		// The library's, at now.
 		keys, args, err := nextDelayCall(&st, &cfg, &bg, 0, nil, &shareArgs{replica: "r"})
@@ -202,12 +202,4 @@ func TestNextDelayMirrorsFleet(t *testing.T) {
 			t.Errorf("no step ended %s: the random inputs miss a rule (%v)", k, seen)
 		}
 	}
-}
-
-// unixNanoOf is t in Unix ns, 0 for the zero time.
-func unixNanoOf(t time.Time) int64 {
-	if t.IsZero() {
-		return 0
-	}
-	return t.UnixNano()
 }
