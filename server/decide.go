@@ -47,12 +47,21 @@ type nextDelayRequest struct {
 func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (policy.Answer, string, error) {
 	call, f := in.call, in.failure
 	p, _ := d.store.Resolve(call.tenant, call.target)
+	// The failed attempt's target keeps its own breaker and ceilings, under
+	// its own policy; the call's rules are the primary's, p.
+	failed := d.hopOf(&call, &p, in.target)
 	one, _ := d.store.(OneCallNextDelay)
+	var r *ruled // the stateless rules' decision, once made
 	if one != nil && in.lease == "" && in.target == call.target && len(p.Fallback.Targets) == 0 {
 		// The common case, on a store that takes it in one step.
-		if ans, why, done, err := d.nextDelayInOneCall(ctx, one, in, &p); done {
+		rr, err := d.statelessRules(ctx, in, &p, &failed, one)
+		if err != nil {
+			return policy.Answer{}, "", err
+		}
+		if ans, why, done, err := d.nextDelayInOneCall(ctx, one, in, &p, &failed, &rr); done {
 			return ans, why, err
 		}
+		r = &rr // the store could not take the step: the batch decides with the same rules' decision
 	}
 	// An attempt already decided gets its answer again; a lower one, or
 	// any after a STOP, is refused.
@@ -61,9 +70,6 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 	if err != nil {
 		return policy.Answer{}, "", storeError(ctx, d.cfg.Logger, "attempt", err)
 	}
-	// The failed attempt's target keeps its own breaker and ceilings, under
-	// its own policy; the call's rules are the primary's, p.
-	failed := d.hopOf(&call, &p, in.target)
 	if in.lease != "" {
 		sig := policy.SignalNone // a replay's outcome taught the adaptive ceiling the first time
 		if !replay {
@@ -87,9 +93,12 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 			d.store.ReleaseAttempt(ck)
 		}
 	}()
-	r, err := d.statelessRules(ctx, in, &p, &failed, one)
-	if err != nil {
-		return policy.Answer{}, "", err
+	if r == nil {
+		rr, err := d.statelessRules(ctx, in, &p, &failed, one)
+		if err != nil {
+			return policy.Answer{}, "", err
+		}
+		r = &rr
 	}
 	dec, run, now, hint, result := r.dec, r.run, r.now, r.hint, r.result
 
@@ -126,7 +135,7 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 	}
 	// Past the run's cut-off every stop is a cut, and so is a deadline
 	// stop when the cut-off was the deadline.
-	fleet.CutRun(&dec, unixNano(run.Cutoff), now.UnixNano(), r.cutBinds)
+	fleet.CutRun(&dec, fleet.UnixNano(run.Cutoff), now.UnixNano(), r.cutBinds)
 	ans.Retry, ans.Stop, ans.Disposition = dec.Retry, dec.Stop, dec.Disposition
 	if dec.Retry {
 		ans.Delay, ans.AttemptTimeout = dec.Delay, dec.AttemptTimeout
@@ -230,17 +239,14 @@ func (d *Decisions) statelessRules(ctx context.Context, in *nextDelayRequest, p 
 
 // nextDelayInOneCall is decideNextDelay on a store that takes the
 // fleet-wide part in one step (OneCallNextDelay), for a call of p, which
-// has no fallback targets, whose attempt held no lease: the rules are
-// those of the batch (shared, fleet.CutRun), applied by the store. done is
-// false when the store could not take the step (degraded mode): the
-// caller decides through the batch then.
-func (d *Decisions) nextDelayInOneCall(ctx context.Context, one OneCallNextDelay, in *nextDelayRequest, p *policy.Policy) (ans policy.Answer, why string, done bool, err error) {
+// has no fallback targets, whose attempt (to failed) held no lease, r
+// its stateless rules' decision: the rules after them are those of the
+// batch (shared, fleet.CutRun), applied by the store. done is false when
+// the store could not take the step (degraded mode): the caller decides
+// through the batch then, with r.
+func (d *Decisions) nextDelayInOneCall(ctx context.Context, one OneCallNextDelay, in *nextDelayRequest, p *policy.Policy,
+	failed *hop, r *ruled) (ans policy.Answer, why string, done bool, err error) {
 	call := in.call
-	failed := d.hopOf(&call, p, in.target)
-	r, err := d.statelessRules(ctx, in, p, &failed, one)
-	if err != nil {
-		return policy.Answer{}, "", true, err
-	}
 	st := policy.NextDelayStep{
 		Call: policy.CallKey{Tenant: call.tenant, CallID: call.callID}, Attempt: in.attempt,
 		Key: failed.key, Breaker: failed.breaker, Result: r.result, PermitID: in.permit,
@@ -344,7 +350,7 @@ func (d *Decisions) shared(ctx context.Context, u Changes, dec *policy.Decision,
 			cooldown = until
 		}
 	}
-	ask, spread := fleet.GateRetry(dec, p, snap.State, unixNano(cooldown), now.UnixNano(), call.runID != "", draw)
+	ask, spread := fleet.GateRetry(dec, p, snap.State, fleet.UnixNano(cooldown), now.UnixNano(), call.runID != "", draw)
 	if spread {
 		ans.Note = fleet.SpreadNote(ans.Note)
 	}
@@ -375,14 +381,6 @@ func (d *Decisions) shared(ctx context.Context, u Changes, dec *policy.Decision,
 	ans.Degraded = spend.Degraded
 	fleet.Spent(dec, &spend)
 	return nil
-}
-
-// unixNano is t in Unix ns, 0 for the zero time (fleet's "none").
-func unixNano(t time.Time) int64 {
-	if t.IsZero() {
-		return 0
-	}
-	return t.UnixNano()
 }
 
 // shareHint makes a server's pushback hint the fleet-wide cool-down of the
