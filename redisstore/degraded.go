@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -91,7 +92,15 @@ type degraded struct {
 	// debts are the grants of earlier outages not charged yet.
 	runTenant map[string]string
 	debts     []debt
+	// issued are the probe permits the local copies handed out while the
+	// engine did not answer, until their expiry (Unix ns), across resets:
+	// the engine never saw them (enginePermit).
+	issued map[fleet.PermitID]int64
 }
+
+// maxIssued bounds the degraded permits remembered: past it the expired
+// ones are forgotten, then, if still past it, the oldest of the rest.
+const maxIssued = 4096
 
 // share is what the engine last told this replica it may grant alone
 // from a bucket (tokens) or a pool (retries), at version v of its
@@ -115,7 +124,8 @@ type debt struct {
 func newDegraded() *degraded {
 	return &degraded{breakers: map[policy.BreakerKey]*fleet.Breaker{}, spent: map[string]float64{},
 		runSpent: map[string]uint64{}, tokens: map[string]share{}, runs: map[string]share{}, live: 1,
-		runTenant: map[string]string{}, flows: map[policy.BreakerKey]*localFlow{}, limits: map[policy.BreakerKey]float64{}}
+		runTenant: map[string]string{}, flows: map[policy.BreakerKey]*localFlow{}, limits: map[policy.BreakerKey]float64{},
+		issued: map[fleet.PermitID]int64{}}
 }
 
 // reset drops the local copies at a transition of the engine; what was
@@ -265,7 +275,48 @@ func (d *degraded) admitLocked(key policy.BreakerKey, cfg policy.BreakerConfig, 
 	b.Advance(now)
 	a, _ := b.Admit(now, &cfg, newPermitID)
 	a.Degraded = true
+	if id, ok := fleet.ParsePermitID(a.PermitID); ok {
+		d.remember(id, now+int64(cfg.ProbeTimeout), now)
+	}
 	return a
+}
+
+// remember notes permit id, handed out by a local copy, live until
+// expiry; d.mu is held.
+func (d *degraded) remember(id fleet.PermitID, expiry, now int64) {
+	if len(d.issued) >= maxIssued {
+		maps.DeleteFunc(d.issued, func(_ fleet.PermitID, exp int64) bool { return exp <= now })
+	}
+	for len(d.issued) >= maxIssued {
+		oldest, first := fleet.PermitID{}, true
+		for k, exp := range d.issued {
+			if first || exp < d.issued[oldest] {
+				oldest, first = k, false
+			}
+		}
+		delete(d.issued, oldest)
+	}
+	d.issued[id] = expiry
+}
+
+// enginePermit is permit as the engine is to be told it while it answers:
+// a probe permit a local copy handed out in degraded mode, still live at
+// now, becomes no permit. The engine never handed it out, so it would
+// refuse it (fleet.ErrPermit, FAILED_PRECONDITION for the fleet's own
+// probe); as a result without a permit it settles nothing in HALF_OPEN,
+// as a late result does, and counts in any other state. An expired one is
+// refused as the engine's own expired permits are.
+func (d *degraded) enginePermit(permit string, now int64) string {
+	id, ok := fleet.ParsePermitID(permit)
+	if !ok {
+		return permit
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if exp, mine := d.issued[id]; mine && exp > now {
+		return ""
+	}
+	return permit
 }
 
 // probeShare is ceil(n / live): this replica's share of n probes.

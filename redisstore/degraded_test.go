@@ -252,3 +252,73 @@ func TestDegradedOutcomeWithFinalDispositionQueued(t *testing.T) {
 		t.Error("no outcome batch queued with the engine down")
 	}
 }
+
+// TestDegradedProbeReportedAfterRecovery: a HALF_OPEN probe permit the
+// replica's local copy handed out while the engine did not answer,
+// reported once the engine answers again, is not refused: the engine
+// never handed it out, so it is sent as a result without a permit (in
+// HALF_OPEN it settles nothing, as a late result does). It was
+// FAILED_PRECONDITION (policybench replicas, stop-redis: 1-6 of them).
+func TestDegradedProbeReportedAfterRecovery(t *testing.T) {
+	srv := redistest.Standalone(t)
+	r := boundedReplica(t, srv.Addr)
+	ctx := context.Background()
+	one, two := uint32(1), uint32(2)
+	eventually(t, "the policy written (a store call of 50ms may time out on a loaded machine)", func() bool {
+		_, err := r.admin.SetPolicy(ctx, &pb.SetPolicyRequest{Tenant: "acme", Target: "pay", Policy: &pb.Policy{
+			Breaker: &pb.BreakerSettings{ConsecutiveFailures: &one, HalfOpenProbes: &two, Cooldown: durationpb.New(time.Millisecond)}}})
+		return err == nil
+	})
+	eventually(t, "the policy on the replica", func() bool {
+		p, _ := r.store.Resolve("acme", "pay")
+		return p.Breaker.Cooldown == time.Millisecond
+	})
+	fail503 := &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 503}}
+	call := func(id string) *pb.CallRef {
+		return &pb.CallRef{Tenant: "acme", Target: "pay", CallId: id, Idempotent: true}
+	}
+	if _, err := r.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call("trip"), Attempt: 1, Failure: fail503}); err != nil {
+		t.Fatal(err) // the breaker OPEN, and the replica knows it
+	}
+	srv.Pause(t)
+	n := 0
+	eventually(t, "the engine down", func() bool {
+		n++
+		_, _ = r.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: &pb.CallRef{Tenant: "acme", Target: "other",
+			CallId: "d" + strconv.Itoa(n), Idempotent: true}, Attempt: 1, Failure: fail503})
+		return !r.store.Up()
+	})
+	var permits []string
+	for _, id := range []string{"c1", "c2"} {
+		eventually(t, "a degraded probe permit once the cool-down ends", func() bool {
+			a, err := r.workers.Admit(ctx, &pb.AdmitRequest{Call: call(id), Attempt: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if a.GetAdmitted() && a.GetPermitId() != "" {
+				if !a.GetDegraded() {
+					t.Fatalf("Admit with the engine down = %v, want it flagged degraded", a)
+				}
+				permits = append(permits, a.GetPermitId())
+				return true
+			}
+			return false
+		})
+	}
+	srv.Resume(t)
+	eventually(t, "the engine up", func() bool {
+		n++
+		_, _ = r.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: &pb.CallRef{Tenant: "acme", Target: "other",
+			CallId: "u" + strconv.Itoa(n), Idempotent: true}, Attempt: 1, Failure: fail503})
+		return r.store.Up()
+	})
+	resp, err := r.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call("c1"), Attempt: 1, Failure: fail503, PermitId: permits[0]})
+	if err != nil || resp.GetDegraded() {
+		t.Errorf("NextDelay of a degraded probe after recovery = %v, %v; want an answer, not degraded", resp, err)
+	}
+	rep, err := r.workers.ReportOutcome(ctx, &pb.ReportOutcomeRequest{Outcomes: []*pb.Outcome{{Call: call("c2"), Attempt: 1, Success: true,
+		PermitId: permits[1], FinalDisposition: pb.Disposition_DISPOSITION_SUCCEEDED}}})
+	if err != nil || rep.GetAccepted() != 1 || len(rep.GetRefused()) != 0 {
+		t.Errorf("ReportOutcome of a degraded probe's success after recovery = %v, %v; want it accepted", rep, err)
+	}
+}

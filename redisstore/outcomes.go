@@ -66,9 +66,13 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 	}
 	limit, firstErr := len(ups), error(nil)
 	runTenant := make([]string, len(ups))
+	up, now := s.health.up(), s.opts.Clock().UnixNano()
 	for i := range ups {
 		u := &ups[i]
 		u.Refused = nil
+		if up {
+			u.PermitID = s.degraded.enginePermit(u.PermitID, now)
+		}
 		err := func() error {
 			if u.Result != 0 {
 				if u.Result < policy.ResultSuccess || u.Result > policy.ResultPushback {
