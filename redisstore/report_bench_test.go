@@ -1,0 +1,118 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
+	"github.com/policyd/policyd/internal/redistest"
+	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/redisstore"
+	"github.com/policyd/policyd/server"
+)
+
+// BenchmarkReportOutcomeOverRedis reports batches of 256 outcomes through
+// the server's handler over one replica on a real server (outcomes held
+// per flush, as policyd serve runs it), 8 callers per CPU, with
+// policybench's report mix: one tenant a batch (of 8), 92% successes
+// closing their calls, 5% dead letters after a 503, 3% failures on a
+// failing target. It reports per outcome the replica's CPU (this
+// process's, getrusage: the flusher's work included), Redis's (INFO cpu)
+// and the round trips (feeds, heartbeats and audit left out).
+func BenchmarkReportOutcomeOverRedis(b *testing.B) {
+	srv := redistest.Standalone(b)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	trips := &tripCounter{cmds: map[string]int{}}
+	c.AddHook(trips)
+	b.Cleanup(func() { _ = c.Close() })
+	s, err := redisstore.Open(context.Background(), redisstore.Options{Client: c, Timeout: time.Second, BatchOutcomes: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = s.Close() })
+	const tenants, healthy, failing, batch = 8, 16, 2, 256
+	p := policy.Default()
+	p.Breaker.ConsecutiveFailures = 50
+	for t := range tenants {
+		tenant := "bench-t" + strconv.Itoa(t)
+		for j := range healthy {
+			if _, err := s.SetPolicy(tenant, fmt.Sprintf("api-%02d", j), p); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	d := server.NewDecisions(s, server.Config{})
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(1, 2))
+	fail503 := &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 503}}
+	var calls int
+	reqs := make([]*pb.ReportOutcomeRequest, 64)
+	for i := range reqs {
+		tenant := "bench-t" + strconv.Itoa(rng.IntN(tenants))
+		req := &pb.ReportOutcomeRequest{Outcomes: make([]*pb.Outcome, 0, batch)}
+		for range batch {
+			calls++
+			target := fmt.Sprintf("api-%02d", rng.IntN(healthy))
+			o := &pb.Outcome{Attempt: 1, Latency: durationpb.New(time.Duration(5+rng.IntN(50)) * time.Millisecond)}
+			switch r := rng.Float64(); {
+			case r < 0.92:
+				o.Success, o.FinalDisposition = true, pb.Disposition_DISPOSITION_SUCCEEDED
+			case r < 0.97:
+				o.Attempt, o.Failure = 3, fail503
+				o.FinalDisposition, o.FinalStopReason = pb.Disposition_DISPOSITION_DEAD_LETTER, pb.StopReason_STOP_REASON_ATTEMPTS_EXHAUSTED
+			default:
+				target, o.Failure = "down-"+strconv.Itoa(rng.IntN(failing)), fail503
+			}
+			o.Call = &pb.CallRef{Tenant: tenant, Target: target, CallId: "c" + strconv.Itoa(calls), Idempotent: true}
+			req.Outcomes = append(req.Outcomes, o)
+		}
+		reqs[i] = req
+	}
+	redisCPU := func() float64 {
+		var sum float64
+		for _, l := range strings.Split(c.Info(ctx, "cpu").Val(), "\n") {
+			k, v, ok := strings.Cut(strings.TrimSpace(l), ":")
+			if ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
+				f, _ := strconv.ParseFloat(v, 64)
+				sum += f
+			}
+		}
+		return sum
+	}
+	selfCPU := func() time.Duration {
+		var ru syscall.Rusage
+		_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	var seq atomic.Int64
+	s.FlushHeld()
+	trips.take()
+	cpu0, rcpu0 := selfCPU(), redisCPU()
+	b.SetParallelism(8)
+	b.ResetTimer()
+	b.RunParallel(func(loop *testing.PB) {
+		for loop.Next() {
+			if _, err := d.ReportOutcome(ctx, reqs[seq.Add(1)%int64(len(reqs))]); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	s.FlushHeld()
+	b.StopTimer()
+	n, _ := trips.take()
+	outcomes := float64(b.N) * batch
+	b.ReportMetric(float64(n)/outcomes, "roundtrips/outcome")
+	b.ReportMetric(float64((selfCPU()-cpu0).Nanoseconds())/1e3/outcomes, "replica-cpu-µs/outcome")
+	b.ReportMetric((redisCPU()-rcpu0)*1e6/outcomes, "redis-cpu-µs/outcome")
+}
