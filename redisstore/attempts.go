@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -43,12 +42,13 @@ func decodeAttempt(h map[string]string) (fleet.Attempts, error) {
 	}
 	n, err1 := strconv.ParseUint(h["attempt"], 10, 32)
 	exp, err2 := strconv.ParseInt(h["expiry"], 10, 64)
-	var a fleet.Attempts
-	err3 := json.Unmarshal([]byte(h["answer"]), &a.Answer)
-	if err1 != nil || err2 != nil || err3 != nil {
+	if err1 != nil || err2 != nil {
 		return fleet.Attempts{}, errDamagedAttempt
 	}
-	a.Attempt, a.Expiry = uint32(n), exp*int64(time.Millisecond)
+	a := fleet.Attempts{Attempt: uint32(n), Expiry: exp * int64(time.Millisecond)}
+	if err := decodeAnswer(h["answer"], &a.Answer); err != nil {
+		return fleet.Attempts{}, err
+	}
 	if v, ok := h["verdict"]; ok {
 		if err := applyVerdict(&a.Answer, v); err != nil {
 			return fleet.Attempts{}, err
@@ -208,11 +208,7 @@ type pendingAttempt struct {
 
 // queueAttempt adds the policyd_attempt call of a to l's pipeline.
 func queueAttempt(ctx context.Context, l lib, a pendingAttempt) error {
-	v, err := json.Marshal(a.ans)
-	if err != nil {
-		return fmt.Errorf("redisstore: encode answer: %w", err)
-	}
-	l.run(ctx, "policyd_attempt", []string{keyAttempt(a.k.Tenant, a.k.CallID)}, a.attempt, v, a.keep.UnixMilli()+1)
+	l.run(ctx, "policyd_attempt", []string{keyAttempt(a.k.Tenant, a.k.CallID)}, a.attempt, packAnswer(&a.ans), a.keep.UnixMilli()+1)
 	return nil
 }
 

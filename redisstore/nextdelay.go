@@ -1,7 +1,6 @@
 package redisstore
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -155,10 +154,7 @@ func nextDelayCall(st *policy.NextDelayStep, cfg *policy.BreakerConfig, b *polic
 	if st.Spend.RunID != "" {
 		runKey, hasRun = keyRun(t, st.Spend.RunID), 1
 	}
-	base, err := json.Marshal(st.Answer)
-	if err != nil {
-		return nil, nil, fmt.Errorf("redisstore: encode answer: %w", err)
-	}
+	base := packAnswer(&st.Answer)
 	bit := func(v bool) int {
 		if v {
 			return 1
