@@ -2,7 +2,9 @@ package redisstore
 
 import (
 	"encoding/json"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/policyd/policyd/fleet"
 	"github.com/policyd/policyd/policy"
@@ -75,4 +77,58 @@ func decodeAnswer(v string, a *policy.Answer) error {
 	}
 	a.Degraded, a.FlowControlled = rest[0] == 1, false
 	return nil
+}
+
+// attemptFields are an attempt record's fields as the engine returns them
+// (HGETALL, HMGET, policyd_nextdelay's replay), before decoding: present
+// is false for no record.
+type attemptFields struct {
+	present                 bool
+	attempt, expiry, answer string
+	verdict                 string // "" for none
+}
+
+// attemptFieldsOf collects the fields of an attempt record from flat, a
+// hash's field names and values in turn (HGETALL's reply); other fields
+// are left out.
+func attemptFieldsOf(flat []any) attemptFields {
+	f := attemptFields{present: len(flat) > 0}
+	for j := 0; j+1 < len(flat); j += 2 {
+		v := toString(flat[j+1])
+		switch toString(flat[j]) {
+		case "attempt":
+			f.attempt = v
+		case "expiry":
+			f.expiry = v
+		case "answer":
+			f.answer = v
+		case "verdict":
+			f.verdict = v
+		}
+	}
+	return f
+}
+
+// decode is the one decoder of the record's layout (doc.go): f into
+// fleet.Attempts, the zero value when there is no record, a field that
+// does not parse errDamagedAttempt.
+func (f *attemptFields) decode() (fleet.Attempts, error) {
+	if !f.present {
+		return fleet.Attempts{}, nil
+	}
+	n, err1 := strconv.ParseUint(f.attempt, 10, 32)
+	exp, err2 := strconv.ParseInt(f.expiry, 10, 64)
+	if err1 != nil || err2 != nil {
+		return fleet.Attempts{}, errDamagedAttempt
+	}
+	a := fleet.Attempts{Attempt: uint32(n), Expiry: exp * int64(time.Millisecond)}
+	if err := decodeAnswer(f.answer, &a.Answer); err != nil {
+		return fleet.Attempts{}, err
+	}
+	if f.verdict != "" {
+		if err := applyVerdict(&a.Answer, f.verdict); err != nil {
+			return fleet.Attempts{}, err
+		}
+	}
+	return a, nil
 }

@@ -150,7 +150,7 @@
 //	                                 expiry (Unix ms), and verdict when policyd_nextdelay decided it:
 //	                                 "retry delay stop disposition breaker checks tokens remaining
 //	                                 spread" (delay ns, tokens %.17g, spread 0 or 1), laid over the
-//	                                 answer (decodeAttempt); the key expires then (PEXPIREAT)
+//	                                 answer (attemptFields.decode); the key expires then (PEXPIREAT)
 //	{T}:audit                stream  the tenant's audit records, one entry each: t (ns), ev, tenant,
 //	                                 target, call, run, attempt, class, verdict, delay (ns), stop, disp,
 //	                                 detail, and primary (the primary target of an attempt sent to a

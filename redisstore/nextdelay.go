@@ -209,11 +209,8 @@ func (s *Store) nextDelayReply(st *policy.NextDelayStep, r []any) (policy.NextDe
 		if len(r) != 6 {
 			return policy.NextDelayResult{}, errReply
 		}
-		h := map[string]string{"attempt": toString(r[2]), "expiry": toString(r[3]), "answer": toString(r[4])}
-		if v := toString(r[5]); v != "" {
-			h["verdict"] = v
-		}
-		a, err := decodeAttempt(h)
+		f := attemptFields{present: true, attempt: toString(r[2]), expiry: toString(r[3]), answer: toString(r[4]), verdict: toString(r[5])}
+		a, err := f.decode()
 		if err != nil {
 			return policy.NextDelayResult{}, fmt.Errorf("redisstore: attempt record of %q/%q is %w", st.Call.Tenant, st.Call.CallID, err)
 		}
