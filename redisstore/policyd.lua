@@ -986,10 +986,12 @@ end
 -- (spread ratio, min spread ns, max hint ns), the spread draw, budget (6),
 -- timeout (0 or 1), has run (0 or 1), the run's cut-off (µs and ns
 -- remainder, 0 0 for none), cut binds (0 or 1), the checks so far, the
--- answer so far (packed: appendAnswer), keep (Unix ms), then n and n pairs (result,
--- permit id or ''): the breaker's results a replica held for its flush,
--- reported before this failure, counted first whatever the attempt check
--- says; then the share arguments of the spend (5, share_args).
+-- answer so far (packed: appendAnswer), keep (Unix ms), then n and n
+-- pairs (result, permit id or ''): the breaker's results a replica held
+-- for its flush, reported before this failure, counted first whatever the
+-- attempt check says; then the share arguments of the spend (5,
+-- share_args). 45 arguments and the n pairs (redisstore's nextDelayArgs);
+-- numbers in decimal, floats in their shortest exact form.
 -- Returns {now, 'replay' or 'refused', attempt, expiry, answer, verdict or
 -- ''}, {now, 'permit', snapshot}, or {now, 'decided', verdict, asked,
 -- granted, dry, event ids, snapshot, bucket share, its version, run
