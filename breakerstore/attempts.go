@@ -7,10 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
-	"math"
 	"slices"
 	"sync"
-	"time"
 
 	"go.etcd.io/bbolt"
 
@@ -629,7 +627,9 @@ func (r attemptRecord) write(tx *bbolt.Tx, _ bool) (int, error) {
 // until one writes it, so a failed batch has nothing to queue.
 func (r attemptRecord) redirty() bool { return false }
 
-// attemptsRecordV1 is the version byte of the attempts record:
+// attemptsRecordV1 is the version byte of the attempts record; from
+// offset 13 it is fleet's packed answer (fleet.AppendAnswer), whose
+// layout this table repeats:
 //
 //	off  size  field
 //	0    1     version (1)
@@ -670,33 +670,14 @@ func attemptsLen(a *fleet.Attempts) int {
 
 // appendAttempts appends a's record to v.
 func appendAttempts(v []byte, a *fleet.Attempts) []byte {
-	ans := &a.Answer
-	be := binary.BigEndian
 	version := byte(attemptsRecordV1)
-	if ans.Target != "" {
+	if a.Answer.Target != "" {
 		version = attemptsRecordV2
 	}
 	v = append(v, version)
-	v = be.AppendUint32(v, a.Attempt)
-	v = be.AppendUint64(v, uint64(a.Expiry))
-	v = append(v, boolByte(ans.Retry))
-	v = be.AppendUint64(v, uint64(ans.Delay))
-	v = be.AppendUint64(v, uint64(ans.AttemptTimeout))
-	v = append(v, byte(ans.Stop), byte(ans.Disposition), byte(ans.Category))
-	v = be.AppendUint16(v, uint16(ans.Checks))
-	v = append(v, byte(ans.Breaker))
-	v = be.AppendUint64(v, math.Float64bits(ans.TenantTokens))
-	v = be.AppendUint64(v, ans.RunRemaining)
-	v = be.AppendUint64(v, uint64(fleet.UnixNano(ans.Deadline)))
-	v = be.AppendUint16(v, uint16(len(ans.Class)))
-	v = append(v, ans.Class...)
-	v = be.AppendUint16(v, uint16(len(ans.Note)))
-	v = append(v, ans.Note...)
-	if version == attemptsRecordV2 {
-		v = be.AppendUint16(v, uint16(len(ans.Target)))
-		v = append(v, ans.Target...)
-	}
-	return v
+	v = binary.BigEndian.AppendUint32(v, a.Attempt)
+	v = binary.BigEndian.AppendUint64(v, uint64(a.Expiry))
+	return fleet.AppendAnswer(v, &a.Answer)
 }
 
 func decodeAttempts(v []byte) (fleet.Attempts, error) {
@@ -705,51 +686,16 @@ func decodeAttempts(v []byte) (fleet.Attempts, error) {
 		return a, fmt.Errorf("attempts record of %d bytes, want at least %d of version %d or %d", len(v), attemptsFixedLen+4,
 			attemptsRecordV1, attemptsRecordV2)
 	}
-	be := binary.BigEndian
-	if v[13] > 1 {
-		return a, errors.New("attempts record: retry flag is not 0 or 1")
-	}
-	a.Attempt = be.Uint32(v[1:])
-	a.Expiry = int64(be.Uint64(v[5:]))
-	ans := &a.Answer
-	ans.Retry = v[13] == 1
-	ans.Delay = time.Duration(be.Uint64(v[14:]))
-	ans.AttemptTimeout = time.Duration(be.Uint64(v[22:]))
-	ans.Stop, ans.Disposition, ans.Category = policy.StopReason(v[30]), policy.Disposition(v[31]), policy.Category(v[32])
-	ans.Checks = policy.Check(be.Uint16(v[33:]))
-	ans.Breaker = policy.BreakerState(v[35])
-	ans.TenantTokens = math.Float64frombits(be.Uint64(v[36:]))
-	ans.RunRemaining = be.Uint64(v[44:])
-	ans.Deadline = toTime(int64(be.Uint64(v[52:])))
-	rest := v[attemptsFixedLen:]
-	var ok bool
-	if ans.Class, rest, ok = lenString(rest); !ok {
-		return a, errors.New("attempts record: classification overruns the record")
-	}
-	if ans.Note, rest, ok = lenString(rest); !ok {
-		return a, errors.New("attempts record: pushback note overruns the record")
-	}
-	if v[0] == attemptsRecordV2 {
-		if ans.Target, rest, ok = lenString(rest); !ok {
-			return a, errors.New("attempts record: target overruns the record")
-		}
+	a.Attempt = binary.BigEndian.Uint32(v[1:])
+	a.Expiry = int64(binary.BigEndian.Uint64(v[5:]))
+	rest, err := fleet.ReadAnswer(v[13:], &a.Answer, v[0] == attemptsRecordV2)
+	if err != nil {
+		return a, fmt.Errorf("attempts record: %w", err)
 	}
 	if len(rest) != 0 {
 		return a, errors.New("attempts record: bytes follow its last field")
 	}
 	return a, nil
-}
-
-// lenString reads a uint16-length-prefixed string off b.
-func lenString(b []byte) (string, []byte, bool) {
-	if len(b) < 2 {
-		return "", b, false
-	}
-	n := int(binary.BigEndian.Uint16(b))
-	if len(b) < 2+n {
-		return "", b, false
-	}
-	return string(b[2 : 2+n]), b[2+n:], true
 }
 
 // loadAttempts reads the attempts bucket into memory, dropping records past

@@ -1,6 +1,7 @@
 package breakerstore
 
 import (
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 
 	"go.etcd.io/bbolt"
 
+	"github.com/policyd/policyd/fleet"
 	"github.com/policyd/policyd/policy"
 )
 
@@ -154,6 +156,39 @@ func TestAttemptArenaCompacts(t *testing.T) {
 		want := fmt.Sprintf("round %d %0*d", rounds-1, (rounds-1)*4, c)
 		if got, ok := s.LastAnswer(k); !ok || got.Note != want {
 			t.Errorf("LastAnswer(%v) = %q, %v; want %q", k, got.Note, ok, want)
+		}
+	}
+}
+
+// TestAttemptsRecordBytes pins the attempts record's bytes (version 1,
+// and version 2 with a target), as the file holds them: the answer part
+// is fleet's packed answer, which must not move a byte of them.
+func TestAttemptsRecordBytes(t *testing.T) {
+	ans := policy.Answer{Retry: true, Delay: 1500 * time.Millisecond, AttemptTimeout: 10 * time.Second,
+		Stop: policy.StopBudgetExhausted, Disposition: policy.DispositionDeadLetter, Category: policy.CategoryTransient,
+		Class: "transient:503", Note: "retry-after:2s", Checks: policy.CheckBreaker | policy.CheckTenantBudget,
+		Breaker: policy.BreakerHalfOpen, TenantTokens: 41.25, RunRemaining: 7, Deadline: time.Unix(0, 1_800_000_000_123_456_789)}
+	fallback := ans
+	fallback.Target = "api-b"
+	tests := []struct {
+		a    fleet.Attempts
+		want string
+	}{
+		{fleet.Attempts{Attempt: 3, Expiry: 1_800_000_000_000_000_000, Answer: ans},
+			"010000000318fae27693b40000010000000059682f0000000002540be4000503010060034044a00000000000000000000000000718fae2769b0fcd15" +
+				"000d7472616e7369656e743a353033000e72657472792d61667465723a3273"},
+		{fleet.Attempts{Attempt: 4, Expiry: 1_800_000_001_000_000_000, Answer: fallback},
+			"020000000418fae276cf4eca00010000000059682f0000000002540be4000503010060034044a00000000000000000000000000718fae2769b0fcd15" +
+				"000d7472616e7369656e743a353033000e72657472792d61667465723a327300056170692d62"},
+	}
+	for _, tt := range tests {
+		got := hex.EncodeToString(encodeAttempts(&tt.a))
+		if got != tt.want {
+			t.Errorf("record of attempt %d:\ngot  %s\nwant %s", tt.a.Attempt, got, tt.want)
+		}
+		back, err := decodeAttempts(encodeAttempts(&tt.a))
+		if err != nil || back.Attempt != tt.a.Attempt || back.Expiry != tt.a.Expiry || back.Answer != tt.a.Answer {
+			t.Errorf("record of attempt %d read back as %+v, %v", tt.a.Attempt, back, err)
 		}
 	}
 }

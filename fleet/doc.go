@@ -37,6 +37,9 @@
 //	                                              stop a cut; the server's batch path and policyd_nextdelay apply
 //	                                              them alike
 //
+// answer.go packs a policy.Answer as both engines store it with a call's
+// attempts (AppendAnswer, ReadAnswer): one byte layout, not one per engine.
+//
 // Every method is allocation-free unless its doc comment says otherwise,
 // so an engine can apply them on the hot path (Admit, NextDelay,
 // ReportOutcome). A value's zero state is meaningful (a CLOSED breaker, a

@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -34,27 +33,12 @@ func (s *Store) attemptOf(k policy.CallKey) (fleet.Attempts, error) {
 var errDamagedAttempt = errors.New("damaged")
 
 // decodeAttempt decodes an attempt record ({T}:attempt:CALLID, its hash
-// as HGETALL returns it) into fleet.Attempts; an empty hash is the zero
-// value (no record), a field that does not parse errDamagedAttempt. It is
-// the one decoder of the record's layout (doc.go).
+// as HGETALL returns it) into fleet.Attempts by the one decoder of the
+// record's layout (attemptFields.decode): an empty hash is the zero value
+// (no record), a field that does not parse errDamagedAttempt.
 func decodeAttempt(h map[string]string) (fleet.Attempts, error) {
-	if len(h) == 0 {
-		return fleet.Attempts{}, nil
-	}
-	n, err1 := strconv.ParseUint(h["attempt"], 10, 32)
-	exp, err2 := strconv.ParseInt(h["expiry"], 10, 64)
-	var a fleet.Attempts
-	err3 := json.Unmarshal([]byte(h["answer"]), &a.Answer)
-	if err1 != nil || err2 != nil || err3 != nil {
-		return fleet.Attempts{}, errDamagedAttempt
-	}
-	a.Attempt, a.Expiry = uint32(n), exp*int64(time.Millisecond)
-	if v, ok := h["verdict"]; ok {
-		if err := applyVerdict(&a.Answer, v); err != nil {
-			return fleet.Attempts{}, err
-		}
-	}
-	return a, nil
+	f := attemptFields{present: len(h) > 0, attempt: h["attempt"], expiry: h["expiry"], answer: h["answer"], verdict: h["verdict"]}
+	return f.decode()
 }
 
 // applyVerdict completes ans, the answer policyd_nextdelay was given (what
@@ -62,23 +46,23 @@ func decodeAttempt(h map[string]string) (fleet.Attempts, error) {
 // library's fleet-wide rules made of it: "retry delay stop disposition
 // breaker checks tokens remaining spread" (see policyd.lua nextdelay).
 func applyVerdict(ans *policy.Answer, v string) error {
-	f := strings.Fields(v)
-	if len(f) != 9 {
-		return errDamagedAttempt
-	}
 	var n [9]int64
-	for i, s := range f {
-		if i == 6 {
-			continue
-		}
+	var tokens float64
+	for i := range n {
+		var f string
 		var err error
-		if n[i], err = strconv.ParseInt(s, 10, 64); err != nil {
+		f, v, _ = strings.Cut(v, " ")
+		if i == 6 {
+			tokens, err = strconv.ParseFloat(f, 64)
+		} else {
+			n[i], err = strconv.ParseInt(f, 10, 64)
+		}
+		if err != nil {
 			return errDamagedAttempt
 		}
 	}
-	tokens, err := strconv.ParseFloat(f[6], 64)
-	if err != nil {
-		return errDamagedAttempt
+	if v != "" {
+		return errDamagedAttempt // more than 9 numbers
 	}
 	ans.Retry, ans.Stop, ans.Disposition = n[0] == 1, policy.StopReason(n[2]), policy.Disposition(n[3])
 	ans.Breaker, ans.Checks = policy.BreakerState(n[4]), policy.Check(n[5])
@@ -187,11 +171,8 @@ func (s *Store) attemptsOf(names []string) ([]fleet.Attempts, error) {
 	out := make([]fleet.Attempts, len(names))
 	for i, v := range r {
 		flat, _ := v.([]any)
-		h := make(map[string]string, len(flat)/2)
-		for j := 0; j+1 < len(flat); j += 2 {
-			h[toString(flat[j])] = toString(flat[j+1])
-		}
-		if out[i], err = decodeAttempt(h); err != nil {
+		f := attemptFieldsOf(flat)
+		if out[i], err = f.decode(); err != nil {
 			s.log.Warn("redisstore: attempt record damaged: read as none", "key", names[i])
 		}
 	}
@@ -208,11 +189,7 @@ type pendingAttempt struct {
 
 // queueAttempt adds the policyd_attempt call of a to l's pipeline.
 func queueAttempt(ctx context.Context, l lib, a pendingAttempt) error {
-	v, err := json.Marshal(a.ans)
-	if err != nil {
-		return fmt.Errorf("redisstore: encode answer: %w", err)
-	}
-	l.run(ctx, "policyd_attempt", []string{keyAttempt(a.k.Tenant, a.k.CallID)}, a.attempt, v, a.keep.UnixMilli()+1)
+	l.run(ctx, "policyd_attempt", []string{keyAttempt(a.k.Tenant, a.k.CallID)}, a.attempt, packAnswer(&a.ans), a.keep.UnixMilli()+1)
 	return nil
 }
 

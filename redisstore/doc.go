@@ -145,11 +145,12 @@
 //	                                 the ledger took it as the call's first) and by NextDelay's commit
 //	                                 pipeline (its STOP); expires 169 h after its last count (the 168 h
 //	                                 retention and an hour)
-//	{T}:attempt:CALL         hash    fleet.Attempts: attempt, answer (policy.Answer, JSON), expiry (Unix
-//	                                 ms), and verdict when policyd_nextdelay decided it: "retry delay
-//	                                 stop disposition breaker checks tokens remaining spread" (delay
-//	                                 ns, tokens %.17g, spread 0 or 1), laid over the answer
-//	                                 (decodeAttempt); the key expires then (PEXPIREAT)
+//	{T}:attempt:CALL         hash    fleet.Attempts: attempt, answer (policy.Answer packed, see
+//	                                 attemptanswer.go; or its JSON, first byte '{', as written before),
+//	                                 expiry (Unix ms), and verdict when policyd_nextdelay decided it:
+//	                                 "retry delay stop disposition breaker checks tokens remaining
+//	                                 spread" (delay ns, tokens %.17g, spread 0 or 1), laid over the
+//	                                 answer (attemptFields.decode); the key expires then (PEXPIREAT)
 //	{T}:audit                stream  the tenant's audit records, one entry each: t (ns), ev, tenant,
 //	                                 target, call, run, attempt, class, verdict, delay (ns), stop, disp,
 //	                                 detail, and primary (the primary target of an attempt sent to a
@@ -182,7 +183,13 @@
 // library's policyd_attempts (a tenant's attempt records in one read),
 // policyd_audit (a tenant's audit records in one call) and
 // policyd_release_shares; policyd_spend and policyd_charge take and
-// return the caller's shares.
+// return the caller's shares. So is the attempt record's answer packed
+// (attemptanswer.go, fleet's layout of an answer) instead of
+// policy.Answer's JSON: a packed answer never starts with '{', and both
+// the replica (decodeAnswer) and the library (attempt_check, for a record
+// without a verdict) read a JSON answer as before, so the records a
+// replica of version 1, or of version 2 before this, wrote replay and
+// refuse as they did.
 //
 // The library's name carries its version (policyd_v2): a layout change
 // bumps both the schema key and the library name, so replicas of two

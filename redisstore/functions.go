@@ -87,20 +87,21 @@ func fromUS(t int64) time.Time {
 	return time.UnixMicro(t)
 }
 
-// cfgArgs appends cfg (normalized) as the library's 8 breaker arguments.
+// cfgArgs appends cfg (normalized) as the library's 8 breaker arguments;
+// the client writes the failure rate in its shortest exact decimal form.
 func cfgArgs(args []any, cfg *policy.BreakerConfig) []any {
-	return append(args, int(cfg.Mode), cfg.ConsecutiveFailures, strconv.FormatFloat(cfg.FailureRate, 'g', -1, 64),
+	return append(args, int(cfg.Mode), cfg.ConsecutiveFailures, cfg.FailureRate,
 		us(cfg.Window), cfg.MinCalls, us(cfg.Cooldown), cfg.HalfOpenProbes, us(cfg.ProbeTimeout))
 }
 
-// budgetArgs appends b as the library's 6 budget arguments.
+// budgetArgs appends b as the library's 6 budget arguments; the client
+// writes the numbers in their shortest exact decimal form.
 func budgetArgs(args []any, b *policy.TenantBudget) []any {
 	dry := 0
 	if b.DryRun {
 		dry = 1
 	}
-	f := func(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }
-	return append(args, f(b.Capacity), f(b.DepositRatio), f(b.MinPerSecond), f(b.RetryCost), f(b.TimeoutCost), dry)
+	return append(args, b.Capacity, b.DepositRatio, b.MinPerSecond, b.RetryCost, b.TimeoutCost, dry)
 }
 
 // state is a breaker as the library reports it (times in Unix µs).

@@ -1,10 +1,8 @@
 package redisstore
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/policyd/policyd/fleet"
@@ -71,10 +69,7 @@ func (s *Store) NextDelayInOneCall(st *policy.NextDelayStep) (policy.NextDelayRe
 		carried = s.takeResults(st.Key)
 	}
 	sa := s.degraded.shareArgs(s.id, tenant, st.Spend.RunID, shareGrace*s.opts.Heartbeat)
-	keys, args, err := nextDelayCall(st, &cfg, &b, s.opts.MaxBreakersPerTenant, carried, &sa)
-	if err != nil {
-		return policy.NextDelayResult{}, true, err
-	}
+	keys, args := nextDelayCall(st, &cfg, &b, s.opts.MaxBreakersPerTenant, carried, &sa)
 	ctx, cancel := s.call()
 	defer cancel()
 	r, err := s.lib.fcall(ctx, "policyd_nextdelay", keys, args...)
@@ -152,16 +147,15 @@ func (s *Store) KnownRun(id string) (policy.Run, bool) {
 // nextDelayCall returns the keys and arguments of st's policyd_nextdelay
 // call (policyd.lua has their order) under the breaker configuration cfg
 // (normalized) and the tenant's budget b, with the breaker's held
-// results carried, its spend as replica sa.replica.
-func nextDelayCall(st *policy.NextDelayStep, cfg *policy.BreakerConfig, b *policy.TenantBudget, maxBreakers int, carried []result, sa *shareArgs) ([]string, []any, error) {
+// results carried, its spend as replica sa.replica. The arguments go into
+// one slice of the length they take; numbers go as Go numbers, which the
+// client writes in decimal without a string of their own (floats in their
+// shortest exact form, as tonumber reads them back).
+func nextDelayCall(st *policy.NextDelayStep, cfg *policy.BreakerConfig, b *policy.TenantBudget, maxBreakers int, carried []result, sa *shareArgs) ([]string, []any) {
 	t := st.Key.Tenant
 	runKey, hasRun := keyRun(t, ""), 0
 	if st.Spend.RunID != "" {
 		runKey, hasRun = keyRun(t, st.Spend.RunID), 1
-	}
-	base, err := json.Marshal(st.Answer)
-	if err != nil {
-		return nil, nil, fmt.Errorf("redisstore: encode answer: %w", err)
 	}
 	bit := func(v bool) int {
 		if v {
@@ -170,26 +164,30 @@ func nextDelayCall(st *policy.NextDelayStep, cfg *policy.BreakerConfig, b *polic
 		return 0
 	}
 	dec, p := &st.Decision, st.Policy
-	f := func(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }
-	args := []any{st.Attempt, st.Key.Target}
+	args := make([]any, 0, nextDelayArgs+2*len(carried))
+	args = append(args, st.Attempt, st.Key.Target)
 	args = cfgArgs(args, cfg)
 	args = append(args, int(st.Result), st.PermitID, maxBreakers, int64(st.Share),
 		bit(dec.Retry), int64(dec.Delay), int(dec.Stop), int(dec.Disposition))
 	args = appendTime(args, dec.Deadline)
-	args = append(args, int64(p.AttemptTimeout), f(p.Pushback.SpreadRatio), int64(p.Pushback.MinSpread),
-		int64(p.Pushback.MaxHint), f(st.SpreadDraw))
+	args = append(args, int64(p.AttemptTimeout), p.Pushback.SpreadRatio, int64(p.Pushback.MinSpread),
+		int64(p.Pushback.MaxHint), st.SpreadDraw)
 	args = budgetArgs(args, b)
 	args = append(args, bit(st.Spend.Timeout), hasRun)
 	args = appendTime(args, st.RunCutoff)
-	args = append(args, bit(st.CutBinds), int(dec.Checks), base, st.Keep.UnixMilli()+1)
+	args = append(args, bit(st.CutBinds), int(dec.Checks), packAnswer(&st.Answer), st.Keep.UnixMilli()+1)
 	args = append(args, len(carried))
 	for _, c := range carried {
 		args = append(args, int(c.Result), c.Permit)
 	}
 	args = append(args, sa.replica, sa.bucket, sa.run, sa.live, us(sa.grace))
 	keys := []string{keyAttempt(t, st.Call.CallID), keyBreaker(t, st.Key.Target), keyEvents(t), keyIndex(t), keyBucket(t), runKey}
-	return keys, args, nil
+	return keys, args
 }
+
+// nextDelayArgs is the number of policyd_nextdelay's arguments but the
+// carried results' pairs (policyd.lua nextdelay).
+const nextDelayArgs = 45
 
 // appendTime appends t as the library reads a time to the nanosecond:
 // Unix µs and the nanoseconds past them, 0 0 for the zero time.
@@ -217,11 +215,8 @@ func (s *Store) nextDelayReply(st *policy.NextDelayStep, r []any) (policy.NextDe
 		if len(r) != 6 {
 			return policy.NextDelayResult{}, errReply
 		}
-		h := map[string]string{"attempt": toString(r[2]), "expiry": toString(r[3]), "answer": toString(r[4])}
-		if v := toString(r[5]); v != "" {
-			h["verdict"] = v
-		}
-		a, err := decodeAttempt(h)
+		f := attemptFields{present: true, attempt: toString(r[2]), expiry: toString(r[3]), answer: toString(r[4]), verdict: toString(r[5])}
+		a, err := f.decode()
 		if err != nil {
 			return policy.NextDelayResult{}, fmt.Errorf("redisstore: attempt record of %q/%q is %w", st.Call.Tenant, st.Call.CallID, err)
 		}

@@ -134,10 +134,7 @@ func TestNextDelayMirrorsFleet(t *testing.T) {
 		fleet.CutRun(&want, fleet.UnixNano(cutoff), nowNS, st.CutBinds)
 
 		// The library's, at now.
-		keys, args, err := nextDelayCall(&st, &cfg, &bg, 0, nil, &shareArgs{replica: "r"})
-		if err != nil {
-			t.Fatal(err)
-		}
+		keys, args := nextDelayCall(&st, &cfg, &bg, 0, nil, &shareArgs{replica: "r"})
 		r, err := l.fcall(ctx, "policyd_nextdelay", keys, args...)
 		if err != nil {
 			t.Fatalf("step %d: %v", i, err)
@@ -165,7 +162,7 @@ func TestNextDelayMirrorsFleet(t *testing.T) {
 		again := func(attempt uint32) string {
 			st2 := st
 			st2.Attempt = attempt
-			keys, args, _ := nextDelayCall(&st2, &cfg, &bg, 0, nil, &shareArgs{replica: "r"})
+			keys, args := nextDelayCall(&st2, &cfg, &bg, 0, nil, &shareArgs{replica: "r"})
 			r, err := l.fcall(ctx, "policyd_nextdelay", keys, args...)
 			if err != nil {
 				t.Fatalf("step %d, attempt %d: %v", i, attempt, err)

@@ -893,8 +893,9 @@ local function outcomes(keys, args, now)
 end
 
 -- attempt_store is fleet.Attempts.Decided on the record at key: attempt
--- n's answer (opaque to the library) and, when the library decided it,
--- its verdict (policyd_nextdelay), never rewinding (a lower attempt than
+-- n's answer (packed by redisstore's appendAnswer; only attempt_check
+-- reads it, for its retry flag) and, when the library decided it, its
+-- verdict (policyd_nextdelay), never rewinding (a lower attempt than
 -- the one stored changes nothing), kept until expiry (Unix ms) at least.
 -- It returns 1 when stored.
 local function attempt_store(key, n, answer, expiry, verdict)
@@ -915,7 +916,7 @@ end
 -- attempt is fleet.Attempts.Decided: the answer to attempt of a call,
 -- never rewinding (a lower attempt than the one stored changes nothing),
 -- kept until expiry at least. KEYS: the call's attempt key. ARGV: attempt,
--- answer (opaque to the library), expiry (Unix ms). Returns 1 when stored.
+-- answer (packed: appendAnswer), expiry (Unix ms). Returns 1 when stored.
 local function attempt(keys, args, now)
   return attempt_store(keys[1], tonumber(args[1]), args[2], tonumber(args[3]), nil)
 end
@@ -924,7 +925,9 @@ end
 -- at now: 'replay' (the same attempt), 'refused' (a lower one, or any
 -- after a STOP) or '' (decide it), and the record's fields attempt,
 -- expiry, answer and verdict. A record written by policyd_attempt has no
--- verdict: its answer (policy.Answer's JSON) says whether it retried.
+-- verdict: its answer says whether it retried, packed (redisstore's
+-- appendAnswer: the retry flag is its byte 2, 0 or 1) or, written before,
+-- policy.Answer's JSON (its first byte '{').
 local function attempt_check(key, n, now)
   local h = redis.call('HMGET', key, 'attempt', 'expiry', 'answer', 'verdict')
   if not h[1] then return '', h end
@@ -934,9 +937,11 @@ local function attempt_check(key, n, now)
   local retry
   if h[4] then
     retry = string.sub(h[4], 1, 1) == '1'
-  else
+  elseif string.byte(h[3] or '', 1) == 123 then
     local ok, a = pcall(cjson.decode, h[3])
     retry = ok and type(a) == 'table' and a.Retry == true
+  else
+    retry = string.byte(h[3] or '', 2) == 1
   end
   if not retry or n < cur then return 'refused', h end
   return '', h
@@ -981,10 +986,12 @@ end
 -- (spread ratio, min spread ns, max hint ns), the spread draw, budget (6),
 -- timeout (0 or 1), has run (0 or 1), the run's cut-off (µs and ns
 -- remainder, 0 0 for none), cut binds (0 or 1), the checks so far, the
--- answer so far (opaque), keep (Unix ms), then n and n pairs (result,
--- permit id or ''): the breaker's results a replica held for its flush,
--- reported before this failure, counted first whatever the attempt check
--- says; then the share arguments of the spend (5, share_args).
+-- answer so far (packed: appendAnswer), keep (Unix ms), then n and n
+-- pairs (result, permit id or ''): the breaker's results a replica held
+-- for its flush, reported before this failure, counted first whatever the
+-- attempt check says; then the share arguments of the spend (5,
+-- share_args). 45 arguments and the n pairs (redisstore's nextDelayArgs);
+-- numbers in decimal, floats in their shortest exact form.
 -- Returns {now, 'replay' or 'refused', attempt, expiry, answer, verdict or
 -- ''}, {now, 'permit', snapshot}, or {now, 'decided', verdict, asked,
 -- granted, dry, event ids, snapshot, bucket share, its version, run
