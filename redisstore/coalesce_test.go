@@ -302,3 +302,66 @@ func TestQueuedCallPastItsDeadlineIsNotSent(t *testing.T) {
 		t.Errorf("a call after them: %v, want its NOTFOUND", err)
 	}
 }
+
+// TestCoalescedCallsOfAFailedMasterFailAlone: on a Cluster, a round trip
+// that carries calls to several masters keeps the replies of the masters
+// that answered; only the calls of the master that failed (killed while
+// stopped, a call of its in flight) are ErrUnavailable. Failed before the
+// pipeline hook kept them: every call of the round trip was unavailable.
+func TestCoalescedCallsOfAFailedMasterFailAlone(t *testing.T) {
+	nodes := redistest.ClusterNodes(t)
+	var addrs []string
+	for _, n := range nodes {
+		addrs = append(addrs, n.Addr)
+	}
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	h := &health{clock: time.Now, b: engineBreaker{Threshold: 100, Cooldown: time.Second}}
+	var trips roundTrips
+	c.AddHook(h.hook(&trips))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	q := &coalescer{c: c, base: ctx}
+	var failing, answering string // tenants on the master killed and on another
+	for i := 0; failing == "" || answering == ""; i++ {
+		tn := "t" + strconv.Itoa(i)
+		m, err := c.MasterForKey(ctx, keyIdem(tn, "k"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case m.Options().Addr == nodes[0].Addr && failing == "":
+			failing = tn
+		case m.Options().Addr != nodes[0].Addr && answering == "":
+			answering = tn
+		}
+	}
+	nodes[0].Pause(t)
+	cmds := []*redis.Cmd{redis.NewCmd(ctx, "get", keyIdem(failing, "first")),
+		redis.NewCmd(ctx, "set", keyIdem(failing, "k"), "1"), redis.NewCmd(ctx, "set", keyIdem(answering, "k"), "1")}
+	errs := make([]error, len(cmds))
+	var wg sync.WaitGroup
+	do := func(i int) {
+		defer wg.Done()
+		if errs[i] = q.do(ctx, cmds[i]); errs[i] == nil {
+			errs[i] = cmds[i].Err()
+		}
+	}
+	wg.Add(1)
+	go do(0)
+	until(t, "the first call in flight", q.inFlight)
+	wg.Add(2)
+	go do(1)
+	go do(2)
+	until(t, "the other two queued", func() bool { return q.queued() == 2 })
+	nodes[0].Kill()
+	wg.Wait()
+	for i, what := range []string{"the call in flight", "the queued call to the failed master"} {
+		if !errors.Is(errs[i], ErrUnavailable) {
+			t.Errorf("%s: %v, want ErrUnavailable", what, errs[i])
+		}
+	}
+	if errs[2] != nil || cmds[2].Val() != "OK" {
+		t.Errorf("the queued call to a master that answered: %v, %v; want its own OK", cmds[2].Val(), errs[2])
+	}
+}
