@@ -19,7 +19,9 @@ import (
 // Cluster, go-redis's pipeline splits by slot and sends each master its
 // part in parallel). Under load a replica then makes a round trip per
 // batch of calls instead of one per call: one write and one read on both
-// sides for the whole batch.
+// sides for the whole batch. On a Cluster the queue is one for every
+// master: a call waits for the round trip in flight also when that one
+// went to another master (at most one round trip).
 //
 // No goroutine of its own: the first caller to arrive while none is in
 // flight leads; when its round trip ends it hands the lead to the first
