@@ -161,7 +161,7 @@ func (s *Store) LastAnswers(keys []policy.CallKey, out []policy.Answer, ok []boo
 func (s *Store) attemptsOf(names []string) ([]fleet.Attempts, error) {
 	ctx, cancel := s.call()
 	defer cancel()
-	r, err := s.lib.runRO(ctx, "policyd_attempts", names).Slice()
+	r, err := s.lib.runROSlice(ctx, "policyd_attempts", names)
 	if err != nil {
 		return nil, fmt.Errorf("redisstore: policyd_attempts: %w", err)
 	}

@@ -190,9 +190,13 @@ func toString(x any) string {
 // nil clock: production), else clock's time in Unix µs (Options.Clock), so
 // every function of one engine decides at one clock and none can forget
 // it; the library takes the argument off in its register (policyd.lua).
+// The Store's lib has a coalescer (coalesce.go), through which fcall and
+// runROSlice send their calls, so that concurrent requests share round
+// trips; a lib on a pipeline or a transaction (on) has none.
 type lib struct {
 	c     redis.Cmdable
 	clock func() time.Time // nil: the server's TIME
+	q     *coalescer       // nil: each call is its own round trip
 }
 
 // on returns l calling on c (a pipeline, a transaction), with l's clock.
@@ -220,7 +224,7 @@ func (l lib) withClock(args []any) []any {
 // fcall runs function fn of the library on keys with args and returns its
 // reply as an array; an error reply NOTFOUND becomes ErrNotFound.
 func (l lib) fcall(ctx context.Context, fn string, keys []string, args ...any) ([]any, error) {
-	v, err := l.run(ctx, fn, keys, args...).Result()
+	v, err := l.send(ctx, false, fn, keys, args)
 	if err != nil {
 		return nil, libraryErr(fn, err)
 	}
@@ -229,6 +233,36 @@ func (l lib) fcall(ctx context.Context, fn string, keys []string, args ...any) (
 		return nil, fmt.Errorf("redisstore: %s: reply %v is not an array", fn, v)
 	}
 	return a, nil
+}
+
+// runROSlice is runRO(ctx, fn, keys, args...).Slice(): the reply of the
+// read-only function fn as an array, an error reply as it came.
+func (l lib) runROSlice(ctx context.Context, fn string, keys []string, args ...any) ([]any, error) {
+	v, err := l.send(ctx, true, fn, keys, args)
+	if err != nil {
+		return nil, err
+	}
+	a, ok := v.([]any)
+	if !ok {
+		return nil, fmt.Errorf("redis: unexpected type=%T for Slice", v)
+	}
+	return a, nil
+}
+
+// send calls fn (FCALL_RO when ro) and returns its reply, through l's
+// coalescer when it has one.
+func (l lib) send(ctx context.Context, ro bool, fn string, keys []string, args []any) (any, error) {
+	if l.q == nil {
+		if ro {
+			return l.runRO(ctx, fn, keys, args...).Result()
+		}
+		return l.run(ctx, fn, keys, args...).Result()
+	}
+	cmd := fcallCmd(ctx, ro, fn, keys, l.withClock(args))
+	if err := l.q.do(ctx, cmd); err != nil {
+		return nil, err
+	}
+	return cmd.Result()
 }
 
 // libraryErr classifies an error reply of function fn: NOTFOUND is

@@ -211,13 +211,24 @@ func (k healthHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
+// ProcessPipelineHook makes every command of a pipeline that failed
+// ErrUnavailable but those Redis answered: an error reply is the
+// command's own, and so is a reply on a Cluster from a master that
+// answered when another did not (a coalesced round trip, coalesce.go,
+// carries the calls of several requests, each to its tenant's master).
+// A pipeline the breaker refused was not sent: none of it was answered.
 func (k healthHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		err := k.h.guard(ctx, func(ctx context.Context) error { k.trips.addPipeline(cmds); return next(ctx, cmds) })
+		sent := false
+		err := k.h.guard(ctx, func(ctx context.Context) error {
+			sent = true
+			k.trips.addPipeline(cmds)
+			return next(ctx, cmds)
+		})
 		if errors.Is(err, ErrUnavailable) {
 			for _, c := range cmds {
 				var reply redis.Error
-				if !errors.As(c.Err(), &reply) {
+				if e := c.Err(); (e == nil && !sent) || (e != nil && !errors.As(e, &reply)) {
 					c.SetErr(err)
 				}
 			}

@@ -100,7 +100,7 @@ func (s *Store) Key(ref policy.KeyRef) (policy.KeyRecordView, error) {
 	}
 	ctx, cancel := s.call()
 	defer cancel()
-	r, err := s.lib.runRO(ctx, "policyd_key_read", []string{keyIdem(ref.Tenant, ref.Key)}).Slice()
+	r, err := s.lib.runROSlice(ctx, "policyd_key_read", []string{keyIdem(ref.Tenant, ref.Key)})
 	if err != nil {
 		return policy.KeyRecordView{}, keyErr(ref, libraryErr("policyd_key_read", err))
 	}

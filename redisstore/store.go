@@ -22,7 +22,11 @@ type Options struct {
 	// does not close it.
 	Client redis.UniversalClient
 	// Timeout bounds every call to Redis (policyd serve's --store-timeout);
-	// default 50ms. Open's own calls get twenty times as long.
+	// default 50ms. Open's own calls get twenty times as long. A request's
+	// library call made while another is in flight waits for it and goes
+	// in the next round trip with the others that came meanwhile, one
+	// pipeline (coalesce.go); Timeout bounds it from when it was asked,
+	// its wait included, and one not sent by then is not sent.
 	Timeout time.Duration
 	// DefaultBudget applies to tenants without an explicit budget; zero
 	// numeric fields take DefaultTenantBudget's values.
@@ -117,7 +121,7 @@ func DefaultTenantBudget() policy.TenantBudget { return fleet.DefaultBudget() }
 // safe for concurrent use.
 type Store struct {
 	c         redis.UniversalClient
-	lib       lib // s.c with the clock of every library call
+	lib       lib // s.c with the clock of every library call, and the coalescer of concurrent ones
 	opts      Options
 	defBudget policy.TenantBudget
 	log       *slog.Logger
@@ -228,6 +232,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	s.held = heldOutcomes{batches: map[string]*outcomeBatch{}, wake: make(chan struct{}, 1)}
 	opts.Client.AddHook(s.health.hook(&s.trips))
 	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.lib.q = &coalescer{c: opts.Client, base: s.ctx}
 	last, err := s.loadAdmin()
 	if err != nil {
 		s.cancel()
