@@ -8,17 +8,35 @@ import (
 	"github.com/policyd/policyd/policy"
 )
 
-// An audit stream entry holds one record in one field, "r", packed by
-// appendAuditEntry: a version byte (auditEntryV1), then the numbers as
-// varints and the strings as a uvarint length and their bytes, in the
-// order below. One field, not one per attribute: a replica encodes a
-// flush's records into one buffer with no allocation per field, and the
-// engine stores and returns one value an entry. Written by hand, as
-// breakerstore's audit segments are: no library packs a record of this
-// shape with less work, and the format is this file's to keep.
+// An audit stream entry holds a chunk of one tenant's records, up to
+// maxAuditChunk of them, in two fields: "n", their count in decimal (the
+// library trims by it), and "b", packed by appendAuditChunk: the count as
+// a uvarint, then each record as a uvarint length and that many bytes of
+// appendAuditEntry. Record i of the entry with id ms-seq has the Seq
+// ms<<20 | (seq+i): the library gives an entry of n records an id whose
+// sequence leaves the n-1 after it free (policyd.lua's audit), so Seqs
+// are unique and ordered across entries and within one, and the Seq of a
+// record tells the entry to read from (auditResumeID).
+//
+// Entries written before chunks hold one record each, with the Seq of
+// their id: one field, "r", the record packed by appendAuditEntry, or,
+// before that, one field an attribute (decodeAuditFields).
+//
+// A record is packed by appendAuditEntry: a version byte (auditEntryV1),
+// then the numbers as varints and the strings as a uvarint length and
+// their bytes, in the order below. One field, not one per attribute: a
+// replica encodes a flush's records into one buffer with no allocation
+// per field, and the engine stores and returns one value an entry.
+// Written by hand, as breakerstore's audit segments are: no library packs
+// a record of this shape with less work, and the format is this file's
+// to keep.
 const (
+	auditChunkField = "b"
+	auditCountField = "n"
 	auditEntryField = "r"
 	auditEntryV1    = 1
+	// maxAuditChunk is the most records one entry holds.
+	maxAuditChunk = 1024
 )
 
 // errAuditEntry is a stream entry that does not decode.
@@ -39,6 +57,74 @@ func appendAuditEntry(b []byte, r *policy.AuditRecord) []byte {
 		b = append(b, s...)
 	}
 	return b
+}
+
+// auditEntrySize is the length of appendAuditEntry(nil, r).
+func auditEntrySize(r *policy.AuditRecord) int {
+	n := 1 + varintLen(r.Time.UnixNano()) + uvarintLen(uint64(r.Event)) + uvarintLen(uint64(r.Attempt)) +
+		uvarintLen(uint64(r.Verdict)) + varintLen(int64(r.Delay)) + uvarintLen(uint64(r.Stop)) +
+		uvarintLen(uint64(r.Disposition))
+	for _, s := range [...]string{r.Tenant, r.Target, r.CallID, r.RunID, r.Classification, r.Detail, r.PrimaryTarget} {
+		n += uvarintLen(uint64(len(s))) + len(s)
+	}
+	return n
+}
+
+// uvarintLen is the length of x as binary.AppendUvarint writes it.
+func uvarintLen(x uint64) int {
+	n := 1
+	for ; x >= 0x80; x >>= 7 {
+		n++
+	}
+	return n
+}
+
+// varintLen is the length of x as binary.AppendVarint writes it.
+func varintLen(x int64) int {
+	ux := uint64(x) << 1
+	if x < 0 {
+		ux = ^ux
+	}
+	return uvarintLen(ux)
+}
+
+// appendAuditChunk appends recs (at most maxAuditChunk), packed as an
+// entry's field "b", to b.
+func appendAuditChunk(b []byte, recs []policy.AuditRecord) []byte {
+	b = binary.AppendUvarint(b, uint64(len(recs)))
+	for i := range recs {
+		b = binary.AppendUvarint(b, uint64(auditEntrySize(&recs[i])))
+		b = appendAuditEntry(b, &recs[i])
+	}
+	return b
+}
+
+// decodeAuditChunk appends the records of field "b" v, whose entry says
+// it holds n, to dst, with the Seqs from seq on; a chunk that does not
+// decode, holds another count or more than maxAuditChunk records is
+// errAuditEntry.
+func decodeAuditChunk(dst []policy.AuditRecord, v string, n int, seq uint64) ([]policy.AuditRecord, error) {
+	d := entryDecoder{s: v}
+	if c := d.uvarint(); d.bad || c != uint64(n) || n < 1 || n > maxAuditChunk {
+		return dst, errAuditEntry
+	}
+	for i := range n {
+		l := d.uvarint()
+		if d.bad || l > uint64(len(d.s)) {
+			return dst, errAuditEntry
+		}
+		r, err := decodeAuditEntry(d.s[:l])
+		if err != nil {
+			return dst, err
+		}
+		d.s = d.s[l:]
+		r.Seq = seq + uint64(i)
+		dst = append(dst, r)
+	}
+	if d.s != "" {
+		return dst, errAuditEntry
+	}
+	return dst, nil
 }
 
 // decodeAuditEntry reads a record appendAuditEntry packed; Seq is left to
