@@ -476,6 +476,9 @@ func TestAuditCapIsExactByRecords(t *testing.T) {
 			t.Errorf("after %d records: %d entries, want %d", step.upTo, n, step.entries)
 		}
 	}
+	if err := redisstore.Check(ctx, raw); err != nil {
+		t.Errorf("Check of the trail's keys = %v, want nil", err)
+	}
 }
 
 // TestAuditReadsEntriesWrittenBefore: a stream of entries written before
