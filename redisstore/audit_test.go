@@ -388,7 +388,7 @@ func BenchmarkAuditFlushOverRedis(b *testing.B) {
 	rand.New(rand.NewPCG(1, 2)).Shuffle(len(batch), func(i, j int) { batch[i], batch[j] = batch[j], batch[i] })
 	ctx := context.Background()
 	calls.take()
-	cpu0, rcpu0 := benchSelfCPU(), benchRedisCPU(ctx, c)
+	cpu0, rcpu0, fcall0 := benchSelfCPU(), benchRedisCPU(ctx, c), benchFCallUsec(ctx, c)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for n := b.N; n > 0; n -= perFlush {
@@ -403,6 +403,23 @@ func BenchmarkAuditFlushOverRedis(b *testing.B) {
 	b.ReportMetric(float64(trips)/ops, "roundtrips/record")
 	b.ReportMetric(float64((benchSelfCPU()-cpu0).Microseconds())/ops, "replica-cpu-µs/record")
 	b.ReportMetric((benchRedisCPU(ctx, c)-rcpu0)*1e6/ops, "redis-cpu-µs/record")
+	b.ReportMetric(float64(benchFCallUsec(ctx, c)-fcall0)/ops, "redis-fcall-µs/record")
+}
+
+// benchFCallUsec is the server's time in FCALLs so far, µs (INFO
+// commandstats): the functions' run, without the AOF's write and fsync.
+func benchFCallUsec(ctx context.Context, c *redis.Client) int64 {
+	for _, l := range strings.Split(c.Info(ctx, "commandstats").Val(), "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(l), "cmdstat_fcall:"); ok {
+			for _, f := range strings.Split(rest, ",") {
+				if v, ok := strings.CutPrefix(f, "usec="); ok {
+					n, _ := strconv.ParseInt(v, 10, 64)
+					return n
+				}
+			}
+		}
+	}
+	return 0
 }
 
 // benchSelfCPU is this process's CPU time so far (getrusage).
