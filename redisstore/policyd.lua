@@ -1094,7 +1094,9 @@ end
 -- records kept), head (the first entry's id), headn (its records), skip
 -- (of them, those the cap removed) and next.
 local AUDIT_SEQ = 1048576 -- 2^20 sequences a millisecond, as redisstore's packID
-local AUDIT_WALK = 4096 -- entries one call removes at most; the next call goes on
+-- what one call's trim reads at most (the next call goes on): entries,
+-- and bytes of their fields; either is far more than a call adds
+local AUDIT_WALK, AUDIT_WALK_BYTES = 4096, 4194304
 
 -- audit_id splits an entry id into its milliseconds and sequence.
 local function audit_id(id)
@@ -1135,8 +1137,9 @@ end
 -- to at most ARGV[1] records, exactly (the head entry's first records
 -- skipped past the cap, whole entries removed), and to the entries of the
 -- last ARGV[2] ms by the server's clock, walking only the entries that
--- go (each read once, as it becomes the head), then XTRIM MINID to the
--- head. KEYS: the stream, its meta, its chunk ids. ARGV: max records,
+-- go (each read once, as it becomes the head; at most AUDIT_WALK of them
+-- and AUDIT_WALK_BYTES a call, so a cap lowered far is reached over a few
+-- calls), then XTRIM MINID to the head. KEYS: the stream, its meta, its chunk ids. ARGV: max records,
 -- retention (ms), chunk id ('' for none), the chunk's records, the chunk.
 -- Returns the records added: 0 for a chunk added before.
 local function audit(keys, args)
@@ -1164,8 +1167,9 @@ local function audit(keys, args)
   end
   redis.call('ZREMRANGEBYSCORE', ids, '-inf', '(' .. int(now - APPLIED_TTL * 1000))
   local oldest = now - keep
+  local read = 0
   for _ = 1, AUDIT_WALK do
-    if m.head == '' then break end
+    if m.head == '' or read > AUDIT_WALK_BYTES then break end
     local live = m.headn - m.skip
     local old = audit_id(m.head) < oldest
     if not old and m.records <= cap then break end
@@ -1178,6 +1182,7 @@ local function audit(keys, args)
     local e = redis.call('XRANGE', stream, '(' .. m.head, '+', 'COUNT', 1)[1]
     if e then
       m.head, m.headn, m.skip = e[1], audit_n(e[2]), 0
+      for i = 2, #e[2], 2 do read = read + #e[2][i] end
     else
       m.head, m.headn, m.skip = '', 0, 0
     end
