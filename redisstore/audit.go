@@ -86,6 +86,7 @@ type auditPacker struct {
 	open   []int          // per tenant: its chunk being filled, an index in chunks
 	chunks []auditChunk
 	lens   []int   // per chunk: its body's length
+	last   []int32 // per chunk: its last record so far, an index in recs
 	ends   []int   // per chunk: where its next record goes in buf
 	of     []int32 // per record: its chunk
 	sizes  []int32 // per record: its packed length
@@ -100,7 +101,8 @@ func (w *auditPacker) pack(recs []policy.AuditRecord) []auditChunk {
 		w.group = map[string]int{}
 	}
 	clear(w.group)
-	w.open, w.chunks, w.lens, w.of, w.sizes = w.open[:0], w.chunks[:0], w.lens[:0], w.of[:0], w.sizes[:0]
+	w.open, w.chunks, w.lens, w.last = w.open[:0], w.chunks[:0], w.lens[:0], w.last[:0]
+	w.of, w.sizes = w.of[:0], w.sizes[:0]
 	for i := range recs {
 		r := &recs[i]
 		g, ok := w.group[r.Tenant]
@@ -109,18 +111,23 @@ func (w *auditPacker) pack(recs []policy.AuditRecord) []auditChunk {
 			w.group[r.Tenant] = g
 			w.open = append(w.open, -1)
 		}
-		size := auditEntrySize(r)
-		need := uvarintLen(uint64(size)) + size
 		c := w.open[g]
+		size := 0
+		if c >= 0 {
+			size = auditRecordSize(r, &recs[w.last[c]])
+		}
 		if c < 0 || w.chunks[c].n == maxAuditChunk ||
-			w.lens[c]+need+uvarintLen(uint64(w.chunks[c].n+1)) > auditChunkBytes {
+			w.lens[c]+uvarintLen(uint64(size))+size+uvarintLen(uint64(w.chunks[c].n+1)) > auditChunkBytes {
 			c = len(w.chunks)
 			w.open[g] = c
 			w.chunks = append(w.chunks, auditChunk{tenant: r.Tenant, id: newPermitID().String()})
 			w.lens = append(w.lens, 0)
+			w.last = append(w.last, -1)
+			size = auditRecordSize(r, nil)
 		}
 		w.chunks[c].n++
-		w.lens[c] += need
+		w.lens[c] += uvarintLen(uint64(size)) + size
+		w.last[c] = int32(i)
 		w.of = append(w.of, int32(c))
 		w.sizes = append(w.sizes, int32(size))
 	}
@@ -133,6 +140,7 @@ func (w *auditPacker) pack(recs []policy.AuditRecord) []auditChunk {
 	w.ends = w.ends[:0]
 	off := 0
 	for c := range w.chunks {
+		w.last[c] = -1
 		end := off + w.lens[c]
 		w.chunks[c].body = w.buf[off:end:end]
 		w.ends = append(w.ends, off+binary.PutUvarint(w.buf[off:], uint64(w.chunks[c].n)))
@@ -142,8 +150,12 @@ func (w *auditPacker) pack(recs []policy.AuditRecord) []auditChunk {
 		c, size := w.of[i], int(w.sizes[i])
 		at := w.ends[c]
 		at += binary.PutUvarint(w.buf[at:], uint64(size))
-		appendAuditEntry(w.buf[at:at:at+size], &recs[i])
-		w.ends[c] = at + size
+		var prev *policy.AuditRecord
+		if l := w.last[c]; l >= 0 {
+			prev = &recs[l]
+		}
+		appendAuditRecord(w.buf[at:at:at+size], &recs[i], prev)
+		w.ends[c], w.last[c] = at+size, int32(i)
 	}
 	return w.chunks
 }

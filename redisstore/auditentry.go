@@ -12,7 +12,8 @@ import (
 // maxAuditChunk of them, in two fields: "n", their count in decimal (the
 // library trims by it), and "b", packed by appendAuditChunk: the count as
 // a uvarint, then each record as a uvarint length and that many bytes of
-// appendAuditEntry. Record i of the entry with id ms-seq has the Seq
+// appendAuditRecord: the first as appendAuditEntry packs it, each other
+// one after the record before it (the strings equal to its left out). Record i of the entry with id ms-seq has the Seq
 // ms<<20 | (seq+i): the library gives an entry of n records an id whose
 // sequence leaves the n-1 after it free (policyd.lua's audit), so Seqs
 // are unique and ordered across entries and within one, and the Seq of a
@@ -35,6 +36,7 @@ const (
 	auditCountField = "n"
 	auditEntryField = "r"
 	auditEntryV1    = 1
+	auditEntryDelta = 2 // a record after the first of its chunk (appendAuditRecord)
 	// maxAuditChunk is the most records one entry holds.
 	maxAuditChunk = 1024
 )
@@ -43,29 +45,71 @@ const (
 var errAuditEntry = errors.New("redisstore: audit entry does not decode")
 
 // appendAuditEntry appends r, packed, to b.
-func appendAuditEntry(b []byte, r *policy.AuditRecord) []byte {
-	b = append(b, auditEntryV1)
-	b = binary.AppendVarint(b, r.Time.UnixNano())
+func appendAuditEntry(b []byte, r *policy.AuditRecord) []byte { return appendAuditRecord(b, r, nil) }
+
+// appendAuditRecord appends r packed after prev, the record before it in
+// its chunk (nil for the first, or a record alone): without prev as
+// appendAuditEntry packs it; with prev a version byte auditEntryDelta, a
+// byte whose bit i says the i-th string equals prev's (and is left out),
+// the time as a varint difference from prev's, the other numbers, and the
+// strings not left out. A chunk's records share their tenant and most of
+// their targets, classifications and details: each costs Redis and its
+// AOF about a third of its bytes alone.
+func appendAuditRecord(b []byte, r, prev *policy.AuditRecord) []byte {
+	strs := auditStrings(r)
+	t := r.Time.UnixNano()
+	var same byte
+	if prev == nil {
+		b = append(b, auditEntryV1)
+	} else {
+		ps := auditStrings(prev)
+		for i := range strs {
+			if strs[i] == ps[i] {
+				same |= 1 << i
+			}
+		}
+		b = append(b, auditEntryDelta, same)
+		t -= prev.Time.UnixNano()
+	}
+	b = binary.AppendVarint(b, t)
 	b = binary.AppendUvarint(b, uint64(r.Event))
 	b = binary.AppendUvarint(b, uint64(r.Attempt))
 	b = binary.AppendUvarint(b, uint64(r.Verdict))
 	b = binary.AppendVarint(b, int64(r.Delay))
 	b = binary.AppendUvarint(b, uint64(r.Stop))
 	b = binary.AppendUvarint(b, uint64(r.Disposition))
-	for _, s := range [...]string{r.Tenant, r.Target, r.CallID, r.RunID, r.Classification, r.Detail, r.PrimaryTarget} {
-		b = binary.AppendUvarint(b, uint64(len(s)))
-		b = append(b, s...)
+	for i, s := range strs {
+		if same&(1<<i) == 0 {
+			b = binary.AppendUvarint(b, uint64(len(s)))
+			b = append(b, s...)
+		}
 	}
 	return b
 }
 
-// auditEntrySize is the length of appendAuditEntry(nil, r).
-func auditEntrySize(r *policy.AuditRecord) int {
-	n := 1 + varintLen(r.Time.UnixNano()) + uvarintLen(uint64(r.Event)) + uvarintLen(uint64(r.Attempt)) +
+// auditStrings are r's strings in the order they are packed.
+func auditStrings(r *policy.AuditRecord) [7]string {
+	return [...]string{r.Tenant, r.Target, r.CallID, r.RunID, r.Classification, r.Detail, r.PrimaryTarget}
+}
+
+// auditRecordSize is the length of appendAuditRecord(nil, r, prev).
+func auditRecordSize(r, prev *policy.AuditRecord) int {
+	strs := auditStrings(r)
+	t := r.Time.UnixNano()
+	n := 1
+	var ps [7]string
+	if prev != nil {
+		ps = auditStrings(prev)
+		t -= prev.Time.UnixNano()
+		n++
+	}
+	n += varintLen(t) + uvarintLen(uint64(r.Event)) + uvarintLen(uint64(r.Attempt)) +
 		uvarintLen(uint64(r.Verdict)) + varintLen(int64(r.Delay)) + uvarintLen(uint64(r.Stop)) +
 		uvarintLen(uint64(r.Disposition))
-	for _, s := range [...]string{r.Tenant, r.Target, r.CallID, r.RunID, r.Classification, r.Detail, r.PrimaryTarget} {
-		n += uvarintLen(uint64(len(s))) + len(s)
+	for i, s := range strs {
+		if prev == nil || s != ps[i] {
+			n += uvarintLen(uint64(len(s))) + len(s)
+		}
 	}
 	return n
 }
@@ -92,9 +136,11 @@ func varintLen(x int64) int {
 // entry's field "b", to b.
 func appendAuditChunk(b []byte, recs []policy.AuditRecord) []byte {
 	b = binary.AppendUvarint(b, uint64(len(recs)))
+	var prev *policy.AuditRecord
 	for i := range recs {
-		b = binary.AppendUvarint(b, uint64(auditEntrySize(&recs[i])))
-		b = appendAuditEntry(b, &recs[i])
+		b = binary.AppendUvarint(b, uint64(auditRecordSize(&recs[i], prev)))
+		b = appendAuditRecord(b, &recs[i], prev)
+		prev = &recs[i]
 	}
 	return b
 }
@@ -108,18 +154,24 @@ func decodeAuditChunk(dst []policy.AuditRecord, v string, n int, seq uint64) ([]
 	if c := d.uvarint(); d.bad || c != uint64(n) || n < 1 || n > maxAuditChunk {
 		return dst, errAuditEntry
 	}
+	var prev policy.AuditRecord
 	for i := range n {
 		l := d.uvarint()
 		if d.bad || l > uint64(len(d.s)) {
 			return dst, errAuditEntry
 		}
-		r, err := decodeAuditEntry(d.s[:l])
+		p := &prev
+		if i == 0 {
+			p = nil
+		}
+		r, err := decodeAuditRecord(d.s[:l], p)
 		if err != nil {
 			return dst, err
 		}
 		d.s = d.s[l:]
 		r.Seq = seq + uint64(i)
 		dst = append(dst, r)
+		prev = r
 	}
 	if d.s != "" {
 		return dst, errAuditEntry
@@ -129,21 +181,43 @@ func decodeAuditChunk(dst []policy.AuditRecord, v string, n int, seq uint64) ([]
 
 // decodeAuditEntry reads a record appendAuditEntry packed; Seq is left to
 // the caller (the entry id).
-func decodeAuditEntry(v string) (policy.AuditRecord, error) {
+func decodeAuditEntry(v string) (policy.AuditRecord, error) { return decodeAuditRecord(v, nil) }
+
+// decodeAuditRecord reads a record appendAuditRecord packed after prev
+// (nil: one packed alone, or the first of its chunk); Seq is left to the
+// caller.
+func decodeAuditRecord(v string, prev *policy.AuditRecord) (policy.AuditRecord, error) {
 	d := entryDecoder{s: v}
-	if d.byte() != auditEntryV1 {
+	var same byte
+	var base int64
+	switch ver := d.byte(); {
+	case ver == auditEntryV1 && prev == nil:
+	case ver == auditEntryDelta && prev != nil:
+		same, base = d.byte(), prev.Time.UnixNano()
+		if same >= 1<<7 {
+			return policy.AuditRecord{}, errAuditEntry
+		}
+	default:
 		return policy.AuditRecord{}, errAuditEntry
 	}
 	var r policy.AuditRecord
-	r.Time = time.Unix(0, d.varint())
+	r.Time = time.Unix(0, base+d.varint())
 	r.Event = policy.AuditEvent(d.small())
 	r.Attempt = uint32(min(d.uvarint(), 1<<32-1))
 	r.Verdict = policy.Verdict(d.small())
 	r.Delay = time.Duration(d.varint())
 	r.Stop = policy.StopReason(d.small())
 	r.Disposition = policy.Disposition(d.small())
-	for _, s := range [...]*string{&r.Tenant, &r.Target, &r.CallID, &r.RunID, &r.Classification, &r.Detail, &r.PrimaryTarget} {
-		*s = d.str()
+	var ps [7]string
+	if prev != nil {
+		ps = auditStrings(prev)
+	}
+	for i, s := range [...]*string{&r.Tenant, &r.Target, &r.CallID, &r.RunID, &r.Classification, &r.Detail, &r.PrimaryTarget} {
+		if same&(1<<i) != 0 {
+			*s = ps[i]
+		} else {
+			*s = d.str()
+		}
 	}
 	if d.bad || d.s != "" {
 		return policy.AuditRecord{}, errAuditEntry

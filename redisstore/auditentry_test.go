@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -27,8 +28,8 @@ func FuzzAuditEntry(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if n, want := auditEntrySize(&r), len(appendAuditEntry(nil, &r)); n != want {
-			t.Fatalf("auditEntrySize(%+v) = %d, want %d", r, n, want)
+		if n, want := auditRecordSize(&r, nil), len(appendAuditEntry(nil, &r)); n != want {
+			t.Fatalf("auditRecordSize(%+v) = %d, want %d", r, n, want)
 		}
 		if got := string(appendAuditEntry(nil, &r)); got != v {
 			// Varints have one shortest form; a longer one decodes
@@ -129,6 +130,43 @@ func TestAuditChunkRoundTrip(t *testing.T) {
 	} {
 		if _, err := decodeAuditChunk(nil, c.v, c.n, 0); err == nil {
 			t.Errorf("%s: decodes, want an error", name)
+		}
+	}
+}
+
+// TestAuditPackerPacksChunks: the packer's chunks are each one tenant's
+// records in their order, at most maxAuditChunk and auditChunkBytes (but
+// for one record larger alone), their bodies what appendAuditChunk packs,
+// and a second pack with the buffers reused does the same.
+func TestAuditPackerPacksChunks(t *testing.T) {
+	var recs []policy.AuditRecord
+	for i := range 5000 {
+		r := policy.AuditRecord{Time: time.Unix(0, int64(1_764_547_200_000_000_000+i*1000)), Event: policy.AuditOutcome,
+			Tenant: []string{"acme", "beta", "gamma"}[i%3], Target: []string{"geo", "geo-b"}[i%7/5], CallID: "call-" + string(rune('a'+i%26)),
+			Attempt: uint32(1 + i%3), Detail: strings.Repeat("d", i%50)}
+		if i == 77 {
+			r.Detail = strings.Repeat("x", auditChunkBytes) // larger than a chunk alone
+		}
+		recs = append(recs, r)
+	}
+	var w auditPacker
+	for round := range 2 {
+		chunks := w.pack(recs[round*100:])
+		next := map[string]int{} // tenant -> index in recs of its next record
+		for _, c := range chunks {
+			var want []policy.AuditRecord
+			for i := max(next[c.tenant], round*100); len(want) < c.n && i < len(recs); i++ {
+				if recs[i].Tenant == c.tenant {
+					want = append(want, recs[i])
+					next[c.tenant] = i + 1
+				}
+			}
+			if got := appendAuditChunk(nil, want); string(got) != string(c.body) {
+				t.Fatalf("round %d: chunk of %d records of %s: body differs from appendAuditChunk of them", round, c.n, c.tenant)
+			}
+			if c.n > maxAuditChunk || c.n > 1 && len(c.body) > auditChunkBytes {
+				t.Errorf("round %d: a chunk of %d records in %d bytes", round, c.n, len(c.body))
+			}
 		}
 	}
 }

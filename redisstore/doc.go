@@ -152,7 +152,8 @@
 //	                                 (decodeAttempt); the key expires then (PEXPIREAT)
 //	{T}:audit                stream  the tenant's audit records, in chunks: an entry holds up to 1024 of one
 //	                                 flush (or commit), fields n (their count) and b (the records packed by
-//	                                 appendAuditChunk, auditentry.go); entries written before chunks hold
+//	                                 appendAuditChunk, auditentry.go, each after the one before it: the
+//	                                 strings equal to its left out); entries written before chunks hold
 //	                                 one record each, in field r (appendAuditEntry) or in one field an
 //	                                 attribute (t (ns), ev, tenant, target, call, run, attempt, class,
 //	                                 verdict, delay (ns), stop, disp, detail, primary). Record i of entry
