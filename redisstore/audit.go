@@ -68,15 +68,20 @@ func (c auditChunk) own() auditChunk {
 // records and, but for a record larger alone, auditChunkBytes packed; a
 // round trip carries at most auditCallsPerTrip chunks and, but for one
 // chunk alone, auditTripBytes, so Redis runs it in a few milliseconds
-// (the store's timeout bounds it); the flusher's flush sends at most
-// auditTripsPerFlush round trips (8 MiB: about 800,000 records a second a
-// replica at the default interval), so it never holds up the held
-// outcomes' flush behind it for long; the rest waits for the next one.
+// and it ends well within the store's timeout under load (with
+// appendfsync always a round trip also waits for the AOF's fsync: in
+// policybench's report phase 512 KiB ones timed out 8 to 40 times in 6 s,
+// 128 KiB ones 1 to 3 times, writing as many records); the flusher's flush
+// sends at most auditTripsPerFlush round trips (4 MiB: at about 35 bytes
+// a record, over a million records a second a replica at the default
+// interval, more than one Redis takes with appendfsync always), so it
+// never holds up the held outcomes' flush behind it for long; the rest
+// waits for the next one.
 const (
 	auditChunkBytes    = 128 << 10
-	auditTripBytes     = 512 << 10
+	auditTripBytes     = 128 << 10
 	auditCallsPerTrip  = 32
-	auditTripsPerFlush = 16
+	auditTripsPerFlush = 32
 )
 
 // auditPacker packs records into chunks, reusing its buffers from one

@@ -163,7 +163,7 @@ func TestAuditOneCallPerTenantPerFlush(t *testing.T) {
 
 // TestAuditFlushIsBounded: a chunk holds at most 1,024 records and 128
 // KiB (but for one record larger alone), a round trip at most 32 chunks
-// and 512 KiB (but for one chunk alone), a flush at most 16 round trips;
+// and 128 KiB (but for one chunk alone), a flush at most 32 round trips;
 // the records past them wait, in order, for the next flush.
 func TestAuditFlushIsBounded(t *testing.T) {
 	srv := redistest.Standalone(t)
@@ -196,15 +196,15 @@ func TestAuditFlushIsBounded(t *testing.T) {
 				}
 				total += trip.bytes[j]
 			}
-			if n := len(trip.records); n > 32 || n > 1 && total > 512<<10 {
-				t.Errorf("flush %d, round trip %d: %d chunks of %d bytes, want at most 32 and 512 KiB", flush, i, n, total)
+			if n := len(trip.records); n > 32 || n > 1 && total > 128<<10 {
+				t.Errorf("flush %d, round trip %d: %d chunks of %d bytes, want at most 32 and 128 KiB", flush, i, n, total)
 			}
 		}
-		if flush == 1 && (trips != 16 || s.AuditBuffered() == 0) {
-			t.Errorf("flush 1 of %d records: %d round trips, %d records left; want 16, some left", len(recs)+len(small), trips, s.AuditBuffered())
+		if flush == 1 && (trips != 32 || s.AuditBuffered() == 0) {
+			t.Errorf("flush 1 of %d records: %d round trips, %d records left; want 32, some left", len(recs)+len(small), trips, s.AuditBuffered())
 		}
-		if trips > 16 {
-			t.Errorf("flush %d: %d round trips, want at most 16", flush, trips)
+		if trips > 32 {
+			t.Errorf("flush %d: %d round trips, want at most 32", flush, trips)
 		}
 	}
 	if got := queryAll(t, s, "acme"); !sameRecords(got, recs) {
