@@ -3,8 +3,12 @@ package redisstore_test
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -23,7 +27,12 @@ type auditCalls struct {
 	calls  map[string]int // by stream key
 	trips  int
 	others []string
+	sizes  []auditTrip // the round trips', in order
 }
+
+// auditTrip is one round trip's calls of policyd_audit: the records and
+// the chunk's bytes of each.
+type auditTrip struct{ records, bytes []int }
 
 func (c *auditCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
 
@@ -46,11 +55,14 @@ func (c *auditCalls) count(cmds []redis.Cmder) {
 	defer c.mu.Unlock()
 	audit := false
 	var others []string
+	var trip auditTrip
 	for _, cmd := range cmds {
 		a := cmd.Args()
 		if cmd.Name() == "fcall" && len(a) > 3 && a[1] == "policyd_audit" {
 			c.calls[a[3].(string)]++
 			audit = true
+			trip.records = append(trip.records, a[10].(int))
+			trip.bytes = append(trip.bytes, len(a[11].([]byte)))
 		} else {
 			others = append(others, cmd.Name())
 		}
@@ -58,14 +70,24 @@ func (c *auditCalls) count(cmds []redis.Cmder) {
 	if audit {
 		c.trips++
 		c.others = append(c.others, others...)
+		c.sizes = append(c.sizes, trip)
 	}
+}
+
+// takeSizes returns the round trips' sizes since the last take.
+func (c *auditCalls) takeSizes() []auditTrip {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	sizes := c.sizes
+	c.sizes = nil
+	return sizes
 }
 
 func (c *auditCalls) take() (calls map[string]int, trips int, others []string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	calls, trips, others = c.calls, c.trips, c.others
-	c.calls, c.trips, c.others = map[string]int{}, 0, nil
+	c.calls, c.trips, c.others, c.sizes = map[string]int{}, 0, nil, nil
 	return calls, trips, others
 }
 
@@ -139,21 +161,50 @@ func TestAuditOneCallPerTenantPerFlush(t *testing.T) {
 	}
 }
 
-// TestAuditFlushIsBounded: a flush sends at most 2 round trips of 8
-// calls of 1,024 records; the records past them wait, in order, for the
-// next flush (a query writes them all first).
+// TestAuditFlushIsBounded: a chunk holds at most 1,024 records and 128
+// KiB (but for one record larger alone), a round trip at most 32 chunks
+// and 128 KiB (but for one chunk alone), a flush at most 32 round trips;
+// the records past them wait, in order, for the next flush.
 func TestAuditFlushIsBounded(t *testing.T) {
 	srv := redistest.Standalone(t)
 	calls := &auditCalls{calls: map[string]int{}}
 	s := auditStore(t, srv.Addr, calls, redisstore.Options{})
-	recs := records("acme", 20*1024+1, time.Now().Truncate(time.Microsecond))
+	t0 := time.Now().Truncate(time.Microsecond)
+	recs := records("acme", 40_000, t0)
+	for i := range recs {
+		recs[i].Detail = strings.Repeat("d", 100+i%400) // 121 to 520 bytes a record
+	}
+	recs[7].Detail = strings.Repeat("x", 200<<10) // a record larger than a chunk
+	var small []policy.AuditRecord                // 40 tenants of one record: 40 chunks
+	for i := range 40 {
+		small = append(small, records(fmt.Sprintf("t%d", i), 1, t0)...)
+	}
 	s.AppendAudit(recs...)
-	for i, want := range []struct{ calls, trips, buffered int }{{16, 2, 4*1024 + 1}, {5, 1, 0}} {
+	s.AppendAudit(small...)
+	for flush := 1; s.AuditBuffered() > 0; flush++ {
+		if flush > 10 {
+			t.Fatalf("%d records left after 10 flushes", s.AuditBuffered())
+		}
 		s.FlushAudit()
-		n, trips, _ := calls.take()
-		if n["{=acme}:audit"] != want.calls || trips != want.trips || s.AuditBuffered() != want.buffered {
-			t.Errorf("flush %d: %d calls in %d round trips, %d records left; want %d in %d, %d left",
-				i+1, n["{=acme}:audit"], trips, s.AuditBuffered(), want.calls, want.trips, want.buffered)
+		sizes := calls.takeSizes()
+		_, trips, _ := calls.take()
+		for i, trip := range sizes {
+			total := 0
+			for j, n := range trip.records {
+				if b := trip.bytes[j]; n > 1024 || n > 1 && b > 128<<10 {
+					t.Errorf("flush %d, round trip %d: a chunk of %d records in %d bytes, want at most 1,024 and 128 KiB", flush, i, n, b)
+				}
+				total += trip.bytes[j]
+			}
+			if n := len(trip.records); n > 32 || n > 1 && total > 128<<10 {
+				t.Errorf("flush %d, round trip %d: %d chunks of %d bytes, want at most 32 and 128 KiB", flush, i, n, total)
+			}
+		}
+		if flush == 1 && (trips != 32 || s.AuditBuffered() == 0) {
+			t.Errorf("flush 1 of %d records: %d round trips, %d records left; want 32, some left", len(recs)+len(small), trips, s.AuditBuffered())
+		}
+		if trips > 32 {
+			t.Errorf("flush %d: %d round trips, want at most 32", flush, trips)
 		}
 	}
 	if got := queryAll(t, s, "acme"); !sameRecords(got, recs) {
@@ -190,7 +241,7 @@ func TestAuditFlushWritesWhatTheCommitWrites(t *testing.T) {
 // TestAuditWaitsWhileTheEngineIsDown: records flushed while Redis is
 // stopped (SIGSTOP) wait in the buffer, in order, up to MaxAuditBuffer
 // (records appended past it are dropped and counted), and are written at
-// the first flush after SIGCONT.
+// the first flush after SIGCONT, each once.
 func TestAuditWaitsWhileTheEngineIsDown(t *testing.T) {
 	srv := redistest.Standalone(t)
 	calls := &auditCalls{calls: map[string]int{}}
@@ -212,18 +263,11 @@ func TestAuditWaitsWhileTheEngineIsDown(t *testing.T) {
 	srv.Resume(t)
 	eventually(t, "the engine up again", func() bool { return s.Up() })
 	s.FlushAudit()
-	got := queryAll(t, s, "acme")
-	// The flush that timed out may have been read by the server before it
-	// stopped answering, and run after SIGCONT: its records then appear
-	// twice, as with the pipelined XADDs before.
-	seen := map[string]bool{}
-	got = slices.DeleteFunc(got, func(r policy.AuditRecord) bool {
-		dup := seen[r.CallID]
-		seen[r.CallID] = true
-		return dup
-	})
-	if !sameRecords(got, recs[:10]) {
-		t.Errorf("after SIGCONT: %d records (%v), want the first 10 in order", len(got), got)
+	// The flush that timed out may have reached the server before it
+	// stopped answering, and run after SIGCONT: sent again, its chunk adds
+	// nothing.
+	if got := queryAll(t, s, "acme"); !sameRecords(got, recs[:10]) {
+		t.Errorf("after SIGCONT: %d records (%v), want the first 10, once each and in order", len(got), got)
 	}
 }
 
@@ -252,4 +296,295 @@ func sameRecords(got, want []policy.AuditRecord) bool {
 		a.Seq, b.Seq = 0, 0
 		return a.Time.Equal(b.Time) && func() bool { a.Time, b.Time = time.Time{}, time.Time{}; return a == b }()
 	})
+}
+
+// lostReply is a hook that lets its first pipeline carrying a call of
+// policyd_audit reach Redis and run, then reports it timed out, as a
+// reply lost on the way back does.
+type lostReply struct {
+	mu   sync.Mutex
+	lost int
+}
+
+func (l *lostReply) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (l *lostReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (l *lostReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if err != nil || l.lost > 0 || !slices.ContainsFunc(cmds, isAudit) {
+			return err
+		}
+		l.lost++
+		lost := fmt.Errorf("reply lost: %w", context.DeadlineExceeded)
+		for _, c := range cmds {
+			c.SetErr(lost)
+		}
+		return lost
+	}
+}
+
+// TestAuditFlushSentAgainIsWrittenOnce: a flush whose reply is lost
+// after Redis ran it is sent again at the next flush, and the trail holds
+// each of its records once, in order.
+func TestAuditFlushSentAgainIsWrittenOnce(t *testing.T) {
+	srv := redistest.Standalone(t)
+	lost := &lostReply{}
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	c.AddHook(lost)
+	t.Cleanup(func() { _ = c.Close() })
+	s, err := redisstore.Open(context.Background(), redisstore.Options{Client: c, FlushInterval: time.Hour, Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	t0 := time.Now().Truncate(time.Microsecond)
+	acme, beta := records("acme", 1500, t0), records("beta", 3, t0)
+	s.AppendAudit(acme...)
+	s.AppendAudit(beta...)
+	s.FlushAudit() // runs on Redis, its reply lost
+	if lost.lost != 1 || s.AuditBuffered() != len(acme)+len(beta) {
+		t.Fatalf("after the flush whose reply was lost: %d replies lost, %d records buffered; want 1 and all %d",
+			lost.lost, s.AuditBuffered(), len(acme)+len(beta))
+	}
+	s.AppendAudit(records("acme", 2, t0.Add(time.Second))...) // appended since, written after
+	s.FlushAudit()
+	if b := s.AuditBuffered(); b != 0 {
+		t.Errorf("after the second flush %d records buffered, want 0", b)
+	}
+	want := append(slices.Clone(acme), records("acme", 2, t0.Add(time.Second))...)
+	for _, want := range [][]policy.AuditRecord{want, beta} {
+		if got := queryAll(t, s, want[0].Tenant); !sameRecords(got, want) {
+			t.Errorf("QueryAudit(%s) = %d records, want the %d appended, each once and in order", want[0].Tenant, len(got), len(want))
+		}
+	}
+}
+
+// BenchmarkAuditFlushOverRedis appends audit records of 8 tenants, a
+// flush interval's worth at a time (25,000: 250,000 a second, what one
+// replica accepts in policybench's report phase), and flushes them all to
+// a real server. It reports per record the round trips carrying
+// policyd_audit, the replica's CPU (this process's, getrusage) and
+// Redis's (INFO cpu).
+func BenchmarkAuditFlushOverRedis(b *testing.B) {
+	srv := redistest.Standalone(b)
+	calls := &auditCalls{calls: map[string]int{}}
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	c.AddHook(calls)
+	b.Cleanup(func() { _ = c.Close() })
+	s, err := redisstore.Open(context.Background(), redisstore.Options{Client: c, FlushInterval: time.Hour,
+		Timeout: time.Second, MaxAuditBuffer: 1 << 20})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = s.Close() })
+	const perFlush = 25_000
+	var batch []policy.AuditRecord
+	for i := range 8 {
+		batch = append(batch, records(fmt.Sprintf("bench-t%d", i), perFlush/8, time.Now())...)
+	}
+	rand.New(rand.NewPCG(1, 2)).Shuffle(len(batch), func(i, j int) { batch[i], batch[j] = batch[j], batch[i] })
+	ctx := context.Background()
+	calls.take()
+	cpu0, rcpu0, fcall0 := benchSelfCPU(), benchRedisCPU(ctx, c), benchFCallUsec(ctx, c)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for n := b.N; n > 0; n -= perFlush {
+		s.AppendAudit(batch[:min(n, perFlush)]...)
+		for s.AuditBuffered() > 0 {
+			s.FlushAudit()
+		}
+	}
+	b.StopTimer()
+	_, trips, _ := calls.take()
+	ops := float64(b.N)
+	b.ReportMetric(float64(trips)/ops, "roundtrips/record")
+	b.ReportMetric(float64((benchSelfCPU()-cpu0).Microseconds())/ops, "replica-cpu-µs/record")
+	b.ReportMetric((benchRedisCPU(ctx, c)-rcpu0)*1e6/ops, "redis-cpu-µs/record")
+	b.ReportMetric(float64(benchFCallUsec(ctx, c)-fcall0)/ops, "redis-fcall-µs/record")
+}
+
+// benchFCallUsec is the server's time in FCALLs so far, µs (INFO
+// commandstats): the functions' run, without the AOF's write and fsync.
+func benchFCallUsec(ctx context.Context, c *redis.Client) int64 {
+	for _, l := range strings.Split(c.Info(ctx, "commandstats").Val(), "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(l), "cmdstat_fcall:"); ok {
+			for _, f := range strings.Split(rest, ",") {
+				if v, ok := strings.CutPrefix(f, "usec="); ok {
+					n, _ := strconv.ParseInt(v, 10, 64)
+					return n
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// benchSelfCPU is this process's CPU time so far (getrusage).
+func benchSelfCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// benchRedisCPU is the server's CPU seconds so far (INFO cpu).
+func benchRedisCPU(ctx context.Context, c *redis.Client) float64 {
+	var sum float64
+	for _, l := range strings.Split(c.Info(ctx, "cpu").Val(), "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(l), ":")
+		if ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
+			f, _ := strconv.ParseFloat(v, 64)
+			sum += f
+		}
+	}
+	return sum
+}
+
+// queryPages returns every record q selects, read in pages of q.Limit.
+func queryPages(t *testing.T, s *redisstore.Store, q policy.AuditQuery) []policy.AuditRecord {
+	t.Helper()
+	var out []policy.AuditRecord
+	for pages := 0; ; pages++ {
+		if pages > 100_000 {
+			t.Fatal("QueryAudit: more than 100,000 pages")
+		}
+		recs, next, err := s.QueryAudit(q)
+		if err != nil {
+			t.Fatalf("QueryAudit(%+v) = %v", q, err)
+		}
+		out = append(out, recs...)
+		if next.IsZero() {
+			return out
+		}
+		q.After = next
+	}
+}
+
+// TestAuditCapIsExactByRecords: AuditMaxRecords counts records, not
+// entries: past it the oldest records go, the first ones of a chunk
+// included, and a query never returns them.
+func TestAuditCapIsExactByRecords(t *testing.T) {
+	srv := redistest.Standalone(t)
+	s := auditStore(t, srv.Addr, &auditCalls{calls: map[string]int{}}, redisstore.Options{AuditMaxRecords: 1500})
+	raw := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = raw.Close() })
+	ctx := context.Background()
+	all := records("acme", 2648, time.Now().Truncate(time.Microsecond))
+	from := 0
+	for _, step := range []struct{ upTo, entries int }{
+		{1024, 1}, // one chunk, under the cap
+		{2048, 2}, // two: the first one's 548 oldest records cut
+		{2648, 2}, // the first gone whole, the second's 124 oldest cut
+	} {
+		s.AppendAudit(all[from:step.upTo]...)
+		s.FlushAudit()
+		from = step.upTo
+		want := all[max(0, step.upTo-1500):step.upTo]
+		if got := queryAll(t, s, "acme"); !sameRecords(got, want) {
+			t.Errorf("after %d records: QueryAudit = %d records (first %s), want the last %d (first %s)",
+				step.upTo, len(got), got[0].CallID, len(want), want[0].CallID)
+		}
+		if n, err := raw.HGet(ctx, "{=acme}:auditmeta", "records").Int(); err != nil || n != len(want) {
+			t.Errorf("after %d records: the meta's records = %d, %v; want %d", step.upTo, n, err, len(want))
+		}
+		if n := raw.XLen(ctx, "{=acme}:audit").Val(); n != int64(step.entries) {
+			t.Errorf("after %d records: %d entries, want %d", step.upTo, n, step.entries)
+		}
+	}
+	if err := redisstore.Check(ctx, raw); err != nil {
+		t.Errorf("Check of the trail's keys = %v, want nil", err)
+	}
+}
+
+// TestAuditReadsEntriesWrittenBefore: a stream of entries written before
+// chunks (one record each, in field r or one field an attribute) is
+// counted once at its first write, trimmed by age and cap with the
+// chunks after it, and read with them, in order, also in pages that end
+// inside a chunk.
+func TestAuditReadsEntriesWrittenBefore(t *testing.T) {
+	srv := redistest.Standalone(t)
+	s := auditStore(t, srv.Addr, &auditCalls{calls: map[string]int{}}, redisstore.Options{AuditMaxRecords: 6})
+	raw := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = raw.Close() })
+	ctx := context.Background()
+	t0 := time.Now().Truncate(time.Microsecond)
+	old := records("acme", 4, t0)
+	fields := func(r policy.AuditRecord) []any {
+		return []any{"t", r.Time.UnixNano(), "ev", int(r.Event), "tenant", r.Tenant, "target", r.Target,
+			"call", r.CallID, "run", r.RunID, "attempt", r.Attempt, "class", r.Classification,
+			"verdict", int(r.Verdict), "delay", int64(r.Delay), "stop", int(r.Stop), "disp", int(r.Disposition),
+			"detail", r.Detail, "primary", r.PrimaryTarget}
+	}
+	for i, e := range []struct {
+		id     string
+		values []any
+	}{
+		{"1000-0", fields(old[0])}, // 1970: past the retention
+		{"*", []any{"r", redisstore.PackAuditEntry(old[1])}},
+		{"*", fields(old[2])},
+		{"*", []any{"r", redisstore.PackAuditEntry(old[3])}},
+	} {
+		if err := raw.XAdd(ctx, &redis.XAddArgs{Stream: "{=acme}:audit", ID: e.id, Values: e.values}).Err(); err != nil {
+			t.Fatalf("XADD entry %d: %v", i, err)
+		}
+	}
+	fresh := records("acme", 5, t0.Add(time.Second))
+	for i := range fresh {
+		fresh[i].CallID = fmt.Sprintf("new-%d", i)
+	}
+	s.AppendAudit(fresh...)
+	s.FlushAudit()
+	// 1 gone by age; of the 3 left and 5 new, the 2 oldest by the cap.
+	want := append(slices.Clone(old[3:]), fresh...)
+	if got := queryAll(t, s, "acme"); !sameRecords(got, want) {
+		t.Errorf("QueryAudit = %v, want %v", callIDs(got), callIDs(want))
+	}
+	if n, err := raw.HGet(ctx, "{=acme}:auditmeta", "records").Int(); err != nil || n != len(want) {
+		t.Errorf("the meta's records = %d, %v; want %d", n, err, len(want))
+	}
+	for limit := 1; limit <= 4; limit++ {
+		if got := queryPages(t, s, policy.AuditQuery{Tenant: "acme", Limit: limit}); !sameRecords(got, want) {
+			t.Errorf("QueryAudit in pages of %d = %v, want %v", limit, callIDs(got), callIDs(want))
+		}
+	}
+}
+
+// TestAuditPagesResumeInsideChunks: pages of any size over the chunks of
+// two tenants return every record once, in the trail's order.
+func TestAuditPagesResumeInsideChunks(t *testing.T) {
+	srv := redistest.Standalone(t)
+	s := auditStore(t, srv.Addr, &auditCalls{calls: map[string]int{}}, redisstore.Options{})
+	raw := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = raw.Close() })
+	// Listed as a replica lists the tenants it uses.
+	if err := raw.SAdd(context.Background(), "{policyd}:tenants", "acme", "beta").Err(); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now().Truncate(time.Microsecond)
+	for range 3 {
+		s.AppendAudit(records("acme", 700, t0)...)
+		s.AppendAudit(records("beta", 300, t0)...)
+		s.FlushAudit()
+	}
+	whole := queryPages(t, s, policy.AuditQuery{Limit: redisstore.MaxAuditPage})
+	if len(whole) != 3000 {
+		t.Fatalf("QueryAudit in one page: %d records, want 3000", len(whole))
+	}
+	for _, limit := range []int{1, 7, 300, 701, 1024, 1025} {
+		got := queryPages(t, s, policy.AuditQuery{Limit: limit})
+		if !slices.Equal(got, whole) {
+			t.Errorf("QueryAudit in pages of %d: %d records, want the %d of one page, in its order", limit, len(got), len(whole))
+		}
+	}
+}
+
+// callIDs lists the records' call ids.
+func callIDs(recs []policy.AuditRecord) []string {
+	out := make([]string, len(recs))
+	for i, r := range recs {
+		out[i] = r.CallID
+	}
+	return out
 }

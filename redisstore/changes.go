@@ -109,6 +109,12 @@ func (c *changes) Commit() error {
 	}
 	ctx, cancel := s.call()
 	defer cancel()
+	var audit []auditChunk
+	if len(c.audit) > 0 {
+		var packer auditPacker
+		audit = packer.pack(c.audit)
+	}
+	auditCmds := make([]*redis.Cmd, len(audit))
 	var qerr error
 	cmds, err := s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, a := range c.attempts {
@@ -118,21 +124,26 @@ func (c *changes) Commit() error {
 		}
 		queueNotes(ctx, s.lib.on(p), c.notes, s.opts.MaxRunCalls)
 		queueTallies(ctx, p, c.tallies, s.opts.Clock())
-		for i := range c.audit {
-			p.XAdd(ctx, &redis.XAddArgs{Stream: keyAudit(c.audit[i].Tenant), MaxLen: int64(s.opts.AuditMaxRecords),
-				Approx: true, Values: auditValues(&c.audit[i])})
+		for i := range audit {
+			auditCmds[i] = s.queueAudit(ctx, s.lib.on(p), &audit[i])
 		}
 		return nil
 	})
-	audit := c.audit
 	c.attempts, c.notes, c.audit, c.tallies = nil, nil, nil, nil
 	if qerr != nil {
 		return qerr
 	}
 	if errors.Is(err, ErrUnavailable) {
-		// Degraded: the audit records wait in the buffer for the engine;
+		// Degraded: the audit chunks not written wait for the next flush,
+		// which sends them as they are (one that ran adds nothing again);
 		// the attempt records are lost (a retried NextDelay decides again).
-		s.AppendAudit(audit...)
+		var unsent []auditChunk
+		for i, cmd := range auditCmds {
+			if cmd.Err() != nil {
+				unsent = append(unsent, audit[i])
+			}
+		}
+		s.requeueAudit(unsent)
 		return nil
 	}
 	if err != nil {

@@ -83,6 +83,10 @@ var keyShapes = []struct {
 	{":idemkeys", "zset", nil},
 	{":flow:", "hash", []string{"stray", "tat", "adec", "asince", "adecs"}},
 	{":leases:", "zset", nil},
+	// The audit trail's meta and chunk ids before its stream, whose
+	// name starts theirs.
+	{":auditmeta", "hash", []string{"records", "headn", "skip"}},
+	{":auditchunks", "zset", nil},
 	{":audit", "stream", nil},
 	{":schema", "string", nil},
 	{":tenants", "set", nil},

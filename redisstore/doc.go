@@ -151,12 +151,26 @@
 //	                                 "retry delay stop disposition breaker checks tokens remaining
 //	                                 spread" (delay ns, tokens %.17g, spread 0 or 1), laid over the
 //	                                 answer (attemptFields.decode); the key expires then (PEXPIREAT)
-//	{T}:audit                stream  the tenant's audit records, one entry each: t (ns), ev, tenant,
-//	                                 target, call, run, attempt, class, verdict, delay (ns), stop, disp,
-//	                                 detail, and primary (the primary target of an attempt sent to a
-//	                                 fallback) when set; trimmed to AuditMaxRecords (MAXLEN ~) and AuditRetention
-//	                                 (MINID ~) at each flush. A record's Seq is its entry id packed as
-//	                                 milliseconds << 20 | sequence.
+//	{T}:audit                stream  the tenant's audit records, in chunks: an entry holds up to 1024 of one
+//	                                 flush (or commit), fields n (their count) and b (the records packed by
+//	                                 appendAuditChunk, auditentry.go, each after the one before it: the
+//	                                 strings equal to its left out); entries written before chunks hold
+//	                                 one record each, in field r (appendAuditEntry) or in one field an
+//	                                 attribute (t (ns), ev, tenant, target, call, run, attempt, class,
+//	                                 verdict, delay (ns), stop, disp, detail, primary). Record i of entry
+//	                                 ms-seq has the Seq ms << 20 | (seq + i): an entry of n records leaves
+//	                                 the n-1 sequences after its id free. policyd_audit adds the entries
+//	                                 and trims the stream at each, to AuditMaxRecords records exactly and
+//	                                 to AuditRetention by entry id (the server's clock; XTRIM MINID)
+//	{T}:auditmeta            hash    the audit stream's count and head, kept by policyd_audit: records
+//	                                 (the records kept), head (the first entry's id), headn (its records),
+//	                                 skip (of them, those the cap removed: readers skip them), next (the
+//	                                 first id free after the last entry's records); a stream without it
+//	                                 was written before chunks and is counted (one record an entry) at
+//	                                 its next write
+//	{T}:auditchunks          zset    ids of the audit chunks added (drawn by the replica) by the server's
+//	                                 time (ms): a chunk sent again after its answer was lost adds
+//	                                 nothing; the ids older than 10 minutes are removed at each write
 //
 // The call tables, the idempotency keys, the run hash's redrive_of,
 // calls_untracked, dl_deadline and deduplicated, the call table's records
@@ -189,7 +203,12 @@
 // the replica (decodeAnswer) and the library (attempt_check, for a record
 // without a verdict) read a JSON answer as before, so the records a
 // replica of version 1, or of version 2 before this, wrote replay and
-// refuse as they did.
+// refuse as they did. Before its release too, the audit streams hold
+// chunks (fields n and b) with their {T}:auditmeta and {T}:auditchunks,
+// written by policyd_audit only (a decision's commit included), which
+// counts a stream of version 2's one-record entries at its first write;
+// the readers read those entries still, mixed with chunks, and their Seqs
+// are the ones they had.
 //
 // The library's name carries its version (policyd_v2): a layout change
 // bumps both the schema key and the library name, so replicas of two

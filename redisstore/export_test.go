@@ -31,5 +31,5 @@ func (s *Store) FlushAudit() { s.flushAudit(s.ctx, false) }
 func (s *Store) AuditBuffered() int {
 	s.audit.mu.Lock()
 	defer s.audit.mu.Unlock()
-	return len(s.audit.recs)
+	return len(s.audit.recs) + s.audit.waiting
 }

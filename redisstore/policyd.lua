@@ -1090,17 +1090,114 @@ local function attempts(keys)
   return out
 end
 
--- audit appends records to a tenant's audit stream, each one entry of
--- one field, r, the record as redisstore's appendAuditEntry packs it,
--- trimmed to at most ARGV[1] entries (MAXLEN ~) as each is added, then by
--- age to the entry id ARGV[2] (MINID ~). KEYS: the stream. ARGV: max
--- entries, oldest id, then the packed records. Returns the records added.
-local function audit(keys, args)
-  for i = 3, #args do
-    redis.call('XADD', keys[1], 'MAXLEN', '~', args[1], '*', 'r', args[i])
+-- The audit trail of a tenant: a stream of entries, each a chunk of up
+-- to 1024 records (fields n, their count, and b, the chunk as redisstore's
+-- appendAuditChunk packs it; entries written before chunks hold one
+-- record each), its meta hash and the ids of the chunks added lately
+-- (a sorted set by the server's time, ms). Record i of an entry ms-seq
+-- has the sequence ms-(seq+i): an entry of n records gets an id whose
+-- sequence leaves the n-1 after it free (meta field next), so every
+-- record has an id of its own, in order. The meta hash holds records (the
+-- records kept), head (the first entry's id), headn (its records), skip
+-- (of them, those the cap removed) and next.
+local AUDIT_SEQ = 1048576 -- 2^20 sequences a millisecond, as redisstore's packID
+-- what one call's trim reads at most (the next call goes on): entries,
+-- and bytes of their fields; either is far more than a call adds
+local AUDIT_WALK, AUDIT_WALK_BYTES = 4096, 4194304
+
+-- audit_id splits an entry id into its milliseconds and sequence.
+local function audit_id(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return tonumber(ms), tonumber(seq)
+end
+
+-- audit_n is the records of an entry (its fields, as XRANGE gives them):
+-- field n, or 1 for an entry written before chunks.
+local function audit_n(fields)
+  for i = 1, #fields, 2 do
+    if fields[i] == 'n' then return tonumber(fields[i + 1]) end
   end
-  redis.call('XTRIM', keys[1], 'MINID', '~', args[2])
-  return #args - 2
+  return 1
+end
+
+-- audit_meta reads a stream's meta; a stream without one (written
+-- before it: one record an entry) is counted once, here.
+local function audit_meta(stream, meta)
+  local h = redis.call('HMGET', meta, 'records', 'head', 'headn', 'skip', 'next')
+  if h[1] and redis.call('EXISTS', stream) == 1 then
+    return {records = tonumber(h[1]), head = h[2], headn = tonumber(h[3]), skip = tonumber(h[4]), next = h[5]}
+  end
+  local m = {records = redis.call('XLEN', stream), head = '', headn = 0, skip = 0, next = '0-0'}
+  if m.records > 0 then
+    local first = redis.call('XRANGE', stream, '-', '+', 'COUNT', 1)[1]
+    local last = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)[1]
+    m.head, m.headn = first[1], audit_n(first[2])
+    local ms, seq = audit_id(last[1])
+    m.next = int(ms) .. '-' .. int(seq + audit_n(last[2]))
+  end
+  return m
+end
+
+-- audit adds a chunk of a tenant's records as one entry of its stream,
+-- unless its chunk id was added before (within APPLIED_TTL: a chunk sent
+-- again after its answer was lost), then trims the stream from its head
+-- to at most ARGV[1] records, exactly (the head entry's first records
+-- skipped past the cap, whole entries removed), and to the entries of the
+-- last ARGV[2] ms by the server's clock, walking only the entries that
+-- go (each read once, as it becomes the head; at most AUDIT_WALK of them
+-- and AUDIT_WALK_BYTES a call, so a cap lowered far is reached over a few
+-- calls), then XTRIM MINID to the head. KEYS: the stream, its meta, its chunk ids. ARGV: max records,
+-- retention (ms), chunk id ('' for none), the chunk's records, the chunk.
+-- Returns the records added: 0 for a chunk added before.
+local function audit(keys, args)
+  local stream, meta, ids = keys[1], keys[2], keys[3]
+  local cap, keep, id, n = tonumber(args[1]), tonumber(args[2]), args[3], tonumber(args[4])
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)
+  local m = audit_meta(stream, meta)
+  local added = 0
+  if id == '' or not redis.call('ZSCORE', ids, id) then
+    local ms, seq = audit_id(m.next)
+    if ms < now then ms, seq = now, 0 end
+    if seq + n > AUDIT_SEQ then ms, seq = ms + 1, 0 end
+    local eid = int(ms) .. '-' .. int(seq)
+    local r = redis.pcall('XADD', stream, eid, 'n', int(n), 'b', args[5])
+    if type(r) == 'table' and r.err then -- an entry after next (not ours): after it
+      eid = redis.call('XADD', stream, '*', 'n', int(n), 'b', args[5])
+      ms, seq = audit_id(eid)
+    end
+    m.next = int(ms) .. '-' .. int(seq + n)
+    m.records = m.records + n
+    if m.head == '' then m.head, m.headn, m.skip = eid, n, 0 end
+    if id ~= '' then redis.call('ZADD', ids, now, id) end
+    added = n
+  end
+  redis.call('ZREMRANGEBYSCORE', ids, '-inf', '(' .. int(now - APPLIED_TTL * 1000))
+  local oldest = now - keep
+  local read = 0
+  for _ = 1, AUDIT_WALK do
+    if m.head == '' or read > AUDIT_WALK_BYTES then break end
+    local live = m.headn - m.skip
+    local old = audit_id(m.head) < oldest
+    if not old and m.records <= cap then break end
+    if not old and m.records - cap < live then
+      m.skip = m.skip + m.records - cap
+      m.records = cap
+      break
+    end
+    m.records = m.records - live
+    local e = redis.call('XRANGE', stream, '(' .. m.head, '+', 'COUNT', 1)[1]
+    if e then
+      m.head, m.headn, m.skip = e[1], audit_n(e[2]), 0
+      for i = 2, #e[2], 2 do read = read + #e[2][i] end
+    else
+      m.head, m.headn, m.skip = '', 0, 0
+    end
+  end
+  redis.call('XTRIM', stream, 'MINID', m.head ~= '' and m.head or m.next)
+  redis.call('HSET', meta, 'records', int(m.records), 'head', m.head, 'headn', int(m.headn), 'skip', int(m.skip),
+    'next', m.next)
+  return added
 end
 
 -- The idempotency ledger: fleet.KeyRecord in a hash per key (state,

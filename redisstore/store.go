@@ -56,7 +56,7 @@ type Options struct {
 	// trimmed by entry id at each flush); default 7 days.
 	AuditRetention time.Duration
 	// AuditMaxRecords caps the records of one tenant's audit stream
-	// (trimmed approximately, MAXLEN ~); default 1,000,000.
+	// (trimmed exactly, by records, at each write); default 1,000,000.
 	AuditMaxRecords int
 	// MaxBreakersPerTenant caps the breakers of one tenant (the empty
 	// tenant of target-scoped breakers counts as one); a new one past it
