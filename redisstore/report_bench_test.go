@@ -28,7 +28,8 @@ import (
 // closing their calls, 5% dead letters after a 503, 3% failures on a
 // failing target. It reports per outcome the replica's CPU (this
 // process's, getrusage: the flusher's work included), Redis's (INFO cpu)
-// and the round trips (feeds, heartbeats and audit left out).
+// and of it the library's functions' time (INFO commandstats), and the
+// round trips (feeds, heartbeats and audit left out).
 func BenchmarkReportOutcomeOverRedis(b *testing.B) {
 	srv := redistest.Standalone(b)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
@@ -94,10 +95,28 @@ func BenchmarkReportOutcomeOverRedis(b *testing.B) {
 		_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	}
+	// fnTime is the time Redis spent in the library's functions (usec of
+	// INFO commandstats' fcall and fcall_ro), in µs.
+	fnTime := func() float64 {
+		var sum float64
+		for _, l := range strings.Split(c.Info(ctx, "commandstats").Val(), "\n") {
+			k, v, ok := strings.Cut(strings.TrimSpace(l), ":")
+			if !ok || k != "cmdstat_fcall" && k != "cmdstat_fcall_ro" {
+				continue
+			}
+			for _, f := range strings.Split(v, ",") {
+				if n, ok := strings.CutPrefix(f, "usec="); ok {
+					u, _ := strconv.ParseFloat(n, 64)
+					sum += u
+				}
+			}
+		}
+		return sum
+	}
 	var seq atomic.Int64
 	s.FlushHeld()
 	trips.take()
-	cpu0, rcpu0 := selfCPU(), redisCPU()
+	cpu0, rcpu0, fn0 := selfCPU(), redisCPU(), fnTime()
 	b.SetParallelism(8)
 	b.ResetTimer()
 	b.RunParallel(func(loop *testing.PB) {
@@ -115,4 +134,5 @@ func BenchmarkReportOutcomeOverRedis(b *testing.B) {
 	b.ReportMetric(float64(n)/outcomes, "roundtrips/outcome")
 	b.ReportMetric(float64((selfCPU()-cpu0).Nanoseconds())/1e3/outcomes, "replica-cpu-µs/outcome")
 	b.ReportMetric((redisCPU()-rcpu0)*1e6/outcomes, "redis-cpu-µs/outcome")
+	b.ReportMetric((fnTime()-fn0)/outcomes, "redis-functions-µs/outcome")
 }
