@@ -376,8 +376,10 @@ func auditResumeID(seq uint64) string {
 }
 
 // QueryAudit returns the records q selects, from every replica, in the
-// trail's order (the audit streams' order: entry id, then tenant), and the
-// cursor of the next page, zero at the end. Records of this replica not
+// trail's order (the audit streams' order: entry id, then tenant; a
+// query by call id gives the call's records of a page in the order they
+// were made, whichever replica's flush landed first), and the cursor of
+// the next page, zero at the end. Records of this replica not
 // yet flushed are written first, so a query sees every record appended
 // here before it; other replicas' records appear once they flush. Without
 // q.Tenant it reads the streams of every tenant any replica has used.
@@ -425,19 +427,27 @@ func (s *Store) QueryAudit(q policy.AuditQuery) ([]policy.AuditRecord, policy.Au
 		}
 		return cmp.Compare(a.Tenant, b.Tenant)
 	})
-	if len(out) <= limit {
-		return out, policy.AuditCursor{}, nil
+	page, next := out, policy.AuditCursor{}
+	if len(out) > limit {
+		// A page ends after every record of its last entry id, so records
+		// of other tenants at the same id are not skipped by the next page.
+		n := limit
+		for n < len(out) && out[n].Seq == out[limit-1].Seq {
+			n++
+		}
+		if n < len(out) {
+			page, next = out[:n], out[n-1].Cursor()
+		}
 	}
-	// A page ends after every record of its last entry id, so records of
-	// other tenants at the same id are not skipped by the next page.
-	n := limit
-	for n < len(out) && out[n].Seq == out[limit-1].Seq {
-		n++
+	if q.CallID != "" {
+		// One call's records come from the replicas that decided and
+		// closed it, each buffered until its replica's flush: the streams
+		// hold them in the order the flushes landed. Within the page they
+		// are given in the order they were made (their time, then the
+		// trail's).
+		slices.SortStableFunc(page, func(a, b policy.AuditRecord) int { return a.Time.Compare(b.Time) })
 	}
-	if n == len(out) {
-		return out, policy.AuditCursor{}, nil
-	}
-	return out[:n], out[n-1].Cursor(), nil
+	return page, next, nil
 }
 
 // readAudit reads up to limit records of tenant's stream from the entry

@@ -588,3 +588,32 @@ func callIDs(recs []policy.AuditRecord) []string {
 	}
 	return out
 }
+
+// TestAuditOfACallInTheOrderItsRecordsWereMade: a call decided on one
+// replica and closed on another has its records in two replicas'
+// buffers; the closing replica's flush lands first. A query by call id,
+// on any replica, gives them in the order they were made, not in the
+// order the flushes landed (TestReplicasOverGRPCCluster read FINAL before
+// DECISION when the replicas' flushers ran so).
+func TestAuditOfACallInTheOrderItsRecordsWereMade(t *testing.T) {
+	srv := redistest.Standalone(t)
+	decider := auditStore(t, srv.Addr, &auditCalls{calls: map[string]int{}}, redisstore.Options{})
+	closer := auditStore(t, srv.Addr, &auditCalls{calls: map[string]int{}}, redisstore.Options{})
+	t0 := time.Now()
+	rec := func(ev policy.AuditEvent, at time.Duration) policy.AuditRecord {
+		return policy.AuditRecord{Time: t0.Add(at), Event: ev, Tenant: "acme", Target: "geo", CallID: "doc-1", Attempt: 1}
+	}
+	decider.AppendAudit(rec(policy.AuditDecision, 0))
+	closer.AppendAudit(rec(policy.AuditFinal, time.Millisecond))
+	closer.FlushAudit()
+	decider.FlushAudit()
+	for name, s := range map[string]*redisstore.Store{"decider": decider, "closer": closer} {
+		got, _, err := s.QueryAudit(policy.AuditQuery{Tenant: "acme", CallID: "doc-1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != 2 || got[0].Event != policy.AuditDecision || got[1].Event != policy.AuditFinal {
+			t.Errorf("QueryAudit(doc-1) on the %s = %v, want its DECISION, then its FINAL", name, got)
+		}
+	}
+}
