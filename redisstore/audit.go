@@ -176,10 +176,31 @@ func (s *Store) AppendAudit(recs ...policy.AuditRecord) {
 	if len(recs) == 0 || s.closed.Load() {
 		return
 	}
-	now := s.opts.Clock()
 	b := &s.audit
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	s.addAudit(recs, s.opts.Clock())
+}
+
+// appendAuditOf is AppendAudit of the records of ups, in their order,
+// under one hold of the buffer and without gathering them first.
+func (s *Store) appendAuditOf(ups []policy.OutcomeUpdate) {
+	if s.closed.Load() {
+		return
+	}
+	b := &s.audit
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := s.opts.Clock()
+	for i := range ups {
+		s.addAudit(ups[i].Audit, now)
+	}
+}
+
+// addAudit buffers recs, stamped with now where their time is zero, or
+// counts them dropped past MaxAuditBuffer; s.audit.mu is held.
+func (s *Store) addAudit(recs []policy.AuditRecord, now time.Time) {
+	b := &s.audit
 	for _, r := range recs {
 		if len(b.recs)+b.waiting >= s.opts.MaxAuditBuffer {
 			b.dropped++

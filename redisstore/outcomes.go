@@ -212,11 +212,7 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 			return limit, err
 		}
 	}
-	var trail []policy.AuditRecord
-	for i := range ups[:limit] {
-		trail = append(trail, ups[i].Audit...)
-	}
-	s.AppendAudit(trail...)
+	s.appendAuditOf(ups[:limit])
 	return limit, firstErr
 }
 
