@@ -208,7 +208,13 @@
 // written by policyd_audit only (a decision's commit included), which
 // counts a stream of version 2's one-record entries at its first write;
 // the readers read those entries still, mixed with chunks, and their Seqs
-// are the ones they had.
+// are the ones they had. So are the policyd_outcomes call's results runs
+// (a triple of result, count and permit id per run of consecutive equal
+// results without a permit, or per result with one; a refused flag per
+// run in the reply) instead of one pair per result: the keys it writes
+// are the same, but a replica of version 2 from before this and the
+// library after it misread each other's calls, so they must not share a
+// Redis.
 //
 // The library's name carries its version (policyd_v2): a layout change
 // bumps both the schema key and the library name, so replicas of two

@@ -22,7 +22,7 @@ type outcomeBatch struct {
 	runIndex map[string]int // run id -> 1-based index
 	finals   []outcomeFinal
 	deposit  int
-	results  int // results so far, to number them as the library does
+	numbered int // result runs numbered so far, as the library numbers them
 	// tallies count in the attempt statistics of the hour the batch was
 	// made in (its key {T}:stats:HOUR), so a replay counts there too.
 	tallies    []pendingTally
@@ -125,14 +125,19 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 		g.results = append(g.results, result{u.Result, u.PermitID})
 		g.updates = append(g.updates, i)
 	}
-	// Number the results as the library does (group by group) and send
-	// each final with the result it depends on when both are in one call.
+	// Number the result runs as the library does (group by group) and
+	// send each final with the run of the result it depends on when both
+	// are in one call.
 	resultNo := make([]int, limit)
 	for _, b := range batches {
 		for _, g := range b.groups {
-			for _, i := range g.updates {
-				b.results++
-				resultNo[i] = b.results
+			j := 0
+			for _, r := range resultRuns(g.results) {
+				b.numbered++
+				for _, i := range g.updates[j : j+r.n] {
+					resultNo[i] = b.numbered
+				}
+				j += r.n
 			}
 		}
 	}
@@ -376,8 +381,36 @@ func (s *Store) runOutcomes(ups []policy.OutcomeUpdate, batches map[string]*outc
 	return failed, firstErr
 }
 
+// resultRun is a run of a breaker's results as policyd_outcomes takes
+// them: n consecutive results of one value without a permit, applied as n
+// results one after another, or one result (n 1) with its permit. The
+// library answers one refused flag per run (never set for a run without a
+// permit), which applies to each of its results.
+type resultRun struct {
+	result policy.Result
+	n      int
+	permit string
+}
+
+// resultRuns splits results into runs, in order: a result with a permit
+// is a run of its own, consecutive results of one value without one are
+// one run.
+func resultRuns(results []result) []resultRun {
+	var runs []resultRun
+	for _, r := range results {
+		if last := len(runs) - 1; r.Permit == "" && last >= 0 && runs[last].permit == "" && runs[last].result == r.Result {
+			runs[last].n++
+			continue
+		}
+		runs = append(runs, resultRun{result: r.Result, n: 1, permit: r.Permit})
+	}
+	return runs
+}
+
 // call returns the keys and arguments of b's policyd_outcomes call under
-// the tenant's budget bg.
+// the tenant's budget bg: each group's results as runs (resultRuns), a
+// triple (result, count, permit id or "") each, so the library's work
+// grows with the runs, not with the results.
 func (b *outcomeBatch) call(bg *policy.TenantBudget, maxBreakers int) ([]string, []any) {
 	t := b.tenant
 	keys := []string{keyEvents(t), keyIndex(t), keyBucket(t)}
@@ -399,9 +432,10 @@ func (b *outcomeBatch) call(bg *policy.TenantBudget, maxBreakers int) ([]string,
 	for _, g := range b.groups {
 		args = append(args, g.key.Target)
 		args = cfgArgs(args, &g.cfg)
-		args = append(args, len(g.results))
-		for _, r := range g.results {
-			args = append(args, int(r.Result), r.Permit)
+		runs := resultRuns(g.results)
+		args = append(args, len(runs))
+		for _, r := range runs {
+			args = append(args, int(r.result), r.n, r.permit)
 		}
 	}
 	args = append(args, len(b.finals))
@@ -434,14 +468,20 @@ func (b *outcomeBatch) apply(s *Store, ups []policy.OutcomeUpdate, cmd *redis.Cm
 		return errReply
 	}
 	for gi, g := range b.groups {
+		runs := resultRuns(g.results)
 		flags, _ := v[2+3*gi].([]any)
-		if len(flags) != len(g.results) {
+		if len(flags) != len(runs) {
 			return errReply
 		}
-		for j, f := range flags {
-			if n, _ := toInt(f); n == 1 && g.updates[j] >= 0 {
-				ups[g.updates[j]].Refused = fleet.ErrPermit
+		j := 0
+		for ri, f := range flags {
+			n, _ := toInt(f)
+			for _, i := range g.updates[j : j+runs[ri].n] {
+				if n == 1 && i >= 0 {
+					ups[i].Refused = fleet.ErrPermit
+				}
 			}
+			j += runs[ri].n
 		}
 		st, err := parseState(v[3+3*gi])
 		if err != nil {

@@ -176,10 +176,13 @@ local function expire_permits(b, now)
   return changed
 end
 
-local function count(b, now, c, failure)
+-- count is fleet.Breaker.count of k results at now, one after another:
+-- after the first, a failure is never further than the window from the
+-- last, and every one lands in now's slot.
+local function count(b, now, c, failure, k)
   if failure then
     if b.last_failure ~= 0 and now - b.last_failure > c.window then b.consecutive = 0 end
-    b.consecutive = b.consecutive + 1
+    b.consecutive = b.consecutive + k
     b.last_failure = now
   else
     b.consecutive = 0
@@ -192,8 +195,8 @@ local function count(b, now, c, failure)
   local epoch = idiv(now, width)
   local sl = b.slots[epoch % SLOTS + 1]
   if sl.epoch ~= epoch then sl.epoch, sl.calls, sl.failures = epoch, 0, 0 end
-  sl.calls = sl.calls + 1
-  if failure then sl.failures = sl.failures + 1 end
+  sl.calls = sl.calls + k
+  if failure then sl.failures = sl.failures + k end
 end
 
 local function should_trip(b, now, c)
@@ -301,7 +304,7 @@ local function record1(b, now, c, r, permit)
   local failure = r == TRANSIENT
   if b.state == DISABLED or b.state == OPEN then return e, 0 end
   if b.forced == 1 then
-    count(b, now, c, failure)
+    count(b, now, c, failure, 1)
     return MUTATED, 0
   end
   if b.state == HALF_OPEN then
@@ -316,12 +319,37 @@ local function record1(b, now, c, r, permit)
     end
     return MUTATED, 0
   end
-  count(b, now, c, failure)
+  count(b, now, c, failure, 1)
   if failure and should_trip(b, now, c) then
     trip(b, now, c)
     return TRANSITIONED + MUTATED, 0
   end
   return MUTATED, 0
+end
+
+-- record_run is record1 of k results r without a permit, one after
+-- another at now; it returns the effect (such a result is never refused).
+-- Each is record1's: nothing in an unforced HALF_OPEN, for a pushback,
+-- or in OPEN or DISABLED; counted when forced (never tripping). In CLOSED
+-- k successes are one count of k (each resets the consecutive count and
+-- adds a call to now's slot), while failures count one by one until one
+-- trips the breaker: OPEN then, the rest change nothing.
+local function record_run(b, now, c, r, k)
+  if b.state == HALF_OPEN and b.forced == 0 then return 0 end
+  if r == PUSHBACK or b.state == DISABLED or b.state == OPEN then return 0 end
+  local failure = r == TRANSIENT
+  if b.forced == 1 or not failure then
+    count(b, now, c, failure, k)
+    return MUTATED
+  end
+  for _ = 1, k do
+    count(b, now, c, true, 1)
+    if should_trip(b, now, c) then
+      trip(b, now, c)
+      return TRANSITIONED + MUTATED
+    end
+  end
+  return MUTATED
 end
 
 -- record_on is Advance then Record of results (pairs of result and
@@ -789,10 +817,13 @@ end
 -- deposit).
 -- KEYS: events, index, bucket, then G breakers, then R pairs (run, calls).
 -- ARGV: G, R, successes, budget (6), the tenant's cap of breakers, then
--- per group: target, cfg (8), n,
--- n pairs (result, permit id or ''), then F, then F finals: run index
--- (1..R), the 1-based index among this call's results whose refusal
--- cancels it (0: none), call id, ledger field, value, and last the
+-- per group: target, cfg (8), n, then n runs of its results in the order
+-- they were reported, each a triple (result, count k, permit id or ''):
+-- k consecutive results of one value without a permit (record_run), or
+-- one result (k 1) with its permit (record1); then F, then F finals: run
+-- index (1..R), the 1-based index among this call's result runs (group
+-- by group) whose refusal cancels it (0: none), call id, ledger field,
+-- value, and last the
 -- batch id; KEYS end with the tenant's applied set when it is not ''.
 -- Between the finals and the batch id there may be the attempt
 -- statistics' counts: T, then T quadruples (field of {T}:stats:HOUR, the
@@ -800,8 +831,10 @@ end
 -- 1-based final index that must change the ledger or 0), with the hour's
 -- hash in KEYS
 -- after the run pairs; each is counted with HINCRBY and the hash expires
--- STATS_TTL after its last count.
--- Returns {now, per group: {event ids}, {refused flags}, snapshot, then
+-- STATS_TTL after its last count; a condition's index is a result run's,
+-- as a final's.
+-- Returns {now, per group: {event ids}, {refused flags, one per result
+-- run: 0 for a run without a permit}, snapshot, then
 -- per final 1 (changed), 0 (unchanged), -1 (no such run) or the value in
 -- force (refused: the first wins), then tokens}, or {'applied'} for a batch
 -- id applied before (a replay): nothing changes.
@@ -833,8 +866,13 @@ local function outcomes(keys, args, now)
     end
     dirty = union(dirty, e)
     for _ = 1, n do
-      local e2, bad = record1(b, now, c, tonumber(args[a]), args[a + 1])
-      a = a + 2
+      local r, permit, e2, bad = tonumber(args[a]), args[a + 2], 0, 0
+      if permit == '' then
+        e2 = record_run(b, now, c, r, tonumber(args[a + 1]))
+      else
+        e2, bad = record1(b, now, c, r, permit)
+      end
+      a = a + 3
       refused[#refused + 1] = bad
       refused_all[#refused_all + 1] = bad
       if has(e2, TRANSITIONED) then
