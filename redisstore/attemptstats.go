@@ -37,6 +37,19 @@ func statsField(t policy.AttemptTally) string {
 	return kind + strconv.Itoa(fleet.AttemptSlot(t.Attempt)+1) + ":" + t.Target
 }
 
+// tallyKey is what statsField is made of: a batch sums its tallies by it
+// without making the field for every outcome.
+type tallyKey struct {
+	target  string
+	slot    int
+	success bool
+}
+
+// tallyKeyOf is t's tallyKey.
+func tallyKeyOf(t policy.AttemptTally) tallyKey {
+	return tallyKey{target: t.Target, slot: fleet.AttemptSlot(t.Attempt), success: t.Success}
+}
+
 // parseStatsField reads a statsField; ok is false for a field of another
 // form.
 func parseStatsField(f string) (success bool, slot int, target string, ok bool) {
@@ -55,7 +68,8 @@ func parseStatsField(f string) (success bool, slot int, target string, ok bool) 
 // field, how many, and the result or final of the same call that must
 // apply for it to count.
 type pendingTally struct {
-	field string
+	key   tallyKey
+	field string // statsField of key's tally
 	n     int // calls counted
 	cond  int // 1-based result index whose refusal cancels it, 0 for none
 	final int // 1-based final index that must change the ledger, 0 for none

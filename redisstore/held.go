@@ -180,14 +180,14 @@ func (b *outcomeBatch) merge(o *outcomeBatch) {
 	}
 	b.deposit += o.deposit
 	for _, tl := range o.tallies {
-		if i, ok := b.tallyIndex[tl.field]; ok {
+		if i, ok := b.tallyIndex[tl.key]; ok {
 			b.tallies[i].n += tl.n
 			continue
 		}
 		if b.tallyIndex == nil {
-			b.tallyIndex = map[string]int{}
+			b.tallyIndex = map[tallyKey]int{}
 		}
-		b.tallyIndex[tl.field] = len(b.tallies)
+		b.tallyIndex[tl.key] = len(b.tallies)
 		b.tallies = append(b.tallies, tl)
 	}
 	b.notes = append(b.notes, o.notes...)

@@ -26,7 +26,7 @@ type outcomeBatch struct {
 	// tallies count in the attempt statistics of the hour the batch was
 	// made in (its key {T}:stats:HOUR), so a replay counts there too.
 	tallies    []pendingTally
-	tallyIndex map[string]int // field -> index in tallies of its sum without a condition
+	tallyIndex map[tallyKey]int // -> index in tallies of its sum without a condition
 	hour       int64
 	// notes are the call-table notes of the batch's tenant's runs, sent
 	// in its pipeline: a batch queued for replay keeps them, so the
@@ -238,18 +238,18 @@ func (b *outcomeBatch) addFinal(update int, run string, cond int, call string, f
 // (0: none) was not refused and the final numbered final (0: none)
 // changed the ledger; tallies without a condition are summed per field.
 func (b *outcomeBatch) addTally(u *policy.OutcomeUpdate, cond, final int) {
-	f := statsField(u.Tally)
+	k := tallyKeyOf(u.Tally)
 	if cond == 0 && final == 0 {
-		if i, ok := b.tallyIndex[f]; ok {
+		if i, ok := b.tallyIndex[k]; ok {
 			b.tallies[i].n++
 			return
 		}
 		if b.tallyIndex == nil {
-			b.tallyIndex = map[string]int{}
+			b.tallyIndex = map[tallyKey]int{}
 		}
-		b.tallyIndex[f] = len(b.tallies)
+		b.tallyIndex[k] = len(b.tallies)
 	}
-	b.tallies = append(b.tallies, pendingTally{field: f, n: 1, cond: cond, final: final})
+	b.tallies = append(b.tallies, pendingTally{key: k, field: statsField(u.Tally), n: 1, cond: cond, final: final})
 }
 
 // runOutcomes sends every batch's policyd_outcomes call and the call
