@@ -70,9 +70,9 @@ func parseStatsField(f string) (success bool, slot int, target string, ok bool) 
 type pendingTally struct {
 	key   tallyKey
 	field string // statsField of key's tally
-	n     int // calls counted
-	cond  int // 1-based result index whose refusal cancels it, 0 for none
-	final int // 1-based final index that must change the ledger, 0 for none
+	n     int    // calls counted
+	cond  int    // 1-based result index whose refusal cancels it, 0 for none
+	final int    // 1-based final index that must change the ledger, 0 for none
 }
 
 // CountAttempts counts the end of a call in the attempt statistics at

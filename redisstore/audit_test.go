@@ -5,10 +5,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -404,42 +402,6 @@ func BenchmarkAuditFlushOverRedis(b *testing.B) {
 	b.ReportMetric(float64((benchSelfCPU()-cpu0).Microseconds())/ops, "replica-cpu-µs/record")
 	b.ReportMetric((benchRedisCPU(ctx, c)-rcpu0)*1e6/ops, "redis-cpu-µs/record")
 	b.ReportMetric(float64(benchFCallUsec(ctx, c)-fcall0)/ops, "redis-fcall-µs/record")
-}
-
-// benchFCallUsec is the server's time in FCALLs so far, µs (INFO
-// commandstats): the functions' run, without the AOF's write and fsync.
-func benchFCallUsec(ctx context.Context, c *redis.Client) int64 {
-	for _, l := range strings.Split(c.Info(ctx, "commandstats").Val(), "\n") {
-		if rest, ok := strings.CutPrefix(strings.TrimSpace(l), "cmdstat_fcall:"); ok {
-			for _, f := range strings.Split(rest, ",") {
-				if v, ok := strings.CutPrefix(f, "usec="); ok {
-					n, _ := strconv.ParseInt(v, 10, 64)
-					return n
-				}
-			}
-		}
-	}
-	return 0
-}
-
-// benchSelfCPU is this process's CPU time so far (getrusage).
-func benchSelfCPU() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// benchRedisCPU is the server's CPU seconds so far (INFO cpu).
-func benchRedisCPU(ctx context.Context, c *redis.Client) float64 {
-	var sum float64
-	for _, l := range strings.Split(c.Info(ctx, "cpu").Val(), "\n") {
-		k, v, ok := strings.Cut(strings.TrimSpace(l), ":")
-		if ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
-			f, _ := strconv.ParseFloat(v, 64)
-			sum += f
-		}
-	}
-	return sum
 }
 
 // queryPages returns every record q selects, read in pages of q.Limit.

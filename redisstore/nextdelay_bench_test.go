@@ -3,9 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"strconv"
-	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -59,29 +57,12 @@ func BenchmarkNextDelayOverRedis(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	redisCPU := func() float64 {
-		info := c.Info(ctx, "cpu").Val()
-		var sum float64
-		for _, l := range strings.Split(info, "\n") {
-			k, v, ok := strings.Cut(strings.TrimSpace(l), ":")
-			if ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
-				f, _ := strconv.ParseFloat(v, 64)
-				sum += f
-			}
-		}
-		return sum
-	}
-	selfCPU := func() time.Duration {
-		var ru syscall.Rusage
-		_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-	}
 	var seq atomic.Int64
 	for _, mode := range []string{"fresh", "replay"} {
 		b.Run(mode, func(b *testing.B) {
 			s.FlushHeld()
 			trips.take()
-			cpu0, rcpu0 := selfCPU(), redisCPU()
+			cpu0, rcpu0 := benchSelfCPU(), benchRedisCPU(ctx, c)
 			b.SetParallelism(8)
 			b.ResetTimer()
 			b.RunParallel(func(loop *testing.PB) {
@@ -100,8 +81,8 @@ func BenchmarkNextDelayOverRedis(b *testing.B) {
 			n, _ := trips.take()
 			ops := float64(b.N)
 			b.ReportMetric(float64(n)/ops, "roundtrips/op")
-			b.ReportMetric(float64((selfCPU()-cpu0).Microseconds())/ops, "replica-cpu-µs/op")
-			b.ReportMetric((redisCPU()-rcpu0)*1e6/ops, "redis-cpu-µs/op")
+			b.ReportMetric(float64((benchSelfCPU()-cpu0).Microseconds())/ops, "replica-cpu-µs/op")
+			b.ReportMetric((benchRedisCPU(ctx, c)-rcpu0)*1e6/ops, "redis-cpu-µs/op")
 		})
 	}
 }

@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
-	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -79,44 +77,10 @@ func BenchmarkReportOutcomeOverRedis(b *testing.B) {
 		}
 		reqs[i] = req
 	}
-	redisCPU := func() float64 {
-		var sum float64
-		for _, l := range strings.Split(c.Info(ctx, "cpu").Val(), "\n") {
-			k, v, ok := strings.Cut(strings.TrimSpace(l), ":")
-			if ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
-				f, _ := strconv.ParseFloat(v, 64)
-				sum += f
-			}
-		}
-		return sum
-	}
-	selfCPU := func() time.Duration {
-		var ru syscall.Rusage
-		_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-	}
-	// fnTime is the time Redis spent in the library's functions (usec of
-	// INFO commandstats' fcall and fcall_ro), in µs.
-	fnTime := func() float64 {
-		var sum float64
-		for _, l := range strings.Split(c.Info(ctx, "commandstats").Val(), "\n") {
-			k, v, ok := strings.Cut(strings.TrimSpace(l), ":")
-			if !ok || k != "cmdstat_fcall" && k != "cmdstat_fcall_ro" {
-				continue
-			}
-			for _, f := range strings.Split(v, ",") {
-				if n, ok := strings.CutPrefix(f, "usec="); ok {
-					u, _ := strconv.ParseFloat(n, 64)
-					sum += u
-				}
-			}
-		}
-		return sum
-	}
 	var seq atomic.Int64
 	s.FlushHeld()
 	trips.take()
-	cpu0, rcpu0, fn0 := selfCPU(), redisCPU(), fnTime()
+	cpu0, rcpu0, fn0 := benchSelfCPU(), benchRedisCPU(ctx, c), benchFCallUsec(ctx, c)
 	b.SetParallelism(8)
 	b.ResetTimer()
 	b.RunParallel(func(loop *testing.PB) {
@@ -132,7 +96,7 @@ func BenchmarkReportOutcomeOverRedis(b *testing.B) {
 	n, _ := trips.take()
 	outcomes := float64(b.N) * batch
 	b.ReportMetric(float64(n)/outcomes, "roundtrips/outcome")
-	b.ReportMetric(float64((selfCPU()-cpu0).Nanoseconds())/1e3/outcomes, "replica-cpu-µs/outcome")
-	b.ReportMetric((redisCPU()-rcpu0)*1e6/outcomes, "redis-cpu-µs/outcome")
-	b.ReportMetric((fnTime()-fn0)/outcomes, "redis-functions-µs/outcome")
+	b.ReportMetric(float64((benchSelfCPU()-cpu0).Nanoseconds())/1e3/outcomes, "replica-cpu-µs/outcome")
+	b.ReportMetric((benchRedisCPU(ctx, c)-rcpu0)*1e6/outcomes, "redis-cpu-µs/outcome")
+	b.ReportMetric(float64(benchFCallUsec(ctx, c)-fn0)/outcomes, "redis-functions-µs/outcome")
 }
