@@ -5,14 +5,9 @@ import (
 	"strconv"
 	"sync/atomic"
 	"testing"
-	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
-	"github.com/policyd/policyd/internal/redistest"
 	"github.com/policyd/policyd/policy"
-	"github.com/policyd/policyd/redisstore"
 	"github.com/policyd/policyd/server"
 )
 
@@ -25,16 +20,7 @@ import (
 // pipelines, feeds and heartbeats left out), the replica's CPU per
 // NextDelay (this process's, getrusage) and Redis's (INFO cpu).
 func BenchmarkNextDelayOverRedis(b *testing.B) {
-	srv := redistest.Standalone(b)
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	trips := &tripCounter{cmds: map[string]int{}}
-	c.AddHook(trips)
-	b.Cleanup(func() { _ = c.Close() })
-	s, err := redisstore.Open(context.Background(), redisstore.Options{Client: c, Timeout: time.Second, BatchOutcomes: true})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = s.Close() })
+	c, s, trips := benchReplica(b)
 	p := policy.Default()
 	p.Breaker.ConsecutiveFailures = 10000 // 1000 targets: no breaker trips
 	if _, err := s.SetPolicy("acme", "", p); err != nil {

@@ -9,13 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
-	"github.com/policyd/policyd/internal/redistest"
 	"github.com/policyd/policyd/policy"
-	"github.com/policyd/policyd/redisstore"
 	"github.com/policyd/policyd/server"
 )
 
@@ -29,16 +26,7 @@ import (
 // and of it the library's functions' time (INFO commandstats), and the
 // round trips (feeds, heartbeats and audit left out).
 func BenchmarkReportOutcomeOverRedis(b *testing.B) {
-	srv := redistest.Standalone(b)
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	trips := &tripCounter{cmds: map[string]int{}}
-	c.AddHook(trips)
-	b.Cleanup(func() { _ = c.Close() })
-	s, err := redisstore.Open(context.Background(), redisstore.Options{Client: c, Timeout: time.Second, BatchOutcomes: true})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = s.Close() })
+	c, s, trips := benchReplica(b)
 	const tenants, healthy, failing, batch = 8, 16, 2, 256
 	p := policy.Default()
 	p.Breaker.ConsecutiveFailures = 50
