@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -50,6 +51,21 @@ func boundedReplica(t *testing.T, addr string) *replica {
 		_ = st.Close()
 	})
 	return &replica{store: st, workers: pb.NewRetryPolicyServiceClient(conn), admin: pb.NewAdminServiceClient(conn)}
+}
+
+// until makes NextDelays of new calls to acme's target "other" on r,
+// which the engine breaker counts, until cond holds (the engine seen
+// down, or up again).
+func (r *replica) until(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	fail503 := &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 503}}
+	n := 0
+	eventually(t, what, func() bool {
+		n++
+		_, _ = r.workers.NextDelay(context.Background(), &pb.NextDelayRequest{Call: &pb.CallRef{Tenant: "acme", Target: "other",
+			CallId: strings.ReplaceAll(what, " ", "-") + "-" + strconv.Itoa(n), Idempotent: true}, Attempt: 1, Failure: fail503})
+		return cond()
+	})
 }
 
 // TestDegradedWhileRedisPaused stops Redis (SIGSTOP) under two replicas:
@@ -236,13 +252,7 @@ func TestDegradedOutcomeWithFinalDispositionQueued(t *testing.T) {
 		t.Fatal(err) // the replica knows the breaker
 	}
 	srv.Pause(t)
-	n := 0
-	eventually(t, "the engine down", func() bool {
-		n++
-		_, _ = r.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: &pb.CallRef{Tenant: "acme", Target: "other",
-			CallId: "d" + strconv.Itoa(n), Idempotent: true}, Attempt: 1, Failure: fail503})
-		return !r.store.Up()
-	})
+	r.until(t, "the engine down", func() bool { return !r.store.Up() })
 	_, err := r.workers.ReportOutcome(ctx, &pb.ReportOutcomeRequest{Outcomes: []*pb.Outcome{{Call: call, Attempt: 2,
 		Failure: fail503, FinalDisposition: pb.Disposition_DISPOSITION_DEAD_LETTER}}})
 	if err != nil {
@@ -281,13 +291,7 @@ func TestDegradedProbeReportedAfterRecovery(t *testing.T) {
 		t.Fatal(err) // the breaker OPEN, and the replica knows it
 	}
 	srv.Pause(t)
-	n := 0
-	eventually(t, "the engine down", func() bool {
-		n++
-		_, _ = r.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: &pb.CallRef{Tenant: "acme", Target: "other",
-			CallId: "d" + strconv.Itoa(n), Idempotent: true}, Attempt: 1, Failure: fail503})
-		return !r.store.Up()
-	})
+	r.until(t, "the engine down", func() bool { return !r.store.Up() })
 	var permits []string
 	for _, id := range []string{"c1", "c2"} {
 		eventually(t, "a degraded probe permit once the cool-down ends", func() bool {
@@ -306,12 +310,7 @@ func TestDegradedProbeReportedAfterRecovery(t *testing.T) {
 		})
 	}
 	srv.Resume(t)
-	eventually(t, "the engine up", func() bool {
-		n++
-		_, _ = r.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: &pb.CallRef{Tenant: "acme", Target: "other",
-			CallId: "u" + strconv.Itoa(n), Idempotent: true}, Attempt: 1, Failure: fail503})
-		return r.store.Up()
-	})
+	r.until(t, "the engine up", r.store.Up)
 	resp, err := r.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call("c1"), Attempt: 1, Failure: fail503, PermitId: permits[0]})
 	if err != nil || resp.GetDegraded() {
 		t.Errorf("NextDelay of a degraded probe after recovery = %v, %v; want an answer, not degraded", resp, err)
