@@ -305,12 +305,14 @@ func (d *degraded) remember(id fleet.PermitID, expiry, now int64) {
 // refuse it (fleet.ErrPermit, FAILED_PRECONDITION for the fleet's own
 // probe); as a result without a permit it settles nothing in HALF_OPEN,
 // as a late result does, and counts in any other state. An expired one is
-// refused as the engine's own expired permits are.
-func (d *degraded) enginePermit(permit string, now int64) string {
+// refused as the engine's own expired permits are. clock is read only for
+// a permit: most results carry none.
+func (d *degraded) enginePermit(permit string, clock func() time.Time) string {
 	id, ok := fleet.ParsePermitID(permit)
 	if !ok {
 		return permit
 	}
+	now := clock().UnixNano()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if exp, mine := d.issued[id]; mine && exp > now {

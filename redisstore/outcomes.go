@@ -66,12 +66,12 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 	}
 	limit, firstErr := len(ups), error(nil)
 	runTenant := make([]string, len(ups))
-	up, now := s.health.up(), s.opts.Clock().UnixNano()
+	up := s.health.up()
 	for i := range ups {
 		u := &ups[i]
 		u.Refused = nil
 		if up {
-			u.PermitID = s.degraded.enginePermit(u.PermitID, now)
+			u.PermitID = s.degraded.enginePermit(u.PermitID, s.opts.Clock)
 		}
 		err := func() error {
 			if u.Result != 0 {
