@@ -186,9 +186,18 @@ func (l *daemonLog) tail(n int) string {
 // on another, and waits until it says it is serving. extra flags are
 // added to `policyd serve`.
 func startDaemon(bin, db string, extra ...string) (*daemon, error) {
+	return startDaemonEnv(bin, db, nil, extra...)
+}
+
+// startDaemonEnv is startDaemon with env (NAME=value) added to this
+// process's environment for the daemon.
+func startDaemonEnv(bin, db string, env []string, extra ...string) (*daemon, error) {
 	args := append([]string{"serve", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
 		"--db", db, "--log-level", "info"}, extra...)
 	cmd := exec.Command(bin, args...)
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		return nil, err

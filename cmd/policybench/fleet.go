@@ -8,7 +8,9 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -26,6 +28,7 @@ type replicaFleet struct {
 	dir          string
 	bin          string
 	storeTimeout time.Duration
+	procs        int // each replica's GOMAXPROCS; 0: Go's default
 	redis        *redisProc
 	reps         []*daemon // nil where a replica was killed
 	gone         []*daemon // the killed replicas, for their logs
@@ -33,9 +36,10 @@ type replicaFleet struct {
 	token        string
 }
 
-// startFleet starts Redis in dir and n replicas of bin on it.
-func startFleet(ctx context.Context, dir, bin string, n int, storeTimeout time.Duration) (*replicaFleet, error) {
-	f := &replicaFleet{dir: dir, bin: bin, storeTimeout: storeTimeout, tokenFile: filepath.Join(dir, "admin-token")}
+// startFleet starts Redis in dir and n replicas of bin on it, each with
+// GOMAXPROCS procs (0: Go's default, every core).
+func startFleet(ctx context.Context, dir, bin string, n int, storeTimeout time.Duration, procs int) (*replicaFleet, error) {
+	f := &replicaFleet{dir: dir, bin: bin, storeTimeout: storeTimeout, procs: procs, tokenFile: filepath.Join(dir, "admin-token")}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
@@ -63,9 +67,22 @@ func startFleet(ctx context.Context, dir, bin string, n int, storeTimeout time.D
 	return f, nil
 }
 
+// replicaProcs is the GOMAXPROCS of each of n replicas sharing this
+// machine with Redis and the load generator: its share of the cores, at
+// least one, as an operator sets it for processes sharing a host (Go reads
+// a container's CPU limit itself). With Go's default every replica runs a
+// P per core: on two cores three replicas then spend their CPU in the
+// scheduler, idle Ps spinning and a thread woken for each goroutine
+// readied, as the profiles in BENCHMARKS.md show.
+func replicaProcs(n int) int { return max(1, runtime.NumCPU()/n) }
+
 // startReplica starts replica i (again) on the fleet's Redis.
 func (f *replicaFleet) startReplica(i int) error {
-	d, err := startDaemon(f.bin, filepath.Join(f.dir, fmt.Sprintf("replica-%d.db", i)),
+	var env []string
+	if f.procs > 0 {
+		env = []string{"GOMAXPROCS=" + strconv.Itoa(f.procs)}
+	}
+	d, err := startDaemonEnv(f.bin, filepath.Join(f.dir, fmt.Sprintf("replica-%d.db", i)), env,
 		"--store", f.redis.url(), "--store-timeout", f.storeTimeout.String(), "--admin-token-file", f.tokenFile)
 	if err != nil {
 		return fmt.Errorf("replica %d: %w", i, err)

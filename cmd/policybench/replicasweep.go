@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -29,6 +30,7 @@ type replicaSweepConfig struct {
 	Warmup       time.Duration
 	Transitions  int
 	Seed         uint64
+	Procs        int // each replica's GOMAXPROCS; 0: Go's default
 }
 
 func replicaSweepCmd() *cobra.Command {
@@ -60,6 +62,7 @@ until both other replicas' WatchBreakers subscribers receive it.`,
 	f.DurationVar(&cfg.Warmup, "warmup", time.Second, "unmeasured time before each phase")
 	f.IntVar(&cfg.Transitions, "transitions", 200, "breaker transitions timed for the propagation latency")
 	f.Uint64Var(&cfg.Seed, "seed", 1, "seed of the request mix")
+	f.IntVar(&cfg.Procs, "replica-procs", replicaProcs(3), "each replica's GOMAXPROCS (0: Go's default, a P per core); the bbolt daemon keeps Go's default")
 	return cmd
 }
 
@@ -119,7 +122,7 @@ func runReplicaSweep(ctx context.Context, cfg replicaSweepConfig, out, log io.Wr
 	}
 
 	fmt.Fprintln(log, "replicas-sweep: (ii) three replicas on Redis")
-	fl, err := startFleet(ctx, filepath.Join(dir, "fleet"), bin, 3, cfg.StoreTimeout)
+	fl, err := startFleet(ctx, filepath.Join(dir, "fleet"), bin, 3, cfg.StoreTimeout, cfg.Procs)
 	if err != nil {
 		return err
 	}
@@ -426,8 +429,12 @@ func measurePropagation(ctx context.Context, fl *replicaFleet, n int) (*propagat
 }
 
 func printFleetSweep(out io.Writer, cfg replicaSweepConfig, one, three []fleetRow, prop *propagation) {
-	fmt.Fprintf(out, "(i) one policyd on bbolt (--sync group); (ii) three replicas on one redis-server (AOF always, --store-timeout %s); %s per phase after %s warm-up; one connection (round_robin over the replicas); ReportOutcome carries %d outcomes\n\n",
-		cfg.StoreTimeout, cfg.Duration, cfg.Warmup, defaultReportBatch)
+	procs := "Go's default"
+	if cfg.Procs > 0 {
+		procs = strconv.Itoa(cfg.Procs)
+	}
+	fmt.Fprintf(out, "(i) one policyd on bbolt (--sync group, GOMAXPROCS Go's default); (ii) three replicas on one redis-server (AOF always, --store-timeout %s, GOMAXPROCS %s each); %s per phase after %s warm-up; one connection (round_robin over the replicas); ReportOutcome carries %d outcomes\n\n",
+		cfg.StoreTimeout, procs, cfg.Duration, cfg.Warmup, defaultReportBatch)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "phase\tcallers\t(i) req/s\t(i) p99\t(ii) req/s\t(ii) p99\treq/s (ii)÷(i)\tp99 (ii)÷(i)\terrors (i)/(ii)\tcpu/req (i)\tcpu/req (ii) replicas\tcpu/req Redis\tRedis cmds/req\tRedis cmds/outcome\t")
 	for i, b := range one {
