@@ -35,7 +35,9 @@ import (
 // Lua's numbers are doubles: every i8 is exact below 2^53. Times go as
 // Unix µs and the ns past them; a duration in ns is exact up to 2^53 ns
 // (104 days: a longer one rounds to a neighbouring ns in the library, as
-// its decimal did before); versions and counts are far below.
+// its decimal did before); versions and counts are far below. With no
+// results carried the library reads the head first: a replay or a
+// refusal reads nothing else.
 const (
 	nextDelayHead  = "<i8i8"
 	nextDelayFresh = "<i8i8di8i8i8i8i8i8i8i8Bi8i8i8i8i8i8di8i8ddddddBBBi8i8Bi8i8i8i8i8"

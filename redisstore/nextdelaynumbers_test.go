@@ -150,3 +150,34 @@ end)
 		}
 	}
 }
+
+// TestNextDelayReplayReadsTheHead: with no results carried, the attempt
+// check goes first and a replay reads the head of the numbers alone (a
+// call whose numbers are cut after it replays), while a fresh decision
+// reads them all (the same cut numbers of another call are refused).
+func TestNextDelayReplayReadsTheHead(t *testing.T) {
+	c := standalone(t)
+	ctx := context.Background()
+	l := lib{c: c}
+	st, cfg, bg, sa := nextDelayCallStep()
+	st.Spend.RunID, st.RunCutoff = "", time.Time{}
+	st.Keep = time.Now().Add(time.Hour)
+	call := func(st *policy.NextDelayStep, cut bool) ([]any, error) {
+		keys, args := nextDelayCall(st, &cfg, &bg, 1000, nil, &sa)
+		if cut {
+			args[0] = args[0].([]byte)[:16] // the head: attempt and n
+		}
+		return l.fcall(ctx, "policyd_nextdelay", keys, args...)
+	}
+	if r, err := call(&st, false); err != nil || toString(r[1]) != "decided" {
+		t.Fatalf("first: %v %v, want a decision", r, err)
+	}
+	if r, err := call(&st, true); err != nil || toString(r[1]) != "replay" {
+		t.Fatalf("again, the numbers cut after the head: %v %v, want a replay", r, err)
+	}
+	other := st
+	other.Call.CallID = "call-000124"
+	if r, err := call(&other, true); err == nil {
+		t.Fatalf("another call, the numbers cut after the head: %v, want an error", r)
+	}
+}

@@ -1022,7 +1022,8 @@ end
 -- every i8 is exact below 2^53: times go as Unix µs (and the ns past
 -- them), durations in ns are exact up to 2^53 ns (104 days; a longer one
 -- rounds to a neighbouring ns, as its decimal did before), versions and
--- counters are far below.
+-- counters are far below. The head is read first: a replay reads nothing
+-- else.
 --
 --   head    attempt i8, n (results carried) i8
 --   fresh   cfg: mode i8, consecutive failures i8, failure rate d,
@@ -1091,7 +1092,8 @@ end
 -- then fleet.CutRun, and the attempt record written with the verdict
 -- (fleet.Attempts.Decided, never rewound). The breaker's results a
 -- replica held for its flush, reported before this failure, are counted
--- first, whatever the attempt check says.
+-- first, whatever the attempt check says; without them the attempt check
+-- goes first, and a replay or refusal reads nothing but the head.
 -- KEYS: attempt, breaker, events, index, bucket, run (a key of the
 -- tenant with no run when has run is 0).
 -- ARGV: the numbers, packed (ND_HEAD, ND_FRESH and the results above),
@@ -1107,8 +1109,9 @@ end
 local function nextdelay(keys, args, now)
   local p, target = args[1], args[2]
   local n, carried, pos = struct.unpack(ND_HEAD, p)
-  local d, b, events = nextdelay_numbers(p, pos), nil, {}
+  local d, b, events = nil, nil, {}
   if carried > 0 then
+    d = nextdelay_numbers(p, pos)
     b = load(keys[2], now)
     check_new(b, keys[4], d.cap)
     events = record_on(keys[2], keys[3], keys[4], target, b, d.c, now, nextdelay_results(p, d.pos, carried, args, 7))
@@ -1117,6 +1120,7 @@ local function nextdelay(keys, args, now)
   if verdict ~= '' then
     return {int(now), verdict, h[1], h[2], h[3], h[4] or ''}
   end
+  d = d or nextdelay_numbers(p, pos)
   local c, has_run = d.c, d.has_run == 1
   if has_run and redis.call('EXISTS', keys[6]) == 0 then return redis.error_reply('NOTFOUND run') end
   if not b then
