@@ -152,10 +152,7 @@ func (s *Store) KnownRun(id string) (policy.Run, bool) {
 // arguments of their own, in one slice of the length they take.
 func nextDelayCall(st *policy.NextDelayStep, cfg *policy.BreakerConfig, b *policy.TenantBudget, maxBreakers int, carried []result, sa *shareArgs) ([]string, []any) {
 	t := st.Key.Tenant
-	runKey := keyRun(t, "")
-	if st.Spend.RunID != "" {
-		runKey = keyRun(t, st.Spend.RunID)
-	}
+	runKey := keyRun(t, st.Spend.RunID) // with no run, a key on the tenant's slot the library leaves alone
 	dec, p := &st.Decision, st.Policy
 	n := make(numbers, 0, nextDelayNumbersLen+len(carried))
 	n.int(int64(st.Attempt))
