@@ -214,7 +214,14 @@
 // run in the reply) instead of one pair per result: the keys it writes
 // are the same, but a replica of version 2 from before this and the
 // library after it misread each other's calls, so they must not share a
-// Redis.
+// Redis. So are policyd_nextdelay's numbers one argument, packed
+// (little-endian integers, doubles and flags, read with the server's
+// struct.unpack: nextdelaynumbers.go and policyd.lua have the layout),
+// with its strings as arguments of their own, instead of an argument per
+// number in decimal: the keys it reads and writes are the same, but a
+// replica of version 2 from before this and the library after it fail
+// each other's calls (neither reads the other's form), so they must not
+// share a Redis either.
 //
 // The library's name carries its version (policyd_v2): a layout change
 // bumps both the schema key and the library name, so replicas of two

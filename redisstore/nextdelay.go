@@ -147,57 +147,67 @@ func (s *Store) KnownRun(id string) (policy.Run, bool) {
 // nextDelayCall returns the keys and arguments of st's policyd_nextdelay
 // call (policyd.lua has their order) under the breaker configuration cfg
 // (normalized) and the tenant's budget b, with the breaker's held
-// results carried, its spend as replica sa.replica. The arguments go into
-// one slice of the length they take; numbers go as Go numbers, which the
-// client writes in decimal without a string of their own (floats in their
-// shortest exact form, as tonumber reads them back).
+// results carried, its spend as replica sa.replica. Its numbers go as one
+// argument, packed (nextDelayHead, nextDelayFresh), the strings as
+// arguments of their own, in one slice of the length they take.
 func nextDelayCall(st *policy.NextDelayStep, cfg *policy.BreakerConfig, b *policy.TenantBudget, maxBreakers int, carried []result, sa *shareArgs) ([]string, []any) {
 	t := st.Key.Tenant
-	runKey, hasRun := keyRun(t, ""), 0
-	if st.Spend.RunID != "" {
-		runKey, hasRun = keyRun(t, st.Spend.RunID), 1
-	}
-	bit := func(v bool) int {
-		if v {
-			return 1
-		}
-		return 0
-	}
+	runKey := keyRun(t, st.Spend.RunID) // with no run, a key on the tenant's slot the library leaves alone
 	dec, p := &st.Decision, st.Policy
-	args := make([]any, 0, nextDelayArgs+2*len(carried))
-	args = append(args, st.Attempt, st.Key.Target)
-	args = cfgArgs(args, cfg)
-	args = append(args, int(st.Result), st.PermitID, maxBreakers, int64(st.Share),
-		bit(dec.Retry), int64(dec.Delay), int(dec.Stop), int(dec.Disposition))
-	args = appendTime(args, dec.Deadline)
-	args = append(args, int64(p.AttemptTimeout), p.Pushback.SpreadRatio, int64(p.Pushback.MinSpread),
-		int64(p.Pushback.MaxHint), st.SpreadDraw)
-	args = budgetArgs(args, b)
-	args = append(args, bit(st.Spend.Timeout), hasRun)
-	args = appendTime(args, st.RunCutoff)
-	args = append(args, bit(st.CutBinds), int(dec.Checks), packAnswer(&st.Answer), st.Keep.UnixMilli()+1)
-	args = append(args, len(carried))
+	n := make(numbers, 0, nextDelayNumbersLen+len(carried))
+	n.int(int64(st.Attempt))
+	n.int(int64(len(carried)))
+	n.int(int64(cfg.Mode))
+	n.int(int64(cfg.ConsecutiveFailures))
+	n.float(cfg.FailureRate)
+	n.int(us(cfg.Window))
+	n.int(int64(cfg.MinCalls))
+	n.int(us(cfg.Cooldown))
+	n.int(int64(cfg.HalfOpenProbes))
+	n.int(us(cfg.ProbeTimeout))
+	n.int(int64(st.Result))
+	n.int(int64(maxBreakers))
+	n.int(int64(st.Share))
+	n.bit(dec.Retry)
+	n.int(int64(dec.Delay))
+	n.int(int64(dec.Stop))
+	n.int(int64(dec.Disposition))
+	n.time(dec.Deadline)
+	n.int(int64(p.AttemptTimeout))
+	n.float(p.Pushback.SpreadRatio)
+	n.int(int64(p.Pushback.MinSpread))
+	n.int(int64(p.Pushback.MaxHint))
+	n.float(st.SpreadDraw)
+	n.float(b.Capacity)
+	n.float(b.DepositRatio)
+	n.float(b.MinPerSecond)
+	n.float(b.RetryCost)
+	n.float(b.TimeoutCost)
+	n.bit(b.DryRun)
+	n.bit(st.Spend.Timeout)
+	n.bit(st.Spend.RunID != "")
+	n.time(st.RunCutoff)
+	n.bit(st.CutBinds)
+	n.int(int64(dec.Checks))
+	n.int(st.Keep.UnixMilli() + 1)
+	n.int(int64(sa.bucket))
+	n.int(int64(sa.run))
+	n.int(us(sa.grace))
 	for _, c := range carried {
-		args = append(args, int(c.Result), c.Permit)
+		n.small(uint8(c.Result))
 	}
-	args = append(args, sa.replica, sa.bucket, sa.run, sa.live, us(sa.grace))
+	args := make([]any, 0, nextDelayArgs+len(carried))
+	args = append(args, []byte(n), st.Key.Target, st.PermitID, packAnswer(&st.Answer), sa.replica, sa.live)
+	for _, c := range carried {
+		args = append(args, c.Permit)
+	}
 	keys := []string{keyAttempt(t, st.Call.CallID), keyBreaker(t, st.Key.Target), keyEvents(t), keyIndex(t), keyBucket(t), runKey}
 	return keys, args
 }
 
 // nextDelayArgs is the number of policyd_nextdelay's arguments but the
-// carried results' pairs (policyd.lua nextdelay).
-const nextDelayArgs = 45
-
-// appendTime appends t as the library reads a time to the nanosecond:
-// Unix µs and the nanoseconds past them, 0 0 for the zero time.
-func appendTime(args []any, t time.Time) []any {
-	if t.IsZero() {
-		return append(args, 0, 0)
-	}
-	ns := t.UnixNano()
-	return append(args, ns/1000, ns%1000)
-}
+// carried results' permits (policyd.lua nextdelay).
+const nextDelayArgs = 6
 
 // nextDelayReply reads the reply r of st's policyd_nextdelay call: a
 // replay or refusal of the attempt record it returns (fleet.Attempts.Check

@@ -9,15 +9,21 @@ import (
 	"github.com/policyd/policyd/policy"
 )
 
-// TestNextDelayCallFillsItsSlice: nextDelayArgs and the carried pairs are
-// the length of the arguments, so the slice made for them never grows.
+// TestNextDelayCallFillsItsSlice: nextDelayArgs and the carried permits
+// are the length of the arguments, and nextDelayNumbersLen and a byte per
+// carried result the length of the packed numbers, so neither slice made
+// for them grows.
 func TestNextDelayCallFillsItsSlice(t *testing.T) {
 	st, cfg, bg, sa := nextDelayCallStep()
 	for n := range 3 {
 		carried := make([]result, n)
 		_, args := nextDelayCall(&st, &cfg, &bg, 1000, carried, &sa)
-		if len(args) != nextDelayArgs+2*n || cap(args) != len(args) {
-			t.Errorf("%d results carried: %d arguments in a slice of %d, want %d", n, len(args), cap(args), nextDelayArgs+2*n)
+		if len(args) != nextDelayArgs+n || cap(args) != len(args) {
+			t.Errorf("%d results carried: %d arguments in a slice of %d, want %d", n, len(args), cap(args), nextDelayArgs+n)
+		}
+		p := args[0].([]byte)
+		if len(p) != nextDelayNumbersLen+n || cap(p) != len(p) {
+			t.Errorf("%d results carried: %d bytes of numbers in a slice of %d, want %d", n, len(p), cap(p), nextDelayNumbersLen+n)
 		}
 	}
 }

@@ -62,7 +62,9 @@ end
 
 
 -- cfg reads a breaker configuration (fleet.NormConfig already applied by
--- the caller) of 8 arguments from args at i.
+-- the caller) of 8 arguments from args at i. policyd_nextdelay's packed
+-- numbers hold one too, read by nextdelay_numbers into a table of the
+-- same fields.
 local function cfg_at(args, i)
   return {
     mode = tonumber(args[i]), consecutive = tonumber(args[i + 1]), rate = tonumber(args[i + 2]),
@@ -594,7 +596,9 @@ local function bucket_store(key, k)
 end
 
 -- budget_at reads a budget of 6 arguments: capacity, deposit ratio, floor
--- per second, retry cost, timeout cost, dry run (0 or 1).
+-- per second, retry cost, timeout cost, dry run (0 or 1). policyd_nextdelay's
+-- packed numbers hold one too, read by nextdelay_numbers into a table of
+-- the same fields.
 local function budget_at(args, i)
   return {cap = tonumber(args[i]), ratio = tonumber(args[i + 1]), per_second = tonumber(args[i + 2]),
     cost = tonumber(args[i + 3]), timeout_cost = tonumber(args[i + 4]), dry_run = args[i + 5] == '1'}
@@ -611,13 +615,17 @@ end
 -- share_args reads the caller's share arguments from args at i: its
 -- replica id, the versions of its bucket and run shares it last saw, the
 -- live replica ids (space-separated; their count divides the shares) and
--- the grace of a silent share (µs).
-local function share_args(args, i)
-  local sa = {me = args[i], ack_k = tonumber(args[i + 1]), ack_r = tonumber(args[i + 2]),
-    live = live_set(args[i + 3]), grace = tonumber(args[i + 4]), n = 0}
+-- the grace of a silent share (µs); share_new makes them of those values
+-- (policyd_nextdelay's packed numbers hold the versions and the grace).
+local function share_new(me, ack_k, ack_r, live, grace)
+  local sa = {me = me, ack_k = ack_k, ack_r = ack_r, live = live_set(live), grace = grace, n = 0}
   sa.live[sa.me] = true
   for _ in pairs(sa.live) do sa.n = sa.n + 1 end
   return sa
+end
+
+local function share_args(args, i)
+  return share_new(args[i], tonumber(args[i + 1]), tonumber(args[i + 2]), args[i + 3], tonumber(args[i + 4]))
 end
 
 -- spend_on is breakerstore's SpendRetry: the run's refusal first (cut-off,
@@ -1007,6 +1015,74 @@ local function until_ns(t_us, t_rem, now)
   return (t_us - now) * 1000 + t_rem
 end
 
+-- policyd_nextdelay's numbers, one binary string read with struct.unpack
+-- (redisstore's nextDelayNumbers writes it; its test checks these
+-- formats against its own): little-endian, no padding, i8 a signed 64-bit
+-- integer, d a double, B a byte (0 or 1). Lua's numbers are doubles, so
+-- every i8 is exact below 2^53: times go as Unix µs (and the ns past
+-- them), durations in ns are exact up to 2^53 ns (104 days; a longer one
+-- rounds to a neighbouring ns, as its decimal did before), versions and
+-- counters are far below. The head is read first: a replay reads nothing
+-- else.
+--
+--   head    attempt i8, n (results carried) i8
+--   fresh   cfg: mode i8, consecutive failures i8, failure rate d,
+--           window µs i8, min calls i8, cool-down µs i8, half-open
+--           probes i8, probe timeout µs i8;
+--           result i8, the tenant's cap of breakers i8, the hint to
+--           share ns i8 (0: none);
+--           the stateless decision: retry B, delay ns i8, stop i8,
+--           disposition i8;
+--           the deadline µs i8 and ns past them i8 (0 0: none);
+--           the attempt timeout ns i8;
+--           pushback: spread ratio d, min spread ns i8, max hint ns i8;
+--           the spread draw d;
+--           budget: capacity d, deposit ratio d, floor per second d,
+--           retry cost d, timeout cost d, dry run B;
+--           timeout B, has run B;
+--           the run's cut-off µs i8 and ns past them i8 (0 0: none);
+--           cut binds B, the checks so far i8, keep (Unix ms) i8;
+--           the spend's shares: bucket version seen i8, run version seen
+--           i8, grace µs i8
+--   tail    n results, a byte each
+local ND_HEAD = '<i8i8'
+local ND_FRESH = '<i8i8di8i8i8i8i8i8i8i8Bi8i8i8i8i8i8di8i8ddddddBBBi8i8Bi8i8i8i8i8'
+
+-- nextdelay_numbers reads the numbers of a fresh decision from p, the
+-- packed numbers, at pos (past the head): the breaker configuration
+-- (c, as cfg_at), the budget (bg, as budget_at), the rest by name, and
+-- pos past them.
+local function nextdelay_numbers(p, pos)
+  local c, bg, d = {}, {}, {}
+  c.mode, c.consecutive, c.rate, c.window, c.min_calls, c.cooldown, c.probes, c.probe_timeout,
+  d.result, d.cap, d.share,
+  d.retry, d.delay, d.stop, d.disp,
+  d.deadline_us, d.deadline_ns,
+  d.timeout,
+  d.ratio, d.min_spread, d.max_hint,
+  d.draw,
+  bg.cap, bg.ratio, bg.per_second, bg.cost, bg.timeout_cost, bg.dry_run,
+  d.spend_timeout, d.has_run,
+  d.cut_us, d.cut_ns,
+  d.cut_binds, d.checks, d.keep,
+  d.ack_k, d.ack_r, d.grace,
+  d.pos = struct.unpack(ND_FRESH, p, pos)
+  bg.dry_run = bg.dry_run == 1
+  d.c, d.bg = c, bg
+  return d
+end
+
+-- nextdelay_results is the n results carried, read from p at pos, paired
+-- with their permit ids, args[first] on, as record_on takes them.
+local function nextdelay_results(p, pos, n, args, first)
+  local results = {}
+  for i = 0, n - 1 do
+    results[#results + 1] = string.byte(p, pos + i)
+    results[#results + 1] = args[first + i]
+  end
+  return results
+end
+
 -- nextdelay is a NextDelay decided in one step, for a call whose policy
 -- has no fallback targets and whose attempt held no lease: the attempt
 -- check (fleet.Attempts.Check: replay, refuse, or go on), the breaker's
@@ -1014,75 +1090,64 @@ end
 -- (cooldown_on), then for a retry fleet.GateRetry (an OPEN breaker, the
 -- cool-down spread, the deadline), the spend (spend_on) and fleet.Spent,
 -- then fleet.CutRun, and the attempt record written with the verdict
--- (fleet.Attempts.Decided, never rewound).
+-- (fleet.Attempts.Decided, never rewound). The breaker's results a
+-- replica held for its flush, reported before this failure, are counted
+-- first, whatever the attempt check says; without them the attempt check
+-- goes first, and a replay or refusal reads nothing but the head.
 -- KEYS: attempt, breaker, events, index, bucket, run (a key of the
--- tenant with no run when ARGV[33] is 0).
--- ARGV: attempt, target, cfg (8), result, permit id or '', the tenant's
--- cap of breakers, the hint to share (ns, 0 for none), the stateless
--- decision (retry 0 or 1, delay ns, stop, disposition), the deadline (µs
--- and ns remainder, 0 0 for none), the attempt timeout (ns), pushback
--- (spread ratio, min spread ns, max hint ns), the spread draw, budget (6),
--- timeout (0 or 1), has run (0 or 1), the run's cut-off (µs and ns
--- remainder, 0 0 for none), cut binds (0 or 1), the checks so far, the
--- answer so far (packed: appendAnswer), keep (Unix ms), then n and n
--- pairs (result, permit id or ''): the breaker's results a replica held
--- for its flush, reported before this failure, counted first whatever the
--- attempt check says; then the share arguments of the spend (5,
--- share_args). 45 arguments and the n pairs (redisstore's nextDelayArgs);
--- numbers in decimal, floats in their shortest exact form.
+-- tenant with no run when has run is 0).
+-- ARGV: the numbers, packed (ND_HEAD, ND_FRESH and the results above),
+-- target, permit id or '', the answer so far (packed: appendAnswer), the
+-- spend's replica id, the live replica ids (space-separated), then the n
+-- carried results' permit ids ('' for none): 6 arguments and the n
+-- permits (redisstore's nextDelayArgs).
 -- Returns {now, 'replay' or 'refused', attempt, expiry, answer, verdict or
 -- ''}, {now, 'permit', snapshot}, or {now, 'decided', verdict, asked,
 -- granted, dry, event ids, snapshot, bucket share, its version, run
 -- share, its version}; the verdict is "retry delay stop disposition
 -- breaker checks tokens remaining spread".
 local function nextdelay(keys, args, now)
-  local n = tonumber(args[1])
-  local target, c = args[2], cfg_at(args, 3)
-  local b, events = nil, {}
-  local carried = tonumber(args[40] or '0')
+  local p, target = args[1], args[2]
+  local n, carried, pos = struct.unpack(ND_HEAD, p)
+  local d, b, events = nil, nil, {}
   if carried > 0 then
-    local results = {}
-    for i = 41, 40 + 2 * carried, 2 do
-      results[#results + 1] = tonumber(args[i])
-      results[#results + 1] = args[i + 1]
-    end
+    d = nextdelay_numbers(p, pos)
     b = load(keys[2], now)
-    check_new(b, keys[4], tonumber(args[13]))
-    events = record_on(keys[2], keys[3], keys[4], target, b, c, now, results)
+    check_new(b, keys[4], d.cap)
+    events = record_on(keys[2], keys[3], keys[4], target, b, d.c, now, nextdelay_results(p, d.pos, carried, args, 7))
   end
   local verdict, h = attempt_check(keys[1], n, now)
   if verdict ~= '' then
     return {int(now), verdict, h[1], h[2], h[3], h[4] or ''}
   end
-  local has_run = args[33] == '1'
+  d = d or nextdelay_numbers(p, pos)
+  local c, has_run = d.c, d.has_run == 1
   if has_run and redis.call('EXISTS', keys[6]) == 0 then return redis.error_reply('NOTFOUND run') end
   if not b then
     b = load(keys[2], now)
-    check_new(b, keys[4], tonumber(args[13]))
+    check_new(b, keys[4], d.cap)
   end
-  local evs, refused = record_on(keys[2], keys[3], keys[4], target, b, c, now, {tonumber(args[11]), args[12]})
+  local evs, refused = record_on(keys[2], keys[3], keys[4], target, b, c, now, {d.result, args[3]})
   for _, ev in ipairs(evs) do events[#events + 1] = ev end
   if refused[1] == 1 then return {int(now), 'permit', snapshot(b, now)} end
-  local retry, delay = args[15] == '1', tonumber(args[16])
-  local stop, disp = tonumber(args[17]), tonumber(args[18])
-  local share = tonumber(args[14])
-  if share > 0 and (not retry or b.state ~= OPEN) then
-    for _, ev in ipairs(cooldown_on(keys[2], keys[3], keys[4], target, b, now, now + idiv(share, 1000))) do
+  local retry, delay, stop, disp = d.retry == 1, d.delay, d.stop, d.disp
+  if d.share > 0 and (not retry or b.state ~= OPEN) then
+    for _, ev in ipairs(cooldown_on(keys[2], keys[3], keys[4], target, b, now, now + idiv(d.share, 1000))) do
       events[#events + 1] = ev
     end
   end
-  local checks, spread, asked, granted, dry, tokens, remaining = tonumber(args[37]), 0, 0, 0, 0, 0, 0
+  local checks, spread, asked, granted, dry, tokens, remaining = d.checks, 0, 0, 0, 0, 0, 0
   local shares = {{hold = 0, v = 0}, {hold = 0, v = 0}}
   if retry then
-    local left = until_ns(tonumber(args[19]), tonumber(args[20]), now)
+    local left = until_ns(d.deadline_us, d.deadline_ns, now)
     if b.state == OPEN then
       retry, delay, stop, disp = false, 0, 6, 5
     else
       local wait = (b.cooldown - now) * 1000
       if b.cooldown > now and wait > delay then
-        delay, spread = spread_hint(wait, tonumber(args[22]), tonumber(args[23]), tonumber(args[24]), tonumber(args[25])), 1
+        delay, spread = spread_hint(wait, d.ratio, d.min_spread, d.max_hint, d.draw), 1
       end
-      if left and delay + math.max(tonumber(args[21]), 0) > left then
+      if left and delay + math.max(d.timeout, 0) > left then
         retry, delay, stop, disp = false, 0, 4, 3
       end
     end
@@ -1090,23 +1155,23 @@ local function nextdelay(keys, args, now)
       checks = checks + 64
       if has_run then checks = checks + 128 end
       asked = 1
-      local g, st, d, tk, rem, dr, sh, rsh = spend_on(keys[5], keys[6], budget_at(args, 26), args[32] == '1', has_run, now,
-        share_args(args, 41 + 2 * carried))
+      local g, st, dd, tk, rem, dr, sh, rsh = spend_on(keys[5], keys[6], d.bg, d.spend_timeout == 1, has_run, now,
+        share_new(args[5], d.ack_k, d.ack_r, args[6], d.grace))
       granted, tokens, remaining, dry, shares = g, tk, rem, dr, {sh, rsh}
-      if g == 0 then retry, delay, stop, disp = false, 0, st, d end
+      if g == 0 then retry, delay, stop, disp = false, 0, st, dd end
     end
   end
   if not retry then
-    local cut = until_ns(tonumber(args[34]), tonumber(args[35]), now)
+    local cut = until_ns(d.cut_us, d.cut_ns, now)
     if cut and cut <= 0 and disp ~= 2 then
       disp = 4
-    elseif stop == 4 and args[36] == '1' then
+    elseif stop == 4 and d.cut_binds == 1 then
       disp = 4
     end
   end
   local v = table.concat({retry and '1' or '0', int(delay), int(stop), int(disp), int(b.state), int(checks),
     float(tokens), int(remaining), int(spread)}, ' ')
-  attempt_store(keys[1], n, args[38], tonumber(args[39]), v)
+  attempt_store(keys[1], n, args[4], d.keep, v)
   return {int(now), 'decided', v, asked, granted, dry, events, snapshot(b, now),
     float(shares[1].hold), int(shares[1].v), float(shares[2].hold), int(shares[2].v)}
 end
