@@ -51,11 +51,12 @@ func until(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// inFlight reports whether q has a round trip in flight.
-func (q *coalescer) inFlight() bool {
+// full reports whether q has as many round trips in flight as it takes:
+// a call made now waits in the queue.
+func (q *coalescer) full() bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.busy
+	return q.trips == q.maxTrips()
 }
 
 // TestConcurrentNextDelaysShareARoundTrip: NextDelays asked while
@@ -118,8 +119,8 @@ func shareARoundTrip(t *testing.T, servers []*redistest.Server, c redis.Universa
 		resp       *pb.NextDelayResponse
 		err        error
 	}
-	const n = 12
-	answers := make([]answer, n)
+	const n = 12 // queued
+	answers := make([]answer, n+s.lib.q.maxTrips()-1)
 	var wg sync.WaitGroup
 	ask := func(i int) {
 		defer wg.Done()
@@ -127,10 +128,13 @@ func shareARoundTrip(t *testing.T, servers []*redistest.Server, c redis.Universa
 		a.tenant, a.id = tenants[i%len(tenants)], "c"+strconv.Itoa(i)
 		a.resp, a.err = d.NextDelay(ctx, req(a.tenant, a.id))
 	}
-	wg.Add(1)
-	go ask(0)
-	until(t, "the first NextDelay's call in flight", s.lib.q.inFlight)
-	for i := 1; i < n; i++ {
+	alone := s.lib.q.maxTrips() // the first calls go out at once, each alone
+	for i := range alone {
+		wg.Add(1)
+		go ask(i)
+	}
+	until(t, "the first NextDelays' calls in flight", s.lib.q.full)
+	for i := alone; i < n+alone-1; i++ {
 		wg.Add(1)
 		go ask(i)
 	}
@@ -153,8 +157,8 @@ func shareARoundTrip(t *testing.T, servers []*redistest.Server, c redis.Universa
 	for _, v := range got {
 		total += v
 	}
-	if total != 2 || got["policyd_nextdelay"] != 1 {
-		t.Errorf("round trips of %d concurrent calls: %v, want the first's policyd_nextdelay and one pipeline", n+1, got)
+	if total != uint64(alone)+1 || got["policyd_nextdelay"] != uint64(alone) {
+		t.Errorf("round trips of %d concurrent calls: %v, want the first %d policyd_nextdelay alone and one pipeline", len(answers)+1, got, alone)
 	}
 	if !redisNotFound(readErr) {
 		t.Errorf("policyd_key_read of a key never claimed: %v, want its own NOTFOUND", readErr)
@@ -266,6 +270,7 @@ func TestQueuedCallPastItsDeadlineIsNotSent(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.Close() })
+	s.lib.q.most = 1 // one round trip in flight: the next call waits
 	srv.Pause(t)
 	before := s.RoundTrips()
 	first := make(chan error, 1)
@@ -275,7 +280,7 @@ func TestQueuedCallPastItsDeadlineIsNotSent(t *testing.T) {
 		_, err := s.lib.runROSlice(ctx, "policyd_key_read", []string{keyIdem("acme", "first")})
 		first <- err
 	}()
-	until(t, "the first call in flight", s.lib.q.inFlight)
+	until(t, "the first call in flight", s.lib.q.full)
 	late := &endable{Context: context.Background(), done: make(chan struct{})}
 	queued := make(chan error, 1)
 	go func() {
@@ -321,8 +326,8 @@ func TestCoalescedCallsOfAFailedMasterFailAlone(t *testing.T) {
 	c.AddHook(h.hook(&trips))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	q := &coalescer{c: c, base: ctx}
-	var failing, answering string // tenants on the master killed and on another
+	q := &coalescer{c: c, base: ctx, most: 1} // the next call waits for the first's round trip
+	var failing, answering string             // tenants on the master killed and on another
 	for i := 0; failing == "" || answering == ""; i++ {
 		tn := "t" + strconv.Itoa(i)
 		m, err := c.MasterForKey(ctx, keyIdem(tn, "k"))
@@ -349,7 +354,7 @@ func TestCoalescedCallsOfAFailedMasterFailAlone(t *testing.T) {
 	}
 	wg.Add(1)
 	go do(0)
-	until(t, "the first call in flight", q.inFlight)
+	until(t, "the first call in flight", q.full)
 	wg.Add(2)
 	go do(1)
 	go do(2)
