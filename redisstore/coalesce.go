@@ -238,17 +238,19 @@ func callEnded(err error) error {
 }
 
 // fcallCmd is the command FCALL (FCALL_RO when ro) of function fn on keys
-// with args, as go-redis's FCall builds it.
-func fcallCmd(ctx context.Context, ro bool, fn string, keys []string, args []any) *redis.Cmd {
+// with the clock argument now and args, as go-redis's FCall builds it
+// (the arguments copied once, into the command's own slice).
+func fcallCmd(ctx context.Context, ro bool, fn string, keys []string, now string, args []any) *redis.Cmd {
 	name := "fcall"
 	if ro {
 		name = "fcall_ro"
 	}
-	a := make([]any, 0, 3+len(keys)+len(args))
+	a := make([]any, 0, 4+len(keys)+len(args))
 	a = append(a, name, fn, len(keys))
 	for _, k := range keys {
 		a = append(a, k)
 	}
+	a = append(a, now)
 	cmd := redis.NewCmd(ctx, append(a, args...)...)
 	if len(keys) > 0 {
 		cmd.SetFirstKeyPos(3)

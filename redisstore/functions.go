@@ -214,11 +214,16 @@ func (l lib) runRO(ctx context.Context, fn string, keys []string, args ...any) *
 
 // withClock returns args after the clock argument.
 func (l lib) withClock(args []any) []any {
-	now := ""
-	if l.clock != nil {
-		now = strconv.FormatInt(l.clock().UnixMicro(), 10)
+	return append([]any{l.now()}, args...)
+}
+
+// now is the clock argument: the replica's clock, Unix µs, or "" for the
+// server's.
+func (l lib) now() string {
+	if l.clock == nil {
+		return ""
 	}
-	return append([]any{now}, args...)
+	return strconv.FormatInt(l.clock().UnixMicro(), 10)
 }
 
 // fcall runs function fn of the library on keys with args and returns its
@@ -258,7 +263,7 @@ func (l lib) send(ctx context.Context, ro bool, fn string, keys []string, args [
 		}
 		return l.run(ctx, fn, keys, args...).Result()
 	}
-	cmd := fcallCmd(ctx, ro, fn, keys, l.withClock(args))
+	cmd := fcallCmd(ctx, ro, fn, keys, l.now(), args)
 	if err := l.q.do(ctx, cmd); err != nil {
 		return nil, err
 	}

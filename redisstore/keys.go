@@ -40,22 +40,31 @@ func tag(tenant string) string {
 	return "{#" + hex.EncodeToString([]byte(tenant)) + "}"
 }
 
+// tagged is tag(tenant) + part + name, built in one allocation: a
+// NextDelay names six keys.
+func tagged(tenant, part, name string) string {
+	if tenant != "" && !strings.ContainsAny(tenant, "{}") {
+		return "{=" + tenant + "}" + part + name
+	}
+	return tag(tenant) + part + name
+}
+
 // Keys of one tenant, all under its tag.
-func keyBreaker(tenant, target string) string { return tag(tenant) + ":breaker:" + target }
-func keyEvents(tenant string) string          { return tag(tenant) + ":events" }
-func keyIndex(tenant string) string           { return tag(tenant) + ":breakers" }
-func keyBucket(tenant string) string          { return tag(tenant) + ":bucket" }
-func keyAudit(tenant string) string           { return tag(tenant) + ":audit" }
-func keyAttempt(tenant, call string) string   { return tag(tenant) + ":attempt:" + call }
-func keyRun(tenant, id string) string         { return tag(tenant) + ":run:" + id }
-func keyRunCalls(tenant, id string) string    { return tag(tenant) + ":runcalls:" + id }
-func keyApplied(tenant string) string         { return tag(tenant) + ":applied" }
-func keyCallTable(tenant, id string) string   { return tag(tenant) + ":calls:" + id }
-func keyCallIDs(tenant, id string) string     { return tag(tenant) + ":callids:" + id }
-func keyIdem(tenant, key string) string       { return tag(tenant) + ":idem:" + key }
-func keyIdemIndex(tenant string) string       { return tag(tenant) + ":idemkeys" }
-func keyFlow(tenant, target string) string    { return tag(tenant) + ":flow:" + target }
-func keyLeases(tenant, target string) string  { return tag(tenant) + ":leases:" + target }
+func keyBreaker(tenant, target string) string { return tagged(tenant, ":breaker:", target) }
+func keyEvents(tenant string) string          { return tagged(tenant, ":events", "") }
+func keyIndex(tenant string) string           { return tagged(tenant, ":breakers", "") }
+func keyBucket(tenant string) string          { return tagged(tenant, ":bucket", "") }
+func keyAudit(tenant string) string           { return tagged(tenant, ":audit", "") }
+func keyAttempt(tenant, call string) string   { return tagged(tenant, ":attempt:", call) }
+func keyRun(tenant, id string) string         { return tagged(tenant, ":run:", id) }
+func keyRunCalls(tenant, id string) string    { return tagged(tenant, ":runcalls:", id) }
+func keyApplied(tenant string) string         { return tagged(tenant, ":applied", "") }
+func keyCallTable(tenant, id string) string   { return tagged(tenant, ":calls:", id) }
+func keyCallIDs(tenant, id string) string     { return tagged(tenant, ":callids:", id) }
+func keyIdem(tenant, key string) string       { return tagged(tenant, ":idem:", key) }
+func keyIdemIndex(tenant string) string       { return tagged(tenant, ":idemkeys", "") }
+func keyFlow(tenant, target string) string    { return tagged(tenant, ":flow:", target) }
+func keyLeases(tenant, target string) string  { return tagged(tenant, ":leases:", target) }
 
 // tenantOfEvents returns the tenant whose events stream key is.
 func tenantOfEvents(key string) (string, bool) {
