@@ -117,9 +117,8 @@ func (q *coalescer) do(ctx context.Context, cmd redis.Cmder) error {
 			q.mu.Unlock()
 			return callEnded(ctx.Err())
 		case waitLeading:
-			// Told to lead as its context ended: it leaves, and the lead
-			// goes on to the next call waiting.
-			q.remove(w)
+			// Told to lead as its context ended (out of the queue
+			// already): the lead goes on to the next call waiting.
 			q.mu.Unlock()
 			q.handOn()
 			return callEnded(ctx.Err())
@@ -141,15 +140,13 @@ func (q *coalescer) do(ctx context.Context, cmd redis.Cmder) error {
 	return nil // sent: its reply is in
 }
 
-// lead is do for w, told to lead: it sends every call queued (itself
-// first), wakes each with its reply, and hands on.
+// lead is do for w, told to lead (and out of the queue already): it sends
+// itself and every call queued, wakes each with its reply, and hands on.
 func (q *coalescer) lead(w *waiter) error {
 	q.mu.Lock()
-	batch := q.queue
-	q.queue = nil
-	send := batch[:0] // filtered in place
+	send := make([]*waiter, 0, 1+len(q.queue))
 	var deadline time.Time
-	for _, b := range batch {
+	for _, b := range append([]*waiter{w}, q.queue...) {
 		if b.ctx.Err() != nil {
 			b.state = waitDropped // its caller returns on its own context
 			continue
@@ -160,6 +157,8 @@ func (q *coalescer) lead(w *waiter) error {
 			deadline = d
 		}
 	}
+	clear(q.queue)
+	q.queue = q.queue[:0]
 	q.mu.Unlock()
 	switch len(send) {
 	case 0:
@@ -189,8 +188,10 @@ func (q *coalescer) lead(w *waiter) error {
 	return nil
 }
 
-// handOn ends a round trip: the first call waiting leads the next one, or
-// the coalescer is idle again.
+// handOn ends a round trip: the first call waiting leads the next one,
+// taken out of the queue at once so that another round trip ending
+// meanwhile hands its place to the next call (or gives it up), or the
+// place is free again.
 func (q *coalescer) handOn() {
 	q.mu.Lock()
 	if len(q.queue) == 0 {
@@ -199,6 +200,8 @@ func (q *coalescer) handOn() {
 		return
 	}
 	next := q.queue[0]
+	q.queue[0] = nil
+	q.queue = q.queue[1:]
 	next.state = waitLeading
 	q.mu.Unlock()
 	next.wake <- struct{}{}

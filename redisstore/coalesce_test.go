@@ -370,3 +370,56 @@ func TestCoalescedCallsOfAFailedMasterFailAlone(t *testing.T) {
 		t.Errorf("the queued call to a master that answered: %v, %v; want its own OK", cmds[2].Val(), errs[2])
 	}
 }
+
+// TestCoalescerHandsEveryRoundTripOn: many callers through a coalescer of
+// several round trips in flight all get their replies, and once they are
+// done no round trip is counted in flight. Failed before a call told to
+// lead left the queue at once: two round trips ending together both told
+// the first call waiting to lead, one of them lost its place, and once
+// every place was lost each call waited forever.
+func TestCoalescerHandsEveryRoundTripOn(t *testing.T) {
+	srv := redistest.Standalone(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, PoolSize: 16})
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := context.Background()
+	for _, most := range []int{2, 4} {
+		q := &coalescer{c: c, base: ctx, most: most}
+		const callers, calls = 32, 200
+		errs := make(chan error, callers)
+		for i := range callers {
+			go func() {
+				for j := range calls {
+					key := "{acme}:n" + strconv.Itoa(i)
+					cmd := redis.NewIntCmd(ctx, "incr", key)
+					if err := q.do(ctx, cmd); err != nil || cmd.Err() != nil || cmd.Val() != int64(j+1) {
+						errs <- fmt.Errorf("caller %d call %d: %v, %v, %d", i, j, err, cmd.Err(), cmd.Val())
+						return
+					}
+				}
+				errs <- nil
+			}()
+		}
+		for range callers {
+			select {
+			case err := <-errs:
+				if err != nil {
+					t.Fatalf("%d round trips in flight: %v", most, err)
+				}
+			case <-time.After(time.Minute): // a guard against the hang, not a timing
+				t.Fatalf("%d round trips in flight: callers still waiting after a minute, %d round trips counted in flight, %d queued",
+					most, q.inFlight(), q.queued())
+			}
+		}
+		if n := q.inFlight(); n != 0 || q.queued() != 0 {
+			t.Errorf("%d round trips in flight: after every call, %d counted in flight and %d queued; want none", most, n, q.queued())
+		}
+		c.FlushAll(ctx)
+	}
+}
+
+// inFlight is the number of round trips q counts in flight.
+func (q *coalescer) inFlight() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.trips
+}
