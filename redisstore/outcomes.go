@@ -401,8 +401,8 @@ func (s *Store) runOutcomes(ups []policy.OutcomeUpdate, batches map[string]*outc
 // resultRun is a run of a breaker's results as policyd_outcomes takes
 // them: n consecutive results of one value without a permit, applied as n
 // results one after another, or one result (n 1) with its permit. The
-// library answers one refused flag per run (never set for a run without a
-// permit), which applies to each of its results.
+// library answers the indexes of the runs it refused (only a run with a
+// permit can be).
 type resultRun struct {
 	result policy.Result
 	n      int
@@ -497,14 +497,15 @@ func (b *outcomeBatch) apply(s *Store, ups []policy.OutcomeUpdate, cmd *redis.Cm
 		return errReply
 	}
 	for gi, g := range b.groups {
-		flags, _ := v[2+3*gi].([]any)
-		if len(flags) != len(g.runs) {
-			return errReply
-		}
-		for ri, f := range flags {
-			// Only a run with a permit (of one result) is refused.
-			if n, _ := toInt(f); n == 1 && g.runs[ri].update >= 0 {
-				ups[g.runs[ri].update].Refused = fleet.ErrPermit
+		refused, _ := v[2+3*gi].([]any)
+		for _, x := range refused {
+			// The 1-based index of a run with a permit, of one result.
+			ri, err := toInt(x)
+			if err != nil || ri < 1 || ri > int64(len(g.runs)) {
+				return errReply
+			}
+			if r := g.runs[ri-1]; r.update >= 0 {
+				ups[r.update].Refused = fleet.ErrPermit
 			}
 		}
 		st, err := parseState(v[3+3*gi])
