@@ -182,15 +182,13 @@ func (b *outcomeBatch) merge(o *outcomeBatch) {
 		}
 	}
 	b.deposit += o.deposit
+	sums := b.sums()
 	for _, tl := range o.tallies {
-		if i, ok := b.tallyIndex[tl.key]; ok {
+		if i, ok := sums[tl.key]; ok {
 			b.tallies[i].n += tl.n
 			continue
 		}
-		if b.tallyIndex == nil {
-			b.tallyIndex = map[tallyKey]int{}
-		}
-		b.tallyIndex[tl.key] = len(b.tallies)
+		sums[tl.key] = len(b.tallies)
 		b.tallies = append(b.tallies, tl)
 	}
 	b.notes = append(b.notes, o.notes...)

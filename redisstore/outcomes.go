@@ -26,7 +26,7 @@ type outcomeBatch struct {
 	// tallies count in the attempt statistics of the hour the batch was
 	// made in (its key {T}:stats:HOUR), so a replay counts there too.
 	tallies    []pendingTally
-	tallyIndex map[tallyKey]int // -> index in tallies of its sum without a condition
+	tallyIndex map[tallyKey]int // -> index in tallies of its sum without a condition (sums)
 	hour       int64
 	// notes are the call-table notes of the batch's tenant's runs, sent
 	// in its pipeline: a batch queued for replay keeps them, so the
@@ -140,7 +140,8 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 		b := batch(u.Key.Tenant)
 		g := b.byKey[u.Key]
 		if g == nil {
-			g = &outcomeGroup{key: u.Key, cfg: fleet.NormConfig(u.Breaker)}
+			// A report's breaker mostly holds a few runs.
+			g = &outcomeGroup{key: u.Key, cfg: fleet.NormConfig(u.Breaker), runs: make([]resultRun, 0, 4)}
 			b.byKey[u.Key] = g
 			b.groups = append(b.groups, g)
 		}
@@ -163,11 +164,12 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 		if u.RunID == "" || u.Final == policy.DispositionNone {
 			if u.Tally.Target != "" {
 				// Counted unless its result's permit is refused.
-				cond := 0
+				b := batch(u.Tally.Tenant) // a batch of tallies alone is sent too
 				if u.Result != 0 && u.PermitID != "" && u.Key.Tenant == u.Tally.Tenant {
-					cond = resultNo(i)
+					b.addTally(u, resultNo(i), 0)
+				} else {
+					sc.tallies[tenantTally{u.Tally.Tenant, tallyKeyOf(u.Tally)}]++
 				}
-				batch(u.Tally.Tenant).addTally(u, cond, 0)
 			}
 			continue
 		}
@@ -187,6 +189,13 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 		}
 	}
 	sc.cross = crossTenant // its array, for the next call
+	for k, n := range sc.tallies {
+		b := batches[k.tenant]
+		if len(b.tallies) == cap(b.tallies) {
+			b.tallies = slices.Grow(b.tallies, len(sc.tallies)) // most calls are of one tenant
+		}
+		b.tallies = append(b.tallies, pendingTally{key: k.key, n: n})
+	}
 	if firstErr == nil {
 		for tenant, n := range deposits {
 			if n > 0 && tenant != "" {
@@ -257,16 +266,29 @@ func (b *outcomeBatch) addFinal(update int, run string, cond int, call string, f
 func (b *outcomeBatch) addTally(u *policy.OutcomeUpdate, cond, final int) {
 	k := tallyKeyOf(u.Tally)
 	if cond == 0 && final == 0 {
-		if i, ok := b.tallyIndex[k]; ok {
+		sums := b.sums()
+		if i, ok := sums[k]; ok {
 			b.tallies[i].n++
 			return
 		}
-		if b.tallyIndex == nil {
-			b.tallyIndex = map[tallyKey]int{}
-		}
-		b.tallyIndex[k] = len(b.tallies)
+		sums[k] = len(b.tallies)
 	}
 	b.tallies = append(b.tallies, pendingTally{key: k, n: 1, cond: cond, final: final})
+}
+
+// sums returns b.tallyIndex, the index of b's tallies without a
+// condition, made from its tallies the first time (ApplyOutcomes adds its
+// sums without one).
+func (b *outcomeBatch) sums() map[tallyKey]int {
+	if b.tallyIndex == nil {
+		b.tallyIndex = make(map[tallyKey]int, len(b.tallies))
+		for i, tl := range b.tallies {
+			if tl.cond == 0 && tl.final == 0 {
+				b.tallyIndex[tl.key] = i
+			}
+		}
+	}
+	return b.tallyIndex
 }
 
 // runOutcomes sends every batch's policyd_outcomes call and the call
@@ -584,12 +606,23 @@ type applyScratch struct {
 	groupOf   []*outcomeGroup // the group of its result, for a result
 	runOf     []int           // the index in groupOf's runs of its result's run
 	cross     []int           // the finals whose result is in another tenant's call
+	// tallies are the call's tallies without a condition, summed by
+	// tenant and key before they join their batches.
+	tallies map[tenantTally]int
 	// batches are the call's, by tenant: the batches themselves are the
 	// call's, or held (Store.hold), never reused.
 	batches map[string]*outcomeBatch
 }
 
-var applyScratchPool = sync.Pool{New: func() any { return &applyScratch{batches: map[string]*outcomeBatch{}} }}
+// tenantTally is a tally's tenant and key.
+type tenantTally struct {
+	tenant string
+	key    tallyKey
+}
+
+var applyScratchPool = sync.Pool{New: func() any {
+	return &applyScratch{batches: map[string]*outcomeBatch{}, tallies: map[tenantTally]int{}}
+}}
 
 // size makes sc's slices per update n long, zeroed.
 func (sc *applyScratch) size(n int) {
@@ -606,6 +639,7 @@ func (sc *applyScratch) put() {
 	clear(sc.runTenant)
 	clear(sc.groupOf)
 	clear(sc.batches)
+	clear(sc.tallies)
 	sc.cross = sc.cross[:0]
 	applyScratchPool.Put(sc)
 }
