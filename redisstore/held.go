@@ -108,7 +108,7 @@ func (s *Store) hold(batches map[string]*outcomeBatch, notes []pendingNote) (sen
 			hb.merge(b)
 			b = hb
 		}
-		if b.heldResults() >= maxHeldResults {
+		if b.results >= maxHeldResults {
 			wake = true
 		}
 	}
@@ -182,6 +182,7 @@ func (b *outcomeBatch) merge(o *outcomeBatch) {
 		}
 	}
 	b.deposit += o.deposit
+	b.results += o.results
 	sums := b.sums()
 	for _, tl := range o.tallies {
 		if i, ok := sums[tl.key]; ok {
@@ -192,15 +193,6 @@ func (b *outcomeBatch) merge(o *outcomeBatch) {
 		b.tallies = append(b.tallies, tl)
 	}
 	b.notes = append(b.notes, o.notes...)
-}
-
-// heldResults is the number of breaker results b holds.
-func (b *outcomeBatch) heldResults() int {
-	n := 0
-	for _, g := range b.groups {
-		n += g.results()
-	}
-	return n
 }
 
 // takeResults takes the results of the breaker under key out of its
@@ -223,6 +215,7 @@ func (s *Store) takeResults(key policy.BreakerKey) []result {
 		return nil
 	}
 	delete(b.byKey, key)
+	b.results -= g.results()
 	b.groups = slices.DeleteFunc(b.groups, func(o *outcomeGroup) bool { return o == g })
 	if len(b.groups) == 0 && b.deposit == 0 && len(b.tallies) == 0 && len(b.notes) == 0 {
 		delete(h.batches, key.Tenant)

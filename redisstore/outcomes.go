@@ -23,6 +23,7 @@ type outcomeBatch struct {
 	runIndex map[string]int // run id -> 1-based index
 	finals   []outcomeFinal
 	deposit  int
+	results  int // in its groups' runs
 	// tallies count in the attempt statistics of the hour the batch was
 	// made in (its key {T}:stats:HOUR), so a replay counts there too.
 	tallies    []pendingTally
@@ -146,6 +147,7 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 			b.groups = append(b.groups, g)
 		}
 		sc.groupOf[i], sc.runOf[i] = g, g.add(result{u.Result, u.PermitID}, i)
+		b.results++
 	}
 	// Number the result runs as the library does (group by group) and
 	// send each final with the run of the result it depends on when both
