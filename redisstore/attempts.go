@@ -135,11 +135,14 @@ func (s *Store) LastAnswers(keys []policy.CallKey, out []policy.Answer, ok []boo
 			continue
 		}
 		idx, names = idx[:0], names[:0]
+		// keyAttempt of the tenant's calls, its tag made once: the key
+		// is its tenant's prefix and the call id.
+		prefix := keyAttempt(keys[first].Tenant, "")
 		for i := first; i < len(keys); i++ {
 			if !done[i] && keys[i].Tenant == keys[first].Tenant {
 				done[i] = true
 				idx = append(idx, i)
-				names = append(names, keyAttempt(keys[i].Tenant, keys[i].CallID))
+				names = append(names, prefix+keys[i].CallID)
 			}
 		}
 		recs, err := s.attemptsOf(names)

@@ -29,13 +29,7 @@ func keyStats(tenant string, hour int64) string {
 // statsField is the field of a {T}:stats:HOUR hash counting t: "s" (a
 // success) or "f" (a final failure), the attempt slot from 1 (16: 16 or
 // more), ":" and the target.
-func statsField(t policy.AttemptTally) string {
-	kind := "f"
-	if t.Success {
-		kind = "s"
-	}
-	return kind + strconv.Itoa(fleet.AttemptSlot(t.Attempt)+1) + ":" + t.Target
-}
+func statsField(t policy.AttemptTally) string { return tallyKeyOf(t).field() }
 
 // tallyKey is what statsField is made of: a batch sums its tallies by it
 // without making the field for every outcome.
@@ -48,6 +42,15 @@ type tallyKey struct {
 // tallyKeyOf is t's tallyKey.
 func tallyKeyOf(t policy.AttemptTally) tallyKey {
 	return tallyKey{target: t.Target, slot: fleet.AttemptSlot(t.Attempt), success: t.Success}
+}
+
+// field is the statsField of the tallies of k.
+func (k tallyKey) field() string {
+	kind := "f"
+	if k.success {
+		kind = "s"
+	}
+	return kind + strconv.Itoa(k.slot+1) + ":" + k.target
 }
 
 // parseStatsField reads a statsField; ok is false for a field of another
@@ -64,15 +67,15 @@ func parseStatsField(f string) (success bool, slot int, target string, ok bool) 
 	return head[0] == 's', n - 1, target, true
 }
 
-// pendingTally is an attempt statistics count of an outcome batch: the
-// field, how many, and the result or final of the same call that must
-// apply for it to count.
+// pendingTally is an attempt statistics count of an outcome batch: what
+// its field is made of (its field made when the batch is sent), how
+// many, and the result or final of the same call that must apply for it
+// to count.
 type pendingTally struct {
 	key   tallyKey
-	field string // statsField of key's tally
-	n     int    // calls counted
-	cond  int    // 1-based result index whose refusal cancels it, 0 for none
-	final int    // 1-based final index that must change the ledger, 0 for none
+	n     int // calls counted
+	cond  int // 1-based result index whose refusal cancels it, 0 for none
+	final int // 1-based final index that must change the ledger, 0 for none
 }
 
 // CountAttempts counts the end of a call in the attempt statistics at

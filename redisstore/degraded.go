@@ -537,8 +537,10 @@ func (s *Store) queueOutcomes(n int, batches map[string]*outcomeBatch) {
 		if down {
 			for _, g := range b.groups {
 				st, _ := s.cachedState(g.key)
-				for _, r := range g.results {
-					_, _ = s.degraded.record(g.key, g.cfg, st, r.Result, r.Permit, now)
+				for _, r := range g.runs {
+					for range r.n {
+						_, _ = s.degraded.record(g.key, g.cfg, st, r.result, r.permit, now)
+					}
 				}
 			}
 		}

@@ -210,8 +210,8 @@
 // the readers read those entries still, mixed with chunks, and their Seqs
 // are the ones they had. So are the policyd_outcomes call's results runs
 // (a triple of result, count and permit id per run of consecutive equal
-// results without a permit, or per result with one; a refused flag per
-// run in the reply) instead of one pair per result: the keys it writes
+// results without a permit, or per result with one) instead of one pair
+// per result: the keys it writes
 // are the same, but a replica of version 2 from before this and the
 // library after it misread each other's calls, so they must not share a
 // Redis. So are policyd_nextdelay's numbers one argument, packed
@@ -221,7 +221,10 @@
 // number in decimal: the keys it reads and writes are the same, but a
 // replica of version 2 from before this and the library after it fail
 // each other's calls (neither reads the other's form), so they must not
-// share a Redis either.
+// share a Redis either. So is policyd_outcomes' reply of a group's
+// refusals the indexes of its refused runs (only a run with a permit can
+// be) instead of a flag per run: a replica of version 2 from before this
+// and the library after it misread each other's replies.
 //
 // The library's name carries its version (policyd_v2): a layout change
 // bumps both the schema key and the library name, so replicas of two

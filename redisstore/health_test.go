@@ -89,7 +89,7 @@ func TestReplayedBatchAppliedOnce(t *testing.T) {
 	key := policy.BreakerKey{Tenant: "acme", Target: "pay"}
 	b := &outcomeBatch{id: "batch-1", tenant: "acme", deposit: 1}
 	b.groups = []*outcomeGroup{{key: key, cfg: fleet.NormConfig(policy.BreakerConfig{}),
-		results: []result{{policy.ResultSuccess, ""}, {policy.ResultTransientFailure, ""}}, updates: []int{0, 1}}}
+		runs: []resultRun{{result: policy.ResultSuccess, n: 1, update: 0}, {result: policy.ResultTransientFailure, n: 1, update: 1}}}}
 	bg := DefaultTenantBudget()
 	keys, args := b.call(&bg, 100)
 	l := lib{c: c}

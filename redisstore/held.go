@@ -42,8 +42,8 @@ func (s *Store) holdable(b *outcomeBatch) bool {
 		return false
 	}
 	for _, g := range b.groups {
-		for _, r := range g.results {
-			if r.Permit != "" {
+		for _, r := range g.runs {
+			if r.permit != "" {
 				return false
 			}
 		}
@@ -108,7 +108,7 @@ func (s *Store) hold(batches map[string]*outcomeBatch, notes []pendingNote) (sen
 			hb.merge(b)
 			b = hb
 		}
-		if b.heldResults() >= maxHeldResults {
+		if b.results >= maxHeldResults {
 			wake = true
 		}
 	}
@@ -157,15 +157,17 @@ func (s *Store) flushHeld() {
 // refer to no update (-1), so its reply sets no Refused.
 func (b *outcomeBatch) detach() {
 	for _, g := range b.groups {
-		for j := range g.updates {
-			g.updates[j] = -1
+		for j := range g.runs {
+			g.runs[j].update = -1
 		}
 	}
 }
 
 // merge appends o, a detached batch of the same tenant and hour made
-// later than b, to b: results per breaker in order (a breaker's latest
-// configuration applies), deposits and tallies summed, notes in order.
+// later than b, to b: results per breaker in order, as runs (appendRun:
+// a held breaker's successes are a run or a few, however many were
+// reported; a breaker's latest configuration applies), deposits and
+// tallies summed, notes in order.
 func (b *outcomeBatch) merge(o *outcomeBatch) {
 	for _, g := range o.groups {
 		bg := b.byKey[g.key]
@@ -175,31 +177,22 @@ func (b *outcomeBatch) merge(o *outcomeBatch) {
 			continue
 		}
 		bg.cfg = g.cfg
-		bg.results = append(bg.results, g.results...)
-		bg.updates = append(bg.updates, g.updates...)
+		for _, r := range g.runs {
+			bg.runs = appendRun(bg.runs, r)
+		}
 	}
 	b.deposit += o.deposit
+	b.results += o.results
+	sums := b.sums()
 	for _, tl := range o.tallies {
-		if i, ok := b.tallyIndex[tl.key]; ok {
+		if i, ok := sums[tl.key]; ok {
 			b.tallies[i].n += tl.n
 			continue
 		}
-		if b.tallyIndex == nil {
-			b.tallyIndex = map[tallyKey]int{}
-		}
-		b.tallyIndex[tl.key] = len(b.tallies)
+		sums[tl.key] = len(b.tallies)
 		b.tallies = append(b.tallies, tl)
 	}
 	b.notes = append(b.notes, o.notes...)
-}
-
-// heldResults is the number of breaker results b holds.
-func (b *outcomeBatch) heldResults() int {
-	n := 0
-	for _, g := range b.groups {
-		n += len(g.results)
-	}
-	return n
 }
 
 // takeResults takes the results of the breaker under key out of its
@@ -222,9 +215,16 @@ func (s *Store) takeResults(key policy.BreakerKey) []result {
 		return nil
 	}
 	delete(b.byKey, key)
+	b.results -= g.results()
 	b.groups = slices.DeleteFunc(b.groups, func(o *outcomeGroup) bool { return o == g })
 	if len(b.groups) == 0 && b.deposit == 0 && len(b.tallies) == 0 && len(b.notes) == 0 {
 		delete(h.batches, key.Tenant)
 	}
-	return g.results
+	results := make([]result, 0, g.results())
+	for _, r := range g.runs {
+		for range r.n {
+			results = append(results, result{r.result, r.permit})
+		}
+	}
+	return results
 }

@@ -24,11 +24,11 @@ func TestResultRuns(t *testing.T) {
 		want    []resultRun
 	}{
 		{"none", nil, nil},
-		{"equal results are one run", []result{{s, ""}, {s, ""}, {s, ""}}, []resultRun{{s, 3, ""}}},
+		{"equal results are one run", []result{{s, ""}, {s, ""}, {s, ""}}, []resultRun{{s, 3, "", 0}}},
 		{"a new value starts a run", []result{{s, ""}, {f, ""}, {f, ""}, {s, ""}},
-			[]resultRun{{s, 1, ""}, {f, 2, ""}, {s, 1, ""}}},
+			[]resultRun{{s, 1, "", 0}, {f, 2, "", 1}, {s, 1, "", 3}}},
 		{"a permit is a run of its own", []result{{s, ""}, {s, "p1"}, {s, "p1"}, {s, ""}, {s, ""}},
-			[]resultRun{{s, 1, ""}, {s, 1, "p1"}, {s, 1, "p1"}, {s, 2, ""}}},
+			[]resultRun{{s, 1, "", 0}, {s, 1, "p1", 1}, {s, 1, "p1", 2}, {s, 2, "", 3}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

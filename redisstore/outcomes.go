@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 
 	"github.com/redis/go-redis/v9"
 
@@ -22,11 +23,11 @@ type outcomeBatch struct {
 	runIndex map[string]int // run id -> 1-based index
 	finals   []outcomeFinal
 	deposit  int
-	numbered int // result runs numbered so far, as the library numbers them
+	results  int // in its groups' runs
 	// tallies count in the attempt statistics of the hour the batch was
 	// made in (its key {T}:stats:HOUR), so a replay counts there too.
 	tallies    []pendingTally
-	tallyIndex map[tallyKey]int // -> index in tallies of its sum without a condition
+	tallyIndex map[tallyKey]int // -> index in tallies of its sum without a condition (sums)
 	hour       int64
 	// notes are the call-table notes of the batch's tenant's runs, sent
 	// in its pipeline: a batch queued for replay keeps them, so the
@@ -35,10 +36,29 @@ type outcomeBatch struct {
 }
 
 type outcomeGroup struct {
-	key     policy.BreakerKey
-	cfg     policy.BreakerConfig
-	results []result
-	updates []int // the update each result came from
+	key  policy.BreakerKey
+	cfg  policy.BreakerConfig
+	runs []resultRun // its results in the order reported, as policyd_outcomes takes them
+	// before is the number of result runs of the groups before it in its
+	// batch's call: its runs are numbered from before+1, as the library
+	// numbers them.
+	before int
+}
+
+// add appends r, the result of update, to g's runs and returns the index
+// in g.runs of the run it went in.
+func (g *outcomeGroup) add(r result, update int) int {
+	g.runs = appendRun(g.runs, resultRun{result: r.Result, n: 1, permit: r.Permit, update: update})
+	return len(g.runs) - 1
+}
+
+// results is the number of results in g's runs.
+func (g *outcomeGroup) results() int {
+	n := 0
+	for _, r := range g.runs {
+		n += r.n
+	}
+	return n
 }
 
 type outcomeFinal struct {
@@ -64,8 +84,11 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 	if err := s.check(); err != nil {
 		return 0, err
 	}
+	sc := applyScratchPool.Get().(*applyScratch)
+	defer sc.put()
+	sc.size(len(ups))
 	limit, firstErr := len(ups), error(nil)
-	runTenant := make([]string, len(ups))
+	runTenant := sc.runTenant
 	up := s.health.up()
 	for i := range ups {
 		u := &ups[i]
@@ -100,7 +123,7 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 			break
 		}
 	}
-	batches := map[string]*outcomeBatch{}
+	batches := sc.batches
 	hour := fleet.HourOf(s.opts.Clock().UnixNano())
 	batch := func(tenant string) *outcomeBatch {
 		b := batches[tenant]
@@ -118,40 +141,37 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 		b := batch(u.Key.Tenant)
 		g := b.byKey[u.Key]
 		if g == nil {
-			g = &outcomeGroup{key: u.Key, cfg: fleet.NormConfig(u.Breaker)}
+			// A report's breaker mostly holds a few runs.
+			g = &outcomeGroup{key: u.Key, cfg: fleet.NormConfig(u.Breaker), runs: make([]resultRun, 0, 4)}
 			b.byKey[u.Key] = g
 			b.groups = append(b.groups, g)
 		}
-		g.results = append(g.results, result{u.Result, u.PermitID})
-		g.updates = append(g.updates, i)
+		sc.groupOf[i], sc.runOf[i] = g, g.add(result{u.Result, u.PermitID}, i)
+		b.results++
 	}
 	// Number the result runs as the library does (group by group) and
 	// send each final with the run of the result it depends on when both
 	// are in one call.
-	resultNo := make([]int, limit)
 	for _, b := range batches {
+		n := 0
 		for _, g := range b.groups {
-			j := 0
-			for _, r := range resultRuns(g.results) {
-				b.numbered++
-				for _, i := range g.updates[j : j+r.n] {
-					resultNo[i] = b.numbered
-				}
-				j += r.n
-			}
+			g.before = n
+			n += len(g.runs)
 		}
 	}
-	var crossTenant []int // finals whose result is in another tenant's call
+	resultNo := func(i int) int { return sc.groupOf[i].before + sc.runOf[i] + 1 }
+	crossTenant := sc.cross[:0] // finals whose result is in another tenant's call
 	for i := range ups[:limit] {
 		u := &ups[i]
 		if u.RunID == "" || u.Final == policy.DispositionNone {
 			if u.Tally.Target != "" {
 				// Counted unless its result's permit is refused.
-				cond := 0
+				b := batch(u.Tally.Tenant) // a batch of tallies alone is sent too
 				if u.Result != 0 && u.PermitID != "" && u.Key.Tenant == u.Tally.Tenant {
-					cond = resultNo[i]
+					b.addTally(u, resultNo(i), 0)
+				} else {
+					sc.tallies[tenantTally{u.Tally.Tenant, tallyKeyOf(u.Tally)}]++
 				}
-				batch(u.Tally.Tenant).addTally(u, cond, 0)
 			}
 			continue
 		}
@@ -161,7 +181,7 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 		}
 		cond := 0
 		if u.Result != 0 {
-			cond = resultNo[i]
+			cond = resultNo(i)
 		}
 		b := batch(runTenant[i])
 		fi := b.addFinal(i, u.RunID, cond, u.CallID, fleet.Final{Disposition: u.Final, Stop: u.Stop, Deduplicated: u.Deduplicated})
@@ -169,6 +189,14 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 			// Counted when the ledger takes the final as the call's first.
 			b.addTally(u, 0, fi)
 		}
+	}
+	sc.cross = crossTenant // its array, for the next call
+	for k, n := range sc.tallies {
+		b := batches[k.tenant]
+		if len(b.tallies) == cap(b.tallies) {
+			b.tallies = slices.Grow(b.tallies, len(sc.tallies)) // most calls are of one tenant
+		}
+		b.tallies = append(b.tallies, pendingTally{key: k.key, n: n})
 	}
 	if firstErr == nil {
 		for tenant, n := range deposits {
@@ -240,16 +268,29 @@ func (b *outcomeBatch) addFinal(update int, run string, cond int, call string, f
 func (b *outcomeBatch) addTally(u *policy.OutcomeUpdate, cond, final int) {
 	k := tallyKeyOf(u.Tally)
 	if cond == 0 && final == 0 {
-		if i, ok := b.tallyIndex[k]; ok {
+		sums := b.sums()
+		if i, ok := sums[k]; ok {
 			b.tallies[i].n++
 			return
 		}
-		if b.tallyIndex == nil {
-			b.tallyIndex = map[tallyKey]int{}
-		}
-		b.tallyIndex[k] = len(b.tallies)
+		sums[k] = len(b.tallies)
 	}
-	b.tallies = append(b.tallies, pendingTally{key: k, field: statsField(u.Tally), n: 1, cond: cond, final: final})
+	b.tallies = append(b.tallies, pendingTally{key: k, n: 1, cond: cond, final: final})
+}
+
+// sums returns b.tallyIndex, the index of b's tallies without a
+// condition, made from its tallies the first time (ApplyOutcomes adds its
+// sums without one).
+func (b *outcomeBatch) sums() map[tallyKey]int {
+	if b.tallyIndex == nil {
+		b.tallyIndex = make(map[tallyKey]int, len(b.tallies))
+		for i, tl := range b.tallies {
+			if tl.cond == 0 && tl.final == 0 {
+				b.tallyIndex[tl.key] = i
+			}
+		}
+	}
+	return b.tallyIndex
 }
 
 // runOutcomes sends every batch's policyd_outcomes call and the call
@@ -384,25 +425,32 @@ func (s *Store) runOutcomes(ups []policy.OutcomeUpdate, batches map[string]*outc
 // resultRun is a run of a breaker's results as policyd_outcomes takes
 // them: n consecutive results of one value without a permit, applied as n
 // results one after another, or one result (n 1) with its permit. The
-// library answers one refused flag per run (never set for a run without a
-// permit), which applies to each of its results.
+// library answers the indexes of the runs it refused (only a run with a
+// permit can be).
 type resultRun struct {
 	result policy.Result
 	n      int
 	permit string
+	update int // the update of its first result (-1: none, a held batch's)
 }
 
-// resultRuns splits results into runs, in order: a result with a permit
-// is a run of its own, consecutive results of one value without one are
-// one run.
+// appendRun appends r to runs, in order: a run with a permit is a run of
+// its own, a run without one joins the last run when that is of the same
+// value without a permit (it keeps the last run's update).
+func appendRun(runs []resultRun, r resultRun) []resultRun {
+	if last := len(runs) - 1; r.permit == "" && last >= 0 && runs[last].permit == "" && runs[last].result == r.result {
+		runs[last].n += r.n
+		return runs
+	}
+	return append(runs, r)
+}
+
+// resultRuns splits results into runs as an outcome group builds them
+// (appendRun), each run's update the index in results of its first.
 func resultRuns(results []result) []resultRun {
 	var runs []resultRun
-	for _, r := range results {
-		if last := len(runs) - 1; r.Permit == "" && last >= 0 && runs[last].permit == "" && runs[last].result == r.Result {
-			runs[last].n++
-			continue
-		}
-		runs = append(runs, resultRun{result: r.Result, n: 1, permit: r.Permit})
+	for i, r := range results {
+		runs = appendRun(runs, resultRun{result: r.Result, n: 1, permit: r.Permit, update: i})
 	}
 	return runs
 }
@@ -413,7 +461,8 @@ func resultRuns(results []result) []resultRun {
 // grows with the runs, not with the results.
 func (b *outcomeBatch) call(bg *policy.TenantBudget, maxBreakers int) ([]string, []any) {
 	t := b.tenant
-	keys := []string{keyEvents(t), keyIndex(t), keyBucket(t)}
+	keys := make([]string, 0, 5+len(b.groups)+2*len(b.runs))
+	keys = append(keys, keyEvents(t), keyIndex(t), keyBucket(t))
 	for _, g := range b.groups {
 		keys = append(keys, keyBreaker(t, g.key.Target))
 	}
@@ -426,15 +475,19 @@ func (b *outcomeBatch) call(bg *policy.TenantBudget, maxBreakers int) ([]string,
 	if b.id != "" {
 		keys = append(keys, keyApplied(t))
 	}
-	args := []any{len(b.groups), len(b.runs), b.deposit}
+	n := 13 + 5*len(b.finals) + 4*len(b.tallies)
+	for _, g := range b.groups {
+		n += 10 + 3*len(g.runs)
+	}
+	args := make([]any, 0, n)
+	args = append(args, len(b.groups), len(b.runs), b.deposit)
 	args = budgetArgs(args, bg)
 	args = append(args, maxBreakers)
 	for _, g := range b.groups {
 		args = append(args, g.key.Target)
 		args = cfgArgs(args, &g.cfg)
-		runs := resultRuns(g.results)
-		args = append(args, len(runs))
-		for _, r := range runs {
+		args = append(args, len(g.runs))
+		for _, r := range g.runs {
 			args = append(args, int(r.result), r.n, r.permit)
 		}
 	}
@@ -448,7 +501,7 @@ func (b *outcomeBatch) call(bg *policy.TenantBudget, maxBreakers int) ([]string,
 		// attempt statistics reads past them (and counts nothing).
 		args = append(args, len(b.tallies))
 		for _, tl := range b.tallies {
-			args = append(args, tl.field, tl.n, tl.cond, tl.final)
+			args = append(args, tl.key.field(), tl.n, tl.cond, tl.final)
 		}
 	}
 	args = append(args, b.id)
@@ -468,20 +521,16 @@ func (b *outcomeBatch) apply(s *Store, ups []policy.OutcomeUpdate, cmd *redis.Cm
 		return errReply
 	}
 	for gi, g := range b.groups {
-		runs := resultRuns(g.results)
-		flags, _ := v[2+3*gi].([]any)
-		if len(flags) != len(runs) {
-			return errReply
-		}
-		j := 0
-		for ri, f := range flags {
-			n, _ := toInt(f)
-			for _, i := range g.updates[j : j+runs[ri].n] {
-				if n == 1 && i >= 0 {
-					ups[i].Refused = fleet.ErrPermit
-				}
+		refused, _ := v[2+3*gi].([]any)
+		for _, x := range refused {
+			// The 1-based index of a run with a permit, of one result.
+			ri, err := toInt(x)
+			if err != nil || ri < 1 || ri > int64(len(g.runs)) {
+				return errReply
 			}
-			j += runs[ri].n
+			if r := g.runs[ri-1]; r.update >= 0 {
+				ups[r.update].Refused = fleet.ErrPermit
+			}
 		}
 		st, err := parseState(v[3+3*gi])
 		if err != nil {
@@ -510,9 +559,9 @@ func (b *outcomeBatch) apply(s *Store, ups []policy.OutcomeUpdate, cmd *redis.Cm
 func (b *outcomeBatch) lowest(n int) int {
 	lo := n
 	for _, g := range b.groups {
-		for _, i := range g.updates {
-			if i >= 0 {
-				lo = min(lo, i)
+		for _, r := range g.runs {
+			if r.update >= 0 {
+				lo = min(lo, r.update)
 			}
 		}
 	}
@@ -549,4 +598,50 @@ func (s *Store) outcomeNotes(ups []policy.OutcomeUpdate, which func(*policy.Outc
 		notes = append(notes, p)
 	}
 	return notes, nil
+}
+
+// applyScratch is an ApplyOutcomes call's working memory, reused from
+// call to call (applyScratchPool): per update of the call, indexed as
+// its ups.
+type applyScratch struct {
+	runTenant []string        // its run's tenant, for a final of a run
+	groupOf   []*outcomeGroup // the group of its result, for a result
+	runOf     []int           // the index in groupOf's runs of its result's run
+	cross     []int           // the finals whose result is in another tenant's call
+	// tallies are the call's tallies without a condition, summed by
+	// tenant and key before they join their batches.
+	tallies map[tenantTally]int
+	// batches are the call's, by tenant: the batches themselves are the
+	// call's, or held (Store.hold), never reused.
+	batches map[string]*outcomeBatch
+}
+
+// tenantTally is a tally's tenant and key.
+type tenantTally struct {
+	tenant string
+	key    tallyKey
+}
+
+var applyScratchPool = sync.Pool{New: func() any {
+	return &applyScratch{batches: map[string]*outcomeBatch{}, tallies: map[tenantTally]int{}}
+}}
+
+// size makes sc's slices per update n long, zeroed.
+func (sc *applyScratch) size(n int) {
+	sc.runTenant = slices.Grow(sc.runTenant[:0], n)[:n]
+	sc.groupOf = slices.Grow(sc.groupOf[:0], n)[:n]
+	sc.runOf = slices.Grow(sc.runOf[:0], n)[:n]
+	clear(sc.runTenant)
+	clear(sc.groupOf)
+}
+
+// put returns sc to the pool, cleared so it pins no call's strings or
+// batches.
+func (sc *applyScratch) put() {
+	clear(sc.runTenant)
+	clear(sc.groupOf)
+	clear(sc.batches)
+	clear(sc.tallies)
+	sc.cross = sc.cross[:0]
+	applyScratchPool.Put(sc)
 }

@@ -841,8 +841,9 @@ end
 -- after the run pairs; each is counted with HINCRBY and the hash expires
 -- STATS_TTL after its last count; a condition's index is a result run's,
 -- as a final's.
--- Returns {now, per group: {event ids}, {refused flags, one per result
--- run: 0 for a run without a permit}, snapshot, then
+-- Returns {now, per group: {event ids}, {the 1-based indexes among the
+-- group's result runs of those refused (fleet.ErrPermit; only a run with
+-- a permit can be)}, snapshot, then
 -- per final 1 (changed), 0 (unchanged), -1 (no such run) or the value in
 -- force (refused: the first wins), then tokens}, or {'applied'} for a batch
 -- id applied before (a replay): nothing changes.
@@ -855,7 +856,9 @@ local function outcomes(keys, args, now)
   local bg = budget_at(args, 4)
   local cap = tonumber(args[10])
   local a = 11
-  local out, refused_all = {int(now)}, {}
+  -- refused_all: true at the call's index (group by group) of every
+  -- result run refused
+  local out, refused_all, nruns = {int(now)}, {}, 0
   for g = 1, ng do
     local key = keys[3 + g]
     local target = args[a]
@@ -866,30 +869,35 @@ local function outcomes(keys, args, now)
     local b = load(key, now)
     check_new(b, keys[2], cap)
     b.mode = c.mode
-    local events, refused, dirty = {}, {}, 0
+    -- dirty: a change not stored yet (settle stores a transition's); a
+    -- run's effect is 0, MUTATED or TRANSITIONED + MUTATED, so no union
+    local events, refused, dirty = {}, {}, false
     local e = advance(b, now)
     if has(e, TRANSITIONED) then
       events[#events + 1] = settle(key, keys[1], keys[2], target, b, now, e)
       e = 0
     end
-    dirty = union(dirty, e)
-    for _ = 1, n do
-      local r, permit, e2, bad = tonumber(args[a]), args[a + 2], 0, 0
+    dirty = e ~= 0
+    for i = 1, n do
+      local permit, e2, bad = args[a + 2], 0, 0
       if permit == '' then
-        e2 = record_run(b, now, c, r, tonumber(args[a + 1]))
+        e2 = record_run(b, now, c, tonumber(args[a]), tonumber(args[a + 1]))
       else
-        e2, bad = record1(b, now, c, r, permit)
+        e2, bad = record1(b, now, c, tonumber(args[a]), permit)
       end
       a = a + 3
-      refused[#refused + 1] = bad
-      refused_all[#refused_all + 1] = bad
-      if has(e2, TRANSITIONED) then
+      if bad == 1 then
+        refused[#refused + 1] = i
+        refused_all[nruns + i] = true
+      end
+      if e2 >= TRANSITIONED then
         events[#events + 1] = settle(key, keys[1], keys[2], target, b, now, e2)
-      else
-        dirty = union(dirty, e2)
+      elseif e2 ~= 0 then
+        dirty = true
       end
     end
-    if dirty ~= 0 or b.fresh then store(key, keys[2], target, b) end
+    if dirty or b.fresh then store(key, keys[2], target, b) end
+    nruns = nruns + n
     out[#out + 1] = events
     out[#out + 1] = refused
     out[#out + 1] = snapshot(b, now)
@@ -901,7 +909,7 @@ local function outcomes(keys, args, now)
     local ri, cond = tonumber(args[a]), tonumber(args[a + 1])
     local run, calls = keys[3 + ng + 2 * ri - 1], keys[3 + ng + 2 * ri]
     local r = 0
-    if cond == 0 or refused_all[cond] == 0 then
+    if not refused_all[cond] then
       r = record_final(run, calls, args[a + 2], args[a + 3], args[a + 4])
       if r == nil then r = -1 end
     end
@@ -915,7 +923,7 @@ local function outcomes(keys, args, now)
     a = a + 1
     for _ = 1, nt do
       local cond, fi = tonumber(args[a + 2]), tonumber(args[a + 3])
-      if (cond == 0 or refused_all[cond] == 0) and (fi == 0 or finals[fi] == 1) then
+      if not refused_all[cond] and (fi == 0 or finals[fi] == 1) then
         redis.call('HINCRBY', stats, args[a], args[a + 1])
       end
       a = a + 4
