@@ -43,17 +43,7 @@ func benchSelfCPU() time.Duration {
 }
 
 // benchRedisCPU is the server's CPU seconds so far (INFO cpu).
-func benchRedisCPU(ctx context.Context, c *redis.Client) float64 {
-	var sum float64
-	for _, l := range strings.Split(c.Info(ctx, "cpu").Val(), "\n") {
-		k, v, ok := strings.Cut(strings.TrimSpace(l), ":")
-		if ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
-			f, _ := strconv.ParseFloat(v, 64)
-			sum += f
-		}
-	}
-	return sum
-}
+func benchRedisCPU(ctx context.Context, c *redis.Client) float64 { return redisstore.ServerCPU(ctx, c) }
 
 // benchFCallUsec is the server's time in FCALL and FCALL_RO so far, µs
 // (INFO commandstats): the functions' run, without the AOF's write and

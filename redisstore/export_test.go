@@ -3,6 +3,9 @@ package redisstore
 // CheckSlots is checkSlots, for the external tests that start a Cluster.
 var CheckSlots = checkSlots
 
+// ServerCPU is serverCPU, for the external benchmarks.
+var ServerCPU = serverCPU
+
 // LiveReplicas is the count of live replicas the store last read.
 func (s *Store) LiveReplicas() int { return s.degraded.replicas() }
 

@@ -55,8 +55,8 @@ func BenchmarkOutcomesCall(b *testing.B) {
 	b.ReportMetric((serverCPU(ctx, c)-cpu0)*1e6/float64(b.N), "redis-cpu-µs/op")
 }
 
-// serverCPU is the server's CPU seconds so far (INFO cpu), as the
-// external benchmarks' benchRedisCPU.
+// serverCPU is the server's CPU seconds so far (INFO cpu), for the
+// benchmarks here and the external ones (ServerCPU).
 func serverCPU(ctx context.Context, c *redis.Client) float64 {
 	var sum float64
 	for _, l := range strings.Split(c.Info(ctx, "cpu").Val(), "\n") {
