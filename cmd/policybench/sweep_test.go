@@ -34,7 +34,10 @@ func TestMain(m *testing.M) {
 // It asserts nothing about speed.
 func TestSweepSmoke(t *testing.T) {
 	dir := t.TempDir()
-	store, err := breakerstore.Open(breakerstore.Options{Path: filepath.Join(dir, "policyd.db")})
+	// A group commit every 10ms: a report waits for one (100ms by
+	// default), and at one caller for 200ms on a busy machine the report
+	// phase could end before one had.
+	store, err := breakerstore.Open(breakerstore.Options{Path: filepath.Join(dir, "policyd.db"), FlushInterval: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
