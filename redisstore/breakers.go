@@ -229,22 +229,68 @@ func (s *Store) Breakers(tenant string, state policy.BreakerState, after policy.
 	return out, nil
 }
 
-// tenantBreakers reads the state of every breaker of tenant.
+// tenantBreakers reads the state of every breaker of tenant: the index,
+// then the breakers in calls of policyd_read_many of at most
+// readManyKeys each (a tenant's keys share its slot), each bounded by the
+// store's timeout; a breaker deleted between the two is left out.
 func (s *Store) tenantBreakers(tenant string) ([]policy.BreakerSnapshot, error) {
 	ctx, cancel := s.call()
-	defer cancel()
 	targets, err := s.c.SMembers(ctx, keyIndex(tenant)).Result()
+	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("redisstore: breakers of %q: %w", tenant, err)
 	}
 	out := make([]policy.BreakerSnapshot, 0, len(targets))
-	for _, target := range targets {
-		key := policy.BreakerKey{Tenant: tenant, Target: target}
-		st, err := readCall(ctx, s.lib, key)
+	keys := make([]string, 0, min(len(targets), readManyKeys))
+	for from := 0; from < len(targets); from += readManyKeys {
+		part := targets[from:min(from+readManyKeys, len(targets))]
+		keys = keys[:0]
+		for _, target := range part {
+			keys = append(keys, keyBreaker(tenant, target))
+		}
+		states, err := s.readMany(keys)
+		if err != nil {
+			return nil, fmt.Errorf("redisstore: breakers of %q: %w", tenant, err)
+		}
+		for i, st := range states {
+			if st != nil {
+				out = append(out, st.snapshot(policy.BreakerKey{Tenant: tenant, Target: part[i]}))
+			}
+		}
+	}
+	return out, nil
+}
+
+// readManyKeys bounds the breakers one policyd_read_many call reads, so
+// that a tenant of many breakers does not hold Redis up for long.
+const readManyKeys = 512
+
+// readMany is policyd_read_many of keys (one tenant's): each breaker's
+// state, nil for a key not stored.
+func (s *Store) readMany(keys []string) ([]*state, error) {
+	ctx, cancel := s.call()
+	defer cancel()
+	r, err := s.lib.runROSlice(ctx, "policyd_read_many", keys)
+	if err != nil {
+		return nil, err
+	}
+	if len(r) != 2 {
+		return nil, errReply
+	}
+	snaps, ok := r[1].([]any)
+	if !ok || len(snaps) != len(keys) {
+		return nil, errReply
+	}
+	out := make([]*state, len(keys))
+	for i, v := range snaps {
+		if a, ok := v.([]any); ok && len(a) == 0 {
+			continue
+		}
+		st, err := parseState(v)
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, st.snapshot(key))
+		out[i] = &st
 	}
 	return out, nil
 }

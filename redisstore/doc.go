@@ -195,6 +195,7 @@
 // buckets and runs (the h:R, l:R, v:R and a:R fields; a library without
 // them reads a bucket's tokens and a run's spent as before), and the
 // library's policyd_attempts (a tenant's attempt records in one read),
+// policyd_read_many (a tenant's breakers in one read, for listings),
 // policyd_audit (a tenant's audit records in one call) and
 // policyd_release_shares; policyd_spend and policyd_charge take and
 // return the caller's shares. So is the attempt record's answer packed

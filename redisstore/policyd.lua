@@ -1191,6 +1191,17 @@ local function read(keys, _, now)
   return {int(now), snapshot(load(keys[1], now), now)}
 end
 
+-- read_many is read of every breaker under KEYS (one tenant's, so one
+-- hash slot): {now, snapshots}, an empty snapshot for a key not stored,
+-- so that listing a tenant's breakers is one call, not one per breaker.
+local function read_many(keys, _, now)
+  local out = {}
+  for i, k in ipairs(keys) do
+    if redis.call('EXISTS', k) == 1 then out[i] = snapshot(load(k, now), now) else out[i] = {} end
+  end
+  return {int(now), out}
+end
+
 -- attempts reads the attempt records under KEYS (one tenant's, so one
 -- hash slot), each as HGETALL replies ({} for none): ReportOutcome's
 -- final-disposition checks read a request's records of a tenant in one
@@ -1716,6 +1727,7 @@ local function register(name, fn, flags)
 end
 
 register('policyd_read', read, {'no-writes'})
+register('policyd_read_many', read_many, {'no-writes'})
 register('policyd_attempts', attempts, {'no-writes'})
 register('policyd_audit', audit)
 register('policyd_release_shares', release_shares)

@@ -147,9 +147,10 @@ func runReplicaSweep(ctx context.Context, cfg replicaSweepConfig, out, log io.Wr
 
 // backgroundCalls are the round trips a replica makes whatever its
 // requests: the feeds' XREAD, the heartbeat, the breaker cache's reads,
-// the tenant list, and a new connection's handshake.
+// the tenant list, the metrics page's listing of breakers, and a new
+// connection's handshake.
 var backgroundCalls = map[string]bool{"xread": true, "zadd": true, "zrange": true, "zremrangebyscore": true,
-	"pipeline zadd": true, "smembers": true, "policyd_read": true, "hello": true, "pipeline client": true}
+	"pipeline zadd": true, "smembers": true, "policyd_read": true, "policyd_read_many": true, "hello": true, "pipeline client": true}
 
 // tripSample is the replicas' round trips to Redis by call
 // (policyd_store_round_trips_total) and the RPCs they handled
