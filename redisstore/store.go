@@ -219,7 +219,10 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		opts.Log.Warn("redisstore: the Redis client ignores context deadlines (ContextTimeoutEnabled is off): Timeout does not bound its calls")
 	}
 	def := fleet.FillBudget(opts.DefaultBudget, DefaultTenantBudget())
-	ctx, cancel := context.WithTimeout(ctx, 20*opts.Timeout)
+	// Loading the library is no decision: bounded by 20 timeouts, at least
+	// 5s (at 50ms the second a busy machine could outlast, the test
+	// command running its packages at once).
+	ctx, cancel := context.WithTimeout(ctx, max(20*opts.Timeout, 5*time.Second))
 	defer cancel()
 	if err := loadLibrary(ctx, opts.Client); err != nil {
 		return nil, err

@@ -64,6 +64,10 @@ func seedFleet(t *testing.T, store *breakerstore.Store, page *statuspage.Page) s
 	setPolicy(t, store, "acme", "geo", func(p *policy.Policy) {
 		p.Breaker = consecutive
 		p.Flow = policy.FlowConfig{MaxInFlight: 10, MaxRate: 50, Burst: 10}
+		// Leases that outlive the test: they live the attempt timeout,
+		// and Chromium's start on a busy machine can take longer than
+		// the default's.
+		p.AttemptTimeout = time.Hour
 	})
 	admit(t, store, "acme", "geo", 6)
 	rising := policy.BreakerKey{Tenant: "acme", Target: "payments"}
