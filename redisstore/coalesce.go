@@ -146,16 +146,20 @@ func (q *coalescer) lead(w *waiter) error {
 	q.mu.Lock()
 	send := make([]*waiter, 0, 1+len(q.queue))
 	var deadline time.Time
-	for _, b := range append([]*waiter{w}, q.queue...) {
+	take := func(b *waiter) {
 		if b.ctx.Err() != nil {
 			b.state = waitDropped // its caller returns on its own context
-			continue
+			return
 		}
 		b.state = waitSent
 		send = append(send, b)
 		if d, ok := b.ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
 			deadline = d
 		}
+	}
+	take(w)
+	for _, b := range q.queue {
+		take(b)
 	}
 	clear(q.queue)
 	q.queue = q.queue[:0]

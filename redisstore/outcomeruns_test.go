@@ -16,6 +16,17 @@ import (
 	"github.com/policyd/policyd/policy"
 )
 
+// resultRuns is results added one by one to an outcome group, as
+// ApplyOutcomes adds a report's: the group's runs, each run's update the
+// index in results of its first.
+func resultRuns(results []result) []resultRun {
+	var g outcomeGroup
+	for i, r := range results {
+		g.add(r, i)
+	}
+	return g.runs
+}
+
 func TestResultRuns(t *testing.T) {
 	s, f := policy.ResultSuccess, policy.ResultTransientFailure
 	tests := []struct {

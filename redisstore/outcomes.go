@@ -445,18 +445,8 @@ func appendRun(runs []resultRun, r resultRun) []resultRun {
 	return append(runs, r)
 }
 
-// resultRuns splits results into runs as an outcome group builds them
-// (appendRun), each run's update the index in results of its first.
-func resultRuns(results []result) []resultRun {
-	var runs []resultRun
-	for i, r := range results {
-		runs = appendRun(runs, resultRun{result: r.Result, n: 1, permit: r.Permit, update: i})
-	}
-	return runs
-}
-
 // call returns the keys and arguments of b's policyd_outcomes call under
-// the tenant's budget bg: each group's results as runs (resultRuns), a
+// the tenant's budget bg: each group's results as runs (appendRun), a
 // triple (result, count, permit id or "") each, so the library's work
 // grows with the runs, not with the results.
 func (b *outcomeBatch) call(bg *policy.TenantBudget, maxBreakers int) ([]string, []any) {
