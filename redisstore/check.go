@@ -12,10 +12,9 @@ import (
 
 // Check verifies the policyd keys of a Redis without changing them: the
 // schema version, that the library policyd_v2 is loaded on every master,
-// and the shape of every key under a policyd hash tag (its type, and for
-// breakers, buckets, runs, flow hashes and attempt statistics that every
-// integer field
-// parses). It returns
+// and the shape of every key under a policyd hash tag (its type; that a
+// breaker's record reads back; and for buckets, runs, flow hashes and
+// attempt statistics that every integer field parses). It returns
 // nil, or one error listing every problem found, each naming its key.
 func Check(ctx context.Context, c redis.UniversalClient) error {
 	var problems []string
@@ -70,7 +69,7 @@ var keyShapes = []struct {
 	typ    string
 	ints   []string
 }{
-	{":breaker:", "hash", []string{"state", "forced", "mode", "open_until", "changed", "gen", "cooldown", "consecutive"}},
+	{":breaker:", "string", nil}, // its record checked by checkBreaker
 	{":breakers", "set", nil},
 	{":events", "stream", nil},
 	{":bucket", "hash", []string{"last", "granted", "refused", "dry"}},
@@ -115,32 +114,59 @@ func checkKey(ctx context.Context, n *redis.Client, key string, add func(string,
 			add("%s: %v", key, err)
 			return
 		}
-		if typ != s.typ {
+		switch {
+		case s.prefix == ":breaker:" && typ == "hash":
+			// An earlier layout's, read as it is until its next change.
+			checkInts(ctx, n, key, legacyBreakerInts, add)
+		case typ != s.typ:
 			add("%s: is a %s, want a %s", key, typ, s.typ)
-			return
-		}
-		if s.prefix == ":stats:" {
+		case s.prefix == ":breaker:":
+			checkBreaker(ctx, n, key, add)
+		case s.prefix == ":stats:":
 			checkStats(ctx, n, key, add)
-			return
-		}
-		if len(s.ints) > 0 {
-			vals, err := n.HMGet(ctx, key, s.ints...).Result()
-			if err != nil {
-				add("%s: %v", key, err)
-				return
-			}
-			for i, v := range vals {
-				if v == nil {
-					continue // written on first use
-				}
-				if _, err := strconv.ParseInt(v.(string), 10, 64); err != nil {
-					add("%s: field %s is %q, want an integer", key, s.ints[i], v)
-				}
-			}
+		default:
+			checkInts(ctx, n, key, s.ints, add)
 		}
 		return
 	}
 	add("%s: not a key of schema %s", key, schemaVersion)
+}
+
+// legacyBreakerInts are the integer fields of a breaker stored as a hash,
+// the layout before the packed record.
+var legacyBreakerInts = []string{"state", "forced", "mode", "open_until", "changed", "gen", "cooldown", "consecutive"}
+
+// checkInts checks that the fields ints of the hash at key, where
+// present, are integers.
+func checkInts(ctx context.Context, n *redis.Client, key string, ints []string, add func(string, ...any)) {
+	if len(ints) == 0 {
+		return
+	}
+	vals, err := n.HMGet(ctx, key, ints...).Result()
+	if err != nil {
+		add("%s: %v", key, err)
+		return
+	}
+	for i, v := range vals {
+		if v == nil {
+			continue // written on first use
+		}
+		if _, err := strconv.ParseInt(v.(string), 10, 64); err != nil {
+			add("%s: field %s is %q, want an integer", key, ints[i], v)
+		}
+	}
+}
+
+// checkBreaker checks a breaker's record (decodeBreakerRecord).
+func checkBreaker(ctx context.Context, n *redis.Client, key string, add func(string, ...any)) {
+	v, err := n.Get(ctx, key).Bytes()
+	if err != nil {
+		add("%s: %v", key, err)
+		return
+	}
+	if _, err := decodeBreakerRecord(v); err != nil {
+		add("%s: %v", key, err)
+	}
 }
 
 // checkStats checks an hour of attempt statistics: every field an attempt

@@ -59,7 +59,8 @@ func TestCheck(t *testing.T) {
 		t.Fatalf("attempt statistics keys %v, %v; want one hour's", stats, err)
 	}
 
-	c.HSet(ctx, "{=acme}:breaker:pay", "gen", "two")
+	c.Set(ctx, "{=acme}:breaker:pay", "short", 0)
+	c.HSet(ctx, "{=acme}:breaker:old", "state", "0", "gen", "two") // the layout before the record
 	c.Del(ctx, "{=acme}:bucket")
 	c.Set(ctx, "{=acme}:bucket", "x", 0)
 	c.Set(ctx, "{=acme}:mystery", "x", 0)
@@ -71,7 +72,8 @@ func TestCheck(t *testing.T) {
 	for _, want := range []string{
 		stats[0] + `: field s2:pay is "many", want a count`,
 		stats[0] + `: field "x9:pay" is not s or f`,
-		`{=acme}:breaker:pay: field gen is "two", want an integer`,
+		"{=acme}:breaker:pay: is 5 bytes, a breaker at least 328",
+		`{=acme}:breaker:old: field gen is "two", want an integer`,
 		"{=acme}:bucket: is a string, want a hash",
 		"{=acme}:mystery: not a key of schema 2",
 		`{=acme}:flow:pay: field tat is "soon", want an integer`,

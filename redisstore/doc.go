@@ -90,10 +90,14 @@
 //	{policyd}:changes        stream  one entry per admin write: kind (policy, budget), tenant, target,
 //	                                 and per tenant new to the fleet (kind tenant); every replica
 //	                                 follows it and reloads what changed; MAXLEN ~ 10000
-//	{T}:breaker:TARGET       hash    fleet.Breaker: state, forced, mode, open_until, changed, gen,
-//	                                 cooldown, last_failure, consecutive, half_open_ok, slot_width,
-//	                                 slots ("epoch:calls:failures" x 10, space-separated), permits
-//	                                 ("hexid:expiry", space-separated)
+//	{T}:breaker:TARGET       string  fleet.Breaker as a record: 41 little-endian 64-bit integers
+//	                                 (state, forced, mode, open_until, changed, gen, cooldown,
+//	                                 last_failure, consecutive, half_open_ok, slot_width, then
+//	                                 epoch, calls, failures of each of the 10 window slots), then
+//	                                 its permits as text ("hexid:expiry", space-separated); the
+//	                                 library packs and reads it with one struct call. A hash of
+//	                                 those fields as text (the layout before it) is read as it is
+//	                                 and written as a record at its next change
 //	{T}:breakers             set     the tenant's breaker targets
 //	{T}:events               stream  one entry per breaker transition or new cool-down of the tenant,
 //	                                 in order: target, state (the 11-number snapshot); MAXLEN ~ 100000

@@ -36,3 +36,24 @@ func (s *Store) AuditBuffered() int {
 	defer s.audit.mu.Unlock()
 	return len(s.audit.recs) + s.audit.waiting
 }
+
+// breakerFields names a breaker record's first numbers (breakerNumbers).
+var breakerFields = [...]string{"state", "forced", "mode", "open_until", "changed", "gen", "cooldown",
+	"last_failure", "consecutive", "half_open_ok", "slot_width"}
+
+// field returns the number of the record's field f, a name of
+// breakerFields; slot i's epoch, calls and failures are r.n[11+3*i:].
+func (r *breakerRecord) field(f string) int64 {
+	for i, name := range breakerFields {
+		if name == f {
+			return r.n[i]
+		}
+	}
+	panic("redisstore: no breaker field " + f)
+}
+
+// BreakerField reads field f (of breakerFields) of the breaker record v.
+func BreakerField(v []byte, f string) (int64, error) {
+	r, err := decodeBreakerRecord(v)
+	return r.field(f), err
+}

@@ -71,11 +71,15 @@ func runScenario(t *testing.T, key policy.BreakerKey, cfg policy.BreakerConfig, 
 		}
 		switch s.op {
 		case "wait":
-			snap, err := c.HGet(ctx, keyBreaker(key.Tenant, key.Target), "open_until").Int64()
+			v, err := c.Get(ctx, keyBreaker(key.Tenant, key.Target)).Bytes()
 			if err != nil {
 				t.Fatalf("%s: %v", s.name, err)
 			}
-			waitServerPast(t, c, snap)
+			r, err := decodeBreakerRecord(v)
+			if err != nil {
+				t.Fatalf("%s: the record %v", s.name, err)
+			}
+			waitServerPast(t, c, r.field("open_until"))
 		case "admit":
 			id := newPermitID()
 			now, got, st, err := admitCall(ctx, lib{c: c}, key, sc, id, 0)

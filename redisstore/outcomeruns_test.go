@@ -7,7 +7,6 @@ import (
 	"reflect"
 	"slices"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -271,19 +270,32 @@ func (w *twin) compare(t *testing.T, ctx context.Context, s *Store, name string,
 		t.Fatalf("%s: read %s: %v", name, w.key.Target, err)
 	}
 	w.check(name+" "+w.key.Target, now, st)
-	h, err := s.c.HGetAll(ctx, keyBreaker(w.key.Tenant, w.key.Target)).Result()
+	v, err := s.c.Get(ctx, keyBreaker(w.key.Tenant, w.key.Target)).Bytes()
 	if err != nil {
-		t.Fatalf("%s: HGETALL: %v", name, err)
+		t.Fatalf("%s: GET: %v", name, err)
 	}
-	slots := make([]string, len(w.v.Slots))
+	r, err := decodeBreakerRecord(v)
+	if err != nil {
+		t.Fatalf("%s: %s's record %v", name, w.key.Target, err)
+	}
+	type pair struct {
+		what      string
+		got, want int64
+	}
+	pairs := []pair{
+		{"half_open_ok", r.field("half_open_ok"), int64(w.v.HalfOpenOK)},
+		{"last_failure", r.field("last_failure"), w.v.LastFailure / 1000},
+		{"slot_width", r.field("slot_width"), w.v.SlotWidth / 1000},
+	}
 	for i, sl := range w.v.Slots {
-		slots[i] = fmt.Sprintf("%d:%d:%d", sl.Epoch, sl.Calls, sl.Failures)
+		n := r.n[len(breakerFields)+3*i:]
+		pairs = append(pairs, pair{fmt.Sprintf("slot %d epoch", i), n[0], sl.Epoch},
+			pair{fmt.Sprintf("slot %d calls", i), n[1], int64(sl.Calls)},
+			pair{fmt.Sprintf("slot %d failures", i), n[2], int64(sl.Failures)})
 	}
-	want := map[string]string{"half_open_ok": strconv.Itoa(w.v.HalfOpenOK), "last_failure": strconv.FormatInt(w.v.LastFailure/1000, 10),
-		"slot_width": strconv.FormatInt(w.v.SlotWidth/1000, 10), "slots": strings.Join(slots, " ")}
-	for f, v := range want {
-		if h[f] != v {
-			t.Errorf("%s: %s's %s: redis %q, fleet %q", name, w.key.Target, f, h[f], v)
+	for _, p := range pairs {
+		if p.got != p.want {
+			t.Errorf("%s: %s's %s: redis %d, fleet %d", name, w.key.Target, p.what, p.got, p.want)
 		}
 	}
 	if t.Failed() {

@@ -73,14 +73,26 @@ local function cfg_at(args, i)
   }, i + 8
 end
 
--- load reads the breaker hash at key; a missing one is fleet.NewBreaker(now),
--- fresh, and stored by the call that created it, as an engine holding Go
--- values keeps a breaker from its first use.
-local function load(key, now)
-  local h = redis.call('HGETALL', key)
-  local b = {state = CLOSED, forced = 0, mode = 0, open_until = 0, changed = now, gen = 0,
+-- A breaker as its key stores it: a string of 11 + 3 x SLOTS
+-- little-endian 64-bit integers (BREAKER_FMT: state, forced, mode,
+-- open_until, changed, gen, cooldown, last_failure, consecutive,
+-- half_open_ok, slot_width, then each slot's epoch, calls and failures),
+-- then its permits as text ("hexid:expiry", space-separated; none for
+-- none). One struct.unpack reads it: a hash of text fields cost a
+-- breaker's load and store more than everything a call decides with it.
+local BREAKER_FMT = '<i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8'
+local BREAKER_LEN = 328
+
+-- new_breaker is fleet.NewBreaker(now), with no slots yet.
+local function new_breaker(now, fresh)
+  return {state = CLOSED, forced = 0, mode = 0, open_until = 0, changed = now, gen = 0,
     cooldown = 0, last_failure = 0, consecutive = 0, half_open_ok = 0, slot_width = 0,
-    slots = {}, permits = {}, fresh = #h == 0}
+    slots = {}, permits = {}, fresh = fresh}
+end
+
+-- load_hash reads into b a breaker that an earlier layout stored as a
+-- hash (h, as HGETALL returns it); its next store writes it packed.
+local function load_hash(b, h)
   for i = 1, #h, 2 do
     local f, v = h[i], h[i + 1]
     if f == 'slots' then
@@ -99,6 +111,37 @@ local function load(key, now)
   return b
 end
 
+-- load reads the breaker at key; a missing one is fleet.NewBreaker(now),
+-- fresh, and stored by the call that created it, as an engine holding Go
+-- values keeps a breaker from its first use. A record shorter than the
+-- numbers is an error reply DAMAGED naming the key.
+local function load(key, now)
+  local v = redis.pcall('GET', key)
+  if type(v) == 'table' and v.err then
+    return load_hash(new_breaker(now, false), redis.call('HGETALL', key))
+  end
+  local b = new_breaker(now, not v)
+  if not v then
+    for s = 1, SLOTS do b.slots[s] = {epoch = 0, calls = 0, failures = 0} end
+    return b
+  end
+  if #v < BREAKER_LEN then
+    error({err = 'DAMAGED ' .. key .. ' is ' .. #v .. ' bytes, a breaker at least ' .. BREAKER_LEN})
+  end
+  local n = {struct.unpack(BREAKER_FMT, v)}
+  b.state, b.forced, b.mode, b.open_until, b.changed, b.gen = n[1], n[2], n[3], n[4], n[5], n[6]
+  b.cooldown, b.last_failure, b.consecutive, b.half_open_ok, b.slot_width = n[7], n[8], n[9], n[10], n[11]
+  for i = 12, 9 + 3 * SLOTS, 3 do
+    b.slots[#b.slots + 1] = {epoch = n[i], calls = n[i + 1], failures = n[i + 2]}
+  end
+  if #v > BREAKER_LEN then
+    for id, exp in string.gmatch(string.sub(v, BREAKER_LEN + 1), '(%x+):(%d+)') do
+      b.permits[#b.permits + 1] = {id = id, expiry = tonumber(exp)}
+    end
+  end
+  return b
+end
+
 -- check_new refuses a breaker new to Redis once the tenant's index holds
 -- cap of them (cap 0: no cap), with an error reply CAPACITY.
 local function check_new(b, index, cap)
@@ -114,18 +157,19 @@ end
 -- to the tenant's index of breakers.
 local function store(key, index, target, b)
   if b.fresh then redis.call('SADD', index, target) end
-  local slots, permits = {}, {}
+  local n = {b.state, b.forced, b.mode, b.open_until, b.changed, b.gen, b.cooldown, b.last_failure,
+    b.consecutive, b.half_open_ok, b.slot_width}
   for s = 1, SLOTS do
-    local sl = b.slots[s]
-    slots[s] = int(sl.epoch) .. ':' .. int(sl.calls) .. ':' .. int(sl.failures)
+    local sl, i = b.slots[s], 9 + 3 * s
+    n[i], n[i + 1], n[i + 2] = sl.epoch, sl.calls, sl.failures
   end
-  for i, p in ipairs(b.permits) do permits[i] = p.id .. ':' .. int(p.expiry) end
-  redis.call('HSET', key, 'state', int(b.state), 'forced', int(b.forced), 'mode', int(b.mode),
-    'open_until', int(b.open_until), 'changed', int(b.changed), 'gen', int(b.gen),
-    'cooldown', int(b.cooldown), 'last_failure', int(b.last_failure),
-    'consecutive', int(b.consecutive), 'half_open_ok', int(b.half_open_ok),
-    'slot_width', int(b.slot_width), 'slots', table.concat(slots, ' '),
-    'permits', table.concat(permits, ' '))
+  local v = struct.pack(BREAKER_FMT, unpack(n))
+  if #b.permits > 0 then
+    local permits = {}
+    for i, p in ipairs(b.permits) do permits[i] = p.id .. ':' .. int(p.expiry) end
+    v = v .. table.concat(permits, ' ')
+  end
+  redis.call('SET', key, v)
 end
 
 -- clear_slots gives b a new, empty window (a new table: Force keeps the

@@ -164,8 +164,9 @@ func TestWaitReplicas(t *testing.T) {
 	}
 	rc := redis.NewClient(&redis.Options{Addr: replica.Addr})
 	t.Cleanup(func() { _ = rc.Close() })
-	if st, err := rc.HGet(context.Background(), "{=acme}:breaker:pay", "forced").Result(); err != nil || st != "1" {
-		t.Errorf("the replica has forced = %q (%v) once ForceBreaker returned, want 1", st, err)
+	rec, err := rc.Get(context.Background(), "{=acme}:breaker:pay").Bytes()
+	if forced, ferr := redisstore.BreakerField(rec, "forced"); err != nil || ferr != nil || forced != 1 {
+		t.Errorf("the replica has forced = %d (%v, %v) once ForceBreaker returned, want 1", forced, err, ferr)
 	}
 	if _, err := patient.SetBudget(policy.TenantBudget{Tenant: "acme", Capacity: 10}); err != nil {
 		t.Errorf("SetBudget with a replica up = %v, want nil", err)
