@@ -82,12 +82,22 @@ end
 -- breaker's load and store more than everything a call decides with it.
 local BREAKER_FMT = '<i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8'
 local BREAKER_LEN = 328
+-- the record's first 11 numbers, and its slots from byte 89 on
+local FIELDS_FMT = '<i8i8i8i8i8i8i8i8i8i8i8'
+local SLOTS_FMT = '<i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8i8'
+
+-- A breaker's window is one flat array, as its record holds it: slot s
+-- (1..SLOTS) is epoch, calls, failures at 3s - 2, 3s - 1 and 3s. A table
+-- per slot cost a load ten tables.
+local function empty_slots()
+  return {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+end
 
 -- new_breaker is fleet.NewBreaker(now), with no slots yet.
 local function new_breaker(now, fresh)
   return {state = CLOSED, forced = 0, mode = 0, open_until = 0, changed = now, gen = 0,
     cooldown = 0, last_failure = 0, consecutive = 0, half_open_ok = 0, slot_width = 0,
-    slots = {}, permits = {}, fresh = fresh}
+    slots = empty_slots(), permits = {}, fresh = fresh}
 end
 
 -- load_hash reads into b a breaker that an earlier layout stored as a
@@ -96,8 +106,10 @@ local function load_hash(b, h)
   for i = 1, #h, 2 do
     local f, v = h[i], h[i + 1]
     if f == 'slots' then
+      local i = 0
       for e, c, x in string.gmatch(v, '(%d+):(%d+):(%d+)') do
-        b.slots[#b.slots + 1] = {epoch = tonumber(e), calls = tonumber(c), failures = tonumber(x)}
+        if i < 3 * SLOTS then b.slots[i + 1], b.slots[i + 2], b.slots[i + 3] = tonumber(e), tonumber(c), tonumber(x) end
+        i = i + 3
       end
     elseif f == 'permits' then
       for id, exp in string.gmatch(v, '(%x+):(%d+)') do
@@ -107,7 +119,6 @@ local function load_hash(b, h)
       b[f] = tonumber(v)
     end
   end
-  for s = #b.slots + 1, SLOTS do b.slots[s] = {epoch = 0, calls = 0, failures = 0} end
   return b
 end
 
@@ -120,20 +131,14 @@ local function load(key, now)
   if type(v) == 'table' and v.err then
     return load_hash(new_breaker(now, false), redis.call('HGETALL', key))
   end
-  local b = new_breaker(now, not v)
-  if not v then
-    for s = 1, SLOTS do b.slots[s] = {epoch = 0, calls = 0, failures = 0} end
-    return b
-  end
+  if not v then return new_breaker(now, true) end
   if #v < BREAKER_LEN then
     error({err = 'DAMAGED ' .. key .. ' is ' .. #v .. ' bytes, a breaker at least ' .. BREAKER_LEN})
   end
-  local n = {struct.unpack(BREAKER_FMT, v)}
-  b.state, b.forced, b.mode, b.open_until, b.changed, b.gen = n[1], n[2], n[3], n[4], n[5], n[6]
-  b.cooldown, b.last_failure, b.consecutive, b.half_open_ok, b.slot_width = n[7], n[8], n[9], n[10], n[11]
-  for i = 12, 9 + 3 * SLOTS, 3 do
-    b.slots[#b.slots + 1] = {epoch = n[i], calls = n[i + 1], failures = n[i + 2]}
-  end
+  local b = {slots = {struct.unpack(SLOTS_FMT, v, 89)}, permits = {}, fresh = false}
+  b.slots[3 * SLOTS + 1] = nil -- the position after them
+  b.state, b.forced, b.mode, b.open_until, b.changed, b.gen, b.cooldown, b.last_failure,
+    b.consecutive, b.half_open_ok, b.slot_width = struct.unpack(FIELDS_FMT, v)
   if #v > BREAKER_LEN then
     for id, exp in string.gmatch(string.sub(v, BREAKER_LEN + 1), '(%x+):(%d+)') do
       b.permits[#b.permits + 1] = {id = id, expiry = tonumber(exp)}
@@ -157,13 +162,8 @@ end
 -- to the tenant's index of breakers.
 local function store(key, index, target, b)
   if b.fresh then redis.call('SADD', index, target) end
-  local n = {b.state, b.forced, b.mode, b.open_until, b.changed, b.gen, b.cooldown, b.last_failure,
-    b.consecutive, b.half_open_ok, b.slot_width}
-  for s = 1, SLOTS do
-    local sl, i = b.slots[s], 9 + 3 * s
-    n[i], n[i + 1], n[i + 2] = sl.epoch, sl.calls, sl.failures
-  end
-  local v = struct.pack(BREAKER_FMT, unpack(n))
+  local v = struct.pack(BREAKER_FMT, b.state, b.forced, b.mode, b.open_until, b.changed, b.gen, b.cooldown,
+    b.last_failure, b.consecutive, b.half_open_ok, b.slot_width, unpack(b.slots, 1, 3 * SLOTS))
   if #b.permits > 0 then
     local permits = {}
     for i, p in ipairs(b.permits) do permits[i] = p.id .. ':' .. int(p.expiry) end
@@ -175,8 +175,7 @@ end
 -- clear_slots gives b a new, empty window (a new table: Force keeps the
 -- old one to put back).
 local function clear_slots(b)
-  b.slots = {}
-  for s = 1, SLOTS do b.slots[s] = {epoch = 0, calls = 0, failures = 0} end
+  b.slots = empty_slots()
 end
 
 -- to_state is fleet.Breaker.toState.
@@ -199,10 +198,11 @@ local function window(b, now)
   if b.slot_width == 0 then return 0, 0 end
   local cur = idiv(now, b.slot_width)
   local calls, failures = 0, 0
-  for s = 1, SLOTS do
-    local sl = b.slots[s]
-    if sl.epoch > cur - SLOTS and sl.epoch <= cur then
-      calls, failures = calls + sl.calls, failures + sl.failures
+  local sl = b.slots
+  for i = 1, 3 * SLOTS, 3 do
+    local e = sl[i]
+    if e > cur - SLOTS and e <= cur then
+      calls, failures = calls + sl[i + 1], failures + sl[i + 2]
     end
   end
   return calls, failures
@@ -239,10 +239,10 @@ local function count(b, now, c, failure, k)
     clear_slots(b)
   end
   local epoch = idiv(now, width)
-  local sl = b.slots[epoch % SLOTS + 1]
-  if sl.epoch ~= epoch then sl.epoch, sl.calls, sl.failures = epoch, 0, 0 end
-  sl.calls = sl.calls + k
-  if failure then sl.failures = sl.failures + k end
+  local sl, i = b.slots, 3 * (epoch % SLOTS) + 1
+  if sl[i] ~= epoch then sl[i], sl[i + 1], sl[i + 2] = epoch, 0, 0 end
+  sl[i + 1] = sl[i + 1] + k
+  if failure then sl[i + 2] = sl[i + 2] + k end
 end
 
 local function should_trip(b, now, c)
