@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -506,12 +507,14 @@ func redisMissing(ctx context.Context, r *redisProc, m *crashModel) ([]string, e
 	}
 	for key := range m.open {
 		tenant, target, _ := strings.Cut(key, "\x00")
-		st, err := r.client.HGet(ctx, "{="+tenant+"}:breaker:"+target, "state").Result()
+		// A breaker's record: its state is the first of its
+		// little-endian 64-bit numbers.
+		rec, err := r.client.Get(ctx, "{="+tenant+"}:breaker:"+target).Bytes()
 		if err != nil && !errors.Is(err, redis.Nil) {
 			return nil, err
 		}
-		if st != "2" { // policy.BreakerOpen
-			missing = append(missing, fmt.Sprintf("breaker %s/%s OPEN: state %q", tenant, target, st))
+		if len(rec) < 8 || binary.LittleEndian.Uint64(rec) != 2 { // policy.BreakerOpen
+			missing = append(missing, fmt.Sprintf("breaker %s/%s OPEN: record %x", tenant, target, rec[:min(len(rec), 8)]))
 		}
 	}
 	return missing, nil
