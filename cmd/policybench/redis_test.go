@@ -1,8 +1,17 @@
 package main
 
 import (
+	"context"
 	"maps"
+	"slices"
 	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/policyd/policyd/internal/redistest"
+	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/redisstore"
 )
 
 func TestParseCommandStats(t *testing.T) {
@@ -27,5 +36,35 @@ func TestFailureClass(t *testing.T) {
 		if got := failureClass(tc.in); got != tc.want {
 			t.Errorf("failureClass(%q) = %q, want %q", tc.in, got, tc.want)
 		}
+	}
+}
+
+// TestRedisMissingReadsBreakerRecords: kill-redis's check reads an OPEN
+// breaker as the store writes it (its record, redisstore/doc.go), so a
+// breaker forced OPEN is found and one left CLOSED is named missing.
+func TestRedisMissingReadsBreakerRecords(t *testing.T) {
+	srv := redistest.Standalone(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = c.Close() })
+	s, err := redisstore.Open(context.Background(), redisstore.Options{Client: c, Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	if _, err := s.ForceBreaker(policy.BreakerKey{Tenant: "acme", Target: "open"}, policy.BreakerOpen); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.ForceBreaker(policy.BreakerKey{Tenant: "acme", Target: "closed"}, policy.BreakerClosed); err != nil {
+		t.Fatal(err)
+	}
+	m := &crashModel{open: map[string]bool{"acme\x00open": true, "acme\x00closed": true, "acme\x00never": true}}
+	missing, err := redisMissing(context.Background(), &redisProc{client: c}, m)
+	if err != nil {
+		t.Fatalf("redisMissing: %v", err)
+	}
+	slices.Sort(missing)
+	want := []string{"breaker acme/closed OPEN: record 0100000000000000", "breaker acme/never OPEN: record "}
+	if !slices.Equal(missing, want) {
+		t.Errorf("redisMissing = %q, want %q", missing, want)
 	}
 }
