@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/policyd/policyd/fleet"
 	"github.com/policyd/policyd/policy"
 )
@@ -34,13 +36,8 @@ func TestBreakerFormatIsTheLibrarys(t *testing.T) {
 // packed record stored as a hash of text fields is read as it was, and
 // its next change rewrites it as a record holding the same numbers.
 func TestBreakerOfAnEarlierLayoutIsRead(t *testing.T) {
-	c := standalone(t)
+	c, s := storeOnStandalone(t)
 	ctx := context.Background()
-	s, err := Open(ctx, Options{Client: c, Timeout: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
 	key := policy.BreakerKey{Tenant: "acme", Target: "pay"}
 	now := time.Now().UnixMicro()
 	slots := make([]string, fleet.WindowSlots)
@@ -91,19 +88,27 @@ func TestBreakerOfAnEarlierLayoutIsRead(t *testing.T) {
 // TestDamagedBreakerRecordIsRefused: a breaker's record too short to hold
 // its numbers is an error naming the key, never a breaker read as new.
 func TestDamagedBreakerRecordIsRefused(t *testing.T) {
-	c := standalone(t)
+	c, s := storeOnStandalone(t)
 	ctx := context.Background()
-	s, err := Open(ctx, Options{Client: c, Timeout: 10 * time.Second})
+	c.SAdd(ctx, keyIndex("acme"), "pay")
+	c.Set(ctx, keyBreaker("acme", "pay"), "short", 0)
+	_, err := s.Breaker(policy.BreakerKey{Tenant: "acme", Target: "pay"})
+	if err == nil || !strings.Contains(err.Error(), "{=acme}:breaker:pay is 5 bytes, a breaker at least 328") {
+		t.Fatalf("Breaker of a damaged record = %v, want an error naming the key and its length", err)
+	}
+}
+
+// storeOnStandalone opens a Store on a Redis started for t, and returns
+// a client of that Redis too.
+func storeOnStandalone(t *testing.T) (*redis.Client, *Store) {
+	t.Helper()
+	c := standalone(t)
+	s, err := Open(context.Background(), Options{Client: c, Timeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.Close() })
-	c.SAdd(ctx, keyIndex("acme"), "pay")
-	c.Set(ctx, keyBreaker("acme", "pay"), "short", 0)
-	_, err = s.Breaker(policy.BreakerKey{Tenant: "acme", Target: "pay"})
-	if err == nil || !strings.Contains(err.Error(), "{=acme}:breaker:pay is 5 bytes, a breaker at least 328") {
-		t.Fatalf("Breaker of a damaged record = %v, want an error naming the key and its length", err)
-	}
+	return c, s
 }
 
 // TestDecodeBreakerRecord: the permits after the numbers, and what is not
