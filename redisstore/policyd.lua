@@ -995,16 +995,17 @@ end
 -- reads it, for its retry flag) and, when the library decided it, its
 -- verdict (policyd_nextdelay), never rewinding (a lower attempt than
 -- the one stored changes nothing), kept until expiry (Unix ms) at least.
--- It returns 1 when stored.
-local function attempt_store(key, n, answer, expiry, verdict)
-  local cur = tonumber(redis.call('HGET', key, 'attempt') or '0')
-  if n < cur then return 0 end
-  local old = tonumber(redis.call('HGET', key, 'expiry') or '0')
-  expiry = math.max(expiry, old)
-  redis.call('HSET', key, 'attempt', int(n), 'answer', answer, 'expiry', int(expiry))
+-- h is the record's attempt and expiry first, as HMGET read them earlier
+-- in the same call (policyd_nextdelay's attempt check), or nil to read
+-- them here. It returns 1 when stored.
+local function attempt_store(key, n, answer, expiry, verdict, h)
+  h = h or redis.call('HMGET', key, 'attempt', 'expiry')
+  if n < tonumber(h[1] or '0') then return 0 end
+  expiry = math.max(expiry, tonumber(h[2] or '0'))
   if verdict then
-    redis.call('HSET', key, 'verdict', verdict)
+    redis.call('HSET', key, 'attempt', int(n), 'answer', answer, 'expiry', int(expiry), 'verdict', verdict)
   else
+    redis.call('HSET', key, 'attempt', int(n), 'answer', answer, 'expiry', int(expiry))
     redis.call('HDEL', key, 'verdict')
   end
   redis.call('PEXPIREAT', key, int(expiry))
@@ -1223,7 +1224,7 @@ local function nextdelay(keys, args, now)
   end
   local v = table.concat({retry and '1' or '0', int(delay), int(stop), int(disp), int(b.state), int(checks),
     float(tokens), int(remaining), int(spread)}, ' ')
-  attempt_store(keys[1], n, args[4], d.keep, v)
+  attempt_store(keys[1], n, args[4], d.keep, v, h)
   return {int(now), 'decided', v, asked, granted, dry, events, snapshot(b, now),
     float(shares[1].hold), int(shares[1].v), float(shares[2].hold), int(shares[2].v)}
 end
