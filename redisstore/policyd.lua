@@ -93,7 +93,8 @@ local function empty_slots()
   return {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 end
 
--- new_breaker is fleet.NewBreaker(now), with no slots yet.
+-- new_breaker is fleet.NewBreaker(now): every field zero but changed,
+-- an empty window, no permits.
 local function new_breaker(now, fresh)
   return {state = CLOSED, forced = 0, mode = 0, open_until = 0, changed = now, gen = 0,
     cooldown = 0, last_failure = 0, consecutive = 0, half_open_ok = 0, slot_width = 0,
@@ -106,10 +107,10 @@ local function load_hash(b, h)
   for i = 1, #h, 2 do
     local f, v = h[i], h[i + 1]
     if f == 'slots' then
-      local i = 0
+      local j = 0 -- the slots read so far, three numbers each
       for e, c, x in string.gmatch(v, '(%d+):(%d+):(%d+)') do
-        if i < 3 * SLOTS then b.slots[i + 1], b.slots[i + 2], b.slots[i + 3] = tonumber(e), tonumber(c), tonumber(x) end
-        i = i + 3
+        if j < 3 * SLOTS then b.slots[j + 1], b.slots[j + 2], b.slots[j + 3] = tonumber(e), tonumber(c), tonumber(x) end
+        j = j + 3
       end
     elseif f == 'permits' then
       for id, exp in string.gmatch(v, '(%x+):(%d+)') do
