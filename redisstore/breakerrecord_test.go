@@ -15,12 +15,17 @@ import (
 )
 
 // TestBreakerFormatIsTheLibrarys: the library packs a breaker with the
-// layout decodeBreakerRecord reads, over the window fleet counts in.
+// layout decodeBreakerRecord reads, over the window fleet counts in, and
+// reads its fields and window with formats that split that layout.
 func TestBreakerFormatIsTheLibrarys(t *testing.T) {
 	for name, want := range map[string]string{
 		"BREAKER_FMT": "'<" + strings.Repeat("i8", breakerNumbers) + "'",
 		"BREAKER_LEN": strconv.Itoa(breakerRecordLen),
-		"SLOTS":       strconv.Itoa(fleet.WindowSlots),
+		// load reads the fields and the window apart, the window from
+		// byte 89 (1-based) on
+		"FIELDS_FMT": "'<" + strings.Repeat("i8", len(breakerFields)) + "'",
+		"SLOTS_FMT":  "'<" + strings.Repeat("i8", 3*fleet.WindowSlots) + "'",
+		"SLOTS":      strconv.Itoa(fleet.WindowSlots),
 	} {
 		m := regexp.MustCompile(`(?m)^local ` + name + ` = (.*)$`).FindStringSubmatch(library)
 		if m == nil {

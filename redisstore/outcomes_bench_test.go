@@ -27,7 +27,7 @@ import (
 func BenchmarkOutcomesCall(b *testing.B) {
 	for _, shape := range []struct {
 		name        string
-		runs, width int // of each breaker: runs of width successes, each after a failure
+		runs, width int // of each breaker: runs times width successes then a failure
 	}{{"runs=1300", 36, 10}, {"runs=108", 3, 13}} {
 		b.Run(shape.name, func(b *testing.B) {
 			srv := redistest.Standalone(b)
