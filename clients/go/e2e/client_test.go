@@ -435,6 +435,88 @@ func TestOutcomesAreNotLostOnClose(t *testing.T) {
 	}
 }
 
+// TestABatchInFlightAtCloseIsSentOnce: a report batch still in flight when
+// Close begins is let finish, not cancelled. Cancelled, it would fail on
+// the client after policyd had applied it, and Close's drain would send it
+// again: the call's success counted twice and its lease released twice.
+// The connection's interceptors hold the batch's answer until Close has
+// stopped the client (its breaker watch ends then), and see whether the
+// batch's context was cancelled by it.
+func TestABatchInFlightAtCloseIsSentOnce(t *testing.T) {
+	d := startDaemon(t, nil)
+	ctx := context.Background()
+	setCeiling(t, d, "portal", 1)
+	applied, watchEnded := make(chan struct{}), make(chan struct{})
+	var reports, outcomes atomic.Int32
+	var cancelled atomic.Bool
+	report := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoke grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		r, ok := req.(*pb.ReportOutcomeRequest)
+		if !ok {
+			return invoke(ctx, method, req, reply, cc, opts...)
+		}
+		outcomes.Add(int32(len(r.GetOutcomes())))
+		if reports.Add(1) > 1 {
+			return invoke(ctx, method, req, reply, cc, opts...)
+		}
+		// policyd applies the first batch; its answer waits for Close.
+		if err := invoke(context.WithoutCancel(ctx), method, req, reply, cc, opts...); err != nil {
+			return err
+		}
+		close(applied)
+		<-watchEnded
+		if err := ctx.Err(); err != nil {
+			cancelled.Store(true)
+			return status.FromContextError(err).Err()
+		}
+		return nil
+	}
+	watch := func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, stream grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		go func() { <-ctx.Done(); close(watchEnded) }()
+		return stream(ctx, desc, cc, method, opts...)
+	}
+	conn, err := grpc.NewClient("passthrough:///policyd",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return d.lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithUnaryInterceptor(report), grpc.WithStreamInterceptor(watch))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	sl := newSleeps()
+	c, err := policyclient.New(conn, policyclient.Config{Tenant: "acme", Sleep: sl.Sleep, Now: sl.Now,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := c.Ready(rctx); err != nil {
+		t.Fatalf("Ready: %v", err)
+	}
+	ok, _ := script()
+	// The call's outcome returns its lease, so its batch is sent at once.
+	if res, err := c.Do(ctx, policyclient.Call{Target: "portal", Idempotent: true}, ok); err != nil || !res.OK() {
+		t.Fatalf("Do: %+v, %v", res, err)
+	}
+	<-applied
+	if err := c.Close(ctx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if cancelled.Load() {
+		t.Errorf("Close cancelled the batch in flight")
+	}
+	if n := outcomes.Load(); n != 1 {
+		t.Errorf("outcomes sent: %d in %d batches, want the call's one sent once", n, reports.Load())
+	}
+	br, err := d.admin.GetBreaker(ctx, &pb.GetBreakerRequest{Key: &pb.BreakerKey{Tenant: "acme", Target: "portal"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := br.GetBreaker(); b.GetLeasesInFlight() != 0 || b.GetStrayReleases() != 0 {
+		t.Errorf("ceiling after Close: %d leases out, %d stray releases; want 0 and 0", b.GetLeasesInFlight(), b.GetStrayReleases())
+	}
+}
+
 // TestRunPoolNeverOverspent drives 64 workers through a run whose pool is
 // smaller than the retries they want.
 func TestRunPoolNeverOverspent(t *testing.T) {

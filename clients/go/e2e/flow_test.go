@@ -67,7 +67,13 @@ func TestCeilingHoldsAcrossWorkers(t *testing.T) {
 	var up upstream
 	clients := make([]*policyclient.Client, 2)
 	for i := range clients {
-		clients[i], _ = newClient(t, d, nil)
+		// The clients tell the daemon's time and skip their waits: a clock
+		// moved by every worker's wait for a lease would run minutes ahead
+		// of the daemon's, which then refuses the calls' origin times and
+		// leaves the decisions to the clients.
+		clients[i], _ = newClient(t, d, func(cfg *policyclient.Config) {
+			cfg.Now, cfg.Sleep = time.Now, func(ctx context.Context, _ time.Duration) error { return ctx.Err() }
+		})
 	}
 	var wg sync.WaitGroup
 	var failed atomic.Int32
@@ -87,6 +93,11 @@ func TestCeilingHoldsAcrossWorkers(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	for i, c := range clients {
+		if n := c.Stats().LocalDecisions; n != 0 {
+			t.Errorf("client %d decided %d times locally; policyd answers every decision here", i, n)
+		}
+	}
 	if m := up.most.Load(); m > 3 {
 		t.Fatalf("the upstream saw %d requests at once; the ceiling is 3", m)
 	}

@@ -217,8 +217,11 @@ func New(conn grpc.ClientConnInterface, cfg Config) (*Client, error) {
 }
 
 // Close stops watching breakers and flushes every queued outcome (giving
-// policyd until ctx's deadline, or 10s when ctx has none), then closes the connection if the client
-// dialled it. Calls running concurrently with Close may lose their reports.
+// policyd until ctx's deadline, or 10s when ctx has none), then closes the
+// connection if the client dialled it. A report batch already in flight is
+// let finish first, within its own bound (4 × DecisionTimeout), so it is
+// never sent twice. Calls running concurrently with Close may lose their
+// reports.
 func (c *Client) Close(ctx context.Context) error {
 	var err error
 	c.closing.Do(func() {

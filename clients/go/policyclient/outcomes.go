@@ -121,10 +121,15 @@ func (o *outcomes) kick() {
 	}
 }
 
-// run batches until ctx ends.
+// run batches until ctx ends. A batch in flight when ctx ends is let
+// finish, bounded by its own timeout, and no other is sent after it:
+// cancelled, it would fail here after policyd had applied it, and drain
+// would send it again (its successes counted twice, its leases released
+// twice).
 func (o *outcomes) run(ctx context.Context) {
 	tick := time.NewTicker(o.every)
 	defer tick.Stop()
+	send := context.WithoutCancel(ctx)
 	for {
 		select {
 		case <-ctx.Done():
@@ -133,12 +138,12 @@ func (o *outcomes) run(ctx context.Context) {
 		case <-tick.C:
 		case done := <-o.now:
 			o.take()
-			o.flush(ctx)
+			o.flush(send, ctx.Done())
 			close(done)
 			continue
 		}
 		o.take()
-		o.flush(ctx)
+		o.flush(send, ctx.Done())
 	}
 }
 
@@ -191,12 +196,18 @@ func (o *outcomes) flushNow(ctx context.Context) {
 // capped exponential backoff, so a fleet cut off from policyd does not
 // storm it with reports. A batch policyd refuses for good (a bad outcome)
 // is split until the refused outcomes are found and dropped, so one bad
-// outcome never blocks the others.
-func (o *outcomes) flush(ctx context.Context) error {
+// outcome never blocks the others. Once quit is closed no further batch is
+// sent (what is left stays pending for drain).
+func (o *outcomes) flush(ctx context.Context, quit <-chan struct{}) error {
 	if len(o.pending) > 0 && o.c.cfg.Now().Before(o.pausedUntil) {
 		return errPaused
 	}
 	for len(o.pending) > 0 {
+		select {
+		case <-quit:
+			return nil
+		default:
+		}
 		n := min(len(o.pending), o.size)
 		err := o.send(ctx, o.pending[:n])
 		if err != nil && !permanent(err) {
@@ -262,7 +273,7 @@ func (o *outcomes) drain(ctx context.Context) error {
 	o.take()
 	for len(o.pending) > 0 {
 		o.pausedUntil = time.Time{} // closing: try now
-		err := o.flush(ctx)
+		err := o.flush(ctx, nil)
 		if err == nil {
 			return nil
 		}
