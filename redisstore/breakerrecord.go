@@ -1,11 +1,18 @@
 package redisstore
 
 import (
+	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/policyd/policyd/fleet"
+	"github.com/policyd/policyd/policy"
 )
 
 // breakerNumbers is how many numbers lead a breaker's record
@@ -46,4 +53,35 @@ func decodeBreakerRecord(v []byte) (breakerRecord, error) {
 		return r, fmt.Errorf("permits are %q, want hexid:expiry, space-separated", r.permits)
 	}
 	return r, nil
+}
+
+// StoredBreakerState reads the state of the breaker under key as Redis
+// holds it, past every replica's cache: from its record, or from a hash
+// of the layout before the record. ok is false when Redis holds no
+// breaker under key. Fault tests read it to check what survived a
+// restart of the engine.
+func StoredBreakerState(ctx context.Context, c redis.UniversalClient, key policy.BreakerKey) (st policy.BreakerState, ok bool, err error) {
+	name := keyBreaker(key.Tenant, key.Target)
+	v, err := c.Get(ctx, name).Bytes()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return 0, false, nil
+	case err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE"):
+		s, err := c.HGet(ctx, name, "state").Result()
+		if err != nil {
+			return 0, false, fmt.Errorf("redisstore: read %s: %w", name, err)
+		}
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return 0, false, fmt.Errorf("redisstore: %s: field state is %q, want an integer", name, s)
+		}
+		return policy.BreakerState(n), true, nil
+	case err != nil:
+		return 0, false, fmt.Errorf("redisstore: read %s: %w", name, err)
+	}
+	r, err := decodeBreakerRecord(v)
+	if err != nil {
+		return 0, false, fmt.Errorf("redisstore: %s %w", name, err)
+	}
+	return policy.BreakerState(r.n[0]), true, nil
 }

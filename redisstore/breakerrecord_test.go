@@ -54,6 +54,9 @@ func TestBreakerOfAnEarlierLayoutIsRead(t *testing.T) {
 		"changed", strconv.FormatInt(now, 10), "gen", "3", "cooldown", "0", "last_failure", strconv.FormatInt(now, 10),
 		"consecutive", "5", "half_open_ok", "0", "slot_width", "1000000", "slots", strings.Join(slots, " "), "permits", "")
 
+	if st, ok, err := StoredBreakerState(ctx, c, key); err != nil || !ok || st != policy.BreakerOpen {
+		t.Fatalf("StoredBreakerState of a hash = %v, %v, %v; want OPEN", st, ok, err)
+	}
 	got, err := s.Breaker(key)
 	if err != nil {
 		t.Fatalf("Breaker of a hash = %v", err)
@@ -75,6 +78,12 @@ func TestBreakerOfAnEarlierLayoutIsRead(t *testing.T) {
 	r, err := decodeBreakerRecord(v)
 	if err != nil {
 		t.Fatalf("the record %v", err)
+	}
+	if st, ok, err := StoredBreakerState(ctx, c, key); err != nil || !ok || st != policy.BreakerClosed {
+		t.Fatalf("StoredBreakerState of the record = %v, %v, %v; want CLOSED", st, ok, err)
+	}
+	if _, ok, err := StoredBreakerState(ctx, c, policy.BreakerKey{Tenant: "acme", Target: "never"}); err != nil || ok {
+		t.Fatalf("StoredBreakerState of no breaker = %v, %v; want none", ok, err)
 	}
 	for f, want := range map[string]int64{"state": 1, "forced": 1, "gen": 4, "consecutive": 5, "slot_width": 1000000} {
 		if r.field(f) != want {

@@ -63,7 +63,7 @@ func TestRedisMissingReadsBreakerRecords(t *testing.T) {
 		t.Fatalf("redisMissing: %v", err)
 	}
 	slices.Sort(missing)
-	want := []string{"breaker acme/closed OPEN: record 0100000000000000", "breaker acme/never OPEN: record "}
+	want := []string{"breaker acme/closed OPEN: CLOSED in Redis", "breaker acme/never OPEN: not in Redis"}
 	if !slices.Equal(missing, want) {
 		t.Errorf("redisMissing = %q, want %q", missing, want)
 	}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -15,7 +14,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -24,6 +22,8 @@ import (
 
 	"github.com/policyd/policyd/clients/go/policyclient"
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
+	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/redisstore"
 )
 
 // replicasConfig is what `policybench replicas` is told by its flags.
@@ -507,14 +507,14 @@ func redisMissing(ctx context.Context, r *redisProc, m *crashModel) ([]string, e
 	}
 	for key := range m.open {
 		tenant, target, _ := strings.Cut(key, "\x00")
-		// A breaker's record: its state is the first of its
-		// little-endian 64-bit numbers.
-		rec, err := r.client.Get(ctx, "{="+tenant+"}:breaker:"+target).Bytes()
-		if err != nil && !errors.Is(err, redis.Nil) {
+		st, ok, err := redisstore.StoredBreakerState(ctx, r.client, policy.BreakerKey{Tenant: tenant, Target: target})
+		switch {
+		case err != nil:
 			return nil, err
-		}
-		if len(rec) < 8 || binary.LittleEndian.Uint64(rec) != 2 { // policy.BreakerOpen
-			missing = append(missing, fmt.Sprintf("breaker %s/%s OPEN: record %x", tenant, target, rec[:min(len(rec), 8)]))
+		case !ok:
+			missing = append(missing, fmt.Sprintf("breaker %s/%s OPEN: not in Redis", tenant, target))
+		case st != policy.BreakerOpen:
+			missing = append(missing, fmt.Sprintf("breaker %s/%s OPEN: %s in Redis", tenant, target, st))
 		}
 	}
 	return missing, nil
