@@ -53,9 +53,7 @@ func startDaemon(t testing.TB, wrap func(server.Store) server.Store) *daemon {
 	gs := server.New(s, server.Config{Logger: quiet})
 	lis := bufconn.Listen(1 << 20)
 	go func() { _ = gs.Serve(lis) }()
-	conn, err := grpc.NewClient("passthrough:///policyd",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := dialBufconn(lis)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,6 +64,14 @@ func startDaemon(t testing.TB, wrap func(server.Store) server.Store) *daemon {
 		store.Close()
 	})
 	return d
+}
+
+// dialBufconn connects to the daemon serving lis, in plaintext, with opts.
+func dialBufconn(lis *bufconn.Listener, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
+	return grpc.NewClient("passthrough:///policyd", append([]grpc.DialOption{
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+	}, opts...)...)
 }
 
 // sleeps is the client's clock in tests: Sleep records the wait and moves
@@ -474,10 +480,7 @@ func TestABatchInFlightAtCloseIsSentOnce(t *testing.T) {
 		go func() { <-ctx.Done(); close(watchEnded) }()
 		return stream(ctx, desc, cc, method, opts...)
 	}
-	conn, err := grpc.NewClient("passthrough:///policyd",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return d.lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithUnaryInterceptor(report), grpc.WithStreamInterceptor(watch))
+	conn, err := dialBufconn(d.lis, grpc.WithUnaryInterceptor(report), grpc.WithStreamInterceptor(watch))
 	if err != nil {
 		t.Fatal(err)
 	}

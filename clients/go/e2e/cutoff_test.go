@@ -5,14 +5,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -54,9 +51,7 @@ func startDaemonAt(t testing.TB, clock *fakeClock) *daemon {
 	gs := server.New(store, server.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Clock: clock})
 	lis := bufconn.Listen(1 << 20)
 	go func() { _ = gs.Serve(lis) }()
-	conn, err := grpc.NewClient("passthrough:///policyd",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := dialBufconn(lis)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -14,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/policyd/policyd/breakerstore"
@@ -216,9 +213,7 @@ func TestRateCeilingIsWaitedOut(t *testing.T) {
 	gs := server.New(store, server.Config{Clock: sl, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	lis := bufconn.Listen(1 << 20)
 	go func() { _ = gs.Serve(lis) }()
-	conn, err := grpc.NewClient("passthrough:///policyd",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := dialBufconn(lis)
 	if err != nil {
 		t.Fatal(err)
 	}
