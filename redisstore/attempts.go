@@ -89,13 +89,16 @@ func (s *Store) CheckAttempt(k policy.CallKey, attempt uint32) (policy.Answer, b
 	}
 	a, err := s.attemptOf(k)
 	if errors.Is(err, ErrUnavailable) {
-		// Degraded: the call's history is out of reach; decide afresh.
-		return policy.Answer{}, false, nil
+		// Degraded: the engine's record is out of reach; this replica's
+		// own, decided while the engine was down, still counts.
+		a, err = fleet.Attempts{}, nil
 	}
 	if err != nil {
 		return policy.Answer{}, false, err
 	}
-	replay, err := a.Check(s.opts.Clock().UnixNano(), attempt)
+	now := s.opts.Clock().UnixNano()
+	a = newest(a, s.down.get(k), now)
+	replay, err := a.Check(now, attempt)
 	if replay {
 		return a.Answer, true, nil
 	}
@@ -109,7 +112,11 @@ func (s *Store) LastAnswer(k policy.CallKey) (policy.Answer, bool) {
 		return policy.Answer{}, false
 	}
 	a, err := s.attemptOf(k)
-	if err != nil || a.Attempt == 0 || s.opts.Clock().UnixNano() >= a.Expiry {
+	if err != nil {
+		a = fleet.Attempts{}
+	}
+	now := s.opts.Clock().UnixNano()
+	if a = newest(a, s.down.get(k), now); a.Attempt == 0 || now >= a.Expiry {
 		return policy.Answer{}, false
 	}
 	return a.Answer, true
@@ -119,7 +126,8 @@ func (s *Store) LastAnswer(k policy.CallKey) (policy.Answer, bool) {
 // (both as long as keys): one call of policyd_attempts per tenant (a
 // tenant's records share its hash slot, also on a Cluster), whatever the
 // number of keys. The records of a tenant that cannot be read (the engine
-// down) and a damaged record are none, as with LastAnswer.
+// down) and a damaged record are none, as with LastAnswer, but for those
+// this replica decided while the engine was down (downAttempts).
 func (s *Store) LastAnswers(keys []policy.CallKey, out []policy.Answer, ok []bool) {
 	clear(out[:len(keys)])
 	clear(ok[:len(keys)])
@@ -148,10 +156,10 @@ func (s *Store) LastAnswers(keys []policy.CallKey, out []policy.Answer, ok []boo
 		recs, err := s.attemptsOf(names)
 		if err != nil {
 			s.log.Debug("redisstore: attempt records not read", "tenant", keys[first].Tenant, "err", err)
-			continue
+			recs = make([]fleet.Attempts, len(names)) // this replica's own, below, still count
 		}
 		for j, i := range idx {
-			if a := recs[j]; a.Attempt > 0 && now < a.Expiry {
+			if a := newest(recs[j], s.down.get(keys[i]), now); a.Attempt > 0 && now < a.Expiry {
 				out[i], ok[i] = a.Answer, true
 			}
 		}

@@ -129,6 +129,7 @@ func (c *changes) Commit() error {
 		}
 		return nil
 	})
+	attempts := c.attempts
 	c.attempts, c.notes, c.audit, c.tallies = nil, nil, nil, nil
 	if qerr != nil {
 		return qerr
@@ -136,7 +137,11 @@ func (c *changes) Commit() error {
 	if errors.Is(err, ErrUnavailable) {
 		// Degraded: the audit chunks not written wait for the next flush,
 		// which sends them as they are (one that ran adds nothing again);
-		// the attempt records are lost (a retried NextDelay decides again).
+		// this replica keeps the attempt records until the engine answers
+		// (downAttempts), so a retried NextDelay replays its answer.
+		for _, a := range attempts {
+			s.keepDown(a.k, a.attempt, a.ans, a.keep.UnixNano())
+		}
 		var unsent []auditChunk
 		for i, cmd := range auditCmds {
 			if cmd.Err() != nil {

@@ -62,7 +62,10 @@ import (
 //     and returned after the engine is back is a stray release there;
 //   - outcomes: queued (Options.MaxQueuedBatches), replayed when the
 //     engine is back, each batch at most once (its id is in the tenant's
-//     applied set).
+//     applied set);
+//   - attempt records: the answers decided here kept by this replica
+//     (downAttempts), so the same NextDelay asked again gets the same
+//     answer, and written to the engine when it is back.
 //
 // When the engine comes back the local copies are dropped: the engine's
 // state is again the one every answer comes from. What the replica
@@ -639,6 +642,7 @@ func (s *Store) releaseShares() {
 // oldest first, until the queue is empty or the engine stops answering.
 func (s *Store) replay() {
 	s.chargeDebts(nil)
+	s.writeDownAttempts()
 	for s.health.up() {
 		q, ok := s.queue.pop()
 		if !ok {

@@ -44,7 +44,10 @@ func (s *Store) NextDelayInOneCall(st *policy.NextDelayStep) (policy.NextDelayRe
 		// One call decides on one tenant's slot.
 		return policy.NextDelayResult{}, false, nil
 	}
-	if !s.health.up() || s.degraded.owes(tenant, st.Spend.RunID) {
+	if !s.health.up() || s.degraded.owes(tenant, st.Spend.RunID) || s.down.has(st.Call) {
+		// The batch path decides: from this replica's copies, or after
+		// charging what it owes, or with the record it kept of the call
+		// while the engine was down (CheckAttempt reads both).
 		return policy.NextDelayResult{}, false, nil
 	}
 	if p := s.degraded.enginePermit(st.PermitID, s.opts.Clock); p != st.PermitID {
@@ -98,8 +101,9 @@ func (s *Store) NextDelayInOneCall(st *policy.NextDelayStep) (policy.NextDelayRe
 // engine does not answer (degraded.go), by the same rules (fleet.GateRetry,
 // fleet.Spent, fleet.CutRun): this replica's copy of the breaker records
 // the failure, the pushback cool-down is not shared, the budgets spend
-// from this replica's shares, and no attempt record is kept (a NextDelay
-// sent again decides afresh). It makes no round trip. cfg is st's
+// from this replica's shares, and the attempt record is kept by this
+// replica until the engine answers (downAttempts): a NextDelay sent again
+// replays it. It makes no round trip. cfg is st's
 // breaker configuration, normalized.
 func (s *Store) degradedNextDelay(st *policy.NextDelayStep, cfg *policy.BreakerConfig) (policy.NextDelayResult, error) {
 	now := s.opts.Clock().UnixNano()
@@ -130,6 +134,7 @@ func (s *Store) degradedNextDelay(st *policy.NextDelayStep, cfg *policy.BreakerC
 	}
 	a.Degraded = true
 	res.Answer = a
+	s.keepDown(st.Call, st.Attempt, a, st.Keep.UnixNano())
 	return res, nil
 }
 

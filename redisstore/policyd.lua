@@ -1016,9 +1016,18 @@ end
 -- attempt is fleet.Attempts.Decided: the answer to attempt of a call,
 -- never rewinding (a lower attempt than the one stored changes nothing),
 -- kept until expiry at least. KEYS: the call's attempt key. ARGV: attempt,
--- answer (packed: appendAnswer), expiry (Unix ms). Returns 1 when stored.
+-- answer (packed: appendAnswer), expiry (Unix ms), and optionally first:
+-- '1' leaves the same attempt stored and live as it is (a record a
+-- replica decided while the engine was down, written afterwards: the
+-- engine's answer came first). Returns 1 when stored.
 local function attempt(keys, args, now)
-  return attempt_store(keys[1], tonumber(args[1]), args[2], tonumber(args[3]), nil)
+  local n = tonumber(args[1])
+  if args[4] == '1' then
+    local h = redis.call('HMGET', keys[1], 'attempt', 'expiry')
+    if tonumber(h[1] or '0') == n and now < tonumber(h[2] or '0') * 1000 then return 0 end
+    return attempt_store(keys[1], n, args[2], tonumber(args[3]), nil, h)
+  end
+  return attempt_store(keys[1], n, args[2], tonumber(args[3]), nil)
 end
 
 -- attempt_check is fleet.Attempts.Check of attempt n on the record at key

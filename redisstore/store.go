@@ -152,6 +152,7 @@ type Store struct {
 	health    *health
 	degraded  *degraded
 	queue     batchQueue
+	down      downAttempts  // attempt records decided while the engine was down
 	recovered chan struct{} // signalled when the engine comes back
 }
 
@@ -269,8 +270,9 @@ func (s *Store) Close() error {
 	if s.closed.Swap(true) {
 		return nil
 	}
-	s.flushHeld()     // while s.ctx still bounds its call
-	s.releaseShares() // likewise
+	s.flushHeld()         // while s.ctx still bounds its call
+	s.writeDownAttempts() // likewise
+	s.releaseShares()     // likewise
 	s.cancel()
 	s.wg.Wait()
 	s.health.off.Store(true)
