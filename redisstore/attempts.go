@@ -106,17 +106,18 @@ func (s *Store) CheckAttempt(k policy.CallKey, attempt uint32) (policy.Answer, b
 }
 
 // LastAnswer returns the answer to the highest attempt of call k decided,
-// while it is remembered.
+// while it is remembered. It reads the engine's record alone, not one this
+// replica kept while the engine was down (downAttempts): a later attempt
+// of the call may have been answered by another replica meanwhile, which
+// this one cannot know, and a final disposition checked against the
+// earlier answer would be refused and lost. Once the records are written,
+// the engine holds the latest of them (never rewound).
 func (s *Store) LastAnswer(k policy.CallKey) (policy.Answer, bool) {
 	if s.check() != nil {
 		return policy.Answer{}, false
 	}
 	a, err := s.attemptOf(k)
-	if err != nil {
-		a = fleet.Attempts{}
-	}
-	now := s.opts.Clock().UnixNano()
-	if a = newest(a, s.down.get(k), now); a.Attempt == 0 || now >= a.Expiry {
+	if err != nil || a.Attempt == 0 || s.opts.Clock().UnixNano() >= a.Expiry {
 		return policy.Answer{}, false
 	}
 	return a.Answer, true
@@ -126,8 +127,7 @@ func (s *Store) LastAnswer(k policy.CallKey) (policy.Answer, bool) {
 // (both as long as keys): one call of policyd_attempts per tenant (a
 // tenant's records share its hash slot, also on a Cluster), whatever the
 // number of keys. The records of a tenant that cannot be read (the engine
-// down) and a damaged record are none, as with LastAnswer, but for those
-// this replica decided while the engine was down (downAttempts).
+// down) and a damaged record are none, as with LastAnswer.
 func (s *Store) LastAnswers(keys []policy.CallKey, out []policy.Answer, ok []bool) {
 	clear(out[:len(keys)])
 	clear(ok[:len(keys)])
@@ -156,10 +156,10 @@ func (s *Store) LastAnswers(keys []policy.CallKey, out []policy.Answer, ok []boo
 		recs, err := s.attemptsOf(names)
 		if err != nil {
 			s.log.Debug("redisstore: attempt records not read", "tenant", keys[first].Tenant, "err", err)
-			recs = make([]fleet.Attempts, len(names)) // this replica's own, below, still count
+			continue
 		}
 		for j, i := range idx {
-			if a := newest(recs[j], s.down.get(keys[i]), now); a.Attempt > 0 && now < a.Expiry {
+			if a := recs[j]; a.Attempt > 0 && now < a.Expiry {
 				out[i], ok[i] = a.Answer, true
 			}
 		}

@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -116,5 +117,56 @@ func TestAttemptWrittenLateLeavesTheFirst(t *testing.T) {
 	}
 	if n := write(1, "late-1", true); n != 0 || stored() != "late-2" {
 		t.Errorf("an earlier attempt written as first = %d, answer %q; want nothing rewound", n, stored())
+	}
+}
+
+// TestDegradedFinalOfALaterAttemptIsTaken: while Redis is stopped, one
+// replica answers attempt 1 of a call RETRY and another answers attempt 2
+// STOP (a 422); the worker's FAILED_TERMINAL reported to the first is
+// taken, not checked against the RETRY it remembers (the later attempt
+// was answered elsewhere), and once both replicas have written their
+// records, Redis holds the STOP.
+func TestDegradedFinalOfALaterAttemptIsTaken(t *testing.T) {
+	srv := redistest.Standalone(t)
+	r := []*replica{boundedReplica(t, srv.Addr), boundedReplica(t, srv.Addr)}
+	ctx := context.Background()
+	for i := range r {
+		eventually(t, "both replicas in the replica set", func() bool { return r[i].store.LiveReplicas() == 2 })
+	}
+	call := &pb.CallRef{Tenant: "acme", Target: "pay", CallId: "split", Idempotent: true}
+	fail503 := &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 503}}
+	fail422 := &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 422}}
+	warm := &pb.CallRef{Tenant: "acme", Target: "pay", CallId: "warm", Idempotent: true}
+	if resp, err := r[0].workers.NextDelay(ctx, &pb.NextDelayRequest{Call: warm, Attempt: 1, Failure: fail503}); err != nil ||
+		resp.GetDecision() != pb.Decision_DECISION_RETRY {
+		t.Fatalf("NextDelay before the pause = %v, %v; want RETRY", resp, err)
+	}
+
+	srv.Pause(t)
+	for i := range r {
+		r[i].until(t, "the engine down on replica "+strconv.Itoa(i), func() bool { return !r[i].store.Up() })
+	}
+	if resp, err := r[0].workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call, Attempt: 1, Failure: fail503}); err != nil ||
+		resp.GetDecision() != pb.Decision_DECISION_RETRY {
+		t.Fatalf("replica 0: attempt 1 with Redis stopped = %v, %v; want RETRY", resp, err)
+	}
+	if resp, err := r[1].workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call, Attempt: 2, Failure: fail422}); err != nil ||
+		resp.GetDisposition() != pb.Disposition_DISPOSITION_FAILED_TERMINAL {
+		t.Fatalf("replica 1: attempt 2 (422) with Redis stopped = %v, %v; want STOP, FAILED_TERMINAL", resp, err)
+	}
+	final := &pb.ReportOutcomeRequest{Outcomes: []*pb.Outcome{{Call: call, Attempt: 2, AlreadyRecorded: true,
+		FinalDisposition: pb.Disposition_DISPOSITION_FAILED_TERMINAL, FinalStopReason: pb.StopReason_STOP_REASON_TERMINAL}}}
+	if _, err := r[0].workers.ReportOutcome(ctx, final); err != nil {
+		t.Fatalf("replica 0: FAILED_TERMINAL of attempt 2 with Redis stopped: %v (want it taken)", err)
+	}
+
+	srv.Resume(t)
+	for i := range r {
+		r[i].until(t, "the engine up on replica "+strconv.Itoa(i), func() bool { return r[i].store.Up() })
+		eventually(t, "replica "+strconv.Itoa(i)+"'s degraded answers written", func() bool { return r[i].store.DegradedAttempts() == 0 })
+	}
+	resp, err := r[0].workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call, Attempt: 2, Failure: fail422})
+	if err != nil || resp.GetDisposition() != pb.Disposition_DISPOSITION_FAILED_TERMINAL || !resp.GetDegraded() {
+		t.Errorf("replica 0: attempt 2 again after SIGCONT = %v, %v; want replica 1's STOP of the outage replayed", resp, err)
 	}
 }

@@ -23,8 +23,11 @@ import (
 // An attempt the engine holds already is left as it is: a call that
 // timed out but ran there, or another replica deciding the same call
 // meanwhile, gave the fleet's first answer, and this replica reads it
-// from then on (newest). A replica that never saw the record, asked the
-// same call during the outage, decides it afresh: it cannot know.
+// once its own is written (until then its one-call NextDelay replays its
+// own, without a round trip; CheckAttempt reads both, newest). A replica that never saw the record, asked the
+// same call during the outage, decides it afresh: it cannot know. For
+// the same reason the final-disposition checks (LastAnswer) do not read
+// them.
 //
 // At most maxDownAttempts are kept; past it the expired ones are
 // forgotten, then a new one is not kept (logged and counted): its
@@ -51,19 +54,8 @@ type downAttempt struct {
 	a fleet.Attempts
 }
 
-// has reports whether a record of call k is kept; without the lock when
-// none is.
-func (d *downAttempts) has(k policy.CallKey) bool {
-	if d.n.Load() == 0 {
-		return false
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	_, ok := d.m[k]
-	return ok
-}
-
-// get returns the record kept of call k, the zero value for none.
+// get returns the record kept of call k, the zero value for none; without
+// the lock when none is kept.
 func (d *downAttempts) get(k policy.CallKey) fleet.Attempts {
 	if d.n.Load() == 0 {
 		return fleet.Attempts{}

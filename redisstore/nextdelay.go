@@ -44,10 +44,21 @@ func (s *Store) NextDelayInOneCall(st *policy.NextDelayStep) (policy.NextDelayRe
 		// One call decides on one tenant's slot.
 		return policy.NextDelayResult{}, false, nil
 	}
-	if !s.health.up() || s.degraded.owes(tenant, st.Spend.RunID) || s.down.has(st.Call) {
-		// The batch path decides: from this replica's copies, or after
-		// charging what it owes, or with the record it kept of the call
-		// while the engine was down (CheckAttempt reads both).
+	if kept := s.down.get(st.Call); kept.Attempt > 0 {
+		// This replica answered the call while the engine was down and has
+		// not written the record yet: the same attempt replays it, a
+		// lower one or any after its STOP is refused, without a round
+		// trip (which could wait for an engine not back yet); a later
+		// attempt is decided below.
+		replay, err := kept.Check(s.opts.Clock().UnixNano(), st.Attempt)
+		switch {
+		case replay:
+			return policy.NextDelayResult{Replay: true, Answer: kept.Answer}, true, nil
+		case err != nil:
+			return policy.NextDelayResult{}, true, err
+		}
+	}
+	if !s.health.up() || s.degraded.owes(tenant, st.Spend.RunID) {
 		return policy.NextDelayResult{}, false, nil
 	}
 	if p := s.degraded.enginePermit(st.PermitID, s.opts.Clock); p != st.PermitID {
