@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -121,6 +122,21 @@ func (r *redisProc) commandStats(ctx context.Context) (map[string]uint64, error)
 		return nil, err
 	}
 	return parseCommandStats(info), nil
+}
+
+// forks returns how many times the server has forked (INFO stats
+// total_forks): with the policybench configuration, for AOF rewrites.
+func (r *redisProc) forks(ctx context.Context) (uint64, error) {
+	info, err := r.client.Info(ctx, "stats").Result()
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "total_forks:"); ok {
+			return strconv.ParseUint(v, 10, 64)
+		}
+	}
+	return 0, errors.New("INFO stats has no total_forks")
 }
 
 // parseCommandStats reads the calls of each command from the text of INFO

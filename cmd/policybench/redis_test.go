@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"maps"
+	"os"
+	"os/exec"
 	"slices"
 	"testing"
 	"time"
@@ -66,5 +68,34 @@ func TestRedisMissingReadsBreakerRecords(t *testing.T) {
 	want := []string{"breaker acme/closed OPEN: CLOSED in Redis", "breaker acme/never OPEN: not in Redis"}
 	if !slices.Equal(missing, want) {
 		t.Errorf("redisMissing = %q, want %q", missing, want)
+	}
+}
+
+// TestCPUTimeCountsReapedChildren: a child's CPU is counted once the
+// process has waited for it, as redis-server waits for its AOF rewrite.
+func TestCPUTimeCountsReapedChildren(t *testing.T) {
+	self0, reaped0, err := statTimes(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A child that burns CPU for a few hundred ms, then exits.
+	child := exec.Command("sh", "-c", "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done")
+	if err := child.Run(); err != nil {
+		t.Fatal(err)
+	}
+	spent := child.ProcessState.UserTime() + child.ProcessState.SystemTime()
+	_, reaped1, err := statTimes(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := reaped1 - reaped0; got < spent-20*time.Millisecond {
+		t.Errorf("children's CPU went up by %v after a child that spent %v", got, spent)
+	}
+	all, err := cpuTimeWithChildren(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if all < self0+reaped1 {
+		t.Errorf("cpuTimeWithChildren = %v, below this process's %v and its reaped children's %v", all, self0, reaped1)
 	}
 }

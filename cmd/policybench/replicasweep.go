@@ -46,7 +46,8 @@ replicas, spread over them by gRPC round_robin). Phases, each at every
 report (ReportOutcome of 256 outcomes), as in the sweep. For (ii) it prints
 each figure as a ratio to (i), the Redis commands per request read from
 INFO commandstats just before and after each measured window (INFO itself
-left out), and the CPU per request of the replicas and of Redis. Then the
+left out), and the CPU per request of the replicas and of Redis (with the
+children it forks to rewrite its AOF, whose rewrites it counts). Then the
 propagation of a breaker transition: ForceBreaker on one replica, timed
 until both other replicas' WatchBreakers subscribers receive it.`,
 		Args: cobra.NoArgs,
@@ -80,6 +81,7 @@ type fleetRow struct {
 	ServerCPUus float64 // the daemon, or the three replicas together, per request
 	RedisCPUus  float64 // -1: no Redis
 	RedisCalls  uint64  // commands run by Redis in the window (INFO left out)
+	RedisForks  uint64  // the server's forks in the window: AOF rewrites
 	RedisByCmd  map[string]uint64
 	// Trips are the round trips the replicas made to Redis in the window,
 	// by call (policyd_store_round_trips_total); RequestTrips those of
@@ -233,6 +235,7 @@ func sweepTarget(ctx context.Context, cfg replicaSweepConfig, addrs, tokenFile, 
 			fmt.Fprintf(log, "  %d callers: %s\n", n, ph)
 			var cpu0, cpu1, rcpu0, rcpu1 time.Duration
 			var cs0, cs1 map[string]uint64
+			var forks0, forks1 uint64
 			var rt0, rt1 *tripSample
 			var cpuOK, rOK bool
 			around := func(open bool) {
@@ -247,17 +250,19 @@ func sweepTarget(ctx context.Context, cfg replicaSweepConfig, addrs, tokenFile, 
 				c, ok := cpuOf(pids)
 				var rc time.Duration
 				var cs map[string]uint64
+				var forks uint64
 				rok := false
 				if r != nil {
-					var err1, err2 error
-					rc, err1 = cpuTime(r.pid())
+					var err1, err2, err3 error
+					rc, err1 = cpuTimeWithChildren(r.pid())
 					cs, err2 = r.commandStats(ctx)
-					rok = err1 == nil && err2 == nil
+					forks, err3 = r.forks(ctx)
+					rok = err1 == nil && err2 == nil && err3 == nil
 				}
 				if open {
-					cpu0, cpuOK, rcpu0, cs0, rOK = c, ok, rc, cs, rok
+					cpu0, cpuOK, rcpu0, cs0, forks0, rOK = c, ok, rc, cs, forks, rok
 				} else {
-					cpu1, cpuOK, rcpu1, cs1, rOK = c, cpuOK && ok, rc, cs, rOK && rok
+					cpu1, cpuOK, rcpu1, cs1, forks1, rOK = c, cpuOK && ok, rc, cs, forks, rOK && rok
 				}
 			}
 			w := measureAround(ctx, n, cfg.Warmup, cfg.Duration, cfg.Seed, 0, "", phaseLoop(ph, workers, nil, defaultReportBatch), around)
@@ -269,6 +274,7 @@ func sweepTarget(ctx context.Context, cfg replicaSweepConfig, addrs, tokenFile, 
 			}
 			if rOK && rr.Requests > 0 {
 				fr.RedisCPUus = us(rcpu1-rcpu0) / float64(rr.Requests)
+				fr.RedisForks = forks1 - forks0
 				fr.RedisByCmd = map[string]uint64{}
 				for k, v := range cs1 {
 					if d := v - cs0[k]; d > 0 && k != "info" {
@@ -458,7 +464,7 @@ func printFleetSweep(out io.Writer, cfg replicaSweepConfig, one, three []fleetRo
 	fmt.Fprintln(out, "\nRedis commands in each measured window of (ii), by command:")
 	for _, r := range three {
 		parts := byCount(r.RedisByCmd, func(string) string { return "" })
-		fmt.Fprintf(out, "  %-9s %3d callers: %d requests, %d outcomes, %d commands: %s\n", r.Phase, r.Callers, r.Requests, r.Outcomes, r.RedisCalls, parts)
+		fmt.Fprintf(out, "  %-9s %3d callers: %d requests, %d outcomes, %d AOF rewrites, %d commands: %s\n", r.Phase, r.Callers, r.Requests, r.Outcomes, r.RedisForks, r.RedisCalls, parts)
 	}
 	fmt.Fprintln(out, "\nRound trips the replicas made in each measured window of (ii), by call (policyd_store_round_trips_total; * background, not counted as the requests'):")
 	for _, r := range three {
