@@ -165,3 +165,43 @@ func pidListening(addr string) int {
 	}
 	return 0
 }
+
+// hostCPU is the machine's CPU time so far, from the first line of
+// /proc/stat, in ticks: all of it, and of it the time the hypervisor gave
+// to other guests while this one had work to run (steal).
+type hostCPU struct{ total, steal uint64 }
+
+func readHostCPU() (hostCPU, error) {
+	raw, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return hostCPU{}, err
+	}
+	line, _, _ := strings.Cut(string(raw), "\n")
+	f := strings.Fields(line)
+	// cpu user nice system idle iowait irq softirq steal (guest time is
+	// in user already).
+	if len(f) < 9 || f[0] != "cpu" {
+		return hostCPU{}, errors.New("unexpected /proc/stat format")
+	}
+	var h hostCPU
+	for i, v := range f[1:9] {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return hostCPU{}, err
+		}
+		h.total += n
+		if i == 7 {
+			h.steal = n
+		}
+	}
+	return h, nil
+}
+
+// stolen is the share of the machine's CPU time from b to a that was
+// stolen, -1 when unknown.
+func (a hostCPU) stolen(b hostCPU) float64 {
+	if a.total <= b.total {
+		return -1
+	}
+	return float64(a.steal-b.steal) / float64(a.total-b.total)
+}

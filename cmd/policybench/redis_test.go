@@ -99,3 +99,19 @@ func TestCPUTimeCountsReapedChildren(t *testing.T) {
 		t.Errorf("cpuTimeWithChildren = %v, below this process's %v and its reaped children's %v", all, self0, reaped1)
 	}
 }
+
+// TestHostCPUStolen reads the machine's CPU times and takes the stolen
+// share of a window from two readings.
+func TestHostCPUStolen(t *testing.T) {
+	h, err := readHostCPU()
+	if err != nil || h.total == 0 || h.steal > h.total {
+		t.Fatalf("readHostCPU = %+v, %v; want the machine's ticks, steal among them", h, err)
+	}
+	if got := h.stolen(h); got != -1 {
+		t.Errorf("stolen over an empty window = %v, want -1 (unknown)", got)
+	}
+	later := hostCPU{total: h.total + 200, steal: h.steal + 50}
+	if got := later.stolen(h); got != 0.25 {
+		t.Errorf("stolen of 50 ticks in 200 = %v, want 0.25", got)
+	}
+}

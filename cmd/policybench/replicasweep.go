@@ -82,6 +82,7 @@ type fleetRow struct {
 	RedisCPUus  float64 // -1: no Redis
 	RedisCalls  uint64  // commands run by Redis in the window (INFO left out)
 	RedisForks  uint64  // the server's forks in the window: AOF rewrites
+	Stolen      float64 // the share of the machine's CPU stolen by the hypervisor in the window; -1: unknown
 	RedisByCmd  map[string]uint64
 	// Trips are the round trips the replicas made to Redis in the window,
 	// by call (policyd_store_round_trips_total); RequestTrips those of
@@ -236,6 +237,7 @@ func sweepTarget(ctx context.Context, cfg replicaSweepConfig, addrs, tokenFile, 
 			var cpu0, cpu1, rcpu0, rcpu1 time.Duration
 			var cs0, cs1 map[string]uint64
 			var forks0, forks1 uint64
+			var host0, host1 hostCPU
 			var rt0, rt1 *tripSample
 			var cpuOK, rOK bool
 			around := func(open bool) {
@@ -248,6 +250,12 @@ func sweepTarget(ctx context.Context, cfg replicaSweepConfig, addrs, tokenFile, 
 					defer func() { rt1 = sampleTrips(ctx, metrics) }()
 				}
 				c, ok := cpuOf(pids)
+				h, _ := readHostCPU()
+				if open {
+					host0 = h
+				} else {
+					host1 = h
+				}
 				var rc time.Duration
 				var cs map[string]uint64
 				var forks uint64
@@ -268,7 +276,8 @@ func sweepTarget(ctx context.Context, cfg replicaSweepConfig, addrs, tokenFile, 
 			w := measureAround(ctx, n, cfg.Warmup, cfg.Duration, cfg.Seed, 0, "", phaseLoop(ph, workers, nil, defaultReportBatch), around)
 			rr := rowsOf(n, ph, w)[0]
 			fr := fleetRow{Callers: n, Phase: ph, Requests: rr.Requests, Errors: rr.Errors, RPS: rr.RPS, P99us: rr.P99us,
-				Outcomes: w.outcomes, ServerCPUus: -1, RedisCPUus: -1, FirstError: rr.FirstError, windowLength: w.elapsed}
+				Outcomes: w.outcomes, ServerCPUus: -1, RedisCPUus: -1, FirstError: rr.FirstError, windowLength: w.elapsed,
+				Stolen: host1.stolen(host0)}
 			if cpuOK && rr.Requests > 0 {
 				fr.ServerCPUus = us(cpu1-cpu0) / float64(rr.Requests)
 			}
@@ -461,6 +470,13 @@ func printFleetSweep(out io.Writer, cfg replicaSweepConfig, one, three []fleetRo
 			fmtUs(b.ServerCPUus), fmtUs(r.ServerCPUus), fmtUs(r.RedisCPUus), perReq, perOutcome)
 	}
 	tw.Flush()
+	fmt.Fprint(out, "\nthe machine's CPU stolen by the hypervisor in each window, (i) / (ii) (steal in /proc/stat: other guests ran; ratios from windows with much of it are the host's, not policyd's):")
+	for i, b := range one {
+		if i < len(three) {
+			fmt.Fprintf(out, "  %s %d %s / %s;", b.Phase, b.Callers, fmtShare(b.Stolen), fmtShare(three[i].Stolen))
+		}
+	}
+	fmt.Fprintln(out)
 	fmt.Fprintln(out, "\nRedis commands in each measured window of (ii), by command:")
 	for _, r := range three {
 		parts := byCount(r.RedisByCmd, func(string) string { return "" })
@@ -566,4 +582,12 @@ func safeDiv(a, b float64) float64 {
 		return 0
 	}
 	return a / b
+}
+
+// fmtShare prints a share as a percentage, "-" when unknown.
+func fmtShare(x float64) string {
+	if x < 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f%%", 100*x)
 }
