@@ -24,10 +24,10 @@ import (
 // timed out but ran there, or another replica deciding the same call
 // meanwhile, gave the fleet's first answer, and this replica reads it
 // once its own is written (until then its one-call NextDelay replays its
-// own, without a round trip; CheckAttempt reads both, newest). A replica that never saw the record, asked the
-// same call during the outage, decides it afresh: it cannot know. For
-// the same reason the final-disposition checks (LastAnswer) do not read
-// them.
+// own without a round trip; CheckAttempt reads both, newest). A replica
+// that never saw the record, asked the same call during the outage,
+// decides it afresh: it cannot know. For the same reason the
+// final-disposition checks (LastAnswer) do not read them.
 //
 // At most maxDownAttempts are kept; past it the expired ones are
 // forgotten, then a new one is not kept (logged and counted): its
@@ -41,7 +41,8 @@ type downAttempts struct {
 }
 
 // maxDownAttempts bounds the attempt records kept while the engine is
-// down: at about 200 bytes each, 13 MB.
+// down: a few hundred bytes each (the call's key and its answer), some
+// 20 MB at most.
 const maxDownAttempts = 1 << 16
 
 // downAttemptsPerTrip is how many records one round trip of
