@@ -61,6 +61,9 @@ func TestDegradedAnswersAreRemembered(t *testing.T) {
 	if n := r[0].store.DegradedAttempts(); n < 2 {
 		t.Fatalf("DegradedAttempts = %d with Redis stopped; want the 2 answered (and those of the calls that found it down)", n)
 	}
+	if n := r[0].store.DegradedAttemptsNotKept(); n != 0 {
+		t.Errorf("DegradedAttemptsNotKept = %d, want 0: far fewer than the bound were decided", n)
+	}
 
 	srv.Resume(t)
 	r[0].until(t, "the engine up", func() bool { return r[0].store.Up() })

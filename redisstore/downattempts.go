@@ -152,6 +152,10 @@ func (s *Store) keepDown(k policy.CallKey, attempt uint32, ans policy.Answer, ex
 // the engine did not answer and has not written to it yet.
 func (s *Store) DegradedAttempts() int { return s.down.len() }
 
+// DegradedAttemptsNotKept returns the attempt records decided while the
+// engine did not answer that this replica could not keep (maxDownAttempts).
+func (s *Store) DegradedAttemptsNotKept() uint64 { return s.down.dropped.Load() }
+
 // writeDownAttempts writes the attempt records kept while the engine was
 // down (downAttempts) to the engine, downAttemptsPerTrip a round trip,
 // until none is left or the engine stops answering; policyd_attempt

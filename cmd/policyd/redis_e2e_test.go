@@ -17,12 +17,13 @@ import (
 // TestTwoReplicasOnOneRedis runs two daemons with --store redis:// over one
 // Redis the test starts: a breaker forced OPEN through one replica's admin
 // API refuses on the other; then policyd check --store finds the keys
-// they wrote in order.
+// they wrote in order. A replica serves the shared store's series.
 func TestTwoReplicasOnOneRedis(t *testing.T) {
 	srv := redistest.Standalone(t)
 	dir := t.TempDir()
 	url := "redis://" + srv.Addr
-	a := startDaemon(t, filepath.Join(dir, "a.db"), "--store", url)
+	metrics := freeAddr(t)
+	a := startDaemon(t, filepath.Join(dir, "a.db"), "--store", url, "--metrics-listen", metrics)
 	b := startDaemon(t, filepath.Join(dir, "b.db"), "--store", url)
 	ca, cb := a.conn(t), b.conn(t)
 	ctx := context.Background()
@@ -51,6 +52,14 @@ func TestTwoReplicasOnOneRedis(t *testing.T) {
 	}
 	if out, err := runCLI(t, dir, "check", "--store", url); err != nil || !strings.Contains(string(out), url+": ok") {
 		t.Errorf("policyd check --store %s = %v: %s; want ok", url, err, out)
+	}
+	body := scrape(t, a, metrics)
+	for _, want := range []string{"policyd_store_up 1", "policyd_store_queued_batches 0", "policyd_store_dropped_batches_total 0",
+		"policyd_store_degraded_attempts 0", "policyd_store_degraded_attempts_not_kept_total 0",
+		`policyd_store_round_trips_total{call="`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("replica a's metrics lack %s", want)
+		}
 	}
 }
 

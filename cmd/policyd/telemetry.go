@@ -292,6 +292,8 @@ type engineHealth interface {
 	Up() bool
 	Queued() int
 	Dropped() uint64
+	DegradedAttempts() int
+	DegradedAttemptsNotKept() uint64
 	RoundTrips() map[string]uint64
 }
 
@@ -299,15 +301,20 @@ var (
 	descStoreUp      = prometheus.NewDesc("policyd_store_up", "1 while the shared store answers, 0 while decisions run in degraded mode.", nil, nil)
 	descQueued       = prometheus.NewDesc("policyd_store_queued_batches", "Outcome batches waiting for the shared store to answer again.", nil, nil)
 	descQueueDropped = prometheus.NewDesc("policyd_store_dropped_batches_total", "Outcome batches dropped because the queue was full while the shared store was down.", nil, nil)
-	descRoundTrips   = prometheus.NewDesc("policyd_store_round_trips_total",
+	descDownAttempts = prometheus.NewDesc("policyd_store_degraded_attempts",
+		"Attempt records this replica decided while the shared store was down, not written to it yet.", nil, nil)
+	descDownNotKept = prometheus.NewDesc("policyd_store_degraded_attempts_not_kept_total",
+		"Attempt records decided while the shared store was down that this replica could not keep (too many kept): their NextDelays asked again are decided afresh.", nil, nil)
+	descRoundTrips = prometheus.NewDesc("policyd_store_round_trips_total",
 		"Round trips this replica made to the shared store, by call: a library function's name, another command's, or pipeline.", []string{"call"}, nil)
 )
 
 // engineCollector is policyd_store_up, the outcome queue's gauge and
-// counter and the round trips by call of a shared engine, read at scrape.
+// counter, the degraded attempt records' gauge and counter and the round
+// trips by call of a shared engine, read at scrape.
 func engineCollector(e engineHealth) prometheus.Collector {
 	return collectorFunc{
-		descs: []*prometheus.Desc{descStoreUp, descQueued, descQueueDropped, descRoundTrips},
+		descs: []*prometheus.Desc{descStoreUp, descQueued, descQueueDropped, descDownAttempts, descDownNotKept, descRoundTrips},
 		collect: func(ch chan<- prometheus.Metric) {
 			up := 0.0
 			if e.Up() {
@@ -316,6 +323,8 @@ func engineCollector(e engineHealth) prometheus.Collector {
 			ch <- prometheus.MustNewConstMetric(descStoreUp, prometheus.GaugeValue, up)
 			ch <- prometheus.MustNewConstMetric(descQueued, prometheus.GaugeValue, float64(e.Queued()))
 			ch <- prometheus.MustNewConstMetric(descQueueDropped, prometheus.CounterValue, float64(e.Dropped()))
+			ch <- prometheus.MustNewConstMetric(descDownAttempts, prometheus.GaugeValue, float64(e.DegradedAttempts()))
+			ch <- prometheus.MustNewConstMetric(descDownNotKept, prometheus.CounterValue, float64(e.DegradedAttemptsNotKept()))
 			for call, n := range e.RoundTrips() {
 				ch <- prometheus.MustNewConstMetric(descRoundTrips, prometheus.CounterValue, float64(n), call)
 			}
