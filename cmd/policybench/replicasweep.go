@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
 
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 )
@@ -38,12 +39,14 @@ func replicaSweepCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "replicas-sweep",
 		Short: "The sweep against one bbolt daemon and three replicas on Redis, in one run, as ratios",
-		Long: `replicas-sweep builds policyd and measures, one after the other in the same
-run, (i) one daemon on a bbolt file (--sync group) and (ii) three replicas on
-one redis-server (AOF always), each driven over one connection (for the
-replicas, spread over them by gRPC round_robin). Phases, each at every
---concurrency level: admit (breakers CLOSED: it runs first), nextdelay and
-report (ReportOutcome of 256 outcomes), as in the sweep. For (ii) it prints
+		Long: `replicas-sweep builds policyd and measures in the same run (i) one daemon
+on a bbolt file (--sync group) and (ii) three replicas on one redis-server
+(AOF always), each driven over one connection (for the replicas, spread over
+them by gRPC round_robin). Both run throughout; each window of (i) is
+followed at once by the same window of (ii), so a ratio compares two windows
+seconds apart. Phases, each at every --concurrency level: admit (breakers
+CLOSED: it runs first), nextdelay and report (ReportOutcome of 256
+outcomes), as in the sweep. For (ii) it prints
 each figure as a ratio to (i), the Redis commands per request read from
 INFO commandstats just before and after each measured window (INFO itself
 left out), and the CPU per request of the replicas and of Redis (with the
@@ -113,18 +116,12 @@ func runReplicaSweep(ctx context.Context, cfg replicaSweepConfig, out, log io.Wr
 	m := machineInfo()
 	fmt.Fprintf(out, "machine: %d CPUs (%s), %s, %s, load %s\n", m.NumCPU, m.CPUModel, m.MemTotal, m.GoVersion, m.LoadAvg)
 
-	fmt.Fprintln(log, "replicas-sweep: (i) one bbolt daemon")
+	fmt.Fprintln(log, "replicas-sweep: (i) one bbolt daemon, (ii) three replicas on Redis")
 	single, err := startDaemon(bin, filepath.Join(dir, "single.db"), "--sync", "group")
 	if err != nil {
 		return err
 	}
-	one, err := sweepTarget(ctx, cfg, single.addr, single.db+".admin-token", "", []int{single.pid()}, nil, nil, log)
-	_ = single.stop()
-	if err != nil {
-		return fmt.Errorf("bbolt daemon: %w", err)
-	}
-
-	fmt.Fprintln(log, "replicas-sweep: (ii) three replicas on Redis")
+	defer func() { _ = single.stop() }()
 	fl, err := startFleet(ctx, filepath.Join(dir, "fleet"), bin, 3, cfg.StoreTimeout, cfg.Procs)
 	if err != nil {
 		return err
@@ -134,9 +131,28 @@ func runReplicaSweep(ctx context.Context, cfg replicaSweepConfig, out, log io.Wr
 	for _, d := range fl.reps {
 		metrics = append(metrics, d.metrics)
 	}
-	three, err := sweepTarget(ctx, cfg, fl.addrs(), fl.tokenFile, fl.token, fl.pids(), fl.redis, metrics, log)
+	bolt, err := openTarget(ctx, "(i)", single.addr, single.db+".admin-token", "", []int{single.pid()}, nil, nil)
+	if err != nil {
+		return fmt.Errorf("bbolt daemon: %w", err)
+	}
+	defer bolt.conn.Close()
+	reps, err := openTarget(ctx, "(ii)", fl.addrs(), fl.tokenFile, fl.token, fl.pids(), fl.redis, metrics)
 	if err != nil {
 		return fmt.Errorf("replicas: %w", err)
+	}
+	defer reps.conn.Close()
+	// Each window of (i) is followed at once by the same window of (ii):
+	// a ratio is of two windows a few seconds apart, so a change of the
+	// machine's speed (other guests of its host) over the run moves both.
+	var one, three []fleetRow
+	for _, ph := range sweepPhaseOrder {
+		for _, n := range cfg.Concurrency {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			one = append(one, bolt.measure(ctx, cfg, ph, n, log))
+			three = append(three, reps.measure(ctx, cfg, ph, n, log))
+		}
 	}
 	fmt.Fprintln(log, "replicas-sweep: transition propagation")
 	prop, err := measurePropagation(ctx, fl, cfg.Transitions)
@@ -199,10 +215,21 @@ func sampleTrips(ctx context.Context, metrics []string) *tripSample {
 	return out
 }
 
-// sweepTarget sets up the workload at addrs and runs the phases; metrics
-// are the replicas' metrics pages (none for the bbolt daemon).
-func sweepTarget(ctx context.Context, cfg replicaSweepConfig, addrs, tokenFile, token string, pids []int, r *redisProc,
-	metrics []string, log io.Writer) ([]fleetRow, error) {
+// sweepTarget is one configuration of the sweep, its workload set up and
+// its connection open: the bbolt daemon, or the replicas (with their
+// Redis and metrics pages).
+type sweepTarget struct {
+	name    string
+	conn    *grpc.ClientConn
+	workers pb.RetryPolicyServiceClient
+	pids    []int
+	redis   *redisProc
+	metrics []string // the replicas' metrics pages; none for the bbolt daemon
+}
+
+// openTarget sets up the workload at addrs and opens the connection the
+// phases are measured over.
+func openTarget(ctx context.Context, name, addrs, tokenFile, token string, pids []int, r *redisProc, metrics []string) (*sweepTarget, error) {
 	if token == "" {
 		var err error
 		if token, err = readToken(tokenFile); err != nil {
@@ -216,97 +243,93 @@ func sweepTarget(ctx context.Context, cfg replicaSweepConfig, addrs, tokenFile, 
 	err = setupWorkload(ctx, pb.NewAdminServiceClient(aconn))
 	aconn.Close()
 	if err != nil {
-		return nil, fmt.Errorf("admin setup: %w", err)
+		return nil, fmt.Errorf("%s: admin setup: %w", name, err)
 	}
 	conn, err := dial(addrs, "")
 	if err != nil {
 		return nil, err
 	}
-	defer conn.Close()
-	workers := pb.NewRetryPolicyServiceClient(conn)
-	if err := waitReady(ctx, workers); err != nil {
+	t := &sweepTarget{name: name, conn: conn, workers: pb.NewRetryPolicyServiceClient(conn), pids: pids, redis: r, metrics: metrics}
+	if err := waitReady(ctx, t.workers); err != nil {
+		conn.Close()
 		return nil, err
 	}
-	var rows []fleetRow
-	for _, ph := range sweepPhaseOrder {
-		for _, n := range cfg.Concurrency {
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
-			}
-			fmt.Fprintf(log, "  %d callers: %s\n", n, ph)
-			var cpu0, cpu1, rcpu0, rcpu1 time.Duration
-			var cs0, cs1 map[string]uint64
-			var forks0, forks1 uint64
-			var host0, host1 hostCPU
-			var rt0, rt1 *tripSample
-			var cpuOK, rOK bool
-			around := func(open bool) {
-				// The scrapes (tens of ms under load) go before the window's
-				// CPU and commandstats readings at its start and after them
-				// at its end, so those bracket the window closely.
-				if open {
-					rt0 = sampleTrips(ctx, metrics)
-				} else {
-					defer func() { rt1 = sampleTrips(ctx, metrics) }()
-				}
-				c, ok := cpuOf(pids)
-				h, _ := readHostCPU()
-				if open {
-					host0 = h
-				} else {
-					host1 = h
-				}
-				var rc time.Duration
-				var cs map[string]uint64
-				var forks uint64
-				rok := false
-				if r != nil {
-					var err1, err2, err3 error
-					rc, err1 = cpuTimeWithChildren(r.pid())
-					cs, err2 = r.commandStats(ctx)
-					forks, err3 = r.forks(ctx)
-					rok = err1 == nil && err2 == nil && err3 == nil
-				}
-				if open {
-					cpu0, cpuOK, rcpu0, cs0, forks0, rOK = c, ok, rc, cs, forks, rok
-				} else {
-					cpu1, cpuOK, rcpu1, cs1, forks1, rOK = c, cpuOK && ok, rc, cs, forks, rOK && rok
-				}
-			}
-			w := measureAround(ctx, n, cfg.Warmup, cfg.Duration, cfg.Seed, 0, "", phaseLoop(ph, workers, nil, defaultReportBatch), around)
-			rr := rowsOf(n, ph, w)[0]
-			fr := fleetRow{Callers: n, Phase: ph, Requests: rr.Requests, Errors: rr.Errors, RPS: rr.RPS, P99us: rr.P99us,
-				Outcomes: w.outcomes, ServerCPUus: -1, RedisCPUus: -1, FirstError: rr.FirstError, windowLength: w.elapsed,
-				Stolen: host1.stolen(host0)}
-			if cpuOK && rr.Requests > 0 {
-				fr.ServerCPUus = us(cpu1-cpu0) / float64(rr.Requests)
-			}
-			if rOK && rr.Requests > 0 {
-				fr.RedisCPUus = us(rcpu1-rcpu0) / float64(rr.Requests)
-				fr.RedisForks = forks1 - forks0
-				fr.RedisByCmd = map[string]uint64{}
-				for k, v := range cs1 {
-					if d := v - cs0[k]; d > 0 && k != "info" {
-						fr.RedisByCmd[k] = d
-						fr.RedisCalls += d
-					}
-				}
-			}
-			if rt0 != nil && rt1 != nil {
-				fr.Trips, fr.Handled = map[string]uint64{}, rt1.handled-rt0.handled
-				for call, v := range rt1.trips {
-					if d := v - rt0.trips[call]; d > 0 {
-						fr.Trips[call] = d
-						if !backgroundCalls[call] {
-							fr.RequestTrips += d
-						}
-					}
-				}
-			}
-			rows = append(rows, fr)
+	return t, nil
+}
+
+// measure runs phase ph at n callers on t for one window.
+func (t *sweepTarget) measure(ctx context.Context, cfg replicaSweepConfig, ph string, n int, log io.Writer) fleetRow {
+	fmt.Fprintf(log, "  %s, %d callers: %s\n", t.name, n, ph)
+	var cpu0, cpu1, rcpu0, rcpu1 time.Duration
+	var cs0, cs1 map[string]uint64
+	var forks0, forks1 uint64
+	var host0, host1 hostCPU
+	var rt0, rt1 *tripSample
+	var cpuOK, rOK bool
+	around := func(open bool) {
+		// The scrapes (tens of ms under load) go before the window's
+		// CPU and commandstats readings at its start and after them
+		// at its end, so those bracket the window closely.
+		if open {
+			rt0 = sampleTrips(ctx, t.metrics)
+		} else {
+			defer func() { rt1 = sampleTrips(ctx, t.metrics) }()
+		}
+		c, ok := cpuOf(t.pids)
+		h, _ := readHostCPU()
+		if open {
+			host0 = h
+		} else {
+			host1 = h
+		}
+		var rc time.Duration
+		var cs map[string]uint64
+		var forks uint64
+		rok := false
+		if r := t.redis; r != nil {
+			var err1, err2, err3 error
+			rc, err1 = cpuTimeWithChildren(r.pid())
+			cs, err2 = r.commandStats(ctx)
+			forks, err3 = r.forks(ctx)
+			rok = err1 == nil && err2 == nil && err3 == nil
+		}
+		if open {
+			cpu0, cpuOK, rcpu0, cs0, forks0, rOK = c, ok, rc, cs, forks, rok
+		} else {
+			cpu1, cpuOK, rcpu1, cs1, forks1, rOK = c, cpuOK && ok, rc, cs, forks, rOK && rok
 		}
 	}
-	return rows, nil
+	w := measureAround(ctx, n, cfg.Warmup, cfg.Duration, cfg.Seed, 0, "", phaseLoop(ph, t.workers, nil, defaultReportBatch), around)
+	rr := rowsOf(n, ph, w)[0]
+	fr := fleetRow{Callers: n, Phase: ph, Requests: rr.Requests, Errors: rr.Errors, RPS: rr.RPS, P99us: rr.P99us,
+		Outcomes: w.outcomes, ServerCPUus: -1, RedisCPUus: -1, FirstError: rr.FirstError, windowLength: w.elapsed,
+		Stolen: host1.stolen(host0)}
+	if cpuOK && rr.Requests > 0 {
+		fr.ServerCPUus = us(cpu1-cpu0) / float64(rr.Requests)
+	}
+	if rOK && rr.Requests > 0 {
+		fr.RedisCPUus = us(rcpu1-rcpu0) / float64(rr.Requests)
+		fr.RedisForks = forks1 - forks0
+		fr.RedisByCmd = map[string]uint64{}
+		for k, v := range cs1 {
+			if d := v - cs0[k]; d > 0 && k != "info" {
+				fr.RedisByCmd[k] = d
+				fr.RedisCalls += d
+			}
+		}
+	}
+	if rt0 != nil && rt1 != nil {
+		fr.Trips, fr.Handled = map[string]uint64{}, rt1.handled-rt0.handled
+		for call, v := range rt1.trips {
+			if d := v - rt0.trips[call]; d > 0 {
+				fr.Trips[call] = d
+				if !backgroundCalls[call] {
+					fr.RequestTrips += d
+				}
+			}
+		}
+	}
+	return fr
 }
 
 // propagation is the time from a ForceBreaker on one replica to the
