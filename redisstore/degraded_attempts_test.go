@@ -25,11 +25,8 @@ import (
 // a STOP the first one answered alone.
 func TestDegradedAnswersAreRemembered(t *testing.T) {
 	srv := redistest.Standalone(t)
-	r := []*replica{boundedReplica(t, srv.Addr), boundedReplica(t, srv.Addr)}
+	r := boundedPair(t, srv.Addr)
 	ctx := context.Background()
-	for i := range r {
-		eventually(t, "both replicas in the replica set", func() bool { return r[i].store.LiveReplicas() == 2 })
-	}
 	call := func(id string) *pb.CallRef {
 		return &pb.CallRef{Tenant: "acme", Target: "pay", CallId: id, Idempotent: true}
 	}
@@ -131,11 +128,8 @@ func TestAttemptWrittenLateLeavesTheFirst(t *testing.T) {
 // records, Redis holds the STOP.
 func TestDegradedFinalOfALaterAttemptIsTaken(t *testing.T) {
 	srv := redistest.Standalone(t)
-	r := []*replica{boundedReplica(t, srv.Addr), boundedReplica(t, srv.Addr)}
+	r := boundedPair(t, srv.Addr)
 	ctx := context.Background()
-	for i := range r {
-		eventually(t, "both replicas in the replica set", func() bool { return r[i].store.LiveReplicas() == 2 })
-	}
 	call := &pb.CallRef{Tenant: "acme", Target: "pay", CallId: "split", Idempotent: true}
 	fail503 := &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 503}}
 	fail422 := &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 422}}

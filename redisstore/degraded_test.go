@@ -53,6 +53,17 @@ func boundedReplica(t *testing.T, addr string) *replica {
 	return &replica{store: st, workers: pb.NewRetryPolicyServiceClient(conn), admin: pb.NewAdminServiceClient(conn)}
 }
 
+// boundedPair is two bounded replicas on the Redis at addr, each seeing
+// both in the replica set (the degraded shares are split between them).
+func boundedPair(t *testing.T, addr string) []*replica {
+	t.Helper()
+	r := []*replica{boundedReplica(t, addr), boundedReplica(t, addr)}
+	for i := range r {
+		eventually(t, "both replicas in the replica set", func() bool { return r[i].store.LiveReplicas() == 2 })
+	}
+	return r
+}
+
 // until makes NextDelays of new calls to acme's target "other" on r,
 // which the engine breaker counts, until cond holds (the engine seen
 // down, or up again).
@@ -76,11 +87,8 @@ func (r *replica) until(t *testing.T, what string, cond func() bool) {
 // once) and answers are no longer degraded.
 func TestDegradedWhileRedisPaused(t *testing.T) {
 	srv := redistest.Standalone(t)
-	r := []*replica{boundedReplica(t, srv.Addr), boundedReplica(t, srv.Addr)}
+	r := boundedPair(t, srv.Addr)
 	ctx := context.Background()
-	for i := range r {
-		eventually(t, "both replicas in the replica set", func() bool { return r[i].store.LiveReplicas() == 2 })
-	}
 	const pool = 10
 	if _, err := r[0].store.OpenRun(policy.Run{ID: "batch-1", Tenant: "acme", Pool: pool, Cutoff: time.Now().Add(time.Hour)}); err != nil {
 		t.Fatal(err)

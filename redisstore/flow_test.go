@@ -92,10 +92,7 @@ func TestRateCeilingAcrossReplicas(t *testing.T) {
 // engine decides: its own leases count, not the shares.
 func TestCeilingDegradedShare(t *testing.T) {
 	srv := redistest.Standalone(t)
-	r := []*replica{boundedReplica(t, srv.Addr), boundedReplica(t, srv.Addr)}
-	for i := range r {
-		eventually(t, "both replicas in the replica set", func() bool { return r[i].store.LiveReplicas() == 2 })
-	}
+	r := boundedPair(t, srv.Addr)
 	key := policy.BreakerKey{Tenant: "acme", Target: "portal"}
 	lim := policy.FlowLimits{Ceiling: 9, LeaseTTL: time.Minute, FullWait: time.Second}
 	var engine []string // leases the engine handed out
