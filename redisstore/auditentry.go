@@ -5,6 +5,8 @@ import (
 	"errors"
 	"time"
 
+	"github.com/klauspost/compress/s2"
+
 	"github.com/policyd/policyd/policy"
 )
 
@@ -19,6 +21,11 @@ import (
 // are unique and ordered across entries and within one, and the Seq of a
 // record tells the entry to read from (auditResumeID).
 //
+// A chunk of at least auditCompressMin bytes is sent compressed when
+// that makes it smaller: field "z" in place of "b", holding the S2 block
+// (klauspost/compress/s2, the block format: its decoded length, then the
+// blocks) of what "b" would hold.
+//
 // Entries written before chunks hold one record each, with the Seq of
 // their id: one field, "r", the record packed by appendAuditEntry, or,
 // before that, one field an attribute (decodeAuditFields).
@@ -32,17 +39,41 @@ import (
 // a record of this shape with less work, and the format is this file's
 // to keep.
 const (
-	auditChunkField = "b"
-	auditCountField = "n"
-	auditEntryField = "r"
-	auditEntryV1    = 1
-	auditEntryDelta = 2 // a record after the first of its chunk (appendAuditRecord)
+	auditChunkField  = "b"
+	auditZChunkField = "z"
+	auditCountField  = "n"
+	auditEntryField  = "r"
+	auditEntryV1     = 1
+	auditEntryDelta  = 2 // a record after the first of its chunk (appendAuditRecord)
 	// maxAuditChunk is the most records one entry holds.
 	maxAuditChunk = 1024
 )
 
 // errAuditEntry is a stream entry that does not decode.
 var errAuditEntry = errors.New("redisstore: audit entry does not decode")
+
+// maxAuditChunkBytes bounds what a field "z" may say it decodes to,
+// checked before it is decoded, so a damaged entry cannot make a reader
+// allocate more: a chunk is at most auditChunkBytes but for one record
+// larger alone, and a record is a few names the server bounds and a
+// detail, far below this.
+const maxAuditChunkBytes = 64 << 20
+
+// decompressAuditChunk returns the field "b" that field "z" z holds; a
+// block that does not decode, or says it decodes to more than
+// maxAuditChunkBytes, is errAuditEntry.
+func decompressAuditChunk(z string) (string, error) {
+	src := []byte(z)
+	n, err := s2.DecodedLen(src)
+	if err != nil || n > maxAuditChunkBytes {
+		return "", errAuditEntry
+	}
+	b, err := s2.Decode(make([]byte, n), src)
+	if err != nil {
+		return "", errAuditEntry
+	}
+	return string(b), nil
+}
 
 // appendAuditEntry appends r, packed, to b.
 func appendAuditEntry(b []byte, r *policy.AuditRecord) []byte { return appendAuditRecord(b, r, nil) }

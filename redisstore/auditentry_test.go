@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/policyd/policyd/policy"
+
+	"github.com/klauspost/compress/s2"
 )
 
 // FuzzAuditEntry: whatever an entry's field holds, decodeAuditEntry
@@ -64,9 +66,9 @@ func TestAuditEntryRoundTrip(t *testing.T) {
 	}
 }
 
-// FuzzAuditChunk: whatever an entry's field "b" holds and whatever count
-// its field "n" says, decodeAuditChunk returns its records or an error,
-// never panics; records it returns are as many as n says, numbered from
+// FuzzAuditChunk: whatever an entry's field "b" (or "z") holds and
+// whatever count its field "n" says, decodeAuditChunk (after
+// decompressAuditChunk) returns its records or an error, never panics; records it returns are as many as n says, numbered from
 // the entry's Seq, and pack back to a chunk that decodes to them; packed
 // records decode to themselves.
 func FuzzAuditChunk(f *testing.F) {
@@ -79,8 +81,15 @@ func FuzzAuditChunk(f *testing.F) {
 	f.Add("", 0)
 	f.Add("\x01\x05\x01", 1)
 	f.Add("\x80\x08", 1024)
+	f.Add(string(s2.Encode(nil, appendAuditChunk(nil, recs))), 3)
 	f.Fuzz(func(t *testing.T, v string, n int) {
 		const seq = 7 << 20
+		if b, err := decompressAuditChunk(v); err == nil { // as a field z
+			if len(b) > maxAuditChunkBytes {
+				t.Fatalf("a field z of %d bytes decompresses to %d, past the bound", len(v), len(b))
+			}
+			_, _ = decodeAuditChunk(nil, b, n, seq)
+		}
 		got, err := decodeAuditChunk(nil, v, n, seq)
 		if err != nil {
 			return
@@ -137,7 +146,8 @@ func TestAuditChunkRoundTrip(t *testing.T) {
 // TestAuditPackerPacksChunks: the packer's chunks are each one tenant's
 // records in their order, at most maxAuditChunk and auditChunkBytes (but
 // for one record larger alone), their bodies what appendAuditChunk packs,
-// and a second pack with the buffers reused does the same.
+// compressed (field z) where that makes one of auditCompressMin bytes or
+// more smaller, and a second pack with the buffers reused does the same.
 func TestAuditPackerPacksChunks(t *testing.T) {
 	var recs []policy.AuditRecord
 	for i := range 5000 {
@@ -151,6 +161,7 @@ func TestAuditPackerPacksChunks(t *testing.T) {
 	}
 	var w auditPacker
 	for round := range 2 {
+		compressed := 0
 		chunks := w.pack(recs[round*100:])
 		next := map[string]int{} // tenant -> index in recs of its next record
 		for _, c := range chunks {
@@ -161,12 +172,33 @@ func TestAuditPackerPacksChunks(t *testing.T) {
 					next[c.tenant] = i + 1
 				}
 			}
-			if got := appendAuditChunk(nil, want); string(got) != string(c.body) {
+			body := string(c.body)
+			switch c.field {
+			case auditZChunkField:
+				var err error
+				if body, err = decompressAuditChunk(body); err != nil {
+					t.Fatalf("round %d: chunk of %d records of %s: field z does not decompress: %v", round, c.n, c.tenant, err)
+				}
+				if len(c.body) >= len(body) {
+					t.Errorf("round %d: chunk of %d records compressed to %d bytes from %d", round, c.n, len(c.body), len(body))
+				}
+				compressed++
+			case auditChunkField:
+				if len(c.body) >= auditCompressMin && len(s2.Encode(nil, c.body)) < len(c.body) {
+					t.Errorf("round %d: a chunk of %d bytes that compresses sent as it is", round, len(c.body))
+				}
+			default:
+				t.Fatalf("round %d: chunk field %q", round, c.field)
+			}
+			if got := appendAuditChunk(nil, want); string(got) != body {
 				t.Fatalf("round %d: chunk of %d records of %s: body differs from appendAuditChunk of them", round, c.n, c.tenant)
 			}
-			if c.n > maxAuditChunk || c.n > 1 && len(c.body) > auditChunkBytes {
-				t.Errorf("round %d: a chunk of %d records in %d bytes", round, c.n, len(c.body))
+			if c.n > maxAuditChunk || c.n > 1 && len(body) > auditChunkBytes {
+				t.Errorf("round %d: a chunk of %d records in %d bytes", round, c.n, len(body))
 			}
+		}
+		if compressed == 0 {
+			t.Errorf("round %d: no chunk of %d compressed", round, len(chunks))
 		}
 	}
 }

@@ -158,7 +158,8 @@
 //	{T}:audit                stream  the tenant's audit records, in chunks: an entry holds up to 1024 of one
 //	                                 flush (or commit), fields n (their count) and b (the records packed by
 //	                                 appendAuditChunk, auditentry.go, each after the one before it: the
-//	                                 strings equal to its left out); entries written before chunks hold
+//	                                 strings equal to its left out) or, in its place, z (b's bytes as an S2
+//	                                 block, for a chunk of 256 bytes or more that it makes smaller); entries written before chunks hold
 //	                                 one record each, in field r (appendAuditEntry) or in one field an
 //	                                 attribute (t (ns), ev, tenant, target, call, run, attempt, class,
 //	                                 verdict, delay (ns), stop, disp, detail, primary). Record i of entry
@@ -209,7 +210,8 @@
 // without a verdict) read a JSON answer as before, so the records a
 // replica of version 1, or of version 2 before this, wrote replay and
 // refuse as they did. Before its release too, the audit streams hold
-// chunks (fields n and b) with their {T}:auditmeta and {T}:auditchunks,
+// chunks (fields n and b, or n and z: policyd_audit takes the field as an
+// argument, b when a caller gives none) with their {T}:auditmeta and {T}:auditchunks,
 // written by policyd_audit only (a decision's commit included), which
 // counts a stream of version 2's one-record entries at its first write;
 // the readers read those entries still, mixed with chunks, and their Seqs

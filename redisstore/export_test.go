@@ -30,13 +30,6 @@ func (s *Store) FlushHeld() { s.flushHeld() }
 // FlushInterval.
 func (s *Store) FlushAudit() { s.flushAudit(s.ctx, false) }
 
-// AuditBuffered is the number of audit records waiting for a flush.
-func (s *Store) AuditBuffered() int {
-	s.audit.mu.Lock()
-	defer s.audit.mu.Unlock()
-	return len(s.audit.recs) + s.audit.waiting
-}
-
 // breakerFields names a breaker record's first numbers (breakerNumbers).
 var breakerFields = [...]string{"state", "forced", "mode", "open_until", "changed", "gen", "cooldown",
 	"last_failure", "consecutive", "half_open_ok", "slot_width"}

@@ -1324,11 +1324,16 @@ end
 -- go (each read once, as it becomes the head; at most AUDIT_WALK of them
 -- and AUDIT_WALK_BYTES a call, so a cap lowered far is reached over a few
 -- calls), then XTRIM MINID to the head. KEYS: the stream, its meta, its chunk ids. ARGV: max records,
--- retention (ms), chunk id ('' for none), the chunk's records, the chunk.
--- Returns the records added: 0 for a chunk added before.
+-- retention (ms), chunk id ('' for none), the chunk's records, the chunk,
+-- and its field: 'b' (the default) or 'z' (compressed by the replica;
+-- auditentry.go). Returns the records added: 0 for a chunk added before.
 local function audit(keys, args)
   local stream, meta, ids = keys[1], keys[2], keys[3]
   local cap, keep, id, n = tonumber(args[1]), tonumber(args[2]), args[3], tonumber(args[4])
+  local field = args[6] or 'b'
+  if field ~= 'b' and field ~= 'z' then
+    return redis.error_reply('ERR policyd_audit: the chunk field must be b or z, got ' .. field)
+  end
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + idiv(tonumber(t[2]), 1000)
   local m = audit_meta(stream, meta)
@@ -1338,9 +1343,9 @@ local function audit(keys, args)
     if ms < now then ms, seq = now, 0 end
     if seq + n > AUDIT_SEQ then ms, seq = ms + 1, 0 end
     local eid = int(ms) .. '-' .. int(seq)
-    local r = redis.pcall('XADD', stream, eid, 'n', int(n), 'b', args[5])
+    local r = redis.pcall('XADD', stream, eid, 'n', int(n), field, args[5])
     if type(r) == 'table' and r.err then -- an entry after next (not ours): after it
-      eid = redis.call('XADD', stream, '*', 'n', int(n), 'b', args[5])
+      eid = redis.call('XADD', stream, '*', 'n', int(n), field, args[5])
       ms, seq = audit_id(eid)
     end
     m.next = int(ms) .. '-' .. int(seq + n)
