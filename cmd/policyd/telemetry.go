@@ -197,6 +197,7 @@ func storeHealth(store statuspage.Source, bolt *breakerstore.Store, stateFile st
 			h := statuspage.StoreHealth{Engine: "redis"}
 			if e, ok := store.(engineHealth); ok {
 				h.Degraded = !e.Up()
+				h.AuditBuffered, h.AuditDropped = e.AuditBuffered(), e.AuditDropped()
 			}
 			if rs, ok := store.(replicaSet); ok {
 				h.Replica = rs.ReplicaID()
@@ -275,8 +276,8 @@ func buildInfoCollector(v buildVersion) prometheus.Collector {
 
 var (
 	descAuditRecords  = prometheus.NewDesc("policyd_audit_records", "Audit records on disk.", nil, nil)
-	descAuditBuffered = prometheus.NewDesc("policyd_audit_buffered", "Audit records waiting for the next group commit.", nil, nil)
-	descAuditDropped  = prometheus.NewDesc("policyd_audit_dropped_total", "Audit records dropped because the buffer was full.", nil, nil)
+	descAuditBuffered = prometheus.NewDesc("policyd_audit_buffered", "Audit records waiting to be written: for the next group commit, or a replica's next flush.", nil, nil)
+	descAuditDropped  = prometheus.NewDesc("policyd_audit_dropped_total", "Audit records dropped because the buffer was full: appended faster than written, or while a shared store did not answer.", nil, nil)
 	descAuditDeleted  = prometheus.NewDesc("policyd_audit_deleted_total", "Audit records deleted by retention (age or count).", nil, nil)
 	descFlushErrors   = prometheus.NewDesc("policyd_store_flush_errors_total", "Failed group commits (retried at the next interval).", nil, nil)
 	descCommits       = prometheus.NewDesc("policyd_store_commits_total", "Write transactions committed to the state file.", nil, nil)
@@ -295,6 +296,8 @@ type engineHealth interface {
 	DegradedAttempts() int
 	DegradedAttemptsNotKept() uint64
 	RoundTrips() map[string]uint64
+	AuditBuffered() int
+	AuditDropped() uint64
 }
 
 var (
@@ -310,11 +313,13 @@ var (
 )
 
 // engineCollector is policyd_store_up, the outcome queue's gauge and
-// counter, the degraded attempt records' gauge and counter and the round
-// trips by call of a shared engine, read at scrape.
+// counter, the degraded attempt records' gauge and counter, the round
+// trips by call and the audit buffer's gauge and counter of a shared
+// engine, read at scrape.
 func engineCollector(e engineHealth) prometheus.Collector {
 	return collectorFunc{
-		descs: []*prometheus.Desc{descStoreUp, descQueued, descQueueDropped, descDownAttempts, descDownNotKept, descRoundTrips},
+		descs: []*prometheus.Desc{descStoreUp, descQueued, descQueueDropped, descDownAttempts, descDownNotKept, descRoundTrips,
+			descAuditBuffered, descAuditDropped},
 		collect: func(ch chan<- prometheus.Metric) {
 			up := 0.0
 			if e.Up() {
@@ -328,6 +333,8 @@ func engineCollector(e engineHealth) prometheus.Collector {
 			for call, n := range e.RoundTrips() {
 				ch <- prometheus.MustNewConstMetric(descRoundTrips, prometheus.CounterValue, float64(n), call)
 			}
+			ch <- prometheus.MustNewConstMetric(descAuditBuffered, prometheus.GaugeValue, float64(e.AuditBuffered()))
+			ch <- prometheus.MustNewConstMetric(descAuditDropped, prometheus.CounterValue, float64(e.AuditDropped()))
 		},
 	}
 }
