@@ -94,6 +94,10 @@ type fleetRow struct {
 	Trips        map[string]uint64
 	RequestTrips uint64
 	Handled      uint64 // the RPCs the replicas handled between the same two scrapes
+	// AuditDropped is the audit records the daemon or the replicas
+	// dropped between the same two scrapes (policyd_audit_dropped_total:
+	// appended faster than written); -1: not read.
+	AuditDropped int64
 	FirstError   string
 	windowLength time.Duration
 }
@@ -131,7 +135,7 @@ func runReplicaSweep(ctx context.Context, cfg replicaSweepConfig, out, log io.Wr
 	for _, d := range fl.reps {
 		metrics = append(metrics, d.metrics)
 	}
-	bolt, err := openTarget(ctx, "(i)", single.addr, single.db+".admin-token", "", []int{single.pid()}, nil, nil)
+	bolt, err := openTarget(ctx, "(i)", single.addr, single.db+".admin-token", "", []int{single.pid()}, nil, []string{single.metrics})
 	if err != nil {
 		return fmt.Errorf("bbolt daemon: %w", err)
 	}
@@ -176,8 +180,10 @@ var backgroundCalls = map[string]bool{"xread": true, "zadd": true, "zrange": tru
 // (grpc_server_handled_total), read together, so their ratio does not
 // depend on when the scrape ran.
 type tripSample struct {
-	trips   map[string]uint64
-	handled uint64
+	trips        map[string]uint64
+	handled      uint64
+	auditDropped uint64
+	auditKnown   bool // every page has policyd_audit_dropped_total (a replica built before it has not)
 }
 
 // sampleTrips scrapes every replica's metrics page at once; nil without
@@ -200,7 +206,7 @@ func sampleTrips(ctx context.Context, metrics []string) *tripSample {
 		}()
 	}
 	wg.Wait()
-	out := &tripSample{trips: map[string]uint64{}}
+	out := &tripSample{trips: map[string]uint64{}, auditKnown: true}
 	for _, p := range pages {
 		if p.err != nil {
 			return nil
@@ -210,6 +216,11 @@ func sampleTrips(ctx context.Context, metrics []string) *tripSample {
 		}
 		for _, v := range byLabel(p.text, "grpc_server_handled_total", "") {
 			out.handled += uint64(v)
+		}
+		dropped := byLabel(p.text, "policyd_audit_dropped_total", "")
+		out.auditKnown = out.auditKnown && len(dropped) > 0
+		for _, v := range dropped {
+			out.auditDropped += uint64(v)
 		}
 	}
 	return out
@@ -224,7 +235,7 @@ type sweepTarget struct {
 	workers pb.RetryPolicyServiceClient
 	pids    []int
 	redis   *redisProc
-	metrics []string // the replicas' metrics pages; none for the bbolt daemon
+	metrics []string // the metrics pages: the bbolt daemon's, or the replicas'
 }
 
 // openTarget sets up the workload at addrs and opens the connection the
@@ -303,7 +314,7 @@ func (t *sweepTarget) measure(ctx context.Context, cfg replicaSweepConfig, ph st
 	rr := rowsOf(n, ph, w)[0]
 	fr := fleetRow{Callers: n, Phase: ph, Requests: rr.Requests, Errors: rr.Errors, RPS: rr.RPS, P99us: rr.P99us,
 		Outcomes: w.outcomes, ServerCPUus: -1, RedisCPUus: -1, FirstError: rr.FirstError, windowLength: w.elapsed,
-		Stolen: host1.stolen(host0)}
+		Stolen: host1.stolen(host0), AuditDropped: -1}
 	if cpuOK && rr.Requests > 0 {
 		fr.ServerCPUus = us(cpu1-cpu0) / float64(rr.Requests)
 	}
@@ -319,6 +330,9 @@ func (t *sweepTarget) measure(ctx context.Context, cfg replicaSweepConfig, ph st
 		}
 	}
 	if rt0 != nil && rt1 != nil {
+		if rt0.auditKnown && rt1.auditKnown {
+			fr.AuditDropped = int64(rt1.auditDropped - rt0.auditDropped)
+		}
 		fr.Trips, fr.Handled = map[string]uint64{}, rt1.handled-rt0.handled
 		for call, v := range rt1.trips {
 			if d := v - rt0.trips[call]; d > 0 {
@@ -500,6 +514,13 @@ func printFleetSweep(out io.Writer, cfg replicaSweepConfig, one, three []fleetRo
 		}
 	}
 	fmt.Fprintln(out)
+	fmt.Fprint(out, "\naudit records dropped in each window, (i) / (ii) (policyd_audit_dropped_total: appended faster than written; a window with any is not comparable):")
+	for i, b := range one {
+		if i < len(three) {
+			fmt.Fprintf(out, "  %s %d %s / %s;", b.Phase, b.Callers, fmtCount(b.AuditDropped), fmtCount(three[i].AuditDropped))
+		}
+	}
+	fmt.Fprintln(out)
 	fmt.Fprintln(out, "\nRedis commands in each measured window of (ii), by command:")
 	for _, r := range three {
 		parts := byCount(r.RedisByCmd, func(string) string { return "" })
@@ -613,4 +634,12 @@ func fmtShare(x float64) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.1f%%", 100*x)
+}
+
+// fmtCount formats a count, "-" when unknown (negative).
+func fmtCount(n int64) string {
+	if n < 0 {
+		return "-"
+	}
+	return strconv.FormatInt(n, 10)
 }
