@@ -38,6 +38,7 @@ type auditBuffer struct {
 	spare   []policy.AuditRecord // the slice recs was before the last flush took it, for the next
 	back    []auditChunk         // chunks a commit could not write (Changes.Commit), before recs
 	waiting int                  // records in back and pending
+	waitingBytes int             // their chunks' bytes
 	dropped uint64               // records dropped because the buffer was full, since the last flush logged them
 	// droppedTotal and buffered are dropped's sum since the start and
 	// the records waiting (recs and waiting), for the metrics.
@@ -224,9 +225,9 @@ func (w *auditPacker) packRaw(recs []policy.AuditRecord) []auditChunk {
 // (when zero) with the replica's clock. It does not wait for Redis: the
 // records are buffered and written by the flusher every FlushInterval,
 // one policyd_audit call per tenant (per chunk of up to 1,024 records);
-// past MaxAuditBuffer waiting records new ones are dropped, logged and
-// counted. A query on this replica sees them at once, on another replica
-// after the flush.
+// past MaxAuditBuffer records not yet packed by a flush new ones are
+// dropped, logged and counted. A query on this replica sees them at once,
+// on another replica after the flush.
 func (s *Store) AppendAudit(recs ...policy.AuditRecord) {
 	if len(recs) == 0 || s.closed.Load() {
 		return
@@ -253,11 +254,12 @@ func (s *Store) appendAuditOf(ups []policy.OutcomeUpdate) {
 }
 
 // addAudit buffers recs, stamped with now where their time is zero, or
-// counts them dropped past MaxAuditBuffer; s.audit.mu is held.
+// counts them dropped past MaxAuditBuffer records not packed yet (a flush
+// packs them every FlushInterval, written or not); s.audit.mu is held.
 func (s *Store) addAudit(recs []policy.AuditRecord, now time.Time) {
 	b := &s.audit
 	for _, r := range recs {
-		if len(b.recs)+b.waiting >= s.opts.MaxAuditBuffer {
+		if len(b.recs) >= s.opts.MaxAuditBuffer {
 			b.dropped++
 			b.droppedTotal.Add(1)
 			continue
@@ -290,6 +292,7 @@ func (s *Store) requeueAudit(chunks []auditChunk) {
 	for _, c := range chunks {
 		b.back = append(b.back, c.own())
 		b.waiting += c.n
+		b.waitingBytes += len(c.body)
 	}
 	b.buffered.Store(int64(len(b.recs) + b.waiting))
 }
@@ -299,9 +302,10 @@ func (s *Store) requeueAudit(chunks []auditChunk) {
 // and Close write them all), each bounded by the store's timeout within
 // ctx; one flush runs at a time. The chunks not written wait for the next
 // flush and go first then, as they are: a chunk whose answer was lost
-// after Redis ran it adds nothing the second time (its id). Past
-// MaxAuditBuffer waiting records the oldest chunks are dropped and
-// counted.
+// after Redis ran it adds nothing the second time (its id). The chunks
+// wait packed, a few bytes a record, so an outage of many flush
+// intervals loses none; past MaxAuditWaitingBytes of them the oldest are
+// dropped and counted.
 func (s *Store) flushAudit(ctx context.Context, all bool) {
 	b := &s.audit
 	b.flushMu.Lock()
@@ -331,9 +335,9 @@ func (s *Store) flushAudit(ctx context.Context, all bool) {
 	}
 	left, err := s.writeAudit(ctx, b.queue, trips, b.pending[:0])
 	clear(b.queue) // the bodies' references
-	waiting := 0
+	waiting, bytes := 0, 0
 	for _, c := range left {
-		waiting += c.n
+		waiting, bytes = waiting+c.n, bytes+len(c.body)
 	}
 	if len(left) > 0 && err != nil && s.health.up() { // while down, the transition was logged
 		s.log.Warn("redisstore: audit records not written; retrying", "records", waiting, "chunks", len(left), "err", err)
@@ -341,16 +345,16 @@ func (s *Store) flushAudit(ctx context.Context, all bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for _, c := range b.back { // requeued during the flush
-		waiting += c.n
+		waiting, bytes = waiting+c.n, bytes+len(c.body)
 	}
-	for len(left) > 0 && waiting+len(b.recs) > s.opts.MaxAuditBuffer {
-		waiting -= left[0].n
+	for len(left) > 0 && bytes > s.opts.MaxAuditWaitingBytes {
+		waiting, bytes = waiting-left[0].n, bytes-len(left[0].body)
 		b.dropped += uint64(left[0].n)
 		b.droppedTotal.Add(uint64(left[0].n))
 		left[0] = auditChunk{}
 		left = left[1:]
 	}
-	b.pending, b.waiting = left, waiting
+	b.pending, b.waiting, b.waitingBytes = left, waiting, bytes
 	b.buffered.Store(int64(len(b.recs) + b.waiting))
 }
 

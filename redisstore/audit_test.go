@@ -340,29 +340,29 @@ func TestAuditFlushWritesWhatTheCommitWrites(t *testing.T) {
 }
 
 // TestAuditWaitsWhileTheEngineIsDown: records flushed while Redis is
-// stopped (SIGSTOP) wait in the buffer, in order, up to MaxAuditBuffer
-// (records appended past it are dropped and counted), and are written at
-// the first flush after SIGCONT, each once.
+// stopped (SIGSTOP) wait, in order, and are written at the first flush
+// after SIGCONT, each once; of the records appended within one flush
+// interval, those past MaxAuditBuffer are dropped and counted.
 func TestAuditWaitsWhileTheEngineIsDown(t *testing.T) {
 	srv := redistest.Standalone(t)
 	calls := &auditCalls{calls: map[string]int{}}
 	s := auditStore(t, srv.Addr, calls, redisstore.Options{Timeout: 50 * time.Millisecond, DownAfter: 1,
 		DownFor: time.Hour, MaxAuditBuffer: 10})
 	t0 := time.Now().Truncate(time.Microsecond)
-	recs := records("acme", 14, t0)
+	recs := records("acme", 20, t0)
 	srv.Pause(t)
 	s.AppendAudit(recs[:8]...)
 	s.FlushAudit() // times out: the engine is down from it
 	if s.Up() {
 		t.Fatalf("Up after a flush that timed out with DownAfter 1: true, want false")
 	}
-	s.AppendAudit(recs[8:]...) // 2 more fit, 4 are dropped
+	s.AppendAudit(recs[8:]...) // 10 more fit, 2 are dropped
 	s.FlushAudit()             // refused at once, the engine down
-	if b := s.AuditBuffered(); b != 10 {
-		t.Errorf("records buffered while down = %d, want MaxAuditBuffer's 10", b)
+	if b := s.AuditBuffered(); b != 18 {
+		t.Errorf("records buffered while down = %d, want 8 and MaxAuditBuffer's 10", b)
 	}
-	if d := s.AuditDropped(); d != 4 {
-		t.Errorf("records dropped while down = %d, want the 4 past MaxAuditBuffer", d)
+	if d := s.AuditDropped(); d != 2 {
+		t.Errorf("records dropped while down = %d, want the 2 past MaxAuditBuffer", d)
 	}
 	srv.Resume(t)
 	eventually(t, "the engine up again", func() bool { return s.Up() })
@@ -370,8 +370,60 @@ func TestAuditWaitsWhileTheEngineIsDown(t *testing.T) {
 	// The flush that timed out may have reached the server before it
 	// stopped answering, and run after SIGCONT: sent again, its chunk adds
 	// nothing.
-	if got := queryAll(t, s, "acme"); !sameRecords(got, recs[:10]) {
-		t.Errorf("after SIGCONT: %d records (%v), want the first 10, once each and in order", len(got), got)
+	if got := queryAll(t, s, "acme"); !sameRecords(got, recs[:18]) {
+		t.Errorf("after SIGCONT: %d records (%v), want the first 18, once each and in order", len(got), callIDs(got))
+	}
+}
+
+// TestAuditOutlastsAnOutage: while Redis is stopped, the records of each
+// flush interval wait packed (a few bytes each), so an outage of many
+// intervals loses none of them, though each interval appends as many as
+// MaxAuditBuffer holds unpacked; past MaxAuditWaitingBytes of chunks the
+// oldest are dropped, counted, and the newest written at SIGCONT.
+func TestAuditOutlastsAnOutage(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		bytes     int
+		wantSaved int // of the last records, in order
+	}{
+		{"room for all", 0, 2000},
+		{"room for some", 8 << 10, -1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			srv := redistest.Standalone(t)
+			s := auditStore(t, srv.Addr, &auditCalls{calls: map[string]int{}}, redisstore.Options{Timeout: 50 * time.Millisecond,
+				DownAfter: 1, DownFor: time.Hour, MaxAuditBuffer: 100, MaxAuditWaitingBytes: c.bytes})
+			t0 := time.Now().Truncate(time.Microsecond)
+			recs := records("acme", 2000, t0)
+			srv.Pause(t)
+			for i := 0; i < len(recs); i += 100 {
+				s.AppendAudit(recs[i : i+100]...)
+				s.FlushAudit() // the first times out, the others are refused at once
+			}
+			if s.Up() {
+				t.Fatalf("Up while Redis is stopped: true, want false")
+			}
+			dropped := int(s.AuditDropped())
+			if b := s.AuditBuffered(); b+dropped != len(recs) {
+				t.Errorf("while down: %d records waiting and %d dropped, want the %d appended", b, dropped, len(recs))
+			}
+			srv.Resume(t)
+			eventually(t, "the engine up again", func() bool { return s.Up() })
+			s.FlushAudit()
+			got := queryAll(t, s, "acme")
+			switch {
+			case c.wantSaved == len(recs):
+				if dropped != 0 || !sameRecords(got, recs) {
+					t.Errorf("after SIGCONT: %d records, %d dropped; want all %d, once each and in order", len(got), dropped, len(recs))
+				}
+			case dropped == 0 || dropped >= len(recs):
+				t.Errorf("with %d bytes for waiting chunks: %d of %d dropped, want some", c.bytes, dropped, len(recs))
+			case !sameRecords(got, recs[dropped:]) && !sameRecords(got, append(slices.Clone(recs[:100]), recs[dropped:]...)):
+				// The flush that timed out reached the server before it
+				// stopped: its chunk, dropped here, may run at SIGCONT.
+				t.Errorf("after SIGCONT: %d records, want the %d newest, in order", len(got), len(recs)-dropped)
+			}
+		})
 	}
 }
 
