@@ -33,13 +33,13 @@ func keyAuditChunks(tenant string) string { return tag(tenant) + ":auditchunks" 
 // auditBuffer holds the records appended since the last flush, and the
 // chunks of records a flush packed and could not write.
 type auditBuffer struct {
-	mu      sync.Mutex
-	recs    []policy.AuditRecord
-	spare   []policy.AuditRecord // the slice recs was before the last flush took it, for the next
-	back    []auditChunk         // chunks a commit could not write (Changes.Commit), before recs
-	waiting int                  // records in back and pending
-	waitingBytes int             // their chunks' bytes
-	dropped uint64               // records dropped because the buffer was full, since the last flush logged them
+	mu           sync.Mutex
+	recs         []policy.AuditRecord
+	spare        []policy.AuditRecord // the slice recs was before the last flush took it, for the next
+	back         []auditChunk         // chunks a commit could not write (Changes.Commit), before recs
+	waiting      int                  // records in back and pending
+	waitingBytes int                  // their chunks' bytes
+	dropped      uint64               // records dropped because the buffer was full, since the last flush logged them
 	// droppedTotal and buffered are dropped's sum since the start and
 	// the records waiting (recs and waiting), for the metrics.
 	droppedTotal atomic.Uint64

@@ -353,8 +353,8 @@ func TestAuditWaitsWhileTheEngineIsDown(t *testing.T) {
 	srv.Pause(t)
 	s.AppendAudit(recs[:8]...)
 	s.FlushAudit() // times out: the engine is down from it
-	if s.Up() {
-		t.Fatalf("Up after a flush that timed out with DownAfter 1: true, want false")
+	if s.Up() || s.Downs() != 1 {
+		t.Fatalf("after a flush that timed out with DownAfter 1: Up %v, Downs %d; want false, 1", s.Up(), s.Downs())
 	}
 	s.AppendAudit(recs[8:]...) // 10 more fit, 2 are dropped
 	s.FlushAudit()             // refused at once, the engine down

@@ -408,11 +408,17 @@ func (d *degraded) spend(tenant string, b *policy.TenantBudget, timeout bool, ru
 // it is false the Store answers in degraded mode.
 func (s *Store) Up() bool { return s.health.up() }
 
+// Downs returns the times this replica found the engine down and went
+// into degraded mode since it started: a gauge of Up scraped now and then
+// misses an episode of a second, a count of them does not.
+func (s *Store) Downs() uint64 { return s.downs.Load() }
+
 // engineChanged logs a transition of the engine and, when it comes back,
 // drops the degraded copies and replays the queued batches.
 func (s *Store) engineChanged(up bool) {
 	s.degraded.reset() // local copies start from the cache at each transition
 	if !up {
+		s.downs.Add(1)
 		s.log.Warn("redisstore: engine down: deciding in degraded mode from this replica's last known state",
 			"after_failures", s.health.threshold(), "probe_every", s.opts.DownFor)
 		return

@@ -161,6 +161,7 @@ type Store struct {
 	queue     batchQueue
 	down      downAttempts  // attempt records decided while the engine was down
 	recovered chan struct{} // signalled when the engine comes back
+	downs     atomic.Uint64 // the times the engine went down (Downs)
 }
 
 // cached is one breaker's last known state.

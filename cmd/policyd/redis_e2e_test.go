@@ -56,7 +56,7 @@ func TestTwoReplicasOnOneRedis(t *testing.T) {
 	body := scrape(t, a, metrics)
 	for _, want := range []string{"policyd_store_up 1", "policyd_store_queued_batches 0", "policyd_store_dropped_batches_total 0",
 		"policyd_store_degraded_attempts 0", "policyd_store_degraded_attempts_not_kept_total 0",
-		`policyd_store_round_trips_total{call="`, "policyd_audit_buffered ", "policyd_audit_dropped_total 0"} {
+		`policyd_store_round_trips_total{call="`, "policyd_audit_buffered ", "policyd_audit_dropped_total 0", "policyd_store_down_total 0"} {
 		if !strings.Contains(body, want) {
 			t.Errorf("replica a's metrics lack %s", want)
 		}

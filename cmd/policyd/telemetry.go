@@ -298,10 +298,12 @@ type engineHealth interface {
 	RoundTrips() map[string]uint64
 	AuditBuffered() int
 	AuditDropped() uint64
+	Downs() uint64
 }
 
 var (
 	descStoreUp      = prometheus.NewDesc("policyd_store_up", "1 while the shared store answers, 0 while decisions run in degraded mode.", nil, nil)
+	descStoreDowns   = prometheus.NewDesc("policyd_store_down_total", "Times the shared store stopped answering and decisions went into degraded mode.", nil, nil)
 	descQueued       = prometheus.NewDesc("policyd_store_queued_batches", "Outcome batches waiting for the shared store to answer again.", nil, nil)
 	descQueueDropped = prometheus.NewDesc("policyd_store_dropped_batches_total", "Outcome batches dropped because the queue was full while the shared store was down.", nil, nil)
 	descDownAttempts = prometheus.NewDesc("policyd_store_degraded_attempts",
@@ -312,13 +314,13 @@ var (
 		"Round trips this replica made to the shared store, by call: a library function's name, another command's, or pipeline.", []string{"call"}, nil)
 )
 
-// engineCollector is policyd_store_up, the outcome queue's gauge and
+// engineCollector is policyd_store_up and _down_total, the outcome queue's gauge and
 // counter, the degraded attempt records' gauge and counter, the round
 // trips by call and the audit buffer's gauge and counter of a shared
 // engine, read at scrape.
 func engineCollector(e engineHealth) prometheus.Collector {
 	return collectorFunc{
-		descs: []*prometheus.Desc{descStoreUp, descQueued, descQueueDropped, descDownAttempts, descDownNotKept, descRoundTrips,
+		descs: []*prometheus.Desc{descStoreUp, descStoreDowns, descQueued, descQueueDropped, descDownAttempts, descDownNotKept, descRoundTrips,
 			descAuditBuffered, descAuditDropped},
 		collect: func(ch chan<- prometheus.Metric) {
 			up := 0.0
@@ -326,6 +328,7 @@ func engineCollector(e engineHealth) prometheus.Collector {
 				up = 1
 			}
 			ch <- prometheus.MustNewConstMetric(descStoreUp, prometheus.GaugeValue, up)
+			ch <- prometheus.MustNewConstMetric(descStoreDowns, prometheus.CounterValue, float64(e.Downs()))
 			ch <- prometheus.MustNewConstMetric(descQueued, prometheus.GaugeValue, float64(e.Queued()))
 			ch <- prometheus.MustNewConstMetric(descQueueDropped, prometheus.CounterValue, float64(e.Dropped()))
 			ch <- prometheus.MustNewConstMetric(descDownAttempts, prometheus.GaugeValue, float64(e.DegradedAttempts()))
