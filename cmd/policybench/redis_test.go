@@ -142,7 +142,7 @@ func TestReplicaSweepSmoke(t *testing.T) {
 			t.Errorf("the log does not show %s measured on both configurations:\n%s", ph, log.String())
 		}
 	}
-	for _, want := range []string{"goals:", "Redis round trips per request, nextdelay at 2 callers", "stolen by the hypervisor", "audit records dropped in each window", "report 2 0 / 0;", "AOF rewrites", "transition propagation"} {
+	for _, want := range []string{"goals:", "Redis round trips per request, nextdelay at 2 callers", "stolen by the hypervisor", "audit records dropped in each window", "report 2 0 / 0;", "times a replica went into degraded mode in each window", "AOF rewrites", "transition propagation"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("the output lacks %q:\n%s", want, text)
 		}

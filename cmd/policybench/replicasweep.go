@@ -98,6 +98,9 @@ type fleetRow struct {
 	// dropped between the same two scrapes (policyd_audit_dropped_total:
 	// appended faster than written); -1: not read.
 	AuditDropped int64
+	// Downs is the times a replica went into degraded mode between the
+	// same two scrapes (policyd_store_down_total); -1: not read.
+	Downs        int64
 	FirstError   string
 	windowLength time.Duration
 }
@@ -184,6 +187,8 @@ type tripSample struct {
 	handled      uint64
 	auditDropped uint64
 	auditKnown   bool // every page has policyd_audit_dropped_total (a replica built before it has not)
+	downs        uint64
+	downsKnown   bool // every page has policyd_store_down_total (the bbolt daemon's has not)
 }
 
 // sampleTrips scrapes every replica's metrics page at once; nil without
@@ -206,7 +211,7 @@ func sampleTrips(ctx context.Context, metrics []string) *tripSample {
 		}()
 	}
 	wg.Wait()
-	out := &tripSample{trips: map[string]uint64{}, auditKnown: true}
+	out := &tripSample{trips: map[string]uint64{}, auditKnown: true, downsKnown: true}
 	for _, p := range pages {
 		if p.err != nil {
 			return nil
@@ -221,6 +226,11 @@ func sampleTrips(ctx context.Context, metrics []string) *tripSample {
 		out.auditKnown = out.auditKnown && len(dropped) > 0
 		for _, v := range dropped {
 			out.auditDropped += uint64(v)
+		}
+		downs := byLabel(p.text, "policyd_store_down_total", "")
+		out.downsKnown = out.downsKnown && len(downs) > 0
+		for _, v := range downs {
+			out.downs += uint64(v)
 		}
 	}
 	return out
@@ -314,7 +324,7 @@ func (t *sweepTarget) measure(ctx context.Context, cfg replicaSweepConfig, ph st
 	rr := rowsOf(n, ph, w)[0]
 	fr := fleetRow{Callers: n, Phase: ph, Requests: rr.Requests, Errors: rr.Errors, RPS: rr.RPS, P99us: rr.P99us,
 		Outcomes: w.outcomes, ServerCPUus: -1, RedisCPUus: -1, FirstError: rr.FirstError, windowLength: w.elapsed,
-		Stolen: host1.stolen(host0), AuditDropped: -1}
+		Stolen: host1.stolen(host0), AuditDropped: -1, Downs: -1}
 	if cpuOK && rr.Requests > 0 {
 		fr.ServerCPUus = us(cpu1-cpu0) / float64(rr.Requests)
 	}
@@ -332,6 +342,9 @@ func (t *sweepTarget) measure(ctx context.Context, cfg replicaSweepConfig, ph st
 	if rt0 != nil && rt1 != nil {
 		if rt0.auditKnown && rt1.auditKnown {
 			fr.AuditDropped = int64(rt1.auditDropped - rt0.auditDropped)
+		}
+		if rt0.downsKnown && rt1.downsKnown {
+			fr.Downs = int64(rt1.downs - rt0.downs)
 		}
 		fr.Trips, fr.Handled = map[string]uint64{}, rt1.handled-rt0.handled
 		for call, v := range rt1.trips {
@@ -519,6 +532,11 @@ func printFleetSweep(out io.Writer, cfg replicaSweepConfig, one, three []fleetRo
 		if i < len(three) {
 			fmt.Fprintf(out, "  %s %d %s / %s;", b.Phase, b.Callers, fmtCount(b.AuditDropped), fmtCount(three[i].AuditDropped))
 		}
+	}
+	fmt.Fprintln(out)
+	fmt.Fprint(out, "\ntimes a replica went into degraded mode in each window of (ii) (policyd_store_down_total: Redis calls past --store-timeout; its decisions were then its own, flagged degraded, for at least a second):")
+	for _, r := range three {
+		fmt.Fprintf(out, "  %s %d %s;", r.Phase, r.Callers, fmtCount(r.Downs))
 	}
 	fmt.Fprintln(out)
 	fmt.Fprintln(out, "\nRedis commands in each measured window of (ii), by command:")
