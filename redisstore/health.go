@@ -14,7 +14,8 @@ import (
 // engineBreaker is the Store's breaker around Redis itself, a value type
 // driven by the caller's clock: after Threshold consecutive failed calls
 // (a timeout, a refused or broken connection: not a Redis error reply,
-// which proves the server answered) the engine is down for Cooldown; then
+// which proves the server answered), each sent after the one before it
+// failed, the engine is down for Cooldown; then
 // one call goes through as a probe, and its success brings the engine up
 // again, its failure keeps it down for another Cooldown. Other calls made
 // while down fail at once with ErrUnavailable.
@@ -22,11 +23,20 @@ import (
 // It is not sony/gobreaker: gobreaker reads time.Now itself, so its
 // cool-down cannot be driven by Options.Clock in tests, and its
 // generations and counts are more than this needs. The zero value is up.
+//
+// Calls out together when Redis stalls (an fsync with appendfsync always
+// took up to 53 ms under policybench's report phase on two cores) fail
+// together at their timeout, and count as one failure: counted one by
+// one, a single stall seen by three concurrent callers brought the engine
+// down, and every replica decided alone for a second, dropping the audit
+// records it could not hold. A stopped Redis still fails every call, so
+// the engine goes down within Threshold timeouts.
 type engineBreaker struct {
 	Threshold int
 	Cooldown  time.Duration
 
 	failures  int       // consecutive, while up
+	counted   time.Time // when the last failure counted was seen
 	down      bool      // the engine is considered down
 	downUntil time.Time // while down: no call before then
 	probing   bool      // while down: a probe is out
@@ -45,15 +55,20 @@ func (b *engineBreaker) allow(now time.Time) bool {
 	return true
 }
 
-// done records a call's result at now; it reports whether the engine's
-// state changed (up to down or down to up).
-func (b *engineBreaker) done(now time.Time, failed bool) bool {
+// done records the result at now of a call sent at start; it reports
+// whether the engine's state changed (up to down or down to up). A
+// failure of a call sent before the last failure counted was seen is of
+// the same stall: it changes nothing.
+func (b *engineBreaker) done(start, now time.Time, failed bool) bool {
 	if !b.down {
 		if !failed {
 			b.failures = 0
 			return false
 		}
-		b.failures++
+		if b.failures > 0 && start.Before(b.counted) {
+			return false
+		}
+		b.failures, b.counted = b.failures+1, now
 		if b.failures < max(b.Threshold, 1) {
 			return false
 		}
@@ -78,9 +93,9 @@ func (b *engineBreaker) done(now time.Time, failed bool) bool {
 // engine up, as a probe's would; its failure while down changes nothing.
 // While up it counts as any call. It reports whether the engine's state
 // changed.
-func (b *engineBreaker) readDone(now time.Time, failed bool) bool {
+func (b *engineBreaker) readDone(start, now time.Time, failed bool) bool {
 	if !b.down {
-		return b.done(now, failed)
+		return b.done(start, now, failed)
 	}
 	if failed {
 		return false
@@ -150,7 +165,8 @@ func (h *health) guard(ctx context.Context, call func(context.Context) error) er
 	}
 	read := ctx.Value(feedRead{}) != nil
 	h.mu.Lock()
-	ok := read || h.b.allow(h.clock())
+	start := h.clock()
+	ok := read || h.b.allow(start)
 	h.mu.Unlock()
 	if !ok {
 		return fmt.Errorf("%w: down after repeated failures", ErrUnavailable)
@@ -160,9 +176,9 @@ func (h *health) guard(ctx context.Context, call func(context.Context) error) er
 	h.mu.Lock()
 	var changed bool
 	if read {
-		changed = h.b.readDone(h.clock(), failed)
+		changed = h.b.readDone(start, h.clock(), failed)
 	} else {
-		changed = h.b.done(h.clock(), failed)
+		changed = h.b.done(start, h.clock(), failed)
 	}
 	up := !h.b.down
 	h.mu.Unlock()

@@ -19,7 +19,7 @@ func TestEngineBreaker(t *testing.T) {
 		if !b.allow(now) {
 			return false, false
 		}
-		return true, b.done(now, failed)
+		return true, b.done(now, now, failed)
 	}
 	for i := range 2 {
 		if ok, ch := call(true); !ok || ch {
@@ -45,14 +45,14 @@ func TestEngineBreaker(t *testing.T) {
 	if b.allow(now) {
 		t.Fatal("a second call went through while the probe is out")
 	}
-	if b.done(now, true) || !b.down {
+	if b.done(now, now, true) || !b.down {
 		t.Fatal("a failed probe must keep the engine down")
 	}
 	if b.allow(now.Add(500 * time.Millisecond)) {
 		t.Fatal("a failed probe must start another cool-down")
 	}
 	now = now.Add(time.Second)
-	if !b.allow(now) || !b.done(now, false) || b.down {
+	if !b.allow(now) || !b.done(now, now, false) || b.down {
 		t.Fatal("a successful probe must bring the engine up")
 	}
 	if !b.allow(now) {
@@ -63,11 +63,38 @@ func TestEngineBreaker(t *testing.T) {
 	for range 3 {
 		call(true)
 	}
-	if !b.down || b.readDone(now, true) || !b.down {
+	if !b.down || b.readDone(now, now, true) || !b.down {
 		t.Fatal("a failed feed read while down must keep the engine down")
 	}
-	if !b.readDone(now.Add(time.Millisecond), false) || b.down || !b.allow(now.Add(time.Millisecond)) {
+	if !b.readDone(now, now.Add(time.Millisecond), false) || b.down || !b.allow(now.Add(time.Millisecond)) {
 		t.Fatal("a feed read Redis answered must bring the engine up, in the cool-down")
+	}
+}
+
+// TestEngineBreakerCountsAStallOnce: calls that were out together when
+// Redis stalled (an fsync of 53 ms, measured under policybench's report
+// phase) fail together, and count as one failure: a call counts only if
+// it started after the last one counted failed. Three stalls in a row,
+// each seen by a call sent after the one before failed, bring the
+// engine down.
+func TestEngineBreakerCountsAStallOnce(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	b := engineBreaker{Threshold: 3, Cooldown: time.Second}
+	for i := range 64 { // 64 calls sent within the stall, each failing at its timeout
+		if b.done(ms(i/2), ms(50+i/2), true) || b.down {
+			t.Fatalf("call %d of one stall brings the engine down, want one failure for all", i)
+		}
+	}
+	if b.done(ms(60), ms(61), false) || b.down || b.failures != 0 {
+		t.Fatalf("a call sent after the stall succeeds: down %v, failures %d; want up, 0", b.down, b.failures)
+	}
+	// Redis stops: each call sent after the one before it failed fails.
+	if b.done(ms(100), ms(150), true) || b.done(ms(120), ms(170), true) || b.done(ms(151), ms(201), true) {
+		t.Fatal("down before three failures, each of a call sent after the last counted one failed")
+	}
+	if !b.done(ms(202), ms(252), true) || !b.down {
+		t.Fatal("three failures of calls sent one after another's failure: the engine must be down")
 	}
 }
 
