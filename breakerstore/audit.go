@@ -41,9 +41,9 @@ const (
 //
 // AppendAudit never blocks a decision on the disk in the default SyncGroup
 // mode: the records wait in a bounded in-memory buffer for the flusher's
-// next group commit, and when the buffer is full (Options.AuditBuffer) a
-// record is dropped and counted in Stats.AuditDropped, and the flusher logs
-// the drops. With SyncAlways the records are committed in one call of
+// next group commit (one starts at once when the buffer is half full),
+// and when the buffer is full (Options.AuditBuffer) a record is dropped
+// and counted in Stats.AuditDropped, and the flusher logs the drops. With SyncAlways the records are committed in one call of
 // bbolt's Batch, sharing an fsync with concurrent mutations, before
 // AppendAudit returns; callers append all the records of one request at
 // once. A record whose tenant, target, call id or run id holds a NUL byte
@@ -91,10 +91,20 @@ func (s *Store) appendAudit(p *pending, groups ...[]policy.AuditRecord) {
 			s.stampAudit(&dst[len(dst)-1], now)
 		}
 	}
+	half := false
 	if s.opts.Sync != SyncAlways {
 		s.trail.buf = dst
+		half = len(dst) >= s.opts.AuditBuffer/2
 	}
 	s.trail.mu.Unlock()
+	if half {
+		// Half full: a group commit now, so a load that fills the buffer
+		// within an interval is written rather than dropped.
+		select {
+		case s.wake <- struct{}{}:
+		default:
+		}
+	}
 	if unindexable != nil {
 		s.log.Warn("breakerstore: audit record dropped", "err", unindexable)
 	}

@@ -476,7 +476,7 @@ func TestAuditRetentionBySizeIsExactInsideASegment(t *testing.T) {
 }
 
 func TestAuditRetentionSweepsAtMostABatchPerFlush(t *testing.T) {
-	e := newEnv(t, func(o *breakerstore.Options) { o.AuditMaxRecords, o.AuditBuffer = 1, 2*breakerstore.AuditSweepBatch })
+	e := newEnv(t, func(o *breakerstore.Options) { o.AuditMaxRecords, o.AuditBuffer = 1, 4*breakerstore.AuditSweepBatch }) // not half full: one flush, the test's
 	s := e.open()
 	// A batch and a half, all over the cap; the batch ends inside a segment.
 	n := breakerstore.AuditSweepBatch + breakerstore.AuditSweepBatch/2

@@ -164,9 +164,10 @@ type Options struct {
 	// AuditMaxRecords caps the audit records kept; the flusher deletes the
 	// oldest past it. Default DefaultAuditMaxRecords (1,000,000).
 	AuditMaxRecords int
-	// AuditBuffer caps the audit records waiting for a group commit; past
-	// it AppendAudit drops records (counted in Stats.AuditDropped) rather
-	// than block. Default DefaultAuditBuffer.
+	// AuditBuffer caps the audit records waiting for a group commit; half
+	// full, it starts one at once, and past it AppendAudit drops records
+	// (counted in Stats.AuditDropped) rather than block. Default
+	// DefaultAuditBuffer.
 	AuditBuffer int
 	// AuditSink, when set, is handed every audit record within its commit
 	// (see AuditSink); nil keeps the trail in bbolt only.
@@ -208,6 +209,7 @@ type Store struct {
 	closeOnce sync.Once
 	closeErr  error
 	stop      chan struct{}
+	wake      chan struct{} // the audit buffer is half full: flush now (flushEvery)
 	done      chan struct{}
 
 	breakers shardMap[policy.BreakerKey, *breaker] // the breaker table
@@ -413,6 +415,7 @@ func newStore(db *bbolt.DB, opts Options, def policy.TenantBudget) *Store {
 		clock:         opts.Clock,
 		log:           opts.Logger,
 		stop:          make(chan struct{}),
+		wake:          make(chan struct{}, 1),
 		done:          make(chan struct{}),
 		tenants:       tenantBook{breakers: make(map[string]int), auto: make(map[string]struct{})},
 		defBudget:     def,
@@ -726,7 +729,7 @@ func (s *Store) now() int64 { return s.clock.Now().UnixNano() }
 // flushLoop is the one background goroutine; it ends when Close closes stop.
 func (s *Store) flushLoop() {
 	defer close(s.done)
-	flushEvery(s.stop, s.opts.FlushInterval, func() { _ = s.flush(false) })
+	flushEvery(s.stop, s.wake, s.opts.FlushInterval, func() { _ = s.flush(false) })
 }
 
 // flushEvery calls flush until stop closes, each call due interval after
@@ -735,7 +738,10 @@ func (s *Store) flushLoop() {
 // once. So a counter changed at any moment is in a commit that starts
 // within interval and is durable when it ends: a crash loses at most
 // interval plus the duration of one commit (see Options.FlushInterval).
-func flushEvery(stop <-chan struct{}, interval time.Duration, flush func()) {
+// A signal on wake (the audit buffer half full) starts a flush at once,
+// or as soon as the one running ends, and the next is due interval after
+// it.
+func flushEvery(stop, wake <-chan struct{}, interval time.Duration, flush func()) {
 	t := time.NewTimer(interval)
 	defer t.Stop()
 	for {
@@ -743,6 +749,7 @@ func flushEvery(stop <-chan struct{}, interval time.Duration, flush func()) {
 		case <-stop:
 			return
 		case <-t.C:
+		case <-wake: // the timer's Reset below discards a value it sent meanwhile (Go 1.23)
 		}
 		start := time.Now()
 		flush()
