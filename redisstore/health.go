@@ -29,26 +29,33 @@ import (
 // together at their timeout, and count as one failure: counted one by
 // one, a single stall seen by three concurrent callers brought the engine
 // down, and every replica decided alone for a second, dropping the audit
-// records it could not hold. A stopped Redis still fails every call, so
-// the engine goes down within Threshold timeouts.
+// records it could not hold. After a failure counted, and until a call
+// succeeds, the engine is suspect: one call at a time goes to Redis (the
+// next failure counted, or the success that ends it), and the others
+// fail at once, so a request whose call timed out does not wait a
+// timeout again for its next call while the replica is still counting. A
+// stopped Redis fails the call let through each time, so the engine goes
+// down within Threshold timeouts; a stall that ends lets the calls
+// through again at the first answer.
 type engineBreaker struct {
 	Threshold int
 	Cooldown  time.Duration
 
-	failures  int       // consecutive, while up
+	failures  int       // consecutive, while up: the engine is suspect while above 0
 	counted   time.Time // when the last failure counted was seen
 	down      bool      // the engine is considered down
 	downUntil time.Time // while down: no call before then
-	probing   bool      // while down: a probe is out
+	probing   bool      // while down or suspect: the one call let through is out
 }
 
-// allow reports whether a call may go to Redis at now; while down it lets
-// one probe through per cool-down.
+// allow reports whether a call may go to Redis at now: every call while
+// up, one at a time while suspect, and while down one probe per
+// cool-down.
 func (b *engineBreaker) allow(now time.Time) bool {
-	if !b.down {
+	if !b.down && b.failures == 0 {
 		return true
 	}
-	if b.probing || now.Before(b.downUntil) {
+	if b.probing || b.down && now.Before(b.downUntil) {
 		return false
 	}
 	b.probing = true
@@ -62,13 +69,15 @@ func (b *engineBreaker) allow(now time.Time) bool {
 func (b *engineBreaker) done(start, now time.Time, failed bool) bool {
 	if !b.down {
 		if !failed {
-			b.failures = 0
+			b.failures, b.probing = 0, false
 			return false
 		}
 		if b.failures > 0 && start.Before(b.counted) {
 			return false
 		}
-		b.failures, b.counted = b.failures+1, now
+		// Counted: the call let through while suspect is back, if it was
+		// that one (a call sent after the last failure counted is).
+		b.failures, b.counted, b.probing = b.failures+1, now, false
 		if b.failures < max(b.Threshold, 1) {
 			return false
 		}
@@ -169,7 +178,7 @@ func (h *health) guard(ctx context.Context, call func(context.Context) error) er
 	ok := read || h.b.allow(start)
 	h.mu.Unlock()
 	if !ok {
-		return fmt.Errorf("%w: down after repeated failures", ErrUnavailable)
+		return fmt.Errorf("%w: not answering (down after repeated failures, or a call failed and the one let through is out)", ErrUnavailable)
 	}
 	err := call(context.WithValue(ctx, guarded{}, true))
 	failed := engineFailure(ctx, err)

@@ -98,6 +98,54 @@ func TestEngineBreakerCountsAStallOnce(t *testing.T) {
 	}
 }
 
+// TestEngineBreakerSuspectSendsOneCall: after a failure counted, and
+// until a call succeeds, one call at a time goes to Redis and the others
+// are refused at once (their requests decide without the engine, flagged
+// degraded): a request whose call timed out does not wait a timeout again
+// for its next one while the replica is still counting, and a stall that
+// ends lets the calls through again without a degraded episode.
+func TestEngineBreakerSuspectSendsOneCall(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	b := engineBreaker{Threshold: 3, Cooldown: time.Second}
+	for i := range 8 { // sent together before a stall, failing at their timeout
+		if !b.allow(ms(i)) {
+			t.Fatalf("call %d refused while up", i)
+		}
+	}
+	b.done(ms(0), ms(50), true)
+	if !b.allow(ms(51)) {
+		t.Fatal("no call let through after a failure: the engine is not down")
+	}
+	for i := range 5 {
+		if b.allow(ms(52 + i)) {
+			t.Fatalf("call %d let through while the one sent after the failure is out", i)
+		}
+	}
+	for i := 1; i < 8; i++ { // the calls of the stall come back: one failure still
+		b.done(ms(i), ms(50+i), true)
+	}
+	if b.allow(ms(58)) || b.down || b.failures != 1 {
+		t.Fatalf("after the stall's calls: down %v, failures %d, a second call let through; want up, 1, none", b.down, b.failures)
+	}
+	b.done(ms(51), ms(53), false) // the call sent after the failure: Redis answers
+	for i := range 5 {
+		if !b.allow(ms(54)) {
+			t.Fatalf("call %d refused after Redis answered", i)
+		}
+	}
+	// Redis stops: each call let through fails; the third brings it down.
+	b.done(ms(54), ms(104), true)
+	for i, at := range []int{104, 154} {
+		if !b.allow(ms(at)) || b.allow(ms(at)) {
+			t.Fatalf("failure %d: not exactly one call let through", i+1)
+		}
+		if changed := b.done(ms(at), ms(at+50), true); changed != (i == 1) || b.down != (i == 1) {
+			t.Fatalf("failure %d: changed %v down %v", i+2, changed, b.down)
+		}
+	}
+}
+
 // TestProbeShare: ceil(N / live), at least one.
 func TestProbeShare(t *testing.T) {
 	for _, c := range []struct{ n, live, want int }{{1, 3, 1}, {3, 3, 1}, {4, 3, 2}, {5, 2, 3}, {2, 0, 2}, {6, 1, 6}} {
