@@ -33,13 +33,12 @@ func keyAuditChunks(tenant string) string { return tag(tenant) + ":auditchunks" 
 // auditBuffer holds the records appended since the last flush, and the
 // chunks of records a flush packed and could not write.
 type auditBuffer struct {
-	mu           sync.Mutex
-	recs         []policy.AuditRecord
-	spare        []policy.AuditRecord // the slice recs was before the last flush took it, for the next
-	back         []auditChunk         // chunks a commit could not write (Changes.Commit), before recs
-	waiting      int                  // records in back and pending
-	waitingBytes int                  // their chunks' bytes
-	dropped      uint64               // records dropped because the buffer was full, since the last flush logged them
+	mu      sync.Mutex
+	recs    []policy.AuditRecord
+	spare   []policy.AuditRecord // the slice recs was before the last flush took it, for the next
+	back    []auditChunk         // chunks a commit could not write (Changes.Commit), before recs
+	waiting int                  // records in back and pending
+	dropped uint64               // records dropped because the buffer was full, since the last flush logged them
 	// droppedTotal and buffered are dropped's sum since the start and
 	// the records waiting (recs and waiting), for the metrics.
 	droppedTotal atomic.Uint64
@@ -292,7 +291,6 @@ func (s *Store) requeueAudit(chunks []auditChunk) {
 	for _, c := range chunks {
 		b.back = append(b.back, c.own())
 		b.waiting += c.n
-		b.waitingBytes += len(c.body)
 	}
 	b.buffered.Store(int64(len(b.recs) + b.waiting))
 }
@@ -354,7 +352,7 @@ func (s *Store) flushAudit(ctx context.Context, all bool) {
 		left[0] = auditChunk{}
 		left = left[1:]
 	}
-	b.pending, b.waiting, b.waitingBytes = left, waiting, bytes
+	b.pending, b.waiting = left, waiting
 	b.buffered.Store(int64(len(b.recs) + b.waiting))
 }
 
