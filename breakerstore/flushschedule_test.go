@@ -123,26 +123,26 @@ func TestGroupCommitWithinOneInterval(t *testing.T) {
 // its records before this.
 func TestAuditHalfFullFlushesAtOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		s, err := Open(Options{Path: t.TempDir() + "/policyd.db", FlushInterval: time.Second, AuditBuffer: 100})
+		s, err := Open(Options{Path: t.TempDir() + "/policyd.db", FlushInterval: time.Second, AuditBuffer: 200})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer s.Close()
-		recs := make([]policy.AuditRecord, 300)
+		recs := make([]policy.AuditRecord, 600)
 		for i := range recs {
 			recs[i] = policy.AuditRecord{Event: policy.AuditOutcome, Tenant: "acme", Target: "geo", CallID: "doc-" + string(rune('a'+i%26)), Attempt: 1}
 		}
 		time.Sleep(10 * time.Millisecond)
-		s.AppendAudit(recs[:49]...)
+		s.AppendAudit(recs[:99]...)
 		synctest.Wait()
-		if st := s.Stats(); st.GroupCommits != 0 || st.AuditBuffered != 49 {
-			t.Fatalf("49 of 100 buffered: %d group commits, %d buffered; want none yet, 49", st.GroupCommits, st.AuditBuffered)
+		if st := s.Stats(); st.GroupCommits != 0 || st.AuditBuffered != 99 {
+			t.Fatalf("99 of 200 buffered: %d group commits, %d buffered; want none yet, 99", st.GroupCommits, st.AuditBuffered)
 		}
-		for round := range 5 { // 251 records in 10 ms, 2.5 buffers' worth
-			s.AppendAudit(recs[49+round*50 : 49+(round+1)*50]...)
+		for round := range 5 { // 501 records in 10 ms, 2.5 buffers' worth
+			s.AppendAudit(recs[99+round*100 : 99+(round+1)*100]...)
 			synctest.Wait()
 		}
-		s.AppendAudit(recs[299:]...)
+		s.AppendAudit(recs[599:]...)
 		st := s.Stats()
 		if st.AuditDropped != 0 || st.GroupCommits < 5 || st.AuditRecords+st.AuditBuffered != len(recs) {
 			t.Errorf("at 10 ms: %d group commits, %d records written, %d buffered, %d dropped; want 5 or more, all %d kept",
