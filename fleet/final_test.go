@@ -62,6 +62,10 @@ func TestCheckFinal(t *testing.T) {
 			AttemptTimeout: 10}, ""},
 		{"DEAD_LETTER (DEADLINE) an attempt timeout away", fleet.FinalReport{Final: fin(policy.DispositionDeadLetter, policy.StopDeadline), Deadline: 50, Now: 40,
 			AttemptTimeout: 10}, "DEAD_LETTER (DEADLINE) needs"},
+		{"DEAD_LETTER (DEADLINE) of a recorded failure, no answer remembered (a degraded stop)", fleet.FinalReport{Final: fin(policy.DispositionDeadLetter, policy.StopDeadline),
+			Recorded: true, Deadline: 50, Now: 40, AttemptTimeout: 5}, ""},
+		{"DEAD_LETTER (DEADLINE) after policyd answered RETRY", fleet.FinalReport{Final: fin(policy.DispositionDeadLetter, policy.StopDeadline),
+			Recorded: true, Decided: true, Answer: retry, Deadline: 50, Now: 40, AttemptTimeout: 5}, "DEAD_LETTER (DEADLINE) needs"},
 		{"DEAD_LETTER (DEADLINE) of a cancelled call without deadline", fleet.FinalReport{Final: fin(policy.DispositionDeadLetter, policy.StopDeadline), Cutoff: 500, Now: 40}, ""},
 	}
 	for _, tt := range tests {

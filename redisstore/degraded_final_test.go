@@ -6,9 +6,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 	"github.com/policyd/policyd/internal/redistest"
 	"github.com/policyd/policyd/policy"
+	"github.com/policyd/policyd/redisstore"
 )
 
 // TestDegradedStopsReachTheLedgerAndCallTable: nothing a replica decided
@@ -93,5 +97,45 @@ func TestDegradedStopsReachTheLedgerAndCallTable(t *testing.T) {
 		if got[id] != want {
 			t.Errorf("call table lists %s as %v, want %v (listed: %v)", id, got[id], want, got)
 		}
+	}
+}
+
+// TestDegradedDeadlineStopIsTakenOnAnotherReplica: a replica that could
+// not reach Redis answers a retry whose wait would end past the call's
+// deadline STOP (DEADLINE), flagged degraded, and is killed before it
+// writes that answer to the engine. The worker's final DEAD_LETTER
+// (DEADLINE), sent to another replica, is taken: that replica remembers
+// no answer and the deadline is 30 s away, more than the attempt timeout
+// (10 s), but the failure was told to NextDelay, whose wait (the 60 s
+// the upstream asked for) no longer fit. Refusing it would lose the dead
+// letter.
+func TestDegradedDeadlineStopIsTakenOnAnotherReplica(t *testing.T) {
+	srv := redistest.Standalone(t)
+	bounded := func() redis.UniversalClient {
+		return redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true,
+			ReadTimeout: time.Minute, WriteTimeout: time.Minute})
+	}
+	a := newReplicaWith(t, bounded, redisstore.Options{Timeout: 50 * time.Millisecond,
+		DownAfter: 2, DownFor: 20 * time.Millisecond, Heartbeat: 10 * time.Millisecond, FlushInterval: 10 * time.Millisecond})
+	b := boundedReplica(t, srv.Addr)
+	ctx := context.Background()
+	deadline := time.Now().Add(30 * time.Second)
+	call := &pb.CallRef{Tenant: "acme", Target: "grants", CallId: "doc-1", Idempotent: true, DeadlineTime: timestamppb.New(deadline)}
+
+	srv.Pause(t)
+	a.until(t, "the engine seen down", func() bool { return !a.store.Up() })
+	resp, err := a.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call, Attempt: 1,
+		Failure: &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 503}}, Pushback: &pb.Pushback{RetryAfter: "60"}})
+	if err != nil || resp.GetDecision() != pb.Decision_DECISION_STOP || resp.GetStopReason() != pb.StopReason_STOP_REASON_DEADLINE || !resp.GetDegraded() {
+		t.Fatalf("NextDelay with Redis stopped = %v, %v; want STOP (DEADLINE), flagged degraded", resp, err)
+	}
+	a.stop() // killed before its next flush: the engine never gets the answer
+	srv.Resume(t)
+	eventually(t, "the other replica's engine up", b.store.Up)
+
+	dead := &pb.ReportOutcomeRequest{Outcomes: []*pb.Outcome{{Call: call, Attempt: 1, AlreadyRecorded: true,
+		FinalDisposition: pb.Disposition_DISPOSITION_DEAD_LETTER, FinalStopReason: pb.StopReason_STOP_REASON_DEADLINE}}}
+	if _, err := b.workers.ReportOutcome(ctx, dead); err != nil {
+		t.Fatalf("ReportOutcome of the DEAD_LETTER (DEADLINE) a killed replica decided in degraded mode: %v (want it taken)", err)
 	}
 }
