@@ -75,13 +75,13 @@ type FinalReport struct {
 // nor a decision carried one): a caller that cancels a call ends it at a
 // deadline of its own (both clients report a cancelled call so); and
 // DEAD_LETTER (BUDGET_EXHAUSTED) or (DEADLINE) of a failure told to
-// NextDelay when no answer of the call is remembered: a replica that could not reach its
-// store stops a retry it cannot spend for, or whose wait would pass the
-// deadline, so (flagged degraded), and the store never got the answer to
-// remember (the replica was killed before it wrote it, or the final went
-// to another replica first). Refusing it would lose the dead
-// letter from the run's ledger and call table; nothing is lost wins over
-// a check that cannot see the decision.
+// NextDelay when no answer of the call is remembered: a replica that
+// could not reach its store stops a retry it cannot spend for, or whose
+// wait would pass the deadline, so (flagged degraded), and the store
+// never got the answer to remember (the replica was killed before it
+// wrote it, or the final went to another replica first). Refusing it
+// would lose the dead letter from the run's ledger and call table;
+// nothing is lost wins over a check that cannot see the decision.
 func CheckFinal(r *FinalReport) string {
 	d := r.Final.Disposition
 	switch {
@@ -109,18 +109,15 @@ func CheckFinal(r *FinalReport) string {
 		}
 	case policy.DispositionDeadLetter:
 		switch {
-		case r.Final.Stop == policy.StopDeadline && r.Recorded && !r.Decided:
-			// A degraded stop whose answer the store never kept: the wait
-			// it found past the deadline (a backoff, a server's hint) is
-			// not known here.
+		case (r.Final.Stop == policy.StopDeadline || r.Final.Stop == policy.StopBudgetExhausted) && r.Recorded && !r.Decided:
+			// A degraded stop whose answer the store never kept (for a
+			// deadline, the wait that no longer fit is not known here).
 		case r.Final.Stop == policy.StopDeadline:
 			if !r.fitsNoMore(r.Deadline) {
 				return "DEAD_LETTER (DEADLINE) needs the call's deadline to have passed"
 			}
 		case r.Final.Stop == policy.StopServerPushback && r.Failure != 0:
 		case r.Final.Stop == policy.StopNotIdempotent && r.HasKey:
-		case r.Final.Stop == policy.StopBudgetExhausted && r.Recorded && !r.Decided:
-			// A degraded stop whose answer the store never kept.
 		case r.Failure == 0 && r.Decided && r.Answer.Category == policy.CategoryTransient:
 			// policyd answered the call's transient failure with RETRY; the
 			// retry did not happen (an idempotency key whose outcome was

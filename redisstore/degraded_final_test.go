@@ -6,13 +6,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 	"github.com/policyd/policyd/internal/redistest"
 	"github.com/policyd/policyd/policy"
-	"github.com/policyd/policyd/redisstore"
 )
 
 // TestDegradedStopsReachTheLedgerAndCallTable: nothing a replica decided
@@ -111,12 +109,7 @@ func TestDegradedStopsReachTheLedgerAndCallTable(t *testing.T) {
 // letter.
 func TestDegradedDeadlineStopIsTakenOnAnotherReplica(t *testing.T) {
 	srv := redistest.Standalone(t)
-	bounded := func() redis.UniversalClient {
-		return redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true,
-			ReadTimeout: time.Minute, WriteTimeout: time.Minute})
-	}
-	a := newReplicaWith(t, bounded, redisstore.Options{Timeout: 50 * time.Millisecond,
-		DownAfter: 2, DownFor: 20 * time.Millisecond, Heartbeat: 10 * time.Millisecond, FlushInterval: 10 * time.Millisecond})
+	a := boundedReplica(t, srv.Addr)
 	b := boundedReplica(t, srv.Addr)
 	ctx := context.Background()
 	deadline := time.Now().Add(30 * time.Second)

@@ -2,25 +2,20 @@ package redisstore_test
 
 import (
 	"context"
-	"net"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 	"github.com/policyd/policyd/internal/redistest"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/redisstore"
-	"github.com/policyd/policyd/server"
 )
 
 // boundedReplica is a replica whose calls to Redis end at the store's
@@ -28,29 +23,11 @@ import (
 // serve makes them.
 func boundedReplica(t *testing.T, addr string) *replica {
 	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true,
-		ReadTimeout: time.Minute, WriteTimeout: time.Minute})
-	t.Cleanup(func() { _ = c.Close() })
-	st, err := redisstore.Open(context.Background(), redisstore.Options{Client: c, Timeout: 50 * time.Millisecond,
+	return newReplicaWith(t, func() redis.UniversalClient {
+		return redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true,
+			ReadTimeout: time.Minute, WriteTimeout: time.Minute})
+	}, redisstore.Options{Timeout: 50 * time.Millisecond,
 		DownAfter: 2, DownFor: 20 * time.Millisecond, Heartbeat: 10 * time.Millisecond, FlushInterval: 10 * time.Millisecond})
-	if err != nil {
-		t.Fatalf("Open: %v", err)
-	}
-	gs := server.New(st, server.Config{})
-	lis := bufconn.Listen(1 << 20)
-	go func() { _ = gs.Serve(lis) }()
-	conn, err := grpc.NewClient("passthrough:///bufnet",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = conn.Close()
-		gs.Stop()
-		_ = st.Close()
-	})
-	return &replica{store: st, workers: pb.NewRetryPolicyServiceClient(conn), admin: pb.NewAdminServiceClient(conn)}
 }
 
 // boundedPair is two bounded replicas on the Redis at addr, each seeing
