@@ -216,9 +216,8 @@ func (s *Store) durably(ctx context.Context, key string, write func(redis.Cmdabl
 // and reloads each changed object into the cache.
 func (s *Store) followChanges(last string) {
 	defer s.wg.Done()
-	ctx := withFeedRead(s.ctx)
 	for s.ctx.Err() == nil {
-		res, err := s.c.XRead(ctx, &redis.XReadArgs{Streams: []string{keyChanges, last}, Count: 512, Block: s.opts.FeedBlock}).Result()
+		res, err := s.readFeed([]string{keyChanges, last})
 		switch {
 		case errors.Is(err, redis.Nil):
 			continue

@@ -50,3 +50,6 @@ func BreakerField(v []byte, f string) (int64, error) {
 	r, err := decodeBreakerRecord(v)
 	return r.field(f), err
 }
+
+// FeedGrace is feedGrace: how much longer than FeedBlock a feed's read may take.
+const FeedGrace = feedGrace

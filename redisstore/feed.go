@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"context"
 	"errors"
 	"sync"
 	"time"
@@ -103,6 +104,16 @@ func (s *Store) followFrom(tenant, from string) (*feed, error) {
 	return f, nil
 }
 
+// readFeed is one blocking XREAD of a feed (streams: keys, then ids),
+// bounded by FeedBlock plus feedGrace. go-redis does not end a read in
+// flight when s.ctx is cancelled, so unbounded, a read of a paused Redis
+// ran to its socket timeout (FeedBlock + 10 s) and Close waited for it.
+func (s *Store) readFeed(streams []string) ([]redis.XStream, error) {
+	ctx, cancel := context.WithTimeout(withFeedRead(s.ctx), s.opts.FeedBlock+feedGrace)
+	defer cancel()
+	return s.c.XRead(ctx, &redis.XReadArgs{Streams: streams, Count: 512, Block: s.opts.FeedBlock}).Result()
+}
+
 // run reads g's streams until the store closes. A tenant added while a
 // read blocks joins the next one, at most FeedBlock later, from the id
 // follow noted: nothing is missed.
@@ -122,7 +133,7 @@ func (s *Store) run(g *feedGroup) {
 		}
 		g.mu.Unlock()
 		streams = append(streams, ids...)
-		res, err := s.c.XRead(withFeedRead(s.ctx), &redis.XReadArgs{Streams: streams, Count: 512, Block: s.opts.FeedBlock}).Result()
+		res, err := s.readFeed(streams)
 		switch {
 		case errors.Is(err, redis.Nil):
 			continue

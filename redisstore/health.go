@@ -164,6 +164,11 @@ func withFeedRead(ctx context.Context) context.Context {
 	return context.WithValue(ctx, feedRead{}, true)
 }
 
+// feedGrace is how much longer than its FeedBlock a feed's read may take
+// before it counts as failed: a server answers a blocked XREAD at the end
+// of its block, later only when it is busy or gone.
+const feedGrace = time.Second
+
 // guard runs call when the breaker allows it and records its result; a
 // refusal, a timeout or a connection failure is ErrUnavailable wrapping
 // the cause. A call made on behalf of a guarded one runs unguarded; a

@@ -44,7 +44,8 @@ type Options struct {
 	// Log receives the feed's errors; default slog.Default().
 	Log *slog.Logger
 	// FeedBlock is how long one XREAD of a feed blocks; Close waits up to
-	// that long for the feeds to end. Default 100ms.
+	// that long for the feeds to end (a second longer when Redis does not
+	// answer: feedGrace). Default 100ms.
 	FeedBlock time.Duration
 	// FlushInterval is how often buffered audit records are written;
 	// default 100ms.
