@@ -73,7 +73,9 @@ type FinalReport struct {
 // reports an error of no kind it knows that way); DEAD_LETTER (DEADLINE)
 // for a call whose deadline policyd does not know (neither the outcome
 // nor a decision carried one): a caller that cancels a call ends it at a
-// deadline of its own (both clients report a cancelled call so); and
+// deadline of its own (both clients report a cancelled call so, and tell
+// the moment of the cancel as the call's deadline, which passes the check
+// when policyd knows a later one); and
 // DEAD_LETTER (BUDGET_EXHAUSTED) or (DEADLINE) of a failure told to
 // NextDelay when no answer of the call is remembered: a replica that
 // could not reach its store stops a retry it cannot spend for, or whose

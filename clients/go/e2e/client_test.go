@@ -598,6 +598,56 @@ func TestPolicyTimeoutFromDaemon(t *testing.T) {
 	}
 }
 
+// TestACallCancelledBeforeItsDeadlineIsDeadLettered: policyd told the
+// call its deadline (the policy's call_deadline, an hour away) when it
+// answered RETRY; the caller cancels the call in the wait. The final
+// DEAD_LETTER (DEADLINE) tells the caller's own deadline, the moment it
+// ended the call, so policyd takes it into the run's ledger; it refused it
+// as "needs the call's deadline to have passed", and the dead letter was
+// lost (policybench replicas' load, stopped, lost one or two so a run).
+func TestACallCancelledBeforeItsDeadlineIsDeadLettered(t *testing.T) {
+	d := startDaemon(t, nil)
+	ctx := context.Background()
+	if _, err := d.admin.SetPolicy(ctx, &pb.SetPolicyRequest{Tenant: "acme", Policy: &pb.Policy{CallDeadline: durationpb.New(time.Hour)}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.admin.OpenRun(ctx, &pb.OpenRunRequest{RunId: "cancelled", Tenant: "acme", RetryPool: 10,
+		CutoffTime: timestamppb.New(time.Now().Add(2 * time.Hour))}); err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	c, err := policyclient.New(d.conn, policyclient.Config{Tenant: "acme", NoWatch: true,
+		Sleep: func(ctx context.Context, _ time.Duration) error {
+			cancel() // the caller gives up while the call waits; the clock stays the daemon's
+			return ctx.Err()
+		},
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fn, _ := script(policyclient.HTTPError(503, nil))
+	res, err := c.Do(cctx, policyclient.Call{Target: "geo", Idempotent: true, RunID: "cancelled"}, fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Disposition != policyclient.DeadLetter || res.StopReason != policyclient.StopDeadline || res.Local {
+		t.Fatalf("result: %v (%v), local %v; want a dead letter (DEADLINE) policyd's answer led to", res.Disposition, res.StopReason, res.Local)
+	}
+	if err := c.Close(ctx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if st := c.Stats(); st.OutcomesDropped != 0 {
+		t.Errorf("%d outcomes dropped (refused by policyd)", st.OutcomesDropped)
+	}
+	run, err := d.admin.GetRun(ctx, &pb.GetRunRequest{RunId: "cancelled"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := run.GetRun().GetLedger().GetDeadLetterDeadline(); got != 1 {
+		t.Errorf("the run's ledger: %d dead letters (DEADLINE), want 1", got)
+	}
+}
+
 // TestABadOutcomeDoesNotBlockTheOthers: outcomes policyd refuses for good
 // (an unknown run) are found and dropped; the rest of their batch lands.
 func TestABadOutcomeDoesNotBlockTheOthers(t *testing.T) {

@@ -297,14 +297,20 @@ func (ci *callInfo) pb() *pb.CallRef {
 // outcomeRef is the call as an outcome with final disposition final names
 // it: the tenant, target, call id and run id, and, for a call that ended
 // otherwise than in success, its origin and deadline, which policyd checks a
-// DEAD_LETTER (DEADLINE) against. The times and the key cost most of a CallRef to
-// encode and decode, so they stay out of every other outcome.
-func (ci *callInfo) outcomeRef(final pb.Disposition) *pb.CallRef {
+// DEAD_LETTER (DEADLINE) against: the earlier of the call's deadline and
+// cancelled, when the caller ended the call then. The times and the key
+// cost most of a CallRef to encode and decode, so they stay out of every
+// other outcome.
+func (ci *callInfo) outcomeRef(final pb.Disposition, cancelled time.Time) *pb.CallRef {
 	ref := &pb.CallRef{Tenant: ci.tenant, Target: ci.target, CallId: ci.id, RunId: ci.runID}
 	if final != pb.Disposition_DISPOSITION_UNSPECIFIED && final != pb.Disposition_DISPOSITION_SUCCEEDED {
 		ref.OriginTime, ref.TriageRef, ref.IdempotencyKey = timestamppb.New(ci.origin), ci.triageRef, ci.key
-		if !ci.deadline.IsZero() {
-			ref.DeadlineTime = timestamppb.New(ci.deadline)
+		deadline := ci.deadline
+		if !cancelled.IsZero() && (deadline.IsZero() || cancelled.Before(deadline)) {
+			deadline = cancelled
+		}
+		if !deadline.IsZero() {
+			ref.DeadlineTime = timestamppb.New(deadline)
 		}
 	}
 	return ref
@@ -462,8 +468,15 @@ func (l *loop) end(d Disposition, stop StopReason, attempt int, unrecorded *pb.F
 		l.c.emit(Event{Kind: EventCallEnded, Target: l.target, CallID: l.call.id, Attempt: attempt,
 			Disposition: d, StopReason: stop, Reason: l.res.Reason})
 	}
-	l.report(outcome{attempt: max(attempt, 1), final: d.pb(), failure: unrecorded, alreadyRecorded: unrecorded == nil,
-		stop: stop.pb()})
+	o := outcome{attempt: max(attempt, 1), final: d.pb(), failure: unrecorded, alreadyRecorded: unrecorded == nil,
+		stop: stop.pb()}
+	if stop == StopDeadline && l.ctx.Err() != nil {
+		// The caller ended the call (cancelled it, or its context's
+		// deadline passed): policyd may know a later deadline (a policy's
+		// call_deadline) and would refuse a DEAD_LETTER (DEADLINE) before it.
+		o.cancelled = l.c.cfg.Now()
+	}
+	l.report(o)
 	return l.res
 }
 

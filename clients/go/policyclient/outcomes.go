@@ -29,11 +29,15 @@ type outcome struct {
 	stop            pb.StopReason
 	deduplicated    bool   // the idempotency ledger answered the call
 	target          string // the attempt's target when not the primary
+	// cancelled is when the caller ended the call (its context ended)
+	// before the deadline policyd knows: the deadline of its own the final
+	// outcome tells.
+	cancelled time.Time
 }
 
 func (o *outcome) pb() *pb.Outcome {
 	m := &pb.Outcome{
-		Call: o.call.outcomeRef(o.final), Attempt: uint32(o.attempt), Success: o.success, Failure: o.failure,
+		Call: o.call.outcomeRef(o.final, o.cancelled), Attempt: uint32(o.attempt), Success: o.success, Failure: o.failure,
 		PermitId: o.permit, LeaseId: o.lease, FinalDisposition: o.final, FinalStopReason: o.stop, AlreadyRecorded: o.alreadyRecorded,
 		AttemptTarget: o.target,
 	}

@@ -251,6 +251,31 @@ def test_cancel_ends_the_call_at_its_wait(policyd: Daemon, tenant: str, clock: F
         c.close()
 
 
+def test_a_call_cancelled_before_its_deadline_is_dead_lettered(policyd: Daemon, tenant: str, clock: FakeClock) -> None:
+    """policyd told the call its deadline (the policy's call_deadline, an
+    hour away) when it answered RETRY; the caller cancels it in the wait.
+    The final DEAD_LETTER (DEADLINE) carries the caller's own deadline, the
+    moment it ended the call, so policyd takes it into the run's ledger
+    (it refused it as "needs the call's deadline to have passed")."""
+    policyd.admin_call("SetPolicy", apb.SetPolicyRequest(
+        tenant=tenant, policy=types_pb2.Policy(call_deadline={"seconds": 3600})))
+    run_id = "cancel-wait-" + tenant
+    policyd.open_run(run_id, tenant, pool=10)
+    cancel = threading.Event()
+
+    def sleep(d: float, ev: threading.Event) -> None:
+        cancel.set()  # cancelled while it waits; the clock stays where the daemon's is
+
+    c = pc.Client(policyd.address, tenant=tenant, sleep=sleep, now=clock.now, watch=False, decision_timeout=5)
+    try:
+        res = c.call(pc.Call(target="geo", idempotent=True, run_id=run_id), script(S503)[0], cancel=cancel)
+        assert (res.disposition, res.stop_reason, res.attempts) == (pc.Disposition.DEAD_LETTER, pc.StopReason.DEADLINE, 1)
+    finally:
+        c.close()
+    assert c.stats().outcomes_dropped == 0
+    assert policyd.run(run_id).ledger.dead_letter_deadline == 1
+
+
 def test_misuse(policyd: Daemon, tenant: str) -> None:
     with pytest.raises(ValueError):
         pc.Client(policyd.address, tenant="")

@@ -94,6 +94,8 @@ def test_a_cancel_thrown_in_reports_a_dead_letter_deadline(clock: FakeClock) -> 
     assert isinstance(report, _loop.Report)
     assert (report.outcome.final, report.outcome.stop, report.outcome.attempt) == (
         types_pb2.DISPOSITION_DEAD_LETTER, types_pb2.STOP_REASON_DEADLINE, 1)
+    # The caller's own deadline, the moment of the cancel, goes with it.
+    assert report.outcome.pb().call.deadline_time.ToNanoseconds() == int(round(clock.now() * 1e9))
     try:
         loop.send(None)
     except StopIteration as done:

@@ -854,6 +854,9 @@ class PendingOutcome(NamedTuple):
     deduplicated: bool = False
     #: The target the attempt went to, when not the primary.
     target: str = ""
+    #: The deadline a final outcome tells, when the caller ended the call
+    #: (cancelled it) before the deadline policyd knows: the moment it did.
+    deadline: Optional[float] = None
 
     def pb(self) -> rpb.Outcome:
         """Returns the Outcome message."""
@@ -866,6 +869,8 @@ class PendingOutcome(NamedTuple):
             o.failure.CopyFrom(self.failure)
         if self.latency > 0:
             o.latency.CopyFrom(to_duration(self.latency))
+        if self.deadline is not None:
+            o.call.deadline_time.CopyFrom(to_timestamp(self.deadline))
         return o
 
 
@@ -961,16 +966,24 @@ class CallState(Generic[T]):
         stop: Optional[StopReason],
         attempt: int,
         unrecorded: Optional[types_pb2.Failure] = None,
+        cancelled_at: Optional[float] = None,
     ) -> PendingOutcome:
         """Ends the call with a failure disposition; returns the final outcome
         to report. ``unrecorded`` is the last failure when policyd has not
         seen it (a local decision); otherwise the outcome says the failure
-        was already recorded by NextDelay."""
+        was already recorded by NextDelay. ``cancelled_at`` is when the
+        caller cancelled the call (DEAD_LETTER, DEADLINE): the deadline of
+        its own the call ended at, which the outcome tells policyd, since
+        the deadline policyd knows (a policy's call_deadline) has not
+        passed."""
         self.disposition, self.stop_reason = disposition, stop
+        deadline = None
+        if cancelled_at is not None:
+            deadline = cancelled_at if self.deadline is None else min(self.deadline, cancelled_at)
         return PendingOutcome(
             self.info, max(attempt, 1), already_recorded=unrecorded is None, failure=unrecorded, lease=self.take_lease(),
             final=disposition.to_pb(), stop=stop.to_pb() if stop is not None else types_pb2.STOP_REASON_UNSPECIFIED,
-            target=self.attempt_target,
+            target=self.attempt_target, deadline=deadline,
         )
 
 

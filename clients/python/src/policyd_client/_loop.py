@@ -144,7 +144,7 @@ def run(core: Core, st: CallState[Any]) -> Loop:
     except CallCancelled:
         if not st.ended:
             st.error = Cancelled()
-            yield Report(st.end(Disposition.DEAD_LETTER, StopReason.DEADLINE, st.attempts))
+            yield Report(st.end(Disposition.DEAD_LETTER, StopReason.DEADLINE, st.attempts, cancelled_at=core.now()))
         res = st.result()
     if not res.ok and core.observed:
         core.emit(Event(EventKind.STOPPED, target=st.target, call_id=st.info.call_id, attempt=res.attempts,
@@ -216,7 +216,7 @@ def _attempts(core: Core, st: CallState[Any]) -> Loop:
             return st.result()
         st.error = got.error
         if got.cancelled:
-            yield Report(st.end(Disposition.DEAD_LETTER, StopReason.DEADLINE, attempt))
+            yield Report(st.end(Disposition.DEAD_LETTER, StopReason.DEADLINE, attempt, cancelled_at=core.now()))
             return st.result()
         f = classify_exception(got.error, timed_out=got.timed_out)
         if f.unclassified:
