@@ -114,6 +114,9 @@ func shareARoundTrip(t *testing.T, servers []*redistest.Server, c redis.Universa
 			t.Fatal(err)
 		}
 	}
+	// The replica reloads each budget from the changes feed, an HGET each,
+	// in the background: all of them before the count below starts.
+	until(t, "the budgets reloaded", func() bool { return s.RoundTrips()["hget"] >= uint64(len(tenants)) })
 	for _, srv := range servers {
 		srv.Pause(t)
 	}
