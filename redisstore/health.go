@@ -225,7 +225,8 @@ func engineFailure(ctx context.Context, err error) bool {
 // hook is the go-redis hook that puts every command and pipeline of the
 // client through guard. Blocking reads (the feeds' XREAD) count too: a
 // server that answers none of them is down.
-// Each command or pipeline the guard lets through is counted in trips.
+// Each command or pipeline the guard lets through is counted in trips
+// (and timed, when Options.RoundTripObserver is set).
 func (h *health) hook(trips *roundTrips) redis.Hook { return healthHook{h, trips} }
 
 type healthHook struct {
@@ -237,7 +238,12 @@ func (k healthHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (k healthHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		return k.h.guard(ctx, func(ctx context.Context) error { k.trips.add(cmd); return next(ctx, cmd) })
+		return k.h.guard(ctx, func(ctx context.Context) error {
+			start := k.trips.add(cmd)
+			err := next(ctx, cmd)
+			k.trips.took(start)
+			return err
+		})
 	}
 }
 
@@ -252,8 +258,10 @@ func (k healthHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 		sent := false
 		err := k.h.guard(ctx, func(ctx context.Context) error {
 			sent = true
-			k.trips.addPipeline(cmds)
-			return next(ctx, cmds)
+			start := k.trips.addPipeline(cmds)
+			err := next(ctx, cmds)
+			k.trips.took(start)
+			return err
 		})
 		if errors.Is(err, ErrUnavailable) {
 			for _, c := range cmds {

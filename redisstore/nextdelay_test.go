@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -244,6 +245,58 @@ func TestRoundTripsCountsEachCall(t *testing.T) {
 	}
 	if len(got) != 1 || got["policyd_nextdelay"] != 1 {
 		t.Errorf("round trips of one fresh NextDelay: %v, want policyd_nextdelay 1 and nothing else", got)
+	}
+}
+
+// durations is a RoundTripObserver that keeps what it observes.
+type durations struct {
+	mu   sync.Mutex
+	secs []float64
+}
+
+func (d *durations) Observe(s float64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.secs = append(d.secs, s)
+}
+
+// TestRoundTripObserverTimesEachRoundTrip: Options.RoundTripObserver (the
+// daemon's policyd_store_round_trip_seconds) takes one duration for each
+// round trip the replica counts, its blocking feed reads (xread) left out,
+// and the NextDelays' policyd_nextdelay round trips among them.
+func TestRoundTripObserverTimesEachRoundTrip(t *testing.T) {
+	srv := redistest.Standalone(t)
+	obs := &durations{}
+	r := newReplicaWith(t, func() redis.UniversalClient { return redis.NewClient(&redis.Options{Addr: srv.Addr}) },
+		redisstore.Options{Timeout: 2 * time.Second, BatchOutcomes: true, RoundTripObserver: obs})
+	ctx := context.Background()
+	for i := range 5 {
+		if _, err := r.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: &pb.CallRef{Tenant: "acme", Target: "geo",
+			CallId: "c" + strconv.Itoa(i), Idempotent: true}, Attempt: 1,
+			Failure: &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 503}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.stop() // every round trip has ended
+	trips := r.store.RoundTrips()
+	var counted uint64
+	for call, n := range trips {
+		if call != "xread" {
+			counted += n
+		}
+	}
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	if trips["xread"] == 0 || trips["policyd_nextdelay"] < 5 {
+		t.Fatalf("round trips %v: want the feed's xreads and the 5 NextDelays'", trips)
+	}
+	if uint64(len(obs.secs)) != counted {
+		t.Errorf("%d round trips timed, %d counted besides the xreads (%v); want each timed once", len(obs.secs), counted, trips)
+	}
+	for _, s := range obs.secs {
+		if !(s > 0) {
+			t.Errorf("a round trip timed at %gs; want a duration > 0", s)
+		}
 	}
 }
 

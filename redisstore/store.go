@@ -116,6 +116,13 @@ type Options struct {
 	// flush. Off (policyd serve --sync=always): every batch is sent before
 	// ApplyOutcomes returns.
 	BatchOutcomes bool
+	// RoundTripObserver, when set, takes the duration of every round
+	// trip to Redis the engine breaker lets through, a command's or a
+	// pipeline's (a coalesced one once), in seconds, from its write to its
+	// reply: how near the calls run to Timeout. The feeds' blocking XREADs
+	// are left out, since they wait for events by design. policyd serve
+	// passes the histogram policyd_store_round_trip_seconds.
+	RoundTripObserver RoundTripObserver
 }
 
 // DefaultTenantBudget is the budget of tenants without an explicit one when
@@ -246,6 +253,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	s.health = &health{clock: opts.Clock, changed: s.engineChanged, b: engineBreaker{Threshold: opts.DownAfter, Cooldown: opts.DownFor}}
 	s.queue.max = opts.MaxQueuedBatches
 	s.held = heldOutcomes{batches: map[string]*outcomeBatch{}, wake: make(chan struct{}, 1)}
+	s.trips.observe = opts.RoundTripObserver
 	opts.Client.AddHook(s.health.hook(&s.trips))
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.lib.q = &coalescer{c: opts.Client, base: s.ctx}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -59,6 +60,18 @@ func TestTwoReplicasOnOneRedis(t *testing.T) {
 		`policyd_store_round_trips_total{call="`, "policyd_audit_buffered ", "policyd_audit_dropped_total 0", "policyd_store_down_total 0"} {
 		if !strings.Contains(body, want) {
 			t.Errorf("replica a's metrics lack %s", want)
+		}
+	}
+	// ForceBreaker made at least one round trip on a, timed.
+	if n := sampleValue(t, body, "policyd_store_round_trip_seconds_count"); n < 1 {
+		t.Errorf("replica a's policyd_store_round_trip_seconds_count = %v; want at least 1 round trip timed", n)
+	}
+	// The series of the alert rules that come with the Redis engine are
+	// served (TestMetricsShowBreakersReloadsAndGRPC checks the others on
+	// bbolt).
+	for name := range redisOnlySeries {
+		if !regexp.MustCompile(`(?m)^` + name + `[{ ]`).MatchString(body) {
+			t.Errorf("deploy/prometheus/alerts.yaml uses %s, which replica a does not serve", name)
 		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/policyd/policyd/breakerstore"
@@ -177,13 +178,15 @@ func openStore(ctx context.Context, su storeURL, cfg serveConfig, opts breakerst
 		// Outcomes per tenant per --flush-interval, as bbolt's group
 		// commit; --sync=always sends each batch before its answer.
 		BatchOutcomes: opts.Sync != breakerstore.SyncAlways}
+	latency := newRoundTripHistogram()
+	ropts.RoundTripObserver = latency
 	// A replica started while Redis is down (or failing over) waits for
 	// it, with backoff, instead of exiting; a Redis of another schema is
 	// final.
 	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
 		rs, err := redisstore.Open(ctx, ropts)
 		if err == nil {
-			return redisState{rs, su.redis}, nil, nil
+			return redisState{rs, su.redis, latency}, nil, nil
 		}
 		if errors.Is(err, redisstore.ErrSchema) {
 			_ = su.redis.Close()
@@ -199,11 +202,29 @@ func openStore(ctx context.Context, su storeURL, cfg serveConfig, opts breakerst
 	}
 }
 
-// redisState closes the Redis client after the store.
+// redisState closes the Redis client after the store; latency is the
+// histogram of its round trips (policyd_store_round_trip_seconds).
 type redisState struct {
 	*redisstore.Store
-	client redis.UniversalClient
+	client  redis.UniversalClient
+	latency prometheus.Histogram
 }
+
+// newRoundTripHistogram is policyd_store_round_trip_seconds, its buckets
+// around --store-timeout's default of 50ms: a replica on a Redis of its
+// own network answers in well under a millisecond, one whose calls near
+// the timeout is about to decide in degraded mode.
+func newRoundTripHistogram() prometheus.Histogram {
+	return prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "policyd_store_round_trip_seconds",
+		Help:    "Round trips this replica made to the shared store, from the write of a command or pipeline to its reply (the feeds' blocking reads left out).",
+		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1},
+	})
+}
+
+// RoundTripLatency is the histogram of the store's round trips, for the
+// metrics endpoint.
+func (r redisState) RoundTripLatency() prometheus.Collector { return r.latency }
 
 func (r redisState) Close() error {
 	err := r.Store.Close()

@@ -98,6 +98,9 @@ func (o *observeConfig) start(ctx context.Context, store statuspage.Source, bolt
 		if e, ok := store.(engineHealth); ok { // the Redis engine's
 			reg.MustRegister(engineCollector(e))
 		}
+		if l, ok := store.(interface{ RoundTripLatency() prometheus.Collector }); ok {
+			reg.MustRegister(l.RoundTripLatency())
+		}
 		if loader != nil {
 			reg.MustRegister(reloadCollector(loader))
 		}
