@@ -51,12 +51,13 @@ func until(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// full reports whether q has as many round trips in flight as it takes:
-// a call made now waits in the queue.
+// full reports whether q has as many round trips in flight as it takes,
+// sent (not gathering calls to go with them): a call made now waits in the
+// queue for the next one.
 func (q *coalescer) full() bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.trips == q.maxTrips()
+	return q.trips == q.maxTrips() && !q.gathering
 }
 
 // TestConcurrentNextDelaysShareARoundTrip: NextDelays asked while
@@ -426,4 +427,109 @@ func (q *coalescer) inFlight() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return q.trips
+}
+
+// tripSizes is a go-redis hook that records each round trip's number of
+// commands: 1 for a command alone, the pipeline's length for a pipeline;
+// a new connection's handshake (HELLO, CLIENT SETINFO) left out.
+type tripSizes struct {
+	mu    sync.Mutex
+	sizes []int
+}
+
+func (h *tripSizes) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *tripSizes) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { h.add([]redis.Cmder{cmd}); return next(ctx, cmd) }
+}
+
+func (h *tripSizes) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { h.add(cmds); return next(ctx, cmds) }
+}
+
+func (h *tripSizes) add(cmds []redis.Cmder) {
+	if len(cmds) > 0 && (cmds[0].Name() == "hello" || cmds[0].Name() == "client") {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.sizes = append(h.sizes, len(cmds))
+}
+
+// take returns the sizes recorded since the last take.
+func (h *tripSizes) take() []int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s := h.sizes
+	h.sizes = nil
+	return s
+}
+
+// isGathering reports whether a call going out is yielding for others.
+func (q *coalescer) isGathering() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.gathering
+}
+
+// TestCoalescerGathersReadyCalls: a call that finds a round trip free
+// yields before it sends, and the calls made during its yield (requests
+// ready to run on the replica) go with it, one pipeline, each with its
+// own reply; a call with nothing made during its yield goes alone, as
+// without a coalescer. The yield is the test's: it returns once the other
+// calls are queued, as runtime.Gosched returns once the goroutines ready
+// to run have had the processor.
+func TestCoalescerGathersReadyCalls(t *testing.T) {
+	srv := redistest.Standalone(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	sizes := &tripSizes{}
+	c.AddHook(sizes)
+	ctx := context.Background()
+	if err := c.Ping(ctx).Err(); err != nil { // the connection's handshake, not counted below
+		t.Fatal(err)
+	}
+	sizes.take()
+	q := &coalescer{c: c, base: ctx}
+	const n = 8
+	var first sync.Once
+	q.yield = func() {
+		first.Do(func() { until(t, "the other calls queued", func() bool { return q.queued() == n-1 }) })
+	}
+	replies := make([]string, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	call := func(i int) {
+		defer wg.Done()
+		cmd := redis.NewStringCmd(ctx, "echo", "call "+strconv.Itoa(i))
+		if errs[i] = q.do(ctx, cmd); errs[i] == nil {
+			replies[i], errs[i] = cmd.Result()
+		}
+	}
+	wg.Add(1)
+	go call(0)
+	until(t, "the first call yielding", q.isGathering)
+	for i := 1; i < n; i++ {
+		wg.Add(1)
+		go call(i)
+	}
+	wg.Wait()
+	for i := range n {
+		if want := "call " + strconv.Itoa(i); errs[i] != nil || replies[i] != want {
+			t.Errorf("call %d: %q, %v; want its own reply %q", i, replies[i], errs[i], want)
+		}
+	}
+	if got := sizes.take(); !slices.Equal(got, []int{n}) {
+		t.Errorf("round trips of %d calls made during the first one's yield: %v commands; want one pipeline of %d", n, got, n)
+	}
+	cmd := redis.NewStringCmd(ctx, "echo", "alone")
+	if err := q.do(ctx, cmd); err != nil || cmd.Val() != "alone" {
+		t.Errorf("a call alone: %q, %v; want its reply", cmd.Val(), err)
+	}
+	if got := sizes.take(); !slices.Equal(got, []int{1}) {
+		t.Errorf("round trips of a call with nothing made during its yield: %v commands; want it alone", got)
+	}
+	if q.inFlight() != 0 || q.queued() != 0 {
+		t.Errorf("after every call: %d round trips counted in flight, %d queued; want none", q.inFlight(), q.queued())
+	}
 }
