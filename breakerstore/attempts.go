@@ -388,6 +388,12 @@ func (s *Store) ReleaseAttempt(k policy.CallKey) {
 // LastAnswer returns the answer policyd gave to the highest attempt of call
 // k it decided, while it is remembered. It is safe for concurrent use.
 func (s *Store) LastAnswer(k policy.CallKey) (policy.Answer, bool) {
+	a, n := s.lastAnswer(k)
+	return a, n > 0
+}
+
+// lastAnswer is LastAnswer with the attempt it answered (0: none).
+func (s *Store) lastAnswer(k policy.CallKey) (policy.Answer, uint32) {
 	h := s.attempts.hash(k)
 	sh := s.attempts.shard(h)
 	now := s.now()
@@ -395,9 +401,10 @@ func (s *Store) LastAnswer(k policy.CallKey) (policy.Answer, bool) {
 	defer sh.mu.Unlock()
 	i := sh.find(h, k)
 	if i < 0 || sh.slots[i].attempt == 0 || now >= sh.slots[i].expiry {
-		return policy.Answer{}, false
+		return policy.Answer{}, 0
 	}
-	return sh.attempts(i, true).Answer, true
+	a := sh.attempts(i, true)
+	return a.Answer, a.Attempt
 }
 
 // evict drops the oldest records of sh, claimed ones aside, until it holds

@@ -2,11 +2,12 @@ package breakerstore
 
 import "github.com/policyd/policyd/policy"
 
-// LastAnswers is LastAnswer of every call of keys, into out[i] and ok[i]
-// (out and ok at least as long as keys). It is safe for concurrent use.
-func (s *Store) LastAnswers(keys []policy.CallKey, out []policy.Answer, ok []bool) {
+// LastAnswers is LastAnswer of every call of keys, into out[i], with the
+// attempt it answered in attempts[i] (0: none; out and attempts at least
+// as long as keys). It is safe for concurrent use.
+func (s *Store) LastAnswers(keys []policy.CallKey, out []policy.Answer, attempts []uint32) {
 	for i, k := range keys {
-		out[i], ok[i] = s.LastAnswer(k)
+		out[i], attempts[i] = s.lastAnswer(k)
 	}
 }
 

@@ -19,6 +19,11 @@ type FinalReport struct {
 	// answer to the highest attempt.
 	Decided bool
 	Answer  policy.Answer
+	// Stale says Answer is a RETRY to an earlier attempt than the one
+	// reported, whose failure was told to NextDelay (Recorded): the answer
+	// to the attempt reported is not remembered, as when a replica that
+	// could not reach its store decided it and the store never got it.
+	Stale bool
 	// Breaker is the call's breaker now, when it has one.
 	Breaker      policy.BreakerState
 	HasBreaker   bool
@@ -53,7 +58,8 @@ type FinalReport struct {
 //     when given) it decided, nothing else;
 //   - otherwise FAILED_TERMINAL only with a failure not classified
 //     transient, and never after policyd answered a transient failure with
-//     RETRY unless a later failure is reported;
+//     RETRY unless a later failure is reported (or told to NextDelay for a
+//     later attempt: Stale);
 //   - DEAD_LETTER only with a transient failure (a server's pushback:
 //     any failure, and after policyd answered a transient failure of
 //     the call with RETRY, and NOT_IDEMPOTENT when the call's idempotency
@@ -70,19 +76,22 @@ type FinalReport struct {
 //
 // Three cases cannot be checked and are accepted: FAILED_TERMINAL for a
 // call policyd never saw fail, reported with no failure (the Go client
-// reports an error of no kind it knows that way); DEAD_LETTER (DEADLINE)
+// reports an error of no kind it knows that way), or of a failure told to
+// NextDelay for an attempt whose answer is not remembered (Stale: the
+// remembered RETRY is an earlier attempt's); DEAD_LETTER (DEADLINE)
 // for a call whose deadline policyd does not know (neither the outcome
 // nor a decision carried one): a caller that cancels a call ends it at a
 // deadline of its own (both clients report a cancelled call so, and tell
 // the moment of the cancel as the call's deadline, which passes the check
 // when policyd knows a later one); and
 // DEAD_LETTER (BUDGET_EXHAUSTED) or (DEADLINE) of a failure told to
-// NextDelay when no answer of the call is remembered: a replica that
+// NextDelay when no answer of the attempt is remembered: a replica that
 // could not reach its store stops a retry it cannot spend for, or whose
 // wait would pass the deadline, so (flagged degraded), and the store
 // never got the answer to remember (the replica was killed before it
-// wrote it, or the final went to another replica first). Refusing it
-// would lose the dead letter from the run's ledger and call table;
+// wrote it, or the final went to another replica first); a terminal
+// failure it answered STOP so is the FAILED_TERMINAL case. Refusing it
+// would lose the call's end from the run's ledger and call table;
 // nothing is lost wins over a check that cannot see the decision.
 func CheckFinal(r *FinalReport) string {
 	d := r.Final.Disposition
@@ -106,12 +115,12 @@ func CheckFinal(r *FinalReport) string {
 		switch {
 		case r.Failure == policy.CategoryTransient:
 			return "FAILED_TERMINAL needs a terminal classification; the failure reported is transient"
-		case r.Failure == 0 && r.Decided && r.Answer.Category == policy.CategoryTransient:
+		case r.Failure == 0 && r.Decided && !r.Stale && r.Answer.Category == policy.CategoryTransient:
 			return "FAILED_TERMINAL needs a terminal classification; policyd classified this call's failure transient and answered RETRY"
 		}
 	case policy.DispositionDeadLetter:
 		switch {
-		case (r.Final.Stop == policy.StopDeadline || r.Final.Stop == policy.StopBudgetExhausted) && r.Recorded && !r.Decided:
+		case (r.Final.Stop == policy.StopDeadline || r.Final.Stop == policy.StopBudgetExhausted) && r.Recorded && (!r.Decided || r.Stale):
 			// A degraded stop whose answer the store never kept (for a
 			// deadline, the wait that no longer fit is not known here).
 		case r.Final.Stop == policy.StopDeadline:

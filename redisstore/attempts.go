@@ -123,14 +123,14 @@ func (s *Store) LastAnswer(k policy.CallKey) (policy.Answer, bool) {
 	return a.Answer, true
 }
 
-// LastAnswers is LastAnswer of every call of keys, into out[i] and ok[i]
-// (both as long as keys): one call of policyd_attempts per tenant (a
+// LastAnswers is LastAnswer of every call of keys, into out[i], with the
+// attempt it answered in attempts[i] (0: none; both as long as keys): one call of policyd_attempts per tenant (a
 // tenant's records share its hash slot, also on a Cluster), whatever the
 // number of keys. The records of a tenant that cannot be read (the engine
 // down) and a damaged record are none, as with LastAnswer.
-func (s *Store) LastAnswers(keys []policy.CallKey, out []policy.Answer, ok []bool) {
+func (s *Store) LastAnswers(keys []policy.CallKey, out []policy.Answer, attempts []uint32) {
 	clear(out[:len(keys)])
-	clear(ok[:len(keys)])
+	clear(attempts[:len(keys)])
 	if s.check() != nil || len(keys) == 0 {
 		return
 	}
@@ -160,7 +160,7 @@ func (s *Store) LastAnswers(keys []policy.CallKey, out []policy.Answer, ok []boo
 		}
 		for j, i := range idx {
 			if a := recs[j]; a.Attempt > 0 && now < a.Expiry {
-				out[i], ok[i] = a.Answer, true
+				out[i], attempts[i] = a.Answer, a.Attempt
 			}
 		}
 	}

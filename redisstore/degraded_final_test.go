@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
@@ -130,5 +132,50 @@ func TestDegradedDeadlineStopIsTakenOnAnotherReplica(t *testing.T) {
 		FinalDisposition: pb.Disposition_DISPOSITION_DEAD_LETTER, FinalStopReason: pb.StopReason_STOP_REASON_DEADLINE}}}
 	if _, err := b.workers.ReportOutcome(ctx, dead); err != nil {
 		t.Fatalf("ReportOutcome of the DEAD_LETTER (DEADLINE) a killed replica decided in degraded mode: %v (want it taken)", err)
+	}
+}
+
+// TestDegradedTerminalStopIsTakenOnAnotherReplica: a call's first failure
+// is answered RETRY while Redis answers; its second, a 422, is answered
+// STOP (TERMINAL) by a replica that cannot reach Redis, killed before it
+// writes that answer. The worker's final FAILED_TERMINAL of attempt 2,
+// sent to another replica, is taken: the answer that replica reads is
+// attempt 1's RETRY of a transient failure, an earlier attempt than the
+// one reported, whose failure was told to NextDelay. Refused before
+// ("policyd classified this call's failure transient and answered RETRY"),
+// as in a stop-redis fault test, which lost the call from the ledger.
+func TestDegradedTerminalStopIsTakenOnAnotherReplica(t *testing.T) {
+	srv := redistest.Standalone(t)
+	a := boundedReplica(t, srv.Addr)
+	b := boundedReplica(t, srv.Addr)
+	ctx := context.Background()
+	call := &pb.CallRef{Tenant: "acme", Target: "grants", CallId: "doc-1", Idempotent: true}
+	if resp, err := a.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call, Attempt: 1,
+		Failure: &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 503}}}); err != nil || resp.GetDecision() != pb.Decision_DECISION_RETRY {
+		t.Fatalf("NextDelay of attempt 1 = %v, %v; want RETRY", resp, err)
+	}
+
+	srv.Pause(t)
+	a.until(t, "the engine seen down", func() bool { return !a.store.Up() })
+	resp, err := a.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call, Attempt: 2,
+		Failure: &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 422}}})
+	if err != nil || resp.GetDecision() != pb.Decision_DECISION_STOP || resp.GetStopReason() != pb.StopReason_STOP_REASON_TERMINAL {
+		t.Fatalf("NextDelay of attempt 2 with Redis stopped = %v, %v; want STOP (TERMINAL)", resp, err)
+	}
+	a.stop() // killed before its next flush: the engine never gets the answer
+	srv.Resume(t)
+	eventually(t, "the other replica's engine up", b.store.Up)
+
+	final := &pb.ReportOutcomeRequest{Outcomes: []*pb.Outcome{{Call: call, Attempt: 2, AlreadyRecorded: true,
+		FinalDisposition: pb.Disposition_DISPOSITION_FAILED_TERMINAL}}}
+	if _, err := b.workers.ReportOutcome(ctx, final); err != nil {
+		t.Fatalf("ReportOutcome of the FAILED_TERMINAL a killed replica decided in degraded mode: %v (want it taken)", err)
+	}
+	// The same final of attempt 1, whose answer (RETRY) is remembered, is
+	// still refused: policyd told that attempt to retry.
+	final.Outcomes[0].Attempt = 1
+	final.Outcomes[0].Call = &pb.CallRef{Tenant: "acme", Target: "grants", CallId: "doc-1", Idempotent: true}
+	if _, err := b.workers.ReportOutcome(ctx, final); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("ReportOutcome of FAILED_TERMINAL for attempt 1, answered RETRY: %v; want INVALID_ARGUMENT", err)
 	}
 }

@@ -465,7 +465,8 @@ func (d *Decisions) decideAdmit(ctx context.Context, call callRef, target string
 // agrees checks outcome i's final disposition against the outcome and
 // what policyd decided for the call (fleet.CheckFinal): a contradiction
 // is INVALID_ARGUMENT naming outcomes[i].final_disposition and the rule.
-// ans and decided are the call's remembered answer (finalAnswers reads
+// ans and answered are the call's remembered answer and the attempt it
+// answered, 0 for none (finalAnswers reads
 // them for the whole request); it also reads the call's run and its
 // breaker as this replica knows it (Breakers.KnownBreaker: no round
 // trip), so it runs only for the outcomes checkFinal selects. A
@@ -474,7 +475,7 @@ func (d *Decisions) decideAdmit(ctx context.Context, call callRef, target string
 // stream's delivery, or be missing. stopped reports that policyd stopped
 // the call itself (NextDelay's STOP, which counted the call's end in the
 // attempt statistics).
-func (d *Decisions) agrees(ctx context.Context, i int, it *outcomeItem, ans policy.Answer, decided bool, p *policy.Policy, key policy.BreakerKey) (stopped bool, err error) {
+func (d *Decisions) agrees(ctx context.Context, i int, it *outcomeItem, ans policy.Answer, answered uint32, p *policy.Policy, key policy.BreakerKey) (stopped bool, err error) {
 	now := d.cfg.Clock.Now()
 	success, alreadyRecorded := it.success, it.alreadyRecorded
 	r := fleet.FinalReport{
@@ -489,7 +490,10 @@ func (d *Decisions) agrees(ctx context.Context, i int, it *outcomeItem, ans poli
 		r.Failure = policy.Classify(p, it.failure, true, true).Category
 	}
 	r.Recorded = !success && alreadyRecorded
-	r.Answer, r.Decided = ans, decided
+	r.Answer, r.Decided = ans, answered > 0
+	// A RETRY remembered for an attempt before the one whose failure was
+	// told to NextDelay: the answer to that one was lost.
+	r.Stale = r.Recorded && r.Decided && ans.Retry && it.attempt > answered
 	deadline := r.Answer.Deadline
 	if !it.call.deadline.IsZero() || !it.call.origin.IsZero() {
 		deadline = policy.EffectiveDeadline(p, now, it.call.origin, it.call.deadline)
@@ -550,7 +554,7 @@ func (it *outcomeItem) checkFinal() bool {
 // that checkFinal selects, in items' order, in one batch
 // (Attempts.LastAnswers: one round trip per tenant on a shared engine,
 // not one per outcome); nil when there are none.
-func (d *Decisions) finalAnswers(items []outcomeItem) (answers []policy.Answer, decided []bool) {
+func (d *Decisions) finalAnswers(items []outcomeItem) (answers []policy.Answer, answered []uint32) {
 	var keys []policy.CallKey
 	for i := range items {
 		if it := &items[i]; it.checkFinal() {
@@ -560,9 +564,9 @@ func (d *Decisions) finalAnswers(items []outcomeItem) (answers []policy.Answer, 
 	if len(keys) == 0 {
 		return nil, nil
 	}
-	answers, decided = make([]policy.Answer, len(keys)), make([]bool, len(keys))
-	d.store.LastAnswers(keys, answers, decided)
-	return answers, decided
+	answers, answered = make([]policy.Answer, len(keys)), make([]uint32, len(keys))
+	d.store.LastAnswers(keys, answers, answered)
+	return answers, answered
 }
 
 // detail explains a decision in a sentence for logs and humans.
@@ -628,7 +632,7 @@ func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc 
 	pols := &sc.pols
 	pols.reset()
 	var pi int // the call's policy in pols, looked up again only when an outcome's tenant or target differs from the last's
-	answers, decided := d.finalAnswers(items)
+	answers, answered := d.finalAnswers(items)
 	checked := 0 // outcomes agrees has checked
 	for i := range items {
 		it := &items[i]
@@ -676,7 +680,7 @@ func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc 
 			u.Tally = policy.AttemptTally{Tenant: it.call.tenant, Target: it.target, Attempt: it.attempt, Success: true}
 		}
 		if it.checkFinal() {
-			stopped, err := d.agrees(ctx, i, it, answers[checked], decided[checked], p, u.Key)
+			stopped, err := d.agrees(ctx, i, it, answers[checked], answered[checked], p, u.Key)
 			checked++
 			if err != nil {
 				return 0, ups, err

@@ -183,11 +183,12 @@ type Attempts interface {
 	// LastAnswer returns the answer to the highest attempt of call k
 	// decided, while it is remembered.
 	LastAnswer(k policy.CallKey) (policy.Answer, bool)
-	// LastAnswers is LastAnswer of every call of keys at once, into out[i]
-	// and ok[i] (out and ok at least as long as keys): ReportOutcome reads
-	// a request's in one batch, so a store across the network makes one
+	// LastAnswers is LastAnswer of every call of keys at once, into out[i],
+	// with the attempt it answered in attempts[i] (0: none remembered; out
+	// and attempts at least as long as keys): ReportOutcome reads a
+	// request's in one batch, so a store across the network makes one
 	// round trip per tenant, not one per outcome.
-	LastAnswers(keys []policy.CallKey, out []policy.Answer, ok []bool)
+	LastAnswers(keys []policy.CallKey, out []policy.Answer, attempts []uint32)
 }
 
 // Outcomes applies reported outcomes a batch at a time.

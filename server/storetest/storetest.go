@@ -967,16 +967,16 @@ func testAttempts(t *testing.T, e *env) {
 	replays(failed, 1, retry)
 
 	// LastAnswers reads many calls of several tenants at once, each as
-	// LastAnswer does.
+	// LastAnswer does, with the attempt each answer was given to.
 	keys := []policy.CallKey{call, failed, {Tenant: "acme", CallID: "never"}, other, failed}
 	want := []policy.Answer{stop, retry, {}, stop, retry}
-	wantOK := []bool{true, true, false, true, true}
-	got, ok := make([]policy.Answer, len(keys)), make([]bool, len(keys))
-	got[2], ok[2] = retry, true // left over from an earlier use: cleared
-	e.s.LastAnswers(keys, got, ok)
+	wantAttempt := []uint32{4, 1, 0, 1, 1}
+	got, attempts := make([]policy.Answer, len(keys)), make([]uint32, len(keys))
+	got[2], attempts[2] = retry, 7 // left over from an earlier use: cleared
+	e.s.LastAnswers(keys, got, attempts)
 	for i := range keys {
-		if ok[i] != wantOK[i] || ok[i] && !sameAnswer(got[i], want[i]) || !ok[i] && got[i] != (policy.Answer{}) {
-			t.Errorf("LastAnswers: %v = %+v, %v; want %+v, %v", keys[i], got[i], ok[i], want[i], wantOK[i])
+		if attempts[i] != wantAttempt[i] || attempts[i] > 0 && !sameAnswer(got[i], want[i]) || attempts[i] == 0 && got[i] != (policy.Answer{}) {
+			t.Errorf("LastAnswers: %v = %+v of attempt %d; want %+v of attempt %d", keys[i], got[i], attempts[i], want[i], wantAttempt[i])
 		}
 	}
 }
