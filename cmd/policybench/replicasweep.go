@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -82,6 +83,7 @@ type fleetRow struct {
 	RPS, P99us  float64
 	Outcomes    uint64
 	ServerCPUus float64 // the daemon, or the three replicas together, per request
+	ClientCPUus float64 // policybench's own callers, per request: the load generator's share of the machine
 	RedisCPUus  float64 // -1: no Redis
 	RedisCalls  uint64  // commands run by Redis in the window (INFO left out)
 	RedisForks  uint64  // the server's forks in the window: AOF rewrites
@@ -324,7 +326,10 @@ func (t *sweepTarget) measure(ctx context.Context, cfg replicaSweepConfig, ph st
 	rr := rowsOf(n, ph, w)[0]
 	fr := fleetRow{Callers: n, Phase: ph, Requests: rr.Requests, Errors: rr.Errors, RPS: rr.RPS, P99us: rr.P99us,
 		Outcomes: w.outcomes, ServerCPUus: -1, RedisCPUus: -1, FirstError: rr.FirstError, windowLength: w.elapsed,
-		Stolen: host1.stolen(host0), AuditDropped: -1, Downs: -1}
+		Stolen: host1.stolen(host0), AuditDropped: -1, Downs: -1, ClientCPUus: -1}
+	if rr.Requests > 0 {
+		fr.ClientCPUus = us(w.clientCPU) / float64(rr.Requests)
+	}
 	if cpuOK && rr.Requests > 0 {
 		fr.ServerCPUus = us(cpu1-cpu0) / float64(rr.Requests)
 	}
@@ -494,6 +499,27 @@ func measurePropagation(ctx context.Context, fl *replicaFleet, n int) (*propagat
 	return p, nil
 }
 
+// machineCPUus is the CPU per request of every process r measured: the
+// daemon or the replicas, Redis, and the load generator; -1 when one of
+// them was not read.
+func (r fleetRow) machineCPUus() float64 {
+	if r.ServerCPUus < 0 || r.ClientCPUus < 0 {
+		return -1
+	}
+	return r.ServerCPUus + r.ClientCPUus + max(r.RedisCPUus, 0)
+}
+
+// fmtBound is the req/s cores allow at r's CPU per request, and the share
+// of it r measured.
+func fmtBound(r fleetRow, cores int) string {
+	c := r.machineCPUus()
+	if c <= 0 {
+		return "-"
+	}
+	bound := float64(cores) * 1e6 / c
+	return fmt.Sprintf("at most %.0f req/s, %.0f%%", bound, 100*r.RPS/bound)
+}
+
 func printFleetSweep(out io.Writer, cfg replicaSweepConfig, one, three []fleetRow, prop *propagation) {
 	procs := "Go's default"
 	if cfg.Procs > 0 {
@@ -502,7 +528,7 @@ func printFleetSweep(out io.Writer, cfg replicaSweepConfig, one, three []fleetRo
 	fmt.Fprintf(out, "(i) one policyd on bbolt (--sync group, GOMAXPROCS Go's default); (ii) three replicas on one redis-server (AOF always, --store-timeout %s, GOMAXPROCS %s each); %s per phase after %s warm-up; one connection (round_robin over the replicas); ReportOutcome carries %d outcomes\n\n",
 		cfg.StoreTimeout, procs, cfg.Duration, cfg.Warmup, defaultReportBatch)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "phase\tcallers\t(i) req/s\t(i) p99\t(ii) req/s\t(ii) p99\treq/s (ii)÷(i)\tp99 (ii)÷(i)\terrors (i)/(ii)\tcpu/req (i)\tcpu/req (ii) replicas\tcpu/req Redis\tRedis cmds/req\tRedis cmds/outcome\t")
+	fmt.Fprintln(tw, "phase\tcallers\t(i) req/s\t(i) p99\t(ii) req/s\t(ii) p99\treq/s (ii)÷(i)\tp99 (ii)÷(i)\terrors (i)/(ii)\tcpu/req (i)\tcpu/req (ii) replicas\tcpu/req Redis\tcpu/req load generator (i)/(ii)\tRedis cmds/req\tRedis cmds/outcome\t")
 	for i, b := range one {
 		if i >= len(three) {
 			break
@@ -515,15 +541,25 @@ func printFleetSweep(out io.Writer, cfg replicaSweepConfig, one, three []fleetRo
 		if r.Phase == "report" && r.Outcomes > 0 {
 			perOutcome = fmt.Sprintf("%.4f", float64(r.RedisCalls)/float64(r.Outcomes))
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%s\t%.0f\t%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\t%s\t%s\t\n", b.Phase, b.Callers, b.RPS, fmtUs(b.P99us), r.RPS, fmtUs(r.P99us),
+		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%s\t%.0f\t%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\t%s/%s\t%s\t%s\t\n", b.Phase, b.Callers, b.RPS, fmtUs(b.P99us), r.RPS, fmtUs(r.P99us),
 			fmtRatio(safeDiv(r.RPS, b.RPS)), fmtRatio(safeDiv(r.P99us, b.P99us)), b.Errors, r.Errors,
-			fmtUs(b.ServerCPUus), fmtUs(r.ServerCPUus), fmtUs(r.RedisCPUus), perReq, perOutcome)
+			fmtUs(b.ServerCPUus), fmtUs(r.ServerCPUus), fmtUs(r.RedisCPUus), fmtUs(b.ClientCPUus), fmtUs(r.ClientCPUus), perReq, perOutcome)
 	}
 	tw.Flush()
 	fmt.Fprint(out, "\nthe machine's CPU stolen by the hypervisor in each window, (i) / (ii) (steal in /proc/stat: other guests ran; ratios from windows with much of it are the host's, not policyd's):")
 	for i, b := range one {
 		if i < len(three) {
 			fmt.Fprintf(out, "  %s %d %s / %s;", b.Phase, b.Callers, fmtShare(b.Stolen), fmtShare(three[i].Stolen))
+		}
+	}
+	fmt.Fprintln(out)
+	cores := runtime.NumCPU()
+	fmt.Fprintf(out, "\nthe machine's CPU per request in each window, every process measured, (i) the daemon and the load generator / (ii) the replicas, Redis and the load generator, with the req/s %d cores allow at that cost and the share of it measured (near 100%%: the window was bound by the machine's CPU, and its latency follows its req/s):", cores)
+	for i, b := range one {
+		if i < len(three) {
+			r := three[i]
+			fmt.Fprintf(out, "  %s %d %s / %s (%s / %s);", b.Phase, b.Callers, fmtUs(b.machineCPUus()), fmtUs(r.machineCPUus()),
+				fmtBound(b, cores), fmtBound(r, cores))
 		}
 	}
 	fmt.Fprintln(out)

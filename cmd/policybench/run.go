@@ -102,16 +102,20 @@ func measureAround(ctx context.Context, n int, warmup, d time.Duration, seed uin
 			serverPID = 0
 		}
 	}
-	self0, _ = cpuTime(os.Getpid())
 	commits0 := commitsOf(ctx, metrics)
 	if around != nil {
 		around(true)
 	}
+	// This process's CPU is read inside around's readings, so that its
+	// scrapes of the servers' metrics are not counted as the callers'.
+	self0, _ = cpuTime(os.Getpid())
 	t0 := time.Now()
 	on.Store(true)
 	sleepCtx(ctx, d)
 	on.Store(false)
 	w.elapsed = time.Since(t0)
+	self1, _ := cpuTime(os.Getpid())
+	w.clientCPU = self1 - self0
 	if around != nil {
 		around(false)
 	}
@@ -120,8 +124,6 @@ func measureAround(ctx context.Context, n int, warmup, d time.Duration, seed uin
 			w.serverCPU = srv1 - srv0
 		}
 	}
-	self1, _ := cpuTime(os.Getpid())
-	w.clientCPU = self1 - self0
 	if commits1 := commitsOf(ctx, metrics); commits0 >= 0 && commits1 >= 0 {
 		w.commits = commits1 - commits0
 	}
