@@ -112,7 +112,7 @@ func (s *Store) Record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy
 		}
 		return policy.BreakerSnapshot{}, fmt.Errorf("redisstore: follow tenant %q: %w", key.Tenant, err)
 	}
-	results := []result{{r, s.degraded.enginePermit(permitID, s.opts.Clock)}}
+	results := []result{{r, enginePermit(permitID, s.opts.Clock)}}
 	if s.opts.BatchOutcomes {
 		// The breaker's results held for the flush go first, in this call:
 		// the breaker counts them before this one, as they were reported.

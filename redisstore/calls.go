@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"strconv"
@@ -340,11 +341,44 @@ func redisNotFound(err error) bool {
 	return err != nil && len(err.Error()) >= 8 && err.Error()[:8] == "NOTFOUND"
 }
 
-// newPermitID draws a probe permit id: 128 bits from crypto/rand.
+// newPermitID draws an id, a probe permit's for the engine among others:
+// 127 bits from crypto/rand, the top bit of its first byte clear, which
+// tells it from a permit a replica's local copy handed out in degraded
+// mode (degradedPermitID).
 func newPermitID() fleet.PermitID {
 	var id fleet.PermitID
 	_, _ = rand.Read(id[:])
+	id[0] &^= degradedPermitBit
 	return id
+}
+
+// degradedPermitBit, set in the first byte of a probe permit id, marks a
+// permit a replica's local copy handed out while the engine did not
+// answer, which the engine never saw.
+const degradedPermitBit = 0x80
+
+// degradedPermitID draws the id of a probe permit a local copy hands out
+// in degraded mode, live until expiry (Unix ns): the first byte's top bit
+// set, the expiry in the next 8 bytes (big-endian), 63 bits from
+// crypto/rand in the rest. Any replica, not only the one that drew it,
+// can then tell the engine such a permit as no permit while it is live
+// (degraded.enginePermit): a client may report the probe to any replica.
+func degradedPermitID(expiry int64) fleet.PermitID {
+	var id fleet.PermitID
+	_, _ = rand.Read(id[:])
+	id[0] |= degradedPermitBit
+	binary.BigEndian.PutUint64(id[1:9], uint64(expiry))
+	return id
+}
+
+// degradedPermit returns the expiry (Unix ns) of id when a local copy
+// drew it in degraded mode (degradedPermitID); ok is false for the
+// engine's permits.
+func degradedPermit(id fleet.PermitID) (expiry int64, ok bool) {
+	if id[0]&degradedPermitBit == 0 {
+		return 0, false
+	}
+	return int64(binary.BigEndian.Uint64(id[1:9])), true
 }
 
 // readCall is policyd_read: the breaker under key at the call's time,

@@ -3,7 +3,6 @@ package redisstore
 import (
 	"context"
 	"errors"
-	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -95,15 +94,7 @@ type degraded struct {
 	// debts are the grants of earlier outages not charged yet.
 	runTenant map[string]string
 	debts     []debt
-	// issued are the probe permits the local copies handed out while the
-	// engine did not answer, until their expiry (Unix ns), across resets:
-	// the engine never saw them (enginePermit).
-	issued map[fleet.PermitID]int64
 }
-
-// maxIssued bounds the degraded permits remembered: past it the expired
-// ones are forgotten, then, if still past it, the oldest of the rest.
-const maxIssued = 4096
 
 // share is what the engine last told this replica it may grant alone
 // from a bucket (tokens) or a pool (retries), at version v of its
@@ -127,8 +118,7 @@ type debt struct {
 func newDegraded() *degraded {
 	return &degraded{breakers: map[policy.BreakerKey]*fleet.Breaker{}, spent: map[string]float64{},
 		runSpent: map[string]uint64{}, tokens: map[string]share{}, runs: map[string]share{}, live: 1,
-		runTenant: map[string]string{}, flows: map[policy.BreakerKey]*localFlow{}, limits: map[policy.BreakerKey]float64{},
-		issued: map[fleet.PermitID]int64{}}
+		runTenant: map[string]string{}, flows: map[policy.BreakerKey]*localFlow{}, limits: map[policy.BreakerKey]float64{}}
 }
 
 // reset drops the local copies at a transition of the engine; what was
@@ -276,49 +266,27 @@ func (d *degraded) admitLocked(key policy.BreakerKey, cfg policy.BreakerConfig, 
 	b := d.breaker(key, st, now)
 	cfg.HalfOpenProbes = probeShare(cfg.HalfOpenProbes, d.live)
 	b.Advance(now)
-	a, _ := b.Admit(now, &cfg, newPermitID)
+	expiry := now + int64(cfg.ProbeTimeout) // fleet.Breaker.Admit's
+	a, _ := b.Admit(now, &cfg, func() fleet.PermitID { return degradedPermitID(expiry) })
 	a.Degraded = true
-	if id, ok := fleet.ParsePermitID(a.PermitID); ok {
-		d.remember(id, now+int64(cfg.ProbeTimeout), now)
-	}
 	return a
 }
 
-// remember notes permit id, handed out by a local copy, live until
-// expiry; d.mu is held.
-func (d *degraded) remember(id fleet.PermitID, expiry, now int64) {
-	if len(d.issued) >= maxIssued {
-		maps.DeleteFunc(d.issued, func(_ fleet.PermitID, exp int64) bool { return exp <= now })
-	}
-	for len(d.issued) >= maxIssued {
-		oldest, first := fleet.PermitID{}, true
-		for k, exp := range d.issued {
-			if first || exp < d.issued[oldest] {
-				oldest, first = k, false
-			}
-		}
-		delete(d.issued, oldest)
-	}
-	d.issued[id] = expiry
-}
-
 // enginePermit is permit as the engine is to be told it while it answers:
-// a probe permit a local copy handed out in degraded mode, still live at
-// now, becomes no permit. The engine never handed it out, so it would
-// refuse it (fleet.ErrPermit, FAILED_PRECONDITION for the fleet's own
-// probe); as a result without a permit it settles nothing in HALF_OPEN,
-// as a late result does, and counts in any other state. An expired one is
-// refused as the engine's own expired permits are. clock is read only for
-// a permit: most results carry none.
-func (d *degraded) enginePermit(permit string, clock func() time.Time) string {
+// a probe permit a local copy handed out in degraded mode, on this replica
+// or another (its id says so: degradedPermitID), still live at now,
+// becomes no permit. The engine never handed it out, so it would refuse
+// it (fleet.ErrPermit, FAILED_PRECONDITION for the fleet's own probe); as
+// a result without a permit it settles nothing in HALF_OPEN, as a late
+// result does, and counts in any other state. An expired one is refused
+// as the engine's own expired permits are. clock is read only for such a
+// permit: most results carry none.
+func enginePermit(permit string, clock func() time.Time) string {
 	id, ok := fleet.ParsePermitID(permit)
 	if !ok {
 		return permit
 	}
-	now := clock().UnixNano()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if exp, mine := d.issued[id]; mine && exp > now {
+	if exp, degraded := degradedPermit(id); degraded && exp > clock().UnixNano() {
 		return ""
 	}
 	return permit
@@ -340,10 +308,11 @@ func (d *degraded) record(key policy.BreakerKey, cfg policy.BreakerConfig, st *s
 	_, err := b.Record(now, &cfg, r, permit)
 	if errors.Is(err, fleet.ErrPermit) {
 		// A permit the local copy does not hold: handed out by the engine
-		// before it stopped answering, which this replica cannot check. It
-		// settles nothing here, and the decision is answered: refused, it
-		// was an error (FAILED_PRECONDITION) for a probe that was the
-		// fleet's own (policybench replicas, stop-redis: 46 of them).
+		// before it stopped answering, or by another replica's local copy,
+		// which this replica cannot check. It settles nothing here, and
+		// the decision is answered: refused, it was an error
+		// (FAILED_PRECONDITION) for a probe that was the fleet's own
+		// (policybench replicas, stop-redis: 46 of them).
 		err = nil
 	}
 	calls, failures := b.Window(now)

@@ -61,7 +61,7 @@ func (s *Store) NextDelayInOneCall(st *policy.NextDelayStep) (policy.NextDelayRe
 	if !s.health.up() || s.degraded.owes(tenant, st.Spend.RunID) {
 		return policy.NextDelayResult{}, false, nil
 	}
-	if p := s.degraded.enginePermit(st.PermitID, s.opts.Clock); p != st.PermitID {
+	if p := enginePermit(st.PermitID, s.opts.Clock); p != st.PermitID {
 		c := *st
 		c.PermitID, st = p, &c
 	}

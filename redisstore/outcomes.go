@@ -94,7 +94,7 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 		u := &ups[i]
 		u.Refused = nil
 		if up {
-			u.PermitID = s.degraded.enginePermit(u.PermitID, s.opts.Clock)
+			u.PermitID = enginePermit(u.PermitID, s.opts.Clock)
 		}
 		err := func() error {
 			if u.Result != 0 {
