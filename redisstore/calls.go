@@ -361,8 +361,10 @@ const degradedPermitBit = 0x80
 // in degraded mode, live until expiry (Unix ns): the first byte's top bit
 // set, the expiry in the next 8 bytes (big-endian), 63 bits from
 // crypto/rand in the rest. Any replica, not only the one that drew it,
-// can then tell the engine such a permit as no permit while it is live
-// (degraded.enginePermit): a client may report the probe to any replica.
+// can then tell the engine such a permit as no permit while it is live by
+// its own clock (enginePermit): a client may report the probe to any
+// replica. An id forged with the bit set gains nothing: as no permit it
+// settles nothing in HALF_OPEN.
 func degradedPermitID(expiry int64) fleet.PermitID {
 	var id fleet.PermitID
 	_, _ = rand.Read(id[:])
