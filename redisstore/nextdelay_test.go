@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -335,5 +337,52 @@ func TestNextDelayWaitsForTheEngineOnce(t *testing.T) {
 	}
 	if len(got) != 1 || got["policyd_nextdelay"] != 1 {
 		t.Errorf("round trips of a NextDelay with Redis stopped: %v, want the one policyd_nextdelay", got)
+	}
+}
+
+// TestAdmitOfARunsCallMakesNoRoundTrip: an Admit of a call of a run, on a
+// CLOSED breaker, is answered from the replica's cache as any other, the
+// run's cut-off taken from what the replica knows of the run (KnownRun:
+// it never changes), not read again at every Admit (server/cutoff_test.go
+// has the refusal past it). It was one HGETALL of the run an Admit, and a
+// second wait for the engine in an Admit whose run read timed out.
+func TestAdmitOfARunsCallMakesNoRoundTrip(t *testing.T) {
+	srv := redistest.Standalone(t)
+	r := newReplicaWith(t, func() redis.UniversalClient { return redis.NewClient(&redis.Options{Addr: srv.Addr}) },
+		redisstore.Options{Timeout: 2 * time.Second, BatchOutcomes: true, FlushInterval: time.Hour})
+	ctx := context.Background()
+	if _, err := r.admin.OpenRun(ctx, &pb.OpenRunRequest{RunId: "nightly", Tenant: "acme", RetryPool: 10,
+		CutoffTime: timestamppb.New(time.Now().Add(time.Hour))}); err != nil {
+		t.Fatalf("OpenRun: %v", err)
+	}
+	inRun := func(run, id string) *pb.AdmitRequest {
+		return &pb.AdmitRequest{Call: &pb.CallRef{Tenant: "acme", Target: "geo", CallId: id, RunId: run}, Attempt: 1}
+	}
+	if a, err := r.workers.Admit(ctx, inRun("nightly", "warm")); err != nil || !a.GetAdmitted() {
+		t.Fatalf("Admit of a run's call = %v, %v; want it admitted", a, err) // the replica follows the tenant
+	}
+	before := r.store.RoundTrips()
+	for i := range 20 {
+		if a, err := r.workers.Admit(ctx, inRun("nightly", "c"+strconv.Itoa(i))); err != nil || !a.GetAdmitted() {
+			t.Fatalf("Admit of a run's call = %v, %v; want it admitted", a, err)
+		}
+	}
+	background := map[string]bool{"xread": true, "zadd": true, "zrange": true, "zremrangebyscore": true,
+		"smembers": true, "policyd_read": true, "hello": true, "pipeline client": true}
+	got := map[string]uint64{}
+	for call, n := range r.store.RoundTrips() {
+		if d := n - before[call]; d > 0 && !background[call] {
+			got[call] = d
+		}
+	}
+	if len(got) != 0 {
+		t.Errorf("round trips of 20 Admits of a run's calls on a CLOSED breaker: %v, want none", got)
+	}
+	if a, err := r.workers.Admit(ctx, inRun("nightly", "cut")); err != nil || !a.GetRunCutoffTime().IsValid() {
+		t.Errorf("Admit of a run's call = %v, %v; want the run's cut-off in the answer", a, err)
+	}
+	if _, err := r.workers.Admit(ctx, &pb.AdmitRequest{Call: &pb.CallRef{Tenant: "other", Target: "geo", CallId: "x", RunId: "nightly"},
+		Attempt: 1}); status.Code(err) != codes.NotFound {
+		t.Errorf("Admit of a call naming another tenant's run: %v, want NOT_FOUND", err)
 	}
 }

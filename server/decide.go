@@ -189,25 +189,30 @@ type ruled struct {
 	draw     float64       // spreads the delay over a fleet-wide cool-down, if one is longer
 }
 
+// runOfCall is the run call names: one's KnownRun when one is set and
+// has it at hand for call's tenant (its ID, Tenant and Cutoff never
+// change, and a decision reads nothing else of it), else read.
+func (d *Decisions) runOfCall(ctx context.Context, call *callRef, one OneCallNextDelay) (policy.Run, error) {
+	if one != nil {
+		if r, ok := one.KnownRun(call.runID); ok && r.Tenant == call.tenant {
+			return r, nil
+		}
+	}
+	return d.runOf(ctx, "call.run_id", call.runID, call.tenant)
+}
+
 // statelessRules decides in under p by the rules that need no fleet state
 // (policy.Decide, the run's cut-off a deadline for every call of the run)
-// and says what the breaker of failed learns of the failure. The run is
-// one's KnownRun when one is set and has it at hand, else read.
+// and says what the breaker of failed learns of the failure (the run:
+// runOfCall).
 func (d *Decisions) statelessRules(ctx context.Context, in *nextDelayRequest, p *policy.Policy, failed *hop, one OneCallNextDelay) (ruled, error) {
 	call, f := &in.call, in.failure
 	r := ruled{now: d.cfg.Clock.Now()}
 	deadline := call.deadline
 	if call.runID != "" {
-		known := false
-		if one != nil {
-			r.run, known = one.KnownRun(call.runID)
-			known = known && r.run.Tenant == call.tenant
-		}
-		if !known {
-			var err error
-			if r.run, err = d.runOf(ctx, "call.run_id", call.runID, call.tenant); err != nil {
-				return ruled{}, err
-			}
+		var err error
+		if r.run, err = d.runOfCall(ctx, call, one); err != nil {
+			return ruled{}, err
 		}
 		// The run's cut-off is a deadline for every call of the run.
 		eff := policy.EffectiveDeadline(p, r.now, call.origin, call.deadline)
@@ -416,7 +421,8 @@ func (d *Decisions) decideAdmit(ctx context.Context, call callRef, target string
 	if call.runID != "" {
 		// A call of a run past its cut-off is not attempted: the cut-off
 		// holds for calls started after it, not only for their retries.
-		run, err := d.runOf(ctx, "call.run_id", call.runID, call.tenant)
+		one, _ := d.store.(OneCallNextDelay)
+		run, err := d.runOfCall(ctx, &call, one)
 		if err != nil {
 			return policy.Admission{}, err
 		}

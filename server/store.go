@@ -57,7 +57,8 @@ type OneCallNextDelay interface {
 	NextDelayInOneCall(st *policy.NextDelayStep) (res policy.NextDelayResult, ok bool, err error)
 	// KnownRun returns run id's ID, Tenant and Cutoff (which never
 	// change) when the store has them at hand, without a round trip; ok
-	// false sends the caller to Runs.Run.
+	// false sends the caller to Runs.Run. NextDelay and Admit read a
+	// call's run through it (runOfCall).
 	KnownRun(id string) (run policy.Run, ok bool)
 	// DecidedInOneCall keeps what a decision of NextDelayInOneCall leaves to
 	// write, whose answer nobody waits for: the note n of call callID in
