@@ -112,16 +112,19 @@ func (s *Store) Record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy
 		}
 		return policy.BreakerSnapshot{}, fmt.Errorf("redisstore: follow tenant %q: %w", key.Tenant, err)
 	}
+	ctx, cancel := s.call() // bounded from here: a wait for a flush in flight counts (heldOutcomes.rlock)
+	defer cancel()
 	results := []result{{r, enginePermit(permitID, s.opts.Clock)}}
 	if s.opts.BatchOutcomes {
 		// The breaker's results held for the flush go first, in this call:
 		// the breaker counts them before this one, as they were reported.
-		s.held.sending.RLock()
+		s.held.rlock(ctx)
 		defer s.held.sending.RUnlock()
+		if ctx.Err() != nil {
+			return degraded() // its time went waiting for the flush; the held results left to it
+		}
 		results = append(s.takeResults(key), results...)
 	}
-	ctx, cancel := s.call()
-	defer cancel()
 	_, out, err := recordCall(ctx, s.lib, key.Tenant, []recordGroup{{Key: key, Cfg: &cfg, Results: results}}, s.opts.MaxBreakersPerTenant)
 	if err != nil && len(results) > 1 {
 		// The held results share this call's fate: the engine may have

@@ -1,5 +1,7 @@
 package redisstore
 
+import "context"
+
 // CheckSlots is checkSlots, for the external tests that start a Cluster.
 var CheckSlots = checkSlots
 
@@ -53,3 +55,14 @@ func BreakerField(v []byte, f string) (int64, error) {
 
 // FeedGrace is feedGrace: how much longer than FeedBlock a feed's read may take.
 const FeedGrace = feedGrace
+
+// HoldHeldSending takes the write lock of s's held outcomes, as a flush
+// in flight does, until release.
+func HoldHeldSending(s *Store) (release func()) {
+	s.held.sending.Lock()
+	return s.held.sending.Unlock
+}
+
+// OnHeldWait calls f with a request's call context as the request is
+// about to wait for a flush in flight (heldOutcomes.rlock).
+func OnHeldWait(s *Store, f func(context.Context)) { s.held.waitHook = f }

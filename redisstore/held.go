@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"context"
 	"slices"
 	"sync"
 
@@ -26,6 +27,22 @@ type heldOutcomes struct {
 	// replies, so a tenant's updates reach the engine in the order they
 	// were reported. A call whose batches are all held takes neither.
 	sending sync.RWMutex
+	// waitHook, when set (tests), is called with a request's call context
+	// as it is about to wait for sending's read lock.
+	waitHook func(context.Context)
+}
+
+// rlock takes sending's read lock for a request whose call to the engine
+// is bounded by ctx: the deadline runs while it waits, so that a request
+// waiting for a flush in flight, whose round trip waits for an engine
+// that does not answer, waits for the engine once in all, not for the
+// flush's timeout and then its own. The caller checks ctx once it holds
+// the lock.
+func (h *heldOutcomes) rlock(ctx context.Context) {
+	if h.waitHook != nil {
+		h.waitHook(ctx)
+	}
+	h.sending.RLock()
 }
 
 // holdable reports whether b needs nothing from the engine before its

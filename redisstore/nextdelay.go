@@ -73,19 +73,26 @@ func (s *Store) NextDelayInOneCall(st *policy.NextDelayStep) (policy.NextDelayRe
 	}
 	cfg := fleet.NormConfig(st.Breaker)
 	b, _ := s.budgetOf(tenant)
+	ctx, cancel := s.call() // bounded from here: a wait for a flush in flight counts (heldOutcomes.rlock)
+	defer cancel()
 	var carried []result
 	if s.opts.BatchOutcomes {
 		// The breaker's results held for the flush go first, in this call,
 		// as Record sends them: the breaker counts them before this
 		// failure, as they were reported.
-		s.held.sending.RLock()
+		s.held.rlock(ctx)
 		defer s.held.sending.RUnlock()
+		if ctx.Err() != nil {
+			// Its time went waiting for a flush the engine did not
+			// answer: decided in degraded mode, the held results left to
+			// the flush.
+			res, err := s.degradedNextDelay(st, &cfg)
+			return res, true, err
+		}
 		carried = s.takeResults(st.Key)
 	}
 	sa := s.degraded.shareArgs(s.id, tenant, st.Spend.RunID, shareGrace*s.opts.Heartbeat)
 	keys, args := nextDelayCall(st, &cfg, &b, s.opts.MaxBreakersPerTenant, carried, &sa)
-	ctx, cancel := s.call()
-	defer cancel()
 	r, err := s.lib.fcall(ctx, "policyd_nextdelay", keys, args...)
 	if err != nil && len(carried) > 0 {
 		// As in Record: the engine may have applied them before its answer

@@ -386,3 +386,55 @@ func TestAdmitOfARunsCallMakesNoRoundTrip(t *testing.T) {
 		t.Errorf("Admit of a call naming another tenant's run: %v, want NOT_FOUND", err)
 	}
 }
+
+// TestNextDelayWaitingForAFlushWaitsOnce: a NextDelay that finds a flush of
+// held outcomes in flight waits for it (the breaker counts the held
+// results first), and that wait counts in its own bound: when the flush's
+// round trip keeps it past the store's timeout, as it does while the
+// engine stops answering, it decides in degraded mode at once, without a
+// round trip of its own and without taking the held results. It waited
+// for the flush, then up to the timeout again in its own call
+// (policybench replicas --store-timeout 20ms, stop-redis: NextDelays of
+// 42 ms).
+func TestNextDelayWaitingForAFlushWaitsOnce(t *testing.T) {
+	srv := redistest.Standalone(t)
+	r := newReplicaWith(t, func() redis.UniversalClient { return redis.NewClient(&redis.Options{Addr: srv.Addr}) },
+		redisstore.Options{Timeout: 50 * time.Millisecond, BatchOutcomes: true, FlushInterval: time.Hour, DownAfter: 1000})
+	ctx := context.Background()
+	fail := &pb.NextDelayRequest{Call: &pb.CallRef{Tenant: "acme", Target: "geo", CallId: "warm", Idempotent: true},
+		Attempt: 1, Failure: &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 503}}}
+	eventually(t, "a NextDelay answered by the engine (a store call of 50ms may time out on a loaded machine)", func() bool {
+		resp, err := r.workers.NextDelay(ctx, fail)
+		return err == nil && !resp.GetDegraded()
+	})
+	waits := make(chan context.Context, 1)
+	redisstore.OnHeldWait(r.store, func(c context.Context) {
+		select {
+		case waits <- c:
+		default:
+		}
+	})
+	release := redisstore.HoldHeldSending(r.store) // a flush in flight, its round trip unanswered
+	before := r.store.RoundTrips()
+	type answer struct {
+		resp *pb.NextDelayResponse
+		err  error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		req := &pb.NextDelayRequest{Call: &pb.CallRef{Tenant: "acme", Target: "geo", CallId: "c1", Idempotent: true},
+			Attempt: 1, Failure: fail.Failure}
+		resp, err := r.workers.NextDelay(ctx, req)
+		done <- answer{resp, err}
+	}()
+	callCtx := <-waits // the NextDelay waits for the flush
+	<-callCtx.Done()   // and its time runs out meanwhile
+	release()
+	a := <-done
+	if a.err != nil || !a.resp.GetDegraded() {
+		t.Errorf("NextDelay whose time went waiting for a flush = %v, %v; want an answer flagged degraded", a.resp, a.err)
+	}
+	if n := r.store.RoundTrips()["policyd_nextdelay"] - before["policyd_nextdelay"]; n != 0 {
+		t.Errorf("NextDelay whose time went waiting for a flush made %d policyd_nextdelay round trips, want none", n)
+	}
+}
