@@ -124,9 +124,9 @@ func (s *Store) LastAnswer(k policy.CallKey) (policy.Answer, bool) {
 }
 
 // LastAnswers is LastAnswer of every call of keys, into out[i], with the
-// attempt it answered in attempts[i] (0: none; both as long as keys): one call of policyd_attempts per tenant (a
-// tenant's records share its hash slot, also on a Cluster), whatever the
-// number of keys. The records of a tenant that cannot be read (the engine
+// attempt it answered in attempts[i] (0: none; both as long as keys): one
+// call of policyd_attempts per tenant (a tenant's records share its hash
+// slot, also on a Cluster), whatever the number of keys. The records of a tenant that cannot be read (the engine
 // down) and a damaged record are none, as with LastAnswer.
 func (s *Store) LastAnswers(keys []policy.CallKey, out []policy.Answer, attempts []uint32) {
 	clear(out[:len(keys)])
