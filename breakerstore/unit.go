@@ -12,6 +12,16 @@ import (
 // aliases of one interface literal are one type, and the compiler checks
 // that they agree).
 type Changes = interface {
+	// ClaimAttempt, Run, Breaker, ReleaseLease, Admit and AdmitFlow are
+	// the Store's, asked
+	// for the request: a store whose calls wait for an engine (redisstore)
+	// bounds a request's together; here they are the Store's own.
+	ClaimAttempt(k policy.CallKey, attempt uint32) (policy.Answer, bool, error)
+	Run(id string) (policy.Run, error)
+	Breaker(key policy.BreakerKey) (policy.BreakerSnapshot, error)
+	ReleaseLease(key policy.BreakerKey, id string, lim policy.FlowLimits, sig policy.FlowSignal) (bool, error)
+	Admit(key policy.BreakerKey, cfg policy.BreakerConfig) (policy.Admission, error)
+	AdmitFlow(key policy.BreakerKey, cfg policy.BreakerConfig, lim policy.FlowLimits) (policy.Admission, error)
 	// Record tells the breaker under key an attempt's result (see
 	// breakerstore.Store.Record).
 	Record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy.Result, permitID string) (policy.BreakerSnapshot, error)
@@ -62,6 +72,34 @@ func (s *Store) Begin() Changes {
 		u.p = shared()
 	}
 	return u
+}
+
+// ClaimAttempt is Store.ClaimAttempt.
+func (u *changeBatch) ClaimAttempt(k policy.CallKey, attempt uint32) (policy.Answer, bool, error) {
+	return u.s.ClaimAttempt(k, attempt)
+}
+
+// Run is Store.Run.
+func (u *changeBatch) Run(id string) (policy.Run, error) { return u.s.Run(id) }
+
+// Breaker is Store.Breaker.
+func (u *changeBatch) Breaker(key policy.BreakerKey) (policy.BreakerSnapshot, error) {
+	return u.s.Breaker(key)
+}
+
+// ReleaseLease is Store.ReleaseLease.
+func (u *changeBatch) ReleaseLease(key policy.BreakerKey, id string, lim policy.FlowLimits, sig policy.FlowSignal) (bool, error) {
+	return u.s.ReleaseLease(key, id, lim, sig)
+}
+
+// Admit is Store.Admit.
+func (u *changeBatch) Admit(key policy.BreakerKey, cfg policy.BreakerConfig) (policy.Admission, error) {
+	return u.s.Admit(key, cfg)
+}
+
+// AdmitFlow is Store.AdmitFlow.
+func (u *changeBatch) AdmitFlow(key policy.BreakerKey, cfg policy.BreakerConfig, lim policy.FlowLimits) (policy.Admission, error) {
+	return u.s.AdmitFlow(key, cfg, lim)
 }
 
 // Record is Store.Record within the batch.

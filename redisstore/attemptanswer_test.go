@@ -181,7 +181,7 @@ func TestRecordsOfBeforeReplayAsBefore(t *testing.T) {
 					Key: policy.BreakerKey{Tenant: "acme", Target: "pay"}, Breaker: p.Breaker, Result: policy.ResultTransientFailure,
 					Decision: policy.Decision{Retry: true, Delay: time.Second}, Policy: &p,
 					Spend: policy.SpendRequest{Tenant: "acme"}, Keep: time.Now().Add(time.Hour)}
-				res, ok, err := s.NextDelayInOneCall(&st)
+				res, ok, err := s.NextDelayInOneCall(s.Begin(), &st)
 				if !ok {
 					t.Fatalf("%s, %s: NextDelayInOneCall of attempt %d not taken in one call", tt.name, form, attempt)
 				}

@@ -14,6 +14,12 @@ import (
 // spells the same interface). It is an alias of an interface literal so
 // the two are one type without an import.
 type Changes = interface {
+	ClaimAttempt(k policy.CallKey, attempt uint32) (policy.Answer, bool, error)
+	Run(id string) (policy.Run, error)
+	Breaker(key policy.BreakerKey) (policy.BreakerSnapshot, error)
+	ReleaseLease(key policy.BreakerKey, id string, lim policy.FlowLimits, sig policy.FlowSignal) (bool, error)
+	Admit(key policy.BreakerKey, cfg policy.BreakerConfig) (policy.Admission, error)
+	AdmitFlow(key policy.BreakerKey, cfg policy.BreakerConfig, lim policy.FlowLimits) (policy.Admission, error)
 	Record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy.Result, permitID string) (policy.BreakerSnapshot, error)
 	ExtendCooldown(key policy.BreakerKey, cfg policy.BreakerConfig, until time.Time) (time.Time, error)
 	SpendRetry(req policy.SpendRequest) (policy.Spend, error)
@@ -26,18 +32,55 @@ type Changes = interface {
 
 // changes holds the writes of one request that need no answer (the
 // attempt record, the audit records) until Commit sends them in one
-// pipeline; the breaker, cool-down and spend calls answer at once, each
-// one function call. It belongs to one goroutine.
+// pipeline; the reads, the breaker, cool-down and spend calls answer at
+// once, each one function call. Every engine call made through it,
+// Commit's too, shares one deadline, Options.Timeout from Begin: s is
+// the request's view of the Store (Store.bound). It belongs to one
+// goroutine.
 type changes struct {
-	s        *Store
+	s        *Store // &view
+	view     Store
 	attempts []pendingAttempt
 	notes    []pendingNote
 	tallies  []policy.AttemptTally
 	audit    []policy.AuditRecord
 }
 
-// Begin starts a batch of changes for one request.
-func (s *Store) Begin() Changes { return &changes{s: s} }
+// Begin starts a batch of changes for one request, whose engine calls
+// wait for Redis at most Options.Timeout from now, all of them together.
+func (s *Store) Begin() Changes {
+	c := &changes{view: Store{replicaState: s.replicaState, bound: time.Now().Add(s.opts.Timeout)}}
+	c.s = &c.view
+	return c
+}
+
+// ClaimAttempt is Store.ClaimAttempt within the request's time.
+func (c *changes) ClaimAttempt(k policy.CallKey, attempt uint32) (policy.Answer, bool, error) {
+	return c.s.ClaimAttempt(k, attempt)
+}
+
+// Run is Store.Run within the request's time.
+func (c *changes) Run(id string) (policy.Run, error) { return c.s.Run(id) }
+
+// Breaker is Store.Breaker within the request's time.
+func (c *changes) Breaker(key policy.BreakerKey) (policy.BreakerSnapshot, error) {
+	return c.s.Breaker(key)
+}
+
+// ReleaseLease is Store.ReleaseLease within the request's time.
+func (c *changes) ReleaseLease(key policy.BreakerKey, id string, lim policy.FlowLimits, sig policy.FlowSignal) (bool, error) {
+	return c.s.ReleaseLease(key, id, lim, sig)
+}
+
+// Admit is Store.Admit within the request's time.
+func (c *changes) Admit(key policy.BreakerKey, cfg policy.BreakerConfig) (policy.Admission, error) {
+	return c.s.Admit(key, cfg)
+}
+
+// AdmitFlow is Store.AdmitFlow within the request's time.
+func (c *changes) AdmitFlow(key policy.BreakerKey, cfg policy.BreakerConfig, lim policy.FlowLimits) (policy.Admission, error) {
+	return c.s.AdmitFlow(key, cfg, lim)
+}
 
 // Record is Store.Record.
 func (c *changes) Record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy.Result, permitID string) (policy.BreakerSnapshot, error) {

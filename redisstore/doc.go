@@ -56,7 +56,10 @@
 // adds its own calls (the batch of Changes: the attempt check, the
 // breaker, the cool-down, the spend, then one pipeline of the attempt,
 // audit and note writes), and degraded mode decides through that batch
-// too. A call of a run costs one read of the run the first time this
+// too. A request's calls share one Options.Timeout from its Begin (the
+// Store view of changes.s, Store.bound), policyd_nextdelay's too, so a
+// decision of several calls waits for a stalled Redis no longer than one
+// of one call. A call of a run costs one read of the run the first time this
 // replica sees the run (KnownRun: its tenant and cut-off never change).
 //
 // An Admit of a target with a fleet-wide ceiling (AdmitFlow) is one call

@@ -99,7 +99,7 @@ func (s *Store) followFrom(tenant, from string) (*feed, error) {
 	g.mu.Unlock()
 	if start {
 		s.wg.Add(1)
-		go s.run(g)
+		go s.root.run(g) // not a request's view: the feed outlives its deadline
 	}
 	return f, nil
 }

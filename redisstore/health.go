@@ -177,6 +177,12 @@ func (h *health) guard(ctx context.Context, call func(context.Context) error) er
 	if h.off.Load() || ctx.Value(guarded{}) != nil {
 		return call(ctx)
 	}
+	if err := ctx.Err(); errors.Is(err, context.DeadlineExceeded) {
+		// A request's time for the engine ran out before this call (its
+		// deadline is shared, Store.bound): not sent, and nothing said of
+		// the engine.
+		return fmt.Errorf("%w: the request's time for the engine is spent: %w", ErrUnavailable, err)
+	}
 	read := ctx.Value(feedRead{}) != nil
 	h.mu.Lock()
 	start := h.clock()

@@ -16,8 +16,12 @@ import (
 // verdict), and no other round trip. ok is false, and the caller decides
 // through Begin, while the engine is out of reach (degraded mode, which
 // Begin's path keeps) and while this replica owes the engine what it
-// granted in degraded mode (SpendRetry charges it first).
-func (s *Store) NextDelayInOneCall(st *policy.NextDelayStep) (policy.NextDelayResult, bool, error) {
+// granted in degraded mode (SpendRetry charges it first). Its calls are
+// the request's, within u's time (Begin).
+func (s *Store) NextDelayInOneCall(u Changes, st *policy.NextDelayStep) (policy.NextDelayResult, bool, error) {
+	if c, ok := u.(*changes); ok && c.s.replicaState == s.replicaState {
+		s = c.s
+	}
 	if err := s.check(); err != nil {
 		return policy.NextDelayResult{}, true, err
 	}

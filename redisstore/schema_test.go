@@ -67,7 +67,7 @@ func TestOpenMigratesSchema1(t *testing.T) {
 		Key: policy.BreakerKey{Tenant: "acme", Target: "pay"}, Breaker: p.Breaker, Result: policy.ResultTransientFailure,
 		Decision: policy.Decision{Retry: true, Delay: time.Second}, Policy: &p,
 		Spend: policy.SpendRequest{Tenant: "acme"}, Keep: time.Now().Add(time.Hour)}
-	if _, ok, err := s.NextDelayInOneCall(&st); !ok || err == nil || !strings.Contains(err.Error(), "stopped at attempt 2") {
+	if _, ok, err := s.NextDelayInOneCall(s.Begin(), &st); !ok || err == nil || !strings.Contains(err.Error(), "stopped at attempt 2") {
 		t.Errorf("NextDelayInOneCall after the schema-1 record's STOP = %v, %v; want the refusal", ok, err)
 	}
 	if err := redisstore.Check(ctx, c); err != nil {

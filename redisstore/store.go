@@ -134,7 +134,21 @@ func DefaultTenantBudget() policy.TenantBudget { return fleet.DefaultBudget() }
 // tenant's breaker states, kept current by the tenant's event stream, from
 // which it answers Admit on a CLOSED breaker without a round trip. It is
 // safe for concurrent use.
+//
+// A Store is also the view of one request (Begin's): the same replica,
+// with a deadline that every engine call made through the view shares
+// (bound), so that a decision making several calls (a fallback chain, a
+// lease, the batch that follows a one-call step the engine did not
+// answer) waits for Redis at most Options.Timeout in all, not once per
+// call.
 type Store struct {
+	*replicaState
+	bound time.Time // zero: each call bounded by Options.Timeout on its own
+}
+
+// replicaState is the replica a Store and its requests' views share.
+type replicaState struct {
+	root      *Store // the Store Open returned: what goroutines outliving a request use
 	c         redis.UniversalClient
 	lib       lib // s.c with the clock of every library call, and the coalescer of concurrent ones
 	opts      Options
@@ -247,9 +261,10 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if err := loadLibrary(ctx, opts.Client); err != nil {
 		return nil, err
 	}
-	s := &Store{c: opts.Client, lib: lib{c: opts.Client, clock: fixed}, opts: opts, defBudget: def, log: opts.Log,
+	s := &Store{replicaState: &replicaState{c: opts.Client, lib: lib{c: opts.Client, clock: fixed}, opts: opts, defBudget: def, log: opts.Log,
 		cache: map[policy.BreakerKey]*cached{}, feeds: map[string]*feed{}, groups: map[int]*feedGroup{}, allSubs: map[*sub]struct{}{}, defaultPolicy: policy.Default(),
-		id: newPermitID().String(), degraded: newDegraded(), recovered: make(chan struct{}, 1)}
+		id: newPermitID().String(), degraded: newDegraded(), recovered: make(chan struct{}, 1)}}
+	s.root = s
 	s.health = &health{clock: opts.Clock, changed: s.engineChanged, b: engineBreaker{Threshold: opts.DownAfter, Cooldown: opts.DownFor}}
 	s.queue.max = opts.MaxQueuedBatches
 	s.held = heldOutcomes{batches: map[string]*outcomeBatch{}, wake: make(chan struct{}, 1)}
@@ -325,8 +340,12 @@ func (s *Store) flusher() {
 	}
 }
 
-// call returns a context bounded by the store's timeout.
+// call returns a context bounded by the store's timeout, or by the
+// request's deadline on a request's view.
 func (s *Store) call() (context.Context, context.CancelFunc) {
+	if !s.bound.IsZero() {
+		return context.WithDeadline(s.ctx, s.bound)
+	}
 	return context.WithTimeout(s.ctx, s.opts.Timeout)
 }
 

@@ -51,14 +51,17 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 	// its own policy; the call's rules are the primary's, p.
 	failed := d.hopOf(&call, &p, in.target)
 	one, _ := d.store.(OneCallNextDelay)
+	// Every engine call of this decision goes through u, which bounds them
+	// together (redisstore: one --store-timeout for all of them).
+	u := d.store.Begin()
 	var r *ruled // the stateless rules' decision, once made
 	if one != nil && in.lease == "" && in.target == call.target && len(p.Fallback.Targets) == 0 {
 		// The common case, on a store that takes it in one step.
-		rr, err := d.statelessRules(ctx, in, &p, &failed, one)
+		rr, err := d.statelessRules(ctx, u, in, &p, &failed, one)
 		if err != nil {
 			return policy.Answer{}, "", err
 		}
-		if ans, why, done, err := d.nextDelayInOneCall(ctx, one, in, &p, &failed, &rr); done {
+		if ans, why, done, err := d.nextDelayInOneCall(ctx, one, u, in, &p, &failed, &rr); done {
 			return ans, why, err
 		}
 		r = &rr // the store could not take the step: the batch decides with the same rules' decision
@@ -66,7 +69,7 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 	// An attempt already decided gets its answer again; a lower one, or
 	// any after a STOP, is refused.
 	ck := policy.CallKey{Tenant: call.tenant, CallID: call.callID}
-	prior, replay, err := d.store.ClaimAttempt(ck, in.attempt)
+	prior, replay, err := u.ClaimAttempt(ck, in.attempt)
 	if err != nil {
 		return policy.Answer{}, "", storeError(ctx, d.cfg.Logger, "attempt", err)
 	}
@@ -80,7 +83,7 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 			tp := d.targetPolicy(&call, &p, in.target)
 			lp = &tp
 		}
-		d.releaseLease(ctx, lp, call, in.target, in.lease, sig) // the attempt is over, whatever comes of it
+		d.releaseLease(ctx, u, lp, call, in.target, in.lease, sig) // the attempt is over, whatever comes of it
 	}
 	if replay {
 		return replayed(prior, &call, &p)
@@ -94,7 +97,7 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 		}
 	}()
 	if r == nil {
-		rr, err := d.statelessRules(ctx, in, &p, &failed, one)
+		rr, err := d.statelessRules(ctx, u, in, &p, &failed, one)
 		if err != nil {
 			return policy.Answer{}, "", err
 		}
@@ -104,7 +107,6 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 
 	// The changes of this decision are made durable together, at once with
 	// --sync=always (one commit, not one per change).
-	u := d.store.Begin()
 	snap, err := u.Record(failed.key, failed.breaker, result, in.permit)
 	if err != nil {
 		return policy.Answer{}, "", storeError(ctx, d.cfg.Logger, "breaker", err)
@@ -121,7 +123,7 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 		// moves it (after_attempts, or an open breaker with on_circuit_open).
 		next, nsnap := failed, snap
 		if len(p.Fallback.Targets) > 0 {
-			next, nsnap = d.routeRetry(&call, &p, failed, snap, in.attempt+1)
+			next, nsnap = d.routeRetry(u, &call, &p, failed, snap, in.attempt+1)
 		}
 		if err := d.shared(ctx, u, &dec, &p, &failed, &next, call, r.timeout, nsnap, now, r.draw, &ans); err != nil {
 			return policy.Answer{}, "", err
@@ -191,27 +193,27 @@ type ruled struct {
 
 // runOfCall is the run call names: one's KnownRun when one is set and
 // has it at hand for call's tenant (its ID, Tenant and Cutoff never
-// change, and a decision reads nothing else of it), else read.
-func (d *Decisions) runOfCall(ctx context.Context, call *callRef, one OneCallNextDelay) (policy.Run, error) {
+// change, and a decision reads nothing else of it), else read from runs.
+func (d *Decisions) runOfCall(ctx context.Context, runs runReader, call *callRef, one OneCallNextDelay) (policy.Run, error) {
 	if one != nil {
 		if r, ok := one.KnownRun(call.runID); ok && r.Tenant == call.tenant {
 			return r, nil
 		}
 	}
-	return d.runOf(ctx, "call.run_id", call.runID, call.tenant)
+	return d.runOf(ctx, runs, "call.run_id", call.runID, call.tenant)
 }
 
 // statelessRules decides in under p by the rules that need no fleet state
 // (policy.Decide, the run's cut-off a deadline for every call of the run)
 // and says what the breaker of failed learns of the failure (the run:
-// runOfCall).
-func (d *Decisions) statelessRules(ctx context.Context, in *nextDelayRequest, p *policy.Policy, failed *hop, one OneCallNextDelay) (ruled, error) {
+// runOfCall, read through the request's u).
+func (d *Decisions) statelessRules(ctx context.Context, u Changes, in *nextDelayRequest, p *policy.Policy, failed *hop, one OneCallNextDelay) (ruled, error) {
 	call, f := &in.call, in.failure
 	r := ruled{now: d.cfg.Clock.Now()}
 	deadline := call.deadline
 	if call.runID != "" {
 		var err error
-		if r.run, err = d.runOfCall(ctx, call, one); err != nil {
+		if r.run, err = d.runOfCall(ctx, u, call, one); err != nil {
 			return ruled{}, err
 		}
 		// The run's cut-off is a deadline for every call of the run.
@@ -246,10 +248,10 @@ func (d *Decisions) statelessRules(ctx context.Context, in *nextDelayRequest, p 
 // fleet-wide part in one step (OneCallNextDelay), for a call of p, which
 // has no fallback targets, whose attempt (to failed) held no lease, r
 // its stateless rules' decision: the rules after them are those of the
-// batch (shared, fleet.CutRun), applied by the store. done is false when
-// the store could not take the step (degraded mode): the caller decides
-// through the batch then, with r.
-func (d *Decisions) nextDelayInOneCall(ctx context.Context, one OneCallNextDelay, in *nextDelayRequest, p *policy.Policy,
+// batch (shared, fleet.CutRun), applied by the store, as part of the
+// request's u. done is false when the store could not take the step
+// (degraded mode): the caller decides through u then, with r.
+func (d *Decisions) nextDelayInOneCall(ctx context.Context, one OneCallNextDelay, u Changes, in *nextDelayRequest, p *policy.Policy,
 	failed *hop, r *ruled) (ans policy.Answer, why string, done bool, err error) {
 	call := in.call
 	st := policy.NextDelayStep{
@@ -270,7 +272,7 @@ func (d *Decisions) nextDelayInOneCall(ctx context.Context, one OneCallNextDelay
 		// fleet back: the cool-down is what pushback counts toward.
 		st.Share = min(r.hint.Delay, p.Pushback.MaxHint)
 	}
-	res, ok, err := one.NextDelayInOneCall(&st)
+	res, ok, err := one.NextDelayInOneCall(u, &st)
 	switch {
 	case !ok:
 		return policy.Answer{}, "", false, nil
@@ -422,7 +424,7 @@ func (d *Decisions) decideAdmit(ctx context.Context, call callRef, target string
 		// A call of a run past its cut-off is not attempted: the cut-off
 		// holds for calls started after it, not only for their retries.
 		one, _ := d.store.(OneCallNextDelay)
-		run, err := d.runOfCall(ctx, &call, one)
+		run, err := d.runOfCall(ctx, d.store, &call, one)
 		if err != nil {
 			return policy.Admission{}, err
 		}
@@ -437,10 +439,11 @@ func (d *Decisions) decideAdmit(ctx context.Context, call callRef, target string
 		var b policy.Admission
 		var err error
 		if target == call.target && len(p.Fallback.Targets) == 0 {
-			b, err = d.admit(&p, &call, target)
+			b, err = d.admit(d.store, &p, &call, target)
 			b.Target = target
 		} else {
-			b, err = d.admitChain(&p, &call, target)
+			// The chain's admissions within one request's time (Begin).
+			b, err = d.admitChain(d.store.Begin(), &p, &call, target)
 		}
 		if err != nil {
 			return policy.Admission{}, storeError(ctx, d.cfg.Logger, "breaker", err)
@@ -508,7 +511,7 @@ func (d *Decisions) agrees(ctx context.Context, i int, it *outcomeItem, ans poli
 		r.Deadline = deadline.UnixNano()
 	}
 	if it.call.runID != "" {
-		run, err := d.runOf(ctx, "outcomes.call.run_id", it.call.runID, it.call.tenant)
+		run, err := d.runOf(ctx, d.store, "outcomes.call.run_id", it.call.runID, it.call.tenant)
 		if err != nil {
 			return false, err
 		}
@@ -716,7 +719,7 @@ func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc 
 		}
 	}
 	for id, tenant := range runs {
-		if _, err := d.runOf(ctx, "outcomes.call.run_id", id, tenant); err != nil {
+		if _, err := d.runOf(ctx, d.store, "outcomes.call.run_id", id, tenant); err != nil {
 			return 0, ups, err
 		}
 	}

@@ -170,8 +170,8 @@ func (d *Decisions) NextDelay(ctx context.Context, req *pb.NextDelayRequest) (*p
 // runOf returns run id for tenant. Another tenant's run is NOT_FOUND, with
 // the very message of a run that does not exist, so a caller cannot learn
 // which run ids other tenants use.
-func (d *Decisions) runOf(ctx context.Context, field, id, tenant string) (policy.Run, error) {
-	r, err := d.store.Run(id)
+func (d *Decisions) runOf(ctx context.Context, runs runReader, field, id, tenant string) (policy.Run, error) {
+	r, err := runs.Run(id)
 	if err == nil && r.Tenant == tenant {
 		return r, nil
 	}
@@ -334,7 +334,7 @@ func (d *Decisions) Admit(ctx context.Context, req *pb.AdmitRequest) (*pb.AdmitR
 			target = a.Target
 		}
 		p, _ := d.store.Resolve(call.tenant, target)
-		d.releaseLease(ctx, &p, call, target, a.LeaseID, policy.SignalNone)
+		d.releaseLease(ctx, d.store, &p, call, target, a.LeaseID, policy.SignalNone)
 	}
 	return admissionToPB(&a), nil
 }

@@ -47,11 +47,11 @@ func (d *Decisions) targetPolicy(call *callRef, p *policy.Policy, target string)
 	return tp
 }
 
-// breakerSnapshot returns the breaker under key as the store has it; a
+// breakerSnapshot returns the breaker under key as breakers have it; a
 // breaker the store does not know (or cannot read) is CLOSED as far as
 // routing goes: Admit has the last word.
-func (d *Decisions) breakerSnapshot(key policy.BreakerKey) policy.BreakerSnapshot {
-	snap, err := d.store.Breaker(key)
+func breakerSnapshot(breakers breakerReader, key policy.BreakerKey) policy.BreakerSnapshot {
+	snap, err := breakers.Breaker(key)
 	if err != nil {
 		return policy.BreakerSnapshot{Key: key, State: policy.BreakerClosed}
 	}
@@ -64,15 +64,16 @@ func (d *Decisions) breakerSnapshot(key policy.BreakerKey) policy.BreakerSnapsho
 // first target of the chain after it whose breaker is not. failed is the
 // hop of the failed attempt, whose breaker snapshot (just recorded) is
 // snap. It returns the hop and its breaker's snapshot, which is OPEN when
-// no target would do (the call then stops CIRCUIT_OPEN).
-func (d *Decisions) routeRetry(call *callRef, p *policy.Policy, failed hop, snap policy.BreakerSnapshot, next uint32) (hop, policy.BreakerSnapshot) {
+// no target would do (the call then stops CIRCUIT_OPEN). The breakers
+// are read through the request's u.
+func (d *Decisions) routeRetry(u Changes, call *callRef, p *policy.Policy, failed hop, snap policy.BreakerSnapshot, next uint32) (hop, policy.BreakerSnapshot) {
 	f := &p.Fallback
 	look := func(t string) (hop, policy.BreakerSnapshot) {
 		if t == failed.target {
 			return failed, snap
 		}
 		h := d.hopOf(call, p, t)
-		return h, d.breakerSnapshot(h.key)
+		return h, breakerSnapshot(u, h.key)
 	}
 	t := f.TargetFor(call.target, int(next))
 	h, s := look(t)
@@ -101,10 +102,11 @@ func movable(a *policy.Admission) bool {
 // under its effective policy), then, when that refuses as movable says and
 // p's fallback has on_circuit_open, each later target of the chain in
 // order until one admits. The answer is the admitting target's (Target
-// set), or target's refusal when none admits.
-func (d *Decisions) admitChain(p *policy.Policy, call *callRef, target string) (policy.Admission, error) {
+// set), or target's refusal when none admits. Every admission is asked
+// of u, the request's.
+func (d *Decisions) admitChain(u Changes, p *policy.Policy, call *callRef, target string) (policy.Admission, error) {
 	tp := d.targetPolicy(call, p, target)
-	a, err := d.admit(&tp, call, target)
+	a, err := d.admit(u, &tp, call, target)
 	if err != nil || a.Admitted || !p.Fallback.OnCircuitOpen || !movable(&a) {
 		a.Target = target
 		return a, err
@@ -119,7 +121,7 @@ func (d *Decisions) admitChain(p *policy.Policy, call *callRef, target string) (
 			continue
 		}
 		cp := d.targetPolicy(call, p, c)
-		b, err := d.admit(&cp, call, c)
+		b, err := d.admit(u, &cp, call, c)
 		if err != nil {
 			return policy.Admission{}, err
 		}

@@ -21,13 +21,14 @@ import (
 // ceiling, a rate slot and a lease, then the breaker's (Store.AdmitFlow).
 // A rate ceiling tells the exact wait; a full concurrency ceiling asks the
 // caller to come back after the policy's backoff base delay, or sooner
-// when a lease expires sooner.
-func (d *Decisions) admit(p *policy.Policy, call *callRef, target string) (policy.Admission, error) {
+// when a lease expires sooner. The admissions are asked of st: the Store,
+// or a request's Changes.
+func (d *Decisions) admit(st admitter, p *policy.Policy, call *callRef, target string) (policy.Admission, error) {
 	key := policy.KeyFor(p.Breaker, call.tenant, target)
 	if !p.FlowControlled() {
-		return d.store.Admit(key, p.Breaker)
+		return st.Admit(key, p.Breaker)
 	}
-	a, err := d.store.AdmitFlow(key, p.Breaker, p.FlowLimits())
+	a, err := st.AdmitFlow(key, p.Breaker, p.FlowLimits())
 	a.FlowControlled = true
 	d.cfg.Metrics.lease(target, a.LeaseID != "", a.Reason)
 	return a, err
@@ -55,11 +56,11 @@ func flowSignal(success bool, f policy.Failure, hints policy.Hints) policy.FlowS
 // policy.SignalNone for a release without an outcome). A lease not held
 // is ignored and counted; a store that cannot release it is logged, and
 // the lease expires on its own.
-func (d *Decisions) releaseLease(ctx context.Context, p *policy.Policy, call callRef, target, lease string, sig policy.FlowSignal) bool {
+func (d *Decisions) releaseLease(ctx context.Context, leases leaseReleaser, p *policy.Policy, call callRef, target, lease string, sig policy.FlowSignal) bool {
 	if lease == "" {
 		return false
 	}
-	held, err := d.store.ReleaseLease(policy.KeyFor(p.Breaker, call.tenant, target), lease, p.FlowLimits(), sig)
+	held, err := leases.ReleaseLease(policy.KeyFor(p.Breaker, call.tenant, target), lease, p.FlowLimits(), sig)
 	if err != nil {
 		d.cfg.Logger.WarnContext(ctx, "lease not released; it expires on its own", "call_id", call.callID,
 			"tenant", call.tenant, "target", target, "err", err)
@@ -111,7 +112,7 @@ func (d *Decisions) settleLeases(ctx context.Context, items []outcomeItem) (flow
 			!slices.ContainsFunc(chains, func(c targetFallback) bool { return c.target == it.target }) {
 			chains = append(chains, targetFallback{it.target, p.Fallback})
 		}
-		d.releaseLease(ctx, &p, it.call, it.target, it.lease, flowSignal(it.success, it.failure, policy.Hints{}))
+		d.releaseLease(ctx, d.store, &p, it.call, it.target, it.lease, flowSignal(it.success, it.failure, policy.Hints{}))
 	}
 	return flow, chains
 }
@@ -137,7 +138,7 @@ func (d *Decisions) ReleaseLease(ctx context.Context, req *pb.ReleaseLeaseReques
 		target = t
 	}
 	p, _ := d.store.Resolve(call.tenant, target)
-	return &pb.ReleaseLeaseResponse{Released: d.releaseLease(ctx, &p, call, target, req.GetLeaseId(), policy.SignalNone)}, nil
+	return &pb.ReleaseLeaseResponse{Released: d.releaseLease(ctx, d.store, &p, call, target, req.GetLeaseId(), policy.SignalNone)}, nil
 }
 
 // ceilingOf returns the concurrency ceiling in force under p for a pool

@@ -36,7 +36,11 @@ type Store interface {
 	// and audit record), so a store that makes changes durable before
 	// answering commits them once. A decision records, extends cool-downs
 	// and spends only through one, or, on a store that takes a NextDelay
-	// in one step of its own (OneCallNextDelay), through that step.
+	// in one step of its own (OneCallNextDelay), through that step, and
+	// reads what it must wait for through it too: a store whose calls wait
+	// for an engine bounds all of a request's together (redisstore: one
+	// --store-timeout from Begin), so a decision of several calls answers
+	// within the timeout when the engine stalls, not within one per call.
 	Begin() Changes
 }
 
@@ -54,7 +58,8 @@ type OneCallNextDelay interface {
 	// fleet.ErrPermit. ok false means the store could not take the step
 	// (its engine is out of reach: degraded mode): the caller decides
 	// through Begin instead.
-	NextDelayInOneCall(st *policy.NextDelayStep) (res policy.NextDelayResult, ok bool, err error)
+	// The step is part of the request's u (Begin's), within its time.
+	NextDelayInOneCall(u Changes, st *policy.NextDelayStep) (res policy.NextDelayResult, ok bool, err error)
 	// KnownRun returns run id's ID, Tenant and Cutoff (which never
 	// change) when the store has them at hand, without a round trip; ok
 	// false sends the caller to Runs.Run. NextDelay and Admit read a
@@ -74,6 +79,15 @@ type OneCallNextDelay interface {
 // without importing server: an engine spells the same literal (as
 // breakerstore.Changes does) and the two are one type.
 type Changes = interface {
+	// ClaimAttempt, Run, Breaker, ReleaseLease, Admit and AdmitFlow are
+	// the Store's (Attempts, Runs, Breakers, Leases), asked within the
+	// request's time.
+	ClaimAttempt(k policy.CallKey, attempt uint32) (policy.Answer, bool, error)
+	Run(id string) (policy.Run, error)
+	Breaker(key policy.BreakerKey) (policy.BreakerSnapshot, error)
+	ReleaseLease(key policy.BreakerKey, id string, lim policy.FlowLimits, sig policy.FlowSignal) (bool, error)
+	Admit(key policy.BreakerKey, cfg policy.BreakerConfig) (policy.Admission, error)
+	AdmitFlow(key policy.BreakerKey, cfg policy.BreakerConfig, lim policy.FlowLimits) (policy.Admission, error)
 	// Record tells the breaker under key an attempt's result (see
 	// breakerstore.Store.Record).
 	Record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy.Result, permitID string) (policy.BreakerSnapshot, error)
@@ -100,6 +114,25 @@ type Changes = interface {
 	// store commits before answering; nothing rolls back.
 	Commit() error
 }
+
+// runReader, breakerReader, leaseReleaser and admitter are what a helper of the
+// decisions reads or releases, through a request's Changes (within its
+// time) or the Store.
+type (
+	runReader interface {
+		Run(id string) (policy.Run, error)
+	}
+	breakerReader interface {
+		Breaker(key policy.BreakerKey) (policy.BreakerSnapshot, error)
+	}
+	leaseReleaser interface {
+		ReleaseLease(key policy.BreakerKey, id string, lim policy.FlowLimits, sig policy.FlowSignal) (bool, error)
+	}
+	admitter interface {
+		Admit(key policy.BreakerKey, cfg policy.BreakerConfig) (policy.Admission, error)
+		AdmitFlow(key policy.BreakerKey, cfg policy.BreakerConfig, lim policy.FlowLimits) (policy.Admission, error)
+	}
+)
 
 // AttemptStats holds the attempt statistics per tenant and attempt
 // target (fleet.AttemptStats has the rules: hour buckets of successes and
