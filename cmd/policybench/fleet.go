@@ -166,13 +166,60 @@ type rpcRecorder struct {
 	answers []map[string]*hist
 	errs    []map[string]map[codes.Code]int
 	slow    []int                 // answers and errors that took longer than slowAfter
+	slowest []slowCall            // the slowest call of each period
 	first   map[codes.Code]string // the first message of each error code
 	// slowAfter is the decision timeout of the clients.
 	slowAfter time.Duration
 }
 
+// slowCall is a period's slowest call: how long it took and what it was.
+type slowCall struct {
+	took time.Duration
+	what string
+}
+
+// describeCall names a call of method m for the slowest-call line: its
+// tenant and target, the attempt and whether it held a lease, and whether
+// its answer was degraded (or its error's code).
+func describeCall(m string, req, reply any, err error) string {
+	var call *pb.CallRef
+	var attempt uint32
+	var target string
+	var lease bool
+	switch r := req.(type) {
+	case *pb.AdmitRequest:
+		call, attempt, target = r.GetCall(), r.GetAttempt(), r.GetAttemptTarget()
+	case *pb.NextDelayRequest:
+		call, attempt, target, lease = r.GetCall(), r.GetAttempt(), r.GetAttemptTarget(), r.GetLeaseId() != ""
+	case *pb.ReportOutcomeRequest:
+		return fmt.Sprintf("%s of %d outcomes", m, len(r.GetOutcomes()))
+	}
+	if target == "" {
+		target = call.GetTarget()
+	}
+	s := fmt.Sprintf("%s %s/%s attempt %d", m, call.GetTenant(), target, attempt)
+	if lease {
+		s += " with a lease"
+	}
+	switch a := reply.(type) {
+	case *pb.AdmitResponse:
+		if a.GetDegraded() {
+			s += ", degraded"
+		}
+	case *pb.NextDelayResponse:
+		if a.GetDegraded() {
+			s += ", degraded"
+		}
+	}
+	if err != nil {
+		s += ", " + status.Code(err).String()
+	}
+	return s
+}
+
 func newRPCRecorder(slowAfter time.Duration, periods ...string) *rpcRecorder {
-	r := &rpcRecorder{names: periods, slowAfter: slowAfter, slow: make([]int, len(periods)), first: map[codes.Code]string{}}
+	r := &rpcRecorder{names: periods, slowAfter: slowAfter, slow: make([]int, len(periods)), slowest: make([]slowCall, len(periods)),
+		first: map[codes.Code]string{}}
 	for range periods {
 		r.answers = append(r.answers, map[string]*hist{})
 		r.errs = append(r.errs, map[string]map[codes.Code]int{})
@@ -203,6 +250,9 @@ func (r *rpcRecorder) interceptor() grpc.DialOption {
 		defer r.mu.Unlock()
 		if took > r.slowAfter {
 			r.slow[p]++
+		}
+		if took > r.slowest[p].took {
+			r.slowest[p] = slowCall{took: took, what: describeCall(m, req, reply, err)}
 		}
 		if err != nil {
 			if r.errs[p][m] == nil {
@@ -246,6 +296,9 @@ func (r *rpcRecorder) summary(indent string) string {
 			}
 			fmt.Fprintf(&b, "%s  %-13s answered %6d (p50 %s, p99 %s, max %s)  errors %d %v\n", indent, m, h.n,
 				fmtUs(us(h.quantile(0.5))), fmtUs(us(h.quantile(0.99))), fmtUs(us(time.Duration(h.max))), nerr, errs)
+		}
+		if s := r.slowest[p]; s.took > 0 {
+			fmt.Fprintf(&b, "%s  slowest: %s, %s\n", indent, s.what, fmtUs(us(s.took)))
 		}
 	}
 	for _, c := range slices.Sorted(maps.Keys(r.first)) {

@@ -61,8 +61,11 @@ fault scenarios, each bounded in time, each printing its verdict:
                 SetPolicy, ForceBreaker) and breaker transition acknowledged
                 before the kill is found again, through every replica and in
                 Redis itself; no acknowledged retry spend is refunded.
-  stop-redis    SIGSTOP Redis for --pause under load: every decision counted
-                as answered or failed, with its latency; after SIGCONT a
+  stop-redis    SIGSTOP Redis for --pause under load (the mix, spenders of
+                a budget and a run pool, and calls escalating to a fallback
+                under concurrency ceilings, whose decisions take several
+                engine calls): every decision counted as answered or
+                failed, with its latency, the slowest named; after SIGCONT a
                 tenant budget and a run pool that were spent throughout are
                 not overspent, and the replicas agree on the breakers.
   demo          policyd-demo's batch (300 documents) through the three
@@ -527,6 +530,10 @@ const (
 	stopPoolTenant   = "stop-pool"
 	stopBudgetCap    = 400
 	stopPool         = 300
+	// stopChainTenant's calls go to a primary with a fallback and a
+	// concurrency ceiling on both: their decisions take several engine
+	// calls (the lease, the fallback's breaker), which share one timeout.
+	stopChainTenant = "stop-chain"
 )
 
 // scenarioStopRedis SIGSTOPs Redis under load for cfg.Pause.
@@ -560,6 +567,23 @@ func scenarioStopRedis(ctx context.Context, cfg replicasConfig, fl *replicaFleet
 		})
 		if err != nil {
 			return fmt.Errorf("policy %s: %w", t, err)
+		}
+	}
+	ceiling := uint32(64)
+	chainPolicies := map[string]*pb.Policy{
+		"primary": {Breaker: &pb.BreakerSettings{Mode: pb.BreakerMode_BREAKER_MODE_FAILURE_RATE, MinCalls: &minCalls},
+			Flow:     &pb.FlowSettings{MaxInFlight: &ceiling},
+			Fallback: &pb.FallbackSettings{Targets: []string{"backup"}, AfterAttempts: 1, OnCircuitOpen: true}},
+		"backup": {Breaker: &pb.BreakerSettings{Mode: pb.BreakerMode_BREAKER_MODE_FAILURE_RATE, MinCalls: &minCalls},
+			Flow: &pb.FlowSettings{MaxInFlight: &ceiling}},
+	}
+	for target, p := range chainPolicies {
+		err := retryRead(ctx, func(ctx context.Context) error {
+			_, err := admin.SetPolicy(ctx, &pb.SetPolicyRequest{Tenant: stopChainTenant, Target: target, Policy: p})
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("policy %s/%s: %w", stopChainTenant, target, err)
 		}
 	}
 	runID := fmt.Sprintf("stop-%x", time.Now().UnixNano())
@@ -614,8 +638,18 @@ func scenarioStopRedis(ctx context.Context, cfg replicasConfig, fl *replicaFleet
 		go spend(stopBudgetTenant, "", &budgetGrants)
 		go spend(stopPoolTenant, runID, &poolGrants)
 	}
+	for i := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := 0; lctx.Err() == nil; n++ {
+				escalate(lctx, workers, fmt.Sprintf("chain-%d-%x-%d", i, time.Now().UnixNano(), n))
+				sleepCtx(lctx, 5*time.Millisecond)
+			}
+		}()
+	}
 	sleepCtx(ctx, cfg.Load)
-	fmt.Fprintf(out, "SIGSTOP redis-server (pid %d) for %v under load (8 callers of the mix, 4 spenders)\n", fl.redis.pid(), cfg.Pause)
+	fmt.Fprintf(out, "SIGSTOP redis-server (pid %d) for %v under load (8 callers of the mix, 4 spenders, 2 callers escalating to a fallback under ceilings)\n", fl.redis.pid(), cfg.Pause)
 	rec.next()
 	if err := fl.redis.pause(); err != nil {
 		cancel()
@@ -687,6 +721,30 @@ func scenarioStopRedis(ctx context.Context, cfg replicasConfig, fl *replicaFleet
 	fmt.Fprintf(out, "verdict: PASS: consistent after SIGCONT (budget and pool not overspent, breakers agree); goal (every decision answered within --store-timeout plus a few ms, flagged degraded) %s: %d answered, %d errors while stopped\n",
 		goal, ans, errs)
 	return nil
+}
+
+// escalate is one call of stopChainTenant as a worker makes it: Admit on
+// the primary (a lease), a failure's NextDelay with the lease (answered
+// RETRY on the fallback, after_attempts 1), Admit of attempt 2 where the
+// answer says, and the attempt's success reported with its lease. Errors
+// are the recorder's to count; the call then ends.
+func escalate(ctx context.Context, workers pb.RetryPolicyServiceClient, id string) {
+	call := &pb.CallRef{Tenant: stopChainTenant, Target: "primary", CallId: id, Idempotent: true}
+	a, err := workers.Admit(ctx, &pb.AdmitRequest{Call: call, Attempt: 1})
+	if err != nil || !a.GetAdmitted() {
+		return
+	}
+	nd, err := workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call, Attempt: 1, Failure: httpFailure(503),
+		LeaseId: a.GetLeaseId(), AttemptTarget: a.GetTarget()})
+	if err != nil || nd.GetDecision() != pb.Decision_DECISION_RETRY {
+		return
+	}
+	a, err = workers.Admit(ctx, &pb.AdmitRequest{Call: call, Attempt: 2, AttemptTarget: nd.GetTarget()})
+	if err != nil || !a.GetAdmitted() {
+		return
+	}
+	_, _ = workers.ReportOutcome(ctx, &pb.ReportOutcomeRequest{Outcomes: []*pb.Outcome{{Call: outcomeRef(call), Attempt: 2,
+		Success: true, LeaseId: a.GetLeaseId(), AttemptTarget: a.GetTarget(), FinalDisposition: pb.Disposition_DISPOSITION_SUCCEEDED}}})
 }
 
 // breakersDiverge lists the benchmark tenants' breakers through every
