@@ -135,14 +135,13 @@ func (c *changes) Commit() error {
 	if err := s.check(); err != nil {
 		return err
 	}
+	var noteErr error // after the attempt records are written or kept
 	if len(c.notes) > 0 && s.opts.BatchOutcomes {
 		// The notes go after their tenants' held batches, whose notes were
 		// made before (held.go), not in the pipeline below.
 		notes := c.notes
 		c.notes = nil
-		if _, err := s.runOutcomes(nil, nil, notes, true); err != nil {
-			return err
-		}
+		_, noteErr = s.runOutcomes(nil, nil, notes, true)
 	}
 	for _, t := range c.tallies {
 		// The tenant is listed for AttemptStats (once per replica).
@@ -192,7 +191,7 @@ func (c *changes) Commit() error {
 			}
 		}
 		s.requeueAudit(unsent)
-		return nil
+		return noteErr
 	}
 	if err != nil {
 		for _, cmd := range cmds {
@@ -202,5 +201,5 @@ func (c *changes) Commit() error {
 		}
 		return fmt.Errorf("redisstore: commit: %w", err)
 	}
-	return nil
+	return noteErr
 }

@@ -418,7 +418,22 @@ func (s *Store) runOutcomes(ups []policy.OutcomeUpdate, batches map[string]*outc
 	for _, b := range calls {
 		noteErr(len(b.notes), queued[b] || isPrior[b])
 	}
-	noteErr(len(rest), false)
+	// The notes of tenants without a batch here are lost when the engine
+	// did not answer, as when it is down (above): counted, not the
+	// caller's failure.
+	lost := 0
+	for range rest {
+		if next < len(all) && errors.Is(all[next].Err(), ErrUnavailable) {
+			lost++
+			next++
+			continue
+		}
+		noteErr(1, false)
+	}
+	if lost > 0 {
+		s.log.Warn("redisstore: run call-table notes not answered by the engine: dropped", "notes", lost)
+		s.queue.dropped.Add(1)
+	}
 	return failed, firstErr
 }
 
