@@ -12,8 +12,8 @@ import (
 // aliases of one interface literal are one type, and the compiler checks
 // that they agree).
 type Changes = interface {
-	// ClaimAttempt, Run, Breaker, ReleaseLease, Admit and AdmitFlow are
-	// the Store's, asked
+	// ClaimAttempt, Run, Breaker, ReleaseLease, Admit, AdmitFlow,
+	// LastAnswers, Key and ApplyOutcomes are the Store's, asked
 	// for the request: a store whose calls wait for an engine (redisstore)
 	// bounds a request's together; here they are the Store's own.
 	ClaimAttempt(k policy.CallKey, attempt uint32) (policy.Answer, bool, error)
@@ -22,6 +22,9 @@ type Changes = interface {
 	ReleaseLease(key policy.BreakerKey, id string, lim policy.FlowLimits, sig policy.FlowSignal) (bool, error)
 	Admit(key policy.BreakerKey, cfg policy.BreakerConfig) (policy.Admission, error)
 	AdmitFlow(key policy.BreakerKey, cfg policy.BreakerConfig, lim policy.FlowLimits) (policy.Admission, error)
+	LastAnswers(keys []policy.CallKey, out []policy.Answer, attempts []uint32)
+	Key(ref policy.KeyRef) (policy.KeyRecordView, error)
+	ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]int) (int, error)
 	// Record tells the breaker under key an attempt's result (see
 	// breakerstore.Store.Record).
 	Record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy.Result, permitID string) (policy.BreakerSnapshot, error)
@@ -100,6 +103,19 @@ func (u *changeBatch) Admit(key policy.BreakerKey, cfg policy.BreakerConfig) (po
 // AdmitFlow is Store.AdmitFlow.
 func (u *changeBatch) AdmitFlow(key policy.BreakerKey, cfg policy.BreakerConfig, lim policy.FlowLimits) (policy.Admission, error) {
 	return u.s.AdmitFlow(key, cfg, lim)
+}
+
+// LastAnswers is Store.LastAnswers.
+func (u *changeBatch) LastAnswers(keys []policy.CallKey, out []policy.Answer, attempts []uint32) {
+	u.s.LastAnswers(keys, out, attempts)
+}
+
+// Key is Store.Key.
+func (u *changeBatch) Key(ref policy.KeyRef) (policy.KeyRecordView, error) { return u.s.Key(ref) }
+
+// ApplyOutcomes is Store.ApplyOutcomes.
+func (u *changeBatch) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]int) (int, error) {
+	return u.s.ApplyOutcomes(ups, deposits)
 }
 
 // Record is Store.Record within the batch.

@@ -2,11 +2,14 @@ package redisstore_test
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 	"github.com/policyd/policyd/internal/redistest"
@@ -228,5 +231,81 @@ func TestSpentRequestSaysNothingOfTheEngine(t *testing.T) {
 	}
 	if n := r.store.Downs() - downs; n != 0 {
 		t.Errorf("one NextDelay's calls with Redis stopped brought the engine down %d times; want none: one timeout is one failure of DownAfter 2", n)
+	}
+}
+
+// TestReportOutcomeCallsShareOneTimeout: a ReportOutcome's engine calls
+// (here the release of each outcome's lease, and the outcome batch)
+// share one --store-timeout too, so with Redis stalled a batch of
+// outcomes holding leases answers within it, not within one per lease.
+func TestReportOutcomeCallsShareOneTimeout(t *testing.T) {
+	srv := redistest.Standalone(t)
+	hook := &deadlines{}
+	r := newReplicaWith(t, func() redis.UniversalClient {
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+		c.AddHook(hook)
+		return c
+	}, redisstore.Options{Timeout: 250 * time.Millisecond, BatchOutcomes: true, FlushInterval: time.Hour, DownAfter: 1000})
+	ctx := context.Background()
+	ten := uint32(10)
+	var outs []*pb.Outcome
+	for i := range 3 {
+		target := "geo-" + strconv.Itoa(i)
+		if _, err := r.admin.SetPolicy(ctx, &pb.SetPolicyRequest{Tenant: "acme", Target: target,
+			Policy: &pb.Policy{Flow: &pb.FlowSettings{MaxInFlight: &ten}}}); err != nil {
+			t.Fatalf("SetPolicy(%s): %v", target, err)
+		}
+		call := &pb.CallRef{Tenant: "acme", Target: target, CallId: "c-" + target, Idempotent: true}
+		a, err := r.workers.Admit(ctx, &pb.AdmitRequest{Call: call, Attempt: 1})
+		if err != nil || a.GetLeaseId() == "" || a.GetDegraded() {
+			t.Fatalf("Admit(%s) = %v, %v; want a lease from the engine", target, a, err)
+		}
+		outs = append(outs, &pb.Outcome{Call: call, Attempt: 1, Success: true, LeaseId: a.GetLeaseId(),
+			FinalDisposition: pb.Disposition_DISPOSITION_SUCCEEDED})
+	}
+	srv.Pause(t)
+	hook.arm()
+	resp, err := r.workers.ReportOutcome(ctx, &pb.ReportOutcomeRequest{Outcomes: outs})
+	seen, names := hook.take()
+	if err != nil || resp.GetAccepted() != 3 {
+		t.Errorf("ReportOutcome with Redis stopped = %v, %v; want its 3 outcomes accepted", resp, err)
+	}
+	if len(seen) == 0 {
+		t.Fatal("ReportOutcome with Redis stopped asked Redis nothing; want its first call sent")
+	}
+	for i, dl := range seen {
+		if !dl.Equal(seen[0]) {
+			t.Errorf("engine call %d of %d of one ReportOutcome (%s) bounded %v after the first (%s): want every call of a request under one deadline",
+				i+1, len(seen), names[i], dl.Sub(seen[0]), names[0])
+		}
+	}
+}
+
+// TestDeduplicatedOutcomeWithRedisStoppedIsUnavailable: a deduplicated
+// success needs its idempotency key's record; with Redis stopped the
+// record cannot be read, and ReportOutcome answers UNAVAILABLE (the
+// client sends the batch again), not INVALID_ARGUMENT, which a client
+// takes for a batch it must drop.
+func TestDeduplicatedOutcomeWithRedisStoppedIsUnavailable(t *testing.T) {
+	srv := redistest.Standalone(t)
+	r := newReplicaWith(t, func() redis.UniversalClient {
+		return redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	}, redisstore.Options{Timeout: 250 * time.Millisecond, DownAfter: 1000})
+	ctx := context.Background()
+	call := &pb.CallRef{Tenant: "acme", Target: "pay", CallId: "doc-1", IdempotencyKey: "sha-1"}
+	claim, err := r.workers.ClaimKey(ctx, &pb.ClaimKeyRequest{Call: call, Attempt: 1})
+	if err != nil || claim.GetLeaseId() == "" {
+		t.Fatalf("ClaimKey = %v, %v; want a lease", claim, err)
+	}
+	if _, err := r.workers.CompleteKey(ctx, &pb.CompleteKeyRequest{Tenant: "acme", IdempotencyKey: "sha-1",
+		LeaseId: claim.GetLeaseId(), Outcome: pb.KeyOutcome_KEY_OUTCOME_SUCCEEDED}); err != nil {
+		t.Fatalf("CompleteKey = %v", err)
+	}
+	dup := &pb.CallRef{Tenant: "acme", Target: "pay", CallId: "doc-1-again", IdempotencyKey: "sha-1"}
+	srv.Pause(t)
+	_, err = r.workers.ReportOutcome(ctx, &pb.ReportOutcomeRequest{Outcomes: []*pb.Outcome{{Call: dup, Attempt: 1, Success: true,
+		FinalDisposition: pb.Disposition_DISPOSITION_SUCCEEDED, Deduplicated: true}}})
+	if status.Code(err) != codes.Unavailable {
+		t.Errorf("ReportOutcome of a deduplicated success with Redis stopped = %v; want UNAVAILABLE", err)
 	}
 }

@@ -20,6 +20,9 @@ type Changes = interface {
 	ReleaseLease(key policy.BreakerKey, id string, lim policy.FlowLimits, sig policy.FlowSignal) (bool, error)
 	Admit(key policy.BreakerKey, cfg policy.BreakerConfig) (policy.Admission, error)
 	AdmitFlow(key policy.BreakerKey, cfg policy.BreakerConfig, lim policy.FlowLimits) (policy.Admission, error)
+	LastAnswers(keys []policy.CallKey, out []policy.Answer, attempts []uint32)
+	Key(ref policy.KeyRef) (policy.KeyRecordView, error)
+	ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]int) (int, error)
 	Record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy.Result, permitID string) (policy.BreakerSnapshot, error)
 	ExtendCooldown(key policy.BreakerKey, cfg policy.BreakerConfig, until time.Time) (time.Time, error)
 	SpendRetry(req policy.SpendRequest) (policy.Spend, error)
@@ -80,6 +83,19 @@ func (c *changes) Admit(key policy.BreakerKey, cfg policy.BreakerConfig) (policy
 // AdmitFlow is Store.AdmitFlow within the request's time.
 func (c *changes) AdmitFlow(key policy.BreakerKey, cfg policy.BreakerConfig, lim policy.FlowLimits) (policy.Admission, error) {
 	return c.s.AdmitFlow(key, cfg, lim)
+}
+
+// LastAnswers is Store.LastAnswers within the request's time.
+func (c *changes) LastAnswers(keys []policy.CallKey, out []policy.Answer, attempts []uint32) {
+	c.s.LastAnswers(keys, out, attempts)
+}
+
+// Key is Store.Key within the request's time.
+func (c *changes) Key(ref policy.KeyRef) (policy.KeyRecordView, error) { return c.s.Key(ref) }
+
+// ApplyOutcomes is Store.ApplyOutcomes within the request's time.
+func (c *changes) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]int) (int, error) {
+	return c.s.ApplyOutcomes(ups, deposits)
 }
 
 // Record is Store.Record.

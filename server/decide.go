@@ -480,11 +480,11 @@ func (d *Decisions) decideAdmit(ctx context.Context, call callRef, target string
 // breaker as this replica knows it (Breakers.KnownBreaker: no round
 // trip), so it runs only for the outcomes checkFinal selects. A
 // disposition refused so is checked again on the breaker as the store
-// has it, read then: the replica's copy may lag the fleet's by the change
+// has it, read then (through st, the request's): the replica's copy may lag the fleet's by the change
 // stream's delivery, or be missing. stopped reports that policyd stopped
 // the call itself (NextDelay's STOP, which counted the call's end in the
 // attempt statistics).
-func (d *Decisions) agrees(ctx context.Context, i int, it *outcomeItem, ans policy.Answer, answered uint32, p *policy.Policy, key policy.BreakerKey) (stopped bool, err error) {
+func (d *Decisions) agrees(ctx context.Context, st Changes, i int, it *outcomeItem, ans policy.Answer, answered uint32, p *policy.Policy, key policy.BreakerKey) (stopped bool, err error) {
 	now := d.cfg.Clock.Now()
 	success, alreadyRecorded := it.success, it.alreadyRecorded
 	r := fleet.FinalReport{
@@ -511,7 +511,7 @@ func (d *Decisions) agrees(ctx context.Context, i int, it *outcomeItem, ans poli
 		r.Deadline = deadline.UnixNano()
 	}
 	if it.call.runID != "" {
-		run, err := d.runOf(ctx, d.store, "outcomes.call.run_id", it.call.runID, it.call.tenant)
+		run, err := d.runOf(ctx, st, "outcomes.call.run_id", it.call.runID, it.call.tenant)
 		if err != nil {
 			return false, err
 		}
@@ -529,7 +529,7 @@ func (d *Decisions) agrees(ctx context.Context, i int, it *outcomeItem, ans poli
 		// here matters only for a refusal, and so does a known one that
 		// lags the store's.
 		r.HasBreaker, r.Breaker, r.Transitioned, r.Changed, r.CooldownEnd = false, 0, false, 0, 0
-		if snap, err := d.store.Breaker(key); err == nil {
+		if snap, err := st.Breaker(key); err == nil {
 			setBreaker(&r, &snap)
 		} else if !notFound(err) {
 			return false, storeError(ctx, d.cfg.Logger, "breaker", err)
@@ -560,10 +560,10 @@ func (it *outcomeItem) checkFinal() bool {
 }
 
 // finalAnswers reads the remembered answers of the calls of the outcomes
-// that checkFinal selects, in items' order, in one batch
-// (Attempts.LastAnswers: one round trip per tenant on a shared engine,
-// not one per outcome); nil when there are none.
-func (d *Decisions) finalAnswers(items []outcomeItem) (answers []policy.Answer, answered []uint32) {
+// that checkFinal selects, in items' order, in one batch of st, the
+// request's (Attempts.LastAnswers: one round trip per tenant on a shared
+// engine, not one per outcome); nil when there are none.
+func finalAnswers(st Changes, items []outcomeItem) (answers []policy.Answer, answered []uint32) {
 	var keys []policy.CallKey
 	for i := range items {
 		if it := &items[i]; it.checkFinal() {
@@ -574,7 +574,7 @@ func (d *Decisions) finalAnswers(items []outcomeItem) (answers []policy.Answer, 
 		return nil, nil
 	}
 	answers, answered = make([]policy.Answer, len(keys)), make([]uint32, len(keys))
-	d.store.LastAnswers(keys, answers, answered)
+	st.LastAnswers(keys, answers, answered)
 	return answers, answered
 }
 
@@ -626,7 +626,7 @@ type outcomeItem struct {
 // valid. It returns how many outcomes the store applied and the updates,
 // whose Refused field names the ones the state's rules refused; an error
 // is a status, mapped by errors.go.
-func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc *outcomeScratch) (int, []policy.OutcomeUpdate, error) {
+func (d *Decisions) decideOutcomes(ctx context.Context, st Changes, items []outcomeItem, sc *outcomeScratch) (int, []policy.OutcomeUpdate, error) {
 	ups := slices.Grow(sc.ups[:0], len(items))[:len(items)]
 	sc.ups = ups
 	trail := slices.Grow(sc.trail[:0], 2*len(items)) // at most two records an outcome
@@ -641,7 +641,7 @@ func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc 
 	pols := &sc.pols
 	pols.reset()
 	var pi int // the call's policy in pols, looked up again only when an outcome's tenant or target differs from the last's
-	answers, answered := d.finalAnswers(items)
+	answers, answered := finalAnswers(st, items)
 	checked := 0 // outcomes agrees has checked
 	for i := range items {
 		it := &items[i]
@@ -681,7 +681,11 @@ func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc 
 		}
 		if it.final.Deduplicated {
 			// A deduplicated success needs the key's record to say so.
-			if v, err := d.store.Key(policy.KeyRef{Tenant: it.call.tenant, Key: it.call.key}); err != nil || v.State != policy.KeySucceeded {
+			v, err := st.Key(policy.KeyRef{Tenant: it.call.tenant, Key: it.call.key})
+			if err != nil && !notFound(err) {
+				return 0, ups, storeError(ctx, d.cfg.Logger, "outcomes.call.idempotency_key", err)
+			}
+			if err != nil || v.State != policy.KeySucceeded {
 				return 0, ups, invalid("outcomes["+strconv.Itoa(i)+"].deduplicated", "needs the call's idempotency key to have SUCCEEDED")
 			}
 		}
@@ -689,7 +693,7 @@ func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc 
 			u.Tally = policy.AttemptTally{Tenant: it.call.tenant, Target: it.target, Attempt: it.attempt, Success: true}
 		}
 		if it.checkFinal() {
-			stopped, err := d.agrees(ctx, i, it, answers[checked], answered[checked], p, u.Key)
+			stopped, err := d.agrees(ctx, st, i, it, answers[checked], answered[checked], p, u.Key)
 			checked++
 			if err != nil {
 				return 0, ups, err
@@ -719,7 +723,7 @@ func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc 
 		}
 	}
 	for id, tenant := range runs {
-		if _, err := d.runOf(ctx, d.store, "outcomes.call.run_id", id, tenant); err != nil {
+		if _, err := d.runOf(ctx, st, "outcomes.call.run_id", id, tenant); err != nil {
 			return 0, ups, err
 		}
 	}
@@ -729,7 +733,7 @@ func (d *Decisions) decideOutcomes(ctx context.Context, items []outcomeItem, sc 
 	if depN > 0 {
 		deposits[depTenant] += depN
 	}
-	n, err := d.store.ApplyOutcomes(ups, deposits)
+	n, err := st.ApplyOutcomes(ups, deposits)
 	if err != nil {
 		return n, ups, storeError(ctx, d.cfg.Logger, "outcomes", err)
 	}

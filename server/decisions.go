@@ -199,7 +199,10 @@ func (d *Decisions) ReportOutcome(ctx context.Context, req *pb.ReportOutcomeRequ
 			return nil, outcomeFromPB("outcomes["+strconv.Itoa(i)+"]", o, &items[i])
 		}
 	}
-	n, ups, err := d.decideOutcomes(ctx, items, sc)
+	// Every engine call of this request goes through u, which bounds them
+	// together (redisstore: one --store-timeout for all of them).
+	u := d.store.Begin()
+	n, ups, err := d.decideOutcomes(ctx, u, items, sc)
 	d.cfg.Metrics.successes(items[:n])
 	if err != nil {
 		return nil, err
@@ -212,7 +215,7 @@ func (d *Decisions) ReportOutcome(ctx context.Context, req *pb.ReportOutcomeRequ
 	}
 	resp.Accepted -= uint32(len(resp.Refused))
 	var chains []targetFallback
-	resp.FlowControlledTargets, chains = d.settleLeases(ctx, items[:n])
+	resp.FlowControlledTargets, chains = d.settleLeases(ctx, u, items[:n])
 	for _, c := range chains {
 		resp.FallbackChains = append(resp.FallbackChains, &pb.FallbackChain{Target: c.target, Fallback: fallbackToPB(c.fallback)})
 	}

@@ -92,7 +92,7 @@ type targetFallback struct {
 // (ceiled, chained) or that carry a lease, and consecutive ones of one
 // tenant and attempt target once: a batch of targets without ceilings or
 // chains resolves nothing here.
-func (d *Decisions) settleLeases(ctx context.Context, items []outcomeItem) (flow []string, chains []targetFallback) {
+func (d *Decisions) settleLeases(ctx context.Context, u Changes, items []outcomeItem) (flow []string, chains []targetFallback) {
 	var p policy.Policy
 	var lastTenant, lastTarget string
 	resolved := false
@@ -112,7 +112,7 @@ func (d *Decisions) settleLeases(ctx context.Context, items []outcomeItem) (flow
 			!slices.ContainsFunc(chains, func(c targetFallback) bool { return c.target == it.target }) {
 			chains = append(chains, targetFallback{it.target, p.Fallback})
 		}
-		d.releaseLease(ctx, d.store, &p, it.call, it.target, it.lease, flowSignal(it.success, it.failure, policy.Hints{}))
+		d.releaseLease(ctx, u, &p, it.call, it.target, it.lease, flowSignal(it.success, it.failure, policy.Hints{}))
 	}
 	return flow, chains
 }

@@ -79,15 +79,18 @@ type OneCallNextDelay interface {
 // without importing server: an engine spells the same literal (as
 // breakerstore.Changes does) and the two are one type.
 type Changes = interface {
-	// ClaimAttempt, Run, Breaker, ReleaseLease, Admit and AdmitFlow are
-	// the Store's (Attempts, Runs, Breakers, Leases), asked within the
-	// request's time.
+	// ClaimAttempt, Run, Breaker, ReleaseLease, Admit, AdmitFlow,
+	// LastAnswers, Key and ApplyOutcomes are the Store's (Attempts, Runs,
+	// Breakers, Leases, Keys, Outcomes), asked within the request's time.
 	ClaimAttempt(k policy.CallKey, attempt uint32) (policy.Answer, bool, error)
 	Run(id string) (policy.Run, error)
 	Breaker(key policy.BreakerKey) (policy.BreakerSnapshot, error)
 	ReleaseLease(key policy.BreakerKey, id string, lim policy.FlowLimits, sig policy.FlowSignal) (bool, error)
 	Admit(key policy.BreakerKey, cfg policy.BreakerConfig) (policy.Admission, error)
 	AdmitFlow(key policy.BreakerKey, cfg policy.BreakerConfig, lim policy.FlowLimits) (policy.Admission, error)
+	LastAnswers(keys []policy.CallKey, out []policy.Answer, attempts []uint32)
+	Key(ref policy.KeyRef) (policy.KeyRecordView, error)
+	ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]int) (int, error)
 	// Record tells the breaker under key an attempt's result (see
 	// breakerstore.Store.Record).
 	Record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy.Result, permitID string) (policy.BreakerSnapshot, error)
