@@ -67,6 +67,34 @@ func (d *deadlines) take() ([]time.Time, []string) {
 	return d.seen, d.names
 }
 
+// hookedReplica is a replica of the Redis at addr whose client carries
+// hook, with a store timeout of 250 ms that never counts the engine down
+// (DownAfter): the moments before a replica does, when one call at a time
+// goes to Redis.
+func hookedReplica(t *testing.T, addr string, hook redis.Hook) *replica {
+	return newReplicaWith(t, func() redis.UniversalClient {
+		c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+		c.AddHook(hook)
+		return c
+	}, redisstore.Options{Timeout: 250 * time.Millisecond, BatchOutcomes: true, FlushInterval: time.Hour, DownAfter: 1000})
+}
+
+// oneDeadline fails t unless the calls of one request (what), sent while
+// Redis was stopped, were at least one and all bounded by the first's
+// deadline.
+func oneDeadline(t *testing.T, what string, seen []time.Time, names []string) {
+	t.Helper()
+	if len(seen) == 0 {
+		t.Fatal(what + " with Redis stopped asked Redis nothing; want its first call sent")
+	}
+	for i, dl := range seen {
+		if !dl.Equal(seen[0]) {
+			t.Errorf("engine call %d of %d of one %s (%s) bounded %v after the first (%s): want every call of a request under one deadline",
+				i+1, len(seen), what, names[i], dl.Sub(seen[0]), names[0])
+		}
+	}
+}
+
 // callName is the function an FCALL or FCALL_RO calls, else the command.
 func callName(cmd redis.Cmder) string {
 	if a := cmd.Args(); (cmd.Name() == "fcall" || cmd.Name() == "fcall_ro") && len(a) > 1 {
@@ -98,11 +126,7 @@ func TestDecisionCallsShareOneTimeout(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := redistest.Standalone(t)
 			hook := &deadlines{}
-			r := newReplicaWith(t, func() redis.UniversalClient {
-				c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
-				c.AddHook(hook)
-				return c
-			}, redisstore.Options{Timeout: 250 * time.Millisecond, BatchOutcomes: true, FlushInterval: time.Hour, DownAfter: 1000})
+			r := hookedReplica(t, srv.Addr, hook)
 			ctx := context.Background()
 			three := uint32(3)
 			if _, err := r.admin.SetPolicy(ctx, &pb.SetPolicyRequest{Tenant: "acme", Target: tc.target, Policy: &pb.Policy{
@@ -130,15 +154,7 @@ func TestDecisionCallsShareOneTimeout(t *testing.T) {
 			if err != nil || !resp.GetDegraded() {
 				t.Errorf("NextDelay with Redis stopped = %v, %v; want an answer flagged degraded", resp, err)
 			}
-			if len(seen) == 0 {
-				t.Fatal("NextDelay with Redis stopped asked Redis nothing; want its first call sent")
-			}
-			for i, dl := range seen {
-				if !dl.Equal(seen[0]) {
-					t.Errorf("engine call %d of %d of one NextDelay (%s) bounded %v after the first (%s): want every call of a decision under one deadline",
-						i+1, len(seen), names[i], dl.Sub(seen[0]), names[0])
-				}
-			}
+			oneDeadline(t, "NextDelay", seen, names)
 		})
 	}
 }
@@ -150,11 +166,7 @@ func TestDecisionCallsShareOneTimeout(t *testing.T) {
 func TestAdmitChainCallsShareOneTimeout(t *testing.T) {
 	srv := redistest.Standalone(t)
 	hook := &deadlines{}
-	r := newReplicaWith(t, func() redis.UniversalClient {
-		c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
-		c.AddHook(hook)
-		return c
-	}, redisstore.Options{Timeout: 250 * time.Millisecond, BatchOutcomes: true, FlushInterval: time.Hour, DownAfter: 1000})
+	r := hookedReplica(t, srv.Addr, hook)
 	ctx := context.Background()
 	one := uint32(1)
 	for _, target := range []string{"geo-a", "geo-b", "geo-c"} {
@@ -189,15 +201,7 @@ func TestAdmitChainCallsShareOneTimeout(t *testing.T) {
 	if err != nil || !a.GetDegraded() || a.GetTarget() != "geo-b" {
 		t.Errorf("Admit with Redis stopped = %v, %v; want geo-b's answer, flagged degraded", a, err)
 	}
-	if len(seen) == 0 {
-		t.Fatal("Admit with Redis stopped asked Redis nothing; want its first call sent")
-	}
-	for i, dl := range seen {
-		if !dl.Equal(seen[0]) {
-			t.Errorf("engine call %d of %d of one Admit (%s) bounded %v after the first (%s): want every call of a decision under one deadline",
-				i+1, len(seen), names[i], dl.Sub(seen[0]), names[0])
-		}
-	}
+	oneDeadline(t, "Admit", seen, names)
 }
 
 // TestSpentRequestSaysNothingOfTheEngine: a call whose request's time ran
@@ -241,11 +245,7 @@ func TestSpentRequestSaysNothingOfTheEngine(t *testing.T) {
 func TestReportOutcomeCallsShareOneTimeout(t *testing.T) {
 	srv := redistest.Standalone(t)
 	hook := &deadlines{}
-	r := newReplicaWith(t, func() redis.UniversalClient {
-		c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
-		c.AddHook(hook)
-		return c
-	}, redisstore.Options{Timeout: 250 * time.Millisecond, BatchOutcomes: true, FlushInterval: time.Hour, DownAfter: 1000})
+	r := hookedReplica(t, srv.Addr, hook)
 	ctx := context.Background()
 	ten := uint32(10)
 	var outs []*pb.Outcome
@@ -270,15 +270,7 @@ func TestReportOutcomeCallsShareOneTimeout(t *testing.T) {
 	if err != nil || resp.GetAccepted() != 3 {
 		t.Errorf("ReportOutcome with Redis stopped = %v, %v; want its 3 outcomes accepted", resp, err)
 	}
-	if len(seen) == 0 {
-		t.Fatal("ReportOutcome with Redis stopped asked Redis nothing; want its first call sent")
-	}
-	for i, dl := range seen {
-		if !dl.Equal(seen[0]) {
-			t.Errorf("engine call %d of %d of one ReportOutcome (%s) bounded %v after the first (%s): want every call of a request under one deadline",
-				i+1, len(seen), names[i], dl.Sub(seen[0]), names[0])
-		}
-	}
+	oneDeadline(t, "ReportOutcome", seen, names)
 }
 
 // TestDeduplicatedOutcomeWithRedisStoppedIsUnavailable: a deduplicated
