@@ -12,14 +12,15 @@ import (
 // aliases of one interface literal are one type, and the compiler checks
 // that they agree).
 type Changes = interface {
-	// ClaimAttempt, Run, Breaker, ReleaseLease, Admit, AdmitFlow,
-	// LastAnswers, Key and ApplyOutcomes are the Store's, asked
+	// ClaimAttempt, Run, Breaker, ReleaseLease, ReleaseLeases, Admit,
+	// AdmitFlow, LastAnswers, Key and ApplyOutcomes are the Store's, asked
 	// for the request: a store whose calls wait for an engine (redisstore)
 	// bounds a request's together; here they are the Store's own.
 	ClaimAttempt(k policy.CallKey, attempt uint32) (policy.Answer, bool, error)
 	Run(id string) (policy.Run, error)
 	Breaker(key policy.BreakerKey) (policy.BreakerSnapshot, error)
 	ReleaseLease(key policy.BreakerKey, id string, lim policy.FlowLimits, sig policy.FlowSignal) (bool, error)
+	ReleaseLeases(rs []policy.LeaseRelease, held []bool, errs []error)
 	Admit(key policy.BreakerKey, cfg policy.BreakerConfig) (policy.Admission, error)
 	AdmitFlow(key policy.BreakerKey, cfg policy.BreakerConfig, lim policy.FlowLimits) (policy.Admission, error)
 	LastAnswers(keys []policy.CallKey, out []policy.Answer, attempts []uint32)
@@ -93,6 +94,11 @@ func (u *changeBatch) Breaker(key policy.BreakerKey) (policy.BreakerSnapshot, er
 // ReleaseLease is Store.ReleaseLease.
 func (u *changeBatch) ReleaseLease(key policy.BreakerKey, id string, lim policy.FlowLimits, sig policy.FlowSignal) (bool, error) {
 	return u.s.ReleaseLease(key, id, lim, sig)
+}
+
+// ReleaseLeases is Store.ReleaseLeases.
+func (u *changeBatch) ReleaseLeases(rs []policy.LeaseRelease, held []bool, errs []error) {
+	u.s.ReleaseLeases(rs, held, errs)
 }
 
 // Admit is Store.Admit.

@@ -115,6 +115,16 @@ const (
 	SignalCongestion                   // a 429, or a 503 with a pushback hint: shrink it
 )
 
+// LeaseRelease is a concurrency lease to give back (Leases.ReleaseLeases):
+// lease ID under Key, whose ceilings are Limits, with what the attempt's
+// outcome tells an adaptive ceiling.
+type LeaseRelease struct {
+	Key    BreakerKey
+	ID     string
+	Limits FlowLimits
+	Signal FlowSignal
+}
+
 // Result is what an attempt's outcome means to a breaker.
 type Result uint8
 

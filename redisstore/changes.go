@@ -18,6 +18,7 @@ type Changes = interface {
 	Run(id string) (policy.Run, error)
 	Breaker(key policy.BreakerKey) (policy.BreakerSnapshot, error)
 	ReleaseLease(key policy.BreakerKey, id string, lim policy.FlowLimits, sig policy.FlowSignal) (bool, error)
+	ReleaseLeases(rs []policy.LeaseRelease, held []bool, errs []error)
 	Admit(key policy.BreakerKey, cfg policy.BreakerConfig) (policy.Admission, error)
 	AdmitFlow(key policy.BreakerKey, cfg policy.BreakerConfig, lim policy.FlowLimits) (policy.Admission, error)
 	LastAnswers(keys []policy.CallKey, out []policy.Answer, attempts []uint32)
@@ -73,6 +74,11 @@ func (c *changes) Breaker(key policy.BreakerKey) (policy.BreakerSnapshot, error)
 // ReleaseLease is Store.ReleaseLease within the request's time.
 func (c *changes) ReleaseLease(key policy.BreakerKey, id string, lim policy.FlowLimits, sig policy.FlowSignal) (bool, error) {
 	return c.s.ReleaseLease(key, id, lim, sig)
+}
+
+// ReleaseLeases is Store.ReleaseLeases within the request's time.
+func (c *changes) ReleaseLeases(rs []policy.LeaseRelease, held []bool, errs []error) {
+	c.s.ReleaseLeases(rs, held, errs)
 }
 
 // Admit is Store.Admit within the request's time.

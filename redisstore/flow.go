@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/policyd/policyd/fleet"
 	"github.com/policyd/policyd/policy"
 )
@@ -104,6 +106,74 @@ func (s *Store) ReleaseLease(key policy.BreakerKey, id string, lim policy.FlowLi
 	return held, nil
 }
 
+// ReleaseLeases is ReleaseLease of each of rs, held[i] and errs[i] its
+// answer for rs[i]: the releases go in one pipeline, one round trip (on a
+// Cluster, one per master holding their tenants), where a ReportOutcome's
+// leased outcomes made one round trip each. A release the engine did not
+// answer is decided as ReleaseLease decides it then.
+func (s *Store) ReleaseLeases(rs []policy.LeaseRelease, held []bool, errs []error) {
+	if len(rs) == 1 {
+		held[0], errs[0] = s.ReleaseLease(rs[0].Key, rs[0].ID, rs[0].Limits, rs[0].Signal)
+		return
+	}
+	check := s.check()
+	for i := range rs {
+		held[i], errs[i] = false, check
+		if check == nil {
+			errs[i] = checkBreakerKey(rs[i].Key)
+		}
+	}
+	degraded := func(i int) {
+		r := &rs[i]
+		held[i], errs[i] = s.degraded.releaseLease(r.Key, r.ID, r.Limits, r.Signal, s.opts.Clock().UnixNano()), nil
+	}
+	if check != nil {
+		return
+	}
+	if !s.health.up() {
+		for i := range rs {
+			if errs[i] == nil {
+				degraded(i)
+			}
+		}
+		return
+	}
+	ctx, cancel := s.call()
+	defer cancel()
+	cmds := make([]*redis.Cmd, len(rs))
+	_, _ = s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i := range rs {
+			if errs[i] == nil {
+				r := &rs[i]
+				keys, args := releaseArgs(r.Key, r.ID, &r.Limits.Adaptive, r.Signal)
+				cmds[i] = s.lib.on(p).run(ctx, "policyd_release_lease", keys, args...)
+			}
+		}
+		return nil
+	}) // each release's error is on its command
+	for i, cmd := range cmds {
+		if cmd == nil {
+			continue
+		}
+		v, err := cmd.Slice()
+		if err != nil {
+			if errors.Is(err, ErrUnavailable) {
+				degraded(i)
+			} else {
+				errs[i] = libraryErr("policyd_release_lease", err)
+			}
+			continue
+		}
+		_, h, limit, err := releaseReply(v)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		s.degraded.sawLimit(rs[i].Key, limit)
+		held[i] = h
+	}
+}
+
 // Pool returns the state of the ceilings under key at the engine's time:
 // its live leases, stray releases and the adaptive limit's exact value (0
 // when it never moved); the zero status when the key has none. It is safe
@@ -185,16 +255,26 @@ func admitFlowCall(ctx context.Context, l lib, key policy.BreakerKey, cfg *polic
 // outcome's signal sig on the adaptive bounds b. An id that does not
 // parse goes as "", which the library counts as not held.
 func releaseCall(ctx context.Context, l lib, key policy.BreakerKey, id string, b *policy.AdaptiveBounds, sig policy.FlowSignal) (now int64, held bool, limit float64, err error) {
+	keys, args := releaseArgs(key, id, b, sig)
+	r, err := l.fcall(ctx, "policyd_release_lease", keys, args...)
+	if err != nil {
+		return 0, false, 0, err
+	}
+	return releaseReply(r)
+}
+
+// releaseArgs are the keys and arguments of policyd_release_lease.
+func releaseArgs(key policy.BreakerKey, id string, b *policy.AdaptiveBounds, sig policy.FlowSignal) ([]string, []any) {
 	canon := ""
 	if lid, ok := fleet.ParsePermitID(id); ok {
 		canon = lid.String()
 	}
 	args := boundsArgs([]any{canon}, b)
-	args = append(args, int(sig))
-	r, err := l.fcall(ctx, "policyd_release_lease", []string{keyFlow(key.Tenant, key.Target), keyLeases(key.Tenant, key.Target)}, args...)
-	if err != nil {
-		return 0, false, 0, err
-	}
+	return []string{keyFlow(key.Tenant, key.Target), keyLeases(key.Tenant, key.Target)}, append(args, int(sig))
+}
+
+// releaseReply reads policyd_release_lease's reply.
+func releaseReply(r []any) (now int64, held bool, limit float64, err error) {
 	if len(r) != 5 {
 		return 0, false, 0, errReply
 	}

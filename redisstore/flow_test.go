@@ -288,3 +288,46 @@ func oneRoundTrip(t *testing.T, stats serverStats, client func() redis.Universal
 			leased.Load(), trips, by, fcalls)
 	}
 }
+
+// TestReportOutcomeReleasesItsLeasesInOneRoundTrip: the leases a
+// ReportOutcome's outcomes give back (here eight, over four targets with
+// ceilings) go to Redis in one round trip, a pipeline of the releases,
+// not one a lease; every one is released.
+func TestReportOutcomeReleasesItsLeasesInOneRoundTrip(t *testing.T) {
+	srv := redistest.Standalone(t)
+	r := newReplica(t, func() redis.UniversalClient { return redis.NewClient(&redis.Options{Addr: srv.Addr}) })
+	ctx := context.Background()
+	ten := uint32(10)
+	var outs []*pb.Outcome
+	for i := range 8 {
+		target := "geo-" + strconv.Itoa(i%4)
+		if i < 4 {
+			if _, err := r.admin.SetPolicy(ctx, &pb.SetPolicyRequest{Tenant: "acme", Target: target,
+				Policy: &pb.Policy{Flow: &pb.FlowSettings{MaxInFlight: &ten}}}); err != nil {
+				t.Fatalf("SetPolicy(%s): %v", target, err)
+			}
+		}
+		call := &pb.CallRef{Tenant: "acme", Target: target, CallId: "c" + strconv.Itoa(i), Idempotent: true}
+		a, err := r.workers.Admit(ctx, &pb.AdmitRequest{Call: call, Attempt: 1})
+		if err != nil || a.GetLeaseId() == "" {
+			t.Fatalf("Admit(%s) = %v, %v; want a lease", target, a, err)
+		}
+		outs = append(outs, &pb.Outcome{Call: call, Attempt: 1, Success: true, LeaseId: a.GetLeaseId(),
+			FinalDisposition: pb.Disposition_DISPOSITION_SUCCEEDED})
+	}
+	before := r.store.RoundTrips()
+	if _, err := r.workers.ReportOutcome(ctx, &pb.ReportOutcomeRequest{Outcomes: outs}); err != nil {
+		t.Fatalf("ReportOutcome: %v", err)
+	}
+	after := r.store.RoundTrips()
+	if n := after["policyd_release_lease"] - before["policyd_release_lease"] +
+		after["pipeline policyd_release_lease"] - before["pipeline policyd_release_lease"]; n != 1 {
+		t.Errorf("ReportOutcome of 8 outcomes holding leases: %d round trips of releases, want 1", n)
+	}
+	for i := range 4 {
+		key := policy.BreakerKey{Tenant: "acme", Target: "geo-" + strconv.Itoa(i)}
+		if ps, err := r.store.Pool(key); err != nil || ps.InFlight != 0 || ps.Stray != 0 {
+			t.Errorf("pool of %s after the report = %+v, %v; want every lease released, none stray", key.Target, ps, err)
+		}
+	}
+}

@@ -61,6 +61,14 @@ func (d *Decisions) releaseLease(ctx context.Context, leases leaseReleaser, p *p
 		return false
 	}
 	held, err := leases.ReleaseLease(policy.KeyFor(p.Breaker, call.tenant, target), lease, p.FlowLimits(), sig)
+	return d.released(ctx, call, target, held, err)
+}
+
+// released reports a release of a lease of call to target that answered
+// held, err: a store that could not release it is logged (the lease
+// expires on its own), a lease not held counted as a stray release. It
+// returns held.
+func (d *Decisions) released(ctx context.Context, call callRef, target string, held bool, err error) bool {
 	if err != nil {
 		d.cfg.Logger.WarnContext(ctx, "lease not released; it expires on its own", "call_id", call.callID,
 			"tenant", call.tenant, "target", target, "err", err)
@@ -83,7 +91,8 @@ type targetFallback struct {
 }
 
 // settleLeases returns the leases the outcomes of a batch carry (each to
-// its attempt's target) and lists, once each, the batch's targets whose
+// its attempt's target), all in one step of the store's (ReleaseLeases),
+// and lists, once each, the batch's targets whose
 // policy has a concurrency ceiling, so a client that skips Admit while a
 // breaker is CLOSED learns of one within a report, and the batch's
 // primaries (outcomes of attempts on the call's own target) whose policy
@@ -96,6 +105,10 @@ func (d *Decisions) settleLeases(ctx context.Context, u Changes, items []outcome
 	var p policy.Policy
 	var lastTenant, lastTarget string
 	resolved := false
+	// The leases go back together, in one step of the store's
+	// (ReleaseLeases), after the loop; of is each release's outcome.
+	var rs []policy.LeaseRelease
+	var of []int
 	for i := range items {
 		it := &items[i]
 		if !it.ceiled && !it.chained && it.lease == "" {
@@ -112,7 +125,18 @@ func (d *Decisions) settleLeases(ctx context.Context, u Changes, items []outcome
 			!slices.ContainsFunc(chains, func(c targetFallback) bool { return c.target == it.target }) {
 			chains = append(chains, targetFallback{it.target, p.Fallback})
 		}
-		d.releaseLease(ctx, u, &p, it.call, it.target, it.lease, flowSignal(it.success, it.failure, policy.Hints{}))
+		if it.lease != "" {
+			rs = append(rs, policy.LeaseRelease{Key: policy.KeyFor(p.Breaker, it.call.tenant, it.target), ID: it.lease,
+				Limits: p.FlowLimits(), Signal: flowSignal(it.success, it.failure, policy.Hints{})})
+			of = append(of, i)
+		}
+	}
+	if len(rs) > 0 {
+		held, errs := make([]bool, len(rs)), make([]error, len(rs))
+		u.ReleaseLeases(rs, held, errs)
+		for j, i := range of {
+			d.released(ctx, items[i].call, items[i].target, held[j], errs[j])
+		}
 	}
 	return flow, chains
 }

@@ -79,13 +79,14 @@ type OneCallNextDelay interface {
 // without importing server: an engine spells the same literal (as
 // breakerstore.Changes does) and the two are one type.
 type Changes = interface {
-	// ClaimAttempt, Run, Breaker, ReleaseLease, Admit, AdmitFlow,
-	// LastAnswers, Key and ApplyOutcomes are the Store's (Attempts, Runs,
+	// ClaimAttempt, Run, Breaker, ReleaseLease, ReleaseLeases, Admit,
+	// AdmitFlow, LastAnswers, Key and ApplyOutcomes are the Store's (Attempts, Runs,
 	// Breakers, Leases, Keys, Outcomes), asked within the request's time.
 	ClaimAttempt(k policy.CallKey, attempt uint32) (policy.Answer, bool, error)
 	Run(id string) (policy.Run, error)
 	Breaker(key policy.BreakerKey) (policy.BreakerSnapshot, error)
 	ReleaseLease(key policy.BreakerKey, id string, lim policy.FlowLimits, sig policy.FlowSignal) (bool, error)
+	ReleaseLeases(rs []policy.LeaseRelease, held []bool, errs []error)
 	Admit(key policy.BreakerKey, cfg policy.BreakerConfig) (policy.Admission, error)
 	AdmitFlow(key policy.BreakerKey, cfg policy.BreakerConfig, lim policy.FlowLimits) (policy.Admission, error)
 	LastAnswers(keys []policy.CallKey, out []policy.Answer, attempts []uint32)
@@ -180,6 +181,11 @@ type Leases interface {
 	// it), applied in the same step as the release, also for a lease no
 	// longer held: the outcome happened either way.
 	ReleaseLease(key policy.BreakerKey, id string, lim policy.FlowLimits, sig policy.FlowSignal) (bool, error)
+	// ReleaseLeases is ReleaseLease of each of rs, held[i] and errs[i]
+	// its answer for rs[i] (both as long as rs), in one step where the
+	// store can: redisstore sends them in one round trip, where one a
+	// lease made a ReportOutcome of n leased outcomes n round trips.
+	ReleaseLeases(rs []policy.LeaseRelease, held []bool, errs []error)
 	// Pool returns the ceiling's live leases, stray releases and adaptive
 	// value under key, the zero status when there are none.
 	Pool(key policy.BreakerKey) (policy.PoolStatus, error)

@@ -94,6 +94,18 @@ func testLeases(t *testing.T, e *env) {
 	if a := e.admitFlow(t, 0, key, ceiling); a.Admitted || a.Reason != fleet.ReasonFull {
 		t.Errorf("AdmitFlow at the ceiling again = %+v, want refused %s", a, fleet.ReasonFull)
 	}
+	// Several at once (ReleaseLeases, a ReportOutcome's): each answered as
+	// ReleaseLease answers it, a bad key naming the field.
+	rs := []policy.LeaseRelease{{Key: key, ID: held[1], Limits: ceiling}, {Key: key, ID: "not-a-lease", Limits: ceiling},
+		{Key: policy.BreakerKey{Tenant: "acme"}, ID: held[2], Limits: ceiling}, {Key: key, ID: held[2], Limits: ceiling}}
+	got, errs := make([]bool, len(rs)), make([]error, len(rs))
+	e.on(1).ReleaseLeases(rs, got, errs)
+	if !got[0] || got[1] || got[2] || !got[3] || errs[0] != nil || errs[1] != nil || !invalid(errs[2]) || errs[3] != nil {
+		t.Errorf("ReleaseLeases(live, not a lease, no target, live) = %v, %v; want [true false false true], an invalid argument for the third", got, errs)
+	}
+	if st := e.pool(t, 2, key); st.InFlight != ceiling.Ceiling-2 || st.Stray != 4 {
+		t.Errorf("Pool after ReleaseLeases = %+v, want %d in flight, 4 stray", st, ceiling.Ceiling-2)
+	}
 	// Unreturned leases expire: a crashed worker cannot leak its slot.
 	e.clock.Advance(ceiling.LeaseTTL)
 	if st := e.pool(t, 1, key); st.InFlight != 0 {
