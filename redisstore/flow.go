@@ -83,39 +83,19 @@ func (s *Store) AdmitFlow(key policy.BreakerKey, cfg policy.BreakerConfig, lim p
 // out in degraded mode is returned to its share; one from the engine is
 // not, and frees its slot at its expiry. It is safe for concurrent use.
 func (s *Store) ReleaseLease(key policy.BreakerKey, id string, lim policy.FlowLimits, sig policy.FlowSignal) (bool, error) {
-	if err := s.check(); err != nil {
-		return false, err
-	}
-	if err := checkBreakerKey(key); err != nil {
-		return false, err
-	}
-	degraded := func() bool { return s.degraded.releaseLease(key, id, lim, sig, s.opts.Clock().UnixNano()) }
-	if !s.health.up() {
-		return degraded(), nil
-	}
-	ctx, cancel := s.call()
-	defer cancel()
-	_, held, limit, err := releaseCall(ctx, s.lib, key, id, &lim.Adaptive, sig)
-	if errors.Is(err, ErrUnavailable) {
-		return degraded(), nil
-	}
-	if err != nil {
-		return false, err
-	}
-	s.degraded.sawLimit(key, limit)
-	return held, nil
+	var held [1]bool
+	var errs [1]error
+	s.ReleaseLeases([]policy.LeaseRelease{{Key: key, ID: id, Limits: lim, Signal: sig}}, held[:], errs[:])
+	return held[0], errs[0]
 }
 
 // ReleaseLeases is ReleaseLease of each of rs, held[i] and errs[i] its
-// answer for rs[i]: the releases go in one pipeline, one round trip (on a
-// Cluster, one per master holding their tenants), where a ReportOutcome's
-// leased outcomes made one round trip each. A release the engine did not
-// answer is decided as ReleaseLease decides it then.
+// answer for rs[i], in one round trip: one call alone (through the
+// coalescer, which shares round trips with other requests' calls),
+// several in one pipeline (on a Cluster, one per master holding their
+// tenants), where a ReportOutcome's leased outcomes made one round trip
+// each.
 func (s *Store) ReleaseLeases(rs []policy.LeaseRelease, held []bool, errs []error) {
-	if len(rs) == 1 {
-		held[0], errs[0] = s.ReleaseLease(rs[0].Key, rs[0].ID, rs[0].Limits, rs[0].Signal)
-		return
-	}
 	check := s.check()
 	for i := range rs {
 		held[i], errs[i] = false, check
@@ -123,23 +103,39 @@ func (s *Store) ReleaseLeases(rs []policy.LeaseRelease, held []bool, errs []erro
 			errs[i] = checkBreakerKey(rs[i].Key)
 		}
 	}
-	degraded := func(i int) {
-		r := &rs[i]
-		held[i], errs[i] = s.degraded.releaseLease(r.Key, r.ID, r.Limits, r.Signal, s.opts.Clock().UnixNano()), nil
-	}
 	if check != nil {
 		return
+	}
+	// done takes release i's answer (or the engine's silence: degraded).
+	done := func(i int, h bool, limit float64, err error) {
+		r := &rs[i]
+		switch {
+		case errors.Is(err, ErrUnavailable):
+			held[i] = s.degraded.releaseLease(r.Key, r.ID, r.Limits, r.Signal, s.opts.Clock().UnixNano())
+		case err != nil:
+			errs[i] = err
+		default:
+			held[i] = h
+			s.degraded.sawLimit(r.Key, limit)
+		}
 	}
 	if !s.health.up() {
 		for i := range rs {
 			if errs[i] == nil {
-				degraded(i)
+				done(i, false, 0, ErrUnavailable)
 			}
 		}
 		return
 	}
 	ctx, cancel := s.call()
 	defer cancel()
+	if len(rs) == 1 {
+		if r := &rs[0]; errs[0] == nil {
+			_, h, limit, err := releaseCall(ctx, s.lib, r.Key, r.ID, &r.Limits.Adaptive, r.Signal)
+			done(0, h, limit, err)
+		}
+		return
+	}
 	cmds := make([]*redis.Cmd, len(rs))
 	_, _ = s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i := range rs {
@@ -155,22 +151,15 @@ func (s *Store) ReleaseLeases(rs []policy.LeaseRelease, held []bool, errs []erro
 		if cmd == nil {
 			continue
 		}
+		var h bool
+		var limit float64
 		v, err := cmd.Slice()
-		if err != nil {
-			if errors.Is(err, ErrUnavailable) {
-				degraded(i)
-			} else {
-				errs[i] = libraryErr("policyd_release_lease", err)
-			}
-			continue
+		if err == nil {
+			_, h, limit, err = releaseReply(v)
+		} else {
+			err = libraryErr("policyd_release_lease", err)
 		}
-		_, h, limit, err := releaseReply(v)
-		if err != nil {
-			errs[i] = err
-			continue
-		}
-		s.degraded.sawLimit(rs[i].Key, limit)
-		held[i] = h
+		done(i, h, limit, err)
 	}
 }
 
