@@ -147,26 +147,25 @@ func (s *Store) Budget(tenant string) (policy.BudgetStatus, error) {
 	b, explicit := s.budgetOf(tenant)
 	ctx, cancel := s.call()
 	defer cancel()
-	h, err := s.c.HGetAll(ctx, keyBucket(tenant)).Result()
+	k, stored, err := readBucket(ctx, s.c, tenant)
 	if err != nil {
-		return policy.BudgetStatus{}, fmt.Errorf("redisstore: read bucket of %q: %w", tenant, err)
+		return policy.BudgetStatus{}, err
 	}
-	if len(h) == 0 && !explicit {
+	if !stored && !explicit {
 		return policy.BudgetStatus{}, fmt.Errorf("%w: budget of tenant %q", ErrNotFound, tenant)
 	}
 	st := policy.BudgetStatus{Budget: b, Tokens: b.Capacity, IsDefault: !explicit}
-	if len(h) > 0 {
-		num := func(f string) float64 { x, _ := toFloat(h[f]); return x }
+	if stored {
 		now, err := s.c.Time(ctx).Result()
 		if err != nil {
 			return policy.BudgetStatus{}, fmt.Errorf("redisstore: TIME: %w", err)
 		}
-		tokens, last := num("tokens"), int64(num("last"))
-		if n := now.UnixMicro(); n > last {
-			tokens += b.MinPerSecond * float64(n-last) / 1e6
+		tokens := k.tokens
+		if n := now.UnixMicro(); n > k.last {
+			tokens += b.MinPerSecond * float64(n-k.last) / 1e6
 		}
 		st.Tokens = min(max(tokens, 0), b.Capacity)
-		st.Granted, st.Refused, st.DryRunRefusals = uint64(num("granted")), uint64(num("refused")), uint64(num("dry"))
+		st.Granted, st.Refused, st.DryRunRefusals = k.granted, k.refused, k.dry
 	}
 	return st, nil
 }

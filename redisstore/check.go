@@ -13,8 +13,8 @@ import (
 // Check verifies the policyd keys of a Redis without changing them: the
 // schema version, that the library policyd_v2 is loaded on every master,
 // and the shape of every key under a policyd hash tag (its type; that a
-// breaker's record reads back; and for buckets, runs, flow hashes and
-// attempt statistics that every integer field parses). It returns
+// breaker's or a bucket's record reads back; and for runs, flow hashes
+// and attempt statistics that every integer field parses). It returns
 // nil, or one error listing every problem found, each naming its key.
 func Check(ctx context.Context, c redis.UniversalClient) error {
 	var problems []string
@@ -69,10 +69,10 @@ var keyShapes = []struct {
 	typ    string
 	ints   []string
 }{
-	{":breaker:", "string", nil}, // its record checked by checkBreaker
+	{":breaker:", "string", nil}, // its record checked by checkRecord
 	{":breakers", "set", nil},
 	{":events", "stream", nil},
-	{":bucket", "hash", []string{"last", "granted", "refused", "dry"}},
+	{":bucket", "string", nil}, // likewise
 	{":runcalls:", "hash", nil},
 	{":calls:", "hash", nil},
 	{":callids:", "zset", nil},
@@ -118,10 +118,14 @@ func checkKey(ctx context.Context, n *redis.Client, key string, add func(string,
 		case s.prefix == ":breaker:" && typ == "hash":
 			// An earlier layout's, read as it is until its next change.
 			checkInts(ctx, n, key, legacyBreakerInts, add)
+		case s.prefix == ":bucket" && typ == "hash":
+			checkInts(ctx, n, key, legacyBucketInts, add)
 		case typ != s.typ:
 			add("%s: is a %s, want a %s", key, typ, s.typ)
 		case s.prefix == ":breaker:":
-			checkBreaker(ctx, n, key, add)
+			checkRecord(ctx, n, key, decodeBreakerRecord, add)
+		case s.prefix == ":bucket":
+			checkRecord(ctx, n, key, decodeBucketRecord, add)
 		case s.prefix == ":stats:":
 			checkStats(ctx, n, key, add)
 		default:
@@ -135,6 +139,10 @@ func checkKey(ctx context.Context, n *redis.Client, key string, add func(string,
 // legacyBreakerInts are the integer fields of a breaker stored as a hash,
 // the layout before the packed record.
 var legacyBreakerInts = []string{"state", "forced", "mode", "open_until", "changed", "gen", "cooldown", "consecutive"}
+
+// legacyBucketInts are the integer fields of a bucket stored as a hash,
+// the layout before the packed record.
+var legacyBucketInts = []string{"last", "granted", "refused", "dry"}
 
 // checkInts checks that the fields ints of the hash at key, where
 // present, are integers.
@@ -157,14 +165,15 @@ func checkInts(ctx context.Context, n *redis.Client, key string, ints []string, 
 	}
 }
 
-// checkBreaker checks a breaker's record (decodeBreakerRecord).
-func checkBreaker(ctx context.Context, n *redis.Client, key string, add func(string, ...any)) {
+// checkRecord checks that the record at key reads back with decode
+// (decodeBreakerRecord, decodeBucketRecord).
+func checkRecord[R any](ctx context.Context, n *redis.Client, key string, decode func([]byte) (R, error), add func(string, ...any)) {
 	v, err := n.Get(ctx, key).Bytes()
 	if err != nil {
 		add("%s: %v", key, err)
 		return
 	}
-	if _, err := decodeBreakerRecord(v); err != nil {
+	if _, err := decode(v); err != nil {
 		add("%s: %v", key, err)
 	}
 }

@@ -61,8 +61,9 @@ func TestCheck(t *testing.T) {
 
 	c.Set(ctx, "{=acme}:breaker:pay", "short", 0)
 	c.HSet(ctx, "{=acme}:breaker:old", "state", "0", "gen", "two") // the layout before the record
-	c.Del(ctx, "{=acme}:bucket")
 	c.Set(ctx, "{=acme}:bucket", "x", 0)
+	c.Set(ctx, "{=beta}:bucket", string(make([]byte, 40))+"\x05abc", 0)
+	c.HSet(ctx, "{=old}:bucket", "tokens", "3.5", "granted", "many") // the layout before the record
 	c.Set(ctx, "{=acme}:mystery", "x", 0)
 	c.HSet(ctx, stats[0], "s2:pay", "many", "x9:pay", "1")
 	c.HSet(ctx, "{=acme}:flow:pay", "tat", "soon")
@@ -74,7 +75,9 @@ func TestCheck(t *testing.T) {
 		stats[0] + `: field "x9:pay" is not s or f`,
 		"{=acme}:breaker:pay: is 5 bytes, a breaker at least 328",
 		`{=acme}:breaker:old: field gen is "two", want an integer`,
-		"{=acme}:bucket: is a string, want a hash",
+		"{=acme}:bucket: is 1 bytes, a bucket at least 40",
+		"{=beta}:bucket: is 44 bytes, a share cut short at byte 41",
+		`{=old}:bucket: field granted is "many", want an integer`,
 		"{=acme}:mystery: not a key of schema 2",
 		`{=acme}:flow:pay: field tat is "soon", want an integer`,
 		"{=acme}:leases:pay: is a string, want a zset",

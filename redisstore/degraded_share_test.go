@@ -2,8 +2,6 @@ package redisstore_test
 
 import (
 	"context"
-	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -224,7 +222,7 @@ func TestDegradedSharesNeverOverspend(t *testing.T) {
 // sharesSetup opens two replicas over a budget of 10 tokens, spends once
 // through replica 0 and then through replica 1 until it is refused, and
 // returns them, replica 0's client, the locks of the bucket's shares by
-// field, and the tokens then left.
+// replica, and the tokens then left.
 func sharesSetup(t *testing.T) (r []*redisstore.Store, c0 *redis.Client, locks func() map[string]float64, clock *storetest.Clock, tokens float64) {
 	t.Helper()
 	srv := redistest.Standalone(t)
@@ -241,17 +239,11 @@ func sharesSetup(t *testing.T) (r []*redisstore.Store, c0 *redis.Client, locks f
 		return err == nil && st.Budget.Capacity == 10
 	})
 	locks = func() map[string]float64 {
-		h, err := c.HGetAll(context.Background(), "{=acme}:bucket").Result()
+		l, err := redisstore.BucketLocks(context.Background(), c, "acme")
 		if err != nil {
 			t.Fatal(err)
 		}
-		out := map[string]float64{}
-		for f, v := range h {
-			if strings.HasPrefix(f, "l:") {
-				out[f], _ = strconv.ParseFloat(v, 64)
-			}
-		}
-		return out
+		return l
 	}
 	if sp, err := r[0].SpendRetry(policy.SpendRequest{Tenant: "acme"}); err != nil || !sp.Granted {
 		t.Fatalf("replica 0's spend = %+v, %v; want granted", sp, err)
@@ -281,7 +273,7 @@ func spend(t *testing.T, s *redisstore.Store) bool {
 // while it is in the heartbeat set (another replica is refused rather
 // than spend it); once a replica that could not give it back (here its
 // connection to Redis cut, as a kill would) has left the set and been
-// silent for ten heartbeats, the next spend forfeits it: its fields go
+// silent for ten heartbeats, the next spend forfeits it: its share goes
 // from the bucket and its lock from the tokens (it may have granted it
 // alone).
 func TestSharesOfAGoneReplicaForfeited(t *testing.T) {

@@ -104,17 +104,21 @@
 //	{T}:breakers             set     the tenant's breaker targets
 //	{T}:events               stream  one entry per breaker transition or new cool-down of the tenant,
 //	                                 in order: target, state (the 11-number snapshot); MAXLEN ~ 100000
-//	{T}:bucket               hash    fleet.Bucket: tokens (%.17g), last, granted, refused, dry; and per
-//	                                 replica id R that spent from it its degraded-mode share (see
-//	                                 degraded.go): h:R hold, l:R lock (%.17g), v:R version, a:R last call
-//	                                 (µs)
+//	{T}:bucket               string  fleet.Bucket as a record: tokens (a double), last (µs), granted,
+//	                                 refused, dry (little-endian 64-bit); then per replica id R that
+//	                                 spent from it its degraded-mode share (see degraded.go): R's length
+//	                                 (a byte) and R, hold and lock (doubles), version, last call (µs)
+//	                                 (bucketrecord.go). A hash of those fields as text (tokens, last,
+//	                                 granted, refused, dry; h:R, l:R, v:R, a:R), the layout before it,
+//	                                 is read as it is and written as a record at its next change
 //	{T}:run:ID               hash    pool, cutoff, spent, tenant, description, created, redrive_of (the
 //	                                 run it re-drives, "" for none), calls_untracked (calls beyond the
 //	                                 call table's cap), and the ledger counters (succeeded,
 //	                                 failed_terminal, dl_exhausted, dl_budget, dl_not_idempotent,
 //	                                 dl_pushback, dl_deadline, circuit_open, deadline_cut, and
 //	                                 deduplicated: of succeeded, those the idempotency ledger answered);
-//	                                 the replicas' shares of its pool, as the bucket's (h:R, l:R, v:R, a:R)
+//	                                 the replicas' shares of its pool: h:R hold, l:R lock (%.17g), v:R
+//	                                 version, a:R last call (µs)
 //	{T}:runcalls:ID          hash    call id -> "disposition:stop/ledger field" of its final disposition,
 //	                                 "/dedup" after it for a deduplicated success
 //	{T}:calls:ID             hash    the run's call table (fleet.CallTable, at most Options.MaxRunCalls):
@@ -234,7 +238,11 @@
 // share a Redis either. So is policyd_outcomes' reply of a group's
 // refusals the indexes of its refused runs (only a run with a permit can
 // be) instead of a flag per run: a replica of version 2 from before this
-// and the library after it misread each other's replies.
+// and the library after it misread each other's replies. So is a tenant's
+// bucket a record, its shares in it, instead of a hash of text fields: the
+// library reads a bucket of either layout and writes a record, but a
+// replica of version 2 from before this fails its calls over a record
+// (WRONGTYPE), so they must not share a Redis either.
 //
 // The library's name carries its version (policyd_v2): a layout change
 // bumps both the schema key and the library name, so replicas of two

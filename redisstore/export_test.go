@@ -1,6 +1,10 @@
 package redisstore
 
-import "context"
+import (
+	"context"
+
+	"github.com/redis/go-redis/v9"
+)
 
 // CheckSlots is checkSlots, for the external tests that start a Cluster.
 var CheckSlots = checkSlots
@@ -66,3 +70,14 @@ func HoldHeldSending(s *Store) (release func()) {
 // OnHeldWait calls f with a request's call context as the request is
 // about to wait for a flush in flight (heldOutcomes.rlock).
 func OnHeldWait(s *Store, f func(context.Context)) { s.held.waitHook = f }
+
+// BucketLocks reads the locks of the shares of tenant's bucket as Redis
+// holds them, by replica id.
+func BucketLocks(ctx context.Context, c *redis.Client, tenant string) (map[string]float64, error) {
+	r, _, err := readBucket(ctx, c, tenant)
+	out := map[string]float64{}
+	for _, sh := range r.shares {
+		out[sh.replica] = sh.lock
+	}
+	return out, err
+}

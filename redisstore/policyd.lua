@@ -514,8 +514,9 @@ end
 
 -- Shares. A replica may grant from a tenant's bucket or a run's pool
 -- alone, while the engine does not answer it (degraded mode), only what
--- the engine set aside for it: its share. Each is four fields of the
--- bucket or run hash, by replica id: h:ID the share the engine last
+-- the engine set aside for it: its share. A share is four numbers, in
+-- the bucket's record (bucket_store) or as four fields of the run's hash,
+-- by replica id: h:ID the share the engine last
 -- told it (hold), l:ID what it may believe it holds (lock: the hold of
 -- every reply it may not have seen yet, less what it spent from them
 -- since), v:ID the version of the last reply, a:ID the time of its last
@@ -546,7 +547,8 @@ local function shares_load(t, h)
   for _, sh in pairs(t.shares) do t.locked = t.locked + sh.lock end
 end
 
--- shares_forfeit deletes from key the shares of replicas other than me
+-- shares_forfeit deletes from t, and from the hash at key (nil: t's
+-- store writes them, a bucket's), the shares of replicas other than me
 -- neither in live (a set of ids) nor heard from since now - grace, and
 -- returns what they locked.
 local function shares_forfeit(key, t, me, live, now, grace)
@@ -556,7 +558,7 @@ local function shares_forfeit(key, t, me, live, now, grace)
       gone = gone + sh.lock
       t.locked = t.locked - sh.lock
       t.shares[id] = nil
-      redis.call('HDEL', key, 'h:' .. id, 'l:' .. id, 'v:' .. id, 'a:' .. id)
+      if key then redis.call('HDEL', key, 'h:' .. id, 'l:' .. id, 'v:' .. id, 'a:' .. id) end
     end
   end
   return gone
@@ -570,6 +572,7 @@ local function share_mine(t, me, ack)
   if not sh then
     sh = {hold = 0, lock = 0, v = ack, at = 0}
     t.shares[me] = sh
+    if t.ids then t.ids[#t.ids + 1] = me end
   end
   return sh
 end
@@ -594,22 +597,9 @@ local function share_spend(t, sh, lvl, cost, ack, n, now)
   sh.hold, sh.lock, sh.v, sh.at = hold, lock, sh.v + 1, now
 end
 
--- share_store writes me's share sh to key.
+-- share_store writes me's share sh to the run hash at key.
 local function share_store(key, me, sh)
   redis.call('HSET', key, 'h:' .. me, float(sh.hold), 'l:' .. me, float(sh.lock), 'v:' .. me, int(sh.v), 'a:' .. me, int(sh.at))
-end
-
--- release_shares gives back the caller's shares of a tenant's bucket and
--- of its runs' pools (what no replica holds again), as a replica that
--- stops does once the engine has been charged everything it granted
--- alone. KEYS: the tenant's bucket, then its runs. ARGV: replica id.
--- Returns the fields deleted (four a share).
-local function release_shares(keys, args)
-  local n = 0
-  for _, key in ipairs(keys) do
-    n = n + redis.call('HDEL', key, 'h:' .. args[1], 'l:' .. args[1], 'v:' .. args[1], 'a:' .. args[1])
-  end
-  return n
 end
 
 -- live_set reads a space-separated list of replica ids into a set.
@@ -619,15 +609,50 @@ local function live_set(s)
   return live
 end
 
+-- A bucket as its key stores it: fleet.Bucket's tokens (a double), last
+-- (µs), granted, refused and dry (BUCKET_FMT), then each share
+-- (SHARE_FMT): its replica id's length (a byte) and the id, hold and lock
+-- (doubles), version and last call (µs). One struct.unpack reads the
+-- numbers: a hash of text fields (the layout before it, read as it is and
+-- written as a record at its next change) cost a fresh NextDelay's spend
+-- more than the rest of it, the breaker's story again.
+local BUCKET_FMT = '<di8i8i8i8'
+local BUCKET_LEN = 40
+local SHARE_FMT = '<Bc0ddi8i8'
+local SHARE_LEN = 33 -- and the id
+
 -- bucket_load reads a tenant's token bucket (fleet.NewBucket when absent)
--- and its shares.
+-- and its shares; k.ids are the shares' ids in their record's order. A
+-- record shorter than its numbers is an error reply DAMAGED naming the
+-- key.
 local function bucket_load(key, cap, now)
-  local h = redis.call('HGETALL', key)
-  local k = {tokens = cap, last = now, granted = 0, refused = 0, dry = 0}
-  for i = 1, #h, 2 do
-    if not string.find(h[i], ':', 1, true) then k[h[i]] = tonumber(h[i + 1]) end
+  local k = {tokens = cap, last = now, granted = 0, refused = 0, dry = 0, shares = {}, ids = {}, locked = 0}
+  local v = redis.pcall('GET', key)
+  if type(v) == 'table' and v.err then
+    local h = redis.call('HGETALL', key)
+    for i = 1, #h, 2 do
+      if not string.find(h[i], ':', 1, true) then k[h[i]] = tonumber(h[i + 1]) end
+    end
+    shares_load(k, h)
+    for id in pairs(k.shares) do k.ids[#k.ids + 1] = id end
+    table.sort(k.ids)
+    return k
   end
-  shares_load(k, h)
+  if not v then return k end
+  local function damaged(what)
+    error({err = 'DAMAGED ' .. key .. ' is ' .. #v .. ' bytes, ' .. what})
+  end
+  if #v < BUCKET_LEN then damaged('a bucket at least ' .. BUCKET_LEN) end
+  local pos
+  k.tokens, k.last, k.granted, k.refused, k.dry, pos = struct.unpack(BUCKET_FMT, v)
+  while pos <= #v do
+    if #v - pos + 1 < SHARE_LEN + string.byte(v, pos) then damaged('a share cut short at byte ' .. pos) end
+    local id, hold, lock, ver, at
+    id, hold, lock, ver, at, pos = struct.unpack(SHARE_FMT, v, pos)
+    k.shares[id] = {hold = hold, lock = lock, v = ver, at = at}
+    k.ids[#k.ids + 1] = id
+    k.locked = k.locked + lock
+  end
   return k
 end
 
@@ -635,9 +660,35 @@ end
 -- locks when a lower capacity was set since they were handed out.
 local function bucket_cap(k, bg) return math.max(bg.cap, k.locked) end
 
+-- bucket_store writes k, its shares with it, as one record (replacing a
+-- hash of the layout before it).
 local function bucket_store(key, k)
-  redis.call('HSET', key, 'tokens', float(k.tokens), 'last', int(k.last), 'granted', int(k.granted),
-    'refused', int(k.refused), 'dry', int(k.dry))
+  local parts = {struct.pack(BUCKET_FMT, k.tokens, k.last, k.granted, k.refused, k.dry)}
+  for _, id in ipairs(k.ids) do
+    local sh = k.shares[id]
+    if sh then parts[#parts + 1] = struct.pack(SHARE_FMT, #id, id, sh.hold, sh.lock, sh.v, sh.at) end
+  end
+  redis.call('SET', key, table.concat(parts))
+end
+
+-- release_shares gives back the caller's shares of a tenant's bucket and
+-- of its runs' pools (what no replica holds again), as a replica that
+-- stops does once the engine has been charged everything it granted
+-- alone. KEYS: the tenant's bucket, then its runs. ARGV: replica id.
+-- Returns the fields deleted (four a share).
+local function release_shares(keys, args)
+  local n, me = 0, args[1]
+  if redis.call('EXISTS', keys[1]) == 1 then
+    local k = bucket_load(keys[1], 0, 0)
+    if k.shares[me] then
+      k.shares[me], n = nil, 4
+      bucket_store(keys[1], k)
+    end
+  end
+  for i = 2, #keys do
+    n = n + redis.call('HDEL', keys[i], 'h:' .. me, 'l:' .. me, 'v:' .. me, 'a:' .. me)
+  end
+  return n
 end
 
 -- budget_at reads a budget of 6 arguments: capacity, deposit ratio, floor
@@ -704,7 +755,7 @@ local function spend_on(bucket, runkey, bg, timeout, has_run, now, sa)
   end
   local k = bucket_load(bucket, bg.cap, now)
   refill(k, now, bg)
-  k.tokens = math.max(k.tokens - shares_forfeit(bucket, k, me, sa.live, now, sa.grace), 0)
+  k.tokens = math.max(k.tokens - shares_forfeit(nil, k, me, sa.live, now, sa.grace), 0)
   local mine = share_mine(k, me, sa.ack_k)
   local granted, dry, cost = 0, 0, 0
   local level = k.tokens
@@ -723,7 +774,6 @@ local function spend_on(bucket, runkey, bg, timeout, has_run, now, sa)
   if granted == 0 or dry == 1 then cost = 0 end
   share_spend(k, mine, level, cost, sa.ack_k, sa.n, now)
   bucket_store(bucket, k)
-  share_store(bucket, me, mine)
   local rmine = {hold = 0, v = 0}
   if has_run then
     local left = pool - spent
@@ -782,24 +832,24 @@ local function charge(keys, args, now)
   local bg = budget_at(args, 1)
   local has_run, id, me = args[9] == '1', args[10], args[11]
   local k = bucket_load(keys[1], bg.cap, now)
+  local stored, last = k.tokens, k.last
   refill(k, now, bg)
-  local charged = 0
+  local charged, tokens = 0, k.tokens
   local mine = k.shares[me]
   if redis.call('SISMEMBER', keys[3], id) == 0 then
     local t = tonumber(args[7])
     k.tokens, charged = math.max(k.tokens - t, 0), 1
+    tokens = k.tokens
     if mine then
       mine.lock = math.max(mine.lock - t, 0)
       mine.hold = math.min(mine.hold, mine.lock)
     end
-    bucket_store(keys[1], k)
-  end
-  if mine then
-    mine.v, mine.at = mine.v + 1, now
-    share_store(keys[1], me, mine)
   else
-    mine = {hold = 0, v = 0}
+    k.tokens, k.last = stored, last -- only the share changes
   end
+  if mine then mine.v, mine.at = mine.v + 1, now end
+  if charged == 1 or mine then bucket_store(keys[1], k) end
+  mine = mine or {hold = 0, v = 0}
   local remaining = 0
   local rmine = {hold = 0, v = 0}
   if has_run then
@@ -829,7 +879,7 @@ local function charge(keys, args, now)
   end
   redis.call('SADD', keys[3], id)
   redis.call('EXPIRE', keys[3], APPLIED_TTL)
-  return {int(now), float(k.tokens), int(remaining), charged, float(mine.hold), int(mine.v), float(rmine.hold), int(rmine.v)}
+  return {int(now), float(tokens), int(remaining), charged, float(mine.hold), int(mine.v), float(rmine.hold), int(rmine.v)}
 end
 
 -- record_final is fleet.Run.RecordFinal on run and calls keys: the first
