@@ -18,7 +18,8 @@ import (
 // the answer remembered, as policybench's prebuilt requests ask). It
 // reports the round trips per NextDelay (the replica's commands and
 // pipelines, feeds and heartbeats left out), the replica's CPU per
-// NextDelay (this process's, getrusage) and Redis's (INFO cpu).
+// NextDelay (this process's, getrusage) and Redis's (INFO cpu), and of
+// Redis's the time in the library's functions (INFO commandstats).
 func BenchmarkNextDelayOverRedis(b *testing.B) {
 	c, s, trips := benchReplica(b)
 	p := policy.Default()
@@ -48,7 +49,7 @@ func BenchmarkNextDelayOverRedis(b *testing.B) {
 		b.Run(mode, func(b *testing.B) {
 			s.FlushHeld()
 			trips.take()
-			cpu0, rcpu0 := benchSelfCPU(), benchRedisCPU(ctx, c)
+			cpu0, rcpu0, fcall0 := benchSelfCPU(), benchRedisCPU(ctx, c), benchFCallUsec(ctx, c)
 			b.SetParallelism(8)
 			b.ResetTimer()
 			b.RunParallel(func(loop *testing.PB) {
@@ -69,6 +70,7 @@ func BenchmarkNextDelayOverRedis(b *testing.B) {
 			b.ReportMetric(float64(n)/ops, "roundtrips/op")
 			b.ReportMetric(float64((benchSelfCPU()-cpu0).Microseconds())/ops, "replica-cpu-µs/op")
 			b.ReportMetric((benchRedisCPU(ctx, c)-rcpu0)*1e6/ops, "redis-cpu-µs/op")
+			b.ReportMetric(float64(benchFCallUsec(ctx, c)-fcall0)/ops, "fcall-µs/op")
 		})
 	}
 }
