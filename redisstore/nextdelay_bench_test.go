@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 	"github.com/policyd/policyd/policy"
@@ -14,8 +15,9 @@ import (
 // BenchmarkNextDelayOverRedis decides NextDelays through the server's
 // handler over one replica on a real server, 8 callers per CPU: fresh (a
 // new call every time: the breaker records, the budget spends, the attempt
-// record is written) and replay (an attempt decided before, asked again:
-// the answer remembered, as policybench's prebuilt requests ask). It
+// record is written), replay (an attempt decided before, asked again:
+// the answer remembered, as policybench's prebuilt requests ask) and
+// fresh-run (fresh, of calls of a run: its pool spends too). It
 // reports the round trips per NextDelay (the replica's commands and
 // pipelines, feeds and heartbeats left out), the replica's CPU per
 // NextDelay (this process's, getrusage) and Redis's (INFO cpu), and of
@@ -31,12 +33,16 @@ func BenchmarkNextDelayOverRedis(b *testing.B) {
 		RetryCost: 1, TimeoutCost: 2}); err != nil {
 		b.Fatal(err)
 	}
+	if _, err := s.OpenRun(policy.Run{ID: "batch", Tenant: "acme", Pool: 1 << 40, Cutoff: time.Now().Add(time.Hour)}); err != nil {
+		b.Fatal(err)
+	}
 	d := server.NewDecisions(s, server.Config{})
 	ctx := context.Background()
 	fail503 := &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 503}}
+	run := ""
 	req := func(id int64) *pb.NextDelayRequest {
 		return &pb.NextDelayRequest{Call: &pb.CallRef{Tenant: "acme", Target: "t" + strconv.FormatInt(id%1000, 10),
-			CallId: "c" + strconv.FormatInt(id, 10), Idempotent: true}, Attempt: 1, Failure: fail503}
+			CallId: "c" + strconv.FormatInt(id, 10), Idempotent: true, RunId: run}, Attempt: 1, Failure: fail503}
 	}
 	const replays = 64
 	for i := range int64(replays) {
@@ -45,8 +51,11 @@ func BenchmarkNextDelayOverRedis(b *testing.B) {
 		}
 	}
 	var seq atomic.Int64
-	for _, mode := range []string{"fresh", "replay"} {
+	for _, mode := range []string{"fresh", "replay", "fresh-run"} {
 		b.Run(mode, func(b *testing.B) {
+			if mode == "fresh-run" {
+				run = "batch"
+			}
 			s.FlushHeld()
 			trips.take()
 			cpu0, rcpu0, fcall0 := benchSelfCPU(), benchRedisCPU(ctx, c), benchFCallUsec(ctx, c)
