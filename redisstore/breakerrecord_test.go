@@ -18,7 +18,7 @@ import (
 // layout decodeBreakerRecord reads, over the window fleet counts in, and
 // reads its fields and window with formats that split that layout.
 func TestBreakerFormatIsTheLibrarys(t *testing.T) {
-	for name, want := range map[string]string{
+	checkLibraryLocals(t, map[string]string{
 		"BREAKER_FMT": "'<" + strings.Repeat("i8", breakerNumbers) + "'",
 		"BREAKER_LEN": strconv.Itoa(breakerRecordLen),
 		// load reads the fields and the window apart, the window from
@@ -26,13 +26,20 @@ func TestBreakerFormatIsTheLibrarys(t *testing.T) {
 		"FIELDS_FMT": "'<" + strings.Repeat("i8", len(breakerFields)) + "'",
 		"SLOTS_FMT":  "'<" + strings.Repeat("i8", 3*fleet.WindowSlots) + "'",
 		"SLOTS":      strconv.Itoa(fleet.WindowSlots),
-	} {
+	})
+}
+
+// checkLibraryLocals checks that policyd.lua defines each local of want
+// (a name at the start of a line) as want's text.
+func checkLibraryLocals(t *testing.T, want map[string]string) {
+	t.Helper()
+	for name, w := range want {
 		m := regexp.MustCompile(`(?m)^local ` + name + ` = (.*)$`).FindStringSubmatch(library)
 		if m == nil {
 			t.Fatalf("policyd.lua has no %s", name)
 		}
-		if m[1] != want {
-			t.Errorf("policyd.lua %s = %s, want %s", name, m[1], want)
+		if m[1] != w {
+			t.Errorf("policyd.lua %s = %s, want %s", name, m[1], w)
 		}
 	}
 }

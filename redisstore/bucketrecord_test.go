@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"math"
-	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,20 +15,12 @@ import (
 // TestBucketFormatIsTheLibrarys: the library packs a bucket and its shares
 // with the layout decodeBucketRecord reads.
 func TestBucketFormatIsTheLibrarys(t *testing.T) {
-	for name, want := range map[string]string{
+	checkLibraryLocals(t, map[string]string{
 		"BUCKET_FMT": "'<di8i8i8i8'",
 		"BUCKET_LEN": strconv.Itoa(bucketRecordLen),
 		"SHARE_FMT":  "'<Bc0ddi8i8'",
 		"SHARE_LEN":  strconv.Itoa(shareRecordLen) + " -- and the id",
-	} {
-		m := regexp.MustCompile(`(?m)^local ` + name + ` = (.*)$`).FindStringSubmatch(library)
-		if m == nil {
-			t.Fatalf("policyd.lua has no %s", name)
-		}
-		if m[1] != want {
-			t.Errorf("policyd.lua %s = %s, want %s", name, m[1], want)
-		}
-	}
+	})
 }
 
 // TestBucketOfAnEarlierLayoutIsRead: a bucket the layout before the
