@@ -69,10 +69,10 @@ var keyShapes = []struct {
 	typ    string
 	ints   []string
 }{
-	{":breaker:", "string", nil}, // its record checked by checkRecord
+	{":breaker:", "string", nil}, // a record: recordShapes
 	{":breakers", "set", nil},
 	{":events", "stream", nil},
-	{":bucket", "string", nil}, // likewise
+	{":bucket", "string", nil}, // a record
 	{":runcalls:", "hash", nil},
 	{":calls:", "hash", nil},
 	{":callids:", "zset", nil},
@@ -98,6 +98,17 @@ var keyShapes = []struct {
 	{":stats:", "hash", nil}, // every field checked by checkStats
 }
 
+// recordShapes are the keys of keyShapes the library packs into a string:
+// the record must decode, or be a hash of the layout before it whose
+// integer fields are legacy (read as it is until its next change).
+var recordShapes = map[string]struct {
+	decode func([]byte) error
+	legacy []string
+}{
+	":breaker:": {decodes(decodeBreakerRecord), []string{"state", "forced", "mode", "open_until", "changed", "gen", "cooldown", "consecutive"}},
+	":bucket":   {decodes(decodeBucketRecord), []string{"last", "granted", "refused", "dry"}},
+}
+
 // checkKey checks one key's type and integer fields.
 func checkKey(ctx context.Context, n *redis.Client, key string, add func(string, ...any)) {
 	end := strings.Index(key, "}")
@@ -114,18 +125,14 @@ func checkKey(ctx context.Context, n *redis.Client, key string, add func(string,
 			add("%s: %v", key, err)
 			return
 		}
+		rec, isRecord := recordShapes[s.prefix]
 		switch {
-		case s.prefix == ":breaker:" && typ == "hash":
-			// An earlier layout's, read as it is until its next change.
-			checkInts(ctx, n, key, legacyBreakerInts, add)
-		case s.prefix == ":bucket" && typ == "hash":
-			checkInts(ctx, n, key, legacyBucketInts, add)
+		case isRecord && typ == "hash":
+			checkInts(ctx, n, key, rec.legacy, add)
 		case typ != s.typ:
 			add("%s: is a %s, want a %s", key, typ, s.typ)
-		case s.prefix == ":breaker:":
-			checkRecord(ctx, n, key, decodeBreakerRecord, add)
-		case s.prefix == ":bucket":
-			checkRecord(ctx, n, key, decodeBucketRecord, add)
+		case isRecord:
+			checkRecord(ctx, n, key, rec.decode, add)
 		case s.prefix == ":stats:":
 			checkStats(ctx, n, key, add)
 		default:
@@ -135,14 +142,6 @@ func checkKey(ctx context.Context, n *redis.Client, key string, add func(string,
 	}
 	add("%s: not a key of schema %s", key, schemaVersion)
 }
-
-// legacyBreakerInts are the integer fields of a breaker stored as a hash,
-// the layout before the packed record.
-var legacyBreakerInts = []string{"state", "forced", "mode", "open_until", "changed", "gen", "cooldown", "consecutive"}
-
-// legacyBucketInts are the integer fields of a bucket stored as a hash,
-// the layout before the packed record.
-var legacyBucketInts = []string{"last", "granted", "refused", "dry"}
 
 // checkInts checks that the fields ints of the hash at key, where
 // present, are integers.
@@ -165,17 +164,21 @@ func checkInts(ctx context.Context, n *redis.Client, key string, ints []string, 
 	}
 }
 
-// checkRecord checks that the record at key reads back with decode
-// (decodeBreakerRecord, decodeBucketRecord).
-func checkRecord[R any](ctx context.Context, n *redis.Client, key string, decode func([]byte) (R, error), add func(string, ...any)) {
+// checkRecord checks that the record at key decodes.
+func checkRecord(ctx context.Context, n *redis.Client, key string, decode func([]byte) error, add func(string, ...any)) {
 	v, err := n.Get(ctx, key).Bytes()
 	if err != nil {
 		add("%s: %v", key, err)
 		return
 	}
-	if _, err := decode(v); err != nil {
+	if err := decode(v); err != nil {
 		add("%s: %v", key, err)
 	}
+}
+
+// decodes is a record's check of decode: whether it reads back.
+func decodes[R any](decode func([]byte) (R, error)) func([]byte) error {
+	return func(v []byte) error { _, err := decode(v); return err }
 }
 
 // checkStats checks an hour of attempt statistics: every field an attempt
