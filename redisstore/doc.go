@@ -242,7 +242,13 @@
 // bucket a record, its shares in it, instead of a hash of text fields: the
 // library reads a bucket of either layout and writes a record, but a
 // replica of version 2 from before this fails its calls over a record
-// (WRONGTYPE), so they must not share a Redis either.
+// (WRONGTYPE), so they must not share a Redis either. So are a
+// policyd_outcomes group's numbers one argument, packed (its breaker's
+// configuration and its runs: policyd.lua OUTCOMES_GROUP and
+// OUTCOMES_RUN, outcomes.go outcomesGroup), instead of an argument per
+// number and three per run: a replica of version 2 from before this and
+// the library after it misread each other's calls, so they must not share
+// a Redis either.
 //
 // The library's name carries its version (policyd_v2): a layout change
 // bumps both the schema key and the library name, so replicas of two

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"math"
 	"time"
+
+	"github.com/policyd/policyd/policy"
 )
 
 // The formats of policyd_nextdelay's packed numbers, as the library's
@@ -71,6 +73,34 @@ func (p *numbers) bit(v bool) {
 
 // small appends v as one byte (a carried result).
 func (p *numbers) small(v uint8) { *p = append(*p, v) }
+
+// int4 appends v as i4.
+func (p *numbers) int4(v int32) { *p = binary.LittleEndian.AppendUint32(*p, uint32(v)) }
+
+// short appends s as Bc0: its length, one byte, then its bytes; s is at
+// most 255 bytes (maxPackedString).
+func (p *numbers) short(s string) {
+	*p = append(*p, byte(len(s)))
+	*p = append(*p, s...)
+}
+
+// maxPackedString is the longest string short packs.
+const maxPackedString = 255
+
+// cfg appends c (normalized) as the library's 8 breaker numbers, in
+// cfg_at's order: mode i8, consecutive failures i8, failure rate d,
+// window µs i8, min calls i8, cool-down µs i8, half-open probes i8,
+// probe timeout µs i8.
+func (p *numbers) cfg(c *policy.BreakerConfig) {
+	p.int(int64(c.Mode))
+	p.int(int64(c.ConsecutiveFailures))
+	p.float(c.FailureRate)
+	p.int(us(c.Window))
+	p.int(int64(c.MinCalls))
+	p.int(us(c.Cooldown))
+	p.int(int64(c.HalfOpenProbes))
+	p.int(us(c.ProbeTimeout))
+}
 
 // time appends t as the library reads a time to the nanosecond: Unix µs
 // and the nanoseconds past them, each i8, 0 0 for the zero time.

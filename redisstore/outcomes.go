@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
@@ -103,6 +104,10 @@ func (s *Store) ApplyOutcomes(ups []policy.OutcomeUpdate, deposits map[string]in
 				}
 				if err := checkBreakerKey(u.Key); err != nil {
 					return err
+				}
+				if len(u.PermitID) > maxPackedString {
+					// policyd_outcomes packs it with a length byte.
+					return invalid("permit_id", "must be at most "+strconv.Itoa(maxPackedString)+" bytes")
 				}
 			}
 			if u.RunID == "" || u.Final == policy.DispositionNone {
@@ -460,10 +465,24 @@ func appendRun(runs []resultRun, r resultRun) []resultRun {
 	return append(runs, r)
 }
 
+// The formats of a group of policyd_outcomes' numbers, as the library's
+// struct.unpack reads them (policyd.lua OUTCOMES_GROUP and OUTCOMES_RUN,
+// which its test checks are these): the breaker's cfg (numbers.cfg) and
+// its runs' count i4, then per run the result B, its count i4 and its
+// permit id Bc0 (a length byte, then the id; 0 for none).
+const (
+	outcomesGroup = "<i8i8di8i8i8i8i8i4"
+	outcomesRun   = "<Bi4Bc0"
+	// their lengths in bytes, a run's without its permit id
+	outcomesGroupLen = 8*8 + 4
+	outcomesRunLen   = 1 + 4 + 1
+)
+
 // call returns the keys and arguments of b's policyd_outcomes call under
-// the tenant's budget bg: each group's results as runs (appendRun), a
-// triple (result, count, permit id or "") each, so the library's work
-// grows with the runs, not with the results.
+// the tenant's budget bg: each group's target, then its numbers packed
+// (outcomesGroup) with its results as runs (appendRun, each
+// outcomesRun), so the library's work grows with the runs, not with the
+// results, and a run costs the call a few bytes, not three arguments.
 func (b *outcomeBatch) call(bg *policy.TenantBudget, maxBreakers int) ([]string, []any) {
 	t := b.tenant
 	keys := make([]string, 0, 5+len(b.groups)+2*len(b.runs))
@@ -480,21 +499,29 @@ func (b *outcomeBatch) call(bg *policy.TenantBudget, maxBreakers int) ([]string,
 	if b.id != "" {
 		keys = append(keys, keyApplied(t))
 	}
-	n := 13 + 5*len(b.finals) + 4*len(b.tallies)
-	for _, g := range b.groups {
-		n += 10 + 3*len(g.runs)
-	}
-	args := make([]any, 0, n)
+	args := make([]any, 0, 13+2*len(b.groups)+5*len(b.finals)+4*len(b.tallies))
 	args = append(args, len(b.groups), len(b.runs), b.deposit)
 	args = budgetArgs(args, bg)
 	args = append(args, maxBreakers)
+	size := 0
 	for _, g := range b.groups {
-		args = append(args, g.key.Target)
-		args = cfgArgs(args, &g.cfg)
-		args = append(args, len(g.runs))
+		size += outcomesGroupLen + outcomesRunLen*len(g.runs)
 		for _, r := range g.runs {
-			args = append(args, int(r.result), r.n, r.permit)
+			size += len(r.permit)
 		}
+	}
+	// One buffer for every group's numbers, each group's a slice of it.
+	buf := make(numbers, 0, size)
+	for _, g := range b.groups {
+		start := len(buf)
+		buf.cfg(&g.cfg)
+		buf.int4(int32(len(g.runs)))
+		for _, r := range g.runs {
+			buf.small(uint8(r.result))
+			buf.int4(int32(r.n))
+			buf.short(r.permit)
+		}
+		args = append(args, g.key.Target, []byte(buf[start:len(buf):len(buf)]))
 	}
 	args = append(args, len(b.finals))
 	for _, f := range b.finals {

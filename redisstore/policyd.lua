@@ -259,11 +259,22 @@ local function trip(b, now, c)
   to_state(b, now, OPEN)
 end
 
--- snapshot is the breaker as the engine caches and reports it: 11 integers.
+-- snapshot is the breaker as the engine caches and reports it: 11
+-- integers, as Lua numbers (a reply makes each an integer, exact below
+-- 2^53: formatting them as text cost an outcome batch more than reading
+-- its breakers).
 local function snapshot(b, now)
   local calls, failures = window(b, now)
-  return {int(b.state), int(b.forced), int(b.mode), int(b.open_until), int(b.changed), int(b.gen),
-    int(b.cooldown), int(b.consecutive), int(calls), int(failures), int(live_permits(b, now))}
+  return {b.state, b.forced, b.mode, b.open_until, b.changed, b.gen,
+    b.cooldown, b.consecutive, calls, failures, live_permits(b, now)}
+end
+
+-- snapshot_text is snapshot as the events stream carries it: the 11
+-- integers as text, separated by spaces (tostring keeps 14 digits only).
+local function snapshot_text(b, now)
+  local v = snapshot(b, now)
+  for i = 1, #v do v[i] = int(v[i]) end
+  return table.concat(v, ' ')
 end
 
 -- settle persists b when e says it changed and appends its new state to
@@ -275,7 +286,7 @@ local function settle(key, events, index, target, b, now, e)
   b.fresh = false
   if has(e, TRANSITIONED) or has(e, COOLDOWN_STARTED) then
     return redis.call('XADD', events, 'MAXLEN', '~', EVENTS_MAXLEN, '*',
-      'target', target, 'state', table.concat(snapshot(b, now), ' '))
+      'target', target, 'state', snapshot_text(b, now))
   end
   return ''
 end
@@ -913,6 +924,15 @@ local function final(keys, args, now)
   return r
 end
 
+-- A group of policyd_outcomes' numbers, packed (outcomes.go writes them):
+-- its breaker's cfg as cfg_at reads it (mode, consecutive failures,
+-- failure rate, window µs, min calls, cool-down µs, probes, probe timeout
+-- µs) and its runs' count n, then n runs of OUTCOMES_RUN: the result, the
+-- count and the permit id (its length a byte; 0 for none). An argument per
+-- number, in decimal, cost the call more to take in than to decide.
+local OUTCOMES_GROUP = '<i8i8di8i8i8i8i8i4'
+local OUTCOMES_RUN = '<Bi4Bc0'
+
 -- outcomes applies one flush of a tenant's reported outcomes in one call:
 -- the results on its breakers (as record), then the final dispositions in
 -- its runs' ledgers (as final; one whose result had its permit refused is
@@ -920,10 +940,11 @@ end
 -- deposit).
 -- KEYS: events, index, bucket, then G breakers, then R pairs (run, calls).
 -- ARGV: G, R, successes, budget (6), the tenant's cap of breakers, then
--- per group: target, cfg (8), n, then n runs of its results in the order
--- they were reported, each a triple (result, count k, permit id or ''):
--- k consecutive results of one value without a permit (record_run), or
--- one result (k 1) with its permit (record1); then F, then F finals: run
+-- per group: target, then its numbers packed (OUTCOMES_GROUP: cfg and n)
+-- and n runs of its results in the order they were reported
+-- (OUTCOMES_RUN each: result, count k, permit id or ''): k consecutive
+-- results of one value without a permit (record_run), or one result (k 1)
+-- with its permit (record1); then F, then F finals: run
 -- index (1..R), the 1-based index among this call's result runs (group
 -- by group) whose refusal cancels it (0: none), call id, ledger field,
 -- value, and last the
@@ -956,11 +977,11 @@ local function outcomes(keys, args, now)
   local out, refused_all, nruns = {int(now)}, {}, 0
   for g = 1, ng do
     local key = keys[3 + g]
-    local target = args[a]
-    local c
-    c, a = cfg_at(args, a + 1)
-    local n = tonumber(args[a])
-    a = a + 1
+    local target, p = args[a], args[a + 1]
+    a = a + 2
+    local c, n, pos = {}
+    c.mode, c.consecutive, c.rate, c.window, c.min_calls, c.cooldown, c.probes, c.probe_timeout, n, pos =
+      struct.unpack(OUTCOMES_GROUP, p)
     local b = load(key, now)
     check_new(b, keys[2], cap)
     b.mode = c.mode
@@ -974,13 +995,14 @@ local function outcomes(keys, args, now)
     end
     dirty = e ~= 0
     for i = 1, n do
-      local permit, e2, bad = args[a + 2], 0, 0
+      local r, k, permit
+      r, k, permit, pos = struct.unpack(OUTCOMES_RUN, p, pos)
+      local e2, bad = 0, 0
       if permit == '' then
-        e2 = record_run(b, now, c, tonumber(args[a]), tonumber(args[a + 1]))
+        e2 = record_run(b, now, c, r, k)
       else
-        e2, bad = record1(b, now, c, tonumber(args[a]), permit)
+        e2, bad = record1(b, now, c, r, permit)
       end
-      a = a + 3
       if bad == 1 then
         refused[#refused + 1] = i
         refused_all[nruns + i] = true
