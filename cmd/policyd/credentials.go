@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -207,15 +208,21 @@ func loadPool(path string) (*x509.CertPool, error) {
 	return pool, nil
 }
 
-// ensureToken creates path with a random token unless it exists.
+// ensureToken creates path with a random token unless it exists. The
+// file appears whole: the token is written to a temporary file beside it,
+// which is then linked to path (a link, unlike a rename, fails when path
+// exists). Replicas started at once in one directory then share one
+// token, the first one's, and none reads a file made but not yet
+// written.
 func ensureToken(path string) (created bool, err error) {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if errors.Is(err, fs.ErrExist) {
+	if _, err := os.Lstat(path); err == nil {
 		return false, nil
 	}
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*") // mode 0600
 	if err != nil {
 		return false, err
 	}
+	defer os.Remove(f.Name())
 	var b [32]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		f.Close()
@@ -225,7 +232,16 @@ func ensureToken(path string) (created bool, err error) {
 		f.Close()
 		return false, err
 	}
-	return true, f.Close()
+	if err := f.Close(); err != nil {
+		return false, err
+	}
+	if err := os.Link(f.Name(), path); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return false, nil
+		}
+		return false, err
+	}
+	return true, nil
 }
 
 // readToken reads a token file: its first line, trimmed.
