@@ -149,7 +149,7 @@ func (s *Store) extendCooldown(key policy.BreakerKey, cfg policy.BreakerConfig, 
 	e := b.begin(s, now, &cfg)
 	u, e2 := b.v.ExtendCooldown(now, fleet.UnixNano(until))
 	b.published(s, now, e2)
-	in := toTime(u)
+	in := fleet.UnixTime(u)
 	err = s.settle(b, e|e2, p)
 	if err != nil {
 		return time.Time{}, err
@@ -399,23 +399,7 @@ func (b *breaker) published(s *Store, now int64, e fleet.Effect) {
 }
 
 // snapshot copies b's state; b.mu must be held.
-func (b *breaker) snapshot(now int64) policy.BreakerSnapshot {
-	calls, failures := b.v.Window(now)
-	return policy.BreakerSnapshot{
-		Key:                 b.key,
-		State:               b.v.State,
-		Forced:              b.v.Forced,
-		OpenUntil:           toTime(b.v.OpenUntil),
-		ConsecutiveFailures: b.v.Consecutive,
-		WindowCalls:         calls,
-		WindowFailures:      failures,
-		ProbesInFlight:      b.v.LivePermits(now),
-		Changed:             toTime(b.v.Changed),
-		CooldownUntil:       toTime(b.v.Cooldown.Until),
-		Mode:                b.v.Mode,
-		Generation:          b.v.Generation,
-	}
-}
+func (b *breaker) snapshot(now int64) policy.BreakerSnapshot { return b.v.Snapshot(b.key, now) }
 
 // idle reports whether the sweep may drop b; b.mu must be held.
 func (b *breaker) idle(now int64, ttl time.Duration) bool {

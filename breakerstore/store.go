@@ -823,13 +823,5 @@ func (s *Store) flush(forceSweep bool) error {
 	return nil
 }
 
-// toTime converts Unix nanoseconds to a time; 0 is the zero time.
-func toTime(ns int64) time.Time {
-	if ns == 0 {
-		return time.Time{}
-	}
-	return time.Unix(0, ns)
-}
-
 // finite reports whether f is neither NaN nor infinite.
 func finite(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }

@@ -346,6 +346,25 @@ func (b *Breaker) LivePermits(now int64) int {
 	return n
 }
 
+// Snapshot is b, the breaker under key, as the API shows it at now.
+func (b *Breaker) Snapshot(key policy.BreakerKey, now int64) policy.BreakerSnapshot {
+	calls, failures := b.Window(now)
+	return policy.BreakerSnapshot{
+		Key:                 key,
+		State:               b.State,
+		Forced:              b.Forced,
+		OpenUntil:           UnixTime(b.OpenUntil),
+		ConsecutiveFailures: b.Consecutive,
+		WindowCalls:         calls,
+		WindowFailures:      failures,
+		ProbesInFlight:      b.LivePermits(now),
+		Changed:             UnixTime(b.Changed),
+		CooldownUntil:       UnixTime(b.Cooldown.Until),
+		Mode:                b.Mode,
+		Generation:          b.Generation,
+	}
+}
+
 // Idle reports whether the breaker holds nothing worth keeping at now
 // after ttl without activity since lastActive: CLOSED, unforced, no
 // permits, no cool-down in force.

@@ -78,6 +78,15 @@ func UnixNano(t time.Time) int64 {
 	return t.UnixNano()
 }
 
+// UnixTime is the time of ns Unix nanoseconds, the zero time for 0:
+// UnixNano's inverse.
+func UnixTime(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
+}
+
 // SpreadNote is the note of an answer whose delay GateRetry spread over
 // the fleet's cool-down, note the answer's note before.
 func SpreadNote(note string) string {

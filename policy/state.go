@@ -66,6 +66,9 @@ type BreakerSnapshot struct {
 	CooldownUntil       time.Time
 	Mode                BreakerMode
 	Generation          uint64 // state transitions so far; 0: never left CLOSED
+	// Degraded is true for a replica's last-known state, answered because
+	// its shared engine did not: what the replica decides from meanwhile.
+	Degraded bool
 }
 
 // Admission is the answer to a request to make an attempt.

@@ -188,8 +188,8 @@ func (s *Store) Breaker(key policy.BreakerKey) (policy.BreakerSnapshot, error) {
 	defer cancel()
 	st, err := readCall(ctx, s.lib, key)
 	if errors.Is(err, ErrUnavailable) {
-		if c, ok := s.cachedState(key); ok {
-			return c.snapshot(key), nil
+		if snap, ok := s.lastKnown(key); ok {
+			return snap, nil
 		}
 	}
 	if err != nil {
@@ -198,13 +198,56 @@ func (s *Store) Breaker(key policy.BreakerKey) (policy.BreakerSnapshot, error) {
 	return st.snapshot(key), nil
 }
 
+// lastKnown is the breaker under key as this replica decides from it
+// while the engine does not answer, flagged Degraded: its local copy in
+// degraded mode, else its cached state. false when it knows neither.
+func (s *Store) lastKnown(key policy.BreakerKey) (policy.BreakerSnapshot, bool) {
+	snap, ok := s.degraded.snapshot(key, s.opts.Clock().UnixNano())
+	if !ok {
+		st, cached := s.cachedState(key)
+		if !cached {
+			return policy.BreakerSnapshot{}, false
+		}
+		snap = st.snapshot(key)
+	}
+	snap.Degraded = true
+	return snap, true
+}
+
 // Breakers returns up to limit breakers (all when limit <= 0) sorted by
 // key, after the key after; tenant "" lists every tenant's, state 0 any
 // state. It reads every breaker of the tenants listed (an admin call).
+// While the engine does not answer it lists the breakers this replica
+// knows instead (knownBreakers), each as lastKnown has it, flagged
+// Degraded: an operator sees during the outage what the replica decides
+// from.
 func (s *Store) Breakers(tenant string, state policy.BreakerState, after policy.BreakerKey, limit int) ([]policy.BreakerSnapshot, error) {
 	if err := s.check(); err != nil {
 		return nil, err
 	}
+	out, err := s.engineBreakers(tenant, state, after)
+	if errors.Is(err, ErrUnavailable) {
+		out, err = s.knownBreakers(tenant, state, after), nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	slices.SortFunc(out, func(a, b policy.BreakerSnapshot) int { return keyCompare(a.Key, b.Key) })
+	if limit > 0 && len(out) > limit {
+		out = out[:limit]
+	}
+	return out, nil
+}
+
+// listed reports whether sn is in a listing of tenant's breakers ("": every
+// tenant's) in state (0: any) after the key after.
+func listed(sn *policy.BreakerSnapshot, tenant string, state policy.BreakerState, after policy.BreakerKey) bool {
+	return (tenant == "" || sn.Key.Tenant == tenant) && (state == policy.BreakerStateUnspecified || sn.State == state) &&
+		(after == policy.BreakerKey{} || keyCompare(after, sn.Key) < 0)
+}
+
+// engineBreakers is Breakers read from the engine, unsorted.
+func (s *Store) engineBreakers(tenant string, state policy.BreakerState, after policy.BreakerKey) ([]policy.BreakerSnapshot, error) {
 	tenants := []string{tenant}
 	if tenant == "" {
 		var err error
@@ -218,18 +261,38 @@ func (s *Store) Breakers(tenant string, state policy.BreakerState, after policy.
 		if err != nil {
 			return nil, err
 		}
-		for _, sn := range snaps {
-			if (state == policy.BreakerStateUnspecified || sn.State == state) &&
-				(after == policy.BreakerKey{} || keyCompare(after, sn.Key) < 0) {
-				out = append(out, sn)
+		for i := range snaps {
+			if listed(&snaps[i], tenant, state, after) {
+				out = append(out, snaps[i])
 			}
 		}
 	}
-	slices.SortFunc(out, func(a, b policy.BreakerSnapshot) int { return keyCompare(a.Key, b.Key) })
-	if limit > 0 && len(out) > limit {
-		out = out[:limit]
-	}
 	return out, nil
+}
+
+// knownBreakers is Breakers from what this replica knows (lastKnown),
+// unsorted: the breakers in its cache, those it decided on or saw change
+// on their tenant's stream, and those it met first in degraded mode (a
+// breaker of the fleet it never met, CLOSED all along, is not listed).
+func (s *Store) knownBreakers(tenant string, state policy.BreakerState, after policy.BreakerKey) []policy.BreakerSnapshot {
+	keys := map[policy.BreakerKey]struct{}{}
+	s.mu.RLock()
+	for k := range s.cache {
+		if tenant == "" || k.Tenant == tenant {
+			keys[k] = struct{}{}
+		}
+	}
+	s.mu.RUnlock()
+	for _, k := range s.degraded.keys(tenant) {
+		keys[k] = struct{}{}
+	}
+	var out []policy.BreakerSnapshot
+	for k := range keys {
+		if sn, ok := s.lastKnown(k); ok && listed(&sn, tenant, state, after) {
+			out = append(out, sn)
+		}
+	}
+	return out
 }
 
 // tenantBreakers reads the state of every breaker of tenant: the index,

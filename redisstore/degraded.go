@@ -315,16 +315,35 @@ func (d *degraded) record(key policy.BreakerKey, cfg policy.BreakerConfig, st *s
 		// (policybench replicas, stop-redis: 46 of them).
 		err = nil
 	}
-	calls, failures := b.Window(now)
-	snap := policy.BreakerSnapshot{Key: key, State: b.State, Forced: b.Forced, Mode: b.Mode, Generation: b.Generation,
-		ConsecutiveFailures: b.Consecutive, WindowCalls: calls, WindowFailures: failures}
-	if b.OpenUntil > 0 {
-		snap.OpenUntil = time.Unix(0, b.OpenUntil)
+	return b.Snapshot(key, now), err
+}
+
+// keys are the breakers of tenant ("": every tenant's) this replica has a
+// local copy of.
+func (d *degraded) keys(tenant string) []policy.BreakerKey {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []policy.BreakerKey
+	for k := range d.breakers {
+		if tenant == "" || k.Tenant == tenant {
+			out = append(out, k)
+		}
 	}
-	if b.Cooldown.Until > 0 {
-		snap.CooldownUntil = time.Unix(0, b.Cooldown.Until)
+	return out
+}
+
+// snapshot is the local copy of the breaker under key at now (Unix ns),
+// as the next decision made from it sees it; false when this replica has
+// made none (it then decides from the cached state).
+func (d *degraded) snapshot(key policy.BreakerKey, now int64) (policy.BreakerSnapshot, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	b := d.breakers[key]
+	if b == nil {
+		return policy.BreakerSnapshot{}, false
 	}
-	return snap, err
+	b.Advance(now)
+	return b.Snapshot(key, now), true
 }
 
 // spend is SpendRetry in degraded mode: from this replica's shares of the

@@ -253,6 +253,11 @@ func (a *Admin) GetBreaker(ctx context.Context, req *pb.GetBreakerRequest) (*pb.
 	}
 	pool, err := a.store.Pool(key)
 	if err != nil {
+		if s.Degraded {
+			// The replica's last-known state, its store silent: the leases
+			// are the store's to count, so the breaker comes without them.
+			return &pb.GetBreakerResponse{Breaker: breakerToPB(s)}, nil
+		}
 		return nil, storeError(ctx, a.cfg.Logger, "breaker", err)
 	}
 	p, _ := a.store.Resolve(key.Tenant, key.Target)

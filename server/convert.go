@@ -617,6 +617,7 @@ func breakerToPB(s policy.BreakerSnapshot) *pb.Breaker {
 		ChangeTime:          timePB(s.Changed),
 		CooldownUntilTime:   timePB(s.CooldownUntil),
 		Mode:                enumToPB[pb.BreakerMode](s.Mode),
+		Degraded:            s.Degraded,
 	}
 }
 

@@ -3,6 +3,7 @@ package statuspage
 import (
 	"fmt"
 	"html/template"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -22,6 +23,7 @@ var funcs = template.FuncMap{
 	"mul":        func(a, b float64) float64 { return a * b },
 	"scopeLabel": scopeLabel,
 	"ceilings":   ceilings,
+	"lastKnown":  lastKnown,
 	"runPath":    runPath,
 	"rate":       func(f float64) string { return strconv.FormatFloat(f, 'g', 4, 64) },
 	"orClosed": func(s string) string {
@@ -120,6 +122,12 @@ func ledgerBar(l Ledger) []segment {
 		out = append(out, s)
 	}
 	return out
+}
+
+// lastKnown reports whether any of bs is the replica's last-known state,
+// listed while its store did not answer.
+func lastKnown(bs []Breaker) bool {
+	return slices.ContainsFunc(bs, func(b Breaker) bool { return b.Degraded })
 }
 
 // ceilings returns the breakers that have a ceiling, in their order.

@@ -81,6 +81,9 @@ type Breaker struct {
 	// Ceiling is the key's fleet-wide ceilings under its effective
 	// policy; nil when it has none.
 	Ceiling *Ceiling `json:"ceiling,omitempty"`
+	// Degraded is true for this replica's last-known state of the
+	// breaker, listed because its shared store did not answer.
+	Degraded bool `json:"degraded,omitempty"`
 }
 
 // Cooldown is a fleet-wide pushback cool-down in force.
@@ -185,7 +188,7 @@ func (p *Page) status() Status {
 	for _, s := range snaps {
 		b := Breaker{Tenant: s.Key.Tenant, Target: s.Key.Target, State: s.State.String(), Forced: s.Forced,
 			Since: s.Changed, ProbesInFlight: s.ProbesInFlight, Mode: s.Mode.String(),
-			Failures: failures(s), WindowCalls: s.WindowCalls}
+			Failures: failures(s), WindowCalls: s.WindowCalls, Degraded: s.Degraded}
 		if s.State == policy.BreakerOpen && !s.Forced && !s.OpenUntil.IsZero() {
 			until := s.OpenUntil
 			b.OpenUntil = &until

@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -664,6 +665,9 @@ func printBreakers(w io.Writer, list []*pb.Breaker) {
 			tsText(b.GetOpenUntilTime()), tsText(b.GetCooldownUntilTime()), tsText(b.GetChangeTime()), ceilingText(b)})
 	}
 	table(w, "TENANT\tTARGET\tSTATE\tCONSECUTIVE\tWINDOW FAIL/CALLS\tOPEN UNTIL\tCOOL-DOWN UNTIL\tCHANGED\tCEILING", rows)
+	if slices.ContainsFunc(list, (*pb.Breaker).GetDegraded) {
+		fmt.Fprintln(w, "degraded: the replica's store did not answer; these are the replica's last-known states, the ones it decides from meanwhile (breakers it never met are not listed)")
+	}
 }
 
 // ceilingText is a breaker's concurrency ceiling: "-" for none, the

@@ -2,6 +2,9 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"io"
+	"net/http"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -135,5 +138,76 @@ func TestReplicaWaitsForRedis(t *testing.T) {
 	call := &pb.CallRef{Tenant: "acme", Target: "geo", CallId: "c1", Idempotent: true}
 	if r, err := pb.NewRetryPolicyServiceClient(conn).Admit(context.Background(), &pb.AdmitRequest{Call: call, Attempt: 1}); err != nil || !r.GetAdmitted() {
 		t.Fatalf("Admit once Redis is up: %v, %v; want admitted", r, err)
+	}
+}
+
+// TestBreakersWhileRedisStopped: with Redis stopped (SIGSTOP) a replica
+// in degraded mode shows an operator the breakers it decides from, its
+// last-known states, and says so: `policyd breakers` lists the breaker
+// forced OPEN before the stop and a note, the status page's JSON flags
+// each breaker degraded and its page says whose states these are.
+func TestBreakersWhileRedisStopped(t *testing.T) {
+	srv := redistest.Standalone(t)
+	dir := t.TempDir()
+	metrics := freeAddr(t)
+	d := startDaemon(t, filepath.Join(dir, "policyd.db"), "--store", "redis://"+srv.Addr, "--store-timeout", "50ms",
+		"--metrics-listen", metrics)
+	workers := pb.NewRetryPolicyServiceClient(d.conn(t))
+	if out, err := runCLI(t, dir, "breaker", "force", "geo", "open", "--tenant", "acme", "--addr", d.addr); err != nil {
+		t.Fatalf("policyd breaker force: %v\n%s", err, out)
+	}
+	srv.Pause(t)
+	deadline := time.Now().Add(10 * time.Second)
+	for n := 0; ; n++ {
+		// Failures reach the engine; those it does not answer bring it down.
+		r, err := workers.NextDelay(context.Background(), &pb.NextDelayRequest{Call: &pb.CallRef{Tenant: "acme", Target: "mail",
+			CallId: "c" + strconv.Itoa(n), Idempotent: true}, Attempt: 1, Failure: &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 503}}})
+		if err == nil && r.GetDegraded() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no degraded answer 10s after Redis stopped: %v, %v", r, err)
+		}
+	}
+	out, err := runCLI(t, dir, "breakers", "--addr", d.addr)
+	if err != nil {
+		t.Fatalf("policyd breakers with Redis stopped: %v\n%s", err, out)
+	}
+	if !regexp.MustCompile(`(?m)^acme +geo +OPEN \(forced\)`).Match(out) || !strings.Contains(string(out), "degraded: the replica's store did not answer") {
+		t.Errorf("policyd breakers with Redis stopped does not list acme/geo forced OPEN as last known:\n%s", out)
+	}
+	resp, err := http.Get("http://" + metrics + "/status.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		Breakers []struct {
+			Tenant, Target, State string
+			Degraded              bool
+		}
+	}
+	err = json.NewDecoder(resp.Body).Decode(&st)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var geo bool
+	for _, b := range st.Breakers {
+		geo = geo || b.Tenant == "acme" && b.Target == "geo" && b.State == "OPEN"
+		if !b.Degraded {
+			t.Errorf("status.json with Redis stopped: %s/%s not flagged degraded", b.Tenant, b.Target)
+		}
+	}
+	if !geo {
+		t.Errorf("status.json with Redis stopped lacks acme/geo OPEN: %+v", st.Breakers)
+	}
+	page, err := http.Get("http://" + metrics + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	html, _ := io.ReadAll(page.Body)
+	page.Body.Close()
+	if !strings.Contains(string(html), "the breakers as this replica last knew them") {
+		t.Errorf("the status page with Redis stopped does not say its breakers are the replica's last known:\n%s", html)
 	}
 }

@@ -2121,6 +2121,10 @@ type Breaker struct {
 	// adaptive_limit is the adaptive ceiling's exact current value (ceiling
 	// is its floor); 0 when the policy has no adaptive ceiling.
 	AdaptiveLimit float64 `protobuf:"fixed64,15,opt,name=adaptive_limit,json=adaptiveLimit,proto3" json:"adaptive_limit,omitempty"`
+	// degraded is true when a replica's shared store did not answer the read
+	// and this is the replica's last-known state of the breaker (its cache,
+	// or the copy it decides from in degraded mode), not the fleet's.
+	Degraded      bool `protobuf:"varint,16,opt,name=degraded,proto3" json:"degraded,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2258,6 +2262,13 @@ func (x *Breaker) GetAdaptiveLimit() float64 {
 		return x.AdaptiveLimit
 	}
 	return 0
+}
+
+func (x *Breaker) GetDegraded() bool {
+	if x != nil {
+		return x.Degraded
+	}
+	return false
 }
 
 // TenantBudget configures a tenant's retry token bucket. Retries withdraw
@@ -3293,7 +3304,7 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"BreakerKey\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
-	"\x06target\x18\x02 \x01(\tR\x06target\"\xbc\x05\n" +
+	"\x06target\x18\x02 \x01(\tR\x06target\"\xd8\x05\n" +
 	"\aBreaker\x12,\n" +
 	"\x03key\x18\x01 \x01(\v2\x1a.retrypolicy.v1.BreakerKeyR\x03key\x122\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x1c.retrypolicy.v1.BreakerStateR\x05state\x12\x16\n" +
@@ -3311,7 +3322,8 @@ const file_retrypolicy_v1_types_proto_rawDesc = "" +
 	"\x10leases_in_flight\x18\f \x01(\rR\x0eleasesInFlight\x12%\n" +
 	"\x0estray_releases\x18\r \x01(\x04R\rstrayReleases\x12\x18\n" +
 	"\aceiling\x18\x0e \x01(\rR\aceiling\x12%\n" +
-	"\x0eadaptive_limit\x18\x0f \x01(\x01R\radaptiveLimit\"\xf7\x01\n" +
+	"\x0eadaptive_limit\x18\x0f \x01(\x01R\radaptiveLimit\x12\x1a\n" +
+	"\bdegraded\x18\x10 \x01(\bR\bdegraded\"\xf7\x01\n" +
 	"\fTenantBudget\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1a\n" +
 	"\bcapacity\x18\x02 \x01(\x01R\bcapacity\x12#\n" +

@@ -368,7 +368,7 @@ class BreakerKey(_message.Message):
     def __init__(self, tenant: _Optional[str] = ..., target: _Optional[str] = ...) -> None: ...
 
 class Breaker(_message.Message):
-    __slots__ = ("key", "state", "forced", "open_until_time", "consecutive_failures", "window_calls", "window_failures", "probes_in_flight", "change_time", "cooldown_until_time", "mode", "leases_in_flight", "stray_releases", "ceiling", "adaptive_limit")
+    __slots__ = ("key", "state", "forced", "open_until_time", "consecutive_failures", "window_calls", "window_failures", "probes_in_flight", "change_time", "cooldown_until_time", "mode", "leases_in_flight", "stray_releases", "ceiling", "adaptive_limit", "degraded")
     KEY_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     FORCED_FIELD_NUMBER: _ClassVar[int]
@@ -384,6 +384,7 @@ class Breaker(_message.Message):
     STRAY_RELEASES_FIELD_NUMBER: _ClassVar[int]
     CEILING_FIELD_NUMBER: _ClassVar[int]
     ADAPTIVE_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    DEGRADED_FIELD_NUMBER: _ClassVar[int]
     key: BreakerKey
     state: BreakerState
     forced: bool
@@ -399,7 +400,8 @@ class Breaker(_message.Message):
     stray_releases: int
     ceiling: int
     adaptive_limit: float
-    def __init__(self, key: _Optional[_Union[BreakerKey, _Mapping]] = ..., state: _Optional[_Union[BreakerState, str]] = ..., forced: _Optional[bool] = ..., open_until_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., consecutive_failures: _Optional[int] = ..., window_calls: _Optional[int] = ..., window_failures: _Optional[int] = ..., probes_in_flight: _Optional[int] = ..., change_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cooldown_until_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., mode: _Optional[_Union[BreakerMode, str]] = ..., leases_in_flight: _Optional[int] = ..., stray_releases: _Optional[int] = ..., ceiling: _Optional[int] = ..., adaptive_limit: _Optional[float] = ...) -> None: ...
+    degraded: bool
+    def __init__(self, key: _Optional[_Union[BreakerKey, _Mapping]] = ..., state: _Optional[_Union[BreakerState, str]] = ..., forced: _Optional[bool] = ..., open_until_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., consecutive_failures: _Optional[int] = ..., window_calls: _Optional[int] = ..., window_failures: _Optional[int] = ..., probes_in_flight: _Optional[int] = ..., change_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cooldown_until_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., mode: _Optional[_Union[BreakerMode, str]] = ..., leases_in_flight: _Optional[int] = ..., stray_releases: _Optional[int] = ..., ceiling: _Optional[int] = ..., adaptive_limit: _Optional[float] = ..., degraded: _Optional[bool] = ...) -> None: ...
 
 class TenantBudget(_message.Message):
     __slots__ = ("tenant", "capacity", "deposit_ratio", "min_retries_per_second", "retry_cost", "timeout_cost", "dry_run")

@@ -1,0 +1,112 @@
+package redisstore_test
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"testing"
+
+	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
+	"github.com/policyd/policyd/internal/redistest"
+)
+
+// TestBreakersListedAsLastKnownWhileDown: while Redis does not answer,
+// ListBreakers and GetBreaker answer from what the replica knows instead
+// of UNAVAILABLE, each breaker flagged degraded: one forced OPEN before
+// the pause, one CLOSED then, and one its local copy opened during it;
+// the listing's filters and paging hold. Once Redis answers again the
+// listing is the engine's, unflagged.
+func TestBreakersListedAsLastKnownWhileDown(t *testing.T) {
+	srv := redistest.Standalone(t)
+	r := boundedReplica(t, srv.Addr)
+	ctx := context.Background()
+	fail503 := &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 503}}
+	fail := func(tenant, target, id string) *pb.NextDelayResponse {
+		t.Helper()
+		resp, err := r.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: &pb.CallRef{Tenant: tenant, Target: target, CallId: id, Idempotent: true},
+			Attempt: 1, Failure: fail503})
+		if err != nil {
+			t.Fatalf("NextDelay %s/%s: %v", tenant, target, err)
+		}
+		return resp
+	}
+	if _, err := r.admin.ForceBreaker(ctx, &pb.ForceBreakerRequest{Key: &pb.BreakerKey{Tenant: "acme", Target: "pay"},
+		State: pb.BreakerState_BREAKER_STATE_OPEN}); err != nil {
+		t.Fatal(err)
+	}
+	fail("acme", "geo", "geo-0")
+	fail("globex", "mail", "mail-0")
+	type row struct {
+		key      string
+		state    pb.BreakerState
+		degraded bool
+	}
+	rows := func(list []*pb.Breaker) []row {
+		var out []row
+		for _, b := range list {
+			out = append(out, row{b.GetKey().GetTenant() + "/" + b.GetKey().GetTarget(), b.GetState(), b.GetDegraded()})
+		}
+		return out
+	}
+	list := func(req *pb.ListBreakersRequest) []row {
+		t.Helper()
+		resp, err := r.admin.ListBreakers(ctx, req)
+		if err != nil {
+			t.Fatalf("ListBreakers %v: %v", req, err)
+		}
+		return rows(resp.GetBreakers())
+	}
+	const (
+		open   = pb.BreakerState_BREAKER_STATE_OPEN
+		closed = pb.BreakerState_BREAKER_STATE_CLOSED
+	)
+	if got, want := list(&pb.ListBreakersRequest{}), []row{{"acme/geo", closed, false}, {"acme/pay", open, false}, {"globex/mail", closed, false}}; !slices.Equal(got, want) {
+		t.Fatalf("ListBreakers with Redis answering = %v, want %v", got, want)
+	}
+
+	srv.Pause(t)
+	r.until(t, "the engine down", func() bool { return !r.store.Up() })
+	// acme/geo's local copy opens: five failures in a row, one counted
+	// before the pause.
+	for i := 1; i < 5; i++ {
+		if resp := fail("acme", "geo", "geo-"+strconv.Itoa(i)); !resp.GetDegraded() {
+			t.Fatalf("NextDelay with the engine down = %v, not flagged degraded", resp)
+		}
+	}
+	all := []row{{"acme/geo", open, true}, {"acme/other", closed, true}, {"acme/pay", open, true}, {"globex/mail", closed, true}}
+	if got := list(&pb.ListBreakersRequest{}); !slices.Equal(got, all) {
+		t.Errorf("ListBreakers with the engine down = %v, want the last-known %v", got, all)
+	}
+	if got, want := list(&pb.ListBreakersRequest{Tenant: "acme", State: open}), []row{all[0], all[2]}; !slices.Equal(got, want) {
+		t.Errorf("ListBreakers of acme's OPEN breakers, engine down = %v, want %v", got, want)
+	}
+	var paged []row
+	for token := ""; ; {
+		resp, err := r.admin.ListBreakers(ctx, &pb.ListBreakersRequest{PageSize: 1, PageToken: token})
+		if err != nil {
+			t.Fatalf("ListBreakers page after %q, engine down: %v", token, err)
+		}
+		paged = append(paged, rows(resp.GetBreakers())...)
+		if token = resp.GetNextPageToken(); token == "" {
+			break
+		}
+	}
+	if !slices.Equal(paged, all) {
+		t.Errorf("ListBreakers page by page, engine down = %v, want %v", paged, all)
+	}
+	got, err := r.admin.GetBreaker(ctx, &pb.GetBreakerRequest{Key: &pb.BreakerKey{Tenant: "acme", Target: "pay"}})
+	if err != nil || got.GetBreaker().GetState() != open || !got.GetBreaker().GetForced() || !got.GetBreaker().GetDegraded() {
+		t.Errorf("GetBreaker acme/pay, engine down = %v, %v; want forced OPEN, flagged degraded", got, err)
+	}
+
+	srv.Resume(t)
+	r.until(t, "the engine up again", r.store.Up)
+	for _, b := range list(&pb.ListBreakersRequest{}) {
+		if b.degraded {
+			t.Errorf("ListBreakers with Redis answering again lists %v flagged degraded", b)
+		}
+		if b.key == "acme/pay" && b.state != open {
+			t.Errorf("ListBreakers with Redis answering again: acme/pay %v, want OPEN (forced)", b.state)
+		}
+	}
+}
