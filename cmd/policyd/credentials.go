@@ -213,35 +213,52 @@ func loadPool(path string) (*x509.CertPool, error) {
 // which is then linked to path (a link, unlike a rename, fails when path
 // exists). Replicas started at once in one directory then share one
 // token, the first one's, and none reads a file made but not yet
-// written.
+// written. On a file system without hard links the file is made in
+// place, as before.
 func ensureToken(path string) (created bool, err error) {
 	if _, err := os.Lstat(path); err == nil {
 		return false, nil
 	}
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return false, err
+	}
+	line := hex.EncodeToString(b[:]) + "\n"
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*") // mode 0600
 	if err != nil {
 		return false, err
 	}
 	defer os.Remove(f.Name())
-	var b [32]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		f.Close()
+	_, err = f.WriteString(line)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return false, err
 	}
-	if _, err := fmt.Fprintln(f, hex.EncodeToString(b[:])); err != nil {
-		f.Close()
+	switch err := os.Link(f.Name(), path); {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, fs.ErrExist):
+		return false, nil
+	}
+	return writeNew(path, line)
+}
+
+// writeNew creates path (mode 0600) holding line unless it exists.
+func writeNew(path, line string) (created bool, err error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, fs.ErrExist) {
+		return false, nil
+	}
+	if err != nil {
 		return false, err
 	}
-	if err := f.Close(); err != nil {
-		return false, err
+	_, err = f.WriteString(line)
+	if cerr := f.Close(); err == nil {
+		err = cerr
 	}
-	if err := os.Link(f.Name(), path); err != nil {
-		if errors.Is(err, fs.ErrExist) {
-			return false, nil
-		}
-		return false, err
-	}
-	return true, nil
+	return err == nil, err
 }
 
 // readToken reads a token file: its first line, trimmed.
