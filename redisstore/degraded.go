@@ -80,6 +80,10 @@ import (
 type degraded struct {
 	mu       sync.Mutex
 	breakers map[policy.BreakerKey]*fleet.Breaker
+	origin   map[policy.BreakerKey]uint64 // each copy's generation when made
+	// tell is Store.tell: a copy's change of state, for the replica's
+	// subscribers (localevents.go); nil tells no one.
+	tell     func(policy.BreakerSnapshot)
 	spent    map[string]float64 // tenant -> tokens spent while down
 	runSpent map[string]uint64  // run id -> retries spent while down
 	// Last known, kept while up.
@@ -116,19 +120,27 @@ type debt struct {
 }
 
 func newDegraded() *degraded {
-	return &degraded{breakers: map[policy.BreakerKey]*fleet.Breaker{}, spent: map[string]float64{},
+	return &degraded{breakers: map[policy.BreakerKey]*fleet.Breaker{}, origin: map[policy.BreakerKey]uint64{}, spent: map[string]float64{},
 		runSpent: map[string]uint64{}, tokens: map[string]share{}, runs: map[string]share{}, live: 1,
 		runTenant: map[string]string{}, flows: map[policy.BreakerKey]*localFlow{}, limits: map[policy.BreakerKey]float64{}}
 }
 
 // reset drops the local copies at a transition of the engine; what was
-// spent from the shares becomes debts.
-func (d *degraded) reset() {
+// spent from the shares becomes debts. It returns the breakers whose copy
+// changed state, which the replica's subscribers were told of.
+func (d *degraded) reset() (changed []policy.BreakerKey) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	for k, b := range d.breakers {
+		if b.Generation != d.origin[k] {
+			changed = append(changed, k)
+		}
+	}
 	clear(d.breakers)
+	clear(d.origin)
 	clear(d.flows)
 	d.owe()
+	return changed
 }
 
 // owe turns what was spent from the shares into debts; d.mu is held.
@@ -251,7 +263,20 @@ func (d *degraded) breaker(key policy.BreakerKey, st *state, now int64) *fleet.B
 		nb.Cooldown.Until, nb.Consecutive = st.Cooldown*1000, st.Consecutive
 	}
 	d.breakers[key] = &nb
+	d.origin[key] = nb.Generation
 	return &nb
+}
+
+// told tells the replica's subscribers of b, the copy of the breaker under
+// key, when its generation is no longer gen (it changed state); d.mu is
+// held.
+func (d *degraded) told(key policy.BreakerKey, b *fleet.Breaker, gen uint64, now int64) {
+	if b.Generation == gen || d.tell == nil {
+		return
+	}
+	snap := b.Snapshot(key, now)
+	snap.Degraded = true
+	d.tell(snap)
 }
 
 // admit is Admit in degraded mode at now (Unix ns).
@@ -264,6 +289,8 @@ func (d *degraded) admit(key policy.BreakerKey, cfg policy.BreakerConfig, st *st
 // admitLocked is admit with d.mu held.
 func (d *degraded) admitLocked(key policy.BreakerKey, cfg policy.BreakerConfig, st *state, now int64) policy.Admission {
 	b := d.breaker(key, st, now)
+	gen := b.Generation
+	defer d.told(key, b, gen, now)
 	cfg.HalfOpenProbes = probeShare(cfg.HalfOpenProbes, d.live)
 	b.Advance(now)
 	expiry := now + int64(cfg.ProbeTimeout) // fleet.Breaker.Admit's
@@ -303,6 +330,8 @@ func (d *degraded) record(key policy.BreakerKey, cfg policy.BreakerConfig, st *s
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	b := d.breaker(key, st, now)
+	gen := b.Generation
+	defer d.told(key, b, gen, now)
 	cfg.HalfOpenProbes = probeShare(cfg.HalfOpenProbes, d.live)
 	b.Advance(now)
 	_, err := b.Record(now, &cfg, r, permit)
@@ -342,7 +371,9 @@ func (d *degraded) snapshot(key policy.BreakerKey, now int64) (policy.BreakerSna
 	if b == nil {
 		return policy.BreakerSnapshot{}, false
 	}
+	gen := b.Generation
 	b.Advance(now)
+	d.told(key, b, gen, now)
 	return b.Snapshot(key, now), true
 }
 
@@ -404,7 +435,7 @@ func (s *Store) Downs() uint64 { return s.downs.Load() }
 // engineChanged logs a transition of the engine and, when it comes back,
 // drops the degraded copies and replays the queued batches.
 func (s *Store) engineChanged(up bool) {
-	s.degraded.reset() // local copies start from the cache at each transition
+	s.toldAgain(s.degraded.reset()) // local copies start from the cache at each transition
 	if !up {
 		s.downs.Add(1)
 		s.log.Warn("redisstore: engine down: deciding in degraded mode from this replica's last known state",

@@ -188,11 +188,13 @@ func (g *feedGroup) closeAll() {
 }
 
 // entry is one event of a tenant's stream: the change, the tenant whose
-// stream it is on, and its entry id there.
+// stream it is on, and its entry id there; or, local, a change of this
+// replica's degraded mode, on no stream (localevents.go).
 type entry struct {
 	ev     policy.BreakerEvent
 	stream string
 	id     streamID
+	local  bool
 }
 
 // publish sends e to every subscriber; one that falls behind is closed
@@ -283,6 +285,10 @@ func (sb *sub) send(e entry) bool {
 // subscription has it already; sb.mu is held.
 func (sb *sub) next(e entry) (policy.BreakerEvent, bool) {
 	if sb.tenant == "" {
+		return e.ev, true
+	}
+	if e.local {
+		e.ev.Resume = sb.pos.token(sb.tenant) // the position it had: a local change moves none
 		return e.ev, true
 	}
 	i := sb.pos.index(e.stream)

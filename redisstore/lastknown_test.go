@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strconv"
 	"testing"
+	"time"
 
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 	"github.com/policyd/policyd/internal/redistest"
@@ -108,5 +109,76 @@ func TestBreakersListedAsLastKnownWhileDown(t *testing.T) {
 		if b.key == "acme/pay" && b.state != open {
 			t.Errorf("ListBreakers with Redis answering again: acme/pay %v, want OPEN (forced)", b.state)
 		}
+	}
+}
+
+// TestLocalTransitionsWatched: a breaker the replica's local copy opens
+// while Redis does not answer reaches the replica's WatchBreakers
+// subscribers, flagged degraded and at the resume token they had (it is
+// on no stream), so a client answering Admit from its watch stops
+// sending first attempts there; once Redis answers again they are told
+// the engine's state, unflagged.
+func TestLocalTransitionsWatched(t *testing.T) {
+	srv := redistest.Standalone(t)
+	r := boundedReplica(t, srv.Addr)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	fail503 := &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 503}}
+	fail := func(target, id string) {
+		t.Helper()
+		if _, err := r.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: &pb.CallRef{Tenant: "acme", Target: target, CallId: id, Idempotent: true},
+			Attempt: 1, Failure: fail503}); err != nil {
+			t.Fatalf("NextDelay acme/%s: %v", target, err)
+		}
+	}
+	fail("geo", "geo-0")
+	// Bounded: a change never told ends the watch, and the test, here.
+	wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
+	defer wcancel()
+	watch, err := r.workers.WatchBreakers(wctx, &pb.WatchBreakersRequest{Tenant: "acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var token string
+	for {
+		m, err := watch.Recv()
+		if err != nil {
+			t.Fatalf("WatchBreakers before its snapshot completed: %v", err)
+		}
+		if m.GetSnapshotComplete() {
+			token = m.GetResumeToken()
+			break
+		}
+	}
+	// geo's next event: skips the other breakers' (acme/other opens
+	// locally too, bringing the engine down).
+	next := func(what string) *pb.WatchBreakersResponse {
+		t.Helper()
+		for {
+			m, err := watch.Recv()
+			if err != nil {
+				t.Fatalf("WatchBreakers, waiting for %s: %v", what, err)
+			}
+			if m.GetBreaker().GetKey().GetTarget() == "geo" {
+				return m
+			}
+		}
+	}
+
+	srv.Pause(t)
+	r.until(t, "the engine down", func() bool { return !r.store.Up() })
+	for i := 1; i < 5; i++ {
+		fail("geo", "geo-"+strconv.Itoa(i))
+	}
+	m := next("acme/geo opened by the local copy")
+	if b := m.GetBreaker(); b.GetState() != pb.BreakerState_BREAKER_STATE_OPEN || !b.GetDegraded() || m.GetResumeToken() != token {
+		t.Errorf("watched with Redis stopped: %v; want acme/geo OPEN, degraded, at the resume token %q of before", m, token)
+	}
+
+	srv.Resume(t)
+	r.until(t, "the engine up again", r.store.Up)
+	m = next("acme/geo as the engine has it")
+	if b := m.GetBreaker(); b.GetState() != pb.BreakerState_BREAKER_STATE_CLOSED || b.GetDegraded() {
+		t.Errorf("watched once Redis answers again: %v; want acme/geo CLOSED as the engine has it, not degraded", m)
 	}
 }

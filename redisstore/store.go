@@ -181,9 +181,10 @@ type replicaState struct {
 	health    *health
 	degraded  *degraded
 	queue     batchQueue
-	down      downAttempts  // attempt records decided while the engine was down
-	recovered chan struct{} // signalled when the engine comes back
-	downs     atomic.Uint64 // the times the engine went down (Downs)
+	down      downAttempts                // attempt records decided while the engine was down
+	recovered chan struct{}               // signalled when the engine comes back
+	local     chan policy.BreakerSnapshot // local changes for the subscribers (localevents.go)
+	downs     atomic.Uint64               // the times the engine went down (Downs)
 }
 
 // cached is one breaker's last known state.
@@ -263,8 +264,10 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	}
 	s := &Store{replicaState: &replicaState{c: opts.Client, lib: lib{c: opts.Client, clock: fixed}, opts: opts, defBudget: def, log: opts.Log,
 		cache: map[policy.BreakerKey]*cached{}, feeds: map[string]*feed{}, groups: map[int]*feedGroup{}, allSubs: map[*sub]struct{}{}, defaultPolicy: policy.Default(),
-		id: newPermitID().String(), degraded: newDegraded(), recovered: make(chan struct{}, 1)}}
+		id: newPermitID().String(), degraded: newDegraded(), recovered: make(chan struct{}, 1),
+		local: make(chan policy.BreakerSnapshot, localEventsBuffer)}}
 	s.root = s
+	s.degraded.tell = s.tell
 	s.health = &health{clock: opts.Clock, changed: s.engineChanged, b: engineBreaker{Threshold: opts.DownAfter, Cooldown: opts.DownFor}}
 	s.queue.max = opts.MaxQueuedBatches
 	s.held = heldOutcomes{batches: map[string]*outcomeBatch{}, wake: make(chan struct{}, 1)}
@@ -277,11 +280,12 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		s.cancel()
 		return nil, err
 	}
-	s.wg.Add(4)
+	s.wg.Add(5)
 	go s.followChanges(last)
 	go s.flusher()
 	go s.heartbeats()
 	go s.replayer()
+	go s.localEvents()
 	return s, nil
 }
 
