@@ -118,11 +118,10 @@ func (s *Store) Record(key policy.BreakerKey, cfg policy.BreakerConfig, r policy
 	if s.opts.BatchOutcomes {
 		// The breaker's results held for the flush go first, in this call:
 		// the breaker counts them before this one, as they were reported.
-		s.held.rlock(ctx)
-		defer s.held.sending.RUnlock()
-		if ctx.Err() != nil {
+		if !s.held.rlock(ctx) {
 			return degraded() // its time went waiting for the flush; the held results left to it
 		}
+		defer s.held.runlock()
 		results = append(s.takeResults(key), results...)
 	}
 	_, out, err := recordCall(ctx, s.lib, key.Tenant, []recordGroup{{Key: key, Cfg: &cfg, Results: results}}, s.opts.MaxBreakersPerTenant)

@@ -63,8 +63,8 @@ const FeedGrace = feedGrace
 // HoldHeldSending takes the write lock of s's held outcomes, as a flush
 // in flight does, until release.
 func HoldHeldSending(s *Store) (release func()) {
-	s.held.sending.Lock()
-	return s.held.sending.Unlock
+	s.held.lock()
+	return s.held.unlock
 }
 
 // OnHeldWait calls f with a request's call context as the request is

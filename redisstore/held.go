@@ -5,6 +5,8 @@ import (
 	"slices"
 	"sync"
 
+	"golang.org/x/sync/semaphore"
+
 	"github.com/policyd/policyd/policy"
 )
 
@@ -21,29 +23,58 @@ type heldOutcomes struct {
 	mu      sync.Mutex
 	batches map[string]*outcomeBatch
 	wake    chan struct{} // the flusher's: a batch grew past maxHeldResults
-	// sending orders the sends: a flush takes and sends the held batches
-	// under the write lock, an ApplyOutcomes call that sends a batch now
-	// holds the read lock from taking its tenants' held batches to the
-	// replies, so a tenant's updates reach the engine in the order they
-	// were reported. A call whose batches are all held takes neither.
-	sending sync.RWMutex
+	// sending orders the sends, a read-write lock: a flush takes and
+	// sends the held batches holding all of it (lock), a call that sends
+	// a batch now holds a share (rlock) from taking its tenants' held
+	// batches to the replies, so a tenant's updates reach the engine in
+	// the order they were reported. A call whose batches are all held
+	// takes neither. It is a semaphore.Weighted, not a sync.RWMutex, for
+	// its Acquire with a context: a decision waits for a flush in flight
+	// only until its deadline.
+	sending *semaphore.Weighted
 	// waitHook, when set (tests), is called with a request's call context
 	// as it is about to wait for sending's read lock.
 	waitHook func(context.Context)
 }
 
-// rlock takes sending's read lock for a request whose call to the engine
-// is bounded by ctx: the deadline runs while it waits, so that a request
-// waiting for a flush in flight, whose round trip waits for an engine
-// that does not answer, waits for the engine once in all, not for the
-// flush's timeout and then its own. The caller checks ctx once it holds
-// the lock.
-func (h *heldOutcomes) rlock(ctx context.Context) {
+// allSenders is sending's weight: a flush takes all of it, each call
+// sending now one, and no replica has that many requests at once.
+const allSenders = 1 << 30
+
+func newHeldOutcomes() heldOutcomes {
+	return heldOutcomes{batches: map[string]*outcomeBatch{}, wake: make(chan struct{}, 1), sending: semaphore.NewWeighted(allSenders)}
+}
+
+// rlock takes a share of sending for a request whose call to the engine
+// is bounded by ctx, and reports whether it holds it (then runlock gives
+// it back): the deadline runs while it waits, so that a request waiting
+// for a flush in flight, whose round trip waits for an engine that does
+// not answer, waits for the engine once in all, not for the flush's
+// timeout (nor for the calls the flush itself waits for) and then its
+// own. false when ctx ended first: the caller decides without the engine.
+func (h *heldOutcomes) rlock(ctx context.Context) bool {
 	if h.waitHook != nil {
 		h.waitHook(ctx)
 	}
-	h.sending.RLock()
+	if h.sending.Acquire(ctx, 1) != nil {
+		return false
+	}
+	if ctx.Err() != nil { // Acquire may succeed with ctx done
+		h.sending.Release(1)
+		return false
+	}
+	return true
 }
+
+// rlockWait is rlock for a call bounded by none: it waits for the flush.
+func (h *heldOutcomes) rlockWait() { _ = h.sending.Acquire(context.Background(), 1) }
+
+// runlock gives back the share rlock or rlockWait took.
+func (h *heldOutcomes) runlock() { h.sending.Release(1) }
+
+// lock takes all of sending, for a flush; unlock gives it back.
+func (h *heldOutcomes) lock()   { _ = h.sending.Acquire(context.Background(), allSenders) }
+func (h *heldOutcomes) unlock() { h.sending.Release(allSenders) }
 
 // holdable reports whether b needs nothing from the engine before its
 // ApplyOutcomes call answers: no final disposition (the ledger may refuse
@@ -158,8 +189,8 @@ func (h *heldOutcomes) takeHeld() map[string]*outcomeBatch {
 // queued for replay (runOutcomes), one it refuses is logged and counted
 // as dropped (its caller was answered at ApplyOutcomes).
 func (s *Store) flushHeld() {
-	s.held.sending.Lock()
-	defer s.held.sending.Unlock()
+	s.held.lock()
+	defer s.held.unlock()
 	all := s.held.takeHeld()
 	if len(all) == 0 {
 		return

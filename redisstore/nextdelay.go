@@ -84,15 +84,14 @@ func (s *Store) NextDelayInOneCall(u Changes, st *policy.NextDelayStep) (policy.
 		// The breaker's results held for the flush go first, in this call,
 		// as Record sends them: the breaker counts them before this
 		// failure, as they were reported.
-		s.held.rlock(ctx)
-		defer s.held.sending.RUnlock()
-		if ctx.Err() != nil {
+		if !s.held.rlock(ctx) {
 			// Its time went waiting for a flush the engine did not
 			// answer: decided in degraded mode, the held results left to
 			// the flush.
 			res, err := s.degradedNextDelay(st, &cfg)
 			return res, true, err
 		}
+		defer s.held.runlock()
 		carried = s.takeResults(st.Key)
 	}
 	sa := s.degraded.shareArgs(s.id, tenant, st.Spend.RunID, shareGrace*s.opts.Heartbeat)

@@ -438,3 +438,42 @@ func TestNextDelayWaitingForAFlushWaitsOnce(t *testing.T) {
 		t.Errorf("NextDelay whose time went waiting for a flush made %d policyd_nextdelay round trips, want none", n)
 	}
 }
+
+// TestNextDelayWaitsForAFlushNoLongerThanItsBound: a NextDelay that finds
+// a flush of held outcomes in flight stops waiting for it at its own
+// deadline and decides in degraded mode, the flush still in flight. It
+// waited for the flush's end instead: when Redis stopped, a request
+// queued behind a flush that itself waited for a request's call held it
+// up to two timeouts (policybench replicas, stop-redis: NextDelays of
+// 91-107 ms at --store-timeout 50ms).
+func TestNextDelayWaitsForAFlushNoLongerThanItsBound(t *testing.T) {
+	srv := redistest.Standalone(t)
+	r := newReplicaWith(t, func() redis.UniversalClient { return redis.NewClient(&redis.Options{Addr: srv.Addr}) },
+		redisstore.Options{Timeout: 50 * time.Millisecond, BatchOutcomes: true, FlushInterval: time.Hour, DownAfter: 1000})
+	ctx := context.Background()
+	fail := &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 503}}
+	eventually(t, "a NextDelay answered by the engine (a store call of 50ms may time out on a loaded machine)", func() bool {
+		resp, err := r.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: &pb.CallRef{Tenant: "acme", Target: "geo", CallId: "warm",
+			Idempotent: true}, Attempt: 1, Failure: fail})
+		return err == nil && !resp.GetDegraded()
+	})
+	release := redisstore.HoldHeldSending(r.store) // a flush in flight, its round trip unanswered
+	defer release()
+	done := make(chan *pb.NextDelayResponse, 1)
+	go func() {
+		resp, err := r.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: &pb.CallRef{Tenant: "acme", Target: "geo", CallId: "c1",
+			Idempotent: true}, Attempt: 1, Failure: fail})
+		if err != nil {
+			t.Errorf("NextDelay behind a flush in flight: %v", err)
+		}
+		done <- resp
+	}()
+	select {
+	case resp := <-done:
+		if !resp.GetDegraded() {
+			t.Errorf("NextDelay behind a flush in flight past its deadline = %v; want an answer flagged degraded", resp)
+		}
+	case <-time.After(10 * time.Second): // a bound on the failure, not a wait: the answer is due at 50ms
+		t.Fatal("NextDelay still waiting 10s for a flush in flight; its deadline was 50ms")
+	}
+}

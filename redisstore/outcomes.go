@@ -325,8 +325,8 @@ func (s *Store) runOutcomes(ups []policy.OutcomeUpdate, batches map[string]*outc
 	var prior map[string]*outcomeBatch
 	if hold && s.opts.BatchOutcomes {
 		if !s.holdsAll(batches, rest) {
-			s.held.sending.RLock()
-			defer s.held.sending.RUnlock()
+			s.held.rlockWait()
+			defer s.held.runlock()
 		}
 		batches, prior = s.hold(batches, rest)
 		if len(batches) == 0 && len(prior) == 0 && len(rest) == 0 {

@@ -270,7 +270,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	s.degraded.tell = s.tell
 	s.health = &health{clock: opts.Clock, changed: s.engineChanged, b: engineBreaker{Threshold: opts.DownAfter, Cooldown: opts.DownFor}}
 	s.queue.max = opts.MaxQueuedBatches
-	s.held = heldOutcomes{batches: map[string]*outcomeBatch{}, wake: make(chan struct{}, 1)}
+	s.held = newHeldOutcomes()
 	s.trips.observe = opts.RoundTripObserver
 	opts.Client.AddHook(s.health.hook(&s.trips))
 	s.ctx, s.cancel = context.WithCancel(context.Background())
