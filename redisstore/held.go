@@ -33,7 +33,7 @@ type heldOutcomes struct {
 	// only until its deadline.
 	sending *semaphore.Weighted
 	// waitHook, when set (tests), is called with a request's call context
-	// as it is about to wait for sending's read lock.
+	// as it is about to wait for a share of sending (rlock).
 	waitHook func(context.Context)
 }
 

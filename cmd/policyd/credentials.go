@@ -229,11 +229,7 @@ func ensureToken(path string) (created bool, err error) {
 		return false, err
 	}
 	defer os.Remove(f.Name())
-	_, err = f.WriteString(line)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
+	if err := writeClose(f, line); err != nil {
 		return false, err
 	}
 	switch err := os.Link(f.Name(), path); {
@@ -254,11 +250,17 @@ func writeNew(path, line string) (created bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	_, err = f.WriteString(line)
+	err = writeClose(f, line)
+	return err == nil, err
+}
+
+// writeClose writes line to f and closes it: the first error of the two.
+func writeClose(f *os.File, line string) error {
+	_, err := f.WriteString(line)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
-	return err == nil, err
+	return err
 }
 
 // readToken reads a token file: its first line, trimmed.
