@@ -42,10 +42,17 @@ func TestBreakersListedAsLastKnownWhileDown(t *testing.T) {
 		state    pb.BreakerState
 		degraded bool
 	}
+	// rows leaves out acme/other, where r.until sends its NextDelays:
+	// whether one of them is answered in degraded mode, and so known to
+	// the replica while Redis is paused, depends on when the engine is
+	// counted down (TestBreakersListedAsLastKnownWhileDown failed in CI
+	// on a run where none was).
 	rows := func(list []*pb.Breaker) []row {
 		var out []row
 		for _, b := range list {
-			out = append(out, row{b.GetKey().GetTenant() + "/" + b.GetKey().GetTarget(), b.GetState(), b.GetDegraded()})
+			if key := b.GetKey().GetTenant() + "/" + b.GetKey().GetTarget(); key != "acme/other" {
+				out = append(out, row{key, b.GetState(), b.GetDegraded()})
+			}
 		}
 		return out
 	}
@@ -74,11 +81,11 @@ func TestBreakersListedAsLastKnownWhileDown(t *testing.T) {
 			t.Fatalf("NextDelay with the engine down = %v, not flagged degraded", resp)
 		}
 	}
-	all := []row{{"acme/geo", open, true}, {"acme/other", closed, true}, {"acme/pay", open, true}, {"globex/mail", closed, true}}
+	all := []row{{"acme/geo", open, true}, {"acme/pay", open, true}, {"globex/mail", closed, true}}
 	if got := list(&pb.ListBreakersRequest{}); !slices.Equal(got, all) {
 		t.Errorf("ListBreakers with the engine down = %v, want the last-known %v", got, all)
 	}
-	if got, want := list(&pb.ListBreakersRequest{Tenant: "acme", State: open}), []row{all[0], all[2]}; !slices.Equal(got, want) {
+	if got, want := list(&pb.ListBreakersRequest{Tenant: "acme", State: open}), all[:2]; !slices.Equal(got, want) {
 		t.Errorf("ListBreakers of acme's OPEN breakers, engine down = %v, want %v", got, want)
 	}
 	var paged []row
