@@ -344,7 +344,9 @@ func (d *degraded) record(key policy.BreakerKey, cfg policy.BreakerConfig, st *s
 		// (policybench replicas, stop-redis: 46 of them).
 		err = nil
 	}
-	return b.Snapshot(key, now), err
+	snap := b.Snapshot(key, now)
+	snap.Degraded = true // a decision made from it says so, whatever else it spends
+	return snap, err
 }
 
 // keys are the breakers of tenant ("": every tenant's) this replica has a

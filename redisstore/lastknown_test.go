@@ -7,8 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 	"github.com/policyd/policyd/internal/redistest"
+	"github.com/policyd/policyd/redisstore"
 )
 
 // TestBreakersListedAsLastKnownWhileDown: while Redis does not answer,
@@ -187,5 +190,59 @@ func TestLocalTransitionsWatched(t *testing.T) {
 	m = next("acme/geo as the engine has it")
 	if b := m.GetBreaker(); b.GetState() != pb.BreakerState_BREAKER_STATE_CLOSED || b.GetDegraded() {
 		t.Errorf("watched once Redis answers again: %v; want acme/geo CLOSED as the engine has it, not degraded", m)
+	}
+}
+
+// TestStopFromALocallyOpenedBreakerFlaggedDegraded: while Redis does not
+// answer but the replica has not yet counted it down, each NextDelay's
+// engine call times out and the replica's local copy of the breaker
+// records the failure; once that copy opens, the CIRCUIT_OPEN stop it
+// answers spends nothing, and is still an answer made without the engine,
+// so it says so. (It was answered unflagged: the decision's breaker came
+// from the local copy, but only a spend from the replica's shares flagged
+// the answer.)
+func TestStopFromALocallyOpenedBreakerFlaggedDegraded(t *testing.T) {
+	srv := redistest.Standalone(t)
+	// Never counted down in this test: every answer below is made while
+	// the engine breaker still lets calls through, each ending at Timeout.
+	r := newReplicaWith(t, func() redis.UniversalClient {
+		return redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true,
+			ReadTimeout: time.Minute, WriteTimeout: time.Minute})
+	}, redisstore.Options{Timeout: 50 * time.Millisecond, DownAfter: 1 << 20, DownFor: 20 * time.Millisecond,
+		Heartbeat: 10 * time.Millisecond, FlushInterval: 10 * time.Millisecond})
+	ctx := context.Background()
+	fail503 := &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 503}}
+	fail := func(id string) *pb.NextDelayResponse {
+		t.Helper()
+		resp, err := r.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: &pb.CallRef{Tenant: "acme", Target: "geo", CallId: id, Idempotent: true},
+			Attempt: 1, Failure: fail503})
+		if err != nil {
+			t.Fatalf("NextDelay %s: %v", id, err)
+		}
+		return resp
+	}
+	// Spent through the engine: the replica holds a share of the bucket.
+	if resp := fail("geo-0"); resp.GetDecision() != pb.Decision_DECISION_RETRY || resp.GetDegraded() {
+		t.Fatalf("NextDelay with Redis answering = %v, want RETRY, not degraded", resp)
+	}
+
+	srv.Pause(t)
+	defer srv.Resume(t)
+	// Failures 2 to 5 in a row: retried from the replica's share, then
+	// the fifth opens the local copy and stops.
+	var resp *pb.NextDelayResponse
+	for i := 1; i < 5; i++ {
+		if resp = fail("geo-" + strconv.Itoa(i)); !resp.GetDegraded() {
+			t.Errorf("NextDelay %d with Redis paused = %v, not flagged degraded", i, resp)
+		}
+	}
+	if resp.GetStopReason() != pb.StopReason_STOP_REASON_CIRCUIT_OPEN || resp.GetBreakerState() != pb.BreakerState_BREAKER_STATE_OPEN {
+		t.Errorf("NextDelay of the fifth failure in a row = %v, want STOP CIRCUIT_OPEN (the local copy opened)", resp)
+	}
+	if resp = fail("geo-5"); resp.GetStopReason() != pb.StopReason_STOP_REASON_CIRCUIT_OPEN || !resp.GetDegraded() {
+		t.Errorf("NextDelay on the local copy opened = %v, want STOP CIRCUIT_OPEN, flagged degraded", resp)
+	}
+	if !r.store.Up() {
+		t.Errorf("engine counted down with DownAfter %d: the test no longer covers answers made while it counts up", 1<<20)
 	}
 }

@@ -111,7 +111,7 @@ func (d *Decisions) decideNextDelay(ctx context.Context, in *nextDelayRequest) (
 	if err != nil {
 		return policy.Answer{}, "", storeError(ctx, d.cfg.Logger, "breaker", err)
 	}
-	ans := policy.Answer{Breaker: snap.State, Note: dec.Hint.Note, FlowControlled: p.FlowControlled()}
+	ans := policy.Answer{Breaker: snap.State, Note: dec.Hint.Note, FlowControlled: p.FlowControlled(), Degraded: snap.Degraded}
 
 	if !dec.Retry && result == policy.ResultPushback && hint.Delay > 0 {
 		// Not retried, but the upstream's request for time still holds the
