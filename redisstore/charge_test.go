@@ -4,9 +4,13 @@ import (
 	"context"
 	"strconv"
 	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 	"github.com/policyd/policyd/internal/redistest"
+	"github.com/policyd/policyd/redisstore"
 )
 
 // TestDegradedGrantsChargedAfterEachOutage: two replicas, a budget of 10
@@ -89,5 +93,53 @@ func TestDegradedGrantsChargedAfterEachOutage(t *testing.T) {
 	}
 	if b.GetStatus().GetTokens() < 0 {
 		t.Errorf("tokens %v, below zero", b.GetStatus().GetTokens())
+	}
+}
+
+// TestNextDelayOwingChargesThenDecidesInOneCall: a NextDelay whose engine
+// call times out while the replica still counts Redis up is granted from
+// the replica's share, a debt. Once Redis answers, the tenant's next
+// NextDelay charges the debt and is then decided in one call of
+// policyd_nextdelay: two round trips, none of the batch path's (the
+// attempt read, the breaker's record, the spend, the attempt's write).
+// It took the batch path until the replayer charged the debt, and under
+// load the lone call that timed out then made the next debt first.
+func TestNextDelayOwingChargesThenDecidesInOneCall(t *testing.T) {
+	srv := redistest.Standalone(t)
+	// Never counted down, and no replayer tick within the test: the debt
+	// is left to the decisions.
+	r := newReplicaWith(t, func() redis.UniversalClient {
+		return redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true,
+			ReadTimeout: time.Minute, WriteTimeout: time.Minute})
+	}, redisstore.Options{Timeout: 50 * time.Millisecond, DownAfter: 1 << 20, FlushInterval: time.Hour})
+	ctx := context.Background()
+	fail := func(id string) *pb.NextDelayResponse {
+		t.Helper()
+		resp, err := r.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: &pb.CallRef{Tenant: "acme", Target: "geo", CallId: id, Idempotent: true},
+			Attempt: 1, Failure: &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 503}}})
+		if err != nil {
+			t.Fatalf("NextDelay %s: %v", id, err)
+		}
+		return resp
+	}
+	fail("c0") // the replica's share of acme's bucket
+	srv.Pause(t)
+	if resp := fail("c1"); resp.GetDecision() != pb.Decision_DECISION_RETRY || !resp.GetDegraded() {
+		srv.Resume(t)
+		t.Fatalf("NextDelay with Redis paused = %v, want RETRY from the replica's share, flagged degraded", resp)
+	}
+	srv.Resume(t)
+	if n := r.store.Debts(); n != 1 {
+		t.Fatalf("debts after the grant made alone = %d, want 1", n)
+	}
+	r.trips.take()
+	if resp := fail("c2"); resp.GetDecision() != pb.Decision_DECISION_RETRY || resp.GetDegraded() {
+		t.Errorf("NextDelay with Redis answering again = %v, want RETRY, not degraded", resp)
+	}
+	if n, cmds := r.trips.take(); n != 2 || cmds["fcall"] != 2 {
+		t.Errorf("NextDelay owing a debt: %d round trips %v, want 2 (policyd_charge, then policyd_nextdelay)", n, cmds)
+	}
+	if n := r.store.Debts(); n != 0 {
+		t.Errorf("debts after the NextDelay = %d, want 0 (charged)", n)
 	}
 }
