@@ -71,8 +71,9 @@ func (s *Store) NextDelayInOneCall(u Changes, st *policy.NextDelayStep) (policy.
 		// one call decides. Left to the batch path, each decision of the
 		// tenant made four round trips or more until the replayer charged
 		// the debt, and under load the lone call that timed out made the
-		// next debt first (policybench replicas-sweep: two in three
-		// NextDelays at 64 callers took the batch path).
+		// next debt first (policybench's nextdelay phase at 64 callers
+		// through three replicas: on one of them, 2,922 decisions of the
+		// batch path against 1,532 in one call).
 		s.chargeDebts(func(d *debt) bool { return d.tenant == tenant || run != "" && d.run == run })
 		if s.degraded.owes(tenant, run) {
 			return policy.NextDelayResult{}, false, nil // not charged yet: the batch path charges or decides alone
