@@ -3,15 +3,10 @@ package redisstore_test
 import (
 	"context"
 	"strconv"
-	"sync"
 	"testing"
-	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 	"github.com/policyd/policyd/internal/redistest"
-	"github.com/policyd/policyd/redisstore"
 )
 
 // TestDegradedGrantsChargedAfterEachOutage: two replicas, a budget of 10
@@ -94,80 +89,5 @@ func TestDegradedGrantsChargedAfterEachOutage(t *testing.T) {
 	}
 	if b.GetStatus().GetTokens() < 0 {
 		t.Errorf("tokens %v, below zero", b.GetStatus().GetTokens())
-	}
-}
-
-// owingReplica is a replica that owes the engine one debt: a NextDelay of
-// acme's whose engine call timed out while the replica still counted
-// Redis up, granted from the replica's share. It never counts Redis
-// down, and its replayer does not tick within a test: the debt is left
-// to the decisions. fail makes a NextDelay of a new call of acme's.
-func owingReplica(t *testing.T) (r *replica, fail func(id string) *pb.NextDelayResponse) {
-	t.Helper()
-	srv := redistest.Standalone(t)
-	r = newReplicaWith(t, func() redis.UniversalClient {
-		return redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true,
-			ReadTimeout: time.Minute, WriteTimeout: time.Minute})
-	}, redisstore.Options{Timeout: 50 * time.Millisecond, DownAfter: 1 << 20, FlushInterval: time.Hour})
-	fail = func(id string) *pb.NextDelayResponse {
-		t.Helper()
-		resp, err := r.workers.NextDelay(context.Background(), &pb.NextDelayRequest{Call: &pb.CallRef{Tenant: "acme", Target: "geo", CallId: id, Idempotent: true},
-			Attempt: 1, Failure: &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 503}}})
-		if err != nil {
-			t.Errorf("NextDelay %s: %v", id, err)
-		}
-		return resp
-	}
-	fail("owe-0") // the replica's share of acme's bucket
-	srv.Pause(t)
-	resp := fail("owe-1")
-	srv.Resume(t)
-	if resp.GetDecision() != pb.Decision_DECISION_RETRY || !resp.GetDegraded() {
-		t.Fatalf("NextDelay with Redis paused = %v, want RETRY from the replica's share, flagged degraded", resp)
-	}
-	if n := r.store.Debts(); n != 1 {
-		t.Fatalf("debts after the grant made alone = %d, want 1", n)
-	}
-	return r, fail
-}
-
-// TestNextDelayOwingChargesThenDecidesInOneCall: once Redis answers again,
-// the owing tenant's next NextDelay charges the debt and is then decided
-// in one call of policyd_nextdelay: two round trips, none of the batch
-// path's (the attempt read, the breaker's record, the spend, the
-// attempt's write). It took the batch path until the replayer charged the
-// debt, and under load the lone call that timed out then made the next
-// debt first.
-func TestNextDelayOwingChargesThenDecidesInOneCall(t *testing.T) {
-	r, fail := owingReplica(t)
-	r.trips.take()
-	if resp := fail("c"); resp.GetDecision() != pb.Decision_DECISION_RETRY || resp.GetDegraded() {
-		t.Errorf("NextDelay with Redis answering again = %v, want RETRY, not degraded", resp)
-	}
-	if n, cmds := r.trips.take(); n != 2 || cmds["fcall"] != 2 {
-		t.Errorf("NextDelay owing a debt: %d round trips %v, want 2 (policyd_charge, then policyd_nextdelay)", n, cmds)
-	}
-	if n := r.store.Debts(); n != 0 {
-		t.Errorf("debts after the NextDelay = %d, want 0 (charged)", n)
-	}
-}
-
-// TestConcurrentNextDelaysOwingChargeOnce: 16 NextDelays of the owing
-// tenant at once charge its one debt once between them; the others wait
-// for that charge and decide in one call each.
-func TestConcurrentNextDelaysOwingChargeOnce(t *testing.T) {
-	r, fail := owingReplica(t)
-	r.trips.takeFCalls()
-	var wg sync.WaitGroup
-	for i := range 16 {
-		wg.Go(func() { fail("c" + strconv.Itoa(i)) })
-	}
-	wg.Wait()
-	fns := r.trips.takeFCalls()
-	if fns["policyd_charge"] != 1 || fns["policyd_nextdelay"] != 16 {
-		t.Errorf("16 NextDelays owing one debt at once made FCALLs %v, want policyd_charge 1 and policyd_nextdelay 16", fns)
-	}
-	if n := r.store.Debts(); n != 0 {
-		t.Errorf("debts after the NextDelays = %d, want 0 (charged)", n)
 	}
 }

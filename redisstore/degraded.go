@@ -604,17 +604,6 @@ func (s *Store) chargeDebts(of func(*debt) bool) {
 	if !s.health.up() {
 		return // while down, what is spent stays spent from the shares
 	}
-	// One charging at a time: decisions owing the same debts at once would
-	// each send every charge (20 FCALLs for one debt among 16 NextDelays,
-	// TestConcurrentNextDelaysOwingChargeOnce); the others wait for it,
-	// within their time, and find the debts charged.
-	wait, cancel := s.call()
-	err := s.charging.Acquire(wait, 1)
-	cancel()
-	if err != nil {
-		return // its time went waiting: the debts wait for the next try
-	}
-	defer s.charging.Release(1)
 	for _, d := range s.degraded.pending() {
 		if of != nil && !of(&d) {
 			continue

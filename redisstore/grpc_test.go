@@ -2,7 +2,6 @@ package redisstore_test
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"strconv"
 	"strings"
@@ -46,26 +45,6 @@ type tripCounter struct {
 	mu    sync.Mutex
 	trips int
 	cmds  map[string]int
-	fns   map[string]int // FCALLs by library function
-}
-
-// fcall counts cmd by its function when it is an FCALL; c.mu is held.
-func (c *tripCounter) fcall(cmd redis.Cmder) {
-	if a := cmd.Args(); cmd.Name() == "fcall" && len(a) > 1 {
-		if c.fns == nil {
-			c.fns = map[string]int{}
-		}
-		c.fns[fmt.Sprint(a[1])]++
-	}
-}
-
-// takeFCalls returns the FCALLs by function since the last take.
-func (c *tripCounter) takeFCalls() map[string]int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	m := c.fns
-	c.fns = nil
-	return m
 }
 
 func (c *tripCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -76,7 +55,6 @@ func (c *tripCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			c.mu.Lock()
 			c.trips++
 			c.cmds[cmd.Name()]++
-			c.fcall(cmd)
 			c.mu.Unlock()
 		}
 		return next(ctx, cmd)
@@ -92,7 +70,6 @@ func (c *tripCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 			// or not anyone calls, as the feeds do.
 			if name := cmd.Name(); !isAudit(cmd) && name != "hello" && name != "client" && name != "zadd" && name != "zremrangebyscore" && name != "zrange" {
 				c.cmds[name]++
-				c.fcall(cmd)
 				counted = true
 			}
 		}

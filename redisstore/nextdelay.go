@@ -16,8 +16,8 @@ import (
 // verdict), and no other round trip. ok is false, and the caller decides
 // through Begin, while the engine is out of reach (degraded mode, which
 // Begin's path keeps) and while this replica owes the engine what it
-// granted in degraded mode and the engine does not answer the charge it
-// makes first. Its calls are the request's, within u's time (Begin).
+// granted in degraded mode (SpendRetry charges it first). Its calls are
+// the request's, within u's time (Begin).
 func (s *Store) NextDelayInOneCall(u Changes, st *policy.NextDelayStep) (policy.NextDelayResult, bool, error) {
 	if c, ok := u.(*changes); ok && c.s.replicaState == s.replicaState {
 		s = c.s
@@ -62,22 +62,8 @@ func (s *Store) NextDelayInOneCall(u Changes, st *policy.NextDelayStep) (policy.
 			return policy.NextDelayResult{}, true, err
 		}
 	}
-	if !s.health.up() {
+	if !s.health.up() || s.degraded.owes(tenant, st.Spend.RunID) {
 		return policy.NextDelayResult{}, false, nil
-	}
-	if run := st.Spend.RunID; s.degraded.owes(tenant, run) {
-		// The engine is charged what this replica granted alone before it
-		// grants from the same tokens again, as SpendRetry does; then the
-		// one call decides. Left to the batch path, each decision of the
-		// tenant made four round trips or more until the replayer charged
-		// the debt, and under load the lone call that timed out made the
-		// next debt first (policybench's nextdelay phase at 64 callers
-		// through three replicas: on one of them, 2,922 decisions of the
-		// batch path against 1,532 in one call).
-		s.chargeDebts(func(d *debt) bool { return d.tenant == tenant || run != "" && d.run == run })
-		if s.degraded.owes(tenant, run) {
-			return policy.NextDelayResult{}, false, nil // not charged yet: the batch path charges or decides alone
-		}
 	}
 	if p := enginePermit(st.PermitID, s.opts.Clock); p != st.PermitID {
 		c := *st

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"golang.org/x/sync/semaphore"
 
 	"github.com/policyd/policyd/fleet"
 	"github.com/policyd/policyd/policy"
@@ -182,7 +181,6 @@ type replicaState struct {
 	health    *health
 	degraded  *degraded
 	queue     batchQueue
-	charging  *semaphore.Weighted         // held while the debts are charged (chargeDebts): one charging at a time
 	down      downAttempts                // attempt records decided while the engine was down
 	recovered chan struct{}               // signalled when the engine comes back
 	local     chan policy.BreakerSnapshot // local changes for the subscribers (localevents.go)
@@ -273,7 +271,6 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	s.health = &health{clock: opts.Clock, changed: s.engineChanged, b: engineBreaker{Threshold: opts.DownAfter, Cooldown: opts.DownFor}}
 	s.queue.max = opts.MaxQueuedBatches
 	s.held = newHeldOutcomes()
-	s.charging = semaphore.NewWeighted(1)
 	s.trips.observe = opts.RoundTripObserver
 	opts.Client.AddHook(s.health.hook(&s.trips))
 	s.ctx, s.cancel = context.WithCancel(context.Background())
