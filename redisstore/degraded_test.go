@@ -309,7 +309,17 @@ func TestDegradedProbeReportedAfterRecovery(t *testing.T) {
 				})
 			}
 			srv.Resume(t)
-			b.until(t, "the engine up", b.store.Up)
+			// Until the engine answers b within its 50ms: counted up is not
+			// enough, as the first calls after SIGCONT may still time out,
+			// and an answer made without the engine is (rightly) flagged
+			// degraded, which the check below would take for the bug.
+			settle := 0
+			eventually(t, "the engine answering replica b", func() bool {
+				settle++
+				resp, err := b.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: &pb.CallRef{Tenant: "acme", Target: "other",
+					CallId: "settle-" + strconv.Itoa(settle), Idempotent: true}, Attempt: 1, Failure: fail503})
+				return err == nil && !resp.GetDegraded()
+			})
 			resp, err := b.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: call("c1"), Attempt: 1, Failure: fail503, PermitId: permits[0]})
 			if err != nil || resp.GetDegraded() {
 				t.Errorf("NextDelay of a degraded probe after recovery = %v, %v; want an answer, not degraded", resp, err)
