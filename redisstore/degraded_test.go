@@ -23,11 +23,18 @@ import (
 // serve makes them.
 func boundedReplica(t *testing.T, addr string) *replica {
 	t.Helper()
+	return boundedReplicaWith(t, addr, 2)
+}
+
+// boundedReplicaWith is boundedReplica counting Redis down after
+// downAfter calls in a row fail.
+func boundedReplicaWith(t *testing.T, addr string, downAfter int) *replica {
+	t.Helper()
 	return newReplicaWith(t, func() redis.UniversalClient {
 		return redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true,
 			ReadTimeout: time.Minute, WriteTimeout: time.Minute})
 	}, redisstore.Options{Timeout: 50 * time.Millisecond,
-		DownAfter: 2, DownFor: 20 * time.Millisecond, Heartbeat: 10 * time.Millisecond, FlushInterval: 10 * time.Millisecond})
+		DownAfter: downAfter, DownFor: 20 * time.Millisecond, Heartbeat: 10 * time.Millisecond, FlushInterval: 10 * time.Millisecond})
 }
 
 // boundedPair is two bounded replicas on the Redis at addr, each seeing

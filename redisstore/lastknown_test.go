@@ -7,11 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 	"github.com/policyd/policyd/internal/redistest"
-	"github.com/policyd/policyd/redisstore"
 )
 
 // TestBreakersListedAsLastKnownWhileDown: while Redis does not answer,
@@ -205,11 +202,7 @@ func TestStopFromALocallyOpenedBreakerFlaggedDegraded(t *testing.T) {
 	srv := redistest.Standalone(t)
 	// Never counted down in this test: every answer below is made while
 	// the engine breaker still lets calls through, each ending at Timeout.
-	r := newReplicaWith(t, func() redis.UniversalClient {
-		return redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true,
-			ReadTimeout: time.Minute, WriteTimeout: time.Minute})
-	}, redisstore.Options{Timeout: 50 * time.Millisecond, DownAfter: 1 << 20, DownFor: 20 * time.Millisecond,
-		Heartbeat: 10 * time.Millisecond, FlushInterval: 10 * time.Millisecond})
+	r := boundedReplicaWith(t, srv.Addr, 1<<20)
 	ctx := context.Background()
 	fail503 := &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 503}}
 	fail := func(id string) *pb.NextDelayResponse {
