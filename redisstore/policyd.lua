@@ -49,16 +49,12 @@ local function idiv(a, b)
   return q
 end
 
-local function has(e, f) return e % (2 * f) >= f end
-
--- union is the bitwise or of two effects.
-local function union(a, b)
-  local r = 0
-  for _, f in ipairs({MUTATED, TRANSITIONED, COOLDOWN_STARTED}) do
-    if has(a, f) or has(b, f) then r = r + f end
-  end
-  return r
-end
+-- has and union are an effect's test and or, with the server's bit
+-- library (a loop over a table of the flags cost a breaker's record
+-- more than its window; the library is there when a function runs, not
+-- while this file loads).
+local function has(e, f) return bit.band(e, f) ~= 0 end
+local function union(a, b) return bit.bor(a, b) end
 
 
 -- cfg reads a breaker configuration (fleet.NormConfig already applied by
@@ -136,10 +132,14 @@ local function load(key, now)
   if #v < BREAKER_LEN then
     error({err = 'DAMAGED ' .. key .. ' is ' .. #v .. ' bytes, a breaker at least ' .. BREAKER_LEN})
   end
-  local b = {slots = {struct.unpack(SLOTS_FMT, v, 89)}, permits = {}, fresh = false}
-  b.slots[3 * SLOTS + 1] = nil -- the position after them
-  b.state, b.forced, b.mode, b.open_until, b.changed, b.gen, b.cooldown, b.last_failure,
-    b.consecutive, b.half_open_ok, b.slot_width = struct.unpack(FIELDS_FMT, v)
+  local slots = {struct.unpack(SLOTS_FMT, v, 89)}
+  slots[3 * SLOTS + 1] = nil -- the position after them
+  local state, forced, mode, open_until, changed, gen, cooldown, last_failure, consecutive, half_open_ok,
+    slot_width = struct.unpack(FIELDS_FMT, v)
+  -- made whole by its constructor, as nextdelay_numbers' tables
+  local b = {state = state, forced = forced, mode = mode, open_until = open_until, changed = changed, gen = gen,
+    cooldown = cooldown, last_failure = last_failure, consecutive = consecutive, half_open_ok = half_open_ok,
+    slot_width = slot_width, slots = slots, permits = {}, fresh = false}
   if #v > BREAKER_LEN then
     for id, exp in string.gmatch(string.sub(v, BREAKER_LEN + 1), '(%x+):(%d+)') do
       b.permits[#b.permits + 1] = {id = id, expiry = tonumber(exp)}
@@ -1074,14 +1074,14 @@ end
 local function attempt_store(key, n, answer, expiry, verdict, h)
   h = h or redis.call('HMGET', key, 'attempt', 'expiry')
   if n < tonumber(h[1] or '0') then return 0 end
-  expiry = math.max(expiry, tonumber(h[2] or '0'))
+  local at = int(math.max(expiry, tonumber(h[2] or '0')))
   if verdict then
-    redis.call('HSET', key, 'attempt', int(n), 'answer', answer, 'expiry', int(expiry), 'verdict', verdict)
+    redis.call('HSET', key, 'attempt', int(n), 'answer', answer, 'expiry', at, 'verdict', verdict)
   else
-    redis.call('HSET', key, 'attempt', int(n), 'answer', answer, 'expiry', int(expiry))
+    redis.call('HSET', key, 'attempt', int(n), 'answer', answer, 'expiry', at)
     redis.call('HDEL', key, 'verdict')
   end
-  redis.call('PEXPIREAT', key, int(expiry))
+  redis.call('PEXPIREAT', key, at)
   return 1
 end
 
@@ -1186,25 +1186,40 @@ local ND_FRESH = '<i8i8di8i8i8i8i8i8i8i8Bi8i8i8i8i8i8di8i8ddddddBBBi8i8Bi8i8i8i8
 -- nextdelay_numbers reads the numbers of a fresh decision from p, the
 -- packed numbers, at pos (past the head): the breaker configuration
 -- (c, as cfg_at), the budget (bg, as budget_at), the rest by name, and
--- pos past them.
+-- pos past them. The numbers go to locals first and each table is made
+-- whole by its constructor: filling the fields one by one grew the
+-- tables again and again, and cost more than the unpacking.
 local function nextdelay_numbers(p, pos)
-  local c, bg, d = {}, {}, {}
-  c.mode, c.consecutive, c.rate, c.window, c.min_calls, c.cooldown, c.probes, c.probe_timeout,
-  d.result, d.cap, d.share,
-  d.retry, d.delay, d.stop, d.disp,
-  d.deadline_us, d.deadline_ns,
-  d.timeout,
-  d.ratio, d.min_spread, d.max_hint,
-  d.draw,
-  bg.cap, bg.ratio, bg.per_second, bg.cost, bg.timeout_cost, bg.dry_run,
-  d.spend_timeout, d.has_run,
-  d.cut_us, d.cut_ns,
-  d.cut_binds, d.checks, d.keep,
-  d.ack_k, d.ack_r, d.grace,
-  d.pos = struct.unpack(ND_FRESH, p, pos)
-  bg.dry_run = bg.dry_run == 1
-  d.c, d.bg = c, bg
-  return d
+  local mode, consecutive, rate, window_us, min_calls, cooldown_us, probes, probe_timeout,
+    result, cap, share,
+    retry, delay, stop, disp,
+    deadline_us, deadline_ns,
+    timeout,
+    ratio, min_spread, max_hint,
+    draw,
+    bcap, bratio, per_second, cost, timeout_cost, dry_run,
+    spend_timeout, has_run,
+    cut_us, cut_ns,
+    cut_binds, checks, keep,
+    ack_k, ack_r, grace,
+    after = struct.unpack(ND_FRESH, p, pos)
+  return {
+    c = {mode = mode, consecutive = consecutive, rate = rate, window = window_us, min_calls = min_calls,
+      cooldown = cooldown_us, probes = probes, probe_timeout = probe_timeout},
+    bg = {cap = bcap, ratio = bratio, per_second = per_second, cost = cost, timeout_cost = timeout_cost,
+      dry_run = dry_run == 1},
+    result = result, cap = cap, share = share,
+    retry = retry, delay = delay, stop = stop, disp = disp,
+    deadline_us = deadline_us, deadline_ns = deadline_ns,
+    timeout = timeout,
+    ratio = ratio, min_spread = min_spread, max_hint = max_hint,
+    draw = draw,
+    spend_timeout = spend_timeout, has_run = has_run,
+    cut_us = cut_us, cut_ns = cut_ns,
+    cut_binds = cut_binds, checks = checks, keep = keep,
+    ack_k = ack_k, ack_r = ack_r, grace = grace,
+    pos = after,
+  }
 end
 
 -- nextdelay_results is the n results carried, read from p at pos, paired
@@ -1253,7 +1268,7 @@ local function nextdelay(keys, args, now)
   end
   local verdict, h = attempt_check(keys[1], n, now)
   if verdict ~= '' then
-    return {int(now), verdict, h[1], h[2], h[3], h[4] or ''}
+    return {now, verdict, h[1], h[2], h[3], h[4] or ''}
   end
   d = d or nextdelay_numbers(p, pos)
   local c, has_run = d.c, d.has_run == 1
@@ -1264,7 +1279,7 @@ local function nextdelay(keys, args, now)
   end
   local evs, refused = record_on(keys[2], keys[3], keys[4], target, b, c, now, {d.result, args[3]})
   for _, ev in ipairs(evs) do events[#events + 1] = ev end
-  if refused[1] == 1 then return {int(now), 'permit', snapshot(b, now)} end
+  if refused[1] == 1 then return {now, 'permit', snapshot(b, now)} end
   local retry, delay, stop, disp = d.retry == 1, d.delay, d.stop, d.disp
   if d.share > 0 and (not retry or b.state ~= OPEN) then
     for _, ev in ipairs(cooldown_on(keys[2], keys[3], keys[4], target, b, now, now + idiv(d.share, 1000))) do
@@ -1304,11 +1319,15 @@ local function nextdelay(keys, args, now)
       disp = 4
     end
   end
-  local v = table.concat({retry and '1' or '0', int(delay), int(stop), int(disp), int(b.state), int(checks),
-    float(tokens), int(remaining), int(spread)}, ' ')
+  -- one format for the verdict, not one a number (int, float): each
+  -- string.format costs about what a Redis command does in here
+  local v = string.format('%s %d %d %d %d %d %.17g %d %d', retry and '1' or '0', delay, stop, disp, b.state,
+    checks, tokens, remaining, spread)
   attempt_store(keys[1], n, args[4], d.keep, v, h)
-  return {int(now), 'decided', v, asked, granted, dry, events, snapshot(b, now),
-    float(shares[1].hold), int(shares[1].v), float(shares[2].hold), int(shares[2].v)}
+  -- now and the versions go as numbers (integers below 2^53: a reply makes
+  -- each an integer, exact), the holds as text (doubles)
+  return {now, 'decided', v, asked, granted, dry, events, snapshot(b, now),
+    float(shares[1].hold), shares[1].v, float(shares[2].hold), shares[2].v}
 end
 
 -- read returns a breaker's snapshot at the call's time without
