@@ -66,10 +66,43 @@ func (h *heldOutcomes) rlock(ctx context.Context) bool {
 	return true
 }
 
-// rlockWait is rlock for a call bounded by none: it waits for the flush.
-func (h *heldOutcomes) rlockWait() { _ = h.sending.Acquire(context.Background(), 1) }
+// rlockOr takes a share of sending for a request that sends a batch now,
+// whose engine calls are bounded by ctx, and reports whether it holds it
+// (then runlock gives it back). When ctx ends first it gives up waiting
+// but not its place in line: it calls later at once, in the request's
+// goroutine, for what to do in its turn, and runs that in a goroutine of
+// its own once the share is its turn (after the flush in flight, before
+// every sender that asked after it), then gives the share back. The
+// request's batches so reach the engine after the held batches the flush
+// sends, in the order reported, and its answer does not wait for a flush
+// the engine does not answer.
+func (h *heldOutcomes) rlockOr(ctx context.Context, later func() func()) bool {
+	if h.waitHook != nil {
+		h.waitHook(ctx)
+	}
+	if h.sending.TryAcquire(1) {
+		return true
+	}
+	got, turn := make(chan struct{}), make(chan func(), 1)
+	go func() {
+		_ = h.sending.Acquire(context.Background(), 1)
+		select {
+		case got <- struct{}{}: // the request, still waiting, holds it
+		case f := <-turn:
+			defer h.sending.Release(1)
+			f()
+		}
+	}()
+	select {
+	case <-got:
+		return true
+	case <-ctx.Done():
+		turn <- later()
+		return false
+	}
+}
 
-// runlock gives back the share rlock or rlockWait took.
+// runlock gives back the share rlock or rlockOr took.
 func (h *heldOutcomes) runlock() { h.sending.Release(1) }
 
 // lock takes all of sending, for a flush; unlock gives it back.

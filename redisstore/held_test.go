@@ -345,3 +345,100 @@ func TestHeldResultsGoWithARecordOfTheirBreaker(t *testing.T) {
 	}
 	checkGeo(t, "after the flush", s, "acme", 1, 2, t0)
 }
+
+// TestFinalWaitsForAFlushNoLongerThanItsBound: a report that needs the
+// engine's answer now (a final disposition: the ledger may refuse it)
+// waits for a flush in flight only until its bound (the store's timeout),
+// as a decision does, and is answered as in degraded mode; its batch goes
+// out once the flush has ended, in its place in line: after the tenant's
+// batch held before it, so the engine applies both in the order reported.
+// Before, it waited for the flush however long that took: while Redis did
+// not answer, a report or a decision's commit waited the flush's timeout
+// on top of its own (the stop-redis fault test's answers past 100 ms).
+func TestFinalWaitsForAFlushNoLongerThanItsBound(t *testing.T) {
+	srv := redistest.Standalone(t)
+	calls := &outcomeCalls{n: map[string]int{}}
+	t0 := time.Now()
+	s := heldStore(t, srv.Addr, calls, redisstore.Options{Timeout: 50 * time.Millisecond, Clock: func() time.Time { return t0 }})
+	run, err := s.OpenRun(policy.Run{Tenant: "acme", Pool: 10, Cutoff: t0.Add(time.Hour)})
+	if err != nil {
+		t.Fatalf("OpenRun = %v, want nil", err)
+	}
+	apply(t, s, request("acme", 0), nil)
+	apply(t, s, request("acme", 2), nil) // held: the breaker is known
+	calls.take()
+	release := redisstore.HoldHeldSending(s) // a flush in flight, its round trip unanswered
+	done := make(chan error, 1)
+	final := []policy.OutcomeUpdate{{RunID: run.ID, CallID: "doc-1", Final: policy.DispositionSucceeded}}
+	go func() {
+		_, err := s.ApplyOutcomes(final, nil)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("ApplyOutcomes of a final behind a flush in flight = %v, want nil (answered as in degraded mode)", err)
+		}
+	case <-time.After(10 * time.Second): // a bound on the failure, not a wait: the answer is due at 50ms
+		release()
+		t.Fatal("ApplyOutcomes of a final still waiting 10s for a flush in flight; its bound was 50ms")
+	}
+	if got := calls.take(); len(got) != 0 {
+		t.Fatalf("calls while the flush is in flight = %v, want none", got)
+	}
+	release()
+	got := map[string]int{}
+	eventually(t, "the final's batch sent after the flush", func() bool {
+		for tn, n := range calls.take() {
+			got[tn] += n
+		}
+		return got["acme"] >= 2
+	})
+	if got["acme"] != 2 || len(got) != 1 {
+		t.Fatalf("calls after the flush = %v, want two for acme (the held batch, then the final's)", got)
+	}
+	checkGeo(t, "after the final", s, "acme", 2, 2, t0)
+	again := []policy.OutcomeUpdate{{RunID: run.ID, CallID: "doc-1", Final: policy.DispositionDeadLetter, Stop: policy.StopAttemptsExhausted}}
+	if _, err := s.ApplyOutcomes(again, nil); err != nil || again[0].Refused == nil {
+		t.Fatalf("ApplyOutcomes(DEAD_LETTER of a SUCCEEDED call) = %v, refused %v; want the final refused", err, again[0].Refused)
+	}
+}
+
+// TestCommitWaitsForAFlushNoLongerThanItsBound: a decision's Commit that
+// writes a note of its run's call table, behind a flush in flight, waits
+// for it only until the request's bound, and the note is written once the
+// flush has ended. Before, the Commit waited for the flush: the trace of
+// the stop-redis fault test's slowest NextDelays (89-148 ms) put 40-98 ms
+// of them there, after the decision's own calls had used its 50 ms.
+func TestCommitWaitsForAFlushNoLongerThanItsBound(t *testing.T) {
+	srv := redistest.Standalone(t)
+	s := heldStore(t, srv.Addr, &outcomeCalls{n: map[string]int{}}, redisstore.Options{Timeout: 50 * time.Millisecond})
+	run, err := s.OpenRun(policy.Run{Tenant: "acme", Pool: 10, Cutoff: time.Now().Add(time.Hour)})
+	if err != nil {
+		t.Fatalf("OpenRun = %v, want nil", err)
+	}
+	release := redisstore.HoldHeldSending(s) // a flush in flight, its round trip unanswered
+	done := make(chan error, 1)
+	go func() {
+		u := s.Begin()
+		if err := u.NoteCall(run.ID, "doc-1", policy.CallNote{Target: "geo", Attempt: 1, Detail: "retry"}); err != nil {
+			done <- err
+			return
+		}
+		done <- u.Commit()
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Commit of a note behind a flush in flight = %v, want nil", err)
+		}
+	case <-time.After(10 * time.Second): // a bound on the failure, not a wait: the answer is due at 50ms
+		release()
+		t.Fatal("Commit of a note still waiting 10s for a flush in flight; its bound was 50ms")
+	}
+	release()
+	eventually(t, "the note written after the flush", func() bool {
+		calls, _, err := s.RunCalls(run.ID, policy.RunCallFilter{}, "", 10)
+		return err == nil && len(calls) == 1 && calls[0].CallID == "doc-1"
+	})
+}

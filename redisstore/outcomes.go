@@ -3,9 +3,11 @@ package redisstore
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -309,7 +311,10 @@ func (b *outcomeBatch) sums() map[tallyKey]int {
 // (an ApplyOutcomes call's), the batches that need no answer are held for
 // the next flush instead (Store.hold), and the held batch of every tenant
 // sent now goes first, in the same pipeline; a held batch's failure is
-// not the caller's: it is logged and counted as dropped.
+// not the caller's: it is logged and counted as dropped. A batch sent now
+// waits for a flush in flight only until the call's bound (rlockOr): past
+// it every update is accepted, as in degraded mode, and the batches go
+// out in their turn.
 func (s *Store) runOutcomes(ups []policy.OutcomeUpdate, batches map[string]*outcomeBatch, notes []pendingNote, hold bool) (int, error) {
 	if len(batches) == 0 && len(notes) == 0 {
 		return len(ups), nil
@@ -322,12 +327,43 @@ func (s *Store) runOutcomes(ups []policy.OutcomeUpdate, batches map[string]*outc
 			rest = append(rest, n)
 		}
 	}
-	var prior map[string]*outcomeBatch
-	if hold && s.opts.BatchOutcomes {
-		if !s.holdsAll(batches, rest) {
-			s.held.rlockWait()
-			defer s.held.runlock()
+	hold = hold && s.opts.BatchOutcomes
+	if hold && !s.holdsAll(batches, rest) {
+		if s.bound.IsZero() {
+			// One bound for the wait and the call, as a request's view has.
+			s = &Store{replicaState: s.replicaState, bound: time.Now().Add(s.opts.Timeout)}
 		}
+		ctx, cancel := s.call()
+		shared := s.held.rlockOr(ctx, func() func() {
+			// The request is answered as in degraded mode (every update
+			// accepted); its batches go in its turn, with a timeout of
+			// their own (the request's view is past its bound), and a
+			// refusal then has no caller to tell. The map is copied now:
+			// it is the request's scratch.
+			late, n := maps.Clone(batches), len(ups)
+			return func() {
+				base := &Store{replicaState: s.replicaState}
+				if _, err := base.sendOutcomes(make([]policy.OutcomeUpdate, n), late, rest, true); err != nil {
+					s.log.Warn("redisstore: outcome batch sent after its request's deadline refused: dropped", "err", err)
+					s.queue.dropped.Add(1)
+				}
+			}
+		})
+		cancel()
+		if !shared {
+			return len(ups), nil
+		}
+		defer s.held.runlock()
+	}
+	return s.sendOutcomes(ups, batches, rest, hold)
+}
+
+// sendOutcomes is runOutcomes once the notes are with their batches (rest
+// the others) and, for a batch to send now with hold, the caller holds a
+// share of s.held.sending.
+func (s *Store) sendOutcomes(ups []policy.OutcomeUpdate, batches map[string]*outcomeBatch, rest []pendingNote, hold bool) (int, error) {
+	var prior map[string]*outcomeBatch
+	if hold {
 		batches, prior = s.hold(batches, rest)
 		if len(batches) == 0 && len(prior) == 0 && len(rest) == 0 {
 			return len(ups), nil
