@@ -365,8 +365,17 @@ func TestAuditWaitsWhileTheEngineIsDown(t *testing.T) {
 		t.Errorf("records dropped while down = %d, want the 2 past MaxAuditBuffer", d)
 	}
 	srv.Resume(t)
-	eventually(t, "the engine up again", func() bool { return s.Up() })
-	s.FlushAudit()
+	// Counted up is not answering yet: a call just after SIGCONT may still
+	// time out on a loaded machine, and with DownAfter 1 count the engine
+	// down again. Flush until the buffer is written and a read answers.
+	eventually(t, "the records written and read back", func() bool {
+		if !s.Up() {
+			return false
+		}
+		s.FlushAudit()
+		_, _, err := s.QueryAudit(policy.AuditQuery{Tenant: "acme", Limit: 1})
+		return err == nil && s.AuditBuffered() == 0
+	})
 	// The flush that timed out may have reached the server before it
 	// stopped answering, and run after SIGCONT: sent again, its chunk adds
 	// nothing.
