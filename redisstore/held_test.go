@@ -205,26 +205,74 @@ func oneCallPerTenantPerFlush(t *testing.T, s *redisstore.Store, calls *outcomeC
 // the tenant's held outcomes in the same pipeline, and its refusal is
 // the caller's answer.
 func TestHeldOutcomesSentBeforeAnAnswerThatNeedsThem(t *testing.T) {
-	srv := redistest.Standalone(t)
-	calls := &outcomeCalls{n: map[string]int{}}
-	t0 := time.Now()
-	s := heldStore(t, srv.Addr, calls, redisstore.Options{Clock: func() time.Time { return t0 }})
-	run, err := s.OpenRun(policy.Run{Tenant: "acme", Pool: 10, Cutoff: t0.Add(time.Hour)})
-	if err != nil {
-		t.Fatalf("OpenRun = %v, want nil", err)
-	}
-	apply(t, s, request("acme", 0), nil)
-	apply(t, s, request("acme", 2), nil)
-	calls.take()
-	final := []policy.OutcomeUpdate{{RunID: run.ID, CallID: "doc-1", Final: policy.DispositionSucceeded}}
-	apply(t, s, final, nil)
-	if got := calls.take(); got["acme"] != 2 {
+	h := newHeldRun(t, 0)
+	apply(t, h.s, h.final(), nil)
+	if got := h.calls.take(); got["acme"] != 2 {
 		t.Fatalf("calls for a final disposition = %v, want two for acme (the held batch, then the final's)", got)
 	}
-	checkGeo(t, "after the final", s, "acme", 2, 2, t0)
-	again := []policy.OutcomeUpdate{{RunID: run.ID, CallID: "doc-1", Final: policy.DispositionDeadLetter, Stop: policy.StopAttemptsExhausted}}
-	if _, err := s.ApplyOutcomes(again, nil); err != nil || again[0].Refused == nil {
+	h.checkFinal(t)
+}
+
+// heldRun is a Store holding a batch of acme's outcomes (a success, then a
+// success and two failures of acme/geo) and a run of acme's for a final
+// disposition of doc-1 to end, the calls it sends counted from then on.
+type heldRun struct {
+	s     *redisstore.Store
+	calls *outcomeCalls
+	run   policy.Run
+	t0    time.Time
+}
+
+// newHeldRun opens a heldRun, with the store's timeout when not 0.
+func newHeldRun(t *testing.T, timeout time.Duration) *heldRun {
+	t.Helper()
+	srv := redistest.Standalone(t)
+	h := &heldRun{calls: &outcomeCalls{n: map[string]int{}}, t0: time.Now()}
+	h.s = heldStore(t, srv.Addr, h.calls, redisstore.Options{Timeout: timeout, Clock: func() time.Time { return h.t0 }})
+	var err error
+	if h.run, err = h.s.OpenRun(policy.Run{Tenant: "acme", Pool: 10, Cutoff: h.t0.Add(time.Hour)}); err != nil {
+		t.Fatalf("OpenRun = %v, want nil", err)
+	}
+	apply(t, h.s, request("acme", 0), nil)
+	apply(t, h.s, request("acme", 2), nil) // held: the breaker is known
+	h.calls.take()
+	return h
+}
+
+// final is the update that ends doc-1 SUCCEEDED.
+func (h *heldRun) final() []policy.OutcomeUpdate {
+	return []policy.OutcomeUpdate{{RunID: h.run.ID, CallID: "doc-1", Final: policy.DispositionSucceeded}}
+}
+
+// checkFinal checks that the engine applied the held batch and then the
+// final: acme/geo's counts, and doc-1 ended (another final refused).
+func (h *heldRun) checkFinal(t *testing.T) {
+	t.Helper()
+	checkGeo(t, "after the final", h.s, "acme", 2, 2, h.t0)
+	again := []policy.OutcomeUpdate{{RunID: h.run.ID, CallID: "doc-1", Final: policy.DispositionDeadLetter, Stop: policy.StopAttemptsExhausted}}
+	if _, err := h.s.ApplyOutcomes(again, nil); err != nil || again[0].Refused == nil {
 		t.Fatalf("ApplyOutcomes(DEAD_LETTER of a SUCCEEDED call) = %v, refused %v; want the final refused", err, again[0].Refused)
+	}
+}
+
+// behindFlush runs f, which asks the store something, while s's flush lock
+// is held as by a flush whose round trip Redis does not answer, and fails t
+// unless f returns nil well within the 10 s it waits (a bound on the
+// failure, not a wait: the answer is due at the store's 50 ms); then it
+// lets the flush end.
+func behindFlush(t *testing.T, s *redisstore.Store, what string, f func() error) {
+	t.Helper()
+	release := redisstore.HoldHeldSending(s)
+	defer release()
+	done := make(chan error, 1)
+	go func() { done <- f() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("%s behind a flush in flight = %v, want nil (answered as in degraded mode)", what, err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s still waiting 10s for a flush in flight; its bound was 50ms", what)
 	}
 }
 
@@ -356,40 +404,17 @@ func TestHeldResultsGoWithARecordOfTheirBreaker(t *testing.T) {
 // not answer, a report or a decision's commit waited the flush's timeout
 // on top of its own (the stop-redis fault test's answers past 100 ms).
 func TestFinalWaitsForAFlushNoLongerThanItsBound(t *testing.T) {
-	srv := redistest.Standalone(t)
-	calls := &outcomeCalls{n: map[string]int{}}
-	t0 := time.Now()
-	s := heldStore(t, srv.Addr, calls, redisstore.Options{Timeout: 50 * time.Millisecond, Clock: func() time.Time { return t0 }})
-	run, err := s.OpenRun(policy.Run{Tenant: "acme", Pool: 10, Cutoff: t0.Add(time.Hour)})
-	if err != nil {
-		t.Fatalf("OpenRun = %v, want nil", err)
-	}
-	apply(t, s, request("acme", 0), nil)
-	apply(t, s, request("acme", 2), nil) // held: the breaker is known
-	calls.take()
-	release := redisstore.HoldHeldSending(s) // a flush in flight, its round trip unanswered
-	done := make(chan error, 1)
-	final := []policy.OutcomeUpdate{{RunID: run.ID, CallID: "doc-1", Final: policy.DispositionSucceeded}}
-	go func() {
-		_, err := s.ApplyOutcomes(final, nil)
-		done <- err
-	}()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("ApplyOutcomes of a final behind a flush in flight = %v, want nil (answered as in degraded mode)", err)
+	h := newHeldRun(t, 50*time.Millisecond)
+	behindFlush(t, h.s, "ApplyOutcomes of a final", func() error {
+		_, err := h.s.ApplyOutcomes(h.final(), nil)
+		if got := h.calls.take(); len(got) != 0 {
+			t.Errorf("calls while the flush is in flight = %v, want none", got)
 		}
-	case <-time.After(10 * time.Second): // a bound on the failure, not a wait: the answer is due at 50ms
-		release()
-		t.Fatal("ApplyOutcomes of a final still waiting 10s for a flush in flight; its bound was 50ms")
-	}
-	if got := calls.take(); len(got) != 0 {
-		t.Fatalf("calls while the flush is in flight = %v, want none", got)
-	}
-	release()
+		return err
+	})
 	got := map[string]int{}
 	eventually(t, "the final's batch sent after the flush", func() bool {
-		for tn, n := range calls.take() {
+		for tn, n := range h.calls.take() {
 			got[tn] += n
 		}
 		return got["acme"] >= 2
@@ -397,11 +422,7 @@ func TestFinalWaitsForAFlushNoLongerThanItsBound(t *testing.T) {
 	if got["acme"] != 2 || len(got) != 1 {
 		t.Fatalf("calls after the flush = %v, want two for acme (the held batch, then the final's)", got)
 	}
-	checkGeo(t, "after the final", s, "acme", 2, 2, t0)
-	again := []policy.OutcomeUpdate{{RunID: run.ID, CallID: "doc-1", Final: policy.DispositionDeadLetter, Stop: policy.StopAttemptsExhausted}}
-	if _, err := s.ApplyOutcomes(again, nil); err != nil || again[0].Refused == nil {
-		t.Fatalf("ApplyOutcomes(DEAD_LETTER of a SUCCEEDED call) = %v, refused %v; want the final refused", err, again[0].Refused)
-	}
+	h.checkFinal(t)
 }
 
 // TestCommitWaitsForAFlushNoLongerThanItsBound: a decision's Commit that
@@ -417,26 +438,13 @@ func TestCommitWaitsForAFlushNoLongerThanItsBound(t *testing.T) {
 	if err != nil {
 		t.Fatalf("OpenRun = %v, want nil", err)
 	}
-	release := redisstore.HoldHeldSending(s) // a flush in flight, its round trip unanswered
-	done := make(chan error, 1)
-	go func() {
+	behindFlush(t, s, "Commit of a note", func() error {
 		u := s.Begin()
 		if err := u.NoteCall(run.ID, "doc-1", policy.CallNote{Target: "geo", Attempt: 1, Detail: "retry"}); err != nil {
-			done <- err
-			return
+			return err
 		}
-		done <- u.Commit()
-	}()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("Commit of a note behind a flush in flight = %v, want nil", err)
-		}
-	case <-time.After(10 * time.Second): // a bound on the failure, not a wait: the answer is due at 50ms
-		release()
-		t.Fatal("Commit of a note still waiting 10s for a flush in flight; its bound was 50ms")
-	}
-	release()
+		return u.Commit()
+	})
 	eventually(t, "the note written after the flush", func() bool {
 		calls, _, err := s.RunCalls(run.ID, policy.RunCallFilter{}, "", 10)
 		return err == nil && len(calls) == 1 && calls[0].CallID == "doc-1"
