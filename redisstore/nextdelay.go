@@ -309,8 +309,13 @@ func (s *Store) nextDelayReply(st *policy.NextDelayStep, r []any) (policy.NextDe
 // made are held for the next flush like outcome batches that need no
 // answer (held.go; at once without Options.BatchOutcomes), one batch of
 // the tenant's, queued for replay while the engine is out of reach. An
-// unknown run is ErrNotFound.
-func (s *Store) DecidedInOneCall(runID, callID string, n policy.CallNote, t policy.AttemptTally) error {
+// unknown run is ErrNotFound. What waits for the engine (while it is
+// down nothing is held: the batch goes out now, behind a flush in
+// flight) waits within u's time, the request's.
+func (s *Store) DecidedInOneCall(u Changes, runID, callID string, n policy.CallNote, t policy.AttemptTally) error {
+	if c, ok := u.(*changes); ok && c.s.replicaState == s.replicaState {
+		s = c.s
+	}
 	if runID == "" && t.Target == "" {
 		return nil
 	}

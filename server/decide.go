@@ -304,7 +304,7 @@ func (d *Decisions) nextDelayInOneCall(ctx context.Context, one OneCallNextDelay
 		// The call ends here, once: a duplicate replays the answer above.
 		tally = policy.AttemptTally{Tenant: call.tenant, Target: in.target, Attempt: in.attempt}
 	}
-	if err := one.DecidedInOneCall(call.runID, call.callID, note, tally); err != nil {
+	if err := one.DecidedInOneCall(u, call.runID, call.callID, note, tally); err != nil {
 		return policy.Answer{}, "", true, storeError(ctx, d.cfg.Logger, "run calls", err)
 	}
 	return ans, why, true, nil

@@ -69,8 +69,9 @@ type OneCallNextDelay interface {
 	// write, whose answer nobody waits for: the note n of call callID in
 	// run runID's call table (when runID is set) and the attempt tally t
 	// (when t.Target is set). A store may write them later (redisstore:
-	// with its next flush), durable as counters are.
-	DecidedInOneCall(runID, callID string, n policy.CallNote, t policy.AttemptTally) error
+	// with its next flush), durable as counters are. What it waits for is
+	// part of the request's u, within its time.
+	DecidedInOneCall(u Changes, runID, callID string, n policy.CallNote, t policy.AttemptTally) error
 }
 
 // Changes is a batch of the state changes of one request that commit
