@@ -53,9 +53,24 @@ type changes struct {
 // Begin starts a batch of changes for one request, whose engine calls
 // wait for Redis at most Options.Timeout from now, all of them together.
 func (s *Store) Begin() Changes {
-	c := &changes{view: Store{replicaState: s.replicaState, bound: time.Now().Add(s.opts.Timeout)}}
+	c := &changes{view: *s.bounded()}
 	c.s = &c.view
 	return c
+}
+
+// bounded is a view of s whose engine calls wait for Redis at most
+// Options.Timeout from now, all of them together.
+func (s *Store) bounded() *Store {
+	return &Store{replicaState: s.replicaState, bound: time.Now().Add(s.opts.Timeout)}
+}
+
+// within is s as the request u sees it: u's view of this replica, whose
+// calls share the request's time, when u is one (Begin's).
+func (s *Store) within(u Changes) *Store {
+	if c, ok := u.(*changes); ok && c.s.replicaState == s.replicaState {
+		return c.s
+	}
+	return s
 }
 
 // ClaimAttempt is Store.ClaimAttempt within the request's time.

@@ -19,9 +19,7 @@ import (
 // granted in degraded mode (SpendRetry charges it first). Its calls are
 // the request's, within u's time (Begin).
 func (s *Store) NextDelayInOneCall(u Changes, st *policy.NextDelayStep) (policy.NextDelayResult, bool, error) {
-	if c, ok := u.(*changes); ok && c.s.replicaState == s.replicaState {
-		s = c.s
-	}
+	s = s.within(u)
 	if err := s.check(); err != nil {
 		return policy.NextDelayResult{}, true, err
 	}
@@ -313,9 +311,7 @@ func (s *Store) nextDelayReply(st *policy.NextDelayStep, r []any) (policy.NextDe
 // down nothing is held: the batch goes out now, behind a flush in
 // flight) waits within u's time, the request's.
 func (s *Store) DecidedInOneCall(u Changes, runID, callID string, n policy.CallNote, t policy.AttemptTally) error {
-	if c, ok := u.(*changes); ok && c.s.replicaState == s.replicaState {
-		s = c.s
-	}
+	s = s.within(u)
 	if runID == "" && t.Target == "" {
 		return nil
 	}

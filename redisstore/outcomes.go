@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strconv"
 	"sync"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -330,20 +329,18 @@ func (s *Store) runOutcomes(ups []policy.OutcomeUpdate, batches map[string]*outc
 	hold = hold && s.opts.BatchOutcomes
 	if hold && !s.holdsAll(batches, rest) {
 		if s.bound.IsZero() {
-			// One bound for the wait and the call, as a request's view has.
-			s = &Store{replicaState: s.replicaState, bound: time.Now().Add(s.opts.Timeout)}
+			s = s.bounded() // one bound for the wait and the call, as a request's view has
 		}
 		ctx, cancel := s.call()
 		shared := s.held.rlockOr(ctx, func() func() {
 			// The request is answered as in degraded mode (every update
-			// accepted); its batches go in its turn, with a timeout of
-			// their own (the request's view is past its bound), and a
-			// refusal then has no caller to tell. The map is copied now:
-			// it is the request's scratch.
+			// accepted); its batches go in its turn, within a bound of
+			// their own (the request's is past), and a refusal then has
+			// no caller to tell. The map is copied now: it is the
+			// request's scratch.
 			late, n := maps.Clone(batches), len(ups)
 			return func() {
-				base := &Store{replicaState: s.replicaState}
-				if _, err := base.sendOutcomes(make([]policy.OutcomeUpdate, n), late, rest, true); err != nil {
+				if _, err := s.bounded().sendOutcomes(make([]policy.OutcomeUpdate, n), late, rest, true); err != nil {
 					s.log.Warn("redisstore: outcome batch sent after its request's deadline refused: dropped", "err", err)
 					s.queue.dropped.Add(1)
 				}
