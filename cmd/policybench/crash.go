@@ -284,7 +284,8 @@ func grantsAfter(gs []time.Time, t time.Time) []time.Time {
 }
 
 // crashSetup writes, once, the budget that is spent and the policies of
-// the tenants whose breakers trip or spend.
+// the tenants whose breakers trip or spend; a write refused UNAVAILABLE
+// (a replica's engine counted down for a moment) is sent again.
 func crashSetup(ctx context.Context, admin pb.AdminServiceClient) error {
 	if err := setupWorkload(ctx, admin); err != nil {
 		return err
@@ -292,21 +293,30 @@ func crashSetup(ctx context.Context, admin pb.AdminServiceClient) error {
 	// A zero deposit ratio or floor means the default (0.2, 5/s): the
 	// smallest positive ones keep the bucket from refilling, so the tokens
 	// found after a restart are what the file kept.
-	if _, err := admin.SetTenantBudget(ctx, &pb.SetTenantBudgetRequest{Budget: &pb.TenantBudget{
-		Tenant: crashSpendTenant, Capacity: crashSpendCap, DepositRatio: 1e-12, MinRetriesPerSecond: 1e-12}}); err != nil {
+	if err := retryUnavailable(ctx, func(ctx context.Context) error {
+		_, err := admin.SetTenantBudget(ctx, &pb.SetTenantBudgetRequest{Budget: &pb.TenantBudget{
+			Tenant: crashSpendTenant, Capacity: crashSpendCap, DepositRatio: 1e-12, MinRetriesPerSecond: 1e-12}})
+		return err
+	}); err != nil {
 		return fmt.Errorf("budget %s: %w", crashSpendTenant, err)
 	}
 	// The spender's breaker must never trip: failure-rate mode that never
 	// has enough calls.
 	minCalls := uint32(4_000_000_000)
-	if _, err := admin.SetPolicy(ctx, &pb.SetPolicyRequest{Tenant: crashSpendTenant, Policy: &pb.Policy{
-		Breaker: &pb.BreakerSettings{Mode: pb.BreakerMode_BREAKER_MODE_FAILURE_RATE, MinCalls: &minCalls}}}); err != nil {
+	if err := retryUnavailable(ctx, func(ctx context.Context) error {
+		_, err := admin.SetPolicy(ctx, &pb.SetPolicyRequest{Tenant: crashSpendTenant, Policy: &pb.Policy{
+			Breaker: &pb.BreakerSettings{Mode: pb.BreakerMode_BREAKER_MODE_FAILURE_RATE, MinCalls: &minCalls}}})
+		return err
+	}); err != nil {
 		return fmt.Errorf("policy %s: %w", crashSpendTenant, err)
 	}
 	// Tripped breakers stay OPEN for an hour, longer than any crash run.
 	five := uint32(5)
-	if _, err := admin.SetPolicy(ctx, &pb.SetPolicyRequest{Tenant: crashTripTenant, Policy: &pb.Policy{
-		Breaker: &pb.BreakerSettings{ConsecutiveFailures: &five, Cooldown: durationpb.New(time.Hour)}}}); err != nil {
+	if err := retryUnavailable(ctx, func(ctx context.Context) error {
+		_, err := admin.SetPolicy(ctx, &pb.SetPolicyRequest{Tenant: crashTripTenant, Policy: &pb.Policy{
+			Breaker: &pb.BreakerSettings{ConsecutiveFailures: &five, Cooldown: durationpb.New(time.Hour)}}})
+		return err
+	}); err != nil {
 		return fmt.Errorf("policy %s: %w", crashTripTenant, err)
 	}
 	return nil

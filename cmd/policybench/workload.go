@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -46,14 +47,28 @@ func ceiledName(i int) string  { return fmt.Sprintf("ceil-%02d", i) }
 // targets that tolerate mixed failures (50 in a row), and on the failing
 // targets the default 5 with a 2s cooldown so they cycle through HALF_OPEN;
 // the ceiled targets get a concurrency ceiling (benchCeiling) for every
-// tenant, each tenant's leases under its own key.
+// tenant, each tenant's leases under its own key. A write refused
+// UNAVAILABLE is sent again (retryUnavailable).
 func setupWorkload(ctx context.Context, admin pb.AdminServiceClient) error {
+	// Every write sets a value, so one sent again after UNAVAILABLE (a
+	// replica whose engine is counted down for a moment) changes nothing
+	// more.
+	setPolicy := func(req *pb.SetPolicyRequest) error {
+		err := retryUnavailable(ctx, func(ctx context.Context) error {
+			_, err := admin.SetPolicy(ctx, req)
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("SetPolicy %s: %w", strings.Trim(req.GetTenant()+"/"+req.GetTarget(), "/"), err)
+		}
+		return nil
+	}
 	ceiling := uint32(benchCeiling)
 	for j := range benchCeiled {
-		if _, err := admin.SetPolicy(ctx, &pb.SetPolicyRequest{Target: ceiledName(j), Policy: &pb.Policy{
+		if err := setPolicy(&pb.SetPolicyRequest{Target: ceiledName(j), Policy: &pb.Policy{
 			Flow: &pb.FlowSettings{MaxInFlight: &ceiling},
 		}}); err != nil {
-			return fmt.Errorf("SetPolicy %s: %w", ceiledName(j), err)
+			return err
 		}
 	}
 	tolerant := uint32(50)
@@ -65,21 +80,24 @@ func setupWorkload(ctx context.Context, admin pb.AdminServiceClient) error {
 		if i == benchTenants-1 {
 			b = &pb.TenantBudget{Tenant: t, Capacity: 50, MinRetriesPerSecond: 20, DepositRatio: 0.1}
 		}
-		if _, err := admin.SetTenantBudget(ctx, &pb.SetTenantBudgetRequest{Budget: b}); err != nil {
+		if err := retryUnavailable(ctx, func(ctx context.Context) error {
+			_, err := admin.SetTenantBudget(ctx, &pb.SetTenantBudgetRequest{Budget: b})
+			return err
+		}); err != nil {
 			return fmt.Errorf("SetTenantBudget %s: %w", t, err)
 		}
-		if _, err := admin.SetPolicy(ctx, &pb.SetPolicyRequest{Tenant: t, Policy: &pb.Policy{
+		if err := setPolicy(&pb.SetPolicyRequest{Tenant: t, Policy: &pb.Policy{
 			MaxAttempts: &maxAttempts,
 			Breaker:     &pb.BreakerSettings{ConsecutiveFailures: &tolerant},
 		}}); err != nil {
-			return fmt.Errorf("SetPolicy %s: %w", t, err)
+			return err
 		}
 		for j := range benchFailing {
-			if _, err := admin.SetPolicy(ctx, &pb.SetPolicyRequest{Tenant: t, Target: failingName(j), Policy: &pb.Policy{
+			if err := setPolicy(&pb.SetPolicyRequest{Tenant: t, Target: failingName(j), Policy: &pb.Policy{
 				MaxAttempts: &maxAttempts,
 				Breaker:     &pb.BreakerSettings{ConsecutiveFailures: &strict, Cooldown: durationpb.New(2 * time.Second)},
 			}}); err != nil {
-				return fmt.Errorf("SetPolicy %s/%s: %w", t, failingName(j), err)
+				return err
 			}
 		}
 	}
