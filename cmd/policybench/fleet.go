@@ -28,7 +28,7 @@ type replicaFleet struct {
 	dir          string
 	bin          string
 	storeTimeout time.Duration
-	procs        int // each replica's GOMAXPROCS; 0: Go's default
+	rt           replicaRuntime
 	redis        *redisProc
 	reps         []*daemon // nil where a replica was killed
 	gone         []*daemon // the killed replicas, for their logs
@@ -37,9 +37,9 @@ type replicaFleet struct {
 }
 
 // startFleet starts Redis in dir and n replicas of bin on it, each with
-// GOMAXPROCS procs (0: Go's default, every core).
-func startFleet(ctx context.Context, dir, bin string, n int, storeTimeout time.Duration, procs int) (*replicaFleet, error) {
-	f := &replicaFleet{dir: dir, bin: bin, storeTimeout: storeTimeout, procs: procs, tokenFile: filepath.Join(dir, "admin-token")}
+// the Go runtime settings rt.
+func startFleet(ctx context.Context, dir, bin string, n int, storeTimeout time.Duration, rt replicaRuntime) (*replicaFleet, error) {
+	f := &replicaFleet{dir: dir, bin: bin, storeTimeout: storeTimeout, rt: rt, tokenFile: filepath.Join(dir, "admin-token")}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
@@ -67,22 +67,65 @@ func startFleet(ctx context.Context, dir, bin string, n int, storeTimeout time.D
 	return f, nil
 }
 
-// replicaProcs is the GOMAXPROCS of each of n replicas sharing this
-// machine with Redis and the load generator: its share of the cores, at
-// least one, as an operator sets it for processes sharing a host (Go reads
-// a container's CPU limit itself). With Go's default every replica runs a
-// P per core: on two cores three replicas then spend their CPU in the
-// scheduler, idle Ps spinning and a thread woken for each goroutine
-// readied, as the profiles in BENCHMARKS.md show.
-func replicaProcs(n int) int { return max(1, runtime.NumCPU()/n) }
+// replicaRuntime is the Go runtime settings of each replica, as an
+// operator sets them in the environment of processes that share a host.
+type replicaRuntime struct {
+	Procs   int    // GOMAXPROCS; 0: Go's default, a P per core
+	Godebug string // GODEBUG; "": Go's default
+}
+
+// sysmonAwake is the GODEBUG setting that keeps the Go runtime's sysmon
+// thread out of its deep sleep. schedtrace=X makes sysmon print a line to
+// standard error every X ms and never sleep deeply; at its largest value
+// (about 24.8 days of the host's uptime, so one line at most that often)
+// what is left is a sysmon that backs off to one wake-up every 10 ms
+// when it finds nothing to do. Without it, a process with one P that
+// idles between requests sends sysmon to its deep sleep each time; the
+// first system call after the sleep wakes it, and it then polls every 20
+// µs for a millisecond: thousands of wake-ups a second, each a
+// nanosleep and two context switches (BENCHMARKS.md, "Session 22").
+// Go has no other setting for it.
+const sysmonAwake = "schedtrace=2147483647"
+
+// defaultReplicaRuntime is the settings of each of n replicas sharing
+// this machine with Redis and the load generator. GOMAXPROCS is its share
+// of the cores, at least one, as an operator sets it for processes sharing
+// a host (Go reads a container's CPU limit itself): with Go's default
+// every replica runs a P per core, and on two cores three replicas then
+// spend their CPU in the scheduler, idle Ps spinning and a thread woken
+// for each goroutine readied, as the profiles in BENCHMARKS.md show. With
+// one P each, sysmonAwake.
+func defaultReplicaRuntime(n int) replicaRuntime {
+	return replicaRuntime{Procs: max(1, runtime.NumCPU()/n), Godebug: sysmonAwake}
+}
+
+// env is rt as environment variables, for startDaemonEnv.
+func (rt replicaRuntime) env() []string {
+	var env []string
+	if rt.Procs > 0 {
+		env = append(env, "GOMAXPROCS="+strconv.Itoa(rt.Procs))
+	}
+	if rt.Godebug != "" {
+		env = append(env, "GODEBUG="+rt.Godebug)
+	}
+	return env
+}
+
+// String is rt as the sweep's header prints it.
+func (rt replicaRuntime) String() string {
+	procs, godebug := "Go's default", "Go's default"
+	if rt.Procs > 0 {
+		procs = strconv.Itoa(rt.Procs)
+	}
+	if rt.Godebug != "" {
+		godebug = rt.Godebug
+	}
+	return fmt.Sprintf("GOMAXPROCS %s, GODEBUG %s", procs, godebug)
+}
 
 // startReplica starts replica i (again) on the fleet's Redis.
 func (f *replicaFleet) startReplica(i int) error {
-	var env []string
-	if f.procs > 0 {
-		env = []string{"GOMAXPROCS=" + strconv.Itoa(f.procs)}
-	}
-	d, err := startDaemonEnv(f.bin, filepath.Join(f.dir, fmt.Sprintf("replica-%d.db", i)), env,
+	d, err := startDaemonEnv(f.bin, filepath.Join(f.dir, fmt.Sprintf("replica-%d.db", i)), f.rt.env(),
 		"--store", f.redis.url(), "--store-timeout", f.storeTimeout.String(), "--admin-token-file", f.tokenFile)
 	if err != nil {
 		return fmt.Errorf("replica %d: %w", i, err)

@@ -187,7 +187,7 @@ func runFlow(ctx context.Context, cfg flowConfig, out io.Writer) error {
 	var addrs []string
 	var admin, token, engine string
 	if cfg.Redis {
-		fl, err := startFleet(ctx, dir, bin, 3, cfg.StoreTimeout, replicaProcs(3))
+		fl, err := startFleet(ctx, dir, bin, 3, cfg.StoreTimeout, defaultReplicaRuntime(3))
 		if err != nil {
 			return err
 		}

@@ -129,7 +129,7 @@ func TestHostCPUStolen(t *testing.T) {
 // with requests in every window; it times nothing.
 func TestReplicaSweepSmoke(t *testing.T) {
 	cfg := replicaSweepConfig{StoreTimeout: 50 * time.Millisecond, Concurrency: []int{2}, Duration: 150 * time.Millisecond,
-		Warmup: 50 * time.Millisecond, Transitions: 3, Seed: 1, Procs: 1}
+		Warmup: 50 * time.Millisecond, Transitions: 3, Seed: 1, Runtime: replicaRuntime{Procs: 1, Godebug: sysmonAwake}}
 	var out, log bytes.Buffer
 	if err := runReplicaSweep(context.Background(), cfg, &out, &log); err != nil {
 		t.Fatalf("replicas-sweep: %v\nlog:\n%s", err, log.String())

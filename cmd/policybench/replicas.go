@@ -116,7 +116,7 @@ func runReplicas(ctx context.Context, cfg replicasConfig, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fl, err := startFleet(ctx, dir, bin, 3, cfg.StoreTimeout, replicaProcs(3))
+	fl, err := startFleet(ctx, dir, bin, 3, cfg.StoreTimeout, defaultReplicaRuntime(3))
 	if err != nil {
 		return err
 	}

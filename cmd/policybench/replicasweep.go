@@ -34,7 +34,7 @@ type replicaSweepConfig struct {
 	Warmup       time.Duration
 	Transitions  int
 	Seed         uint64
-	Procs        int // each replica's GOMAXPROCS; 0: Go's default
+	Runtime      replicaRuntime // each replica's Go runtime settings
 }
 
 func replicaSweepCmd() *cobra.Command {
@@ -69,7 +69,9 @@ until both other replicas' WatchBreakers subscribers receive it.`,
 	f.DurationVar(&cfg.Warmup, "warmup", time.Second, "unmeasured time before each phase")
 	f.IntVar(&cfg.Transitions, "transitions", 200, "breaker transitions timed for the propagation latency")
 	f.Uint64Var(&cfg.Seed, "seed", 1, "seed of the request mix")
-	f.IntVar(&cfg.Procs, "replica-procs", replicaProcs(3), "each replica's GOMAXPROCS (0: Go's default, a P per core); the bbolt daemon keeps Go's default")
+	rt := defaultReplicaRuntime(3)
+	f.IntVar(&cfg.Runtime.Procs, "replica-procs", rt.Procs, "each replica's GOMAXPROCS (0: Go's default, a P per core); the bbolt daemon keeps Go's default")
+	f.StringVar(&cfg.Runtime.Godebug, "replica-godebug", rt.Godebug, "each replica's GODEBUG (\"\": Go's default); the default keeps the runtime's sysmon out of its deep sleep; the bbolt daemon keeps this process's environment")
 	return cmd
 }
 
@@ -133,7 +135,7 @@ func runReplicaSweep(ctx context.Context, cfg replicaSweepConfig, out, log io.Wr
 		return err
 	}
 	defer func() { _ = single.stop() }()
-	fl, err := startFleet(ctx, filepath.Join(dir, "fleet"), bin, 3, cfg.StoreTimeout, cfg.Procs)
+	fl, err := startFleet(ctx, filepath.Join(dir, "fleet"), bin, 3, cfg.StoreTimeout, cfg.Runtime)
 	if err != nil {
 		return err
 	}
@@ -539,12 +541,8 @@ func fmtBound(r fleetRow, cores int) string {
 }
 
 func printFleetSweep(out io.Writer, cfg replicaSweepConfig, one, three []fleetRow, prop *propagation) {
-	procs := "Go's default"
-	if cfg.Procs > 0 {
-		procs = strconv.Itoa(cfg.Procs)
-	}
-	fmt.Fprintf(out, "(i) one policyd on bbolt (--sync group, GOMAXPROCS Go's default); (ii) three replicas on one redis-server (AOF always, --store-timeout %s, GOMAXPROCS %s each); %s per phase after %s warm-up; one connection (round_robin over the replicas); ReportOutcome carries %d outcomes\n\n",
-		cfg.StoreTimeout, procs, cfg.Duration, cfg.Warmup, defaultReportBatch)
+	fmt.Fprintf(out, "(i) one policyd on bbolt (--sync group, GOMAXPROCS Go's default, GODEBUG %q); (ii) three replicas on one redis-server (AOF always, --store-timeout %s, %s each); %s per phase after %s warm-up; one connection (round_robin over the replicas); ReportOutcome carries %d outcomes\n\n",
+		os.Getenv("GODEBUG"), cfg.StoreTimeout, cfg.Runtime, cfg.Duration, cfg.Warmup, defaultReportBatch)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "phase\tcallers\t(i) req/s\t(i) p99\t(ii) req/s\t(ii) p99\treq/s (ii)÷(i)\tp99 (ii)÷(i)\terrors (i)/(ii)\tcpu/req (i)\tcpu/req (ii) replicas\tcpu/req Redis\tcpu/req load generator (i)/(ii)\tRedis cmds/req\tRedis cmds/outcome\t")
 	for i, b := range one {
