@@ -75,7 +75,7 @@ func (s *Store) SpendRetry(req policy.SpendRequest) (policy.Spend, error) {
 	if s.degraded.owes(tenant, req.RunID) {
 		// The engine is charged what this replica granted while it did not
 		// answer before it grants from the same tokens again.
-		s.chargeDebts(func(d *debt) bool { return d.tenant == tenant || req.RunID != "" && d.run == req.RunID })
+		s.chargeOwed(tenant, req.RunID)
 	}
 	sa := s.degraded.shareArgs(s.id, tenant, req.RunID, shareGrace*s.opts.Heartbeat)
 	ctx, cancel := s.call()

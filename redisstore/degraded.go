@@ -628,6 +628,48 @@ func (s *Store) chargeDebts(of func(*debt) bool) {
 	}
 }
 
+// charges are the charges of a tenant's debts in flight on this replica
+// (chargeOwed): each closed when its charge ends.
+type charges struct {
+	mu sync.Mutex
+	m  map[string]chan struct{}
+}
+
+// chargeOwed charges the engine what this replica granted alone from
+// tenant's bucket or run's pool (in an outage, or by a lone call past its
+// bound), as SpendRetry and the one-call NextDelay do before they grant
+// from the same tokens again. A request that finds the tenant's charge in
+// flight waits for it, within its own time, instead of sending the same
+// debts again: a lone timeout under load finds many requests of the
+// tenant at once.
+func (s *Store) chargeOwed(tenant, run string) {
+	c := &s.charging
+	c.mu.Lock()
+	if wait, ok := c.m[tenant]; ok {
+		c.mu.Unlock()
+		ctx, cancel := s.call()
+		defer cancel()
+		select {
+		case <-wait:
+		case <-ctx.Done():
+		}
+		return
+	}
+	if c.m == nil {
+		c.m = map[string]chan struct{}{}
+	}
+	done := make(chan struct{})
+	c.m[tenant] = done
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		delete(c.m, tenant)
+		c.mu.Unlock()
+		close(done)
+	}()
+	s.chargeDebts(func(d *debt) bool { return d.tenant == tenant || run != "" && d.run == run })
+}
+
 // releaseShares gives back this replica's shares of the buckets and pools
 // it spent from (policyd_release_shares, one call per tenant) once the
 // engine has been charged every grant it made alone, so a replica that

@@ -81,3 +81,12 @@ func BucketLocks(ctx context.Context, c *redis.Client, tenant string) (map[strin
 	}
 	return out, err
 }
+
+// OweAlone records tokens of tenant's bucket as granted by this replica
+// alone, as a lone call past its bound does (degraded.spend): owed to the
+// engine until charged.
+func OweAlone(s *Store, tenant string, tokens float64) {
+	s.degraded.mu.Lock()
+	defer s.degraded.mu.Unlock()
+	s.degraded.spent[tenant] += tokens
+}

@@ -13,11 +13,12 @@ import (
 // decided in one call of policyd_nextdelay on the tenant's slot (the
 // attempt check, the breaker's record, the cool-down, fleet.GateRetry,
 // the spend, fleet.Spent, fleet.CutRun and the attempt record, with its
-// verdict), and no other round trip. ok is false, and the caller decides
+// verdict), and no other round trip but, while this replica owes the
+// engine what it granted alone from the tenant's tokens, their charge
+// first (chargeOwed, as SpendRetry). ok is false, and the caller decides
 // through Begin, while the engine is out of reach (degraded mode, which
-// Begin's path keeps) and while this replica owes the engine what it
-// granted in degraded mode (SpendRetry charges it first). Its calls are
-// the request's, within u's time (Begin).
+// Begin's path keeps) and while the debt is left after its charge. Its
+// calls are the request's, within u's time (Begin).
 func (s *Store) NextDelayInOneCall(u Changes, st *policy.NextDelayStep) (policy.NextDelayResult, bool, error) {
 	s = s.within(u)
 	if err := s.check(); err != nil {
@@ -59,6 +60,12 @@ func (s *Store) NextDelayInOneCall(u Changes, st *policy.NextDelayStep) (policy.
 		case err != nil:
 			return policy.NextDelayResult{}, true, err
 		}
+	}
+	if s.health.up() && s.degraded.owes(tenant, st.Spend.RunID) {
+		// What this replica granted alone is charged first, as SpendRetry
+		// does; then the one call decides. Left owing (the charge not
+		// answered), the decision takes Begin's path.
+		s.chargeOwed(tenant, st.Spend.RunID)
 	}
 	if !s.health.up() || s.degraded.owes(tenant, st.Spend.RunID) {
 		return policy.NextDelayResult{}, false, nil

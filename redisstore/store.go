@@ -180,6 +180,7 @@ type replicaState struct {
 	id        string // this replica's id in the replica set
 	health    *health
 	degraded  *degraded
+	charging  charges // the charges of degraded-mode grants in flight, by tenant
 	queue     batchQueue
 	down      downAttempts                // attempt records decided while the engine was down
 	recovered chan struct{}               // signalled when the engine comes back
