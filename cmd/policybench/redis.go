@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -61,7 +62,8 @@ func (r *redisProc) start(ctx context.Context) error {
 	defer logf.Close()
 	r.cmd = exec.Command(r.bin, "--port", strconv.Itoa(r.port), "--bind", "127.0.0.1", "--dir", r.dir,
 		"--appendonly", "yes", "--appendfsync", "always", "--save", "",
-		"--daemonize", "no", "--protected-mode", "no", "--loglevel", "warning")
+		"--daemonize", "no", "--protected-mode", "no", "--loglevel", "warning",
+		"--latency-monitor-threshold", strconv.Itoa(int(latencyThreshold/time.Millisecond)))
 	r.cmd.Dir = r.dir
 	r.cmd.Stdout, r.cmd.Stderr = logf, logf
 	if err := r.cmd.Start(); err != nil {
@@ -137,6 +139,68 @@ func (r *redisProc) forks(ctx context.Context) (uint64, error) {
 		}
 	}
 	return 0, errors.New("INFO stats has no total_forks")
+}
+
+// latencyThreshold is the server's latency monitor threshold: events
+// (an fsync of the AOF, a command, a fork) that took this long or longer
+// are recorded (LATENCY LATEST).
+const latencyThreshold = 10 * time.Millisecond
+
+// latencyEvent is one kind of event the server's latency monitor recorded
+// since its last reset: the longest and how many times.
+type latencyEvent struct {
+	Name  string
+	Max   time.Duration
+	Count int
+}
+
+// resetLatency forgets the latency events recorded so far.
+func (r *redisProc) resetLatency(ctx context.Context) error {
+	return r.client.Do(ctx, "LATENCY", "RESET").Err()
+}
+
+// latencyEvents returns the events of latencyThreshold or more recorded
+// since the last reset, by name (LATENCY HISTORY of each LATENCY LATEST).
+func (r *redisProc) latencyEvents(ctx context.Context) ([]latencyEvent, error) {
+	latest, err := r.client.Do(ctx, "LATENCY", "LATEST").Slice()
+	if err != nil {
+		return nil, err
+	}
+	var out []latencyEvent
+	for _, e := range latest {
+		row, ok := e.([]any)
+		if !ok || len(row) < 4 {
+			return nil, fmt.Errorf("LATENCY LATEST: unexpected entry %v", e)
+		}
+		name, _ := row[0].(string)
+		hist, err := r.client.Do(ctx, "LATENCY", "HISTORY", name).Slice()
+		if err != nil {
+			return nil, err
+		}
+		ev := latencyEvent{Name: name, Count: len(hist)}
+		for _, h := range hist {
+			if pair, ok := h.([]any); ok && len(pair) == 2 {
+				if ms, ok := pair[1].(int64); ok {
+					ev.Max = max(ev.Max, time.Duration(ms)*time.Millisecond)
+				}
+			}
+		}
+		out = append(out, ev)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Max > out[j].Max })
+	return out, nil
+}
+
+// fmtLatencyEvents is events as "name: max M ms, N times; ...", or "none".
+func fmtLatencyEvents(events []latencyEvent) string {
+	if len(events) == 0 {
+		return "none"
+	}
+	parts := make([]string, len(events))
+	for i, e := range events {
+		parts[i] = fmt.Sprintf("%s: max %d ms, %d times", e.Name, e.Max.Milliseconds(), e.Count)
+	}
+	return strings.Join(parts, "; ")
 }
 
 // parseCommandStats reads the calls of each command from the text of INFO

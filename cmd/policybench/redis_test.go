@@ -135,6 +135,9 @@ func TestReplicaSweepSmoke(t *testing.T) {
 		t.Fatalf("replicas-sweep: %v\nlog:\n%s", err, log.String())
 	}
 	text := out.String()
+	if strings.Contains(text, "(its latency monitor): not read") {
+		t.Errorf("Redis's latency events were not read:\n%s", text)
+	}
 	for _, ph := range sweepPhaseOrder {
 		row := regexp.MustCompile(`(?m)^ +` + ph + ` +2 +(\d+) .*x +[\d.]+x`)
 		m := row.FindStringSubmatch(text)
@@ -145,7 +148,7 @@ func TestReplicaSweepSmoke(t *testing.T) {
 			t.Errorf("the log does not show %s measured on both configurations:\n%s", ph, log.String())
 		}
 	}
-	for _, want := range []string{"goals:", "Redis round trips per request, nextdelay at 2 callers", "stolen by the hypervisor", "audit records dropped in each window", "report 2 0 / 0;", "times a replica went into degraded mode in each window", "AOF rewrites", "transition propagation"} {
+	for _, want := range []string{"goals:", "Redis round trips per request, nextdelay at 2 callers", "stolen by the hypervisor", "audit records dropped in each window", "report 2 0 / 0;", "times a replica went into degraded mode in each window", "AOF rewrites", "transition propagation", "GODEBUG schedtrace=2147483647 each", "(its latency monitor): "} {
 		if !strings.Contains(text, want) {
 			t.Errorf("the output lacks %q:\n%s", want, text)
 		}

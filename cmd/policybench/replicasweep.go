@@ -168,10 +168,17 @@ func runReplicaSweep(ctx context.Context, cfg replicaSweepConfig, out, log io.Wr
 		}
 	}
 	fmt.Fprintln(log, "replicas-sweep: transition propagation")
+	resetErr := fl.redis.resetLatency(ctx)
 	prop, err := measurePropagation(ctx, fl, cfg.Transitions)
 	if err != nil {
 		fmt.Fprintf(out, "propagation not measured: %v\n", err)
 		prop = &propagation{FromAck: new(hist), FromSend: new(hist)}
+	}
+	prop.RedisLatency = "not read"
+	if resetErr == nil {
+		if events, err := fl.redis.latencyEvents(ctx); err == nil {
+			prop.RedisLatency = fmtLatencyEvents(events)
+		}
 	}
 	printFleetSweep(out, cfg, one, three, prop)
 	return nil
@@ -377,6 +384,10 @@ type propagation struct {
 	NoSnapshot        int   // subscribers that had no snapshot_complete within 10s
 	Resubscribed      int   // watches refused UNAVAILABLE before their snapshot, and sent again
 	ForceErrors       int   // ForceBreaker calls that failed (not timed)
+	// RedisLatency is what Redis's latency monitor recorded meanwhile
+	// (fmtLatencyEvents): a slow fsync of the AOF holds up the
+	// ForceBreaker's answer and every subscriber's XREAD alike.
+	RedisLatency string
 }
 
 // measurePropagation forces a breaker OPEN and CLOSED n times in turn
@@ -618,6 +629,7 @@ func printFleetSweep(out io.Writer, cfg replicaSweepConfig, one, three []fleetRo
 	fmt.Fprintf(out, "  from the RPC's answer: p50 %s p99 %s max %s; from its sending: p50 %s p99 %s max %s\n",
 		fmtUs(us(prop.FromAck.quantile(0.5))), fmtUs(us(prop.FromAck.quantile(0.99))), fmtUs(us(time.Duration(prop.FromAck.max))),
 		fmtUs(us(prop.FromSend.quantile(0.5))), fmtUs(us(prop.FromSend.quantile(0.99))), fmtUs(us(time.Duration(prop.FromSend.max))))
+	fmt.Fprintf(out, "  Redis's events of %s or more meanwhile (its latency monitor): %s\n", latencyThreshold, prop.RedisLatency)
 	goals(out, one, three, prop)
 }
 
