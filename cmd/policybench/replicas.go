@@ -36,6 +36,7 @@ type replicasConfig struct {
 	Pause        time.Duration // how long Redis stays stopped
 	Clients      int
 	Keep         bool
+	Godebug      string // each replica's GODEBUG
 }
 
 // allScenarios are the fault scenarios, in the order they run.
@@ -88,6 +89,7 @@ consistency rule; the latency goals are reported, not enforced.`,
 	f.DurationVar(&cfg.Pause, "pause", 10*time.Second, "stop-redis: how long Redis stays stopped")
 	f.IntVar(&cfg.Clients, "clients", 6, "Go clients (one connection each, over every replica) driving the load")
 	f.BoolVar(&cfg.Keep, "keep", false, "keep the temporary directory (AOF, logs) at the end")
+	f.StringVar(&cfg.Godebug, "replica-godebug", sysmonAwake, "each replica's GODEBUG (\"\": Go's default); the default keeps the runtime's sysmon out of its deep sleep")
 	return cmd
 }
 
@@ -116,13 +118,15 @@ func runReplicas(ctx context.Context, cfg replicasConfig, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fl, err := startFleet(ctx, dir, bin, 3, cfg.StoreTimeout, defaultReplicaRuntime(3))
+	rt := defaultReplicaRuntime(3)
+	rt.Godebug = cfg.Godebug
+	fl, err := startFleet(ctx, dir, bin, 3, cfg.StoreTimeout, rt)
 	if err != nil {
 		return err
 	}
 	defer fl.stop()
-	fmt.Fprintf(out, "replicas: redis-server %s (AOF always, pid %d); policyd replicas %s (--store-timeout %s, pids %v)\n",
-		fl.redis.addr(), fl.redis.pid(), fl.addrs(), cfg.StoreTimeout, fl.pids())
+	fmt.Fprintf(out, "replicas: redis-server %s (AOF always, pid %d); policyd replicas %s (--store-timeout %s, %s, pids %v)\n",
+		fl.redis.addr(), fl.redis.pid(), fl.addrs(), cfg.StoreTimeout, rt, fl.pids())
 	aconn, err := dial(fl.addrs(), fl.token)
 	if err != nil {
 		return err
