@@ -16,6 +16,22 @@ import (
 	"github.com/policyd/policyd/redisstore"
 )
 
+// owingReplica is a replica on a Redis of its own that flushes nothing
+// in a test's time (the replayer, which charges debts every
+// FlushInterval too, leaves them to the requests), and a NextDelay of a
+// new call of tenant "owing" through it, failed with a 503.
+func owingReplica(t *testing.T) (*replica, func(id string) (*pb.NextDelayResponse, error)) {
+	t.Helper()
+	srv := redistest.Standalone(t)
+	r := newReplicaWith(t, func() redis.UniversalClient {
+		return redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	}, redisstore.Options{Timeout: 2 * time.Second, FlushInterval: time.Hour})
+	return r, func(id string) (*pb.NextDelayResponse, error) {
+		return r.workers.NextDelay(context.Background(), &pb.NextDelayRequest{Call: &pb.CallRef{Tenant: "owing", Target: "api",
+			CallId: id, Idempotent: true}, Attempt: 1, Failure: &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 503}}})
+	}
+}
+
 // TestNextDelayChargesWhatItOwesThenDecidesInOneCall: a replica that owes
 // the engine tokens it granted alone (a lone call past its bound spends
 // from its share) charges them and then decides the tenant's NextDelay in
@@ -25,36 +41,27 @@ import (
 // turned a window's thousands of NextDelays into that path and took a
 // third off the replicas' throughput (BENCHMARKS.md, "Session 22").
 func TestNextDelayChargesWhatItOwesThenDecidesInOneCall(t *testing.T) {
-	srv := redistest.Standalone(t)
-	// No flush in the test's time: the replayer, which charges debts every
-	// FlushInterval too, leaves this one to the request.
-	r := newReplicaWith(t, func() redis.UniversalClient {
-		return redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
-	},
-		redisstore.Options{Timeout: 2 * time.Second, FlushInterval: time.Hour})
+	r, nextDelay := owingReplica(t)
 	ctx := context.Background()
 	if _, err := r.admin.SetTenantBudget(ctx, &pb.SetTenantBudgetRequest{Budget: &pb.TenantBudget{
 		Tenant: "owing", Capacity: 100, DepositRatio: 1e-12, MinRetriesPerSecond: 1e-12}}); err != nil {
 		t.Fatal(err)
 	}
-	nextDelay := func(id string) *pb.NextDelayResponse {
-		t.Helper()
-		resp, err := r.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: &pb.CallRef{Tenant: "owing", Target: "api", CallId: id,
-			Idempotent: true}, Attempt: 1, Failure: &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 503}}})
-		if err != nil {
-			t.Fatalf("NextDelay %s: %v", id, err)
-		}
-		return resp
+	if _, err := nextDelay("warm"); err != nil { // the budget, the policy and this replica's share read
+		t.Fatal(err)
 	}
-	nextDelay("warm") // the budget, the policy and this replica's share read
 	redisstore.OweAlone(r.store, "owing", 1)
 	before := r.store.RoundTrips()
-	if got := nextDelay("after"); got.GetDecision() != pb.Decision_DECISION_RETRY || got.GetDegraded() {
-		t.Fatalf("NextDelay after the lone grant = %v, want a RETRY not flagged degraded", got)
+	if got, err := nextDelay("after"); err != nil || got.GetDecision() != pb.Decision_DECISION_RETRY || got.GetDegraded() {
+		t.Fatalf("NextDelay after the lone grant = %v, %v; want a RETRY not flagged degraded", got, err)
 	}
+	// What the replica sends whatever the requests: the feed, the
+	// heartbeat, the replica set, the caches' reloads, new connections.
+	background := map[string]bool{"xread": true, "pipeline zadd": true, "smembers": true, "policyd_read": true,
+		"policyd_read_many": true, "hello": true, "pipeline client": true}
 	trips := map[string]uint64{}
 	for call, n := range r.store.RoundTrips() {
-		if d := n - before[call]; d > 0 && call != "xread" && call != "pipeline zadd" {
+		if d := n - before[call]; d > 0 && !background[call] {
 			trips[call] = d
 		}
 	}
@@ -79,17 +86,8 @@ func TestNextDelayChargesWhatItOwesThenDecidesInOneCall(t *testing.T) {
 // send the charge once (the others wait for it) and are each decided in
 // one call.
 func TestConcurrentNextDelaysChargeWhatIsOwedOnce(t *testing.T) {
-	srv := redistest.Standalone(t)
-	r := newReplicaWith(t, func() redis.UniversalClient {
-		return redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
-	}, redisstore.Options{Timeout: 2 * time.Second, FlushInterval: time.Hour})
-	ctx := context.Background()
-	call := func(id string) error {
-		_, err := r.workers.NextDelay(ctx, &pb.NextDelayRequest{Call: &pb.CallRef{Tenant: "owing", Target: "api", CallId: id,
-			Idempotent: true}, Attempt: 1, Failure: &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 503}}})
-		return err
-	}
-	if err := call("warm"); err != nil {
+	r, nextDelay := owingReplica(t)
+	if _, err := nextDelay("warm"); err != nil {
 		t.Fatal(err)
 	}
 	redisstore.OweAlone(r.store, "owing", 1)
@@ -97,7 +95,7 @@ func TestConcurrentNextDelaysChargeWhatIsOwedOnce(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make([]error, 16)
 	for i := range errs {
-		wg.Go(func() { errs[i] = call("c" + strconv.Itoa(i)) })
+		wg.Go(func() { _, errs[i] = nextDelay("c" + strconv.Itoa(i)) })
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {

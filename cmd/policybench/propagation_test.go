@@ -64,22 +64,31 @@ func (f *refusingWatches) WatchBreakers(_ *pb.WatchBreakersRequest, st grpc.Serv
 	}
 }
 
-// TestPropagationWatchesAgainAfterUnavailable: a watch refused UNAVAILABLE
-// before its snapshot is sent again, as the clients do, and every
-// transition is timed; before, the sweep printed "propagation not
-// measured" and a p99 of 0.
-func TestPropagationWatchesAgainAfterUnavailable(t *testing.T) {
-	f := &refusingWatches{refuse: 2}
+// serveFake serves the services register puts on a gRPC server, on a
+// free loopback port until the test ends, and returns its address.
+func serveFake(t *testing.T, register func(*grpc.Server)) string {
+	t.Helper()
 	srv := grpc.NewServer()
-	pb.RegisterRetryPolicyServiceServer(srv, f)
-	pb.RegisterAdminServiceServer(srv, f)
+	register(srv)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(srv.Stop)
-	addr := lis.Addr().String()
+	return lis.Addr().String()
+}
+
+// TestPropagationWatchesAgainAfterUnavailable: a watch refused UNAVAILABLE
+// before its snapshot is sent again, as the clients do, and every
+// transition is timed; before, the sweep printed "propagation not
+// measured" and a p99 of 0.
+func TestPropagationWatchesAgainAfterUnavailable(t *testing.T) {
+	f := &refusingWatches{refuse: 2}
+	addr := serveFake(t, func(srv *grpc.Server) {
+		pb.RegisterRetryPolicyServiceServer(srv, f)
+		pb.RegisterAdminServiceServer(srv, f)
+	})
 	fl := &replicaFleet{reps: []*daemon{{addr: addr}, {addr: addr}, {addr: addr}}}
 	p, err := measurePropagation(context.Background(), fl, 6)
 	if err != nil {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"net"
 	"sync"
 	"testing"
 
@@ -25,34 +24,24 @@ type refusingAdmin struct {
 	budgets  int
 }
 
-func (f *refusingAdmin) refused() error {
+// write refuses, or records a write in n.
+func (f *refusingAdmin) write(n *int) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.refuse > 0 {
 		f.refuse--
 		return status.Error(codes.Unavailable, "policy: the store is unavailable, try again later")
 	}
+	*n++
 	return nil
 }
 
 func (f *refusingAdmin) SetPolicy(context.Context, *pb.SetPolicyRequest) (*pb.SetPolicyResponse, error) {
-	if err := f.refused(); err != nil {
-		return nil, err
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.policies++
-	return &pb.SetPolicyResponse{}, nil
+	return &pb.SetPolicyResponse{}, f.write(&f.policies)
 }
 
 func (f *refusingAdmin) SetTenantBudget(context.Context, *pb.SetTenantBudgetRequest) (*pb.SetTenantBudgetResponse, error) {
-	if err := f.refused(); err != nil {
-		return nil, err
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.budgets++
-	return &pb.SetTenantBudgetResponse{}, nil
+	return &pb.SetTenantBudgetResponse{}, f.write(&f.budgets)
 }
 
 // TestSetupWorkloadSendsAgainAfterUnavailable: an admin write refused
@@ -61,15 +50,8 @@ func (f *refusingAdmin) SetTenantBudget(context.Context, *pb.SetTenantBudgetRequ
 // slow for a moment under the test suite's load failed the smoke test.
 func TestSetupWorkloadSendsAgainAfterUnavailable(t *testing.T) {
 	f := &refusingAdmin{refuse: 3}
-	srv := grpc.NewServer()
-	pb.RegisterAdminServiceServer(srv, f)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	addr := serveFake(t, func(srv *grpc.Server) { pb.RegisterAdminServiceServer(srv, f) })
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
