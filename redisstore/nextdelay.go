@@ -61,14 +61,17 @@ func (s *Store) NextDelayInOneCall(u Changes, st *policy.NextDelayStep) (policy.
 			return policy.NextDelayResult{}, true, err
 		}
 	}
-	if s.health.up() && s.degraded.owes(tenant, st.Spend.RunID) {
+	if !s.health.up() {
+		return policy.NextDelayResult{}, false, nil
+	}
+	if s.degraded.owes(tenant, st.Spend.RunID) {
 		// What this replica granted alone is charged first, as SpendRetry
 		// does; then the one call decides. Left owing (the charge not
 		// answered), the decision takes Begin's path.
 		s.chargeOwed(tenant, st.Spend.RunID)
-	}
-	if !s.health.up() || s.degraded.owes(tenant, st.Spend.RunID) {
-		return policy.NextDelayResult{}, false, nil
+		if !s.health.up() || s.degraded.owes(tenant, st.Spend.RunID) {
+			return policy.NextDelayResult{}, false, nil
+		}
 	}
 	if p := enginePermit(st.PermitID, s.opts.Clock); p != st.PermitID {
 		c := *st
