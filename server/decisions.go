@@ -54,6 +54,11 @@ type Config struct {
 	// reports true for; a call naming another tenant is PERMISSION_DENIED,
 	// the same whether or not that tenant has state (--tenants=declared).
 	DeclaredTenants func(tenant string) bool
+	// SlowRequest is how long a unary call may take before the
+	// slow-request log counts it (a WARN line "slow requests" at most once
+	// a second, with how many and the slowest). Default
+	// DefaultSlowRequest; negative: off.
+	SlowRequest time.Duration
 }
 
 // DefaultStreamWorkers is Config.StreamWorkers' default.
@@ -77,6 +82,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxClockSkew <= 0 {
 		c.MaxClockSkew = DefaultMaxClockSkew
+	}
+	if c.SlowRequest == 0 {
+		c.SlowRequest = DefaultSlowRequest
 	}
 	return c
 }

@@ -68,6 +68,27 @@ func (b *lockedBuffer) String() string {
 	return b.buf.String()
 }
 
+// logRecords returns the JSON records in logs whose msg is msg (every
+// record for ""), each with its text under "line".
+func logRecords(t *testing.T, logs *lockedBuffer, msg string) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		if line == "" {
+			continue
+		}
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		if msg == "" || rec["msg"] == msg {
+			rec["line"] = line
+			out = append(out, rec)
+		}
+	}
+	return out
+}
+
 // TestRefusedCallsAreLogged: every refused call is logged with the peer
 // and the method, never the token, at most RefusalLogBurst a minute; the
 // rest are counted in a "suppressed" line.
@@ -110,11 +131,8 @@ func TestRefusedCallsAreLogged(t *testing.T) {
 		}
 	}
 	var lines, suppressed int
-	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
-		var rec map[string]any
-		if err := json.Unmarshal([]byte(line), &rec); err != nil {
-			t.Fatalf("log line %q: %v", line, err)
-		}
+	for _, rec := range logRecords(t, &logs, "") {
+		line := rec["line"]
 		switch rec["msg"] {
 		case "call refused":
 			lines++

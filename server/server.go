@@ -32,6 +32,8 @@ type Server struct {
 	// watches, health watches, reflection) ends then with UNAVAILABLE.
 	draining  chan struct{}
 	drainOnce sync.Once
+
+	slow *slowLog // nil when the slow-request log is off
 }
 
 // New returns a Server over store with the health of every service set to
@@ -54,6 +56,10 @@ func New(store Store, cfg Config, opts ...grpc.ServerOption) *Server {
 	if cfg.DeclaredTenants != nil {
 		g := tenantGate{declared: cfg.DeclaredTenants}
 		unary, stream = append(unary, g.unary()), append(stream, g.stream())
+	}
+	if cfg.SlowRequest > 0 {
+		s.slow = newSlowLog(cfg.SlowRequest, cfg.Clock, cfg.Logger)
+		unary = append([]grpc.UnaryServerInterceptor{s.slow.unary()}, unary...)
 	}
 	if cfg.Metrics != nil {
 		// Outermost, so shed, refused and panicking calls are timed too.
@@ -103,6 +109,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.drainOnce.Do(func() { close(s.draining) })
 	done := make(chan struct{})
 	go func() { s.gs.GracefulStop(); close(done) }()
+	defer s.flushSlow()
 	select {
 	case <-done:
 		return nil
@@ -119,6 +126,14 @@ func (s *Server) Stop() {
 	s.hs.Shutdown()
 	s.drainOnce.Do(func() { close(s.draining) })
 	s.gs.Stop()
+	s.flushSlow()
+}
+
+// flushSlow writes the slow-request log's open window, if any.
+func (s *Server) flushSlow() {
+	if s.slow != nil {
+		s.slow.flush()
+	}
 }
 
 // drainStream ends a stream with UNAVAILABLE when the server starts to

@@ -192,6 +192,59 @@ func TestServeAnswersAndStopsCleanlyOnSIGTERM(t *testing.T) {
 	}
 }
 
+// TestServeLogsSlowRequests: --slow-request 1ns counts every call (the
+// health check and the NextDelay) in one "slow requests" line, written at
+// the latest when the daemon drains; a negative bound is refused.
+func TestServeLogsSlowRequests(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "policyd.db")
+	d := startDaemon(t, db, "--slow-request", "1ns")
+	conn := d.conn(t)
+	_, err := pb.NewRetryPolicyServiceClient(conn).NextDelay(context.Background(), &pb.NextDelayRequest{
+		Call:    &pb.CallRef{Tenant: "acme", Target: "geo", CallId: "c1", Idempotent: true},
+		Attempt: 1, Failure: &pb.Failure{Kind: &pb.Failure_HttpStatus{HttpStatus: 503}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.wait(t); err != nil {
+		t.Fatalf("exit after SIGTERM: %v; daemon said: %s", err, d.stderr)
+	}
+	type slowLine struct {
+		Level       string `json:"level"`
+		Count       int    `json:"count"`
+		Over        string `json:"over"`
+		Slowest     string `json:"slowest"`
+		SlowestCall string `json:"slowest_call"`
+	}
+	var lines []slowLine
+	count := 0
+	for _, line := range strings.Split(d.stderr.String(), "\n") {
+		if !strings.Contains(line, `"msg":"slow requests"`) {
+			continue
+		}
+		var rec slowLine
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("%q: %v", line, err)
+		}
+		if rec.Level != "WARN" || rec.Over != "1ns" || rec.Slowest == "" || rec.SlowestCall == "" {
+			t.Errorf("line %+v: want WARN, over 1ns, the slowest call's time and description", rec)
+		}
+		lines = append(lines, rec)
+		count += rec.Count
+	}
+	if count < 2 {
+		t.Errorf("slow-request lines %+v count %d calls, want the 2 over 1ns; daemon said: %s", lines, count, d.stderr)
+	}
+
+	out, err := exec.Command(binary, "serve", "--listen", "127.0.0.1:0", "--db", db, "--slow-request", "-1s").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "--slow-request: must be >= 0") {
+		t.Errorf("serve --slow-request -1s: got %v\n%s, want a refusal naming the flag", err, out)
+	}
+}
+
 func TestSecondDaemonOnTheSameFileFailsFast(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "policyd.db")
 	first := startDaemon(t, db)

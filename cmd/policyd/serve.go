@@ -29,6 +29,7 @@ type serveConfig struct {
 	SyncDelay     time.Duration
 	Grace         time.Duration
 	LogLevel      string
+	SlowRequest   time.Duration
 	Security      securityConfig
 	Limits        limitsConfig
 	Config        string
@@ -73,6 +74,7 @@ SIGINT or SIGTERM drains: health turns NOT_SERVING, every open stream
 	f.DurationVar(&cfg.SyncDelay, "sync-batch-delay", 2*time.Millisecond, "with --sync=always: how long a commit waits for concurrent decisions to share its fsync")
 	f.DurationVar(&cfg.Grace, "grace", 10*time.Second, "how long a shutdown waits for in-flight calls before cutting them")
 	f.StringVar(&cfg.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
+	f.DurationVar(&cfg.SlowRequest, "slow-request", server.DefaultSlowRequest, "log the calls that take longer than this to answer, as policyd's handler measures them: at most one WARN line \"slow requests\" a second, with how many and the slowest (0: off)")
 	cfg.Security.register(cmd)
 	cfg.Limits.register(cmd)
 	cfg.Observe.register(cmd)
@@ -106,6 +108,13 @@ func serve(ctx context.Context, cfg serveConfig) error {
 	}
 	if cfg.Grace <= 0 {
 		return fmt.Errorf("--grace: must be > 0, got %s", cfg.Grace)
+	}
+	if cfg.SlowRequest < 0 {
+		return fmt.Errorf("--slow-request: must be >= 0 (0: off), got %s", cfg.SlowRequest)
+	}
+	slowRequest := cfg.SlowRequest
+	if slowRequest == 0 {
+		slowRequest = -1 // server.Config's off
 	}
 
 	if cfg.GCPercent < 10 {
@@ -189,7 +198,7 @@ func serve(ctx context.Context, cfg serveConfig) error {
 	defer tel.stop(log)
 	srv := server.New(store, server.Config{Logger: log, Auth: auth, Shedder: cfg.Limits.shedder(), Metrics: tel.metrics,
 		StreamWorkers: cfg.Limits.streamWorkers(), MaxClockSkew: cfg.Limits.MaxClockSkew,
-		DeclaredTenants: cfg.Limits.declaredTenants(bolt)},
+		DeclaredTenants: cfg.Limits.declaredTenants(bolt), SlowRequest: slowRequest},
 		append(append(tlsOpts, cfg.Limits.serverOptions()...), tel.opts...)...)
 
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
