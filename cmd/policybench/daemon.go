@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -116,6 +117,7 @@ type daemonLog struct {
 	// failures are the distinct causes of "store failure" lines (the
 	// first few), by how often each came.
 	failures map[string]int
+	slow     slowRequests // since the last takeSlow
 	serving  chan string
 	metrics  chan string
 }
@@ -126,10 +128,13 @@ func (l *daemonLog) consume(r io.Reader) {
 	for sc.Scan() {
 		line := sc.Text()
 		var rec struct {
-			Msg    string `json:"msg"`
-			Listen string `json:"listen"`
-			Op     string `json:"op"`
-			Err    string `json:"err"`
+			Msg         string `json:"msg"`
+			Listen      string `json:"listen"`
+			Op          string `json:"op"`
+			Err         string `json:"err"`
+			Count       int    `json:"count"`
+			Slowest     string `json:"slowest"`
+			SlowestCall string `json:"slowest_call"`
 		}
 		_ = json.Unmarshal([]byte(line), &rec)
 		l.mu.Lock()
@@ -138,6 +143,10 @@ func (l *daemonLog) consume(r io.Reader) {
 			l.lines = l.lines[len(l.lines)-200:]
 		}
 		l.counts[rec.Msg]++
+		if rec.Msg == "slow requests" {
+			slowest, _ := time.ParseDuration(rec.Slowest)
+			l.slow.merge(slowRequests{Count: rec.Count, Slowest: slowest, What: rec.SlowestCall})
+		}
 		if rec.Msg == "store failure" {
 			k := rec.Op + ": " + rec.Err
 			if _, ok := l.failures[k]; ok || len(l.failures) < 20 {
@@ -167,6 +176,32 @@ func (l *daemonLog) count(msg string) int {
 	return l.counts[msg]
 }
 
+// slowRequests sums the daemon's "slow requests" lines (--slow-request):
+// the calls its handlers took longer than the bound to answer.
+type slowRequests struct {
+	Count   int
+	Slowest time.Duration
+	What    string // the slowest call, as the daemon described it
+}
+
+// merge adds o's calls to s.
+func (s *slowRequests) merge(o slowRequests) {
+	s.Count += o.Count
+	if o.Slowest > s.Slowest {
+		s.Slowest, s.What = o.Slowest, o.What
+	}
+}
+
+// takeSlow returns the slow requests logged since the last call, and
+// starts counting again.
+func (l *daemonLog) takeSlow() slowRequests {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := l.slow
+	l.slow = slowRequests{}
+	return s
+}
+
 // storeFailures returns the distinct causes of the daemon's INTERNAL
 // answers ("store failure" lines) with their counts.
 func (l *daemonLog) storeFailures() map[string]int {
@@ -180,6 +215,13 @@ func (l *daemonLog) tail(n int) string {
 	defer l.mu.Unlock()
 	from := max(len(l.lines)-n, 0)
 	return strings.Join(l.lines[from:], "\n")
+}
+
+// servesFlag reports whether bin's `serve --help` lists flag: a policyd
+// built before the flag is still run, without it.
+func servesFlag(bin, flag string) bool {
+	out, _ := exec.Command(bin, "serve", "--help").CombinedOutput()
+	return bytes.Contains(out, []byte(flag+" "))
 }
 
 // startDaemon starts bin serving db on a free loopback port, with metrics

@@ -34,12 +34,23 @@ type replicaFleet struct {
 	gone         []*daemon // the killed replicas, for their logs
 	tokenFile    string
 	token        string
+	// slowRequest is the replicas' --slow-request: a handler that answers
+	// past the store's bound by more than a few ms is logged. 0 for a
+	// policyd built before the flag.
+	slowRequest time.Duration
 }
+
+// slowMargin is how far past --store-timeout a replica's handler may
+// answer before the fleet's replicas log it (--slow-request).
+const slowMargin = 10 * time.Millisecond
 
 // startFleet starts Redis in dir and n replicas of bin on it, each with
 // the Go runtime settings rt.
 func startFleet(ctx context.Context, dir, bin string, n int, storeTimeout time.Duration, rt replicaRuntime) (*replicaFleet, error) {
 	f := &replicaFleet{dir: dir, bin: bin, storeTimeout: storeTimeout, rt: rt, tokenFile: filepath.Join(dir, "admin-token")}
+	if servesFlag(bin, "--slow-request") {
+		f.slowRequest = storeTimeout + slowMargin
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
@@ -125,13 +136,67 @@ func (rt replicaRuntime) String() string {
 
 // startReplica starts replica i (again) on the fleet's Redis.
 func (f *replicaFleet) startReplica(i int) error {
-	d, err := startDaemonEnv(f.bin, filepath.Join(f.dir, fmt.Sprintf("replica-%d.db", i)), f.rt.env(),
-		"--store", f.redis.url(), "--store-timeout", f.storeTimeout.String(), "--admin-token-file", f.tokenFile)
+	args := []string{"--store", f.redis.url(), "--store-timeout", f.storeTimeout.String(), "--admin-token-file", f.tokenFile}
+	if f.slowRequest > 0 {
+		args = append(args, "--slow-request", f.slowRequest.String())
+	}
+	d, err := startDaemonEnv(f.bin, filepath.Join(f.dir, fmt.Sprintf("replica-%d.db", i)), f.rt.env(), args...)
 	if err != nil {
 		return fmt.Errorf("replica %d: %w", i, err)
 	}
 	f.reps[i] = d
 	return nil
+}
+
+// takeSlow sums the live replicas' slow requests logged since the last
+// call (see daemonLog.takeSlow).
+func (f *replicaFleet) takeSlow() slowRequests {
+	var sum slowRequests
+	for _, d := range f.reps {
+		if d != nil {
+			sum.merge(d.log.takeSlow())
+		}
+	}
+	return sum
+}
+
+// histSample is a histogram read from the live replicas' metrics pages,
+// summed over them: samples at or under each finite bound, and in all.
+type histSample struct {
+	le    map[float64]float64
+	count float64
+}
+
+// sampleHist reads the histogram name from every live replica; nil when
+// one does not answer or has no such series (a policyd built before it).
+func (f *replicaFleet) sampleHist(ctx context.Context, name string) *histSample {
+	sum := &histSample{le: map[float64]float64{}}
+	for _, d := range f.reps {
+		if d == nil {
+			continue
+		}
+		le, count, err := scrapeBuckets(ctx, d.metrics, name)
+		if err != nil || len(le) == 0 {
+			return nil
+		}
+		for b, n := range le {
+			sum.le[b] += n
+		}
+		sum.count += count
+	}
+	return sum
+}
+
+// over is how many samples since earlier lie above the largest bound at
+// or under limit, that bound, and how many samples there were in all.
+func (h *histSample) over(earlier *histSample, limit float64) (over, bound, all float64) {
+	le := map[float64]float64{}
+	for b, n := range h.le {
+		le[b] = n - earlier.le[b]
+	}
+	all = h.count - earlier.count
+	over, bound = bucketsOver(le, all, limit)
+	return over, bound, all
 }
 
 // addrs is the live replicas' addresses, comma-separated, for dial.

@@ -655,6 +655,8 @@ func scenarioStopRedis(ctx context.Context, cfg replicasConfig, fl *replicaFleet
 	sleepCtx(ctx, cfg.Load)
 	fmt.Fprintf(out, "SIGSTOP redis-server (pid %d) for %v under load (8 callers of the mix, 4 spenders, 2 callers escalating to a fallback under ceilings)\n", fl.redis.pid(), cfg.Pause)
 	rec.next()
+	fl.takeSlow() // from here on
+	schedBefore := fl.sampleHist(ctx, schedLatencies)
 	if err := fl.redis.pause(); err != nil {
 		cancel()
 		wg.Wait()
@@ -675,6 +677,8 @@ func scenarioStopRedis(ctx context.Context, cfg replicasConfig, fl *replicaFleet
 	ans, errs, slow := rec.totals(1)
 	fmt.Fprintf(out, "  while stopped: %d answered, %d errors, %d slower than --store-timeout+20ms (%v)\n",
 		ans, errs, slow, cfg.StoreTimeout+20*time.Millisecond)
+	fmt.Fprintln(out, "  "+handlersSlow(fl))
+	fmt.Fprintln(out, "  "+schedWaits(ctx, fl, schedBefore))
 
 	// Consistency after SIGCONT.
 	var bad []string
@@ -725,6 +729,41 @@ func scenarioStopRedis(ctx context.Context, cfg replicasConfig, fl *replicaFleet
 	fmt.Fprintf(out, "verdict: PASS: consistent after SIGCONT (budget and pool not overspent, breakers agree); goal (every decision answered within --store-timeout plus a few ms, flagged degraded) %s: %d answered, %d errors while stopped\n",
 		goal, ans, errs)
 	return nil
+}
+
+// handlersSlow says what the replicas' own slow-request logs counted
+// since the SIGSTOP (every window closed a second after its first call, so
+// the after-period's last second may be missing): time a handler took,
+// from its start to its answer. A call the load generator timed past the
+// bound that no handler logged spent the difference outside policyd's
+// handlers: in the sockets, or waiting for a core.
+func handlersSlow(fl *replicaFleet) string {
+	if fl.slowRequest == 0 {
+		return "the replicas' handlers: not timed (a policyd without --slow-request)"
+	}
+	s := fl.takeSlow()
+	if s.Count == 0 {
+		return fmt.Sprintf("the replicas' handlers (--slow-request %v): none answered past %v", fl.slowRequest, fl.slowRequest)
+	}
+	return fmt.Sprintf("the replicas' handlers (--slow-request %v): %d answered past it, the slowest %s, %s",
+		fl.slowRequest, s.Count, s.What, fmtUs(us(s.Slowest)))
+}
+
+// schedLatencies is the Go runtime's histogram of how long runnable
+// goroutines waited to run, on the replicas' metrics pages.
+const schedLatencies = "go_sched_latencies_seconds"
+
+// schedWaits says how many of the replicas' goroutines waited long to run
+// since before: a replica whose process was not given a core (or whose one
+// P was busy) for that long answers that much later, whatever its code.
+func schedWaits(ctx context.Context, fl *replicaFleet, before *histSample) string {
+	now := fl.sampleHist(ctx, schedLatencies)
+	if before == nil || now == nil {
+		return "the replicas' scheduler: not read (a policyd without " + schedLatencies + ")"
+	}
+	over, bound, all := now.over(before, 0.02)
+	return fmt.Sprintf("the replicas' goroutines (%s): %.0f of %.0f runs waited over %s to run", schedLatencies, over, all,
+		fmtUs(us(time.Duration(bound*float64(time.Second)))))
 }
 
 // escalate is one call of stopChainTenant as a worker makes it: Admit on

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -15,25 +16,59 @@ import (
 // metric name asked for, the sum of its samples over all label sets.
 // A name the endpoint does not expose is absent from the map.
 func scrape(ctx context.Context, url string, names ...string) (map[string]float64, error) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s: %s", url, resp.Status)
-	}
 	want := map[string]bool{}
 	for _, n := range names {
 		want[n] = true
 	}
 	out := map[string]float64{}
+	err := scrapeEach(ctx, url, func(name, _ string, v float64) {
+		if want[name] {
+			out[name] += v
+		}
+	})
+	return out, err
+}
+
+// scrapeBuckets reads the histogram name at url, summed over its label
+// sets: how many samples fell at or under each finite bucket bound, and
+// how many in all.
+func scrapeBuckets(ctx context.Context, url, name string) (le map[float64]float64, count float64, err error) {
+	le = map[float64]float64{}
+	err = scrapeEach(ctx, url, func(n, labels string, v float64) {
+		switch n {
+		case name + "_count":
+			count += v
+		case name + "_bucket":
+			_, bound, ok := strings.Cut(labels, `le="`)
+			if !ok {
+				return
+			}
+			bound, _, _ = strings.Cut(bound, `"`)
+			if b, err := strconv.ParseFloat(bound, 64); err == nil && !math.IsInf(b, 1) {
+				le[b] += v
+			}
+		}
+	})
+	return le, count, err
+}
+
+// scrapeEach calls fn with every sample of the exposition at url: its
+// metric name, its labels ("{...}", or "") and its value.
+func scrapeEach(ctx context.Context, url string, fn func(name, labels string, v float64)) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", url, resp.Status)
+	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
@@ -41,16 +76,13 @@ func scrape(ctx context.Context, url string, names ...string) (map[string]float6
 		if line == "" || line[0] == '#' {
 			continue
 		}
-		name, rest := line, ""
+		name, rest, labels := line, "", ""
 		if i := strings.IndexAny(line, "{ "); i >= 0 {
 			name, rest = line[:i], line[i:]
 		}
-		if !want[name] {
-			continue
-		}
 		if strings.HasPrefix(rest, "{") {
 			if j := strings.LastIndexByte(rest, '}'); j >= 0 {
-				rest = rest[j+1:]
+				labels, rest = rest[:j+1], rest[j+1:]
 			}
 		}
 		f := strings.Fields(rest)
@@ -61,9 +93,9 @@ func scrape(ctx context.Context, url string, names ...string) (map[string]float6
 		if err != nil {
 			continue
 		}
-		out[name] += v
+		fn(name, labels, v)
 	}
-	return out, sc.Err()
+	return sc.Err()
 }
 
 // metricsURL turns a --metrics value (host:port or a URL) into the URL of
@@ -132,4 +164,18 @@ func byLabel(text, name, label string) map[string]float64 {
 		}
 	}
 	return out
+}
+
+// bucketsOver is how many of a histogram's samples lie above the largest
+// bucket bound at or under limit, and that bound (0 without one).
+func bucketsOver(le map[float64]float64, count, limit float64) (over, bound float64) {
+	for b := range le {
+		if b <= limit && b > bound {
+			bound = b
+		}
+	}
+	if bound == 0 {
+		return count, 0
+	}
+	return count - le[bound], bound
 }

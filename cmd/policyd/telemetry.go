@@ -88,7 +88,11 @@ func (o *observeConfig) start(ctx context.Context, store statuspage.Source, bolt
 			return nil, err
 		}
 		reg.MustRegister(
-			collectors.NewGoCollector(),
+			// The scheduler's series with the default ones: how long
+			// runnable goroutines waited to run (go_sched_latencies_seconds)
+			// tells a replica short of a core from one waiting on its
+			// engine, and the stop-the-world pauses are the GC's share.
+			collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(collectors.MetricsScheduler)),
 			collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 			buildInfoCollector(readBuildVersion()),
 		)
