@@ -523,6 +523,13 @@ func (q *batchQueue) push(b *outcomeBatch, n int) {
 	q.batches = append(q.batches, queuedBatch{b, n})
 }
 
+// pushFront puts b, just popped, back at the head of the queue.
+func (q *batchQueue) pushFront(b *outcomeBatch, n int) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.batches = slices.Insert(q.batches, 0, queuedBatch{b, n})
+}
+
 // pop returns the oldest batch, or false.
 func (q *batchQueue) pop() (queuedBatch, bool) {
 	q.mu.Lock()
@@ -576,6 +583,19 @@ func (s *Store) queueOutcomes(n int, batches map[string]*outcomeBatch) {
 		}
 		s.queue.push(b, n)
 	}
+}
+
+// requeue queues b, a batch of n updates the engine did not take: at the
+// back, or on the replayer's view (notTaken set) at the head, where the
+// replay took it from (its results were counted in degraded mode when it
+// was first queued).
+func (s *Store) requeue(n int, b *outcomeBatch) {
+	if s.notTaken != nil {
+		*s.notTaken++
+		s.queue.pushFront(b, n)
+		return
+	}
+	s.queueOutcomes(n, map[string]*outcomeBatch{b.tenant: b})
 }
 
 // replayer sends the queued batches once the engine answers again: at
@@ -712,14 +732,25 @@ func (s *Store) releaseShares() {
 func (s *Store) replay() {
 	s.chargeDebts(nil)
 	s.writeDownAttempts()
+	var notTaken int
+	r := &Store{replicaState: s.replicaState, notTaken: &notTaken}
 	for s.health.up() {
 		q, ok := s.queue.pop()
 		if !ok {
 			return
 		}
-		// A batch the engine does not answer for goes back in the queue.
-		_, err := s.runOutcomes(make([]policy.OutcomeUpdate, q.n), map[string]*outcomeBatch{q.b.tenant: q.b}, nil, false)
+		// A batch the engine does not take goes back to the head of the
+		// queue, and the replay ends until the next recovery or tick:
+		// going on with the next batch would wait a timeout for each
+		// while Redis is stopped, or, while the engine's breaker lets
+		// only its one call out, build and refuse every batch of the
+		// queue in a loop that holds the replica's P, and would send
+		// the queue out of order.
+		_, err := r.sendOutcomes(make([]policy.OutcomeUpdate, q.n), map[string]*outcomeBatch{q.b.tenant: q.b}, nil, false)
 		s.queue.done()
+		if notTaken > 0 {
+			return
+		}
 		if err != nil {
 			s.log.Warn("redisstore: replayed outcome batch refused: dropped", "tenant", q.b.tenant, "err", err)
 			s.queue.dropped.Add(1)

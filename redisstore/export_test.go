@@ -90,3 +90,7 @@ func OweAlone(s *Store, tenant string, tokens float64) {
 	defer s.degraded.mu.Unlock()
 	s.degraded.spent[tenant] += tokens
 }
+
+// Replay sends the queued outcome batches, as the replayer does at each
+// recovery and every FlushInterval.
+func (s *Store) Replay() { s.replay() }

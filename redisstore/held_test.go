@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -18,8 +19,10 @@ import (
 // tenant (read from the hash tag of the call's first key), alone or in a
 // pipeline, once their reply is in.
 type outcomeCalls struct {
-	mu sync.Mutex
-	n  map[string]int
+	mu    sync.Mutex
+	n     map[string]int
+	order []string      // the tenants of the calls, in the order sent
+	sent  chan struct{} // when set, told of each call (without waiting)
 }
 
 func (c *outcomeCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -51,7 +54,13 @@ func (c *outcomeCalls) count(cmd redis.Cmder) {
 	tenant, _, _ := strings.Cut(strings.TrimPrefix(key, "{="), "}")
 	c.mu.Lock()
 	c.n[tenant]++
+	c.order = append(c.order, tenant)
+	sent := c.sent
 	c.mu.Unlock()
+	select {
+	case sent <- struct{}{}:
+	default:
+	}
 }
 
 // take returns the calls per tenant since the last take.
@@ -59,8 +68,16 @@ func (c *outcomeCalls) take() map[string]int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	n := c.n
-	c.n = map[string]int{}
+	c.n, c.order = map[string]int{}, nil
 	return n
+}
+
+// sentOrder returns the tenants of the calls since the last take, in the
+// order sent.
+func (c *outcomeCalls) sentOrder() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.order)
 }
 
 // heldStore opens a Store with BatchOutcomes on a client counted by calls.
@@ -325,6 +342,62 @@ func TestHeldFlushWhileRedisPausedReplaysOnce(t *testing.T) {
 		t.Fatalf("Dropped = %d, want 0", d)
 	}
 	checkGeo(t, "after the replay", s, "acme", 1, 11, start.Add(-time.Minute))
+}
+
+// TestReplayStopsAtTheFirstBatchNotTaken: a replay whose batch Redis does
+// not take (a timeout, or the engine's breaker refusing while its one call
+// is out) stops there, and that batch keeps its place at the head of the
+// queue. Before, the batch went to the back and the replay went on with
+// the next: one timeout after another while Redis was stopped, or, while
+// another call held the breaker's one slot, a loop building and refusing
+// every queued batch until the engine's state changed, which held a
+// replica's only P for tens of milliseconds at a time under the
+// stop-redis fault test; and the queue came back out of order.
+func TestReplayStopsAtTheFirstBatchNotTaken(t *testing.T) {
+	srv := redistest.Standalone(t)
+	calls := &outcomeCalls{n: map[string]int{}}
+	// DownAfter: the engine never goes down here, it stays suspect, and
+	// the replay is what decides what is sent.
+	s := heldStore(t, srv.Addr, calls, redisstore.Options{Timeout: 100 * time.Millisecond, DownAfter: 1000})
+	tenants := []string{"t0", "t1", "t2", "t3", "t4"}
+	for _, tn := range tenants {
+		apply(t, s, request(tn, 0), nil)
+		apply(t, s, request(tn, 1), nil) // held
+	}
+	srv.Pause(t)
+	s.FlushHeld() // one call per tenant, not answered: queued, in order
+	if q := s.Queued(); q != len(tenants) {
+		t.Fatalf("Queued after a flush while paused = %d, want %d", q, len(tenants))
+	}
+	calls.take()
+	calls.mu.Lock()
+	calls.sent = make(chan struct{}, 16)
+	calls.mu.Unlock()
+	done := make(chan struct{})
+	go func() { s.Replay(); close(done) }()
+	<-calls.sent // the first batch's call, waiting for a stopped Redis
+	select {
+	case <-done:
+	case <-calls.sent:
+		srv.Resume(t)
+		<-done
+		t.Fatalf("the replay sent another batch after one Redis did not take: %v", calls.sentOrder())
+	}
+	if q := s.Queued(); q != len(tenants) {
+		t.Fatalf("Queued after the replay while paused = %d, want %d", q, len(tenants))
+	}
+	srv.Resume(t)
+	calls.take()
+	s.Replay()
+	if got := calls.sentOrder(); !slices.Equal(got, tenants) {
+		t.Errorf("replayed after SIGCONT: %v, want %v (the queue's order)", got, tenants)
+	}
+	if q, d := s.Queued(), s.Dropped(); q != 0 || d != 0 {
+		t.Errorf("after the replay: Queued %d, Dropped %d; want 0, 0", q, d)
+	}
+	for _, tn := range tenants {
+		checkGeo(t, "after the replay", s, tn, 1, 2, time.Now().Add(-time.Minute))
+	}
 }
 
 // TestHeldBatchPastItsBoundIsSentBeforeTheInterval: a tenant's held batch

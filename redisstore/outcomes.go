@@ -391,7 +391,7 @@ func (s *Store) sendOutcomes(ups []policy.OutcomeUpdate, batches map[string]*out
 	}
 	queueAll := func() {
 		for _, b := range calls {
-			s.queueOutcomes(len(ups), map[string]*outcomeBatch{b.tenant: b})
+			s.requeue(len(ups), b)
 		}
 	}
 	if !s.health.up() {
@@ -429,7 +429,7 @@ func (s *Store) sendOutcomes(ups []policy.OutcomeUpdate, batches map[string]*out
 		if err := b.apply(s, ups, cmds[i]); err != nil {
 			switch {
 			case errors.Is(err, ErrUnavailable):
-				s.queueOutcomes(len(ups), map[string]*outcomeBatch{b.tenant: b})
+				s.requeue(len(ups), b)
 				queued[b] = true
 			case isPrior[b]:
 				s.log.Warn("redisstore: held outcome batch refused: dropped", "tenant", b.tenant, "err", err)

@@ -654,9 +654,11 @@ func scenarioStopRedis(ctx context.Context, cfg replicasConfig, fl *replicaFleet
 	}
 	sleepCtx(ctx, cfg.Load)
 	fmt.Fprintf(out, "SIGSTOP redis-server (pid %d) for %v under load (8 callers of the mix, 4 spenders, 2 callers escalating to a fallback under ceilings)\n", fl.redis.pid(), cfg.Pause)
-	rec.next()
+	// Read before the stopped period starts: a replica with one P
+	// answers nothing while it renders its metrics page.
 	fl.takeSlow() // from here on
 	schedBefore := fl.sampleHist(ctx, schedLatencies)
+	rec.next()
 	if err := fl.redis.pause(); err != nil {
 		cancel()
 		wg.Wait()
