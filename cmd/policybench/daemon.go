@@ -122,6 +122,10 @@ type daemonLog struct {
 	metrics  chan string
 }
 
+func newDaemonLog() *daemonLog {
+	return &daemonLog{counts: map[string]int{}, failures: map[string]int{}, serving: make(chan string, 1), metrics: make(chan string, 1)}
+}
+
 func (l *daemonLog) consume(r io.Reader) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
@@ -246,7 +250,7 @@ func startDaemonEnv(bin, db string, env []string, extra ...string) (*daemon, err
 	}
 	cmd.Stdout = io.Discard
 	d := &daemon{cmd: cmd, db: db, exited: make(chan struct{}),
-		log: &daemonLog{counts: map[string]int{}, failures: map[string]int{}, serving: make(chan string, 1), metrics: make(chan string, 1)}}
+		log: newDaemonLog()}
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
