@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -14,7 +15,7 @@ import (
 // opens a new window.
 func TestSlowLogWritesOneLineAWindow(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var out bytes.Buffer
+		var out syncBuffer // written by the window's timer
 		l := newSlowLog(50*time.Millisecond, wallClock{}, slog.New(slog.NewTextHandler(&out, nil)))
 		method := "/retrypolicy.v1.RetryPolicyService/Admit"
 		for _, took := range []time.Duration{70, 90, 60} {
@@ -22,7 +23,7 @@ func TestSlowLogWritesOneLineAWindow(t *testing.T) {
 			time.Sleep(100 * time.Millisecond)
 		}
 		synctest.Wait()
-		if out.Len() != 0 {
+		if out.String() != "" {
 			t.Fatalf("a line before the window ended: %s", out.String())
 		}
 		time.Sleep(slowWindow)
@@ -36,4 +37,22 @@ func TestSlowLogWritesOneLineAWindow(t *testing.T) {
 			t.Errorf("want two lines, of 3 calls (slowest 90ms) then 1 (200ms); got:\n%s", out.String())
 		}
 	})
+}
+
+// syncBuffer is a buffer safe for a writer and a reader on two goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
