@@ -1,10 +1,8 @@
 package server
 
 import (
-	"bytes"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -15,7 +13,7 @@ import (
 // opens a new window.
 func TestSlowLogWritesOneLineAWindow(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var out syncBuffer // written by the window's timer
+		var out LockedBuffer // written by the window's timer
 		l := newSlowLog(50*time.Millisecond, wallClock{}, slog.New(slog.NewTextHandler(&out, nil)))
 		method := "/retrypolicy.v1.RetryPolicyService/Admit"
 		for _, took := range []time.Duration{70, 90, 60} {
@@ -37,22 +35,4 @@ func TestSlowLogWritesOneLineAWindow(t *testing.T) {
 			t.Errorf("want two lines, of 3 calls (slowest 90ms) then 1 (200ms); got:\n%s", out.String())
 		}
 	})
-}
-
-// syncBuffer is a buffer safe for a writer and a reader on two goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
