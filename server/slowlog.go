@@ -65,7 +65,7 @@ func (l *slowLog) note(took time.Duration, method string, req, resp any, err err
 	defer l.mu.Unlock()
 	l.count++
 	if took > l.slowest {
-		l.slowest, l.what = took, describeCall(method, req, resp, err)
+		l.slowest, l.what = took, DescribeCall(method, req, resp, err)
 	}
 	if !l.open {
 		l.open = true
@@ -86,19 +86,25 @@ func (l *slowLog) flush() {
 	l.log.Warn("slow requests", "count", count, "over", l.after, "slowest", slowest, "slowest_call", what)
 }
 
-// describeCall names a call for the slow-request log: its method, the
-// tenant and target it was about, the attempt, whether its answer was
-// degraded, and its status code when not OK.
-func describeCall(fullMethod string, req, resp any, err error) string {
+// DescribeCall names a call of method (its full name, "/service/method",
+// or the method alone) in a line: the method; the tenant and the target
+// of the attempt it was about (attempt_target when set, else the call's),
+// the attempt, and whether it held a lease; for ReportOutcome the number
+// of outcomes; for an admin call its tenant; then whether the answer was
+// degraded and the status code when not OK. The slow-request log and
+// policybench's fault tests name their slowest calls with it.
+func DescribeCall(method string, req, resp any, err error) string {
 	var b strings.Builder
-	b.WriteString(fullMethod[strings.LastIndexByte(fullMethod, '/')+1:])
+	b.WriteString(method[strings.LastIndexByte(method, '/')+1:])
 	var call *pb.CallRef
 	var attempt uint32
+	var target string
+	var lease bool
 	switch r := req.(type) {
 	case *pb.AdmitRequest:
-		call, attempt = r.GetCall(), r.GetAttempt()
+		call, attempt, target = r.GetCall(), r.GetAttempt(), r.GetAttemptTarget()
 	case *pb.NextDelayRequest:
-		call, attempt = r.GetCall(), r.GetAttempt()
+		call, attempt, target, lease = r.GetCall(), r.GetAttempt(), r.GetAttemptTarget(), r.GetLeaseId() != ""
 	case *pb.ClassifyRequest:
 		call = r.GetCall()
 	case *pb.ReportOutcomeRequest:
@@ -109,10 +115,16 @@ func describeCall(fullMethod string, req, resp any, err error) string {
 		}
 	}
 	if call != nil {
-		fmt.Fprintf(&b, " %s/%s", call.GetTenant(), call.GetTarget())
+		if target == "" {
+			target = call.GetTarget()
+		}
+		fmt.Fprintf(&b, " %s/%s", call.GetTenant(), target)
 	}
 	if attempt > 0 {
 		fmt.Fprintf(&b, " attempt %d", attempt)
+	}
+	if lease {
+		b.WriteString(" with a lease")
 	}
 	if d, ok := resp.(interface{ GetDegraded() bool }); ok && d.GetDegraded() {
 		b.WriteString(", degraded")

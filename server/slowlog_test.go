@@ -6,6 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/policyd/policyd/breakerstore"
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 	"github.com/policyd/policyd/policy"
@@ -82,5 +85,31 @@ func TestSlowRequestLogOff(t *testing.T) {
 	}
 	if got := logRecords(t, &logs, "slow requests"); len(got) != 0 {
 		t.Errorf("logged with the log off: %v", got)
+	}
+}
+
+// TestDescribeCall: the slowest-call lines (the slow-request log,
+// policybench's fault tests) name the call's
+// tenant, target, attempt, lease and degraded answer, or its error.
+func TestDescribeCall(t *testing.T) {
+	call := &pb.CallRef{Tenant: "stop-chain", Target: "primary", CallId: "c1"}
+	for _, tc := range []struct {
+		m          string
+		req, reply any
+		err        error
+		want       string
+	}{
+		{"NextDelay", &pb.NextDelayRequest{Call: call, Attempt: 1, LeaseId: "l1"}, &pb.NextDelayResponse{Degraded: true}, nil,
+			"NextDelay stop-chain/primary attempt 1 with a lease, degraded"},
+		{"Admit", &pb.AdmitRequest{Call: call, Attempt: 2, AttemptTarget: "backup"}, &pb.AdmitResponse{}, nil,
+			"Admit stop-chain/backup attempt 2"},
+		{"Admit", &pb.AdmitRequest{Call: call, Attempt: 1}, &pb.AdmitResponse{}, status.Error(codes.Unavailable, "gone"),
+			"Admit stop-chain/primary attempt 1, Unavailable"},
+		{"ReportOutcome", &pb.ReportOutcomeRequest{Outcomes: make([]*pb.Outcome, 3)}, &pb.ReportOutcomeResponse{}, nil,
+			"ReportOutcome of 3 outcomes"},
+	} {
+		if got := server.DescribeCall(tc.m, tc.req, tc.reply, tc.err); got != tc.want {
+			t.Errorf("DescribeCall(%s) = %q, want %q", tc.m, got, tc.want)
+		}
 	}
 }

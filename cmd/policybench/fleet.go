@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
+	"github.com/policyd/policyd/server"
 )
 
 // replicaFleet is one redis-server and policyd replicas on it, all on
@@ -286,45 +287,6 @@ type slowCall struct {
 	what string
 }
 
-// describeCall names a call of method m for the slowest-call line: its
-// tenant and target, the attempt and whether it held a lease, and whether
-// its answer was degraded (or its error's code).
-func describeCall(m string, req, reply any, err error) string {
-	var call *pb.CallRef
-	var attempt uint32
-	var target string
-	var lease bool
-	switch r := req.(type) {
-	case *pb.AdmitRequest:
-		call, attempt, target = r.GetCall(), r.GetAttempt(), r.GetAttemptTarget()
-	case *pb.NextDelayRequest:
-		call, attempt, target, lease = r.GetCall(), r.GetAttempt(), r.GetAttemptTarget(), r.GetLeaseId() != ""
-	case *pb.ReportOutcomeRequest:
-		return fmt.Sprintf("%s of %d outcomes", m, len(r.GetOutcomes()))
-	}
-	if target == "" {
-		target = call.GetTarget()
-	}
-	s := fmt.Sprintf("%s %s/%s attempt %d", m, call.GetTenant(), target, attempt)
-	if lease {
-		s += " with a lease"
-	}
-	switch a := reply.(type) {
-	case *pb.AdmitResponse:
-		if a.GetDegraded() {
-			s += ", degraded"
-		}
-	case *pb.NextDelayResponse:
-		if a.GetDegraded() {
-			s += ", degraded"
-		}
-	}
-	if err != nil {
-		s += ", " + status.Code(err).String()
-	}
-	return s
-}
-
 func newRPCRecorder(slowAfter time.Duration, periods ...string) *rpcRecorder {
 	r := &rpcRecorder{names: periods, slowAfter: slowAfter, slow: make([]int, len(periods)), slowest: make([]slowCall, len(periods)),
 		first: map[codes.Code]string{}}
@@ -360,7 +322,7 @@ func (r *rpcRecorder) interceptor() grpc.DialOption {
 			r.slow[p]++
 		}
 		if took > r.slowest[p].took {
-			r.slowest[p] = slowCall{took: took, what: describeCall(m, req, reply, err)}
+			r.slowest[p] = slowCall{took: took, what: server.DescribeCall(m, req, reply, err)}
 		}
 		if err != nil {
 			if r.errs[p][m] == nil {

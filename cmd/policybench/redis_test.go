@@ -13,10 +13,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
-	pb "github.com/policyd/policyd/gen/go/retrypolicy/v1"
 	"github.com/policyd/policyd/internal/redistest"
 	"github.com/policyd/policyd/policy"
 	"github.com/policyd/policyd/redisstore"
@@ -151,31 +148,6 @@ func TestReplicaSweepSmoke(t *testing.T) {
 	for _, want := range []string{"goals:", "Redis round trips per request, nextdelay at 2 callers", "stolen by the hypervisor", "audit records dropped in each window", "report 2 0 / 0;", "times a replica went into degraded mode in each window", "AOF rewrites", "transition propagation", "GODEBUG schedtrace=2147483647 each", "(its latency monitor): "} {
 		if !strings.Contains(text, want) {
 			t.Errorf("the output lacks %q:\n%s", want, text)
-		}
-	}
-}
-
-// TestDescribeCall: the fault tests' slowest-call line names the call's
-// tenant, target, attempt, lease and degraded answer, or its error.
-func TestDescribeCall(t *testing.T) {
-	call := &pb.CallRef{Tenant: "stop-chain", Target: "primary", CallId: "c1"}
-	for _, tc := range []struct {
-		m          string
-		req, reply any
-		err        error
-		want       string
-	}{
-		{"NextDelay", &pb.NextDelayRequest{Call: call, Attempt: 1, LeaseId: "l1"}, &pb.NextDelayResponse{Degraded: true}, nil,
-			"NextDelay stop-chain/primary attempt 1 with a lease, degraded"},
-		{"Admit", &pb.AdmitRequest{Call: call, Attempt: 2, AttemptTarget: "backup"}, &pb.AdmitResponse{}, nil,
-			"Admit stop-chain/backup attempt 2"},
-		{"Admit", &pb.AdmitRequest{Call: call, Attempt: 1}, &pb.AdmitResponse{}, status.Error(codes.Unavailable, "gone"),
-			"Admit stop-chain/primary attempt 1, Unavailable"},
-		{"ReportOutcome", &pb.ReportOutcomeRequest{Outcomes: make([]*pb.Outcome, 3)}, &pb.ReportOutcomeResponse{}, nil,
-			"ReportOutcome of 3 outcomes"},
-	} {
-		if got := describeCall(tc.m, tc.req, tc.reply, tc.err); got != tc.want {
-			t.Errorf("describeCall(%s) = %q, want %q", tc.m, got, tc.want)
 		}
 	}
 }
