@@ -32,6 +32,7 @@ type replicaSweepConfig struct {
 	Concurrency  []int
 	Duration     time.Duration
 	Warmup       time.Duration
+	Rounds       int // windows each side is measured in, (i) and (ii) in turn
 	Transitions  int
 	Seed         uint64
 	Runtime      replicaRuntime // each replica's Go runtime settings
@@ -45,9 +46,13 @@ func replicaSweepCmd() *cobra.Command {
 		Long: `replicas-sweep builds policyd and measures in the same run (i) one daemon
 on a bbolt file (--sync group) and (ii) three replicas on one redis-server
 (AOF always), each driven over one connection (for the replicas, spread over
-them by gRPC round_robin). Both run throughout; each window of (i) is
-followed at once by the same window of (ii), so a ratio compares two windows
-seconds apart. Phases, each at every --concurrency level: admit (breakers
+them by gRPC round_robin). Both run throughout. Each phase at each level is
+measured in --rounds rounds, each a window of --duration/--rounds on (i)
+and one on (ii), the order turned round every round ((i) (ii), (ii) (i),
+...), and each side's figures are of its windows together: the speed of
+this machine's share of its host moves by a third within seconds, and
+windows taken in turn, in both orders, see the same moments on both sides.
+Phases, each at every --concurrency level: admit (breakers
 CLOSED: it runs first), nextdelay and report (ReportOutcome of 256
 outcomes), as in the sweep. For (ii) it prints
 each figure as a ratio to (i), the Redis commands per request read from
@@ -65,8 +70,9 @@ until both other replicas' WatchBreakers subscribers receive it.`,
 	f.StringVar(&cfg.Policyd, "policyd", "", "policyd binary (default: go build ./cmd/policyd)")
 	f.DurationVar(&cfg.StoreTimeout, "store-timeout", 50*time.Millisecond, "the replicas' --store-timeout")
 	f.IntSliceVar(&cfg.Concurrency, "concurrency", []int{16, 64}, "concurrent callers, one level after another")
-	f.DurationVar(&cfg.Duration, "duration", 5*time.Second, "measured time of each phase at each level")
-	f.DurationVar(&cfg.Warmup, "warmup", time.Second, "unmeasured time before each phase")
+	f.DurationVar(&cfg.Duration, "duration", 5*time.Second, "measured time of each phase at each level, on each side (split over --rounds windows)")
+	f.DurationVar(&cfg.Warmup, "warmup", time.Second, "unmeasured time before each window")
+	f.IntVar(&cfg.Rounds, "rounds", 4, "windows each phase at each level is measured in on each side, (i) and (ii) in turn")
 	f.IntVar(&cfg.Transitions, "transitions", 200, "breaker transitions timed for the propagation latency")
 	f.Uint64Var(&cfg.Seed, "seed", 1, "seed of the request mix")
 	rt := defaultReplicaRuntime(3)
@@ -108,14 +114,16 @@ type fleetRow struct {
 	// same two scrapes (policyd_store_down_total); -1: not read.
 	Downs        int64
 	FirstError   string
-	windowLength time.Duration
+	win          window     // what the load generator measured
+	rounds       []fleetRow // the windows a row of several was made of, in the order measured
 }
 
 func runReplicaSweep(ctx context.Context, cfg replicaSweepConfig, out, log io.Writer) error {
-	if len(cfg.Concurrency) == 0 || cfg.Duration <= 0 || cfg.Transitions < 1 {
-		return errors.New("--concurrency needs a level, --duration > 0, --transitions >= 1")
+	if len(cfg.Concurrency) == 0 || cfg.Duration <= 0 || cfg.Transitions < 1 || cfg.Rounds < 1 {
+		return errors.New("--concurrency needs a level, --duration > 0, --rounds >= 1, --transitions >= 1")
 	}
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Duration(2*len(cfg.Concurrency)*len(sweepPhaseOrder))*(cfg.Duration+cfg.Warmup)+3*time.Minute)
+	window := cfg.Duration / time.Duration(cfg.Rounds)
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Duration(2*len(cfg.Concurrency)*len(sweepPhaseOrder)*cfg.Rounds)*(window+cfg.Warmup)+3*time.Minute)
 	defer cancel()
 	dir, err := os.MkdirTemp("", "policybench-rsweep")
 	if err != nil {
@@ -154,17 +162,24 @@ func runReplicaSweep(ctx context.Context, cfg replicaSweepConfig, out, log io.Wr
 		return fmt.Errorf("replicas: %w", err)
 	}
 	defer reps.conn.Close()
-	// Each window of (i) is followed at once by the same window of (ii):
-	// a ratio is of two windows a few seconds apart, so a change of the
-	// machine's speed (other guests of its host) over the run moves both.
 	var one, three []fleetRow
 	for _, ph := range sweepPhaseOrder {
 		for _, n := range cfg.Concurrency {
-			if ctx.Err() != nil {
-				return ctx.Err()
+			var b, r []fleetRow
+			for round := range cfg.Rounds {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				if round%2 == 0 {
+					b = append(b, bolt.measure(ctx, cfg, ph, n, window, log))
+					r = append(r, reps.measure(ctx, cfg, ph, n, window, log))
+				} else {
+					r = append(r, reps.measure(ctx, cfg, ph, n, window, log))
+					b = append(b, bolt.measure(ctx, cfg, ph, n, window, log))
+				}
 			}
-			one = append(one, bolt.measure(ctx, cfg, ph, n, log))
-			three = append(three, reps.measure(ctx, cfg, ph, n, log))
+			one = append(one, combine(b))
+			three = append(three, combine(r))
 		}
 	}
 	fmt.Fprintln(log, "replicas-sweep: transition propagation")
@@ -291,8 +306,8 @@ func openTarget(ctx context.Context, name, addrs, tokenFile, token string, pids 
 	return t, nil
 }
 
-// measure runs phase ph at n callers on t for one window.
-func (t *sweepTarget) measure(ctx context.Context, cfg replicaSweepConfig, ph string, n int, log io.Writer) fleetRow {
+// measure runs phase ph at n callers on t for one window of d.
+func (t *sweepTarget) measure(ctx context.Context, cfg replicaSweepConfig, ph string, n int, d time.Duration, log io.Writer) fleetRow {
 	fmt.Fprintf(log, "  %s, %d callers: %s\n", t.name, n, ph)
 	var cpu0, cpu1, rcpu0, rcpu1 time.Duration
 	var cs0, cs1 map[string]uint64
@@ -333,10 +348,10 @@ func (t *sweepTarget) measure(ctx context.Context, cfg replicaSweepConfig, ph st
 			cpu1, cpuOK, rcpu1, cs1, forks1, rOK = c, cpuOK && ok, rc, cs, forks, rOK && rok
 		}
 	}
-	w := measureAround(ctx, n, cfg.Warmup, cfg.Duration, cfg.Seed, 0, "", phaseLoop(ph, t.workers, nil, defaultReportBatch), around)
+	w := measureAround(ctx, n, cfg.Warmup, d, cfg.Seed, 0, "", phaseLoop(ph, t.workers, nil, defaultReportBatch), around)
 	rr := rowsOf(n, ph, w)[0]
 	fr := fleetRow{Callers: n, Phase: ph, Requests: rr.Requests, Errors: rr.Errors, RPS: rr.RPS, P99us: rr.P99us,
-		Outcomes: w.outcomes, ServerCPUus: -1, RedisCPUus: -1, FirstError: rr.FirstError, windowLength: w.elapsed,
+		Outcomes: w.outcomes, ServerCPUus: -1, RedisCPUus: -1, FirstError: rr.FirstError, win: w,
 		Stolen: host1.stolen(host0), AuditDropped: -1, Downs: -1, ClientCPUus: -1}
 	if rr.Requests > 0 {
 		fr.ClientCPUus = us(w.clientCPU) / float64(rr.Requests)
@@ -373,6 +388,83 @@ func (t *sweepTarget) measure(ctx context.Context, cfg replicaSweepConfig, ph st
 		}
 	}
 	return fr
+}
+
+// combine makes the rows of one phase at one level, each of a window,
+// the row of those windows taken as one: requests/s over their time
+// together, p99 of their latencies merged, each CPU per request over
+// their requests together (unknown when one window's is), steal over
+// their time, and the counts summed. One row is itself.
+func combine(parts []fleetRow) fleetRow {
+	if len(parts) == 1 {
+		return parts[0]
+	}
+	var w window
+	for _, p := range parts {
+		w.add(p.win)
+	}
+	first := parts[0]
+	rr := rowsOf(first.Callers, first.Phase, w)[0]
+	c := fleetRow{Callers: first.Callers, Phase: first.Phase, Requests: rr.Requests, Errors: rr.Errors, RPS: rr.RPS,
+		P99us: rr.P99us, Outcomes: w.outcomes, FirstError: rr.FirstError, win: w, rounds: parts,
+		RedisByCmd: map[string]uint64{}, Trips: map[string]uint64{}}
+	// perRequest is the mean of f over the windows, each weighted by its
+	// requests: the window's total over the total of requests.
+	perRequest := func(f func(fleetRow) float64) float64 {
+		var sum float64
+		var n uint64
+		for _, p := range parts {
+			if p.Requests == 0 {
+				continue
+			}
+			if f(p) < 0 {
+				return -1
+			}
+			sum += f(p) * float64(p.Requests)
+			n += p.Requests
+		}
+		if n == 0 {
+			return -1
+		}
+		return sum / float64(n)
+	}
+	c.ServerCPUus = perRequest(func(p fleetRow) float64 { return p.ServerCPUus })
+	c.ClientCPUus = perRequest(func(p fleetRow) float64 { return p.ClientCPUus })
+	c.RedisCPUus = perRequest(func(p fleetRow) float64 { return p.RedisCPUus })
+	var stolen, secs float64
+	for _, p := range parts {
+		if p.Stolen < 0 || stolen < 0 {
+			stolen = -1
+		} else {
+			stolen += p.Stolen * p.win.elapsed.Seconds()
+			secs += p.win.elapsed.Seconds()
+		}
+		if p.AuditDropped < 0 || c.AuditDropped < 0 {
+			c.AuditDropped = -1
+		} else {
+			c.AuditDropped += p.AuditDropped
+		}
+		if p.Downs < 0 || c.Downs < 0 {
+			c.Downs = -1
+		} else {
+			c.Downs += p.Downs
+		}
+		c.RedisCalls += p.RedisCalls
+		c.RedisForks += p.RedisForks
+		for k, v := range p.RedisByCmd {
+			c.RedisByCmd[k] += v
+		}
+		for k, v := range p.Trips {
+			c.Trips[k] += v
+		}
+		c.RequestTrips += p.RequestTrips
+		c.Handled += p.Handled
+	}
+	c.Stolen = stolen
+	if stolen > 0 {
+		c.Stolen = stolen / secs
+	}
+	return c
 }
 
 // propagation is the time from a ForceBreaker on one replica to the
@@ -552,8 +644,8 @@ func fmtBound(r fleetRow, cores int) string {
 }
 
 func printFleetSweep(out io.Writer, cfg replicaSweepConfig, one, three []fleetRow, prop *propagation) {
-	fmt.Fprintf(out, "(i) one policyd on bbolt (--sync group, GOMAXPROCS Go's default, GODEBUG %q); (ii) three replicas on one redis-server (AOF always, --store-timeout %s, %s each); %s per phase after %s warm-up; one connection (round_robin over the replicas); ReportOutcome carries %d outcomes\n\n",
-		os.Getenv("GODEBUG"), cfg.StoreTimeout, cfg.Runtime, cfg.Duration, cfg.Warmup, defaultReportBatch)
+	fmt.Fprintf(out, "(i) one policyd on bbolt (--sync group, GOMAXPROCS Go's default, GODEBUG %q); (ii) three replicas on one redis-server (AOF always, --store-timeout %s, %s each); each phase at each level measured for %s on each side, in %s, each after %s warm-up; one connection (round_robin over the replicas); ReportOutcome carries %d outcomes\n\n",
+		os.Getenv("GODEBUG"), cfg.StoreTimeout, cfg.Runtime, cfg.Duration, fmtRounds(cfg), cfg.Warmup, defaultReportBatch)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "phase\tcallers\t(i) req/s\t(i) p99\t(ii) req/s\t(ii) p99\treq/s (ii)÷(i)\tp99 (ii)÷(i)\terrors (i)/(ii)\tcpu/req (i)\tcpu/req (ii) replicas\tcpu/req Redis\tcpu/req load generator (i)/(ii)\tRedis cmds/req\tRedis cmds/outcome\t")
 	for i, b := range one {
@@ -573,7 +665,16 @@ func printFleetSweep(out io.Writer, cfg replicaSweepConfig, one, three []fleetRo
 			fmtUs(b.ServerCPUus), fmtUs(r.ServerCPUus), fmtUs(r.RedisCPUus), fmtUs(b.ClientCPUus), fmtUs(r.ClientCPUus), perReq, perOutcome)
 	}
 	tw.Flush()
-	fmt.Fprint(out, "\nthe machine's CPU stolen by the hypervisor in each window, (i) / (ii) (steal in /proc/stat: other guests ran; ratios from windows with much of it are the host's, not policyd's):")
+	if cfg.Rounds > 1 {
+		fmt.Fprint(out, "\neach round's req/s (ii)÷(i) and p99 (ii)÷(i), in the order measured (a round's two windows are seconds apart; the table's ratios are of every round's windows together):")
+		for i, b := range one {
+			if i < len(three) {
+				fmt.Fprintf(out, "  %s %d %s;", b.Phase, b.Callers, fmtRoundRatios(b.rounds, three[i].rounds))
+			}
+		}
+		fmt.Fprintln(out)
+	}
+	fmt.Fprint(out, "\nthe machine's CPU stolen by the hypervisor in each phase's windows, (i) / (ii) (steal in /proc/stat: other guests ran; ratios from windows with much of it are the host's, not policyd's):")
 	for i, b := range one {
 		if i < len(three) {
 			fmt.Fprintf(out, "  %s %d %s / %s;", b.Phase, b.Callers, fmtShare(b.Stolen), fmtShare(three[i].Stolen))
@@ -581,7 +682,7 @@ func printFleetSweep(out io.Writer, cfg replicaSweepConfig, one, three []fleetRo
 	}
 	fmt.Fprintln(out)
 	cores := runtime.NumCPU()
-	fmt.Fprintf(out, "\nthe machine's CPU per request in each window, every process measured, (i) the daemon and the load generator / (ii) the replicas, Redis and the load generator, with the req/s %d cores allow at that cost and the share of it measured (near 100%%: the window was bound by the machine's CPU, and its latency follows its req/s):", cores)
+	fmt.Fprintf(out, "\nthe machine's CPU per request in each phase's windows, every process measured, (i) the daemon and the load generator / (ii) the replicas, Redis and the load generator, with the req/s %d cores allow at that cost and the share of it measured (near 100%%: the windows were bound by the machine's CPU, and their latency follows their req/s):", cores)
 	for i, b := range one {
 		if i < len(three) {
 			r := three[i]
@@ -590,24 +691,24 @@ func printFleetSweep(out io.Writer, cfg replicaSweepConfig, one, three []fleetRo
 		}
 	}
 	fmt.Fprintln(out)
-	fmt.Fprint(out, "\naudit records dropped in each window, (i) / (ii) (policyd_audit_dropped_total: appended faster than written; a window with any is not comparable):")
+	fmt.Fprint(out, "\naudit records dropped in each phase's windows, (i) / (ii) (policyd_audit_dropped_total: appended faster than written; a window with any is not comparable):")
 	for i, b := range one {
 		if i < len(three) {
 			fmt.Fprintf(out, "  %s %d %s / %s;", b.Phase, b.Callers, fmtCount(b.AuditDropped), fmtCount(three[i].AuditDropped))
 		}
 	}
 	fmt.Fprintln(out)
-	fmt.Fprint(out, "\ntimes a replica went into degraded mode in each window of (ii) (policyd_store_down_total: Redis calls past --store-timeout; its decisions were then its own, flagged degraded, for at least a second):")
+	fmt.Fprint(out, "\ntimes a replica went into degraded mode in each phase's windows of (ii) (policyd_store_down_total: Redis calls past --store-timeout; its decisions were then its own, flagged degraded, for at least a second):")
 	for _, r := range three {
 		fmt.Fprintf(out, "  %s %d %s;", r.Phase, r.Callers, fmtCount(r.Downs))
 	}
 	fmt.Fprintln(out)
-	fmt.Fprintln(out, "\nRedis commands in each measured window of (ii), by command:")
+	fmt.Fprintln(out, "\nRedis commands in each phase's measured windows of (ii), by command:")
 	for _, r := range three {
 		parts := byCount(r.RedisByCmd, func(string) string { return "" })
 		fmt.Fprintf(out, "  %-9s %3d callers: %d requests, %d outcomes, %d AOF rewrites, %d commands: %s\n", r.Phase, r.Callers, r.Requests, r.Outcomes, r.RedisForks, r.RedisCalls, parts)
 	}
-	fmt.Fprintln(out, "\nRound trips the replicas made in each measured window of (ii), by call (policyd_store_round_trips_total; * background, not counted as the requests'):")
+	fmt.Fprintln(out, "\nRound trips the replicas made in each phase's measured windows of (ii), by call (policyd_store_round_trips_total; * background, not counted as the requests'):")
 	for _, r := range three {
 		parts := byCount(r.Trips, func(call string) string {
 			if backgroundCalls[call] {
@@ -631,6 +732,24 @@ func printFleetSweep(out io.Writer, cfg replicaSweepConfig, one, three []fleetRo
 		fmtUs(us(prop.FromSend.quantile(0.5))), fmtUs(us(prop.FromSend.quantile(0.99))), fmtUs(us(time.Duration(prop.FromSend.max))))
 	fmt.Fprintf(out, "  Redis's events of %s or more meanwhile (its latency monitor): %s\n", latencyThreshold, prop.RedisLatency)
 	goals(out, one, three, prop)
+}
+
+// fmtRounds is how each phase at each level was measured on each side.
+func fmtRounds(cfg replicaSweepConfig) string {
+	if cfg.Rounds == 1 {
+		return "one window, (i) then (ii)"
+	}
+	return fmt.Sprintf("%d windows of %s, (i) and (ii) in turn, the order turned round every round", cfg.Rounds, cfg.Duration/time.Duration(cfg.Rounds))
+}
+
+// fmtRoundRatios is each round's two ratios, (ii)'s window to (i)'s, as
+// "0.55x/1.80x 0.61x/1.62x ...".
+func fmtRoundRatios(one, three []fleetRow) string {
+	var parts []string
+	for i := range min(len(one), len(three)) {
+		parts = append(parts, fmtRatio(safeDiv(three[i].RPS, one[i].RPS))+"/"+fmtRatio(safeDiv(three[i].P99us, one[i].P99us)))
+	}
+	return strings.Join(parts, " ")
 }
 
 // byCount lists counts as "name<mark> count, ...", the largest first.

@@ -147,6 +147,37 @@ func measureAround(ctx context.Context, n int, warmup, d time.Duration, seed uin
 	return w
 }
 
+// add makes w the windows w and o measured as one: their time, requests,
+// errors, outcomes and the load generator's CPU summed, their latencies
+// merged; the server's CPU and the commits only where both knew them.
+func (w *window) add(o window) {
+	w.elapsed += o.elapsed
+	for r := range numRPC {
+		if o.hists[r] != nil {
+			if w.hists[r] == nil {
+				w.hists[r] = new(hist)
+			}
+			w.hists[r].merge(o.hists[r])
+		}
+		w.errs[r] += o.errs[r]
+	}
+	w.outcomes += o.outcomes
+	w.clientCPU += o.clientCPU
+	if w.serverCPU >= 0 && o.serverCPU >= 0 {
+		w.serverCPU += o.serverCPU
+	} else {
+		w.serverCPU = -1
+	}
+	if w.commits >= 0 && o.commits >= 0 {
+		w.commits += o.commits
+	} else {
+		w.commits = -1
+	}
+	if w.firstErr == nil {
+		w.firstErr = o.firstErr
+	}
+}
+
 // commitsOf reads policyd_store_commits_total, or -1.
 func commitsOf(ctx context.Context, url string) float64 {
 	if url == "" {
