@@ -112,10 +112,10 @@ type fleetRow struct {
 	AuditDropped int64
 	// Downs is the times a replica went into degraded mode between the
 	// same two scrapes (policyd_store_down_total); -1: not read.
-	Downs        int64
-	FirstError   string
-	win          window     // what the load generator measured
-	rounds       []fleetRow // the windows a row of several was made of, in the order measured
+	Downs      int64
+	FirstError string
+	win        window     // what the load generator measured
+	rounds     []fleetRow // the windows a row of several was made of, in the order measured
 }
 
 func runReplicaSweep(ctx context.Context, cfg replicaSweepConfig, out, log io.Writer) error {
