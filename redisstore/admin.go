@@ -216,8 +216,9 @@ func (s *Store) durably(ctx context.Context, key string, write func(redis.Cmdabl
 // and reloads each changed object into the cache.
 func (s *Store) followChanges(last string) {
 	defer s.wg.Done()
+	woken := "0-0"
 	for s.ctx.Err() == nil {
-		res, err := s.readFeed([]string{keyChanges, last})
+		res, err := s.readWoken([]string{keyChanges, last}, keyWakeChanges(s.id), &woken)
 		switch {
 		case errors.Is(err, redis.Nil):
 			continue

@@ -72,6 +72,7 @@ var keyShapes = []struct {
 	{":breaker:", "string", nil}, // a record: recordShapes
 	{":breakers", "set", nil},
 	{":events", "stream", nil},
+	{":wake:", "stream", nil},
 	{":bucket", "string", nil}, // a record
 	{":runcalls:", "hash", nil},
 	{":calls:", "hash", nil},

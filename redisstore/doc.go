@@ -93,6 +93,8 @@
 //	{policyd}:changes        stream  one entry per admin write: kind (policy, budget), tenant, target,
 //	                                 and per tenant new to the fleet (kind tenant); every replica
 //	                                 follows it and reloads what changed; MAXLEN ~ 10000
+//	{policyd}:wake:R         stream  replica R's wake-up of its read of {policyd}:changes: an entry at
+//	                                 Close ends the read at once; MAXLEN 1, expires an hour after it
 //	{T}:breaker:TARGET       string  fleet.Breaker as a record: 41 little-endian 64-bit integers
 //	                                 (state, forced, mode, open_until, changed, gen, cooldown,
 //	                                 last_failure, consecutive, half_open_ok, slot_width, then
@@ -104,6 +106,10 @@
 //	{T}:breakers             set     the tenant's breaker targets
 //	{T}:events               stream  one entry per breaker transition or new cool-down of the tenant,
 //	                                 in order: target, state (the 11-number snapshot); MAXLEN ~ 100000
+//	{T}:wake:R               stream  replica R's wake-up of its feed read of T's slot (T the first
+//	                                 tenant R followed there): an entry when R follows a tenant more,
+//	                                 so that the read blocked meanwhile ends at once; MAXLEN 1, expires
+//	                                 an hour after its last entry
 //	{T}:bucket               string  fleet.Bucket as a record: tokens (a double), last (µs), granted,
 //	                                 refused, dry (little-endian 64-bit); then per replica id R that
 //	                                 spent from it its degraded-mode share (see degraded.go): R's length

@@ -26,11 +26,22 @@ type feed struct {
 // On a standalone server one group reads every tenant; on a Cluster, where
 // one command's keys must share a slot, there is a group per slot in use.
 // Either way a replica holds one connection per group, not per tenant.
+//
+// A tenant followed while the group's read blocks must not wait for that
+// read to end (FeedBlock) to be read: the read also waits on the group's
+// wake-up stream, this replica's own ({T}:wake:R, T the tenant that made
+// the group, so on a Cluster it shares the group's slot), and follow
+// adds an entry to it. The read then returns at once and the next one
+// takes the new tenant. This is what CLIENT UNBLOCK is for, but that
+// needs the read's own connection and its client id (a Cluster client
+// routes each read anew) and an ACL user allowed @admin; an entry on a
+// stream of the group's needs neither.
 type feedGroup struct {
 	mu      sync.Mutex
 	last    map[string]string // tenant -> the last entry id seen
 	feeds   map[string]*feed
 	started bool
+	wake    string // the group's wake-up stream
 }
 
 // follow returns the feed of tenant, starting to read its stream (at its
@@ -89,7 +100,7 @@ func (s *Store) followFrom(tenant, from string) (*feed, error) {
 	}
 	g := s.groups[gk]
 	if g == nil {
-		g = &feedGroup{last: map[string]string{}, feeds: map[string]*feed{}}
+		g = &feedGroup{last: map[string]string{}, feeds: map[string]*feed{}, wake: keyWake(tenant, s.id)}
 		s.groups[gk] = g
 	}
 	g.mu.Lock()
@@ -97,11 +108,75 @@ func (s *Store) followFrom(tenant, from string) (*feed, error) {
 	start := !g.started
 	g.started = true
 	g.mu.Unlock()
+	s.wg.Add(1)
 	if start {
-		s.wg.Add(1)
 		go s.root.run(g) // not a request's view: the feed outlives its deadline
+	} else {
+		go s.root.wakeFeed(g) // in the background: the request does not wait for it
 	}
 	return f, nil
+}
+
+// wakeTTL is how long a group's wake-up stream outlives its last entry:
+// a replica that died leaves it behind that long.
+const wakeTTL = time.Hour
+
+// wakeFeed ends g's blocking read, if one is in flight, by an entry on
+// g's wake-up stream (see feedGroup); the next read starts at once. Not
+// answered, the read ends at FeedBlock as before.
+func (s *Store) wakeFeed(g *feedGroup) {
+	defer s.wg.Done()
+	s.wake(g.wake)
+}
+
+// wake adds an entry to each of the wake-up streams, in one pipeline
+// bounded by Options.Timeout.
+func (s *Store) wake(streams ...string) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.opts.Timeout)
+	defer cancel()
+	_, err := s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, w := range streams {
+			p.XAdd(ctx, &redis.XAddArgs{Stream: w, MaxLen: 1, Values: []any{"wake", "1"}})
+			p.PExpire(ctx, w, wakeTTL)
+		}
+		return nil
+	})
+	if err != nil && s.health.up() {
+		s.log.Debug("redisstore: feeds not woken; they read on at FeedBlock", "streams", streams, "err", err)
+	}
+}
+
+// wakeAll ends the blocking reads of every feed group and of the changes
+// stream (Close: the store's context is cancelled, and a read blocked at
+// Redis would otherwise hold Close up to FeedBlock).
+func (s *Store) wakeAll() {
+	s.mu.RLock()
+	streams := []string{keyWakeChanges(s.id)}
+	for _, g := range s.groups {
+		streams = append(streams, g.wake)
+	}
+	s.mu.RUnlock()
+	s.wake(streams...)
+}
+
+// readWoken is one blocking read of streams (keys, then ids) and of the
+// wake-up stream wake from the entry after *woken, which it moves past
+// the entries read there; it returns the other streams' entries.
+func (s *Store) readWoken(streams []string, wake string, woken *string) ([]redis.XStream, error) {
+	n := len(streams) / 2
+	all := make([]string, 0, len(streams)+2)
+	all = append(append(append(all, streams[:n]...), wake), append(streams[n:], *woken)...)
+	res, err := s.readFeed(all)
+	for i, str := range res {
+		if str.Stream == wake {
+			if k := len(str.Messages); k > 0 {
+				*woken = str.Messages[k-1].ID
+			}
+			res = append(res[:i], res[i+1:]...)
+			break
+		}
+	}
+	return res, err
 }
 
 // readFeed is one blocking XREAD of a feed (streams: keys, then ids),
@@ -121,6 +196,7 @@ func (s *Store) run(g *feedGroup) {
 	defer s.wg.Done()
 	defer g.closeAll()
 	var streams, ids []string
+	woken := "0-0" // the last entry of g.wake read
 	for s.ctx.Err() == nil {
 		// One pass over the map: two would pair keys and ids in two
 		// different orders.
@@ -133,7 +209,7 @@ func (s *Store) run(g *feedGroup) {
 		}
 		g.mu.Unlock()
 		streams = append(streams, ids...)
-		res, err := s.readFeed(streams)
+		res, err := s.readWoken(streams, g.wake, &woken)
 		switch {
 		case errors.Is(err, redis.Nil):
 			continue

@@ -17,6 +17,10 @@ const (
 	keyChanges  = "{policyd}:changes"
 )
 
+// keyWakeChanges is replica's wake-up stream of its read of keyChanges
+// (feed.go, wakeAll).
+func keyWakeChanges(replica string) string { return "{policyd}:wake:" + replica }
+
 // schemaVersion is the layout this package reads and writes; it opens a
 // Redis of version 1 too, migrating it forward (loadLibrary).
 const schemaVersion = "2"
@@ -65,6 +69,7 @@ func keyIdem(tenant, key string) string       { return tagged(tenant, ":idem:", 
 func keyIdemIndex(tenant string) string       { return tagged(tenant, ":idemkeys", "") }
 func keyFlow(tenant, target string) string    { return tagged(tenant, ":flow:", target) }
 func keyLeases(tenant, target string) string  { return tagged(tenant, ":leases:", target) }
+func keyWake(tenant, replica string) string   { return tagged(tenant, ":wake:", replica) }
 
 // tenantOfEvents returns the tenant whose events stream key is.
 func tenantOfEvents(key string) (string, bool) {

@@ -43,9 +43,11 @@ type Options struct {
 	Clock func() time.Time
 	// Log receives the feed's errors; default slog.Default().
 	Log *slog.Logger
-	// FeedBlock is how long one XREAD of a feed blocks; Close waits up to
-	// that long for the feeds to end (a second longer when Redis does not
-	// answer: feedGrace). Default 100ms.
+	// FeedBlock is how long one XREAD of a feed blocks when nothing
+	// arrives. A tenant followed meanwhile and Close end the read at once
+	// (the feed's wake-up stream, feed.go); when Redis does not answer,
+	// Close waits up to FeedBlock and a second more (feedGrace) for the
+	// feeds to end. Default 100ms.
 	FeedBlock time.Duration
 	// FlushInterval is how often buffered audit records are written;
 	// default 100ms.
@@ -318,6 +320,7 @@ func (s *Store) Close() error {
 	s.writeDownAttempts() // likewise
 	s.releaseShares()     // likewise
 	s.cancel()
+	s.wakeAll() // the feeds' reads end now, not at FeedBlock
 	s.wg.Wait()
 	s.health.off.Store(true)
 	s.mu.Lock()
