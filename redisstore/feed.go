@@ -165,7 +165,10 @@ func (s *Store) wakeAll() {
 func (s *Store) readWoken(streams []string, wake string, woken *string) ([]redis.XStream, error) {
 	n := len(streams) / 2
 	all := make([]string, 0, len(streams)+2)
-	all = append(append(append(all, streams[:n]...), wake), append(streams[n:], *woken)...)
+	all = append(all, streams[:n]...)
+	all = append(all, wake)
+	all = append(all, streams[n:]...)
+	all = append(all, *woken)
 	res, err := s.readFeed(all)
 	for i, str := range res {
 		if str.Stream == wake {
