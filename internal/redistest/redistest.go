@@ -53,7 +53,7 @@ func Replica(t testing.TB, primary *Server) *Server {
 	t.Helper()
 	host, port, _ := net.SplitHostPort(primary.Addr)
 	s := start(t, t.TempDir(), "--replicaof", host, port)
-	waitFor(t, s.Addr, "master_link_status:up", func(c *conn) bool {
+	waitFor(t, s, "master_link_status:up", func(c *conn) bool {
 		info, err := c.do("INFO", "replication")
 		return err == nil && strings.Contains(info, "master_link_status:up")
 	})
@@ -120,7 +120,7 @@ func ClusterNodes(t testing.TB) []*Server {
 func clusterOK(t testing.TB, nodes []*Server) {
 	t.Helper()
 	for _, s := range nodes {
-		waitFor(t, s.Addr, "CLUSTER INFO cluster_state:ok", func(c *conn) bool {
+		waitFor(t, s, "CLUSTER INFO cluster_state:ok", func(c *conn) bool {
 			info, err := c.do("CLUSTER", "INFO")
 			return err == nil && strings.Contains(info, "cluster_state:ok")
 		})
@@ -202,7 +202,7 @@ func launch(t, owner testing.TB, port int, dir string, extra ...string) *Server 
 	s.exited = exited
 	go func() { _ = s.cmd.Wait(); close(exited) }()
 	owner.Cleanup(s.Kill)
-	waitFor(t, s.Addr, "PING", func(c *conn) bool {
+	waitFor(t, s, "PING", func(c *conn) bool {
 		select {
 		case <-exited:
 			t.Fatalf("redis-server on %s exited at start:\n%s", s.Addr, s.Log())
@@ -237,16 +237,19 @@ func freePort(t testing.TB) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// waitFor polls ready over fresh connections to addr every pollEvery until
-// it holds, failing t after startTimeout.
-func waitFor(t testing.TB, addr, what string, ready func(*conn) bool) {
+// waitFor polls ready over fresh connections to s every pollEvery until
+// it holds, failing t after startTimeout with the last dial's error and
+// the server's log.
+func waitFor(t testing.TB, s *Server, what string, ready func(*conn) bool) {
 	t.Helper()
 	deadline := time.NewTimer(startTimeout)
 	defer deadline.Stop()
 	tick := time.NewTicker(pollEvery)
 	defer tick.Stop()
+	var dialErr error
 	for {
-		if c, err := dial(addr); err == nil {
+		c, err := dial(s.Addr)
+		if dialErr = err; err == nil {
 			ok := ready(c)
 			c.Close()
 			if ok {
@@ -255,7 +258,7 @@ func waitFor(t testing.TB, addr, what string, ready func(*conn) bool) {
 		}
 		select {
 		case <-deadline.C:
-			t.Fatalf("redis on %s: no %s within %v", addr, what, startTimeout)
+			t.Fatalf("redis on %s: no %s within %v (last dial: %v); its log:\n%s", s.Addr, what, startTimeout, dialErr, s.Log())
 		case <-tick.C:
 		}
 	}
