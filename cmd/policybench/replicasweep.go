@@ -401,7 +401,7 @@ func combine(parts []fleetRow) fleetRow {
 	}
 	var w window
 	for _, p := range parts {
-		w.add(p.win)
+		w.join(p.win)
 	}
 	first := parts[0]
 	rr := rowsOf(first.Callers, first.Phase, w)[0]

@@ -23,15 +23,38 @@ const (
 
 var rpcNames = [numRPC]string{"Admit", "NextDelay", "ReportOutcome", "echo-unary", "echo-stream", "ReleaseLease"}
 
+// tally is what calls measured: latencies of those answered and errors,
+// by RPC, the outcomes accepted and the first error.
+type tally struct {
+	hists    [numRPC]*hist
+	errs     [numRPC]uint64
+	outcomes uint64
+	firstErr error
+}
+
+// add counts o's calls in t too.
+func (t *tally) add(o *tally) {
+	for r := range numRPC {
+		if o.hists[r] != nil {
+			if t.hists[r] == nil {
+				t.hists[r] = new(hist)
+			}
+			t.hists[r].merge(o.hists[r])
+		}
+		t.errs[r] += o.errs[r]
+	}
+	t.outcomes += o.outcomes
+	if t.firstErr == nil {
+		t.firstErr = o.firstErr
+	}
+}
+
 // caller is one simulated worker: its request generator and what it
 // measured while the window was open.
 type caller struct {
-	g        *gen
-	on       *atomic.Bool
-	hists    [numRPC]*hist
-	errs     [numRPC]uint64
-	outcomes uint64 // outcomes accepted while measuring
-	firstErr error
+	g  *gen
+	on *atomic.Bool
+	tally
 }
 
 // do times f as one call of r, counting it only while the window is open.
@@ -58,14 +81,11 @@ func (c *caller) do(r rpc, f func() error) error {
 // errors, the CPU the server and this process used, and the counters read
 // from the daemon's metrics.
 type window struct {
+	tally     // every caller's, while the window was open
 	elapsed   time.Duration
-	hists     [numRPC]*hist
-	errs      [numRPC]uint64
-	outcomes  uint64
 	serverCPU time.Duration // -1: unknown
 	clientCPU time.Duration
 	commits   float64 // -1: unknown
-	firstErr  error
 }
 
 // measure runs loop in n callers for warmup, then measures for d, then
@@ -130,38 +150,17 @@ func measureAround(ctx context.Context, n int, warmup, d time.Duration, seed uin
 	cancel()
 	wg.Wait()
 	for _, c := range callers {
-		for r := range numRPC {
-			if c.hists[r] != nil {
-				if w.hists[r] == nil {
-					w.hists[r] = new(hist)
-				}
-				w.hists[r].merge(c.hists[r])
-			}
-			w.errs[r] += c.errs[r]
-		}
-		w.outcomes += c.outcomes
-		if w.firstErr == nil {
-			w.firstErr = c.firstErr
-		}
+		w.add(&c.tally)
 	}
 	return w
 }
 
-// add makes w the windows w and o measured as one: their time, requests,
-// errors, outcomes and the load generator's CPU summed, their latencies
-// merged; the server's CPU and the commits only where both knew them.
-func (w *window) add(o window) {
+// join makes w the windows w and o measured as one: their time, calls
+// (tally.add) and the load generator's CPU summed; the server's CPU and
+// the commits only where both knew them.
+func (w *window) join(o window) {
 	w.elapsed += o.elapsed
-	for r := range numRPC {
-		if o.hists[r] != nil {
-			if w.hists[r] == nil {
-				w.hists[r] = new(hist)
-			}
-			w.hists[r].merge(o.hists[r])
-		}
-		w.errs[r] += o.errs[r]
-	}
-	w.outcomes += o.outcomes
+	w.add(&o.tally)
 	w.clientCPU += o.clientCPU
 	if w.serverCPU >= 0 && o.serverCPU >= 0 {
 		w.serverCPU += o.serverCPU
@@ -172,9 +171,6 @@ func (w *window) add(o window) {
 		w.commits += o.commits
 	} else {
 		w.commits = -1
-	}
-	if w.firstErr == nil {
-		w.firstErr = o.firstErr
 	}
 }
 
