@@ -585,16 +585,9 @@ func (s *Store) queueOutcomes(n int, batches map[string]*outcomeBatch) {
 	}
 }
 
-// requeue queues b, a batch of n updates the engine did not take: at the
-// back, or on the replayer's view (notTaken set) at the head, where the
-// replay took it from (its results were counted in degraded mode when it
-// was first queued).
-func (s *Store) requeue(n int, b *outcomeBatch) {
-	if s.notTaken != nil {
-		*s.notTaken++
-		s.queue.pushFront(b, n)
-		return
-	}
+// queueOne queues b, a batch of n updates the engine did not take, at the
+// back of the queue (queueOutcomes).
+func (s *Store) queueOne(n int, b *outcomeBatch) {
 	s.queueOutcomes(n, map[string]*outcomeBatch{b.tenant: b})
 }
 
@@ -732,8 +725,13 @@ func (s *Store) releaseShares() {
 func (s *Store) replay() {
 	s.chargeDebts(nil)
 	s.writeDownAttempts()
-	var notTaken int
-	r := &Store{replicaState: s.replicaState, notTaken: &notTaken}
+	// A batch not taken goes back where it came from: its results were
+	// counted in degraded mode when it was first queued.
+	notTaken := false
+	back := func(n int, b *outcomeBatch) {
+		notTaken = true
+		s.queue.pushFront(b, n)
+	}
 	for s.health.up() {
 		q, ok := s.queue.pop()
 		if !ok {
@@ -746,9 +744,9 @@ func (s *Store) replay() {
 		// only its one call out, build and refuse every batch of the
 		// queue in a loop that holds the replica's P, and would send
 		// the queue out of order.
-		_, err := r.sendOutcomes(make([]policy.OutcomeUpdate, q.n), map[string]*outcomeBatch{q.b.tenant: q.b}, nil, false)
+		_, err := s.sendOutcomes(make([]policy.OutcomeUpdate, q.n), map[string]*outcomeBatch{q.b.tenant: q.b}, nil, false, back)
 		s.queue.done()
-		if notTaken > 0 {
+		if notTaken {
 			return
 		}
 		if err != nil {

@@ -340,7 +340,7 @@ func (s *Store) runOutcomes(ups []policy.OutcomeUpdate, batches map[string]*outc
 			// request's scratch.
 			late, n := maps.Clone(batches), len(ups)
 			return func() {
-				if _, err := s.bounded().sendOutcomes(make([]policy.OutcomeUpdate, n), late, rest, true); err != nil {
+				if _, err := s.bounded().sendOutcomes(make([]policy.OutcomeUpdate, n), late, rest, true, s.queueOne); err != nil {
 					s.log.Warn("redisstore: outcome batch sent after its request's deadline refused: dropped", "err", err)
 					s.queue.dropped.Add(1)
 				}
@@ -352,13 +352,16 @@ func (s *Store) runOutcomes(ups []policy.OutcomeUpdate, batches map[string]*outc
 		}
 		defer s.held.runlock()
 	}
-	return s.sendOutcomes(ups, batches, rest, hold)
+	return s.sendOutcomes(ups, batches, rest, hold, s.queueOne)
 }
 
 // sendOutcomes is runOutcomes once the notes are with their batches (rest
 // the others) and, for a batch to send now with hold, the caller holds a
-// share of s.held.sending.
-func (s *Store) sendOutcomes(ups []policy.OutcomeUpdate, batches map[string]*outcomeBatch, rest []pendingNote, hold bool) (int, error) {
+// share of s.held.sending. A batch the engine does not take (down, or not
+// answering) goes to notTaken with the number of updates: queueOne, or
+// the replay's own (replay).
+func (s *Store) sendOutcomes(ups []policy.OutcomeUpdate, batches map[string]*outcomeBatch, rest []pendingNote, hold bool,
+	notTaken func(n int, b *outcomeBatch)) (int, error) {
 	var prior map[string]*outcomeBatch
 	if hold {
 		batches, prior = s.hold(batches, rest)
@@ -391,7 +394,7 @@ func (s *Store) sendOutcomes(ups []policy.OutcomeUpdate, batches map[string]*out
 	}
 	queueAll := func() {
 		for _, b := range calls {
-			s.requeue(len(ups), b)
+			notTaken(len(ups), b)
 		}
 	}
 	if !s.health.up() {
@@ -429,7 +432,7 @@ func (s *Store) sendOutcomes(ups []policy.OutcomeUpdate, batches map[string]*out
 		if err := b.apply(s, ups, cmds[i]); err != nil {
 			switch {
 			case errors.Is(err, ErrUnavailable):
-				s.requeue(len(ups), b)
+				notTaken(len(ups), b)
 				queued[b] = true
 			case isPrior[b]:
 				s.log.Warn("redisstore: held outcome batch refused: dropped", "tenant", b.tenant, "err", err)

@@ -146,10 +146,6 @@ func DefaultTenantBudget() policy.TenantBudget { return fleet.DefaultBudget() }
 type Store struct {
 	*replicaState
 	bound time.Time // zero: each call bounded by Options.Timeout on its own
-	// notTaken is set on the replayer's view (replay): it counts the
-	// replayed batches the engine did not take, which go back to the
-	// queue's head (requeue).
-	notTaken *int
 }
 
 // replicaState is the replica a Store and its requests' views share.
